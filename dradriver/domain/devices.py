@@ -1,0 +1,230 @@
+"""Devices found on a node: full GPUs, MIG devices, the NVLink fabric clique, and their DRA names.
+
+Facts (reference ``nvidia-dra-driver.md`` sections 2.2-2.4, ``gpu-facts.md`` sections 3 and 6):
+
+* a full GPU is named ``gpu-<minor>``, with ``<minor>`` the NVML minor number (``/dev/nvidia<minor>``),
+  not the enumeration index, so names do not shift when another GPU disappears;
+* a MIG device is named ``gpu-<parent minor>-mig-<canonical profile>-<GI profile ID>-<placement start>``,
+  where the canonical profile drops dots, lowercases, maps other characters to ``-`` (``1g.10gb+me`` ->
+  ``1g10gb-me``);
+* a GPU in MIG mode publishes its MIG devices and not itself.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import Enum
+
+MIB = 1024 * 1024
+
+
+class DeviceType(str, Enum):
+    """Value of the ``type`` attribute (reference ``nvidia-dra-driver.md`` 2.3/2.4)."""
+
+    GPU = "gpu"
+    MIG = "mig"
+
+
+@dataclass(frozen=True, slots=True)
+class DriverVersions:
+    """Versions reported by the NVIDIA driver on this node.
+
+    :param driver: ``nvmlSystemGetDriverVersion``, verbatim (e.g. ``"570.124.06"``).
+    :param cuda_driver: ``nvmlSystemGetCudaDriverVersion_v2``, encoded ``1000*major + 10*minor`` (12080).
+    :param nvml: ``nvmlSystemGetNVMLVersion``, verbatim.
+    """
+
+    driver: str
+    cuda_driver: int
+    nvml: str = ""
+
+    @property
+    def cuda_driver_text(self) -> str:
+        """``"<major>.<minor>"`` as NVIDIA's driver derives it: ``v // 1000`` and ``(v % 1000) // 10``."""
+        return f"{self.cuda_driver // 1000}.{(self.cuda_driver % 1000) // 10}"
+
+
+@dataclass(frozen=True, slots=True)
+class Clique:
+    """The NVLink fabric clique a GPU belongs to (``nvmlDeviceGetGpuFabricInfo``).
+
+    :param cluster_uuid: lowercase 8-4-4-4-12 text of ``clusterUuid``.
+    :param clique_id: ``cliqueId`` (uint32).
+    """
+
+    cluster_uuid: str
+    clique_id: int
+
+    @property
+    def id(self) -> str:
+        """``<clusterUUID>.<cliqueId>``, the value of the ``nvidia.com/gpu.clique`` node label."""
+        return f"{self.cluster_uuid}.{self.clique_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class FabricInfo:
+    """GPU fabric state (``nvmlGpuFabricInfo`` v1-v3).
+
+    :param state: 0 not supported, 1 not started, 2 in progress, 3 completed.
+    :param health_summary: 0 not supported, 1 healthy, 2 unhealthy, 3 limited capacity.
+    """
+
+    cluster_uuid: str
+    clique_id: int
+    state: int
+    status: int = 0
+    health_mask: int = 0
+    health_summary: int = 0
+
+    @property
+    def clique(self) -> Clique | None:
+        """The clique, or ``None`` when the GPU is in no multi-node fabric (zero UUID, not supported)."""
+        if self.state == 0 or set(self.cluster_uuid.replace("-", "")) <= {"0"}:
+            return None
+        return Clique(self.cluster_uuid, self.clique_id)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuDevice:
+    """One physical GPU as NVML reports it.
+
+    :param index: NVML enumeration index (unstable across reboots; never used in names).
+    :param minor: NVML minor number; ``/dev/nvidia<minor>``.
+    :param memory_bytes: framebuffer total in bytes (``nvmlDeviceGetMemoryInfo`` ``total``), or
+        ``None`` when NVML reports NOT_SUPPORTED.
+    :param pci_bus_id: normalised ``dddd:bb:dd.f`` lowercase (``gpu-facts.md`` 6.2).
+    :param pcie_root: ``pci<domain>:<bus>`` from sysfs, or ``None`` when it cannot be resolved.
+    :param numa_node: NUMA node, or ``None`` when unknown or negative.
+    :param cuda_compute_capability: ``(major, minor)``.
+    """
+
+    index: int
+    minor: int
+    uuid: str
+    product_name: str
+    brand: str
+    architecture: str
+    cuda_compute_capability: tuple[int, int]
+    memory_bytes: int | None
+    pci_bus_id: str
+    pcie_root: str | None = None
+    numa_node: int | None = None
+    serial: str | None = None
+    mig_capable: bool = False
+    mig_enabled: bool = False
+    fabric: FabricInfo | None = None
+
+    @property
+    def name(self) -> str:
+        """DRA device name ``gpu-<minor>``."""
+        return f"gpu-{self.minor}"
+
+
+@dataclass(frozen=True, slots=True)
+class MigDevice:
+    """One existing MIG device (a compute instance inside a GPU instance).
+
+    :param profile: profile name as NVIDIA tools print it, e.g. ``"1g.10gb"`` or ``"1g.10gb+me"``.
+    :param gi_profile_id: GPU-instance profile ID (``nvmlGpuInstanceProfileInfo_t.id``).
+    :param ci_profile_id: compute-instance profile ID.
+    :param gi_id: GPU instance ID on the parent; ``ci_id``: compute instance ID inside the GI.
+    :param placement_start: first memory slice; ``placement_size``: number of memory slices.
+    :param memory_bytes: ``memorySizeMB * 2**20`` from the GI profile info.
+    """
+
+    parent: GpuDevice
+    uuid: str
+    profile: str
+    gi_profile_id: int
+    ci_profile_id: int
+    gi_id: int
+    ci_id: int
+    placement_start: int
+    placement_size: int
+    memory_bytes: int
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpeg_engines: int
+    ofa_engines: int
+
+    @property
+    def name(self) -> str:
+        """DRA device name ``gpu-<parent minor>-mig-<canonical profile>-<GI profile ID>-<placement start>``."""
+        return (
+            f"gpu-{self.parent.minor}-mig-{canonical_profile(self.profile)}-"
+            f"{self.gi_profile_id}-{self.placement_start}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DiscoveryFailure:
+    """A GPU left out of the inventory, with the reason (logged and shown by ``dradriver inspect``)."""
+
+    index: int
+    reason: str
+    uuid: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInventory:
+    """Everything discovery found on one node.
+
+    ``gpus`` holds every GPU that answered its core queries, MIG-mode ones included; use
+    :meth:`allocatable` for what is published.
+    """
+
+    versions: DriverVersions
+    gpus: tuple[GpuDevice, ...]
+    migs: tuple[MigDevice, ...] = ()
+    failures: tuple[DiscoveryFailure, ...] = ()
+    clique: Clique | None = None
+
+    def allocatable(self) -> list[GpuDevice | MigDevice]:
+        """Devices to publish, sorted by PCI bus ID then name.
+
+        A GPU in MIG mode contributes its MIG devices and not itself (publishing both would let the same
+        hardware be allocated twice).
+        """
+        out: list[GpuDevice | MigDevice] = []
+        for gpu in sorted(self.gpus, key=lambda g: (g.pci_bus_id, g.minor)):
+            if gpu.mig_enabled:
+                migs = [m for m in self.migs if m.parent.uuid == gpu.uuid]
+                out.extend(sorted(migs, key=lambda m: m.name))
+            else:
+                out.append(gpu)
+        return out
+
+    def find(self, name: str) -> GpuDevice | MigDevice | None:
+        """The allocatable device named ``name``, or ``None``."""
+        for dev in self.allocatable():
+            if dev.name == name:
+                return dev
+        return None
+
+
+_NON_NAME = re.compile(r"[^a-z0-9-]")
+
+
+def canonical_profile(profile: str) -> str:
+    """Canonical MIG profile for device names: ``1g.10gb`` -> ``1g10gb``, ``1g.10gb+me`` -> ``1g10gb-me``.
+
+    Dots are removed, letters lowercased, any other character outside ``[a-z0-9-]`` becomes ``-``,
+    and leading or trailing ``-`` are trimmed (NVIDIA ``mig.go`` ``ToCanonicalName``).
+    """
+    text = profile.replace(".", "").lower()
+    return _NON_NAME.sub("-", text).strip("-")
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceIndex:
+    """Name -> device lookup built once from an inventory."""
+
+    by_name: dict[str, GpuDevice | MigDevice] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, inventory: NodeInventory) -> DeviceIndex:
+        """Index the allocatable devices of ``inventory`` by DRA device name."""
+        return cls({d.name: d for d in inventory.allocatable()})

@@ -1,0 +1,1 @@
+"""Developer tooling: build support, code generators. Not installed with the package."""
