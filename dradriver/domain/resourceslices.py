@@ -1,0 +1,377 @@
+"""``resource.k8s.io/v1`` ResourceSlice objects for one node's GPUs and MIG devices.
+
+Contract (reference ``nvidia-dra-driver.md`` 2.1-2.4, ``gpu-facts.md`` 6, ``kubelet-dra-protocol.md`` 5.1):
+
+* driver ``gpu.nvidia.com``; one pool per node, named after the node; ``spec.nodeName`` set;
+  ``spec.pool.generation`` and ``spec.pool.resourceSliceCount`` filled in; no ``metadata.name`` (the API
+  server or the publisher names the slices; ``metadata.generateName`` is set when asked for).
+* full GPU (``type=gpu``): attributes ``type``, ``uuid``, ``productName``, ``brand``, ``architecture``,
+  ``driverVersion``, ``cudaDriverVersion``, ``cudaComputeCapability`` (versions, semver-normalised),
+  ``pcieBusID`` and ``resource.kubernetes.io/pciBusID``, ``resource.kubernetes.io/pcieRoot`` and
+  ``resource.kubernetes.io/numaNode`` when known; capacity ``memory`` in bytes (omitted when NVML reports
+  NOT_SUPPORTED).
+* MIG device (``type=mig``): ``uuid``, ``parentUUID``, ``profile`` plus the parent's attributes;
+  capacities ``multiprocessors``, ``copyEngines``, ``decoders``, ``encoders``, ``jpegEngines``,
+  ``ofaEngines``, ``memory`` (``memorySizeMB * 2**20`` bytes) and ``memorySlice<i> = 1`` for every
+  memory slice of its placement.
+* a GPU in MIG mode publishes only its MIG devices (:meth:`NodeInventory.allocatable`).
+
+API limits enforced here: at most 128 devices per slice, 64 when any device of the pool carries taints or
+consumes counters; at most 32 attributes plus capacities per device (the lowest-priority entries are dropped
+with a warning); string attribute values at most 64 characters (a longer value is dropped with a warning,
+never truncated into a wrong value). Devices are ordered by PCI bus ID then name and cut into equal-size
+slices, so the same inventory always yields the same slices.
+
+Value shapes: attributes ``{"string": s}``, ``{"int": i}``, ``{"bool": b}``, ``{"version": v}``; capacities
+``{"value": "<quantity>"}`` where byte counts use the canonical Kubernetes binary-SI form (``"40Gi"``,
+``"81559Mi"``, plain bytes when not a multiple of 1024).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dradriver import DRIVER_NAME
+from dradriver.domain.devices import DeviceType, GpuDevice, MigDevice, NodeInventory
+from dradriver.domain.versions import normalize_version
+from dradriver.errors import DradriverError
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "resource.k8s.io/v1"
+KIND = "ResourceSlice"
+MAX_DEVICES_PER_SLICE = 128
+"""``ResourceSliceMaxDevices``."""
+MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS = 64
+"""``ResourceSliceMaxDevicesWithTaintsOrConsumesCounters`` (Kubernetes 1.35+)."""
+MAX_ATTRIBUTES_AND_CAPACITIES = 32
+"""``ResourceSliceMaxAttributesAndCapacitiesPerDevice``."""
+MAX_STRING_LENGTH = 64
+"""``DeviceAttributeMaxValueLength`` for ``string`` and ``version`` values."""
+MAX_TAINTS_PER_DEVICE = 16
+"""``DeviceTaintsMaxLength`` (Kubernetes 1.35)."""
+
+K8S_DOMAIN = "resource.kubernetes.io"
+PCI_BUS_ID = f"{K8S_DOMAIN}/pciBusID"
+PCIE_ROOT = f"{K8S_DOMAIN}/pcieRoot"
+NUMA_NODE = f"{K8S_DOMAIN}/numaNode"
+
+# Highest priority first. When a device exceeds the attribute+capacity limit, entries are dropped from the
+# end of this order (names not listed rank just before the legacy ``pcieBusID`` duplicate).
+_PRIORITY: tuple[str, ...] = (
+    "type",
+    "uuid",
+    "parentUUID",
+    "profile",
+    "memory",
+    "multiprocessors",
+    "productName",
+    "driverVersion",
+    "cudaDriverVersion",
+    "cudaComputeCapability",
+    "architecture",
+    "brand",
+    PCI_BUS_ID,
+    PCIE_ROOT,
+    NUMA_NODE,
+    "copyEngines",
+    "decoders",
+    "encoders",
+    "jpegEngines",
+    "ofaEngines",
+    *(f"memorySlice{i}" for i in range(16)),
+)
+_LEGACY_LAST = "pcieBusID"
+
+Device = dict[str, Any]
+Taint = Mapping[str, Any]
+
+
+class ResourceSliceError(DradriverError):
+    """The inventory cannot be published: duplicate device names or invalid taints (named in the message)."""
+
+
+@dataclass(slots=True)
+class SliceBuild:
+    """Result of :func:`build`: the slices and every warning issued while building them."""
+
+    slices: list[dict[str, Any]]
+    warnings: list[str] = field(default_factory=list)
+
+
+def quantity_bytes(value: int) -> str:
+    """Canonical Kubernetes binary-SI quantity for a byte count: ``42949672960`` -> ``"40Gi"``.
+
+    The largest suffix among Ki, Mi, Gi, Ti, Pi, Ei that divides ``value`` exactly is used (what
+    ``resource.NewQuantity(v, BinarySI).String()`` prints); otherwise the plain integer.
+    """
+    if value < 0:
+        raise ValueError(f"negative byte count {value}")
+    if value == 0:
+        return "0"
+    for exponent, suffix in ((6, "Ei"), (5, "Pi"), (4, "Ti"), (3, "Gi"), (2, "Mi"), (1, "Ki")):
+        unit = 1024**exponent
+        if value % unit == 0:
+            return f"{value // unit}{suffix}"
+    return str(value)
+
+
+def _string(value: str) -> dict[str, Any]:
+    return {"string": value}
+
+
+def _int(value: int) -> dict[str, Any]:
+    return {"int": value}
+
+
+def _version(value: str) -> dict[str, Any]:
+    return {"version": value}
+
+
+def _count(value: int) -> dict[str, Any]:
+    return {"value": str(value)}
+
+
+@dataclass(frozen=True, slots=True)
+class _CommonValues:
+    """Node-wide version attributes, normalised once."""
+
+    driver: str | None
+    cuda_driver: str | None
+
+
+def _gpu_attributes(gpu: GpuDevice, common: _CommonValues) -> dict[str, dict[str, Any]]:
+    """Attributes shared by a GPU and the MIG devices carved from it (everything but type/uuid)."""
+    attrs: dict[str, dict[str, Any]] = {
+        "productName": _string(gpu.product_name),
+        "brand": _string(gpu.brand),
+        "architecture": _string(gpu.architecture),
+    }
+    if common.driver is not None:
+        attrs["driverVersion"] = _version(common.driver)
+    if common.cuda_driver is not None:
+        attrs["cudaDriverVersion"] = _version(common.cuda_driver)
+    cc = normalize_version(
+        "{}.{}".format(*gpu.cuda_compute_capability), what=f"cudaComputeCapability of {gpu.name}"
+    )
+    if cc is not None:
+        attrs["cudaComputeCapability"] = _version(cc)
+    attrs["pcieBusID"] = _string(gpu.pci_bus_id)
+    attrs[PCI_BUS_ID] = _string(gpu.pci_bus_id)
+    if gpu.pcie_root:
+        attrs[PCIE_ROOT] = _string(gpu.pcie_root)
+    if gpu.numa_node is not None and gpu.numa_node >= 0:
+        attrs[NUMA_NODE] = _int(gpu.numa_node)
+    return attrs
+
+
+def _gpu_entry(gpu: GpuDevice, common: _CommonValues) -> Device:
+    attrs = {"type": _string(DeviceType.GPU.value), "uuid": _string(gpu.uuid), **_gpu_attributes(gpu, common)}
+    capacity: dict[str, dict[str, Any]] = {}
+    if gpu.memory_bytes is not None:
+        capacity["memory"] = {"value": quantity_bytes(gpu.memory_bytes)}
+    return {"name": gpu.name, "attributes": attrs, "capacity": capacity}
+
+
+def _mig_entry(mig: MigDevice, common: _CommonValues) -> Device:
+    attrs = {
+        "type": _string(DeviceType.MIG.value),
+        "uuid": _string(mig.uuid),
+        "parentUUID": _string(mig.parent.uuid),
+        "profile": _string(mig.profile),
+        **_gpu_attributes(mig.parent, common),
+    }
+    capacity: dict[str, dict[str, Any]] = {
+        "multiprocessors": _count(mig.multiprocessors),
+        "copyEngines": _count(mig.copy_engines),
+        "decoders": _count(mig.decoders),
+        "encoders": _count(mig.encoders),
+        "jpegEngines": _count(mig.jpeg_engines),
+        "ofaEngines": _count(mig.ofa_engines),
+        "memory": {"value": quantity_bytes(mig.memory_bytes)},
+    }
+    for i in range(mig.placement_start, mig.placement_start + mig.placement_size):
+        capacity[f"memorySlice{i}"] = _count(1)
+    return {"name": mig.name, "attributes": attrs, "capacity": capacity}
+
+
+def _rank(key: str) -> int:
+    if key == _LEGACY_LAST:
+        return len(_PRIORITY) + 1
+    try:
+        return _PRIORITY.index(key)
+    except ValueError:
+        return len(_PRIORITY)
+
+
+def _enforce_device_limits(device: Device, warnings: list[str]) -> None:
+    """Drop over-long strings, then the lowest-priority entries beyond the per-device limit (in place)."""
+    attrs: dict[str, dict[str, Any]] = device["attributes"]
+    for key in sorted(attrs):
+        value = attrs[key]
+        text = value.get("string", value.get("version"))
+        if isinstance(text, str) and len(text) > MAX_STRING_LENGTH:
+            del attrs[key]
+            warnings.append(
+                f"device {device['name']}: attribute {key} dropped, value longer than {MAX_STRING_LENGTH} "
+                f"characters ({len(text)}): {text!r}"
+            )
+    capacity: dict[str, dict[str, Any]] = device["capacity"]
+    keys = sorted([*attrs, *capacity], key=lambda k: (_rank(k), k))
+    for key in keys[MAX_ATTRIBUTES_AND_CAPACITIES:]:
+        attrs.pop(key, None)
+        capacity.pop(key, None)
+        warnings.append(
+            f"device {device['name']}: {key} dropped, more than {MAX_ATTRIBUTES_AND_CAPACITIES} "
+            "attributes and capacities"
+        )
+    if not capacity:
+        del device["capacity"]
+
+
+def _sort_key(dev: GpuDevice | MigDevice) -> tuple[str, str]:
+    bus = dev.pci_bus_id if isinstance(dev, GpuDevice) else dev.parent.pci_bus_id
+    return (bus, dev.name)
+
+
+def device_entries(
+    inventory: NodeInventory,
+    *,
+    taints: Mapping[str, Sequence[Taint]] | None = None,
+    warnings: list[str] | None = None,
+) -> list[Device]:
+    """The ``spec.devices`` entries of the whole pool, ordered by PCI bus ID then device name.
+
+    :param taints: device name -> taints (each ``{"key", "effect", "value"?, "timeAdded"?}``), copied
+        onto the device; taints for names not in the pool are reported as warnings.
+    :param warnings: list that receives one line per dropped attribute or ignored taint (also logged).
+    :raises ResourceSliceError: two devices share a name, or a device has more than 16 taints.
+    """
+    sink = warnings if warnings is not None else []
+    start = len(sink)
+    common = _CommonValues(
+        driver=normalize_version(inventory.versions.driver, what="driverVersion"),
+        cuda_driver=(
+            normalize_version(inventory.versions.cuda_driver_text, what="cudaDriverVersion")
+            if inventory.versions.cuda_driver > 0
+            else None
+        ),
+    )
+    devices: list[Device] = []
+    seen: set[str] = set()
+    for dev in sorted(inventory.allocatable(), key=_sort_key):
+        if dev.name in seen:
+            raise ResourceSliceError(f"device name {dev.name!r} appears twice in the pool")
+        seen.add(dev.name)
+        entry = _gpu_entry(dev, common) if isinstance(dev, GpuDevice) else _mig_entry(dev, common)
+        _enforce_device_limits(entry, sink)
+        device_taints = list((taints or {}).get(dev.name, ()))
+        if len(device_taints) > MAX_TAINTS_PER_DEVICE:
+            raise ResourceSliceError(
+                f"device {dev.name}: {len(device_taints)} taints, at most {MAX_TAINTS_PER_DEVICE} allowed"
+            )
+        if device_taints:
+            entry["taints"] = [dict(t) for t in device_taints]
+        devices.append(entry)
+    for name in sorted(set(taints or {}) - seen):
+        sink.append(f"taints for unknown device {name} ignored")
+    for line in sink[start:]:
+        log.warning("%s", line)
+    return devices
+
+
+def _needs_small_slices(devices: Iterable[Mapping[str, Any]]) -> bool:
+    return any(d.get("taints") or d.get("consumesCounters") for d in devices)
+
+
+def build(
+    inventory: NodeInventory,
+    node_name: str,
+    *,
+    generation: int = 1,
+    taints: Mapping[str, Sequence[Taint]] | None = None,
+    generate_name: bool = True,
+    driver: str = DRIVER_NAME,
+) -> SliceBuild:
+    """Build every ResourceSlice of ``node_name``'s pool.
+
+    :param generation: ``spec.pool.generation`` (the publisher bumps it when the pool changes).
+    :param taints: optional device name -> taints (see :func:`device_entries`); any taint lowers the
+        per-slice device limit to 64 for the whole pool so the split stays uniform.
+    :param generate_name: set ``metadata.generateName`` to ``<node>-<driver>-``.
+    :returns: the slices in order (at least one, possibly with no devices, so the pool always exists)
+        and the warnings issued.
+    :raises ResourceSliceError: duplicate device names or too many taints on one device.
+    """
+    warnings: list[str] = []
+    devices = device_entries(inventory, taints=taints, warnings=warnings)
+    small = _needs_small_slices(devices)
+    size = MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS if small else MAX_DEVICES_PER_SLICE
+    chunks = [devices[i : i + size] for i in range(0, len(devices), size)] or [[]]
+    slices: list[dict[str, Any]] = []
+    for chunk in chunks:
+        metadata: dict[str, Any] = {}
+        if generate_name:
+            metadata["generateName"] = f"{node_name}-{driver}-"
+        slices.append(
+            {
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "metadata": metadata,
+                "spec": {
+                    "driver": driver,
+                    "nodeName": node_name,
+                    "pool": {"name": node_name, "generation": generation, "resourceSliceCount": len(chunks)},
+                    "devices": chunk,
+                },
+            }
+        )
+    return SliceBuild(slices, warnings)
+
+
+def build_resource_slices(
+    inventory: NodeInventory,
+    node_name: str,
+    *,
+    generation: int = 1,
+    taints: Mapping[str, Sequence[Taint]] | None = None,
+    generate_name: bool = True,
+) -> list[dict[str, Any]]:
+    """:func:`build` without the warnings (they are logged): the list of ResourceSlice dicts."""
+    result = build(inventory, node_name, generation=generation, taints=taints, generate_name=generate_name)
+    return result.slices
+
+
+def limit_violations(resource_slice: Mapping[str, Any]) -> list[str]:
+    """API limits that ``resource_slice`` breaks (empty when none); the OpenAPI schema does not check these.
+
+    Checks: device count (128, or 64 with taints/counters), attributes+capacities per device (32),
+    ``string``/``version`` value length (64), device names unique within the slice, taints per device (16).
+    """
+    problems: list[str] = []
+    devices: list[Mapping[str, Any]] = list(resource_slice.get("spec", {}).get("devices") or [])
+    limit = (
+        MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS
+        if _needs_small_slices(devices)
+        else MAX_DEVICES_PER_SLICE
+    )
+    if len(devices) > limit:
+        problems.append(f"{len(devices)} devices, limit {limit}")
+    names = [d.get("name") for d in devices]
+    for name in sorted({n for n in names if names.count(n) > 1}, key=str):
+        problems.append(f"device name {name} repeated")
+    for dev in devices:
+        attrs = dev.get("attributes") or {}
+        count = len(attrs) + len(dev.get("capacity") or {})
+        if count > MAX_ATTRIBUTES_AND_CAPACITIES:
+            problems.append(f"device {dev.get('name')}: {count} attributes and capacities")
+        for key, value in attrs.items():
+            text = value.get("string", value.get("version"))
+            if isinstance(text, str) and len(text) > MAX_STRING_LENGTH:
+                problems.append(f"device {dev.get('name')}: attribute {key} longer than {MAX_STRING_LENGTH}")
+        if len(dev.get("taints") or []) > MAX_TAINTS_PER_DEVICE:
+            problems.append(f"device {dev.get('name')}: more than {MAX_TAINTS_PER_DEVICE} taints")
+    return problems
