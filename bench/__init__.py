@@ -1,0 +1,1 @@
+"""dradriver's benchmark suite (pytest-benchmark); run it with ``python -m bench``."""

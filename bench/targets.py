@@ -1,0 +1,56 @@
+"""Speed and memory targets, each a ratio against a baseline measured in the same run.
+
+Every benchmark records ``extra_info["scenario"]`` and ``extra_info["variant"]`` (for example
+``extension``, ``twin``, ``c_loop``, ``whole_file``). A ratio divides the median time of one variant by
+that of another within the same scenario (or across scenarios, written ``scenario:variant``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """``numerator / denominator`` of median times; ``target`` is met when ``value <op> target``.
+
+    ``per`` divides both sides by a count recorded in ``extra_info[per]`` (e.g. values per poll).
+    """
+
+    scenario: str
+    name: str
+    numerator: str
+    denominator: str
+    op: str
+    target: float
+    per: str = ""
+
+    def met(self, value: float) -> bool:
+        """Whether ``value`` meets the target."""
+        return value <= self.target if self.op == "<=" else value >= self.target
+
+
+RATIOS: tuple[Ratio, ...] = (
+    Ratio("nvml_poll_8gpu_7mig", "extension per field / C loop per field", "extension", "c_loop", "<=", 1.3),
+    Ratio("nvml_poll_8gpu_7mig", "pynvml twin / extension (speed-up)", "twin", "extension", ">=", 4.0),
+    Ratio("cdi_1gpu", "twin / extension (speed-up)", "twin", "extension", ">=", 1.0),
+    Ratio("cdi_8gpu", "twin / extension (speed-up)", "twin", "extension", ">=", 1.0),
+    Ratio("cdi_2048_channels", "twin / extension (speed-up)", "twin", "extension", ">=", 5.0),
+    Ratio(
+        "claimstore_pair",
+        "extension at 10,000 / extension at 10 (flatness)",
+        "extension_10000",
+        "extension_10",
+        "<=",
+        1.5,
+    ),
+    Ratio(
+        "claimstore_pair",
+        "whole-file JSON baseline / extension at 10,000 (speed-up)",
+        "whole_file_10000",
+        "extension_10000",
+        ">=",
+        20.0,
+    ),
+    Ratio("claimstore_pair", "twin at 10,000 / twin at 10 (flatness)", "twin_10000", "twin_10", "<=", 1.5),
+)

@@ -1,0 +1,95 @@
+"""Background NVML polling: the compiled poller driven by a thread, the latest sample kept for readers.
+
+Readers (the Prometheus exporter, the health monitor) never wait on NVML: they read :attr:`PollLoop.latest`,
+the most recent :class:`~dradriver._native.nvmlfields.Sample`. The poller itself comes from
+``dradriver._native.load("nvmlpoll")`` (compiled by default; the pynvml twin with
+``DRADRIVER_NO_EXTENSIONS=1``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+
+from dradriver import _native
+from dradriver._native import nvmlfields
+from dradriver.nvml import errors
+
+log = logging.getLogger(__name__)
+
+Sample = nvmlfields.Sample
+FIELD_NAMES = nvmlfields.FIELD_NAMES
+
+
+def open_poller(uuids: Sequence[str], fields: Sequence[str] | None = None) -> object:
+    """Return a native ``Poller`` for ``uuids`` (GPU and MIG UUIDs).
+
+    :raises NvmlError: the subclass for the ``nvmlReturn_t`` NVML returned during set-up.
+    :raises ExtensionMissingError: the compiled poller is missing and twins were not asked for.
+    """
+    module = _native.load("nvmlpoll")
+    try:
+        return module.Poller(list(uuids), None if fields is None else list(fields))
+    except nvmlfields.PollerError as exc:
+        raise errors.error_for_code(exc.code, str(exc)) from exc
+
+
+class PollLoop:
+    """Polls every ``interval_s`` seconds on a daemon thread; :attr:`latest` holds the newest sample.
+
+    :param uuids: devices to sample (GPU and MIG UUIDs).
+    :param interval_s: seconds between polls.
+    :param on_sample: called on the polling thread after each poll (keep it short).
+    """
+
+    def __init__(
+        self,
+        uuids: Sequence[str],
+        *,
+        interval_s: float = 10.0,
+        fields: Sequence[str] | None = None,
+        on_sample: Callable[[nvmlfields.Sample], None] | None = None,
+    ) -> None:
+        self._poller = open_poller(uuids, fields)
+        self.interval_s = interval_s
+        self._on_sample = on_sample
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.latest: nvmlfields.Sample | None = None
+        self.polls = 0
+        self.errors_by_code: dict[int, int] = {}
+
+    def poll_once(self) -> nvmlfields.Sample:
+        """Poll now on the calling thread, store and return the sample."""
+        sample: nvmlfields.Sample = self._poller.poll()  # type: ignore[attr-defined]
+        for code in set(sample.status):  # type: ignore[attr-defined]
+            if code not in (nvmlfields.NVML_SUCCESS, nvmlfields.NVML_ERROR_NOT_SUPPORTED):
+                self.errors_by_code[code] = self.errors_by_code.get(code, 0) + 1
+        self.latest = sample
+        self.polls += 1
+        if self._on_sample is not None:
+            self._on_sample(sample)
+        return sample
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.poll_once()
+            except Exception:  # a failing poll must not end monitoring
+                log.exception("NVML poll failed")
+            self._stop.wait(self.interval_s)
+
+    def start(self) -> None:
+        """Start the polling thread (first poll immediately)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="nvml-poller", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread and release NVML."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        self._poller.close()  # type: ignore[attr-defined]
