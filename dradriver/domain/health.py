@@ -1,0 +1,226 @@
+"""Device health: NVML faults classified, scoped to devices, turned into DRA device taints, and recovered.
+
+Facts (reference ``nvidia-dra-driver.md`` 6.1, ``kubelet-dra-protocol.md`` 3 and 5.1):
+
+* Application-level Xids that do not make a device unhealthy, by default 13, 31, 43, 45, 68 and 109
+  (NVIDIA's driver), extended by ``--additional-xids-to-ignore``.
+* Taint keys ``gpu.nvidia.com/xid`` (value: the decimal Xid) and ``gpu.nvidia.com/gpu-lost``; effect
+  ``NoSchedule`` for faults, ``None`` for informational Xids (``None`` is a valid DeviceTaint effect from
+  Kubernetes 1.35; on older API servers informational taints are left out).
+* A fault scoped to a MIG device (an event carrying a GPU instance and compute instance ID) affects that MIG
+  device; a GPU-wide fault (no MIG scope, or one that needs a GPU reset) affects the GPU and every MIG
+  device on it.
+
+Unlike NVIDIA's driver, taints are removed again: a device becomes healthy when NVML shows recovery (the
+GPU answers and reports no pending retirement or remap failure) and no new fault arrived during the quiet
+period. Pure logic: the caller supplies the time (seconds, any monotonic clock).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+
+from dradriver.domain.devices import GpuDevice, MigDevice, NodeInventory
+
+DEFAULT_IGNORED_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
+"""Xids NVIDIA's driver treats as application errors (no NoSchedule taint)."""
+
+NO_MIG_SCOPE = 0xFFFFFFFF
+"""GPU-instance / compute-instance ID of an event that is not scoped to a MIG device (nvml.h)."""
+
+TAINT_DOMAIN = "gpu.nvidia.com"
+
+
+class FaultKind(str, Enum):
+    """What went wrong; the value is the taint key's name part (``gpu.nvidia.com/<value>``)."""
+
+    XID = "xid"
+    DOUBLE_BIT_ECC = "ecc-dbe"
+    GPU_LOST = "gpu-lost"
+    RETIRED_PAGES_PENDING = "retired-pages-pending"
+    ROW_REMAP_FAILURE = "row-remap-failure"
+    FABRIC_UNHEALTHY = "fabric-unhealthy"
+
+
+class Effect(str, Enum):
+    """DRA device taint effects (``resource.k8s.io/v1`` DeviceTaint.effect)."""
+
+    NONE = "None"
+    NO_SCHEDULE = "NoSchedule"
+    NO_EXECUTE = "NoExecute"
+
+
+@dataclass(frozen=True, slots=True)
+class HealthEvent:
+    """One fault observed through NVML.
+
+    :param gpu_uuid: the physical GPU the event came from.
+    :param time: when it was observed, seconds on the caller's clock.
+    :param xid: the Xid for ``FaultKind.XID``.
+    :param gi_id: GPU instance ID, or ``None``/``NO_MIG_SCOPE`` when the event is not MIG scoped.
+    :param ci_id: compute instance ID, likewise.
+    """
+
+    gpu_uuid: str
+    kind: FaultKind
+    time: float
+    xid: int | None = None
+    gi_id: int | None = None
+    ci_id: int | None = None
+    detail: str = ""
+
+    @property
+    def mig_scoped(self) -> bool:
+        """True when the event names a GPU instance and compute instance."""
+        return self.gi_id not in (None, NO_MIG_SCOPE) and self.ci_id not in (None, NO_MIG_SCOPE)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceTaint:
+    """A ``resource.k8s.io/v1`` DeviceTaint (``timeAdded`` is left to the API server)."""
+
+    key: str
+    value: str
+    effect: Effect
+
+    def to_api(self) -> dict[str, str]:
+        """The taint as it appears in ``spec.devices[].taints[]``."""
+        out = {"key": self.key, "effect": self.effect.value}
+        if self.value:
+            out["value"] = self.value
+        return out
+
+
+@dataclass(slots=True)
+class DeviceHealth:
+    """Health of one published device.
+
+    :param last_fault: time of the newest fault (caller's clock), 0 when none.
+    :param recovered: NVML has shown recovery since the last fault.
+    """
+
+    name: str
+    taints: dict[str, DeviceTaint] = field(default_factory=dict)
+    message: str = ""
+    last_fault: float = 0.0
+    last_change: float = 0.0
+    recovered: bool = True
+
+    @property
+    def healthy(self) -> bool:
+        """No taint with an effect other than ``None``."""
+        return all(t.effect is Effect.NONE for t in self.taints.values())
+
+
+def classify(event: HealthEvent, ignored_xids: Iterable[int] = DEFAULT_IGNORED_XIDS) -> DeviceTaint:
+    """The taint an event produces: informational Xids get effect ``None``, every other fault NoSchedule."""
+    key = f"{TAINT_DOMAIN}/{event.kind.value}"
+    if event.kind is FaultKind.XID:
+        xid = event.xid if event.xid is not None else 0
+        effect = Effect.NONE if xid in set(ignored_xids) else Effect.NO_SCHEDULE
+        return DeviceTaint(key, str(xid), effect)
+    return DeviceTaint(key, "", Effect.NO_SCHEDULE)
+
+
+def describe(event: HealthEvent) -> str:
+    """One line for humans (the kubelet health stream's message, logs)."""
+    what = {
+        FaultKind.XID: f"Xid {event.xid}",
+        FaultKind.DOUBLE_BIT_ECC: "double-bit ECC error",
+        FaultKind.GPU_LOST: "GPU is lost (fell off the bus)",
+        FaultKind.RETIRED_PAGES_PENDING: "pages pending retirement (reset needed)",
+        FaultKind.ROW_REMAP_FAILURE: "row remapping failed",
+        FaultKind.FABRIC_UNHEALTHY: "NVLink fabric unhealthy",
+    }[event.kind]
+    scope = f" on GPU instance {event.gi_id} compute instance {event.ci_id}" if event.mig_scoped else ""
+    detail = f": {event.detail}" if event.detail else ""
+    return f"{what}{scope} of {event.gpu_uuid}{detail}"
+
+
+class HealthTracker:
+    """Keeps every published device's health and answers which devices changed.
+
+    :param inventory: the node's devices (names are the published device names).
+    :param ignored_xids: Xids that only produce an informational taint.
+    :param quiet_period_s: seconds without a new fault, after NVML shows recovery, before taints go.
+    :param informational_taints: publish effect-``None`` taints (Kubernetes >= 1.35); when false, an
+        informational Xid changes nothing.
+    """
+
+    def __init__(
+        self,
+        inventory: NodeInventory,
+        *,
+        ignored_xids: Iterable[int] = DEFAULT_IGNORED_XIDS,
+        quiet_period_s: float = 60.0,
+        informational_taints: bool = True,
+    ) -> None:
+        self.ignored_xids = frozenset(ignored_xids)
+        self.quiet_period_s = quiet_period_s
+        self.informational_taints = informational_taints
+        self._devices: dict[str, DeviceHealth] = {}
+        self._by_gpu: dict[str, list[GpuDevice | MigDevice]] = {}
+        for dev in inventory.allocatable():
+            self._devices[dev.name] = DeviceHealth(dev.name)
+            gpu_uuid = dev.uuid if isinstance(dev, GpuDevice) else dev.parent.uuid
+            self._by_gpu.setdefault(gpu_uuid, []).append(dev)
+
+    def devices_for(self, event: HealthEvent) -> list[str]:
+        """Names of the published devices an event affects (empty for an unknown GPU)."""
+        devices = self._by_gpu.get(event.gpu_uuid, [])
+        if event.mig_scoped:
+            return [
+                d.name
+                for d in devices
+                if isinstance(d, MigDevice) and d.gi_id == event.gi_id and d.ci_id == event.ci_id
+            ]
+        return [d.name for d in devices]
+
+    def record(self, event: HealthEvent) -> set[str]:
+        """Apply one fault; returns the names of devices whose taints or health changed."""
+        taint = classify(event, self.ignored_xids)
+        if taint.effect is Effect.NONE and not self.informational_taints:
+            return set()
+        changed: set[str] = set()
+        for name in self.devices_for(event):
+            state = self._devices[name]
+            if taint.effect is not Effect.NONE:
+                state.last_fault = event.time
+                state.recovered = False
+            if state.taints.get(taint.key) != taint:
+                state.taints[taint.key] = taint
+                state.message = describe(event)
+                state.last_change = event.time
+                changed.add(name)
+        return changed
+
+    def observe_recovery(self, gpu_uuid: str, now: float) -> set[str]:
+        """NVML shows the GPU healthy again; devices clear once the quiet period has passed."""
+        for dev in self._by_gpu.get(gpu_uuid, []):
+            self._devices[dev.name].recovered = True
+        return self.tick(now)
+
+    def tick(self, now: float) -> set[str]:
+        """Clear taints of recovered devices whose quiet period is over; returns the changed names."""
+        changed: set[str] = set()
+        for state in self._devices.values():
+            if state.taints and state.recovered and now - state.last_fault >= self.quiet_period_s:
+                state.taints.clear()
+                state.message = "recovered"
+                state.last_change = now
+                changed.add(state.name)
+        return changed
+
+    def taints(self) -> dict[str, list[dict[str, str]]]:
+        """``{device name: [taint, ...]}`` for devices with taints, ready for the ResourceSlice builder."""
+        return {
+            name: [t.to_api() for t in sorted(s.taints.values(), key=lambda t: t.key)]
+            for name, s in self._devices.items()
+            if s.taints
+        }
+
+    def states(self) -> Mapping[str, DeviceHealth]:
+        """Every device's health, by device name."""
+        return self._devices

@@ -1,0 +1,137 @@
+"""Health classification, scoping and recovery (pure domain logic)."""
+
+from __future__ import annotations
+
+from dradriver.domain.devices import DriverVersions, GpuDevice, MigDevice, NodeInventory
+from dradriver.domain.health import (
+    DEFAULT_IGNORED_XIDS,
+    NO_MIG_SCOPE,
+    Effect,
+    FaultKind,
+    HealthEvent,
+    HealthTracker,
+    classify,
+)
+
+
+def _gpu(minor: int, *, mig: bool = False) -> GpuDevice:
+    return GpuDevice(
+        index=minor,
+        minor=minor,
+        uuid=f"GPU-0000000{minor}-0000-0000-0000-000000000000",
+        product_name="NVIDIA A100-SXM4-40GB",
+        brand="Nvidia",
+        architecture="Ampere",
+        cuda_compute_capability=(8, 0),
+        memory_bytes=40 * 2**30,
+        pci_bus_id=f"0000:0{minor}:00.0",
+        mig_capable=True,
+        mig_enabled=mig,
+    )
+
+
+def _mig(parent: GpuDevice, gi: int, start: int) -> MigDevice:
+    return MigDevice(
+        parent=parent,
+        uuid=f"MIG-{gi:08x}-0000-5000-8000-000000000000",
+        profile="1g.5gb",
+        gi_profile_id=19,
+        ci_profile_id=0,
+        gi_id=gi,
+        ci_id=0,
+        placement_start=start,
+        placement_size=1,
+        memory_bytes=4864 * 2**20,
+        multiprocessors=14,
+        copy_engines=1,
+        decoders=0,
+        encoders=0,
+        jpeg_engines=0,
+        ofa_engines=0,
+    )
+
+
+def _inventory() -> NodeInventory:
+    g0, g1 = _gpu(0), _gpu(1, mig=True)
+    return NodeInventory(
+        versions=DriverVersions("570.148.08", 12080),
+        gpus=(g0, g1),
+        migs=(_mig(g1, 7, 0), _mig(g1, 8, 1)),
+    )
+
+
+def test_default_ignored_xids_match_reference() -> None:
+    assert frozenset({13, 31, 43, 45, 68, 109}) == DEFAULT_IGNORED_XIDS
+
+
+def test_xid_79_taints_whole_gpu_no_schedule() -> None:
+    tracker = HealthTracker(_inventory())
+    g0 = _inventory().gpus[0]
+    changed = tracker.record(HealthEvent(g0.uuid, FaultKind.XID, time=10.0, xid=79))
+    assert changed == {"gpu-0"}
+    assert tracker.taints() == {"gpu-0": [{"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}]}
+    assert not tracker.states()["gpu-0"].healthy
+    assert "Xid 79" in tracker.states()["gpu-0"].message
+
+
+def test_informational_xid_is_effect_none_and_device_stays_healthy() -> None:
+    tracker = HealthTracker(_inventory())
+    g0 = _inventory().gpus[0]
+    tracker.record(HealthEvent(g0.uuid, FaultKind.XID, time=1.0, xid=13))
+    assert tracker.taints()["gpu-0"][0]["effect"] == "None"
+    assert tracker.states()["gpu-0"].healthy
+    quiet = HealthTracker(_inventory(), informational_taints=False)
+    assert quiet.record(HealthEvent(g0.uuid, FaultKind.XID, time=1.0, xid=13)) == set()
+    assert quiet.taints() == {}
+
+
+def test_mig_scoped_xid_taints_only_that_mig_device() -> None:
+    inv = _inventory()
+    tracker = HealthTracker(inv)
+    g1 = inv.gpus[1]
+    changed = tracker.record(HealthEvent(g1.uuid, FaultKind.XID, time=1.0, xid=94, gi_id=8, ci_id=0))
+    assert changed == {inv.migs[1].name}
+    assert set(tracker.taints()) == {inv.migs[1].name}
+
+
+def test_unscoped_event_on_mig_gpu_taints_every_mig_device() -> None:
+    inv = _inventory()
+    tracker = HealthTracker(inv)
+    event = HealthEvent(inv.gpus[1].uuid, FaultKind.GPU_LOST, time=1.0, gi_id=NO_MIG_SCOPE, ci_id=NO_MIG_SCOPE)
+    assert tracker.record(event) == {m.name for m in inv.migs}
+    assert all(t[0]["key"] == "gpu.nvidia.com/gpu-lost" for t in tracker.taints().values())
+
+
+def test_recovery_needs_nvml_recovery_and_quiet_period() -> None:
+    inv = _inventory()
+    tracker = HealthTracker(inv, quiet_period_s=30.0)
+    uuid = inv.gpus[0].uuid
+    tracker.record(HealthEvent(uuid, FaultKind.XID, time=100.0, xid=79))
+    assert tracker.tick(200.0) == set()  # NVML has not shown recovery yet
+    assert tracker.observe_recovery(uuid, now=110.0) == set()  # quiet period not over
+    assert tracker.tick(129.0) == set()
+    assert tracker.tick(130.0) == {"gpu-0"}
+    assert tracker.taints() == {}
+    assert tracker.states()["gpu-0"].healthy
+
+
+def test_new_fault_during_quiet_period_restarts_it() -> None:
+    inv = _inventory()
+    tracker = HealthTracker(inv, quiet_period_s=30.0)
+    uuid = inv.gpus[0].uuid
+    tracker.record(HealthEvent(uuid, FaultKind.XID, time=100.0, xid=79))
+    tracker.observe_recovery(uuid, now=110.0)
+    tracker.record(HealthEvent(uuid, FaultKind.DOUBLE_BIT_ECC, time=120.0))
+    assert tracker.tick(140.0) == set()  # new fault: NVML must show recovery again
+    tracker.observe_recovery(uuid, now=141.0)
+    assert tracker.tick(150.0) == {"gpu-0"}
+
+
+def test_classify_and_repeat_event_is_not_a_change() -> None:
+    taint = classify(HealthEvent("GPU-x", FaultKind.XID, time=0.0, xid=48))
+    assert (taint.key, taint.value, taint.effect) == ("gpu.nvidia.com/xid", "48", Effect.NO_SCHEDULE)
+    tracker = HealthTracker(_inventory())
+    uuid = _inventory().gpus[0].uuid
+    assert tracker.record(HealthEvent(uuid, FaultKind.XID, time=1.0, xid=48)) == {"gpu-0"}
+    assert tracker.record(HealthEvent(uuid, FaultKind.XID, time=2.0, xid=48)) == set()
+    assert tracker.record(HealthEvent("GPU-unknown", FaultKind.XID, time=2.0, xid=48)) == set()
