@@ -53,7 +53,8 @@ def summarise(raw: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
             "met": ratio.met(value),
         }
     for (scenario, variant), median in sorted(medians.items()):
-        summary[scenario].setdefault(f"median {variant} (us)", {"value": round(median * 1e6, 2), "target": "", "met": True})
+        row = {"value": round(median * 1e6, 2), "target": "", "met": True}
+        summary[scenario].setdefault(f"median {variant} (us)", row)
     return dict(summary)
 
 

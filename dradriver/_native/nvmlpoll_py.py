@@ -98,7 +98,8 @@ class Poller:
                 code = mem[0]
                 if code == nf.NVML_SUCCESS:
                     m = mem[1]
-                    value = float(m.total if kind == nf.KIND_MEM_TOTAL else m.used if kind == nf.KIND_MEM_USED else m.free)
+                    by_kind = {nf.KIND_MEM_TOTAL: m.total, nf.KIND_MEM_USED: m.used, nf.KIND_MEM_FREE: m.free}
+                    value = float(by_kind[kind])
             elif kind == nf.KIND_TEMPERATURE:
                 code, out = _call(pynvml.nvmlDeviceGetTemperatureV, handle, pynvml.NVML_TEMPERATURE_GPU)
                 value = float(out) if code == nf.NVML_SUCCESS else 0.0
