@@ -181,6 +181,9 @@ class NodeInventory:
     migs: tuple[MigDevice, ...] = ()
     failures: tuple[DiscoveryFailure, ...] = ()
     clique: Clique | None = None
+    warnings: tuple[str, ...] = ()
+    """Node-level discovery problems that left nothing out on their own (clique disagreement, MIG mode
+    without MIG devices); shown by ``dradriver inspect``."""
 
     def allocatable(self) -> list[GpuDevice | MigDevice]:
         """Devices to publish, sorted by PCI bus ID then name.

@@ -1,0 +1,443 @@
+"""Discover the node's GPUs, existing MIG devices and fabric clique through NVML.
+
+:func:`discover` walks every GPU NVML enumerates and returns a
+:class:`~dradriver.domain.devices.NodeInventory`.
+Facts and their sources (``gpu-facts.md`` 1, 2.1-2.3, 4.2, 6.2; ``nvidia-dra-driver.md`` 2.3, 2.4, 7.2):
+
+* brand and architecture are the strings go-nvlib prints (``Nvidia``, ``Ada Lovelace``, ``Hopper``);
+* the PCI bus ID is NVML's ``busId`` lowercased with the leading ``0000`` of the 8-digit domain trimmed
+  (``00000000:CA:00.0`` -> ``0000:ca:00.0``);
+* ``pcieRoot`` is the ``pci<domain>:<bus>`` element of the ``<sysfs>/bus/pci/devices/<bdf>`` link target;
+  the NUMA node comes from ``nvmlDeviceGetNumaNodeId``, else from ``<sysfs>/bus/pci/devices/<bdf>/numa_node``;
+  negative means unknown;
+* MIG profile names follow go-nvlib: ``<G>g.<GB>gb`` (``<C>c.<G>g.<GB>gb`` when the compute instance is
+  smaller than its GPU instance) with ``+me`` for the REV1 profiles, ``+me.all``, ``+gfx``, ``-me`` for the
+  RTX PRO ones, and ``GB = round(ceil(memMiB*2^20/total*8)/8 * ceil(total/GiB))``;
+* the clique is ``<clusterUUID>.<cliqueId>`` when every fabric-attached GPU agrees.
+
+Failure policy: a GPU whose core query fails (UUID, minor, name, brand, architecture, compute capability,
+PCI info; including GPU_IS_LOST or NOT_SUPPORTED) is left out and recorded in ``failures`` with the reason,
+and the rest of the node is still discovered. Optional queries (memory, serial, NUMA, MIG mode, fabric)
+that answer NOT_SUPPORTED give ``None``/``False``. A MIG-enabled GPU whose MIG devices cannot be read is
+left out as a whole (publishing half of it would be wrong). Each failure is logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pynvml
+
+from dradriver.domain.devices import (
+    Clique,
+    DiscoveryFailure,
+    DriverVersions,
+    FabricInfo,
+    GpuDevice,
+    MigDevice,
+    NodeInventory,
+)
+from dradriver.nvml.errors import NvmlError
+from dradriver.nvml.session import NvmlSession
+
+log = logging.getLogger(__name__)
+
+MIB = 1 << 20
+GIB = 1 << 30
+
+ARCHITECTURES: dict[int, str] = {
+    2: "Kepler",
+    3: "Maxwell",
+    4: "Pascal",
+    5: "Volta",
+    6: "Turing",
+    7: "Ampere",
+    8: "Ada Lovelace",
+    9: "Hopper",
+    10: "Blackwell",
+    13: "Rubin",
+    0xFFFFFFFF: "Unknown",
+}
+"""``nvmlDeviceArchitecture_t`` -> go-nvlib ``GetArchitectureAsString``."""
+
+BRANDS: dict[int, str] = {
+    0: "Unknown",
+    1: "Quadro",
+    2: "Tesla",
+    3: "NVS",
+    4: "Grid",
+    5: "GeForce",
+    6: "Titan",
+    7: "NvidiaVApps",
+    8: "NvidiaVPC",
+    9: "NvidiaVCS",
+    10: "NvidiaVWS",
+    11: "NvidiaCloudGaming",
+    12: "QuadroRTX",
+    13: "NvidiaRTX",
+    14: "Nvidia",
+    15: "GeForceRTX",
+    16: "TitanRTX",
+}
+"""``nvmlBrandType_t`` -> go-nvlib ``GetBrandAsString``."""
+
+# GPU-instance profile index (NVML_GPU_INSTANCE_PROFILE_*) -> (positive attributes, negative attributes).
+_GI_ATTRIBUTES: dict[int, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1: (("me",), ()),
+    pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE_REV1: (("me",), ()),
+    pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_ALL_ME: (("me.all",), ()),
+    pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE_ALL_ME: (("me.all",), ()),
+    pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_GFX: (("gfx",), ()),
+    pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE_GFX: (("gfx",), ()),
+    pynvml.NVML_GPU_INSTANCE_PROFILE_4_SLICE_GFX: (("gfx",), ()),
+    pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_NO_ME: ((), ("me",)),
+    pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE_NO_ME: ((), ("me",)),
+}
+_PCIE_ROOT = re.compile(r"^pci[0-9a-fA-F]{4,}:[0-9a-fA-F]{2}$")
+
+
+def normalize_pci_bus_id(bus_id: str | bytes) -> str:
+    """NVML ``busId`` -> DRA form: lowercase, a leading ``0000`` trimmed (go-nvlib ``GetPCIBusID``).
+
+    ``00000000:CA:00.0`` -> ``0000:ca:00.0``; ``00000008:06:00.0`` -> ``0008:06:00.0``.
+    """
+    text = bus_id.decode(errors="replace") if isinstance(bus_id, bytes) else bus_id
+    text = text.split("\x00", 1)[0].strip().lower()
+    if text != "0000" and text.startswith("0000") and len(text.split(":", 1)[0]) == 8:
+        text = text[4:]
+    return text
+
+
+def mig_profile_name(
+    gi_profile_index: int, gi_slices: int, ci_slices: int, memory_mib: int, device_total_bytes: int
+) -> str:
+    """MIG profile name as NVIDIA tools print it (go-nvlib ``MigProfileInfo.String``).
+
+    :param gi_profile_index: the ``NVML_GPU_INSTANCE_PROFILE_*`` index (selects ``+me``/``+gfx``/``-me``).
+    :param gi_slices: GPU-instance compute slices (``G``); ``ci_slices``: compute-instance slices (``C``).
+    :param memory_mib: ``memorySizeMB`` of the GI profile (MiB); ``device_total_bytes``: the GPU's memory.
+    """
+    fraction = (memory_mib * MIB) / device_total_bytes if device_total_bytes else 0.0
+    fraction = math.ceil(fraction * 8) / 8
+    total_gb = (device_total_bytes + GIB - 1) // GIB
+    gb = math.floor(fraction * total_gb + 0.5)  # Go math.Round: half away from zero
+    positive, negative = _GI_ATTRIBUTES.get(gi_profile_index, ((), ()))
+    suffix = ""
+    if positive:
+        suffix = "+" + ",".join(positive)
+    if negative:
+        suffix = "-" + ",".join(negative)
+    if ci_slices == gi_slices:
+        return f"{gi_slices}g.{gb}gb{suffix}"
+    return f"{ci_slices}c.{gi_slices}g.{gb}gb{suffix}"
+
+
+def pcie_root(sysfs_root: Path, bdf: str) -> str | None:
+    """``pci<domain>:<bus>`` from the ``<sysfs_root>/bus/pci/devices/<bdf>`` link target, or ``None``.
+
+    The link normally points to ``../../../devices/pci0000:3a/0000:3a:00.0/0000:3b:00.0``; the element after
+    ``devices`` is the root complex (Kubernetes ``deviceattribute`` ``GetPCIeRootAttributeByPCIBusID``).
+    """
+    link = sysfs_root / "bus" / "pci" / "devices" / bdf
+    try:
+        target = os.readlink(link)
+    except OSError:
+        return None
+    parts = [p for p in target.split("/") if p and p not in (".", "..")]
+    for i, part in enumerate(parts[:-1]):
+        if part == "devices" and _PCIE_ROOT.match(parts[i + 1]):
+            return parts[i + 1].lower()
+    return None
+
+
+def _sysfs_numa_node(sysfs_root: Path, bdf: str) -> int | None:
+    try:
+        value = int((sysfs_root / "bus" / "pci" / "devices" / bdf / "numa_node").read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return value if value >= 0 else None
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+def _uuid_text(raw: Any) -> str:
+    data = bytes(raw)
+    h = data.hex()
+    return f"{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+@dataclass(slots=True)
+class _GiProfile:
+    index: int
+    info: Any
+
+
+class _Discoverer:
+    def __init__(self, session: NvmlSession, sysfs_root: Path) -> None:
+        self.s = session
+        self.sysfs_root = sysfs_root
+        self.failures: list[DiscoveryFailure] = []
+        self.warnings: list[str] = []
+
+    def fail(self, index: int, reason: str, uuid: str | None = None) -> None:
+        log.warning("GPU index %d%s left out: %s", index, f" ({uuid})" if uuid else "", reason)
+        self.failures.append(DiscoveryFailure(index=index, reason=reason, uuid=uuid))
+
+    def warn(self, text: str) -> None:
+        log.warning("%s", text)
+        self.warnings.append(text)
+
+    # -- GPUs --------------------------------------------------------------------------------------------
+
+    def gpu(self, index: int) -> GpuDevice:
+        s = self.s
+        h = s.device(index)
+        where = f"GPU index {index}"
+
+        def core(fn: Callable[..., Any], *args: Any) -> Any:
+            return s.call(fn, h, *args, context=f"{fn.__name__} on {where}")
+
+        def opt(fn: Callable[..., Any], *args: Any) -> Any:
+            return s.optional(fn, h, *args, context=f"{fn.__name__} on {where}")
+
+        uuid = _text(core(pynvml.nvmlDeviceGetUUID))
+        minor = int(core(pynvml.nvmlDeviceGetMinorNumber))
+        name = _text(core(pynvml.nvmlDeviceGetName))
+        brand_code = int(core(pynvml.nvmlDeviceGetBrand))
+        arch_code = int(core(pynvml.nvmlDeviceGetArchitecture))
+        major, minor_cc = core(pynvml.nvmlDeviceGetCudaComputeCapability)
+        pci = core(pynvml.nvmlDeviceGetPciInfo)
+        bus_id = normalize_pci_bus_id(pci.busId)
+        brand = BRANDS.get(brand_code)
+        if brand is None:
+            self.warn(f"{where} ({uuid}): unknown brand code {brand_code}, published as Unknown")
+            brand = "Unknown"
+        arch = ARCHITECTURES.get(arch_code)
+        if arch is None:
+            self.warn(f"{where} ({uuid}): unknown architecture code {arch_code}, published as Unknown")
+            arch = "Unknown"
+        memory = opt(pynvml.nvmlDeviceGetMemoryInfo)
+        serial = opt(pynvml.nvmlDeviceGetSerial)
+        numa = opt(pynvml.nvmlDeviceGetNumaNodeId)
+        if numa is None or int(numa) < 0:
+            numa = _sysfs_numa_node(self.sysfs_root, bus_id)
+        mig_mode = opt(pynvml.nvmlDeviceGetMigMode)
+        return GpuDevice(
+            index=index,
+            minor=minor,
+            uuid=uuid,
+            product_name=name,
+            brand=brand,
+            architecture=arch,
+            cuda_compute_capability=(int(major), int(minor_cc)),
+            memory_bytes=int(memory.total) if memory is not None else None,
+            pci_bus_id=bus_id,
+            pcie_root=pcie_root(self.sysfs_root, bus_id),
+            numa_node=int(numa) if numa is not None and int(numa) >= 0 else None,
+            serial=_text(serial) if serial else None,
+            mig_capable=mig_mode is not None,
+            mig_enabled=mig_mode is not None and int(mig_mode[0]) == pynvml.NVML_DEVICE_MIG_ENABLE,
+            fabric=self.fabric(h, where),
+        )
+
+    def fabric(self, handle: Any, where: str) -> FabricInfo | None:
+        """``nvmlDeviceGetGpuFabricInfoV`` (v3, then v2), else v1; ``None`` when fabric is not supported."""
+        s = self.s
+        for struct in (pynvml.c_nvmlGpuFabricInfo_v3_t, pynvml.c_nvmlGpuFabricInfo_v2_t):
+            info = struct()
+            try:
+                got = s.optional(
+                    pynvml.nvmlDeviceGetGpuFabricInfoV, handle, info, context=f"fabric info on {where}"
+                )
+            except NvmlError as exc:
+                if exc.code == pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH:
+                    continue
+                raise
+            if got is None:
+                break
+            return FabricInfo(
+                cluster_uuid=_uuid_text(info.clusterUuid),
+                clique_id=int(info.cliqueId),
+                state=int(info.state),
+                status=int(info.status),
+                health_mask=int(info.healthMask),
+                health_summary=int(getattr(info, "healthSummary", 0)),
+            )
+        v1 = pynvml.c_nvmlGpuFabricInfo_t()
+        got_v1 = s.optional(pynvml.nvmlDeviceGetGpuFabricInfo, handle, v1, context=f"fabric info on {where}")
+        if got_v1 is None:
+            return None
+        return FabricInfo(
+            cluster_uuid=_uuid_text(v1.clusterUuid),
+            clique_id=int(v1.cliqueId),
+            state=int(v1.state),
+            status=int(v1.status),
+        )
+
+    # -- MIG ---------------------------------------------------------------------------------------------
+
+    def gi_profiles(self, gpu: GpuDevice) -> dict[int, _GiProfile]:
+        """GI profile ID -> (profile index, info) for every profile the GPU supports."""
+        h = self.s.device(gpu.index)
+        out: dict[int, _GiProfile] = {}
+        for index in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
+            try:
+                info = self.s.optional(
+                    pynvml.nvmlDeviceGetGpuInstanceProfileInfo,
+                    h,
+                    index,
+                    context=f"GPU-instance profile {index} on {gpu.name}",
+                )
+            except NvmlError as exc:
+                if exc.code == pynvml.NVML_ERROR_INVALID_ARGUMENT:
+                    continue
+                raise
+            if info is not None:
+                out[int(info.id)] = _GiProfile(index, info)
+        return out
+
+    def migs(self, gpu: GpuDevice) -> list[MigDevice]:
+        s = self.s
+        h = s.device(gpu.index)
+        profiles = self.gi_profiles(gpu)
+        count = int(s.call(pynvml.nvmlDeviceGetMaxMigDeviceCount, h, context=f"max MIG count of {gpu.name}"))
+        found: list[MigDevice] = []
+        for slot in range(count):
+            mh = s.mig_device(gpu.index, slot)
+            if mh is None:
+                continue
+            where = f"MIG slot {slot} of {gpu.name}"
+            uuid = _text(s.call(pynvml.nvmlDeviceGetUUID, mh, context=f"UUID of {where}"))
+            gi_id = int(s.call(pynvml.nvmlDeviceGetGpuInstanceId, mh, context=f"GI id of {where}"))
+            ci_id = int(s.call(pynvml.nvmlDeviceGetComputeInstanceId, mh, context=f"CI id of {where}"))
+            gi = s.call(pynvml.nvmlDeviceGetGpuInstanceById, h, gi_id, context=f"GI {gi_id} of {gpu.name}")
+            gi_info = s.call(pynvml.nvmlGpuInstanceGetInfo, gi, context=f"GI {gi_id} info of {gpu.name}")
+            ci = s.call(
+                pynvml.nvmlGpuInstanceGetComputeInstanceById, gi, ci_id, context=f"CI {ci_id} of GI {gi_id}"
+            )
+            ci_info = s.call(pynvml.nvmlComputeInstanceGetInfo, ci, context=f"CI {ci_id} info of GI {gi_id}")
+            gi_profile = profiles.get(int(gi_info.profileId))
+            if gi_profile is None:
+                raise NvmlError(f"{where} ({uuid}): GPU-instance profile {gi_info.profileId} not reported")
+            ci_slices = self.ci_slices(gi, int(ci_info.profileId), where)
+            p = gi_profile.info
+            gi_slices = int(p.sliceCount)
+            found.append(
+                MigDevice(
+                    parent=gpu,
+                    uuid=uuid,
+                    profile=mig_profile_name(
+                        gi_profile.index, gi_slices, ci_slices, int(p.memorySizeMB), gpu.memory_bytes or 0
+                    ),
+                    gi_profile_id=int(p.id),
+                    ci_profile_id=int(ci_info.profileId),
+                    gi_id=gi_id,
+                    ci_id=ci_id,
+                    placement_start=int(gi_info.placement.start),
+                    placement_size=int(gi_info.placement.size),
+                    memory_bytes=int(p.memorySizeMB) * MIB,
+                    multiprocessors=int(p.multiprocessorCount),
+                    copy_engines=int(p.copyEngineCount),
+                    decoders=int(p.decoderCount),
+                    encoders=int(p.encoderCount),
+                    jpeg_engines=int(p.jpegCount),
+                    ofa_engines=int(p.ofaCount),
+                )
+            )
+        return found
+
+    def ci_slices(self, gi: Any, ci_profile_id: int, where: str) -> int:
+        """Slice count of the compute-instance profile whose ID is ``ci_profile_id`` inside ``gi``."""
+        for index in range(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
+            try:
+                info = self.s.optional(
+                    pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo,
+                    gi,
+                    index,
+                    pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+                    context=f"compute-instance profile {index} of {where}",
+                )
+            except NvmlError as exc:
+                if exc.code == pynvml.NVML_ERROR_INVALID_ARGUMENT:
+                    continue
+                raise
+            if info is not None and int(info.id) == ci_profile_id:
+                return int(info.sliceCount)
+        raise NvmlError(f"{where}: compute-instance profile {ci_profile_id} not reported")
+
+    # -- node --------------------------------------------------------------------------------------------
+
+    def clique(self, gpus: list[GpuDevice]) -> Clique | None:
+        cliques: dict[str, list[str]] = {}
+        for gpu in gpus:
+            if gpu.fabric is None:
+                continue
+            if gpu.fabric.clique is not None and gpu.fabric.state != pynvml.NVML_GPU_FABRIC_STATE_COMPLETED:
+                self.warn(f"{gpu.name}: fabric registration not completed (state {gpu.fabric.state})")
+                continue
+            if gpu.fabric.clique is not None and gpu.fabric.status != 0:
+                self.warn(f"{gpu.name}: fabric status {gpu.fabric.status} is not success")
+                continue
+            clique = gpu.fabric.clique
+            if clique is not None:
+                cliques.setdefault(clique.id, []).append(gpu.name)
+        if len(cliques) > 1:
+            detail = "; ".join(f"{cid}: {', '.join(names)}" for cid, names in sorted(cliques.items()))
+            self.warn(f"GPUs disagree on the fabric clique, none is published ({detail})")
+            return None
+        if not cliques:
+            return None
+        fabric_gpus = [g for g in gpus if g.fabric is not None and g.fabric.clique is not None]
+        return fabric_gpus[0].fabric.clique if fabric_gpus[0].fabric else None
+
+
+def discover(session: NvmlSession, *, sysfs_root: Path = Path("/sys")) -> NodeInventory:
+    """Everything NVML reports about this node, as a :class:`NodeInventory`.
+
+    :param session: an open :class:`NvmlSession`.
+    :param sysfs_root: root of sysfs, for ``pcieRoot`` and the NUMA fallback (tests pass a fixture tree).
+    :returns: the inventory; GPUs that failed are in ``failures``, node-level problems (clique
+        disagreement, MIG mode without MIG devices) in ``warnings``.
+    :raises NvmlError: a node-level query failed (driver version, device count).
+    """
+    d = _Discoverer(session, sysfs_root)
+    versions = DriverVersions(
+        driver=session.driver_version(),
+        cuda_driver=session.cuda_driver_version(),
+        nvml=session.nvml_version(),
+    )
+    gpus: list[GpuDevice] = []
+    migs: list[MigDevice] = []
+    for index in range(session.device_count()):
+        try:
+            gpu = d.gpu(index)
+        except NvmlError as exc:
+            d.fail(index, str(exc))
+            continue
+        if gpu.mig_enabled:
+            try:
+                found = d.migs(gpu)
+            except NvmlError as exc:
+                d.fail(index, f"MIG devices of {gpu.name} cannot be read: {exc}", gpu.uuid)
+                continue
+            if not found:
+                d.warn(f"{gpu.name} ({gpu.uuid}) is in MIG mode but has no MIG devices; nothing is published")
+            migs.extend(found)
+        gpus.append(gpu)
+    return NodeInventory(
+        versions=versions,
+        gpus=tuple(gpus),
+        migs=tuple(migs),
+        failures=tuple(d.failures),
+        clique=d.clique(gpus),
+        warnings=tuple(d.warnings),
+    )
