@@ -15,6 +15,7 @@ from setuptools.command.build_ext import build_ext
 
 CYTHON_MODULES: list[str] = [
     "nvmlpoll",
+    "claimstore",
 ]
 """Cython hot paths in ``ext/``; each is independent (they share only extern ``.pxd`` files)."""
 
