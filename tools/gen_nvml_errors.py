@@ -46,7 +46,7 @@ class ReturnCode:
     @property
     def class_name(self) -> str:
         """Python exception class for this code (``NVML_ERROR_GPU_IS_LOST`` -> ``NvmlGpuIsLost``)."""
-        stem = self.name.removeprefix("NVML_ERROR_")
+        stem = self.name.removeprefix("NVML_ERROR_").removeprefix("NVML_")
         if stem == "UNKNOWN":
             return "NvmlUnknownError"
         return "Nvml" + "".join(part.capitalize() for part in stem.split("_"))
