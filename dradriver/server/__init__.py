@@ -1,1 +1,11 @@
-"""Package."""
+"""The thin gRPC layer between the kubelet and :mod:`dradriver.driver`.
+
+Protobuf in, :class:`~dradriver.domain.claims.ClaimRef` out; :class:`~dradriver.domain.claims.ClaimResult`
+in, protobuf out; no domain logic here. Modules: ``registration`` (pluginregistration.Registration),
+``dra`` (DRAPlugin v1 and v1beta1), ``health`` (DRA health stream and grpc.health.v1 probe), ``sockets``
+(socket paths and the start/stop order). Entry point: :func:`start_servers`, then ``await servers.stop()``.
+"""
+
+from dradriver.server.sockets import Servers, SocketInUseError, SocketPathError, start_servers
+
+__all__ = ["Servers", "SocketInUseError", "SocketPathError", "start_servers"]

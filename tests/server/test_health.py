@@ -1,0 +1,152 @@
+"""The DRA health stream (v1alpha1.DRAResourceHealth) and the grpc.health.v1 probe service."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from dradriver.sandbox.kubelet import DeviceHealthReport, KubeletEmulator, KubeletError
+from dradriver.server import start_servers
+
+from .conftest import TablePreparer, make_config, run
+
+pytestmark = pytest.mark.timeout(15)
+
+
+@dataclass(frozen=True)
+class Status:
+    pool_name: str
+    device_name: str
+    health: str
+    last_updated: int = 1_700_000_000
+    timeout_seconds: int = 0
+    message: str = ""
+
+
+class ScriptedSource:
+    """A HealthSource that plays fixed snapshots, then waits until the stream is closed."""
+
+    def __init__(self, snapshots: Sequence[Sequence[Status]]) -> None:
+        self.snapshots = snapshots
+        self.closed = asyncio.Event()
+        self.opened = 0
+
+    async def watch(self) -> AsyncIterator[Sequence[Status]]:
+        self.opened += 1
+        try:
+            for snapshot in self.snapshots:
+                yield snapshot
+            await asyncio.Event().wait()
+        finally:
+            self.closed.set()
+
+
+def test_health_stream_delivers_snapshots_to_the_kubelet(short_dir: Path) -> None:
+    source = ScriptedSource(
+        [
+            [Status("node-a", "gpu-0", "Healthy"), Status("node-a", "gpu-1", "Healthy", timeout_seconds=60)],
+            [
+                Status("node-a", "gpu-0", "Healthy"),
+                Status("node-a", "gpu-1", "Unhealthy", message="Xid 79: GPU has fallen off the bus " + "x" * 2000),
+                Status("node-a", "gpu-2", "Degraded"),
+            ],
+        ]
+    )
+
+    async def scenario() -> list[list[DeviceHealthReport]]:
+        config = make_config(short_dir)
+        async with await start_servers(config, TablePreparer(), health_source=source):
+            async with KubeletEmulator(config.kubelet_registrar_directory_path) as kubelet:
+                plugin = await kubelet.wait_for_plugin("gpu.nvidia.com")
+                received: list[list[DeviceHealthReport]] = []
+                stream = plugin.watch_health()
+                async for snapshot in stream:
+                    received.append(snapshot)
+                    if len(received) == 2:
+                        break
+                await stream.aclose()
+                await source.closed.wait()  # the plugin side noticed the kubelet leaving
+                return received
+
+    first, second = run(scenario())
+    assert [(d.device_name, d.health, d.timeout_seconds) for d in first] == [
+        ("gpu-0", "Healthy", 0),
+        ("gpu-1", "Healthy", 60),
+    ]
+    assert [(d.device_name, d.health) for d in second] == [
+        ("gpu-0", "Healthy"),
+        ("gpu-1", "Unhealthy"),
+        ("gpu-2", "Unknown"),
+    ]
+    assert second[1].message.startswith("Xid 79: GPU has fallen off the bus")
+    assert len(second[1].message) == 1024
+    assert second[0].pool_name == "node-a" and second[0].last_updated == 1_700_000_000
+
+
+def test_health_stream_unimplemented_without_a_source(short_dir: Path) -> None:
+    async def scenario() -> None:
+        config = make_config(short_dir)
+        async with await start_servers(config, TablePreparer()):
+            async with KubeletEmulator(config.kubelet_registrar_directory_path) as kubelet:
+                plugin = await kubelet.wait_for_plugin("gpu.nvidia.com")
+                assert "v1alpha1.DRAResourceHealth" not in plugin.supported_versions
+                with pytest.raises(KubeletError) as info:
+                    async for _ in plugin.watch_health():
+                        pass
+                assert info.value.code == "UNIMPLEMENTED"
+
+    run(scenario())
+
+
+def test_failing_source_ends_the_stream_with_unavailable(short_dir: Path) -> None:
+    class Broken:
+        async def watch(self) -> AsyncIterator[Sequence[Status]]:
+            yield [Status("node-a", "gpu-0", "Healthy")]
+            raise RuntimeError("NVML event set lost")
+
+    async def scenario() -> None:
+        config = make_config(short_dir)
+        async with await start_servers(config, TablePreparer(), health_source=Broken()):
+            async with KubeletEmulator(config.kubelet_registrar_directory_path) as kubelet:
+                plugin = await kubelet.wait_for_plugin("gpu.nvidia.com")
+                received = []
+                with pytest.raises(KubeletError) as info:
+                    async for snapshot in plugin.watch_health():
+                        received.append(snapshot)
+                assert info.value.code == "UNAVAILABLE"
+                assert len(received) == 1
+                assert (await plugin.get_info()).name == "gpu.nvidia.com"  # the plugin lives on
+
+    run(scenario())
+
+
+def test_grpc_health_probe_on_tcp(short_dir: Path) -> None:
+    async def scenario() -> None:
+        config = make_config(short_dir, healthcheck_port=0)
+        servers = await start_servers(config, TablePreparer())
+        assert servers.health_port is not None and servers.health_port > 0
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{servers.health_port}") as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            for service in ("", "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin", "pluginregistration.Registration"):
+                reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=2)
+                assert reply.status == health_pb2.HealthCheckResponse.SERVING
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.Check(health_pb2.HealthCheckRequest(service="no.such.Service"), timeout=2)
+            assert info.value.code() == grpc.StatusCode.NOT_FOUND
+        await servers.stop()
+
+    run(scenario())
+
+
+def test_probe_disabled_by_default(short_dir: Path) -> None:
+    async def scenario() -> int | None:
+        async with await start_servers(make_config(short_dir), TablePreparer()) as servers:
+            return servers.health_port
+
+    assert run(scenario()) is None
