@@ -7,7 +7,9 @@ DRA node API (``NodePrepareResourcesResponse.claims[uid].devices[]``); reference
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from dradriver.errors import DradriverError
 
@@ -93,3 +95,76 @@ class ClaimError(DradriverError):
 def base_request_name(request: str) -> str:
     """Strip a ``/<subrequest>`` suffix: containers reference the parent request (``firstAvailable``)."""
     return request.split("/", 1)[0]
+
+
+def claim_from_object(obj: Mapping[str, Any], ref: ClaimRef, *, driver: str, pool: str) -> Claim:
+    """Reduce a ``resource.k8s.io/v1`` ResourceClaim (the API's JSON as a dict) to what this node prepares.
+
+    Checks, in the order the kubelet plugin helper applies them (``kubelet-dra-protocol.md`` §4.3):
+    ``metadata.uid`` equals the UID the kubelet sent (otherwise the claim was deleted and re-created under
+    the same name), and ``status.allocation`` is present. Then keeps the allocation results whose
+    ``driver`` is ``driver`` and whose ``pool`` is ``pool`` (claims with several drivers are normal; results
+    for other drivers are not ours to prepare), and the ``status.allocation.devices.config[]`` entries
+    whose ``opaque.driver`` is ``driver``, class configs (``source: FromClass``) before claim configs
+    (``FromClaim``), each group in API order, so a later entry overrides an earlier one.
+
+    :param pool: this node's pool name (the node name).
+    :raises ClaimError: naming the claim and the field: UID mismatch, not allocated, a malformed result,
+        or no result for this driver on this node.
+    """
+    if not isinstance(obj, Mapping):
+        raise ClaimError(ref, f"the API returned {type(obj).__name__}, not a ResourceClaim object")
+    metadata = obj.get("metadata")
+    uid = metadata.get("uid", "") if isinstance(metadata, Mapping) else ""
+    if uid != ref.uid:
+        raise ClaimError(ref, f"metadata.uid is {uid or '<empty>'!r}, kubelet asked for {ref.uid!r}: the claim "
+                              "was deleted and re-created")
+    status = obj.get("status")
+    allocation = status.get("allocation") if isinstance(status, Mapping) else None
+    if not isinstance(allocation, Mapping) or not allocation:
+        raise ClaimError(ref, "status.allocation is empty: claim is not allocated")
+    devices = allocation.get("devices") or {}
+    if not isinstance(devices, Mapping):
+        raise ClaimError(ref, "status.allocation.devices is not an object")
+    raw_results = devices.get("results") or []
+    if not isinstance(raw_results, list):
+        raise ClaimError(ref, "status.allocation.devices.results is not a list")
+    results: list[AllocationResult] = []
+    our_pools: set[str] = set()
+    for i, raw in enumerate(raw_results):
+        where = f"status.allocation.devices.results[{i}]"
+        if not isinstance(raw, Mapping):
+            raise ClaimError(ref, f"{where} is not an object")
+        for key in ("request", "driver", "pool", "device"):
+            if not isinstance(raw.get(key), str) or not raw.get(key):
+                raise ClaimError(ref, f"{where}.{key} is missing or not a string")
+        if raw["driver"] != driver:
+            continue
+        our_pools.add(raw["pool"])
+        if raw["pool"] != pool:
+            continue
+        share_id = raw.get("shareID")
+        results.append(AllocationResult(
+            request=raw["request"], driver=raw["driver"], pool=raw["pool"], device=raw["device"],
+            admin_access=bool(raw.get("adminAccess") or False),
+            share_id=share_id if isinstance(share_id, str) and share_id else None,
+        ))
+    if not results:
+        if our_pools:
+            raise ClaimError(ref, f"status.allocation.devices.results has devices of driver {driver} only in "
+                                  f"pool(s) {', '.join(sorted(our_pools))}, none in this node's pool {pool!r}")
+        raise ClaimError(ref, f"status.allocation.devices.results has no device of driver {driver}")
+    raw_configs = devices.get("config") or []
+    if not isinstance(raw_configs, list):
+        raise ClaimError(ref, "status.allocation.devices.config is not a list")
+    ours: list[tuple[int, int, dict[str, object]]] = []
+    for i, entry in enumerate(raw_configs):
+        if not isinstance(entry, Mapping):
+            raise ClaimError(ref, f"status.allocation.devices.config[{i}] is not an object")
+        opaque = entry.get("opaque")
+        if not isinstance(opaque, Mapping) or opaque.get("driver") != driver:
+            continue
+        rank = 0 if entry.get("source") == "FromClass" else 1
+        ours.append((rank, i, dict(entry)))
+    ours.sort(key=lambda t: (t[0], t[1]))
+    return Claim(ref=ref, results=tuple(results), configs=tuple(c for _, _, c in ours))

@@ -1,0 +1,202 @@
+"""Opening the API client, and the one place requests are sent, retried and translated into our errors.
+
+:func:`open_client` reads a kubeconfig file, or the in-cluster service account when the path is empty
+(the DaemonSet case), and returns a :class:`KubeClient`. Every request goes through
+:meth:`KubeClient.call`, which
+
+* asks the client library for the raw response (``_preload_content=False``) and decodes the JSON itself,
+  so callers get the API's field names (``spec.nodeName``) and fields the client's models do not know
+  survive a read;
+* bounds each request by a connect and a read timeout (seconds);
+* retries 429, 5xx and connection failures with exponential backoff and jitter, honouring ``Retry-After``,
+  at most :attr:`RetryPolicy.attempts` tries; other errors are raised at once;
+* raises only :mod:`dradriver.kube.errors` classes, the library's exception chained as ``__cause__``.
+
+Retrying a create after a lost response may create a second object with a generated name; the
+ResourceSlice publisher tolerates that (an unmatched slice is obsolete and deleted on the next sync).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import kubernetes
+import urllib3
+
+from dradriver.kube import errors
+
+log = logging.getLogger(__name__)
+
+JSONDict = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Bounded exponential backoff for retryable API errors.
+
+    :param attempts: total tries per call, the first included (1 = no retry).
+    :param initial_delay_s: delay before the second try, seconds.
+    :param max_delay_s: upper bound of one delay, seconds (also caps ``Retry-After``).
+    :param multiplier: growth factor between consecutive delays.
+    :param jitter: fraction of random spread added to each delay (0.2 = up to +20 %).
+    """
+
+    attempts: int = 5
+    initial_delay_s: float = 0.2
+    max_delay_s: float = 5.0
+    multiplier: float = 2.0
+    jitter: float = 0.2
+
+    def delay(self, retry: int, retry_after_s: float | None = None) -> float:
+        """Seconds to wait before retry number ``retry`` (1-based)."""
+        base = min(self.max_delay_s, self.initial_delay_s * self.multiplier ** (retry - 1))
+        if retry_after_s is not None:
+            base = min(self.max_delay_s, max(base, retry_after_s))
+        return base * (1.0 + random.uniform(0.0, self.jitter))
+
+
+class KubeClient:
+    """The driver's handle on the API server: typed API objects plus one request path.
+
+    :param api_client: a configured ``kubernetes.client.ApiClient`` (owned; closed by :meth:`close`).
+    :param connect_timeout_s: TCP connect timeout per request, seconds.
+    :param read_timeout_s: read timeout per request, seconds (watches pass their own).
+    :param retry: retry policy for 429, 5xx and connection errors.
+    :param sleep: the sleep function (tests may pass one that records delays).
+    """
+
+    def __init__(self, api_client: Any, *, connect_timeout_s: float = 5.0, read_timeout_s: float = 30.0,
+                 retry: RetryPolicy | None = None, sleep: Callable[[float], None] = time.sleep) -> None:
+        self.api_client = api_client
+        self.core = kubernetes.client.CoreV1Api(api_client)
+        self.resource = kubernetes.client.ResourceV1Api(api_client)
+        self.connect_timeout_s = connect_timeout_s
+        self.read_timeout_s = read_timeout_s
+        self.retry = retry or RetryPolicy()
+        self._sleep = sleep
+
+    @property
+    def host(self) -> str:
+        """The API server URL the client talks to."""
+        return str(self.api_client.configuration.host)
+
+    def call(self, what: str, method: Callable[..., Any], /, *args: Any, retry: bool = True,
+             **kwargs: Any) -> JSONDict:
+        """Send one request through a typed API ``method`` and return the decoded JSON body.
+
+        :param what: a description for errors and logs, e.g. ``GET resourceclaims default/c``.
+        :param method: a bound method of :attr:`core` or :attr:`resource` (``read_namespaced_pod``, ...).
+        :param retry: False sends exactly once.
+        :raises errors.KubeAPIError: the subclass for the final failure.
+        """
+        attempts = self.retry.attempts if retry else 1
+        for attempt in range(1, attempts + 1):
+            try:
+                response = method(*args, _preload_content=False,
+                                  _request_timeout=(self.connect_timeout_s, self.read_timeout_s), **kwargs)
+                data = response.data
+                return json.loads(data) if data else {}
+            except Exception as exc:  # translated below; nothing from the library escapes
+                err = translate(what, exc)
+                if err is None:
+                    raise
+                if not err.retryable or attempt == attempts:
+                    raise err from exc
+                delay = self.retry.delay(attempt, err.retry_after_s)
+                log.warning("%s; retry %d/%d in %.2fs", err, attempt, attempts - 1, delay)
+                self._sleep(delay)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def stream(self, what: str, method: Callable[..., Any], /, *, timeout_s: float,
+               **kwargs: Any) -> Iterator[JSONDict]:
+        """Open a watch (``watch=True``) and yield its events as dicts until the server ends it.
+
+        :param timeout_s: ``timeoutSeconds`` asked of the server; the read timeout is a little longer.
+        :raises errors.KubeAPIError: opening or reading the stream failed (not retried here).
+        """
+        try:
+            response = method(watch=True, timeout_seconds=int(timeout_s), _preload_content=False,
+                              _request_timeout=(self.connect_timeout_s, timeout_s + 30.0), **kwargs)
+        except Exception as exc:
+            err = translate(what, exc)
+            if err is None:
+                raise
+            raise err from exc
+        try:
+            buffer = b""
+            for chunk in response.stream(amt=None, decode_content=False):
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    if line.strip():
+                        yield json.loads(line)
+            if buffer.strip():
+                yield json.loads(buffer)
+        except Exception as exc:
+            err = translate(what, exc)
+            if err is None:
+                raise
+            raise err from exc
+        finally:
+            response.release_conn()
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self.api_client.close()
+
+    def __enter__(self) -> KubeClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def translate(what: str, exc: BaseException) -> errors.KubeAPIError | None:
+    """Our error for a client-library exception, or ``None`` when ``exc`` is not from the request path."""
+    if isinstance(exc, errors.KubeAPIError):
+        return exc
+    if isinstance(exc, kubernetes.client.ApiException):
+        if not exc.status:
+            return errors.KubeUnavailableError(what, reason=str(exc.reason or "connection failed"))
+        headers = dict(exc.headers) if exc.headers else None
+        return errors.error_from_response(what, int(exc.status), exc.body, headers)
+    if isinstance(exc, (urllib3.exceptions.HTTPError, OSError)):
+        return errors.KubeUnavailableError(what, reason=type(exc).__name__, message=str(exc))
+    if isinstance(exc, json.JSONDecodeError):
+        return errors.KubeAPIError(what, reason="InvalidResponse", message=f"response is not JSON: {exc}")
+    if isinstance(exc, (ValueError, TypeError)):  # pydantic's ValidationError is a ValueError
+        return errors.KubeRequestInvalidError(what, reason="RequestRejectedByClient", message=str(exc))
+    return None
+
+
+def open_client(kubeconfig: str = "", *, connect_timeout_s: float = 5.0, read_timeout_s: float = 30.0,
+                retry: RetryPolicy | None = None) -> KubeClient:
+    """A :class:`KubeClient` from a kubeconfig file, or from the in-cluster service account if empty.
+
+    In-cluster configuration reads ``KUBERNETES_SERVICE_HOST``/``_PORT`` and the token and CA under
+    ``/var/run/secrets/kubernetes.io/serviceaccount/``. The library's own urllib3 retries are turned off
+    so :class:`RetryPolicy` is the only retry layer.
+
+    :raises errors.KubeAPIError: the configuration cannot be loaded (missing file, not in a cluster).
+    """
+    cfg = kubernetes.client.Configuration()
+    try:
+        if kubeconfig:
+            kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=cfg,
+                                               persist_config=False)
+        else:
+            kubernetes.config.load_incluster_config(client_configuration=cfg)
+    except (kubernetes.config.ConfigException, OSError, ValueError, TypeError) as exc:
+        source = f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster service account"
+        raise errors.KubeAPIError(f"load {source}", reason="ConfigInvalid", message=str(exc)) from exc
+    cfg.retries = False
+    api_client = kubernetes.client.ApiClient(cfg)
+    api_client.user_agent = "dradriver/gpu.nvidia.com"
+    return KubeClient(api_client, connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s,
+                      retry=retry)
