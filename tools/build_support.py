@@ -16,6 +16,7 @@ from setuptools.command.build_ext import build_ext
 CYTHON_MODULES: list[str] = [
     "nvmlpoll",
     "claimstore",
+    "cdispec",
 ]
 """Cython hot paths in ``ext/``; each is independent (they share only extern ``.pxd`` files)."""
 
