@@ -79,6 +79,11 @@ class ClaimStateCorruptError(ClaimStateError):
         plausible (records may still be read after it), else 0.
     """
 
+    #: set by :meth:`dradriver.domain.claimstate.ClaimState.open` when it recovered what it could: the
+    #: problems found and the usable, recovered store (the damaged file was kept aside).
+    problems: tuple[object, ...] = ()
+    state: object = None
+
     def __init__(self, message: str, *, header_len: int = 0) -> None:
         super().__init__(message)
         self.header_len = header_len
@@ -462,7 +467,7 @@ class Table:
                     return APPLY_TORN, pos, pos
                 return APPLY_BAD_RECORD, pos, nxt
             try:
-                kind, uid, record = _decode_body(body, version)
+                _kind, uid, record = _decode_body(body, version)
             except _Malformed:
                 return APPLY_BAD_RECORD, pos, nxt
             if record is None:
@@ -470,7 +475,7 @@ class Table:
                     self._delete(uid)
             else:
                 frame = data[pos:nxt] if version == FORMAT_VERSION else _encode_put(
-                    uid, record[0], *record[1:])[0]
+                    uid, int(record[0]), *record[1:])[0]  # type: ignore[call-overload]
                 self._put(uid, bytes(frame), _holder_keys(record))
             pos = nxt
         return APPLY_OK, end, end
