@@ -1040,7 +1040,8 @@ class ApiServerEmulator:
             meta.pop("namespace", None)
         if not meta.get("name") and meta.get("generateName"):
             for _ in range(100):
-                candidate = meta["generateName"] + "".join(
+                # names.SimpleNameGenerator: the base is cut to 63 - 5 characters before the suffix.
+                candidate = str(meta["generateName"])[: 63 - _NAME_SUFFIX_LEN] + "".join(
                     secrets.choice(_NAME_ALPHABET) for _ in range(_NAME_SUFFIX_LEN)
                 )
                 if self._key(rt, ns, candidate) not in self._store.objects:
