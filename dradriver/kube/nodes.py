@@ -1,0 +1,48 @@
+"""Reading this node's Node object (core ``v1``): UID for ResourceSlice owner references, allocatable."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dradriver.kube.client import JSONDict, KubeClient
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """The fields of a Node the driver uses.
+
+    :param allocatable: ``status.allocatable``, resource name -> quantity string (e.g. ``nvidia.com/gpu``:
+        ``"8"`` when the NVIDIA device plugin also runs on the node).
+    :param raw: the whole object as the API returned it.
+    """
+
+    name: str
+    uid: str
+    allocatable: Mapping[str, str] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_object(cls, obj: Mapping[str, Any]) -> Node:
+        """Build from the API's JSON (``metadata.name``, ``metadata.uid``, ``status.allocatable``)."""
+        meta = obj.get("metadata") or {}
+        status = obj.get("status") or {}
+        return cls(
+            name=str(meta.get("name", "")),
+            uid=str(meta.get("uid", "")),
+            allocatable={str(k): str(v) for k, v in (status.get("allocatable") or {}).items()},
+            labels={str(k): str(v) for k, v in (meta.get("labels") or {}).items()},
+            raw=obj,
+        )
+
+
+def get_node(client: KubeClient, name: str) -> Node:
+    """``GET /api/v1/nodes/<name>``.
+
+    :raises dradriver.kube.errors.KubeNotFoundError: no Node of that name (wrong ``--node-name``?).
+    :raises dradriver.kube.errors.KubeAPIError: any other failure, after retries.
+    """
+    obj: JSONDict = client.call(f"GET nodes {name}", client.core.read_node, name)
+    return Node.from_object(obj)
