@@ -49,6 +49,7 @@ SYSTEM_LIBRARY = "libnvidia-ml.so.1"
 _lock = threading.Lock()
 _open_sessions = 0
 _loaded_path: str | None = None
+_active_profile: str | None = None
 
 
 def _install_library(path: str) -> None:
@@ -123,7 +124,7 @@ class NvmlSession:
 
     def close(self) -> None:
         """Drop cached handles and call ``nvmlShutdown`` once; later calls do nothing."""
-        global _open_sessions
+        global _open_sessions, _active_profile
         if self._closed:
             return
         self._closed = True
@@ -132,6 +133,8 @@ class NvmlSession:
         self._mig_handles.clear()
         with _lock:
             _open_sessions -= 1
+            if _open_sessions == 0:
+                _active_profile = None
         try:
             pynvml.nvmlShutdown()
         except pynvml.NVMLError as exc:
@@ -239,12 +242,18 @@ def open_session(library_path: str = "", mock_profile: str = "") -> NvmlSession:
     :raises dradriver.nvml.mock.MockNvmlError: unknown profile or mock library not built.
     :raises NvmlError: ``nvmlInit`` failed (e.g. ``NvmlDriverNotLoaded``); the message says so.
     """
-    global _open_sessions
+    global _open_sessions, _active_profile
     profile: str | None = None
     with _lock:
         if mock_profile:
             from dradriver.nvml import mock
 
+            wanted = str(mock.profile_path(mock_profile))
+            if _open_sessions > 0 and _active_profile not in (None, wanted):
+                raise NvmlError(
+                    f"cannot switch the mock NVML profile to {wanted} while a session on {_active_profile} "
+                    "is open (the mock reads its profile at the first nvmlInit); close it first"
+                )
             lib = str(mock.activate(mock_profile))
             profile = os.environ.get(mock.PROFILE_ENV)
             _install_library(lib)
@@ -259,5 +268,7 @@ def open_session(library_path: str = "", mock_profile: str = "") -> NvmlSession:
         except pynvml.NVMLError as exc:
             raise from_pynvml(exc, f"nvmlInit ({lib})") from exc
         _open_sessions += 1
+        if _open_sessions == 1:
+            _active_profile = profile
     log.debug("NVML initialised from %s", lib)
     return NvmlSession(lib, profile)

@@ -1,0 +1,175 @@
+"""``dradriver inspect`` through ``dradriver.cli.main`` (captured output) and once as a subprocess."""
+
+from __future__ import annotations
+
+import ctypes.util
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dradriver.cli import main
+from dradriver.nvml import mock
+from tests.domain.slice_validation import assert_valid_slice
+from tests.nvml.mockenv import dra_bus_id, expected_pcie_root, make_sysfs, mig_layout, write_profile
+
+REPO = Path(__file__).resolve().parents[2]
+PROFILES = mock.profile_names()
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("DRADRIVER_MOCK_PROFILE", "DRADRIVER_NVML_LIBRARY", "NODE_NAME", "SYSFS_ROOT"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def expected_device_count(profile: dict[str, Any]) -> int:
+    count = 0
+    for gpu in mock.resolved_gpus(profile):
+        if gpu.get("lost"):
+            continue
+        count += len(mig_layout(gpu)) if gpu.get("migMode", {}).get("current") == 1 else 1
+    return count
+
+
+def inspect(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    rc = main(["inspect", *args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_json_output_per_profile(capsys: pytest.CaptureFixture[str], tmp_path: Path, profile: str) -> None:
+    data = mock.load_profile(profile)
+    sysfs = make_sysfs(tmp_path / "sys", data)
+    rc, out, err = inspect(
+        capsys, "--mock-profile", profile, "--node-name", "node-a", "--output", "json", "--sysfs-root", str(sysfs)
+    )
+    assert rc == 0, err
+    slices = json.loads(out)
+    assert isinstance(slices, list) and slices
+    for s in slices:
+        assert_valid_slice(s)
+        assert s["spec"]["nodeName"] == "node-a"
+        assert s["spec"]["pool"]["resourceSliceCount"] == len(slices)
+    devices = [d for s in slices for d in s["spec"]["devices"]]
+    assert len(devices) == expected_device_count(data)
+    roots = {
+        expected_pcie_root(dra_bus_id(g["pciBusId"])) for g in mock.resolved_gpus(data)
+    }
+    assert {d["attributes"]["resource.kubernetes.io/pcieRoot"]["string"] for d in devices} <= roots
+    uuids = {g["uuid"] for g in mock.resolved_gpus(data)}
+    for dev in devices:
+        parent = dev["attributes"].get("parentUUID", dev["attributes"]["uuid"])["string"]
+        assert parent in uuids
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_yaml_output_matches_json(capsys: pytest.CaptureFixture[str], profile: str) -> None:
+    rc, out_yaml, _ = inspect(capsys, "--mock-profile", profile, "--node-name", "n")
+    assert rc == 0
+    assert out_yaml.startswith("# node n: driver ")
+    rc, out_json, _ = inspect(capsys, "--mock-profile", profile, "--node-name", "n", "-o", "json")
+    assert rc == 0
+    assert list(yaml.safe_load_all(out_yaml)) == json.loads(out_json)
+
+
+def test_environment_twins_and_default_node_name(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DRADRIVER_MOCK_PROFILE", "dgx-h100")
+    rc, out, _ = inspect(capsys, "-o", "json")
+    assert rc == 0
+    assert json.loads(out)[0]["spec"]["nodeName"] == socket.gethostname()
+    monkeypatch.setenv("NODE_NAME", "from-env")
+    rc, out, _ = inspect(capsys, "-o", "json")
+    assert rc == 0
+    assert json.loads(out)[0]["spec"]["pool"]["name"] == "from-env"
+
+
+def test_explicit_library_path(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # the profile the library reads; the library itself comes from the flag
+    monkeypatch.setenv(mock.PROFILE_ENV, str(mock.profile_path("dgx-h100")))
+    rc, out, err = inspect(capsys, "--nvml-library", str(mock.library_path()), "-o", "json")
+    assert rc == 0, err
+    assert len(json.loads(out)[0]["spec"]["devices"]) == 8
+
+
+def test_missing_library_is_a_readable_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    rc, out, err = inspect(capsys, "--nvml-library", str(tmp_path / "libnvidia-ml.so.1"))
+    assert rc == 1
+    assert out == ""
+    assert "error" in err and "libnvidia-ml.so.1" in err
+    assert "Traceback" not in err
+
+
+def test_unknown_profile_is_a_readable_error(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = inspect(capsys, "--mock-profile", "no-such-node")
+    assert rc == 1
+    assert "no-such-node" in err and "dgx-a100" in err
+    assert "Traceback" not in err
+
+
+def test_failed_init_is_a_readable_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = write_profile(tmp_path, "dgx-h100", lambda d: d.setdefault("faults", {}).update(initReturn=9), "noinit")
+    rc, out, err = inspect(capsys, "--mock-profile", path)
+    assert rc == 1
+    assert out == ""
+    assert "nvmlInit" in err and "Traceback" not in err
+
+
+def test_lost_gpu_is_reported_not_fatal(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = write_profile(tmp_path, "dgx-a100", lambda d: d["gpus"][5].update(lost=True), "lost")
+    rc, out, err = inspect(capsys, "--mock-profile", path, "--node-name", "n")
+    assert rc == 0
+    assert "discovery failure: GPU index 5" in err
+    assert "# discovery failure: GPU index 5" in out
+    slices = list(yaml.safe_load_all(out))
+    names = {d["name"] for s in slices for d in s["spec"]["devices"]}
+    assert len(names) == expected_device_count(mock.load_profile(path))
+    for s in slices:
+        assert_valid_slice(s)
+
+
+def test_subprocess_run(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("NODE_NAME", "DRADRIVER_MOCK_NVML_PROFILE")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "dradriver", "inspect", "--mock-profile", "gb200-nvl72-node", "-o", "json",
+         "--node-name", "tray-1"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    slices = json.loads(proc.stdout)
+    for s in slices:
+        assert_valid_slice(s)
+    assert len(slices[0]["spec"]["devices"]) == 4
+
+
+def test_subprocess_without_any_library_flag(tmp_path: Path) -> None:
+    """Default mode reads the system library: a readable error where there is none, slices where there is."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DRADRIVER_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "dradriver", "inspect", "-o", "json"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert "Traceback" not in proc.stderr
+    if ctypes.util.find_library("nvidia-ml") is None:
+        assert proc.returncode == 1
+        assert "libnvidia-ml.so.1 not found" in proc.stderr
+    else:
+        assert proc.returncode == 0, proc.stderr
+        assert isinstance(json.loads(proc.stdout), list)
