@@ -377,27 +377,28 @@ class _Discoverer:
     # -- node --------------------------------------------------------------------------------------------
 
     def clique(self, gpus: list[GpuDevice]) -> Clique | None:
-        cliques: dict[str, list[str]] = {}
+        """The node's clique when every fabric-attached GPU reports the same one (``nvidia-dra-driver.md`` 7.2).
+
+        GPUs without fabric support, or with an all-zero cluster UUID, are in no clique and ignored. A GPU
+        whose registration has not completed, or whose fabric status is an error, is reported and ignored.
+        """
+        members: dict[Clique, list[str]] = {}
         for gpu in gpus:
-            if gpu.fabric is None:
+            fabric = gpu.fabric
+            if fabric is None or fabric.clique is None:
                 continue
-            if gpu.fabric.clique is not None and gpu.fabric.state != pynvml.NVML_GPU_FABRIC_STATE_COMPLETED:
-                self.warn(f"{gpu.name}: fabric registration not completed (state {gpu.fabric.state})")
+            if fabric.state != pynvml.NVML_GPU_FABRIC_STATE_COMPLETED:
+                self.warn(f"{gpu.name}: fabric registration not completed (state {fabric.state})")
                 continue
-            if gpu.fabric.clique is not None and gpu.fabric.status != 0:
-                self.warn(f"{gpu.name}: fabric status {gpu.fabric.status} is not success")
+            if fabric.status != 0:
+                self.warn(f"{gpu.name}: fabric status {fabric.status} is not success")
                 continue
-            clique = gpu.fabric.clique
-            if clique is not None:
-                cliques.setdefault(clique.id, []).append(gpu.name)
-        if len(cliques) > 1:
-            detail = "; ".join(f"{cid}: {', '.join(names)}" for cid, names in sorted(cliques.items()))
+            members.setdefault(fabric.clique, []).append(gpu.name)
+        if len(members) > 1:
+            detail = "; ".join(f"{c.id}: {', '.join(names)}" for c, names in sorted(members.items(), key=str))
             self.warn(f"GPUs disagree on the fabric clique, none is published ({detail})")
             return None
-        if not cliques:
-            return None
-        fabric_gpus = [g for g in gpus if g.fabric is not None and g.fabric.clique is not None]
-        return fabric_gpus[0].fabric.clique if fabric_gpus[0].fabric else None
+        return next(iter(members), None)
 
 
 def discover(session: NvmlSession, *, sysfs_root: Path = Path("/sys")) -> NodeInventory:
