@@ -126,6 +126,10 @@ def test_env_names_are_exactly_the_plugin_flag_twins(target: str) -> None:
 @pytest.mark.parametrize("target", TARGETS)
 def test_env_values_parse_into_a_plugin_config(target: str) -> None:
     config = _plugin_config(target)
+    env = env_of(_plugin(target))
+    for flag in PLUGIN_FLAGS:
+        if flag.choices:  # argparse does not check defaults (here: from the environment) against choices
+            assert env[flag.env]["value"] in flag.choices, flag.env
     assert config.node_name == "node-a"
     assert config.pod_uid, "POD_UID must be set for the rolling update with maxSurge"
     assert config.ignore_device_plugin is False
