@@ -232,10 +232,10 @@ class Allocator:
 
     def static_verdict(self, request: Request, device: Device, pool: Pool) -> Verdict:
         """Checks that do not depend on other picks: pool state, selectors, binding conditions."""
-        if pool.invalid:
-            return Verdict("pool", pool.invalid)
         if pool.incomplete:
             return Verdict("pool", pool.incomplete)
+        if pool.invalid:
+            return Verdict("pool", pool.invalid)
         device_class = self.classes[request.class_name]
         for stage, selectors in (("class", device_class.selectors), ("request", request.selectors)):
             outcomes = self.selector_outcomes(selectors, device, id(selectors))
