@@ -85,4 +85,4 @@ def test_yaml_numbers_are_quantities() -> None:
     assert str(parse_quantity(132)) == "132"
     assert str(parse_quantity(1.5)) == "1500m"
     with pytest.raises(QuantityError):
-        parse_quantity(True)  # type: ignore[arg-type]
+        parse_quantity(True)
