@@ -83,6 +83,13 @@ PLUGIN_FLAGS: tuple[Flag, ...] = (
     Flag("--dev-root", "DEV_ROOT", "/", "Root under which /dev device nodes are looked up.", "path"),
     Flag("--sysfs-root", "SYSFS_ROOT", "/sys", "Root of sysfs, for PCIe root and NUMA lookups.", "path"),
     Flag(
+        "--proc-root",
+        "PROC_ROOT",
+        "/proc",
+        "Root of procfs: device majors (devices), MIG capability minors (driver/nvidia-caps), boot ID.",
+        "path",
+    ),
+    Flag(
         "--nvml-library",
         "DRADRIVER_NVML_LIBRARY",
         "",
@@ -194,6 +201,7 @@ class PluginConfig:
     container_driver_root: Path = Path("/driver-root")
     dev_root: Path = Path("/")
     sysfs_root: Path = Path("/sys")
+    proc_root: Path = Path("/proc")
     nvml_library: str = ""
     mock_profile: str = ""
     pod_uid: str = ""
@@ -227,6 +235,11 @@ class PluginConfig:
     def claim_state_path(self) -> Path:
         """The durable claim-state file (checkpoint/journal)."""
         return self.plugin_dir / "claims.state"
+
+    @property
+    def boot_id_path(self) -> Path:
+        """``<proc root>/sys/kernel/random/boot_id``: claim state prepared before a reboot is invalid."""
+        return self.proc_root / "sys" / "kernel" / "random" / "boot_id"
 
     @property
     def lock_path(self) -> Path:
@@ -265,6 +278,7 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         container_driver_root=Path(args.container_driver_root),
         dev_root=Path(args.dev_root),
         sysfs_root=Path(args.sysfs_root),
+        proc_root=Path(args.proc_root),
         nvml_library=args.nvml_library,
         mock_profile=args.mock_profile,
         pod_uid=args.pod_uid,

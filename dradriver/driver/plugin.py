@@ -1,0 +1,281 @@
+"""NodePrepareResources / NodeUnprepareResources for ``gpu.nvidia.com``: the kubelet plugin's use cases.
+
+For each claim of a prepare batch (reference ``kubelet-dra-protocol.md`` 4.3, ``nvidia-dra-driver.md`` 4.2):
+
+1. GET the ResourceClaim (outside the lock; the claims of one batch are fetched concurrently), check its UID
+   and allocation, keep the results for our driver and this node's pool;
+2. under the node-wide lock: a claim already PREPARE_COMPLETED returns its stored answer (its CDI spec is
+   rewritten if it vanished); otherwise each result's device must exist on this node and must not be held
+   by another claim (admin-access results excepted); the claim is recorded PREPARE_STARTED, its CDI spec is
+   written atomically, and it is recorded PREPARE_COMPLETED;
+3. any failure rolls back what this claim did and becomes that claim's error string; other claims of the
+   batch are unaffected.
+
+Unprepare works from the stored claim state alone (the ResourceClaim may be gone): delete the CDI spec, then
+forget the claim. Unknown claims succeed. A prepare that was in flight when the same claim UID was
+unprepared is refused, so a slow prepare never brings an unprepared claim back.
+
+At start, :meth:`Driver.recover` rolls back claims a crash left PREPARE_STARTED and removes CDI specs of
+ours that no stored claim owns, so the node converges after a SIGKILL at any point.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from dradriver.domain import cdi
+from dradriver.domain.claims import Claim, ClaimError, ClaimRef, ClaimResult, base_request_name
+from dradriver.domain.claimstate import ClaimConflictError, ClaimPhase, ClaimRecord, ClaimState, HeldDevice
+from dradriver.domain.devices import DeviceIndex, GpuDevice, MigDevice, NodeInventory
+from dradriver.errors import DradriverError
+
+log = logging.getLogger(__name__)
+
+FetchClaim = Callable[[ClaimRef], Claim]
+"""Blocking: GET the claim and reduce it (``dradriver.kube.claims.fetch_claim`` bound to a client)."""
+
+_SPEC_FILE = re.compile(re.escape(cdi.VENDOR) + r"-" + re.escape(cdi.CLASS) + r"_(?P<uid>[0-9A-Za-z._-]+)\.json$")
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryReport:
+    """What :meth:`Driver.recover` did at start."""
+
+    rolled_back: tuple[str, ...]
+    orphan_specs_removed: tuple[str, ...]
+    claims_kept: int
+    missing_devices: tuple[str, ...]
+
+
+class Driver:
+    """Implements :class:`dradriver.domain.ports.ClaimPreparer` for the gRPC layer.
+
+    :param inventory: this node's devices (``dradriver.nvml.discovery.discover``).
+    :param state: the durable claim state (holds the node-wide lock for every mutation).
+    :param fetch_claim: blocking claim GET + reduction; raises :class:`ClaimError` for a claim-level problem.
+    :param cdi_root: directory for the per-claim CDI specs.
+    :param node_info: where device-node numbers come from.
+    :param pool: this node's pool name (the node name).
+    :param on_change: called after every prepare/unprepare batch that changed the state (metrics).
+    """
+
+    def __init__(
+        self,
+        *,
+        inventory: NodeInventory,
+        state: ClaimState,
+        fetch_claim: FetchClaim,
+        cdi_root: Path,
+        node_info: cdi.DeviceNodeInfo,
+        pool: str,
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
+        self.inventory = inventory
+        self.index = DeviceIndex.build(inventory)
+        self.state = state
+        self.fetch_claim = fetch_claim
+        self.cdi_root = cdi_root
+        self.node_info = node_info
+        self.pool = pool
+        self.on_change = on_change
+        self._lock = threading.Lock()  # in-process serialisation; ClaimState adds the node-wide flock
+        self._seq = itertools.count(1)
+        self._unprepared_at: dict[str, int] = {}
+        self.preparations = 0  # claims actually prepared (not answered from state); for tests and metrics
+
+    # ---------------------------------------------------------------------------------- prepare
+    async def prepare_claims(self, claims: Sequence[ClaimRef]) -> Mapping[str, ClaimResult]:
+        """Prepare a batch; every UID gets a result (see the module docstring)."""
+        started = next(self._seq)
+        fetched = await asyncio.gather(*(asyncio.to_thread(self._fetch, ref) for ref in claims))
+        results = await asyncio.to_thread(self._prepare_all, list(zip(claims, fetched, strict=True)), started)
+        if self.on_change is not None:
+            self.on_change()
+        return results
+
+    def _fetch(self, ref: ClaimRef) -> Claim | str:
+        try:
+            return self.fetch_claim(ref)
+        except ClaimError as exc:
+            return str(exc)
+        except DradriverError as exc:
+            return f"claim {ref}: cannot read the ResourceClaim: {exc}"
+
+    def _prepare_all(self, items: list[tuple[ClaimRef, Claim | str]], started: int) -> dict[str, ClaimResult]:
+        out: dict[str, ClaimResult] = {}
+        with self._lock:
+            for ref, fetched in items:
+                if isinstance(fetched, str):
+                    out[ref.uid] = ClaimResult(error=fetched)
+                    continue
+                try:
+                    out[ref.uid] = self._prepare_one(fetched, started)
+                except (ClaimError, ClaimConflictError, cdi.CdiSpecError) as exc:
+                    out[ref.uid] = ClaimResult(error=str(exc))
+                except DradriverError as exc:
+                    log.error("prepare of claim %s failed: %s", ref, exc)
+                    out[ref.uid] = ClaimResult(error=f"claim {ref}: {exc}")
+        return out
+
+    def _prepare_one(self, claim: Claim, started: int) -> ClaimResult:
+        ref = claim.ref
+        if self._unprepared_at.get(ref.uid, 0) > started:
+            raise ClaimError(ref, "the claim was unprepared while this prepare was in flight; not preparing it")
+        with self.state.locked():
+            record = self.state.get(ref.uid)
+            if record is not None and record.phase is ClaimPhase.PREPARE_COMPLETED:
+                self._ensure_spec(record)
+                return ClaimResult(devices=tuple(d.to_prepared() for d in record.devices))
+            held, devices = self._resolve(claim)
+            self.state.prepare_started(
+                ref.uid,
+                namespace=ref.namespace,
+                name=ref.name,
+                devices=held,
+                payload=str(cdi.claim_spec_path(self.cdi_root, ref.uid)),
+            )
+            try:
+                cdi.write_claim_spec(self.cdi_root, ref.uid, devices, node_info=self.node_info)
+                self.state.prepare_completed(ref.uid)
+            except BaseException:
+                self._roll_back(ref.uid)
+                raise
+        self.preparations += 1
+        log.info("prepared claim %s: %s", ref, ", ".join(h.device for h in held))
+        return ClaimResult(devices=tuple(h.to_prepared() for h in held))
+
+    def _resolve(self, claim: Claim) -> tuple[list[HeldDevice], list[GpuDevice | MigDevice]]:
+        """Allocation results -> held devices (results naming one device merged) and the device objects."""
+        order: list[str] = []
+        requests: dict[str, list[str]] = {}
+        admin: dict[str, bool] = {}
+        for i, result in enumerate(claim.results):
+            if result.device not in self.index.by_name:
+                raise ClaimError(
+                    claim.ref,
+                    f"status.allocation.devices.results[{i}] (request {result.request!r}): device "
+                    f"{result.device!r} does not exist in pool {self.pool!r} on this node",
+                )
+            if result.device not in requests:
+                order.append(result.device)
+                requests[result.device] = []
+                admin[result.device] = result.admin_access
+            name = base_request_name(result.request)
+            if name not in requests[result.device]:
+                requests[result.device].append(name)
+            admin[result.device] = admin[result.device] and result.admin_access
+        for name in order:
+            holder = self.state.holder(self.pool, name)
+            if holder is not None and holder != claim.ref.uid and not admin[name]:
+                other = self.state.get(holder)
+                who = f"{other.namespace}/{other.name} (uid {holder})" if other else f"uid {holder}"
+                raise ClaimError(claim.ref, f"device {name!r} is already prepared for claim {who}")
+        held = [
+            HeldDevice(
+                request_names=tuple(requests[name]),
+                pool=self.pool,
+                device=name,
+                cdi_device_ids=(cdi.cdi_device_id(claim.ref.uid, name),),
+                admin_access=admin[name],
+            )
+            for name in order
+        ]
+        return held, [self.index.by_name[name] for name in order]
+
+    def _ensure_spec(self, record: ClaimRecord) -> None:
+        """Rewrite a completed claim's CDI spec when it has vanished (e.g. /var/run/cdi was cleaned)."""
+        if cdi.claim_spec_path(self.cdi_root, record.uid).exists():
+            return
+        devices = [self.index.by_name[d.device] for d in record.devices if d.device in self.index.by_name]
+        if len(devices) != len(record.devices):
+            missing = sorted(d.device for d in record.devices if d.device not in self.index.by_name)
+            raise ClaimError(record.ref, f"CDI spec vanished and devices {missing} are no longer on this node")
+        cdi.write_claim_spec(self.cdi_root, record.uid, devices, node_info=self.node_info)
+        log.warning("rewrote the vanished CDI spec of claim %s", record.ref)
+
+    def _roll_back(self, uid: str) -> None:
+        try:
+            cdi.delete_claim_spec(self.cdi_root, uid)
+        finally:
+            self.state.remove(uid)
+
+    # -------------------------------------------------------------------------------- unprepare
+    async def unprepare_claims(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
+        """Unprepare a batch from stored state alone; returns UID -> error ("" on success)."""
+        results = await asyncio.to_thread(self._unprepare_all, list(claims))
+        if self.on_change is not None:
+            self.on_change()
+        return results
+
+    def _unprepare_all(self, claims: list[ClaimRef]) -> dict[str, str]:
+        out: dict[str, str] = {}
+        with self._lock:
+            for ref in claims:
+                self._unprepared_at[ref.uid] = next(self._seq)
+                try:
+                    with self.state.locked():
+                        record = self.state.get(ref.uid)
+                        if record is None:
+                            out[ref.uid] = ""
+                            continue
+                        cdi.delete_claim_spec(self.cdi_root, ref.uid)  # spec first: never a spec without a claim
+                        self.state.remove(ref.uid)
+                    log.info("unprepared claim %s", ref)
+                    out[ref.uid] = ""
+                except DradriverError as exc:
+                    out[ref.uid] = f"claim {ref}: unprepare failed: {exc}"
+            if len(self._unprepared_at) > 4096:  # keep only recent tombstones
+                for uid in list(itertools.islice(self._unprepared_at, len(self._unprepared_at) - 2048)):
+                    del self._unprepared_at[uid]
+        return out
+
+    # ---------------------------------------------------------------------------------- startup
+    def recover(self) -> RecoveryReport:
+        """Converge after a crash: roll back PREPARE_STARTED claims, delete orphan CDI specs of ours."""
+        rolled_back: list[str] = []
+        removed: list[str] = []
+        with self._lock, self.state.locked():
+            for uid, record in list(self.state.claims().items()):
+                if record.phase is ClaimPhase.PREPARE_STARTED:
+                    self._roll_back(uid)
+                    rolled_back.append(uid)
+                    log.warning("rolled back claim %s left half-prepared by an earlier run", record.ref)
+            known = set(self.state.claims())
+            try:
+                names = os.listdir(self.cdi_root)
+            except FileNotFoundError:
+                names = []
+            for name in names:
+                match = _SPEC_FILE.match(name)
+                if match and match["uid"] not in known:
+                    cdi.delete_claim_spec(self.cdi_root, match["uid"])
+                    removed.append(match["uid"])
+                    log.warning("removed orphan CDI spec %s (no prepared claim owns it)", name)
+            held = {d.device for r in self.state.claims().values() for d in r.devices}
+            missing = sorted(held - set(self.index.by_name))
+        if missing:
+            log.error("prepared claims hold devices this node no longer has: %s", ", ".join(missing))
+        return RecoveryReport(tuple(rolled_back), tuple(removed), len(self.state), tuple(missing))
+
+    def prepared_devices(self) -> dict[str, tuple[str, str]]:
+        """DRA device name -> (claim namespace, claim name) for every completed claim (metrics labels)."""
+        out: dict[str, tuple[str, str]] = {}
+        for record in self.state.claims().values():
+            if record.phase is ClaimPhase.PREPARE_COMPLETED:
+                for dev in record.devices:
+                    out.setdefault(dev.device, (record.namespace, record.name))
+        return out
+
+
+def monotonic() -> float:
+    """Seconds on the monotonic clock (one place, so tests can reason about it)."""
+    return time.monotonic()
