@@ -8,10 +8,17 @@ NVML library) are declared in :func:`extensions`.
 
 from __future__ import annotations
 
+import importlib.util
+import os
+from pathlib import Path
 from typing import Any
 
 from setuptools import Extension
 from setuptools.command.build_ext import build_ext
+
+MOCK_NVML_EXTENSION = "dradriver.nvml._mock.libnvidia_ml"
+"""The mock NVML C library (``ext/mocknvml/``); built as ``dradriver/nvml/_mock/libnvidia-ml.so.1``."""
+MOCK_NVML_FILENAME = "libnvidia-ml.so.1"
 
 CYTHON_MODULES: list[str] = [
     "nvmlpoll",
@@ -36,18 +43,66 @@ def _cython_extensions(*, debug: bool) -> list[Extension]:
     return result
 
 
+def nvml_include_dir() -> str:
+    """Directory holding the official ``nvml.h`` of the installed ``nvidia-nvml-dev`` wheel (a build requirement).
+
+    :raises RuntimeError: the wheel is not installed in the build environment.
+    """
+    spec = importlib.util.find_spec("nvidia")
+    roots = list(spec.submodule_search_locations or []) if spec else []
+    for root in roots:
+        for header in sorted(Path(root).glob("*/include/nvml.h"), reverse=True):  # cu13 before cu12
+            return str(header.parent)
+    raise RuntimeError("nvml.h not found: install the nvidia-nvml-dev package (a build requirement)")
+
+
+def _mock_nvml_extension(*, debug: bool) -> Extension:
+    """The mock ``libnvidia-ml.so.1``: plain C, no Python API, SONAME ``libnvidia-ml.so.1``."""
+    src = sorted(str(p) for p in Path("ext/mocknvml").glob("*.c"))
+    return Extension(
+        MOCK_NVML_EXTENSION,
+        src,
+        include_dirs=["ext/mocknvml", nvml_include_dir()],
+        extra_compile_args=["-std=gnu11", "-fvisibility=hidden", "-Wall", "-Wextra"]
+        + (["-O0", "-g"] if debug else ["-O2"]),
+        extra_link_args=[f"-Wl,-soname,{MOCK_NVML_FILENAME}", "-pthread"],
+    )
+
+
 def extensions(*, no_extensions: bool, debug: bool) -> list[Extension]:
     """Return every extension to build.
 
     :param no_extensions: skip the Cython hot paths (the mock NVML library is always built: tests need it).
     :param debug: compile with ``-O0 -g``.
     """
-    exts: list[Extension] = []
+    exts: list[Extension] = [_mock_nvml_extension(debug=debug)]
     if not no_extensions:
         exts.extend(_cython_extensions(debug=debug))
     return exts
 
 
+class BuildExt(build_ext):
+    """``build_ext`` that names the mock NVML library ``libnvidia-ml.so.1`` (no Python extension suffix).
+
+    Both the in-place (editable install) and the wheel paths go through :meth:`get_ext_filename`, so the file
+    lands in ``dradriver/nvml/_mock/`` in either case.
+    """
+
+    def get_ext_filename(self, fullname: str) -> str:
+        if fullname == MOCK_NVML_EXTENSION:
+            return os.path.join(*fullname.split(".")[:-1], MOCK_NVML_FILENAME)
+        if fullname == MOCK_NVML_EXTENSION.rsplit(".", 1)[1]:
+            return MOCK_NVML_FILENAME
+        result: str = super().get_ext_filename(fullname)
+        return result
+
+    def copy_extensions_to_source(self) -> None:
+        # the mock's directory holds no Python module, so nothing else creates it before the in-place copy
+        package = MOCK_NVML_EXTENSION.rsplit(".", 1)[0]
+        Path(self.get_finalized_command("build_py").get_package_dir(package)).mkdir(parents=True, exist_ok=True)
+        super().copy_extensions_to_source()
+
+
 def cmdclass() -> dict[str, Any]:
-    """Custom build commands (none beyond setuptools' own yet)."""
-    return {"build_ext": build_ext}
+    """Custom build commands: :class:`BuildExt` for the mock NVML library's file name."""
+    return {"build_ext": BuildExt}
