@@ -225,8 +225,8 @@ def _fsync_dir(directory: Path) -> None:
 class ClaimState:
     """The claim table of one node, backed by the journal at ``path``. Create with :meth:`open`.
 
-    Not for use from several threads at once without its own lock: every public method takes an
-    internal re-entrant lock, so it is safe to share one instance between gRPC worker threads.
+    Thread-safe: every public method takes an internal re-entrant lock (and mutations the node-wide
+    ``flock``), so one instance may be shared by gRPC worker threads.
     """
 
     def __init__(self, *, path: Path, lock_path: Path, boot_id: str, backend: ModuleType,
