@@ -126,7 +126,8 @@ def claim_from_object(obj: Mapping[str, Any], ref: ClaimRef, *, driver: str, poo
     devices = allocation.get("devices") or {}
     if not isinstance(devices, Mapping):
         raise ClaimError(ref, "status.allocation.devices is not an object")
-    raw_results = devices.get("results") or []
+    raw_results = devices.get("results")
+    raw_results = [] if raw_results is None else raw_results
     if not isinstance(raw_results, list):
         raise ClaimError(ref, "status.allocation.devices.results is not a list")
     results: list[AllocationResult] = []
@@ -154,7 +155,8 @@ def claim_from_object(obj: Mapping[str, Any], ref: ClaimRef, *, driver: str, poo
             raise ClaimError(ref, f"status.allocation.devices.results has devices of driver {driver} only in "
                                   f"pool(s) {', '.join(sorted(our_pools))}, none in this node's pool {pool!r}")
         raise ClaimError(ref, f"status.allocation.devices.results has no device of driver {driver}")
-    raw_configs = devices.get("config") or []
+    raw_configs = devices.get("config")
+    raw_configs = [] if raw_configs is None else raw_configs
     if not isinstance(raw_configs, list):
         raise ClaimError(ref, "status.allocation.devices.config is not a list")
     ours: list[tuple[int, int, dict[str, object]]] = []

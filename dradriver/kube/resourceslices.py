@@ -353,14 +353,13 @@ class SlicePublisher:
         self._kick()
 
     async def run(self) -> None:
-        """Publish and keep publishing until :meth:`stop` or cancellation.
+        """Publish and keep publishing until :meth:`stop` or cancellation (a stopped publisher stays stopped).
 
         Nothing is published before the first :meth:`update`. Failures go to ``on_error`` and are retried
         after ``backoff_initial_s``, doubling up to ``backoff_max_s``; a success resets the backoff.
         """
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
-        self._stopping.clear()
         watcher: threading.Thread | None = None
         if self.watch:
             watcher = threading.Thread(target=self._watch_slices, name=f"resourceslice-watch-{self.pool_name}",

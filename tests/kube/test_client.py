@@ -1,0 +1,106 @@
+"""Error translation and retries of the client boundary, against the emulator over HTTP."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import kubernetes
+import pytest
+
+from dradriver.errors import DradriverError
+from dradriver.kube import errors
+from dradriver.kube.client import KubeClient, RetryPolicy, open_client
+from dradriver.kube.nodes import get_node
+from dradriver.sandbox.apiserver import ApiServerEmulator
+
+from .conftest import NODE
+
+
+def test_not_found_is_typed_and_chains_the_client_error(client: KubeClient) -> None:
+    with pytest.raises(errors.KubeNotFoundError) as info:
+        get_node(client, "missing")
+    err = info.value
+    assert isinstance(err, DradriverError)
+    assert isinstance(err.__cause__, kubernetes.client.ApiException)
+    assert (err.status, err.reason) == (404, "NotFound")
+    assert str(err) == 'GET nodes missing: HTTP 404 NotFound: nodes "missing" not found'
+
+
+@pytest.mark.parametrize("status", [500, 503, 429])
+def test_transient_errors_are_retried(client: KubeClient, api: ApiServerEmulator, status: int) -> None:
+    api.clear_requests()
+    api.fail_next(2, status=status, path=f"/api/v1/nodes/{NODE}")
+    assert get_node(client, NODE).name == NODE
+    assert api.count("get", "nodes", name=NODE) == 3
+
+
+def test_retries_are_bounded(client: KubeClient, api: ApiServerEmulator) -> None:
+    api.clear_requests()
+    api.fail_next(10, status=500, path=f"/api/v1/nodes/{NODE}")
+    with pytest.raises(errors.KubeServerError) as info:
+        get_node(client, NODE)
+    assert info.value.retryable
+    assert api.count("get", "nodes") == client.retry.attempts
+
+
+def test_conflict_is_not_retried(client: KubeClient, api: ApiServerEmulator) -> None:
+    api.clear_requests()
+    api.fail_next(1, status=409, path=f"/api/v1/nodes/{NODE}")
+    with pytest.raises(errors.KubeConflictError):
+        get_node(client, NODE)
+    assert api.count("get", "nodes") == 1
+
+
+def test_retry_after_is_honoured_within_the_cap(kubeconfig: str, api: ApiServerEmulator) -> None:
+    delays: list[float] = []
+    policy = RetryPolicy(attempts=3, initial_delay_s=0.01, max_delay_s=2.0, jitter=0.0)
+    with open_client(kubeconfig, retry=policy) as kube:
+        kube._sleep = delays.append  # record instead of sleeping
+        api.fail_next(2, status=429, path=f"/api/v1/nodes/{NODE}", retry_after=7)
+        get_node(kube, NODE)
+    assert delays == [2.0, 2.0]
+
+
+def test_backoff_grows_exponentially() -> None:
+    policy = RetryPolicy(initial_delay_s=0.1, max_delay_s=1.0, multiplier=2.0, jitter=0.0)
+    assert [policy.delay(n) for n in (1, 2, 3, 4, 5)] == [0.1, 0.2, 0.4, 0.8, 1.0]
+
+
+def test_unreachable_server_is_unavailable(tmp_path: Path) -> None:
+    with socket.socket() as s:  # a port with nothing listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with ApiServerEmulator() as api:
+        config = api.kubeconfig()
+    config["clusters"][0]["cluster"]["server"] = f"http://127.0.0.1:{port}"
+    path = tmp_path / "kubeconfig"
+    path.write_text(str(config).replace("'", '"'), encoding="utf-8")
+    retry = RetryPolicy(attempts=2, initial_delay_s=0.0, jitter=0.0)
+    with open_client(str(path), connect_timeout_s=1.0, retry=retry) as kube, \
+            pytest.raises(errors.KubeUnavailableError) as info:
+        get_node(kube, NODE)
+    assert info.value.status is None and info.value.retryable
+
+
+def test_bad_kubeconfig_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(errors.KubeAPIError, match=r"load kubeconfig .*missing"):
+        open_client(str(tmp_path / "missing"))
+
+
+def test_long_messages_are_truncated() -> None:
+    err = errors.error_from_response("GET x", 500, '{"kind": "Status", "reason": "InternalError", "message": "'
+                                     + "y" * 5000 + '"}')
+    assert isinstance(err, errors.KubeServerError)
+    assert len(err.message) == errors.MAX_MESSAGE_CHARS and err.message.endswith("...")
+
+
+def test_non_status_bodies_are_not_echoed() -> None:
+    err = errors.error_from_response("GET x", 502, "<html>secret proxy page</html>")
+    assert "secret" not in str(err) and "not a Status" in str(err)
+
+
+def test_body_refused_by_the_client_model(client: KubeClient) -> None:
+    body = {"apiVersion": "v1", "kind": "Event", "metadata": {"name": "e"}, "notAField": 1}
+    with pytest.raises(errors.KubeRequestInvalidError):
+        client.call("POST events", client.core.create_namespaced_event, "default", body)
