@@ -166,7 +166,8 @@ async def start_plugin(config: PluginConfig) -> Plugin:
 
         driver = Driver(inventory=inventory, state=state, fetch_claim=fetch, cdi_root=config.cdi_root,
                         node_info=_node_info(config), pool=config.node_name)
-        recovery = await asyncio.to_thread(driver.recover)
+        damaged = any(p.damage for p in problems)
+        recovery = await asyncio.to_thread(lambda: driver.recover(state_damaged=damaged))
         servers = await start_servers(config, driver)
         publisher = SlicePublisher(client, driver=DRIVER_NAME, node_name=config.node_name, node_uid=node_uid,
                                    on_error=lambda exc: log.warning("ResourceSlice publish failed: %s", exc))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import os
 import re
@@ -54,6 +55,7 @@ class RecoveryReport:
     orphan_specs_removed: tuple[str, ...]
     claims_kept: int
     missing_devices: tuple[str, ...]
+    adopted: tuple[str, ...] = ()
 
 
 class Driver:
@@ -225,6 +227,8 @@ class Driver:
                     with self.state.locked():
                         record = self.state.get(ref.uid)
                         if record is None:
+                            # Unknown claims succeed; a spec of that UID (adopted or leaked) goes too.
+                            cdi.delete_claim_spec(self.cdi_root, ref.uid)
                             out[ref.uid] = ""
                             continue
                         cdi.delete_claim_spec(self.cdi_root, ref.uid)  # spec first: never a spec without a claim
@@ -239,10 +243,17 @@ class Driver:
         return out
 
     # ---------------------------------------------------------------------------------- startup
-    def recover(self) -> RecoveryReport:
-        """Converge after a crash: roll back PREPARE_STARTED claims, delete orphan CDI specs of ours."""
+    def recover(self, *, state_damaged: bool = False) -> RecoveryReport:
+        """Converge after a crash: roll back PREPARE_STARTED claims, then deal with CDI specs no claim owns.
+
+        :param state_damaged: the claim state lost records to damage. Then an orphan spec may belong to a
+            claim that still holds its devices: it is adopted (recorded as prepared under its claim UID, with
+            the devices its spec names) instead of deleted, so the devices stay protected and the kubelet's
+            unprepare of that UID cleans up. Otherwise orphan specs are leftovers and are deleted.
+        """
         rolled_back: list[str] = []
         removed: list[str] = []
+        adopted: list[str] = []
         with self._lock, self.state.locked():
             for uid, record in list(self.state.claims().items()):
                 if record.phase is ClaimPhase.PREPARE_STARTED:
@@ -256,15 +267,43 @@ class Driver:
                 names = []
             for name in names:
                 match = _SPEC_FILE.match(name)
-                if match and match["uid"] not in known:
-                    cdi.delete_claim_spec(self.cdi_root, match["uid"])
-                    removed.append(match["uid"])
-                    log.warning("removed orphan CDI spec %s (no prepared claim owns it)", name)
+                if not match or match["uid"] in known:
+                    continue
+                if state_damaged and self._adopt(match["uid"], self.cdi_root / name):
+                    adopted.append(match["uid"])
+                    continue
+                cdi.delete_claim_spec(self.cdi_root, match["uid"])
+                removed.append(match["uid"])
+                log.warning("removed orphan CDI spec %s (no prepared claim owns it)", name)
             held = {d.device for r in self.state.claims().values() for d in r.devices}
             missing = sorted(held - set(self.index.by_name))
         if missing:
             log.error("prepared claims hold devices this node no longer has: %s", ", ".join(missing))
-        return RecoveryReport(tuple(rolled_back), tuple(removed), len(self.state), tuple(missing))
+        return RecoveryReport(tuple(rolled_back), tuple(removed), len(self.state), tuple(missing), tuple(adopted))
+
+    def _adopt(self, uid: str, path: Path) -> bool:
+        """Record the claim ``uid`` as prepared from its CDI spec alone; False when the spec is unreadable."""
+        try:
+            spec = json.loads(path.read_bytes())
+            names = [str(d["name"]) for d in spec.get("devices", [])]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.error("cannot adopt orphan CDI spec %s: %s", path, exc)
+            return False
+        prefix = f"{uid}-"
+        devices = [n[len(prefix):] for n in names if n.startswith(prefix)]
+        held = [
+            HeldDevice(request_names=(), pool=self.pool, device=d, cdi_device_ids=(cdi.cdi_device_id(uid, d),))
+            for d in devices
+        ]
+        try:
+            self.state.prepare_started(uid, namespace="", name="", devices=held, payload=str(path))
+            self.state.prepare_completed(uid)
+        except (ClaimConflictError, DradriverError) as exc:
+            log.error("cannot adopt orphan CDI spec %s: %s", path, exc)
+            return False
+        log.error("claim state lost claim %s; adopted it from its CDI spec (devices %s) until it is unprepared",
+                  uid, ", ".join(devices))
+        return True
 
     def prepared_devices(self) -> dict[str, tuple[str, str]]:
         """DRA device name -> (claim namespace, claim name) for every completed claim (metrics labels)."""

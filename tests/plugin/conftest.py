@@ -1,0 +1,103 @@
+"""Fixtures for end-to-end kubelet-plugin tests: mock NVML, API emulator, kubelet emulator, real sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+
+from dradriver.app import Plugin, start_plugin
+from dradriver.config import PluginConfig
+from dradriver.domain.claims import ClaimRef
+from dradriver.sandbox.kubelet import KubeletEmulator, PluginConnection
+from dradriver.sandbox.node import SandboxNode
+
+SEED_SELECTOR = "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0"
+
+DEVICE_CLASS = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "DeviceClass",
+    "metadata": {"name": "gpu.nvidia.com"},
+    "spec": {
+        "selectors": [
+            {
+                "cel": {
+                    "expression": "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"
+                }
+            }
+        ]
+    },
+}
+
+
+def claim_object(name: str, *, selector: str | None = None, namespace: str = "default",
+                 device_class: str = "gpu.nvidia.com", count: int = 1) -> dict[str, Any]:
+    """A ResourceClaim asking for ``count`` devices of ``device_class`` (optionally with a CEL selector)."""
+    exactly: dict[str, Any] = {"deviceClassName": device_class, "count": count}
+    if selector:
+        exactly["selectors"] = [{"cel": {"expression": selector}}]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
+    }
+
+
+def ref_of(claim: dict[str, Any]) -> ClaimRef:
+    """The kubelet's reference to a stored claim."""
+    meta = claim["metadata"]
+    return ClaimRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
+
+
+def set_allocation(sandbox: SandboxNode, claim: dict[str, Any], results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Write ``status.allocation`` with explicit results, as a scheduler would."""
+    assert sandbox.api is not None
+    stored = sandbox.api.get("ResourceClaim", claim["metadata"]["name"], claim["metadata"]["namespace"])
+    assert stored is not None
+    stored.setdefault("status", {})["allocation"] = {"devices": {"results": results}}
+    return sandbox.api.update(stored, subresource="status")
+
+
+def result(device: str, *, pool: str = "gpu-node-1", driver: str = "gpu.nvidia.com", request: str = "gpu",
+           admin: bool = False) -> dict[str, Any]:
+    """One ``status.allocation.devices.results[]`` entry."""
+    out: dict[str, Any] = {"request": request, "driver": driver, "pool": pool, "device": device}
+    if admin:
+        out["adminAccess"] = True
+    return out
+
+
+@pytest.fixture
+def sandbox(request: pytest.FixtureRequest) -> Iterator[SandboxNode]:
+    """A sandboxed node; profile from ``@pytest.mark.parametrize('sandbox', [...], indirect=True)``."""
+    profile = getattr(request, "param", "dgx-h100")
+    with SandboxNode(profile=profile) as node:
+        assert node.api is not None
+        node.api.create(DEVICE_CLASS)
+        yield node
+
+
+@contextlib.asynccontextmanager
+async def running(config: PluginConfig) -> AsyncIterator[tuple[Plugin, PluginConnection]]:
+    """Start the plugin, register it through the kubelet emulator, stop both afterwards."""
+    plugin = await start_plugin(config)
+    try:
+        async with KubeletEmulator(config.kubelet_registrar_directory_path) as kubelet:
+            connection = await kubelet.wait_for_plugin("gpu.nvidia.com", timeout=10)
+            yield plugin, connection
+    finally:
+        await plugin.stop()
+
+
+async def wait_for(predicate: Any, timeout: float = 10.0) -> None:
+    """Poll ``predicate()`` until true or fail after ``timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.02)
