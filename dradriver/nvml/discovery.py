@@ -24,6 +24,7 @@ left out as a whole (publishing half of it would be wrong). Each failure is logg
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import math
 import os
@@ -250,13 +251,16 @@ class _Discoverer:
         )
 
     def fabric(self, handle: Any, where: str) -> FabricInfo | None:
-        """``nvmlDeviceGetGpuFabricInfoV`` (v3, then v2), else v1; ``None`` when fabric is not supported."""
+        """``nvmlDeviceGetGpuFabricInfoV`` (v3, then v2), else v1; ``None`` when fabric is not supported.
+
+        pynvml passes the struct argument through unchanged, so it must be a pointer (``byref``).
+        """
         s = self.s
         for struct in (pynvml.c_nvmlGpuFabricInfo_v3_t, pynvml.c_nvmlGpuFabricInfo_v2_t):
             info = struct()
             try:
                 got = s.optional(
-                    pynvml.nvmlDeviceGetGpuFabricInfoV, handle, info, context=f"fabric info on {where}"
+                    pynvml.nvmlDeviceGetGpuFabricInfoV, handle, ctypes.byref(info), context=f"fabric info on {where}"
                 )
             except NvmlError as exc:
                 if exc.code == pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH:
@@ -273,7 +277,9 @@ class _Discoverer:
                 health_summary=int(getattr(info, "healthSummary", 0)),
             )
         v1 = pynvml.c_nvmlGpuFabricInfo_t()
-        got_v1 = s.optional(pynvml.nvmlDeviceGetGpuFabricInfo, handle, v1, context=f"fabric info on {where}")
+        got_v1 = s.optional(
+            pynvml.nvmlDeviceGetGpuFabricInfo, handle, ctypes.byref(v1), context=f"fabric info on {where}"
+        )
         if got_v1 is None:
             return None
         return FabricInfo(

@@ -369,11 +369,14 @@ def test_profile_switch_refused_while_a_session_is_open(nvml: Session) -> None:
 def test_session_caches_handles_and_closes(nvml: Session) -> None:
     from dradriver.nvml.errors import NvmlUninitialized
 
-    with nvml("dgx-h100") as session:
+    layout = mig_layout(mock.resolved_gpus(mock.load_profile("dgx-a100"))[0])
+    with nvml("dgx-a100") as session:
         assert session.device(0) is session.device(0)
         uuid = session.call(__import__("pynvml").nvmlDeviceGetUUID, session.device(0))
         assert session.device_by_uuid(uuid) is session.device_by_uuid(uuid)
-        assert session.mig_device(0, 0) is None  # MIG disabled: no MIG device handles
+        assert session.mig_device(0, 0) is not None
+        assert session.mig_device(0, 0) is session.mig_device(0, 0)
+        assert session.mig_device(0, len(layout)) is None  # empty slot (NOT_FOUND)
     assert session.closed
     with pytest.raises(NvmlUninitialized):
         session.device_count()
