@@ -32,6 +32,12 @@ NO_MIG_SCOPE = 0xFFFFFFFF
 
 TAINT_DOMAIN = "gpu.nvidia.com"
 
+INFORMATIONAL_KINDS = frozenset({"unmonitored"})
+"""Fault kinds (``FaultKind`` values) that only ever produce an effect-``None`` taint."""
+
+PERSISTENT_KINDS = frozenset({"unmonitored"})
+"""Fault kinds whose taint stays until :meth:`HealthTracker.clear` removes it (no recovery by quiet period)."""
+
 
 class FaultKind(str, Enum):
     """What went wrong; the value is the taint key's name part (``gpu.nvidia.com/<value>``)."""
@@ -42,6 +48,8 @@ class FaultKind(str, Enum):
     RETIRED_PAGES_PENDING = "retired-pages-pending"
     ROW_REMAP_FAILURE = "row-remap-failure"
     FABRIC_UNHEALTHY = "fabric-unhealthy"
+    UNMONITORED = "unmonitored"
+    """NVML events cannot be registered for the GPU (informational, reference 6.1)."""
 
 
 class Effect(str, Enum):
@@ -107,6 +115,8 @@ class DeviceHealth:
     last_fault: float = 0.0
     last_change: float = 0.0
     recovered: bool = True
+    last_event: float = 0.0
+    """Time of the newest recorded event of any effect (the quiet period also runs from it)."""
 
     @property
     def healthy(self) -> bool:
@@ -121,6 +131,8 @@ def classify(event: HealthEvent, ignored_xids: Iterable[int] = DEFAULT_IGNORED_X
         xid = event.xid if event.xid is not None else 0
         effect = Effect.NONE if xid in set(ignored_xids) else Effect.NO_SCHEDULE
         return DeviceTaint(key, str(xid), effect)
+    if event.kind.value in INFORMATIONAL_KINDS:
+        return DeviceTaint(key, "", Effect.NONE)
     return DeviceTaint(key, "", Effect.NO_SCHEDULE)
 
 
@@ -133,6 +145,7 @@ def describe(event: HealthEvent) -> str:
         FaultKind.RETIRED_PAGES_PENDING: "pages pending retirement (reset needed)",
         FaultKind.ROW_REMAP_FAILURE: "row remapping failed",
         FaultKind.FABRIC_UNHEALTHY: "NVLink fabric unhealthy",
+        FaultKind.UNMONITORED: "health events cannot be monitored",
     }[event.kind]
     scope = f" on GPU instance {event.gi_id} compute instance {event.ci_id}" if event.mig_scoped else ""
     detail = f": {event.detail}" if event.detail else ""
@@ -189,6 +202,7 @@ class HealthTracker:
             if taint.effect is not Effect.NONE:
                 state.last_fault = event.time
                 state.recovered = False
+            state.last_event = max(state.last_event, event.time)
             if state.taints.get(taint.key) != taint:
                 state.taints[taint.key] = taint
                 state.message = describe(event)
@@ -196,18 +210,40 @@ class HealthTracker:
                 changed.add(name)
         return changed
 
-    def observe_recovery(self, gpu_uuid: str, now: float) -> set[str]:
-        """NVML shows the GPU healthy again; devices clear once the quiet period has passed."""
+    def observe_recovery(self, gpu_uuid: str, now: float, *, observed_at: float | None = None) -> set[str]:
+        """NVML shows the GPU healthy again; devices clear once the quiet period has passed.
+
+        :param observed_at: when NVML was read (same clock); a device whose last fault is newer than that
+            reading is not marked recovered (the reading predates the fault). ``None``: ``now``.
+        """
+        seen = now if observed_at is None else observed_at
         for dev in self._by_gpu.get(gpu_uuid, []):
-            self._devices[dev.name].recovered = True
+            state = self._devices[dev.name]
+            if state.last_fault <= seen:
+                state.recovered = True
         return self.tick(now)
+
+    def clear(self, gpu_uuid: str, kind: FaultKind, now: float) -> set[str]:
+        """Remove the ``kind`` taint from every device of a GPU at once (e.g. monitoring works again)."""
+        key = f"{TAINT_DOMAIN}/{kind.value}"
+        changed: set[str] = set()
+        for dev in self._by_gpu.get(gpu_uuid, []):
+            state = self._devices[dev.name]
+            if state.taints.pop(key, None) is not None:
+                state.message = "" if not state.taints else state.message
+                state.last_change = now
+                changed.add(dev.name)
+        return changed
 
     def tick(self, now: float) -> set[str]:
         """Clear taints of recovered devices whose quiet period is over; returns the changed names."""
         changed: set[str] = set()
         for state in self._devices.values():
-            if state.taints and state.recovered and now - state.last_fault >= self.quiet_period_s:
-                state.taints.clear()
+            clearable = [k for k in state.taints if k.rsplit("/", 1)[-1] not in PERSISTENT_KINDS]
+            quiet_since = max(state.last_fault, state.last_event)
+            if clearable and state.recovered and now - quiet_since >= self.quiet_period_s:
+                for key in clearable:
+                    del state.taints[key]
                 state.message = "recovered"
                 state.last_change = now
                 changed.add(state.name)
