@@ -25,7 +25,8 @@ DEVICE_CLASS = {
         "selectors": [
             {
                 "cel": {
-                    "expression": "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"
+                    "expression": "device.driver == 'gpu.nvidia.com' && "
+                    "device.attributes['gpu.nvidia.com'].type == 'gpu'"
                 }
             }
         ]
