@@ -334,16 +334,20 @@ class _Discoverer:
             gi_profile = profiles.get(int(gi_info.profileId))
             if gi_profile is None:
                 raise NvmlError(f"{where} ({uuid}): GPU-instance profile {gi_info.profileId} not reported")
-            ci_slices = self.ci_slices(gi, int(ci_info.profileId), where)
+            ci_profile = self.ci_profile(gi, int(ci_info.profileId), where)
             p = gi_profile.info
             gi_slices = int(p.sliceCount)
+            if gpu.memory_bytes:
+                profile = mig_profile_name(
+                    gi_profile.index, gi_slices, int(ci_profile.sliceCount), int(p.memorySizeMB), gpu.memory_bytes
+                )
+            else:  # no device total to scale by: fall back to the name NVML gives the CI profile
+                profile = _text(ci_profile.name).removeprefix("MIG ").strip()
             found.append(
                 MigDevice(
                     parent=gpu,
                     uuid=uuid,
-                    profile=mig_profile_name(
-                        gi_profile.index, gi_slices, ci_slices, int(p.memorySizeMB), gpu.memory_bytes or 0
-                    ),
+                    profile=profile,
                     gi_profile_id=int(p.id),
                     ci_profile_id=int(ci_info.profileId),
                     gi_id=gi_id,
@@ -361,8 +365,8 @@ class _Discoverer:
             )
         return found
 
-    def ci_slices(self, gi: Any, ci_profile_id: int, where: str) -> int:
-        """Slice count of the compute-instance profile whose ID is ``ci_profile_id`` inside ``gi``."""
+    def ci_profile(self, gi: Any, ci_profile_id: int, where: str) -> Any:
+        """The compute-instance profile info (v2: ``sliceCount``, ``name``) whose ID is ``ci_profile_id``."""
         for index in range(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
             try:
                 info = self.s.optional(
@@ -377,7 +381,7 @@ class _Discoverer:
                     continue
                 raise
             if info is not None and int(info.id) == ci_profile_id:
-                return int(info.sliceCount)
+                return info
         raise NvmlError(f"{where}: compute-instance profile {ci_profile_id} not reported")
 
     # -- node --------------------------------------------------------------------------------------------

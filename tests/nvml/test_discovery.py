@@ -314,6 +314,19 @@ def test_not_supported_memory_omits_capacity(nvml: Session, sysfs: Path, tmp_pat
     assert "memory" in devices[inv.gpus[0].name]["capacity"]
 
 
+def test_mig_profile_name_without_parent_memory(nvml: Session, sysfs: Path, tmp_path: Path) -> None:
+    path = write_profile(
+        tmp_path, "dgx-a100", lambda d: d["gpus"][0].update(notSupported=["nvmlDeviceGetMemoryInfo"]), "nomem-mig"
+    )
+    with nvml(path) as session:
+        inv = discover(session, sysfs_root=sysfs)
+    expected = {m["ci"]["uuid"]: m["ci_profile"]["name"].removeprefix("MIG ") for m in mig_layout(
+        mock.resolved_gpus(mock.load_profile(path))[0]
+    )}
+    assert inv.gpus[0].memory_bytes is None
+    assert {m.uuid: m.profile for m in inv.migs if m.parent.minor == 0} == expected
+
+
 def test_fabric_not_supported_everywhere_means_no_clique(nvml: Session, sysfs: Path, tmp_path: Path) -> None:
     def no_fabric(d: dict[str, Any]) -> None:
         d.setdefault("faults", {})["notSupported"] = ["nvmlDeviceGetGpuFabricInfoV", "nvmlDeviceGetGpuFabricInfo"]
