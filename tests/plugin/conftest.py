@@ -87,6 +87,7 @@ async def running(config: PluginConfig) -> AsyncIterator[tuple[Plugin, PluginCon
     """Start the plugin, register it through the kubelet emulator, stop both afterwards."""
     plugin = await start_plugin(config)
     try:
+        await wait_for(lambda: plugin.publisher.last_result is not None)
         async with KubeletEmulator(config.kubelet_registrar_directory_path) as kubelet:
             connection = await kubelet.wait_for_plugin("gpu.nvidia.com", timeout=10)
             yield plugin, connection
