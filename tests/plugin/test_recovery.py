@@ -1,0 +1,202 @@
+"""Crash safety and start-up recovery of the kubelet plugin: SIGKILL mid-prepare, damaged state, reboot."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dradriver.app import start_plugin
+from dradriver.domain import cdi
+from dradriver.domain.claims import ClaimRef
+from dradriver.domain.claimstate import ClaimStateVersionError, ProblemKind
+from dradriver.sandbox.kubelet import KubeletEmulator, KubeletError
+from dradriver.sandbox.node import SandboxNode
+from tests.plugin.conftest import claim_object, ref_of, result, running, set_allocation
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _claims(sandbox: SandboxNode, count: int, prefix: str = "c") -> list[ClaimRef]:
+    assert sandbox.api is not None
+    refs = []
+    for i in range(count):
+        claim = sandbox.api.create(claim_object(f"{prefix}{i}"))
+        refs.append(ref_of(set_allocation(sandbox, claim, [result(f"gpu-{i % 8}")])))
+    return refs
+
+
+def _plugin_env(sandbox: SandboxNode) -> dict[str, str]:
+    config = sandbox.config()
+    env = dict(os.environ)
+    env.update(
+        NODE_NAME=config.node_name,
+        KUBECONFIG=config.kubeconfig,
+        CDI_ROOT=str(config.cdi_root),
+        KUBELET_REGISTRAR_DIRECTORY_PATH=str(config.kubelet_registrar_directory_path),
+        KUBELET_PLUGINS_DIRECTORY_PATH=str(config.kubelet_plugins_directory_path),
+        KUBELET_DEVICE_PLUGINS_DIRECTORY_PATH=str(config.kubelet_device_plugins_directory_path),
+        DEV_ROOT=str(config.dev_root),
+        SYSFS_ROOT=str(config.sysfs_root),
+        PROC_ROOT=str(config.proc_root),
+        DRADRIVER_MOCK_PROFILE=config.mock_profile,
+        LOG_LEVEL="warning",
+    )
+    return env
+
+
+def _check_converged(sandbox: SandboxNode, state_uids: set[str]) -> None:
+    """Every stored claim is completed with its spec; no spec without a claim."""
+    spec_uids = {p.name.removeprefix("k8s.gpu.nvidia.com-claim_").removesuffix(".json") for p in sandbox.cdi_specs()}
+    assert spec_uids == state_uids
+    leftovers = [p for p in sandbox.cdi_root.iterdir() if not p.name.endswith(".json")]
+    assert leftovers == []
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_sigkill_during_prepare_then_restart_converges(sandbox: SandboxNode, seed: int) -> None:
+    """The plugin process is SIGKILLed at a random moment of a 40-claim batch (8 GPUs: 32 claims conflict)."""
+    refs = _claims(sandbox, 8, prefix=f"k{seed}-")
+    rng = random.Random(seed)
+
+    async def body() -> None:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "dradriver", "gpu-kubelet-plugin", env=_plugin_env(sandbox), cwd=str(ROOT),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        try:
+            async with KubeletEmulator(sandbox.config().kubelet_registrar_directory_path) as kubelet:
+                connection = await kubelet.wait_for_plugin("gpu.nvidia.com", timeout=30)
+                call = asyncio.create_task(connection.prepare(refs))
+                await asyncio.sleep(rng.uniform(0.0, 0.15))
+                proc.send_signal(signal.SIGKILL)
+                try:
+                    await call
+                except KubeletError:
+                    pass  # the connection died with the process
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+            await proc.wait()
+        # Restart in process: recovery rolls back half-prepared claims and removes orphan specs.
+        async with running(sandbox.config()) as (plugin, connection):
+            state_uids = set(plugin.state.claims())
+            _check_converged(sandbox, state_uids)
+            from dradriver.domain.claimstate import ClaimPhase
+
+            assert all(r.phase is ClaimPhase.PREPARE_COMPLETED for r in plugin.state.claims().values())
+            # The kubelet retries: every claim ends up prepared exactly once, then everything is undone.
+            answer = await connection.prepare(refs)
+            assert all(r.error == "" for r in answer.values()), answer
+            _check_converged(sandbox, {r.uid for r in refs})
+            assert all(v == "" for v in (await connection.unprepare(refs)).values())
+            assert sandbox.cdi_specs() == []
+            assert len(plugin.state) == 0
+
+    asyncio.run(body())
+
+
+def _state_file(sandbox: SandboxNode) -> Path:
+    return sandbox.config().claim_state_path
+
+
+def test_torn_state_tail_is_truncated_and_reported(sandbox: SandboxNode) -> None:
+    refs = _claims(sandbox, 2)
+
+    async def body() -> None:
+        async with running(sandbox.config()) as (_, kubelet):
+            assert all(r.error == "" for r in (await kubelet.prepare(refs)).values())
+        path = _state_file(sandbox)
+        path.write_bytes(path.read_bytes()[:-7])  # a crash cut the last record short
+        async with running(sandbox.config()) as (plugin, _):
+            kinds = {p.kind for p in plugin.state_problems}
+            assert ProblemKind.TORN_TAIL in kinds
+            # The last record was the second claim's PREPARE_COMPLETED; the claim is kept as started and
+            # rolled back, and its spec removed: prepared state and files agree again.
+            assert refs[0].uid in plugin.state.claims()
+            assert refs[1].uid in plugin.recovery.rolled_back
+            _check_converged(sandbox, set(plugin.state.claims()))
+
+    asyncio.run(body())
+
+
+def test_corrupt_state_is_reported_and_claims_holding_devices_are_not_forgotten(sandbox: SandboxNode) -> None:
+    assert sandbox.api is not None
+    refs = _claims(sandbox, 3)
+
+    async def body() -> None:
+        async with running(sandbox.config()) as (_, kubelet):
+            assert all(r.error == "" for r in (await kubelet.prepare(refs)).values())
+        path = _state_file(sandbox)
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0xFF  # damage a record in the middle
+        path.write_bytes(bytes(data))
+        async with running(sandbox.config()) as (plugin, kubelet):
+            assert any(p.damage for p in plugin.state_problems)
+            assert list(path.parent.glob("claims.state.corrupt-*")), "damaged file kept aside"
+            # Every claim whose spec exists is still known (read back or adopted from its CDI spec) ...
+            specs = {p.name.removeprefix("k8s.gpu.nvidia.com-claim_").removesuffix(".json")
+                     for p in sandbox.cdi_specs()}
+            assert specs == {r.uid for r in refs}
+            assert specs <= set(plugin.state.claims())
+            # ... so its devices stay protected against a second claim.
+            intruder = set_allocation(sandbox, sandbox.api.create(claim_object("intruder")), [result("gpu-1")])
+            err = (await kubelet.prepare([ref_of(intruder)]))[intruder["metadata"]["uid"]].error
+            assert "already prepared" in err
+            assert await kubelet.unprepare(refs) == {r.uid: "" for r in refs}
+            assert sandbox.cdi_specs() == []
+        events = [e for e in sandbox.api.objects("Event") if e.get("reason") == "ClaimStateCorrupt"]
+        assert events and "claim state" in events[0]["message"]
+
+    asyncio.run(body())
+
+
+def test_changed_boot_id_discards_prepared_state(sandbox: SandboxNode) -> None:
+    refs = _claims(sandbox, 2)
+
+    async def body() -> None:
+        async with running(sandbox.config()) as (_, kubelet):
+            assert all(r.error == "" for r in (await kubelet.prepare(refs)).values())
+        sandbox.set_boot_id("5d1a8e2c-0000-4000-8000-000000000000")  # the node rebooted
+        async with running(sandbox.config()) as (plugin, kubelet):
+            assert ProblemKind.BOOT_ID_CHANGED in {p.kind for p in plugin.state_problems}
+            assert len(plugin.state) == 0
+            assert sandbox.cdi_specs() == []  # specs from before the reboot are removed
+            answer = await kubelet.prepare(refs)  # the kubelet prepares again after a reboot
+            assert all(r.error == "" for r in answer.values())
+
+    asyncio.run(body())
+
+
+def test_newer_state_format_is_refused_with_a_clear_message(sandbox: SandboxNode) -> None:
+    refs = _claims(sandbox, 1)
+
+    async def body() -> None:
+        async with running(sandbox.config()) as (_, kubelet):
+            await kubelet.prepare(refs)
+        path = _state_file(sandbox)
+        from dradriver._native import claimstore_py
+
+        path.write_bytes(claimstore_py.encode_header("boot", version=99))
+        with pytest.raises(ClaimStateVersionError, match="99"):
+            await start_plugin(sandbox.config())
+
+    asyncio.run(body())
+
+
+def test_stale_cdi_spec_without_a_claim_is_removed_at_start(sandbox: SandboxNode) -> None:
+    stray = cdi.claim_spec_path(sandbox.cdi_root, "33333333-3333-3333-3333-333333333333")
+    stray.write_text('{"cdiVersion": "0.5.0", "kind": "k8s.gpu.nvidia.com/claim", "devices": []}')
+
+    async def body() -> None:
+        async with running(sandbox.config()) as (plugin, _):
+            assert plugin.recovery.orphan_specs_removed == ("33333333-3333-3333-3333-333333333333",)
+            assert not stray.exists()
+
+    asyncio.run(body())
