@@ -1,0 +1,139 @@
+"""``dradriver exporter``: the GPU health and metrics exporter alone, for nodes where another driver allocates GPUs.
+
+Discovers the node's GPUs and MIG devices through NVML (the system library, ``--nvml-library PATH``, or the
+bundled mock with ``--mock-profile NAME``), polls them every ``--poll-interval`` seconds with the compiled
+poller, watches NVML events (Xid, ECC, GPU lost), and serves Prometheus metrics on ``--http-endpoint`` at
+``--metrics-path`` until SIGINT or SIGTERM. Scrapes are answered from the latest poll; they never wait on
+NVML. Metric names: ``docs/metrics.md``. Exit status 0 after a signal, 1 when NVML cannot be used or the
+endpoint cannot be served, 2 for bad flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import socket
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from dradriver.config import PLUGIN_FLAGS, ConfigError, add_flags
+
+_SHARED_FLAGS = (
+    "--node-name",
+    "--nvml-library",
+    "--mock-profile",
+    "--sysfs-root",
+    "--metrics-path",
+    "--additional-xids-to-ignore",
+    "--log-level",
+)
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``exporter`` subcommand."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "exporter",
+        help="serve GPU health and Prometheus metrics without allocating GPUs",
+        description=__doc__.splitlines()[0] if __doc__ else None,
+    )
+    add_flags(parser, [f for f in PLUGIN_FLAGS if f.option in _SHARED_FLAGS])
+    parser.add_argument(
+        "--http-endpoint",
+        default=_env("HTTP_ENDPOINT", ":9400"),
+        help="host:port of the metrics server (default ':9400', the dcgm-exporter port) [env HTTP_ENDPOINT]",
+    )
+    parser.add_argument(
+        "--poll-interval",
+        type=float,
+        default=float(_env("DRADRIVER_POLL_INTERVAL", "10")),
+        help="seconds between NVML polls (default 10) [env DRADRIVER_POLL_INTERVAL]",
+    )
+    parser.set_defaults(func=run)
+
+
+def _env(name: str, default: str) -> str:
+    import os
+
+    return os.environ.get(name) or default
+
+
+def _xids(text: str) -> tuple[int, ...]:
+    out = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if not part.isdigit():
+            raise ConfigError(f"--additional-xids-to-ignore: {part!r} is not an integer Xid")
+        out.append(int(part))
+    return tuple(out)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run until SIGINT/SIGTERM; returns the exit status."""
+    from dradriver.domain.health import DEFAULT_IGNORED_XIDS
+    from dradriver.driver.health import HealthService
+    from dradriver.driver.metrics import MetricsEndpointError, exporter_registry, parse_endpoint, serve_metrics
+    from dradriver.errors import DradriverError
+    from dradriver.nvml.discovery import discover
+    from dradriver.nvml.session import open_session
+
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    log = logging.getLogger("dradriver.exporter")
+    node = args.node_name or socket.gethostname()
+    try:
+        ignored = DEFAULT_IGNORED_XIDS | set(_xids(args.additional_xids_to_ignore or ""))
+        parse_endpoint(args.http_endpoint)
+        if not args.poll_interval > 0:
+            raise ConfigError(f"--poll-interval must be positive, got {args.poll_interval:g}")
+    except (ConfigError, MetricsEndpointError) as exc:
+        print(f"dradriver exporter: error: {exc}", file=sys.stderr)
+        return 2
+
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+
+    try:
+        session = open_session(args.nvml_library or "", args.mock_profile or "")
+    except DradriverError as exc:
+        print(f"dradriver exporter: error: {exc}", file=sys.stderr)
+        return 1
+    try:
+        inventory = discover(session, sysfs_root=Path(args.sysfs_root or "/sys"))
+        for failure in inventory.failures:
+            log.warning("GPU index %d left out: %s", failure.index, failure.reason)
+        service = HealthService(
+            inventory,
+            pool_name=node,
+            session=session,
+            ignored_xids=ignored,
+            poll_interval_s=args.poll_interval,
+        )
+        service.start()
+        try:
+            server = serve_metrics(exporter_registry(service, node=node), args.http_endpoint, args.metrics_path)
+        except OSError as exc:
+            print(f"dradriver exporter: error: cannot serve metrics on {args.http_endpoint}: {exc}", file=sys.stderr)
+            service.stop()
+            return 1
+        log.info(
+            "serving metrics of %d GPU(s) and %d MIG device(s) at %s", len(inventory.gpus), len(inventory.migs),
+            server.url,
+        )  # fmt: skip
+        while not stop.wait(1.0):
+            pass
+        log.info("stopping")
+        server.stop()
+        service.stop()
+    except DradriverError as exc:
+        print(f"dradriver exporter: error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        session.close()
+    return 0

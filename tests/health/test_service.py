@@ -1,0 +1,175 @@
+"""HealthService against the mock NVML library: events and polls -> device taints, recovery, coalescing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dradriver.domain.devices import MigDevice
+
+from .conftest import MockNode, Services, TaintLog, edited_profile, wait_until
+
+pytestmark = pytest.mark.timeout(30)
+
+XID_79 = [{"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}]
+
+
+def test_xid_79_taints_the_gpu_and_recovery_removes_it(mock_node: Any, services: Services) -> None:
+    node: MockNode = mock_node("dgx-a100")
+    log = TaintLog()
+    service = services(node, log)
+    service.start()
+    node.xid(2, 79)
+    assert log.wait_for(bool, "a taint update") == {"gpu-2": XID_79}
+    status = {s.device_name: s for s in service.snapshot()}
+    assert status["gpu-2"].health == "Unhealthy"
+    assert "Xid 79" in status["gpu-2"].message
+    assert status["gpu-3"].health == "Healthy"
+    assert service.xid_stats()[node.gpu_uuid(2)].counts == {79: 1}
+    # No poll has run since the event, so NVML has not shown recovery: the taint stays.
+    assert service.taints() == {"gpu-2": XID_79}
+    service.poll_now()  # the GPU answers, nothing pending: recovery, then the quiet period
+    assert log.wait_for(lambda t: t == {}, "the taint to be removed") == {}
+    assert {s.health for s in service.snapshot()} == {"Healthy"}
+
+
+def test_non_fatal_xid_gives_no_no_schedule_taint(mock_node: Any, services: Services) -> None:
+    node: MockNode = mock_node("dgx-a100")
+    log = TaintLog()
+    service = services(node, log)
+    service.start()
+    node.xid(3, 13)
+    update = log.wait_for(bool, "a taint update")
+    assert update == {"gpu-3": [{"key": "gpu.nvidia.com/xid", "value": "13", "effect": "None"}]}
+    assert all(t["effect"] != "NoSchedule" for ts in update.values() for t in ts)
+    assert {s.device_name: s.health for s in service.snapshot()}["gpu-3"] == "Healthy"
+
+
+def test_additional_ignored_xid_is_informational(mock_node: Any, services: Services) -> None:
+    node: MockNode = mock_node("dgx-a100")
+    log = TaintLog()
+    service = services(node, log, ignored_xids={13, 31, 43, 45, 68, 109, 94}, informational_taints=False)
+    service.start()
+    node.xid(4, 94)
+    node.xid(5, 48)
+    assert log.wait_for(bool, "a taint update") == {
+        "gpu-5": [{"key": "gpu.nvidia.com/xid", "value": "48", "effect": "NoSchedule"}]
+    }
+
+
+def test_mig_scoped_xid_taints_only_that_mig_device(mock_node: Any, services: Services) -> None:
+    node: MockNode = mock_node("dgx-a100")
+    target = next(m for m in node.inventory.migs if m.parent.index == 0 and m.gi_id == 3)
+    log = TaintLog()
+    service = services(node, log)
+    service.start()
+    node.xid(0, 94, gi=target.gi_id, ci=target.ci_id)
+    update = log.wait_for(bool, "a taint update")
+    assert update == {target.name: [{"key": "gpu.nvidia.com/xid", "value": "94", "effect": "NoSchedule"}]}
+    assert service.xid_stats()[target.uuid].last == 94
+    health = {s.device_name: s.health for s in service.snapshot()}
+    siblings = node.names_of(0) - {target.name}
+    assert siblings and all(health[name] == "Healthy" for name in siblings)
+    assert health[target.name] == "Unhealthy"
+
+
+def test_unscoped_xid_on_a_mig_gpu_taints_every_mig_device(mock_node: Any, services: Services) -> None:
+    node: MockNode = mock_node("dgx-a100")
+    log = TaintLog()
+    services(node, log).start()
+    node.xid(1, 48)
+    update = log.wait_for(bool, "a taint update")
+    assert set(update) == node.names_of(1)
+    assert all(isinstance(node.inventory.find(name), MigDevice) for name in update)
+
+
+def test_lost_gpu_is_tainted_and_clears_after_it_returns(mock_node: Any, services: Services) -> None:
+    node: MockNode = mock_node("dgx-a100")
+    log = TaintLog()
+    service = services(node, log)
+    service.start()
+    node.set_lost(0, True)
+    update = log.wait_for(bool, "a gpu-lost taint")
+    assert set(update) == node.names_of(0)
+    assert all(ts == [{"key": "gpu.nvidia.com/gpu-lost", "effect": "NoSchedule"}] for ts in update.values())
+    assert service.monitor is not None and service.monitor.lost == {node.gpu_uuid(0)}
+    assert {s.device_name: s.health for s in service.snapshot()}[sorted(update)[0]] == "Unhealthy"
+    service.poll_now()  # still lost: polling confirms it, nothing clears
+    assert service.taints() == update
+    # Other GPUs' events still arrive while one GPU is lost (the event set was rebuilt without it).
+    node.xid(2, 79)
+    log.wait_for(lambda t: "gpu-2" in t, "the Xid on another GPU")
+    node.set_lost(0, False)
+    wait_until(lambda: not service.monitor.lost, "the monitor to see the GPU answer again")  # type: ignore[union-attr]
+    service.poll_now()
+    after = log.wait_for(lambda t: not set(t) & node.names_of(0), "the gpu-lost taints to go")
+    assert set(after) <= {"gpu-2"}
+
+
+def test_burst_of_100_events_yields_one_taint_update(mock_node: Any, services: Services) -> None:
+    node: MockNode = mock_node("dgx-a100")
+    fatal = (48, 63, 64, 74, 79, 92, 94, 95, 119, 120)
+    expected: dict[str, list[dict[str, str]]] = {}
+    for i in range(100):  # queued in the mock until the monitor registers the GPUs
+        gpu, xid = 2 + i % 6, fatal[i % len(fatal)]
+        node.xid(gpu, xid)
+        expected[f"gpu-{gpu}"] = [{"key": "gpu.nvidia.com/xid", "value": str(xid), "effect": "NoSchedule"}]
+    log = TaintLog()
+    service = services(node, log)
+    service.start()
+    assert log.wait_for(bool, "a taint update") == expected
+    assert not service.flush()  # nothing left pending
+    assert service.taint_updates == 1
+    assert log.updates == [expected]
+    assert sum(sum(s.counts.values()) for s in service.xid_stats().values()) == 100
+
+
+def test_rising_double_bit_ecc_counter_taints(mock_node: Any, services: Services) -> None:
+    node: MockNode = mock_node("dgx-a100")
+    log = TaintLog()
+    service = services(node, log)
+    service.start()
+    node.control("ecc 4 uncorrected volatile 3")
+    service.poll_now()
+    update = log.wait_for(bool, "a taint update")
+    assert update == {"gpu-4": [{"key": "gpu.nvidia.com/ecc-dbe", "effect": "NoSchedule"}]}
+    assert "rose from 0 to 3" in {s.device_name: s for s in service.snapshot()}["gpu-4"].message
+
+
+def test_row_remap_failure_and_pending_retirement_hold_until_cleared(mock_node: Any, services: Services) -> None:
+    node: MockNode = mock_node("dgx-a100")
+    log = TaintLog()
+    service = services(node, log)
+    service.start()
+    node.control("set 5 remappedRows.failure 1")
+    node.control("set 6 retiredPages.pending 1")
+    service.poll_now()
+    update = log.wait_for(bool, "a taint update")
+    assert update == {
+        "gpu-5": [{"key": "gpu.nvidia.com/row-remap-failure", "effect": "NoSchedule"}],
+        "gpu-6": [{"key": "gpu.nvidia.com/retired-pages-pending", "effect": "NoSchedule"}],
+    }
+    node.control("set 5 remappedRows.failure 0")
+    service.poll_now()
+    assert log.wait_for(lambda t: "gpu-5" not in t, "gpu-5 to recover") == {
+        "gpu-6": [{"key": "gpu.nvidia.com/retired-pages-pending", "effect": "NoSchedule"}]
+    }
+
+
+def test_gpu_without_event_support_is_unmonitored(mock_node: Any, services: Services, tmp_path: Path) -> None:
+    def edit(profile: dict[str, Any]) -> None:
+        profile["gpus"][3]["notSupported"] = ["nvmlDeviceRegisterEvents"]
+
+    node: MockNode = mock_node(edited_profile(tmp_path, "dgx-a100", edit))
+    log = TaintLog()
+    service = services(node, log)
+    service.start()
+    update = log.wait_for(bool, "a taint update")
+    assert update == {"gpu-3": [{"key": "gpu.nvidia.com/unmonitored", "effect": "None"}]}
+    status = {s.device_name: s for s in service.snapshot()}["gpu-3"]
+    assert status.health == "Unknown"
+    assert "not supported" in status.message.lower() or "NOT_SUPPORTED" in status.message
+    service.poll_now()  # polls answer, but an unmonitored GPU stays reported as such
+    assert service.taints() == update
