@@ -213,7 +213,8 @@ static int parse_object(parser *ps, json_value *out, int depth) {
     if (ps->p < ps->end && *ps->p == '}') { advance(ps); return 1; }
     for (;;) {
         skip_ws(ps);
-        if (ps->p >= ps->end || *ps->p != '"') { fail(ps, "expected a member name in double quotes"); return 0; }
+        if (ps->p >= ps->end) { fail(ps, "unexpected end of input (unterminated object)"); return 0; }
+        if (*ps->p != '"') { fail(ps, "expected a member name in double quotes"); return 0; }
         if (!grow(ps, &out->items, &out->keys, out->n, &cap)) return 0;
         char *key = parse_string_raw(ps);
         if (!key) return 0;

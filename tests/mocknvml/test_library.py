@@ -64,8 +64,10 @@ int main(void) {
     if (!h) { printf("dlopen failed: %s\n", dlerror()); return 1; }
     int (*init)(void) = (int (*)(void))dlsym(h, "nvmlInit_v2");
     int (*count)(unsigned *) = (int (*)(unsigned *))dlsym(h, "nvmlDeviceGetCount_v2");
-    int (*byIndex)(unsigned, nvmlDevice_t *) = (int (*)(unsigned, nvmlDevice_t *))dlsym(h, "nvmlDeviceGetHandleByIndex_v2");
-    int (*name)(nvmlDevice_t, char *, unsigned) = (int (*)(nvmlDevice_t, char *, unsigned))dlsym(h, "nvmlDeviceGetName");
+    typedef int (*by_index_t)(unsigned, nvmlDevice_t *);
+    typedef int (*name_t)(nvmlDevice_t, char *, unsigned);
+    by_index_t byIndex = (by_index_t)dlsym(h, "nvmlDeviceGetHandleByIndex_v2");
+    name_t name = (name_t)dlsym(h, "nvmlDeviceGetName");
     int (*shutdown)(void) = (int (*)(void))dlsym(h, "nvmlShutdown");
     unsigned n = 0;
     char buf[96];
