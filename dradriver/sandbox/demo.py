@@ -1,0 +1,274 @@
+"""``dradriver demo``: the whole driver end to end on a machine with no GPU and no cluster, narrated.
+
+The real kubelet plugin (:func:`dradriver.app.start_plugin`) runs against the bundled mock
+``libnvidia-ml.so.1``, the in-process Kubernetes API emulator over HTTP and the kubelet emulator over the
+plugin's Unix sockets. Claims are allocated by the scheduler emulator (our allocation simulator) and prepared
+through NodePrepareResources exactly as on a node. Steps:
+
+1. start the plugin, the API emulator and the kubelet emulator (the kubelet registers the plugin);
+2. show the published ResourceSlice;
+3. apply DeviceClasses and the ``big-gpu`` template with Pod ``dra-gpu-pod`` (a GPU with at least 40Gi),
+   allocate, prepare, show the CDI spec and what ``nvidia-smi -L`` would print in the container;
+4. apply ResourceClaim ``shared-gpu`` with two pods: both get the same device from one preparation;
+5. tear down (unprepare, delete pods and claims) and check nothing is left (CDI specs, claim state).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any, TextIO
+
+import yaml
+
+from dradriver.app import Plugin, start_plugin
+from dradriver.domain.claims import ClaimRef
+from dradriver.domain.devices import GpuDevice, MigDevice
+from dradriver.errors import DradriverError
+from dradriver.sandbox import scheduler
+from dradriver.sandbox.apiserver import ApiServerEmulator
+from dradriver.sandbox.kubelet import KubeletEmulator, PluginConnection
+from dradriver.sandbox.node import SandboxNode
+
+POD_CLAIM_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
+
+
+class DemoError(DradriverError):
+    """A demo step did not produce what the driver promises; the message says which and why."""
+
+
+@dataclass
+class Narrator:
+    """Prints progress for people (text) or collects it for machines (``--output json``)."""
+
+    output: str = "text"
+    stream: TextIO = field(default_factory=lambda: sys.stdout)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    _started: float = field(default_factory=time.monotonic)
+
+    def step(self, number: int, title: str) -> None:
+        self.steps.append({"step": number, "title": title, "details": [], "seconds": 0.0})
+        self._step_started = time.monotonic()
+        if self.output == "text":
+            print(f"\n== {number}. {title}", file=self.stream)
+
+    def done(self) -> None:
+        seconds = time.monotonic() - self._step_started
+        self.steps[-1]["seconds"] = round(seconds, 3)
+        if self.output == "text":
+            print(f"   ({seconds * 1000:.0f} ms)", file=self.stream)
+
+    def say(self, text: str, **data: Any) -> None:
+        self.steps[-1]["details"].append({"text": text, **data})
+        if self.output == "text":
+            for line in text.splitlines():
+                print(f"   {line}", file=self.stream)
+
+    @property
+    def total_seconds(self) -> float:
+        return round(time.monotonic() - self._started, 3)
+
+
+def _manifests(name: str) -> list[dict[str, Any]]:
+    text = resources.files("dradriver.sandbox").joinpath("manifests", name).read_text()
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def device_table(slices: list[dict[str, Any]]) -> str:
+    """A short table of the devices of ``slices``: name, type, product, memory, and what tells them apart."""
+    rows = [("DEVICE", "TYPE", "PRODUCT", "MEMORY", "DETAILS")]
+    for obj in slices:
+        for dev in obj["spec"].get("devices") or []:
+            attrs = dev.get("attributes", {})
+
+            def val(key: str, attrs: dict[str, Any] = attrs) -> str:
+                v = attrs.get(key) or {}
+                return str(next(iter(v.values()), "")) if v else ""
+
+            memory = (dev.get("capacity", {}).get("memory") or {}).get("value", "")
+            details = val("profile") or f"cc {val('cudaComputeCapability')}, {val('architecture')}"
+            rows.append((dev["name"], val("type"), val("productName"), memory, details))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+
+
+def nvidia_smi_line(device: GpuDevice | MigDevice) -> str:
+    """What ``nvidia-smi -L`` prints in a container that sees exactly ``device`` (gpu-facts.md 3.1)."""
+    if isinstance(device, MigDevice):
+        parent = device.parent
+        return (f"GPU 0: {parent.product_name} (UUID: {parent.uuid})\n"
+                f"  MIG {device.profile:<12} Device  0: (UUID: {device.uuid})")
+    return f"GPU 0: {device.product_name} (UUID: {device.uuid})"
+
+
+def _claim_from_template(api: ApiServerEmulator, pod: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
+    """What the resourceclaim controller does for a pod's ``resourceClaimTemplateName`` entry."""
+    ns = pod["metadata"]["namespace"]
+    template = api.get("ResourceClaimTemplate", entry["resourceClaimTemplateName"], ns)
+    if template is None:
+        raise DemoError(f"ResourceClaimTemplate {ns}/{entry['resourceClaimTemplateName']} not found")
+    claim = api.create({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {
+            "name": f"{pod['metadata']['name']}-{entry['name']}-{uuid.uuid4().hex[:5]}",
+            "namespace": ns,
+            "annotations": {POD_CLAIM_ANNOTATION: entry["name"]},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pod["metadata"]["name"],
+                                 "uid": pod["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}],
+        },
+        "spec": template["spec"]["spec"],
+    })
+    status = pod.setdefault("status", {}).setdefault("resourceClaimStatuses", [])
+    status.append({"name": entry["name"], "resourceClaimName": claim["metadata"]["name"]})
+    return claim
+
+
+def _ref(claim: dict[str, Any]) -> ClaimRef:
+    meta = claim["metadata"]
+    return ClaimRef(meta["namespace"], meta["name"], meta["uid"])
+
+
+def _pod_ref(pod: dict[str, Any]) -> dict[str, str]:
+    return {"resource": "pods", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}
+
+
+async def _prepare(kubelet: PluginConnection, claim: dict[str, Any]) -> Any:
+    ref = _ref(claim)
+    result = (await kubelet.prepare([ref]))[ref.uid]
+    if result.error:
+        raise DemoError(f"NodePrepareResources failed for claim {ref}: {result.error}")
+    return result
+
+
+@dataclass
+class DemoRun:
+    """The running demo's parts, for ``--serve`` and for tests."""
+
+    sandbox: SandboxNode
+    plugin: Plugin
+    kubelet: KubeletEmulator
+    connection: PluginConnection
+
+
+@contextlib.asynccontextmanager
+async def started(profile: str, node_name: str, narrator: Narrator) -> Any:
+    """Step 1 and 2: start everything and show the ResourceSlice; stops everything on exit."""
+    narrator.step(1, f"Start the kubelet plugin on node {node_name} (mock NVML profile {profile})")
+    with SandboxNode(profile=profile, node_name=node_name) as sandbox:
+        assert sandbox.api is not None
+        plugin = await start_plugin(sandbox.config(log_level="warning"))
+        try:
+            narrator.say(f"Kubernetes API emulator at {sandbox.api.url}")
+            narrator.say(f"DRA socket {plugin.servers.dra_socket}")
+            async with KubeletEmulator(sandbox.config().kubelet_registrar_directory_path) as kubelet:
+                connection = await kubelet.wait_for_plugin("gpu.nvidia.com", timeout=15)
+                narrator.say(f"kubelet registered gpu.nvidia.com via {connection.registration_socket.name}, "
+                             f"speaking {connection.service}")
+                inv = plugin.inventory
+                narrator.say(f"NVML: driver {inv.versions.driver}, CUDA {inv.versions.cuda_driver_text}, "
+                             f"{len(inv.gpus)} GPU(s), {len(inv.migs)} MIG device(s)"
+                             + (f", NVLink clique {inv.clique.id}" if inv.clique else ""))
+                narrator.done()
+                narrator.step(2, "The published ResourceSlice")
+                deadline = time.monotonic() + 15
+                while not sandbox.api.objects("ResourceSlice"):
+                    if time.monotonic() > deadline:
+                        raise DemoError("no ResourceSlice was published within 15 s")
+                    await asyncio.sleep(0.02)
+                slices = sandbox.api.objects("ResourceSlice")
+                names = ", ".join(s["metadata"]["name"] for s in slices)
+                narrator.say(f"{len(slices)} ResourceSlice(s) in pool {node_name}: {names}",
+                             slices=[s["metadata"]["name"] for s in slices])
+                narrator.say(device_table(slices))
+                narrator.done()
+                yield DemoRun(sandbox, plugin, kubelet, connection)
+        finally:
+            await plugin.stop()
+
+
+async def run_scenarios(run: DemoRun, narrator: Narrator) -> None:
+    """Steps 3 to 5."""
+    api = run.sandbox.api
+    assert api is not None
+    plugin, kubelet = run.plugin, run.connection
+    node = run.sandbox.node_name
+
+    narrator.step(3, "One GPU with at least 40Gi: ResourceClaimTemplate big-gpu and Pod dra-gpu-pod")
+    for obj in _manifests("deviceclasses.yaml"):
+        api.create(obj)
+    template, pod = _manifests("gpu-40gi.yaml")
+    api.create(template)
+    pod = api.create(pod)
+    claim = _claim_from_template(api, pod, pod["spec"]["resourceClaims"][0])
+    [claim] = scheduler.allocate(api, [("default", claim["metadata"]["name"])], node_name=node,
+                                 reserved_for=[_pod_ref(pod)])
+    [alloc] = claim["status"]["allocation"]["devices"]["results"]
+    narrator.say(f"claim {claim['metadata']['name']} allocated {alloc['device']} on {alloc['pool']} "
+                 "(selector: memory >= 40Gi)", device=alloc["device"])
+    result = await _prepare(kubelet, claim)
+    [prepared] = result.devices
+    narrator.say(f"NodePrepareResources -> CDI device {prepared.cdi_device_ids[0]}",
+                 cdi_device_ids=list(prepared.cdi_device_ids))
+    spec_path = run.sandbox.cdi_root / f"k8s.gpu.nvidia.com-claim_{claim['metadata']['uid']}.json"
+    spec = json.loads(spec_path.read_bytes())
+    nodes = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
+    common = [n["path"] for n in spec.get("containerEdits", {}).get("deviceNodes", [])]
+    narrator.say(f"CDI spec {spec_path.name} (cdiVersion {spec['cdiVersion']}, kind {spec['kind']}): "
+                 f"device nodes {', '.join(nodes + common)}", cdi_spec=spec)
+    device = plugin.inventory.find(alloc["device"])
+    assert device is not None
+    narrator.say("the container would see (nvidia-smi -L):\n  " + nvidia_smi_line(device).replace("\n", "\n  "),
+                 nvidia_smi=nvidia_smi_line(device))
+    narrator.done()
+
+    narrator.step(4, "One ResourceClaim shared-gpu referenced by two pods")
+    shared, pod1, pod2 = _manifests("shared-claim.yaml")
+    api.create(shared)
+    pod1, pod2 = api.create(pod1), api.create(pod2)
+    [shared] = scheduler.allocate(api, [("default", "shared-gpu")], node_name=node,
+                                  reserved_for=[_pod_ref(pod1), _pod_ref(pod2)])
+    before = plugin.driver.preparations
+    first = await _prepare(kubelet, shared)
+    second = await _prepare(kubelet, shared)
+    if first.devices != second.devices:
+        raise DemoError("the two pods of shared-gpu got different devices")
+    if plugin.driver.preparations - before != 1:
+        raise DemoError(f"shared-gpu was prepared {plugin.driver.preparations - before} times, expected once")
+    narrator.say(f"pod {pod1['metadata']['name']} and pod {pod2['metadata']['name']} both get "
+                 f"{first.devices[0].device_name} ({first.devices[0].cdi_device_ids[0]}); preparations: 1",
+                 device=first.devices[0].device_name)
+    narrator.done()
+
+    narrator.step(5, "Tear down and check that nothing is left behind")
+    for c in (claim, shared):
+        errors = await kubelet.unprepare([_ref(c)])
+        if any(errors.values()):
+            raise DemoError(f"NodeUnprepareResources failed: {errors}")
+    for p in (pod, pod1, pod2):
+        api.delete("Pod", p["metadata"]["name"], "default")
+    for c in (claim, shared):
+        if api.get("ResourceClaim", c["metadata"]["name"], "default") is not None:
+            api.delete("ResourceClaim", c["metadata"]["name"], "default")
+    leftovers = run.sandbox.cdi_specs()
+    if leftovers or len(plugin.state):
+        raise DemoError(f"left behind: CDI specs {[p.name for p in leftovers]}, {len(plugin.state)} claim(s) in state")
+    narrator.say("unprepared 2 claims, deleted 3 pods and 2 claims; CDI specs: 0, prepared claims: 0")
+    narrator.done()
+
+
+async def demo(*, profile: str, node_name: str, narrator: Narrator,
+               serve: Callable[[DemoRun], Any] | None = None) -> None:
+    """Run the demo; with ``serve``, stop after step 2 and await ``serve(run)`` instead of steps 3-5."""
+    async with started(profile, node_name, narrator) as run:
+        if serve is not None:
+            await serve(run)
+        else:
+            await run_scenarios(run, narrator)

@@ -1,0 +1,78 @@
+"""``dradriver demo``: the main job, end to end, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dradriver.kube import client as kube_client
+from dradriver.sandbox.kubelet import SyncKubeletEmulator
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dradriver", "demo", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_demo_runs_to_the_end() -> None:
+    proc = _run()
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    for step in range(1, 6):
+        assert f"== {step}." in out
+    assert "GPU 0: NVIDIA GB200 (UUID: GPU-" in out
+    assert "preparations: 1" in out
+    assert "CDI specs: 0, prepared claims: 0" in out
+    assert "every step succeeded" in out
+
+
+@pytest.mark.parametrize("profile", ["dgx-a100", "dgx-h100"])
+def test_demo_json_output_for_other_profiles(profile: str) -> None:
+    proc = _run("--profile", profile, "--output", "json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["ok"] is True and report["profile"] == profile
+    assert [s["step"] for s in report["steps"]] == [1, 2, 3, 4, 5]
+    step3 = report["steps"][2]
+    smi = next(d["nvidia_smi"] for d in step3["details"] if "nvidia_smi" in d)
+    assert smi.startswith("GPU 0: NVIDIA ")
+    spec = next(d["cdi_spec"] for d in step3["details"] if "cdi_spec" in d)
+    assert spec["kind"] == "k8s.gpu.nvidia.com/claim"
+
+
+def test_demo_with_unknown_profile_fails_clearly() -> None:
+    proc = _run("--profile", "no-such-node")
+    assert proc.returncode != 0
+    assert "no-such-node" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_demo_serve_keeps_the_driver_running_for_other_tools() -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "dradriver", "demo", "--serve", "--output", "json"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        info = json.loads(proc.stdout.readline())
+        assert os.path.exists(info["dra_socket"]) and os.path.exists(info["registration_socket"])
+        client = kube_client.open_client(info["kubeconfig"])
+        slices = client.call("list slices", client.resource.list_resource_slice)
+        assert [s["spec"]["nodeName"] for s in slices["items"]] == [info["node_name"]]
+        client.close()
+        with SyncKubeletEmulator(Path(info["registration_socket"]).parent) as kubelet:
+            plugin = kubelet.wait_for_plugin("gpu.nvidia.com", timeout=10)
+            assert plugin.prepare([]) == {}
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+        assert not os.path.exists(info["dra_socket"])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
