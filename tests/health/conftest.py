@@ -144,7 +144,9 @@ class Services:
 
     made: list[HealthService] = field(default_factory=list)
 
-    def __call__(self, node: MockNode, taints: TaintLog | None = None, **overrides: Any) -> HealthService:
+    def __call__(
+        self, node: MockNode, taints: Callable[[TaintMap], None] | None = None, **overrides: Any
+    ) -> HealthService:
         settings: dict[str, Any] = dict(
             pool_name="node-a",
             session=node.session,

@@ -1,0 +1,115 @@
+"""The kubelet health stream: HealthService as the source of v1alpha1.DRAResourceHealth, read by the kubelet
+emulator (a client built from our protos) over a real Unix socket."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dradriver import DRIVER_NAME
+from dradriver.config import PluginConfig
+from dradriver.driver.health import HealthService
+from dradriver.sandbox.kubelet import DeviceHealthReport, KubeletEmulator
+from dradriver.server import start_servers
+
+from .conftest import MockNode, NullPreparer, Services, TaintLog
+
+pytestmark = pytest.mark.timeout(30)
+
+Snapshot = list[DeviceHealthReport]
+
+
+def _config(base: Path) -> PluginConfig:
+    return PluginConfig(
+        node_name="node-a",
+        kubelet_registrar_directory_path=base / "registry",
+        kubelet_plugins_directory_path=base / "plugins",
+        healthcheck_port=-1,
+    )
+
+
+async def _with_stream(base: Path, service: HealthService, body: Callable[[Any], Any]) -> Any:
+    servers = await start_servers(_config(base), NullPreparer(), health_source=service)
+    try:
+        async with KubeletEmulator(base / "registry") as kubelet:
+            plugin = await kubelet.wait_for_plugin(DRIVER_NAME)
+            assert "v1alpha1.DRAResourceHealth" in plugin.supported_versions
+            stream = plugin.watch_health()
+            try:
+                return await body(stream)
+            finally:
+                await stream.aclose()
+    finally:
+        await servers.stop()
+
+
+async def _next_matching(stream: Any, predicate: Callable[[Snapshot], bool]) -> Snapshot:
+    async for snapshot in stream:
+        if predicate(snapshot):
+            return list(snapshot)
+    raise AssertionError("health stream ended")
+
+
+def _by_name(snapshot: Snapshot) -> dict[str, DeviceHealthReport]:
+    return {d.device_name: d for d in snapshot}
+
+
+def test_stream_reports_xid_79_unhealthy_with_a_message_and_recovery(
+    mock_node: Any, services: Services, short_dir: Path
+) -> None:
+    node: MockNode = mock_node("dgx-a100")
+    log = TaintLog()
+    service = services(node, log)
+    service.start()
+    published = {d.name for d in node.inventory.allocatable()}
+
+    async def body(stream: Any) -> None:
+        first = await anext(stream)
+        assert {d.device_name for d in first} == published  # complete list on open
+        assert {d.pool_name for d in first} == {"node-a"}
+        assert {d.health for d in first} == {"Healthy"}
+        node.xid(2, 79)
+        unhealthy = await _next_matching(stream, lambda s: _by_name(s)["gpu-2"].health == "Unhealthy")
+        report = _by_name(unhealthy)["gpu-2"]
+        assert "Xid 79" in report.message and node.gpu_uuid(2) in report.message
+        assert report.last_updated > 1_700_000_000
+        assert {d.device_name for d in unhealthy} == published
+        assert all(d.health == "Healthy" for d in unhealthy if d.device_name != "gpu-2")
+        await asyncio.to_thread(service.poll_now)
+        healthy = await _next_matching(stream, lambda s: _by_name(s)["gpu-2"].health == "Healthy")
+        assert _by_name(healthy)["gpu-2"].message == ""
+
+    asyncio.run(asyncio.wait_for(_with_stream(short_dir, service, body), 20))
+    assert log.updates[0] == {"gpu-2": [{"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}]}
+
+
+def test_stream_repeats_the_snapshot_without_changes(mock_node: Any, services: Services, short_dir: Path) -> None:
+    node: MockNode = mock_node("l4-inference")
+    service = services(node, snapshot_interval_s=0.05, health_timeout_s=45)
+    service.start()
+
+    async def body(stream: Any) -> list[Snapshot]:
+        return [await anext(stream) for _ in range(3)]
+
+    snapshots = asyncio.run(asyncio.wait_for(_with_stream(short_dir, service, body), 20))
+    names = {d.name for d in node.inventory.allocatable()}
+    for snapshot in snapshots:
+        assert {d.device_name for d in snapshot} == names
+        assert {(d.health, d.timeout_seconds) for d in snapshot} == {("Healthy", 45)}
+
+
+def test_stream_ends_when_the_service_stops(mock_node: Any, services: Services, short_dir: Path) -> None:
+    node: MockNode = mock_node("l4-inference")
+    service = services(node)
+    service.start()
+
+    async def body(stream: Any) -> int:
+        await anext(stream)
+        await asyncio.to_thread(service.stop)
+        return len([s async for s in stream])
+
+    assert asyncio.run(asyncio.wait_for(_with_stream(short_dir, service, body), 20)) <= 1
