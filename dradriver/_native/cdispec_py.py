@@ -209,9 +209,7 @@ class _Needs:
 
 
 def _node(value: object, where: str, needs: _Needs) -> dict[str, Any]:
-    rec = _record(
-        value, where, 9, "(path, hostPath, type, major, minor, fileMode, permissions, uid, gid)"
-    )
+    rec = _record(value, where, 9, "(path, hostPath, type, major, minor, fileMode, permissions, uid, gid)")
     out: dict[str, Any] = {"path": _abs_path(rec[0], f"{where}.path")}
     host = _abs_path(rec[1], f"{where}.hostPath", optional=True)
     if host:
@@ -305,10 +303,7 @@ def _edits(value: object, where: str, needs: _Needs) -> dict[str, Any]:
     env = [_env(e, f"{where}.env[{j}]") for j, e in enumerate(_seq(rec[0], f"{where}.env"))]
     if env:
         out["env"] = env
-    nodes = [
-        _node(n, f"{where}.deviceNodes[{j}]", needs)
-        for j, n in enumerate(_seq(rec[1], f"{where}.deviceNodes"))
-    ]
+    nodes = [_node(n, f"{where}.deviceNodes[{j}]", needs) for j, n in enumerate(_seq(rec[1], f"{where}.deviceNodes"))]
     if nodes:
         out["deviceNodes"] = nodes
     nets = _net_devices(rec[2], f"{where}.netDevices")
@@ -355,8 +350,14 @@ def _minimum(needs: _Needs, class_dot: bool, digit_name: bool) -> str:
 
 
 def _finish(
-    version: str | None, kind: str, spec_annotations: dict[str, str], devices: list[Any], common: dict[str, Any],
-    needs: _Needs, class_dot: bool, digit_name: bool,
+    version: str | None,
+    kind: str,
+    spec_annotations: dict[str, str],
+    devices: list[Any],
+    common: dict[str, Any],
+    needs: _Needs,
+    class_dot: bool,
+    digit_name: bool,
 ) -> bytes:
     minimum = _minimum(needs, class_dot, digit_name)
     if version is None:
