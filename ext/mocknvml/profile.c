@@ -295,7 +295,8 @@ static int load_gpu_instances(loadctx *c, mock_gpu *g, const json_value *arr) {
             } else {
                 const char *pn = cp->name;
                 if (strncmp(pn, "MIG ", 4) == 0) pn += 4;
-                snprintf(ci->name, sizeof ci->name, "%s MIG %s", g->name, pn);
+                int len = snprintf(ci->name, sizeof ci->name, "%s MIG %s", g->name, pn);
+                if (len < 0 || (size_t)len >= sizeof ci->name) { lerr(c, co, "MIG device name longer than %zu characters", sizeof ci->name - 1); return 0; }
             }
             if (g->nmig >= MOCK_MAX_MIG) { lerr(c, co, "too many MIG devices"); return 0; }
             g->migGi[g->nmig] = (unsigned char)id;
