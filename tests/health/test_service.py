@@ -173,3 +173,20 @@ def test_gpu_without_event_support_is_unmonitored(mock_node: Any, services: Serv
     assert "not supported" in status.message.lower() or "NOT_SUPPORTED" in status.message
     service.poll_now()  # polls answer, but an unmonitored GPU stays reported as such
     assert service.taints() == update
+
+
+def test_unhealthy_nvlink_fabric_taints_the_gpu_until_it_recovers(mock_node: Any, services: Services) -> None:
+    node: MockNode = mock_node("gb200-nvl72-node")
+    assert node.inventory.clique is not None
+    log = TaintLog()
+    service = services(node, log)
+    service.start()
+    node.control("set 1 fabric.healthSummary 2")  # NVML_GPU_FABRIC_HEALTH_SUMMARY_UNHEALTHY
+    service.poll_now()
+    update = log.wait_for(bool, "a taint update")
+    [name] = node.names_of(1)
+    assert update == {name: [{"key": "gpu.nvidia.com/fabric-unhealthy", "effect": "NoSchedule"}]}
+    assert "fabric health summary 2" in {s.device_name: s for s in service.snapshot()}[name].message
+    node.control("set 1 fabric.healthSummary 1")
+    service.poll_now()
+    assert log.wait_for(lambda t: t == {}, "the fabric taint to go") == {}
