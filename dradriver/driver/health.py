@@ -285,7 +285,7 @@ class HealthService:
                 self.on_nvml_error(code)
 
     def _collect_errors(self, source: Mapping[int, int], seen: dict[int, int]) -> None:
-        for code, total in source.items():
+        for code, total in dict(source).items():  # copy: the owning thread may add codes meanwhile
             new = total - seen.get(code, 0)
             if new > 0:
                 self._count_error(code, new)
