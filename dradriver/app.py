@@ -17,16 +17,19 @@ from typing import Any
 
 from dradriver import DRIVER_NAME
 from dradriver.config import PluginConfig
-from dradriver.domain import cdi, resourceslices
+from dradriver.domain import cdi, driverfiles, resourceslices
 from dradriver.domain.claims import ClaimRef
 from dradriver.domain.claimstate import ClaimState, ClaimStateCorruptError, ClaimStateProblem
 from dradriver.domain.devices import NodeInventory
+from dradriver.domain.health import DEFAULT_IGNORED_XIDS
 from dradriver.driver import guard
+from dradriver.driver.health import HealthService
+from dradriver.driver.metrics import DriverMetrics, MetricsServer, serve_metrics
 from dradriver.driver.plugin import Driver, RecoveryReport
 from dradriver.kube import claims as kube_claims
 from dradriver.kube import client as kube_client
 from dradriver.kube import errors as kube_errors
-from dradriver.kube import events, nodes
+from dradriver.kube import events, nodes, version
 from dradriver.kube.resourceslices import SlicePublisher
 from dradriver.nvml import discovery
 from dradriver.nvml.session import NvmlSession, open_session
@@ -50,6 +53,9 @@ class Plugin:
     guard_verdict: guard.GuardVerdict
     recovery: RecoveryReport
     state_problems: tuple[ClaimStateProblem, ...]
+    health: HealthService
+    metrics: DriverMetrics
+    metrics_server: MetricsServer | None = None
     _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
     _stopped: bool = False
 
@@ -58,7 +64,7 @@ class Plugin:
         inventory = self.inventory
         if self.guard_verdict.refuse:
             inventory = NodeInventory(versions=inventory.versions, gpus=())
-        return resourceslices.build_resource_slices(inventory, self.config.node_name)
+        return resourceslices.build_resource_slices(inventory, self.config.node_name, taints=self.health.taints())
 
     def republish(self) -> None:
         """Hand the publisher the current desired state (coalesced, thread-safe)."""
@@ -71,6 +77,9 @@ class Plugin:
         self._stopped = True
         self.publisher.stop()
         await self.servers.stop(grace=grace_s)
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
+        await asyncio.to_thread(self.health.stop)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -94,6 +103,26 @@ def _node_info(config: PluginConfig) -> cdi.DeviceNodeInfo:
         mig_minors=config.proc_root / "driver" / "nvidia-caps" / "mig-minors",
         capabilities_dir=config.proc_root / "driver" / "nvidia" / "capabilities",
     )
+
+
+def _driver_edits(config: PluginConfig, driver_version: str) -> cdi.ContainerEdits:
+    """Spec-level edits giving containers the driver's user space, found once (they change only with the driver).
+
+    With a real driver a root without ``libcuda.so.<version>`` is an error; with the mock NVML
+    (``--mock-profile``) it means no driver files, and claim specs carry device nodes only.
+
+    :raises driverfiles.DriverFilesError: the driver root does not hold driver ``driver_version``.
+    """
+    files = driverfiles.discover_driver_files(
+        config.container_driver_root, driver_version,
+        firmware_path=driverfiles.read_firmware_path(config.sysfs_root), require=not config.mock_profile)
+    if not files.found:
+        log.info("no files of NVIDIA driver %s under %s (mock NVML): claim CDI specs carry device nodes only",
+                 driver_version, config.container_driver_root)
+        return cdi.ContainerEdits()
+    log.info("NVIDIA driver %s: %d file(s) under %s mounted into claim containers from %s", driver_version,
+             files.count(), config.container_driver_root, config.nvidia_driver_root)
+    return cdi.driver_edits(files, host_root=str(config.nvidia_driver_root), hook_path=config.nvidia_cdi_hook_path)
 
 
 def _report_event(client: kube_client.KubeClient, config: PluginConfig, node_uid: str, reason: str,
@@ -122,6 +151,15 @@ def _open_state(config: PluginConfig) -> tuple[ClaimState, tuple[ClaimStateProbl
     return state, tuple(problems)
 
 
+def _supports_informational_taints(client: kube_client.KubeClient) -> bool:
+    """DeviceTaint effect ``None`` exists from Kubernetes 1.35; older servers get no informational taints."""
+    try:
+        return version.server_version(client) >= (1, 35)
+    except kube_errors.KubeAPIError as exc:
+        log.warning("cannot read the API server version (%s); informational taints disabled", exc)
+        return False
+
+
 async def start_plugin(config: PluginConfig) -> Plugin:
     """Start every part of the kubelet plugin and return it running.
 
@@ -140,6 +178,7 @@ async def start_plugin(config: PluginConfig) -> Plugin:
         log.info("discovered %d GPU(s), %d MIG device(s), %d allocatable device(s)%s", len(inventory.gpus),
                  len(inventory.migs), len(inventory.allocatable()),
                  f", clique {inventory.clique.id}" if inventory.clique else "")
+        common = await asyncio.to_thread(_driver_edits, config, inventory.versions.driver)
         client = kube_client.open_client(config.kubeconfig)
         stack.callback(client.close)
         node_obj: dict[str, Any] | None = None
@@ -164,16 +203,41 @@ async def start_plugin(config: PluginConfig) -> Plugin:
         def fetch(ref: ClaimRef) -> Any:
             return kube_claims.fetch_claim(client, ref, driver=DRIVER_NAME, pool=config.node_name)
 
+        metrics = DriverMetrics(node=config.node_name)
         driver = Driver(inventory=inventory, state=state, fetch_claim=fetch, cdi_root=config.cdi_root,
-                        node_info=_node_info(config), pool=config.node_name)
+                        node_info=_node_info(config), pool=config.node_name, metrics=metrics,
+                        common=common)
         damaged = any(p.damage for p in problems)
         recovery = await asyncio.to_thread(lambda: driver.recover(state_damaged=damaged))
-        servers = await start_servers(config, driver)
+
+        def publish_error(exc: Exception) -> None:
+            metrics.count_publish_error(type(exc).__name__)
+            log.warning("ResourceSlice publish failed: %s", exc)
+
         publisher = SlicePublisher(client, driver=DRIVER_NAME, node_name=config.node_name, node_uid=node_uid,
-                                   on_error=lambda exc: log.warning("ResourceSlice publish failed: %s", exc))
+                                   on_error=publish_error,
+                                   on_publish=lambda result: metrics.observe_publish() if result.wrote else None)
+        informational = await asyncio.to_thread(_supports_informational_taints, client)
+        plugin_ref: list[Plugin] = []
+        health = HealthService(
+            inventory,
+            pool_name=config.node_name,
+            session=session,
+            ignored_xids=DEFAULT_IGNORED_XIDS | set(config.additional_xids_to_ignore),
+            informational_taints=informational,
+            on_taints_changed=lambda _taints: plugin_ref[0].republish() if plugin_ref else None,
+            on_nvml_error=metrics.count_nvml_error,
+        )
+        metrics.attach_devices(health, claim_of=lambda device: driver.prepared_devices().get(device))
+        await asyncio.to_thread(health.start)
+        stack.callback(health.stop)
+        servers = await start_servers(config, driver, health_source=health)
         plugin = Plugin(config=config, session=session, inventory=inventory, client=client, state=state,
                         driver=driver, servers=servers, publisher=publisher, guard_verdict=verdict,
-                        recovery=recovery, state_problems=problems)
+                        recovery=recovery, state_problems=problems, health=health, metrics=metrics)
+        plugin_ref.append(plugin)
+        if config.http_endpoint:
+            plugin.metrics_server = serve_metrics(metrics.registry, config.http_endpoint, config.metrics_path)
         plugin._tasks.append(asyncio.create_task(publisher.run(), name="resourceslice-publisher"))
         plugin.republish()
     except BaseException:

@@ -22,6 +22,7 @@ ours that no stored claim owns, so the node converges after a SIGKILL at any poi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
@@ -37,6 +38,7 @@ from dradriver.domain import cdi
 from dradriver.domain.claims import Claim, ClaimError, ClaimRef, ClaimResult, base_request_name
 from dradriver.domain.claimstate import ClaimConflictError, ClaimPhase, ClaimRecord, ClaimState, HeldDevice
 from dradriver.domain.devices import DeviceIndex, GpuDevice, MigDevice, NodeInventory
+from dradriver.driver.metrics import DriverMetrics
 from dradriver.errors import DradriverError
 
 log = logging.getLogger(__name__)
@@ -67,6 +69,8 @@ class Driver:
     :param cdi_root: directory for the per-claim CDI specs.
     :param node_info: where device-node numbers come from.
     :param pool: this node's pool name (the node name).
+    :param common: spec-level edits added to every claim spec (driver libraries, binaries, hooks), found once
+        at start (``dradriver.domain.driverfiles``, ``cdi.driver_edits``).
     :param on_change: called after every prepare/unprepare batch that changed the state (metrics).
     """
 
@@ -80,6 +84,8 @@ class Driver:
         node_info: cdi.DeviceNodeInfo,
         pool: str,
         on_change: Callable[[], None] | None = None,
+        metrics: DriverMetrics | None = None,
+        common: cdi.ContainerEdits | None = None,
     ) -> None:
         self.inventory = inventory
         self.index = DeviceIndex.build(inventory)
@@ -87,8 +93,10 @@ class Driver:
         self.fetch_claim = fetch_claim
         self.cdi_root = cdi_root
         self.node_info = node_info
+        self.common = common
         self.pool = pool
         self.on_change = on_change
+        self.metrics = metrics
         self._lock = threading.Lock()  # in-process serialisation; ClaimState adds the node-wide flock
         self._seq = itertools.count(1)
         self._unprepared_at: dict[str, int] = {}
@@ -98,11 +106,30 @@ class Driver:
     async def prepare_claims(self, claims: Sequence[ClaimRef]) -> Mapping[str, ClaimResult]:
         """Prepare a batch; every UID gets a result (see the module docstring)."""
         started = next(self._seq)
-        fetched = await asyncio.gather(*(asyncio.to_thread(self._fetch, ref) for ref in claims))
-        results = await asyncio.to_thread(self._prepare_all, list(zip(claims, fetched, strict=True)), started)
+        began = time.monotonic()
+        with self.metrics.in_flight("prepare") if self.metrics else contextlib.nullcontext():
+            fetched = await asyncio.gather(*(asyncio.to_thread(self._fetch, ref) for ref in claims))
+            results = await asyncio.to_thread(self._prepare_all, list(zip(claims, fetched, strict=True)), started)
+        if self.metrics is not None:
+            seconds = time.monotonic() - began
+            for res in results.values():
+                outcome = "success" if res.ok else "error"
+                self.metrics.observe_prepare(outcome, seconds, error_type=None if res.ok else "prepare_devices")
+        self._changed()
+        return results
+
+    def _changed(self) -> None:
+        if self.metrics is not None:
+            claims = self.state.claims()
+            by_type: dict[str, int] = {}
+            for record in claims.values():
+                for dev in record.devices:
+                    found = self.index.by_name.get(dev.device)
+                    kind = "unknown" if found is None else ("mig" if isinstance(found, MigDevice) else "gpu")
+                    by_type[kind] = by_type.get(kind, 0) + 1
+            self.metrics.set_prepared(len(claims), by_type)
         if self.on_change is not None:
             self.on_change()
-        return results
 
     def _fetch(self, ref: ClaimRef) -> Claim | str:
         try:
@@ -146,7 +173,7 @@ class Driver:
                 payload=str(cdi.claim_spec_path(self.cdi_root, ref.uid)),
             )
             try:
-                cdi.write_claim_spec(self.cdi_root, ref.uid, devices, node_info=self.node_info)
+                cdi.write_claim_spec(self.cdi_root, ref.uid, devices, node_info=self.node_info, common=self.common)
                 self.state.prepare_completed(ref.uid)
             except BaseException:
                 self._roll_back(ref.uid)
@@ -201,7 +228,7 @@ class Driver:
         if len(devices) != len(record.devices):
             missing = sorted(d.device for d in record.devices if d.device not in self.index.by_name)
             raise ClaimError(record.ref, f"CDI spec vanished and devices {missing} are no longer on this node")
-        cdi.write_claim_spec(self.cdi_root, record.uid, devices, node_info=self.node_info)
+        cdi.write_claim_spec(self.cdi_root, record.uid, devices, node_info=self.node_info, common=self.common)
         log.warning("rewrote the vanished CDI spec of claim %s", record.ref)
 
     def _roll_back(self, uid: str) -> None:
@@ -213,9 +240,15 @@ class Driver:
     # -------------------------------------------------------------------------------- unprepare
     async def unprepare_claims(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
         """Unprepare a batch from stored state alone; returns UID -> error ("" on success)."""
-        results = await asyncio.to_thread(self._unprepare_all, list(claims))
-        if self.on_change is not None:
-            self.on_change()
+        began = time.monotonic()
+        with self.metrics.in_flight("unprepare") if self.metrics else contextlib.nullcontext():
+            results = await asyncio.to_thread(self._unprepare_all, list(claims))
+        if self.metrics is not None:
+            seconds = time.monotonic() - began
+            for error in results.values():
+                outcome = "error" if error else "success"
+                self.metrics.observe_unprepare(outcome, seconds, error_type="unprepare_devices" if error else None)
+        self._changed()
         return results
 
     def _unprepare_all(self, claims: list[ClaimRef]) -> dict[str, str]:

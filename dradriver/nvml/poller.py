@@ -63,7 +63,8 @@ class PollLoop:
     def poll_once(self) -> nvmlfields.Sample:
         """Poll now on the calling thread, store and return the sample."""
         sample: nvmlfields.Sample = self._poller.poll()  # type: ignore[attr-defined]
-        for code in set(sample.status):  # type: ignore[attr-defined]
+        statuses: Sequence[int] = sample.status  # type: ignore[assignment]
+        for code in set(statuses):
             if code not in (nvmlfields.NVML_SUCCESS, nvmlfields.NVML_ERROR_NOT_SUPPORTED):
                 self.errors_by_code[code] = self.errors_by_code.get(code, 0) + 1
         self.latest = sample
