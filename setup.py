@@ -17,7 +17,7 @@ import sys
 from setuptools import setup
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tools import build_support  # noqa: E402
+from tools import build_support
 
 setup(
     ext_modules=build_support.extensions(
