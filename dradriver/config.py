@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dradriver import DRIVER_NAME
+from dradriver.domain.driverfiles import DEFAULT_CDI_HOOK_PATH
 from dradriver.errors import ConfigError
 
 
@@ -78,6 +79,14 @@ PLUGIN_FLAGS: tuple[Flag, ...] = (
         "DRIVER_ROOT_CTR_PATH",
         "/driver-root",
         "Where the driver root is mounted inside the plugin's container.",
+        "path",
+    ),
+    Flag(
+        "--nvidia-cdi-hook-path",
+        "NVIDIA_CDI_HOOK_PATH",
+        DEFAULT_CDI_HOOK_PATH,
+        "Host path of nvidia-cdi-hook (nvidia-container-toolkit), run by the hooks of claim CDI specs; "
+        f"empty means {DEFAULT_CDI_HOOK_PATH}.",
         "path",
     ),
     Flag("--dev-root", "DEV_ROOT", "/", "Root under which /dev device nodes are looked up.", "path"),
@@ -199,6 +208,7 @@ class PluginConfig:
     kubeconfig: str = ""
     nvidia_driver_root: Path = Path("/")
     container_driver_root: Path = Path("/driver-root")
+    nvidia_cdi_hook_path: str = DEFAULT_CDI_HOOK_PATH
     dev_root: Path = Path("/")
     sysfs_root: Path = Path("/sys")
     proc_root: Path = Path("/proc")
@@ -267,6 +277,9 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
     """
     if not args.node_name:
         raise ConfigError("--node-name (env NODE_NAME) is required")
+    hook_path = args.nvidia_cdi_hook_path or DEFAULT_CDI_HOOK_PATH
+    if not hook_path.startswith("/"):
+        raise ConfigError(f"--nvidia-cdi-hook-path (env NVIDIA_CDI_HOOK_PATH) {hook_path!r} is not an absolute path")
     return PluginConfig(
         node_name=args.node_name,
         cdi_root=Path(args.cdi_root),
@@ -276,6 +289,7 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         kubeconfig=args.kubeconfig,
         nvidia_driver_root=Path(args.nvidia_driver_root),
         container_driver_root=Path(args.container_driver_root),
+        nvidia_cdi_hook_path=hook_path,
         dev_root=Path(args.dev_root),
         sysfs_root=Path(args.sysfs_root),
         proc_root=Path(args.proc_root),

@@ -6,6 +6,12 @@ CDI root, and a ``proc`` tree holding ``devices`` (character-device majors as a 
 ``nvidia-uvm``, ``nvidia-caps`` and ``nvidia-caps-imex-channels`` loaded reports them, ``gpu-facts.md`` 5)
 and ``sys/kernel/random/boot_id``. The Kubernetes API is the in-process :class:`ApiServerEmulator` with this
 node's Node object; NVML is the bundled mock library with a chosen profile.
+
+By default the root also holds ``driver-root``, the plugin's ``--container-driver-root``, laid out like a
+host with the profile's NVIDIA driver version installed (empty files with the real names, see
+:func:`lay_out_driver_tree`), so claim CDI specs carry the driver mounts and hooks a real node gets. With
+``driver_files=False`` it stays empty: the plugin then finds no driver files, which with the mock NVML means
+specs with device nodes only.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from types import TracebackType
 from typing import Any
 
 from dradriver.config import PluginConfig
+from dradriver.nvml import mock
 from dradriver.sandbox.apiserver import ApiServerEmulator
 
 PROC_DEVICES = """Character devices:
@@ -37,6 +44,94 @@ Block devices:
 """``/proc/devices`` of a node with the NVIDIA driver loaded (majors seen on real nodes, gpu-facts.md 5)."""
 
 
+#: Libraries the NVIDIA installer puts next to libcuda, versioned with the driver: name -> SONAME suffix
+#: (``""`` for none). The installer also adds a development link ``<name>.so`` for those marked with ``+``.
+DRIVER_LIBRARIES: dict[str, str] = {
+    "libcuda+": "1",
+    "libnvidia-ml+": "1",
+    "libnvidia-ptxjitcompiler+": "1",
+    "libnvidia-nvvm+": "4",
+    "libnvidia-gpucomp": "",
+    "libnvidia-allocator+": "1",
+    "libnvidia-cfg+": "1",
+    "libnvidia-opencl": "1",
+    "libnvidia-encode+": "1",
+    "libnvcuvid+": "1",
+    "libnvidia-opticalflow": "1",
+    "libnvidia-fbc+": "1",
+    "libnvidia-glcore": "",
+    "libnvidia-glsi": "",
+    "libnvidia-tls": "",
+    "libnvidia-eglcore": "",
+    "libnvidia-glvkspirv": "",
+    "libnvidia-rtcore": "",
+    "libnvoptix": "1",
+    "libGLX_nvidia": "0",
+    "libEGL_nvidia": "0",
+    "libGLESv2_nvidia": "2",
+    "libGLESv1_CM_nvidia": "1",
+}
+DRIVER_BINARIES = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control",
+                   "nvidia-cuda-mps-server")
+GRAPHICS_CONFIG_FILES = ("usr/share/glvnd/egl_vendor.d/10_nvidia.json",
+                         "usr/share/egl/egl_external_platform.d/10_nvidia_wayland.json",
+                         "etc/vulkan/icd.d/nvidia_icd.json", "etc/OpenCL/vendors/nvidia.icd")
+
+
+def lay_out_driver_tree(root: Path, version: str, *, arch: str = "x86_64") -> Path:
+    """Create, under ``root``, the files of NVIDIA driver ``version`` as its installer lays them out; return root.
+
+    Empty files with the real names: the driver libraries (``<lib>.so.<version>`` plus SONAME and
+    development links) in ``usr/lib/<arch>-linux-gnu`` and its ``vdpau/``, two EGL platform libraries,
+    the binaries in ``usr/bin``, the nvidia-persistenced socket in ``run``, GSP firmware in
+    ``lib/firmware/nvidia/<version>`` and graphics configuration files. Existing files are kept.
+
+    :param arch: ``x86_64`` or ``aarch64`` (the Debian multiarch directory name).
+    """
+    libdir = root / "usr" / "lib" / f"{arch}-linux-gnu"
+    (libdir / "vdpau").mkdir(parents=True, exist_ok=True)
+
+    def touch(path: Path, mode: int = 0o644) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch(mode=mode, exist_ok=True)
+
+    def link(path: Path, target: str) -> None:
+        if not path.is_symlink():
+            path.symlink_to(target)
+
+    for key, soname in DRIVER_LIBRARIES.items():
+        name = key.rstrip("+")
+        real = f"{name}.so.{version}"
+        touch(libdir / real)
+        if soname:
+            link(libdir / f"{name}.so.{soname}", real)
+        if key.endswith("+"):
+            link(libdir / f"{name}.so", f"{name}.so.{soname}")
+    touch(libdir / "vdpau" / f"libvdpau_nvidia.so.{version}")
+    link(libdir / "vdpau" / "libvdpau_nvidia.so.1", f"libvdpau_nvidia.so.{version}")
+    for name, platform_version in (("libnvidia-egl-wayland", "1.1.19"), ("libnvidia-egl-gbm", "1.1.2")):
+        touch(libdir / f"{name}.so.{platform_version}")
+        link(libdir / f"{name}.so.1", f"{name}.so.{platform_version}")
+    for binary in DRIVER_BINARIES:
+        touch(root / "usr" / "bin" / binary, 0o755)
+    touch(root / "run" / "nvidia-persistenced" / "socket")
+    for firmware in ("gsp_ga10x.bin", "gsp_tu10x.bin"):
+        touch(root / "lib" / "firmware" / "nvidia" / version / firmware)
+    for config in GRAPHICS_CONFIG_FILES:
+        touch(root / config)
+    return root
+
+
+def _profile_driver_version(profile: str) -> str:
+    """The ``system.driverVersion`` of a mock NVML profile; ``""`` when the profile cannot be read (the
+    plugin then reports the bad profile itself)."""
+    try:
+        version = mock.load_profile(profile).get("system", {}).get("driverVersion", "")
+    except mock.MockNvmlError:
+        return ""
+    return version if isinstance(version, str) else ""
+
+
 @dataclass
 class SandboxNode:
     """One emulated GPU node. Use as a context manager; :meth:`close` removes everything it created.
@@ -44,12 +139,15 @@ class SandboxNode:
     :param profile: bundled mock NVML profile (``dradriver mock-profiles``) or a profile file path.
     :param node_name: the Node's name and the ResourceSlice pool name.
     :param api: an API emulator to use; a new one is started (and stopped on close) when ``None``.
+    :param driver_files: lay out the profile's driver files under :attr:`driver_root`
+        (:func:`lay_out_driver_tree`); when False the driver root stays empty.
     """
 
     profile: str = "gb200-nvl72-node"
     node_name: str = "gpu-node-1"
     api: ApiServerEmulator | None = None
     node_allocatable: dict[str, str] | None = None
+    driver_files: bool = True
     root: Path = field(init=False)
     _owns_api: bool = field(init=False, default=False)
 
@@ -58,6 +156,10 @@ class SandboxNode:
         for sub in ("registry", "plugins", "device-plugins", "cdi", "proc/sys/kernel/random", "sys", "dev"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         (self.root / "proc" / "devices").write_text(PROC_DEVICES)
+        self.driver_root.mkdir()
+        version = _profile_driver_version(self.profile) if self.driver_files else ""
+        if version:
+            lay_out_driver_tree(self.driver_root, version)
         self.set_boot_id(str(uuid.uuid4()))
         if self.api is None:
             self.api = ApiServerEmulator().start()
@@ -78,12 +180,18 @@ class SandboxNode:
             kubelet_registrar_directory_path=self.root / "registry",
             kubelet_plugins_directory_path=self.root / "plugins",
             kubelet_device_plugins_directory_path=self.root / "device-plugins",
+            container_driver_root=self.driver_root,
             dev_root=self.root,
             sysfs_root=self.root / "sys",
             proc_root=self.root / "proc",
             mock_profile=self.profile,
         )
         return replace(base, **overrides)
+
+    @property
+    def driver_root(self) -> Path:
+        """The plugin's ``--container-driver-root`` (the host's driver root is ``/``)."""
+        return self.root / "driver-root"
 
     @property
     def cdi_root(self) -> Path:

@@ -1,0 +1,418 @@
+"""The NVIDIA driver's user-space files a GPU container needs, found under a driver root.
+
+What is looked for is what nvidia-container-toolkit mounts in its ``nvml`` mode (reference ``cdi.md`` 4.6;
+NVIDIA's GPU plugin puts exactly these common edits at spec level of every claim spec, ``cdi.md`` 5.1 and
+``nvidia-dra-driver.md`` 5.1):
+
+* driver libraries: every ``*.so.<driver version>`` in the directories holding ``libcuda.so.<version>`` and
+  in their ``vdpau/`` subdirectory (libcuda, libnvidia-ml, libnvidia-ptxjitcompiler, libnvidia-nvvm,
+  libnvidia-gpucomp, libnvidia-allocator, libnvidia-cfg, libnvidia-opencl, libnvidia-encode, libnvcuvid,
+  libnvidia-opticalflow, libGLX_nvidia, libEGL_nvidia, libvdpau_nvidia, ...), the legacy
+  ``libnvidia-nvvm70.so.*`` and the separately versioned EGL platform libraries (``libnvidia-egl-gbm``,
+  ``-wayland``, ``-wayland2``, ``-xcb``, ``-xlib``);
+* the symlinks a container's loader needs (``libcuda.so`` -> ``libcuda.so.1``, ``libGLX_indirect.so.0``,
+  ``libnvidia-opticalflow.so``, and every SONAME or ``.so`` link the host has for a mounted library);
+* binaries ``nvidia-smi``, ``nvidia-debugdump``, ``nvidia-persistenced``, ``nvidia-cuda-mps-control``,
+  ``nvidia-cuda-mps-server``, ``nvidia-imex``, ``nvidia-imex-ctl`` and ``nvidia-xconfig`` (first hit on the
+  toolkit's ``PATH``);
+* IPC endpoints: ``nvidia-persistenced/socket`` and ``nvidia-fabricmanager/socket`` under ``/run`` (then
+  ``/var/run``) and the MPS pipe directory ``/tmp/nvidia-mps``;
+* GSP firmware ``nvidia/<version>/gsp*.bin`` in the kernel's firmware search path;
+* graphics configuration files (glvnd, EGL platform, Vulkan, OpenCL ICD, X.Org) and the X.Org driver
+  modules ``nvidia_drv.so`` and ``libglxserver_nvidia.so.<version>``.
+
+Every path is reported as the container sees it ("inside the driver root as seen from ``/``"); symlinks are
+followed inside the root, an absolute link target meaning root + target, as a chroot would. Only :mod:`os`
+touches files here.
+
+A missing optional file is skipped. A missing ``libcuda.so.<version>`` or ``libnvidia-ml.so.<version>``
+means the root is not the driver installation NVML reported, and is an error.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import stat
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from dradriver.errors import DradriverError
+
+#: Where nvidia-container-toolkit installs its hook binary on the host (``cdi.md`` 4.7); the plugin's
+#: ``--nvidia-cdi-hook-path`` default.
+DEFAULT_CDI_HOOK_PATH = "/usr/bin/nvidia-cdi-hook"
+#: Library directories searched for ``libcuda.so.<version>``, in order (Debian multiarch, RPM, generic).
+LIBRARY_DIRS: tuple[str, ...] = (
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib64",
+    "/usr/lib/aarch64-linux-gnu",
+    "/lib64",
+    "/lib/x86_64-linux-gnu",
+    "/lib/aarch64-linux-gnu",
+    "/usr/lib",
+    "/lib",
+)
+#: The toolkit's executable search path (``/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin``).
+BINARY_DIRS: tuple[str, ...] = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+BINARIES: tuple[str, ...] = (
+    "nvidia-smi",
+    "nvidia-debugdump",
+    "nvidia-persistenced",
+    "nvidia-cuda-mps-control",
+    "nvidia-cuda-mps-server",
+    "nvidia-imex",
+    "nvidia-imex-ctl",
+    "nvidia-xconfig",
+)
+#: Sockets looked up under ``/run`` then ``/var/run``.
+IPC_SOCKETS: tuple[str, ...] = ("nvidia-persistenced/socket", "nvidia-fabricmanager/socket")
+MPS_PIPE_DIR = "/tmp/nvidia-mps"
+#: Separately versioned EGL platform libraries (glob patterns on the file name).
+GRAPHICS_LIBRARIES: tuple[str, ...] = (
+    "libnvidia-egl-gbm.so.*.*",
+    "libnvidia-egl-wayland.so.*.*",
+    "libnvidia-egl-wayland2.so.*.*",
+    "libnvidia-egl-xcb.so.*.*",
+    "libnvidia-egl-xlib.so.*.*",
+)
+LEGACY_NVVM = "libnvidia-nvvm70.so.*"
+#: Graphics configuration files: (preferred location, fallback location).
+GRAPHICS_CONFIGS: tuple[tuple[str, ...], ...] = (
+    ("/usr/share/glvnd/egl_vendor.d/10_nvidia.json", "/etc/glvnd/egl_vendor.d/10_nvidia.json"),
+    ("/usr/share/egl/egl_external_platform.d/15_nvidia_gbm.json",
+     "/etc/egl/egl_external_platform.d/15_nvidia_gbm.json"),
+    ("/usr/share/egl/egl_external_platform.d/10_nvidia_wayland.json",
+     "/etc/egl/egl_external_platform.d/10_nvidia_wayland.json"),
+    ("/usr/share/egl/egl_external_platform.d/09_nvidia_wayland2.json",
+     "/etc/egl/egl_external_platform.d/09_nvidia_wayland2.json"),
+    ("/usr/share/egl/egl_external_platform.d/20_nvidia_xcb.json",
+     "/etc/egl/egl_external_platform.d/20_nvidia_xcb.json"),
+    ("/usr/share/egl/egl_external_platform.d/20_nvidia_xlib.json",
+     "/etc/egl/egl_external_platform.d/20_nvidia_xlib.json"),
+    ("/usr/share/nvidia/nvoptix.bin",),
+    ("/usr/share/X11/xorg.conf.d/10-nvidia.conf",),
+    ("/usr/share/X11/xorg.conf.d/nvidia-drm-outputclass.conf",),
+    ("/etc/OpenCL/vendors/nvidia.icd",),
+    ("/etc/vulkan/icd.d/nvidia_icd.json", "/etc/vulkan/icd.d/nvidia_icd.x86_64.json",
+     "/etc/vulkan/icd.d/nvidia_icd.aarch64.json", "/usr/share/vulkan/icd.d/nvidia_icd.json",
+     "/usr/share/vulkan/icd.d/nvidia_icd.x86_64.json", "/usr/share/vulkan/icd.d/nvidia_icd.aarch64.json"),
+    ("/etc/vulkan/icd.d/nvidia_layers.json", "/usr/share/vulkan/icd.d/nvidia_layers.json"),
+    ("/etc/vulkan/implicit_layer.d/nvidia_layers.json", "/usr/share/vulkan/implicit_layer.d/nvidia_layers.json"),
+)
+#: Firmware search path after the ``firmware_class.path`` module parameter (``{release}`` = ``uname -r``).
+FIRMWARE_DIRS: tuple[str, ...] = (
+    "/lib/firmware/updates/{release}",
+    "/lib/firmware/updates",
+    "/lib/firmware/{release}",
+    "/lib/firmware",
+)
+_MAX_LINKS = 40
+_VERSION = re.compile(r"[0-9A-Za-z][0-9A-Za-z.+_-]*")
+
+
+class DriverFilesError(DradriverError):
+    """The driver root does not hold the driver NVML reported (no ``libcuda.so.<ver>`` or ``libnvidia-ml``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DriverFile:
+    """One file to mount: ``path`` in the container, ``source`` its canonical path in the driver root.
+
+    Both are absolute paths "as seen from ``/`` of the driver root"; they differ only when the file was
+    found through a symlink (a binary on ``PATH`` linking elsewhere).
+    """
+
+    path: str
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class DriverFiles:
+    """What :func:`discover_driver_files` found; every path relative to the driver root, starting with ``/``.
+
+    :param version: the driver version searched for (``nvmlSystemGetDriverVersion``, e.g. ``"580.105.08"``).
+    :param root: the directory searched (the driver root as this process sees it), for messages.
+    :param libraries: driver and graphics libraries, sorted.
+    :param libcuda_dirs: directories holding ``libcuda.so.<version>`` (``NVIDIA_CTK_LIBCUDA_DIR``).
+    :param links: ``(target, link)`` pairs for the ``create-symlinks`` hook, ``link`` absolute.
+    :param binaries: executables, in :data:`BINARIES` order.
+    :param ipc: sockets and the MPS pipe directory.
+    :param firmware: GSP firmware files, sorted.
+    :param graphics: configuration files and X.Org modules.
+    """
+
+    version: str
+    root: str
+    libraries: tuple[str, ...] = ()
+    libcuda_dirs: tuple[str, ...] = ()
+    links: tuple[tuple[str, str], ...] = ()
+    binaries: tuple[DriverFile, ...] = ()
+    ipc: tuple[DriverFile, ...] = ()
+    firmware: tuple[str, ...] = ()
+    graphics: tuple[DriverFile, ...] = ()
+
+    @property
+    def found(self) -> bool:
+        """True when the driver's libraries were found (an empty result has no libraries)."""
+        return bool(self.libraries)
+
+    @property
+    def library_dirs(self) -> tuple[str, ...]:
+        """Directories of :attr:`libraries`, each once, in first-seen order (``update-ldcache --folder``)."""
+        seen: dict[str, None] = {}
+        for lib in self.libraries:
+            seen.setdefault(os.path.dirname(lib), None)
+        return tuple(seen)
+
+    def count(self) -> int:
+        """How many files (libraries, binaries, IPC endpoints, firmware, graphics files) were found."""
+        return len(self.libraries) + len(self.binaries) + len(self.ipc) + len(self.firmware) + len(self.graphics)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Paths inside a root
+
+
+def resolve_in_root(root: Path | str, path: str) -> str | None:
+    """Canonical form of ``path`` inside ``root``, following symlinks as a chroot to ``root`` would.
+
+    An absolute link target restarts at ``root``; ``..`` never climbs above it.
+
+    :returns: an absolute path as seen from ``root`` (``"/usr/lib64/libcuda.so.1"``), or ``None`` when a
+        component is missing, unreadable, or the links loop (more than 40).
+    """
+    base = os.fspath(root)
+    pending = [p for p in path.split("/") if p]
+    done: list[str] = []
+    links = 0
+    while pending:
+        part = pending.pop(0)
+        if part == ".":
+            continue
+        if part == "..":
+            if done:
+                done.pop()
+            continue
+        host = os.path.join(base, *done, part)
+        try:
+            st = os.lstat(host)
+        except OSError:
+            return None
+        if stat.S_ISLNK(st.st_mode):
+            links += 1
+            if links > _MAX_LINKS:
+                return None
+            try:
+                target = os.readlink(host)
+            except OSError:
+                return None
+            if target.startswith("/"):
+                done = []
+            pending = [p for p in target.split("/") if p] + pending
+            continue
+        done.append(part)
+    return "/" + "/".join(done)
+
+
+def _host(root: str, path: str) -> str:
+    return os.path.join(root, path.lstrip("/"))
+
+
+def _is_file(root: str, path: str) -> bool:
+    try:
+        return not stat.S_ISDIR(os.stat(_host(root, path)).st_mode)
+    except OSError:
+        return False
+
+
+def _is_dir(root: str, path: str) -> bool:
+    return os.path.isdir(_host(root, path))
+
+
+def _list(root: str, directory: str) -> list[str]:
+    try:
+        return sorted(os.listdir(_host(root, directory)))
+    except OSError:
+        return []
+
+
+def _unique(items: Iterable[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(items))
+
+
+def _canonical_dirs(root: str, dirs: Sequence[str]) -> list[str]:
+    out: list[str] = []
+    for d in dirs:
+        canonical = resolve_in_root(root, d)
+        if canonical is not None and _is_dir(root, canonical) and canonical not in out:
+            out.append(canonical)
+    return out
+
+
+def _find(root: str, directory: str, pattern: str) -> list[str]:
+    """Canonical paths of files in ``directory`` whose names match the glob ``pattern``, sorted by name."""
+    out: list[str] = []
+    for name in _list(root, directory):
+        if fnmatch.fnmatchcase(name, pattern):
+            canonical = resolve_in_root(root, f"{directory.rstrip('/')}/{name}")
+            if canonical is not None and _is_file(root, canonical):
+                out.append(canonical)
+    return out
+
+
+def _first(root: str, candidates: Iterable[str]) -> DriverFile | None:
+    for candidate in candidates:
+        canonical = resolve_in_root(root, candidate)
+        if canonical is not None and os.path.exists(_host(root, canonical)):
+            return DriverFile(candidate, canonical)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Discovery
+
+
+def _library_stem(name: str) -> str:
+    return name.split(".so", 1)[0]
+
+
+def _links(root: str, version: str, libcuda_dirs: Sequence[str], libraries: Sequence[str]) -> list[tuple[str, str]]:
+    """The ``create-symlinks`` pairs (``cdi.md`` 4.7), explicit ones first, then the host's own links."""
+    pairs: list[tuple[str, str]] = []
+    for d in libcuda_dirs:
+        pairs.append(("libcuda.so.1", f"{d}/libcuda.so"))
+        if f"{d}/libGLX_nvidia.so.{version}" in libraries:
+            pairs.append((f"libGLX_nvidia.so.{version}", f"{d}/libGLX_indirect.so.0"))
+        if f"{d}/libnvidia-opticalflow.so.{version}" in libraries:
+            pairs.append(("libnvidia-opticalflow.so.1", f"{d}/libnvidia-opticalflow.so"))
+    by_dir: dict[str, set[str]] = {}
+    for lib in libraries:
+        by_dir.setdefault(os.path.dirname(lib), set()).add(lib)
+    for d, libs in by_dir.items():
+        for name in _list(root, d):
+            link = f"{d}/{name}"
+            if link in libs or not os.path.islink(_host(root, link)):
+                continue
+            resolved = resolve_in_root(root, link)
+            if resolved not in libs:
+                continue
+            lib_name = os.path.basename(resolved)
+            if not re.fullmatch(re.escape(_library_stem(lib_name)) + r"\.so(\.[0-9]+)*", name):
+                continue  # only SONAME (lib.so.N) and development (lib.so) links
+            raw = os.readlink(_host(root, link))
+            target = raw if "/" not in raw else lib_name
+            pairs.append((target, link))
+    out: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for target, link in pairs:
+        if link not in seen:
+            seen.add(link)
+            out.append((target, link))
+    return out
+
+
+def _firmware(root: str, version: str, kernel_release: str, firmware_path: str) -> list[str]:
+    dirs = [firmware_path] if firmware_path else []
+    dirs += [d.format(release=kernel_release) for d in FIRMWARE_DIRS]
+    found: list[str] = []
+    for d in _canonical_dirs(root, dirs):
+        for path in _find(root, f"{d}/nvidia/{version}", "gsp*.bin"):
+            if path not in found:
+                found.append(path)
+    return sorted(found)
+
+
+def _xorg_modules(root: str, version: str, dirs: Sequence[str]) -> list[DriverFile]:
+    out: list[DriverFile] = []
+    for d in dirs:
+        for rel in ("xorg/modules/drivers/nvidia_drv.so", f"xorg/modules/extensions/libglxserver_nvidia.so.{version}"):
+            hit = _first(root, (f"{d}/{rel}",))
+            if hit is not None and hit.source not in {f.source for f in out}:
+                out.append(hit)
+    return out
+
+
+def discover_driver_files(
+    root: Path | str,
+    version: str,
+    *,
+    library_dirs: Sequence[str] = LIBRARY_DIRS,
+    kernel_release: str | None = None,
+    firmware_path: str = "",
+    require: bool = True,
+) -> DriverFiles:
+    """Find the driver's user-space files for ``version`` under ``root`` (``cdi.md`` 4.6).
+
+    :param root: the driver root as this process sees it (``--container-driver-root``, e.g. ``/driver-root``).
+    :param version: the driver version NVML reports (``DriverVersions.driver``), e.g. ``"580.105.08"``.
+    :param library_dirs: where to look for ``libcuda.so.<version>``; defaults to :data:`LIBRARY_DIRS`.
+    :param kernel_release: ``uname -r`` for the firmware search path; defaults to this kernel's.
+    :param firmware_path: the ``firmware_class.path`` module parameter (searched first when not empty).
+    :param require: when False, a root without ``libcuda.so.<version>`` gives an empty result instead of an
+        error (mock NVML nodes have no driver files).
+    :raises DriverFilesError: ``libcuda.so.<version>`` or ``libnvidia-ml.so.<version>`` is missing (and
+        ``require``), or ``version`` is not a version string.
+    """
+    base = os.fspath(root)
+    if not isinstance(version, str) or not _VERSION.fullmatch(version):
+        raise DriverFilesError(f"driver version {version!r} from NVML is not usable to find the driver's files")
+    dirs = _canonical_dirs(base, library_dirs)
+    libcuda_dirs = [d for d in dirs if _is_file(base, f"{d}/libcuda.so.{version}")]
+    if not libcuda_dirs:
+        if not require:
+            return DriverFiles(version=version, root=base)
+        raise DriverFilesError(
+            f"libcuda.so.{version} not found under driver root {base} (searched {', '.join(library_dirs)}): "
+            f"--container-driver-root (DRIVER_ROOT_CTR_PATH) must be where the host's --nvidia-driver-root "
+            f"(NVIDIA_DRIVER_ROOT) is mounted, and that root must hold driver {version}"
+        )
+    libraries: list[str] = []
+    for d in libcuda_dirs:
+        for sub in (d, f"{d}/vdpau"):
+            libraries += _find(base, sub, f"*.so.{version}")
+        libraries += _find(base, d, LEGACY_NVVM)
+        for pattern in GRAPHICS_LIBRARIES:
+            libraries += _find(base, d, pattern)
+    libraries = sorted(_unique(libraries))
+    if not any(os.path.basename(lib) == f"libnvidia-ml.so.{version}" for lib in libraries):
+        raise DriverFilesError(
+            f"libnvidia-ml.so.{version} not found next to libcuda.so.{version} in {', '.join(libcuda_dirs)} "
+            f"under driver root {base}: the driver installation is incomplete or of another version"
+        )
+    binaries = [
+        hit for hit in (_first(base, (f"{d}/{name}" for d in BINARY_DIRS)) for name in BINARIES) if hit is not None
+    ]
+    ipc = [hit for hit in (_first(base, (f"/run/{s}", f"/var/run/{s}")) for s in IPC_SOCKETS) if hit is not None]
+    mps = resolve_in_root(base, MPS_PIPE_DIR)
+    if mps is not None and _is_dir(base, mps):
+        ipc.append(DriverFile(MPS_PIPE_DIR, mps))
+    graphics = [hit for hit in (_first(base, candidates) for candidates in GRAPHICS_CONFIGS) if hit is not None]
+    graphics += _xorg_modules(base, version, _unique(dirs + _canonical_dirs(base, ("/usr/lib", "/usr/lib64"))))
+    release = kernel_release if kernel_release is not None else os.uname().release
+    return DriverFiles(
+        version=version,
+        root=base,
+        libraries=tuple(libraries),
+        libcuda_dirs=tuple(libcuda_dirs),
+        links=tuple(_links(base, version, libcuda_dirs, libraries)),
+        binaries=tuple(binaries),
+        ipc=tuple(ipc),
+        firmware=tuple(_firmware(base, version, release, firmware_path)),
+        graphics=tuple(graphics),
+    )
+
+
+def read_firmware_path(sysfs_root: Path | str) -> str:
+    """The ``firmware_class.path`` module parameter (``<sysfs>/module/firmware_class/parameters/path``).
+
+    :returns: the configured directory, or ``""`` when unset or unreadable.
+    """
+    try:
+        with open(os.path.join(os.fspath(sysfs_root), "module/firmware_class/parameters/path"),
+                  encoding="utf-8") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
