@@ -36,6 +36,9 @@ def summarise(raw: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
             per[(scenario, variant)] = info
         for name, figure in info.get("figures", {}).items():
             value, op, target = figure
+            if not op:  # a reported figure without a target
+                summary[scenario or bench["name"]][name] = {"value": value, "target": "", "met": True}
+                continue
             met = value <= target if op == "<=" else value >= target
             summary[scenario or bench["name"]][name] = {"value": value, "target": f"{op} {target}", "met": met}
     for ratio in RATIOS:

@@ -63,6 +63,9 @@ def test_render(benchmark: Any, impl: ModuleType, scenario: str) -> None:
     func, args = _inputs(scenario)
     render = getattr(impl, func)
     benchmark.group = f"cdi {scenario}"
-    benchmark.extra_info["implementation"] = "ext" if impl is not cdispec_py else "twin"
+    benchmark.extra_info.update(
+        scenario={"claim-1gpu": "cdi_1gpu", "claim-8gpu": "cdi_8gpu", "imex-2048": "cdi_2048_channels"}[scenario],
+        variant="extension" if impl is not cdispec_py else "twin",
+    )
     out = benchmark(render, *args)
     assert out == getattr(cdispec_py, func)(*args)

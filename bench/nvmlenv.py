@@ -91,3 +91,23 @@ def build_c_loop(directory: Path) -> ctypes.CDLL:
         check=True,
     )
     return ctypes.CDLL(str(out))
+
+
+def many_gpu_profile(directory: Path, count: int) -> Path:
+    """A node of ``count`` H100 GPUs without MIG (``dgx-h100`` replicated), for batch-prepare benchmarks."""
+    base = mock.load_profile("dgx-h100")
+    profile = copy.deepcopy(base)
+    template = base["gpus"][0]
+    profile["description"] = f"{count}x H100 (dgx-h100 replicated; benchmark profile)"
+    gpus = []
+    for i in range(count):
+        gpu = copy.deepcopy(template)
+        gpu["uuid"] = "GPU-" + str(uuid.uuid5(_MIG_NAMESPACE, f"bench-gpu-{i}"))
+        gpu["serial"] = f"{1650000000000 + i}"
+        gpu["pciBusId"] = f"{i // 256:08X}:{i % 256:02X}:00.0"
+        gpu["minorNumber"] = i
+        gpus.append(gpu)
+    profile["gpus"] = gpus
+    path = directory / f"h100-x{count}.json"
+    path.write_text(json.dumps(profile, indent=1))
+    return path

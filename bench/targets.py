@@ -53,4 +53,28 @@ RATIOS: tuple[Ratio, ...] = (
         20.0,
     ),
     Ratio("claimstore_pair", "twin at 10,000 / twin at 10 (flatness)", "twin_10000", "twin_10", "<=", 1.5),
+    Ratio(
+        "claimstore_pair_tmpfs",
+        "extension at 10,000 / extension at 10 (flatness, fdatasync nearly free)",
+        "extension_10000",
+        "extension_10",
+        "<=",
+        1.5,
+    ),
+    Ratio(
+        "claimstore_pair_tmpfs",
+        "whole-file JSON baseline / extension at 10,000 (speed-up)",
+        "whole_file_10000",
+        "extension_10000",
+        ">=",
+        20.0,
+    ),
+    Ratio(
+        "claimstore_pair_tmpfs",
+        "twin at 10,000 / extension at 10,000 (speed-up)",
+        "twin_10000",
+        "extension_10000",
+        ">=",
+        1.0,
+    ),
 )

@@ -93,6 +93,11 @@ def resolve_fields(names: tuple[str, ...] | list[str] | None) -> tuple[tuple[str
     return tuple(out)
 
 
+def make_index(devices: tuple[str, ...], fields: tuple[str, ...]) -> tuple[dict[str, int], dict[str, int]]:
+    """Row and column lookup tables of a :class:`Sample`; pollers build them once and share them."""
+    return {uuid: i for i, uuid in enumerate(devices)}, {name: i for i, name in enumerate(fields)}
+
+
 class Sample:
     """One poll of every device and field: a compact typed buffer plus its index.
 
@@ -102,6 +107,7 @@ class Sample:
         is not ``NVML_SUCCESS`` is ``0.0``.
     :param status: ``array('i')`` of the same length: the ``nvmlReturn_t`` of each value.
     :param timestamp: ``time.monotonic()`` seconds when the poll started.
+    :param index: prebuilt ``(row, column)`` lookup tables from :func:`make_index` (shared between polls).
     """
 
     __slots__ = ("_column", "_row", "devices", "fields", "status", "timestamp", "values")
@@ -113,14 +119,16 @@ class Sample:
         values: object,
         status: object,
         timestamp: float,
+        index: tuple[dict[str, int], dict[str, int]] | None = None,
     ) -> None:
         self.devices = devices
         self.fields = fields
         self.values = values
         self.status = status
         self.timestamp = timestamp
-        self._row = {uuid: i for i, uuid in enumerate(devices)}
-        self._column = {name: i for i, name in enumerate(fields)}
+        if index is None:
+            index = make_index(devices, fields)
+        self._row, self._column = index
 
     def get(self, device: str, field: str) -> float | None:
         """The value of ``field`` for ``device``, or ``None`` when NVML did not return it.

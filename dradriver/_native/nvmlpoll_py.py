@@ -38,6 +38,7 @@ class Poller:
         self._table = nf.resolve_fields(None if fields is None else list(fields))
         self.devices = tuple(uuids)
         self.fields = tuple(f[0] for f in self._table)
+        self._index = nf.make_index(self.devices, self.fields)
         self._field_ids = [arg for _, kind, arg in self._table if kind == nf.KIND_FIELD]
         code, _ = _call(pynvml.nvmlInit)
         if code != nf.NVML_SUCCESS:
@@ -71,7 +72,7 @@ class Poller:
         status = array("i", bytes(4 * n * len(self.devices)))
         for row, handle in enumerate(self._handles):
             self._sample(handle, values, status, row * n)
-        return nf.Sample(self.devices, self.fields, values, status, started)
+        return nf.Sample(self.devices, self.fields, values, status, started, self._index)
 
     def _sample(self, handle: Any, values: array[float], status: array[int], base: int) -> None:
         util: tuple[int, Any] | None = None

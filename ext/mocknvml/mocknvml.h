@@ -12,7 +12,7 @@
 
 #define MOCK_EXPORT __attribute__((visibility("default")))
 
-#define MOCK_MAX_GPUS 64
+#define MOCK_MAX_GPUS 128
 #define MOCK_MAX_GI 15        /* GPU instance ids 0..14 */
 #define MOCK_MAX_CI 8         /* compute instance ids 0..7 */
 #define MOCK_MAX_MIG (MOCK_MAX_GI * MOCK_MAX_CI)

@@ -1,0 +1,132 @@
+"""Scenario 4: NodePrepareResources end to end over the plugin's Unix socket, against the API emulator.
+
+The real plugin (mock NVML with 128 GPUs, API emulator over HTTP, claim state on disk) is driven by the
+kubelet emulator. Each round prepares a batch of 1 or 100 one-GPU claims (the unprepare that resets the node
+between rounds is not timed). Reported: p50 and p99 latency of the batch, and the share of the batch's wall
+time spent outside the ResourceClaim GETs (the API calls).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import nvmlenv
+from dradriver.app import Plugin, start_plugin
+from dradriver.domain.claims import ClaimRef
+from dradriver.sandbox.kubelet import KubeletEmulator, PluginConnection
+from dradriver.sandbox.node import SandboxNode
+
+GPUS = 128
+
+
+class Harness:
+    """One sandbox node with a running plugin and a registered kubelet, on a private event loop."""
+
+    def __init__(self, profile: Path) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.node = SandboxNode(profile=str(profile))
+        self.plugin: Plugin = self.loop.run_until_complete(start_plugin(self.node.config(log_level="error")))
+        self.kubelet = KubeletEmulator(self.node.config().kubelet_registrar_directory_path)
+        self.loop.run_until_complete(self.kubelet.__aenter__())
+        self.conn: PluginConnection = self.loop.run_until_complete(self.kubelet.wait_for_plugin("gpu.nvidia.com"))
+        self.api_intervals: list[tuple[float, float]] = []
+        fetch = self.plugin.driver.fetch_claim
+
+        def timed_fetch(ref: ClaimRef) -> Any:
+            start = time.perf_counter()
+            try:
+                return fetch(ref)
+            finally:
+                self.api_intervals.append((start, time.perf_counter()))
+
+        self.plugin.driver.fetch_claim = timed_fetch
+
+    def claims(self, count: int) -> list[ClaimRef]:
+        assert self.node.api is not None
+        refs = []
+        for i in range(count):
+            obj = self.node.api.create({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": f"bench-{count}-{i}", "namespace": "default"},
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}},
+            })
+            obj["status"] = {"allocation": {"devices": {"results": [
+                {"request": "gpu", "driver": "gpu.nvidia.com", "pool": self.node.node_name, "device": f"gpu-{i}"}
+            ]}}}
+            obj = self.node.api.update(obj, subresource="status")
+            refs.append(ClaimRef("default", obj["metadata"]["name"], obj["metadata"]["uid"]))
+        return refs
+
+    def prepare(self, refs: list[ClaimRef]) -> tuple[float, float]:
+        """Prepare the batch; returns (wall seconds, seconds covered by API GETs)."""
+        self.api_intervals.clear()
+        start = time.perf_counter()
+        answer = self.loop.run_until_complete(self.conn.prepare(refs))
+        wall = time.perf_counter() - start
+        errors = [r.error for r in answer.values() if r.error]
+        assert not errors, errors[:3]
+        return wall, _union(self.api_intervals)
+
+    def unprepare(self, refs: list[ClaimRef]) -> None:
+        answer = self.loop.run_until_complete(self.conn.unprepare(refs))
+        assert not any(answer.values())
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.kubelet.__aexit__(None, None, None))
+        self.loop.run_until_complete(self.plugin.stop())
+        self.node.close()
+        self.loop.close()
+
+
+def _union(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if a > end:
+            total += b - a
+            end = b
+        elif b > end:
+            total += b - end
+            end = b
+    return total
+
+
+@pytest.fixture(scope="module")
+def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
+    h = Harness(nvmlenv.many_gpu_profile(tmp_path_factory.mktemp("prepare"), GPUS))
+    yield h
+    h.close()
+
+
+@pytest.mark.parametrize("batch", [1, 100])
+def test_prepare_batch(benchmark: Any, harness: Harness, batch: int) -> None:
+    refs = harness.claims(batch)
+    walls: list[float] = []
+    api: list[float] = []
+
+    def run() -> None:
+        wall, api_s = harness.prepare(refs)
+        walls.append(wall)
+        api.append(api_s)
+
+    benchmark.pedantic(run, setup=lambda: harness.unprepare(refs), rounds=30 if batch == 1 else 12, iterations=1)
+    harness.unprepare(refs)
+    ordered = sorted(walls)
+    p50 = statistics.median(ordered)
+    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+    outside = 1.0 - sum(api) / sum(walls)
+    benchmark.extra_info.update(
+        scenario=f"prepare_batch_{batch}",
+        variant="plugin",
+        figures={
+            f"p50 latency, batch of {batch} (ms)": (round(p50 * 1e3, 2), "", None),
+            f"p99 latency, batch of {batch} (ms)": (round(p99 * 1e3, 2), "", None),
+            "share of the batch outside the ResourceClaim GETs": (round(outside, 3), "", None),
+        },
+    )
