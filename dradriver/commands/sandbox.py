@@ -1,0 +1,72 @@
+"""``dradriver sandbox``: a one-node cluster emulator to run ``dradriver gpu-kubelet-plugin`` by hand."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``sandbox`` subcommand."""
+    parser = subparsers.add_parser(
+        "sandbox",
+        help="emulate a one-node cluster (API server, scheduler, kubelet) for a plugin you start by hand",
+        description=(
+            "Start a Kubernetes API emulator and a node (directories, procfs fixtures, mock NVML profile), write "
+            "the plugin's environment to <root>/plugin.env, then act as the resourceclaim controller, the "
+            "scheduler and the kubelet for the plugin you start with: "
+            "set -a; . <root>/plugin.env; set +a; dradriver gpu-kubelet-plugin"
+        ),
+    )
+    parser.add_argument("--profile", default="dgx-h100", help="mock NVML node profile (default dgx-h100)")
+    parser.add_argument("--node-name", default="gpu-node-1", help="name of the emulated node")
+    parser.add_argument("--output", choices=("text", "json"), default="text",
+                        help="json: print the paths as one JSON object on the first line")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until interrupted; 0 on Ctrl-C/SIGTERM."""
+    import asyncio
+    import signal
+    import sys
+
+    from dradriver import logs
+    from dradriver.errors import DradriverError
+    from dradriver.sandbox.cluster import ClusterEmulator, describe, dump, plugin_environment, write_env_file
+    from dradriver.sandbox.node import SandboxNode
+
+    logs.configure("warning", "text")
+    try:
+        sandbox = SandboxNode(profile=args.profile, node_name=args.node_name)
+    except DradriverError as exc:
+        print(f"dradriver sandbox: {exc}", file=sys.stderr)
+        return 1
+    with sandbox:
+        env_file = sandbox.root / "plugin.env"
+        write_env_file(env_file, plugin_environment(sandbox.config(log_level="info")))
+        info = describe(sandbox, env_file)
+        cluster = ClusterEmulator(sandbox, say=lambda text: print(text, flush=True))
+        cluster.apply_device_classes()
+        if args.output == "json":
+            print(dump(info), flush=True)
+        else:
+            print(f"sandbox node {sandbox.node_name} (mock NVML profile {args.profile}) at {sandbox.root}")
+            print(f"  API server   {info['api_server']}   kubeconfig {info['kubeconfig']}")
+            print("  start the plugin in another shell:")
+            print(f"    set -a; . {env_file}; set +a; dradriver gpu-kubelet-plugin")
+            print("  then, for example:")
+            print(f"    kubectl --kubeconfig {info['kubeconfig']} get resourceslices")
+            print(f"    kubectl --kubeconfig {info['kubeconfig']} apply --validate=false "
+                  "-f deploy/examples/gpu-40gi.yaml")
+            print(f"  CDI specs appear in {info['cdi_root']}; Ctrl-C stops the sandbox\n", flush=True)
+
+        async def main() -> None:
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
+            await cluster.run(stop)
+
+        asyncio.run(main())
+    return 0
