@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pynvml
 import pytest
 
 from bench import nvmlenv
@@ -22,7 +23,9 @@ SCENARIO = "nvml_poll_real_gpu" if nvmlenv.REAL else "nvml_poll_8gpu_7mig"
 
 @pytest.fixture(scope="module")
 def uuids(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
-    yield nvmlenv.open_nvml(tmp_path_factory.mktemp("nvml"))
+    uuids = nvmlenv.open_nvml(tmp_path_factory.mktemp("nvml"))
+    yield uuids
+    pynvml.nvmlShutdown()  # back to reference count 0, so later benchmarks can load other mock profiles
 
 
 def _info(benchmark: Any, variant: str, uuids: list[str], per_device: int) -> None:
