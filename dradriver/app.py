@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from dradriver import DRIVER_NAME
+from dradriver import DRIVER_NAME, _native
 from dradriver.config import PluginConfig
 from dradriver.domain import cdi, driverfiles, resourceslices
 from dradriver.domain.claims import ClaimRef
@@ -166,6 +166,8 @@ async def start_plugin(config: PluginConfig) -> Plugin:
     :raises dradriver.errors.DradriverError: a part cannot start (no NVML library, no API access, socket in
         use by a live plugin, unreadable newer claim-state format); nothing is left running.
     """
+    implementations = _native.load_all()  # a missing compiled module fails here, loudly, not at first use
+    log.info("hot paths: %s", ", ".join(f"{k}={v}" for k, v in implementations.items()))
     _ensure_dir(config.plugin_dir, 0o750)
     _ensure_dir(config.cdi_root, 0o755)
     session = open_session(config.nvml_library, config.mock_profile)

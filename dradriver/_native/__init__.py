@@ -35,6 +35,18 @@ def load(name: str) -> ModuleType:
         ) from exc
 
 
+MODULES: tuple[str, ...] = ("nvmlpoll", "cdispec", "claimstore")
+"""Every hot path with a compiled module in ``ext/`` and a pure-Python twin."""
+
+
+def load_all() -> dict[str, str]:
+    """Load every module of :data:`MODULES` now (at program start); returns name -> ``"c"``/``"py"``.
+
+    :raises ExtensionMissingError: a compiled module is wanted but cannot be imported.
+    """
+    return {name: ("py" if load(name).__name__.endswith("_py") else "c") for name in MODULES}
+
+
 def implementation(name: str) -> str:
     """``"c"`` or ``"py"``: which implementation :func:`load` returns for ``name``."""
     module = load(name)

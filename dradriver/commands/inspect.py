@@ -52,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
     """Discover, build and print; returns the exit status."""
     import yaml
 
+    from dradriver import _native
     from dradriver.domain.resourceslices import ResourceSliceError, build
     from dradriver.errors import DradriverError
     from dradriver.nvml.discovery import discover
@@ -59,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
     node = args.node_name or socket.gethostname()
     try:
+        _native.load_all()  # the hot paths must be there (or twins asked for): a loud error, not a slow path
         with open_session(args.nvml_library or "", args.mock_profile or "") as session:
             inventory = discover(session, sysfs_root=Path(args.sysfs_root or "/sys"))
     except DradriverError as exc:
