@@ -30,6 +30,7 @@ from dradriver.allocator.allocation import AllocationError
 from dradriver.config import PLUGIN_FLAGS, PluginConfig
 from dradriver.domain.claims import ClaimRef
 from dradriver.sandbox import scheduler
+from dradriver.sandbox.apiserver import ApiServerEmulator
 from dradriver.sandbox.kubelet import KubeletEmulator, KubeletError, PluginConnection
 from dradriver.sandbox.node import SandboxNode
 
@@ -184,28 +185,40 @@ class ClusterEmulator:
         return claims
 
     def _claim_from_template(self, pod: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
-        api = self.sandbox.api
-        assert api is not None
-        ns = pod["metadata"].get("namespace", "default")
-        template = api.get("ResourceClaimTemplate", entry["resourceClaimTemplateName"], ns)
-        if template is None:
-            raise AllocationError(f"pod {ns}/{pod['metadata']['name']}: ResourceClaimTemplate "
-                                  f"{entry['resourceClaimTemplateName']} not found")
-        claim = api.create({
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {
-                "name": f"{pod['metadata']['name']}-{entry['name']}",
-                "namespace": ns,
-                "annotations": {POD_CLAIM_ANNOTATION: entry["name"]},
-                "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pod["metadata"]["name"],
-                                     "uid": pod["metadata"]["uid"], "controller": True}],
-            },
-            "spec": template["spec"]["spec"],
-        })
-        self.say(f"resourceclaim controller: created claim {ns}/{claim['metadata']['name']} from template "
-                 f"{template['metadata']['name']}")
+        assert self.sandbox.api is not None
+        claim = create_claim_from_template(self.sandbox.api, pod, entry)
+        self.say(f"resourceclaim controller: created claim {claim['metadata']['namespace']}/"
+                 f"{claim['metadata']['name']} from template {entry['resourceClaimTemplateName']}")
         return claim
+
+
+def create_claim_from_template(api: ApiServerEmulator, pod: dict[str, Any], entry: dict[str, Any], *,
+                               suffix: str = "") -> dict[str, Any]:
+    """What the resourceclaim controller does for a Pod's ``resourceClaimTemplateName`` entry.
+
+    The claim is named ``<pod>-<entry>[-<suffix>]``, owned by the Pod and annotated with the Pod's claim
+    name (``resource.kubernetes.io/pod-claim-name``), its spec copied from the template.
+
+    :raises AllocationError: the template does not exist (the Pod cannot be scheduled).
+    """
+    ns = pod["metadata"].get("namespace", "default")
+    template = api.get("ResourceClaimTemplate", entry["resourceClaimTemplateName"], ns)
+    if template is None:
+        raise AllocationError(f"pod {ns}/{pod['metadata']['name']}: ResourceClaimTemplate "
+                              f"{entry['resourceClaimTemplateName']} not found")
+    name = f"{pod['metadata']['name']}-{entry['name']}" + (f"-{suffix}" if suffix else "")
+    return api.create({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "annotations": {POD_CLAIM_ANNOTATION: entry["name"]},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pod["metadata"]["name"],
+                                 "uid": pod["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}],
+        },
+        "spec": template["spec"]["spec"],
+    })
 
 
 def describe(sandbox: SandboxNode, env_file: Path) -> dict[str, Any]:

@@ -34,10 +34,9 @@ from dradriver.domain.devices import GpuDevice, MigDevice
 from dradriver.errors import DradriverError
 from dradriver.sandbox import scheduler
 from dradriver.sandbox.apiserver import ApiServerEmulator
+from dradriver.sandbox.cluster import create_claim_from_template
 from dradriver.sandbox.kubelet import KubeletEmulator, PluginConnection
 from dradriver.sandbox.node import SandboxNode
-
-POD_CLAIM_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
 
 
 class DemoError(DradriverError):
@@ -109,23 +108,8 @@ def nvidia_smi_line(device: GpuDevice | MigDevice) -> str:
 
 
 def _claim_from_template(api: ApiServerEmulator, pod: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
-    """What the resourceclaim controller does for a pod's ``resourceClaimTemplateName`` entry."""
-    ns = pod["metadata"]["namespace"]
-    template = api.get("ResourceClaimTemplate", entry["resourceClaimTemplateName"], ns)
-    if template is None:
-        raise DemoError(f"ResourceClaimTemplate {ns}/{entry['resourceClaimTemplateName']} not found")
-    claim = api.create({
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {
-            "name": f"{pod['metadata']['name']}-{entry['name']}-{uuid.uuid4().hex[:5]}",
-            "namespace": ns,
-            "annotations": {POD_CLAIM_ANNOTATION: entry["name"]},
-            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pod["metadata"]["name"],
-                                 "uid": pod["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}],
-        },
-        "spec": template["spec"]["spec"],
-    })
+    """Create the Pod's claim from its template and record it in the Pod's status (resourceclaim controller)."""
+    claim = create_claim_from_template(api, pod, entry, suffix=uuid.uuid4().hex[:5])
     status = pod.setdefault("status", {}).setdefault("resourceClaimStatuses", [])
     status.append({"name": entry["name"], "resourceClaimName": claim["metadata"]["name"]})
     return claim
