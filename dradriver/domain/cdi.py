@@ -499,11 +499,25 @@ def render_imex_channel_spec(
 # Files
 
 
-def write_file_atomically(path: Path, data: bytes, *, mode: int = SPEC_FILE_MODE) -> None:
+def sync_directory(directory: Path | str) -> None:
+    """``fsync`` a directory, making renames and unlinks in it durable.
+
+    :raises OSError: the directory cannot be opened.
+    """
+    dir_fd = os.open(str(directory), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def write_file_atomically(path: Path, data: bytes, *, mode: int = SPEC_FILE_MODE, sync_dir: bool = True) -> None:
     """Replace ``path`` with ``data`` so readers see the old file or the whole new one, never a part.
 
     Writes ``.<name>.tmp-<random>`` in the same directory (a name CDI consumers ignore), fsyncs it, renames
-    it over ``path`` and fsyncs the directory. On failure the temp file is removed and ``path`` is untouched.
+    it over ``path`` and fsyncs the directory (``sync_dir=False`` leaves that to the caller, who then calls
+    :func:`sync_directory` once for several files). On failure the temp file is removed and ``path`` is
+    untouched.
 
     :raises OSError: the directory is missing or not writable, or the disk is full.
     """
@@ -527,11 +541,8 @@ def write_file_atomically(path: Path, data: bytes, *, mode: int = SPEC_FILE_MODE
         except FileNotFoundError:
             pass
         raise
-    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    if sync_dir:
+        sync_directory(directory)
 
 
 def remove_stale_temp_files(cdi_root: Path | str, claim_uid: str) -> int:
@@ -560,8 +571,11 @@ def write_claim_spec(
     node_info: DeviceNodeInfo | None = None,
     common: ContainerEdits | None = None,
     extra_edits: Mapping[str, ContainerEdits] | None = None,
+    sync_dir: bool = True,
 ) -> Path:
     """Render the claim's spec and write it atomically with mode 0644; return the file's path.
+
+    ``sync_dir=False``: the caller fsyncs the CDI root itself (:func:`sync_directory`) before relying on it.
 
     Idempotent: writing again replaces the file. A ``.yaml`` spec for the same claim (as NVIDIA's own plugin
     writes) is removed afterwards, because the same device defined in two files of one directory makes
@@ -573,7 +587,7 @@ def write_claim_spec(
     path = claim_spec_path(cdi_root, claim_uid)
     try:
         remove_stale_temp_files(cdi_root, claim_uid)
-        write_file_atomically(path, data)
+        write_file_atomically(path, data, sync_dir=sync_dir)
         _unlink(path.with_suffix(".yaml"))
     except OSError as exc:
         raise CdiSpecError(f"claim {claim_uid}: cannot write CDI spec {path}: {exc}") from exc
