@@ -75,12 +75,17 @@ class Claim:
     """A claim fetched from the API server, reduced to what node preparation needs.
 
     :param results: only the allocation results whose driver is ours and whose pool is this node.
-    :param configs: opaque device configs for our driver (``status.allocation.devices.config[]``), raw.
+    :param configs: opaque device configs for our driver (``status.allocation.devices.config[]``), raw
+        entries (``source``, ``requests``, ``opaque.driver``, ``opaque.parameters`` as the API returned them),
+        lowest precedence first.
+    :param config_indices: for each entry of ``configs``, its index in ``status.allocation.devices.config[]``
+        (for error messages); empty when the claim was built by hand (then positions in ``configs`` are used).
     """
 
     ref: ClaimRef
     results: tuple[AllocationResult, ...]
     configs: tuple[dict[str, object], ...] = field(default_factory=tuple)
+    config_indices: tuple[int, ...] = field(default_factory=tuple)
 
 
 class ClaimError(DradriverError):
@@ -106,11 +111,13 @@ def claim_from_object(obj: Mapping[str, Any], ref: ClaimRef, *, driver: str, poo
     ``driver`` is ``driver`` and whose ``pool`` is ``pool`` (claims with several drivers are normal; results
     for other drivers are not ours to prepare), and the ``status.allocation.devices.config[]`` entries
     whose ``opaque.driver`` is ``driver``, class configs (``source: FromClass``) before claim configs
-    (``FromClaim``), each group in API order, so a later entry overrides an earlier one.
+    (``FromClaim``), each group in API order, so a later entry overrides an earlier one. As NVIDIA's
+    ``GetOpaqueDeviceConfigs`` does, a config entry without ``opaque`` (a future, non-opaque config type) or
+    with a ``source`` other than ``FromClass``/``FromClaim`` is an error, whichever driver it is meant for.
 
     :param pool: this node's pool name (the node name).
     :raises ClaimError: naming the claim and the field: UID mismatch, not allocated, a malformed result,
-        or no result for this driver on this node.
+        or no result for this driver on this node, a non-opaque config or a config with an unknown source.
     """
     if not isinstance(obj, Mapping):
         raise ClaimError(ref, f"the API returned {type(obj).__name__}, not a ResourceClaim object")
@@ -163,10 +170,18 @@ def claim_from_object(obj: Mapping[str, Any], ref: ClaimRef, *, driver: str, poo
     for i, entry in enumerate(raw_configs):
         if not isinstance(entry, Mapping):
             raise ClaimError(ref, f"status.allocation.devices.config[{i}] is not an object")
+        source = entry.get("source")
+        if source not in ("FromClass", "FromClaim"):
+            raise ClaimError(ref, f"status.allocation.devices.config[{i}].source is {source!r}: must be "
+                                  "'FromClass' or 'FromClaim'")
         opaque = entry.get("opaque")
-        if not isinstance(opaque, Mapping) or opaque.get("driver") != driver:
+        if not isinstance(opaque, Mapping):
+            raise ClaimError(ref, f"status.allocation.devices.config[{i}]: only opaque device configs "
+                                  "(an 'opaque' field) are supported by this driver")
+        if opaque.get("driver") != driver:
             continue
-        rank = 0 if entry.get("source") == "FromClass" else 1
+        rank = 0 if source == "FromClass" else 1
         ours.append((rank, i, dict(entry)))
     ours.sort(key=lambda t: (t[0], t[1]))
-    return Claim(ref=ref, results=tuple(results), configs=tuple(c for _, _, c in ours))
+    return Claim(ref=ref, results=tuple(results), configs=tuple(c for _, _, c in ours),
+                 config_indices=tuple(i for _, i, _ in ours))

@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from dradriver.domain import cdi
+from dradriver.domain import cdi, configs
 from dradriver.domain.claims import Claim, ClaimError, ClaimRef, ClaimResult, base_request_name
 from dradriver.domain.claimstate import ClaimConflictError, ClaimPhase, ClaimRecord, ClaimState, HeldDevice
 from dradriver.domain.devices import DeviceIndex, GpuDevice, MigDevice, NodeInventory
@@ -208,6 +208,10 @@ class Driver:
                 other = self.state.get(holder)
                 who = f"{other.namespace}/{other.name} (uid {holder})" if other else f"uid {holder}"
                 raise ClaimError(claim.ref, f"device {name!r} is already prepared for claim {who}")
+        # Opaque GpuConfig/MigDeviceConfig: decoded, selected and validated per result before anything is
+        # written. Sharing gates are off (no time-slicing/MPS implementation), so every selected config means
+        # exclusive use and adds no CDI edits today.
+        configs.select_configs(claim, self.index.by_name)
         held = [
             HeldDevice(
                 request_names=tuple(requests[name]),
