@@ -300,24 +300,38 @@ class Driver:
         return results
 
     def _unprepare_all(self, claims: list[ClaimRef]) -> dict[str, str]:
+        """Delete each claim's CDI spec, then forget the batch's claims under one group commit.
+
+        Specs go first, so a crash never leaves a spec without a claim; a claim whose spec is gone but whose
+        removal was not yet durable is simply unprepared again when the kubelet retries.
+        """
         out: dict[str, str] = {}
         with self._lock:
-            for ref in claims:
-                self._unprepared_at[ref.uid] = next(self._seq)
-                try:
-                    with self.state.locked():
-                        record = self.state.get(ref.uid)
-                        if record is None:
+            stored: list[ClaimRef] = []
+            try:
+                with self.state.locked():
+                    for ref in claims:
+                        self._unprepared_at[ref.uid] = next(self._seq)
+                        try:
                             # Unknown claims succeed; a spec of that UID (adopted or leaked) goes too.
                             cdi.delete_claim_spec(self.cdi_root, ref.uid)
-                            out[ref.uid] = ""
+                        except DradriverError as exc:
+                            out[ref.uid] = f"claim {ref}: unprepare failed: {exc}"
                             continue
-                        cdi.delete_claim_spec(self.cdi_root, ref.uid)  # spec first: never a spec without a claim
-                        self.state.remove(ref.uid)
-                    log.info("unprepared claim %s", ref)
-                    out[ref.uid] = ""
-                except DradriverError as exc:
+                        if self.state.get(ref.uid) is None:
+                            out[ref.uid] = ""
+                        else:
+                            stored.append(ref)
+                    with self.state.group_commit():
+                        for ref in stored:
+                            self.state.remove(ref.uid)
+            except DradriverError as exc:
+                for ref in stored:
                     out[ref.uid] = f"claim {ref}: unprepare failed: {exc}"
+                stored = []
+            for ref in stored:
+                log.info("unprepared claim %s", ref)
+                out[ref.uid] = ""
             if len(self._unprepared_at) > 4096:  # keep only recent tombstones
                 for uid in list(itertools.islice(self._unprepared_at, len(self._unprepared_at) - 2048)):
                     del self._unprepared_at[uid]

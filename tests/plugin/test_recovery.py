@@ -200,3 +200,41 @@ def test_stale_cdi_spec_without_a_claim_is_removed_at_start(sandbox: SandboxNode
             assert not stray.exists()
 
     asyncio.run(body())
+
+
+@pytest.mark.parametrize("seed", [4, 5])
+def test_sigkill_during_unprepare_then_restart_converges(sandbox: SandboxNode, seed: int) -> None:
+    """Killed while a batch of 8 claims is being unprepared: the kubelet's retry finishes the job."""
+    refs = _claims(sandbox, 8, prefix=f"u{seed}-")
+    rng = random.Random(seed)
+
+    async def body() -> None:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "dradriver", "gpu-kubelet-plugin", env=_plugin_env(sandbox), cwd=str(ROOT),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        try:
+            async with KubeletEmulator(sandbox.config().kubelet_registrar_directory_path) as kubelet:
+                connection = await kubelet.wait_for_plugin("gpu.nvidia.com", timeout=30)
+                assert all(r.error == "" for r in (await connection.prepare(refs)).values())
+                call = asyncio.create_task(connection.unprepare(refs))
+                await asyncio.sleep(rng.uniform(0.0, 0.03))
+                proc.send_signal(signal.SIGKILL)
+                try:
+                    await call
+                except KubeletError:
+                    pass
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+            await proc.wait()
+        async with running(sandbox.config()) as (plugin, connection):
+            # Never a spec without a claim (a claim whose spec is already gone may remain until the retry).
+            specs = {p.name.removeprefix("k8s.gpu.nvidia.com-claim_").removesuffix(".json")
+                     for p in sandbox.cdi_specs()}
+            assert specs <= set(plugin.state.claims())
+            assert await connection.unprepare(refs) == {r.uid: "" for r in refs}
+            assert sandbox.cdi_specs() == []
+            assert len(plugin.state) == 0
+
+    asyncio.run(body())
