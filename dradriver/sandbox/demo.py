@@ -207,6 +207,13 @@ async def run_scenarios(run: DemoRun, narrator: Narrator) -> None:
     common = [n["path"] for n in spec.get("containerEdits", {}).get("deviceNodes", [])]
     narrator.say(f"CDI spec {spec_path.name} (cdiVersion {spec['cdiVersion']}, kind {spec['kind']}): "
                  f"device nodes {', '.join(nodes + common)}", cdi_spec=spec)
+    edits = spec.get("containerEdits", {})
+    mounts, hooks = edits.get("mounts", []), edits.get("hooks", [])
+    if mounts or hooks:
+        binaries = [m["containerPath"].rsplit("/", 1)[-1] for m in mounts if "/bin/" in m["containerPath"]]
+        narrator.say(f"driver user space: {len(mounts)} mounts (libraries, {', '.join(binaries[:3]) or 'no binaries'}"
+                     f"{', ...' if len(binaries) > 3 else ''}), hooks "
+                     + ", ".join(h["args"][1] for h in hooks if len(h.get("args", [])) > 1))
     device = plugin.inventory.find(alloc["device"])
     assert device is not None
     narrator.say("the container would see (nvidia-smi -L):\n  " + nvidia_smi_line(device).replace("\n", "\n  "),
