@@ -101,6 +101,25 @@ class DeviceTaint:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class DeviceHealthReport:
+    """One device's health as the DRA health stream carries it (``v1alpha1.DeviceHealth``,
+    ``kubelet-dra-protocol.md`` 3.1): what the plugin sends and what the kubelet reads.
+
+    :param health: ``"Healthy"``, ``"Unhealthy"`` or ``"Unknown"`` (the kubelet's words).
+    :param last_updated: Unix seconds when the plugin determined it.
+    :param timeout_seconds: ``health_check_timeout_seconds``; 0 means the kubelet default (30 s).
+    :param message: why, for people (at most 1024 characters reach the pod status).
+    """
+
+    pool_name: str
+    device_name: str
+    health: str
+    last_updated: int
+    timeout_seconds: int
+    message: str
+
+
 @dataclass(slots=True)
 class DeviceHealth:
     """Health of one published device.

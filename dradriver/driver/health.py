@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from dradriver.domain.devices import GpuDevice, MigDevice, NodeInventory
 from dradriver.domain.health import (
     DEFAULT_IGNORED_XIDS,
+    DeviceHealthReport,
     Effect,
     FaultKind,
     HealthEvent,
@@ -64,21 +65,8 @@ HEALTHY, UNHEALTHY, UNKNOWN = "Healthy", "Unhealthy", "Unknown"
 _UNMONITORED_KEY = f"gpu.nvidia.com/{FaultKind.UNMONITORED.value}"
 
 
-@dataclass(frozen=True, slots=True)
-class DeviceStatus:
-    """One device in a health-stream snapshot (:class:`dradriver.server.health.DeviceHealthStatus`).
-
-    :param health: ``"Healthy"``, ``"Unhealthy"`` or ``"Unknown"``.
-    :param last_updated: Unix seconds when the snapshot was taken.
-    :param timeout_seconds: kubelet staleness timeout; 0 = the kubelet default (30 s).
-    """
-
-    pool_name: str
-    device_name: str
-    health: str
-    last_updated: int
-    timeout_seconds: int
-    message: str
+DeviceStatus = DeviceHealthReport
+"""One device in a health-stream snapshot (the domain's :class:`DeviceHealthReport`)."""
 
 
 @dataclass(slots=True)

@@ -59,6 +59,7 @@ from dradriver._proto import (
     pluginregistration_v1_pb2_grpc,
 )
 from dradriver.domain.claims import ClaimRef, ClaimResult, PreparedDevice
+from dradriver.domain.health import DeviceHealthReport
 from dradriver.errors import DradriverError
 
 T = TypeVar("T")
@@ -100,23 +101,6 @@ def _call_error(what: str, exc: grpc.RpcError) -> KubeletError:
     details = exc.details() if hasattr(exc, "details") else str(exc)
     name = code.name if code is not None else "UNKNOWN"
     return KubeletError(f"{what} failed: {name}: {details}", code=name)
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceHealthReport:
-    """One device of a ``NodeWatchResources`` message, as the kubelet reads it.
-
-    :param health: ``"Healthy"``, ``"Unhealthy"`` or ``"Unknown"`` (the kubelet's mapping).
-    :param last_updated: the plugin's ``last_updated_time`` (Unix seconds).
-    :param timeout_seconds: ``health_check_timeout_seconds``; 0 means the kubelet default.
-    """
-
-    pool_name: str
-    device_name: str
-    health: str
-    last_updated: int
-    timeout_seconds: int
-    message: str
 
 
 @dataclass(slots=True)

@@ -51,6 +51,14 @@ def _plugin_env(sandbox: SandboxNode) -> dict[str, str]:
     return env
 
 
+async def _start_plugin_process(sandbox: SandboxNode) -> asyncio.subprocess.Process:
+    """``dradriver gpu-kubelet-plugin`` as its own process (so it can be SIGKILLed), configured by env."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "dradriver", "gpu-kubelet-plugin", env=_plugin_env(sandbox), cwd=str(ROOT),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+
+
 def _check_converged(sandbox: SandboxNode, state_uids: set[str]) -> None:
     """Every stored claim is completed with its spec; no spec without a claim."""
     spec_uids = {p.name.removeprefix("k8s.gpu.nvidia.com-claim_").removesuffix(".json") for p in sandbox.cdi_specs()}
@@ -66,10 +74,7 @@ def test_sigkill_during_prepare_then_restart_converges(sandbox: SandboxNode, see
     rng = random.Random(seed)
 
     async def body() -> None:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "dradriver", "gpu-kubelet-plugin", env=_plugin_env(sandbox), cwd=str(ROOT),
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
+        proc = await _start_plugin_process(sandbox)
         try:
             async with KubeletEmulator(sandbox.config().kubelet_registrar_directory_path) as kubelet:
                 connection = await kubelet.wait_for_plugin("gpu.nvidia.com", timeout=30)
@@ -209,10 +214,7 @@ def test_sigkill_during_unprepare_then_restart_converges(sandbox: SandboxNode, s
     rng = random.Random(seed)
 
     async def body() -> None:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "dradriver", "gpu-kubelet-plugin", env=_plugin_env(sandbox), cwd=str(ROOT),
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
+        proc = await _start_plugin_process(sandbox)
         try:
             async with KubeletEmulator(sandbox.config().kubelet_registrar_directory_path) as kubelet:
                 connection = await kubelet.wait_for_plugin("gpu.nvidia.com", timeout=30)
