@@ -9,16 +9,17 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from dradriver.app import start_plugin
 from dradriver.domain import cdi
 from dradriver.domain.claims import ClaimRef
-from dradriver.domain.claimstate import ClaimStateVersionError, ProblemKind
+from dradriver.domain.claimstate import ClaimPhase, ClaimStateVersionError, ProblemKind
 from dradriver.sandbox.kubelet import KubeletEmulator, KubeletError
 from dradriver.sandbox.node import SandboxNode
-from tests.plugin.conftest import claim_object, ref_of, result, running, set_allocation
+from tests.plugin.conftest import claim_object, ref_of, result, running, set_allocation, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,10 +68,15 @@ def _check_converged(sandbox: SandboxNode, state_uids: set[str]) -> None:
     assert leftovers == []
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("sandbox", ["synthetic-large"], indirect=True)
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
 def test_sigkill_during_prepare_then_restart_converges(sandbox: SandboxNode, seed: int) -> None:
-    """The plugin process is SIGKILLed at a random moment of a 40-claim batch (8 GPUs: 32 claims conflict)."""
-    refs = _claims(sandbox, 8, prefix=f"k{seed}-")
+    """The plugin process is SIGKILLed at a random moment of a batch of 60 MIG-device claims.
+
+    One warm-up claim is prepared first, so the kill lands in the batch's own work (API reads, claim-state
+    records, CDI specs) rather than in the client's first-call set-up.
+    """
+    assert sandbox.api is not None
     rng = random.Random(seed)
 
     async def body() -> None:
@@ -78,8 +84,15 @@ def test_sigkill_during_prepare_then_restart_converges(sandbox: SandboxNode, see
         try:
             async with KubeletEmulator(sandbox.config().kubelet_registrar_directory_path) as kubelet:
                 connection = await kubelet.wait_for_plugin("gpu.nvidia.com", timeout=30)
-                call = asyncio.create_task(connection.prepare(refs))
-                await asyncio.sleep(rng.uniform(0.0, 0.15))
+                await wait_for(lambda: sum(len(s["spec"]["devices"]) for s in _slices(sandbox)) >= 61, 30)
+                names = sorted(p["name"] for s in _slices(sandbox) for p in s["spec"]["devices"])
+                refs = [ref_of(set_allocation(sandbox, sandbox.api.create(claim_object(f"k{seed}-{i}")),
+                                              [result(name)]))  # type: ignore[union-attr]
+                        for i, name in enumerate(names[:61])]
+                warm, batch = refs[0], refs[1:]
+                assert (await connection.prepare([warm]))[warm.uid].error == ""
+                call = asyncio.create_task(connection.prepare(batch))
+                await asyncio.sleep(rng.uniform(0.0, 0.25))
                 proc.send_signal(signal.SIGKILL)
                 try:
                     await call
@@ -93,8 +106,7 @@ def test_sigkill_during_prepare_then_restart_converges(sandbox: SandboxNode, see
         async with running(sandbox.config()) as (plugin, connection):
             state_uids = set(plugin.state.claims())
             _check_converged(sandbox, state_uids)
-            from dradriver.domain.claimstate import ClaimPhase
-
+            assert warm.uid in state_uids  # acknowledged before the crash: never lost
             assert all(r.phase is ClaimPhase.PREPARE_COMPLETED for r in plugin.state.claims().values())
             # The kubelet retries: every claim ends up prepared exactly once, then everything is undone.
             answer = await connection.prepare(refs)
@@ -105,6 +117,11 @@ def test_sigkill_during_prepare_then_restart_converges(sandbox: SandboxNode, see
             assert len(plugin.state) == 0
 
     asyncio.run(body())
+
+
+def _slices(sandbox: SandboxNode) -> list[dict[str, Any]]:
+    assert sandbox.api is not None
+    return sandbox.api.objects("ResourceSlice")
 
 
 def _state_file(sandbox: SandboxNode) -> Path:
