@@ -26,6 +26,7 @@ from dradriver.driver import guard
 from dradriver.driver.health import HealthService
 from dradriver.driver.metrics import DriverMetrics, MetricsServer, serve_metrics
 from dradriver.driver.plugin import Driver, RecoveryReport
+from dradriver.errors import ConfigError
 from dradriver.kube import claims as kube_claims
 from dradriver.kube import client as kube_client
 from dradriver.kube import errors as kube_errors
@@ -75,20 +76,33 @@ class Plugin:
         if self._stopped:
             return
         self._stopped = True
-        self.publisher.stop()
-        await self.servers.stop(grace=grace_s)
-        if self.metrics_server is not None:
-            self.metrics_server.stop()
-        await asyncio.to_thread(self.health.stop)
+        steps: list[tuple[str, Any]] = [
+            ("publisher", self.publisher.stop),
+            ("gRPC servers", lambda: self.servers.stop(grace=grace_s)),
+            ("metrics server", self.metrics_server.stop if self.metrics_server is not None else None),
+            ("health service", lambda: asyncio.to_thread(self.health.stop)),
+            ("background tasks", self._cancel_tasks),
+            ("claim state", self.state.close),
+            ("NVML session", self.session.close),
+            ("Kubernetes client", self.client.close),
+        ]
+        for what, step in steps:  # best effort: one failing step must not keep the others from running
+            if step is None:
+                continue
+            try:
+                result = step()
+                if asyncio.iscoroutine(result):
+                    await result
+            except Exception:
+                log.exception("stopping the %s failed", what)
+        log.info("kubelet plugin stopped")
+
+    async def _cancel_tasks(self) -> None:
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        self.state.close()
-        self.session.close()
-        self.client.close()
-        log.info("kubelet plugin stopped")
 
 
 def _ensure_dir(path: os.PathLike[str] | str, mode: int) -> None:
@@ -151,6 +165,15 @@ def _open_state(config: PluginConfig) -> tuple[ClaimState, tuple[ClaimStateProbl
     return state, tuple(problems)
 
 
+def _report_task_end(task: asyncio.Task[Any]) -> None:
+    """A background task must not end silently: log how it ended unless it was cancelled."""
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None:
+        log.error("background task %s ended: %s", task.get_name(), exc, exc_info=exc)
+
+
 def _supports_informational_taints(client: kube_client.KubeClient) -> bool:
     """DeviceTaint effect ``None`` exists from Kubernetes 1.35; older servers get no informational taints."""
     try:
@@ -171,6 +194,7 @@ async def start_plugin(config: PluginConfig) -> Plugin:
     _ensure_dir(config.plugin_dir, 0o750)
     _ensure_dir(config.cdi_root, 0o755)
     session = open_session(config.nvml_library, config.mock_profile)
+    async_cleanup: list[Any] = []
     stack = contextlib.ExitStack()
     stack.callback(session.close)
     try:
@@ -233,16 +257,28 @@ async def start_plugin(config: PluginConfig) -> Plugin:
         metrics.attach_devices(health, claim_of=lambda device: driver.prepared_devices().get(device))
         await asyncio.to_thread(health.start)
         stack.callback(health.stop)
+        metrics_server = None
+        if config.http_endpoint:  # bound before the kubelet can see us, so a taken port fails cleanly
+            try:
+                metrics_server = serve_metrics(metrics.registry, config.http_endpoint, config.metrics_path)
+            except OSError as exc:
+                raise ConfigError(f"cannot serve metrics on {config.http_endpoint!r}: {exc}") from exc
+            stack.callback(metrics_server.stop)
         servers = await start_servers(config, driver, health_source=health)
+        async_cleanup.append(lambda: servers.stop(grace=1.0))
         plugin = Plugin(config=config, session=session, inventory=inventory, client=client, state=state,
                         driver=driver, servers=servers, publisher=publisher, guard_verdict=verdict,
-                        recovery=recovery, state_problems=problems, health=health, metrics=metrics)
+                        recovery=recovery, state_problems=problems, health=health, metrics=metrics,
+                        metrics_server=metrics_server)
         plugin_ref.append(plugin)
-        if config.http_endpoint:
-            plugin.metrics_server = serve_metrics(metrics.registry, config.http_endpoint, config.metrics_path)
-        plugin._tasks.append(asyncio.create_task(publisher.run(), name="resourceslice-publisher"))
+        task = asyncio.create_task(publisher.run(), name="resourceslice-publisher")
+        task.add_done_callback(_report_task_end)
+        plugin._tasks.append(task)
         plugin.republish()
     except BaseException:
+        for cleanup in reversed(async_cleanup):
+            with contextlib.suppress(Exception):
+                await cleanup()
         stack.close()
         raise
     stack.pop_all()

@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         asyncio.run(main())
-    except DradriverError as exc:
+    except (DradriverError, OSError) as exc:
         logging.getLogger("dradriver").error("cannot start the kubelet plugin: %s", exc)
         return 1
     return 0

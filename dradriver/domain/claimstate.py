@@ -40,6 +40,7 @@ import datetime
 import enum
 import errno
 import fcntl
+import logging
 import os
 import threading
 import time
@@ -76,6 +77,8 @@ __all__ = [
     "HeldDevice",
     "ProblemKind",
 ]
+
+log = logging.getLogger(__name__)
 
 BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
 DEFAULT_COMPACT_MIN_BYTES = 1 << 20
@@ -249,6 +252,7 @@ class ClaimState:
         self._header_len = 0
         self._table: Any = backend.Table()
         self._pending: list[bytes] | None = None  # frames of an open group commit
+        self.compaction_failures = 0
         self._problems: list[ClaimStateProblem] = []
         self._compactions = 0
 
@@ -712,7 +716,16 @@ class ClaimState:
         self._header_len = len(data) - self._table.live_bytes
 
     def _compact(self) -> None:
-        self._write_journal()
+        """Rewrite the journal as a snapshot of the table.
+
+        :raises ClaimStateError: the snapshot could not be written (the old journal stays in place).
+        """
+        try:
+            self._write_journal()
+        except OSError as exc:
+            raise ClaimStateError(
+                f"cannot compact claim state {self._path}: {errno.errorcode.get(exc.errno or 0, '')} {exc}"
+            ) from exc
         self._compactions += 1
 
     def _append(self, frame: bytes) -> None:
@@ -732,7 +745,15 @@ class ClaimState:
         self._offset += len(frame)
         dead = self._offset - self._header_len - self._table.live_bytes
         if dead > self._compact_min_bytes and dead > self._compact_ratio * self._table.live_bytes:
-            self._compact()
+            # The record is already durable: a failed compaction (disk full, say) must not turn this
+            # acknowledged change into an error. The journal keeps growing and the next change tries again.
+            try:
+                self._compact()
+            except ClaimStateError as exc:
+                self.compaction_failures += 1
+                if self.compaction_failures == 1 or self.compaction_failures % 100 == 0:
+                    log.warning("%s (%d failures); the journal keeps growing until compaction succeeds", exc,
+                                self.compaction_failures)
 
 
 def _record(uid: str, raw: tuple[Any, ...]) -> ClaimRecord:

@@ -206,10 +206,15 @@ class HealthService:
         if self._worker is not None:
             self._worker.join(timeout=10)
             self._worker = None
-        with self._poll_lock:
-            if self.poll_loop is not None:
-                self.poll_loop.stop()
-                self.poll_loop = None
+        if self._poll_lock.acquire(timeout=10):
+            try:
+                if self.poll_loop is not None:
+                    self.poll_loop.stop()
+                    self.poll_loop = None
+            finally:
+                self._poll_lock.release()
+        else:  # a poll is stuck inside NVML: closing the poller under it would free what it uses
+            log.error("an NVML poll did not finish within 10 s; leaving the poller open")
         self._notify_watchers()
 
     def __enter__(self) -> HealthService:

@@ -71,7 +71,6 @@ class Driver:
     :param pool: this node's pool name (the node name).
     :param common: spec-level edits added to every claim spec (driver libraries, binaries, hooks), found once
         at start (``dradriver.domain.driverfiles``, ``cdi.driver_edits``).
-    :param on_change: called after every prepare/unprepare batch that changed the state (metrics).
     """
 
     def __init__(
@@ -83,7 +82,6 @@ class Driver:
         cdi_root: Path,
         node_info: cdi.DeviceNodeInfo,
         pool: str,
-        on_change: Callable[[], None] | None = None,
         metrics: DriverMetrics | None = None,
         common: cdi.ContainerEdits | None = None,
     ) -> None:
@@ -95,12 +93,13 @@ class Driver:
         self.node_info = node_info
         self.common = common
         self.pool = pool
-        self.on_change = on_change
         self.metrics = metrics
         self._lock = threading.Lock()  # in-process serialisation; ClaimState adds the node-wide flock
         self._seq = itertools.count(1)
         self._unprepared_at: dict[str, int] = {}
         self.preparations = 0  # claims actually prepared (not answered from state); for tests and metrics
+        self._counts: tuple[int, dict[str, int]] = (0, {})
+        self._prepared: dict[str, tuple[str, str]] = {}
 
     # ---------------------------------------------------------------------------------- prepare
     async def prepare_claims(self, claims: Sequence[ClaimRef]) -> Mapping[str, ClaimResult]:
@@ -119,17 +118,25 @@ class Driver:
         return results
 
     def _changed(self) -> None:
+        """After a batch, on the event loop: publish the views :meth:`_refresh_views` computed (no locking)."""
         if self.metrics is not None:
-            claims = self.state.claims()
-            by_type: dict[str, int] = {}
-            for record in claims.values():
-                for dev in record.devices:
-                    found = self.index.by_name.get(dev.device)
-                    kind = "unknown" if found is None else ("mig" if isinstance(found, MigDevice) else "gpu")
-                    by_type[kind] = by_type.get(kind, 0) + 1
-            self.metrics.set_prepared(len(claims), by_type)
-        if self.on_change is not None:
-            self.on_change()
+            claims, by_type = self._counts
+            self.metrics.set_prepared(claims, by_type)
+
+    def _refresh_views(self) -> None:
+        """In the worker thread, with the state at hand: device -> claim map and counts for metrics."""
+        claims = self.state.claims()
+        by_type: dict[str, int] = {}
+        devices: dict[str, tuple[str, str]] = {}
+        for record in claims.values():
+            for dev in record.devices:
+                found = self.index.by_name.get(dev.device)
+                kind = "unknown" if found is None else ("mig" if isinstance(found, MigDevice) else "gpu")
+                by_type[kind] = by_type.get(kind, 0) + 1
+                if record.phase is ClaimPhase.PREPARE_COMPLETED:
+                    devices.setdefault(dev.device, (record.namespace, record.name))
+        self._counts = (len(claims), by_type)
+        self._prepared = devices  # replaced whole: readers on other threads see the old or the new map
 
     def _fetch(self, ref: ClaimRef) -> Claim | str:
         try:
@@ -147,58 +154,58 @@ class Driver:
         3. under one group commit: record them PREPARE_COMPLETED (one sync); failed ones are rolled back.
 
         A claim's answer is given only after phase 3 is durable. A crash at any point leaves STARTED claims,
-        which the next start rolls back (:meth:`recover`), or COMPLETED ones whose specs are on disk.
+        which the next start rolls back (:meth:`recover`), or COMPLETED ones whose specs are on disk. Any
+        error, expected or not, stays with its claim: every UID of the batch gets an answer.
         """
         out: dict[str, ClaimResult] = {}
         todo: list[tuple[Claim, list[HeldDevice], list[GpuDevice | MigDevice]]] = []
-        with self._lock, self.state.locked():
+        written: list[tuple[Claim, list[HeldDevice]]] = []
+        with self._lock:
             try:
-                with self.state.group_commit():
-                    for ref, fetched in items:
-                        if isinstance(fetched, str):
-                            out[ref.uid] = ClaimResult(error=fetched)
-                            continue
+                with self.state.locked():
+                    with self.state.group_commit():
+                        for ref, fetched in items:
+                            if isinstance(fetched, str):
+                                out[ref.uid] = ClaimResult(error=fetched)
+                                continue
+                            try:
+                                answer = self._start_one(fetched, started)
+                            except Exception as exc:  # one claim's problem is that claim's answer
+                                out[ref.uid] = ClaimResult(error=_claim_error(ref, exc))
+                                continue
+                            if isinstance(answer, ClaimResult):
+                                out[ref.uid] = answer
+                            else:
+                                todo.append((fetched, *answer))
+                    failed: list[tuple[Claim, str]] = []
+                    for claim, held, devices in todo:
                         try:
-                            answer = self._start_one(fetched, started)
-                        except (ClaimError, ClaimConflictError, cdi.CdiSpecError) as exc:
-                            out[ref.uid] = ClaimResult(error=str(exc))
-                            continue
-                        except DradriverError as exc:
-                            log.error("prepare of claim %s failed: %s", ref, exc)
-                            out[ref.uid] = ClaimResult(error=f"claim {ref}: {exc}")
-                            continue
-                        if isinstance(answer, ClaimResult):
-                            out[ref.uid] = answer
-                        else:
-                            todo.append((fetched, *answer))
-            except DradriverError as exc:  # the batch's records could not be written: none was started
-                for claim, _, _ in todo:
-                    out[claim.ref.uid] = ClaimResult(error=f"claim {claim.ref}: cannot record claim state: {exc}")
-                return out
-            written: list[tuple[Claim, list[HeldDevice]]] = []
-            failed: list[tuple[Claim, str]] = []
-            for claim, held, devices in todo:
-                try:
-                    cdi.write_claim_spec(self.cdi_root, claim.ref.uid, devices, node_info=self.node_info,
-                                         common=self.common, sync_dir=False)
-                    written.append((claim, held))
-                except DradriverError as exc:
-                    failed.append((claim, str(exc)))
-            try:
-                if written:
-                    cdi.sync_directory(self.cdi_root)
-                with self.state.group_commit():
-                    for claim, _ in written:
-                        self.state.prepare_completed(claim.ref.uid)
-                    for claim, error in failed:
-                        self._roll_back(claim.ref.uid)
-                        out[claim.ref.uid] = ClaimResult(error=error)
+                            cdi.write_claim_spec(self.cdi_root, claim.ref.uid, devices, node_info=self.node_info,
+                                                 common=self.common, sync_dir=False)
+                            written.append((claim, held))
+                        except Exception as exc:
+                            failed.append((claim, _claim_error(claim.ref, exc)))
+                    if written:
+                        cdi.sync_directory(self.cdi_root)
+                    with self.state.group_commit():
+                        for claim, _ in written:
+                            self.state.prepare_completed(claim.ref.uid)
+                        for claim, error in failed:
+                            out[claim.ref.uid] = ClaimResult(error=error)
+                            try:
+                                self._roll_back(claim.ref.uid)
+                            except Exception:  # left STARTED: rolled back by the kubelet's retry or at start
+                                log.exception("rolling back claim %s failed", claim.ref)
             except (OSError, DradriverError) as exc:
-                # Not durable: answer with errors; the STARTED records are rolled back at the next start or
+                # The claim state or the CDI directory could not be made durable: no claim of the batch that
+                # was still in progress is acknowledged. STARTED records are rolled back at the next start, or
                 # redone when the kubelet retries.
-                for claim, _ in written:
-                    out[claim.ref.uid] = ClaimResult(error=f"claim {claim.ref}: cannot record claim state: {exc}")
-                return out
+                for claim, _, _ in todo:
+                    out.setdefault(claim.ref.uid, ClaimResult(error=f"claim {claim.ref}: cannot record claim "
+                                                                    f"state: {exc}"))
+                written = []
+            finally:
+                self._refresh_views()
         for claim, held in written:
             self.preparations += 1
             log.info("prepared claim %s: %s", claim.ref, ", ".join(h.device for h in held))
@@ -213,9 +220,12 @@ class Driver:
         if self._unprepared_at.get(ref.uid, 0) > started:
             raise ClaimError(ref, "the claim was unprepared while this prepare was in flight; not preparing it")
         record = self.state.get(ref.uid)
-        if record is not None and record.phase is ClaimPhase.PREPARE_COMPLETED:
+        adopted = record is not None and not record.namespace and not record.name
+        if record is not None and record.phase is ClaimPhase.PREPARE_COMPLETED and not adopted:
             self._ensure_spec(record)
             return ClaimResult(devices=tuple(d.to_prepared() for d in record.devices))
+        # New, half-prepared, or adopted from a CDI spec after state damage (request names unknown): prepare
+        # from the claim itself; the devices it already holds count as its own in the conflict check.
         held, devices = self._resolve(claim)
         self.state.prepare_started(
             ref.uid,
@@ -311,11 +321,14 @@ class Driver:
             try:
                 with self.state.locked():
                     for ref in claims:
-                        self._unprepared_at[ref.uid] = next(self._seq)
+                        self._unprepared_at.pop(ref.uid, None)
+                        self._unprepared_at[ref.uid] = next(self._seq)  # newest last: eviction keeps recent ones
                         try:
                             # Unknown claims succeed; a spec of that UID (adopted or leaked) goes too.
                             cdi.delete_claim_spec(self.cdi_root, ref.uid)
-                        except DradriverError as exc:
+                        except Exception as exc:
+                            if not isinstance(exc, DradriverError):
+                                log.error("unprepare of claim %s failed unexpectedly", ref, exc_info=exc)
                             out[ref.uid] = f"claim {ref}: unprepare failed: {exc}"
                             continue
                         if self.state.get(ref.uid) is None:
@@ -325,10 +338,12 @@ class Driver:
                     with self.state.group_commit():
                         for ref in stored:
                             self.state.remove(ref.uid)
-            except DradriverError as exc:
+            except (OSError, DradriverError) as exc:
                 for ref in stored:
                     out[ref.uid] = f"claim {ref}: unprepare failed: {exc}"
                 stored = []
+            finally:
+                self._refresh_views()
             for ref in stored:
                 log.info("unprepared claim %s", ref)
                 out[ref.uid] = ""
@@ -364,14 +379,20 @@ class Driver:
                 match = _SPEC_FILE.match(name)
                 if not match or match["uid"] in known:
                     continue
-                if state_damaged and self._adopt(match["uid"], self.cdi_root / name):
-                    adopted.append(match["uid"])
+                if state_damaged:
+                    # The spec may belong to a running container whose claim record was lost: never delete it.
+                    if self._adopt(match["uid"], self.cdi_root / name):
+                        adopted.append(match["uid"])
+                    else:
+                        log.error("kept orphan CDI spec %s: the claim state was damaged and the spec could not "
+                                  "be adopted; the kubelet's unprepare of its claim removes it", name)
                     continue
                 cdi.delete_claim_spec(self.cdi_root, match["uid"])
                 removed.append(match["uid"])
                 log.warning("removed orphan CDI spec %s (no prepared claim owns it)", name)
             held = {d.device for r in self.state.claims().values() for d in r.devices}
             missing = sorted(held - set(self.index.by_name))
+            self._refresh_views()
         if missing:
             log.error("prepared claims hold devices this node no longer has: %s", ", ".join(missing))
         return RecoveryReport(tuple(rolled_back), tuple(removed), len(self.state), tuple(missing), tuple(adopted))
@@ -401,15 +422,19 @@ class Driver:
         return True
 
     def prepared_devices(self) -> dict[str, tuple[str, str]]:
-        """DRA device name -> (claim namespace, claim name) for every completed claim (metrics labels)."""
-        out: dict[str, tuple[str, str]] = {}
-        for record in self.state.claims().values():
-            if record.phase is ClaimPhase.PREPARE_COMPLETED:
-                for dev in record.devices:
-                    out.setdefault(dev.device, (record.namespace, record.name))
-        return out
+        """DRA device name -> (claim namespace, claim name) for every completed claim (metrics labels).
+
+        A snapshot taken after the last batch; safe to call from any thread, never waits on the claim state.
+        """
+        return self._prepared
 
 
-def monotonic() -> float:
-    """Seconds on the monotonic clock (one place, so tests can reason about it)."""
-    return time.monotonic()
+def _claim_error(ref: ClaimRef, exc: BaseException) -> str:
+    """The per-claim error string for ``exc``: its own message for our errors, a logged traceback otherwise."""
+    if isinstance(exc, ClaimError | ClaimConflictError | cdi.CdiSpecError):
+        return str(exc)
+    if isinstance(exc, DradriverError):
+        log.error("prepare of claim %s failed: %s", ref, exc)
+        return f"claim {ref}: {exc}"
+    log.error("prepare of claim %s failed unexpectedly", ref, exc_info=exc)
+    return f"claim {ref}: internal error ({type(exc).__name__}: {exc}); see the plugin log"

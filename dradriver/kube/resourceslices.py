@@ -392,16 +392,23 @@ class SlicePublisher:
                     log.error("not publishing pool %s: %s", self.pool_name, exc)
                     self._report(exc)
                     continue
-                except (errors.KubeAPIError, OSError) as exc:
+                except Exception as exc:  # API errors and anything unexpected: report, back off, keep going
                     self.failures += 1
-                    log.warning("publishing pool %s failed, retrying in %.2fs: %s", self.pool_name, backoff, exc)
+                    if isinstance(exc, errors.KubeAPIError | OSError):
+                        log.warning("publishing pool %s failed, retrying in %.2fs: %s", self.pool_name, backoff, exc)
+                    else:
+                        log.error("publishing pool %s failed unexpectedly, retrying in %.2fs", self.pool_name,
+                                  backoff, exc_info=exc)
                     self._report(exc)
                     self.resync(backoff)
                     backoff = min(backoff * 2, self.backoff_max_s)
                     continue
                 backoff = self.backoff_initial_s
                 if self.on_publish is not None:
-                    self.on_publish(result)
+                    try:
+                        self.on_publish(result)
+                    except Exception:
+                        log.exception("on_publish callback failed")
                 self.resync(self.resync_period_s)
         finally:
             self._stopping.set()
@@ -448,10 +455,14 @@ class SlicePublisher:
                               kind.lower(), self.resync_delay_s)
                     self.resync(self.resync_delay_s)
                 backoff = self.backoff_initial_s
-            except errors.KubeAPIError as exc:
+            except Exception as exc:  # the watch must outlive any one bad response
                 if self._stopping.is_set():
                     return
-                log.debug("watch on ResourceSlices ended: %s; re-opening in %.2fs", exc, backoff)
+                if isinstance(exc, errors.KubeAPIError):
+                    log.debug("watch on ResourceSlices ended: %s; re-opening in %.2fs", exc, backoff)
+                else:
+                    log.warning("watch on ResourceSlices failed unexpectedly; re-opening in %.2fs", backoff,
+                                exc_info=exc)
                 resource_version = ""
                 self._stopping.wait(backoff)
                 backoff = min(backoff * 2, self.backoff_max_s)

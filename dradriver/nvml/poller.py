@@ -55,14 +55,16 @@ class PollLoop:
         self.interval_s = interval_s
         self._on_sample = on_sample
         self._stop = threading.Event()
+        self._lock = threading.Lock()  # the native poller is used by one thread at a time (shared buffers)
         self._thread: threading.Thread | None = None
         self.latest: nvmlfields.Sample | None = None
         self.polls = 0
         self.errors_by_code: dict[int, int] = {}
 
     def poll_once(self) -> nvmlfields.Sample:
-        """Poll now on the calling thread, store and return the sample."""
-        sample: nvmlfields.Sample = self._poller.poll()  # type: ignore[attr-defined]
+        """Poll now on the calling thread, store and return the sample (thread-safe)."""
+        with self._lock:
+            sample: nvmlfields.Sample = self._poller.poll()  # type: ignore[attr-defined]
         statuses: Sequence[int] = sample.status  # type: ignore[assignment]
         for code in set(statuses):
             if code not in (nvmlfields.NVML_SUCCESS, nvmlfields.NVML_ERROR_NOT_SUPPORTED):
@@ -93,4 +95,5 @@ class PollLoop:
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
-        self._poller.close()  # type: ignore[attr-defined]
+        with self._lock:
+            self._poller.close()  # type: ignore[attr-defined]

@@ -67,3 +67,19 @@ def test_same_bytes_as_one_by_one(open_state: Opener, state_dir: Path, tmp_path:
         assert (other_dir / "claims.state").read_bytes() == data_grouped
     finally:
         single.close()
+
+
+def test_failed_compaction_keeps_the_acknowledged_change(open_state: Opener, state_dir: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    state = open_state(compact_min_bytes=0, compact_ratio=0.0)  # every change would compact
+
+    def disk_full(self: ClaimState) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ClaimState, "_write_journal", disk_full)
+    for i in range(3):  # each record is durable although its compaction fails (completion leaves dead bytes)
+        state.prepare_started(f"u{i}", namespace="ns", name=f"c{i}", devices=_held(f"gpu-{i}"))
+        state.prepare_completed(f"u{i}")
+    assert state.compaction_failures >= 3
+    monkeypatch.undo()
+    assert set(open_state().claims()) == {"u0", "u1", "u2"}

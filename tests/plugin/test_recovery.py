@@ -171,6 +171,9 @@ def test_corrupt_state_is_reported_and_claims_holding_devices_are_not_forgotten(
             intruder = set_allocation(sandbox, sandbox.api.create(claim_object("intruder")), [result("gpu-1")])
             err = (await kubelet.prepare([ref_of(intruder)]))[intruder["metadata"]["uid"]].error
             assert "already prepared" in err
+            # A repeated prepare of an adopted claim is answered from the claim itself (request names known).
+            again = await kubelet.prepare(refs)
+            assert all(r.error == "" and r.devices[0].request_names == ("gpu",) for r in again.values()), again
             assert await kubelet.unprepare(refs) == {r.uid: "" for r in refs}
             assert sandbox.cdi_specs() == []
         events = [e for e in sandbox.api.objects("Event") if e.get("reason") == "ClaimStateCorrupt"]
