@@ -545,16 +545,17 @@ def write_file_atomically(path: Path, data: bytes, *, mode: int = SPEC_FILE_MODE
         sync_directory(directory)
 
 
-def remove_stale_temp_files(cdi_root: Path | str, claim_uid: str) -> int:
-    """Remove temp files a crashed writer left for this claim's spec; return how many."""
-    prefix = f".{claim_spec_name(claim_uid)}.tmp-"
+def remove_stale_temp_files(cdi_root: Path | str, claim_uid: str | None = None) -> int:
+    """Remove temp files a crashed writer left for this claim's spec (every claim's when ``claim_uid`` is
+    ``None``); return how many. Lists the directory: O(files in the CDI root)."""
+    prefix = f".{claim_spec_name(claim_uid)}.tmp-" if claim_uid is not None else f".{VENDOR}-{CLASS}_"
     removed = 0
     try:
         names = os.listdir(cdi_root)
     except FileNotFoundError:
         return 0
     for name in names:
-        if name.startswith(prefix):
+        if name.startswith(prefix) and ".tmp-" in name:
             try:
                 os.unlink(os.path.join(cdi_root, name))
                 removed += 1
@@ -572,10 +573,13 @@ def write_claim_spec(
     common: ContainerEdits | None = None,
     extra_edits: Mapping[str, ContainerEdits] | None = None,
     sync_dir: bool = True,
+    clean_temp: bool = True,
 ) -> Path:
     """Render the claim's spec and write it atomically with mode 0644; return the file's path.
 
     ``sync_dir=False``: the caller fsyncs the CDI root itself (:func:`sync_directory`) before relying on it.
+    ``clean_temp=False``: skip the per-claim temp-file sweep (a directory listing); callers that sweep once at
+    start (:func:`remove_stale_temp_files` without a claim UID) keep each write O(1).
 
     Idempotent: writing again replaces the file. A ``.yaml`` spec for the same claim (as NVIDIA's own plugin
     writes) is removed afterwards, because the same device defined in two files of one directory makes
@@ -586,7 +590,8 @@ def write_claim_spec(
     data = render_claim_spec(claim_uid, devices, node_info=node_info, common=common, extra_edits=extra_edits)
     path = claim_spec_path(cdi_root, claim_uid)
     try:
-        remove_stale_temp_files(cdi_root, claim_uid)
+        if clean_temp:
+            remove_stale_temp_files(cdi_root, claim_uid)
         write_file_atomically(path, data, sync_dir=sync_dir)
         _unlink(path.with_suffix(".yaml"))
     except OSError as exc:
@@ -602,10 +607,11 @@ def _unlink(path: Path) -> bool:
     return True
 
 
-def delete_claim_spec(cdi_root: Path | str, claim_uid: str) -> bool:
+def delete_claim_spec(cdi_root: Path | str, claim_uid: str, *, clean_temp: bool = True) -> bool:
     """Remove the claim's spec (and a ``.yaml`` twin or leftover temp files); True if a spec existed.
 
-    A missing file is not an error (unprepare may run twice).
+    A missing file is not an error (unprepare may run twice). ``clean_temp=False`` as for
+    :func:`write_claim_spec`.
 
     :raises CdiSpecError: the file exists but cannot be removed.
     """
@@ -613,7 +619,8 @@ def delete_claim_spec(cdi_root: Path | str, claim_uid: str) -> bool:
     try:
         found = _unlink(path)
         found = _unlink(path.with_suffix(".yaml")) or found
-        remove_stale_temp_files(cdi_root, claim_uid)
+        if clean_temp:
+            remove_stale_temp_files(cdi_root, claim_uid)
     except OSError as exc:
         raise CdiSpecError(f"claim {claim_uid}: cannot delete CDI spec {path}: {exc}") from exc
     return found

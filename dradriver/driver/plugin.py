@@ -181,7 +181,7 @@ class Driver:
                     for claim, held, devices in todo:
                         try:
                             cdi.write_claim_spec(self.cdi_root, claim.ref.uid, devices, node_info=self.node_info,
-                                                 common=self.common, sync_dir=False)
+                                                 common=self.common, sync_dir=False, clean_temp=False)
                             written.append((claim, held))
                         except Exception as exc:
                             failed.append((claim, _claim_error(claim.ref, exc)))
@@ -325,7 +325,7 @@ class Driver:
                         self._unprepared_at[ref.uid] = next(self._seq)  # newest last: eviction keeps recent ones
                         try:
                             # Unknown claims succeed; a spec of that UID (adopted or leaked) goes too.
-                            cdi.delete_claim_spec(self.cdi_root, ref.uid)
+                            cdi.delete_claim_spec(self.cdi_root, ref.uid, clean_temp=False)
                         except Exception as exc:
                             if not isinstance(exc, DradriverError):
                                 log.error("unprepare of claim %s failed unexpectedly", ref, exc_info=exc)
@@ -371,6 +371,9 @@ class Driver:
                     rolled_back.append(uid)
                     log.warning("rolled back claim %s left half-prepared by an earlier run", record.ref)
             known = set(self.state.claims())
+            temps = cdi.remove_stale_temp_files(self.cdi_root)  # once here, so each prepare stays O(1)
+            if temps:
+                log.warning("removed %d temporary CDI file(s) a crashed write left behind", temps)
             try:
                 names = os.listdir(self.cdi_root)
             except FileNotFoundError:
