@@ -218,11 +218,14 @@ def test_newer_state_format_is_refused_with_a_clear_message(sandbox: SandboxNode
 def test_stale_cdi_spec_without_a_claim_is_removed_at_start(sandbox: SandboxNode) -> None:
     stray = cdi.claim_spec_path(sandbox.cdi_root, "33333333-3333-3333-3333-333333333333")
     stray.write_text('{"cdiVersion": "0.5.0", "kind": "k8s.gpu.nvidia.com/claim", "devices": []}')
+    torn = sandbox.cdi_root / f".{stray.name}.tmp-0a1b2c"  # a write killed before its rename
+    torn.write_text('{"cdiVersion": "0.5')
 
     async def body() -> None:
         async with running(sandbox.config()) as (plugin, _):
             assert plugin.recovery.orphan_specs_removed == ("33333333-3333-3333-3333-333333333333",)
             assert not stray.exists()
+            assert not torn.exists()
 
     asyncio.run(body())
 
