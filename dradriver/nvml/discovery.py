@@ -251,45 +251,8 @@ class _Discoverer:
         )
 
     def fabric(self, handle: Any, where: str) -> FabricInfo | None:
-        """``nvmlDeviceGetGpuFabricInfoV`` (v3, then v2), else v1; ``None`` when fabric is not supported.
-
-        pynvml passes the struct argument through unchanged, so it must be a pointer (``byref``).
-        """
-        s = self.s
-        for struct in (pynvml.c_nvmlGpuFabricInfo_v3_t, pynvml.c_nvmlGpuFabricInfo_v2_t):
-            info = struct()
-            try:
-                got = s.optional(
-                    pynvml.nvmlDeviceGetGpuFabricInfoV, handle, ctypes.byref(info), context=f"fabric info on {where}"
-                )
-            except NvmlError as exc:
-                if exc.code == pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH:
-                    continue
-                raise
-            if got is None:
-                break
-            return FabricInfo(
-                cluster_uuid=_uuid_text(info.clusterUuid),
-                clique_id=int(info.cliqueId),
-                state=int(info.state),
-                status=int(info.status),
-                health_mask=int(info.healthMask),
-                health_summary=int(getattr(info, "healthSummary", 0)),
-            )
-        v1 = pynvml.c_nvmlGpuFabricInfo_t()
-        got_v1 = s.optional(
-            pynvml.nvmlDeviceGetGpuFabricInfo, handle, ctypes.byref(v1), context=f"fabric info on {where}"
-        )
-        if got_v1 is None:
-            return None
-        return FabricInfo(
-            cluster_uuid=_uuid_text(v1.clusterUuid),
-            clique_id=int(v1.cliqueId),
-            state=int(v1.state),
-            status=int(v1.status),
-        )
-
-    # -- MIG ---------------------------------------------------------------------------------------------
+        """See :func:`read_fabric_info`."""
+        return read_fabric_info(self.s, handle, where)
 
     def gi_profiles(self, gpu: GpuDevice) -> dict[int, _GiProfile]:
         """GI profile ID -> (profile index, info) for every profile the GPU supports."""
@@ -409,6 +372,50 @@ class _Discoverer:
             self.warn(f"GPUs disagree on the fabric clique, none is published ({detail})")
             return None
         return next(iter(members), None)
+
+
+def read_fabric_info(session: NvmlSession, handle: Any, where: str) -> FabricInfo | None:
+    """``nvmlDeviceGetGpuFabricInfoV`` (v3, then v2), else v1, of one GPU; ``None`` when fabric is not supported.
+
+    Shared by discovery and the health monitor, so both read the same fields.
+
+    pynvml passes the struct argument through unchanged, so it must be a pointer (``byref``).
+    """
+    s = session
+    for struct in (pynvml.c_nvmlGpuFabricInfo_v3_t, pynvml.c_nvmlGpuFabricInfo_v2_t):
+        info = struct()
+        try:
+            got = s.optional(
+                pynvml.nvmlDeviceGetGpuFabricInfoV, handle, ctypes.byref(info), context=f"fabric info on {where}"
+            )
+        except NvmlError as exc:
+            if exc.code == pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH:
+                continue
+            raise
+        if got is None:
+            break
+        return FabricInfo(
+            cluster_uuid=_uuid_text(info.clusterUuid),
+            clique_id=int(info.cliqueId),
+            state=int(info.state),
+            status=int(info.status),
+            health_mask=int(info.healthMask),
+            health_summary=int(getattr(info, "healthSummary", 0)),
+        )
+    v1 = pynvml.c_nvmlGpuFabricInfo_t()
+    got_v1 = s.optional(
+        pynvml.nvmlDeviceGetGpuFabricInfo, handle, ctypes.byref(v1), context=f"fabric info on {where}"
+    )
+    if got_v1 is None:
+        return None
+    return FabricInfo(
+        cluster_uuid=_uuid_text(v1.clusterUuid),
+        clique_id=int(v1.cliqueId),
+        state=int(v1.state),
+        status=int(v1.status),
+    )
+
+# -- MIG ---------------------------------------------------------------------------------------------
 
 
 def discover(session: NvmlSession, *, sysfs_root: Path = Path("/sys")) -> NodeInventory:

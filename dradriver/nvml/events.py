@@ -31,7 +31,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import pynvml
@@ -92,9 +91,7 @@ def read_fabric(session: NvmlSession, uuid: str) -> FabricInfo | None:
     """
     from dradriver.nvml import discovery
 
-    handle = session.device_by_uuid(uuid)
-    reader = discovery._Discoverer(session, Path("/sys"))
-    return reader.fabric(handle, uuid)
+    return discovery.read_fabric_info(session, session.device_by_uuid(uuid), uuid)
 
 
 class EventMonitor:
