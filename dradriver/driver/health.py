@@ -169,6 +169,7 @@ class HealthService:
         self._xids: dict[str, XidStats] = {}
         self._dbe: dict[str, float] = {}
         self._errors: dict[int, int] = {}
+        self._errors_lock = threading.Lock()  # the poll, monitor and fabric paths all count errors
         self._poller_errors_seen: dict[int, int] = {}
         self._monitor_errors_seen: dict[int, int] = {}
 
@@ -272,7 +273,8 @@ class HealthService:
                 log.error("cannot open the NVML poller (retrying every %g s): %s", self.poll_interval_s, exc)
 
     def _count_error(self, code: int, n: int = 1) -> None:
-        self._errors[code] = self._errors.get(code, 0) + n
+        with self._errors_lock:
+            self._errors[code] = self._errors.get(code, 0) + n
         if self.on_nvml_error is not None:
             for _ in range(n):
                 self.on_nvml_error(code)
@@ -469,7 +471,7 @@ class HealthService:
 
     def nvml_errors(self) -> dict[int, int]:
         """``nvmlReturn_t`` -> failed NVML calls seen by the poller, the monitor and the fabric queries."""
-        with self._lock:
+        with self._errors_lock:
             return dict(self._errors)
 
     def _notify_watchers(self) -> None:
