@@ -303,7 +303,9 @@ async def start_servers(
         log.info("DRA server listening on %s", dra_path)
 
         if config.healthcheck_port >= 0:
-            probe = await health.create_probe_servicer(_dra_services(health_source))
+            probe = await health.create_probe_servicer(
+                _dra_services(health_source), registration_socket=str(registration_path), dra_socket=str(dra_path)
+            )
             probe_server = grpc.aio.server()
             health_pb2_grpc.add_HealthServicer_to_server(probe, probe_server)
             servers._probe, servers._probe_server = probe, probe_server

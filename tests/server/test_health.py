@@ -150,3 +150,26 @@ def test_probe_disabled_by_default(short_dir: Path) -> None:
             return servers.health_port
 
     assert run(scenario()) is None
+
+
+def test_liveness_fails_when_the_plugin_stops_answering(short_dir: Path) -> None:
+    """``""``/``liveness`` checks GetInfo and an empty NodePrepareResources end to end (NVIDIA's semantics)."""
+
+    async def scenario() -> None:
+        config = make_config(short_dir, healthcheck_port=0)
+        servers = await start_servers(config, TablePreparer())
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{servers.health_port}") as channel:
+                stub = health_pb2_grpc.HealthStub(channel)
+                for service in ("", "liveness"):
+                    reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+                    assert reply.status == health_pb2.HealthCheckResponse.SERVING
+                # The DRA server goes away while the probe server stays: liveness must notice.
+                assert servers._dra_server is not None
+                await servers._dra_server.stop(0)
+                reply = await stub.Check(health_pb2.HealthCheckRequest(service="liveness"), timeout=5)
+                assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
+        finally:
+            await servers.stop()
+
+    run(scenario())
