@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +62,30 @@ async def _start_plugin_process(sandbox: SandboxNode) -> asyncio.subprocess.Proc
     )
 
 
+@contextlib.asynccontextmanager
+async def _plugin_process(sandbox: SandboxNode) -> AsyncIterator[tuple[asyncio.subprocess.Process, Any]]:
+    """The plugin as its own process, registered through the kubelet emulator; killed on exit if still alive."""
+    proc = await _start_plugin_process(sandbox)
+    try:
+        async with KubeletEmulator(sandbox.config().kubelet_registrar_directory_path) as kubelet:
+            yield proc, await kubelet.wait_for_plugin("gpu.nvidia.com", timeout=30)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
+
+
+async def _sigkill_during(proc: asyncio.subprocess.Process, call: Any, delay_s: float) -> None:
+    """Start ``call``, SIGKILL the plugin after ``delay_s`` seconds, and let the call end however it ends."""
+    task = asyncio.create_task(call)
+    await asyncio.sleep(delay_s)
+    proc.send_signal(signal.SIGKILL)
+    try:
+        await task
+    except KubeletError:
+        pass  # the connection died with the process
+
+
 def _check_converged(sandbox: SandboxNode, state_uids: set[str]) -> None:
     """Every stored claim is completed with its spec; no spec without a claim."""
     spec_uids = {p.name.removeprefix("k8s.gpu.nvidia.com-claim_").removesuffix(".json") for p in sandbox.cdi_specs()}
@@ -80,28 +106,15 @@ def test_sigkill_during_prepare_then_restart_converges(sandbox: SandboxNode, see
     rng = random.Random(seed)
 
     async def body() -> None:
-        proc = await _start_plugin_process(sandbox)
-        try:
-            async with KubeletEmulator(sandbox.config().kubelet_registrar_directory_path) as kubelet:
-                connection = await kubelet.wait_for_plugin("gpu.nvidia.com", timeout=30)
-                await wait_for(lambda: sum(len(s["spec"]["devices"]) for s in _slices(sandbox)) >= 61, 30)
-                names = sorted(p["name"] for s in _slices(sandbox) for p in s["spec"]["devices"])
-                refs = [ref_of(set_allocation(sandbox, sandbox.api.create(claim_object(f"k{seed}-{i}")),
-                                              [result(name)]))  # type: ignore[union-attr]
-                        for i, name in enumerate(names[:61])]
-                warm, batch = refs[0], refs[1:]
-                assert (await connection.prepare([warm]))[warm.uid].error == ""
-                call = asyncio.create_task(connection.prepare(batch))
-                await asyncio.sleep(rng.uniform(0.0, 0.25))
-                proc.send_signal(signal.SIGKILL)
-                try:
-                    await call
-                except KubeletError:
-                    pass  # the connection died with the process
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-            await proc.wait()
+        async with _plugin_process(sandbox) as (proc, connection):
+            await wait_for(lambda: sum(len(s["spec"]["devices"]) for s in _slices(sandbox)) >= 61, 30)
+            names = sorted(p["name"] for s in _slices(sandbox) for p in s["spec"]["devices"])
+            refs = [ref_of(set_allocation(sandbox, sandbox.api.create(claim_object(f"k{seed}-{i}")),
+                                          [result(name)]))  # type: ignore[union-attr]
+                    for i, name in enumerate(names[:61])]
+            warm, batch = refs[0], refs[1:]
+            assert (await connection.prepare([warm]))[warm.uid].error == ""
+            await _sigkill_during(proc, connection.prepare(batch), rng.uniform(0.0, 0.25))
         # Restart in process: recovery rolls back half-prepared claims and removes orphan specs.
         async with running(sandbox.config()) as (plugin, connection):
             state_uids = set(plugin.state.claims())
@@ -237,22 +250,9 @@ def test_sigkill_during_unprepare_then_restart_converges(sandbox: SandboxNode, s
     rng = random.Random(seed)
 
     async def body() -> None:
-        proc = await _start_plugin_process(sandbox)
-        try:
-            async with KubeletEmulator(sandbox.config().kubelet_registrar_directory_path) as kubelet:
-                connection = await kubelet.wait_for_plugin("gpu.nvidia.com", timeout=30)
-                assert all(r.error == "" for r in (await connection.prepare(refs)).values())
-                call = asyncio.create_task(connection.unprepare(refs))
-                await asyncio.sleep(rng.uniform(0.0, 0.03))
-                proc.send_signal(signal.SIGKILL)
-                try:
-                    await call
-                except KubeletError:
-                    pass
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-            await proc.wait()
+        async with _plugin_process(sandbox) as (proc, connection):
+            assert all(r.error == "" for r in (await connection.prepare(refs)).values())
+            await _sigkill_during(proc, connection.unprepare(refs), rng.uniform(0.0, 0.03))
         async with running(sandbox.config()) as (plugin, connection):
             # Never a spec without a claim (a claim whose spec is already gone may remain until the retry).
             specs = {p.name.removeprefix("k8s.gpu.nvidia.com-claim_").removesuffix(".json")
