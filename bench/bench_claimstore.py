@@ -1,7 +1,7 @@
 """Scenario 3: one prepare+unprepare pair of the claim store with 10, 1,000 and 10,000 claims already prepared.
 
 Variants (``extra_info["variant"]`` = ``<variant>_<claims>``): ``extension`` (ext/claimstore.pyx),
-``twin`` (dradriver/_native/claimstore_py.py), both through :class:`dradriver.domain.claimstate.ClaimState`
+``twin`` (dradriver/_native/claimstore_py.py), both through :class:`dradriver.host.claimstate.ClaimState`
 (journal append + ``fdatasync`` per step, node-wide ``flock``, amortised compaction included), and
 ``whole_file``: the reference Go driver's scheme (``nvidia-dra-driver.md`` section 4.4), one JSON
 checkpoint of every prepared claim rewritten whole (temp file, fsync, rename) at each of the three steps.
@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from dradriver.domain.claimstate import ClaimState, HeldDevice
+from dradriver.host.claimstate import ClaimState, HeldDevice
 
 SCENARIO = "claimstore_pair"
 TMPFS = Path("/dev/shm")
@@ -165,7 +165,7 @@ _RSS_PROBE = textwrap.dedent(
     from pathlib import Path
     sys.path.insert(0, sys.argv[4])
     from bench import bench_claimstore as b
-    from dradriver.domain.claimstate import ClaimState
+    from dradriver.host.claimstate import ClaimState
 
     def rss_kib():
         for line in open("/proc/self/status"):

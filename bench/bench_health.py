@@ -1,6 +1,6 @@
 """Health scenarios on an 8-GPU node with every GPU in MIG mode (8 GPUs x 7 MIG devices, ``bench/nvmlenv.py``).
 
-* ``health_cycle_8gpu_7mig``: one poll-and-publish cycle of :class:`dradriver.driver.health.HealthService`:
+* ``health_cycle_8gpu_7mig``: one poll-and-publish cycle of :class:`dradriver.health.monitor.HealthMonitor`:
   the compiled poll of all 64 devices, the health checks and tracker update, and the ResourceSlice build
   with the resulting taints (one GPU tainted). Variants: ``poll_track_build`` (the whole cycle),
   ``poll_track`` (without the slice build) and ``build`` (the slice build alone).
@@ -21,10 +21,10 @@ import pytest
 from prometheus_client import generate_latest
 
 from bench import nvmlenv
-from dradriver.domain.health import FaultKind, HealthEvent
+from dradriver.domain.faults import FaultKind, HealthEvent
 from dradriver.domain.resourceslices import build_resource_slices
-from dradriver.driver.health import HealthService
-from dradriver.driver.metrics import DriverMetrics
+from dradriver.health.metrics import DriverMetrics
+from dradriver.health.monitor import HealthMonitor
 from dradriver.nvml.discovery import discover
 from dradriver.nvml.session import open_session
 
@@ -34,14 +34,14 @@ SCRAPE = f"metrics_scrape_{SUFFIX}"
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HealthService]:
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HealthMonitor]:
     directory = tmp_path_factory.mktemp("health")
     profile = "" if nvmlenv.REAL else str(nvmlenv.all_mig_profile(directory))
     session = open_session(mock_profile=profile)
     sysfs = directory / "sys"
     sysfs.mkdir()
     inventory = discover(session, sysfs_root=sysfs)
-    svc = HealthService(inventory, pool_name="node-bench", session=session, poll_interval_s=3600.0)
+    svc = HealthMonitor(inventory, pool_name="node-bench", session=session, poll_interval_s=3600.0)
     if inventory.gpus:
         svc.record(HealthEvent(inventory.gpus[0].uuid, FaultKind.XID, time=time.monotonic(), xid=79))
     yield svc
@@ -49,7 +49,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HealthService]
     session.close()
 
 
-def _info(benchmark: Any, scenario: str, variant: str, svc: HealthService) -> None:
+def _info(benchmark: Any, scenario: str, variant: str, svc: HealthMonitor) -> None:
     benchmark.extra_info.update(
         scenario=scenario,
         variant=variant,
@@ -58,7 +58,7 @@ def _info(benchmark: Any, scenario: str, variant: str, svc: HealthService) -> No
     )
 
 
-def test_cycle_poll_track_build(benchmark: Any, service: HealthService) -> None:
+def test_cycle_poll_track_build(benchmark: Any, service: HealthMonitor) -> None:
     def cycle() -> list[dict[str, Any]]:
         service.poll_now()
         return build_resource_slices(service.inventory, "node-bench", taints=service.taints())
@@ -69,19 +69,19 @@ def test_cycle_poll_track_build(benchmark: Any, service: HealthService) -> None:
     assert any(d.get("taints") for s in slices for d in s["spec"]["devices"]) == bool(service.inventory.gpus)
 
 
-def test_cycle_poll_track(benchmark: Any, service: HealthService) -> None:
+def test_cycle_poll_track(benchmark: Any, service: HealthMonitor) -> None:
     _info(benchmark, CYCLE, "poll_track", service)
     sample = benchmark(service.poll_now)
     assert sample is not None and len(sample.devices) == len(service.device_uuids)
 
 
-def test_cycle_build(benchmark: Any, service: HealthService) -> None:
+def test_cycle_build(benchmark: Any, service: HealthMonitor) -> None:
     taints = service.taints()
     _info(benchmark, CYCLE, "build", service)
     benchmark(build_resource_slices, service.inventory, "node-bench", taints=taints)
 
 
-def test_scrape(benchmark: Any, service: HealthService) -> None:
+def test_scrape(benchmark: Any, service: HealthMonitor) -> None:
     service.poll_now()
     metrics = DriverMetrics(node="node-bench")
     metrics.attach_devices(service, claim_of=lambda name: ("default", f"claim-{name}") if "mig" in name else None)

@@ -34,7 +34,7 @@ _PROBE = textwrap.dedent(
     directory, profile = Path(sys.argv[1]), sys.argv[2]
     from dradriver import app  # noqa: F401  -- every module the plugin imports
     from dradriver.domain import cdi, resourceslices
-    from dradriver.domain.claimstate import ClaimState, HeldDevice
+    from dradriver.host.claimstate import ClaimState, HeldDevice
     from dradriver.nvml.discovery import discover
     from dradriver.nvml.session import open_session
     out = {}

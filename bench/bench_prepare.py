@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from bench import nvmlenv
-from dradriver.app import Plugin, start_plugin
+from dradriver.app import GpuPlugin, start_plugin
 from dradriver.domain.claims import ClaimRef
 from dradriver.sandbox.kubelet import KubeletEmulator, PluginConnection
 from dradriver.sandbox.node import SandboxNode
@@ -32,12 +32,12 @@ class Harness:
     def __init__(self, profile: Path) -> None:
         self.loop = asyncio.new_event_loop()
         self.node = SandboxNode(profile=str(profile))
-        self.plugin: Plugin = self.loop.run_until_complete(start_plugin(self.node.config(log_level="error")))
+        self.plugin: GpuPlugin = self.loop.run_until_complete(start_plugin(self.node.config(log_level="error")))
         self.kubelet = KubeletEmulator(self.node.config().kubelet_registrar_directory_path)
         self.loop.run_until_complete(self.kubelet.__aenter__())
         self.conn: PluginConnection = self.loop.run_until_complete(self.kubelet.wait_for_plugin("gpu.nvidia.com"))
         self.api_intervals: list[tuple[float, float]] = []
-        fetch = self.plugin.driver.fetch_claim
+        fetch = self.plugin.runner.fetch_claim
 
         def timed_fetch(ref: ClaimRef) -> Any:
             start = time.perf_counter()
@@ -46,7 +46,7 @@ class Harness:
             finally:
                 self.api_intervals.append((start, time.perf_counter()))
 
-        self.plugin.driver.fetch_claim = timed_fetch
+        self.plugin.runner.fetch_claim = timed_fetch
 
     def claims(self, count: int) -> list[ClaimRef]:
         assert self.node.api is not None

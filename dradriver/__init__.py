@@ -1,11 +1,10 @@
-"""dradriver: a Kubernetes DRA driver for NVIDIA GPUs (driver name ``gpu.nvidia.com``).
+"""dradriver: a Kubernetes DRA driver for NVIDIA GPUs, drop-in for NVIDIA's kubelet plugins.
 
 Layers, top to bottom (enforced by import-linter, see pyproject.toml):
-``cli``/``commands`` -> ``app`` -> ``server`` (thin gRPC) -> ``driver`` (use cases) ->
-{``nvml``, ``kube``, ``allocator``} (boundaries) -> ``domain`` (pure model) -> ``_native`` (compiled hot paths).
+``cli``/``commands`` -> ``sandbox`` -> ``app`` (one composition per binary) -> ``server`` (thin gRPC) ->
+``kubeletplugin`` (batch runner, lifecycle, guard) -> ``preparers`` | ``health`` (device kinds, device health) ->
+{``nvml``, ``kube``, ``host``, ``allocator``} (boundaries) -> ``domain`` (pure model) -> ``_native``
+(compiled hot paths). The plugins' names live in :mod:`dradriver.domain.identity`.
 """
 
 __version__ = "0.1.0"
-
-DRIVER_NAME = "gpu.nvidia.com"
-"""The DRA driver name; equals ``spec.driver`` of our ResourceSlices and allocation results."""

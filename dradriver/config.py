@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dradriver import DRIVER_NAME
-from dradriver.domain.driverfiles import DEFAULT_CDI_HOOK_PATH
-from dradriver.errors import ConfigError
+from dradriver.domain.identity import GPU_DRIVER
+from dradriver.errors import FlagError
+from dradriver.host.driverfiles import DEFAULT_CDI_HOOK_PATH
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +150,7 @@ def _parse_bool(text: str) -> bool:
         return True
     if lowered in {"0", "false", "no", "off", ""}:
         return False
-    raise ConfigError(f"not a boolean: {text!r}")
+    raise FlagError(f"not a boolean: {text!r}")
 
 
 def add_flags(
@@ -161,7 +161,7 @@ def add_flags(
 ) -> None:
     """Add ``flags`` to ``parser``; each default comes from its environment twin when that is set.
 
-    :raises ConfigError: an environment variable holds a value of the wrong type.
+    :raises FlagError: an environment variable holds a value of the wrong type.
     """
     env = os.environ if environ is None else environ
     for flag in flags:
@@ -183,7 +183,7 @@ def add_flags(
                 try:
                     default = int(raw)
                 except ValueError:
-                    raise ConfigError(f"{flag.env}={raw!r} is not an integer") from None
+                    raise FlagError(f"{flag.env}={raw!r} is not an integer") from None
             else:
                 default = raw
         parser.add_argument(
@@ -222,7 +222,7 @@ class PluginConfig:
     ignore_device_plugin: bool = False
     log_level: str = "info"
     log_format: str = "text"
-    driver_name: str = field(default=DRIVER_NAME)
+    driver_name: str = field(default=GPU_DRIVER.driver_name)
 
     @property
     def plugin_dir(self) -> Path:
@@ -266,20 +266,20 @@ def _xids(text: str) -> tuple[int, ...]:
         try:
             out.append(int(part))
         except ValueError:
-            raise ConfigError(f"ADDITIONAL_XIDS_TO_IGNORE: {part!r} is not an integer Xid") from None
+            raise FlagError(f"ADDITIONAL_XIDS_TO_IGNORE: {part!r} is not an integer Xid") from None
     return tuple(out)
 
 
 def config_from_args(args: argparse.Namespace) -> PluginConfig:
     """Build a :class:`PluginConfig` from a namespace produced by a parser with :func:`add_flags`.
 
-    :raises ConfigError: a required value is missing or a value is malformed.
+    :raises FlagError: a required value is missing or a value is malformed.
     """
     if not args.node_name:
-        raise ConfigError("--node-name (env NODE_NAME) is required")
+        raise FlagError("--node-name (env NODE_NAME) is required")
     hook_path = args.nvidia_cdi_hook_path or DEFAULT_CDI_HOOK_PATH
     if not hook_path.startswith("/"):
-        raise ConfigError(f"--nvidia-cdi-hook-path (env NVIDIA_CDI_HOOK_PATH) {hook_path!r} is not an absolute path")
+        raise FlagError(f"--nvidia-cdi-hook-path (env NVIDIA_CDI_HOOK_PATH) {hook_path!r} is not an absolute path")
     return PluginConfig(
         node_name=args.node_name,
         cdi_root=Path(args.cdi_root),

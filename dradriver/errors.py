@@ -11,7 +11,7 @@ class DradriverError(Exception):
     """Base class of every error dradriver raises on purpose."""
 
 
-class ConfigError(DradriverError):
+class FlagError(DradriverError):
     """A flag, environment variable or configuration file holds an invalid value."""
 
 

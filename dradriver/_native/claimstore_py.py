@@ -3,7 +3,7 @@
 This module is the source of truth for the on-disk format and for the exception types; the compiled
 module imports the exception classes from here, so both raise the very same classes. It does no file
 handling beyond :func:`append` (one ``write`` loop and ``fdatasync`` on a descriptor the caller owns);
-opening, locking, recovery and compaction live in :mod:`dradriver.domain.claimstate`.
+opening, locking, recovery and compaction live in :mod:`dradriver.host.claimstate`.
 
 Journal file layout, format version 1 (all integers little-endian):
 
@@ -79,7 +79,7 @@ class ClaimStateCorruptError(ClaimStateError):
         plausible (records may still be read after it), else 0.
     """
 
-    #: set by :meth:`dradriver.domain.claimstate.ClaimState.open` when it recovered what it could: the
+    #: set by :meth:`dradriver.host.claimstate.ClaimState.open` when it recovered what it could: the
     #: problems found and the usable, recovered store (the damaged file was kept aside).
     problems: tuple[object, ...] = ()
     state: object = None

@@ -19,7 +19,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from dradriver.config import PLUGIN_FLAGS, ConfigError, add_flags
+from dradriver.config import PLUGIN_FLAGS, FlagError, add_flags
 
 _SHARED_FLAGS = (
     "--node-name",
@@ -66,17 +66,17 @@ def _xids(text: str) -> tuple[int, ...]:
         if not part:
             continue
         if not part.isdigit():
-            raise ConfigError(f"--additional-xids-to-ignore: {part!r} is not an integer Xid")
+            raise FlagError(f"--additional-xids-to-ignore: {part!r} is not an integer Xid")
         out.append(int(part))
     return tuple(out)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run until SIGINT/SIGTERM; returns the exit status."""
-    from dradriver.domain.health import DEFAULT_IGNORED_XIDS
-    from dradriver.driver.health import HealthService
-    from dradriver.driver.metrics import MetricsEndpointError, exporter_registry, parse_endpoint, serve_metrics
+    from dradriver.domain.faults import DEFAULT_IGNORED_XIDS
     from dradriver.errors import DradriverError
+    from dradriver.health.metrics import MetricsEndpointError, exporter_registry, parse_endpoint, serve_metrics
+    from dradriver.health.monitor import HealthMonitor
     from dradriver.nvml.discovery import discover
     from dradriver.nvml.session import open_session
 
@@ -90,8 +90,8 @@ def run(args: argparse.Namespace) -> int:
         ignored = DEFAULT_IGNORED_XIDS | set(_xids(args.additional_xids_to_ignore or ""))
         parse_endpoint(args.http_endpoint)
         if not args.poll_interval > 0:
-            raise ConfigError(f"--poll-interval must be positive, got {args.poll_interval:g}")
-    except (ConfigError, MetricsEndpointError) as exc:
+            raise FlagError(f"--poll-interval must be positive, got {args.poll_interval:g}")
+    except (FlagError, MetricsEndpointError) as exc:
         print(f"dradriver exporter: error: {exc}", file=sys.stderr)
         return 2
 
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
         inventory = discover(session, sysfs_root=Path(args.sysfs_root or "/sys"))
         for failure in inventory.failures:
             log.warning("GPU index %d left out: %s", failure.index, failure.reason)
-        service = HealthService(
+        service = HealthMonitor(
             inventory,
             pool_name=node,
             session=session,

@@ -79,7 +79,7 @@ _NOT_IMPLEMENTED = {
 _INTEGER_KEY = re.compile(r"[+-]?[0-9]+")
 
 
-class ConfigError(DradriverError, ValueError):
+class DeviceConfigError(DradriverError, ValueError):
     """A config is malformed or invalid.
 
     :param field: the full field path, e.g. ``status.allocation.devices.config[1].opaque.parameters.kind``.
@@ -184,10 +184,10 @@ def _type_name(value: object) -> str:
 
 def _object(value: object, where: str, allowed: Sequence[str]) -> Mapping[str, object]:
     if not isinstance(value, Mapping):
-        raise ConfigError(where, f"must be an object, got {_type_name(value)}")
+        raise DeviceConfigError(where, f"must be an object, got {_type_name(value)}")
     for key in value:
         if key not in allowed:
-            raise ConfigError(f"{where}.{key}", f"unknown field (known fields: {', '.join(allowed)})")
+            raise DeviceConfigError(f"{where}.{key}", f"unknown field (known fields: {', '.join(allowed)})")
     return value
 
 
@@ -195,7 +195,7 @@ def _string(value: object, where: str) -> str:
     if value is None:
         return ""
     if not isinstance(value, str):
-        raise ConfigError(where, f"must be a string, got {_type_name(value)}")
+        raise DeviceConfigError(where, f"must be a string, got {_type_name(value)}")
     return value
 
 
@@ -203,11 +203,11 @@ def _quantity(value: object, where: str) -> Quantity:
     if value is None:
         return Quantity.of(0)  # JSON null unmarshals to a zero resource.Quantity
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise ConfigError(where, f'must be a quantity such as "1Gi", got {_type_name(value)}')
+        raise DeviceConfigError(where, f'must be a quantity such as "1Gi", got {_type_name(value)}')
     try:
         return parse_quantity(value)
     except QuantityError as exc:
-        raise ConfigError(where, str(exc)) from None
+        raise DeviceConfigError(where, str(exc)) from None
 
 
 def _decode_mps(value: object, where: str) -> MpsConfig:
@@ -215,7 +215,7 @@ def _decode_mps(value: object, where: str) -> MpsConfig:
                                  "defaultPerDevicePinnedMemoryLimit", "multiUser"))
     percentage = obj.get("defaultActiveThreadPercentage")
     if percentage is not None and (isinstance(percentage, bool) or not isinstance(percentage, int)):
-        raise ConfigError(f"{where}.defaultActiveThreadPercentage",
+        raise DeviceConfigError(f"{where}.defaultActiveThreadPercentage",
                           f"must be an integer, got {_type_name(percentage)} {percentage!r}")
     limit = obj.get("defaultPinnedDeviceMemoryLimit")
     default_limit = None if limit is None else _quantity(limit, f"{where}.defaultPinnedDeviceMemoryLimit")
@@ -224,12 +224,12 @@ def _decode_mps(value: object, where: str) -> MpsConfig:
     if raw_map is not None:
         map_where = f"{where}.defaultPerDevicePinnedMemoryLimit"
         if not isinstance(raw_map, Mapping):
-            raise ConfigError(map_where, f"must be an object of device -> quantity, got {_type_name(raw_map)}")
+            raise DeviceConfigError(map_where, f"must be an object of device -> quantity, got {_type_name(raw_map)}")
         for key, item in raw_map.items():
             per_device.append((str(key), _quantity(item, f"{map_where}[{_q(str(key))}]")))
     multi_user = obj.get("multiUser")
     if multi_user is not None and not isinstance(multi_user, bool):
-        raise ConfigError(f"{where}.multiUser", f"must be a boolean, got {_type_name(multi_user)}")
+        raise DeviceConfigError(f"{where}.multiUser", f"must be a boolean, got {_type_name(multi_user)}")
     return MpsConfig(
         default_active_thread_percentage=percentage,
         default_pinned_device_memory_limit=default_limit,
@@ -258,23 +258,24 @@ def decode(parameters: object, where: str = "parameters") -> DeviceConfig:
 
     :param parameters: the JSON object as a dict.
     :param where: the field path of ``parameters``, prefixed to every error's field.
-    :raises ConfigError: not an object, missing or wrong ``apiVersion``/``kind``, a kind of NVIDIA's group
+    :raises DeviceConfigError: not an object, missing or wrong ``apiVersion``/``kind``, a kind of NVIDIA's group
         that this driver does not support, an unknown field, or a value of the wrong JSON type.
     """
     obj = _object(parameters, where, ("apiVersion", "kind", "sharing"))
     api_version = obj.get("apiVersion")
     kind = obj.get("kind")
     if not isinstance(kind, str) or not kind:
-        raise ConfigError(f"{where}.kind", f"Object 'Kind' is missing: must be one of {', '.join(SUPPORTED_KINDS)}")
+        raise DeviceConfigError(f"{where}.kind",
+                                f"Object 'Kind' is missing: must be one of {', '.join(SUPPORTED_KINDS)}")
     if not isinstance(api_version, str) or not api_version:
-        raise ConfigError(f"{where}.apiVersion", f"Object 'apiVersion' is missing: must be {API_VERSION!r}")
+        raise DeviceConfigError(f"{where}.apiVersion", f"Object 'apiVersion' is missing: must be {API_VERSION!r}")
     if api_version != API_VERSION:
-        raise ConfigError(f"{where}.apiVersion", f"{api_version!r} is not supported: must be {API_VERSION!r}")
+        raise DeviceConfigError(f"{where}.apiVersion", f"{api_version!r} is not supported: must be {API_VERSION!r}")
     if kind in UNSUPPORTED_KINDS:
-        raise ConfigError(f"{where}.kind", f"{kind} is not supported by this driver: {UNSUPPORTED_KINDS[kind]} "
+        raise DeviceConfigError(f"{where}.kind", f"{kind} is not supported by this driver: {UNSUPPORTED_KINDS[kind]} "
                                            f"(supported kinds: {', '.join(SUPPORTED_KINDS)})")
     if kind not in SUPPORTED_KINDS:
-        raise ConfigError(f"{where}.kind", f"no kind {kind!r} is registered for version {API_VERSION!r} "
+        raise DeviceConfigError(f"{where}.kind", f"no kind {kind!r} is registered for version {API_VERSION!r} "
                                            f"(supported kinds: {', '.join(SUPPORTED_KINDS)})")
     if kind == GPU_CONFIG:
         return GpuConfig(_decode_sharing(obj.get("sharing"), f"{where}.sharing", gpu=True))
@@ -307,7 +308,7 @@ def _gate_error(strategy: str, gate: str) -> str:
 def validate(config: DeviceConfig, gates: FeatureGates = FeatureGates(), where: str = "parameters") -> None:
     """Check a normalised config (NVIDIA ``Validate``).
 
-    :raises ConfigError: at ``<where>.sharing.strategy``: a strategy whose gate is off ("%q is selected as the
+    :raises DeviceConfigError: at ``<where>.sharing.strategy``: a strategy whose gate is off ("%q is selected as the
         GPU sharing strategy, but the %q feature gate is not enabled") or an unknown one ("unknown GPU sharing
         strategy"); at ``...timeSlicingConfig.interval``: not ``Default|Short|Medium|Long``; at
         ``...mpsConfig.defaultActiveThreadPercentage``: outside 0..100.
@@ -318,26 +319,26 @@ def validate(config: DeviceConfig, gates: FeatureGates = FeatureGates(), where: 
     at = f"{where}.sharing"
     if sharing.strategy == TIME_SLICING:
         if not gates.time_slicing_settings:
-            raise ConfigError(f"{at}.strategy", _gate_error(TIME_SLICING, TIME_SLICING_SETTINGS))
+            raise DeviceConfigError(f"{at}.strategy", _gate_error(TIME_SLICING, TIME_SLICING_SETTINGS))
     elif sharing.strategy == MPS:
         if not gates.mps_support:
-            raise ConfigError(f"{at}.strategy", _gate_error(MPS, MPS_SUPPORT))
+            raise DeviceConfigError(f"{at}.strategy", _gate_error(MPS, MPS_SUPPORT))
     else:
-        raise ConfigError(f"{at}.strategy", f"unknown GPU sharing strategy: {sharing.strategy}, supported GPU "
+        raise DeviceConfigError(f"{at}.strategy", f"unknown GPU sharing strategy: {sharing.strategy}, supported GPU "
                                             f"sharing strategies: {TIME_SLICING}, {MPS}")
     if sharing.strategy == TIME_SLICING and isinstance(config, GpuConfig):
         interval = sharing.time_slicing.interval if sharing.time_slicing else None
         if interval not in TIME_SLICE_INTERVALS:
-            raise ConfigError(f"{at}.timeSlicingConfig.interval",
+            raise DeviceConfigError(f"{at}.timeSlicingConfig.interval",
                               f"unknown time-slice interval: {interval or ''}, supported time-slice intervals: "
                               f"{', '.join(TIME_SLICE_INTERVALS)}")
     if sharing.strategy == MPS and sharing.mps is not None:
         percentage = sharing.mps.default_active_thread_percentage
         if percentage is not None and percentage < 0:
-            raise ConfigError(f"{at}.mpsConfig.defaultActiveThreadPercentage",
+            raise DeviceConfigError(f"{at}.mpsConfig.defaultActiveThreadPercentage",
                               "active thread percentage must not be negative")
         if percentage is not None and percentage > 100:
-            raise ConfigError(f"{at}.mpsConfig.defaultActiveThreadPercentage",
+            raise DeviceConfigError(f"{at}.mpsConfig.defaultActiveThreadPercentage",
                               "active thread percentage must not be greater than 100")
 
 
@@ -403,7 +404,7 @@ def plan_sharing(config: DeviceConfig, devices: Sequence[GpuDevice | MigDevice],
     ``MpsPerDevicePinnedMemoryLimit.Normalize``, the multi-user check).
 
     :param devices: the devices of the group; their sorted UUIDs are what integer limit keys index.
-    :raises ConfigError: TimeSlicing with ``mpsConfig`` or MPS with ``timeSlicingConfig`` (GpuConfig), a
+    :raises DeviceConfigError: TimeSlicing with ``mpsConfig`` or MPS with ``timeSlicingConfig`` (GpuConfig), a
         pinned-memory limit under 1 MiB ("invalid limit"), a limit key that is neither a UUID of the group nor
         an index into it ("invalid device"), ``multiUser`` with a GPU of compute capability below 7.0.
     """
@@ -415,12 +416,12 @@ def plan_sharing(config: DeviceConfig, devices: Sequence[GpuDevice | MigDevice],
         if isinstance(config, MigDeviceConfig):
             return SharingPlan(TIME_SLICING)
         if sharing.mps is not None:
-            raise ConfigError(f"{at}.mpsConfig", f"cannot use MpsConfig with the '{TIME_SLICING}' strategy")
+            raise DeviceConfigError(f"{at}.mpsConfig", f"cannot use MpsConfig with the '{TIME_SLICING}' strategy")
         interval = sharing.time_slicing.interval if sharing.time_slicing else None
         interval = interval or "Default"
         return SharingPlan(TIME_SLICING, time_slicing=TimeSlicingPlan(interval, TIME_SLICE_INTERVALS[interval]))
     if sharing.time_slicing is not None:
-        raise ConfigError(f"{at}.timeSlicingConfig", f"cannot use TimeSlicingConfig with the '{MPS}' strategy")
+        raise DeviceConfigError(f"{at}.timeSlicingConfig", f"cannot use TimeSlicingConfig with the '{MPS}' strategy")
     mps = sharing.mps or MpsConfig()
     uuids = sorted(d.uuid for d in devices)
     limits: dict[str, str] = {}
@@ -428,7 +429,7 @@ def plan_sharing(config: DeviceConfig, devices: Sequence[GpuDevice | MigDevice],
     if default is not None and uuids:
         megabytes = _megabytes(default)
         if megabytes <= 0:
-            raise ConfigError(f"{at}.mpsConfig.defaultPinnedDeviceMemoryLimit",
+            raise DeviceConfigError(f"{at}.mpsConfig.defaultPinnedDeviceMemoryLimit",
                               f"invalid limit: default value set too low: {default}")
         limits = {uuid: f"{megabytes}M" for uuid in uuids}
     for key, limit in mps.default_per_device_pinned_memory_limit:
@@ -436,16 +437,16 @@ def plan_sharing(config: DeviceConfig, devices: Sequence[GpuDevice | MigDevice],
         try:
             uuid = _device_key(key, uuids)
         except ValueError as exc:
-            raise ConfigError(key_at, str(exc)) from None
+            raise DeviceConfigError(key_at, str(exc)) from None
         megabytes = _megabytes(limit)
         if megabytes <= 0:
-            raise ConfigError(key_at, f"invalid limit: value set too low: {key}: {limit}")
+            raise DeviceConfigError(key_at, f"invalid limit: value set too low: {key}: {limit}")
         limits[uuid] = f"{megabytes}M"
     if mps.multi_user:
         for device in devices:
             if isinstance(device, GpuDevice) and device.cuda_compute_capability < (7, 0):
                 major, minor = device.cuda_compute_capability
-                raise ConfigError(f"{at}.mpsConfig.multiUser",
+                raise DeviceConfigError(f"{at}.mpsConfig.multiUser",
                                   f"multi-user MPS needs compute capability 7.0 or newer; device "
                                   f"{device.name!r} has {major}.{minor}")
     return SharingPlan(MPS, mps=MpsPlan(mps.default_active_thread_percentage, tuple(sorted(limits.items())),
@@ -524,7 +525,7 @@ def _device_type(device: GpuDevice | MigDevice) -> str:
 def decode_entries(claim: Claim) -> list[ConfigEntry]:
     """Decode ``claim.configs`` (already ours and in precedence order, lowest first), defaults prepended.
 
-    :raises ConfigError: an entry's ``requests`` is not a list of strings, or its parameters do not decode.
+    :raises DeviceConfigError: an entry's ``requests`` is not a list of strings, or its parameters do not decode.
     """
     entries = [
         ConfigEntry("built-in default GpuConfig", "Default", (), GpuConfig()),
@@ -536,10 +537,10 @@ def decode_entries(claim: Claim) -> list[ConfigEntry]:
         requests = raw.get("requests")
         requests = [] if requests is None else requests
         if not isinstance(requests, list) or not all(isinstance(r, str) for r in requests):
-            raise ConfigError(f"{where}.requests", "must be a list of request names")
+            raise DeviceConfigError(f"{where}.requests", "must be a list of request names")
         opaque = raw.get("opaque")
         if not isinstance(opaque, Mapping):
-            raise ConfigError(where, "only opaque device configs are supported by this driver")
+            raise DeviceConfigError(where, "only opaque device configs are supported by this driver")
         config = decode(opaque.get("parameters"), f"{where}.opaque.parameters")
         entries.append(ConfigEntry(where, str(raw.get("source", "")), tuple(requests), config))
     return entries
@@ -562,7 +563,7 @@ def select_configs(claim: Claim, devices: Mapping[str, GpuDevice | MigDevice],
     """
     try:
         entries = decode_entries(claim)
-    except ConfigError as exc:
+    except DeviceConfigError as exc:
         raise ClaimError(claim.ref, str(exc)) from None
     winners: dict[int, list[int]] = {}
     by_result: list[int] = []
@@ -593,7 +594,7 @@ def select_configs(claim: Claim, devices: Mapping[str, GpuDevice | MigDevice],
             config = normalize(entry.config, gates)
             validate(config, gates, entry.parameters_at)
             plan = plan_sharing(config, [devices[n] for n in names], entry.parameters_at)
-        except ConfigError as exc:
+        except DeviceConfigError as exc:
             raise ClaimError(claim.ref, str(exc)) from None
         position[e] = len(groups)
         groups.append(ConfigGroup(entry, config, tuple(results), names, plan))

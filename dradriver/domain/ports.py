@@ -1,15 +1,36 @@
-"""Interfaces the layers meet at, as ``typing.Protocol`` classes (no implementation here)."""
+"""Interfaces the layers meet at, as ``typing.Protocol`` classes, and the records that cross them.
+
+* :class:`ClaimPreparer`: what the gRPC layer calls (implemented by the batch runner,
+  :class:`dradriver.kubeletplugin.runner.BatchRunner`).
+* :class:`DevicePreparer`: one implementation per device kind (full GPU, static MIG; dynamic MIG, IMEX channel
+  and IMEX daemon next), plugged into the batch runner. A preparer turns the allocation results of its
+  devices into a :class:`DevicePlan` (pure), performs the plan's side effect in :meth:`DevicePreparer.apply`
+  and returns an :class:`UndoRecord` the claim state stores with the claim before the claim is acknowledged,
+  gives the CDI container edits of each device, and undoes a stored record idempotently
+  (:meth:`DevicePreparer.undo`, called by unprepare and by start-up recovery alike).
+* :class:`SharingStep`: a sharing strategy (exclusive use; time-slicing and MPS next) applied to a config
+  group, chosen from the :class:`~dradriver.domain.configs.SharingPlan` that
+  :func:`~dradriver.domain.configs.select_configs` computes; the same apply/undo/edits contract.
+* :class:`RequestMetrics`: what the batch runner reports (implemented by the Prometheus metrics).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
 
-from dradriver.domain.claims import ClaimRef, ClaimResult
+from dradriver.domain.cdi import ContainerEdits
+from dradriver.domain.claims import AllocationResult, Claim, ClaimRef, ClaimResult
+from dradriver.domain.configs import ConfigGroup
+
+JSONValue = Any
+"""A value ``json.dumps`` accepts (undo records are stored as JSON inside the claim state)."""
 
 
 class ClaimPreparer(Protocol):
-    """What the gRPC layer calls; implemented by ``dradriver.driver``.
+    """What the gRPC layer calls; implemented by the batch runner.
 
     Every UID in the input gets an entry in the output; an error for one claim never fails the batch.
     """
@@ -21,3 +42,169 @@ class ClaimPreparer(Protocol):
     async def unprepare_claims(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
         """Unprepare ``claims``; returns claim UID -> error string (empty on success)."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class UndoRecord:
+    """How to undo what one :meth:`DevicePreparer.apply` or :meth:`SharingStep.apply` did.
+
+    Stored as JSON inside the claim's claim-state record, so it must survive a process restart and a plugin
+    upgrade: ``version`` is the record layout of ``kind``; an ``undo`` must accept every version it ever wrote.
+
+    :param kind: the preparer's or sharing step's :attr:`~DevicePreparer.kind` that wrote it.
+    :param version: layout version of ``data`` (starts at 1).
+    :param target: what the record is about: a DRA device name, or a config group's devices joined by ``,``.
+    :param data: the kind's own JSON object (e.g. GPU-instance and compute-instance IDs); ``{}`` when the
+        apply had no side effect.
+    """
+
+    kind: str
+    version: int
+    target: str
+    data: Mapping[str, JSONValue] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, JSONValue]:
+        """The stored form ``{"kind", "v", "target", "data"}``."""
+        return {"kind": self.kind, "v": self.version, "target": self.target, "data": dict(self.data)}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, JSONValue]) -> UndoRecord:
+        """Inverse of :meth:`to_json`.
+
+        :raises ValueError: a field is missing or of the wrong type.
+        """
+        try:
+            kind, version, target, data = raw["kind"], raw["v"], raw["target"], raw.get("data", {})
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"undo record {raw!r}: missing field {exc}") from None
+        if not isinstance(kind, str) or not isinstance(version, int) or not isinstance(target, str) \
+                or not isinstance(data, Mapping):
+            raise ValueError(f"undo record {raw!r}: wrong field types")
+        return cls(kind, version, target, dict(data))
+
+
+@dataclass(frozen=True, slots=True)
+class DevicePlan:
+    """What preparing one device of a claim means, decided before any side effect (pure).
+
+    :param kind: the :attr:`DevicePreparer.kind` that made the plan and applies it.
+    :param device: DRA device name (``gpu-0``, ``gpu-1-mig-1g.10gb-19-0``).
+    :param entry: the device registry's entry for it (e.g. a :class:`~dradriver.domain.devices.GpuDevice`).
+    :param request_names: requests it serves (DRA ``Device.request_names``, sub-request suffix removed).
+    :param admin_access: every result naming it has ``adminAccess``.
+    :param results: the allocation results naming the device, in claim order.
+    :param group: the winning config group of its first result (None only for preparers without configs).
+    :param details: the kind's own plan data (e.g. the MIG profile and placement to create).
+    """
+
+    kind: str
+    device: str
+    entry: object
+    request_names: tuple[str, ...]
+    admin_access: bool
+    results: tuple[AllocationResult, ...]
+    group: ConfigGroup | None = None
+    details: Mapping[str, JSONValue] = field(default_factory=dict)
+
+
+@runtime_checkable
+class DevicePreparer(Protocol):
+    """Prepares the devices of one kind (full GPU, static MIG, dynamic MIG, IMEX channel, IMEX daemon).
+
+    Threading: :meth:`apply` and :meth:`undo` may run in worker threads, for different claims concurrently;
+    :meth:`plan` and :meth:`edits` are called under the batch runner's lock.
+
+    :ivar kind: unique name of the kind, stored in every :class:`UndoRecord` it writes.
+    :ivar side_effects: ``False`` when :meth:`apply` changes nothing outside the claim state and the CDI spec
+        (the runner then applies inline and stores the record with the completed claim, without an extra
+        claim-state sync).
+    """
+
+    kind: str
+    side_effects: bool
+
+    def handles(self, device: object) -> bool:
+        """True when ``device`` (an entry of the device registry) is of this kind."""
+        ...
+
+    def plan(self, claim: Claim, device: object, results: Sequence[AllocationResult],
+             group: ConfigGroup | None) -> DevicePlan:
+        """The plan for ``device`` from the results naming it and its config group. Pure: no I/O.
+
+        :raises ClaimError: the allocation result or config cannot be prepared (names claim and field).
+        """
+        ...
+
+    def apply(self, claim: ClaimRef, plan: DevicePlan) -> UndoRecord:
+        """Perform the plan's side effect (may be slow, may fail) and return how to undo it.
+
+        Must leave nothing behind when it raises. A crash after the side effect but before the runner stored
+        the record is found by :meth:`sweep` at the next start.
+
+        :raises DradriverError: the side effect failed (becomes the claim's error; the runner undoes every
+            other record applied for that claim).
+        """
+        ...
+
+    def edits(self, claim: ClaimRef, plan: DevicePlan, record: UndoRecord) -> ContainerEdits:
+        """The CDI container edits of the device (device nodes, env, mounts), after :meth:`apply`.
+
+        :raises DradriverError: a device node cannot be resolved.
+        """
+        ...
+
+    def undo(self, claim: ClaimRef, record: UndoRecord) -> None:
+        """Undo a stored record. Idempotent: undoing what is already gone succeeds.
+
+        :raises DradriverError: the undo failed; the claim stays recorded and the undo is retried.
+        """
+        ...
+
+    def sweep(self, known: Sequence[UndoRecord]) -> list[str]:
+        """At start: remove side effects of this kind that no stored record knows; return what was removed."""
+        ...
+
+
+@runtime_checkable
+class SharingStep(Protocol):
+    """A sharing strategy applied to a config group of a claim, after its devices were applied.
+
+    :ivar strategy: the :attr:`~dradriver.domain.configs.SharingPlan.strategy` it implements (``None``:
+        exclusive use).
+    """
+
+    kind: str
+    strategy: str | None
+    side_effects: bool
+
+    def apply(self, claim: ClaimRef, group: ConfigGroup, devices: Sequence[object]) -> UndoRecord:
+        """Apply the group's sharing plan to ``devices`` (the registry entries of ``group.devices``).
+
+        :raises DradriverError: the step failed.
+        """
+        ...
+
+    def edits(self, claim: ClaimRef, record: UndoRecord) -> Mapping[str, ContainerEdits]:
+        """Per DRA device name, the CDI edits the step adds (e.g. the MPS pipe directory), from its stored
+        record alone (so a vanished spec can be rewritten from the claim state)."""
+        ...
+
+    def undo(self, claim: ClaimRef, record: UndoRecord) -> None:
+        """Undo a stored record; idempotent.
+
+        :raises DradriverError: the undo failed.
+        """
+        ...
+
+
+class RequestMetrics(Protocol):
+    """What the batch runner reports per batch (``nvidia_dra_requests_*`` and prepared-claim gauges)."""
+
+    def in_flight(self, operation: str) -> AbstractContextManager[None]: ...
+
+    def observe_prepare(self, outcome: str, seconds: float, *, error_type: str | None = None) -> None: ...
+
+    def observe_unprepare(self, outcome: str, seconds: float, *, error_type: str | None = None) -> None: ...
+
+    def set_prepared(self, claims: int, devices_by_type: Mapping[str, int]) -> None: ...
+

@@ -34,8 +34,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dradriver import DRIVER_NAME
 from dradriver.domain.devices import DeviceType, GpuDevice, MigDevice, NodeInventory
+from dradriver.domain.identity import GPU_DRIVER
 from dradriver.domain.versions import normalize_version
 from dradriver.errors import DradriverError
 
@@ -294,7 +294,7 @@ def build(
     generation: int = 1,
     taints: Mapping[str, Sequence[Taint]] | None = None,
     generate_name: bool = True,
-    driver: str = DRIVER_NAME,
+    driver: str = GPU_DRIVER.driver_name,
 ) -> SliceBuild:
     """Build every ResourceSlice of ``node_name``'s pool.
 
@@ -339,9 +339,11 @@ def build_resource_slices(
     generation: int = 1,
     taints: Mapping[str, Sequence[Taint]] | None = None,
     generate_name: bool = True,
+    driver: str = GPU_DRIVER.driver_name,
 ) -> list[dict[str, Any]]:
     """:func:`build` without the warnings (they are logged): the list of ResourceSlice dicts."""
-    result = build(inventory, node_name, generation=generation, taints=taints, generate_name=generate_name)
+    result = build(inventory, node_name, generation=generation, taints=taints, generate_name=generate_name,
+                   driver=driver)
     return result.slices
 
 

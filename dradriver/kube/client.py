@@ -175,13 +175,15 @@ def translate(what: str, exc: BaseException) -> errors.KubeAPIError | None:
     return None
 
 
-def open_client(kubeconfig: str = "", *, connect_timeout_s: float = 5.0, read_timeout_s: float = 30.0,
-                retry: RetryPolicy | None = None) -> KubeClient:
+def open_client(kubeconfig: str = "", *, user_agent: str = "dradriver", connect_timeout_s: float = 5.0,
+                read_timeout_s: float = 30.0, retry: RetryPolicy | None = None) -> KubeClient:
     """A :class:`KubeClient` from a kubeconfig file, or from the in-cluster service account if empty.
 
     In-cluster configuration reads ``KUBERNETES_SERVICE_HOST``/``_PORT`` and the token and CA under
     ``/var/run/secrets/kubernetes.io/serviceaccount/``. The library's own urllib3 retries are turned off
     so :class:`RetryPolicy` is the only retry layer.
+
+    :param user_agent: the ``User-Agent`` header (a plugin passes its identity's, e.g. ``dradriver/<driver>``).
 
     :raises errors.KubeAPIError: the configuration cannot be loaded (missing file, not in a cluster).
     """
@@ -197,6 +199,6 @@ def open_client(kubeconfig: str = "", *, connect_timeout_s: float = 5.0, read_ti
         raise errors.KubeAPIError(f"load {source}", reason="ConfigInvalid", message=str(exc)) from exc
     cfg.retries = False
     api_client = kubernetes.client.ApiClient(cfg)
-    api_client.user_agent = "dradriver/gpu.nvidia.com"
+    api_client.user_agent = user_agent
     return KubeClient(api_client, connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s,
                       retry=retry)

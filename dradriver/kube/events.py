@@ -37,7 +37,7 @@ def node_ref(name: str, uid: str = "") -> ObjectRef:
 
 
 def create_event(client: KubeClient, about: ObjectRef, *, reason: str, message: str, type_: str = "Warning",
-                 component: str = "gpu.nvidia.com-kubelet-plugin", host: str = "") -> JSONDict:
+                 component: str = "dradriver", host: str = "") -> JSONDict:
     """``POST /api/v1/namespaces/<ns>/events``; returns the created Event.
 
     :param reason: short UpperCamelCase reason, e.g. ``ClaimStateCorrupt``.

@@ -124,7 +124,7 @@ class SlicePublisher:
     """Reconciles the ResourceSlices of one node-local pool.
 
     :param client: API client (blocking); :meth:`run` calls it from a worker thread.
-    :param driver: driver name, ``spec.driver`` (``gpu.nvidia.com``).
+    :param driver: driver name, ``spec.driver`` (the plugin identity's driver name).
     :param node_name: ``spec.nodeName`` and owner; also the pool name unless ``pool_name`` is given.
     :param node_uid: the Node's UID for the owner reference; looked up with a Node GET when empty.
     :param on_error: called with every sync failure (metrics, Events); must not raise.

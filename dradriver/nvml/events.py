@@ -8,7 +8,7 @@ What it does (reference ``nvidia-dra-driver.md`` 6.1, extended):
 * ``nvmlEventSetWait_v2`` with a timeout (:attr:`EventMonitor.wait_timeout_ms`) so :meth:`EventMonitor.stop`
   is prompt; after one event the queue is drained without waiting, and the events read together are handed
   to ``on_events`` as one batch (a burst becomes one health update);
-* each event becomes a :class:`~dradriver.domain.health.HealthEvent`: Xid critical error -> ``XID`` with
+* each event becomes a :class:`~dradriver.domain.faults.HealthEvent`: Xid critical error -> ``XID`` with
   the Xid in ``eventData``; double-bit ECC, DRAM retirement failure, fatal poison and GPU-unavailable ->
   the matching fault; single-bit ECC and other informational types are only counted
   (:attr:`EventMonitor.events_by_type`);
@@ -36,7 +36,7 @@ from typing import Any
 import pynvml
 
 from dradriver.domain.devices import FabricInfo
-from dradriver.domain.health import NO_MIG_SCOPE, FaultKind, HealthEvent
+from dradriver.domain.faults import NO_MIG_SCOPE, FaultKind, HealthEvent
 from dradriver.nvml.errors import NvmlError, NvmlGpuIsLost, NvmlTimeout
 from dradriver.nvml.session import NvmlSession
 

@@ -28,7 +28,7 @@ from typing import Any, TextIO
 
 import yaml
 
-from dradriver.app import Plugin, start_plugin
+from dradriver.app import GpuPlugin, start_plugin
 from dradriver.domain.claims import ClaimRef
 from dradriver.domain.devices import GpuDevice, MigDevice
 from dradriver.errors import DradriverError
@@ -137,7 +137,7 @@ class DemoRun:
     """The running demo's parts, for ``--serve`` and for tests."""
 
     sandbox: SandboxNode
-    plugin: Plugin
+    plugin: GpuPlugin
     kubelet: KubeletEmulator
     connection: PluginConnection
 
@@ -226,13 +226,13 @@ async def run_scenarios(run: DemoRun, narrator: Narrator) -> None:
     pod1, pod2 = api.create(pod1), api.create(pod2)
     [shared] = scheduler.allocate(api, [("default", "shared-gpu")], node_name=node,
                                   reserved_for=[_pod_ref(pod1), _pod_ref(pod2)])
-    before = plugin.driver.preparations
+    before = plugin.runner.preparations
     first = await _prepare(kubelet, shared)
     second = await _prepare(kubelet, shared)
     if first.devices != second.devices:
         raise DemoError("the two pods of shared-gpu got different devices")
-    if plugin.driver.preparations - before != 1:
-        raise DemoError(f"shared-gpu was prepared {plugin.driver.preparations - before} times, expected once")
+    if plugin.runner.preparations - before != 1:
+        raise DemoError(f"shared-gpu was prepared {plugin.runner.preparations - before} times, expected once")
     narrator.say(f"pod {pod1['metadata']['name']} and pod {pod2['metadata']['name']} both get "
                  f"{first.devices[0].device_name} ({first.devices[0].cdi_device_ids[0]}); preparations: 1",
                  device=first.devices[0].device_name)

@@ -59,7 +59,7 @@ from dradriver._proto import (
     pluginregistration_v1_pb2_grpc,
 )
 from dradriver.domain.claims import ClaimRef, ClaimResult, PreparedDevice
-from dradriver.domain.health import DeviceHealthReport
+from dradriver.domain.faults import DeviceHealthReport
 from dradriver.errors import DradriverError
 
 T = TypeVar("T")

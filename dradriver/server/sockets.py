@@ -43,7 +43,7 @@ from dradriver._proto import (
 from dradriver.config import PluginConfig
 from dradriver.domain.ports import ClaimPreparer
 from dradriver.errors import DradriverError
-from dradriver.server import dra, health, registration
+from dradriver.server import dra, healthstream, probe, registration
 
 log = logging.getLogger(__name__)
 
@@ -243,7 +243,7 @@ class Servers:
         await self.stop()
 
 
-def _dra_services(health_source: health.HealthSource | None) -> Sequence[str]:
+def _dra_services(health_source: healthstream.HealthSource | None) -> Sequence[str]:
     names = list(_DRA_SERVICE_NAMES)
     if health_source is not None:
         names.append(registration.HEALTH_SERVICE)
@@ -254,7 +254,7 @@ async def start_servers(
     config: PluginConfig,
     preparer: ClaimPreparer,
     *,
-    health_source: health.HealthSource | None = None,
+    health_source: healthstream.HealthSource | None = None,
     on_registration_status: registration.StatusCallback | None = None,
 ) -> Servers:
     """Serve the DRA API and register with the kubelet; returns once the registration socket exists.
@@ -296,19 +296,19 @@ async def start_servers(
         )
         if health_source is not None:
             dra_health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
-                health.DRAResourceHealthServicer(health_source), dra_server
+                healthstream.DRAResourceHealthServicer(health_source), dra_server
             )
         servers._dra_server = dra_server
         servers._sockets.append(await _serve_unix(dra_server, dra_path))
         log.info("DRA server listening on %s", dra_path)
 
         if config.healthcheck_port >= 0:
-            probe = await health.create_probe_servicer(
+            liveness = await probe.create_probe_servicer(
                 _dra_services(health_source), registration_socket=str(registration_path), dra_socket=str(dra_path)
             )
             probe_server = grpc.aio.server()
-            health_pb2_grpc.add_HealthServicer_to_server(probe, probe_server)
-            servers._probe, servers._probe_server = probe, probe_server
+            health_pb2_grpc.add_HealthServicer_to_server(liveness, probe_server)
+            servers._probe, servers._probe_server = liveness, probe_server
             try:
                 port = probe_server.add_insecure_port(f"{PROBE_HOST}:{config.healthcheck_port}")
             except RuntimeError as exc:

@@ -9,8 +9,8 @@ from types import ModuleType
 import pytest
 
 from dradriver._native import cdispec_py
-from dradriver.domain.cdi import DeviceNodeInfo
 from dradriver.domain.devices import GpuDevice, MigDevice
+from dradriver.host.devicenodes import DeviceNodeInfo
 
 PROC_DEVICES = """Character devices:
   1 mem

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable, Mapping
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,13 @@ from typing import Any
 import jsonschema
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT7
+
+from dradriver.domain.cdi import ContainerEdits, DeviceNodeError, render_claim_spec
+from dradriver.domain.devices import GpuDevice, MigDevice
+from dradriver.domain.identity import GPU_DRIVER
+from dradriver.host import cdifiles
+from dradriver.host.devicenodes import DeviceNodeInfo, device_edits
+from dradriver.preparers import gpu as gpu_preparers
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_DIR = REPO_ROOT.parent / "shared" / "schemas" / "cdi"
@@ -162,3 +170,35 @@ def validate(data: bytes, *, fully_specified: bool = False) -> dict[str, Any]:
     schema_validator().validate(spec)
     assert spec["cdiVersion"] == minimum_version(spec), "not the lowest version the content needs"
     return spec
+
+
+def render_gpu_spec(
+    claim_uid: str,
+    devices: Iterable[GpuDevice | MigDevice],
+    *,
+    node_info: DeviceNodeInfo | None = None,
+    common: ContainerEdits | None = None,
+    extra_edits: Mapping[str, ContainerEdits] | None = None,
+) -> bytes:
+    """A GPU-plugin claim spec as the batch runner composes it: each device's preparer edits (plus
+    ``extra_edits`` of its name), the plugin's spec-level edits, rendered for kind ``k8s.gpu.nvidia.com/claim``."""
+    info = node_info or DeviceNodeInfo()
+    extras = extra_edits or {}
+    try:
+        majors = info.read_majors()
+        records = []
+        for device in devices:
+            edits = device_edits(device, info, majors)
+            if device.name in extras:
+                edits = edits + extras[device.name]
+            records.append((device.name, edits))
+        top = gpu_preparers.spec_edits(info, common)
+    except DeviceNodeError as exc:
+        raise DeviceNodeError(f"claim {claim_uid}: CDI spec: {exc}") from exc
+    return render_claim_spec(GPU_DRIVER.cdi, claim_uid, records, top)
+
+
+def write_gpu_spec(cdi_root: Path | str, claim_uid: str, devices: Iterable[GpuDevice | MigDevice],
+                   **kwargs: Any) -> Path:
+    """:func:`render_gpu_spec`, written as the claim's spec file (atomically, directory fsync'd)."""
+    return cdifiles.write_claim_spec(GPU_DRIVER.cdi, cdi_root, claim_uid, render_gpu_spec(claim_uid, devices, **kwargs))

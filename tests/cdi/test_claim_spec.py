@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 
 from dradriver.domain import cdi
-from dradriver.domain.cdi import ContainerEdits, DeviceNodeInfo, Mount
+from dradriver.domain.cdi import ContainerEdits, Mount
+from dradriver.domain.identity import GPU_DRIVER
+from dradriver.host.devicenodes import DeviceNodeInfo
 from tests.cdi import helpers
 from tests.cdi.conftest import CLAIM_UID, LETTER_UID, make_gpu, make_migs
 
@@ -24,17 +26,17 @@ def _nodes(edits: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def test_names_and_ids() -> None:
-    assert cdi.cdi_device_id(CLAIM_UID, "gpu-0") == f"k8s.gpu.nvidia.com/claim={CLAIM_UID}-gpu-0"
-    assert cdi.claim_spec_name(CLAIM_UID) == f"k8s.gpu.nvidia.com-claim_{CLAIM_UID}.json"
-    assert cdi.claim_spec_path("/var/run/cdi", CLAIM_UID) == Path(
+    assert GPU_DRIVER.cdi.device_id(CLAIM_UID, "gpu-0") == f"k8s.gpu.nvidia.com/claim={CLAIM_UID}-gpu-0"
+    assert GPU_DRIVER.cdi.spec_name(CLAIM_UID) == f"k8s.gpu.nvidia.com-claim_{CLAIM_UID}.json"
+    assert GPU_DRIVER.cdi.spec_path("/var/run/cdi", CLAIM_UID) == Path(
         f"/var/run/cdi/k8s.gpu.nvidia.com-claim_{CLAIM_UID}.json"
     )
     with pytest.raises(cdi.CdiSpecError, match="claim UID"):
-        cdi.claim_spec_name("../etc/passwd")
+        GPU_DRIVER.cdi.spec_name("../etc/passwd")
 
 
 def test_one_gpu_claim(node_info: DeviceNodeInfo) -> None:
-    spec = validate(cdi.render_claim_spec(CLAIM_UID, [make_gpu(0)], node_info=node_info))
+    spec = validate(helpers.render_gpu_spec(CLAIM_UID, [make_gpu(0)], node_info=node_info))
     assert spec["kind"] == "k8s.gpu.nvidia.com/claim"
     # the UID starts with a digit, so the device name needs 0.5.0 (cdi.md 1.4 rule 5)
     assert spec["cdiVersion"] == "0.5.0"
@@ -61,14 +63,14 @@ def test_one_gpu_claim(node_info: DeviceNodeInfo) -> None:
 
 
 def test_lowest_version_for_letter_uid(node_info: DeviceNodeInfo) -> None:
-    spec = validate(cdi.render_claim_spec(LETTER_UID, [make_gpu(3)], node_info=node_info))
+    spec = validate(helpers.render_gpu_spec(LETTER_UID, [make_gpu(3)], node_info=node_info))
     assert spec["cdiVersion"] == "0.3.0"
     assert _nodes(spec["devices"][0]["containerEdits"])["/dev/nvidia3"]["minor"] == 3
 
 
 def test_eight_gpu_claim(node_info: DeviceNodeInfo) -> None:
     gpus = [make_gpu(m) for m in range(8)]
-    spec = validate(cdi.render_claim_spec(CLAIM_UID, gpus, node_info=node_info))
+    spec = validate(helpers.render_gpu_spec(CLAIM_UID, gpus, node_info=node_info))
     assert [d["name"] for d in spec["devices"]] == [f"{CLAIM_UID}-gpu-{m}" for m in range(8)]
     for m, dev in enumerate(spec["devices"]):
         assert list(_nodes(dev["containerEdits"])) == [f"/dev/nvidia{m}"]
@@ -77,7 +79,7 @@ def test_eight_gpu_claim(node_info: DeviceNodeInfo) -> None:
 def test_mig_claim_has_capability_nodes(node_info: DeviceNodeInfo) -> None:
     parent = make_gpu(3, mig=True)
     mig = make_migs(parent)[4]  # GI 11, CI 0
-    spec = validate(cdi.render_claim_spec(CLAIM_UID, [mig], node_info=node_info))
+    spec = validate(helpers.render_gpu_spec(CLAIM_UID, [mig], node_info=node_info))
     (dev,) = spec["devices"]
     assert dev["name"] == f"{CLAIM_UID}-gpu-3-mig-1g5gb-19-4"
     nodes = _nodes(dev["containerEdits"])
@@ -115,7 +117,7 @@ def test_mig_minor_sources(tmp_path: Path, node_info: DeviceNodeInfo) -> None:
 
 def test_every_mig_device_of_an_eight_gpu_node(node_info: DeviceNodeInfo) -> None:
     migs = [m for minor in range(8) for m in make_migs(make_gpu(minor, mig=True))]
-    spec = validate(cdi.render_claim_spec(CLAIM_UID, migs, node_info=node_info))
+    spec = validate(helpers.render_gpu_spec(CLAIM_UID, migs, node_info=node_info))
     assert len(spec["devices"]) == 56
     cap_minors = [n["minor"] for d in spec["devices"] for n in d["containerEdits"]["deviceNodes"][1:]]
     assert len(cap_minors) == len(set(cap_minors)) == 112
@@ -129,7 +131,7 @@ def test_host_root_transform(node_info: DeviceNodeInfo) -> None:
         mig_minors=node_info.mig_minors,
         capabilities_dir=node_info.capabilities_dir,
     )
-    spec = validate(cdi.render_claim_spec(LETTER_UID, [make_gpu(1)], node_info=info))
+    spec = validate(helpers.render_gpu_spec(LETTER_UID, [make_gpu(1)], node_info=info))
     assert spec["cdiVersion"] == "0.5.0"  # hostPath needs 0.5.0
     node = spec["devices"][0]["containerEdits"]["deviceNodes"][0]
     assert node["hostPath"] == "/run/nvidia/driver/dev/nvidia1"
@@ -144,14 +146,14 @@ def test_major_falls_back_to_the_node_stat(tmp_path: Path, node_info: DeviceNode
     os.symlink("/dev/null", dev / "nvidia-uvm")
     st = os.stat("/dev/null")
     info = DeviceNodeInfo(dev_root=dev.parent, proc_devices=proc, mig_minors=node_info.mig_minors)
-    spec = validate(cdi.render_claim_spec(LETTER_UID, [make_gpu(0)], node_info=info))
+    spec = validate(helpers.render_gpu_spec(LETTER_UID, [make_gpu(0)], node_info=info))
     nodes = _nodes(spec["containerEdits"])
     assert nodes["/dev/nvidia-uvm"]["major"] == os.major(st.st_rdev)
     assert nodes["/dev/nvidia-uvm"]["fileMode"] == st.st_mode & 0o7777
     # the block-device line for nvidia-uvm is not a character major; with no node the error is clear
     os.unlink(dev / "nvidia-uvm")
     with pytest.raises(cdi.DeviceNodeError, match=rf"claim {LETTER_UID}: .*nvidia-uvm"):
-        cdi.render_claim_spec(LETTER_UID, [make_gpu(0)], node_info=info)
+        helpers.render_gpu_spec(LETTER_UID, [make_gpu(0)], node_info=info)
 
 
 def test_extra_edits_and_duplicate_devices(node_info: DeviceNodeInfo) -> None:
@@ -159,15 +161,15 @@ def test_extra_edits_and_duplicate_devices(node_info: DeviceNodeInfo) -> None:
         env=("CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",),
         mounts=(Mount("/var/lib/mps/shm", "/dev/shm", ("rw", "nosuid", "nodev", "bind")),),
     )
-    spec = validate(cdi.render_claim_spec(LETTER_UID, [make_gpu(0)], node_info=node_info, extra_edits={"gpu-0": mps}))
+    spec = validate(helpers.render_gpu_spec(LETTER_UID, [make_gpu(0)], node_info=node_info, extra_edits={"gpu-0": mps}))
     edits = spec["devices"][0]["containerEdits"]
     assert edits["env"] == ["CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"]
     assert edits["mounts"][0]["containerPath"] == "/dev/shm"
     with pytest.raises(cdi.CdiSpecError, match=rf"claim {LETTER_UID}: .*duplicate device name"):
-        cdi.render_claim_spec(LETTER_UID, [make_gpu(0), make_gpu(0)], node_info=node_info)
+        helpers.render_gpu_spec(LETTER_UID, [make_gpu(0), make_gpu(0)], node_info=node_info)
     bad = ContainerEdits(mounts=(Mount("relative", "/x"),))
     with pytest.raises(cdi.CdiSpecError, match="not an absolute path"):
-        cdi.render_claim_spec(LETTER_UID, [make_gpu(0)], node_info=node_info, common=bad)
+        helpers.render_gpu_spec(LETTER_UID, [make_gpu(0)], node_info=node_info, common=bad)
 
 
 def test_imex_channel_bulk_spec() -> None:

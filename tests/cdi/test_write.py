@@ -12,7 +12,10 @@ from pathlib import Path
 import pytest
 
 from dradriver.domain import cdi
-from dradriver.domain.cdi import DeviceNodeInfo
+from dradriver.domain.identity import GPU_DRIVER
+from dradriver.host import cdifiles
+from dradriver.host.devicenodes import DeviceNodeInfo
+from tests.cdi import helpers
 from tests.cdi.conftest import CLAIM_UID, make_gpu
 from tests.cdi.helpers import REPO_ROOT, validate
 
@@ -22,7 +25,7 @@ def test_write_and_delete(tmp_path: Path, node_info: DeviceNodeInfo) -> None:
     root.mkdir()
     old = os.umask(0o077)
     try:
-        path = cdi.write_claim_spec(root, CLAIM_UID, [make_gpu(0)], node_info=node_info)
+        path = helpers.write_gpu_spec(root, CLAIM_UID, [make_gpu(0)], node_info=node_info)
     finally:
         os.umask(old)
     assert path == root / f"k8s.gpu.nvidia.com-claim_{CLAIM_UID}.json"
@@ -32,11 +35,11 @@ def test_write_and_delete(tmp_path: Path, node_info: DeviceNodeInfo) -> None:
     assert spec["devices"][0]["name"] == f"{CLAIM_UID}-gpu-0"
     # rewriting replaces the content; a .yaml twin (NVIDIA's plugin) is removed
     (root / f"k8s.gpu.nvidia.com-claim_{CLAIM_UID}.yaml").write_text("---\n")
-    cdi.write_claim_spec(root, CLAIM_UID, [make_gpu(1)], node_info=node_info)
+    helpers.write_gpu_spec(root, CLAIM_UID, [make_gpu(1)], node_info=node_info)
     assert os.listdir(root) == [path.name]
     assert validate(path.read_bytes())["devices"][0]["name"] == f"{CLAIM_UID}-gpu-1"
-    assert cdi.delete_claim_spec(root, CLAIM_UID) is True
-    assert cdi.delete_claim_spec(root, CLAIM_UID) is False
+    assert cdifiles.delete_claim_spec(GPU_DRIVER.cdi, root, CLAIM_UID) is True
+    assert cdifiles.delete_claim_spec(GPU_DRIVER.cdi, root, CLAIM_UID) is False
     assert os.listdir(root) == []
 
 
@@ -45,7 +48,7 @@ def test_failure_mid_write_leaves_old_file_and_no_temp(
 ) -> None:
     root = tmp_path / "cdi"
     root.mkdir()
-    path = cdi.write_claim_spec(root, CLAIM_UID, [make_gpu(0)], node_info=node_info)
+    path = helpers.write_gpu_spec(root, CLAIM_UID, [make_gpu(0)], node_info=node_info)
     before = path.read_bytes()
     real_write = os.write
 
@@ -53,29 +56,30 @@ def test_failure_mid_write_leaves_old_file_and_no_temp(
         real_write(fd, bytes(data[: len(data) // 2]))
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(cdi.os, "write", short_then_fail)
+    monkeypatch.setattr(cdifiles.os, "write", short_then_fail)
     with pytest.raises(cdi.CdiSpecError, match=rf"claim {CLAIM_UID}: cannot write CDI spec .*No space"):
-        cdi.write_claim_spec(root, CLAIM_UID, [make_gpu(5)], node_info=node_info)
+        helpers.write_gpu_spec(root, CLAIM_UID, [make_gpu(5)], node_info=node_info)
     assert os.listdir(root) == [path.name]
     assert path.read_bytes() == before
 
 
 def test_missing_directory_is_a_clear_error(tmp_path: Path, node_info: DeviceNodeInfo) -> None:
     with pytest.raises(cdi.CdiSpecError, match="cannot write CDI spec"):
-        cdi.write_claim_spec(tmp_path / "absent", CLAIM_UID, [make_gpu(0)], node_info=node_info)
+        helpers.write_gpu_spec(tmp_path / "absent", CLAIM_UID, [make_gpu(0)], node_info=node_info)
 
 
 _CRASH = """
 import os, signal, sys
 from pathlib import Path
-from dradriver.domain import cdi
-from dradriver.domain.cdi import DeviceNodeInfo
+from dradriver.host import cdifiles
+from dradriver.host.devicenodes import DeviceNodeInfo
+from tests.cdi import helpers
 from tests.cdi.conftest import make_gpu
 root, uid, proc, minors = sys.argv[1:5]
 def crash(fd):
     os.kill(os.getpid(), signal.SIGKILL)
-cdi.os.fsync = crash
-cdi.write_claim_spec(Path(root), uid, [make_gpu(0)],
+cdifiles.os.fsync = crash
+helpers.write_gpu_spec(Path(root), uid, [make_gpu(0)],
                      node_info=DeviceNodeInfo(proc_devices=Path(proc), mig_minors=Path(minors)))
 """
 
@@ -94,6 +98,6 @@ def test_killed_writer_leaves_no_partial_spec(tmp_path: Path, node_info: DeviceN
     # the process died after writing the data and before the rename: only a temp file that CDI consumers
     # ignore (no .json/.yaml suffix) is there, never a partial spec
     assert len(left) == 1 and ".tmp-" in left[0] and not left[0].endswith((".json", ".yaml")), left
-    path = cdi.write_claim_spec(root, CLAIM_UID, [make_gpu(0)], node_info=node_info)
+    path = helpers.write_gpu_spec(root, CLAIM_UID, [make_gpu(0)], node_info=node_info)
     assert os.listdir(root) == [path.name]
     validate(path.read_bytes())

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from dradriver import _native
-from dradriver.domain.claimstate import ClaimState, HeldDevice
+from dradriver.host.claimstate import ClaimState, HeldDevice
 
 BOOT_ID = "d95dacd9-6a44-4f58-a9c9-ced799e1caa1"
 

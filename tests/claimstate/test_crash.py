@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dradriver.domain.claimstate import ClaimPhase, ClaimState, ProblemKind
+from dradriver.host.claimstate import ClaimPhase, ClaimState, ProblemKind
 from tests.claimstate import worker
 from tests.claimstate.conftest import backend_module
 

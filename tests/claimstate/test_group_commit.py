@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dradriver.domain.claimstate import ClaimConflictError, ClaimPhase, ClaimState, HeldDevice
+from dradriver.host.claimstate import ClaimConflictError, ClaimPhase, ClaimState, HeldDevice
 
 Opener = Callable[..., ClaimState]
 

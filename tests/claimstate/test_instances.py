@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dradriver.domain.claimstate import ClaimConflictError, ClaimState, ClaimStateLockError, ClaimUnknownError
+from dradriver.host.claimstate import ClaimConflictError, ClaimState, ClaimStateLockError, ClaimUnknownError
 from tests.claimstate.conftest import gpu
 
 Opener = Callable[..., ClaimState]

@@ -11,7 +11,7 @@ from types import ModuleType
 
 import pytest
 
-from dradriver.domain.claimstate import (
+from dradriver.host.claimstate import (
     ClaimConflictError,
     ClaimPhase,
     ClaimRecordError,

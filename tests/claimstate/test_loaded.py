@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dradriver import _native
-from dradriver.domain.claimstate import ClaimState
+from dradriver.host.claimstate import ClaimState
 
 
 def test_compiled_claimstore_is_loaded_unless_twins_are_requested(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from dradriver import _native  # noqa: E402
 from dradriver._native import claimstore_py as py  # noqa: E402
-from dradriver.domain.claimstate import ClaimState, HeldDevice  # noqa: E402
+from dradriver.host.claimstate import ClaimState, HeldDevice  # noqa: E402
 
 if not _native.use_extensions():
     pytest.skip("DRADRIVER_NO_EXTENSIONS=1: no compiled module to compare with", allow_module_level=True)

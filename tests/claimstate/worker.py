@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from dradriver.domain.claimstate import ClaimState, HeldDevice
+from dradriver.host.claimstate import ClaimState, HeldDevice
 
 Op = tuple[str, str, int]
 Model = dict[str, tuple[int, int]]  # uid -> (phase, device index)

@@ -8,7 +8,7 @@ import pytest
 
 from dradriver.domain import configs
 from dradriver.domain.configs import (
-    ConfigError,
+    DeviceConfigError,
     FeatureGates,
     GpuConfig,
     MigDeviceConfig,
@@ -96,7 +96,7 @@ MALFORMED: list[tuple[str, Any, str, str]] = [
 @pytest.mark.parametrize(("parameters", "field", "problem"), [c[1:] for c in MALFORMED],
                          ids=[c[0] for c in MALFORMED])
 def test_malformed_parameters_name_the_field(parameters: Any, field: str, problem: str) -> None:
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(DeviceConfigError) as info:
         configs.decode(parameters, AT)
     assert info.value.field == AT + field
     assert problem in info.value.problem
@@ -104,7 +104,7 @@ def test_malformed_parameters_name_the_field(parameters: Any, field: str, proble
 
 
 def test_unknown_field_lists_the_known_ones() -> None:
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(DeviceConfigError) as info:
         configs.decode(params(sharing={"strategy": "MPS", "strategy2": 1}), AT)
     assert info.value.problem == "unknown field (known fields: strategy, timeSlicingConfig, mpsConfig)"
 
@@ -146,7 +146,7 @@ INVALID: list[tuple[str, dict[str, Any], FeatureGates, str, str]] = [
 @pytest.mark.parametrize(("parameters", "gates", "field", "problem"), [c[1:] for c in INVALID],
                          ids=[c[0] for c in INVALID])
 def test_invalid_configs(parameters: dict[str, Any], gates: FeatureGates, field: str, problem: str) -> None:
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(DeviceConfigError) as info:
         _check(parameters, gates)
     assert info.value.field == AT + field
     assert problem in info.value.problem
@@ -244,7 +244,7 @@ PLAN_ERRORS: list[tuple[str, dict[str, Any], list[Any], str, str]] = [
 @pytest.mark.parametrize(("sharing", "devices", "field", "problem"), [c[1:] for c in PLAN_ERRORS],
                          ids=[c[0] for c in PLAN_ERRORS])
 def test_plan_errors(sharing: dict[str, Any], devices: list[Any], field: str, problem: str) -> None:
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(DeviceConfigError) as info:
         _plan(sharing, devices)
     assert info.value.field == AT + field
     assert problem in info.value.problem

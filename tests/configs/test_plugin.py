@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from dradriver.domain import cdi
+from dradriver.domain.identity import GPU_DRIVER
 from dradriver.sandbox import scheduler
 from dradriver.sandbox.node import SandboxNode
 from tests.configs.helpers import entry, params
@@ -55,9 +55,9 @@ def test_batch_with_valid_gated_and_malformed_configs(sandbox: SandboxNode) -> N
 
             # Nothing written for the refused claims: no state record, no CDI spec; the others are prepared.
             assert set(plugin.state.claims()) == {refs[0].uid, refs[1].uid}
-            assert cdi.claim_spec_path(sandbox.cdi_root, refs[0].uid).exists()
-            assert not cdi.claim_spec_path(sandbox.cdi_root, refs[2].uid).exists()
-            assert not cdi.claim_spec_path(sandbox.cdi_root, refs[3].uid).exists()
+            assert GPU_DRIVER.cdi.spec_path(sandbox.cdi_root, refs[0].uid).exists()
+            assert not GPU_DRIVER.cdi.spec_path(sandbox.cdi_root, refs[2].uid).exists()
+            assert not GPU_DRIVER.cdi.spec_path(sandbox.cdi_root, refs[3].uid).exists()
             assert len(sandbox.cdi_specs()) == 2
 
             # The refused claims' devices stay free: a valid claim gets gpu-2 at once.

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from dradriver.config import PluginConfig
-from dradriver.driver.guard import check_device_plugin, device_plugin_resources, find_device_plugin_sockets
+from dradriver.kubeletplugin.guard import check_device_plugin, device_plugin_resources, find_device_plugin_sockets
 
 
 @pytest.fixture

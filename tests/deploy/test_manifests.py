@@ -14,9 +14,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from dradriver import DRIVER_NAME
 from dradriver.allocator.resources import parse_claim, parse_device_class, parse_slice
 from dradriver.config import PLUGIN_FLAGS, PluginConfig, add_flags, config_from_args
+from dradriver.domain.identity import GPU_DRIVER
 from dradriver.nvml import mock
 
 from .manifests import (
@@ -333,13 +333,13 @@ def test_device_classes_select_the_right_devices() -> None:
     devices = _devices()
     classes = {c["metadata"]["name"]: parse_device_class(c) for c in find(render("base"), "DeviceClass")}
     assert _selected(classes["gpu.nvidia.com"].selectors, devices) == {
-        f"{DRIVER_NAME}/gpu-0",
-        f"{DRIVER_NAME}/gpu-1",
-        f"{DRIVER_NAME}/gpu-2",
+        f"{GPU_DRIVER.driver_name}/gpu-0",
+        f"{GPU_DRIVER.driver_name}/gpu-1",
+        f"{GPU_DRIVER.driver_name}/gpu-2",
     }
     assert _selected(classes["mig.nvidia.com"].selectors, devices) == {
-        f"{DRIVER_NAME}/gpu-3-mig-1g10gb-19-0",
-        f"{DRIVER_NAME}/gpu-3-mig-7g80gb-0-0",
+        f"{GPU_DRIVER.driver_name}/gpu-3-mig-1g10gb-19-0",
+        f"{GPU_DRIVER.driver_name}/gpu-3-mig-7g80gb-0-0",
     }
 
 
@@ -365,7 +365,7 @@ def test_big_gpu_example_selects_gpus_with_at_least_40gi() -> None:
     ]
     gpu_class = parse_device_class(one(render("base"), "DeviceClass", request.class_name))
     selected = _selected(gpu_class.selectors + request.selectors, _devices())
-    assert selected == {f"{DRIVER_NAME}/gpu-0", f"{DRIVER_NAME}/gpu-1"}
+    assert selected == {f"{GPU_DRIVER.driver_name}/gpu-0", f"{GPU_DRIVER.driver_name}/gpu-1"}
     pod = one(objs, "Pod", "dra-gpu-pod")
     assert pod["spec"]["resourceClaims"] == [{"name": "gpu", "resourceClaimTemplateName": "big-gpu"}]
     assert pod["spec"]["containers"][0]["resources"]["claims"] == [{"name": "gpu"}]

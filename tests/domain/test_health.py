@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dradriver.domain.devices import DriverVersions, GpuDevice, MigDevice, NodeInventory
-from dradriver.domain.health import (
+from dradriver.domain.faults import (
     DEFAULT_IGNORED_XIDS,
     NO_MIG_SCOPE,
     Effect,

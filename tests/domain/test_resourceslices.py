@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from dradriver import DRIVER_NAME
 from dradriver.domain.devices import DriverVersions, GpuDevice, MigDevice, NodeInventory
+from dradriver.domain.identity import GPU_DRIVER
 from dradriver.domain.resourceslices import (
     MAX_ATTRIBUTES_AND_CAPACITIES,
     MAX_DEVICES_PER_SLICE,
@@ -78,7 +78,7 @@ def test_full_gpu_device_has_nvidia_contract() -> None:
     (slice_,) = build_resource_slices(inv, "node-a")
     assert_valid_slice(slice_)
     spec = slice_["spec"]
-    assert spec["driver"] == DRIVER_NAME
+    assert spec["driver"] == GPU_DRIVER.driver_name
     assert spec["nodeName"] == "node-a"
     assert spec["pool"] == {"name": "node-a", "generation": 1, "resourceSliceCount": 1}
     assert "name" not in slice_["metadata"]

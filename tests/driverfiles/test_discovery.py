@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dradriver.domain.driverfiles import (
+from dradriver.host.driverfiles import (
     DriverFile,
     DriverFilesError,
     discover_driver_files,

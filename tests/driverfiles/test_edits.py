@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 
 from dradriver.domain import cdi
-from dradriver.domain.driverfiles import DriverFiles, discover_driver_files
+from dradriver.host import driverfiles
+from dradriver.host.devicenodes import DeviceNodeInfo
+from dradriver.host.driverfiles import DriverFiles, discover_driver_files
 from tests.cdi import helpers
 from tests.cdi.conftest import CLAIM_UID, LETTER_UID, PROC_DEVICES, make_gpu, make_migs
 from tests.driverfiles.trees import VERSION, X86, build, debian_aarch64, ubuntu_x86_64
@@ -24,21 +26,21 @@ def x86_files(tmp_path: Path) -> DriverFiles:
 
 
 @pytest.fixture
-def node_info(tmp_path: Path) -> cdi.DeviceNodeInfo:
+def node_info(tmp_path: Path) -> DeviceNodeInfo:
     (tmp_path / "devices").write_text(PROC_DEVICES)
     (tmp_path / "dev").mkdir()
-    return cdi.DeviceNodeInfo(dev_root=tmp_path / "dev", proc_devices=tmp_path / "devices",
+    return DeviceNodeInfo(dev_root=tmp_path / "dev", proc_devices=tmp_path / "devices",
                               mig_minors=tmp_path / "absent", capabilities_dir=tmp_path / "absent")
 
 
-def _spec(uid: str, edits: cdi.ContainerEdits, info: cdi.DeviceNodeInfo, *, mig: bool = False) -> dict[str, Any]:
+def _spec(uid: str, edits: cdi.ContainerEdits, info: DeviceNodeInfo, *, mig: bool = False) -> dict[str, Any]:
     gpu = make_gpu(0, mig=mig)
     devices = make_migs(gpu)[:2] if mig else [gpu]
-    return helpers.validate(cdi.render_claim_spec(uid, devices, node_info=info, common=edits), fully_specified=True)
+    return helpers.validate(helpers.render_gpu_spec(uid, devices, node_info=info, common=edits), fully_specified=True)
 
 
 def test_host_driver_at_root(x86_files: DriverFiles) -> None:
-    edits = cdi.driver_edits(x86_files, host_root="/")
+    edits = driverfiles.driver_edits(x86_files, host_root="/")
     mounts = {m.container_path: m for m in edits.mounts}
     lib = mounts[f"{X86}/libcuda.so.{VERSION}"]
     assert lib.host_path == lib.container_path and lib.options == tuple(RO) and lib.type == ""
@@ -55,7 +57,7 @@ def test_host_driver_at_root(x86_files: DriverFiles) -> None:
 
 
 def test_driver_container_root_transform(x86_files: DriverFiles) -> None:
-    edits = cdi.driver_edits(x86_files, host_root="/run/nvidia/driver/")
+    edits = driverfiles.driver_edits(x86_files, host_root="/run/nvidia/driver/")
     for mount in edits.mounts:
         assert mount.host_path == "/run/nvidia/driver" + mount.container_path, mount
     # the hook binary is a host path of its own: not moved under the driver root
@@ -67,13 +69,13 @@ def test_root_transform_uses_the_canonical_source(tmp_path: Path) -> None:
         "/usr/lib64/libcuda.so.1.2": "", "/usr/lib64/libnvidia-ml.so.1.2": "",
         "/usr/local/bin/nvidia-smi": "-> /opt/nv/nvidia-smi", "/opt/nv/nvidia-smi": "",
     })
-    edits = cdi.driver_edits(discover_driver_files(root, "1.2", kernel_release="k"), host_root="/host/drv")
+    edits = driverfiles.driver_edits(discover_driver_files(root, "1.2", kernel_release="k"), host_root="/host/drv")
     [smi] = [m for m in edits.mounts if m.container_path.endswith("nvidia-smi")]
     assert (smi.container_path, smi.host_path) == ("/usr/local/bin/nvidia-smi", "/host/drv/opt/nv/nvidia-smi")
 
 
 def test_hooks_in_toolkit_order(x86_files: DriverFiles) -> None:
-    hooks = cdi.driver_edits(x86_files).hooks
+    hooks = driverfiles.driver_edits(x86_files).hooks
     assert [h.args[1] for h in hooks] == [
         "create-symlinks", "enable-cuda-compat", "update-ldcache", "disable-device-node-modification"]
     for hook in hooks:
@@ -91,17 +93,17 @@ def test_hooks_in_toolkit_order(x86_files: DriverFiles) -> None:
 
 
 def test_hook_through_nvidia_ctk(x86_files: DriverFiles) -> None:
-    hooks = cdi.driver_edits(x86_files, hook_path="/usr/local/nvidia/toolkit/nvidia-ctk").hooks
+    hooks = driverfiles.driver_edits(x86_files, hook_path="/usr/local/nvidia/toolkit/nvidia-ctk").hooks
     assert all(h.args[:2] == ("nvidia-ctk", "hook") for h in hooks)
     assert [h.args[2] for h in hooks][-1] == "disable-device-node-modification"
 
 
 def test_no_driver_files_means_no_edits() -> None:
-    assert cdi.driver_edits(DriverFiles(version=VERSION, root="/driver-root")) == cdi.ContainerEdits()
+    assert driverfiles.driver_edits(DriverFiles(version=VERSION, root="/driver-root")) == cdi.ContainerEdits()
 
 
-def test_claim_spec_with_driver_edits_validates(x86_files: DriverFiles, node_info: cdi.DeviceNodeInfo) -> None:
-    edits = cdi.driver_edits(x86_files, host_root="/run/nvidia/driver")
+def test_claim_spec_with_driver_edits_validates(x86_files: DriverFiles, node_info: DeviceNodeInfo) -> None:
+    edits = driverfiles.driver_edits(x86_files, host_root="/run/nvidia/driver")
     for uid in (CLAIM_UID, LETTER_UID):
         spec = _spec(uid, edits, node_info)
         common = spec["containerEdits"]
@@ -118,9 +120,9 @@ def test_claim_spec_with_driver_edits_validates(x86_files: DriverFiles, node_inf
     assert _spec(CLAIM_UID, edits, node_info)["cdiVersion"] == "0.5.0"  # device name starts with a digit
 
 
-def test_mig_claim_spec_with_aarch64_driver(tmp_path: Path, node_info: cdi.DeviceNodeInfo) -> None:
+def test_mig_claim_spec_with_aarch64_driver(tmp_path: Path, node_info: DeviceNodeInfo) -> None:
     root = build(tmp_path / "root", debian_aarch64())
-    edits = cdi.driver_edits(discover_driver_files(root, VERSION, kernel_release="k"))
+    edits = driverfiles.driver_edits(discover_driver_files(root, VERSION, kernel_release="k"))
     spec = _spec(LETTER_UID, edits, node_info, mig=True)
     assert len(spec["devices"]) == 2
     paths = [m["containerPath"] for m in spec["containerEdits"]["mounts"]]
@@ -128,12 +130,12 @@ def test_mig_claim_spec_with_aarch64_driver(tmp_path: Path, node_info: cdi.Devic
     assert "/var/run/nvidia-persistenced/socket" in paths
 
 
-def test_claim_spec_file_carries_the_edits(x86_files: DriverFiles, node_info: cdi.DeviceNodeInfo,
+def test_claim_spec_file_carries_the_edits(x86_files: DriverFiles, node_info: DeviceNodeInfo,
                                            tmp_path: Path) -> None:
-    edits = cdi.driver_edits(x86_files)
+    edits = driverfiles.driver_edits(x86_files)
     cdi_root = tmp_path / "cdi"
     cdi_root.mkdir()
-    path = cdi.write_claim_spec(cdi_root, LETTER_UID, [make_gpu(3)], node_info=node_info, common=edits)
+    path = helpers.write_gpu_spec(cdi_root, LETTER_UID, [make_gpu(3)], node_info=node_info, common=edits)
     spec = helpers.validate(path.read_bytes(), fully_specified=True)
-    assert spec == json.loads(cdi.render_claim_spec(LETTER_UID, [make_gpu(3)], node_info=node_info, common=edits))
+    assert spec == json.loads(helpers.render_gpu_spec(LETTER_UID, [make_gpu(3)], node_info=node_info, common=edits))
     assert len(spec["containerEdits"]["hooks"]) == 4

@@ -14,11 +14,12 @@ from typing import Any
 
 import pytest
 
-from dradriver import app
+from dradriver.app import gpu as gpu_app
 from dradriver.config import PLUGIN_FLAGS, add_flags, config_from_args
 from dradriver.domain import cdi
-from dradriver.domain.driverfiles import DriverFilesError
-from dradriver.errors import ConfigError
+from dradriver.domain.identity import GPU_DRIVER
+from dradriver.errors import FlagError
+from dradriver.host.driverfiles import DriverFilesError
 from dradriver.nvml import mock
 from dradriver.sandbox import scheduler
 from dradriver.sandbox.node import SandboxNode, lay_out_driver_tree
@@ -44,7 +45,7 @@ async def _prepare_one(node: SandboxNode, **overrides: Any) -> dict[str, Any]:
         ref = ref_of(claim)
         answer = await kubelet.prepare([ref])
         assert answer[ref.uid].error == ""
-        spec = cdi_checks.validate(cdi.claim_spec_path(node.cdi_root, ref.uid).read_bytes())
+        spec = cdi_checks.validate(GPU_DRIVER.cdi.spec_path(node.cdi_root, ref.uid).read_bytes())
         assert await kubelet.unprepare([ref]) == {ref.uid: ""}
         return spec
 
@@ -103,11 +104,11 @@ def test_real_driver_without_files_fails_at_start(tmp_path: Path) -> None:
     with SandboxNode(profile=PROFILE, driver_files=False) as node:
         config = node.config(mock_profile="")
         with pytest.raises(DriverFilesError, match=f"libcuda.so.{_version()} not found under driver root"):
-            app._driver_edits(config, _version())
+            gpu_app.driver_edits(config, _version())
         # the same root with the driver laid out passes, and with the mock an empty root is no error
         lay_out_driver_tree(node.driver_root, _version())
-        assert app._driver_edits(config, _version()).mounts
-        assert app._driver_edits(node.config(container_driver_root=tmp_path), _version()) == cdi.ContainerEdits()
+        assert gpu_app.driver_edits(config, _version()).mounts
+        assert gpu_app.driver_edits(node.config(container_driver_root=tmp_path), _version()) == cdi.ContainerEdits()
 
 
 def test_sandbox_tree_for_aarch64(tmp_path: Path) -> None:
@@ -126,5 +127,5 @@ def test_hook_path_flag() -> None:
     assert _parse({}).nvidia_cdi_hook_path == "/usr/bin/nvidia-cdi-hook"
     assert _parse({"NVIDIA_CDI_HOOK_PATH": ""}).nvidia_cdi_hook_path == "/usr/bin/nvidia-cdi-hook"
     assert _parse({"NVIDIA_CDI_HOOK_PATH": "/opt/x/nvidia-cdi-hook"}).nvidia_cdi_hook_path == "/opt/x/nvidia-cdi-hook"
-    with pytest.raises(ConfigError, match=r"NVIDIA_CDI_HOOK_PATH.*not an absolute path"):
+    with pytest.raises(FlagError, match=r"NVIDIA_CDI_HOOK_PATH.*not an absolute path"):
         _parse({"NVIDIA_CDI_HOOK_PATH": "nvidia-cdi-hook"})

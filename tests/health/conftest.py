@@ -23,8 +23,8 @@ import pytest
 
 from dradriver.domain.claims import ClaimRef, ClaimResult
 from dradriver.domain.devices import NodeInventory
-from dradriver.domain.health import NO_MIG_SCOPE
-from dradriver.driver.health import HealthService, TaintMap
+from dradriver.domain.faults import NO_MIG_SCOPE
+from dradriver.health.monitor import HealthMonitor, TaintMap
 from dradriver.nvml import mock
 from dradriver.nvml.discovery import discover
 from dradriver.nvml.session import NvmlSession, open_session
@@ -142,11 +142,11 @@ class TaintLog:
 class Services:
     """Creates health services with test-sized settings; stops them all at the end."""
 
-    made: list[HealthService] = field(default_factory=list)
+    made: list[HealthMonitor] = field(default_factory=list)
 
     def __call__(
         self, node: MockNode, taints: Callable[[TaintMap], None] | None = None, **overrides: Any
-    ) -> HealthService:
+    ) -> HealthMonitor:
         settings: dict[str, Any] = dict(
             pool_name="node-a",
             session=node.session,
@@ -158,7 +158,7 @@ class Services:
             on_taints_changed=taints,
         )
         settings.update(overrides)
-        service = HealthService(node.inventory, **settings)
+        service = HealthMonitor(node.inventory, **settings)
         self.made.append(service)
         return service
 

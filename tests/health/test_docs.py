@@ -10,7 +10,7 @@ from typing import Any
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dradriver.driver.metrics import DriverMetrics
+from dradriver.health.metrics import DriverMetrics
 
 from .conftest import MockNode, Services, TaintLog
 

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dradriver.driver.metrics import (
+from dradriver.health.metrics import (
     DriverMetrics,
     MetricsEndpointError,
     exporter_registry,

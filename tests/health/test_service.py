@@ -1,4 +1,4 @@
-"""HealthService against the mock NVML library: events and polls -> device taints, recovery, coalescing."""
+"""HealthMonitor against the mock NVML library: events and polls -> device taints, recovery, coalescing."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Taints from the health service in the published ResourceSlice: HealthService -> ResourceSlice builder ->
+"""Taints from the health service in the published ResourceSlice: HealthMonitor -> ResourceSlice builder ->
 SlicePublisher -> the API server emulator over real HTTP; slices validated with kubernetes-validate."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from dradriver import DRIVER_NAME
+from dradriver.domain.identity import GPU_DRIVER
 from dradriver.domain.resourceslices import build_resource_slices
-from dradriver.driver.health import TaintMap
+from dradriver.health.monitor import TaintMap
 from dradriver.kube.client import open_client
 from dradriver.kube.resourceslices import SlicePublisher
 from dradriver.sandbox.apiserver import ApiServerEmulator
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.timeout(30)
 
 
 def _devices(api: ApiServerEmulator) -> dict[str, dict[str, Any]]:
-    slices = [s for s in api.objects("ResourceSlice") if s["spec"]["driver"] == DRIVER_NAME]
+    slices = [s for s in api.objects("ResourceSlice") if s["spec"]["driver"] == GPU_DRIVER.driver_name]
     for obj in slices:
         assert_valid_slice(obj)
     return {d["name"]: d for s in slices for d in s["spec"]["devices"]}
@@ -36,7 +36,7 @@ def test_xid_79_taint_is_published_and_removed(
     with ApiServerEmulator() as api:
         api.add_node("node-a")
         client = open_client(api.kubeconfig_path(tmp_path))
-        publisher = SlicePublisher(client, driver=DRIVER_NAME, node_name="node-a")
+        publisher = SlicePublisher(client, driver=GPU_DRIVER.driver_name, node_name="node-a")
         publisher.publish(build_resource_slices(node.inventory, "node-a"))
         published = threading.Event()
         failures: list[BaseException] = []

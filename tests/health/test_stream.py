@@ -1,4 +1,4 @@
-"""The kubelet health stream: HealthService as the source of v1alpha1.DRAResourceHealth, read by the kubelet
+"""The kubelet health stream: HealthMonitor as the source of v1alpha1.DRAResourceHealth, read by the kubelet
 emulator (a client built from our protos) over a real Unix socket."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from dradriver import DRIVER_NAME
 from dradriver.config import PluginConfig
-from dradriver.driver.health import HealthService
+from dradriver.domain.identity import GPU_DRIVER
+from dradriver.health.monitor import HealthMonitor
 from dradriver.sandbox.kubelet import DeviceHealthReport, KubeletEmulator
 from dradriver.server import start_servers
 
@@ -32,11 +32,11 @@ def _config(base: Path) -> PluginConfig:
     )
 
 
-async def _with_stream(base: Path, service: HealthService, body: Callable[[Any], Any]) -> Any:
+async def _with_stream(base: Path, service: HealthMonitor, body: Callable[[Any], Any]) -> Any:
     servers = await start_servers(_config(base), NullPreparer(), health_source=service)
     try:
         async with KubeletEmulator(base / "registry") as kubelet:
-            plugin = await kubelet.wait_for_plugin(DRIVER_NAME)
+            plugin = await kubelet.wait_for_plugin(GPU_DRIVER.driver_name)
             assert "v1alpha1.DRAResourceHealth" in plugin.supported_versions
             stream = plugin.watch_health()
             try:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dradriver.domain.devices import DriverVersions, GpuDevice, NodeInventory
-from dradriver.domain.health import Effect, FaultKind, HealthEvent, HealthTracker, classify
+from dradriver.domain.faults import Effect, FaultKind, HealthEvent, HealthTracker, classify
 
 UUID = "GPU-00000000-0000-0000-0000-000000000001"
 

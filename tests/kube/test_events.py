@@ -22,6 +22,7 @@ def test_get_node_reads_uid_and_allocatable(client: KubeClient, api: ApiServerEm
 def test_event_about_a_node(client: KubeClient, api: ApiServerEmulator) -> None:
     node = get_node(client, NODE)
     create_event(client, node_ref(NODE, node.uid), reason="ClaimStateCorrupt",
+                 component="gpu.nvidia.com-kubelet-plugin",
                  message="claim state checksum mismatch; " + "x" * 2000, host=NODE)
     events = api.objects("events", namespace="default")
     assert len(events) == 1

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from dradriver.app import Plugin, start_plugin
+from dradriver.app import GpuPlugin, start_plugin
 from dradriver.config import PluginConfig
 from dradriver.domain.claims import ClaimRef
 from dradriver.sandbox.kubelet import KubeletEmulator, PluginConnection
@@ -83,7 +83,7 @@ def sandbox(request: pytest.FixtureRequest) -> Iterator[SandboxNode]:
 
 
 @contextlib.asynccontextmanager
-async def running(config: PluginConfig) -> AsyncIterator[tuple[Plugin, PluginConnection]]:
+async def running(config: PluginConfig) -> AsyncIterator[tuple[GpuPlugin, PluginConnection]]:
     """Start the plugin, register it through the kubelet emulator, stop both afterwards."""
     plugin = await start_plugin(config)
     try:

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from dradriver.domain import cdi
-from dradriver.domain.claimstate import ClaimPhase
+from dradriver.host import cdifiles
+from dradriver.host.claimstate import ClaimPhase
 from dradriver.sandbox.node import SandboxNode
 from tests.plugin.conftest import claim_object, ref_of, result, running, set_allocation
 
@@ -20,14 +21,14 @@ def test_unexpected_error_for_one_claim_does_not_fail_the_batch(sandbox: Sandbox
         async with running(sandbox.config()) as (plugin, kubelet):
             refs = [ref_of(set_allocation(sandbox, sandbox.api.create(claim_object(f"c{i}")), [result(f"gpu-{i}")]))
                     for i in range(3)]
-            original = plugin.driver._resolve
+            original = plugin.runner._plan
 
             def flaky(claim: Any) -> Any:
                 if claim.ref.name == "c1":
                     raise RuntimeError("boom")
                 return original(claim)
 
-            monkeypatch.setattr(plugin.driver, "_resolve", flaky)
+            monkeypatch.setattr(plugin.runner, "_plan", flaky)
             answer = await kubelet.prepare(refs)
             assert answer[refs[0].uid].error == "" and answer[refs[2].uid].error == ""
             assert "internal error (RuntimeError: boom)" in answer[refs[1].uid].error
@@ -44,20 +45,20 @@ def test_spec_write_and_rollback_failures_are_answered_per_claim(sandbox: Sandbo
         async with running(sandbox.config()) as (plugin, kubelet):
             refs = [ref_of(set_allocation(sandbox, sandbox.api.create(claim_object(f"w{i}")), [result(f"gpu-{i}")]))
                     for i in range(4)]
-            write, delete = cdi.write_claim_spec, cdi.delete_claim_spec
+            write, delete = cdifiles.write_claim_spec, cdifiles.delete_claim_spec
 
-            def failing_write(root: Any, uid: str, *args: Any, **kwargs: Any) -> Any:
+            def failing_write(kind: Any, root: Any, uid: str, *args: Any, **kwargs: Any) -> Any:
                 if uid in (refs[1].uid, refs[2].uid):
                     raise cdi.CdiSpecError(f"claim {uid}: cannot write CDI spec: disk full")
-                return write(root, uid, *args, **kwargs)
+                return write(kind, root, uid, *args, **kwargs)
 
-            def failing_delete(root: Any, uid: str) -> bool:
+            def failing_delete(kind: Any, root: Any, uid: str, **kwargs: Any) -> bool:
                 if uid == refs[1].uid:
                     raise cdi.CdiSpecError(f"claim {uid}: cannot delete CDI spec: I/O error")
-                return delete(root, uid)
+                return delete(kind, root, uid, **kwargs)
 
-            monkeypatch.setattr(cdi, "write_claim_spec", failing_write)
-            monkeypatch.setattr(cdi, "delete_claim_spec", failing_delete)
+            monkeypatch.setattr(cdifiles, "write_claim_spec", failing_write)
+            monkeypatch.setattr(cdifiles, "delete_claim_spec", failing_delete)
             answer = await kubelet.prepare(refs)
             assert set(answer) == {r.uid for r in refs}
             assert answer[refs[0].uid].error == "" and answer[refs[3].uid].error == ""

@@ -8,7 +8,7 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from dradriver.domain.health import NO_MIG_SCOPE
+from dradriver.domain.faults import NO_MIG_SCOPE
 from dradriver.nvml import mock
 from dradriver.sandbox.node import SandboxNode
 from tests.plugin.conftest import claim_object, ref_of, result, running, set_allocation, wait_for

@@ -14,7 +14,7 @@ import kubernetes_validate
 import pytest
 
 from dradriver.app import start_plugin
-from dradriver.domain import cdi
+from dradriver.domain.identity import GPU_DRIVER
 from dradriver.sandbox import scheduler
 from dradriver.sandbox.node import SandboxNode
 from tests.cdi import helpers as cdi_checks
@@ -41,7 +41,7 @@ def test_seed_claim_is_prepared_with_a_valid_cdi_spec(sandbox: SandboxNode) -> N
             assert device.pool_name == sandbox.node_name
             assert device.request_names == ("gpu",)
             assert device.cdi_device_ids == (f"k8s.gpu.nvidia.com/claim={ref.uid}-{alloc['device']}",)
-            path = cdi.claim_spec_path(sandbox.cdi_root, ref.uid)
+            path = GPU_DRIVER.cdi.spec_path(sandbox.cdi_root, ref.uid)
             assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
             spec = cdi_checks.validate(path.read_bytes())
             assert spec["kind"] == "k8s.gpu.nvidia.com/claim"
@@ -65,7 +65,7 @@ def test_two_pods_sharing_one_claim_prepare_it_once(sandbox: SandboxNode) -> Non
             ref = ref_of(claim)
             first, second = await asyncio.gather(kubelet.prepare([ref]), kubelet.prepare([ref]))
             assert first[ref.uid].error == "" and first == second
-            assert plugin.driver.preparations == 1
+            assert plugin.runner.preparations == 1
             assert len(sandbox.cdi_specs()) == 1
 
     asyncio.run(body())
@@ -175,7 +175,7 @@ def test_prepare_restart_unprepare_and_vanished_spec_rewritten(sandbox: SandboxN
             assert len(plugin.state) == 1
             again = await kubelet.prepare([ref])
             assert again == first
-            assert plugin.driver.preparations == 0  # answered from the stored state
+            assert plugin.runner.preparations == 0  # answered from the stored state
             assert len(sandbox.cdi_specs()) == 1  # rewritten
             assert await kubelet.unprepare([ref]) == {ref.uid: ""}
         assert sandbox.cdi_specs() == []
@@ -190,7 +190,7 @@ def test_slow_prepare_finishing_after_unprepare_does_not_revive_the_claim(sandbo
         ref = ref_of(claim)
         plugin = await start_plugin(sandbox.config())
         try:
-            original = plugin.driver.fetch_claim
+            original = plugin.runner.fetch_claim
             fetched = asyncio.Event()
             release = asyncio.Event()
             loop = asyncio.get_running_loop()
@@ -201,10 +201,10 @@ def test_slow_prepare_finishing_after_unprepare_does_not_revive_the_claim(sandbo
                 asyncio.run_coroutine_threadsafe(release.wait(), loop).result(timeout=10)
                 return out
 
-            plugin.driver.fetch_claim = slow_fetch
-            prepare = asyncio.create_task(plugin.driver.prepare_claims([ref]))
+            plugin.runner.fetch_claim = slow_fetch
+            prepare = asyncio.create_task(plugin.runner.prepare_claims([ref]))
             await fetched.wait()
-            assert await plugin.driver.unprepare_claims([ref]) == {ref.uid: ""}
+            assert await plugin.runner.unprepare_claims([ref]) == {ref.uid: ""}
             release.set()
             answer = await prepare
             assert "unprepared while this prepare was in flight" in answer[ref.uid].error
@@ -238,7 +238,7 @@ def test_mig_device_claim_gets_capability_nodes(sandbox: SandboxNode) -> None:
             claim = set_allocation(sandbox, sandbox.api.create(claim_object("mig")), [result(mig.name)])
             ref = ref_of(claim)
             assert (await kubelet.prepare([ref]))[ref.uid].error == ""
-            spec = cdi_checks.validate(cdi.claim_spec_path(sandbox.cdi_root, ref.uid).read_bytes())
+            spec = cdi_checks.validate(GPU_DRIVER.cdi.spec_path(sandbox.cdi_root, ref.uid).read_bytes())
             paths = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
             assert "/dev/nvidia0" in paths
             assert sum(p.startswith("/dev/nvidia-caps/nvidia-cap") for p in paths) == 2

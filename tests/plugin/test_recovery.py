@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from dradriver.app import start_plugin
-from dradriver.domain import cdi
 from dradriver.domain.claims import ClaimRef
-from dradriver.domain.claimstate import ClaimPhase, ClaimStateVersionError, ProblemKind
+from dradriver.domain.identity import GPU_DRIVER
+from dradriver.host.claimstate import ClaimPhase, ClaimStateVersionError, ProblemKind
 from dradriver.sandbox.kubelet import KubeletEmulator, KubeletError
 from dradriver.sandbox.node import SandboxNode
 from tests.plugin.conftest import claim_object, ref_of, result, running, set_allocation, wait_for
@@ -229,7 +229,7 @@ def test_newer_state_format_is_refused_with_a_clear_message(sandbox: SandboxNode
 
 
 def test_stale_cdi_spec_without_a_claim_is_removed_at_start(sandbox: SandboxNode) -> None:
-    stray = cdi.claim_spec_path(sandbox.cdi_root, "33333333-3333-3333-3333-333333333333")
+    stray = GPU_DRIVER.cdi.spec_path(sandbox.cdi_root, "33333333-3333-3333-3333-333333333333")
     stray.write_text('{"cdiVersion": "0.5.0", "kind": "k8s.gpu.nvidia.com/claim", "devices": []}')
     torn = sandbox.cdi_root / f".{stray.name}.tmp-0a1b2c"  # a write killed before its rename
     torn.write_text('{"cdiVersion": "0.5')

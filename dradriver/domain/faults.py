@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from dradriver.domain.devices import GpuDevice, MigDevice, NodeInventory
+from dradriver.domain.identity import GPU_DRIVER
 
 DEFAULT_IGNORED_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
 """Xids NVIDIA's driver treats as application errors (no NoSchedule taint)."""
@@ -30,7 +31,8 @@ DEFAULT_IGNORED_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
 NO_MIG_SCOPE = 0xFFFFFFFF
 """GPU-instance / compute-instance ID of an event that is not scoped to a MIG device (nvml.h)."""
 
-TAINT_DOMAIN = "gpu.nvidia.com"
+TAINT_DOMAIN = GPU_DRIVER.taint_domain
+"""The GPU plugin's taint-key domain (its :class:`~dradriver.domain.identity.DriverIdentity`)."""
 
 INFORMATIONAL_KINDS = frozenset({"unmonitored"})
 """Fault kinds (``FaultKind`` values) that only ever produce an effect-``None`` taint."""
@@ -143,9 +145,13 @@ class DeviceHealth:
         return all(t.effect is Effect.NONE for t in self.taints.values())
 
 
-def classify(event: HealthEvent, ignored_xids: Iterable[int] = DEFAULT_IGNORED_XIDS) -> DeviceTaint:
-    """The taint an event produces: informational Xids get effect ``None``, every other fault NoSchedule."""
-    key = f"{TAINT_DOMAIN}/{event.kind.value}"
+def classify(event: HealthEvent, ignored_xids: Iterable[int] = DEFAULT_IGNORED_XIDS, *,
+             taint_domain: str = TAINT_DOMAIN) -> DeviceTaint:
+    """The taint an event produces: informational Xids get effect ``None``, every other fault NoSchedule.
+
+    :param taint_domain: the plugin's taint-key domain (keys ``<domain>/xid``, ``<domain>/gpu-lost``, ...).
+    """
+    key = f"{taint_domain}/{event.kind.value}"
     if event.kind is FaultKind.XID:
         xid = event.xid if event.xid is not None else 0
         effect = Effect.NONE if xid in set(ignored_xids) else Effect.NO_SCHEDULE
@@ -188,16 +194,26 @@ class HealthTracker:
         ignored_xids: Iterable[int] = DEFAULT_IGNORED_XIDS,
         quiet_period_s: float = 60.0,
         informational_taints: bool = True,
+        taint_domain: str = TAINT_DOMAIN,
     ) -> None:
         self.ignored_xids = frozenset(ignored_xids)
         self.quiet_period_s = quiet_period_s
         self.informational_taints = informational_taints
+        self.taint_domain = taint_domain
         self._devices: dict[str, DeviceHealth] = {}
         self._by_gpu: dict[str, list[GpuDevice | MigDevice]] = {}
+        self.replace_inventory(inventory)
+
+    def replace_inventory(self, inventory: NodeInventory) -> None:
+        """Track the devices of ``inventory``: known names keep their health, new ones start healthy, gone
+        ones are forgotten (the device registry replaced the snapshot)."""
+        devices: dict[str, DeviceHealth] = {}
+        by_gpu: dict[str, list[GpuDevice | MigDevice]] = {}
         for dev in inventory.allocatable():
-            self._devices[dev.name] = DeviceHealth(dev.name)
+            devices[dev.name] = self._devices.get(dev.name) or DeviceHealth(dev.name)
             gpu_uuid = dev.uuid if isinstance(dev, GpuDevice) else dev.parent.uuid
-            self._by_gpu.setdefault(gpu_uuid, []).append(dev)
+            by_gpu.setdefault(gpu_uuid, []).append(dev)
+        self._devices, self._by_gpu = devices, by_gpu
 
     def devices_for(self, event: HealthEvent) -> list[str]:
         """Names of the published devices an event affects (empty for an unknown GPU)."""
@@ -212,7 +228,7 @@ class HealthTracker:
 
     def record(self, event: HealthEvent) -> set[str]:
         """Apply one fault; returns the names of devices whose taints or health changed."""
-        taint = classify(event, self.ignored_xids)
+        taint = classify(event, self.ignored_xids, taint_domain=self.taint_domain)
         if taint.effect is Effect.NONE and not self.informational_taints:
             return set()
         changed: set[str] = set()
@@ -244,7 +260,7 @@ class HealthTracker:
 
     def clear(self, gpu_uuid: str, kind: FaultKind, now: float) -> set[str]:
         """Remove the ``kind`` taint from every device of a GPU at once (e.g. monitoring works again)."""
-        key = f"{TAINT_DOMAIN}/{kind.value}"
+        key = f"{self.taint_domain}/{kind.value}"
         changed: set[str] = set()
         for dev in self._by_gpu.get(gpu_uuid, []):
             state = self._devices[dev.name]

@@ -1,12 +1,9 @@
-"""Health over gRPC: the kubelet's DRA device-health stream and the standard ``grpc.health.v1`` probe.
+"""The kubelet's DRA device-health stream: ``v1alpha1.DRAResourceHealth/NodeWatchResources``.
 
-* ``v1alpha1.DRAResourceHealth/NodeWatchResources`` (KEP-4680, kubelet-dra-protocol.md section 3):
-  a server stream in which every message holds the complete list of the driver's devices. The kubelet
-  marks a device Unknown when it has not been re-reported within its timeout (30 s by default), so the
-  source must send a snapshot on open, on every change, and periodically. This module only encodes;
-  what is healthy is decided by whatever implements :class:`HealthSource` (the health monitor).
-* ``grpc.health.v1.Health`` on a TCP port (``HEALTHCHECK_PORT``) for the DaemonSet's gRPC liveness and
-  readiness probes, from the ``grpcio-health-checking`` package.
+KEP-4680, ``kubelet-dra-protocol.md`` section 3: a server stream in which every message holds the complete list
+of the driver's devices. The kubelet marks a device Unknown when it has not been re-reported within its timeout
+(30 s by default), so the source must send a snapshot on open, on every change, and periodically. This module
+only encodes; what is healthy is decided by whatever implements :class:`HealthSource` (the health monitor).
 """
 
 from __future__ import annotations
@@ -17,17 +14,8 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any, Protocol
 
 import grpc
-from grpc_health.v1 import health as grpc_health
-from grpc_health.v1 import health_pb2
 
-from dradriver._proto import (
-    dra_health_v1alpha1_pb2,
-    dra_health_v1alpha1_pb2_grpc,
-    dra_v1_pb2,
-    dra_v1_pb2_grpc,
-    pluginregistration_v1_pb2,
-    pluginregistration_v1_pb2_grpc,
-)
+from dradriver._proto import dra_health_v1alpha1_pb2, dra_health_v1alpha1_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -131,59 +119,3 @@ class DRAResourceHealthServicer(dra_health_v1alpha1_pb2_grpc.DRAResourceHealthSe
             if aclose is not None:
                 with contextlib.suppress(Exception):
                     await aclose()
-
-
-LIVENESS_SERVICES = ("", "liveness")
-"""Service names whose Check runs the end-to-end check (``liveness`` is the name NVIDIA's plugin answers)."""
-
-
-class LivenessServicer(grpc_health.aio.HealthServicer):
-    """``grpc.health.v1`` whose Check for ``""``/``liveness`` proves the plugin works end to end.
-
-    Like NVIDIA's plugin (``nvidia-dra-driver.md`` 6.2): SERVING only if ``GetInfo`` answers on the registration
-    socket and an empty ``NodePrepareResources`` answers on the DRA socket, each within ``timeout_s`` seconds, so
-    a wedged event loop or a lost socket fails the kubelet's liveness probe. Other registered service names
-    report their stored status; graceful shutdown reports NOT_SERVING.
-    """
-
-    def __init__(self, *, registration_socket: str, dra_socket: str, timeout_s: float = 1.0) -> None:
-        super().__init__()
-        self._targets = (f"unix://{registration_socket}", f"unix://{dra_socket}")
-        self._timeout_s = timeout_s
-
-    async def Check(self, request: Any, context: Any) -> Any:
-        response = await super().Check(request, context)
-        if request.service not in LIVENESS_SERVICES or response.status != health_pb2.HealthCheckResponse.SERVING:
-            return response
-        ok = await self.check_end_to_end()
-        status = health_pb2.HealthCheckResponse.SERVING if ok else health_pb2.HealthCheckResponse.NOT_SERVING
-        return health_pb2.HealthCheckResponse(status=status)
-
-    async def check_end_to_end(self) -> bool:
-        """GetInfo on the registration socket and an empty NodePrepareResources on the DRA socket."""
-        registration_target, dra_target = self._targets
-        try:
-            async with grpc.aio.insecure_channel(registration_target) as channel:
-                stub = pluginregistration_v1_pb2_grpc.RegistrationStub(channel)
-                await stub.GetInfo(pluginregistration_v1_pb2.InfoRequest(), timeout=self._timeout_s)
-            async with grpc.aio.insecure_channel(dra_target) as channel:
-                dra_stub = dra_v1_pb2_grpc.DRAPluginStub(channel)
-                await dra_stub.NodePrepareResources(dra_v1_pb2.NodePrepareResourcesRequest(), timeout=self._timeout_s)
-        except grpc.RpcError as exc:
-            log.warning("liveness check failed: %s", exc)
-            return False
-        return True
-
-
-async def create_probe_servicer(
-    service_names: Sequence[str] = (), *, registration_socket: str, dra_socket: str
-) -> LivenessServicer:
-    """A ``grpc.health.v1.Health`` servicer: ``""`` and ``liveness`` run the end-to-end check
-    (:class:`LivenessServicer`); each of ``service_names`` reports SERVING.
-
-    Call ``await servicer.enter_graceful_shutdown()`` before stopping, so probes see NOT_SERVING.
-    """
-    servicer = LivenessServicer(registration_socket=registration_socket, dra_socket=dra_socket)
-    for name in (*LIVENESS_SERVICES, *service_names):
-        await servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return servicer

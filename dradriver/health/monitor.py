@@ -1,6 +1,6 @@
 """The device health service: NVML events + polling -> device taints and the kubelet health stream.
 
-One :class:`HealthService` per node ties together
+One :class:`HealthMonitor` per node ties together
 
 * the NVML event monitor (:class:`dradriver.nvml.events.EventMonitor`: Xid, ECC, GPU lost and returned,
   unmonitored GPUs),
@@ -9,19 +9,19 @@ One :class:`HealthService` per node ties together
   rising volatile double-bit ECC counter, GPU_IS_LOST answers, and on NVL72 nodes the fabric
   ``healthSummary`` (``nvmlDeviceGetGpuFabricInfoV`` v3); a GPU that answers with none of those is reported
   to the tracker as recovered,
-* the pure :class:`dradriver.domain.health.HealthTracker` (classification, MIG scoping, quiet period).
+* the pure :class:`dradriver.domain.faults.HealthTracker` (classification, MIG scoping, quiet period).
 
 Outputs:
 
 * ``on_taints_changed({device name: [taint, ...]})`` (the ResourceSlice builder's ``taints`` argument),
   called once per coalesced change: changes are collected for ``debounce_s`` after the last one (at most
   ``max_delay_s`` after the first), so a burst of events becomes one slice update;
-* :meth:`HealthService.watch`, the :class:`dradriver.server.health.HealthSource` of the kubelet's
+* :meth:`HealthMonitor.watch`, the :class:`dradriver.server.healthstream.HealthSource` of the kubelet's
   ``v1alpha1.DRAResourceHealth`` stream (``kubelet-dra-protocol.md`` 3): a complete snapshot when a stream
   opens, again every ``snapshot_interval_s`` (default 10 s, well inside the kubelet's 30 s staleness
   window), and one per change. A device with a taint other than effect ``None`` is ``Unhealthy`` with the
   fault as message; a device of a GPU that cannot be monitored is ``Unknown``;
-* the readings the Prometheus device collector (:mod:`dradriver.driver.metrics`) serves: latest sample,
+* the readings the Prometheus device collector (:mod:`dradriver.health.metrics`) serves: latest sample,
   health states, Xid statistics, NVML errors by return code.
 
 Threads: the event monitor's, and one worker that polls every ``poll_interval_s``, runs the quiet-period
@@ -39,8 +39,9 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from dradriver.domain.devices import GpuDevice, MigDevice, NodeInventory
-from dradriver.domain.health import (
+from dradriver.domain.faults import (
     DEFAULT_IGNORED_XIDS,
+    TAINT_DOMAIN,
     DeviceHealthReport,
     Effect,
     FaultKind,
@@ -62,7 +63,6 @@ FABRIC_HEALTH_UNHEALTHY = 2
 
 HEALTHY, UNHEALTHY, UNKNOWN = "Healthy", "Unhealthy", "Unknown"
 
-_UNMONITORED_KEY = f"gpu.nvidia.com/{FaultKind.UNMONITORED.value}"
 
 
 DeviceStatus = DeviceHealthReport
@@ -90,7 +90,7 @@ class DeviceView:
     taints: tuple[tuple[str, str, str], ...]
 
 
-class HealthService:
+class HealthMonitor:
     """Device health for one node; see the module docstring.
 
     :param inventory: discovered devices; published names and GPU/MIG UUIDs come from it.
@@ -127,8 +127,10 @@ class HealthService:
         on_taints_changed: Callable[[TaintMap], None] | None = None,
         on_nvml_error: Callable[[int], None] | None = None,
         wait_timeout_ms: int = 1000,
+        taint_domain: str = TAINT_DOMAIN,
     ) -> None:
         self.inventory = inventory
+        self._unmonitored_key = f"{taint_domain}/{FaultKind.UNMONITORED.value}"
         self.pool_name = pool_name
         self.session = session
         self.snapshot_interval_s = snapshot_interval_s
@@ -144,13 +146,9 @@ class HealthService:
             ignored_xids=ignored_xids,
             quiet_period_s=quiet_period_s,
             informational_taints=informational_taints,
+            taint_domain=taint_domain,
         )
-        self.gpu_uuids: tuple[str, ...] = tuple(g.uuid for g in inventory.gpus)
-        self.device_uuids: tuple[str, ...] = self.gpu_uuids + tuple(m.uuid for m in inventory.migs)
-        self._uuid_of: dict[str, str] = {d.name: d.uuid for d in inventory.allocatable()}
-        self._mig_uuid: dict[tuple[str, int, int], str] = {
-            (m.parent.uuid, m.gi_id, m.ci_id): m.uuid for m in inventory.migs
-        }
+        self._index(inventory)
         self.taint_updates = 0
         """Number of ``on_taints_changed`` calls so far."""
         self.published: TaintMap = {}
@@ -172,6 +170,27 @@ class HealthService:
         self._errors_lock = threading.Lock()  # the poll, monitor and fabric paths all count errors
         self._poller_errors_seen: dict[int, int] = {}
         self._monitor_errors_seen: dict[int, int] = {}
+
+    def _index(self, inventory: NodeInventory) -> None:
+        self.gpu_uuids: tuple[str, ...] = tuple(g.uuid for g in inventory.gpus)
+        self.device_uuids: tuple[str, ...] = self.gpu_uuids + tuple(m.uuid for m in inventory.migs)
+        self._uuid_of: dict[str, str] = {d.name: d.uuid for d in inventory.allocatable()}
+        self._mig_uuid: dict[tuple[str, int, int], str] = {
+            (m.parent.uuid, m.gi_id, m.ci_id): m.uuid for m in inventory.migs
+        }
+
+    def replace_inventory(self, inventory: NodeInventory) -> None:
+        """Device-registry subscriber: health, snapshots and metrics follow the new device set at once.
+
+        Devices that stay keep their health; new ones start healthy; gone ones leave the health stream. The
+        NVML event set and the poller keep the GPUs they were opened for until the monitor restarts (devices
+        added at run time by dynamic MIG are MIG devices of those GPUs, whose GPU-wide faults they inherit).
+        """
+        with self._lock:
+            self.inventory = inventory
+            self.tracker.replace_inventory(inventory)
+            self._index(inventory)
+            self._changed_locked(time.monotonic())
 
     # -- lifecycle -------------------------------------------------------------------------------------------
 
@@ -218,7 +237,7 @@ class HealthService:
             log.error("an NVML poll did not finish within 10 s; leaving the poller open")
         self._notify_watchers()
 
-    def __enter__(self) -> HealthService:
+    def __enter__(self) -> HealthMonitor:
         self.start()
         return self
 
@@ -436,7 +455,7 @@ class HealthService:
         state = self.tracker.states()[name]
         if not state.healthy:
             return UNHEALTHY, state.message
-        if _UNMONITORED_KEY in state.taints:
+        if self._unmonitored_key in state.taints:
             gpu = self.inventory.find(name)
             parent = gpu.parent.uuid if isinstance(gpu, MigDevice) else self._uuid_of.get(name, "")
             reason = self.monitor.unmonitored.get(parent, "") if self.monitor is not None else ""

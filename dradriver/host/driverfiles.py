@@ -39,6 +39,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from dradriver.domain.cdi import ContainerEdits, Hook, Mount
 from dradriver.errors import DradriverError
 
 #: Where nvidia-container-toolkit installs its hook binary on the host (``cdi.md`` 4.7); the plugin's
@@ -416,3 +417,81 @@ def read_firmware_path(sysfs_root: Path | str) -> str:
             return fh.read().strip()
     except OSError:
         return ""
+
+
+# ---------------------------------------------------------------------------------------------------------
+# As CDI edits
+
+#: Options of library, binary, firmware and configuration mounts (toolkit ``discover.Mounts``).
+READ_ONLY_MOUNT_OPTIONS: tuple[str, ...] = ("ro", "nosuid", "nodev", "rbind", "rprivate")
+#: Options of IPC mounts: sockets and the MPS pipe directory (``cdi.md`` 4.6).
+IPC_MOUNT_OPTIONS: tuple[str, ...] = ("nosuid", "nodev", "rbind", "rprivate", "noexec")
+#: Environment of every toolkit hook (``cdi.md`` 4.6).
+HOOK_ENV: tuple[str, ...] = ("NVIDIA_CTK_DEBUG=false",)
+LIBCUDA_DIR_ENV = "NVIDIA_CTK_LIBCUDA_DIR"
+
+
+def cdi_hook(hook_path: str, subcommand: str, *args: str) -> Hook:
+    """A ``createContainer`` hook running ``nvidia-cdi-hook <subcommand> <args>`` (``cdi.md`` 4.7).
+
+    ``args[0]`` is ``nvidia-cdi-hook``, or ``nvidia-ctk hook`` when ``hook_path`` names ``nvidia-ctk``.
+    """
+    ctk = os.path.basename(hook_path) == "nvidia-ctk"
+    argv0: tuple[str, ...] = ("nvidia-ctk", "hook") if ctk else ("nvidia-cdi-hook",)
+    return Hook("createContainer", hook_path, (*argv0, subcommand, *args), HOOK_ENV)
+
+
+def _mount_depth_order(mount: Mount) -> tuple[int, str]:
+    return (mount.container_path.rstrip("/").count("/"), mount.container_path)
+
+
+def driver_edits(
+    files: DriverFiles,
+    *,
+    host_root: str = "/",
+    hook_path: str = DEFAULT_CDI_HOOK_PATH,
+) -> ContainerEdits:
+    """Spec-level edits that give a container the driver's user space: toolkit ``nvml`` mode (``cdi.md`` 4.6,
+    4.7, 4.9; NVIDIA's GPU plugin, ``cdi.md`` 5.1).
+
+    * mounts of :class:`DriverFiles` (libraries, binaries, firmware, graphics files with
+      :data:`READ_ONLY_MOUNT_OPTIONS`; IPC endpoints with :data:`IPC_MOUNT_OPTIONS`), sorted by path depth then
+      path; ``containerPath`` is the path inside the driver root, ``hostPath`` is ``host_root`` + the file's
+      canonical path there (the toolkit's root transform);
+    * hooks in the toolkit's order: ``create-symlinks`` (``--link target::link``), ``enable-cuda-compat
+      --host-driver-version=<ver>``, ``update-ldcache --folder <dir>``..., ``disable-device-node-modification``;
+    * env ``NVIDIA_CTK_LIBCUDA_DIR=<dirs holding libcuda, ':'-joined>``.
+
+    Hooks do not change the minimum ``cdiVersion`` (``cdi.md`` 1.4).
+
+    :param files: what :func:`dradriver.host.driverfiles.discover_driver_files` found.
+    :param host_root: the host path of the driver root (``--nvidia-driver-root``), ``/`` for a host install.
+    :param hook_path: host path of ``nvidia-cdi-hook`` (``--nvidia-cdi-hook-path``).
+    :returns: empty edits when ``files`` holds no libraries (no driver on this node, e.g. mock NVML): hooks
+        without libraries would only add a dependency on a hook binary that may be missing.
+    """
+    if not files.found:
+        return ContainerEdits()
+    root = host_root.rstrip("/")
+
+    def mount(path: str, source: str, options: tuple[str, ...]) -> Mount:
+        return Mount(root + source, path, options)
+
+    mounts = [mount(p, p, READ_ONLY_MOUNT_OPTIONS) for p in files.libraries]
+    mounts += [mount(f.path, f.source, READ_ONLY_MOUNT_OPTIONS) for f in files.binaries]
+    mounts += [mount(f.path, f.source, IPC_MOUNT_OPTIONS) for f in files.ipc]
+    mounts += [mount(p, p, READ_ONLY_MOUNT_OPTIONS) for p in files.firmware]
+    mounts += [mount(f.path, f.source, READ_ONLY_MOUNT_OPTIONS) for f in files.graphics]
+    mounts.sort(key=_mount_depth_order)
+    hooks: list[Hook] = []
+    if files.links:
+        link_args = [arg for target, link in files.links for arg in ("--link", f"{target}::{link}")]
+        hooks.append(cdi_hook(hook_path, "create-symlinks", *link_args))
+    hooks.append(cdi_hook(hook_path, "enable-cuda-compat", f"--host-driver-version={files.version}"))
+    folders = [arg for d in files.library_dirs for arg in ("--folder", d)]
+    hooks.append(cdi_hook(hook_path, "update-ldcache", *folders))
+    hooks.append(cdi_hook(hook_path, "disable-device-node-modification"))
+    env = (f"{LIBCUDA_DIR_ENV}={':'.join(files.libcuda_dirs)}",)
+    return ContainerEdits(env=env, hooks=tuple(hooks), mounts=tuple(mounts))
+
+

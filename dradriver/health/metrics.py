@@ -5,7 +5,7 @@
   buckets ``0.05 * 2**k`` s), so existing dashboards keep working; ``dradriver_*`` metrics add outcomes,
   prepared claims, claim-store operations, ResourceSlice publish errors and NVML errors by return code.
 * :class:`DeviceCollector`: per-GPU and per-MIG-device readings from the newest poll sample of a
-  :class:`~dradriver.driver.health.HealthService` (a scrape never calls NVML), plus Xids and health.
+  :class:`~dradriver.health.monitor.HealthMonitor` (a scrape never calls NVML), plus Xids and health.
 * :func:`serve_metrics`: an HTTP server (prometheus-client's WSGI app on a threading ``wsgiref`` server)
   on ``host:port`` (``:8080``) at a configurable path.
 
@@ -30,8 +30,8 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
-from dradriver import DRIVER_NAME
 from dradriver.domain.devices import NodeInventory
+from dradriver.domain.identity import GPU_DRIVER
 from dradriver.nvml import errors as nvml_errors
 from dradriver.nvml.poller import Sample
 
@@ -101,7 +101,7 @@ class DriverMetrics:
         self,
         *,
         node: str,
-        driver: str = DRIVER_NAME,
+        driver: str = GPU_DRIVER.driver_name,
         registry: CollectorRegistry | None = None,
         process_metrics: bool = True,
     ) -> None:
@@ -266,7 +266,7 @@ class _DeviceView(Protocol):
 
 
 class DeviceSource(Protocol):
-    """What :class:`DeviceCollector` reads (implemented by :class:`~dradriver.driver.health.HealthService`)."""
+    """What :class:`DeviceCollector` reads (implemented by :class:`~dradriver.health.monitor.HealthMonitor`)."""
 
     inventory: NodeInventory
 

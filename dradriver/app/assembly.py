@@ -1,0 +1,208 @@
+"""The parts every kubelet plugin is assembled from, as lifecycle steps (shared by the GPU and compute-domain
+binaries).
+
+Start order (NVIDIA's kubelet plugins, reference ``nvidia-dra-driver.md`` 1.1, and the Go helper,
+``kubelet-dra-protocol.md`` 4.1): plugin and CDI directories -> the device kind's own parts (NVML, discovery)
+-> Kubernetes client and this Node -> claim state (recovery) -> crash convergence -> gRPC servers (DRA socket,
+then registration socket) -> ResourceSlice publisher. :class:`~dradriver.kubeletplugin.lifecycle.Lifecycle`
+stops them in reverse.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from dradriver.config import PluginConfig
+from dradriver.domain.claims import Claim, ClaimRef
+from dradriver.domain.identity import DriverIdentity
+from dradriver.host.claimstate import ClaimState, ClaimStateCorruptError, ClaimStateProblem
+from dradriver.kube import claims as kube_claims
+from dradriver.kube import client as kube_client
+from dradriver.kube import errors as kube_errors
+from dradriver.kube import events, nodes
+from dradriver.kube.resourceslices import PublishResult, SlicePublisher
+from dradriver.kubeletplugin.lifecycle import Lifecycle
+from dradriver.kubeletplugin.runner import BatchRunner, RecoveryReport
+from dradriver.server import Servers, start_servers
+from dradriver.server.healthstream import HealthSource
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class KubeletPlugin:
+    """What every running kubelet plugin has; the device kind's composition adds its own parts.
+
+    Stop with :meth:`stop` (the lifecycle, newest step first).
+    """
+
+    identity: DriverIdentity
+    config: PluginConfig
+    lifecycle: Lifecycle
+    client: kube_client.KubeClient
+    node_uid: str
+    state: ClaimState
+    state_problems: tuple[ClaimStateProblem, ...]
+    runner: BatchRunner
+    recovery: RecoveryReport
+    publisher: SlicePublisher
+    servers: Servers
+    desired: Callable[[], list[dict[str, Any]]] = field(default=lambda: [])
+    _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+
+    def desired_slices(self) -> list[dict[str, Any]]:
+        """The ResourceSlices this node should have now."""
+        return self.desired()
+
+    def republish(self) -> None:
+        """Hand the publisher the current desired state (coalesced, thread-safe)."""
+        self.publisher.update(self.desired_slices())
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        """Stop serving and publishing, release every part (idempotent)."""
+        if self.lifecycle.stopped:
+            return
+        await self.lifecycle.stop(grace_s)
+        log.info("kubelet plugin for %s stopped", self.identity.driver_name)
+
+
+def ensure_dir(path: os.PathLike[str] | str, mode: int) -> None:
+    """``mkdir -p`` with ``mode`` for the directories created."""
+    os.makedirs(path, mode=mode, exist_ok=True)
+
+
+def report_event(identity: DriverIdentity, client: kube_client.KubeClient, config: PluginConfig, node_uid: str,
+                 reason: str, message: str) -> None:
+    """A Warning Event about this Node (best effort: a failure is logged)."""
+    try:
+        events.create_event(client, events.node_ref(config.node_name, node_uid), reason=reason, message=message,
+                            component=identity.component, host=config.node_name)
+    except kube_errors.KubeAPIError as exc:
+        log.warning("could not record Event %s: %s", reason, exc)
+
+
+def open_state(config: PluginConfig, identity: DriverIdentity) -> tuple[ClaimState, tuple[ClaimStateProblem, ...]]:
+    """Open the claim state; damage is recovered (readable claims kept, damaged file kept aside) and reported."""
+    problems: list[ClaimStateProblem] = []
+
+    def note(problem: ClaimStateProblem) -> None:
+        problems.append(problem)
+        (log.error if problem.damage else log.warning)("%s", problem)
+
+    try:
+        state = ClaimState.open(config.plugin_dir / identity.state_file, lock_path=config.lock_path,
+                                boot_id_path=config.boot_id_path, on_problem=note)
+    except ClaimStateCorruptError as exc:
+        recovered = exc.state
+        assert isinstance(recovered, ClaimState)
+        state = recovered
+    return state, tuple(problems)
+
+
+def report_task_end(task: asyncio.Task[Any]) -> None:
+    """A background task must not end silently: log how it ended unless it was cancelled."""
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None:
+        log.error("background task %s ended: %s", task.get_name(), exc, exc_info=exc)
+
+
+async def cancel_tasks(tasks: list[asyncio.Task[Any]]) -> None:
+    """Cancel ``tasks`` and wait for them to end."""
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+
+
+@dataclass
+class Connection:
+    """The API client and this Node, as the start steps found them."""
+
+    client: kube_client.KubeClient
+    node: dict[str, Any] | None
+    node_uid: str
+
+
+async def connect(lifecycle: Lifecycle, identity: DriverIdentity, config: PluginConfig) -> Connection:
+    """Start step: the Kubernetes client (closed on stop) and this Node (``None`` when it cannot be read)."""
+    client = await lifecycle.step("Kubernetes client",
+                                  lambda: kube_client.open_client(config.kubeconfig, user_agent=identity.user_agent),
+                                  lambda c: c.close())
+    node_obj: dict[str, Any] | None = None
+    node_uid = ""
+    try:
+        node = await asyncio.to_thread(nodes.get_node, client, config.node_name)
+        node_obj, node_uid = dict(node.raw), node.uid
+    except kube_errors.KubeAPIError as exc:
+        log.warning("cannot read Node %s (%s)", config.node_name, exc)
+    return Connection(client, node_obj, node_uid)
+
+
+async def open_claim_state(lifecycle: Lifecycle, identity: DriverIdentity, config: PluginConfig,
+                           connection: Connection) -> tuple[ClaimState, tuple[ClaimStateProblem, ...]]:
+    """Start step: the claim state (closed on stop); damage becomes a ``ClaimStateCorrupt`` Warning Event."""
+    state, problems = await lifecycle.step("claim state", lambda: asyncio.to_thread(open_state, config, identity),
+                                           lambda opened: opened[0].close())
+    for problem in problems:
+        if problem.damage:
+            await asyncio.to_thread(report_event, identity, connection.client, config, connection.node_uid,
+                                    "ClaimStateCorrupt", str(problem))
+    return state, problems
+
+
+def claim_fetcher(identity: DriverIdentity, client: kube_client.KubeClient,
+                  config: PluginConfig) -> Callable[[ClaimRef], Claim]:
+    """The blocking claim GET + reduction for this plugin's driver and this node's pool."""
+
+    def fetch(ref: ClaimRef) -> Claim:
+        return kube_claims.fetch_claim(client, ref, driver=identity.driver_name, pool=config.node_name)
+
+    return fetch
+
+
+def make_publisher(identity: DriverIdentity, config: PluginConfig, connection: Connection, *,
+                   on_error: Callable[[Exception], None] | None = None,
+                   on_publish: Callable[[PublishResult], None] | None = None) -> SlicePublisher:
+    """The ResourceSlice publisher of this node's pool."""
+
+    def publish_error(exc: Exception) -> None:
+        if on_error is not None:
+            on_error(exc)
+        log.warning("ResourceSlice publish failed: %s", exc)
+
+    return SlicePublisher(connection.client, driver=identity.driver_name, node_name=config.node_name,
+                          node_uid=connection.node_uid, on_error=publish_error, on_publish=on_publish)
+
+
+async def serve(lifecycle: Lifecycle, config: PluginConfig, runner: BatchRunner, *,
+                health_source: HealthSource | None = None) -> Servers:
+    """Start step: the DRA socket, the probe and the registration socket; on stop, in-flight calls get the
+    lifecycle's ``grace_s``."""
+    return await lifecycle.step("gRPC servers", lambda: start_servers(config, runner, health_source=health_source),
+                                lambda servers: servers.stop(grace=lifecycle.grace_s))
+
+
+async def run_publisher(lifecycle: Lifecycle, publisher: SlicePublisher) -> asyncio.Task[Any]:
+    """Start step: the publisher's background task (stopped, then cancelled, on stop)."""
+
+    def start() -> asyncio.Task[Any]:
+        task = asyncio.create_task(publisher.run(), name="resourceslice-publisher")
+        task.add_done_callback(report_task_end)
+        return task
+
+    async def stop(task: asyncio.Task[Any]) -> None:
+        try:
+            publisher.stop()
+        finally:
+            await cancel_tasks([task])
+
+    return await lifecycle.step("ResourceSlice publisher", start, stop)

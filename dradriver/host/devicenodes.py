@@ -1,0 +1,186 @@
+"""Device-node numbers of NVIDIA devices on this host, and the CDI edits that expose them (reads ``/proc`` and
+``/dev``).
+
+Facts (``gpu-facts.md`` 3.2 and 5, ``cdi.md`` 5.1): the control nodes ``/dev/nvidiactl`` (``nvidia`` major,
+minor 255), ``/dev/nvidia-uvm`` and ``/dev/nvidia-uvm-tools`` (``nvidia-uvm`` major, minors 0 and 1), plus
+``/dev/nvidia-modeset`` (minor 254) when the host has it; a full GPU gets ``/dev/nvidia<minor>``; a MIG device
+gets its parent's node plus the two capability nodes ``/dev/nvidia-caps/nvidia-cap<minor>`` for its
+GPU-instance and compute-instance access capabilities.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from dradriver.domain.cdi import (
+    DEFAULT_CAP_MODE,
+    DEFAULT_NODE_MODE,
+    VISIBLE_DEVICES_VOID,
+    ContainerEdits,
+    DeviceNode,
+    DeviceNodeError,
+)
+from dradriver.domain.devices import GpuDevice, MigDevice
+
+NVIDIACTL_MINOR = 255
+MODESET_MINOR = 254
+UVM_MINOR = 0
+UVM_TOOLS_MINOR = 1
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceNodeInfo:
+    """Where device-node numbers come from on this node; tests point every path at fixture files.
+
+    :param dev_root: root under which ``/dev`` nodes are stat'ed (``--dev-root``).
+    :param host_root: host path under which the runtime finds ``/dev`` (``/`` normally, the NVIDIA driver
+        root when a driver container created the nodes); written as ``hostPath`` when not ``/``.
+    :param proc_devices: a ``/proc/devices``-format file (``<major> <name>`` under ``Character devices:``).
+    :param mig_minors: ``/proc/driver/nvidia-caps/mig-minors`` (lines ``<capability> <minor>``).
+    :param capabilities_dir: ``/proc/driver/nvidia/capabilities`` (files with ``DeviceFileMinor`` and
+        ``DeviceFileMode``), preferred over ``mig_minors`` like NVIDIA's driver does.
+    """
+
+    dev_root: Path = Path("/")
+    host_root: str = "/"
+    proc_devices: Path = Path("/proc/devices")
+    mig_minors: Path = Path("/proc/driver/nvidia-caps/mig-minors")
+    capabilities_dir: Path = Path("/proc/driver/nvidia/capabilities")
+
+    def read_majors(self) -> dict[str, int]:
+        """Character-device majors by name from :attr:`proc_devices`; ``{}`` when the file is absent."""
+        try:
+            text = _read_text(self.proc_devices)
+        except FileNotFoundError:
+            return {}
+        majors: dict[str, int] = {}
+        section = ""
+        for line in text.splitlines():
+            line = line.strip()
+            if line.endswith(":"):
+                section = line
+                continue
+            if section != "Character devices:" or not line:
+                continue
+            number, _, name = line.partition(" ")
+            if number.isdigit() and name:
+                majors.setdefault(name.strip(), int(number))
+        return majors
+
+    def host_path(self, path: str) -> str:
+        """``hostPath`` for a container ``path``: ``""`` when the host root is ``/``, else root + path."""
+        root = self.host_root.rstrip("/")
+        return root + path if root else ""
+
+    def stat_node(self, path: str) -> os.stat_result | None:
+        """``stat`` of ``dev_root`` + ``path`` if it is a character device, else ``None``."""
+        try:
+            st = os.stat(os.path.join(str(self.dev_root), path.lstrip("/")))
+        except OSError:
+            return None
+        return st if stat.S_ISCHR(st.st_mode) else None
+
+    def major(self, majors: Mapping[str, int], names: Sequence[str], node: str) -> int:
+        """The major of the first of ``names`` in ``majors``, else the major of the host node ``node``.
+
+        :raises DeviceNodeError: neither source knows it.
+        """
+        for name in names:
+            if name in majors:
+                return majors[name]
+        st = self.stat_node(node)
+        if st is not None:
+            return os.major(st.st_rdev)
+        raise DeviceNodeError(
+            f"no major number for {node}: no {' or '.join(repr(n) for n in names)} line in "
+            f"{self.proc_devices} and no character device at {self.dev_root}{node}"
+        )
+
+    def mig_cap(self, parent_minor: int, gi: int, ci: int | None) -> tuple[int, int]:
+        """``(minor, file mode)`` of the GI (``ci=None``) or CI access capability (``gpu-facts.md`` 3.2).
+
+        Sources in order: ``capabilities_dir/gpu<m>/mig/gi<gi>[/ci<ci>]/access``, the ``mig_minors`` line
+        ``gpu<m>/gi<gi>[/ci<ci>]/access <minor>``, then the formula ``3 + 135*gpu + 9*gi`` (GI) and
+        ``4 + 135*gpu + 9*gi + ci`` (CI), valid for 32 GPUs x 15 GIs x 8 CIs.
+
+        :raises DeviceNodeError: outside the formula's range and in no file.
+        """
+        rel = f"gpu{parent_minor}/mig/gi{gi}" + (f"/ci{ci}" if ci is not None else "") + "/access"
+        try:
+            fields = _parse_capability(_read_text(self.capabilities_dir / rel))
+            if "DeviceFileMinor" in fields:
+                return fields["DeviceFileMinor"], fields.get("DeviceFileMode", DEFAULT_CAP_MODE)
+        except FileNotFoundError:
+            pass
+        name = f"gpu{parent_minor}/gi{gi}" + (f"/ci{ci}" if ci is not None else "") + "/access"
+        try:
+            for line in _read_text(self.mig_minors).splitlines():
+                cap, _, number = line.strip().rpartition(" ")
+                if cap == name and number.isdigit():
+                    return int(number), DEFAULT_CAP_MODE
+        except FileNotFoundError:
+            pass
+        if 0 <= parent_minor < 32 and 0 <= gi < 15 and (ci is None or 0 <= ci < 8):
+            formula = 3 + 135 * parent_minor + 9 * gi + (0 if ci is None else 1 + ci)
+            return formula, DEFAULT_CAP_MODE
+        raise DeviceNodeError(f"no minor number for MIG capability {name}: not in {self.mig_minors}")
+
+
+def _read_text(path: Path) -> str:
+    with open(path, encoding="utf-8") as fh:
+        return fh.read()
+
+
+def _parse_capability(text: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        value = value.strip()
+        if value.isdigit():
+            out[key.strip()] = int(value)
+    return out
+
+
+def _char_node(info: DeviceNodeInfo, path: str, major: int, minor: int, default_mode: int) -> DeviceNode:
+    st = info.stat_node(path)
+    mode = stat.S_IMODE(st.st_mode) if st is not None else default_mode
+    return DeviceNode(path, info.host_path(path), "c", major, minor, mode, "rwm")
+
+
+def control_edits(info: DeviceNodeInfo, majors: Mapping[str, int]) -> ContainerEdits:
+    """Spec-level edits: ``NVIDIA_VISIBLE_DEVICES=void`` and the control nodes (``gpu-facts.md`` 5).
+
+    :raises DeviceNodeError: the ``nvidia`` or ``nvidia-uvm`` major is unknown.
+    """
+    nvidia = info.major(majors, ("nvidia", "nvidia-frontend", "nvidiactl"), "/dev/nvidiactl")
+    uvm = info.major(majors, ("nvidia-uvm",), "/dev/nvidia-uvm")
+    nodes = [
+        _char_node(info, "/dev/nvidiactl", nvidia, NVIDIACTL_MINOR, DEFAULT_NODE_MODE),
+        _char_node(info, "/dev/nvidia-uvm", uvm, UVM_MINOR, DEFAULT_NODE_MODE),
+        _char_node(info, "/dev/nvidia-uvm-tools", uvm, UVM_TOOLS_MINOR, DEFAULT_NODE_MODE),
+    ]
+    if info.stat_node("/dev/nvidia-modeset") is not None:
+        nodes.append(_char_node(info, "/dev/nvidia-modeset", nvidia, MODESET_MINOR, DEFAULT_NODE_MODE))
+    return ContainerEdits(env=(VISIBLE_DEVICES_VOID,), device_nodes=tuple(nodes))
+
+
+def device_edits(device: GpuDevice | MigDevice, info: DeviceNodeInfo, majors: Mapping[str, int]) -> ContainerEdits:
+    """Per-device edits: ``/dev/nvidia<minor>``; for MIG the parent's node plus the GI and CI capability
+    nodes (``cdi.md`` 5.1).
+
+    :raises DeviceNodeError: a major or capability minor cannot be found.
+    """
+    gpu = device.parent if isinstance(device, MigDevice) else device
+    nvidia = info.major(majors, ("nvidia", "nvidia-frontend"), f"/dev/nvidia{gpu.minor}")
+    nodes = [_char_node(info, f"/dev/nvidia{gpu.minor}", nvidia, gpu.minor, DEFAULT_NODE_MODE)]
+    if isinstance(device, MigDevice):
+        for ci in (None, device.ci_id):
+            minor, mode = info.mig_cap(gpu.minor, device.gi_id, ci)
+            path = f"/dev/nvidia-caps/nvidia-cap{minor}"
+            caps = info.major(majors, ("nvidia-caps",), path)
+            nodes.append(DeviceNode(path, info.host_path(path), "c", caps, minor, mode))
+    return ContainerEdits(device_nodes=tuple(nodes))

@@ -1,0 +1,721 @@
+"""The batch runner: NodePrepareResources / NodeUnprepareResources for any kubelet plugin, over its device
+preparers.
+
+For each claim of a prepare batch (reference ``kubelet-dra-protocol.md`` 4.3, ``nvidia-dra-driver.md`` 4.2):
+
+1. GET the ResourceClaim (outside the lock; the claims of one batch are fetched concurrently), check its UID
+   and allocation, keep the results for our driver and this node's pool;
+2. under the node-wide lock: a claim already PREPARE_COMPLETED returns its stored answer (its CDI spec is
+   rewritten if it vanished); otherwise each result's device must exist in the device registry and must not
+   be held by another claim (admin-access results excepted); its configs are selected; each device's
+   preparer makes a pure plan, and the claim is recorded PREPARE_STARTED;
+3. the plans are applied: each device's preparer, then the sharing step of each config group; every apply
+   returns an :class:`~dradriver.domain.ports.UndoRecord`. Claims whose preparers have side effects are applied
+   concurrently in worker threads (a slow or failing one does not hold up the others), and their records are
+   stored with the claim (one group commit) before anything is acknowledged;
+4. the claim's CDI spec is written (preparers' device edits, sharing edits, the plugin's spec-level edits),
+   and the claim is recorded PREPARE_COMPLETED with its undo records.
+
+Any failure undoes exactly what was applied for that claim (in reverse order), rolls it back and becomes that
+claim's error string; other claims of the batch are unaffected.
+
+Unprepare works from the stored claim state alone (the ResourceClaim may be gone): delete the CDI spec, undo
+the stored records in reverse order, then forget the claim. Unknown claims succeed. A failed undo keeps the
+claim recorded and answers an error, so the kubelet's retry undoes again (undo is idempotent). A prepare that
+was in flight when the same claim UID was unprepared is refused, so a slow prepare never brings an unprepared
+claim back.
+
+At start, :meth:`BatchRunner.recover` undoes and rolls back claims a crash left PREPARE_STARTED, lets every
+preparer sweep side effects no record knows, and removes CDI specs of ours that no stored claim owns, so the
+node converges after a SIGKILL at any point.
+
+Claim-state payload: JSON ``{"spec": <spec path>, "undo": [<UndoRecord.to_json()>...]}``; a payload that is
+a bare spec path (written before undo records existed) reads as a claim without records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import itertools
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dradriver.domain import cdi
+from dradriver.domain.claims import AllocationResult, Claim, ClaimError, ClaimRef, ClaimResult
+from dradriver.domain.configs import ConfigGroup, ConfigSelection
+from dradriver.domain.identity import DriverIdentity
+from dradriver.domain.ports import DevicePlan, DevicePreparer, RequestMetrics, SharingStep, UndoRecord
+from dradriver.domain.registry import DeviceRegistry
+from dradriver.errors import DradriverError
+from dradriver.host import cdifiles
+from dradriver.host.claimstate import ClaimConflictError, ClaimPhase, ClaimRecord, ClaimState, HeldDevice
+
+log = logging.getLogger(__name__)
+
+FetchClaim = Callable[[ClaimRef], Claim]
+"""Blocking: GET the claim and reduce it (``dradriver.kube.claims.fetch_claim`` bound to a client)."""
+
+SelectConfigs = Callable[[Claim, Mapping[str, Any]], ConfigSelection]
+"""Decode, select and validate a claim's opaque configs for its devices (``configs.select_configs``).
+
+:raises ClaimError: naming the claim and the config's field path."""
+
+PAYLOAD_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryReport:
+    """What :meth:`BatchRunner.recover` did at start."""
+
+    rolled_back: tuple[str, ...]
+    orphan_specs_removed: tuple[str, ...]
+    claims_kept: int
+    missing_devices: tuple[str, ...]
+    adopted: tuple[str, ...] = ()
+    swept: tuple[str, ...] = ()
+    undo_failed: tuple[str, ...] = ()
+
+
+@dataclass(slots=True)
+class _Work:
+    """One claim of a prepare batch after phase 1."""
+
+    claim: Claim
+    held: list[HeldDevice]
+    plans: list[DevicePlan]
+    groups: list[ConfigGroup]
+    stale: list[UndoRecord]
+    applied: list[UndoRecord] = field(default_factory=list)
+    error: str = ""
+
+    @property
+    def uid(self) -> str:
+        return self.claim.ref.uid
+
+
+def _payload(spec: Path | str, records: Sequence[UndoRecord]) -> str:
+    return json.dumps({"v": PAYLOAD_VERSION, "spec": str(spec), "undo": [r.to_json() for r in records]},
+                      separators=(",", ":"), sort_keys=True)
+
+
+def read_payload(payload: bytes | str) -> tuple[str, list[UndoRecord]]:
+    """Decode a stored claim payload into (spec path, undo records); a bare path has no records.
+
+    :raises ValueError: the payload is JSON but not a valid payload document.
+    """
+    text = payload.decode() if isinstance(payload, bytes) else payload
+    if not text.startswith("{"):
+        return text, []
+    doc = json.loads(text)
+    if not isinstance(doc, dict) or not isinstance(doc.get("undo", []), list):
+        raise ValueError(f"claim payload {text[:80]!r} is not a payload document")
+    return str(doc.get("spec", "")), [UndoRecord.from_json(r) for r in doc.get("undo", [])]
+
+
+class BatchRunner:
+    """Implements :class:`dradriver.domain.ports.ClaimPreparer` for the gRPC layer, over device preparers.
+
+    :param identity: the plugin's names (CDI kind of its specs).
+    :param registry: this node's devices (DRA device name -> device); looked up per claim.
+    :param state: the durable claim state (holds the node-wide lock for every mutation).
+    :param fetch_claim: blocking claim GET + reduction; raises :class:`ClaimError` for a claim-level problem.
+    :param cdi_root: directory for the per-claim CDI specs.
+    :param pool: this node's pool name (the node name).
+    :param preparers: one per device kind; the first whose ``handles(device)`` is true prepares a device.
+    :param sharing: sharing steps by strategy (``None`` = exclusive use).
+    :param select_configs: the plugin's config selection; ``None``: the plugin takes no configs (every
+        device gets no config group, and no sharing step runs).
+    :param spec_edits: the spec-level CDI edits (called once per spec written; e.g. control nodes and the
+        driver's user space).
+    :param apply_workers: worker threads for side-effecting applies of one batch.
+    """
+
+    def __init__(
+        self,
+        *,
+        identity: DriverIdentity,
+        registry: DeviceRegistry[Any],
+        state: ClaimState,
+        fetch_claim: FetchClaim,
+        cdi_root: Path,
+        pool: str,
+        preparers: Sequence[DevicePreparer],
+        sharing: Sequence[SharingStep] = (),
+        select_configs: SelectConfigs | None = None,
+        spec_edits: Callable[[], cdi.ContainerEdits] = cdi.ContainerEdits,
+        metrics: RequestMetrics | None = None,
+        apply_workers: int = 8,
+    ) -> None:
+        kinds = [p.kind for p in preparers] + [s.kind for s in sharing]
+        if len(set(kinds)) != len(kinds):
+            raise ValueError(f"preparer and sharing-step kinds must be unique: {kinds}")
+        self.identity = identity
+        self.registry = registry
+        self.state = state
+        self.fetch_claim = fetch_claim
+        self.cdi_root = cdi_root
+        self.pool = pool
+        self.preparers = tuple(preparers)
+        self.sharing = {s.strategy: s for s in sharing}
+        self._device_kinds: dict[str, DevicePreparer] = {p.kind: p for p in preparers}
+        self._by_kind: dict[str, DevicePreparer | SharingStep] = dict(self._device_kinds)
+        self._by_kind.update({s.kind: s for s in sharing})
+        self.select_configs = select_configs
+        self.spec_edits = spec_edits
+        self.metrics = metrics
+        self.apply_workers = apply_workers
+        self._lock = threading.Lock()  # in-process serialisation; ClaimState adds the node-wide flock
+        self._seq = itertools.count(1)
+        self._unprepared_at: dict[str, int] = {}
+        self.preparations = 0  # claims actually prepared (not answered from state); for tests and metrics
+        self._counts: tuple[int, dict[str, int]] = (0, {})
+        self._prepared: dict[str, tuple[str, str]] = {}
+
+    # ---------------------------------------------------------------------------------- helpers
+    def preparer_for(self, device: object) -> DevicePreparer | None:
+        """The preparer of ``device``, or ``None`` when no preparer handles it."""
+        for preparer in self.preparers:
+            if preparer.handles(device):
+                return preparer
+        return None
+
+    def spec_path(self, uid: str) -> Path:
+        """This plugin's CDI spec file for claim ``uid``."""
+        return self.identity.cdi.spec_path(self.cdi_root, uid)
+
+    def _device_kind(self, name: str) -> str:
+        device = self.registry.get(name)
+        preparer = None if device is None else self.preparer_for(device)
+        return "unknown" if preparer is None else preparer.kind
+
+    # ---------------------------------------------------------------------------------- prepare
+    async def prepare_claims(self, claims: Sequence[ClaimRef]) -> Mapping[str, ClaimResult]:
+        """Prepare a batch; every UID gets a result (see the module docstring)."""
+        started = next(self._seq)
+        began = time.monotonic()
+        with self.metrics.in_flight("prepare") if self.metrics else contextlib.nullcontext():
+            fetched = await asyncio.gather(*(asyncio.to_thread(self._fetch, ref) for ref in claims))
+            results = await asyncio.to_thread(self._prepare_all, list(zip(claims, fetched, strict=True)), started)
+        if self.metrics is not None:
+            seconds = time.monotonic() - began
+            for res in results.values():
+                outcome = "success" if res.ok else "error"
+                self.metrics.observe_prepare(outcome, seconds, error_type=None if res.ok else "prepare_devices")
+        self._changed()
+        return results
+
+    def _changed(self) -> None:
+        """After a batch, on the event loop: publish the views :meth:`_refresh_views` computed (no locking)."""
+        if self.metrics is not None:
+            claims, by_type = self._counts
+            self.metrics.set_prepared(claims, by_type)
+
+    def _refresh_views(self) -> None:
+        """In the worker thread, with the state at hand: device -> claim map and counts for metrics."""
+        claims = self.state.claims()
+        by_type: dict[str, int] = {}
+        devices: dict[str, tuple[str, str]] = {}
+        for record in claims.values():
+            for dev in record.devices:
+                kind = self._device_kind(dev.device)
+                by_type[kind] = by_type.get(kind, 0) + 1
+                if record.phase is ClaimPhase.PREPARE_COMPLETED:
+                    devices.setdefault(dev.device, (record.namespace, record.name))
+        self._counts = (len(claims), by_type)
+        self._prepared = devices  # replaced whole: readers on other threads see the old or the new map
+
+    def _fetch(self, ref: ClaimRef) -> Claim | str:
+        try:
+            return self.fetch_claim(ref)
+        except ClaimError as exc:
+            return str(exc)
+        except DradriverError as exc:
+            return f"claim {ref}: cannot read the ResourceClaim: {exc}"
+
+    def _prepare_all(self, items: list[tuple[ClaimRef, Claim | str]], started: int) -> dict[str, ClaimResult]:
+        """Prepare a batch in phases, so its durability costs O(1) syncs of the claim state.
+
+        1. under one group commit: check and plan every claim, record the valid ones PREPARE_STARTED (one sync);
+        2. apply the plans (side effects; concurrently per claim); under one group commit, store the undo
+           records of claims with side effects (one sync, only when some preparer has side effects);
+        3. write each claim's CDI spec (file fsync'd; one directory fsync for the batch);
+        4. under one group commit: record them PREPARE_COMPLETED (one sync); failed ones are undone and
+           rolled back.
+
+        A claim's answer is given only after phase 4 is durable. A crash at any point leaves STARTED claims,
+        which the next start undoes and rolls back (:meth:`recover`), or COMPLETED ones whose specs are on disk.
+        Any error, expected or not, stays with its claim: every UID of the batch gets an answer.
+        """
+        out: dict[str, ClaimResult] = {}
+        todo: list[_Work] = []
+        done: list[_Work] = []
+        with self._lock:
+            try:
+                with self.state.locked():
+                    with self.state.group_commit():
+                        for ref, fetched in items:
+                            if isinstance(fetched, str):
+                                out[ref.uid] = ClaimResult(error=fetched)
+                                continue
+                            try:
+                                answer = self._start_one(fetched, started)
+                            except Exception as exc:  # one claim's problem is that claim's answer
+                                out[ref.uid] = ClaimResult(error=_claim_error(ref, exc))
+                                continue
+                            if isinstance(answer, ClaimResult):
+                                out[ref.uid] = answer
+                            else:
+                                todo.append(answer)
+                    self._apply_all(todo)
+                    ready = [w for w in todo if not w.error]
+                    for work in ready:
+                        try:
+                            self._write_spec(work)
+                        except Exception as exc:
+                            work.error = _claim_error(work.claim.ref, exc)
+                    if any(not w.error for w in ready):
+                        cdifiles.sync_directory(self.cdi_root)
+                    failed = [w for w in todo if w.error]
+                    for work in failed:
+                        self._undo_applied(work)
+                    with self.state.group_commit():
+                        for work in todo:
+                            if not work.error:
+                                self.state.prepare_completed(work.uid, payload=_payload(self.spec_path(work.uid),
+                                                                                        work.applied))
+                                done.append(work)
+                        for work in failed:
+                            out[work.uid] = ClaimResult(error=work.error)
+                            self._roll_back_failed(work)
+            except (OSError, DradriverError) as exc:
+                # The claim state or the CDI directory could not be made durable: no claim of the batch that
+                # was still in progress is acknowledged. STARTED records are undone and rolled back at the next
+                # start, or redone when the kubelet retries.
+                for work in todo:
+                    out.setdefault(work.uid, ClaimResult(error=f"claim {work.claim.ref}: cannot record claim "
+                                                                f"state: {exc}"))
+                done = []
+            finally:
+                self._refresh_views()
+        for work in done:
+            self.preparations += 1
+            log.info("prepared claim %s: %s", work.claim.ref, ", ".join(h.device for h in work.held))
+            out[work.uid] = ClaimResult(devices=tuple(h.to_prepared() for h in work.held))
+        return out
+
+    def _start_one(self, claim: Claim, started: int) -> ClaimResult | _Work:
+        """Phase 1 for one claim: the stored answer of a completed claim, or its plans, recorded STARTED."""
+        ref = claim.ref
+        if self._unprepared_at.get(ref.uid, 0) > started:
+            raise ClaimError(ref, "the claim was unprepared while this prepare was in flight; not preparing it")
+        record = self.state.get(ref.uid)
+        adopted = record is not None and not record.namespace and not record.name
+        if record is not None and record.phase is ClaimPhase.PREPARE_COMPLETED and not adopted:
+            self._ensure_spec(record)
+            return ClaimResult(devices=tuple(d.to_prepared() for d in record.devices))
+        # New, half-prepared (its stale records are undone before the new apply), or adopted from a CDI spec
+        # after state damage (request names unknown): prepare from the claim itself; the devices it already
+        # holds count as its own in the conflict check.
+        stale = read_payload(record.payload)[1] if record is not None else []
+        work = self._plan(claim)
+        work.stale = stale
+        self.state.prepare_started(ref.uid, namespace=ref.namespace, name=ref.name, devices=work.held,
+                                   payload=_payload(self.spec_path(ref.uid), stale))
+        return work
+
+    def _plan(self, claim: Claim) -> _Work:
+        """Allocation results -> devices (results naming one device merged), conflict check, configs, plans."""
+        ref = claim.ref
+        order: list[str] = []
+        results: dict[str, list[AllocationResult]] = {}
+        entries: dict[str, object] = {}
+        preparers: dict[str, DevicePreparer] = {}
+        for i, result in enumerate(claim.results):
+            device = self.registry.get(result.device)
+            if device is None:
+                raise ClaimError(ref, f"status.allocation.devices.results[{i}] (request {result.request!r}): "
+                                      f"device {result.device!r} does not exist in pool {self.pool!r} on this node")
+            preparer = self.preparer_for(device)
+            if preparer is None:
+                raise ClaimError(ref, f"status.allocation.devices.results[{i}] (request {result.request!r}): "
+                                      f"device {result.device!r} is of a kind this plugin cannot prepare")
+            if result.device not in results:
+                order.append(result.device)
+                results[result.device] = []
+                entries[result.device] = device
+                preparers[result.device] = preparer
+            results[result.device].append(result)
+        for name in order:
+            holder = self.state.holder(self.pool, name)
+            admin = all(r.admin_access for r in results[name])
+            if holder is not None and holder != ref.uid and not admin:
+                other = self.state.get(holder)
+                who = f"{other.namespace}/{other.name} (uid {holder})" if other else f"uid {holder}"
+                raise ClaimError(ref, f"device {name!r} is already prepared for claim {who}")
+        # Opaque configs: decoded, selected and validated per result before anything is written.
+        groups: list[ConfigGroup] = []
+        group_of: dict[str, ConfigGroup] = {}
+        if self.select_configs is not None:
+            selection = self.select_configs(claim, entries)
+            groups = list(selection.groups)
+            for group in groups:
+                for name in group.devices:
+                    group_of.setdefault(name, group)
+                if group.plan.strategy not in self.sharing:
+                    raise ClaimError(ref, f"{group.entry.parameters_at}.sharing.strategy: "
+                                          f"{group.plan.strategy!r} is not implemented by this plugin")
+        plans = [preparers[n].plan(claim, entries[n], results[n], group_of.get(n)) for n in order]
+        held = [
+            HeldDevice(
+                request_names=plan.request_names,
+                pool=self.pool,
+                device=plan.device,
+                cdi_device_ids=(self.identity.cdi.device_id(ref.uid, plan.device),),
+                admin_access=plan.admin_access,
+            )
+            for plan in plans
+        ]
+        return _Work(claim, held, plans, groups, stale=[])
+
+    # -------------------------------------------------------------------------------- apply
+    def _side_effects(self, work: _Work) -> bool:
+        if work.stale:
+            return True
+        if any(self._preparer(p.kind).side_effects for p in work.plans):
+            return True
+        return any(self.sharing[g.plan.strategy].side_effects for g in work.groups)
+
+    def _preparer(self, kind: str) -> DevicePreparer:
+        return self._device_kinds[kind]
+
+    def _apply_all(self, todo: list[_Work]) -> None:
+        """Phase 2: apply every claim's plans; side-effecting claims concurrently, and record their undo."""
+        effectful = [w for w in todo if self._side_effects(w)]
+        for work in todo:
+            if work not in effectful:
+                self._apply_one(work)
+        if not effectful:
+            return
+        if len(effectful) == 1:
+            self._apply_one(effectful[0])
+        else:
+            workers = min(self.apply_workers, len(effectful))
+            with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="prepare-apply") as pool:
+                list(pool.map(self._apply_one, effectful))
+        # The side effects exist now: their undo records reach the claim state before anything else happens, so
+        # a crash from here on is undone from the records at the next start.
+        with self.state.group_commit():
+            for work in effectful:
+                self.state.prepare_started(work.uid, namespace=work.claim.ref.namespace, name=work.claim.ref.name,
+                                           devices=work.held,
+                                           payload=_payload(self.spec_path(work.uid), work.stale + work.applied))
+
+    def _apply_one(self, work: _Work) -> None:
+        """Undo stale records of an earlier attempt, then apply device plans and sharing steps in order.
+
+        On failure, ``work.error`` is set; ``work.applied`` keeps exactly what was applied (undone later).
+        """
+        ref = work.claim.ref
+        try:
+            for record in reversed(work.stale):
+                self._undo(ref, record)
+            work.stale = []
+            for plan in work.plans:
+                work.applied.append(self._preparer(plan.kind).apply(ref, plan))
+            for group in work.groups:
+                step = self.sharing[group.plan.strategy]
+                devices = [self.registry.get(name) for name in group.devices]
+                work.applied.append(step.apply(ref, group, devices))
+        except Exception as exc:
+            work.error = _claim_error(ref, exc)
+
+    def _undo(self, ref: ClaimRef, record: UndoRecord) -> None:
+        part = self._by_kind.get(record.kind)
+        if part is None:
+            raise DradriverError(f"claim {ref}: no preparer of kind {record.kind!r} to undo {record.target!r}")
+        part.undo(ref, record)
+
+    def _undo_applied(self, work: _Work) -> None:
+        """Undo what was applied for a failed claim, newest first; what fails to undo stays in ``applied``."""
+        left: list[UndoRecord] = []
+        for record in reversed(work.applied):
+            if left:
+                left.append(record)
+                continue
+            try:
+                self._undo(work.claim.ref, record)
+            except Exception as exc:
+                log.error("claim %s: undo of %s %s failed: %s", work.claim.ref, record.kind, record.target, exc)
+                left.append(record)
+        work.applied = list(reversed(left))
+
+    def _roll_back_failed(self, work: _Work) -> None:
+        """Forget a failed claim, or keep it STARTED with the records whose undo failed (retried later)."""
+        try:
+            try:
+                cdifiles.delete_claim_spec(self.identity.cdi, self.cdi_root, work.uid, clean_temp=False)
+            except Exception:  # a leftover spec is removed at the next start or by an unprepare
+                log.exception("claim %s: removing its CDI spec failed", work.claim.ref)
+            left = work.stale + work.applied
+            if left:
+                ref = work.claim.ref
+                self.state.prepare_started(ref.uid, namespace=ref.namespace, name=ref.name, devices=work.held,
+                                           payload=_payload(self.spec_path(ref.uid), left))
+                log.error("claim %s: %d undo record(s) kept for the next unprepare or start", ref, len(left))
+            else:
+                self.state.remove(work.uid)
+        except Exception:  # left STARTED: rolled back by the kubelet's retry or at start
+            log.exception("rolling back claim %s failed", work.claim.ref)
+
+    # -------------------------------------------------------------------------------- CDI spec
+    def _device_edits(self, ref: ClaimRef, plans: Sequence[DevicePlan],
+                      records: Sequence[UndoRecord]) -> list[tuple[str, cdi.ContainerEdits]]:
+        by_target = {(r.kind, r.target): r for r in records}
+        extras: dict[str, cdi.ContainerEdits] = {}
+        steps = {s.kind: s for s in self.sharing.values()}
+        for record in records:
+            step = steps.get(record.kind)
+            if step is None:
+                continue
+            for name, edits in step.edits(ref, record).items():
+                extras[name] = extras.get(name, cdi.ContainerEdits()) + edits
+        out: list[tuple[str, cdi.ContainerEdits]] = []
+        for plan in plans:
+            record = by_target.get((plan.kind, plan.device)) or UndoRecord(plan.kind, 0, plan.device)
+            edits = self._preparer(plan.kind).edits(ref, plan, record)
+            if plan.device in extras:
+                edits = edits + extras[plan.device]
+            out.append((plan.device, edits))
+        return out
+
+    def _render(self, ref: ClaimRef, plans: Sequence[DevicePlan], records: Sequence[UndoRecord]) -> bytes:
+        try:
+            devices = self._device_edits(ref, plans, records)
+            spec_edits = self.spec_edits()
+        except cdi.DeviceNodeError as exc:
+            raise cdi.DeviceNodeError(f"claim {ref.uid}: CDI spec: {exc}") from exc
+        return cdi.render_claim_spec(self.identity.cdi, ref.uid, devices, spec_edits)
+
+    def _write_spec(self, work: _Work) -> None:
+        ref = work.claim.ref
+        data = self._render(ref, work.plans, work.applied)
+        cdifiles.write_claim_spec(self.identity.cdi, self.cdi_root, ref.uid, data, sync_dir=False, clean_temp=False)
+
+    def _ensure_spec(self, record: ClaimRecord) -> None:
+        """Rewrite a completed claim's CDI spec when it has vanished (e.g. /var/run/cdi was cleaned)."""
+        if self.spec_path(record.uid).exists():
+            return
+        missing = sorted(d.device for d in record.devices if self.registry.get(d.device) is None)
+        if missing:
+            raise ClaimError(record.ref, f"CDI spec vanished and devices {missing} are no longer on this node")
+        records = read_payload(record.payload)[1]
+        plans = []
+        for held in record.devices:
+            device = self.registry.get(held.device)
+            preparer = self.preparer_for(device)
+            if preparer is None:
+                raise ClaimError(record.ref, f"CDI spec vanished and device {held.device!r} has no preparer")
+            plans.append(DevicePlan(preparer.kind, held.device, device, held.request_names, held.admin_access, ()))
+        data = self._render(record.ref, plans, records)
+        cdifiles.write_claim_spec(self.identity.cdi, self.cdi_root, record.uid, data)
+        log.warning("rewrote the vanished CDI spec of claim %s", record.ref)
+
+    # -------------------------------------------------------------------------------- unprepare
+    async def unprepare_claims(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
+        """Unprepare a batch from stored state alone; returns UID -> error ("" on success)."""
+        began = time.monotonic()
+        with self.metrics.in_flight("unprepare") if self.metrics else contextlib.nullcontext():
+            results = await asyncio.to_thread(self._unprepare_all, list(claims))
+        if self.metrics is not None:
+            seconds = time.monotonic() - began
+            for error in results.values():
+                outcome = "error" if error else "success"
+                self.metrics.observe_unprepare(outcome, seconds, error_type="unprepare_devices" if error else None)
+        self._changed()
+        return results
+
+    def _unprepare_all(self, claims: list[ClaimRef]) -> dict[str, str]:
+        """Delete each claim's CDI spec, undo its records, then forget the batch's claims under one group commit.
+
+        Specs go first, so a crash never leaves a spec without a claim; a claim whose spec is gone but whose
+        removal was not yet durable is simply unprepared again when the kubelet retries (undo is idempotent).
+        """
+        out: dict[str, str] = {}
+        with self._lock:
+            stored: list[ClaimRef] = []
+            try:
+                with self.state.locked():
+                    for ref in claims:
+                        self._unprepared_at.pop(ref.uid, None)
+                        self._unprepared_at[ref.uid] = next(self._seq)  # newest last: eviction keeps recent ones
+                        try:
+                            # Unknown claims succeed; a spec of that UID (adopted or leaked) goes too.
+                            cdifiles.delete_claim_spec(self.identity.cdi, self.cdi_root, ref.uid, clean_temp=False)
+                            record = self.state.get(ref.uid)
+                            if record is not None:
+                                for undo in reversed(read_payload(record.payload)[1]):
+                                    self._undo(ref, undo)
+                        except Exception as exc:
+                            if not isinstance(exc, DradriverError):
+                                log.error("unprepare of claim %s failed unexpectedly", ref, exc_info=exc)
+                            out[ref.uid] = f"claim {ref}: unprepare failed: {exc}"
+                            continue
+                        if record is None:
+                            out[ref.uid] = ""
+                        else:
+                            stored.append(ref)
+                    with self.state.group_commit():
+                        for ref in stored:
+                            self.state.remove(ref.uid)
+            except (OSError, DradriverError) as exc:
+                for ref in stored:
+                    out[ref.uid] = f"claim {ref}: unprepare failed: {exc}"
+                stored = []
+            finally:
+                self._refresh_views()
+            for ref in stored:
+                log.info("unprepared claim %s", ref)
+                out[ref.uid] = ""
+            if len(self._unprepared_at) > 4096:  # keep only recent tombstones
+                for uid in list(itertools.islice(self._unprepared_at, len(self._unprepared_at) - 2048)):
+                    del self._unprepared_at[uid]
+        return out
+
+    # ---------------------------------------------------------------------------------- startup
+    def recover(self, *, state_damaged: bool = False) -> RecoveryReport:
+        """Converge after a crash: undo and roll back PREPARE_STARTED claims, let every preparer sweep side
+        effects no record knows, then deal with CDI specs no claim owns.
+
+        :param state_damaged: the claim state lost records to damage. Then an orphan spec may belong to a
+            claim that still holds its devices: it is adopted (recorded as prepared under its claim UID, with
+            the devices its spec names) instead of deleted, so the devices stay protected and the kubelet's
+            unprepare of that UID cleans up. Otherwise orphan specs are leftovers and are deleted.
+        """
+        rolled_back: list[str] = []
+        removed: list[str] = []
+        adopted: list[str] = []
+        undo_failed: list[str] = []
+        swept: list[str] = []
+        with self._lock, self.state.locked():
+            for uid, record in list(self.state.claims().items()):
+                if record.phase is not ClaimPhase.PREPARE_STARTED:
+                    continue
+                if state_damaged and self.spec_path(uid).exists():
+                    # Its PREPARE_COMPLETED record may be the one damage destroyed: the claim may have been
+                    # acknowledged and its containers may run. Keep it (and its devices protected) as completed.
+                    self.state.prepare_completed(uid)
+                    adopted.append(uid)
+                    log.error("claim %s: the claim state was damaged and the claim's CDI spec exists; kept as "
+                              "prepared until the kubelet unprepares it", record.ref)
+                    continue
+                try:
+                    for undo in reversed(read_payload(record.payload)[1]):
+                        self._undo(record.ref, undo)
+                except Exception as exc:
+                    undo_failed.append(uid)
+                    log.error("claim %s left half-prepared by an earlier run: undo failed (%s); kept for the "
+                              "kubelet's unprepare or the next start", record.ref, exc)
+                    continue
+                self._roll_back(uid)
+                rolled_back.append(uid)
+                log.warning("rolled back claim %s left half-prepared by an earlier run", record.ref)
+            known_records: dict[str, list[UndoRecord]] = {}
+            for record in self.state.claims().values():
+                try:
+                    for undo in read_payload(record.payload)[1]:
+                        known_records.setdefault(undo.kind, []).append(undo)
+                except ValueError as exc:
+                    log.error("claim %s: unreadable undo records: %s", record.ref, exc)
+            for preparer in self.preparers:
+                for what in preparer.sweep(known_records.get(preparer.kind, [])):
+                    swept.append(f"{preparer.kind}:{what}")
+                    log.warning("removed %s %s that no prepared claim owns", preparer.kind, what)
+            known = set(self.state.claims())
+            temps = cdifiles.remove_stale_temp_files(self.identity.cdi, self.cdi_root)  # once, so prepares stay O(1)
+            if temps:
+                log.warning("removed %d temporary CDI file(s) a crashed write left behind", temps)
+            try:
+                names = os.listdir(self.cdi_root)
+            except FileNotFoundError:
+                names = []
+            for name in names:
+                spec_uid = self.identity.cdi.spec_uid(name)
+                if spec_uid is None or spec_uid in known:
+                    continue
+                uid = spec_uid
+                if state_damaged:
+                    # The spec may belong to a running container whose claim record was lost: never delete it.
+                    if self._adopt(uid, self.cdi_root / name):
+                        adopted.append(uid)
+                    else:
+                        log.error("kept orphan CDI spec %s: the claim state was damaged and the spec could not "
+                                  "be adopted; the kubelet's unprepare of its claim removes it", name)
+                    continue
+                cdifiles.delete_claim_spec(self.identity.cdi, self.cdi_root, uid)
+                removed.append(uid)
+                log.warning("removed orphan CDI spec %s (no prepared claim owns it)", name)
+            held = {d.device for r in self.state.claims().values() for d in r.devices}
+            missing = sorted(d for d in held if self.registry.get(d) is None)
+            self._refresh_views()
+        if missing:
+            log.error("prepared claims hold devices this node no longer has: %s", ", ".join(missing))
+        return RecoveryReport(tuple(rolled_back), tuple(removed), len(self.state), tuple(missing), tuple(adopted),
+                              tuple(swept), tuple(undo_failed))
+
+    def _roll_back(self, uid: str) -> None:
+        try:
+            cdifiles.delete_claim_spec(self.identity.cdi, self.cdi_root, uid)
+        finally:
+            self.state.remove(uid)
+
+    def _adopt(self, uid: str, path: Path) -> bool:
+        """Record the claim ``uid`` as prepared from its CDI spec alone; False when the spec is unreadable."""
+        try:
+            spec = json.loads(path.read_bytes())
+            names = [str(d["name"]) for d in spec.get("devices", [])]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.error("cannot adopt orphan CDI spec %s: %s", path, exc)
+            return False
+        prefix = f"{uid}-"
+        devices = [n[len(prefix):] for n in names if n.startswith(prefix)]
+        held = [
+            HeldDevice(request_names=(), pool=self.pool, device=d,
+                       cdi_device_ids=(self.identity.cdi.device_id(uid, d),))
+            for d in devices
+        ]
+        try:
+            self.state.prepare_started(uid, namespace="", name="", devices=held, payload=_payload(path, []))
+            self.state.prepare_completed(uid)
+        except (ClaimConflictError, DradriverError) as exc:
+            log.error("cannot adopt orphan CDI spec %s: %s", path, exc)
+            return False
+        log.error("claim state lost claim %s; adopted it from its CDI spec (devices %s) until it is unprepared",
+                  uid, ", ".join(devices))
+        return True
+
+    def prepared_devices(self) -> dict[str, tuple[str, str]]:
+        """DRA device name -> (claim namespace, claim name) for every completed claim (metrics labels).
+
+        A snapshot taken after the last batch; safe to call from any thread, never waits on the claim state.
+        """
+        return self._prepared
+
+
+def _claim_error(ref: ClaimRef, exc: BaseException) -> str:
+    """The per-claim error string for ``exc``: its own message for our errors, a logged traceback otherwise."""
+    if isinstance(exc, ClaimError | ClaimConflictError | cdi.CdiSpecError):
+        return str(exc)
+    if isinstance(exc, DradriverError):
+        log.error("prepare of claim %s failed: %s", ref, exc)
+        return f"claim {ref}: {exc}"
+    log.error("prepare of claim %s failed unexpectedly", ref, exc_info=exc)
+    return f"claim {ref}: internal error ({type(exc).__name__}: {exc}); see the plugin log"

@@ -1,0 +1,287 @@
+"""The batch runner at its seam: fake device preparers with side effects, no NVML, no API server.
+
+Each fake keeps a ledger of what exists "outside" (the side effects it applied and has not undone), so the tests
+check exactly what was undone, not only what the runner answered. The claim state and CDI specs are real files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from dradriver.domain.cdi import ContainerEdits, DeviceNode
+from dradriver.domain.claims import AllocationResult, Claim, ClaimError, ClaimRef, base_request_name
+from dradriver.domain.configs import ConfigGroup
+from dradriver.domain.identity import CdiKind, DriverIdentity
+from dradriver.domain.ports import DevicePlan, DevicePreparer, UndoRecord
+from dradriver.domain.registry import DeviceRegistry
+from dradriver.errors import DradriverError
+from dradriver.host.claimstate import ClaimPhase, ClaimState
+from dradriver.kubeletplugin.runner import BatchRunner, read_payload
+
+IDENTITY = DriverIdentity(driver_name="fake.example.com", cdi=CdiKind("k8s.fake.example.com"),
+                          taint_domain="fake.example.com", user_agent="dradriver-test")
+POOL = "node-a"
+
+
+@dataclass(frozen=True)
+class FakeDevice:
+    name: str
+    kind: str
+
+
+class FakeFailure(DradriverError):
+    """A side effect that failed."""
+
+
+class FakePreparer:
+    """A device kind whose apply creates a thing (``<claim>/<device>``) in :attr:`live` and undo removes it.
+
+    :param fail_apply: device names whose apply raises after nothing was created.
+    :param fail_undo_once: device names whose first undo raises (the thing stays).
+    :param gate: apply waits on this barrier (to prove applies of one batch run concurrently).
+    """
+
+    side_effects = True
+
+    def __init__(self, kind: str, *, fail_apply: Sequence[str] = (), fail_undo_once: Sequence[str] = (),
+                 gate: threading.Barrier | None = None) -> None:
+        self.kind = kind
+        self.fail_apply = set(fail_apply)
+        self.fail_undo_once = set(fail_undo_once)
+        self.gate = gate
+        self.live: set[str] = set()
+        self.undone: list[str] = []
+        self.lock = threading.Lock()
+
+    def handles(self, device: object) -> bool:
+        return isinstance(device, FakeDevice) and device.kind == self.kind
+
+    def plan(self, claim: Claim, device: object, results: Sequence[AllocationResult],
+             group: ConfigGroup | None) -> DevicePlan:
+        assert isinstance(device, FakeDevice)
+        return DevicePlan(self.kind, device.name, device,
+                          tuple(dict.fromkeys(base_request_name(r.request) for r in results)),
+                          all(r.admin_access for r in results), tuple(results), group, {"slot": device.name})
+
+    def apply(self, claim: ClaimRef, plan: DevicePlan) -> UndoRecord:
+        if self.gate is not None:
+            self.gate.wait(timeout=20)
+        if plan.device in self.fail_apply:
+            raise FakeFailure(f"claim {claim}: creating {plan.device} failed")
+        thing = f"{claim.uid}/{plan.device}"
+        with self.lock:
+            self.live.add(thing)
+        return UndoRecord(self.kind, 1, plan.device, {"thing": thing})
+
+    def edits(self, claim: ClaimRef, plan: DevicePlan, record: UndoRecord) -> ContainerEdits:
+        return ContainerEdits(env=(f"FAKE_THING={record.data['thing']}",),
+                              device_nodes=(DeviceNode(f"/dev/fake-{plan.device}"),))
+
+    def undo(self, claim: ClaimRef, record: UndoRecord) -> None:
+        thing = str(record.data["thing"])
+        if record.target in self.fail_undo_once:
+            self.fail_undo_once.discard(record.target)
+            raise FakeFailure(f"claim {claim}: destroying {thing} failed")
+        with self.lock:
+            self.live.discard(thing)  # idempotent: undoing what is gone succeeds
+            self.undone.append(thing)
+
+    def sweep(self, known: Sequence[UndoRecord]) -> list[str]:
+        keep = {str(r.data["thing"]) for r in known}
+        with self.lock:
+            orphans = sorted(self.live - keep)
+            self.live -= set(orphans)
+        return orphans
+
+
+def _registry(*devices: FakeDevice) -> DeviceRegistry[tuple[FakeDevice, ...]]:
+    return DeviceRegistry(tuple(devices), lambda devs: {d.name: d for d in devs})
+
+
+def _claim(uid: str, *devices: str) -> Claim:
+    return Claim(ClaimRef("team-a", f"claim-{uid}", uid),
+                 tuple(AllocationResult("req", IDENTITY.driver_name, POOL, d) for d in devices))
+
+
+class Node:
+    """A runner over fake preparers ``alpha`` (devices a0..a3) and ``beta`` (b0..b3), files under tmp_path."""
+
+    def __init__(self, tmp_path: Path, alpha: FakePreparer, beta: FakePreparer) -> None:
+        self.tmp_path = tmp_path
+        self.alpha, self.beta = alpha, beta
+        self.claims: dict[str, Claim] = {}
+        self.cdi_root = tmp_path / "cdi"
+        self.cdi_root.mkdir()
+        (tmp_path / "boot_id").write_text("boot-1\n")
+        self.registry = _registry(*(FakeDevice(f"a{i}", "alpha") for i in range(4)),
+                                  *(FakeDevice(f"b{i}", "beta") for i in range(4)))
+        self.state = self.open_state()
+        self.runner = self.make_runner()
+
+    def open_state(self) -> ClaimState:
+        return ClaimState.open(self.tmp_path / "claims.state", lock_path=self.tmp_path / "lock",
+                               boot_id_path=self.tmp_path / "boot_id")
+
+    def make_runner(self) -> BatchRunner:
+        def fetch(ref: ClaimRef) -> Claim:
+            if ref.uid not in self.claims:
+                raise ClaimError(ref, "not found")
+            return self.claims[ref.uid]
+
+        return BatchRunner(identity=IDENTITY, registry=self.registry, state=self.state, fetch_claim=fetch,
+                           cdi_root=self.cdi_root, pool=POOL, preparers=(self.alpha, self.beta))
+
+    def add(self, claim: Claim) -> ClaimRef:
+        self.claims[claim.ref.uid] = claim
+        return claim.ref
+
+    def restart(self) -> None:
+        """A new process: state reopened from disk, a new runner, then start-up recovery."""
+        self.state.close()
+        self.state = self.open_state()
+        self.runner = self.make_runner()
+
+    def spec(self, uid: str) -> Path:
+        return IDENTITY.cdi.spec_path(self.cdi_root, uid)
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Node]:
+    n = Node(tmp_path, FakePreparer("alpha"), FakePreparer("beta", fail_apply=["b1"], fail_undo_once=["b2"]))
+    yield n
+    n.state.close()
+
+
+def _prepare(node: Node, *refs: ClaimRef) -> dict[str, object]:
+    return dict(asyncio.run(node.runner.prepare_claims(list(refs))))
+
+
+def test_fake_preparers_satisfy_the_port() -> None:
+    assert isinstance(FakePreparer("alpha"), DevicePreparer)
+
+
+def test_one_failed_apply_undoes_exactly_what_that_claim_applied(node: Node) -> None:
+    good = node.add(_claim("u-good", "a0", "b0"))
+    bad = node.add(_claim("u-bad", "a1", "b1"))  # alpha applies a1, then beta fails on b1
+    answers = _prepare(node, good, bad)
+    assert answers[good.uid].error == ""  # type: ignore[attr-defined]
+    assert "creating b1 failed" in answers[bad.uid].error  # type: ignore[attr-defined]
+    assert "team-a/claim-u-bad" in answers[bad.uid].error  # type: ignore[attr-defined]
+    # exactly the side effect of the failed claim was undone; the good claim's stay
+    assert node.alpha.undone == ["u-bad/a1"]
+    assert node.alpha.live == {"u-good/a0"} and node.beta.live == {"u-good/b0"}
+    assert set(node.state.claims()) == {good.uid}
+    assert not node.spec(bad.uid).exists()
+    record = node.state.get(good.uid)
+    assert record is not None and record.phase is ClaimPhase.PREPARE_COMPLETED
+    spec_path, records = read_payload(record.payload)
+    assert spec_path == str(node.spec(good.uid))
+    assert [(r.kind, r.target, r.data["thing"]) for r in records] == [("alpha", "a0", "u-good/a0"),
+                                                                      ("beta", "b0", "u-good/b0")]
+    spec = json.loads(node.spec(good.uid).read_bytes())
+    assert spec["kind"] == "k8s.fake.example.com/claim"
+    env = [e for d in spec["devices"] for e in d["containerEdits"].get("env", [])]
+    assert env == ["FAKE_THING=u-good/a0", "FAKE_THING=u-good/b0"]
+
+
+def test_unprepare_undoes_in_reverse_and_retries_a_failed_undo(node: Node) -> None:
+    ref = node.add(_claim("u-1", "a2", "b2"))
+    assert _prepare(node, ref)[ref.uid].error == ""  # type: ignore[attr-defined]
+    first = asyncio.run(node.runner.unprepare_claims([ref]))
+    assert "destroying u-1/b2 failed" in first[ref.uid]
+    assert ref.uid in node.state.claims()  # kept, so the kubelet's retry undoes again
+    assert node.beta.live == {"u-1/b2"} and node.alpha.live == {"u-1/a2"}  # reverse order: beta first, failed
+    second = asyncio.run(node.runner.unprepare_claims([ref]))
+    assert second == {ref.uid: ""}
+    assert node.beta.live == set() and node.alpha.live == set()
+    assert node.alpha.undone == ["u-1/a2"] and node.beta.undone == ["u-1/b2"]
+    assert node.state.claims() == {}
+
+
+def test_applies_of_one_batch_run_concurrently(tmp_path: Path) -> None:
+    gate = threading.Barrier(3)  # three claims: only concurrent applies get past the barrier
+    n = Node(tmp_path, FakePreparer("alpha", gate=gate), FakePreparer("beta"))
+    try:
+        refs = [n.add(_claim(f"u-{i}", f"a{i}")) for i in range(3)]
+        answers = _prepare(n, *refs)
+        assert all(a.error == "" for a in answers.values()), answers  # type: ignore[attr-defined]
+        assert n.alpha.live == {f"u-{i}/a{i}" for i in range(3)}
+    finally:
+        n.state.close()
+
+
+def test_start_up_undoes_half_prepared_claims_and_sweeps_orphans(node: Node) -> None:
+    ref = node.add(_claim("u-crash", "a3"))
+    crash = RuntimeError("SIGKILL")
+
+    def die(*_args: object, **_kwargs: object) -> None:
+        raise crash
+
+    # The process "dies" after the side effect and its undo record were stored, before the CDI spec existed.
+    node.runner._write_spec = die  # type: ignore[method-assign]
+    node.runner._undo_applied = die  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        node.runner._prepare_all([(ref, node.claims[ref.uid])], 0)
+    stored = node.state.get(ref.uid)
+    assert stored is not None and stored.phase is ClaimPhase.PREPARE_STARTED
+    assert [r.data["thing"] for r in read_payload(stored.payload)[1]] == ["u-crash/a3"]
+    node.alpha.live.add("u-gone/a0")  # a side effect whose record never reached the claim state
+    node.restart()
+    report = node.runner.recover()
+    assert report.rolled_back == (ref.uid,)
+    assert report.swept == ("alpha:u-gone/a0",)
+    assert node.alpha.live == set() and "u-crash/a3" in node.alpha.undone
+    assert node.state.claims() == {}
+
+
+def test_old_payload_without_undo_records_still_unprepares(node: Node) -> None:
+    node.state.prepare_started("u-old", namespace="team-a", name="old", devices=[],
+                               payload=str(node.spec("u-old")))
+    node.state.prepare_completed("u-old")
+    assert read_payload(node.state.get("u-old").payload) == (str(node.spec("u-old")), [])  # type: ignore[union-attr]
+    ref = ClaimRef("team-a", "old", "u-old")
+    assert asyncio.run(node.runner.unprepare_claims([ref])) == {ref.uid: ""}
+    assert node.state.claims() == {}
+
+
+def test_a_device_no_preparer_handles_is_a_claim_error(node: Node) -> None:
+    node.registry.replace((*node.registry.snapshot, FakeDevice("g0", "gamma")))
+    ref = node.add(_claim("u-g", "g0"))
+    error = _prepare(node, ref)[ref.uid].error  # type: ignore[attr-defined]
+    assert "results[0]" in error and "'g0' is of a kind this plugin cannot prepare" in error
+    assert node.state.claims() == {}
+
+
+def test_registry_tells_subscribers_and_the_runner_sees_new_devices(node: Node) -> None:
+    seen: list[int] = []
+    unsubscribe = node.registry.subscribe(lambda snapshot: seen.append(len(snapshot)))
+    node.registry.replace((*node.registry.snapshot, FakeDevice("a9", "alpha")))
+    unsubscribe()
+    node.registry.replace(node.registry.snapshot[:-1])
+    assert seen == [9]
+    ref = node.add(_claim("u-a9", "a9"))
+    assert "does not exist in pool" in _prepare(node, ref)[ref.uid].error  # type: ignore[attr-defined]
+
+
+def test_an_undo_that_fails_during_rollback_is_kept_and_finished_at_start(tmp_path: Path) -> None:
+    n = Node(tmp_path, FakePreparer("alpha", fail_undo_once=["a1"]), FakePreparer("beta", fail_apply=["b1"]))
+    try:
+        ref = n.add(_claim("u-r", "a1", "b1"))
+        assert "creating b1 failed" in _prepare(n, ref)[ref.uid].error  # type: ignore[attr-defined]
+        assert n.alpha.live == {"u-r/a1"}  # its undo failed once: the side effect still exists ...
+        stored = n.state.get(ref.uid)  # ... and so does the record of how to undo it
+        assert stored is not None and stored.phase is ClaimPhase.PREPARE_STARTED
+        assert [r.target for r in read_payload(stored.payload)[1]] == ["a1"]
+        n.restart()
+        report = n.runner.recover()
+        assert report.rolled_back == (ref.uid,) and report.undo_failed == ()
+        assert n.alpha.live == set() and n.state.claims() == {}
+    finally:
+        n.state.close()
