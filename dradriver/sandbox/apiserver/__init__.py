@@ -18,7 +18,10 @@ What it serves (paths and shapes as ``kube-apiserver`` 1.34 serves them):
   410 ``Expired`` when the history no longer reaches back), create (``generateName``), update (409 on a stale
   ``metadata.resourceVersion``), patch (JSON merge patch, strategic merge patch treated as merge patch, JSON
   patch), delete (``preconditions`` on uid and resourceVersion, finalizers, owner-reference cascade),
-  deletecollection, and the ``status`` subresource (get/update/patch) where the real server has one.
+  deletecollection, and the ``status`` subresource (get/update/patch) where the real server has one;
+* bodies: JSON, and Kubernetes protobuf (``application/vnd.kubernetes.protobuf``, as client-go sends it) for
+  ResourceSlices, core and ``events.k8s.io`` Events, Nodes and ``Status`` errors; other kinds fall back to
+  JSON or answer 415 / 406 like a CRD does (see :mod:`.protobuf` for the JSON mapping).
 
 The server assigns ``metadata.uid``, ``resourceVersion`` (one counter for all objects, like etcd's revision),
 ``creationTimestamp`` and ``generation`` (bumped when anything outside ``metadata`` and ``status`` changes).
@@ -42,6 +45,7 @@ The package, by job:
 * :mod:`.watch` -- the event log and watches (resumable, watch-list initial events);
 * :mod:`.admission` -- metadata, ResourceSlice and ResourceClaim validation, the optional OpenAPI check;
 * :mod:`.handler`, :mod:`.routes`, :mod:`.faults` -- HTTP: verb dispatch, paths and discovery, injected faults;
+* :mod:`.media` and :mod:`.protobuf` -- content negotiation; JSON and Kubernetes protobuf bodies;
 * :mod:`.resources` -- the resource types table and per-resource behaviour (status subresource, owners, Nodes);
 * :mod:`.selectors` and :mod:`.patches` -- label/field selectors, merge patch and JSON patch;
 * :mod:`.errors` -- ``Status`` errors.

@@ -12,6 +12,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from dradriver.sandbox.apiserver.errors import ApiStatusError, JSONDict, bad_request, method_not_allowed
 from dradriver.sandbox.apiserver.faults import Fault, take_fault
+from dradriver.sandbox.apiserver.media import JSON, decode_body, encode_body, negotiate
 from dradriver.sandbox.apiserver.patches import apply_patch
 from dradriver.sandbox.apiserver.resources import ResourceType, without_type
 from dradriver.sandbox.apiserver.routes import Route, resolve
@@ -82,12 +83,16 @@ def serve_request(state: ServerState, handler: RequestHandler) -> None:
         with state.storage.lock:
             state.records.append(RequestRecord(method, path, query, verb, rt_name, sub, ns, name, code))
 
+    media = JSON
+    accept = handler.headers.get("Accept", "")
     with state.storage.lock:
         fault = take_fault(state.faults, method, path)
     if fault is not None:
         err = fault.error()
         record(err.code)
-        handler.send_json(err.code, err.status(), err.headers)
+        if isinstance(route, Route):
+            media = _best_effort_media(accept, route.rt, verb)
+        handler.send_object(err.code, err.status(), media, err.headers)
         return
     try:
         if route is None:
@@ -102,28 +107,34 @@ def serve_request(state: ServerState, handler: RequestHandler) -> None:
             record(200)
             handler.send_json(200, route)
             return
+        rt = route.rt
         if verb == "watch":
+            negotiate(accept, None, None)
             record(200)
-            serve_watch(state.storage, handler, route.rt, route.namespace, params)
+            serve_watch(state.storage, handler, rt, route.namespace, params)
             return
+        media = negotiate(accept, rt.api_version, rt.kind)
         content_type = handler.headers.get("Content-Type", "")
-        code, payload = serve_resource(state.storage, route, verb, params, lambda: decode_json(body), content_type)
+        code, payload = serve_resource(
+            state.storage,
+            route,
+            verb,
+            params,
+            lambda: decode_body(body, content_type, rt.api_version, rt.kind),
+            content_type,
+        )
         record(code)
-        handler.send_json(code, payload)
+        handler.send_object(code, payload, media, api_version=rt.api_version, kind=rt.kind)
     except ApiStatusError as exc:
         record(exc.code)
-        handler.send_json(exc.code, exc.status(), exc.headers)
+        handler.send_object(exc.code, exc.status(), media, exc.headers)
 
 
-def decode_json(body: bytes) -> Any:
-    """A JSON request body (``None`` when empty).
-
-    :raises ApiStatusError: 400 for malformed JSON.
-    """
+def _best_effort_media(accept: str, rt: ResourceType, verb: str) -> str:
     try:
-        return json.loads(body or b"null")
-    except ValueError as exc:
-        raise bad_request(f"the request body is not valid JSON: {exc}") from exc
+        return negotiate(accept, None if verb == "watch" else rt.api_version, rt.kind)
+    except ApiStatusError:
+        return JSON
 
 
 def serve_resource(
@@ -228,7 +239,21 @@ class RequestHandler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
     def send_json(self, code: int, payload: Any, headers: Mapping[str, str] | None = None) -> None:
-        self.send_body(code, json.dumps(payload).encode(), "application/json", headers)
+        self.send_body(code, json.dumps(payload).encode(), JSON, headers)
+
+    def send_object(
+        self,
+        code: int,
+        payload: JSONDict,
+        media: str,
+        headers: Mapping[str, str] | None = None,
+        *,
+        api_version: str = "v1",
+        kind: str = "Status",
+    ) -> None:
+        """``payload`` in the negotiated media type (``api_version``/``kind`` if it names none itself)."""
+        data, content_type = encode_body(payload, media, api_version, kind)
+        self.send_body(code, data, content_type, headers)
 
     def send_text(self, code: int, text: str) -> None:
         data = text.encode()
