@@ -18,7 +18,7 @@ from dradriver.sandbox.apiserver.resources import ResourceType, without_type
 from dradriver.sandbox.apiserver.routes import Route, resolve
 from dradriver.sandbox.apiserver.selectors import parse_field_selector, parse_label_selector
 from dradriver.sandbox.apiserver.storage import Storage
-from dradriver.sandbox.apiserver.watch import serve_watch
+from dradriver.sandbox.apiserver.watch import check_watch_options, serve_watch
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +110,7 @@ def serve_request(state: ServerState, handler: RequestHandler) -> None:
         rt = route.rt
         if verb == "watch":
             negotiate(accept, None, None)
+            check_watch_options(params)
             record(200)
             serve_watch(state.storage, handler, rt, route.namespace, params)
             return

@@ -1,4 +1,14 @@
-"""The event log every write appends to, and watches served from it (resumable from a ``resourceVersion``)."""
+"""The event log every write appends to, and watches served from it: resumable from a ``resourceVersion``,
+and watch-list (KEP-3157): ``sendInitialEvents=true&resourceVersionMatch=NotOlderThan`` streams ADDED events
+for the current objects, then (with ``allowWatchBookmarks=true``) a BOOKMARK whose object carries only
+``metadata.resourceVersion`` and the annotation ``k8s.io/initial-events-end: "true"``, then live events.
+
+The options are checked as ``validateWatchOptions`` (k8s.io/apimachinery, meta/internalversion/validation)
+does with the WatchList feature on: ``sendInitialEvents`` needs ``resourceVersionMatch=NotOlderThan``, and
+``resourceVersionMatch`` needs ``sendInitialEvents``; both are 422 ``Invalid`` ListOptions. Since 1.29 the
+server no longer requires ``allowWatchBookmarks`` with ``sendInitialEvents``: without it the initial events
+come without the closing bookmark. Legacy watches (no ``sendInitialEvents``) are not defaulted to watch-list.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from dradriver.sandbox.apiserver.errors import ApiStatusError, JSONDict, bad_request
+from dradriver.sandbox.apiserver.errors import ApiStatusError, Cause, JSONDict, bad_request, invalid
 from dradriver.sandbox.apiserver.resources import ResourceType
 from dradriver.sandbox.apiserver.selectors import (
     FieldTerm,
@@ -22,6 +32,10 @@ if TYPE_CHECKING:
     from dradriver.sandbox.apiserver.storage import Storage
 
 HISTORY_LIMIT = 50_000
+NOT_OLDER_THAN = "NotOlderThan"
+INITIAL_EVENTS_END = "k8s.io/initial-events-end"
+_TRUE = ("1", "t", "T", "TRUE", "true", "True")
+_FALSE = ("0", "f", "F", "FALSE", "false", "False")
 
 
 @dataclass(slots=True)
@@ -85,14 +99,88 @@ def translate_change(
     return {"type": ev.type, "object": ev.obj}
 
 
+def _flag(params: Mapping[str, str], name: str) -> bool | None:
+    """A boolean query parameter as Go's ``strconv.ParseBool`` reads it; None when absent."""
+    if name not in params:
+        return None
+    value = params[name]
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise bad_request(f'invalid value for {name}: strconv.ParseBool: parsing "{value}": invalid syntax')
+
+
+def check_watch_options(params: Mapping[str, str]) -> bool | None:
+    """Validate the watch-list options; returns ``sendInitialEvents`` (None when not given).
+
+    :raises ApiStatusError: 400 for a malformed boolean, 422 ``Invalid`` ListOptions for a forbidden
+        combination (the real server's field errors and wording).
+    """
+    send_initial = _flag(params, "sendInitialEvents")
+    match = params.get("resourceVersionMatch", "")
+    causes: list[Cause] = []
+    if send_initial is not None and match != NOT_OLDER_THAN:
+        causes.append(
+            (
+                "FieldValueForbidden",
+                "resourceVersionMatch",
+                f"Forbidden: sendInitialEvents requires setting resourceVersionMatch to {NOT_OLDER_THAN}",
+            )
+        )
+    if match:
+        if send_initial is None:
+            causes.append(
+                (
+                    "FieldValueForbidden",
+                    "resourceVersionMatch",
+                    "Forbidden: resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
+                )
+            )
+        if match != NOT_OLDER_THAN:
+            causes.append(
+                (
+                    "FieldValueNotSupported",
+                    "resourceVersionMatch",
+                    f'Unsupported value: "{match}": supported values: "{NOT_OLDER_THAN}"',
+                )
+            )
+        if params.get("continue"):
+            causes.append(
+                (
+                    "FieldValueForbidden",
+                    "resourceVersionMatch",
+                    "Forbidden: resourceVersionMatch is forbidden when continue is provided",
+                )
+            )
+    if causes:
+        raise invalid("meta.k8s.io", "ListOptions", "", causes)
+    return send_initial
+
+
+def initial_events_end(rt: ResourceType, rv: int) -> JSONDict:
+    """The BOOKMARK that ends a watch-list's initial events at ``rv``."""
+    return {
+        "type": "BOOKMARK",
+        "object": {
+            "kind": rt.kind,
+            "apiVersion": rt.api_version,
+            "metadata": {"resourceVersion": str(rv), "annotations": {INITIAL_EVENTS_END: "true"}},
+        },
+    }
+
+
 def serve_watch(
     storage: Storage, stream: EventStream, rt: ResourceType, ns: str | None, params: Mapping[str, str]
 ) -> None:
     """Stream watch events for ``rt`` (in ``ns``) until ``timeoutSeconds``, the client leaves or the server stops.
 
     ``resourceVersion`` unset or ``0`` starts with ADDED events for the current objects; a number resumes after
-    it, or answers one ERROR event with 410 ``Expired`` when the log no longer reaches back that far.
+    it, or answers one ERROR event with 410 ``Expired`` when the log no longer reaches back that far. With
+    ``sendInitialEvents`` (see the module text) the initial events are the current objects (and the bookmark),
+    or none for ``sendInitialEvents=false``.
     """
+    send_initial = check_watch_options(params)
     timeout = float(params.get("timeoutSeconds") or 1800)
     deadline = time.monotonic() + timeout
     with storage.lock:
@@ -100,14 +188,26 @@ def serve_watch(
         fields = parse_field_selector(params.get("fieldSelector", ""), rt)
         rv_param = params.get("resourceVersion", "")
         initial: list[JSONDict] = []
-        if rv_param in ("", "0"):
+        if send_initial:
+            since = storage.rv
+            if rv_param not in ("", "0") and _resource_version(rv_param) > since:
+                raise ApiStatusError(
+                    504,
+                    "Timeout",
+                    f"Too large resource version: {rv_param}, current: {since}",
+                    details={"causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
+                             "retryAfterSeconds": 1},
+                )
+            initial = [{"type": "ADDED", "object": copy.deepcopy(o)} for o in storage.list(rt, ns, labels, fields)]
+            if _flag(params, "allowWatchBookmarks"):
+                initial.append(initial_events_end(rt, since))
+        elif send_initial is False and rv_param in ("", "0"):
+            since = storage.rv  # NotOlderThan without initial events: start at the most recent state
+        elif rv_param in ("", "0"):
             initial = [{"type": "ADDED", "object": copy.deepcopy(o)} for o in storage.list(rt, ns, labels, fields)]
             since = storage.rv
         else:
-            try:
-                since = int(rv_param)
-            except ValueError as exc:
-                raise bad_request(f"invalid resourceVersion {rv_param!r}") from exc
+            since = _resource_version(rv_param)
             if since < storage.log.oldest_rv:
                 expired = ApiStatusError(
                     410, "Expired", f"too old resource version: {since} ({storage.log.oldest_rv})"
@@ -123,6 +223,13 @@ def serve_watch(
         stream.end_stream()
         return
     _follow(storage, stream, rt, ns, labels, fields, since, deadline)
+
+
+def _resource_version(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError as exc:
+        raise bad_request(f"invalid resourceVersion {text!r}") from exc
 
 
 def _follow(
