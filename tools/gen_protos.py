@@ -43,8 +43,8 @@ MESSAGE_FILES = (
     "k8s_events_v1.proto",
     "k8s_resource_v1.proto",
 )
-INIT_TEXT = '''"""Generated gRPC/protobuf modules for the kubelet plugin APIs, and protobuf modules for the Kubernetes API
-messages the sandbox's API server emulator speaks; see protos/README.md.
+INIT_TEXT = '''"""Generated gRPC/protobuf modules for the kubelet plugin APIs, and protobuf modules for the
+Kubernetes API messages the sandbox's API server emulator speaks; see protos/README.md.
 
 Only ``dradriver.server`` and ``dradriver.sandbox`` import these (import-linter contract).
 """
