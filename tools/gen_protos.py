@@ -1,5 +1,8 @@
 """Generate ``dradriver/_proto`` (pb2, pb2_grpc, .pyi) from ``protos/*.proto``.
 
+The kubelet plugin APIs (:data:`PROTO_FILES`) get gRPC modules too; the Kubernetes API messages the sandbox's
+API server emulator speaks (:data:`MESSAGE_FILES`) only pb2 and .pyi.
+
 Usage, from anywhere::
 
     python tools/gen_protos.py          # regenerate and write dradriver/_proto/
@@ -32,7 +35,16 @@ PROTO_FILES = (
     "dra_v1beta1.proto",
     "dra_health_v1alpha1.proto",
 )
-INIT_TEXT = '''"""Generated gRPC/protobuf modules for the kubelet plugin APIs; see protos/README.md.
+MESSAGE_FILES = (
+    "k8s_runtime.proto",
+    "k8s_resource_quantity.proto",
+    "k8s_meta_v1.proto",
+    "k8s_core_v1.proto",
+    "k8s_events_v1.proto",
+    "k8s_resource_v1.proto",
+)
+INIT_TEXT = '''"""Generated gRPC/protobuf modules for the kubelet plugin APIs, and protobuf modules for the
+Kubernetes API messages the sandbox's API server emulator speaks; see protos/README.md.
 
 Only ``dradriver.server`` and ``dradriver.sandbox`` import these (import-linter contract).
 """
@@ -48,23 +60,22 @@ def _banner(source: str) -> str:
 
 
 def generate() -> dict[str, bytes]:
-    """Run protoc on every file of :data:`PROTO_FILES`; returns repo-relative path -> file content.
+    """Run protoc on :data:`PROTO_FILES` (with gRPC) and :data:`MESSAGE_FILES`; returns repo-relative path ->
+    file content.
 
     :raises RuntimeError: protoc failed (its messages are on stderr).
     """
     from grpc_tools import protoc  # imported here so --help works without grpcio-tools
 
     with tempfile.TemporaryDirectory(prefix="gen_protos-") as tmp:
-        args = [
-            "grpc_tools.protoc",
-            f"-I{PACKAGE_DIR}={PROTO_DIR}",
-            f"--python_out={tmp}",
-            f"--pyi_out={tmp}",
-            f"--grpc_python_out={tmp}",
-            *(f"{PACKAGE_DIR}/{name}" for name in PROTO_FILES),
-        ]
-        if protoc.main(args) != 0:
-            raise RuntimeError("protoc failed; see the messages above")
+        common = ["grpc_tools.protoc", f"-I{PACKAGE_DIR}={PROTO_DIR}", f"--python_out={tmp}", f"--pyi_out={tmp}"]
+        runs = (
+            [*common, f"--grpc_python_out={tmp}", *(f"{PACKAGE_DIR}/{name}" for name in PROTO_FILES)],
+            [*common, *(f"{PACKAGE_DIR}/{name}" for name in MESSAGE_FILES)],
+        )
+        for args in runs:
+            if protoc.main(args) != 0:
+                raise RuntimeError("protoc failed; see the messages above")
         out: dict[str, bytes] = {f"{PACKAGE_DIR}/__init__.py": (_banner("protos/") + INIT_TEXT).encode()}
         for path in sorted(Path(tmp, PACKAGE_DIR).iterdir()):
             stem = path.name.split("_pb2", 1)[0]

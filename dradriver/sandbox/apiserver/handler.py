@@ -1,0 +1,301 @@
+"""HTTP: the request handler (``http.server``), verb dispatch, request records and fault injection."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from dradriver.sandbox.apiserver.errors import ApiStatusError, JSONDict, bad_request, method_not_allowed
+from dradriver.sandbox.apiserver.faults import Fault, take_fault
+from dradriver.sandbox.apiserver.media import JSON, decode_body, encode_body, negotiate
+from dradriver.sandbox.apiserver.patches import apply_patch
+from dradriver.sandbox.apiserver.resources import ResourceType, without_type
+from dradriver.sandbox.apiserver.routes import Route, resolve
+from dradriver.sandbox.apiserver.selectors import parse_field_selector, parse_label_selector
+from dradriver.sandbox.apiserver.storage import Storage
+from dradriver.sandbox.apiserver.watch import check_watch_options, serve_watch
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """One request the emulator received.
+
+    :param verb: Kubernetes verb (``get``, ``list``, ``watch``, ``create``, ``update``, ``patch``,
+        ``delete``, ``deletecollection``), or the lower-case HTTP method for non-resource paths.
+    :param code: HTTP status code of the answer (200 for a watch once streaming starts).
+    """
+
+    method: str
+    path: str
+    query: str
+    verb: str
+    resource: str | None
+    subresource: str | None
+    namespace: str | None
+    name: str | None
+    code: int
+
+
+@dataclass(slots=True)
+class ServerState:
+    """What request handling shares with :class:`~dradriver.sandbox.apiserver.ApiServerEmulator`."""
+
+    types: Sequence[ResourceType]
+    storage: Storage
+    server_address: Callable[[], str]
+    faults: list[Fault] = field(default_factory=list)
+    records: list[RequestRecord] = field(default_factory=list)
+
+
+_VERBS_BY_METHOD = {"POST": "create", "PUT": "update", "PATCH": "patch"}
+
+
+def _verb(method: str, route: Route, params: Mapping[str, str]) -> str:
+    if method == "GET":
+        if route.name:
+            return "get"
+        return "watch" if params.get("watch") in ("true", "1") else "list"
+    if method == "DELETE":
+        return "delete" if route.name else "deletecollection"
+    return _VERBS_BY_METHOD.get(method, method.lower())
+
+
+def serve_request(state: ServerState, handler: RequestHandler) -> None:
+    """Serve one HTTP request (called from the per-connection thread)."""
+    method = handler.command
+    split = urlsplit(handler.path)
+    path, query = split.path, split.query
+    params = {k: v[-1] for k, v in parse_qs(query, keep_blank_values=True).items()}
+    body = handler.read_body()
+    route = resolve(state.types, path, state.server_address())
+    verb = method.lower()
+    rt_name = sub = ns = name = None
+    if isinstance(route, Route):
+        rt_name, sub, ns, name = route.rt.plural, route.subresource, route.namespace, route.name
+        verb = _verb(method, route, params)
+
+    def record(code: int) -> None:
+        with state.storage.lock:
+            state.records.append(RequestRecord(method, path, query, verb, rt_name, sub, ns, name, code))
+
+    media = JSON
+    accept = handler.headers.get("Accept", "")
+    with state.storage.lock:
+        fault = take_fault(state.faults, method, path)
+    if fault is not None:
+        err = fault.error()
+        record(err.code)
+        if isinstance(route, Route):
+            media = _best_effort_media(accept, route.rt, verb)
+        handler.send_object(err.code, err.status(), media, err.headers)
+        return
+    try:
+        if route is None:
+            raise ApiStatusError(404, "NotFound", "the server could not find the requested resource", details={})
+        if isinstance(route, str):
+            record(200)
+            handler.send_text(200, route)
+            return
+        if not isinstance(route, Route):
+            if method != "GET":
+                raise method_not_allowed()
+            record(200)
+            handler.send_json(200, route)
+            return
+        rt = route.rt
+        if verb == "watch":
+            negotiate(accept, None, None)
+            check_watch_options(params)
+            record(200)
+            serve_watch(state.storage, handler, rt, route.namespace, params)
+            return
+        media = negotiate(accept, rt.api_version, rt.kind)
+        content_type = handler.headers.get("Content-Type", "")
+        code, payload = serve_resource(
+            state.storage,
+            route,
+            verb,
+            params,
+            lambda: decode_body(body, content_type, rt.api_version, rt.kind),
+            content_type,
+        )
+        record(code)
+        handler.send_object(code, payload, media, api_version=rt.api_version, kind=rt.kind)
+    except ApiStatusError as exc:
+        record(exc.code)
+        handler.send_object(exc.code, exc.status(), media, exc.headers)
+
+
+def _best_effort_media(accept: str, rt: ResourceType, verb: str) -> str:
+    try:
+        return negotiate(accept, None if verb == "watch" else rt.api_version, rt.kind)
+    except ApiStatusError:
+        return JSON
+
+
+def serve_resource(
+    storage: Storage,
+    route: Route,
+    verb: str,
+    params: Mapping[str, str],
+    body: Callable[[], Any],
+    content_type: str,
+) -> tuple[int, JSONDict]:
+    """Run one verb (not watch) on a resource route; returns the status code and the response object.
+
+    :param body: decodes the request body (``None`` without one); called only by verbs that read one.
+    """
+    rt, ns, name = route.rt, route.namespace, route.name
+    if rt.namespaced and ns is None and verb not in ("list", "watch"):
+        return 404, ApiStatusError(404, "NotFound", "the server could not find the requested resource").status()
+    with storage.lock:
+        if verb == "get":
+            assert name is not None
+            return 200, copy.deepcopy(storage.existing(rt, ns, name))
+        if verb in ("list", "deletecollection"):
+            labels = parse_label_selector(params.get("labelSelector", ""))
+            fields = parse_field_selector(params.get("fieldSelector", ""), rt)
+            items = storage.list(rt, ns, labels, fields)
+            if verb == "deletecollection":
+                options = body() or {}
+                items = [
+                    storage.delete(rt, o["metadata"].get("namespace"), o["metadata"]["name"], options)
+                    for o in list(items)
+                ]
+            return 200, {
+                "kind": f"{rt.kind}List",
+                "apiVersion": rt.api_version,
+                "metadata": {"resourceVersion": str(storage.rv)},
+                "items": [without_type(o) for o in items],
+            }
+        data = body()
+        if verb == "create":
+            if not isinstance(data, dict):
+                raise bad_request("the request body must be an object")
+            if params.get("dryRun"):
+                return 201, data
+            return 201, storage.create(rt, ns, data, keep_status=False)
+        assert name is not None
+        if verb == "update":
+            if not isinstance(data, dict):
+                raise bad_request("the request body must be an object")
+            return 200, storage.update(rt, ns, name, data, route.subresource)
+        if verb == "patch":
+            current = copy.deepcopy(storage.existing(rt, ns, name))
+            patched = apply_patch(current, data, content_type)
+            if not isinstance(patched, dict):
+                raise bad_request("the patch did not produce an object")
+            return 200, storage.update(rt, ns, name, patched, route.subresource)
+        if verb == "delete":
+            options = data or {}
+            for key in ("propagationPolicy", "dryRun"):
+                if key in params:
+                    options[key] = params[key]
+            return 200, storage.delete(rt, ns, name, options)
+    raise method_not_allowed()
+
+
+class RequestHandler(BaseHTTPRequestHandler):
+    """One connection's requests; :attr:`state` is set on a per-server subclass."""
+
+    protocol_version = "HTTP/1.1"
+    server_version = "dradriver-apiserver-emulator"
+    # Headers and body leave in one segment (buffered writer, flushed per response) and without Nagle:
+    # otherwise every small response waits for the client's delayed ACK (about 40 ms on Linux).
+    wbufsize = 1 << 16
+    disable_nagle_algorithm = True
+    state: ServerState
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: requests are recorded in :attr:`ApiServerEmulator.requests` instead."""
+
+    def read_body(self) -> bytes:
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            return self.rfile.read(length)
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            chunks: list[bytes] = []
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    self.rfile.readline()
+                    return b"".join(chunks)
+                chunks.append(self.rfile.read(size))
+                self.rfile.readline()
+        return b""
+
+    def send_body(self, code: int, data: bytes, content_type: str, headers: Mapping[str, str] | None = None) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(data)
+        self.wfile.flush()
+
+    def send_json(self, code: int, payload: Any, headers: Mapping[str, str] | None = None) -> None:
+        self.send_body(code, json.dumps(payload).encode(), JSON, headers)
+
+    def send_object(
+        self,
+        code: int,
+        payload: JSONDict,
+        media: str,
+        headers: Mapping[str, str] | None = None,
+        *,
+        api_version: str = "v1",
+        kind: str = "Status",
+    ) -> None:
+        """``payload`` in the negotiated media type (``api_version``/``kind`` if it names none itself)."""
+        data, content_type = encode_body(payload, media, api_version, kind)
+        self.send_body(code, data, content_type, headers)
+
+    def send_text(self, code: int, text: str) -> None:
+        data = text.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def start_stream(self) -> bool:
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            self.wfile.flush()
+            return True
+        except OSError:
+            return False
+
+    def send_chunk(self, event: Any) -> bool:
+        data = json.dumps(event).encode() + b"\n"
+        try:
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+            return True
+        except OSError:
+            self.close_connection = True
+            return False
+
+    def end_stream(self) -> None:
+        try:
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except OSError:
+            self.close_connection = True
+
+    def _dispatch(self) -> None:
+        try:
+            serve_request(self.state, self)
+        except (ConnectionError, BrokenPipeError):
+            self.close_connection = True
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _dispatch

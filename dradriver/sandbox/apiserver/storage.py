@@ -1,0 +1,239 @@
+"""The object store: objects by (resource, namespace, name), one resourceVersion counter for all of them
+(like etcd's revision), and the writes (create, update, delete) with their server-side fields."""
+
+from __future__ import annotations
+
+import copy
+import threading
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from dradriver.sandbox.apiserver import resources
+from dradriver.sandbox.apiserver.admission import admit
+from dradriver.sandbox.apiserver.errors import JSONDict, already_exists, bad_request, conflict, not_found
+from dradriver.sandbox.apiserver.resources import ResourceType
+from dradriver.sandbox.apiserver.selectors import FieldTerm, Requirement, selects
+from dradriver.sandbox.apiserver.watch import EventLog
+
+Key = tuple[ResourceType, str, str]
+
+
+class Storage:
+    """In-memory objects and their event log. Every method except :meth:`seeding` expects :attr:`lock` held.
+
+    :param schema_version: OpenAPI schema version writes are checked against (not while :meth:`seeding`).
+    """
+
+    def __init__(self, *, schema_version: str | None = None) -> None:
+        self.lock = threading.Condition(threading.RLock())
+        self.objects: dict[Key, JSONDict] = {}
+        self.log = EventLog()
+        self.rv = 0
+        self.closing = False
+        self._schema_version = schema_version
+        self._seeding = False
+
+    @contextmanager
+    def seeding(self) -> Iterator[None]:
+        """Writes inside skip the (slow) OpenAPI schema check: in-process seeding may store odd objects."""
+        with self.lock:
+            self._seeding = True
+            try:
+                yield
+            finally:
+                self._seeding = False
+
+    def _next_rv(self) -> int:
+        self.rv += 1
+        return self.rv
+
+    def _record(self, rt: ResourceType, type_: str, obj: JSONDict, old: JSONDict | None = None) -> None:
+        self.log.append(rt, type_, obj, old)
+        self.lock.notify_all()
+
+    def key(self, rt: ResourceType, ns: str | None, name: str) -> Key:
+        return (rt, (ns or "") if rt.namespaced else "", name)
+
+    def _admit(self, rt: ResourceType, obj: JSONDict, old: JSONDict | None) -> None:
+        admit(rt, obj, old, schema_version=None if self._seeding else self._schema_version)
+
+    def existing(self, rt: ResourceType, ns: str | None, name: str) -> JSONDict:
+        """The stored object (not a copy).
+
+        :raises ApiStatusError: 404 ``NotFound``.
+        """
+        obj = self.objects.get(self.key(rt, ns, name))
+        if obj is None:
+            raise not_found(rt, name)
+        return obj
+
+    def list(
+        self, rt: ResourceType, ns: str | None, labels: list[Requirement], fields: list[FieldTerm]
+    ) -> list[JSONDict]:
+        """The stored objects (not copies) that match, sorted by namespace and name."""
+        items = [
+            o
+            for (t, ons, _), o in self.objects.items()
+            if t == rt and (ns is None or ons == ns) and selects(o, labels, fields)
+        ]
+        items.sort(key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))
+        return items
+
+    def create(self, rt: ResourceType, ns: str | None, obj: JSONDict, *, keep_status: bool) -> JSONDict:
+        """Store ``obj`` (taken over, not copied) with the server's fields; returns a copy.
+
+        :raises ApiStatusError: 400 for a body of another kind or namespace, 409 ``AlreadyExists``, 422.
+        """
+        if obj.get("apiVersion", rt.api_version) != rt.api_version or obj.get("kind", rt.kind) != rt.kind:
+            raise bad_request(
+                f"the API version in the data ({obj.get('apiVersion')}) and kind "
+                f"({obj.get('kind')}) do not match {rt.api_version} {rt.kind}"
+            )
+        obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
+        meta = obj.setdefault("metadata", {})
+        if not isinstance(meta, dict):
+            raise bad_request("metadata must be an object")
+        if rt.namespaced:
+            if meta.get("namespace") and meta["namespace"] != ns:
+                raise bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request"
+                )
+            meta["namespace"] = ns
+        else:
+            meta.pop("namespace", None)
+        if not meta.get("name") and meta.get("generateName"):
+            for _ in range(100):
+                candidate = resources.generate_name(str(meta["generateName"]))
+                if self.key(rt, ns, candidate) not in self.objects:
+                    meta["name"] = candidate
+                    break
+        if rt.status and not keep_status and not rt.keep_status_on_create:
+            obj.pop("status", None)
+        for server_field in resources.CREATE_SERVER_FIELDS:
+            meta.pop(server_field, None)
+        self._admit(rt, obj, None)
+        key = self.key(rt, ns, meta["name"])
+        if key in self.objects:
+            raise already_exists(rt, meta["name"])
+        meta["uid"] = str(uuid.uuid4())
+        meta["creationTimestamp"] = resources.now()
+        if "spec" in obj:
+            meta["generation"] = 1
+        meta["resourceVersion"] = str(self._next_rv())
+        self.objects[key] = obj
+        self._record(rt, "ADDED", obj)
+        return copy.deepcopy(obj)
+
+    def update(
+        self, rt: ResourceType, ns: str | None, name: str, new: JSONDict, subresource: str | None
+    ) -> JSONDict:
+        """Replace the object (or only its ``status``); a no-op write keeps the resourceVersion. Returns a copy.
+
+        :raises ApiStatusError: 404, 409 ``Conflict`` on a stale resourceVersion or another uid, 400, 422.
+        """
+        old = self.existing(rt, ns, name)
+        meta = new.get("metadata")
+        if not isinstance(meta, dict):
+            raise bad_request("metadata must be an object")
+        if meta.get("name", name) != name:
+            raise bad_request(
+                f"the name of the object ({meta.get('name')}) does not match the name on the URL ({name})"
+            )
+        if rt.namespaced and meta.get("namespace", ns) != ns:
+            raise bad_request(
+                "the namespace of the provided object does not match the namespace sent on the request"
+            )
+        if meta.get("uid") and meta["uid"] != old["metadata"]["uid"]:
+            raise conflict(
+                rt,
+                name,
+                f"Precondition failed: UID in precondition: {meta['uid']}, UID in object "
+                f"meta: {old['metadata']['uid']}",
+            )
+        if meta.get("resourceVersion") and meta["resourceVersion"] != old["metadata"]["resourceVersion"]:
+            raise conflict(
+                rt,
+                name,
+                "the object has been modified; please apply your changes to the latest version and try again",
+            )
+        if subresource == "status":
+            new = resources.write_status_subresource(old, new)
+        else:
+            new["apiVersion"], new["kind"] = rt.api_version, rt.kind
+            for server_field in resources.UPDATE_SERVER_FIELDS:
+                if server_field in old["metadata"]:
+                    meta[server_field] = old["metadata"][server_field]
+                else:
+                    meta.pop(server_field, None)
+            meta["name"] = name
+            if rt.namespaced:
+                meta["namespace"] = ns
+            else:
+                meta.pop("namespace", None)
+            resources.keep_stored_status(rt, old, new)
+        new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
+        if new == old:
+            return copy.deepcopy(old)  # a no-op write: no new resourceVersion, no watch event
+        self._admit(rt, new, old)
+        if "generation" in old["metadata"] and resources.spec_changed(old, new):
+            new["metadata"]["generation"] = int(old["metadata"]["generation"]) + 1
+        new["metadata"]["resourceVersion"] = str(self._next_rv())
+        if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
+            del self.objects[self.key(rt, ns, name)]
+            self._record(rt, "DELETED", new, old)
+            self.collect_garbage(new["metadata"]["uid"])
+            return copy.deepcopy(new)
+        self.objects[self.key(rt, ns, name)] = new
+        self._record(rt, "MODIFIED", new, old)
+        return copy.deepcopy(new)
+
+    def delete(self, rt: ResourceType, ns: str | None, name: str, options: Mapping[str, Any]) -> JSONDict:
+        """Delete as ``DeleteOptions`` ask (preconditions, dryRun, propagationPolicy); finalizers only mark
+        the object with a ``deletionTimestamp``. Returns the last state.
+
+        :raises ApiStatusError: 404, 409 ``Conflict`` on a failed precondition.
+        """
+        obj = self.existing(rt, ns, name)
+        pre = options.get("preconditions") or {}
+        if pre.get("uid") and pre["uid"] != obj["metadata"]["uid"]:
+            raise conflict(
+                rt,
+                name,
+                f"Precondition failed: UID in precondition: {pre['uid']}, UID in object "
+                f"meta: {obj['metadata']['uid']}",
+            )
+        if pre.get("resourceVersion") and pre["resourceVersion"] != obj["metadata"]["resourceVersion"]:
+            raise conflict(
+                rt,
+                name,
+                f"Precondition failed: ResourceVersion in precondition: "
+                f"{pre['resourceVersion']}, ResourceVersion in object meta: "
+                f"{obj['metadata']['resourceVersion']}",
+            )
+        if options.get("dryRun"):
+            return copy.deepcopy(obj)
+        if obj["metadata"].get("finalizers"):
+            if obj["metadata"].get("deletionTimestamp"):
+                return copy.deepcopy(obj)
+            old = copy.deepcopy(obj)
+            obj["metadata"]["deletionTimestamp"] = resources.now()
+            obj["metadata"]["deletionGracePeriodSeconds"] = 0
+            obj["metadata"]["resourceVersion"] = str(self._next_rv())
+            self._record(rt, "MODIFIED", obj, old)
+            return copy.deepcopy(obj)
+        del self.objects[self.key(rt, ns, name)]
+        gone = copy.deepcopy(obj)
+        gone["metadata"]["resourceVersion"] = str(self._next_rv())
+        self._record(rt, "DELETED", gone, obj)
+        if options.get("propagationPolicy") != "Orphan":
+            self.collect_garbage(obj["metadata"]["uid"])
+        return gone
+
+    def collect_garbage(self, owner_uid: str) -> None:
+        """Delete dependents whose ownerReferences name ``owner_uid`` (the garbage collector's job)."""
+        dependents = [(t, ns, name) for (t, ns, name), o in self.objects.items() if resources.owned_by(o, owner_uid)]
+        for t, ns, name in dependents:
+            if self.key(t, ns, name) in self.objects:
+                self.delete(t, ns or None, name, {})
