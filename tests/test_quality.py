@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -18,6 +20,7 @@ def test_ruff_is_clean() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_mypy_is_clean() -> None:
     proc = _run("mypy")
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -9,9 +9,107 @@ from __future__ import annotations
 
 import importlib
 import os
-from types import ModuleType
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal, Protocol, overload
 
 from dradriver.errors import ExtensionMissingError
+
+if TYPE_CHECKING:
+    from dradriver._native import cdispec, claimstore, nvmlpoll
+    from dradriver._native.claimstore_py import (
+        ClaimConflictError,
+        ClaimRecordError,
+        ClaimStateCorruptError,
+        ClaimStateError,
+        ClaimStateVersionError,
+        ClaimUnknownError,
+    )
+
+
+class NvmlpollModule(Protocol):
+    """What :func:`load` returns for ``"nvmlpoll"``: the types of ``nvmlpoll.pyi``, for both implementations."""
+
+    __name__: str
+    Poller: type[nvmlpoll.Poller]
+
+
+class CdispecModule(Protocol):
+    """What :func:`load` returns for ``"cdispec"``: the types of ``cdispec.pyi``, for both implementations."""
+
+    __name__: str
+    KNOWN_VERSIONS: tuple[str, ...]
+    HOOK_NAMES: tuple[str, ...]
+    NODE_TYPES: tuple[str, ...]
+    MAX_MAJOR: int
+    MAX_MINOR: int
+    MAX_FILE_MODE: int
+    MAX_UINT32: int
+    IMEX_CHANNEL_COUNT: int
+    IMEX_CHANNEL_DIR: str
+    MAX_ANNOTATIONS_SIZE: int
+
+    def render_spec(
+        self,
+        kind: str,
+        devices: Sequence[Sequence[object]],
+        common: Sequence[object] | None = None,
+        annotations: Sequence[tuple[str, str]] = (),
+        cdi_version: str | None = None,
+    ) -> bytes: ...
+
+    def render_channel_spec(
+        self,
+        kind: str,
+        channels: Sequence[int] | range,
+        major: int,
+        name_prefix: str = "",
+        file_mode: int | None = 0o666,
+        host_root: str = "",
+        common: Sequence[object] | None = None,
+        cdi_version: str | None = None,
+    ) -> bytes: ...
+
+
+class ClaimstoreModule(Protocol):
+    """What :func:`load` returns for ``"claimstore"``: the types of ``claimstore.pyi``, for both implementations."""
+
+    __name__: str
+    ClaimConflictError: type[ClaimConflictError]
+    ClaimRecordError: type[ClaimRecordError]
+    ClaimStateCorruptError: type[ClaimStateCorruptError]
+    ClaimStateError: type[ClaimStateError]
+    ClaimStateVersionError: type[ClaimStateVersionError]
+    ClaimUnknownError: type[ClaimUnknownError]
+    Table: type[claimstore.Table]
+    MAGIC: bytes
+    FORMAT_VERSION: int
+    READABLE_VERSIONS: tuple[int, ...]
+    STATE_PREPARE_STARTED: int
+    STATE_PREPARE_COMPLETED: int
+    RECORD_PUT: int
+    RECORD_DELETE: int
+    APPLY_OK: int
+    APPLY_TORN: int
+    APPLY_BAD_FRAME: int
+    APPLY_BAD_RECORD: int
+    FRAME_HEAD_SIZE: int
+    MAX_STR: int
+    MAX_COUNT: int
+    MAX_PAYLOAD: int
+
+    def crc32(self, data: bytes, value: int = 0) -> int: ...
+    def encode_header(self, boot_id: str, version: int = ...) -> bytes: ...
+    def decode_header(self, data: bytes) -> tuple[int, str, int]: ...
+    def append(self, fd: int, data: bytes) -> None: ...
+
+
+NativeModule = NvmlpollModule | CdispecModule | ClaimstoreModule
+"""Any module :func:`load` returns."""
+
+if TYPE_CHECKING:  # the stubs (``<name>.pyi``) satisfy the protocols load() is typed with
+    _nvmlpoll_check: NvmlpollModule = nvmlpoll
+    _cdispec_check: CdispecModule = cdispec
+    _claimstore_check: ClaimstoreModule = claimstore
 
 
 def use_extensions() -> bool:
@@ -19,7 +117,17 @@ def use_extensions() -> bool:
     return os.environ.get("DRADRIVER_NO_EXTENSIONS", "") != "1"
 
 
-def load(name: str) -> ModuleType:
+@overload
+def load(name: Literal["nvmlpoll"]) -> NvmlpollModule: ...
+@overload
+def load(name: Literal["cdispec"]) -> CdispecModule: ...
+@overload
+def load(name: Literal["claimstore"]) -> ClaimstoreModule: ...
+@overload
+def load(name: str) -> NativeModule: ...
+
+
+def load(name: str) -> NativeModule:
     """Return ``dradriver._native.<name>`` (compiled) or ``dradriver._native.<name>_py`` (twin).
 
     :raises ExtensionMissingError: the compiled module is wanted but cannot be imported.

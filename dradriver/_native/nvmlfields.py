@@ -143,7 +143,3 @@ class Sample:
     def code(self, device: str, field: str) -> int:
         """The ``nvmlReturn_t`` status of one value."""
         return int(self.status[self._row[device] * len(self.fields) + self._column[field]])  # type: ignore[index]
-
-    def as_dict(self) -> dict[str, dict[str, float | None]]:
-        """``{uuid: {field: value or None}}``; convenient, not for the hot path."""
-        return {d: {f: self.get(d, f) for f in self.fields} for d in self.devices}

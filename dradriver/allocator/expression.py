@@ -21,7 +21,7 @@ runtime cost limit.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, cast
@@ -790,8 +790,3 @@ def format_value(value: Any) -> str:
     if isinstance(value, CELEvalError):
         return f"<error: {error_text(value)}>"
     return str(value)
-
-
-def compile_selectors(expressions: Iterable[str]) -> list[Selector]:
-    """Compile several expressions (see :class:`Selector`)."""
-    return [Selector(e) for e in expressions]

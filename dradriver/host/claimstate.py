@@ -47,8 +47,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dradriver import _native
 from dradriver._native.claimstore_py import (
@@ -60,6 +59,9 @@ from dradriver._native.claimstore_py import (
     ClaimUnknownError,
 )
 from dradriver.domain.claims import ClaimRef, PreparedDevice
+
+if TYPE_CHECKING:
+    from dradriver._native import claimstore
 
 __all__ = [
     "BOOT_ID_PATH",
@@ -232,7 +234,7 @@ class ClaimState:
     ``flock``), so one instance may be shared by gRPC worker threads.
     """
 
-    def __init__(self, *, path: Path, lock_path: Path, boot_id: str, backend: ModuleType,
+    def __init__(self, *, path: Path, lock_path: Path, boot_id: str, backend: _native.ClaimstoreModule,
                  compact_min_bytes: int, compact_ratio: float, lock_timeout: float,
                  on_problem: Callable[[ClaimStateProblem], None] | None) -> None:
         self._path = path
@@ -250,7 +252,7 @@ class ClaimState:
         self._ino = (-1, -1)
         self._offset = 0
         self._header_len = 0
-        self._table: Any = backend.Table()
+        self._table: claimstore.Table = backend.Table()
         self._pending: list[bytes] | None = None  # frames of an open group commit
         self.compaction_failures = 0
         self._problems: list[ClaimStateProblem] = []
@@ -270,7 +272,7 @@ class ClaimState:
         compact_ratio: float = DEFAULT_COMPACT_RATIO,
         lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
         on_problem: Callable[[ClaimStateProblem], None] | None = None,
-        backend: ModuleType | None = None,
+        backend: _native.ClaimstoreModule | None = None,
     ) -> ClaimState:
         """Open (creating if absent) the claim state at ``path`` and recover it (see the module docstring).
 
@@ -375,7 +377,13 @@ class ClaimState:
     def claims(self) -> dict[str, ClaimRecord]:
         """Every stored claim by UID, in table order."""
         with self._mutex:
-            return {uid: _record(uid, self._table.get(uid)) for uid in self._table.uids()}
+            return {uid: self._stored(uid) for uid in self._table.uids()}
+
+    def _stored(self, uid: str) -> ClaimRecord:
+        """The record of ``uid``, known to be in the table (caller holds the mutex)."""
+        raw = self._table.get(uid)
+        assert raw is not None
+        return _record(uid, raw)
 
     def holder(self, pool: str, device: str) -> str | None:
         """UID of the claim that holds ``pool``/``device`` without admin access, or ``None``."""
@@ -448,7 +456,7 @@ class ClaimState:
             except ClaimConflictError as exc:
                 raise self._conflict(exc, namespace, name) from None
             self._append(frame)
-            return _record(uid, self._table.get(uid))
+            return self._stored(uid)
 
     def prepare_completed(self, uid: str, *, devices: Sequence[HeldDevice] | None = None,
                           payload: bytes | str | None = None) -> ClaimRecord:
@@ -465,9 +473,10 @@ class ClaimState:
                 frame = self._table.prepare_completed(uid, tuples, payload)
             except ClaimConflictError as exc:
                 current = self._table.get(uid)
+                assert current is not None  # an unknown UID raised ClaimUnknownError instead
                 raise self._conflict(exc, current[1], current[2]) from None
             self._append(frame)
-            return _record(uid, self._table.get(uid))
+            return self._stored(uid)
 
     def remove(self, uid: str) -> bool:
         """Forget claim ``uid`` and persist that; ``False`` (nothing written) when it was not stored.

@@ -11,10 +11,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from dradriver import _native
 from dradriver._native import nvmlfields
 from dradriver.nvml import errors
+
+if TYPE_CHECKING:
+    from dradriver._native import nvmlpoll
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +26,7 @@ Sample = nvmlfields.Sample
 FIELD_NAMES = nvmlfields.FIELD_NAMES
 
 
-def open_poller(uuids: Sequence[str], fields: Sequence[str] | None = None) -> object:
+def open_poller(uuids: Sequence[str], fields: Sequence[str] | None = None) -> nvmlpoll.Poller:
     """Return a native ``Poller`` for ``uuids`` (GPU and MIG UUIDs).
 
     :raises NvmlError: the subclass for the ``nvmlReturn_t`` NVML returned during set-up.
@@ -64,7 +68,7 @@ class PollLoop:
     def poll_once(self) -> nvmlfields.Sample:
         """Poll now on the calling thread, store and return the sample (thread-safe)."""
         with self._lock:
-            sample: nvmlfields.Sample = self._poller.poll()  # type: ignore[attr-defined]
+            sample = self._poller.poll()
         statuses: Sequence[int] = sample.status  # type: ignore[assignment]
         for code in set(statuses):
             if code not in (nvmlfields.NVML_SUCCESS, nvmlfields.NVML_ERROR_NOT_SUPPORTED):
@@ -96,4 +100,4 @@ class PollLoop:
             self._thread.join(timeout=5)
             self._thread = None
         with self._lock:
-            self._poller.close()  # type: ignore[attr-defined]
+            self._poller.close()

@@ -29,6 +29,7 @@ import yaml
 from dradriver.allocator.allocation import AllocationError
 from dradriver.config import PLUGIN_FLAGS, PluginConfig
 from dradriver.domain.claims import ClaimRef
+from dradriver.domain.identity import GPU_DRIVER
 from dradriver.sandbox import scheduler
 from dradriver.sandbox.apiserver import ApiServerEmulator
 from dradriver.sandbox.kubelet import KubeletEmulator, KubeletError, PluginConnection
@@ -96,12 +97,12 @@ class ClusterEmulator:
         assert api is not None and self._kubelet is not None
         await self._kubelet.scan()
         try:
-            plugin = self._kubelet.plugin("gpu.nvidia.com")
+            plugin = self._kubelet.plugin(GPU_DRIVER.driver_name)
         except KubeletError:
             plugin = None
         if plugin is not None and plugin is not self._plugin:
             self._plugin = plugin
-            self.say(f"kubelet: registered gpu.nvidia.com at {plugin.endpoint} ({plugin.service})")
+            self.say(f"kubelet: registered {GPU_DRIVER.driver_name} at {plugin.endpoint} ({plugin.service})")
         in_use: set[str] = set()
         for pod in api.objects("Pod"):
             claims = self._pod_claims(pod)

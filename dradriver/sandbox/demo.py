@@ -31,6 +31,7 @@ import yaml
 from dradriver.app import GpuPlugin, start_plugin
 from dradriver.domain.claims import ClaimRef
 from dradriver.domain.devices import GpuDevice, MigDevice
+from dradriver.domain.identity import GPU_DRIVER
 from dradriver.errors import DradriverError
 from dradriver.sandbox import scheduler
 from dradriver.sandbox.apiserver import ApiServerEmulator
@@ -153,8 +154,8 @@ async def started(profile: str, node_name: str, narrator: Narrator) -> Any:
             narrator.say(f"Kubernetes API emulator at {sandbox.api.url}")
             narrator.say(f"DRA socket {plugin.servers.dra_socket}")
             async with KubeletEmulator(sandbox.config().kubelet_registrar_directory_path) as kubelet:
-                connection = await kubelet.wait_for_plugin("gpu.nvidia.com", timeout=15)
-                narrator.say(f"kubelet registered gpu.nvidia.com via {connection.registration_socket.name}, "
+                connection = await kubelet.wait_for_plugin(GPU_DRIVER.driver_name, timeout=15)
+                narrator.say(f"kubelet registered {GPU_DRIVER.driver_name} via {connection.registration_socket.name}, "
                              f"speaking {connection.service}")
                 inv = plugin.inventory
                 narrator.say(f"NVML: driver {inv.versions.driver}, CUDA {inv.versions.cuda_driver_text}, "
@@ -201,7 +202,7 @@ async def run_scenarios(run: DemoRun, narrator: Narrator) -> None:
     [prepared] = result.devices
     narrator.say(f"NodePrepareResources -> CDI device {prepared.cdi_device_ids[0]}",
                  cdi_device_ids=list(prepared.cdi_device_ids))
-    spec_path = run.sandbox.cdi_root / f"k8s.gpu.nvidia.com-claim_{claim['metadata']['uid']}.json"
+    spec_path = GPU_DRIVER.cdi.spec_path(run.sandbox.cdi_root, claim["metadata"]["uid"])
     spec = json.loads(spec_path.read_bytes())
     nodes = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
     common = [n["path"] for n in spec.get("containerEdits", {}).get("deviceNodes", [])]

@@ -46,7 +46,10 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
-@pytest.mark.parametrize("profile", mock.profile_names())
+@pytest.mark.parametrize(
+    "profile",
+    [pytest.param(p, marks=pytest.mark.slow) if p == "synthetic-large" else p for p in mock.profile_names()],
+)
 def test_seed_selector_on_inspect_output(profile: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     sysfs = make_sysfs(tmp_path / "sys", mock.load_profile(profile))
     rc = main(["inspect", "--mock-profile", profile, "--node-name", "node-x", "--sysfs-root", str(sysfs)])

@@ -11,6 +11,7 @@ import pytest
 from dradriver._native import cdispec_py
 from dradriver.domain.devices import GpuDevice, MigDevice
 from dradriver.host.devicenodes import DeviceNodeInfo
+from tests.factories import gpu_device, mig_device
 
 PROC_DEVICES = """Character devices:
   1 mem
@@ -73,47 +74,18 @@ def node_info(tmp_path: Path) -> DeviceNodeInfo:
 
 def make_gpu(minor: int, *, mig: bool = False) -> GpuDevice:
     """Return an A100-SXM4-40GB like ``dgx-a100`` reports it, with NVML minor ``minor``."""
-    return GpuDevice(
-        index=minor,
-        minor=minor,
+    return gpu_device(
+        minor,
         uuid=f"GPU-e86cb44c-6756-fd30-cd4a-1e6da3caf9b{minor}",
-        product_name="NVIDIA A100-SXM4-40GB",
-        brand="Nvidia",
-        architecture="Ampere",
-        cuda_compute_capability=(8, 0),
-        memory_bytes=40960 * 1024 * 1024,
         pci_bus_id=f"0000:{0x07 + 0x10 * minor:02x}:00.0",
         mig_capable=True,
         mig_enabled=mig,
     )
 
 
-# A100-40GB GI profiles (gpu-facts.md 2.4): (profile, GI profile ID, slice count, memory MiB) and the
-# placements starts of a full 7-way 1g layout.
-_ONE_G = ("1g.5gb", 19, 1, 4864)
-
-
 def make_migs(parent: GpuDevice) -> list[MigDevice]:
-    """Return seven ``1g.5gb`` MIG devices (GI IDs 7-13, CI 0) filling ``parent``."""
-    profile, gi_profile, size, mem = _ONE_G
+    """Return seven ``1g.5gb`` MIG devices (GI IDs 7-13, CI 0) filling ``parent`` (A100-40GB, gpu-facts.md 2.4)."""
     return [
-        MigDevice(
-            parent=parent,
-            uuid=f"MIG-c6d4f1ef-42e4-5de3-91c7-45d71c87eb{parent.minor}{start}",
-            profile=profile,
-            gi_profile_id=gi_profile,
-            ci_profile_id=0,
-            gi_id=7 + start,
-            ci_id=0,
-            placement_start=start,
-            placement_size=size,
-            memory_bytes=mem * 1024 * 1024,
-            multiprocessors=14,
-            copy_engines=1,
-            decoders=0,
-            encoders=0,
-            jpeg_engines=0,
-            ofa_engines=0,
-        )
+        mig_device(parent, start, uuid=f"MIG-c6d4f1ef-42e4-5de3-91c7-45d71c87eb{parent.minor}{start}")
         for start in range(7)
     ]

@@ -135,6 +135,7 @@ def _check_spec(kind: Any, devices: Any, common: Any, annotations: Any, version:
     return want[0]
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     kind=VALID["kind"],
@@ -147,6 +148,7 @@ def test_valid_specs_render_identically(kind: Any, devices: Any, common: Any, an
     assert _check_spec(kind, devices, common, annotations, version) == "ok"
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     kind=JUNK["kind"],
@@ -159,6 +161,7 @@ def test_bad_input_fails_identically(kind: Any, devices: Any, common: Any, annot
     _check_spec(kind, devices, common, annotations, version)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(
     kind=JUNK["kind"],

@@ -69,6 +69,7 @@ def _view(table: Any) -> tuple[Any, ...]:
     return table.uids(), [table.get(u) for u in table.uids()], holders, table.live_bytes, table.snapshot()
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.lists(ops, max_size=25))
 def test_tables_agree(sequence: list[tuple[Any, ...]]) -> None:
@@ -119,6 +120,7 @@ def _decode(mod: ModuleType, data: bytes) -> tuple[Any, ...]:
         return (type(exc).__qualname__, str(exc), getattr(exc, "header_len", None))
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.lists(ops, max_size=15), damage)
 def test_damaged_journals_are_read_identically(sequence: list[tuple[Any, ...]], edits: Any) -> None:

@@ -22,6 +22,7 @@ def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_demo_runs_to_the_end() -> None:
     proc = _run()
     assert proc.returncode == 0, proc.stderr
@@ -34,6 +35,7 @@ def test_demo_runs_to_the_end() -> None:
     assert "every step succeeded" in out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("profile", ["dgx-a100", "dgx-h100"])
 def test_demo_json_output_for_other_profiles(profile: str) -> None:
     proc = _run("--profile", profile, "--output", "json")
@@ -55,6 +57,7 @@ def test_demo_with_unknown_profile_fails_clearly() -> None:
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_demo_serve_keeps_the_driver_running_for_other_tools() -> None:
     proc = subprocess.Popen([sys.executable, "-m", "dradriver", "demo", "--serve", "--output", "json"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

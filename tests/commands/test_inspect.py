@@ -17,7 +17,8 @@ import yaml
 from dradriver.cli import main
 from dradriver.nvml import mock
 from tests.domain.slice_validation import assert_valid_slice
-from tests.nvml.mockenv import dra_bus_id, expected_pcie_root, make_sysfs, mig_layout, write_profile
+from tests.factories import write_profile
+from tests.nvml.mockenv import dra_bus_id, expected_pcie_root, make_sysfs, mig_layout
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILES = mock.profile_names()

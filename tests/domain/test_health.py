@@ -12,43 +12,18 @@ from dradriver.domain.faults import (
     HealthTracker,
     classify,
 )
+from tests.factories import gpu_device, mig_device
 
 
 def _gpu(minor: int, *, mig: bool = False) -> GpuDevice:
-    return GpuDevice(
-        index=minor,
-        minor=minor,
-        uuid=f"GPU-0000000{minor}-0000-0000-0000-000000000000",
-        product_name="NVIDIA A100-SXM4-40GB",
-        brand="Nvidia",
-        architecture="Ampere",
-        cuda_compute_capability=(8, 0),
-        memory_bytes=40 * 2**30,
-        pci_bus_id=f"0000:0{minor}:00.0",
-        mig_capable=True,
-        mig_enabled=mig,
+    return gpu_device(
+        minor, uuid=f"GPU-0000000{minor}-0000-0000-0000-000000000000", pci_bus_id=f"0000:0{minor}:00.0",
+        mig_capable=True, mig_enabled=mig,
     )
 
 
 def _mig(parent: GpuDevice, gi: int, start: int) -> MigDevice:
-    return MigDevice(
-        parent=parent,
-        uuid=f"MIG-{gi:08x}-0000-5000-8000-000000000000",
-        profile="1g.5gb",
-        gi_profile_id=19,
-        ci_profile_id=0,
-        gi_id=gi,
-        ci_id=0,
-        placement_start=start,
-        placement_size=1,
-        memory_bytes=4864 * 2**20,
-        multiprocessors=14,
-        copy_engines=1,
-        decoders=0,
-        encoders=0,
-        jpeg_engines=0,
-        ofa_engines=0,
-    )
+    return mig_device(parent, start, gi_id=gi, uuid=f"MIG-{gi:08x}-0000-5000-8000-000000000000")
 
 
 def _inventory() -> NodeInventory:

@@ -21,6 +21,7 @@ from dradriver.domain.resourceslices import (
     quantity_bytes,
 )
 from tests.domain.slice_validation import assert_valid_slice, quantity_value
+from tests.factories import gpu_device, mig_device
 
 VERSIONS = DriverVersions(driver="570.148.08", cuda_driver=12080, nvml="12.570.148.08")
 GIB = 1 << 30
@@ -30,43 +31,16 @@ NOSCHEDULE = {"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"
 
 def gpu(minor: int, bus: int, **kw: object) -> GpuDevice:
     fields: dict[str, object] = {
-        "index": minor,
-        "minor": minor,
-        "uuid": f"GPU-00000000-0000-0000-0000-{minor:012x}",
-        "product_name": "NVIDIA A100-SXM4-40GB",
-        "brand": "Nvidia",
-        "architecture": "Ampere",
-        "cuda_compute_capability": (8, 0),
-        "memory_bytes": 40 * GIB,
         "pci_bus_id": f"0000:{bus:02x}:00.0",
         "pcie_root": f"pci0000:{bus - 1:02x}",
         "numa_node": 0,
     }
     fields.update(kw)
-    return GpuDevice(**fields)  # type: ignore[arg-type]
+    return gpu_device(minor, **fields)
 
 
 def mig(parent: GpuDevice, gi: int, start: int, size: int = 1, **kw: object) -> MigDevice:
-    fields: dict[str, object] = {
-        "parent": parent,
-        "uuid": f"MIG-00000000-0000-5000-8000-{parent.minor:04x}{gi:08x}",
-        "profile": "1g.5gb",
-        "gi_profile_id": 19,
-        "ci_profile_id": 0,
-        "gi_id": gi,
-        "ci_id": 0,
-        "placement_start": start,
-        "placement_size": size,
-        "memory_bytes": 4864 * MIB,
-        "multiprocessors": 14,
-        "copy_engines": 1,
-        "decoders": 0,
-        "encoders": 0,
-        "jpeg_engines": 0,
-        "ofa_engines": 0,
-    }
-    fields.update(kw)
-    return MigDevice(**fields)  # type: ignore[arg-type]
+    return mig_device(parent, start, gi_id=gi, placement_size=size, **kw)
 
 
 def attrs(device: dict) -> dict:

@@ -24,7 +24,8 @@ from dradriver.nvml import mock
 from dradriver.sandbox import scheduler
 from dradriver.sandbox.node import SandboxNode, lay_out_driver_tree
 from tests.cdi import helpers as cdi_checks
-from tests.plugin.conftest import DEVICE_CLASS, claim_object, ref_of, running
+from tests.factories import DEVICE_CLASS
+from tests.plugin.conftest import claim_object, ref_of, running
 
 PROFILE = "dgx-h100"
 LIBDIR = "/usr/lib/x86_64-linux-gnu"

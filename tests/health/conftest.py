@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import copy
 import ctypes
-import json
 import shutil
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,20 +25,10 @@ from dradriver.domain.faults import NO_MIG_SCOPE
 from dradriver.health.monitor import HealthMonitor, TaintMap
 from dradriver.nvml import mock
 from dradriver.nvml.discovery import discover
-from dradriver.nvml.session import NvmlSession, open_session
+from dradriver.nvml.session import NvmlSession
+from tests.factories import wait_until
 
 EVENT_XID = 0x8
-WAIT_S = 10.0
-"""Upper bound for anything the tests wait for (a hang fails instead of blocking; not a timing assertion)."""
-
-
-def wait_until(predicate: Callable[[], bool], what: str, timeout: float = WAIT_S) -> None:
-    """Return once ``predicate()`` is true; fail the test naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"gave up waiting for {what}")
-        time.sleep(0.01)
 
 
 @dataclass
@@ -80,23 +68,12 @@ class MockNode:
         }
 
 
-def edited_profile(directory: Path, base: str, edit: Callable[[dict[str, Any]], None]) -> str:
-    """Write a copy of bundled profile ``base`` changed by ``edit``; returns its path."""
-    data = copy.deepcopy(mock.load_profile(base))
-    edit(data)
-    path = directory / f"{base}-edited.json"
-    path.write_text(json.dumps(data))
-    return str(path)
-
-
 @pytest.fixture
-def mock_node() -> Iterator[Callable[[str], MockNode]]:
+def mock_node(mock_session: Callable[[str], NvmlSession]) -> Callable[[str], MockNode]:
     """Factory ``mock_node(profile)``: session on the mock with that profile plus the discovered inventory."""
-    opened: list[NvmlSession] = []
 
     def start(profile: str) -> MockNode:
-        session = open_session(mock_profile=profile)
-        opened.append(session)
+        session = mock_session(profile)
         sysfs = Path(tempfile.mkdtemp(prefix="health-sysfs-"))
         try:
             inventory = discover(session, sysfs_root=sysfs)
@@ -104,9 +81,7 @@ def mock_node() -> Iterator[Callable[[str], MockNode]]:
             shutil.rmtree(sysfs, ignore_errors=True)
         return MockNode(session, inventory, ctypes.CDLL(str(mock.library_path())))
 
-    yield start
-    for session in reversed(opened):
-        session.close()
+    return start
 
 
 class TaintLog:
@@ -179,13 +154,3 @@ class NullPreparer:
 
     async def unprepare_claims(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
         return {ref.uid: "" for ref in claims}
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    """A directory directly under /tmp (Unix socket paths must fit in 108 bytes)."""
-    path = Path(tempfile.mkdtemp(prefix="drahealth-", dir="/tmp"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)

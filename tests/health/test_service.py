@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 from dradriver.domain.devices import MigDevice
+from tests.factories import wait_until, write_profile
 
-from .conftest import MockNode, Services, TaintLog, edited_profile, wait_until
+from .conftest import MockNode, Services, TaintLog
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -162,7 +163,7 @@ def test_gpu_without_event_support_is_unmonitored(mock_node: Any, services: Serv
     def edit(profile: dict[str, Any]) -> None:
         profile["gpus"][3]["notSupported"] = ["nvmlDeviceRegisterEvents"]
 
-    node: MockNode = mock_node(edited_profile(tmp_path, "dgx-a100", edit))
+    node: MockNode = mock_node(write_profile(tmp_path, "dgx-a100", edit))
     log = TaintLog()
     service = services(node, log)
     service.start()

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from dradriver.domain.devices import DriverVersions, GpuDevice, NodeInventory
+from dradriver.domain.devices import DriverVersions, NodeInventory
 from dradriver.domain.faults import Effect, FaultKind, HealthEvent, HealthTracker, classify
+from tests.factories import gpu_device
 
 UUID = "GPU-00000000-0000-0000-0000-000000000001"
 
 
 def _tracker(quiet: float = 10.0) -> HealthTracker:
-    gpu = GpuDevice(
-        index=0, minor=0, uuid=UUID, product_name="NVIDIA L4", brand="Nvidia", architecture="Ada Lovelace",
-        cuda_compute_capability=(8, 9), memory_bytes=24 << 30, pci_bus_id="0000:01:00.0",
-    )  # fmt: skip
+    gpu = gpu_device(
+        0, uuid=UUID, product_name="NVIDIA L4", architecture="Ada Lovelace", cuda_compute_capability=(8, 9),
+        memory_bytes=24 << 30, pci_bus_id="0000:01:00.0",
+    )
     return HealthTracker(NodeInventory(DriverVersions("570.148.08", 12080), (gpu,)), quiet_period_s=quiet)
 
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,12 +32,3 @@ def kubeconfig(api: ApiServerEmulator, tmp_path: Path) -> str:
 def client(kubeconfig: str) -> Iterator[KubeClient]:
     with open_client(kubeconfig, connect_timeout_s=2.0, read_timeout_s=10.0, retry=FAST_RETRY) as kube:
         yield kube
-
-
-def wait_until(condition: Callable[[], bool], *, timeout_s: float = 20.0, what: str = "condition") -> None:
-    """Poll ``condition`` until it holds (a bounded wait for a background loop, not a timing assertion)."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)

@@ -16,8 +16,9 @@ from dradriver.kube import errors
 from dradriver.kube.client import KubeClient
 from dradriver.kube.resourceslices import PublishResult, SlicePublisher, decode_index, encode_index, index_length
 from dradriver.sandbox.apiserver import ApiServerEmulator
+from tests.factories import wait_until
 
-from .conftest import DRIVER, NODE, wait_until
+from .conftest import DRIVER, NODE
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 

@@ -1,5 +1,1 @@
-"""Fixtures of the kubelet-plugin tests."""
-
-from tests.plugin.conftest import sandbox
-
-__all__ = ["sandbox"]
+"""Fixtures of the kubelet-plugin tests: the root conftest provides ``sandbox``."""

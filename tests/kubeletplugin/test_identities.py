@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import os
 
+import pytest
+
 from dradriver.app import start_plugin
 from dradriver.domain.identity import GPU_DRIVER, CdiKind, DriverIdentity
 from dradriver.sandbox.kubelet import KubeletEmulator
@@ -16,6 +18,7 @@ SECOND = DriverIdentity(driver_name="gpu.second.example.com", cdi=CdiKind("k8s.g
                         state_file="second.state")
 
 
+@pytest.mark.slow
 def test_two_identities_run_side_by_side(sandbox: SandboxNode) -> None:
     api = sandbox.api
     assert api is not None

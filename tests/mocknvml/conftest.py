@@ -7,7 +7,6 @@ The library is loaded with ``RTLD_GLOBAL`` before pynvml's first init, after whi
 from __future__ import annotations
 
 import ctypes
-import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ import pynvml
 import pytest
 
 from dradriver.nvml import mock
+from tests import factories
 
 
 @pytest.fixture(scope="session")
@@ -60,12 +60,7 @@ def write_profile(tmp_path: Path) -> Callable[..., Path]:
     counter = [0]
 
     def write(base: str, edit: Callable[[dict[str, Any]], None] | None = None) -> Path:
-        data = mock.load_profile(base)
-        if edit is not None:
-            edit(data)
         counter[0] += 1
-        path = tmp_path / f"profile-{counter[0]}.json"
-        path.write_text(json.dumps(data))
-        return path
+        return Path(factories.write_profile(tmp_path, base, edit, name=f"profile-{counter[0]}"))
 
     return write

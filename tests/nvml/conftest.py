@@ -2,27 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from dradriver.nvml.session import NvmlSession, open_session
+from dradriver.nvml.session import NvmlSession
 
 
 @pytest.fixture
-def nvml() -> Iterator[Callable[[str], NvmlSession]]:
+def nvml(mock_session: Callable[[str], NvmlSession]) -> Callable[[str], NvmlSession]:
     """Factory ``nvml(profile_name_or_path)`` -> open session; every session it made is closed afterwards."""
-    opened: list[NvmlSession] = []
-
-    def start(profile: str) -> NvmlSession:
-        session = open_session(mock_profile=profile)
-        opened.append(session)
-        return session
-
-    yield start
-    for session in reversed(opened):
-        session.close()
+    return mock_session
 
 
 @pytest.fixture

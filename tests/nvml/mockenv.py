@@ -1,15 +1,11 @@
 """Helpers for tests that run discovery against the C mock ``libnvidia-ml.so.1`` (built by the setup command).
 
-* :func:`write_profile` writes a modified copy of a bundled profile (fault injection) to a temp file;
 * :func:`make_sysfs` builds a sysfs fixture tree with ``bus/pci/devices/<bdf>`` links for a profile's GPUs;
 * :func:`expected_pcie_root` is the root complex that tree reports for a bus ID.
 """
 
 from __future__ import annotations
 
-import copy
-import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,15 +46,6 @@ def make_sysfs(root: Path, profile: dict[str, Any], numa: dict[str, int] | None 
         if not link.is_symlink():
             link.symlink_to(f"../../../devices/{rc}/{bridge}/{bdf}")
     return root
-
-
-def write_profile(tmp: Path, base: str, edit: Callable[[dict[str, Any]], None], name: str = "") -> str:
-    """Copy bundled profile ``base``, apply ``edit`` to the parsed JSON, write it under ``tmp``; return path."""
-    data = copy.deepcopy(mock.load_profile(base))
-    edit(data)
-    path = tmp / f"{name or base + '-edited'}.json"
-    path.write_text(json.dumps(data))
-    return str(path)
 
 
 def mig_layout(gpu: dict[str, Any]) -> list[dict[str, Any]]:

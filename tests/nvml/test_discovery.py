@@ -16,6 +16,7 @@ from dradriver.nvml import mock
 from dradriver.nvml.discovery import discover, mig_profile_name, normalize_pci_bus_id, pcie_root
 from dradriver.nvml.session import NvmlSession
 from tests.domain.slice_validation import assert_valid_slice, quantity_value
+from tests.factories import write_profile
 from tests.nvml.mockenv import (
     ARCH_STRINGS,
     BRAND_STRINGS,
@@ -23,7 +24,6 @@ from tests.nvml.mockenv import (
     expected_pcie_root,
     make_sysfs,
     mig_layout,
-    write_profile,
 )
 
 Session = Callable[[str], NvmlSession]

@@ -1,13 +1,11 @@
-"""Fixtures for end-to-end kubelet-plugin tests: mock NVML, API emulator, kubelet emulator, real sockets."""
+"""Helpers for end-to-end kubelet-plugin tests: claims, allocations, the running plugin (``sandbox``: root conftest)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
-
-import pytest
 
 from dradriver.app import GpuPlugin, start_plugin
 from dradriver.config import PluginConfig
@@ -16,22 +14,6 @@ from dradriver.sandbox.kubelet import KubeletEmulator, PluginConnection
 from dradriver.sandbox.node import SandboxNode
 
 SEED_SELECTOR = "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0"
-
-DEVICE_CLASS = {
-    "apiVersion": "resource.k8s.io/v1",
-    "kind": "DeviceClass",
-    "metadata": {"name": "gpu.nvidia.com"},
-    "spec": {
-        "selectors": [
-            {
-                "cel": {
-                    "expression": "device.driver == 'gpu.nvidia.com' && "
-                    "device.attributes['gpu.nvidia.com'].type == 'gpu'"
-                }
-            }
-        ]
-    },
-}
 
 
 def claim_object(name: str, *, selector: str | None = None, namespace: str = "default",
@@ -70,16 +52,6 @@ def result(device: str, *, pool: str = "gpu-node-1", driver: str = "gpu.nvidia.c
     if admin:
         out["adminAccess"] = True
     return out
-
-
-@pytest.fixture
-def sandbox(request: pytest.FixtureRequest) -> Iterator[SandboxNode]:
-    """A sandboxed node; profile from ``@pytest.mark.parametrize('sandbox', [...], indirect=True)``."""
-    profile = getattr(request, "param", "dgx-h100")
-    with SandboxNode(profile=profile) as node:
-        assert node.api is not None
-        node.api.create(DEVICE_CLASS)
-        yield node
 
 
 @contextlib.asynccontextmanager

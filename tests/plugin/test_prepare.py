@@ -162,6 +162,7 @@ def test_unprepare_after_the_claim_was_deleted_and_unknown_claims(sandbox: Sandb
     asyncio.run(body())
 
 
+@pytest.mark.slow
 def test_prepare_restart_unprepare_and_vanished_spec_rewritten(sandbox: SandboxNode) -> None:
     async def body() -> None:
         assert sandbox.api is not None

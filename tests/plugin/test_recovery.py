@@ -94,6 +94,7 @@ def _check_converged(sandbox: SandboxNode, state_uids: set[str]) -> None:
     assert leftovers == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sandbox", ["synthetic-large"], indirect=True)
 @pytest.mark.parametrize("seed", [1, 2, 3, 4])
 def test_sigkill_during_prepare_then_restart_converges(sandbox: SandboxNode, seed: int) -> None:
@@ -141,6 +142,7 @@ def _state_file(sandbox: SandboxNode) -> Path:
     return sandbox.config().claim_state_path
 
 
+@pytest.mark.slow
 def test_torn_state_tail_is_truncated_and_reported(sandbox: SandboxNode) -> None:
     refs = _claims(sandbox, 2)
 
@@ -161,6 +163,7 @@ def test_torn_state_tail_is_truncated_and_reported(sandbox: SandboxNode) -> None
     asyncio.run(body())
 
 
+@pytest.mark.slow
 def test_corrupt_state_is_reported_and_claims_holding_devices_are_not_forgotten(sandbox: SandboxNode) -> None:
     assert sandbox.api is not None
     refs = _claims(sandbox, 3)
@@ -195,6 +198,7 @@ def test_corrupt_state_is_reported_and_claims_holding_devices_are_not_forgotten(
     asyncio.run(body())
 
 
+@pytest.mark.slow
 def test_changed_boot_id_discards_prepared_state(sandbox: SandboxNode) -> None:
     refs = _claims(sandbox, 2)
 
@@ -243,6 +247,7 @@ def test_stale_cdi_spec_without_a_claim_is_removed_at_start(sandbox: SandboxNode
     asyncio.run(body())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [4, 5])
 def test_sigkill_during_unprepare_then_restart_converges(sandbox: SandboxNode, seed: int) -> None:
     """Killed while a batch of 8 claims is being unprepared: the kubelet's retry finishes the job."""

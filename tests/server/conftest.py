@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
-from collections.abc import Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
-
-import pytest
 
 from dradriver.config import PluginConfig
 from dradriver.domain.claims import ClaimRef, ClaimResult, PreparedDevice
@@ -25,16 +21,6 @@ def run(coroutine: Coroutine[Any, Any, T], *, timeout: float = 10.0) -> T:
             return await coroutine
 
     return asyncio.run(bounded())
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    """A directory directly under /tmp: socket paths must fit in 108 bytes (pytest's tmp_path may not)."""
-    path = Path(tempfile.mkdtemp(prefix="drasrv-", dir="/tmp"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def make_config(base: Path, *, pod_uid: str = "", healthcheck_port: int = -1) -> PluginConfig:
