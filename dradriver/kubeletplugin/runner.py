@@ -83,6 +83,10 @@ class RecoveryReport:
     adopted: tuple[str, ...] = ()
     swept: tuple[str, ...] = ()
     undo_failed: tuple[str, ...] = ()
+    rebuilt_specs: tuple[str, ...] = ()
+    """Completed claims whose CDI spec was missing or invalid and was rebuilt."""
+    unusable: tuple[str, ...] = ()
+    """Completed claims whose devices moved to another physical device or are gone (spec left alone)."""
 
 
 @dataclass(slots=True)
@@ -102,23 +106,48 @@ class _Work:
         return self.claim.ref.uid
 
 
-def _payload(spec: Path | str, records: Sequence[UndoRecord]) -> str:
-    return json.dumps({"v": PAYLOAD_VERSION, "spec": str(spec), "undo": [r.to_json() for r in records]},
-                      separators=(",", ":"), sort_keys=True)
+@dataclass(frozen=True, slots=True)
+class StoredPayload:
+    """What the claim state stores for a claim beside its devices.
+
+    :param spec: path of the claim's CDI spec.
+    :param undo: the undo records of what was applied, in apply order.
+    :param pins: DRA device name -> the physical device's UUID when it was prepared (GPU or MIG UUID), so a
+        device name that later resolves to another GPU is never handed to the claim.
+    """
+
+    spec: str
+    undo: tuple[UndoRecord, ...] = ()
+    pins: Mapping[str, str] = field(default_factory=dict)
 
 
-def read_payload(payload: bytes | str) -> tuple[str, list[UndoRecord]]:
-    """Decode a stored claim payload into (spec path, undo records); a bare path has no records.
+def _payload(spec: Path | str, records: Sequence[UndoRecord], pins: Mapping[str, str] | None = None) -> str:
+    doc: dict[str, Any] = {"v": PAYLOAD_VERSION, "spec": str(spec), "undo": [r.to_json() for r in records]}
+    if pins:
+        doc["pins"] = dict(pins)
+    return json.dumps(doc, separators=(",", ":"), sort_keys=True)
+
+
+def read_payload(payload: bytes | str) -> StoredPayload:
+    """Decode a stored claim payload; a bare spec path (an older state file) has no records and no pins.
 
     :raises ValueError: the payload is JSON but not a valid payload document.
     """
     text = payload.decode() if isinstance(payload, bytes) else payload
     if not text.startswith("{"):
-        return text, []
+        return StoredPayload(text)
     doc = json.loads(text)
-    if not isinstance(doc, dict) or not isinstance(doc.get("undo", []), list):
+    if not isinstance(doc, dict) or not isinstance(doc.get("undo", []), list) \
+            or not isinstance(doc.get("pins", {}), dict):
         raise ValueError(f"claim payload {text[:80]!r} is not a payload document")
-    return str(doc.get("spec", "")), [UndoRecord.from_json(r) for r in doc.get("undo", [])]
+    pins = {str(k): str(v) for k, v in doc.get("pins", {}).items()}
+    return StoredPayload(str(doc.get("spec", "")), tuple(UndoRecord.from_json(r) for r in doc.get("undo", [])), pins)
+
+
+def _pin_of(device: object) -> str | None:
+    """The physical identity of a registry entry: its ``uuid`` (GPU or MIG UUID) when it has one."""
+    uuid = getattr(device, "uuid", None)
+    return uuid if isinstance(uuid, str) and uuid else None
 
 
 class BatchRunner:
@@ -290,8 +319,9 @@ class BatchRunner:
                     with self.state.group_commit():
                         for work in todo:
                             if not work.error:
+                                pins = {p.device: pin for p in work.plans if (pin := _pin_of(p.entry))}
                                 self.state.prepare_completed(work.uid, payload=_payload(self.spec_path(work.uid),
-                                                                                        work.applied))
+                                                                                        work.applied, pins))
                                 done.append(work)
                         for work in failed:
                             out[work.uid] = ClaimResult(error=work.error)
@@ -325,7 +355,7 @@ class BatchRunner:
         # New, half-prepared (its stale records are undone before the new apply), or adopted from a CDI spec
         # after state damage (request names unknown): prepare from the claim itself; the devices it already
         # holds count as its own in the conflict check.
-        stale = read_payload(record.payload)[1] if record is not None else []
+        stale = list(read_payload(record.payload).undo) if record is not None else []
         work = self._plan(claim)
         work.stale = stale
         self.state.prepare_started(ref.uid, namespace=ref.namespace, name=ref.name, devices=work.held,
@@ -510,24 +540,62 @@ class BatchRunner:
         data = self._render(ref, work.plans, work.applied)
         cdifiles.write_claim_spec(self.identity.cdi, self.cdi_root, ref.uid, data, sync_dir=False, clean_temp=False)
 
-    def _ensure_spec(self, record: ClaimRecord) -> None:
-        """Rewrite a completed claim's CDI spec when it has vanished (e.g. /var/run/cdi was cleaned)."""
-        if self.spec_path(record.uid).exists():
-            return
+    def check_pins(self, record: ClaimRecord) -> None:
+        """Refuse a completed claim whose device names now resolve to other physical devices.
+
+        GPU minors renumber after a driver reload or when a GPU falls off the bus: ``gpu-1`` may then be another
+        GPU than the one the claim's containers were given. Claims stored before pins existed are not checked.
+
+        :raises ClaimError: naming the device, the UUID it was prepared with and the one it resolves to now (or
+            that it is gone).
+        """
+        pins = read_payload(record.payload).pins
+        for name, pinned in sorted(pins.items()):
+            device = self.registry.get(name)
+            now = _pin_of(device) if device is not None else None
+            if now != pinned:
+                seen = f"is now {now}" if now else "is no longer on this node"
+                raise ClaimError(record.ref, f"device {name!r} was {pinned} when the claim was prepared and {seen}; "
+                                             "not handing the claim another device (unprepare it and prepare again)")
+
+    def spec_valid(self, record: ClaimRecord) -> bool:
+        """True when the claim's CDI spec file parses, has this plugin's kind and names exactly its devices."""
+        try:
+            spec = json.loads(self.spec_path(record.uid).read_bytes())
+            names = sorted(str(d["name"]) for d in spec["devices"])
+            kind = spec["kind"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+        wanted = sorted(self.identity.cdi.device_name(record.uid, d.device) for d in record.devices)
+        return kind == self.identity.cdi.kind and names == wanted
+
+    def _ensure_spec(self, record: ClaimRecord) -> bool:
+        """Rewrite a completed claim's CDI spec when it is missing, unreadable or names other devices (e.g.
+        ``/var/run/cdi`` was cleaned, or a crash of another writer left it damaged); True when rewritten.
+
+        :raises ClaimError: a device moved to another physical device (:meth:`check_pins`), is gone, or has no
+            preparer; the spec is then left as it is.
+        """
+        self.check_pins(record)
+        if self.spec_valid(record):
+            return False
         missing = sorted(d.device for d in record.devices if self.registry.get(d.device) is None)
         if missing:
-            raise ClaimError(record.ref, f"CDI spec vanished and devices {missing} are no longer on this node")
-        records = read_payload(record.payload)[1]
+            raise ClaimError(record.ref, f"CDI spec missing or invalid and devices {missing} are no longer on this "
+                                         "node")
+        records = list(read_payload(record.payload).undo)
         plans = []
         for held in record.devices:
             device = self.registry.get(held.device)
             preparer = self.preparer_for(device)
             if preparer is None:
-                raise ClaimError(record.ref, f"CDI spec vanished and device {held.device!r} has no preparer")
+                raise ClaimError(record.ref, f"CDI spec missing or invalid and device {held.device!r} has no "
+                                             "preparer")
             plans.append(DevicePlan(preparer.kind, held.device, device, held.request_names, held.admin_access, ()))
         data = self._render(record.ref, plans, records)
         cdifiles.write_claim_spec(self.identity.cdi, self.cdi_root, record.uid, data)
-        log.warning("rewrote the vanished CDI spec of claim %s", record.ref)
+        log.warning("rewrote the missing or invalid CDI spec of claim %s", record.ref)
+        return True
 
     # -------------------------------------------------------------------------------- unprepare
     async def unprepare_claims(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
@@ -562,7 +630,7 @@ class BatchRunner:
                             cdifiles.delete_claim_spec(self.identity.cdi, self.cdi_root, ref.uid, clean_temp=False)
                             record = self.state.get(ref.uid)
                             if record is not None:
-                                for undo in reversed(read_payload(record.payload)[1]):
+                                for undo in reversed(list(read_payload(record.payload).undo)):
                                     self._undo(ref, undo)
                         except Exception as exc:
                             if not isinstance(exc, DradriverError):
@@ -593,7 +661,8 @@ class BatchRunner:
     # ---------------------------------------------------------------------------------- startup
     def recover(self, *, state_damaged: bool = False) -> RecoveryReport:
         """Converge after a crash: undo and roll back PREPARE_STARTED claims, let every preparer sweep side
-        effects no record knows, then deal with CDI specs no claim owns.
+        effects no record knows, deal with CDI specs no claim owns, then rebuild the missing or invalid spec of
+        every completed claim whose devices are still the physical devices it was prepared with.
 
         :param state_damaged: the claim state lost records to damage. Then an orphan spec may belong to a
             claim that still holds its devices: it is adopted (recorded as prepared under its claim UID, with
@@ -605,6 +674,8 @@ class BatchRunner:
         adopted: list[str] = []
         undo_failed: list[str] = []
         swept: list[str] = []
+        rebuilt: list[str] = []
+        unusable: list[str] = []
         with self._lock, self.state.locked():
             for uid, record in list(self.state.claims().items()):
                 if record.phase is not ClaimPhase.PREPARE_STARTED:
@@ -618,7 +689,7 @@ class BatchRunner:
                               "prepared until the kubelet unprepares it", record.ref)
                     continue
                 try:
-                    for undo in reversed(read_payload(record.payload)[1]):
+                    for undo in reversed(list(read_payload(record.payload).undo)):
                         self._undo(record.ref, undo)
                 except Exception as exc:
                     undo_failed.append(uid)
@@ -631,7 +702,7 @@ class BatchRunner:
             known_records: dict[str, list[UndoRecord]] = {}
             for record in self.state.claims().values():
                 try:
-                    for undo in read_payload(record.payload)[1]:
+                    for undo in list(read_payload(record.payload).undo):
                         known_records.setdefault(undo.kind, []).append(undo)
                 except ValueError as exc:
                     log.error("claim %s: unreadable undo records: %s", record.ref, exc)
@@ -663,13 +734,25 @@ class BatchRunner:
                 cdifiles.delete_claim_spec(self.identity.cdi, self.cdi_root, uid)
                 removed.append(uid)
                 log.warning("removed orphan CDI spec %s (no prepared claim owns it)", name)
+            for record in self.state.claims().values():
+                if record.phase is not ClaimPhase.PREPARE_COMPLETED or record.uid in adopted:
+                    continue
+                try:
+                    if self._ensure_spec(record):
+                        rebuilt.append(record.uid)
+                except ClaimError as exc:  # answered again, per claim, when the kubelet re-sends Prepare
+                    unusable.append(record.uid)
+                    log.error("%s", exc)
+                except DradriverError as exc:
+                    unusable.append(record.uid)
+                    log.error("claim %s: cannot rebuild its CDI spec: %s", record.ref, exc)
             held = {d.device for r in self.state.claims().values() for d in r.devices}
             missing = sorted(d for d in held if self.registry.get(d) is None)
             self._refresh_views()
         if missing:
             log.error("prepared claims hold devices this node no longer has: %s", ", ".join(missing))
         return RecoveryReport(tuple(rolled_back), tuple(removed), len(self.state), tuple(missing), tuple(adopted),
-                              tuple(swept), tuple(undo_failed))
+                              tuple(swept), tuple(undo_failed), tuple(rebuilt), tuple(unusable))
 
     def _roll_back(self, uid: str) -> None:
         try:

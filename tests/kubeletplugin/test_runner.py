@@ -23,7 +23,7 @@ from dradriver.domain.ports import DevicePlan, DevicePreparer, UndoRecord
 from dradriver.domain.registry import DeviceRegistry
 from dradriver.errors import DradriverError
 from dradriver.host.claimstate import ClaimPhase, ClaimState
-from dradriver.kubeletplugin.runner import BatchRunner, read_payload
+from dradriver.kubeletplugin.runner import BatchRunner, StoredPayload, read_payload
 
 IDENTITY = DriverIdentity(driver_name="fake.example.com", cdi=CdiKind("k8s.fake.example.com"),
                           taint_domain="fake.example.com", user_agent="dradriver-test")
@@ -34,6 +34,7 @@ POOL = "node-a"
 class FakeDevice:
     name: str
     kind: str
+    uuid: str = ""
 
 
 class FakeFailure(DradriverError):
@@ -181,7 +182,8 @@ def test_one_failed_apply_undoes_exactly_what_that_claim_applied(node: Node) -> 
     assert not node.spec(bad.uid).exists()
     record = node.state.get(good.uid)
     assert record is not None and record.phase is ClaimPhase.PREPARE_COMPLETED
-    spec_path, records = read_payload(record.payload)
+    stored_payload = read_payload(record.payload)
+    spec_path, records = stored_payload.spec, stored_payload.undo
     assert spec_path == str(node.spec(good.uid))
     assert [(r.kind, r.target, r.data["thing"]) for r in records] == [("alpha", "a0", "u-good/a0"),
                                                                       ("beta", "b0", "u-good/b0")]
@@ -231,7 +233,7 @@ def test_start_up_undoes_half_prepared_claims_and_sweeps_orphans(node: Node) -> 
         node.runner._prepare_all([(ref, node.claims[ref.uid])], 0)
     stored = node.state.get(ref.uid)
     assert stored is not None and stored.phase is ClaimPhase.PREPARE_STARTED
-    assert [r.data["thing"] for r in read_payload(stored.payload)[1]] == ["u-crash/a3"]
+    assert [r.data["thing"] for r in read_payload(stored.payload).undo] == ["u-crash/a3"]
     node.alpha.live.add("u-gone/a0")  # a side effect whose record never reached the claim state
     node.restart()
     report = node.runner.recover()
@@ -245,7 +247,7 @@ def test_old_payload_without_undo_records_still_unprepares(node: Node) -> None:
     node.state.prepare_started("u-old", namespace="team-a", name="old", devices=[],
                                payload=str(node.spec("u-old")))
     node.state.prepare_completed("u-old")
-    assert read_payload(node.state.get("u-old").payload) == (str(node.spec("u-old")), [])  # type: ignore[union-attr]
+    assert read_payload(node.state.get("u-old").payload) == StoredPayload(str(node.spec("u-old")))  # type: ignore[union-attr]
     ref = ClaimRef("team-a", "old", "u-old")
     assert asyncio.run(node.runner.unprepare_claims([ref])) == {ref.uid: ""}
     assert node.state.claims() == {}
@@ -278,10 +280,48 @@ def test_an_undo_that_fails_during_rollback_is_kept_and_finished_at_start(tmp_pa
         assert n.alpha.live == {"u-r/a1"}  # its undo failed once: the side effect still exists ...
         stored = n.state.get(ref.uid)  # ... and so does the record of how to undo it
         assert stored is not None and stored.phase is ClaimPhase.PREPARE_STARTED
-        assert [r.target for r in read_payload(stored.payload)[1]] == ["a1"]
+        assert [r.target for r in read_payload(stored.payload).undo] == ["a1"]
         n.restart()
         report = n.runner.recover()
         assert report.rolled_back == (ref.uid,) and report.undo_failed == ()
         assert n.alpha.live == set() and n.state.claims() == {}
     finally:
         n.state.close()
+
+
+def test_a_device_name_that_now_resolves_to_another_gpu_is_refused(node: Node) -> None:
+    node.registry.replace((*node.registry.snapshot, FakeDevice("a7", "alpha", uuid="GPU-1111")))
+    ref = node.add(_claim("u-pin", "a7"))
+    assert _prepare(node, ref)[ref.uid].error == ""  # type: ignore[attr-defined]
+    assert read_payload(node.state.get(ref.uid).payload).pins == {"a7": "GPU-1111"}  # type: ignore[union-attr]
+    before = node.spec(ref.uid).read_bytes()
+    # a driver reload renumbered the GPUs: the name a7 is another physical GPU now
+    node.registry.replace((*node.registry.snapshot[:-1], FakeDevice("a7", "alpha", uuid="GPU-2222")))
+    error = _prepare(node, ref)[ref.uid].error  # type: ignore[attr-defined]
+    assert "GPU-1111" in error and "GPU-2222" in error and "'a7'" in error
+    node.restart()
+    report = node.runner.recover()
+    assert report.unusable == (ref.uid,) and report.rebuilt_specs == ()
+    assert node.spec(ref.uid).read_bytes() == before  # never rewritten for the other GPU
+    node.registry.replace(node.registry.snapshot[:-1])  # ... or the GPU fell off the bus
+    assert "is no longer on this node" in _prepare(node, ref)[ref.uid].error  # type: ignore[attr-defined]
+
+
+def test_missing_or_invalid_specs_of_completed_claims_are_rebuilt(node: Node) -> None:
+    refs = [node.add(_claim(f"u-s{i}", f"a{i}")) for i in range(3)]
+    assert all(a.error == "" for a in _prepare(node, *refs).values())  # type: ignore[attr-defined]
+    good = node.spec(refs[0].uid).read_bytes()
+    # a re-sent Prepare finds a truncated spec and rewrites it
+    node.spec(refs[0].uid).write_bytes(good[: len(good) // 2])
+    assert _prepare(node, refs[0])[refs[0].uid].error == ""  # type: ignore[attr-defined]
+    assert node.spec(refs[0].uid).read_bytes() == good
+    # at start-up, a deleted spec and one naming other devices are rebuilt before any Prepare arrives
+    node.spec(refs[1].uid).unlink()
+    wrong = json.loads(node.spec(refs[2].uid).read_bytes())
+    wrong["devices"][0]["name"] = f"{refs[2].uid}-a3"
+    node.spec(refs[2].uid).write_text(json.dumps(wrong))
+    node.restart()
+    report = node.runner.recover()
+    assert sorted(report.rebuilt_specs) == sorted([refs[1].uid, refs[2].uid])
+    names = [d["name"] for d in json.loads(node.spec(refs[2].uid).read_bytes())["devices"]]
+    assert names == [f"{refs[2].uid}-a2"] and node.spec(refs[1].uid).exists()

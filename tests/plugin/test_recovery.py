@@ -268,3 +268,58 @@ def test_sigkill_during_unprepare_then_restart_converges(sandbox: SandboxNode, s
             assert len(plugin.state) == 0
 
     asyncio.run(body())
+
+
+def test_renumbered_gpus_never_hand_a_claim_another_gpu(sandbox: SandboxNode, tmp_path: Path) -> None:
+    """A driver reload swapped the minors of two GPUs: ``gpu-0`` is the other physical GPU now."""
+    from tests.factories import write_profile
+
+    refs = _claims(sandbox, 1)
+
+    def swap(profile: dict[str, Any]) -> None:
+        first, second = profile["gpus"][0], profile["gpus"][1]
+        first["uuid"], second["uuid"] = second["uuid"], first["uuid"]
+
+    swapped = write_profile(tmp_path, "dgx-h100", swap)
+
+    async def body() -> None:
+        async with running(sandbox.config()) as (plugin, kubelet):
+            assert (await kubelet.prepare(refs))[refs[0].uid].error == ""
+            pinned = plugin.inventory.find("gpu-0")
+            assert pinned is not None
+        spec = GPU_DRIVER.cdi.spec_path(sandbox.cdi_root, refs[0].uid)
+        before = spec.read_bytes()
+        async with running(sandbox.config(mock_profile=swapped)) as (plugin, kubelet):
+            now = plugin.inventory.find("gpu-0")
+            assert now is not None and now.uuid != pinned.uuid
+            assert plugin.recovery.unusable == (refs[0].uid,)
+            error = (await kubelet.prepare(refs))[refs[0].uid].error
+            assert pinned.uuid in error and now.uuid in error and "'gpu-0'" in error
+            assert spec.read_bytes() == before  # the claim's spec was not rewritten for the other GPU
+            assert await kubelet.unprepare(refs) == {refs[0].uid: ""}  # and it can still be unprepared
+
+    asyncio.run(body())
+
+
+def test_start_up_rebuilds_missing_and_invalid_specs_of_completed_claims(sandbox: SandboxNode) -> None:
+    from tests.cdi.helpers import validate
+
+    refs = _claims(sandbox, 2)
+
+    async def body() -> None:
+        async with running(sandbox.config()) as (_, kubelet):
+            assert all(r.error == "" for r in (await kubelet.prepare(refs)).values())
+        specs = [GPU_DRIVER.cdi.spec_path(sandbox.cdi_root, r.uid) for r in refs]
+        good = [p.read_bytes() for p in specs]
+        specs[0].unlink()  # /var/run/cdi cleaned
+        specs[1].write_bytes(good[1][:40])  # another writer left it cut short
+        plugin = await start_plugin(sandbox.config())
+        try:  # rebuilt at start, before the kubelet sends anything
+            assert sorted(plugin.recovery.rebuilt_specs) == sorted(r.uid for r in refs)
+            assert [p.read_bytes() for p in specs] == good
+            for path in specs:
+                validate(path.read_bytes())
+        finally:
+            await plugin.stop()
+
+    asyncio.run(body())
