@@ -242,11 +242,6 @@ class PluginConfig:
         return self.kubelet_registrar_directory_path / name
 
     @property
-    def claim_state_path(self) -> Path:
-        """The durable claim-state file (checkpoint/journal)."""
-        return self.plugin_dir / "claims.state"
-
-    @property
     def boot_id_path(self) -> Path:
         """``<proc root>/sys/kernel/random/boot_id``: claim state prepared before a reboot is invalid."""
         return self.proc_root / "sys" / "kernel" / "random" / "boot_id"

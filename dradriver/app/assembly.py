@@ -14,14 +14,14 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from dradriver.config import PluginConfig
 from dradriver.domain.claims import Claim, ClaimRef
 from dradriver.domain.identity import DriverIdentity
-from dradriver.host.claimstate import ClaimState, ClaimStateCorruptError, ClaimStateProblem
+from dradriver.host.claimstate import ClaimState, ClaimStateCorruptError, ClaimStateProblem, ProblemKind
 from dradriver.kube import claims as kube_claims
 from dradriver.kube import client as kube_client
 from dradriver.kube import errors as kube_errors
@@ -157,6 +157,22 @@ async def open_claim_state(lifecycle: Lifecycle, identity: DriverIdentity, confi
             await asyncio.to_thread(report_event, identity, connection.client, config, connection.node_uid,
                                     "ClaimStateCorrupt", str(problem))
     return state, problems
+
+
+async def recover(identity: DriverIdentity, config: PluginConfig, connection: Connection, runner: BatchRunner,
+                  problems: Sequence[ClaimStateProblem]) -> RecoveryReport:
+    """Start-up convergence (:meth:`BatchRunner.recover`) with what opening the claim state found; when the CDI
+    specs show damage the claim state did not report, a ``ClaimStateCorrupt`` Warning Event says why."""
+    damaged = any(p.damage for p in problems)
+    torn = any(p.kind is ProblemKind.TORN_TAIL for p in problems)
+    rebooted = any(p.kind is ProblemKind.BOOT_ID_CHANGED for p in problems)
+    report = await asyncio.to_thread(lambda: runner.recover(state_damaged=damaged, torn_tail=torn,
+                                                            rebooted=rebooted))
+    if report.damage:
+        await asyncio.to_thread(report_event, identity, connection.client, config, connection.node_uid,
+                                "ClaimStateCorrupt", f"claim state {runner.state.path}: {report.damage}; "
+                                f"{len(report.adopted)} claim(s) adopted from their CDI specs")
+    return report
 
 
 def claim_fetcher(identity: DriverIdentity, client: kube_client.KubeClient,

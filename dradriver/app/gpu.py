@@ -153,8 +153,7 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
             spec_edits=lambda: gpu_preparers.spec_edits(nodes, common),
             metrics=metrics,
         )
-        damaged = any(p.damage for p in problems)
-        recovery = await asyncio.to_thread(lambda: runner.recover(state_damaged=damaged))
+        recovery = await assembly.recover(identity, config, connection, runner, problems)
         publisher = assembly.make_publisher(
             identity, config, connection, on_error=lambda exc: metrics.count_publish_error(type(exc).__name__),
             on_publish=lambda result: metrics.observe_publish() if result.wrote else None)

@@ -78,6 +78,7 @@ class RecoveryReport:
 
     rolled_back: tuple[str, ...]
     orphan_specs_removed: tuple[str, ...]
+    """CDI specs of claims prepared before the node rebooted (deleted)."""
     claims_kept: int
     missing_devices: tuple[str, ...]
     adopted: tuple[str, ...] = ()
@@ -87,6 +88,8 @@ class RecoveryReport:
     """Completed claims whose CDI spec was missing or invalid and was rebuilt."""
     unusable: tuple[str, ...] = ()
     """Completed claims whose devices moved to another physical device or are gone (spec left alone)."""
+    damage: str = ""
+    """Why recovery took the damaged-state path although the claim state reported no damage ("" if it did not)."""
 
 
 @dataclass(slots=True)
@@ -659,7 +662,8 @@ class BatchRunner:
         return out
 
     # ---------------------------------------------------------------------------------- startup
-    def recover(self, *, state_damaged: bool = False) -> RecoveryReport:
+    def recover(self, *, state_damaged: bool = False, torn_tail: bool = False,
+                rebooted: bool = False) -> RecoveryReport:
         """Converge after a crash: undo and roll back PREPARE_STARTED claims, let every preparer sweep side
         effects no record knows, deal with CDI specs no claim owns, then rebuild the missing or invalid spec of
         every completed claim whose devices are still the physical devices it was prepared with.
@@ -667,7 +671,19 @@ class BatchRunner:
         :param state_damaged: the claim state lost records to damage. Then an orphan spec may belong to a
             claim that still holds its devices: it is adopted (recorded as prepared under its claim UID, with
             the devices its spec names) instead of deleted, so the devices stay protected and the kubelet's
-            unprepare of that UID cleans up. Otherwise orphan specs are leftovers and are deleted.
+            unprepare of that UID cleans up, and a half-prepared claim whose spec exists is kept as prepared
+            (its completion may be the record damage destroyed).
+        :param rebooted: the node's boot ID changed since the claim state was written: no container of a claim
+            prepared before survived, so CDI specs no claim owns are leftovers of the old boot and are deleted.
+        :param torn_tail: the claim state's last write was cut short and truncated. A torn write loses only
+            records that were never acknowledged, so it explains half-prepared claims of the last batch but never
+            a CDI spec whose claim has no record at all.
+
+        The damaged path is also taken, and :attr:`RecoveryReport.damage` says why, when the file cannot be what
+        the specs say: a spec of ours whose claim has no record (an emptied, truncated or replaced state file),
+        or a torn tail with more than one half-prepared claim whose spec exists (a cut-off file read as a torn
+        final write). Orphan specs are therefore adopted, never deleted: a device a spec references is never
+        freed on the claim state's word alone.
         """
         rolled_back: list[str] = []
         removed: list[str] = []
@@ -676,7 +692,31 @@ class BatchRunner:
         swept: list[str] = []
         rebuilt: list[str] = []
         unusable: list[str] = []
+        damage = ""
         with self._lock, self.state.locked():
+            try:
+                spec_names = os.listdir(self.cdi_root)
+            except FileNotFoundError:
+                spec_names = []
+            claims = self.state.claims()
+            spec_uids = {u for u in map(self.identity.cdi.spec_uid, spec_names) if u is not None}
+            orphans = sorted(spec_uids - set(claims))
+            half = [u for u, r in claims.items() if r.phase is ClaimPhase.PREPARE_STARTED and u in spec_uids]
+            if rebooted:
+                for uid in orphans:
+                    cdifiles.delete_claim_spec(self.identity.cdi, self.cdi_root, uid)
+                    log.warning("removed CDI spec of claim %s, prepared before the node rebooted", uid)
+                removed, orphans = orphans, []
+            elif not state_damaged and orphans:
+                damage = (f"{len(orphans)} CDI spec(s) of claims the claim state has no record of (emptied, cut "
+                          "short or replaced state file)")
+            elif not state_damaged and torn_tail and len(half) > 1:
+                damage = (f"the claim state ends in a torn write and {len(half)} half-prepared claims have CDI "
+                          "specs: more was lost than one unacknowledged write")
+            if damage:
+                state_damaged = True
+                log.error("claim state %s does not match the CDI specs: %s; adopting claims from their specs",
+                          self.state.path, damage)
             for uid, record in list(self.state.claims().items()):
                 if record.phase is not ClaimPhase.PREPARE_STARTED:
                     continue
@@ -710,30 +750,17 @@ class BatchRunner:
                 for what in preparer.sweep(known_records.get(preparer.kind, [])):
                     swept.append(f"{preparer.kind}:{what}")
                     log.warning("removed %s %s that no prepared claim owns", preparer.kind, what)
-            known = set(self.state.claims())
             temps = cdifiles.remove_stale_temp_files(self.identity.cdi, self.cdi_root)  # once, so prepares stay O(1)
             if temps:
                 log.warning("removed %d temporary CDI file(s) a crashed write left behind", temps)
-            try:
-                names = os.listdir(self.cdi_root)
-            except FileNotFoundError:
-                names = []
-            for name in names:
-                spec_uid = self.identity.cdi.spec_uid(name)
-                if spec_uid is None or spec_uid in known:
-                    continue
-                uid = spec_uid
-                if state_damaged:
-                    # The spec may belong to a running container whose claim record was lost: never delete it.
-                    if self._adopt(uid, self.cdi_root / name):
-                        adopted.append(uid)
-                    else:
-                        log.error("kept orphan CDI spec %s: the claim state was damaged and the spec could not "
-                                  "be adopted; the kubelet's unprepare of its claim removes it", name)
-                    continue
-                cdifiles.delete_claim_spec(self.identity.cdi, self.cdi_root, uid)
-                removed.append(uid)
-                log.warning("removed orphan CDI spec %s (no prepared claim owns it)", name)
+            for uid in orphans:  # state_damaged is set whenever there are orphans
+                # The spec may belong to a running container whose claim record was lost: never delete it.
+                name = self.identity.cdi.spec_name(uid)
+                if self._adopt(uid, self.cdi_root / name):
+                    adopted.append(uid)
+                else:
+                    log.error("kept orphan CDI spec %s: the claim state was damaged and the spec could not be "
+                              "adopted; the kubelet's unprepare of its claim removes it", name)
             for record in self.state.claims().values():
                 if record.phase is not ClaimPhase.PREPARE_COMPLETED or record.uid in adopted:
                     continue
@@ -752,7 +779,7 @@ class BatchRunner:
         if missing:
             log.error("prepared claims hold devices this node no longer has: %s", ", ".join(missing))
         return RecoveryReport(tuple(rolled_back), tuple(removed), len(self.state), tuple(missing), tuple(adopted),
-                              tuple(swept), tuple(undo_failed), tuple(rebuilt), tuple(unusable))
+                              tuple(swept), tuple(undo_failed), tuple(rebuilt), tuple(unusable), damage)
 
     def _roll_back(self, uid: str) -> None:
         try:

@@ -139,7 +139,7 @@ def _slices(sandbox: SandboxNode) -> list[dict[str, Any]]:
 
 
 def _state_file(sandbox: SandboxNode) -> Path:
-    return sandbox.config().claim_state_path
+    return sandbox.config().plugin_dir / GPU_DRIVER.state_file
 
 
 @pytest.mark.slow
@@ -232,17 +232,49 @@ def test_newer_state_format_is_refused_with_a_clear_message(sandbox: SandboxNode
     asyncio.run(body())
 
 
-def test_stale_cdi_spec_without_a_claim_is_removed_at_start(sandbox: SandboxNode) -> None:
+def test_cdi_spec_without_a_claim_is_adopted_never_deleted(sandbox: SandboxNode) -> None:
+    """A spec whose claim has no record means the claim state lost it: its devices stay protected."""
     stray = GPU_DRIVER.cdi.spec_path(sandbox.cdi_root, "33333333-3333-3333-3333-333333333333")
-    stray.write_text('{"cdiVersion": "0.5.0", "kind": "k8s.gpu.nvidia.com/claim", "devices": []}')
+    stray.write_text('{"cdiVersion": "0.5.0", "kind": "k8s.gpu.nvidia.com/claim", "devices": '
+                     '[{"name": "33333333-3333-3333-3333-333333333333-gpu-1", "containerEdits": {}}]}')
     torn = sandbox.cdi_root / f".{stray.name}.tmp-0a1b2c"  # a write killed before its rename
     torn.write_text('{"cdiVersion": "0.5')
+    assert sandbox.api is not None
 
     async def body() -> None:
+        async with running(sandbox.config()) as (plugin, kubelet):
+            assert plugin.recovery.adopted == ("33333333-3333-3333-3333-333333333333",)
+            assert "no record of" in plugin.recovery.damage
+            assert stray.exists() and not torn.exists()
+            events = [e for e in sandbox.api.objects("events", namespace="default")
+                      if e["reason"] == "ClaimStateCorrupt"]
+            assert events and "adopted" in events[0]["message"]
+            intruder = set_allocation(sandbox, sandbox.api.create(claim_object("intruder")), [result("gpu-1")])
+            err = (await kubelet.prepare([ref_of(intruder)]))[intruder["metadata"]["uid"]].error
+            assert "already prepared" in err  # gpu-1 is still held by the adopted claim
+
+    asyncio.run(body())
+
+
+def test_emptied_or_truncated_state_file_beside_specs_is_damage(sandbox: SandboxNode) -> None:
+    """A zero-byte state file (or one cut in half, read as a torn tail) must not free the GPUs of running claims."""
+    refs = _claims(sandbox, 3)
+
+    async def body() -> None:
+        async with running(sandbox.config()) as (_, kubelet):
+            assert all(r.error == "" for r in (await kubelet.prepare(refs)).values())
+        path = _state_file(sandbox)
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 2])  # cut in half: the later claims' records are gone
         async with running(sandbox.config()) as (plugin, _):
-            assert plugin.recovery.orphan_specs_removed == ("33333333-3333-3333-3333-333333333333",)
-            assert not stray.exists()
-            assert not torn.exists()
+            assert plugin.recovery.damage, "a cut-off file is not an unacknowledged torn write"
+            assert set(plugin.state.claims()) == {r.uid for r in refs}  # read back, kept or adopted
+            assert len(sandbox.cdi_specs()) == 3 and plugin.recovery.rolled_back == ()
+        path.write_bytes(b"")  # emptied
+        async with running(sandbox.config()) as (plugin, _):
+            assert "no record of" in plugin.recovery.damage
+            assert sorted(plugin.recovery.adopted) == sorted(r.uid for r in refs)
+            assert len(sandbox.cdi_specs()) == 3
 
     asyncio.run(body())
 
