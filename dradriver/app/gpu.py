@@ -61,10 +61,17 @@ class GpuPlugin(assembly.KubeletPlugin):
 
 
 def node_info(config: PluginConfig) -> DeviceNodeInfo:
-    """Where device-node numbers come from on this node (``--dev-root``, ``--proc-root``)."""
+    """Where device nodes are read from and where the runtime finds them on the host.
+
+    NVIDIA's rule: the device nodes live under the driver root only when ``<driver root>/dev`` exists (a driver
+    container); otherwise (a host install, GKE's ``/home/kubernetes/bin/nvidia``, Talos) they are the host's own
+    ``/dev``, read under ``--dev-root``. ``hostPath`` is written only in the first case, as driver root + path, so
+    every ``hostPath`` of a spec names a node that exists.
+    """
+    in_driver_root = str(config.nvidia_driver_root) != "/" and (config.container_driver_root / "dev").is_dir()
     return DeviceNodeInfo(
-        dev_root=config.dev_root,
-        host_root=str(config.nvidia_driver_root),
+        dev_root=config.container_driver_root if in_driver_root else config.dev_root,
+        host_root=str(config.nvidia_driver_root) if in_driver_root else "/",
         proc_devices=config.proc_root / "devices",
         mig_minors=config.proc_root / "driver" / "nvidia-caps" / "mig-minors",
         capabilities_dir=config.proc_root / "driver" / "nvidia" / "capabilities",

@@ -81,13 +81,27 @@ def test_prepared_claim_carries_driver_mounts_and_hooks() -> None:
 
 def test_driver_container_root_and_hook_path_flow_through_the_config() -> None:
     with SandboxNode(profile=PROFILE) as node:
+        (node.driver_root / "dev").mkdir()  # a driver container: its device nodes live under the driver root
         spec = asyncio.run(_prepare_one(node, nvidia_driver_root=Path("/run/nvidia/driver"),
                                         nvidia_cdi_hook_path="/usr/local/nvidia/toolkit/nvidia-ctk"))
     common = spec["containerEdits"]
     assert all(m["hostPath"] == "/run/nvidia/driver" + m["containerPath"] for m in common["mounts"])
     assert all(n["hostPath"] == "/run/nvidia/driver" + n["path"] for n in common["deviceNodes"])
+    assert all(n["hostPath"] == "/run/nvidia/driver" + n["path"] for d in spec["devices"]
+               for n in d["containerEdits"]["deviceNodes"])
     assert all(h["path"] == "/usr/local/nvidia/toolkit/nvidia-ctk" and h["args"][:2] == ["nvidia-ctk", "hook"]
                for h in common["hooks"])
+
+
+def test_driver_root_without_dev_keeps_device_nodes_on_the_host_dev() -> None:
+    """GKE (``/home/kubernetes/bin/nvidia``) and Talos: driver files under the root, device nodes in ``/dev``."""
+    with SandboxNode(profile=PROFILE) as node:
+        assert not (node.driver_root / "dev").exists()
+        spec = asyncio.run(_prepare_one(node, nvidia_driver_root=Path("/home/kubernetes/bin/nvidia")))
+    common = spec["containerEdits"]
+    assert all(m["hostPath"] == "/home/kubernetes/bin/nvidia" + m["containerPath"] for m in common["mounts"])
+    nodes = common["deviceNodes"] + [n for d in spec["devices"] for n in d["containerEdits"]["deviceNodes"]]
+    assert nodes and all("hostPath" not in n for n in nodes), nodes  # /dev/nvidia0 is the host's /dev/nvidia0
 
 
 def test_mock_node_without_driver_files_still_prepares(caplog: pytest.LogCaptureFixture) -> None:
