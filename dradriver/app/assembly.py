@@ -200,10 +200,12 @@ def make_publisher(identity: DriverIdentity, config: PluginConfig, connection: C
 
 
 async def serve(lifecycle: Lifecycle, config: PluginConfig, runner: BatchRunner, *,
-                health_source: HealthSource | None = None) -> Servers:
+                health_source: HealthSource | None = None, publisher: SlicePublisher | None = None) -> Servers:
     """Start step: the DRA socket, the probe and the registration socket; on stop, in-flight calls get the
-    lifecycle's ``grace_s``."""
-    return await lifecycle.step("gRPC servers", lambda: start_servers(config, runner, health_source=health_source),
+    lifecycle's ``grace_s``. The probe's ``readiness`` service follows ``publisher.in_sync``."""
+    ready = (lambda: publisher.in_sync) if publisher is not None else None
+    return await lifecycle.step("gRPC servers",
+                                lambda: start_servers(config, runner, health_source=health_source, ready=ready),
                                 lambda servers: servers.stop(grace=lifecycle.grace_s))
 
 

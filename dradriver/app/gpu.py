@@ -188,7 +188,7 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
                 except OSError as exc:
                     raise FlagError(f"cannot serve metrics on {config.http_endpoint!r}: {exc}") from exc
             metrics_server = await life.step("metrics server", bind, lambda server: server.stop())
-        servers = await assembly.serve(life, config, runner, health_source=health)
+        servers = await assembly.serve(life, config, runner, health_source=health, publisher=publisher)
 
         def desired() -> list[dict[str, Any]]:
             inventory = registry.snapshot

@@ -158,6 +158,8 @@ class SlicePublisher:
         self.watch = watch
         self.watch_timeout_s = watch_timeout_s
         self.last_result: PublishResult | None = None
+        self.last_error: Exception | None = None
+        """The failure of the newest sync attempt; ``None`` once a sync succeeded after it."""
         self.failures = 0
         self._publish_lock = threading.Lock()
         self._state = threading.Lock()
@@ -320,6 +322,11 @@ class SlicePublisher:
         self.last_result = result
         return result
 
+    @property
+    def in_sync(self) -> bool:
+        """True when the pool was published and the newest sync attempt succeeded (the readiness probe)."""
+        return self.last_result is not None and self.last_error is None
+
     # ---------------------------------------------------------------------------------- the loop
     def update(self, desired: Sequence[Mapping[str, Any]]) -> None:
         """Hand :meth:`run` a new desired state (thread-safe; the newest state wins)."""
@@ -390,10 +397,12 @@ class SlicePublisher:
                     result = await asyncio.to_thread(self.publish, desired)
                 except ResourceSliceError as exc:
                     log.error("not publishing pool %s: %s", self.pool_name, exc)
+                    self.last_error = exc
                     self._report(exc)
                     continue
                 except Exception as exc:  # API errors and anything unexpected: report, back off, keep going
                     self.failures += 1
+                    self.last_error = exc
                     if isinstance(exc, errors.KubeAPIError | OSError):
                         log.warning("publishing pool %s failed, retrying in %.2fs: %s", self.pool_name, backoff, exc)
                     else:
@@ -404,6 +413,7 @@ class SlicePublisher:
                     backoff = min(backoff * 2, self.backoff_max_s)
                     continue
                 backoff = self.backoff_initial_s
+                self.last_error = None
                 if self.on_publish is not None:
                     try:
                         self.on_publish(result)

@@ -6,7 +6,7 @@ end to end (``nvidia-dra-driver.md`` 6.2).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
@@ -17,6 +17,9 @@ from dradriver._proto import dra_v1_pb2, dra_v1_pb2_grpc, pluginregistration_v1_
 
 log = logging.getLogger(__name__)
 
+
+READINESS_SERVICE = "readiness"
+"""Service name whose Check reports whether this node's ResourceSlices are published (the readinessProbe)."""
 
 LIVENESS_SERVICES = ("", "liveness")
 """Service names whose Check runs the end-to-end check (``liveness`` is the name NVIDIA's plugin answers)."""
@@ -31,13 +34,20 @@ class LivenessServicer(grpc_health.aio.HealthServicer):
     report their stored status; graceful shutdown reports NOT_SERVING.
     """
 
-    def __init__(self, *, registration_socket: str, dra_socket: str, timeout_s: float = 1.0) -> None:
+    def __init__(self, *, registration_socket: str, dra_socket: str, timeout_s: float = 1.0,
+                 ready: Callable[[], bool] | None = None) -> None:
         super().__init__()
         self._targets = (f"unix://{registration_socket}", f"unix://{dra_socket}")
         self._timeout_s = timeout_s
+        self._ready = ready
 
     async def Check(self, request: Any, context: Any) -> Any:
         response = await super().Check(request, context)
+        if request.service == READINESS_SERVICE and response.status == health_pb2.HealthCheckResponse.SERVING:
+            ready = self._ready() if self._ready is not None else True
+            if not ready:
+                return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.NOT_SERVING)
+            return response
         if request.service not in LIVENESS_SERVICES or response.status != health_pb2.HealthCheckResponse.SERVING:
             return response
         ok = await self.check_end_to_end()
@@ -61,14 +71,16 @@ class LivenessServicer(grpc_health.aio.HealthServicer):
 
 
 async def create_probe_servicer(
-    service_names: Sequence[str] = (), *, registration_socket: str, dra_socket: str
+    service_names: Sequence[str] = (), *, registration_socket: str, dra_socket: str,
+    ready: Callable[[], bool] | None = None,
 ) -> LivenessServicer:
     """A ``grpc.health.v1.Health`` servicer: ``""`` and ``liveness`` run the end-to-end check
-    (:class:`LivenessServicer`); each of ``service_names`` reports SERVING.
+    (:class:`LivenessServicer`); ``readiness`` reports SERVING only while ``ready()`` is true (this node's
+    ResourceSlices are published and the newest sync succeeded); each of ``service_names`` reports SERVING.
 
     Call ``await servicer.enter_graceful_shutdown()`` before stopping, so probes see NOT_SERVING.
     """
-    servicer = LivenessServicer(registration_socket=registration_socket, dra_socket=dra_socket)
-    for name in (*LIVENESS_SERVICES, *service_names):
+    servicer = LivenessServicer(registration_socket=registration_socket, dra_socket=dra_socket, ready=ready)
+    for name in (*LIVENESS_SERVICES, READINESS_SERVICE, *service_names):
         await servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     return servicer

@@ -25,7 +25,7 @@ import os
 import secrets
 import socket
 import stat
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -256,6 +256,7 @@ async def start_servers(
     *,
     health_source: healthstream.HealthSource | None = None,
     on_registration_status: registration.StatusCallback | None = None,
+    ready: Callable[[], bool] | None = None,
 ) -> Servers:
     """Serve the DRA API and register with the kubelet; returns once the registration socket exists.
 
@@ -266,6 +267,7 @@ async def start_servers(
 
     :param preparer: receives the decoded claims of every NodePrepareResources/NodeUnprepareResources.
     :param on_registration_status: called with each :class:`registration.RegistrationStatus`.
+    :param ready: the ``readiness`` probe service's verdict (e.g. "this node's ResourceSlices are published").
     :raises SocketPathError: a socket path is too long, relative, or occupied by a non-socket.
     :raises SocketInUseError: a live server answers on one of the socket paths.
     """
@@ -304,7 +306,8 @@ async def start_servers(
 
         if config.healthcheck_port >= 0:
             liveness = await probe.create_probe_servicer(
-                _dra_services(health_source), registration_socket=str(registration_path), dra_socket=str(dra_path)
+                _dra_services(health_source), registration_socket=str(registration_path), dra_socket=str(dra_path),
+                ready=ready,
             )
             probe_server = grpc.aio.server()
             health_pb2_grpc.add_HealthServicer_to_server(liveness, probe_server)

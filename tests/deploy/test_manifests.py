@@ -18,6 +18,7 @@ from dradriver.allocator.resources import parse_claim, parse_device_class, parse
 from dradriver.config import PLUGIN_FLAGS, PluginConfig, add_flags, config_from_args
 from dradriver.domain.identity import GPU_DRIVER
 from dradriver.nvml import mock
+from dradriver.server.probe import READINESS_SERVICE
 
 from .manifests import (
     EXAMPLES,
@@ -168,8 +169,10 @@ def test_plugin_paths_are_mounted_from_the_host(target: str) -> None:
 def test_probes_use_the_grpc_health_port_and_metrics_port_is_named(target: str) -> None:
     plugin = _plugin(target)
     config = _plugin_config(target)
-    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+    for probe in ("startupProbe", "livenessProbe"):
         assert plugin[probe]["grpc"] == {"port": config.healthcheck_port}, probe
+    # readiness means published: the probe's own service name (dradriver.server.probe.READINESS_SERVICE)
+    assert plugin["readinessProbe"]["grpc"] == {"port": config.healthcheck_port, "service": READINESS_SERVICE}
     ports = {p["name"]: p["containerPort"] for p in plugin["ports"]}
     assert ports["metrics"] == int(config.http_endpoint.rsplit(":", 1)[1])
     assert config.metrics_path == "/metrics"

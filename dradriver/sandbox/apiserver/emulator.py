@@ -147,6 +147,11 @@ class ApiServerEmulator:
         with self._lock:
             self._state.faults.append(Fault(count, status, method, path, retry_after))
 
+    def clear_faults(self) -> None:
+        """Drop every fault :meth:`fail_next` queued that has not fired yet."""
+        with self._lock:
+            self._state.faults.clear()
+
     @property
     def requests(self) -> list[RequestRecord]:
         """Every request received so far, oldest first (a copy)."""
