@@ -120,6 +120,15 @@ PLUGIN_FLAGS: tuple[Flag, ...] = (
         "int",
     ),
     Flag(
+        "--prepare-deadline-seconds",
+        "PREPARE_DEADLINE_SECONDS",
+        40,
+        "Longest a NodePrepareResources may take, in seconds (1-44, below the kubelet's 45 s; a shorter gRPC "
+        "deadline from the kubelet wins). Claims whose ResourceClaim GET has not answered by then get a per-claim "
+        "error.",
+        "int",
+    ),
+    Flag(
         "--http-endpoint",
         "HTTP_ENDPOINT",
         "",
@@ -216,6 +225,7 @@ class PluginConfig:
     mock_profile: str = ""
     pod_uid: str = ""
     healthcheck_port: int = -1
+    prepare_deadline_seconds: int = 40
     http_endpoint: str = ""
     metrics_path: str = "/metrics"
     additional_xids_to_ignore: tuple[int, ...] = ()
@@ -265,6 +275,13 @@ def _xids(text: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+def _deadline(seconds: int) -> int:
+    if not 1 <= seconds <= 44:
+        raise FlagError(f"--prepare-deadline-seconds (env PREPARE_DEADLINE_SECONDS) {seconds} is outside 1-44: the "
+                        "kubelet gives up on NodePrepareResources after 45 s")
+    return seconds
+
+
 def config_from_args(args: argparse.Namespace) -> PluginConfig:
     """Build a :class:`PluginConfig` from a namespace produced by a parser with :func:`add_flags`.
 
@@ -292,6 +309,7 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         mock_profile=args.mock_profile,
         pod_uid=args.pod_uid,
         healthcheck_port=args.healthcheck_port,
+        prepare_deadline_seconds=_deadline(args.prepare_deadline_seconds),
         http_endpoint=args.http_endpoint,
         metrics_path=args.metrics_path,
         additional_xids_to_ignore=_xids(args.additional_xids_to_ignore),

@@ -158,8 +158,9 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
             preparers=(FullGpuPreparer(nodes), StaticMigPreparer(nodes)), sharing=default_steps(),
             select_configs=configs.select_configs,
             spec_edits=lambda: gpu_preparers.spec_edits(nodes, common),
-            metrics=metrics,
+            metrics=metrics, prepare_deadline_s=float(config.prepare_deadline_seconds),
         )
+        life.on_stop("batch runner", runner.close)
         recovery = await assembly.recover(identity, config, connection, runner, problems)
         publisher = assembly.make_publisher(
             identity, config, connection, on_error=lambda exc: metrics.count_publish_error(type(exc).__name__),

@@ -35,8 +35,10 @@ class ClaimPreparer(Protocol):
     Every UID in the input gets an entry in the output; an error for one claim never fails the batch.
     """
 
-    async def prepare_claims(self, claims: Sequence[ClaimRef]) -> Mapping[str, ClaimResult]:
-        """Prepare ``claims``; returns claim UID -> result."""
+    async def prepare_claims(self, claims: Sequence[ClaimRef], *,
+                             deadline_s: float | None = None) -> Mapping[str, ClaimResult]:
+        """Prepare ``claims``; returns claim UID -> result, within ``deadline_s`` seconds (the caller's gRPC
+        deadline, ``None`` when it sent none; the implementation's own default bounds it)."""
         ...
 
     async def unprepare_claims(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:

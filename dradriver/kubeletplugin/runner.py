@@ -71,6 +71,10 @@ SelectConfigs = Callable[[Claim, Mapping[str, Any]], ConfigSelection]
 
 PAYLOAD_VERSION = 1
 
+DEFAULT_PREPARE_DEADLINE_S = 40.0
+"""Default bound of one NodePrepareResources, seconds: the kubelet gives up after 45 s
+(``kubelet-dra-protocol.md``), so the answer must come before."""
+
 
 @dataclass(frozen=True, slots=True)
 class RecoveryReport:
@@ -169,6 +173,8 @@ class BatchRunner:
     :param spec_edits: the spec-level CDI edits (called once per spec written; e.g. control nodes and the
         driver's user space).
     :param apply_workers: worker threads for side-effecting applies of one batch.
+    :param fetch_workers: threads for ResourceClaim GETs (their own pool, see :meth:`prepare_claims`).
+    :param prepare_deadline_s: the longest a NodePrepareResources may take (seconds), below the kubelet's 45 s.
     """
 
     def __init__(
@@ -186,6 +192,8 @@ class BatchRunner:
         spec_edits: Callable[[], cdi.ContainerEdits] = cdi.ContainerEdits,
         metrics: RequestMetrics | None = None,
         apply_workers: int = 8,
+        fetch_workers: int = 16,
+        prepare_deadline_s: float = DEFAULT_PREPARE_DEADLINE_S,
     ) -> None:
         kinds = [p.kind for p in preparers] + [s.kind for s in sharing]
         if len(set(kinds)) != len(kinds):
@@ -205,6 +213,12 @@ class BatchRunner:
         self.spec_edits = spec_edits
         self.metrics = metrics
         self.apply_workers = apply_workers
+        self.prepare_deadline_s = prepare_deadline_s
+        self.deadline_margin_s = min(2.0, prepare_deadline_s / 4)
+        # Claim GETs on their own bounded pool: hung GETs never delay an unprepare, which needs no API call and
+        # runs (like the prepare phases) on the work pool.
+        self._fetch_pool = concurrent.futures.ThreadPoolExecutor(fetch_workers, thread_name_prefix="claim-fetch")
+        self._work_pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="claim-work")
         self._lock = threading.Lock()  # in-process serialisation; ClaimState adds the node-wide flock
         self._seq = itertools.count(1)
         self._unprepared_at: dict[str, int] = {}
@@ -230,13 +244,33 @@ class BatchRunner:
         return "unknown" if preparer is None else preparer.kind
 
     # ---------------------------------------------------------------------------------- prepare
-    async def prepare_claims(self, claims: Sequence[ClaimRef]) -> Mapping[str, ClaimResult]:
-        """Prepare a batch; every UID gets a result (see the module docstring)."""
+    async def prepare_claims(self, claims: Sequence[ClaimRef], *,
+                             deadline_s: float | None = None) -> Mapping[str, ClaimResult]:
+        """Prepare a batch; every UID gets a result (see the module docstring), within the deadline.
+
+        :param deadline_s: seconds left of the kubelet's gRPC deadline; the answer comes before
+            ``min(deadline_s, prepare_deadline_s)``. A claim whose ResourceClaim GET has not finished by then
+            (a hung API server) gets a per-claim error and nothing is prepared for it; the kubelet retries.
+        """
         started = next(self._seq)
         began = time.monotonic()
+        budget = self.prepare_deadline_s if deadline_s is None else min(deadline_s, self.prepare_deadline_s)
+        fetch_budget = max(0.0, budget - self.deadline_margin_s)
+        loop = asyncio.get_running_loop()
         with self.metrics.in_flight("prepare") if self.metrics else contextlib.nullcontext():
-            fetched = await asyncio.gather(*(asyncio.to_thread(self._fetch, ref) for ref in claims))
-            results = await asyncio.to_thread(self._prepare_all, list(zip(claims, fetched, strict=True)), started)
+            futures = [loop.run_in_executor(self._fetch_pool, self._fetch, ref) for ref in claims]
+            if futures:
+                await asyncio.wait(futures, timeout=fetch_budget)
+            fetched: list[Claim | str] = []
+            for ref, future in zip(claims, futures, strict=True):
+                if future.done():
+                    fetched.append(future.result())
+                else:  # the GET goes on in its thread; its answer is dropped
+                    future.cancel()
+                    fetched.append(f"claim {ref}: the API server did not answer the ResourceClaim GET within "
+                                   f"{fetch_budget:.1f} s; nothing was prepared (the kubelet retries)")
+            items = list(zip(claims, fetched, strict=True))
+            results = await loop.run_in_executor(self._work_pool, self._prepare_all, items, started)
         if self.metrics is not None:
             seconds = time.monotonic() - began
             for res in results.values():
@@ -244,6 +278,11 @@ class BatchRunner:
                 self.metrics.observe_prepare(outcome, seconds, error_type=None if res.ok else "prepare_devices")
         self._changed()
         return results
+
+    def close(self) -> None:
+        """Stop the runner's threads (fetches in flight are abandoned; idempotent)."""
+        self._fetch_pool.shutdown(wait=False, cancel_futures=True)
+        self._work_pool.shutdown(wait=False, cancel_futures=True)
 
     def _changed(self) -> None:
         """After a batch, on the event loop: publish the views :meth:`_refresh_views` computed (no locking)."""
@@ -605,7 +644,8 @@ class BatchRunner:
         """Unprepare a batch from stored state alone; returns UID -> error ("" on success)."""
         began = time.monotonic()
         with self.metrics.in_flight("unprepare") if self.metrics else contextlib.nullcontext():
-            results = await asyncio.to_thread(self._unprepare_all, list(claims))
+            results = await asyncio.get_running_loop().run_in_executor(self._work_pool, self._unprepare_all,
+                                                                       list(claims))
         if self.metrics is not None:
             seconds = time.monotonic() - began
             for error in results.values():

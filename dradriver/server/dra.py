@@ -75,15 +75,26 @@ def _encode_device(pb2: ModuleType, device: Any) -> Any:
     return message
 
 
-async def prepare(pb2: ModuleType, preparer: ClaimPreparer, request: Any) -> Any:
-    """Serve one ``NodePrepareResources`` for the API version whose generated module is ``pb2``."""
+def _time_remaining(context: Any) -> float | None:
+    """Seconds left of the caller's gRPC deadline, or ``None`` when it sent none."""
+    remaining = getattr(context, "time_remaining", None)
+    value = remaining() if callable(remaining) else None
+    return float(value) if isinstance(value, int | float) else None
+
+
+async def prepare(pb2: ModuleType, preparer: ClaimPreparer, request: Any, deadline_s: float | None = None) -> Any:
+    """Serve one ``NodePrepareResources`` for the API version whose generated module is ``pb2``.
+
+    :param deadline_s: seconds left of the kubelet's gRPC deadline (``None``: it sent none); the preparer
+        answers within it.
+    """
     request_id = next(_request_ids)
     refs, errors = decode_claims(request.claims)
     log.debug("request %d: NodePrepareResources %s", request_id, [str(ref) for ref in refs])
     results: Mapping[str, ClaimResult] = {}
     if refs:
         try:
-            results = await preparer.prepare_claims(refs)
+            results = await preparer.prepare_claims(refs, deadline_s=deadline_s)
         except Exception as exc:
             errors.update(_batch_error("NodePrepareResources", refs, exc))
     response = pb2.NodePrepareResourcesResponse()
@@ -157,7 +168,8 @@ class DRAPluginV1Servicer(dra_v1_pb2_grpc.DRAPluginServicer):
     async def NodePrepareResources(
         self, request: dra_v1_pb2.NodePrepareResourcesRequest, context: Any
     ) -> dra_v1_pb2.NodePrepareResourcesResponse:
-        response: dra_v1_pb2.NodePrepareResourcesResponse = await prepare(dra_v1_pb2, self._preparer, request)
+        response: dra_v1_pb2.NodePrepareResourcesResponse = await prepare(dra_v1_pb2, self._preparer, request,
+                                                                          _time_remaining(context))
         return response
 
     async def NodeUnprepareResources(
@@ -182,7 +194,7 @@ class DRAPluginV1Beta1Servicer(dra_v1beta1_pb2_grpc.DRAPluginServicer):
         self, request: dra_v1beta1_pb2.NodePrepareResourcesRequest, context: Any
     ) -> dra_v1beta1_pb2.NodePrepareResourcesResponse:
         response: dra_v1beta1_pb2.NodePrepareResourcesResponse = await prepare(
-            dra_v1beta1_pb2, self._preparer, request
+            dra_v1beta1_pb2, self._preparer, request, _time_remaining(context)
         )
         return response
 

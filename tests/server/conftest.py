@@ -63,7 +63,8 @@ class TablePreparer:
         self.unprepared: list[list[ClaimRef]] = []
         self.started = asyncio.Event()
 
-    async def prepare_claims(self, claims: Sequence[ClaimRef]) -> Mapping[str, ClaimResult]:
+    async def prepare_claims(self, claims: Sequence[ClaimRef], *,
+                             deadline_s: float | None = None) -> Mapping[str, ClaimResult]:
         self.prepared.append(list(claims))
         self.started.set()
         if self.gate is not None:

@@ -147,6 +147,13 @@ class ApiServerEmulator:
         with self._lock:
             self._state.faults.append(Fault(count, status, method, path, retry_after))
 
+    def hang_next(self, count: int = 1, *, seconds: float, method: str | None = None,
+                  path: str | re.Pattern[str] | None = None) -> None:
+        """Serve the next ``count`` matching requests only after ``seconds`` (a hung API server); the server
+        answers other requests meanwhile. Matching as for :meth:`fail_next`."""
+        with self._lock:
+            self._state.faults.append(Fault(count, 0, method, path, None, seconds))
+
     def clear_faults(self) -> None:
         """Drop every fault :meth:`fail_next` queued that has not fired yet."""
         with self._lock:

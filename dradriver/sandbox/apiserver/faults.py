@@ -1,4 +1,5 @@
-"""Injected faults: the next N matching requests are answered with an error status instead of served."""
+"""Injected faults: the next N matching requests are answered with an error status instead of served, or
+served only after a delay (a hung API server)."""
 
 from __future__ import annotations
 
@@ -16,13 +17,15 @@ _MESSAGES = {
 
 @dataclass(slots=True)
 class Fault:
-    """``remaining`` more requests matching ``method`` and ``path`` get ``status``."""
+    """``remaining`` more requests matching ``method`` and ``path`` get ``status`` (0: served normally) after
+    ``delay_s`` seconds."""
 
     remaining: int
     status: int
     method: str | None
     path: str | re.Pattern[str] | None
     retry_after: int | None
+    delay_s: float = 0.0
 
     def matches(self, method: str, path: str) -> bool:
         if self.method is not None and self.method.upper() != method:

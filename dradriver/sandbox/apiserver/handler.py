@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
@@ -87,6 +88,10 @@ def serve_request(state: ServerState, handler: RequestHandler) -> None:
     accept = handler.headers.get("Accept", "")
     with state.storage.lock:
         fault = take_fault(state.faults, method, path)
+    if fault is not None and fault.delay_s > 0:
+        time.sleep(fault.delay_s)  # this request's thread only: the server keeps answering others
+    if fault is not None and fault.status == 0:
+        fault = None
     if fault is not None:
         err = fault.error()
         record(err.code)
