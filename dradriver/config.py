@@ -129,6 +129,15 @@ PLUGIN_FLAGS: tuple[Flag, ...] = (
         "int",
     ),
     Flag(
+        "--stale-claim-grace-seconds",
+        "STALE_CLAIM_GRACE_SECONDS",
+        300,
+        "Unprepare a prepared claim whose ResourceClaim is gone, re-created under another UID or no longer "
+        "allocated to this node once it has stood so for this long (checked at start and every minute); 0 "
+        "disables the cleanup.",
+        "int",
+    ),
+    Flag(
         "--http-endpoint",
         "HTTP_ENDPOINT",
         "",
@@ -226,6 +235,7 @@ class PluginConfig:
     pod_uid: str = ""
     healthcheck_port: int = -1
     prepare_deadline_seconds: int = 40
+    stale_claim_grace_seconds: int = 300
     http_endpoint: str = ""
     metrics_path: str = "/metrics"
     additional_xids_to_ignore: tuple[int, ...] = ()
@@ -275,6 +285,12 @@ def _xids(text: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+def _non_negative(what: str, value: int) -> int:
+    if value < 0:
+        raise FlagError(f"{what} {value} must not be negative")
+    return value
+
+
 def _deadline(seconds: int) -> int:
     if not 1 <= seconds <= 44:
         raise FlagError(f"--prepare-deadline-seconds (env PREPARE_DEADLINE_SECONDS) {seconds} is outside 1-44: the "
@@ -310,6 +326,8 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         pod_uid=args.pod_uid,
         healthcheck_port=args.healthcheck_port,
         prepare_deadline_seconds=_deadline(args.prepare_deadline_seconds),
+        stale_claim_grace_seconds=_non_negative("--stale-claim-grace-seconds (env STALE_CLAIM_GRACE_SECONDS)",
+                                                args.stale_claim_grace_seconds),
         http_endpoint=args.http_endpoint,
         metrics_path=args.metrics_path,
         additional_xids_to_ignore=_xids(args.additional_xids_to_ignore),

@@ -28,6 +28,7 @@ from dradriver.kube import errors as kube_errors
 from dradriver.kube import events, nodes
 from dradriver.kube.resourceslices import PublishResult, SlicePublisher
 from dradriver.kubeletplugin.lifecycle import Lifecycle
+from dradriver.kubeletplugin.reconcile import Cleanup, StaleClaimReconciler
 from dradriver.kubeletplugin.runner import BatchRunner, RecoveryReport
 from dradriver.server import Servers, start_servers
 from dradriver.server.healthstream import HealthSource
@@ -54,6 +55,7 @@ class KubeletPlugin:
     publisher: SlicePublisher
     servers: Servers
     desired: Callable[[], list[dict[str, Any]]] = field(default=lambda: [])
+    reconciler: StaleClaimReconciler | None = None
     _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
 
     def desired_slices(self) -> list[dict[str, Any]]:
@@ -224,3 +226,40 @@ async def run_publisher(lifecycle: Lifecycle, publisher: SlicePublisher) -> asyn
             await cancel_tasks([task])
 
     return await lifecycle.step("ResourceSlice publisher", start, stop)
+
+
+def _reason_label(reason: str) -> str:
+    word = reason.split(":", 1)[0].split(" ", 1)[0]
+    return {"gone": "gone", "replaced": "replaced"}.get(word, "unallocated")
+
+
+async def run_stale_claim_cleanup(lifecycle: Lifecycle, identity: DriverIdentity, config: PluginConfig,
+                                  connection: Connection, runner: BatchRunner, *,
+                                  count: Callable[[str], None] | None = None) -> StaleClaimReconciler | None:
+    """Start step: the stale-claim cleanup (``--stale-claim-grace-seconds``; 0 disables it), which logs, counts
+    and writes a ``StaleClaimUnprepared`` Warning Event for each claim it unprepares."""
+    if config.stale_claim_grace_seconds <= 0:
+        return None
+
+    def standing(ref: ClaimRef) -> str:
+        return kube_claims.claim_standing(connection.client, ref, driver=identity.driver_name,
+                                          pool=config.node_name)
+
+    def cleaned(cleanup: Cleanup) -> None:
+        if count is not None and not cleanup.error:
+            count(_reason_label(cleanup.reason))
+        outcome = "unprepared" if not cleanup.error else f"unprepare failed ({cleanup.error})"
+        report_event(identity, connection.client, config, connection.node_uid, "StaleClaimUnprepared",
+                     f"claim {cleanup.ref}: {cleanup.reason}; {outcome}")
+
+    reconciler = StaleClaimReconciler(runner, standing, grace_s=float(config.stale_claim_grace_seconds),
+                                      period_s=min(60.0, max(1.0, config.stale_claim_grace_seconds / 2)),
+                                      on_cleanup=cleaned)
+
+    def start() -> asyncio.Task[Any]:
+        task = asyncio.create_task(reconciler.run(), name="stale-claim-cleanup")
+        task.add_done_callback(report_task_end)
+        return task
+
+    await lifecycle.step("stale-claim cleanup", start, lambda task: cancel_tasks([task]))
+    return reconciler

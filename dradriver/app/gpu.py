@@ -207,6 +207,8 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
         registry.subscribe(lambda _inventory: plugin.republish())
         await assembly.run_publisher(life, publisher)
         plugin.republish()
+        plugin.reconciler = await assembly.run_stale_claim_cleanup(life, identity, config, connection, runner,
+                                                                   count=metrics.count_stale_claim)
     except BaseException:
         await life.stop(1.0)
         raise

@@ -135,6 +135,10 @@ class DriverMetrics:
             "nvidia_dra_node_unprepare_errors", "Failed unprepare operations by stage.", ("driver", "error_type"),
             registry=r,
         )  # fmt: skip
+        self.stale_claims = Counter(
+            "dradriver_stale_claims_unprepared", "Prepared claims unprepared by the stale-claim cleanup.",
+            ("driver", "reason"), registry=r,
+        )  # fmt: skip
         self.claim_requests = Counter(
             "dradriver_claim_requests", "Per-claim prepare/unprepare operations by outcome.",
             ("driver", "operation", "outcome"), registry=r,
@@ -229,6 +233,10 @@ class DriverMetrics:
         self.store_operations.labels(self.driver, operation, outcome).inc()
         if seconds is not None:
             self.store_duration.labels(self.driver, operation).observe(seconds)
+
+    def count_stale_claim(self, reason: str) -> None:
+        """The stale-claim cleanup unprepared a claim (``reason``: ``gone``, ``replaced``, ``unallocated``)."""
+        self.stale_claims.labels(self.driver, reason).inc()
 
     def observe_publish(self) -> None:
         """A ResourceSlice sync wrote to the API server."""

@@ -34,3 +34,24 @@ def fetch_claim(client: KubeClient, ref: domain_claims.ClaimRef, *, driver: str,
     except errors.KubeNotFoundError as exc:
         raise domain_claims.ClaimError(ref, "ResourceClaim not found in the API server (deleted?)") from exc
     return domain_claims.claim_from_object(obj, ref, driver=driver, pool=pool)
+
+
+def claim_standing(client: KubeClient, ref: domain_claims.ClaimRef, *, driver: str, pool: str) -> str:
+    """Whether a prepared claim still stands: ``""`` when its ResourceClaim exists with the same UID and its
+    allocation still has devices of ``driver`` in ``pool``; otherwise why not (``gone``, ``replaced by UID <uid>``,
+    ``no longer allocated to this node``).
+
+    :raises errors.KubeAPIError: the API server could not be asked (the caller decides nothing then).
+    """
+    try:
+        obj = get_resource_claim(client, ref.namespace, ref.name)
+    except errors.KubeNotFoundError:
+        return "gone: the ResourceClaim no longer exists"
+    uid = str((obj.get("metadata") or {}).get("uid", ""))
+    if uid != ref.uid:
+        return f"replaced: the ResourceClaim {ref.namespace}/{ref.name} now has UID {uid or '<none>'}"
+    try:
+        domain_claims.claim_from_object(obj, ref, driver=driver, pool=pool)
+    except domain_claims.ClaimError as exc:
+        return f"no longer allocated to this node ({exc.cause})"
+    return ""

@@ -29,6 +29,7 @@ def _exposed(mock_node: Any, services: Services) -> tuple[set[str], set[str]]:
     metrics = DriverMetrics(node="node-a")
     metrics.attach_devices(service)
     metrics.count_publish_error("Conflict")
+    metrics.count_stale_claim("gone")
     metrics.count_nvml_error(15)
     metrics.observe_claim_store("append", "success", 0.001)
     metrics.observe_prepare("success", 0.1)
