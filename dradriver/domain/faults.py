@@ -4,16 +4,35 @@ Facts (reference ``nvidia-dra-driver.md`` 6.1, ``kubelet-dra-protocol.md`` 3 and
 
 * Application-level Xids that do not make a device unhealthy, by default 13, 31, 43, 45, 68 and 109
   (NVIDIA's driver), extended by ``--additional-xids-to-ignore``.
-* Taint keys ``gpu.nvidia.com/xid`` (value: the decimal Xid) and ``gpu.nvidia.com/gpu-lost``; effect
-  ``NoSchedule`` for faults, ``None`` for informational Xids (``None`` is a valid DeviceTaint effect from
-  Kubernetes 1.35; on older API servers informational taints are left out).
+* Effect ``NoSchedule`` for faults, ``None`` for informational ones (``None`` is a valid DeviceTaint effect
+  from Kubernetes 1.35; on older API servers informational taints are left out).
 * A fault scoped to a MIG device (an event carrying a GPU instance and compute instance ID) affects that MIG
-  device; a GPU-wide fault (no MIG scope, or one that needs a GPU reset) affects the GPU and every MIG
-  device on it.
+  device; a GPU-wide fault (no MIG scope, or an Xid whose recovery action is a GPU reset,
+  :data:`GPU_RESET_XIDS`) affects the GPU and every MIG device on it: resetting the GPU ends them all.
 
-Unlike NVIDIA's driver, taints are removed again: a device becomes healthy when NVML shows recovery (the
-GPU answers and reports no pending retirement or remap failure) and no new fault arrived during the quiet
-period. Pure logic: the caller supplies the time (seconds, any monotonic clock).
+Taint keys: one taint per health class and device, ``<domain>/<class>`` with the domain of the driver's
+identity (``gpu.nvidia.com``). A new fault replaces the taint of its own class only, and only with one at
+least as severe (effect first, then a GPU-reset Xid over another fatal Xid), so an informational Xid after a
+fatal one never hides it:
+
+* ``gpu.nvidia.com/xid``, NoSchedule: fatal and GPU-reset Xids (NVIDIA's key; value: the decimal Xid);
+* ``gpu.nvidia.com/xid-informational``, None: ignored (application) Xids (value: the decimal Xid; only
+  published from Kubernetes 1.35, and never touches the fatal class);
+* ``gpu.nvidia.com/gpu-lost``, NoSchedule: fallen off the bus / GPU_IS_LOST (NVIDIA's key);
+* ``gpu.nvidia.com/unmonitored``, None: NVML events cannot be registered (NVIDIA's key);
+* ``gpu.nvidia.com/ecc-dbe``, NoSchedule: rising volatile double-bit ECC count;
+* ``gpu.nvidia.com/retired-pages-pending`` and ``gpu.nvidia.com/row-remap-failure``, NoSchedule: memory
+  that needs a reset or failed remapping;
+* ``gpu.nvidia.com/fabric-unhealthy``, NoSchedule: NVLink fabric health summary unhealthy.
+
+NVIDIA's driver keeps informational Xids on ``gpu.nvidia.com/xid`` too, where a later one overwrites a
+fatal taint; here they have their own key. The device's health (health stream, message) follows its most
+severe taint.
+
+Unlike NVIDIA's driver, taints are removed again, each class on its own clock: a fault class clears when NVML
+shows recovery (the GPU answers and reports no pending retirement or remap failure) and no new fault of that
+class arrived during the quiet period; an informational class clears once it has been quiet that long.
+Pure logic: the caller supplies the time (seconds, any monotonic clock).
 """
 
 from __future__ import annotations
@@ -36,6 +55,14 @@ TAINT_DOMAIN = GPU_DRIVER.taint_domain
 
 INFORMATIONAL_KINDS = frozenset({"unmonitored"})
 """Fault kinds (``FaultKind`` values) that only ever produce an effect-``None`` taint."""
+
+GPU_RESET_XIDS: frozenset[int] = frozenset({48, 64, 74, 79, 95, 119, 120, 140})
+"""Xids whose recovery action is a GPU reset (NVIDIA's Xid catalogue, immediate action ``RESET_GPU``:
+double-bit ECC 48, row-remap/page-retirement failure 64, NVLink 74, fallen off the bus 79, uncontained ECC
+95, GSP RPC timeout 119 and GSP error 120, unrecovered ECC 140): GPU-wide even when MIG scoped."""
+
+XID_INFORMATIONAL = "xid-informational"
+"""Name part of the informational-Xid taint key (``gpu.nvidia.com/xid-informational``)."""
 
 PERSISTENT_KINDS = frozenset({"unmonitored"})
 """Fault kinds whose taint stays until :meth:`HealthTracker.clear` removes it (no recovery by quiet period)."""
@@ -137,7 +164,23 @@ class DeviceHealth:
     last_change: float = 0.0
     recovered: bool = True
     last_event: float = 0.0
-    """Time of the newest recorded event of any effect (the quiet period also runs from it)."""
+    """Time of the newest recorded event of any effect."""
+    since: dict[str, float] = field(default_factory=dict)
+    """Taint key -> time of the newest event of that class (its quiet period runs from it)."""
+    messages: dict[str, str] = field(default_factory=dict)
+    """Taint key -> description of the event behind that taint."""
+
+    def worst(self) -> DeviceTaint | None:
+        """The most severe taint (newest among equals), or ``None``."""
+        if not self.taints:
+            return None
+        return max(self.taints.values(), key=lambda t: (severity(t), self.since.get(t.key, 0.0)))
+
+    def refresh_message(self) -> None:
+        """``message`` follows the most severe taint."""
+        worst = self.worst()
+        if worst is not None:
+            self.message = self.messages.get(worst.key, self.message)
 
     @property
     def healthy(self) -> bool:
@@ -145,17 +188,30 @@ class DeviceHealth:
         return all(t.effect is Effect.NONE for t in self.taints.values())
 
 
+_EFFECT_RANK = {Effect.NONE: 0, Effect.NO_SCHEDULE: 1, Effect.NO_EXECUTE: 2}
+
+
+def severity(taint: DeviceTaint, reset_xids: Iterable[int] = GPU_RESET_XIDS) -> tuple[int, int]:
+    """Order of taints: effect first, then a GPU-reset Xid above any other Xid of the same effect."""
+    reset = taint.key.rsplit("/", 1)[-1] == FaultKind.XID.value and taint.value.isdigit() and (
+        int(taint.value) in set(reset_xids)
+    )
+    return _EFFECT_RANK[taint.effect], int(reset)
+
+
 def classify(event: HealthEvent, ignored_xids: Iterable[int] = DEFAULT_IGNORED_XIDS, *,
              taint_domain: str = TAINT_DOMAIN) -> DeviceTaint:
-    """The taint an event produces: informational Xids get effect ``None``, every other fault NoSchedule.
+    """The taint an event produces: informational Xids get effect ``None`` on their own key
+    (``<domain>/xid-informational``), every other fault NoSchedule on its class's key.
 
     :param taint_domain: the plugin's taint-key domain (keys ``<domain>/xid``, ``<domain>/gpu-lost``, ...).
     """
     key = f"{taint_domain}/{event.kind.value}"
     if event.kind is FaultKind.XID:
         xid = event.xid if event.xid is not None else 0
-        effect = Effect.NONE if xid in set(ignored_xids) else Effect.NO_SCHEDULE
-        return DeviceTaint(key, str(xid), effect)
+        if xid in set(ignored_xids):
+            return DeviceTaint(f"{taint_domain}/{XID_INFORMATIONAL}", str(xid), Effect.NONE)
+        return DeviceTaint(key, str(xid), Effect.NO_SCHEDULE)
     if event.kind.value in INFORMATIONAL_KINDS:
         return DeviceTaint(key, "", Effect.NONE)
     return DeviceTaint(key, "", Effect.NO_SCHEDULE)
@@ -185,6 +241,7 @@ class HealthTracker:
     :param quiet_period_s: seconds without a new fault, after NVML shows recovery, before taints go.
     :param informational_taints: publish effect-``None`` taints (Kubernetes >= 1.35); when false, an
         informational Xid changes nothing.
+    :param reset_xids: Xids that need a GPU reset: GPU-wide even when the event is MIG scoped.
     """
 
     def __init__(
@@ -195,8 +252,10 @@ class HealthTracker:
         quiet_period_s: float = 60.0,
         informational_taints: bool = True,
         taint_domain: str = TAINT_DOMAIN,
+        reset_xids: Iterable[int] = GPU_RESET_XIDS,
     ) -> None:
         self.ignored_xids = frozenset(ignored_xids)
+        self.reset_xids = frozenset(reset_xids)
         self.quiet_period_s = quiet_period_s
         self.informational_taints = informational_taints
         self.taint_domain = taint_domain
@@ -215,10 +274,19 @@ class HealthTracker:
             by_gpu.setdefault(gpu_uuid, []).append(dev)
         self._devices, self._by_gpu = devices, by_gpu
 
+    def needs_gpu_reset(self, event: HealthEvent) -> bool:
+        """A fatal Xid whose recovery action is a GPU reset (it ends every MIG device of the GPU)."""
+        return (
+            event.kind is FaultKind.XID
+            and event.xid in self.reset_xids
+            and event.xid not in self.ignored_xids
+        )
+
     def devices_for(self, event: HealthEvent) -> list[str]:
-        """Names of the published devices an event affects (empty for an unknown GPU)."""
+        """Names of the published devices an event affects (empty for an unknown GPU): the MIG device of a
+        MIG-scoped event, else (unscoped, or a GPU-reset Xid) every device of the GPU."""
         devices = self._by_gpu.get(event.gpu_uuid, [])
-        if event.mig_scoped:
+        if event.mig_scoped and not self.needs_gpu_reset(event):
             return [
                 d.name
                 for d in devices
@@ -238,11 +306,17 @@ class HealthTracker:
                 state.last_fault = event.time
                 state.recovered = False
             state.last_event = max(state.last_event, event.time)
-            if state.taints.get(taint.key) != taint:
-                state.taints[taint.key] = taint
-                state.message = describe(event)
-                state.last_change = event.time
-                changed.add(name)
+            state.since[taint.key] = max(state.since.get(taint.key, 0.0), event.time)
+            current = state.taints.get(taint.key)
+            if current == taint:
+                continue
+            if current is not None and severity(current, self.reset_xids) > severity(taint, self.reset_xids):
+                continue  # the class keeps its more severe taint (the event still restarts its quiet period)
+            state.taints[taint.key] = taint
+            state.messages[taint.key] = describe(event)
+            state.refresh_message()
+            state.last_change = event.time
+            changed.add(name)
         return changed
 
     def observe_recovery(self, gpu_uuid: str, now: float, *, observed_at: float | None = None) -> set[str]:
@@ -265,21 +339,33 @@ class HealthTracker:
         for dev in self._by_gpu.get(gpu_uuid, []):
             state = self._devices[dev.name]
             if state.taints.pop(key, None) is not None:
+                state.since.pop(key, None)
+                state.messages.pop(key, None)
                 state.message = "" if not state.taints else state.message
+                state.refresh_message()
                 state.last_change = now
                 changed.add(dev.name)
         return changed
 
     def tick(self, now: float) -> set[str]:
-        """Clear taints of recovered devices whose quiet period is over; returns the changed names."""
+        """Clear taint classes whose quiet period is over (fault classes only once NVML showed recovery);
+        returns the changed names."""
         changed: set[str] = set()
         for state in self._devices.values():
-            clearable = [k for k in state.taints if k.rsplit("/", 1)[-1] not in PERSISTENT_KINDS]
-            quiet_since = max(state.last_fault, state.last_event)
-            if clearable and state.recovered and now - quiet_since >= self.quiet_period_s:
+            clearable = [
+                key
+                for key, taint in state.taints.items()
+                if key.rsplit("/", 1)[-1] not in PERSISTENT_KINDS
+                and (state.recovered or taint.effect is Effect.NONE)
+                and now - state.since.get(key, max(state.last_fault, state.last_event)) >= self.quiet_period_s
+            ]
+            if clearable:
                 for key in clearable:
                     del state.taints[key]
+                    state.since.pop(key, None)
+                    state.messages.pop(key, None)
                 state.message = "recovered"
+                state.refresh_message()
                 state.last_change = now
                 changed.add(state.name)
         return changed

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from dradriver.domain.devices import DriverVersions, GpuDevice, MigDevice, NodeInventory
 from dradriver.domain.faults import (
     DEFAULT_IGNORED_XIDS,
+    GPU_RESET_XIDS,
     NO_MIG_SCOPE,
     Effect,
     FaultKind,
@@ -110,3 +113,77 @@ def test_classify_and_repeat_event_is_not_a_change() -> None:
     assert tracker.record(HealthEvent(uuid, FaultKind.XID, time=1.0, xid=48)) == {"gpu-0"}
     assert tracker.record(HealthEvent(uuid, FaultKind.XID, time=2.0, xid=48)) == set()
     assert tracker.record(HealthEvent("GPU-unknown", FaultKind.XID, time=2.0, xid=48)) == set()
+
+
+# -- one taint per health class ---------------------------------------------------------------------------
+
+FATAL_79 = {"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}
+INFO_13 = {"key": "gpu.nvidia.com/xid-informational", "value": "13", "effect": "None"}
+
+
+@pytest.mark.parametrize("informational_taints", [False, True], ids=["k8s-1.34", "k8s-1.35"])
+def test_informational_xid_after_fatal_one_keeps_the_fatal_taint(informational_taints: bool) -> None:
+    inv = _inventory()
+    tracker = HealthTracker(inv, quiet_period_s=60.0, informational_taints=informational_taints)
+    uuid = inv.gpus[0].uuid
+    tracker.record(HealthEvent(uuid, FaultKind.XID, time=10.0, xid=79))
+    tracker.record(HealthEvent(uuid, FaultKind.XID, time=11.0, xid=13))
+    expected = [FATAL_79, INFO_13] if informational_taints else [FATAL_79]
+    assert tracker.taints() == {"gpu-0": expected}
+    state = tracker.states()["gpu-0"]
+    assert not state.healthy
+    assert "Xid 79" in state.message  # the most severe taint speaks for the device
+    # A later informational Xid neither replaces nor clears the fatal one, and its own quiet period does
+    # not clear it either: NVML has not shown recovery.
+    tracker.record(HealthEvent(uuid, FaultKind.XID, time=50.0, xid=31))
+    tracker.tick(500.0)
+    assert tracker.taints() == {"gpu-0": [FATAL_79]}
+    assert "Xid 79" in tracker.states()["gpu-0"].message
+
+
+@pytest.mark.parametrize("informational_taints", [False, True], ids=["k8s-1.34", "k8s-1.35"])
+def test_recovery_clears_each_class_on_its_own_clock(informational_taints: bool) -> None:
+    inv = _inventory()
+    tracker = HealthTracker(inv, quiet_period_s=60.0, informational_taints=informational_taints)
+    uuid = inv.gpus[0].uuid
+    tracker.record(HealthEvent(uuid, FaultKind.XID, time=10.0, xid=79))
+    tracker.record(HealthEvent(uuid, FaultKind.XID, time=50.0, xid=13))
+    assert tracker.observe_recovery(uuid, now=55.0) == set()
+    # The fatal class has been quiet for 60 s: it goes; the informational one (1.35) stays until its own
+    # quiet period ends.
+    assert tracker.tick(71.0) == {"gpu-0"}
+    assert tracker.taints() == ({"gpu-0": [{**INFO_13}]} if informational_taints else {})
+    assert tracker.states()["gpu-0"].healthy
+    tracker.tick(111.0)
+    assert tracker.taints() == {}
+
+
+def test_more_severe_xid_of_a_class_is_not_replaced_by_a_milder_one() -> None:
+    inv = _inventory()
+    tracker = HealthTracker(inv)
+    uuid = inv.gpus[0].uuid
+    tracker.record(HealthEvent(uuid, FaultKind.XID, time=1.0, xid=95))  # needs a GPU reset
+    assert tracker.record(HealthEvent(uuid, FaultKind.XID, time=2.0, xid=8)) == set()  # restart the app
+    assert tracker.taints() == {"gpu-0": [{"key": "gpu.nvidia.com/xid", "value": "95", "effect": "NoSchedule"}]}
+    assert "Xid 95" in tracker.states()["gpu-0"].message
+
+
+# -- GPU-reset Xids are GPU-wide --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("xid", sorted(GPU_RESET_XIDS))
+def test_mig_scoped_gpu_reset_xid_taints_every_device_of_the_gpu(xid: int) -> None:
+    inv = _inventory()
+    tracker = HealthTracker(inv)
+    g1 = inv.gpus[1]
+    changed = tracker.record(HealthEvent(g1.uuid, FaultKind.XID, time=1.0, xid=xid, gi_id=8, ci_id=0))
+    assert changed == {m.name for m in inv.migs}
+    assert tracker.taints() == {
+        m.name: [{"key": "gpu.nvidia.com/xid", "value": str(xid), "effect": "NoSchedule"}] for m in inv.migs
+    }
+
+
+def test_gpu_reset_xids_include_the_catalogue_reset_xids() -> None:
+    assert {48, 79, 95, 119, 120} <= GPU_RESET_XIDS
+    assert not GPU_RESET_XIDS & DEFAULT_IGNORED_XIDS
+    assert 94 not in GPU_RESET_XIDS  # contained ECC error: restart the application, not the GPU

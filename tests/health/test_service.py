@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from dradriver.domain.devices import MigDevice
+from dradriver.domain.faults import GPU_RESET_XIDS
 from tests.factories import wait_until, write_profile
 
 from .conftest import MockNode, Services, TaintLog
@@ -43,7 +44,7 @@ def test_non_fatal_xid_gives_no_no_schedule_taint(mock_node: Any, services: Serv
     service.start()
     node.xid(3, 13)
     update = log.wait_for(bool, "a taint update")
-    assert update == {"gpu-3": [{"key": "gpu.nvidia.com/xid", "value": "13", "effect": "None"}]}
+    assert update == {"gpu-3": [{"key": "gpu.nvidia.com/xid-informational", "value": "13", "effect": "None"}]}
     assert all(t["effect"] != "NoSchedule" for ts in update.values() for t in ts)
     assert {s.device_name: s.health for s in service.snapshot()}["gpu-3"] == "Healthy"
 
@@ -116,6 +117,9 @@ def test_burst_of_100_events_yields_one_taint_update(mock_node: Any, services: S
     for i in range(100):  # queued in the mock until the monitor registers the GPUs
         gpu, xid = 2 + i % 6, fatal[i % len(fatal)]
         node.xid(gpu, xid)
+        kept = expected.get(f"gpu-{gpu}")
+        if kept and int(kept[0]["value"]) in GPU_RESET_XIDS and xid not in GPU_RESET_XIDS:
+            continue  # the class keeps its GPU-reset Xid over a milder one
         expected[f"gpu-{gpu}"] = [{"key": "gpu.nvidia.com/xid", "value": str(xid), "effect": "NoSchedule"}]
     log = TaintLog()
     service = services(node, log)
@@ -191,3 +195,41 @@ def test_unhealthy_nvlink_fabric_taints_the_gpu_until_it_recovers(mock_node: Any
     node.control("set 1 fabric.healthSummary 1")
     service.poll_now()
     assert log.wait_for(lambda t: t == {}, "the fabric taint to go") == {}
+
+
+@pytest.mark.parametrize("xid", [95, 119])
+def test_mig_scoped_gpu_reset_xid_taints_the_gpu_and_every_mig_device(
+    mock_node: Any, services: Services, xid: int
+) -> None:
+    """Xid 95 (uncontained ECC) and 119 (GSP timeout) need a GPU reset: every device of the GPU goes."""
+    node: MockNode = mock_node("dgx-a100")
+    target = next(m for m in node.inventory.migs if m.parent.index == 0 and m.gi_id == 3)
+    siblings = {m.name for m in node.inventory.migs if m.parent.index == 0} - {target.name}
+    assert siblings  # the profile has more MIG devices on that GPU
+    log = TaintLog()
+    service = services(node, log)
+    service.start()
+    node.xid(0, xid, gi=target.gi_id, ci=target.ci_id)
+    expected = [{"key": "gpu.nvidia.com/xid", "value": str(xid), "effect": "NoSchedule"}]
+    update = log.wait_for(bool, "a taint update")
+    assert update == {name: expected for name in node.names_of(0)}
+    assert {target.name} | siblings <= set(update)
+    health = {s.device_name: s.health for s in service.snapshot()}
+    assert all(health[name] == "Unhealthy" for name in node.names_of(0))
+    assert all(health[name] == "Healthy" for name in health if name not in node.names_of(0))
+    assert service.xid_stats()[target.uuid].last == xid
+
+
+def test_informational_xid_after_fatal_one_keeps_the_fatal_taint(mock_node: Any, services: Services) -> None:
+    node: MockNode = mock_node("dgx-a100")
+    log = TaintLog()
+    service = services(node, log, quiet_period_s=3600.0)
+    service.start()
+    node.xid(2, 79)
+    log.wait_for(bool, "the fatal taint")
+    node.xid(2, 13)
+    informational = {"key": "gpu.nvidia.com/xid-informational", "value": "13", "effect": "None"}
+    log.wait_for(lambda t: informational in t.get("gpu-2", []), "the informational taint")
+    assert service.taints() == {"gpu-2": [*XID_79, informational]}
+    status = {s.device_name: s for s in service.snapshot()}["gpu-2"]
+    assert status.health == "Unhealthy" and "Xid 79" in status.message
