@@ -42,7 +42,6 @@ import itertools
 import json
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -58,6 +57,7 @@ from dradriver.domain.registry import DeviceRegistry
 from dradriver.errors import DradriverError
 from dradriver.host import cdifiles
 from dradriver.host.claimstate import ClaimConflictError, ClaimPhase, ClaimRecord, ClaimState, HeldDevice
+from dradriver.kubeletplugin.fairlock import FairLock
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +175,9 @@ class BatchRunner:
     :param apply_workers: worker threads for side-effecting applies of one batch.
     :param fetch_workers: threads for ResourceClaim GETs (their own pool, see :meth:`prepare_claims`).
     :param prepare_deadline_s: the longest a NodePrepareResources may take (seconds), below the kubelet's 45 s.
+    :param chunk_size: claims of a batch prepared or unprepared per turn of the lock (each chunk has its own group
+        commits); a batch submits at most half the fetch workers' GETs at a time, so another batch's GETs and
+        chunks interleave with it instead of queueing behind it.
     """
 
     def __init__(
@@ -194,6 +197,7 @@ class BatchRunner:
         apply_workers: int = 8,
         fetch_workers: int = 16,
         prepare_deadline_s: float = DEFAULT_PREPARE_DEADLINE_S,
+        chunk_size: int = 128,
     ) -> None:
         kinds = [p.kind for p in preparers] + [s.kind for s in sharing]
         if len(set(kinds)) != len(kinds):
@@ -218,8 +222,12 @@ class BatchRunner:
         # Claim GETs on their own bounded pool: hung GETs never delay an unprepare, which needs no API call and
         # runs (like the prepare phases) on the work pool.
         self._fetch_pool = concurrent.futures.ThreadPoolExecutor(fetch_workers, thread_name_prefix="claim-fetch")
+        self._fetch_share = max(1, fetch_workers // 2)
         self._work_pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="claim-work")
-        self._lock = threading.Lock()  # in-process serialisation; ClaimState adds the node-wide flock
+        # In-process serialisation, first come first served, taken per chunk of a batch so that a small batch
+        # never waits for a large one to finish; ClaimState adds the node-wide flock.
+        self._lock = FairLock()
+        self.chunk_size = chunk_size
         self._seq = itertools.count(1)
         self._unprepared_at: dict[str, int] = {}
         self.preparations = 0  # claims actually prepared (not answered from state); for tests and metrics
@@ -258,7 +266,13 @@ class BatchRunner:
         fetch_budget = max(0.0, budget - self.deadline_margin_s)
         loop = asyncio.get_running_loop()
         with self.metrics.in_flight("prepare") if self.metrics else contextlib.nullcontext():
-            futures = [loop.run_in_executor(self._fetch_pool, self._fetch, ref) for ref in claims]
+            share = asyncio.Semaphore(self._fetch_share)
+
+            async def fetch(ref: ClaimRef) -> Claim | str:
+                async with share:
+                    return await loop.run_in_executor(self._fetch_pool, self._fetch, ref)
+
+            futures = [asyncio.ensure_future(fetch(ref)) for ref in claims]
             if futures:
                 await asyncio.wait(futures, timeout=fetch_budget)
             fetched: list[Claim | str] = []
@@ -313,7 +327,14 @@ class BatchRunner:
             return f"claim {ref}: cannot read the ResourceClaim: {exc}"
 
     def _prepare_all(self, items: list[tuple[ClaimRef, Claim | str]], started: int) -> dict[str, ClaimResult]:
-        """Prepare a batch in phases, so its durability costs O(1) syncs of the claim state.
+        """Prepare a batch chunk by chunk (:meth:`_prepare_chunk`), taking the lock per chunk."""
+        out: dict[str, ClaimResult] = {}
+        for i in range(0, len(items), self.chunk_size):
+            out.update(self._prepare_chunk(items[i:i + self.chunk_size], started))
+        return out
+
+    def _prepare_chunk(self, items: list[tuple[ClaimRef, Claim | str]], started: int) -> dict[str, ClaimResult]:
+        """Prepare a chunk in phases, so its durability costs O(1) syncs of the claim state.
 
         1. under one group commit: check and plan every claim, record the valid ones PREPARE_STARTED (one sync);
         2. apply the plans (side effects; concurrently per claim); under one group commit, store the undo
@@ -655,6 +676,13 @@ class BatchRunner:
         return results
 
     def _unprepare_all(self, claims: list[ClaimRef]) -> dict[str, str]:
+        """Unprepare a batch chunk by chunk (:meth:`_unprepare_chunk`), taking the lock per chunk."""
+        out: dict[str, str] = {}
+        for i in range(0, len(claims), self.chunk_size):
+            out.update(self._unprepare_chunk(claims[i:i + self.chunk_size]))
+        return out
+
+    def _unprepare_chunk(self, claims: list[ClaimRef]) -> dict[str, str]:
         """Delete each claim's CDI spec, undo its records, then forget the batch's claims under one group commit.
 
         Specs go first, so a crash never leaves a spec without a claim; a claim whose spec is gone but whose

@@ -325,3 +325,35 @@ def test_missing_or_invalid_specs_of_completed_claims_are_rebuilt(node: Node) ->
     assert sorted(report.rebuilt_specs) == sorted([refs[1].uid, refs[2].uid])
     names = [d["name"] for d in json.loads(node.spec(refs[2].uid).read_bytes())["devices"]]
     assert names == [f"{refs[2].uid}-a2"] and node.spec(refs[1].uid).exists()
+
+
+def test_a_one_claim_prepare_is_not_held_behind_a_large_batch(tmp_path: Path) -> None:
+    n = Node(tmp_path, FakePreparer("alpha"), FakePreparer("beta"))
+    n.runner.chunk_size = 16
+    try:
+        big = [n.add(Claim(ClaimRef("team-a", f"big-{i}", f"u-big-{i}"),
+                           (AllocationResult("req", IDENTITY.driver_name, POOL, "a0", admin_access=True),)))
+               for i in range(1500)]
+        small = n.add(_claim("u-small", "b0"))
+
+        async def body() -> None:
+            batch = asyncio.create_task(n.runner.prepare_claims(big))
+            while len(n.state) == 0:  # the large batch is under way
+                await asyncio.sleep(0.005)
+            answer = await n.runner.prepare_claims([small])
+            assert answer[small.uid].error == ""
+            assert not batch.done()  # answered between two chunks of the large batch
+            answers = await batch
+            assert all(a.error == "" for a in answers.values()) and len(n.state) == 1501
+            unprepare = asyncio.create_task(n.runner.unprepare_claims(big))
+            while len(n.state) == 1501:
+                await asyncio.sleep(0.005)
+            assert await n.runner.unprepare_claims([small]) == {small.uid: ""}
+            assert not unprepare.done()
+            await unprepare
+            assert len(n.state) == 0
+
+        asyncio.run(body())
+    finally:
+        n.runner.close()
+        n.state.close()
