@@ -28,6 +28,7 @@ from typing import Any
 
 import kubernetes
 import urllib3
+import yaml
 
 from dradriver.kube import errors
 
@@ -185,7 +186,8 @@ def open_client(kubeconfig: str = "", *, user_agent: str = "dradriver", connect_
 
     :param user_agent: the ``User-Agent`` header (a plugin passes its identity's, e.g. ``dradriver/<driver>``).
 
-    :raises errors.KubeAPIError: the configuration cannot be loaded (missing file, not in a cluster).
+    :raises errors.KubeAPIError: the configuration cannot be loaded (missing file, invalid YAML, not a
+        kubeconfig, not in a cluster); the message is one line naming the file.
     """
     cfg = kubernetes.client.Configuration()
     try:
@@ -194,9 +196,14 @@ def open_client(kubeconfig: str = "", *, user_agent: str = "dradriver", connect_
                                                persist_config=False)
         else:
             kubernetes.config.load_incluster_config(client_configuration=cfg)
-    except (kubernetes.config.ConfigException, OSError, ValueError, TypeError) as exc:
+    except (kubernetes.config.ConfigException, yaml.YAMLError, OSError, ValueError, TypeError, AttributeError,
+            KeyError, IndexError) as exc:
+        # The library reads the file with yaml.safe_load and then indexes into whatever it got: invalid YAML,
+        # or a document of the wrong shape, ends here as one line (YAML errors span several).
         source = f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster service account"
-        raise errors.KubeAPIError(f"load {source}", reason="ConfigInvalid", message=str(exc)) from exc
+        kind = "invalid YAML: " if isinstance(exc, yaml.YAMLError) else ""
+        message = kind + " ".join(str(exc).split())
+        raise errors.KubeAPIError(f"load {source}", reason="ConfigInvalid", message=message) from exc
     cfg.retries = False
     api_client = kubernetes.client.ApiClient(cfg)
     api_client.user_agent = user_agent
