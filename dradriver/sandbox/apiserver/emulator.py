@@ -147,6 +147,22 @@ class ApiServerEmulator:
         with self._lock:
             self._state.faults.append(Fault(count, status, method, path, retry_after))
 
+    def respond_next(
+        self,
+        body: bytes,
+        count: int = 1,
+        *,
+        status: int = 200,
+        method: str | None = None,
+        path: str | re.Pattern[str] | None = None,
+        content_type: str = "application/json",
+    ) -> None:
+        """Answer the next ``count`` matching requests with ``body`` as is (``method``/``path`` as in
+        :meth:`fail_next`): a raw response the emulator would not produce, e.g. a JSON object nested deeper
+        than it can store or encode."""
+        with self._lock:
+            self._state.faults.append(Fault(count, status, method, path, None, body, content_type))
+
     @property
     def requests(self) -> list[RequestRecord]:
         """Every request received so far, oldest first (a copy)."""

@@ -1,4 +1,5 @@
-"""Injected faults: the next N matching requests are answered with an error status instead of served."""
+"""Injected faults: the next N matching requests are answered with an error status, or a given raw body,
+instead of served."""
 
 from __future__ import annotations
 
@@ -16,13 +17,19 @@ _MESSAGES = {
 
 @dataclass(slots=True)
 class Fault:
-    """``remaining`` more requests matching ``method`` and ``path`` get ``status``."""
+    """``remaining`` more requests matching ``method`` and ``path`` get ``status``.
+
+    :param body: when set, the response body sent as is (with ``content_type``) instead of a ``Status``:
+        bodies the emulator could not produce itself (e.g. an object nested deeper than ``json.dumps`` goes).
+    """
 
     remaining: int
     status: int
     method: str | None
     path: str | re.Pattern[str] | None
     retry_after: int | None
+    body: bytes | None = None
+    content_type: str = "application/json"
 
     def matches(self, method: str, path: str) -> bool:
         if self.method is not None and self.method.upper() != method:

@@ -87,6 +87,10 @@ def serve_request(state: ServerState, handler: RequestHandler) -> None:
     accept = handler.headers.get("Accept", "")
     with state.storage.lock:
         fault = take_fault(state.faults, method, path)
+    if fault is not None and fault.body is not None:
+        record(fault.status)
+        handler.send_body(fault.status, fault.body, fault.content_type)
+        return
     if fault is not None:
         err = fault.error()
         record(err.code)
