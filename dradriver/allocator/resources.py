@@ -31,6 +31,15 @@ def _map(value: Any, where: str) -> dict[str, Any]:
     return value
 
 
+def _bool(value: Any, where: str) -> bool:
+    """A JSON boolean (absent or null: false); a string such as ``"false"`` or a number is an error, not truthy."""
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise InputError(f"{where}: must be a boolean, got {type(value).__name__}")
+    return value
+
+
 def _list(value: Any, where: str) -> list[Any]:
     if value is None:
         return []
@@ -151,7 +160,7 @@ def _node_selection(spec: dict[str, Any], where: str) -> NodeSelection:
     return NodeSelection(
         node_name=str(node_name) if node_name else None,
         node_selector=_map(selector, f"{where}.nodeSelector") if selector is not None else None,
-        all_nodes=bool(spec.get("allNodes")),
+        all_nodes=_bool(spec.get("allNodes"), f"{where}.allNodes"),
     )
 
 
@@ -196,7 +205,7 @@ def parse_slice(obj: dict[str, Any]) -> ResourceSlice:
         cs = _map(counter_set, cs_where)
         counters[str(cs.get("name"))] = _counters(cs.get("counters"), f"{cs_where}.counters")
     devices = []
-    per_device = bool(spec.get("perDeviceNodeSelection"))
+    per_device = _bool(spec.get("perDeviceNodeSelection"), f"{where}.perDeviceNodeSelection")
     for i, raw in enumerate(_list(spec.get("devices"), f"{where}.devices")):
         d_where = f"{where}.devices[{i}]"
         dev = _map(raw, d_where)
@@ -235,7 +244,8 @@ def parse_slice(obj: dict[str, Any]) -> ResourceSlice:
                 consumes_counters=consumes,
                 taints=taints,
                 node_selection=_node_selection(dev, d_where) if per_device else None,
-                allow_multiple_allocations=bool(dev.get("allowMultipleAllocations")),
+                allow_multiple_allocations=_bool(dev.get("allowMultipleAllocations"),
+                                                 f"{d_where}.allowMultipleAllocations"),
                 binding_conditions=[
                     str(c) for c in _list(dev.get("bindingConditions"), f"{d_where}.bindingConditions")
                 ],
@@ -342,7 +352,7 @@ def _exact(name: str, body: dict[str, Any], where: str, allow_admin: bool) -> Re
     count = 1 if count is None else count
     if isinstance(count, bool) or not isinstance(count, int) or count <= 0:
         raise InputError(f"{where}.count: must be a positive integer")
-    admin = bool(body.get("adminAccess"))
+    admin = _bool(body.get("adminAccess"), f"{where}.adminAccess")
     if admin and not allow_admin:
         raise InputError(f"{where}.adminAccess: not allowed in a firstAvailable subrequest")
     raw_tolerations = [_map(t, f"{where}.tolerations") for t in _list(body.get("tolerations"), f"{where}.tolerations")]

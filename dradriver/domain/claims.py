@@ -97,6 +97,45 @@ class ClaimError(DradriverError):
         self.cause = cause
 
 
+def json_type(value: object) -> str:
+    """The JSON type name of a decoded value, for error messages: ``string``, ``number``, ``boolean``, ..."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, Mapping):
+        return "object"
+    return type(value).__name__
+
+
+_TYPE_WORDS: dict[type, str] = {bool: "a boolean", str: "a string", list: "a list", Mapping: "an object"}
+
+
+def _optional(ref: ClaimRef, parent: Mapping[str, Any], key: str, kind: type, where: str, *,
+              allow_null: bool = True) -> Any:
+    """``parent[key]`` if it has JSON type ``kind``, ``None`` when absent (or null where Go reads null as absent).
+
+    :param where: the field path of ``parent`` (``""`` for the top level).
+    :raises ClaimError: ``<where>.<key>: must be a boolean, got string`` and the like; ``bool`` is never an
+        ``int`` here and no value is coerced.
+    """
+    if key not in parent:
+        return None
+    value = parent[key]
+    if value is None and allow_null:
+        return None
+    if isinstance(value, kind):
+        return value
+    path = f"{where}.{key}" if where else key
+    raise ClaimError(ref, f"{path}: must be {_TYPE_WORDS[kind]}, got {json_type(value)}")
+
+
 def base_request_name(request: str) -> str:
     """Strip a ``/<subrequest>`` suffix: containers reference the parent request (``firstAvailable``)."""
     return request.split("/", 1)[0]
@@ -121,65 +160,65 @@ def claim_from_object(obj: Mapping[str, Any], ref: ClaimRef, *, driver: str, poo
     """
     if not isinstance(obj, Mapping):
         raise ClaimError(ref, f"the API returned {type(obj).__name__}, not a ResourceClaim object")
-    metadata = obj.get("metadata")
-    uid = metadata.get("uid", "") if isinstance(metadata, Mapping) else ""
+    metadata = _optional(ref, obj, "metadata", Mapping, "")
+    uid = _optional(ref, metadata, "uid", str, "metadata") if metadata is not None else None
     if uid != ref.uid:
         raise ClaimError(ref, f"metadata.uid is {uid or '<empty>'!r}, kubelet asked for {ref.uid!r}: the claim "
                               "was deleted and re-created")
-    status = obj.get("status")
-    allocation = status.get("allocation") if isinstance(status, Mapping) else None
-    if not isinstance(allocation, Mapping) or not allocation:
+    status = _optional(ref, obj, "status", Mapping, "")
+    allocation = _optional(ref, status, "allocation", Mapping, "status") if status is not None else None
+    if not allocation:
         raise ClaimError(ref, "status.allocation is empty: claim is not allocated")
-    devices = allocation.get("devices") or {}
-    if not isinstance(devices, Mapping):
-        raise ClaimError(ref, "status.allocation.devices is not an object")
-    raw_results = devices.get("results")
-    raw_results = [] if raw_results is None else raw_results
-    if not isinstance(raw_results, list):
-        raise ClaimError(ref, "status.allocation.devices.results is not a list")
+    devices = _optional(ref, allocation, "devices", Mapping, "status.allocation") or {}
+    raw_results = _optional(ref, devices, "results", list, "status.allocation.devices") or []
     results: list[AllocationResult] = []
     our_pools: set[str] = set()
     for i, raw in enumerate(raw_results):
         where = f"status.allocation.devices.results[{i}]"
         if not isinstance(raw, Mapping):
-            raise ClaimError(ref, f"{where} is not an object")
+            raise ClaimError(ref, f"{where}: must be an object, got {json_type(raw)}")
         for key in ("request", "driver", "pool", "device"):
             if not isinstance(raw.get(key), str) or not raw.get(key):
-                raise ClaimError(ref, f"{where}.{key} is missing or not a string")
+                raise ClaimError(ref, f"{where}.{key} is missing or not a string (got {json_type(raw.get(key))})")
+        admin_access = _optional(ref, raw, "adminAccess", bool, where, allow_null=False)
+        share_id = _optional(ref, raw, "shareID", str, where)
         if raw["driver"] != driver:
             continue
         our_pools.add(raw["pool"])
         if raw["pool"] != pool:
             continue
-        share_id = raw.get("shareID")
         results.append(AllocationResult(
             request=raw["request"], driver=raw["driver"], pool=raw["pool"], device=raw["device"],
-            admin_access=bool(raw.get("adminAccess") or False),
-            share_id=share_id if isinstance(share_id, str) and share_id else None,
+            admin_access=admin_access is True, share_id=share_id or None,
         ))
     if not results:
         if our_pools:
             raise ClaimError(ref, f"status.allocation.devices.results has devices of driver {driver} only in "
                                   f"pool(s) {', '.join(sorted(our_pools))}, none in this node's pool {pool!r}")
         raise ClaimError(ref, f"status.allocation.devices.results has no device of driver {driver}")
-    raw_configs = devices.get("config")
-    raw_configs = [] if raw_configs is None else raw_configs
-    if not isinstance(raw_configs, list):
-        raise ClaimError(ref, "status.allocation.devices.config is not a list")
+    raw_configs = _optional(ref, devices, "config", list, "status.allocation.devices") or []
     ours: list[tuple[int, int, dict[str, object]]] = []
     for i, entry in enumerate(raw_configs):
+        where = f"status.allocation.devices.config[{i}]"
         if not isinstance(entry, Mapping):
-            raise ClaimError(ref, f"status.allocation.devices.config[{i}] is not an object")
-        source = entry.get("source")
+            raise ClaimError(ref, f"{where}: must be an object, got {json_type(entry)}")
+        source = _optional(ref, entry, "source", str, where)
         if source not in ("FromClass", "FromClaim"):
-            raise ClaimError(ref, f"status.allocation.devices.config[{i}].source is {source!r}: must be "
-                                  "'FromClass' or 'FromClaim'")
+            raise ClaimError(ref, f"{where}.source is {source!r}: must be 'FromClass' or 'FromClaim'")
         opaque = entry.get("opaque")
         if not isinstance(opaque, Mapping):
-            raise ClaimError(ref, f"status.allocation.devices.config[{i}]: only opaque device configs "
+            raise ClaimError(ref, f"{where}: only opaque device configs "
                                   "(an 'opaque' field) are supported by this driver")
-        if opaque.get("driver") != driver:
+        opaque_driver = _optional(ref, opaque, "driver", str, f"{where}.opaque", allow_null=False)
+        if opaque_driver != driver:
             continue
+        requests = entry.get("requests")
+        if requests is not None:
+            if not isinstance(requests, list):
+                raise ClaimError(ref, f"{where}.requests: must be a list of request names, got {json_type(requests)}")
+            for j, name in enumerate(requests):
+                if not isinstance(name, str):
+                    raise ClaimError(ref, f"{where}.requests[{j}]: must be a string, got {json_type(name)}")
         rank = 0 if source == "FromClass" else 1
         ours.append((rank, i, dict(entry)))
     ours.sort(key=lambda t: (t[0], t[1]))

@@ -4,9 +4,10 @@
 (the DaemonSet case), and returns a :class:`KubeClient`. Every request goes through
 :meth:`KubeClient.call`, which
 
-* asks the client library for the raw response (``_preload_content=False``) and decodes the JSON itself,
-  so callers get the API's field names (``spec.nodeName``) and fields the client's models do not know
-  survive a read;
+* asks the client library for the raw response (``_preload_content=False``) and decodes the JSON itself
+  (:func:`dradriver.kube.jsonbody.decode`: any nesting up to Go's limit, whatever Python's recursion
+  limit), so callers get the API's field names (``spec.nodeName``) and fields the client's models do not
+  know survive a read; a body that cannot be decoded is a ``KubeAPIError`` (``InvalidResponse``);
 * bounds each request by a connect and a read timeout (seconds);
 * retries 429, 5xx and connection failures with exponential backoff and jitter, honouring ``Retry-After``,
   at most :attr:`RetryPolicy.attempts` tries; other errors are raised at once;
@@ -28,8 +29,9 @@ from typing import Any
 
 import kubernetes
 import urllib3
+import yaml
 
-from dradriver.kube import errors
+from dradriver.kube import errors, jsonbody
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +103,7 @@ class KubeClient:
                 response = method(*args, _preload_content=False,
                                   _request_timeout=(self.connect_timeout_s, self.read_timeout_s), **kwargs)
                 data = response.data
-                return json.loads(data) if data else {}
+                return jsonbody.decode(data) if data else {}
             except Exception as exc:  # translated below; nothing from the library escapes
                 err = translate(what, exc)
                 if err is None:
@@ -135,9 +137,9 @@ class KubeClient:
                 while b"\n" in buffer:
                     line, buffer = buffer.split(b"\n", 1)
                     if line.strip():
-                        yield json.loads(line)
+                        yield jsonbody.decode(line)
             if buffer.strip():
-                yield json.loads(buffer)
+                yield jsonbody.decode(buffer)
         except Exception as exc:
             err = translate(what, exc)
             if err is None:
@@ -168,8 +170,10 @@ def translate(what: str, exc: BaseException) -> errors.KubeAPIError | None:
         return errors.error_from_response(what, int(exc.status), exc.body, headers)
     if isinstance(exc, (urllib3.exceptions.HTTPError, OSError)):
         return errors.KubeUnavailableError(what, reason=type(exc).__name__, message=str(exc))
-    if isinstance(exc, json.JSONDecodeError):
+    if isinstance(exc, json.JSONDecodeError | UnicodeDecodeError):
         return errors.KubeAPIError(what, reason="InvalidResponse", message=f"response is not JSON: {exc}")
+    if isinstance(exc, RecursionError):
+        return errors.KubeAPIError(what, reason="InvalidResponse", message=f"response cannot be decoded: {exc}")
     if isinstance(exc, (ValueError, TypeError)):  # pydantic's ValidationError is a ValueError
         return errors.KubeRequestInvalidError(what, reason="RequestRejectedByClient", message=str(exc))
     return None
@@ -185,7 +189,8 @@ def open_client(kubeconfig: str = "", *, user_agent: str = "dradriver", connect_
 
     :param user_agent: the ``User-Agent`` header (a plugin passes its identity's, e.g. ``dradriver/<driver>``).
 
-    :raises errors.KubeAPIError: the configuration cannot be loaded (missing file, not in a cluster).
+    :raises errors.KubeAPIError: the configuration cannot be loaded (missing file, invalid YAML, not a
+        kubeconfig, not in a cluster); the message is one line naming the file.
     """
     cfg = kubernetes.client.Configuration()
     try:
@@ -194,9 +199,14 @@ def open_client(kubeconfig: str = "", *, user_agent: str = "dradriver", connect_
                                                persist_config=False)
         else:
             kubernetes.config.load_incluster_config(client_configuration=cfg)
-    except (kubernetes.config.ConfigException, OSError, ValueError, TypeError) as exc:
+    except (kubernetes.config.ConfigException, yaml.YAMLError, OSError, ValueError, TypeError, AttributeError,
+            KeyError, IndexError) as exc:
+        # The library reads the file with yaml.safe_load and then indexes into whatever it got: invalid YAML,
+        # or a document of the wrong shape, ends here as one line (YAML errors span several).
         source = f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster service account"
-        raise errors.KubeAPIError(f"load {source}", reason="ConfigInvalid", message=str(exc)) from exc
+        kind = "invalid YAML: " if isinstance(exc, yaml.YAMLError) else ""
+        message = kind + " ".join(str(exc).split())
+        raise errors.KubeAPIError(f"load {source}", reason="ConfigInvalid", message=message) from exc
     cfg.retries = False
     api_client = kubernetes.client.ApiClient(cfg)
     api_client.user_agent = user_agent

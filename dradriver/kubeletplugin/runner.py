@@ -325,6 +325,8 @@ class BatchRunner:
             return str(exc)
         except DradriverError as exc:
             return f"claim {ref}: cannot read the ResourceClaim: {exc}"
+        except Exception as exc:  # one claim's problem is that claim's answer (RecursionError included)
+            return _claim_error(ref, exc)
 
     def _prepare_all(self, items: list[tuple[ClaimRef, Claim | str]], started: int) -> dict[str, ClaimResult]:
         """Prepare a batch chunk by chunk (:meth:`_prepare_chunk`), taking the lock per chunk."""

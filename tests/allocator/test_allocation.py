@@ -380,3 +380,13 @@ def test_unknown_device_class_is_named() -> None:
     assert outcome.failures == [
         "cannot allocate claim default/c: request 'gpu' uses device class 'vfio.gpu.nvidia.com', which does not exist"
     ]
+
+
+@pytest.mark.parametrize("value", ["false", "true", 0, 1])
+def test_admin_access_must_be_a_boolean(value: Any) -> None:
+    """``adminAccess: "false"`` in a claim's request is an input error naming the field, never truthy."""
+    from dradriver.allocator.resources import InputError
+
+    bad = claim("monitor", request("gpu", adminAccess=value))
+    with pytest.raises(InputError, match=r"requests\[0\]\.exactly\.adminAccess: must be a boolean, got (str|int)"):
+        simulate(load([*fixture("h100"), bad]))

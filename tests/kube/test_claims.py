@@ -105,8 +105,9 @@ def test_transient_api_failure_is_retried(client: KubeClient, api: ApiServerEmul
 @pytest.mark.parametrize(("status", "field"), [
     ({"allocation": {"devices": {"results": [{"driver": DRIVER, "pool": NODE, "device": "gpu-0"}]}}},
      "status.allocation.devices.results[0].request is missing"),
-    ({"allocation": {"devices": {"results": ["gpu-0"]}}}, "status.allocation.devices.results[0] is not an object"),
-    ({"allocation": {"devices": {"results": {}}}}, "status.allocation.devices.results is not a list"),
+    ({"allocation": {"devices": {"results": ["gpu-0"]}}},
+     "status.allocation.devices.results[0]: must be an object, got string"),
+    ({"allocation": {"devices": {"results": {}}}}, "status.allocation.devices.results: must be a list, got object"),
     ({"allocation": {}}, "status.allocation is empty"),
 ])
 def test_malformed_allocation_names_the_field(status: dict[str, Any], field: str) -> None:

@@ -152,12 +152,28 @@ class ApiServerEmulator:
         """Serve the next ``count`` matching requests only after ``seconds`` (a hung API server); the server
         answers other requests meanwhile. Matching as for :meth:`fail_next`."""
         with self._lock:
-            self._state.faults.append(Fault(count, 0, method, path, None, seconds))
+            self._state.faults.append(Fault(count, 0, method, path, None, delay_s=seconds))
 
     def clear_faults(self) -> None:
         """Drop every fault :meth:`fail_next` queued that has not fired yet."""
         with self._lock:
             self._state.faults.clear()
+
+    def respond_next(
+        self,
+        body: bytes,
+        count: int = 1,
+        *,
+        status: int = 200,
+        method: str | None = None,
+        path: str | re.Pattern[str] | None = None,
+        content_type: str = "application/json",
+    ) -> None:
+        """Answer the next ``count`` matching requests with ``body`` as is (``method``/``path`` as in
+        :meth:`fail_next`): a raw response the emulator would not produce, e.g. a JSON object nested deeper
+        than it can store or encode."""
+        with self._lock:
+            self._state.faults.append(Fault(count, status, method, path, None, body=body, content_type=content_type))
 
     @property
     def requests(self) -> list[RequestRecord]:

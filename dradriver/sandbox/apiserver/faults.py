@@ -1,5 +1,5 @@
-"""Injected faults: the next N matching requests are answered with an error status instead of served, or
-served only after a delay (a hung API server)."""
+"""Injected faults: the next N matching requests are answered with an error status or a given raw body
+instead of served, or served only after a delay (a hung API server)."""
 
 from __future__ import annotations
 
@@ -18,13 +18,19 @@ _MESSAGES = {
 @dataclass(slots=True)
 class Fault:
     """``remaining`` more requests matching ``method`` and ``path`` get ``status`` (0: served normally) after
-    ``delay_s`` seconds."""
+    ``delay_s`` seconds.
+
+    :param body: when set, the response body sent as is (with ``content_type``) instead of a ``Status``:
+        bodies the emulator could not produce itself (e.g. an object nested deeper than ``json.dumps`` goes).
+    """
 
     remaining: int
     status: int
     method: str | None
     path: str | re.Pattern[str] | None
     retry_after: int | None
+    body: bytes | None = None
+    content_type: str = "application/json"
     delay_s: float = 0.0
 
     def matches(self, method: str, path: str) -> bool:

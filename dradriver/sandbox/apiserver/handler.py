@@ -92,6 +92,10 @@ def serve_request(state: ServerState, handler: RequestHandler) -> None:
         time.sleep(fault.delay_s)  # this request's thread only: the server keeps answering others
     if fault is not None and fault.status == 0:
         fault = None
+    if fault is not None and fault.body is not None:
+        record(fault.status)
+        handler.send_body(fault.status, fault.body, fault.content_type)
+        return
     if fault is not None:
         err = fault.error()
         record(err.code)

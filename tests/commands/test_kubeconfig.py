@@ -1,0 +1,54 @@
+"""``dradriver gpu-kubelet-plugin`` with a kubeconfig that cannot be read: one error line, no traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dradriver.sandbox.node import SandboxNode
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _env(sandbox: SandboxNode, kubeconfig: Path) -> dict[str, str]:
+    """The plugin's environment on the sandbox node, with ``kubeconfig`` instead of the emulator's."""
+    cfg = sandbox.config()
+    env = {k: v for k, v in os.environ.items() if k != "DRADRIVER_MOCK_NVML_PROFILE"}
+    env.update({
+        "NODE_NAME": cfg.node_name,
+        "KUBECONFIG": str(kubeconfig),
+        "CDI_ROOT": str(cfg.cdi_root),
+        "KUBELET_REGISTRAR_DIRECTORY_PATH": str(cfg.kubelet_registrar_directory_path),
+        "KUBELET_PLUGINS_DIRECTORY_PATH": str(cfg.kubelet_plugins_directory_path),
+        "KUBELET_DEVICE_PLUGINS_DIRECTORY_PATH": str(cfg.kubelet_device_plugins_directory_path),
+        "DRIVER_ROOT_CTR_PATH": str(cfg.container_driver_root),
+        "DEV_ROOT": str(cfg.dev_root),
+        "SYSFS_ROOT": str(cfg.sysfs_root),
+        "PROC_ROOT": str(cfg.proc_root),
+        "DRADRIVER_MOCK_PROFILE": sandbox.profile,
+    })
+    return env
+
+
+@pytest.mark.parametrize("text", [
+    "apiVersion: v1\nclusters: [\n  - cluster: {server: https://x\n",  # unclosed flow collection
+    "apiVersion: v1\n\tkind: Config\n",  # a tab where YAML allows none
+    "clusters:\n  - name: a\n - name: b\n",  # bad indentation
+])
+def test_invalid_yaml_kubeconfig_is_one_error_line(sandbox: SandboxNode, tmp_path: Path, text: str) -> None:
+    bad = tmp_path / "broken-kubeconfig"
+    bad.write_text(text, encoding="utf-8")
+    proc = subprocess.run(
+        [sys.executable, "-m", "dradriver", "gpu-kubelet-plugin"],
+        cwd=REPO, env=_env(sandbox, bad), capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    naming = [line for line in lines if str(bad) in line]
+    assert len(naming) == 1, proc.stderr
+    assert "cannot start the kubelet plugin" in naming[0] and "invalid YAML" in naming[0], proc.stderr
