@@ -95,7 +95,10 @@ class GpuDevice:
         ``None`` when NVML reports NOT_SUPPORTED.
     :param pci_bus_id: normalised ``dddd:bb:dd.f`` lowercase (``gpu-facts.md`` 6.2).
     :param pcie_root: ``pci<domain>:<bus>`` from sysfs, or ``None`` when it cannot be resolved.
-    :param numa_node: NUMA node, or ``None`` when unknown or negative.
+    :param numa_node: NUMA node of the PCI device (sysfs ``numa_node``, NVML only when sysfs has no entry), or
+        ``None`` when unknown or negative.
+    :param addressing_mode: ``nvmlDeviceGetAddressingMode`` as NVIDIA's driver publishes it (``"HMM"``,
+        ``"ATS"``, ``"None"``), or ``None`` when NVML does not support the query.
     :param cuda_compute_capability: ``(major, minor)``.
     """
 
@@ -114,6 +117,7 @@ class GpuDevice:
     mig_capable: bool = False
     mig_enabled: bool = False
     fabric: FabricInfo | None = None
+    addressing_mode: str | None = None
 
     @property
     def name(self) -> str:

@@ -8,8 +8,8 @@ Contract (reference ``nvidia-dra-driver.md`` 2.1-2.4, ``gpu-facts.md`` 6, ``kube
 * full GPU (``type=gpu``): attributes ``type``, ``uuid``, ``productName``, ``brand``, ``architecture``,
   ``driverVersion``, ``cudaDriverVersion``, ``cudaComputeCapability`` (versions, semver-normalised),
   ``pcieBusID`` and ``resource.kubernetes.io/pciBusID``, ``resource.kubernetes.io/pcieRoot`` and
-  ``resource.kubernetes.io/numaNode`` when known; capacity ``memory`` in bytes (omitted when NVML reports
-  NOT_SUPPORTED).
+  ``resource.kubernetes.io/numaNode`` when known, ``addressingMode`` (``HMM``/``ATS``/``None``) when NVML
+  reports it; capacity ``memory`` in bytes (omitted when NVML reports NOT_SUPPORTED).
 * MIG device (``type=mig``): ``uuid``, ``parentUUID``, ``profile`` plus the parent's attributes;
   capacities ``multiprocessors``, ``copyEngines``, ``decoders``, ``encoders``, ``jpegEngines``,
   ``ofaEngines``, ``memory`` (``memorySizeMB * 2**20`` bytes) and ``memorySlice<i> = 1`` for every
@@ -77,6 +77,7 @@ _PRIORITY: tuple[str, ...] = (
     PCI_BUS_ID,
     PCIE_ROOT,
     NUMA_NODE,
+    "addressingMode",
     "copyEngines",
     "decoders",
     "encoders",
@@ -165,6 +166,8 @@ def _gpu_attributes(gpu: GpuDevice, common: _CommonValues) -> dict[str, dict[str
         attrs[PCIE_ROOT] = _string(gpu.pcie_root)
     if gpu.numa_node is not None and gpu.numa_node >= 0:
         attrs[NUMA_NODE] = _int(gpu.numa_node)
+    if gpu.addressing_mode is not None:
+        attrs["addressingMode"] = _string(gpu.addressing_mode)
     return attrs
 
 

@@ -8,8 +8,14 @@ Facts and their sources (``gpu-facts.md`` 1, 2.1-2.3, 4.2, 6.2; ``nvidia-dra-dri
 * the PCI bus ID is NVML's ``busId`` lowercased with the leading ``0000`` of the 8-digit domain trimmed
   (``00000000:CA:00.0`` -> ``0000:ca:00.0``);
 * ``pcieRoot`` is the ``pci<domain>:<bus>`` element of the ``<sysfs>/bus/pci/devices/<bdf>`` link target;
-  the NUMA node comes from ``nvmlDeviceGetNumaNodeId``, else from ``<sysfs>/bus/pci/devices/<bdf>/numa_node``;
-  negative means unknown;
+* the NUMA node is the kernel's ``<sysfs>/bus/pci/devices/<bdf>/numa_node`` (what NVIDIA's driver reads
+  through go-nvlib nvpci, and what NIC drivers publish, so GPU and NIC ``numaNode`` constraints agree; on
+  Grace hosts ``nvmlDeviceGetNumaNodeId`` reports the GPU memory's own node, 2/10/18/26 on a GB200 tray);
+  ``-1`` there means no node. ``nvmlDeviceGetNumaNodeId`` is used only when the sysfs file is missing or
+  unreadable; negative means unknown;
+* ``addressingMode`` is ``nvmlDeviceGetAddressingMode`` (``nvmlDeviceAddressingMode_v1_t``) as a string:
+  ``None``, ``HMM``, ``ATS`` (``nvmlDeviceAddressingModeType_t`` 0-2); NOT_SUPPORTED, an older library
+  without the symbol, or a value outside the enum (warned) leave it out;
 * MIG profile names follow go-nvlib: ``<G>g.<GB>gb`` (``<C>c.<G>g.<GB>gb`` when the compute instance is
   smaller than its GPU instance) with ``+me`` for the REV1 profiles, ``+me.all``, ``+gfx``, ``-me`` for the
   RTX PRO ones, and ``GB = round(ceil(memMiB*2^20/total*8)/8 * ceil(total/GiB))``;
@@ -17,7 +23,7 @@ Facts and their sources (``gpu-facts.md`` 1, 2.1-2.3, 4.2, 6.2; ``nvidia-dra-dri
 
 Failure policy: a GPU whose core query fails (UUID, minor, name, brand, architecture, compute capability,
 PCI info; including GPU_IS_LOST or NOT_SUPPORTED) is left out and recorded in ``failures`` with the reason,
-and the rest of the node is still discovered. Optional queries (memory, serial, NUMA, MIG mode, fabric)
+and the rest of the node is still discovered. Optional queries (memory, serial, NUMA, addressing mode, MIG mode, fabric)
 that answer NOT_SUPPORTED give ``None``/``False``. A MIG-enabled GPU whose MIG devices cannot be read is
 left out as a whole (publishing half of it would be wrong). Each failure is logged.
 """
@@ -89,6 +95,10 @@ BRANDS: dict[int, str] = {
 }
 """``nvmlBrandType_t`` -> go-nvlib ``GetBrandAsString``."""
 
+ADDRESSING_MODES: dict[int, str] = {0: "None", 1: "HMM", 2: "ATS"}
+"""``nvmlDeviceAddressingModeType_t`` (nvml.h ``NVML_DEVICE_ADDRESSING_MODE_*``) -> the ``addressingMode``
+value NVIDIA's driver publishes (``HMM`` on an A100, ``None`` on an A30: ``gpu-facts.md`` 6.1)."""
+
 # GPU-instance profile index (NVML_GPU_INSTANCE_PROFILE_*) -> (positive attributes, negative attributes).
 _GI_ATTRIBUTES: dict[int, tuple[tuple[str, ...], tuple[str, ...]]] = {
     pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1: (("me",), ()),
@@ -158,12 +168,14 @@ def pcie_root(sysfs_root: Path, bdf: str) -> str | None:
     return None
 
 
-def _sysfs_numa_node(sysfs_root: Path, bdf: str) -> int | None:
+def sysfs_numa_node(sysfs_root: Path, bdf: str) -> int | None:
+    """The kernel's ``<sysfs_root>/bus/pci/devices/<bdf>/numa_node``: the node (``>= 0``), ``-1`` for "no
+    node", or ``None`` when the file is missing or unreadable (then the caller may ask NVML)."""
     try:
         value = int((sysfs_root / "bus" / "pci" / "devices" / bdf / "numa_node").read_text().strip())
     except (OSError, ValueError):
         return None
-    return value if value >= 0 else None
+    return value if value >= 0 else -1
 
 
 def _text(value: str | bytes) -> str:
@@ -228,9 +240,15 @@ class _Discoverer:
             arch = "Unknown"
         memory = opt(pynvml.nvmlDeviceGetMemoryInfo)
         serial = opt(pynvml.nvmlDeviceGetSerial)
-        numa = opt(pynvml.nvmlDeviceGetNumaNodeId)
-        if numa is None or int(numa) < 0:
-            numa = _sysfs_numa_node(self.sysfs_root, bus_id)
+        numa = sysfs_numa_node(self.sysfs_root, bus_id)
+        if numa is None:
+            numa = opt(pynvml.nvmlDeviceGetNumaNodeId)
+        addressing_code = opt(pynvml.nvmlDeviceGetAddressingMode)
+        addressing = None
+        if addressing_code is not None:
+            addressing = ADDRESSING_MODES.get(int(addressing_code))
+            if addressing is None:
+                self.warn(f"{where} ({uuid}): unknown addressing mode {addressing_code}, not published")
         mig_mode = opt(pynvml.nvmlDeviceGetMigMode)
         return GpuDevice(
             index=index,
@@ -248,6 +266,7 @@ class _Discoverer:
             mig_capable=mig_mode is not None,
             mig_enabled=mig_mode is not None and int(mig_mode[0]) == pynvml.NVML_DEVICE_MIG_ENABLE,
             fabric=self.fabric(h, where),
+            addressing_mode=addressing,
         )
 
     def fabric(self, handle: Any, where: str) -> FabricInfo | None:

@@ -360,6 +360,17 @@ nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned int *node) {
     RET(NVML_SUCCESS);
 }
 
+/* nvml.h: versioned struct nvmlDeviceAddressingMode_v1_t; value is an nvmlDeviceAddressingModeType_t (0 None,
+ * 1 HMM, 2 ATS). A board value, so MIG handles get NOT_SUPPORTED (real NVML's answer there is unconfirmed). */
+nvmlReturn_t nvmlDeviceGetAddressingMode(nvmlDevice_t device, nvmlDeviceAddressingMode_t *mode) {
+    DEV_ENTER(device, r, 0);
+    if (!mode) RET(NVML_ERROR_INVALID_ARGUMENT);
+    if (mode->version != nvmlDeviceAddressingMode_v1) RET(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    NEED(r.g->v.addressingMode);
+    mode->value = (unsigned)r.g->v.addressingMode;
+    RET(NVML_SUCCESS);
+}
+
 void mock_fill_pci(const mock_gpu *g, nvmlPciInfo_t *pci, int full) {
     memset(pci, 0, full ? sizeof *pci : offsetof(nvmlPciInfo_t, busId));
     snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%s", g->busIdLegacy);

@@ -22,6 +22,9 @@ MIG_NS = uuid.UUID("6f1c1d1e-8d3a-4f57-9a51-3b6c0d1e2f30")
 
 MiB = 1024 * 1024
 
+# nvmlDeviceAddressingModeType_t (nvml.h); per-model values from §1.3 ("Addressing mode" of the captures)
+ADDR_NONE, ADDR_HMM, ADDR_ATS = 0, 1, 2
+
 # nvmlEventType bits (nvml.h)
 EV_SBE, EV_DBE, EV_PSTATE, EV_XID, EV_CLOCK = 0x1, 0x2, 0x4, 0x8, 0x10
 EV_SUPPORTED_DC = EV_SBE | EV_DBE | EV_PSTATE | EV_XID | EV_CLOCK
@@ -121,6 +124,7 @@ MODELS: dict[str, dict[str, Any]] = {
         "maxClocks": {"graphics": 1410, "sm": 1410, "mem": 1215, "video": 1290},
         "pcieThroughput": {"tx": 1024, "rx": 2048}, "pcieMaxGen": 4, "eccMode": 1,
         "supportedEventTypes": EV_SUPPORTED_DC, "gpuInstanceProfiles": A100_40_GIPS,
+        "addressingMode": ADDR_HMM,
     },
     "h100-sxm5-80gb": {
         "name": "NVIDIA H100 80GB HBM3", "brand": 14, "architecture": 9,
@@ -134,6 +138,7 @@ MODELS: dict[str, dict[str, Any]] = {
         "maxClocks": {"graphics": 1980, "sm": 1980, "mem": 2619, "video": 1545},
         "pcieThroughput": {"tx": 512, "rx": 1024}, "pcieMaxGen": 5, "eccMode": 1,
         "supportedEventTypes": EV_SUPPORTED_DC, "gpuInstanceProfiles": H100_GIPS,
+        "addressingMode": ADDR_HMM,
     },
     "gb200": {
         "name": "NVIDIA GB200", "brand": 14, "architecture": 10,
@@ -147,6 +152,7 @@ MODELS: dict[str, dict[str, Any]] = {
         "maxClocks": {"graphics": 2062, "sm": 2062, "mem": 3996, "video": 1965},
         "pcieThroughput": {"tx": 256, "rx": 512}, "pcieMaxGen": 5, "eccMode": 1,
         "supportedEventTypes": EV_SUPPORTED_DC, "gpuInstanceProfiles": GB200_GIPS,
+        "addressingMode": ADDR_ATS,
     },
     "l4": {
         "name": "NVIDIA L4", "brand": 14, "architecture": 8,
@@ -163,7 +169,8 @@ MODELS: dict[str, dict[str, Any]] = {
     },
 }
 _INFERRED_NOTES = {
-    "l4": "subsystem id, reserved and BAR1 memory, clocks and power of the L4 are typical values, not captures",
+    "l4": "subsystem id, reserved and BAR1 memory, clocks and power of the L4 are typical values, not captures; "
+          "no addressing mode capture exists, so nvmlDeviceGetAddressingMode is NOT_SUPPORTED",
 }
 
 

@@ -286,3 +286,27 @@ def test_limit_violations_reports_each_problem() -> None:
     assert any("longer than 64" in p for p in problems)
     assert any("taints" in p for p in problems)
     assert limit_violations(good) == []
+
+
+@pytest.mark.parametrize("mode", ["HMM", "ATS", "None"])
+def test_addressing_mode_on_gpu_and_its_mig_devices(mode: str) -> None:
+    """``addressingMode`` is a string attribute of the GPU, inherited by its MIG devices (nvidia-dra-driver.md
+    2.3/2.4); a MIG device with a full 8-slice placement still fits the 32 attributes+capacities limit."""
+    plain = gpu(0, 7, addressing_mode=mode)
+    parent = gpu(1, 9, addressing_mode=mode, mig_capable=True, mig_enabled=True)
+    big = mig(parent, 0, 0, size=8)
+    inv = NodeInventory(versions=VERSIONS, gpus=(plain, parent), migs=(big,))
+    result = build(inv, "node-a")
+    assert result.warnings == []
+    devices = [d for s in result.slices for d in s["spec"]["devices"]]
+    for s in result.slices:
+        assert_valid_slice(s)
+    assert {d["name"] for d in devices} == {"gpu-0", big.name}
+    for dev in devices:
+        assert attrs(dev)["addressingMode"] == {"string": mode}
+        assert len(attrs(dev)) + len(dev["capacity"]) <= MAX_ATTRIBUTES_AND_CAPACITIES
+
+
+def test_addressing_mode_omitted_when_unknown() -> None:
+    (slice_,) = build_resource_slices(NodeInventory(versions=VERSIONS, gpus=(gpu(0, 7),)), "n")
+    assert "addressingMode" not in attrs(slice_["spec"]["devices"][0])

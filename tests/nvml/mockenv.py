@@ -15,6 +15,9 @@ BRAND_STRINGS = {2: "Tesla", 14: "Nvidia"}
 """go-nvlib brand strings for the codes the bundled profiles use (``gpu-facts.md`` 1.1)."""
 ARCH_STRINGS = {6: "Turing", 7: "Ampere", 8: "Ada Lovelace", 9: "Hopper", 10: "Blackwell"}
 """go-nvlib architecture strings (``gpu-facts.md`` 1.1)."""
+ADDRESSING_MODE_STRINGS = {0: "None", 1: "HMM", 2: "ATS"}
+"""``nvmlDeviceAddressingModeType_t`` (nvml.h) -> the ``addressingMode`` value NVIDIA's driver publishes
+(``gpu-facts.md`` 6.1: ``HMM`` on an A100, ``None`` on an A30)."""
 
 
 def dra_bus_id(nvml_bus_id: str) -> str:
@@ -32,7 +35,8 @@ def expected_pcie_root(dra_bdf: str) -> str:
 def make_sysfs(root: Path, profile: dict[str, Any], numa: dict[str, int] | None = None) -> Path:
     """Create ``<root>/bus/pci/devices/<bdf>`` links for every GPU of ``profile``, like the kernel does:
     ``../../../devices/pci<dom>:<rootbus>/<dom>:<rootbus>:00.0/<bdf>``; ``numa`` maps bdf -> ``numa_node``
-    file content (default ``-1``, the kernel's "unknown")."""
+    file content. Default: the GPU's NVML ``numaNode`` (on x86 hosts the kernel and NVML agree), ``-1`` (the
+    kernel's "no node") when the profile has none."""
     devices = root / "bus" / "pci" / "devices"
     devices.mkdir(parents=True, exist_ok=True)
     for gpu in mock.resolved_gpus(profile):
@@ -41,7 +45,7 @@ def make_sysfs(root: Path, profile: dict[str, Any], numa: dict[str, int] | None 
         bridge = f"{rc[3:]}:00.0"
         target_dir = root / "devices" / rc / bridge / bdf
         target_dir.mkdir(parents=True, exist_ok=True)
-        (target_dir / "numa_node").write_text(f"{(numa or {}).get(bdf, -1)}\n")
+        (target_dir / "numa_node").write_text(f"{(numa or {}).get(bdf, gpu.get('numaNode', -1))}\n")
         link = devices / bdf
         if not link.is_symlink():
             link.symlink_to(f"../../../devices/{rc}/{bridge}/{bdf}")

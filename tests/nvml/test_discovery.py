@@ -18,6 +18,7 @@ from dradriver.nvml.session import NvmlSession
 from tests.domain.slice_validation import assert_valid_slice, quantity_value
 from tests.factories import write_profile
 from tests.nvml.mockenv import (
+    ADDRESSING_MODE_STRINGS,
     ARCH_STRINGS,
     BRAND_STRINGS,
     dra_bus_id,
@@ -138,6 +139,8 @@ def test_published_attributes_match_profile(nvml: Session, sysfs: Path, profile:
         }
         if "numaNode" in gpu:
             common["resource.kubernetes.io/numaNode"] = {"int": gpu["numaNode"]}
+        if "addressingMode" in gpu:
+            common["addressingMode"] = {"string": ADDRESSING_MODE_STRINGS[gpu["addressingMode"]]}
         if gpu.get("migMode", {}).get("current") == 1:
             assert f"gpu-{minor}" not in devices  # not double-published
             for m in mig_layout(gpu):
@@ -232,6 +235,104 @@ def test_numa_falls_back_to_sysfs(nvml: Session, sysfs: Path, tmp_path: Path) ->
     inv = discover(nvml(path), sysfs_root=sysfs)
     assert inv.gpus[0].numa_node == 1
     assert all(g.numa_node is None for g in inv.gpus[1:])  # sysfs says -1: unknown
+
+
+def test_numa_node_comes_from_sysfs_before_nvml(nvml: Session, sysfs: Path) -> None:
+    """Grace host: NVML reports the GPU memory's own NUMA node (2, 10, 18, 26, gpu-facts.md 4.1), sysfs the
+    PCI device's node, the one a NIC on the same socket publishes; sysfs wins so the two constraints agree."""
+    data = mock.load_profile("gb200-nvl72-node")
+    gpus = mock.resolved_gpus(data)
+    assert [g["numaNode"] for g in gpus] == [2, 10, 18, 26]
+    kernel = {dra_bus_id(g["pciBusId"]): node for g, node in zip(gpus, [0, 0, 1, 1], strict=True)}
+    inv = run(nvml, "gb200-nvl72-node", sysfs, numa=kernel)
+    assert [g.numa_node for g in inv.gpus] == [0, 0, 1, 1]
+    for s in build_resource_slices(inv, "n"):
+        assert_valid_slice(s)
+        for dev in s["spec"]["devices"]:
+            bdf = dev["attributes"]["resource.kubernetes.io/pciBusID"]["string"]
+            assert dev["attributes"]["resource.kubernetes.io/numaNode"] == {"int": kernel[bdf]}
+
+
+def test_sysfs_numa_minus_one_means_none_even_when_nvml_has_one(nvml: Session, sysfs: Path) -> None:
+    data = mock.load_profile("dgx-h100")
+    gpus = mock.resolved_gpus(data)
+    assert all("numaNode" in g for g in gpus)
+    inv = run(nvml, "dgx-h100", sysfs, numa={dra_bus_id(g["pciBusId"]): -1 for g in gpus})
+    assert all(g.numa_node is None for g in inv.gpus)
+    for s in build_resource_slices(inv, "n"):
+        assert_valid_slice(s)
+        assert all("resource.kubernetes.io/numaNode" not in d["attributes"] for d in s["spec"]["devices"])
+
+
+def test_numa_node_falls_back_to_nvml_without_sysfs_entry(nvml: Session, sysfs: Path) -> None:
+    data = mock.load_profile("gb200-nvl72-node")
+    inv = discover(nvml("gb200-nvl72-node"), sysfs_root=sysfs)  # empty tree: no numa_node file
+    assert [g.numa_node for g in inv.gpus] == [g["numaNode"] for g in mock.resolved_gpus(data)]
+
+
+# gpu-facts.md 1.3 (nvidia-smi captures): A100 and H100 on x86 report HMM, GB200 ATS; no L4 capture.
+ADDRESSING_MODES = {
+    "dgx-a100": "HMM", "dgx-h100": "HMM", "gb200-nvl72-node": "ATS", "synthetic-large": "HMM",
+    "l4-inference": None,
+}
+
+
+@pytest.mark.parametrize("profile", sorted(ADDRESSING_MODES))
+def test_addressing_mode_discovered_and_published(nvml: Session, sysfs: Path, profile: str) -> None:
+    want = ADDRESSING_MODES[profile]
+    inv = run(nvml, profile, sysfs)
+    assert inv.failures == ()
+    assert [g.addressing_mode for g in inv.gpus] == [want] * len(inv.gpus)
+    devices = [d for s in build_resource_slices(inv, "n") for d in s["spec"]["devices"]]
+    assert devices
+    for dev in devices:  # full GPUs and MIG devices (the parent's value) alike
+        if want is None:
+            assert "addressingMode" not in dev["attributes"]
+        else:
+            assert dev["attributes"]["addressingMode"] == {"string": want}
+    if profile == "dgx-a100":
+        assert {d["attributes"]["type"]["string"] for d in devices} == {"gpu", "mig"}
+
+
+def test_addressing_mode_none_unsupported_and_unknown(
+    nvml: Session, sysfs: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    def edit(d: dict[str, Any]) -> None:
+        d["gpus"][0]["addressingMode"] = 0  # NVML_DEVICE_ADDRESSING_MODE_NONE
+        d["gpus"][1]["notSupported"] = ["nvmlDeviceGetAddressingMode"]
+        d["gpus"][2]["addressingMode"] = 7  # not in nvml.h's enum
+
+    path = write_profile(tmp_path, "dgx-h100", edit)
+    make_sysfs(sysfs, mock.load_profile(path))
+    with caplog.at_level(logging.WARNING):
+        inv = discover(nvml(path), sysfs_root=sysfs)
+    assert inv.failures == ()
+    assert [g.addressing_mode for g in inv.gpus[:4]] == ["None", None, None, "HMM"]
+    assert any("addressing mode 7" in w for w in inv.warnings)
+    for s in build_resource_slices(inv, "n"):
+        assert_valid_slice(s)
+        by_name = {d["name"]: d["attributes"] for d in s["spec"]["devices"]}
+        assert by_name["gpu-0"]["addressingMode"] == {"string": "None"}
+        assert "addressingMode" not in by_name["gpu-1"]
+        assert "addressingMode" not in by_name["gpu-2"]
+        assert by_name["gpu-3"]["addressingMode"] == {"string": "HMM"}
+
+
+def test_addressing_mode_left_out_when_the_library_lacks_the_symbol(
+    nvml: Session, sysfs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pynvml
+
+    def missing(handle: Any) -> int:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)  # what pynvml raises for an old driver
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetAddressingMode", missing)
+    inv = run(nvml, "gb200-nvl72-node", sysfs)
+    assert inv.failures == ()
+    assert len(inv.gpus) == 4
+    assert all(g.addressing_mode is None for g in inv.gpus)
+    for s in build_resource_slices(inv, "n"):
+        assert all("addressingMode" not in d["attributes"] for d in s["spec"]["devices"])
 
 
 def test_no_sysfs_entry_means_no_pcie_root(nvml: Session, sysfs: Path) -> None:
