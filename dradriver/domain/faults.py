@@ -57,6 +57,10 @@ INFORMATIONAL_KINDS = frozenset({"unmonitored"})
 """Fault kinds (``FaultKind`` values) that only ever produce an effect-``None`` taint."""
 
 GPU_RESET_XIDS: frozenset[int] = frozenset({48, 64, 74, 79, 95, 119, 120, 140})
+
+RESET_RECOVERY_ACTIONS: frozenset[int] = frozenset({1, 2, 4})
+"""``nvmlGpuRecoveryAction_t`` values that reset the GPU (or more): GPU_RESET 1, NODE_REBOOT 2, DRAIN_AND_RESET 4
+(nvml.h); NONE 0 and DRAIN_P2P 3 leave the GPU's other MIG devices running."""
 """Xids whose recovery action is a GPU reset (NVIDIA's Xid catalogue, immediate action ``RESET_GPU``:
 double-bit ECC 48, row-remap/page-retirement failure 64, NVLink 74, fallen off the bus 79, uncontained ECC
 95, GSP RPC timeout 119 and GSP error 120, unrecovered ECC 140): GPU-wide even when MIG scoped."""
@@ -98,6 +102,9 @@ class HealthEvent:
     :param xid: the Xid for ``FaultKind.XID``.
     :param gi_id: GPU instance ID, or ``None``/``NO_MIG_SCOPE`` when the event is not MIG scoped.
     :param ci_id: compute instance ID, likewise.
+    :param recovery_action: for an Xid, the GPU's ``nvmlGpuRecoveryAction_t`` read with it (NVML field
+        ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``: 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and
+        reset), or ``None`` when NVML could not say (then :data:`GPU_RESET_XIDS` decides).
     """
 
     gpu_uuid: str
@@ -107,6 +114,7 @@ class HealthEvent:
     gi_id: int | None = None
     ci_id: int | None = None
     detail: str = ""
+    recovery_action: int | None = None
 
     @property
     def mig_scoped(self) -> bool:
@@ -275,12 +283,13 @@ class HealthTracker:
         self._devices, self._by_gpu = devices, by_gpu
 
     def needs_gpu_reset(self, event: HealthEvent) -> bool:
-        """A fatal Xid whose recovery action is a GPU reset (it ends every MIG device of the GPU)."""
-        return (
-            event.kind is FaultKind.XID
-            and event.xid in self.reset_xids
-            and event.xid not in self.ignored_xids
-        )
+        """A fatal Xid whose recovery action is a GPU reset (it ends every MIG device of the GPU): the recovery
+        action NVML reported with the event (GPU reset, node reboot, drain and reset), else :data:`GPU_RESET_XIDS`."""
+        if event.kind is not FaultKind.XID or event.xid in self.ignored_xids:
+            return False
+        if event.recovery_action is not None:
+            return event.recovery_action in RESET_RECOVERY_ACTIONS
+        return event.xid in self.reset_xids
 
     def devices_for(self, event: HealthEvent) -> list[str]:
         """Names of the published devices an event affects (empty for an unknown GPU): the MIG device of a

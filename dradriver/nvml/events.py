@@ -42,6 +42,9 @@ from dradriver.nvml.session import NvmlSession
 
 log = logging.getLogger(__name__)
 
+RECOVERY_ACTION_FIELD = 230
+"""``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`` (nvml.h): the ``nvmlGpuRecoveryAction_t`` the driver asks for now."""
+
 EVENT_SBE = 0x1  # nvmlEventTypeSingleBitEccError
 EVENT_DBE = 0x2  # nvmlEventTypeDoubleBitEccError
 EVENT_XID = 0x8  # nvmlEventTypeXidCriticalError
@@ -272,7 +275,8 @@ class EventMonitor:
         gi, ci = int(data.gpuInstanceId), int(data.computeInstanceId)
         now = self.clock()
         if etype == EVENT_XID:
-            return HealthEvent(uuid, FaultKind.XID, time=now, xid=int(data.eventData), gi_id=gi, ci_id=ci)
+            return HealthEvent(uuid, FaultKind.XID, time=now, xid=int(data.eventData), gi_id=gi, ci_id=ci,
+                               recovery_action=self._recovery_action(data.device))
         fault = _FAULT_OF_TYPE.get(etype)
         if fault is None:
             log.debug("NVML event type %#x on %s (data %d) counted only", etype, uuid, int(data.eventData))
@@ -281,6 +285,25 @@ class EventMonitor:
         if kind is FaultKind.GPU_LOST:  # scoped loss is still the whole GPU
             gi = ci = NO_MIG_SCOPE
         return HealthEvent(uuid, kind, time=now, gi_id=gi, ci_id=ci, detail=detail)
+
+    def _recovery_action(self, device: Any) -> int | None:
+        """The GPU's recovery action right after an Xid (field ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``, driver
+        R565+), or ``None`` when NVML cannot say (older driver, NOT_SUPPORTED): the caller falls back to its
+        table of reset Xids."""
+        try:
+            [value] = self.session.call(pynvml.nvmlDeviceGetFieldValues, device, [RECOVERY_ACTION_FIELD],
+                                        context="GPU recovery action of an Xid")
+        except NvmlError as exc:
+            self._count_error(exc)
+            return None
+        except Exception as exc:  # a library without the call: pynvml raises its FunctionNotFound
+            log.debug("no GPU recovery action: %s", exc)
+            return None
+        if int(value.nvmlReturn) != pynvml.NVML_SUCCESS:
+            return None
+        if int(value.valueType) == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT:
+            return int(value.value.uiVal)
+        return int(value.value.ullVal)
 
     def wait_once(self, timeout_ms: int | None = None) -> list[HealthEvent]:
         """One loop turn: probe lost GPUs, wait for one event, drain the queue; returns the faults read.

@@ -1105,6 +1105,7 @@ static nvmlReturn_t field_value(const mock_gpu *g, unsigned fieldId, nvmlValueTy
         *type = NVML_VALUE_TYPE_UNSIGNED_INT;
         val->uiVal = (unsigned)v;
         return NVML_SUCCESS;
+    case NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: v = s->recoveryAction; goto mw;  /* nvmlGpuRecoveryAction_t */
     case NVML_FI_DEV_PCIE_COUNT_TX_BYTES: case NVML_FI_DEV_PCIE_COUNT_RX_BYTES: {
         v = fieldId == NVML_FI_DEV_PCIE_COUNT_TX_BYTES ? s->pcieTx : s->pcieRx;
         if (v == MOCK_ABSENT) return NVML_ERROR_NOT_SUPPORTED;

@@ -75,7 +75,7 @@ typedef struct {
     long long pcieTx, pcieRx, pcieMaxGen, eccMode;
     long long eccVolCorr, eccVolUnc, eccAggCorr, eccAggUnc;
     long long retiredPending, remapCorr, remapUnc, remapPending, remapFailure;
-    long long supportedEvents, lost, energy, addressingMode;
+    long long supportedEvents, lost, energy, addressingMode, recoveryAction;
     long long fabricCliqueId, fabricState, fabricStatus, fabricHealthMask, fabricHealthSummary;
 } mock_scalars;
 

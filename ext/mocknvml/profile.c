@@ -35,7 +35,7 @@ const mock_scalar_key mock_scalar_keys[] = {
     K("remappedRows.corrected", remapCorr), K("remappedRows.uncorrected", remapUnc),
     K("remappedRows.pending", remapPending), K("remappedRows.failure", remapFailure),
     K("supportedEventTypes", supportedEvents), K("lost", lost), K("energy", energy),
-    K("addressingMode", addressingMode),
+    K("addressingMode", addressingMode), K("recoveryAction", recoveryAction),
     K("fabric.cliqueId", fabricCliqueId), K("fabric.state", fabricState), K("fabric.status", fabricStatus),
     K("fabric.healthMask", fabricHealthMask), K("fabric.healthSummary", fabricHealthSummary),
     {NULL, 0},

@@ -233,3 +233,23 @@ def test_informational_xid_after_fatal_one_keeps_the_fatal_taint(mock_node: Any,
     assert service.taints() == {"gpu-2": [*XID_79, informational]}
     status = {s.device_name: s for s in service.snapshot()}["gpu-2"]
     assert status.health == "Unhealthy" and "Xid 79" in status.message
+
+
+@pytest.mark.parametrize(("xid", "action", "whole_gpu"), [(94, 1, True), (94, 4, True), (95, 0, False),
+                                                         (95, 3, False)])
+def test_nvml_recovery_action_decides_whether_a_mig_scoped_xid_takes_the_whole_gpu(
+    mock_node: Any, services: Services, xid: int, action: int, whole_gpu: bool
+) -> None:
+    """The recovery action NVML reports with the Xid (``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``) wins over the
+    table of reset Xids: Xid 94 (contained) with GPU_RESET or DRAIN_AND_RESET takes every device of the GPU;
+    Xid 95 with NONE or DRAIN_P2P only the MIG device it names."""
+    node: MockNode = mock_node("dgx-a100")
+    target = next(m for m in node.inventory.migs if m.parent.index == 0 and m.gi_id == 3)
+    node.control(f"set 0 recoveryAction {action}")
+    log = TaintLog()
+    service = services(node, log)
+    service.start()
+    node.xid(0, xid, gi=target.gi_id, ci=target.ci_id)
+    update = log.wait_for(bool, "a taint update")
+    tainted = {name for name, taints in update.items() if taints}
+    assert tainted == (node.names_of(0) if whole_gpu else {target.name})
