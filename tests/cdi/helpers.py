@@ -1,6 +1,6 @@
 """Checks every produced CDI spec must pass: the official JSON schema and the stricter Go-library rules.
 
-The schema (``../shared/schemas/cdi``) is only a coarse shape check (``cdi.md`` section 3), so
+The schema (``tests/cdi/schema``, copied from the CDI project) is only a coarse shape check (``cdi.md`` section 3), so
 :func:`check_strict` re-implements what makes the CDI Go library (and a strict JSON decoder) reject a file
 (``cdi.md`` sections 1.4, 2.1, 2.2 and 6), plus the stricter rules of 6.7 we hold ourselves to (absolute
 paths, fully-specified character devices). It is written independently of the renderer.
@@ -27,7 +27,7 @@ from dradriver.host.devicenodes import DeviceNodeInfo, device_edits
 from dradriver.preparers import gpu as gpu_preparers
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SCHEMA_DIR = REPO_ROOT.parent / "shared" / "schemas" / "cdi"
+SCHEMA_DIR = Path(__file__).resolve().parent / "schema"  # the CDI schema, carried with the tests (README there)
 
 KNOWN = ["0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0"]
 
