@@ -331,8 +331,12 @@ class BatchRunner:
     def _prepare_all(self, items: list[tuple[ClaimRef, Claim | str]], started: int) -> dict[str, ClaimResult]:
         """Prepare a batch chunk by chunk (:meth:`_prepare_chunk`), taking the lock per chunk."""
         out: dict[str, ClaimResult] = {}
-        for i in range(0, len(items), self.chunk_size):
-            out.update(self._prepare_chunk(items[i:i + self.chunk_size], started))
+        try:
+            for i in range(0, len(items), self.chunk_size):
+                out.update(self._prepare_chunk(items[i:i + self.chunk_size], started))
+        finally:
+            with self._lock:  # once per batch: the views walk every stored claim
+                self._refresh_views()
         return out
 
     def _prepare_chunk(self, items: list[tuple[ClaimRef, Claim | str]], started: int) -> dict[str, ClaimResult]:
@@ -399,8 +403,6 @@ class BatchRunner:
                     out.setdefault(work.uid, ClaimResult(error=f"claim {work.claim.ref}: cannot record claim "
                                                                 f"state: {exc}"))
                 done = []
-            finally:
-                self._refresh_views()
         for work in done:
             self.preparations += 1
             log.info("prepared claim %s: %s", work.claim.ref, ", ".join(h.device for h in work.held))
@@ -494,9 +496,11 @@ class BatchRunner:
 
     def _apply_all(self, todo: list[_Work]) -> None:
         """Phase 2: apply every claim's plans; side-effecting claims concurrently, and record their undo."""
-        effectful = [w for w in todo if self._side_effects(w)]
+        effectful: list[_Work] = []
         for work in todo:
-            if work not in effectful:
+            if self._side_effects(work):
+                effectful.append(work)
+            else:
                 self._apply_one(work)
         if not effectful:
             return
@@ -680,8 +684,12 @@ class BatchRunner:
     def _unprepare_all(self, claims: list[ClaimRef]) -> dict[str, str]:
         """Unprepare a batch chunk by chunk (:meth:`_unprepare_chunk`), taking the lock per chunk."""
         out: dict[str, str] = {}
-        for i in range(0, len(claims), self.chunk_size):
-            out.update(self._unprepare_chunk(claims[i:i + self.chunk_size]))
+        try:
+            for i in range(0, len(claims), self.chunk_size):
+                out.update(self._unprepare_chunk(claims[i:i + self.chunk_size]))
+        finally:
+            with self._lock:  # once per batch: the views walk every stored claim
+                self._refresh_views()
         return out
 
     def _unprepare_chunk(self, claims: list[ClaimRef]) -> dict[str, str]:
@@ -721,8 +729,6 @@ class BatchRunner:
                 for ref in stored:
                     out[ref.uid] = f"claim {ref}: unprepare failed: {exc}"
                 stored = []
-            finally:
-                self._refresh_views()
             for ref in stored:
                 log.info("unprepared claim %s", ref)
                 out[ref.uid] = ""
