@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dradriver.domain.featuregates import FeatureGateError, FeatureGates, parse_feature_gates
 from dradriver.domain.identity import GPU_DRIVER
 from dradriver.errors import FlagError
 from dradriver.host.driverfiles import DEFAULT_CDI_HOOK_PATH
@@ -157,6 +158,13 @@ PLUGIN_FLAGS: tuple[Flag, ...] = (
         "Publish GPUs even when the NVIDIA device plugin is found on this node (double allocation risk).",
         "bool",
     ),
+    Flag(
+        "--feature-gates",
+        "FEATURE_GATES",
+        "",
+        "NVIDIA's feature gates, 'Name=true,Other=false,' (see `dradriver feature-gates`); a gate dradriver does not "
+        "implement may only be set to NVIDIA's default.",
+    ),
     Flag("--log-level", "LOG_LEVEL", "info", "Log level.", "str", ("debug", "info", "warning", "error")),
     Flag("--log-format", "LOG_FORMAT", "text", "Log format.", "str", ("text", "json")),
 )
@@ -242,6 +250,7 @@ class PluginConfig:
     ignore_device_plugin: bool = False
     log_level: str = "info"
     log_format: str = "text"
+    feature_gates: FeatureGates = field(default_factory=FeatureGates)
     driver_name: str = field(default=GPU_DRIVER.driver_name)
 
     @property
@@ -334,4 +343,12 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         ignore_device_plugin=args.ignore_device_plugin,
         log_level=args.log_level,
         log_format=args.log_format,
+        feature_gates=_gates(args.feature_gates),
     )
+
+
+def _gates(text: str) -> FeatureGates:
+    try:
+        return parse_feature_gates(text, where="--feature-gates (env FEATURE_GATES)")
+    except FeatureGateError as exc:
+        raise FlagError(str(exc)) from None

@@ -156,7 +156,7 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
             fetch_claim=assembly.claim_fetcher(identity, connection.client, config),
             cdi_root=config.cdi_root, pool=config.node_name,
             preparers=(FullGpuPreparer(nodes), StaticMigPreparer(nodes)), sharing=default_steps(),
-            select_configs=configs.select_configs,
+            select_configs=lambda claim, devices: configs.select_configs(claim, devices, config.feature_gates),
             spec_edits=lambda: gpu_preparers.spec_edits(nodes, common),
             metrics=metrics, prepare_deadline_s=float(config.prepare_deadline_seconds),
         )

@@ -25,10 +25,9 @@ devices it publishes, ``GpuConfig`` and ``MigDeviceConfig`` (reference ``nvidia-
   applies a config: TimeSlicing with ``mpsConfig``, MPS with ``timeSlicingConfig``, pinned-memory limits and
   device keys, ``multiUser`` compute capability).
 
-This driver implements neither time-slicing nor MPS yet, so the plugin runs with both gates off, as NVIDIA
-does by default, and a config selecting a strategy is rejected with NVIDIA's wording plus that fact. An
-implementation plugs in by enabling the gate in :class:`FeatureGates` and applying each group's
-:class:`SharingPlan`.
+The gates come from ``--feature-gates`` (:mod:`dradriver.domain.featuregates`); both sharing gates are off by
+default, as in NVIDIA's driver, and a config selecting a strategy whose gate is off is rejected with NVIDIA's
+wording. A sharing step (``dradriver.preparers.sharing``) applies each group's :class:`SharingPlan`.
 """
 
 from __future__ import annotations
@@ -42,6 +41,7 @@ from math import ceil
 
 from dradriver.domain.claims import Claim, ClaimError, base_request_name
 from dradriver.domain.devices import GpuDevice, MigDevice
+from dradriver.domain.featuregates import DEFAULT_GATES, MPS_SUPPORT, TIME_SLICING_SETTINGS, FeatureGates
 from dradriver.domain.quantity import Quantity, QuantityError, parse_quantity
 from dradriver.errors import DradriverError
 
@@ -64,8 +64,6 @@ UNSUPPORTED_KINDS = {
 
 TIME_SLICING = "TimeSlicing"
 MPS = "MPS"
-TIME_SLICING_SETTINGS = "TimeSlicingSettings"
-MPS_SUPPORT = "MPSSupport"
 
 TIME_SLICE_INTERVALS = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
 """Interval name -> ``nvidia-smi compute-policy --set-timeslice`` value (``sharing.go`` ``Int()``)."""
@@ -90,17 +88,6 @@ class DeviceConfigError(DradriverError, ValueError):
         super().__init__(f"{field}: {problem}")
         self.field = field
         self.problem = problem
-
-
-@dataclass(frozen=True, slots=True)
-class FeatureGates:
-    """NVIDIA's sharing feature gates (reference section 8); both are off by default, as in NVIDIA's driver.
-
-    This driver has no time-slicing or MPS implementation, so the kubelet plugin keeps both off.
-    """
-
-    time_slicing_settings: bool = False
-    mps_support: bool = False
 
 
 # ------------------------------------------------------------------------------------------- the API types
@@ -283,7 +270,7 @@ def decode(parameters: object, where: str = "parameters") -> DeviceConfig:
 
 
 # ----------------------------------------------------------------------------------- normalise and validate
-def normalize(config: DeviceConfig, gates: FeatureGates = FeatureGates()) -> DeviceConfig:
+def normalize(config: DeviceConfig, gates: FeatureGates = DEFAULT_GATES) -> DeviceConfig:
     """Fill implied defaults (NVIDIA ``Normalize``); returns a new config.
 
     TimeSlicing without ``timeSlicingConfig`` or without its ``interval`` gets ``Default`` (only with the
@@ -305,7 +292,7 @@ def _gate_error(strategy: str, gate: str) -> str:
             f"enabled ({_NOT_IMPLEMENTED[strategy]})")
 
 
-def validate(config: DeviceConfig, gates: FeatureGates = FeatureGates(), where: str = "parameters") -> None:
+def validate(config: DeviceConfig, gates: FeatureGates = DEFAULT_GATES, where: str = "parameters") -> None:
     """Check a normalised config (NVIDIA ``Validate``).
 
     :raises DeviceConfigError: at ``<where>.sharing.strategy``: a strategy whose gate is off ("%q is selected as the
@@ -551,7 +538,7 @@ def _names_request(requests: tuple[str, ...], request: str) -> bool:
 
 
 def select_configs(claim: Claim, devices: Mapping[str, GpuDevice | MigDevice],
-                   gates: FeatureGates = FeatureGates()) -> ConfigSelection:
+                   gates: FeatureGates = DEFAULT_GATES) -> ConfigSelection:
     """Decode, select, normalise and validate the configs of ``claim`` (module docstring; reference 3.6).
 
     :param devices: DRA device name -> device on this node; every result's device must be in it (the caller

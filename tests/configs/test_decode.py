@@ -23,7 +23,7 @@ from dradriver.domain.quantity import Quantity
 from tests.configs.helpers import API, GPU0, GPU1, MIG_A, OLD_GPU, params
 
 AT = "status.allocation.devices.config[1].opaque.parameters"
-ALL_ON = FeatureGates(time_slicing_settings=True, mps_support=True)
+ALL_ON = FeatureGates({"TimeSlicingSettings": True, "MPSSupport": True})
 
 DECODED: list[tuple[str, Any, configs.DeviceConfig]] = [
     ("empty GpuConfig", params(), GpuConfig()),
@@ -125,7 +125,7 @@ INVALID: list[tuple[str, dict[str, Any], FeatureGates, str, str]] = [
     ("mig mps gate off", params("MigDeviceConfig", sharing={"strategy": "MPS"}), FeatureGates(),
      ".sharing.strategy", '"MPS" is selected as the GPU sharing strategy, but the "MPSSupport" feature gate'),
     ("time-slicing gate on, mps gate off", params(sharing={"strategy": "MPS"}),
-     FeatureGates(time_slicing_settings=True), ".sharing.strategy", 'the "MPSSupport" feature gate is not enabled'),
+     FeatureGates({"TimeSlicingSettings": True}), ".sharing.strategy", 'the "MPSSupport" feature gate is not enabled'),
     ("gate before interval", params(sharing={"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "x"}}),
      FeatureGates(), ".sharing.strategy", "feature gate is not enabled"),
     ("unknown strategy", params(sharing={"strategy": "Fabric"}), ALL_ON, ".sharing.strategy",
@@ -153,7 +153,7 @@ def test_invalid_configs(parameters: dict[str, Any], gates: FeatureGates, field:
 
 
 def test_nvidia_default_gates_are_off() -> None:
-    assert FeatureGates() == FeatureGates(time_slicing_settings=False, mps_support=False)
+    assert FeatureGates() == FeatureGates({"TimeSlicingSettings": False, "MPSSupport": False})
 
 
 VALID: list[tuple[str, dict[str, Any], configs.DeviceConfig]] = [

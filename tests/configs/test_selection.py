@@ -24,7 +24,7 @@ from tests.configs.helpers import (
     params,
 )
 
-ALL_ON = FeatureGates(time_slicing_settings=True, mps_support=True)
+ALL_ON = FeatureGates({"TimeSlicingSettings": True, "MPSSupport": True})
 
 
 def ts(interval: str) -> dict[str, Any]:

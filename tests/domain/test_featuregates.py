@@ -1,0 +1,69 @@
+"""NVIDIA's ``--feature-gates`` syntax, defaults and rules (``nvidia-dra-driver.md`` section 8)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from dradriver.config import PLUGIN_FLAGS, add_flags, config_from_args
+from dradriver.domain import featuregates as fg
+from dradriver.errors import FlagError
+
+
+def test_defaults_are_nvidias_except_health() -> None:
+    gates = fg.FeatureGates()
+    assert not gates.time_slicing_settings and not gates.mps_support and not gates.dynamic_mig
+    assert gates[fg.IMEX_DAEMONS_WITH_DNS_NAMES] and gates[fg.COMPUTE_DOMAIN_CLIQUES]
+    assert gates.nvml_device_health_check  # dradriver's documented difference
+    assert fg.GATES_BY_NAME[fg.NVML_DEVICE_HEALTH_CHECK].nvidia_default is False
+
+
+def test_chart_syntax_with_trailing_comma_and_blanks() -> None:
+    gates = fg.parse_feature_gates(" ContextualLogging=false , IMEXDaemonsWithDNSNames=True,,")
+    assert gates.explicit == {"ContextualLogging": False, "IMEXDaemonsWithDNSNames": True}
+    assert gates.render() == "ContextualLogging=false,IMEXDaemonsWithDNSNames=true"
+    assert fg.parse_feature_gates("") == fg.FeatureGates()
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("Bogus=true", "unrecognized feature gate: Bogus"),
+    ("DynamicMIG", "missing bool value for 'DynamicMIG'"),
+    ("ContextualLogging=yes", "invalid value of ContextualLogging=yes"),
+    ("PassthroughSupport=true", "PassthroughSupport=true is not implemented by dradriver"),
+    ("IMEXDaemonsWithDNSNames=false", "IMEXDaemonsWithDNSNames=false is not implemented by dradriver"),
+    ("NVMLDeviceHealthCheck=false", "NVMLDeviceHealthCheck=false is not supported"),
+])
+def test_refusals_name_the_gate(text: str, message: str) -> None:
+    with pytest.raises(fg.FeatureGateError, match=message):
+        fg.parse_feature_gates(text)
+
+
+def test_nvidia_rules_are_enforced() -> None:
+    implemented = {g.name for g in fg.GATES if g.support is fg.Support.IMPLEMENTED}
+    for first, second in fg.MUTUALLY_EXCLUSIVE:
+        if {first, second} <= implemented | {fg.NVML_DEVICE_HEALTH_CHECK}:
+            with pytest.raises(fg.FeatureGateError, match="mutually exclusive"):
+                fg.check_gates(fg.FeatureGates({first: True, second: True}))
+    gates = fg.FeatureGates({fg.COMPUTE_DOMAIN_CLIQUES: True, fg.IMEX_DAEMONS_WITH_DNS_NAMES: False})
+    with pytest.raises(fg.FeatureGateError):
+        fg.check_gates(gates)
+
+
+def test_flag_and_env_twin() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_flags(parser, PLUGIN_FLAGS, environ={"FEATURE_GATES": "LoggingAlphaOptions=true,"})
+    config = config_from_args(parser.parse_args(["--node-name", "n"]))
+    assert config.feature_gates["LoggingAlphaOptions"] is True
+    with pytest.raises(FlagError, match=r"FEATURE_GATES.*unrecognized feature gate: Nope"):
+        config_from_args(parser.parse_args(["--node-name", "n", "--feature-gates", "Nope=true"]))
+
+
+def test_feature_gates_command_lists_every_gate() -> None:
+    out = subprocess.run([sys.executable, "-m", "dradriver", "feature-gates"], check=True, capture_output=True,
+                         text=True).stdout
+    for gate in fg.GATES:
+        assert gate.name in out
