@@ -103,7 +103,7 @@ def to_v1(obj: dict[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(obj)
     out["apiVersion"] = f"{GROUP}/v1"
     if version == "v1beta1" and kind == "ResourceClaim":
-        _claim_spec_v1beta1(out.get("spec"), "spec")
+        _claim_spec_v1beta1(out.get("spec"), "spec", what)
     elif version == "v1beta1" and kind == "ResourceClaimTemplate":
         spec = out.get("spec")
         _claim_spec_v1beta1(spec.get("spec") if isinstance(spec, dict) else None, "spec.spec", what)

@@ -2,7 +2,10 @@
 
 Same input as ``dradriver allocate``. For every claim and request it prints what is asked, in words, then
 every candidate device with the first selector, constraint, taint or other reason that rejected it and the
-value it saw (``gpu-1  rejected by request selector #1: memory 24Gi < 40Gi``), or ``accepted``.
+value it saw (``gpu-1  rejected by request selector #1: memory 24Gi < 40Gi``), or ``accepted``; a selector
+that reads an attribute a device does not publish is named with the attribute and the devices. Then one
+line per Pod: scheduled where, or pending and why (an extended resource such as ``nvidia.com/gpu`` that no
+DeviceClass maps and no device plugin offers). Unused objects and what workloads became come first.
 Exit code 0 when every claim can be allocated, 1 when some cannot, 2 on invalid input.
 """
 
@@ -32,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from dradriver.errors import DradriverError
 
     try:
-        text, code = explain(load(read_inputs(args.files)))
+        text, code = explain(load(*read_inputs(args.files)))
     except OSError as exc:
         print(f"dradriver explain: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
         return 2
