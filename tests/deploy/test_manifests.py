@@ -329,7 +329,11 @@ def test_device_classes_have_the_reference_selectors() -> None:
     assert {c["metadata"]["name"]: [s["cel"]["expression"] for s in c["spec"]["selectors"]] for c in classes} == {
         name: [expr] for name, expr in REFERENCE_SELECTORS.items()
     }
-    assert all("extendedResourceName" not in c["spec"] for c in classes)
+    # Like NVIDIA's chart (nvidia-dra-driver.md 9.3): gpu.nvidia.com maps nvidia.com/gpu (KEP-5004), mig does not.
+    assert {c["metadata"]["name"]: c["spec"].get("extendedResourceName") for c in classes} == {
+        "gpu.nvidia.com": "nvidia.com/gpu",
+        "mig.nvidia.com": None,
+    }
 
 
 def test_device_classes_select_the_right_devices() -> None:
@@ -346,10 +350,9 @@ def test_device_classes_select_the_right_devices() -> None:
     }
 
 
-def test_extended_resource_overlay_maps_nvidia_gpu_onto_the_gpu_class_only() -> None:
-    classes = {c["metadata"]["name"]: c for c in find(render("overlays/extended-resource"), "DeviceClass")}
-    assert classes["gpu.nvidia.com"]["spec"]["extendedResourceName"] == "nvidia.com/gpu"
-    assert "extendedResourceName" not in classes["mig.nvidia.com"]["spec"]
+def test_no_extended_resource_overlay_removes_only_the_mapping() -> None:
+    classes = {c["metadata"]["name"]: c for c in find(render("overlays/no-extended-resource"), "DeviceClass")}
+    assert all("extendedResourceName" not in c["spec"] for c in classes.values())
     assert (
         classes["gpu.nvidia.com"]["spec"]["selectors"]
         == one(render("base"), "DeviceClass", "gpu.nvidia.com")["spec"]["selectors"]
