@@ -6,7 +6,9 @@ It plays the control plane and the kubelet around a plugin started separately
 * the Kubernetes API emulator over HTTP (use ``kubectl --kubeconfig <root>/kubeconfig``);
 * the resourceclaim controller: a Pod's ``resourceClaimTemplateName`` entries become ResourceClaims;
 * the scheduler: the Pod's pending claims are allocated on this node (our allocation simulator) and the Pod
-  is bound (``spec.nodeName``);
+  is bound (``spec.nodeName``); a Pod that asks for an extended resource a DeviceClass maps
+  (``nvidia.com/gpu: 1``, no resourceClaims) gets the claim kube-scheduler generates (KEP-5004,
+  :func:`dradriver.sandbox.scheduler.schedule_extended`);
 * the kubelet: registers the plugin from the registrar directory, calls NodePrepareResources for the claims of
   each bound Pod, and NodeUnprepareResources once no Pod uses a claim any more (Pod deleted).
 
@@ -144,8 +146,10 @@ class ClusterEmulator:
         assert api is not None
         ns = pod["metadata"].get("namespace", "default")
         entries = pod.get("spec", {}).get("resourceClaims") or []
-        if not entries or pod["metadata"].get("deletionTimestamp"):
+        if pod["metadata"].get("deletionTimestamp"):
             return None
+        if not entries:
+            return self._extended_claims(pod)
         statuses = {s["name"]: s.get("resourceClaimName") for s in pod.get("status", {}).get(
             "resourceClaimStatuses", [])}
         names: list[str] = []
@@ -184,6 +188,29 @@ class ClusterEmulator:
                     api.update(fresh)
             claims = allocated
         return claims
+
+    def _extended_claims(self, pod: dict[str, Any]) -> list[dict[str, Any]] | None:
+        """A device-plugin-style Pod (``nvidia.com/gpu: 1``, no resourceClaims): the claim the scheduler makes."""
+        api = self.sandbox.api
+        assert api is not None
+        ns, name = pod["metadata"].get("namespace", "default"), pod["metadata"]["name"]
+        pod_ref = {"resource": "pods", "name": name, "uid": pod["metadata"]["uid"]}
+        existing = (pod.get("status") or {}).get("extendedResourceClaimStatus") or {}
+        if existing.get("resourceClaimName"):
+            claim = api.get("ResourceClaim", existing["resourceClaimName"], ns)
+            if claim is not None and pod_ref in (claim.get("status") or {}).get("reservedFor", []):
+                return [claim]
+        claim = scheduler.schedule_extended(api, pod, node_name=self.sandbox.node_name)
+        if claim is None:
+            return None
+        devices = ", ".join(r["device"] for r in claim["status"]["allocation"]["devices"]["results"])
+        self.say(f"scheduler: pod {ns}/{name} (extended resources) -> node {self.sandbox.node_name}, claim "
+                 f"{claim['metadata']['name']}, devices {devices}")
+        fresh = api.get("Pod", name, ns)
+        if fresh is not None and not fresh.get("spec", {}).get("nodeName"):
+            fresh["spec"]["nodeName"] = self.sandbox.node_name
+            api.update(fresh)
+        return [claim]
 
     def _claim_from_template(self, pod: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
         assert self.sandbox.api is not None

@@ -27,10 +27,12 @@ def test_demo_runs_to_the_end() -> None:
     proc = _run()
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    for step in range(1, 6):
+    for step in range(1, 7):
         assert f"== {step}." in out
     assert "GPU 0: NVIDIA GB200 (UUID: GPU-" in out
     assert "preparations: 1" in out
+    assert "scheduler created claim cuda-vectoradd-extended-resources-" in out
+    assert '"requestName": "container-0-request-0"' in out
     assert "CDI specs: 0, prepared claims: 0" in out
     assert "every step succeeded" in out
 
@@ -42,7 +44,7 @@ def test_demo_json_output_for_other_profiles(profile: str) -> None:
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["ok"] is True and report["profile"] == profile
-    assert [s["step"] for s in report["steps"]] == [1, 2, 3, 4, 5]
+    assert [s["step"] for s in report["steps"]] == [1, 2, 3, 4, 5, 6]
     step3 = report["steps"][2]
     smi = next(d["nvidia_smi"] for d in step3["details"] if "nvidia_smi" in d)
     assert smi.startswith("GPU 0: NVIDIA ")

@@ -1,0 +1,104 @@
+"""The sandbox scheduler serves device-plugin-style Pods (``nvidia.com/gpu: 1``) through DRA (KEP-5004).
+
+Against the API emulator with the DeviceClasses ``deploy/`` ships and the example Pod ``deploy/examples/
+device-plugin-pod.yaml``; ``dradriver demo`` (step 5, ``tests/commands/test_demo.py``) runs the same path
+through the real kubelet plugin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dradriver.allocator.allocation import AllocationError
+from dradriver.sandbox import scheduler
+from dradriver.sandbox.apiserver import ApiServerEmulator
+
+ROOT = Path(__file__).resolve().parents[2]
+H100_SLICE = ROOT / "tests" / "allocator" / "fixtures" / "h100.yaml"
+
+
+def _objects(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+@pytest.fixture
+def api() -> Iterator[ApiServerEmulator]:
+    with ApiServerEmulator() as emulator:
+        for obj in _objects(ROOT / "deploy" / "kustomize" / "base" / "deviceclasses.yaml"):
+            emulator.create(obj)
+        for obj in _objects(H100_SLICE):
+            emulator.create(obj)
+        yield emulator
+
+
+def _pod(api: ApiServerEmulator, limits: dict[str, Any] | None = None) -> dict[str, Any]:
+    [pod] = _objects(ROOT / "deploy" / "examples" / "device-plugin-pod.yaml")
+    if limits is not None:
+        pod["spec"]["containers"][0]["resources"]["limits"] = limits
+    return api.create(pod)
+
+
+def test_the_scheduler_generates_allocates_and_records_the_claim(api: ApiServerEmulator) -> None:
+    api.add_node("h100-node")
+    pod = _pod(api)
+    claim = scheduler.schedule_extended(api, pod, node_name="h100-node")
+    assert claim is not None
+    meta = claim["metadata"]
+    assert meta["name"].startswith("cuda-vectoradd-extended-resources-")
+    assert meta["generateName"] == "cuda-vectoradd-extended-resources-"
+    assert meta["annotations"] == {"resource.kubernetes.io/extended-resource-claim": "true"}
+    assert meta["ownerReferences"] == [{"apiVersion": "v1", "kind": "Pod", "name": "cuda-vectoradd",
+                                        "uid": pod["metadata"]["uid"], "controller": True,
+                                        "blockOwnerDeletion": True}]
+    assert claim["spec"]["devices"]["requests"] == [
+        {"name": "container-0-request-0",
+         "exactly": {"deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 1}}
+    ]
+    assert claim["status"]["allocation"]["devices"]["results"][0]["device"] == "gpu-0"
+    assert claim["status"]["reservedFor"] == [{"resource": "pods", "name": "cuda-vectoradd",
+                                               "uid": pod["metadata"]["uid"]}]
+    stored = api.get("Pod", "cuda-vectoradd", "default")
+    assert stored is not None
+    assert stored["status"]["extendedResourceClaimStatus"] == {
+        "requestMappings": [{"containerName": "cuda-vectoradd", "resourceName": "nvidia.com/gpu",
+                             "requestName": "container-0-request-0"}],
+        "resourceClaimName": meta["name"],
+    }
+    # A second scheduling pass finds the claim through the Pod's status: no second claim.
+    again = scheduler.schedule_extended(api, stored, node_name="h100-node")
+    assert again is not None and again["metadata"]["name"] == meta["name"]
+    assert len(api.objects("ResourceClaim")) == 1
+
+
+def test_a_node_whose_device_plugin_offers_the_resource_keeps_it(api: ApiServerEmulator) -> None:
+    api.add_node("h100-node", allocatable={"cpu": "64", "nvidia.com/gpu": "4"})
+    assert scheduler.schedule_extended(api, _pod(api), node_name="h100-node") is None
+    assert api.objects("ResourceClaim") == []
+
+
+def test_without_the_mapping_the_pod_cannot_be_scheduled_and_says_why(api: ApiServerEmulator) -> None:
+    api.add_node("h100-node")
+    gpu_class = api.get("DeviceClass", "gpu.nvidia.com")
+    assert gpu_class is not None
+    del gpu_class["spec"]["extendedResourceName"]
+    api.update(gpu_class)
+    with pytest.raises(AllocationError) as info:
+        scheduler.schedule_extended(api, _pod(api), node_name="h100-node")
+    assert str(info.value).startswith(
+        "cannot schedule pod default/cuda-vectoradd: container 'cuda-vectoradd' asks for nvidia.com/gpu: 1, and "
+        "nothing serves it: no DeviceClass has spec.extendedResourceName nvidia.com/gpu"
+    )
+    assert api.objects("ResourceClaim") == []
+
+
+def test_the_implicit_class_name_works_without_the_mapping(api: ApiServerEmulator) -> None:
+    api.add_node("h100-node")
+    pod = _pod(api, {"deviceclass.resource.kubernetes.io/gpu.nvidia.com": 2})
+    claim = scheduler.schedule_extended(api, pod, node_name="h100-node")
+    assert claim is not None
+    assert [r["device"] for r in claim["status"]["allocation"]["devices"]["results"]] == ["gpu-0", "gpu-1"]
