@@ -102,3 +102,34 @@ def test_the_implicit_class_name_works_without_the_mapping(api: ApiServerEmulato
     claim = scheduler.schedule_extended(api, pod, node_name="h100-node")
     assert claim is not None
     assert [r["device"] for r in claim["status"]["allocation"]["devices"]["results"]] == ["gpu-0", "gpu-1"]
+
+
+def test_the_sandbox_cluster_binds_a_device_plugin_style_pod_once() -> None:
+    """``dradriver sandbox``'s control plane: claim generated, allocated, Pod bound; a later pass reuses it."""
+    from dradriver.sandbox.cluster import ClusterEmulator
+    from dradriver.sandbox.node import SandboxNode
+
+    messages: list[str] = []
+    with SandboxNode(profile="dgx-h100") as node:
+        api = node.api
+        assert api is not None
+        cluster = ClusterEmulator(node, say=messages.append)
+        cluster.apply_device_classes()
+        for obj in _objects(H100_SLICE):
+            obj["spec"]["nodeName"] = node.node_name
+            api.create(obj)
+        pod = _pod(api)
+        claims = cluster._pod_claims(pod)
+        assert claims is not None
+        [claim] = claims
+        assert claim["metadata"]["annotations"] == {"resource.kubernetes.io/extended-resource-claim": "true"}
+        bound = api.get("Pod", "cuda-vectoradd", "default")
+        assert bound is not None and bound["spec"]["nodeName"] == node.node_name
+        assert bound["status"]["extendedResourceClaimStatus"]["resourceClaimName"] == claim["metadata"]["name"]
+        assert messages == [
+            f"scheduler: pod default/cuda-vectoradd (extended resources) -> node {node.node_name}, claim "
+            f"{claim['metadata']['name']}, devices gpu-0"
+        ]
+        again = cluster._pod_claims(bound)
+        assert again is not None and [c["metadata"]["name"] for c in again] == [claim["metadata"]["name"]]
+        assert len(messages) == 1 and len(api.objects("ResourceClaim")) == 1
