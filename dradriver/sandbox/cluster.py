@@ -31,6 +31,7 @@ import yaml
 from dradriver.allocator.allocation import AllocationError
 from dradriver.config import PLUGIN_FLAGS, PluginConfig
 from dradriver.domain.claims import ClaimRef
+from dradriver.domain.featuregates import FeatureGates
 from dradriver.domain.identity import GPU_DRIVER
 from dradriver.sandbox import scheduler
 from dradriver.sandbox.apiserver import ApiServerEmulator
@@ -46,7 +47,9 @@ def plugin_environment(config: PluginConfig) -> dict[str, str]:
     env: dict[str, str] = {}
     for flag in PLUGIN_FLAGS:
         value = getattr(config, flag.dest)
-        if isinstance(value, bool):
+        if isinstance(value, FeatureGates):  # the --feature-gates syntax: only the gates set explicitly
+            env[flag.env] = ",".join(f"{k}={'true' if v else 'false'}" for k, v in sorted(value.explicit.items()))
+        elif isinstance(value, bool):
             env[flag.env] = "true" if value else "false"
         elif isinstance(value, tuple):
             env[flag.env] = ",".join(str(v) for v in value)
