@@ -119,6 +119,7 @@ def load(texts: Iterable[str], sources: Sequence[str] | None = None) -> Inputs:
         raise InputError(f"no Kubernetes objects in {', '.join(names) or 'the input'} (empty input)")
     inputs = Inputs()
     raw_claims: list[dict[str, Any]] = []
+    owners = _controllers(obj for obj, _ in objects)
     for original, source in objects:
         try:
             obj = to_v1(original)
@@ -147,6 +148,11 @@ def load(texts: Iterable[str], sources: Sequence[str] | None = None) -> Inputs:
         elif kind == "Namespace" and obj.get("apiVersion") == "v1":
             meta = obj.get("metadata") or {}
             inputs.namespaces[str(meta.get("name"))] = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+        elif is_workload(obj) and _key(obj) in owners:
+            inputs.notes.append(
+                f"{obj.get('kind')} {_key(obj)[0]}/{_key(obj)[2]}: not expanded, the objects it controls are in "
+                "the input (ownerReferences)"
+            )
         elif is_workload(obj):
             expansion = expand(obj)
             inputs.pods.extend(expansion.pods)
@@ -160,6 +166,26 @@ def load(texts: Iterable[str], sources: Sequence[str] | None = None) -> Inputs:
     inputs.claims = [parse_claim(c) for c in raw_claims]
     inputs.claims.extend(_instantiate(inputs))
     return inputs
+
+
+def _key(obj: dict[str, Any]) -> tuple[str, str, str]:
+    meta = as_mapping(obj.get("metadata"))
+    return str(meta.get("namespace") or "default"), str(obj.get("kind")), str(meta.get("name"))
+
+
+def _controllers(objects: Iterable[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    """``(namespace, kind, name)`` of every controller an input object names in its ``ownerReferences``.
+
+    A workload whose Pods (or ReplicaSets, or launcher Job) are in the input, as ``kubectl get deploy,rs,pods
+    -o yaml`` gives them, is not expanded a second time.
+    """
+    found = set()
+    for obj in objects:
+        meta = as_mapping(obj.get("metadata"))
+        for ref in meta.get("ownerReferences") or []:
+            if isinstance(ref, dict) and ref.get("controller"):
+                found.add((str(meta.get("namespace") or "default"), str(ref.get("kind")), str(ref.get("name"))))
+    return found
 
 
 def _pod_ref(pod: dict[str, Any]) -> tuple[str, str]:

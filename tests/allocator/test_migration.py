@@ -462,3 +462,21 @@ def test_explain_a_device_plugin_style_pod_that_asks_for_more_gpus_than_a_node_h
     assert any("request 'container-2-request-2' needs 8 devices, 4 of 4 devices on node h100-node qualify" in line
                for line in lines)
     assert lines[-1].startswith("pod default/cuda-vectoradd: PENDING: claim(s) default/cuda-vectoradd-extended-")
+
+
+def test_a_workload_whose_pods_are_in_the_input_is_not_expanded_again() -> None:
+    """``kubectl get deploy,rs,pods -o yaml``: the Deployment, its ReplicaSet and its Pods, each counted once."""
+    first = load([*fixture("h100"), docs(GPU_TEMPLATE, deployment(2))])
+    replica_set_name = first.pods[0]["metadata"]["ownerReferences"][0]["name"]
+    replica_set = {"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                   "metadata": {"name": replica_set_name, "namespace": "default",
+                                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "train",
+                                                     "uid": "d", "controller": True}]},
+                   "spec": {"replicas": 2, "template": pod_template()}}
+    inputs = load([*fixture("h100"), docs(GPU_TEMPLATE, deployment(2), replica_set, *first.pods)])
+    assert [p["metadata"]["name"] for p in inputs.pods] == [p["metadata"]["name"] for p in first.pods]
+    assert inputs.notes == [
+        "Deployment default/train: not expanded, the objects it controls are in the input (ownerReferences)",
+        f"ReplicaSet default/{replica_set_name}: not expanded, the objects it controls are in the input "
+        "(ownerReferences)",
+    ]
