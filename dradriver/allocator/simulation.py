@@ -1,12 +1,23 @@
 """Allocation simulator: read Kubernetes objects, allocate claims like kube-scheduler, explain the outcome.
 
-Input is any mix of ``ResourceSlice``, ``DeviceClass``, ``ResourceClaim``, ``ResourceClaimTemplate``, ``Pod``,
-``Node`` and ``Namespace`` objects (``List`` objects are flattened; other kinds are ignored). Templates become
-claims: one per Pod that references the template (named ``<pod>-<pod claim name>``), or, when no Pod does,
-one claim named after the template. Claims that already carry ``status.allocation`` hold their devices.
+Input is any mix of ``ResourceSlice``, ``DeviceClass``, ``ResourceClaim``, ``ResourceClaimTemplate``
+(``resource.k8s.io`` v1, v1beta2 or v1beta1, converted as the API server converts them:
+:mod:`.conversion`; retired versions are refused with the reason), ``Pod``, ``Node``, ``Namespace``, and
+workloads (Deployments, ReplicaSets, StatefulSets, Jobs, MPIJobs), which become the Pods their controllers
+would run (:mod:`.workloads`). ``List`` objects are flattened. Every other object is named in
+:attr:`Inputs.warnings`; an input without any object is an error, a YAML error names the source and line.
+
+The control plane's claims are generated as it generates them: per template entry of a Pod, one claim named
+by the ResourceClaim controller's rule (``<pod>-<claim>-<5 characters>``, :mod:`.naming`; a Pod whose
+``status.resourceClaimStatuses`` names a claim in the input uses it); per Pod that asks for extended
+resources a DeviceClass maps (``nvidia.com/gpu: 1``), the claim kube-scheduler generates
+(:mod:`.extended`, KEP-5004); a template no Pod references gives one claim named after the template.
+Claims that already carry ``status.allocation`` hold their devices.
 
 Claims of one Pod are allocated together on the Pod's ``spec.nodeName`` (or the first node, in name order,
-that fits); claims no Pod references are allocated one by one, in input order.
+that fits); claims no Pod references are allocated one by one, in input order. A Pod with an extended
+resource nothing serves (no DeviceClass maps it, no Node offers it in ``status.allocatable``) is not
+scheduled, and the failure says why.
 """
 
 from __future__ import annotations
