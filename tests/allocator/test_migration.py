@@ -480,3 +480,13 @@ def test_a_workload_whose_pods_are_in_the_input_is_not_expanded_again() -> None:
         f"ReplicaSet default/{replica_set_name}: not expanded, the objects it controls are in the input "
         "(ownerReferences)",
     ]
+
+
+def test_cli_allocate_prints_the_generated_claim_and_the_pod_with_its_status(tmp_path: Path, capsys: Any) -> None:
+    path = tmp_path / "pod.yaml"
+    path.write_text(docs(gpu_class(), device_plugin_pod(count=1)))
+    assert main(["allocate", str(FIXTURES / "h100.yaml"), str(path)]) == 0
+    claim, pod = yaml.safe_load_all(capsys.readouterr().out)
+    assert claim["kind"] == "ResourceClaim" and pod["kind"] == "Pod"
+    assert pod["status"]["extendedResourceClaimStatus"]["resourceClaimName"] == claim["metadata"]["name"]
+    assert pod["spec"]["nodeName"] == "h100-node"
