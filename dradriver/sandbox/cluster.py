@@ -190,7 +190,7 @@ class ClusterEmulator:
                     fresh["spec"]["nodeName"] = self.sandbox.node_name
                     api.update(fresh)
             claims = allocated
-        return claims
+        return claims + (self._extended_claims(pod) or [])  # extended resources beside claims (KEP-5004)
 
     def _extended_claims(self, pod: dict[str, Any]) -> list[dict[str, Any]] | None:
         """A device-plugin-style Pod (``nvidia.com/gpu: 1``, no resourceClaims): the claim the scheduler makes."""

@@ -133,3 +133,27 @@ def test_the_sandbox_cluster_binds_a_device_plugin_style_pod_once() -> None:
         again = cluster._pod_claims(bound)
         assert again is not None and [c["metadata"]["name"] for c in again] == [claim["metadata"]["name"]]
         assert len(messages) == 1 and len(api.objects("ResourceClaim")) == 1
+
+
+def test_the_sandbox_cluster_serves_claims_and_extended_resources_of_one_pod() -> None:
+    from dradriver.sandbox.cluster import ClusterEmulator
+    from dradriver.sandbox.node import SandboxNode
+
+    with SandboxNode(profile="dgx-h100") as node:
+        api = node.api
+        assert api is not None
+        cluster = ClusterEmulator(node, say=lambda _: None)
+        cluster.apply_device_classes()
+        for obj in _objects(H100_SLICE):
+            obj["spec"]["nodeName"] = node.node_name
+            api.create(obj)
+        api.create({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                    "metadata": {"name": "mine", "namespace": "default"},
+                    "spec": {"devices": {"requests": [
+                        {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}})
+        [pod] = _objects(ROOT / "deploy" / "examples" / "device-plugin-pod.yaml")
+        pod["spec"]["resourceClaims"] = [{"name": "mine", "resourceClaimName": "mine"}]
+        claims = cluster._pod_claims(api.create(pod))
+        assert claims is not None
+        assert [c["metadata"]["name"].split("-extended-resources-")[0] for c in claims] == ["mine", "cuda-vectoradd"]
+        assert {c["status"]["allocation"]["devices"]["results"][0]["device"] for c in claims} == {"gpu-0", "gpu-1"}
