@@ -245,3 +245,14 @@ def test_start_logging_uses_klog_and_warns_inert_variables(monkeypatch: pytest.M
     assert re.match(r"^W\d{4} [\d:.]{15} [ \d]{7,} _entrypoint\.py:\d+\] NVIDIA_DRA_TEST_FORCE_GPU_ARCH='ampere'",
                     lines[0]), lines
     assert re.match(r"^I\d{4} .* test_gpu_kubelet_plugin\.py:\d+\] debug at -v 4$", lines[1]), lines
+
+
+def test_dradriver_cli_reports_disagreeing_twins_in_one_line(monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from dradriver import cli
+
+    monkeypatch.setenv("NVIDIA_DRIVER_ROOT", "/")
+    monkeypatch.setenv("HOST_DRIVER_ROOT", "/run/nvidia/driver")
+    assert cli.main(["mock-profiles"]) == 2
+    assert capsys.readouterr().err == ("dradriver: --nvidia-driver-root: NVIDIA_DRIVER_ROOT='/' and "
+                                       "HOST_DRIVER_ROOT='/run/nvidia/driver' disagree; set one of them\n")
