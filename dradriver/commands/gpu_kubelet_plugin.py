@@ -43,7 +43,6 @@ def run(args: argparse.Namespace) -> int:
     import signal
     import sys
 
-    from dradriver import app
     from dradriver.errors import DradriverError
 
     try:
@@ -52,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
     except DradriverError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
+    from dradriver import app  # after the flags: a bad flag is reported without loading the plugin's parts
     log = logging.getLogger("dradriver.gpu_kubelet_plugin")
     log.info("startup config: %s", config.startup_summary(cfg))
 
