@@ -164,7 +164,8 @@ PLUGIN_FLAGS: tuple[Flag, ...] = (
         "",
         "host:port for the Prometheus metrics server, e.g. ':8080'; empty disables.",
     ),
-    Flag("--metrics-path", "METRICS_PATH", "/metrics", "HTTP path of the metrics endpoint."),
+    Flag("--metrics-path", "METRICS_PATH", "/metrics", "HTTP path of the metrics endpoint; empty disables the "
+         "metrics server (as NVIDIA's)."),
     Flag(
         "--additional-xids-to-ignore",
         "ADDITIONAL_XIDS_TO_IGNORE",

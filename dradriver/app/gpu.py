@@ -195,7 +195,9 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
         await life.step("health monitor", lambda: asyncio.to_thread(health.start),
                         lambda _: asyncio.to_thread(health.stop))
         metrics_server = None
-        if config.http_endpoint:  # bound before the kubelet can see us, so a taken port fails cleanly
+        if config.http_endpoint and not config.metrics_path:  # NVIDIA: "disabled if empty"
+            log.info("metrics server off: --metrics-path (env METRICS_PATH) is empty")
+        elif config.http_endpoint:  # bound before the kubelet can see us, so a taken port fails cleanly
             def bind() -> MetricsServer:
                 try:
                     return serve_metrics(metrics.registry, config.http_endpoint, config.metrics_path)
