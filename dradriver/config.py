@@ -4,6 +4,10 @@
 DaemonSet in ``deploy/`` sets exactly these environment variables (a test compares both). Flag and
 variable names follow NVIDIA's gpu-kubelet-plugin where it has an equivalent (reference:
 ``nvidia-dra-driver.md`` section 1.1), so existing manifests keep working.
+
+:data:`LOGGING_FLAGS` are klog's (component-base's) logging flags, shared by every NVIDIA-named entry point
+(:mod:`dradriver.commands._entrypoint`); :data:`NVIDIA_ENVIRONMENT` lists the variables of NVIDIA's chart and binary
+that are no flag's twin and what dradriver does with each. ``deploy/helm/README.md`` tabulates all of them.
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ class Flag:
     :param aliases: further spellings of the option (NVIDIA's ``--host_driver-root``, component-base's
         ``--logging-format``).
     :param env_aliases: further environment variables read when ``env`` is unset or empty (NVIDIA's
-        ``HOST_DRIVER_ROOT``; ``ADDITIONAL_XIDs_TO_IGNORE``, the spelling in NVIDIA's documentation). Two
+        ``HOST_DRIVER_ROOT``; ``ADDITIONAL_XIDs_TO_IGNORE``, the spelling issue 18 reports operators setting in
+        NVIDIA's chart, while NVIDIA's v0.5.0-dev binary reads only ``ADDITIONAL_XIDS_TO_IGNORE``). Two
         non-empty values that differ are refused (:func:`environment_value`).
     :param name: the attribute name when it is not the option's (``-v`` is ``verbosity``).
     """
@@ -292,7 +297,7 @@ def environment_value(flag: Flag, environ: Mapping[str, str]) -> tuple[str, str]
     """The environment's value for ``flag`` and the variable it came from, or ``None`` when none is set.
 
     The primary variable wins; an alias is read when the primary is unset or empty. Two non-empty values
-    that differ are an error rather than a silent choice (an operator who set NVIDIA's ``ADDITIONAL_XIDs_TO_IGNORE``
+    that differ are an error rather than a silent choice (an operator who set ``ADDITIONAL_XIDs_TO_IGNORE``
     beside a manifest's empty ``ADDITIONAL_XIDS_TO_IGNORE`` gets the Xids; one who set both to different lists
     is told).
 

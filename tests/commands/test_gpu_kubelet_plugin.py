@@ -85,7 +85,7 @@ def test_every_nvidia_flag_and_env_twin_exists() -> None:
         assert option in ours, option
         for env in envs:
             assert env in ours[option].envs, (option, env)
-    # ADDITIONAL_XIDs_TO_IGNORE is the spelling NVIDIA's chart documentation uses; both are read.
+    # ADDITIONAL_XIDs_TO_IGNORE: the spelling operators set in the chart's env (issue 18); both are read.
     assert "ADDITIONAL_XIDs_TO_IGNORE" in ours["--additional-xids-to-ignore"].envs
 
 

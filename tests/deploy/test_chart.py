@@ -193,7 +193,7 @@ def test_chart_command_line_starts_registers_and_answers_liveness(sandbox: Sandb
     assert lines and KLOG.match(lines[0]), text
     startup = next(line for line in headers if "startup config:" in line)
     assert f"nvidia_driver_root={driver_root} " in startup
-    assert "additional_xids_to_ignore=13,31 " in startup  # NVIDIA's ADDITIONAL_XIDs_TO_IGNORE spelling
+    assert "additional_xids_to_ignore=13,31 " in startup  # the mixed-case ADDITIONAL_XIDs_TO_IGNORE
     assert f"namespace={NAMESPACE} " in startup and f"service_account_name={SERVICE_ACCOUNT} " in startup
     assert "feature_gates=NVMLDeviceHealthCheck=true " in startup
     assert f"NVML library {sandbox.driver_root}/usr/lib/x86_64-linux-gnu/libnvidia-ml.so." in text  # found there
