@@ -17,6 +17,7 @@ machine (healthcheck and metrics ports, the kubelet directories) are set as an o
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -38,6 +39,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from dradriver.nvml import mock
 from dradriver.sandbox.kubelet import SyncKubeletEmulator
 from dradriver.sandbox.node import SandboxNode
+from tests.plugin.conftest import claim_object, ref_of, result, set_allocation
 
 from . import chart
 
@@ -166,6 +168,12 @@ def test_chart_command_line_starts_registers_and_answers_liveness(sandbox: Sandb
         with SyncKubeletEmulator(Path(env["KUBELET_REGISTRAR_DIRECTORY_PATH"])) as kubelet:
             connection = kubelet.wait_for_plugin("gpu.nvidia.com", timeout=START_TIMEOUT_S)
             assert connection.name == "gpu.nvidia.com"
+            # A claim prepared under the chart's environment: its CDI spec names host files under the chart's
+            # driver root (NVIDIA_DRIVER_ROOT), read through the container's mount (/driver-root).
+            assert sandbox.api is not None
+            claim = set_allocation(sandbox, sandbox.api.create(claim_object("chart-claim")), [result("gpu-0")])
+            prepared = connection.prepare([ref_of(claim)])[claim["metadata"]["uid"]]
+            assert prepared.error == "" and [d.device_name for d in prepared.devices] == ["gpu-0"]
         serving = health_pb2.HealthCheckResponse.SERVING
         status = _until("SERVING on liveness", lambda: _liveness(health_port) == serving, proc, log)
         assert status
@@ -196,5 +204,10 @@ def test_chart_command_line_starts_registers_and_answers_liveness(sandbox: Sandb
     assert "additional_xids_to_ignore=13,31 " in startup  # the mixed-case ADDITIONAL_XIDs_TO_IGNORE
     assert f"namespace={NAMESPACE} " in startup and f"service_account_name={SERVICE_ACCOUNT} " in startup
     assert "feature_gates=NVMLDeviceHealthCheck=true " in startup
+    specs = [json.loads(p.read_text()) for p in sandbox.cdi_root.glob("*.json")]
+    host_paths = [m["hostPath"] for spec in specs for m in spec.get("containerEdits", {}).get("mounts", [])]
+    libcuda = [p for p in host_paths if "/libcuda.so." in p]
+    prefix = "" if driver_root == "/" else driver_root
+    assert libcuda and all(p.startswith(f"{prefix}/usr/lib/x86_64-linux-gnu/") for p in libcuda), host_paths
     assert f"NVML library {sandbox.driver_root}/usr/lib/x86_64-linux-gnu/libnvidia-ml.so." in text  # found there
     assert "Traceback" not in text, text
