@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from dradriver import __version__, commands
+from dradriver.errors import DradriverError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,8 +35,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Parse ``argv`` (default ``sys.argv[1:]``), run the chosen command and return its exit code."""
-    parser = build_parser()
+    """Parse ``argv`` (default ``sys.argv[1:]``), run the chosen command and return its exit code.
+
+    A malformed environment twin of a flag (read while the parsers are built) ends with status 2 and one line.
+    """
+    try:
+        parser = build_parser()
+    except DradriverError as exc:
+        print(f"dradriver: {exc}", file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help(sys.stderr)

@@ -72,10 +72,23 @@ def node_info(config: PluginConfig) -> DeviceNodeInfo:
     return DeviceNodeInfo(
         dev_root=config.container_driver_root if in_driver_root else config.dev_root,
         host_root=str(config.nvidia_driver_root) if in_driver_root else "/",
-        proc_devices=config.proc_root / "devices",
+        proc_devices=config.proc_devices_path,
         mig_minors=config.proc_root / "driver" / "nvidia-caps" / "mig-minors",
         capabilities_dir=config.proc_root / "driver" / "nvidia" / "capabilities",
     )
+
+
+def nvml_library(config: PluginConfig) -> str:
+    """The NVML library to load: ``--nvml-library``; else, as NVIDIA's plugin does, ``libnvidia-ml.so.1`` under the
+    container's driver root (``--container-driver-root``, where NVIDIA's chart mounts the driver); else ``""`` (the
+    loader's search path). With ``--mock-profile`` the bundled mock decides and this returns ``--nvml-library``."""
+    if config.nvml_library or config.mock_profile:
+        return config.nvml_library
+    found = driverfiles.find_nvml_library(config.container_driver_root)
+    if found is None:
+        return ""
+    log.info("NVML library %s (under the driver root %s)", found, config.container_driver_root)
+    return str(found)
 
 
 def driver_edits(config: PluginConfig, driver_version: str) -> cdi.ContainerEdits:
@@ -133,7 +146,7 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
     life = Lifecycle(identity.driver_name)
     assembly.ensure_dir(config.plugin_dir, 0o750)
     assembly.ensure_dir(config.cdi_root, 0o755)
-    session = await life.step("NVML session", lambda: open_session(config.nvml_library, config.mock_profile),
+    session = await life.step("NVML session", lambda: open_session(nvml_library(config), config.mock_profile),
                               lambda s: s.close())
     try:
         registry: DeviceRegistry[NodeInventory] = DeviceRegistry(discover(session, config),
@@ -182,7 +195,9 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
         await life.step("health monitor", lambda: asyncio.to_thread(health.start),
                         lambda _: asyncio.to_thread(health.stop))
         metrics_server = None
-        if config.http_endpoint:  # bound before the kubelet can see us, so a taken port fails cleanly
+        if config.http_endpoint and not config.metrics_path:  # NVIDIA: "disabled if empty"
+            log.info("metrics server off: --metrics-path (env METRICS_PATH) is empty")
+        elif config.http_endpoint:  # bound before the kubelet can see us, so a taken port fails cleanly
             def bind() -> MetricsServer:
                 try:
                     return serve_metrics(metrics.registry, config.http_endpoint, config.metrics_path)

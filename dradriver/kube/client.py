@@ -9,6 +9,8 @@
   limit), so callers get the API's field names (``spec.nodeName``) and fields the client's models do not
   know survive a read; a body that cannot be decoded is a ``KubeAPIError`` (``InvalidResponse``);
 * bounds each request by a connect and a read timeout (seconds);
+* waits for the client-side rate limiter first, when there is one (``--kube-api-qps``/``--kube-api-burst``,
+  :mod:`dradriver.kube.ratelimit`); every try and every watch opened takes a token, as in client-go;
 * retries 429, 5xx and connection failures with exponential backoff and jitter, honouring ``Retry-After``,
   at most :attr:`RetryPolicy.attempts` tries; other errors are raised at once;
 * raises only :mod:`dradriver.kube.errors` classes, the library's exception chained as ``__cause__``.
@@ -32,6 +34,7 @@ import urllib3
 import yaml
 
 from dradriver.kube import errors, jsonbody
+from dradriver.kube.ratelimit import TokenBucket
 
 log = logging.getLogger(__name__)
 
@@ -71,16 +74,19 @@ class KubeClient:
     :param read_timeout_s: read timeout per request, seconds (watches pass their own).
     :param retry: retry policy for 429, 5xx and connection errors.
     :param sleep: the sleep function (tests may pass one that records delays).
+    :param rate_limit: the client-side limiter every request waits for; ``None`` for none.
     """
 
     def __init__(self, api_client: Any, *, connect_timeout_s: float = 5.0, read_timeout_s: float = 30.0,
-                 retry: RetryPolicy | None = None, sleep: Callable[[float], None] = time.sleep) -> None:
+                 retry: RetryPolicy | None = None, sleep: Callable[[float], None] = time.sleep,
+                 rate_limit: TokenBucket | None = None) -> None:
         self.api_client = api_client
         self.core = kubernetes.client.CoreV1Api(api_client)
         self.resource = kubernetes.client.ResourceV1Api(api_client)
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
         self.retry = retry or RetryPolicy()
+        self.rate_limit = rate_limit
         self._sleep = sleep
 
     @property
@@ -99,6 +105,8 @@ class KubeClient:
         """
         attempts = self.retry.attempts if retry else 1
         for attempt in range(1, attempts + 1):
+            if self.rate_limit is not None:
+                self.rate_limit.wait()
             try:
                 response = method(*args, _preload_content=False,
                                   _request_timeout=(self.connect_timeout_s, self.read_timeout_s), **kwargs)
@@ -122,6 +130,8 @@ class KubeClient:
         :param timeout_s: ``timeoutSeconds`` asked of the server; the read timeout is a little longer.
         :raises errors.KubeAPIError: opening or reading the stream failed (not retried here).
         """
+        if self.rate_limit is not None:
+            self.rate_limit.wait()
         try:
             response = method(watch=True, timeout_seconds=int(timeout_s), _preload_content=False,
                               _request_timeout=(self.connect_timeout_s, timeout_s + 30.0), **kwargs)
@@ -180,7 +190,8 @@ def translate(what: str, exc: BaseException) -> errors.KubeAPIError | None:
 
 
 def open_client(kubeconfig: str = "", *, user_agent: str = "dradriver", connect_timeout_s: float = 5.0,
-                read_timeout_s: float = 30.0, retry: RetryPolicy | None = None) -> KubeClient:
+                read_timeout_s: float = 30.0, retry: RetryPolicy | None = None,
+                rate_limit: TokenBucket | None = None) -> KubeClient:
     """A :class:`KubeClient` from a kubeconfig file, or from the in-cluster service account if empty.
 
     In-cluster configuration reads ``KUBERNETES_SERVICE_HOST``/``_PORT`` and the token and CA under
@@ -188,6 +199,7 @@ def open_client(kubeconfig: str = "", *, user_agent: str = "dradriver", connect_
     so :class:`RetryPolicy` is the only retry layer.
 
     :param user_agent: the ``User-Agent`` header (a plugin passes its identity's, e.g. ``dradriver/<driver>``).
+    :param rate_limit: client-side rate limiter (:func:`dradriver.kube.ratelimit.rate_limiter`); ``None``: none.
 
     :raises errors.KubeAPIError: the configuration cannot be loaded (missing file, invalid YAML, not a
         kubeconfig, not in a cluster); the message is one line naming the file.
@@ -211,4 +223,4 @@ def open_client(kubeconfig: str = "", *, user_agent: str = "dradriver", connect_
     api_client = kubernetes.client.ApiClient(cfg)
     api_client.user_agent = user_agent
     return KubeClient(api_client, connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s,
-                      retry=retry)
+                      retry=retry, rate_limit=rate_limit)
