@@ -1,7 +1,8 @@
 """``dradriver allocate``: allocate ResourceClaims the way kube-scheduler's structured allocator does.
 
 Reads multi-document YAML (files, or stdin for ``-``/no file) holding ResourceSlices, DeviceClasses,
-ResourceClaims, ResourceClaimTemplates, Pods, Nodes; prints the claims with ``status.allocation`` filled in.
+ResourceClaims, ResourceClaimTemplates, Pods, Nodes; prints the claims with ``status.allocation`` filled in
+(a YAML stream, or with ``-o json`` one ``v1`` ``List``).
 Exit code 0 when every claim is allocated, 1 when some cannot be ("cannot allocate claim ns/name: ..." on
 stderr), 2 on invalid input.
 """
@@ -22,6 +23,8 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("files", nargs="*", metavar="FILE", help="YAML files ('-' or none: stdin)")
+    parser.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml",
+                        help="format of the allocated claims: a YAML stream (default) or a JSON List")
     parser.set_defaults(func=run)
 
 
@@ -51,7 +54,11 @@ def run(args: argparse.Namespace) -> int:
     except DradriverError as exc:
         print(f"dradriver allocate: {exc}", file=sys.stderr)
         return 2
-    if outcome.claims:
+    if outcome.claims and getattr(args, "output", "yaml") == "json":
+        import json
+
+        sys.stdout.write(json.dumps({"apiVersion": "v1", "kind": "List", "items": outcome.claims}, indent=2) + "\n")
+    elif outcome.claims:
         sys.stdout.write(dump(outcome.claims))
     for failure in outcome.failures:
         print(failure, file=sys.stderr)

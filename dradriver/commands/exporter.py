@@ -19,6 +19,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from dradriver.commands._options import add_output_alias
 from dradriver.config import PLUGIN_FLAGS, FlagError, add_flags
 
 _SHARED_FLAGS = (
@@ -29,6 +30,7 @@ _SHARED_FLAGS = (
     "--metrics-path",
     "--additional-xids-to-ignore",
     "--log-level",
+    "--log-format",
 )
 
 
@@ -40,6 +42,7 @@ def register(subparsers: Any) -> None:
         description=__doc__.splitlines()[0] if __doc__ else None,
     )
     add_flags(parser, [f for f in PLUGIN_FLAGS if f.option in _SHARED_FLAGS])
+    add_output_alias(parser)
     parser.add_argument(
         "--http-endpoint",
         default=_env("HTTP_ENDPOINT", ":9400"),
@@ -73,6 +76,7 @@ def _xids(text: str) -> tuple[int, ...]:
 
 def run(args: argparse.Namespace) -> int:
     """Run until SIGINT/SIGTERM; returns the exit status."""
+    from dradriver import logs
     from dradriver.domain.faults import DEFAULT_IGNORED_XIDS
     from dradriver.errors import DradriverError
     from dradriver.health.metrics import MetricsEndpointError, exporter_registry, parse_endpoint, serve_metrics
@@ -80,10 +84,7 @@ def run(args: argparse.Namespace) -> int:
     from dradriver.nvml.discovery import discover
     from dradriver.nvml.session import open_session
 
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logs.configure(str(args.log_level), str(args.log_format))
     log = logging.getLogger("dradriver.exporter")
     node = args.node_name or socket.gethostname()
     try:

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from dradriver import config
+from dradriver.commands._options import add_output_alias
 
 
 def register(subparsers: Any) -> None:
@@ -16,6 +17,7 @@ def register(subparsers: Any) -> None:
         description=__doc__,
     )
     config.add_flags(parser)
+    add_output_alias(parser)
     parser.set_defaults(func=run)
 
 

@@ -20,23 +20,30 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--profile", default="dgx-h100", help="mock NVML node profile (default dgx-h100)")
     parser.add_argument("--node-name", default="gpu-node-1", help="name of the emulated node")
-    parser.add_argument("--output", choices=("text", "json"), default="text",
+    parser.add_argument("-o", "--output", choices=("text", "json"), default="text",
                         help="json: print the paths as one JSON object on the first line")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Serve until interrupted; 0 on Ctrl-C/SIGTERM."""
+    """Serve until interrupted; 0 on Ctrl-C/SIGTERM, 2 for an unknown ``--profile``, 1 when the node cannot be
+    laid out."""
     import asyncio
     import signal
     import sys
 
     from dradriver import logs
     from dradriver.errors import DradriverError
+    from dradriver.nvml import mock
     from dradriver.sandbox.cluster import ClusterEmulator, describe, dump, plugin_environment, write_env_file
     from dradriver.sandbox.node import SandboxNode
 
     logs.configure("warning", "text")
+    try:
+        mock.load_profile(args.profile)  # before anything starts: the same error as --mock-profile elsewhere
+    except mock.MockNvmlError as exc:
+        print(f"dradriver sandbox: error: {exc}", file=sys.stderr)
+        return 2
     try:
         sandbox = SandboxNode(profile=args.profile, node_name=args.node_name)
     except DradriverError as exc:
