@@ -23,8 +23,8 @@ import errno
 import json
 import logging
 import os
-import re
 import random
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
