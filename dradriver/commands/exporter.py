@@ -4,8 +4,9 @@ Discovers the node's GPUs and MIG devices through NVML (the system library, ``--
 bundled mock with ``--mock-profile NAME``), polls them every ``--poll-interval`` seconds with the compiled
 poller, watches NVML events (Xid, ECC, GPU lost), and serves Prometheus metrics on ``--http-endpoint`` at
 ``--metrics-path`` until SIGINT or SIGTERM. Scrapes are answered from the latest poll; they never wait on
-NVML. Metric names: ``docs/metrics.md``. Exit status 0 after a signal, 1 when NVML cannot be used or the
-endpoint cannot be served, 2 for bad flags.
+NVML. Metric names: ``docs/metrics.md``; ``--dcgm-compatible`` serves dcgm-exporter's ``DCGM_FI_*``
+names, units and labels instead (see :mod:`dradriver.health.dcgm`). Exit status 0 after a signal, 1 when
+NVML cannot be used or the endpoint cannot be served, 2 for bad flags.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ _SHARED_FLAGS = (
     "--additional-xids-to-ignore",
     "--log-level",
     "--log-format",
+    "--dcgm-compatible",
 )
 
 
@@ -118,7 +120,9 @@ def run(args: argparse.Namespace) -> int:
         )
         service.start()
         try:
-            server = serve_metrics(exporter_registry(service, node=node), args.http_endpoint, args.metrics_path)
+            registry = exporter_registry(service, node=node, dcgm_compatible=args.dcgm_compatible)
+            server = serve_metrics(registry, args.http_endpoint, args.metrics_path,
+                                   dcgm_compatible=args.dcgm_compatible)
         except OSError as exc:
             print(f"dradriver exporter: error: cannot serve metrics on {args.http_endpoint}: {exc}", file=sys.stderr)
             service.stop()
