@@ -10,7 +10,16 @@ It plays the control plane and the kubelet around a plugin started separately
 * the kubelet: registers the plugin from the registrar directory, calls NodePrepareResources for the claims of
   each bound Pod, and NodeUnprepareResources once no Pod uses a claim any more (Pod deleted).
 
-Each reconcile pass reads the emulator's objects directly; progress goes to ``log`` lines.
+What ``kubectl get pods``/``kubectl describe pod`` show comes from what those components write: a Pod whose
+claims cannot be allocated gets the ``PodScheduled=False`` condition with reason ``Unschedulable`` and a
+``FailedScheduling`` Warning Event in kube-scheduler's words (:data:`UNSCHEDULABLE_MESSAGE`); a placed Pod a
+``Scheduled`` Event (``Successfully assigned <ns>/<pod> to <node>``) and ``PodScheduled=True``; a Pod whose
+claims are prepared runs (phase ``Running``, containers ready: the emulated kubelet starts no processes); a
+failed NodePrepareResources is a ``FailedPrepareDynamicResources`` Warning Event from the kubelet. A missing
+ResourceClaimTemplate is the resourceclaim controller's ``FailedResourceClaimCreation`` Warning.
+
+Each reconcile pass reads the emulator's objects directly; progress goes to ``say`` lines. A Pod that stays
+pending is reported once per change of its reason (line, condition and Event), not at every pass.
 """
 
 from __future__ import annotations
@@ -37,6 +46,43 @@ from dradriver.sandbox.node import SandboxNode
 
 log = logging.getLogger(__name__)
 POD_CLAIM_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
+SCHEDULER = "default-scheduler"
+UNSCHEDULABLE_MESSAGE = ("0/1 nodes are available: 1 cannot allocate all claims. preemption: 0/1 nodes are "
+                         "available: 1 Preemption is not helpful for scheduling.")
+"""kube-scheduler's FailedScheduling message when the DRA plugin cannot allocate a pod's claims on the only node
+(the ``dynamicresources`` plugin's ``cannot allocate all claims`` status, as the scheduler's framework
+summarises it)."""
+
+
+def _now() -> str:
+    from datetime import UTC, datetime
+
+    return datetime.now(tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def record_event(api: ApiServerEmulator, pod: dict[str, Any], event_type: str, reason: str, message: str,
+                 component: str) -> dict[str, Any]:
+    """Create a core ``v1`` Event about ``pod`` as ``component`` reports it (``kubectl describe pod`` lists it)."""
+    import uuid
+
+    meta = pod["metadata"]
+    ns = meta.get("namespace", "default")
+    stamp = _now()
+    return api.create({
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:16]}", "namespace": ns},
+        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": ns, "name": meta["name"],
+                           "uid": meta.get("uid", "")},
+        "type": event_type,
+        "reason": reason,
+        "message": message,
+        "source": {"component": component},
+        "reportingComponent": component,
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    })
 
 
 def plugin_environment(config: PluginConfig) -> dict[str, str]:
@@ -68,6 +114,9 @@ class ClusterEmulator:
     prepared: dict[str, ClaimRef] = field(default_factory=dict)  # claim UID -> ref
     _kubelet: KubeletEmulator | None = None
     _plugin: PluginConnection | None = None
+    _pending: dict[str, str] = field(default_factory=dict)  # pod UID -> the reason last reported
+    _failed_prepare: dict[str, str] = field(default_factory=dict)  # pod UID -> the prepare error last reported
+    _last_error: str = ""
 
     def apply_device_classes(self) -> None:
         """Create the DeviceClasses ``deploy/`` ships (``gpu.nvidia.com``, ``mig.nvidia.com``)."""
@@ -84,8 +133,11 @@ class ClusterEmulator:
             while not stop.is_set():
                 try:
                     await self.reconcile()
+                    self._last_error = ""
                 except (AllocationError, KubeletError) as exc:
-                    self.say(f"! {exc}")
+                    if str(exc) != self._last_error:  # once per change, not at every pass
+                        self._last_error = str(exc)
+                        self.say(f"! {exc}")
                 try:
                     await asyncio.wait_for(stop.wait(), timeout=interval_s)
                 except TimeoutError:
@@ -104,8 +156,18 @@ class ClusterEmulator:
             self._plugin = plugin
             self.say(f"kubelet: registered {GPU_DRIVER.driver_name} at {plugin.endpoint} ({plugin.service})")
         in_use: set[str] = set()
-        for pod in api.objects("Pod"):
-            claims = self._pod_claims(pod)
+        pods = api.objects("Pod")
+        live = {p["metadata"].get("uid", "") for p in pods}
+        for gone_uid in set(self._pending) - live:
+            del self._pending[gone_uid]
+        for gone_uid in set(self._failed_prepare) - live:
+            del self._failed_prepare[gone_uid]
+        for pod in pods:
+            try:
+                claims = self._pod_claims(pod)
+            except AllocationError as exc:
+                self._report_pending(pod, str(exc))
+                continue
             if claims is None:
                 continue
             refs = [ClaimRef(c["metadata"]["namespace"], c["metadata"]["name"], c["metadata"]["uid"]) for c in claims]
@@ -114,15 +176,26 @@ class ClusterEmulator:
             if not todo or self._plugin is None:
                 continue
             answer = await self._plugin.prepare(todo)
+            failures: list[str] = []
             for ref in todo:
                 res = answer[ref.uid]
                 if res.error:
-                    self.say(f"! kubelet: prepare {ref.namespace}/{ref.name} for pod {pod['metadata']['name']}: "
-                             f"{res.error}")
+                    failures.append(f"{ref.namespace}/{ref.name}: {res.error}")
                     continue
                 self.prepared[ref.uid] = ref
                 ids = ", ".join(i for d in res.devices for i in d.cdi_device_ids)
                 self.say(f"kubelet: pod {ref.namespace}/{pod['metadata']['name']} claim {ref.name} prepared: {ids}")
+            uid = pod["metadata"].get("uid", "")
+            if failures:
+                message = "; ".join(failures)
+                if self._failed_prepare.get(uid) != message:
+                    self._failed_prepare[uid] = message
+                    self.say(f"! kubelet: prepare for pod {pod['metadata']['name']}: {message}")
+                    record_event(api, pod, "Warning", "FailedPrepareDynamicResources",
+                                 f"Failed to prepare dynamic resources: {message}", "kubelet")
+            elif all(r.uid in self.prepared for r in refs):
+                self._failed_prepare.pop(uid, None)
+                self._mark_running(pod)
         gone = [ref for uid, ref in self.prepared.items() if uid not in in_use]
         if gone and self._plugin is not None:
             errors = await self._plugin.unprepare(gone)
@@ -137,6 +210,70 @@ class ClusterEmulator:
                     "ownerReferences", []))
                 if owned:
                     api.delete("ResourceClaim", ref.name, ref.namespace)
+
+    def _report_pending(self, pod: dict[str, Any], reason: str) -> None:
+        """A pod whose claims cannot be allocated: once per new reason, a line, the ``PodScheduled=False``
+        condition and a ``FailedScheduling`` Event (or ``FailedResourceClaimCreation`` for a missing template)."""
+        api = self.sandbox.api
+        assert api is not None
+        uid = pod["metadata"].get("uid", "")
+        if self._pending.get(uid) == reason:
+            return
+        self._pending[uid] = reason
+        name = f"{pod['metadata'].get('namespace', 'default')}/{pod['metadata']['name']}"
+        self.say(f"! scheduler: pod {name} pending: {reason} (dradriver explain says why device by device)")
+        if "ResourceClaimTemplate" in reason and "not found" in reason:
+            record_event(api, pod, "Warning", "FailedResourceClaimCreation", reason, "resourceclaim-controller")
+            message = f'0/1 nodes are available: pod "{name}": resource claim not created yet.'
+        else:
+            message = UNSCHEDULABLE_MESSAGE
+        record_event(api, pod, "Warning", "FailedScheduling", message, SCHEDULER)
+        self._set_condition(pod, {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                  "message": message})
+
+    def _set_condition(self, pod: dict[str, Any], condition: dict[str, str], **status: Any) -> None:
+        api = self.sandbox.api
+        assert api is not None
+        fresh = api.get("Pod", pod["metadata"]["name"], pod["metadata"].get("namespace", "default"))
+        if fresh is None:
+            return
+        st = fresh.setdefault("status", {})
+        conditions = [c for c in st.get("conditions") or [] if c.get("type") != condition["type"]]
+        old = next((c for c in st.get("conditions") or [] if c.get("type") == condition["type"]), None)
+        stamp = old["lastTransitionTime"] if old and old.get("status") == condition["status"] else _now()
+        st["conditions"] = [*conditions, {**condition, "lastProbeTime": None, "lastTransitionTime": stamp}]
+        st.setdefault("phase", "Pending")
+        st.update(status)
+        api.update(fresh, subresource="status")
+
+    def _mark_scheduled(self, pod: dict[str, Any]) -> None:
+        api = self.sandbox.api
+        assert api is not None
+        self._pending.pop(pod["metadata"].get("uid", ""), None)
+        ns = pod["metadata"].get("namespace", "default")
+        record_event(api, pod, "Normal", "Scheduled",
+                     f"Successfully assigned {ns}/{pod['metadata']['name']} to {self.sandbox.node_name}", SCHEDULER)
+        self._set_condition(pod, {"type": "PodScheduled", "status": "True"})
+
+    def _mark_running(self, pod: dict[str, Any]) -> None:
+        """Every claim prepared: the emulated kubelet reports the pod running (no process is started)."""
+        api = self.sandbox.api
+        assert api is not None
+        fresh = api.get("Pod", pod["metadata"]["name"], pod["metadata"].get("namespace", "default"))
+        if fresh is None or (fresh.get("status") or {}).get("phase") == "Running":
+            return
+        stamp = _now()
+        st = fresh.setdefault("status", {})
+        st["phase"] = "Running"
+        st["startTime"] = st.get("startTime") or stamp
+        kept = [c for c in st.get("conditions") or [] if c.get("type") == "PodScheduled"]
+        st["conditions"] = kept + [{"type": t, "status": "True", "lastProbeTime": None, "lastTransitionTime": stamp}
+                                   for t in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady")]
+        st["containerStatuses"] = [{"name": c.get("name", ""), "image": c.get("image", ""), "ready": True,
+                                    "started": True, "restartCount": 0, "state": {"running": {"startedAt": stamp}}}
+                                   for c in fresh.get("spec", {}).get("containers") or []]
+        api.update(fresh, subresource="status")
+        self.say(f"kubelet: pod {fresh['metadata'].get('namespace', 'default')}/{fresh['metadata']['name']} running")
 
     def _pod_claims(self, pod: dict[str, Any]) -> list[dict[str, Any]] | None:
         """The Pod's claims, created from templates and allocated as needed; None when not schedulable yet."""
@@ -182,6 +319,7 @@ class ClusterEmulator:
                 if fresh is not None:
                     fresh["spec"]["nodeName"] = self.sandbox.node_name
                     api.update(fresh)
+                    self._mark_scheduled(fresh)
             claims = allocated
         return claims
 
