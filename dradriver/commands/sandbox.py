@@ -64,8 +64,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"    set -a; . {env_file}; set +a; dradriver gpu-kubelet-plugin")
             print("  then, for example:")
             print(f"    kubectl --kubeconfig {info['kubeconfig']} get resourceslices")
-            print(f"    kubectl --kubeconfig {info['kubeconfig']} apply --validate=false "
-                  "-f deploy/examples/gpu-40gi.yaml")
+            print(f"    kubectl --kubeconfig {info['kubeconfig']} apply -f deploy/examples/gpu-40gi.yaml")
+            print(f"    kubectl --kubeconfig {info['kubeconfig']} get pods,resourceclaims,events")
             print(f"  CDI specs appear in {info['cdi_root']}; Ctrl-C stops the sandbox\n", flush=True)
 
         async def main() -> None:

@@ -90,7 +90,10 @@ def plugin_environment(config: PluginConfig) -> dict[str, str]:
     env: dict[str, str] = {}
     for flag in PLUGIN_FLAGS:
         value = getattr(config, flag.dest)
-        if isinstance(value, bool):
+        explicit = getattr(value, "explicit", None)  # FeatureGates: the gates set, in --feature-gates syntax
+        if isinstance(explicit, dict):
+            env[flag.env] = ",".join(f"{name}={'true' if on else 'false'}" for name, on in explicit.items())
+        elif isinstance(value, bool):
             env[flag.env] = "true" if value else "false"
         elif isinstance(value, tuple):
             env[flag.env] = ",".join(str(v) for v in value)
