@@ -220,18 +220,30 @@ def v2_document(types: Iterable[ResourceType], server_version: str) -> bytes:
 # -- field validation ---------------------------------------------------------------------------------------
 
 
-def _resolve(schema: JSONDict) -> JSONDict:
-    """Follow ``$ref`` and single-reference ``allOf`` to the schema that describes the value."""
-    seen = 0
-    while seen < 64:
-        seen += 1
-        if "$ref" in schema:
-            schema = schemas().get(schema["$ref"].removeprefix(_V3_REF), {})
-        elif "properties" not in schema and len(schema.get("allOf", [])) == 1:
-            schema = schema["allOf"][0]
+_RESOLVED: dict[int, JSONDict] = {}
+
+
+def _resolve(schema: JSONDict, *, memo: bool = True) -> JSONDict:
+    """Follow ``$ref`` and single-reference ``allOf`` to the schema that describes the value.
+
+    :param memo: ``schema`` is a node of :func:`schemas` (loaded once, never changed), so the answer is kept by
+        its ``id``; a caller's own dict must not be (its ``id`` may be reused once it is gone).
+    """
+    key = id(schema)
+    found = _RESOLVED.get(key) if memo else None
+    if found is not None:
+        return found
+    node = schema
+    for _ in range(64):
+        if "$ref" in node:
+            node = schemas().get(node["$ref"].removeprefix(_V3_REF), {})
+        elif "properties" not in node and len(node.get("allOf", [])) == 1:
+            node = node["allOf"][0]
         else:
-            return schema
-    return schema
+            break
+    if memo:
+        _RESOLVED[key] = node
+    return node
 
 
 def unknown_fields(obj: Any, schema: JSONDict, path: str = "", *, patch: bool = False) -> list[str]:
@@ -241,27 +253,36 @@ def unknown_fields(obj: Any, schema: JSONDict, path: str = "", *, patch: bool = 
     :param patch: ``obj`` is a merge or strategic merge patch: keys starting with ``$`` (``$patch``,
         ``$setElementOrder/...``, ``$retainKeys``) are directives, not fields.
     """
-    schema = _resolve(schema)
-    if schema.get("x-kubernetes-preserve-unknown-fields"):
-        return []
     found: list[str] = []
+    _walk(obj, _resolve(schema, memo=False), path, patch, found)
+    return found
+
+
+def _walk(obj: Any, schema: JSONDict, path: str, patch: bool, found: list[str]) -> None:
+    if schema.get("x-kubernetes-preserve-unknown-fields"):
+        return
     if isinstance(obj, dict):
         props = schema.get("properties")
         extra = schema.get("additionalProperties")
+        extra = _resolve(extra) if isinstance(extra, dict) else None
         for key, value in obj.items():
             if patch and key.startswith("$"):
                 continue
-            child = f"{path}.{key}" if path else key
             if props is not None and key in props:
-                found += unknown_fields(value, props[key], child, patch=patch)
-            elif isinstance(extra, dict):
-                found += unknown_fields(value, extra, child, patch=patch)
+                if isinstance(value, dict | list):
+                    _walk(value, _resolve(props[key]), f"{path}.{key}" if path else key, patch, found)
+            elif extra is not None:
+                if isinstance(value, dict | list):
+                    _walk(value, extra, f"{path}.{key}" if path else key, patch, found)
             elif props is not None:
-                found.append(child)
-    elif isinstance(obj, list) and isinstance(schema.get("items"), dict):
-        for i, item in enumerate(obj):
-            found += unknown_fields(item, schema["items"], f"{path}[{i}]", patch=patch)
-    return found
+                found.append(f"{path}.{key}" if path else key)
+    elif isinstance(obj, list):
+        items = schema.get("items")
+        if isinstance(items, dict):
+            item_schema = _resolve(items)
+            for i, item in enumerate(obj):
+                if isinstance(item, dict | list):
+                    _walk(item, item_schema, f"{path}[{i}]", patch, found)
 
 
 def field_validation(params: Mapping[str, str]) -> str:
@@ -284,7 +305,7 @@ def check_fields(rt: ResourceType, body: Any, directive: str, *, patch: bool = F
     name = definition_name(rt.group, rt.version, rt.kind)
     if directive == "Ignore" or name is None or not isinstance(body, dict):
         return []
-    unknown = unknown_fields(body, {"$ref": _V3_REF + name}, patch=patch)
+    unknown = unknown_fields(body, schemas()[name], patch=patch)
     if not unknown:
         return []
     if directive == "Strict":
