@@ -143,3 +143,13 @@ def test_kubectl_get_pods_and_events_show_why_a_pod_waits(api: tuple[ApiServerEm
         "Warning", "FailedScheduling", "pod/waits", "0/1 nodes are available")
     described = kubectl(kubeconfig, "describe", "pod", "waits").stdout
     assert "FailedScheduling" in described and "0/1 nodes are available" in described
+
+
+def test_bundled_schemas_are_what_the_generator_makes() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gen_openapi", REPO / "tools" / "gen_openapi.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.generate() == module.OUTPUT.read_text(), "run python tools/gen_openapi.py"
