@@ -63,6 +63,8 @@ def test_kubectl_apply_validates_without_validate_false(api: tuple[ApiServerEmul
     assert any("fieldValidation=Strict" in r.query for r in emulator.requests if r.verb == "create")
     again = kubectl(kubeconfig, "apply", "-f", str(EXAMPLE)).stdout
     assert "unchanged" in again
+    explained = kubectl(kubeconfig, "explain", "resourceclaim.spec.devices.requests.exactly").stdout
+    assert "FIELD: exactly <ExactDeviceRequest>" in explained and "deviceClassName" in explained
 
 
 def test_unknown_field_is_refused_in_kube_apiservers_words(api: tuple[ApiServerEmulator, str]) -> None:
