@@ -26,8 +26,8 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Serve until interrupted; 0 on Ctrl-C/SIGTERM, 2 for an unknown ``--profile``, 1 when the node cannot be
-    laid out."""
+    """Serve until interrupted; 0 on Ctrl-C/SIGTERM, 1 (as ``inspect`` and ``demo``) for an unknown ``--profile``
+    or a node that cannot be laid out."""
     import asyncio
     import signal
     import sys
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         mock.load_profile(args.profile)  # before anything starts: the same error as --mock-profile elsewhere
     except mock.MockNvmlError as exc:
         print(f"dradriver sandbox: error: {exc}", file=sys.stderr)
-        return 2
+        return 1
     try:
         sandbox = SandboxNode(profile=args.profile, node_name=args.node_name)
     except DradriverError as exc:

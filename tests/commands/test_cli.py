@@ -103,7 +103,7 @@ def test_allocate_and_explain_write_json(capsys: pytest.CaptureFixture[str], tmp
 def test_sandbox_refuses_an_unknown_profile_up_front() -> None:
     proc = subprocess.run([sys.executable, "-m", "dradriver", "sandbox", "--profile", "dgx-z900"], cwd=REPO,
                           capture_output=True, text=True, timeout=60, check=False)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.returncode == 1, proc.stdout + proc.stderr
     assert proc.stdout == ""
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
