@@ -51,6 +51,13 @@ def register(subparsers: Any) -> None:
         help="host:port of the metrics server (default ':9400', the dcgm-exporter port) [env HTTP_ENDPOINT]",
     )
     parser.add_argument(
+        "--pod-resources-socket",
+        default=_env("DRADRIVER_POD_RESOURCES_SOCKET", "/var/lib/kubelet/pod-resources/kubelet.sock"),
+        help="the kubelet's PodResources socket; with --dcgm-compatible, each scrape asks it which pod, container "
+             "and ResourceClaim hold each device (pod, namespace, container, dra_* labels) "
+             "[env DRADRIVER_POD_RESOURCES_SOCKET]",
+    )
+    parser.add_argument(
         "--poll-interval",
         type=float,
         default=float(_env("DRADRIVER_POLL_INTERVAL", "10")),
@@ -74,6 +81,28 @@ def _xids(text: str) -> tuple[int, ...]:
             raise FlagError(f"--additional-xids-to-ignore: {part!r} is not an integer Xid")
         out.append(int(part))
     return tuple(out)
+
+
+def holder_lookup(socket_path: str, node: str, log: logging.Logger) -> Any:
+    """A per-scrape PodResources lookup for ``node``'s ``gpu.nvidia.com`` devices: an unreachable socket is
+    logged once per change of the error and reads as "nothing held"."""
+    from dradriver.domain.identity import GPU_DRIVER
+    from dradriver.server.podresources import PodResourcesError, list_holders
+
+    last_error = [""]
+
+    def lookup() -> Any:
+        try:
+            found = list_holders(socket_path, driver=GPU_DRIVER.driver_name, pool=node)
+        except PodResourcesError as exc:
+            if str(exc) != last_error[0]:
+                last_error[0] = str(exc)
+                log.warning("no pod attribution: %s", exc)
+            return {}
+        last_error[0] = ""
+        return found
+
+    return lookup
 
 
 def run(args: argparse.Namespace) -> int:
@@ -120,7 +149,9 @@ def run(args: argparse.Namespace) -> int:
         )
         service.start()
         try:
-            registry = exporter_registry(service, node=node, dcgm_compatible=args.dcgm_compatible)
+            holders = holder_lookup(args.pod_resources_socket, node, log) if args.dcgm_compatible else None
+            registry = exporter_registry(service, node=node, dcgm_compatible=args.dcgm_compatible,
+                                         holders=holders)
             server = serve_metrics(registry, args.http_endpoint, args.metrics_path,
                                    dcgm_compatible=args.dcgm_compatible)
         except OSError as exc:

@@ -15,7 +15,8 @@ units (MHz, MiB, percent, W, mJ, Celsius), with its Prometheus types (a dcgm-exp
 * on a device of a prepared claim, the DRA attribution labels dcgm-exporter >= 4.6 adds from the kubelet's
   PodResources and the ``gpu.nvidia.com`` ResourceSlices (``nvidia-dra-driver-updates.md`` section 3):
   ``dra_claim_name``, ``dra_claim_namespace``, ``dra_device_name``, ``dra_driver_name``, ``dra_pool_name``,
-  and for a MIG device ``dra_mig_device_uuid`` and ``dra_mig_profile``.
+  and for a MIG device ``dra_mig_device_uuid`` and ``dra_mig_profile``; where the holder comes from the
+  kubelet's PodResources (``dradriver exporter``), also ``pod``, ``namespace`` and ``container``.
 
 Series NVML answers NOT_SUPPORTED for (on MIG handles: everything but memory) are left out, never written
 as 0, as dcgm-exporter leaves out blank fields. ``DCGM_FI_DEV_XID_ERRORS`` is the last Xid seen (0: none), a
@@ -24,8 +25,9 @@ gauge as in dcgm-exporter. ``docs/metrics.md`` lists every series and its NVML s
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -130,6 +132,26 @@ def nvml_bus_id(pci_bus_id: str) -> str:
     return f"{int(domain, 16):08X}:{bus.upper()}:{device_function.upper()}"
 
 
+class DeviceHolder(Protocol):
+    """Who holds a device, as the kubelet's PodResources says
+    (:class:`dradriver.server.podresources.DeviceHolder`)."""
+
+    @property
+    def pod(self) -> str: ...
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def container(self) -> str: ...
+    @property
+    def claim_name(self) -> str: ...
+    @property
+    def claim_namespace(self) -> str: ...
+
+
+HolderLookup = Callable[[], Mapping[str, DeviceHolder]]
+"""Called once per scrape: device name -> holder for the devices in use on this node."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Entity:
     uuid: str
@@ -142,14 +164,17 @@ class DcgmCollector(Collector):
 
     :param node: the ``Hostname`` label and the DRA pool name.
     :param claim_of: device name -> ``(namespace, claim name)`` of the prepared claim holding it (the kubelet
-        plugin); without it no ``dra_*`` labels are written.
+        plugin).
+    :param holders: the PodResources view of who holds which device (``dradriver exporter``); it wins over
+        ``claim_of`` and adds ``pod``, ``namespace``, ``container``. With neither, no attribution labels.
     """
 
     def __init__(self, source: DeviceSource, *, node: str, claim_of: ClaimLookup | None = None,
-                 driver: str = GPU_DRIVER.driver_name) -> None:
+                 holders: HolderLookup | None = None, driver: str = GPU_DRIVER.driver_name) -> None:
         self.source = source
         self.node = node
         self.claim_of = claim_of
+        self.holders = holders
         self.driver = driver
         inv = source.inventory
         version = inv.versions.driver or ""
@@ -168,14 +193,23 @@ class DcgmCollector(Collector):
                 "device": f"nvidia{gpu.minor}", "modelName": gpu.product_name, "Hostname": self.node,
                 "DCGM_FI_DRIVER_VERSION": version}
 
-    def labels(self, uuid: str) -> dict[str, str]:
-        """The label set of one GPU or MIG device (attribution labels included when its claim is prepared)."""
+    def labels(self, uuid: str, holders: Mapping[str, DeviceHolder] | None = None) -> dict[str, str]:
+        """The label set of one GPU or MIG device (attribution labels included when its claim is prepared).
+
+        :param holders: this scrape's PodResources view (:attr:`holders` called once per scrape).
+        """
         entity = self._entities[uuid]
-        owner = self.claim_of(entity.name) if self.claim_of is not None else None
+        holder = holders.get(entity.name) if holders else None
+        pod_labels: dict[str, str] = {}
+        if holder is not None:
+            owner: tuple[str, str] | None = (holder.claim_namespace, holder.claim_name)
+            pod_labels = {"pod": holder.pod, "namespace": holder.namespace, "container": holder.container}
+        else:
+            owner = self.claim_of(entity.name) if self.claim_of is not None else None
         if owner is None:
             return dict(entity.labels)
         namespace, claim = owner
-        out = {**entity.labels, "dra_claim_name": claim, "dra_claim_namespace": namespace,
+        out = {**entity.labels, **pod_labels, "dra_claim_name": claim, "dra_claim_namespace": namespace,
                "dra_device_name": entity.name, "dra_driver_name": self.driver, "dra_pool_name": self.node}
         mig = self._migs.get(uuid)
         if mig is not None:
@@ -184,7 +218,8 @@ class DcgmCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         sample = self.source.latest_sample()
-        labels = {uuid: self.labels(uuid) for uuid in self._entities}
+        holders = self.holders() if self.holders is not None else None
+        labels = {uuid: self.labels(uuid, holders) for uuid in self._entities}
         if sample is not None:
             fields = set(sample.fields)
             rows = [u for u in sample.devices if u in labels]

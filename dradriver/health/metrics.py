@@ -443,12 +443,15 @@ class DeviceCollector(Collector):
 
 
 def exporter_registry(source: DeviceSource, *, node: str, process_metrics: bool = True,
-                      dcgm_compatible: bool = False, claim_of: ClaimLookup | None = None) -> CollectorRegistry:
+                      dcgm_compatible: bool = False, claim_of: ClaimLookup | None = None,
+                      holders: Any = None) -> CollectorRegistry:
     """A registry with the device collector and NVML error counts only (``dradriver exporter``).
 
     :param dcgm_compatible: device series under dcgm-exporter's ``DCGM_FI_*`` names, units and labels
         (:class:`dradriver.health.dcgm.DcgmCollector`) instead of the ``dradriver_*`` ones.
     :param claim_of: device name -> ``(namespace, claim)`` of prepared devices (attribution labels).
+    :param holders: with ``dcgm_compatible``, a :data:`dradriver.health.dcgm.HolderLookup` (the kubelet's
+        PodResources view: ``pod``, ``namespace``, ``container`` and ``dra_*`` labels).
     """
     registry = CollectorRegistry()
     if process_metrics:
@@ -457,7 +460,7 @@ def exporter_registry(source: DeviceSource, *, node: str, process_metrics: bool 
     if dcgm_compatible:
         from dradriver.health.dcgm import DcgmCollector  # imports this module's types
 
-        registry.register(DcgmCollector(source, node=node, claim_of=claim_of))
+        registry.register(DcgmCollector(source, node=node, claim_of=claim_of, holders=holders))
     else:
         registry.register(DeviceCollector(source, node=node, claim_of=claim_of))
     errors = NvmlErrorCollector()

@@ -24,6 +24,8 @@ from dradriver.health.dcgm import (
     nvml_bus_id,
 )
 from dradriver.health.metrics import DriverMetrics, exporter_registry
+from dradriver.sandbox.podresources import PodResourcesServer
+from dradriver.server.podresources import DeviceHolder, PodResourcesError, encode_response, holders, list_holders
 
 from .conftest import MockNode, Services, TaintLog
 
@@ -125,12 +127,54 @@ def test_prepared_devices_carry_dra_attribution(mock_node: Any, services: Servic
     assert idle and not any(k.startswith("dra_") for s in idle for k in s.labels)
 
 
-def test_exporter_command_serves_dcgm_names_on_request() -> None:
+def _pod_resources() -> Any:
+    return encode_response([
+        ("trainer-0", "team-a", "cuda", "trainer-0-gpu", "team-a", [("gpu.nvidia.com", "n1", "gpu-1")]),
+        ("trainer-0", "team-a", "sidecar", "other", "team-a", [("example.com/nic", "n1", "gpu-0")]),
+        ("elsewhere", "team-b", "c", "x", "team-b", [("gpu.nvidia.com", "other-node", "gpu-0")]),
+    ])
+
+
+def test_holders_keep_this_drivers_devices_of_this_pool() -> None:
+    found = holders(_pod_resources(), driver="gpu.nvidia.com", pool="n1")
+    assert set(found) == {"gpu-1"}
+    assert found["gpu-1"] == DeviceHolder("trainer-0", "team-a", "cuda", "trainer-0-gpu", "team-a")
+
+
+def test_pod_resources_attribution_in_the_exporter(mock_node: Any, services: Services, short_dir: Path) -> None:
+    node: MockNode = mock_node("dgx-a100")
+    service = services(node, TaintLog())
+    service.start()
+    mig = node.inventory.migs[1]
+    response = encode_response([("nb", "team-b", "jupyter", "nb-gpu", "team-b", [("gpu.nvidia.com", "node-a",
+                                                                                  mig.name)])])
+    sock = short_dir / "kubelet.sock"
+    with PodResourcesServer(sock, lambda: response) as server:
+        lookup = list_holders(str(sock), driver="gpu.nvidia.com", pool="node-a")
+        registry = exporter_registry(service, node="node-a", dcgm_compatible=True, process_metrics=False,
+                                     holders=lambda: list_holders(str(sock), driver="gpu.nvidia.com", pool="node-a"))
+        families = _parse(exposition(registry).decode())
+        assert server.calls == 2  # once above, once for the scrape
+    assert set(lookup) == {mig.name}
+    [held] = [s for s in families["DCGM_FI_DEV_FB_USED"].samples if s.labels.get("dra_device_name") == mig.name]
+    assert {k: held.labels[k] for k in ("pod", "namespace", "container", "dra_claim_name", "dra_claim_namespace",
+                                        "dra_pool_name", "dra_mig_device_uuid", "dra_mig_profile")} == {
+        "pod": "nb", "namespace": "team-b", "container": "jupyter", "dra_claim_name": "nb-gpu",
+        "dra_claim_namespace": "team-b", "dra_pool_name": "node-a", "dra_mig_device_uuid": mig.uuid,
+        "dra_mig_profile": mig.profile}
+    with pytest.raises(PodResourcesError, match=str(sock)):
+        list_holders(str(sock), driver="gpu.nvidia.com", pool="node-a", timeout_s=1)
+
+
+def test_exporter_command_serves_dcgm_names_on_request(short_dir: Path) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
+    sock = short_dir / "kubelet.sock"
+    served = PodResourcesServer(sock, _pod_resources).start()
     proc = subprocess.Popen([sys.executable, "-m", "dradriver", "exporter", "--mock-profile", "l4-inference",
-                             "--node-name", "n1", "--http-endpoint", f"127.0.0.1:{port}", "--dcgm-compatible"],
+                             "--node-name", "n1", "--http-endpoint", f"127.0.0.1:{port}", "--dcgm-compatible",
+                             "--pod-resources-socket", str(sock)],
                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         text = ""
@@ -147,9 +191,13 @@ def test_exporter_command_serves_dcgm_names_on_request() -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+        served.stop()
     assert "\n# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter\nDCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{" in text
     families = _parse(text)
     assert families["DCGM_FI_DEV_GPU_TEMP"].type == "gauge"
     assert {s.labels["Hostname"] for s in families["DCGM_FI_DEV_GPU_TEMP"].samples} == {"n1"}
     assert len(families["DCGM_FI_DEV_GPU_TEMP"].samples) == 2
     assert not any(name.startswith("dradriver_gpu_") for name in families)
+    [held] = [s for s in families["DCGM_FI_DEV_GPU_TEMP"].samples if s.labels.get("dra_device_name")]
+    assert (held.labels["dra_device_name"], held.labels["pod"], held.labels["container"]) == ("gpu-1", "trainer-0",
+                                                                                               "cuda")
