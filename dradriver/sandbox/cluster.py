@@ -18,6 +18,11 @@ claims are prepared runs (phase ``Running``, containers ready: the emulated kube
 failed NodePrepareResources is a ``FailedPrepareDynamicResources`` Warning Event from the kubelet. A missing
 ResourceClaimTemplate is the resourceclaim controller's ``FailedResourceClaimCreation`` Warning.
 
+The kubelet's PodResources API is served too (:func:`pod_resources_socket`; ``v1.PodResourcesLister/List``): every
+running pod's containers with the prepared claims they reference and their devices (driver, pool, device), so
+``dradriver exporter --dcgm-compatible --pod-resources-socket <root>/pod-resources/kubelet.sock`` attributes
+GPUs to pods as on a real node.
+
 Each reconcile pass reads the emulator's objects directly; progress goes to ``say`` lines. A Pod that stays
 pending is reported once per change of its reason (line, condition and Event), not at every pass.
 """
@@ -25,9 +30,10 @@ pending is reported once per change of its reason (line, condition and Event), n
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -129,9 +135,44 @@ class ClusterEmulator:
             if obj and self.sandbox.api.get("DeviceClass", obj["metadata"]["name"]) is None:
                 self.sandbox.api.create(obj)
 
+    def pod_resources(self) -> Any:
+        """The kubelet's PodResources ``List`` answer now: each running pod's containers with the prepared claims
+        they name in ``resources.claims`` and the claims' allocated devices."""
+        from dradriver.server.podresources import encode_response
+
+        api = self.sandbox.api
+        assert api is not None
+        prepared = {(r.namespace, r.name) for r in self.prepared.values()}
+        rows = []
+        for pod in api.objects("Pod"):
+            if (pod.get("status") or {}).get("phase") != "Running":
+                continue
+            ns = pod["metadata"].get("namespace", "default")
+            names = {s["name"]: s.get("resourceClaimName") for s in (pod.get("status") or {}).get(
+                "resourceClaimStatuses") or []}
+            for entry in pod.get("spec", {}).get("resourceClaims") or []:
+                names.setdefault(entry["name"], entry.get("resourceClaimName"))
+            for container in pod.get("spec", {}).get("containers") or []:
+                for ref in (container.get("resources") or {}).get("claims") or []:
+                    claim_name = names.get(ref.get("name", ""))
+                    if not claim_name or (ns, claim_name) not in prepared:
+                        continue
+                    claim = api.get("ResourceClaim", claim_name, ns)
+                    results = (((claim or {}).get("status") or {}).get("allocation") or {}).get(
+                        "devices", {}).get("results") or []
+                    devices = [(r["driver"], r["pool"], r["device"]) for r in results
+                               if not ref.get("request") or r.get("request", "").split("/")[0] == ref["request"]]
+                    rows.append((pod["metadata"]["name"], ns, container.get("name", ""), claim_name, ns, devices))
+        return encode_response(rows)
+
     async def run(self, stop: asyncio.Event, *, interval_s: float = 0.2) -> None:
-        """Reconcile until ``stop`` is set."""
-        async with KubeletEmulator(self.sandbox.config().kubelet_registrar_directory_path) as kubelet:
+        """Reconcile until ``stop`` is set (serving PodResources on :func:`pod_resources_socket` meanwhile)."""
+        from dradriver.sandbox.podresources import PodResourcesServer
+
+        socket_path = pod_resources_socket(self.sandbox)
+        socket_path.parent.mkdir(parents=True, exist_ok=True)
+        async with KubeletEmulator(self.sandbox.config().kubelet_registrar_directory_path) as kubelet, \
+                _serving(PodResourcesServer(socket_path, self.pod_resources)):
             self._kubelet = kubelet
             while not stop.is_set():
                 try:
@@ -363,6 +404,20 @@ def create_claim_from_template(api: ApiServerEmulator, pod: dict[str, Any], entr
     })
 
 
+def pod_resources_socket(sandbox: SandboxNode) -> Path:
+    """Where the emulated kubelet serves PodResources: ``<root>/pod-resources/kubelet.sock``."""
+    return sandbox.root / "pod-resources" / "kubelet.sock"
+
+
+@contextlib.asynccontextmanager
+async def _serving(server: Any) -> AsyncIterator[Any]:
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 def describe(sandbox: SandboxNode, env_file: Path) -> dict[str, Any]:
     """What a user needs to drive the sandbox: paths, the kubeconfig, the plugin environment file."""
     return {
@@ -373,6 +428,7 @@ def describe(sandbox: SandboxNode, env_file: Path) -> dict[str, Any]:
         "plugin_env_file": str(env_file),
         "cdi_root": str(sandbox.cdi_root),
         "registrar_dir": str(sandbox.config().kubelet_registrar_directory_path),
+        "pod_resources_socket": str(pod_resources_socket(sandbox)),
     }
 
 

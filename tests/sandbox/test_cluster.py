@@ -106,3 +106,46 @@ def test_plugin_environment_round_trips_through_the_plugins_flags(sandbox: Sandb
     loaded = config.config_from_args(parser.parse_args([]))
     assert loaded.feature_gates.explicit == {"TimeSlicingSettings": False, "ContextualLogging": True}
     assert loaded.node_name == sandbox.node_name and loaded.cdi_root == sandbox.config().cdi_root
+
+
+def test_the_emulated_kubelet_serves_pod_resources(sandbox: SandboxNode, capsys: pytest.CaptureFixture[str]) -> None:
+    from dradriver.domain.claims import ClaimRef
+    from dradriver.sandbox.cluster import pod_resources_socket
+    from dradriver.server.podresources import list_holders
+
+    assert sandbox.api is not None
+    cluster = ClusterEmulator(sandbox, say=lambda _line: None)
+    for s in published_slices(capsys, "dgx-h100", sandbox.node_name):
+        sandbox.api.create(s)
+    for obj in EXAMPLE:
+        sandbox.api.create(copy.deepcopy(obj))
+    _passes(cluster, 2)
+    claim = sandbox.api.get("ResourceClaim", "dra-gpu-pod-gpu", "default")
+    assert claim is not None
+    device = claim["status"]["allocation"]["devices"]["results"][0]["device"]
+    assert not list(cluster.pod_resources().pod_resources)  # nothing prepared, nothing running yet
+    # what the kubelet does once the plugin prepared the claim (prepare itself is covered with a real plugin)
+    cluster.prepared[claim["metadata"]["uid"]] = ClaimRef("default", "dra-gpu-pod-gpu", claim["metadata"]["uid"])
+    pod = sandbox.api.get("Pod", "dra-gpu-pod", "default")
+    assert pod is not None
+    cluster._mark_running(pod)
+
+    async def body() -> dict[str, Any]:
+        stop = asyncio.Event()
+        task = asyncio.create_task(cluster.run(stop, interval_s=0.05))
+        try:
+            for _ in range(200):
+                if pod_resources_socket(sandbox).exists():
+                    break
+                await asyncio.sleep(0.05)
+            return await asyncio.to_thread(list_holders, str(pod_resources_socket(sandbox)),
+                                           driver="gpu.nvidia.com", pool=sandbox.node_name)
+        finally:
+            stop.set()
+            await task
+
+    found = asyncio.run(body())
+    assert set(found) == {device}
+    holder = found[device]
+    assert (holder.pod, holder.namespace, holder.container, holder.claim_name) == (
+        "dra-gpu-pod", "default", "cuda", "dra-gpu-pod-gpu")
