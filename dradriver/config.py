@@ -172,6 +172,14 @@ PLUGIN_FLAGS: tuple[Flag, ...] = (
     Flag("--metrics-path", "METRICS_PATH", "/metrics", "HTTP path of the metrics endpoint; empty disables the "
          "metrics server (as NVIDIA's)."),
     Flag(
+        "--dcgm-compatible",
+        "DRADRIVER_DCGM_COMPATIBLE",
+        False,
+        "Serve device metrics under dcgm-exporter's DCGM_FI_* names, units and labels (dra_claim_name, ...) "
+        "instead of the dradriver_gpu_* ones.",
+        "bool",
+    ),
+    Flag(
         "--additional-xids-to-ignore",
         "ADDITIONAL_XIDS_TO_IGNORE",
         "",
@@ -392,6 +400,7 @@ class PluginConfig:
     stale_claim_grace_seconds: int = 300
     http_endpoint: str = ""
     metrics_path: str = "/metrics"
+    dcgm_compatible: bool = False
     additional_xids_to_ignore: tuple[int, ...] = ()
     ignore_device_plugin: bool = False
     consumable_shares: str = "disabled"
@@ -542,6 +551,7 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
                                                 args.stale_claim_grace_seconds),
         http_endpoint=args.http_endpoint,
         metrics_path=args.metrics_path,
+        dcgm_compatible=args.dcgm_compatible,
         additional_xids_to_ignore=_xids(args.additional_xids_to_ignore),
         ignore_device_plugin=args.ignore_device_plugin,
         consumable_shares=_consumable_shares(args.consumable_shares, gates),

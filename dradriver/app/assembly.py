@@ -141,6 +141,7 @@ async def connect(lifecycle: Lifecycle, identity: DriverIdentity, config: Plugin
                                   lambda: kube_client.open_client(config.kubeconfig, user_agent=identity.user_agent,
                                                                   rate_limit=limiter),
                                   lambda c: c.close())
+    await asyncio.to_thread(kube_client.check_reachable, client, config.kubeconfig)
     node_obj: dict[str, Any] | None = None
     node_uid = ""
     try:

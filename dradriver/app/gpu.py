@@ -191,7 +191,8 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
             on_nvml_error=metrics.count_nvml_error,
         )
         registry.subscribe(health.replace_inventory)
-        metrics.attach_devices(health, claim_of=lambda device: runner.prepared_devices().get(device))
+        metrics.attach_devices(health, claim_of=lambda device: runner.prepared_devices().get(device),
+                               dcgm_compatible=config.dcgm_compatible)
         await life.step("health monitor", lambda: asyncio.to_thread(health.start),
                         lambda _: asyncio.to_thread(health.stop))
         metrics_server = None
@@ -200,7 +201,8 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
         elif config.http_endpoint:  # bound before the kubelet can see us, so a taken port fails cleanly
             def bind() -> MetricsServer:
                 try:
-                    return serve_metrics(metrics.registry, config.http_endpoint, config.metrics_path)
+                    return serve_metrics(metrics.registry, config.http_endpoint, config.metrics_path,
+                                         dcgm_compatible=config.dcgm_compatible)
                 except OSError as exc:
                     raise FlagError(f"cannot serve metrics on {config.http_endpoint!r}: {exc}") from exc
             metrics_server = await life.step("metrics server", bind, lambda server: server.stop())

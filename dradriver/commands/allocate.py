@@ -3,10 +3,11 @@
 Reads multi-document YAML (files, or stdin for ``-``/no file) holding ResourceSlices, DeviceClasses,
 ResourceClaims, ResourceClaimTemplates (resource.k8s.io v1, v1beta2 or v1beta1), Pods, Nodes, Namespaces
 and workloads (Deployments, ReplicaSets, StatefulSets, Jobs, kubeflow.org/v2beta1 MPIJobs become the Pods
-their controllers would run). Pods that ask for an extended resource a DeviceClass maps (``nvidia.com/gpu:
-1``) get the claim kube-scheduler generates for them. Prints the claims with ``status.allocation`` filled in,
+their controllers would run). Pods that ask for an extended resource a DeviceClass maps (``nvidia.com/gpu: 1``)
+get the claim kube-scheduler generates for them. Prints the claims with ``status.allocation`` filled in,
 then the scheduled Pods (``spec.nodeName``, ``status.resourceClaimStatuses``,
-``status.extendedResourceClaimStatus``). Objects it does not use are named on stderr (``warning: ...``).
+``status.extendedResourceClaimStatus``), as a YAML stream or with ``-o json`` one ``v1``
+``List``. Objects it does not use are named on stderr (``warning: ...``).
 Exit code 0 when every claim is allocated and every Pod scheduled, 1 when some cannot be ("cannot allocate
 claim ns/name: ..." or "cannot schedule pod ns/name: ..." on stderr), 2 on invalid or empty input.
 """
@@ -27,6 +28,8 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("files", nargs="*", metavar="FILE", help="YAML files ('-' or none: stdin)")
+    parser.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml",
+                        help="format of the allocated claims: a YAML stream (default) or a JSON List")
     parser.set_defaults(func=run)
 
 
@@ -63,7 +66,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     for warning in inputs.warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    if outcome.claims or outcome.pods:
+    if (outcome.claims or outcome.pods) and getattr(args, "output", "yaml") == "json":
+        import json
+
+        sys.stdout.write(json.dumps({"apiVersion": "v1", "kind": "List", "items": outcome.claims + outcome.pods},
+                                    indent=2) + "\n")
+    elif outcome.claims or outcome.pods:
         sys.stdout.write(dump(outcome.claims + outcome.pods))
     for failure in outcome.failures:
         print(failure, file=sys.stderr)

@@ -14,6 +14,7 @@ from typing import Any
 
 from dradriver import config
 from dradriver.commands import _entrypoint
+from dradriver.commands._options import add_output_alias
 
 PROG = "gpu-kubelet-plugin"
 DESCRIPTION = "DRA kubelet plugin for NVIDIA GPUs (driver gpu.nvidia.com): registration, NodePrepareResources/" \
@@ -28,6 +29,7 @@ def register(subparsers: Any) -> None:
         description=DESCRIPTION,
     )
     _entrypoint.add_component_flags(parser, config.PLUGIN_FLAGS)
+    add_output_alias(parser)
     parser.set_defaults(func=run)
 
 

@@ -21,9 +21,12 @@ ResourceSlice publisher tolerates that (an unmatched slice is obsolete and delet
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import os
 import random
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -189,6 +192,29 @@ def translate(what: str, exc: BaseException) -> errors.KubeAPIError | None:
     return None
 
 
+KUBECONFIG_HINT = "pass the cluster's kubeconfig with --kubeconfig or KUBECONFIG"
+"""The advice every kubeconfig or connection failure at start-up ends with."""
+
+
+def check_reachable(client: KubeClient, kubeconfig: str) -> None:
+    """``GET /version`` once, without retries: the API server answers at all.
+
+    :raises errors.KubeUnavailableError: no answer (connection refused, DNS, TLS, timeout); the message is one
+        line naming the server URL and where it came from, and ends with :data:`KUBECONFIG_HINT`.
+    """
+    source = f"kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster service account"
+    try:
+        client.call("GET /version", kubernetes.client.VersionApi(client.api_client).get_code, retry=False)
+    except errors.KubeUnavailableError as exc:
+        text = " ".join(exc.message.split())
+        errno_text = re.search(r"\[Errno -?\d+\] ([^'\")]+)", text)
+        detail = errno_text.group(1).strip() if errno_text else ": ".join(p for p in (exc.reason, text) if p)
+        raise errors.KubeUnavailableError(f"cannot reach the Kubernetes API server {client.host} (from {source})",
+                                          reason=detail, message=KUBECONFIG_HINT) from exc
+    except errors.KubeAPIError:
+        return  # it answered (even 401/403/404): reachable; later requests report their own errors
+
+
 def open_client(kubeconfig: str = "", *, user_agent: str = "dradriver", connect_timeout_s: float = 5.0,
                 read_timeout_s: float = 30.0, retry: RetryPolicy | None = None,
                 rate_limit: TokenBucket | None = None) -> KubeClient:
@@ -202,10 +228,13 @@ def open_client(kubeconfig: str = "", *, user_agent: str = "dradriver", connect_
     :param rate_limit: client-side rate limiter (:func:`dradriver.kube.ratelimit.rate_limiter`); ``None``: none.
 
     :raises errors.KubeAPIError: the configuration cannot be loaded (missing file, invalid YAML, not a
-        kubeconfig, not in a cluster); the message is one line naming the file.
+        kubeconfig, not in a cluster); the message is one line naming the file and pointing at
+        :data:`KUBECONFIG_HINT`.
     """
     cfg = kubernetes.client.Configuration()
     try:
+        if kubeconfig and not os.path.exists(kubeconfig):
+            raise FileNotFoundError(errno.ENOENT, "no such file", kubeconfig)
         if kubeconfig:
             kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=cfg,
                                                persist_config=False)
@@ -217,8 +246,12 @@ def open_client(kubeconfig: str = "", *, user_agent: str = "dradriver", connect_
         # or a document of the wrong shape, ends here as one line (YAML errors span several).
         source = f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster service account"
         kind = "invalid YAML: " if isinstance(exc, yaml.YAMLError) else ""
-        message = kind + " ".join(str(exc).split())
-        raise errors.KubeAPIError(f"load {source}", reason="ConfigInvalid", message=message) from exc
+        if isinstance(exc, OSError) and exc.strerror:
+            message = f"cannot read it: {exc.strerror}"
+        else:
+            message = kind + " ".join(str(exc).split())
+        raise errors.KubeAPIError(f"load {source}", reason="ConfigInvalid",
+                                  message=f"{message}; {KUBECONFIG_HINT}") from exc
     cfg.retries = False
     api_client = kubernetes.client.ApiClient(cfg)
     api_client.user_agent = user_agent
