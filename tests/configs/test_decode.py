@@ -118,7 +118,7 @@ def _check(parameters: dict[str, Any], gates: FeatureGates) -> configs.DeviceCon
 INVALID: list[tuple[str, dict[str, Any], FeatureGates, str, str]] = [
     ("time-slicing gate off", params(sharing={"strategy": "TimeSlicing"}), FeatureGates(), ".sharing.strategy",
      '"TimeSlicing" is selected as the GPU sharing strategy, but the "TimeSlicingSettings" feature gate is not '
-     "enabled (this driver does not implement time-slicing yet)"),
+     "enabled"),
     ("mps gate off", params(sharing={"strategy": "MPS"}), FeatureGates(), ".sharing.strategy",
      '"MPS" is selected as the GPU sharing strategy, but the "MPSSupport" feature gate is not enabled '
      "(this driver does not implement MPS yet)"),
