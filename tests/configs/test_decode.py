@@ -140,6 +140,9 @@ INVALID: list[tuple[str, dict[str, Any], FeatureGates, str, str]] = [
                                             "mpsConfig": {"defaultActiveThreadPercentage": 101}}),
      ALL_ON, ".sharing.mpsConfig.defaultActiveThreadPercentage",
      "active thread percentage must not be greater than 100"),
+    ("mps with dynamic mig", params(sharing={"strategy": "MPS"}),
+     FeatureGates({"MPSSupport": True, "DynamicMIG": True}), ".sharing.strategy",
+     "MPS is not yet supported when using featureGates.DynamicMIG=true"),
 ]
 
 

@@ -179,3 +179,31 @@ def test_driver_root_without_nvidia_smi_fails_the_claim_cleanly() -> None:
                 assert plugin.runner is not None and plugin.runner.state.get(ref.uid) is None
 
     asyncio.run(body())
+
+
+def test_nvidia_refusals_are_per_claim_errors_with_field_paths(sandbox: SandboxNode) -> None:
+    async def body() -> None:
+        async with running(sandbox.config(feature_gates=GATE_ON)) as (plugin, kubelet):
+            cases = {
+                "with-mps-config": ({"strategy": "TimeSlicing", "mpsConfig": {}}, ".sharing.mpsConfig",
+                                    "cannot use MpsConfig with the 'TimeSlicing' strategy"),
+                "bad-interval": ({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Forever"}},
+                                 ".sharing.timeSlicingConfig.interval",
+                                 "unknown time-slice interval: Forever, supported time-slice intervals: Default, "
+                                 "Short, Medium, Long"),
+                "unknown": ({"strategy": "Fabric"}, ".sharing.strategy",
+                            "unknown GPU sharing strategy: Fabric, supported GPU sharing strategies: TimeSlicing, MPS"),
+                "mps-gate-off": ({"strategy": "MPS"}, ".sharing.strategy",
+                                 '"MPS" is selected as the GPU sharing strategy, but the "MPSSupport" feature gate '
+                                 "is not enabled"),
+            }
+            refs = {name: ref_of(allocate(sandbox, name, [result(f"gpu-{i}")], [entry(params(sharing=sharing))]))
+                    for i, (name, (sharing, _, _)) in enumerate(cases.items())}
+            answers = await kubelet.prepare(list(refs.values()))
+            for name, (_, field, problem) in cases.items():
+                ref = refs[name]
+                assert answers[ref.uid].error.startswith(f"claim {ref}: {PARAMS_AT}{field}: {problem}"), name
+                assert plugin.runner is not None and plugin.runner.state.get(ref.uid) is None
+            assert "computeTimeslice" not in sandbox.nvml_control.read_text()
+
+    asyncio.run(body())
