@@ -17,7 +17,10 @@ For each claim of a prepare batch (reference ``kubelet-dra-protocol.md`` 4.3, ``
    and the claim is recorded PREPARE_COMPLETED with its undo records.
 
 Any failure undoes exactly what was applied for that claim (in reverse order), rolls it back and becomes that
-claim's error string; other claims of the batch are unaffected.
+claim's error string; other claims of the batch are unaffected. An apply that fails half-way raises
+:class:`~dradriver.domain.ports.PartiallyApplied` with the record of what it did: that record is stored and undone
+with the others. Sharing steps that keep a setting several claims share get :meth:`BatchRunner.stored_records`
+(through their ``bind_records``), and steps may name older record kinds they undo (``undo_kinds``).
 
 Unprepare works from the stored claim state alone (the ResourceClaim may be gone): delete the CDI spec, undo
 the stored records in reverse order, then forget the claim. Unknown claims succeed. A failed undo keeps the
