@@ -465,8 +465,22 @@ class BatchRunner:
         work = self._plan(claim)
         work.stale = stale
         self.state.prepare_started(ref.uid, namespace=ref.namespace, name=ref.name, devices=work.held,
-                                   payload=_payload(self.spec_path(ref.uid), stale))
+                                   payload=_payload(self.spec_path(ref.uid), stale + self._planned(work)))
         return work
+
+    def _planned(self, work: _Work) -> list[UndoRecord]:
+        """Write-ahead records of the sharing steps that can say before applying what they will change
+        (``planned_record(claim, group, devices)``): stored with the STARTED record in the same sync, so a crash
+        in the middle of the apply is undone at the next start (or by the kubelet's retry) instead of leaving a
+        GPU setting no record knows. The records of the apply replace them."""
+        out: list[UndoRecord] = []
+        for group in work.groups:
+            planned = getattr(self.sharing[group.plan.strategy], "planned_record", None)
+            if callable(planned):
+                record = planned(work.claim.ref, group, [self.registry.get(name) for name in group.devices])
+                if record is not None:
+                    out.append(record)
+        return out
 
     def _plan(self, claim: Claim) -> _Work:
         """Allocation results -> devices (results naming one device merged), conflict check, configs, plans."""
