@@ -27,6 +27,7 @@ from dradriver.health.metrics import DriverMetrics, MetricsServer, serve_metrics
 from dradriver.health.monitor import HealthMonitor
 from dradriver.host import driverfiles
 from dradriver.host.devicenodes import DeviceNodeInfo
+from dradriver.host.nvidiasmi import find_nvidia_smi
 from dradriver.kube import errors as kube_errors
 from dradriver.kube import version
 from dradriver.kube.client import KubeClient
@@ -168,7 +169,8 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
             identity=identity, registry=registry, state=state,
             fetch_claim=assembly.claim_fetcher(identity, connection.client, config),
             cdi_root=config.cdi_root, pool=config.node_name,
-            preparers=(FullGpuPreparer(nodes), StaticMigPreparer(nodes)), sharing=default_steps(),
+            preparers=(FullGpuPreparer(nodes), StaticMigPreparer(nodes)),
+            sharing=default_steps(session, lambda: find_nvidia_smi(config.container_driver_root)),
             select_configs=lambda claim, devices: configs.select_configs(claim, devices, config.feature_gates),
             spec_edits=lambda: gpu_preparers.spec_edits(nodes, common),
             metrics=metrics, prepare_deadline_s=float(config.prepare_deadline_seconds),

@@ -71,7 +71,6 @@ TIME_SLICE_INTERVALS = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
 MIB = 1024 * 1024
 
 _NOT_IMPLEMENTED = {
-    TIME_SLICING: "this driver does not implement time-slicing yet",
     MPS: "this driver does not implement MPS yet",
 }
 _INTEGER_KEY = re.compile(r"[+-]?[0-9]+")
@@ -288,8 +287,9 @@ def normalize(config: DeviceConfig, gates: FeatureGates = DEFAULT_GATES) -> Devi
 
 
 def _gate_error(strategy: str, gate: str) -> str:
+    note = _NOT_IMPLEMENTED.get(strategy)
     return (f"{_q(strategy)} is selected as the GPU sharing strategy, but the {_q(gate)} feature gate is not "
-            f"enabled ({_NOT_IMPLEMENTED[strategy]})")
+            f"enabled" + (f" ({note})" if note else ""))
 
 
 def validate(config: DeviceConfig, gates: FeatureGates = DEFAULT_GATES, where: str = "parameters") -> None:
@@ -297,7 +297,9 @@ def validate(config: DeviceConfig, gates: FeatureGates = DEFAULT_GATES, where: s
 
     :raises DeviceConfigError: at ``<where>.sharing.strategy``: a strategy whose gate is off ("%q is selected as the
         GPU sharing strategy, but the %q feature gate is not enabled") or an unknown one ("unknown GPU sharing
-        strategy"); at ``...timeSlicingConfig.interval``: not ``Default|Short|Medium|Long``; at
+        strategy"); MPS while DynamicMIG is on ("MPS is not yet supported when using featureGates.DynamicMIG=true";
+        the gate table forbids that pair at start-up, so only a hand-built gate set reaches it); at
+        ``...timeSlicingConfig.interval``: not ``Default|Short|Medium|Long``; at
         ``...mpsConfig.defaultActiveThreadPercentage``: outside 0..100.
     """
     sharing = config.sharing
@@ -310,6 +312,9 @@ def validate(config: DeviceConfig, gates: FeatureGates = DEFAULT_GATES, where: s
     elif sharing.strategy == MPS:
         if not gates.mps_support:
             raise DeviceConfigError(f"{at}.strategy", _gate_error(MPS, MPS_SUPPORT))
+        if gates.dynamic_mig:  # NVIDIA's apply-time refusal (nvidia-dra-driver-updates.md 2a)
+            raise DeviceConfigError(f"{at}.strategy",
+                                    "MPS is not yet supported when using featureGates.DynamicMIG=true")
     else:
         raise DeviceConfigError(f"{at}.strategy", f"unknown GPU sharing strategy: {sharing.strategy}, supported GPU "
                                             f"sharing strategies: {TIME_SLICING}, {MPS}")

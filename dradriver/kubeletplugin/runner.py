@@ -17,7 +17,10 @@ For each claim of a prepare batch (reference ``kubelet-dra-protocol.md`` 4.3, ``
    and the claim is recorded PREPARE_COMPLETED with its undo records.
 
 Any failure undoes exactly what was applied for that claim (in reverse order), rolls it back and becomes that
-claim's error string; other claims of the batch are unaffected.
+claim's error string; other claims of the batch are unaffected. An apply that fails half-way raises
+:class:`~dradriver.domain.ports.PartiallyApplied` with the record of what it did: that record is stored and undone
+with the others. Sharing steps that keep a setting several claims share get :meth:`BatchRunner.stored_records`
+(through their ``bind_records``), and steps may name older record kinds they undo (``undo_kinds``).
 
 Unprepare works from the stored claim state alone (the ResourceClaim may be gone): delete the CDI spec, undo
 the stored records in reverse order, then forget the claim. Unknown claims succeed. A failed undo keeps the
@@ -52,7 +55,14 @@ from dradriver.domain import cdi
 from dradriver.domain.claims import AllocationResult, Claim, ClaimError, ClaimRef, ClaimResult
 from dradriver.domain.configs import ConfigGroup, ConfigSelection
 from dradriver.domain.identity import DriverIdentity
-from dradriver.domain.ports import DevicePlan, DevicePreparer, RequestMetrics, SharingStep, UndoRecord
+from dradriver.domain.ports import (
+    DevicePlan,
+    DevicePreparer,
+    PartiallyApplied,
+    RequestMetrics,
+    SharingStep,
+    UndoRecord,
+)
 from dradriver.domain.registry import DeviceRegistry
 from dradriver.errors import DradriverError
 from dradriver.host import cdifiles
@@ -213,6 +223,14 @@ class BatchRunner:
         self._device_kinds: dict[str, DevicePreparer] = {p.kind: p for p in preparers}
         self._by_kind: dict[str, DevicePreparer | SharingStep] = dict(self._device_kinds)
         self._by_kind.update({s.kind: s for s in sharing})
+        for step in sharing:
+            # kinds an older release wrote for what this step now undoes (records must stay undoable)
+            for alias in getattr(step, "undo_kinds", ()):
+                self._by_kind.setdefault(alias, step)
+            bind = getattr(step, "bind_records", None)
+            if callable(bind):
+                bind(self.stored_records)
+        self._payload_cache: dict[str, tuple[bytes | str, tuple[UndoRecord, ...]]] = {}
         self.select_configs = select_configs
         self.spec_edits = spec_edits
         self.metrics = metrics
@@ -241,6 +259,27 @@ class BatchRunner:
             if preparer.handles(device):
                 return preparer
         return None
+
+    def stored_records(self, kind: str, exclude_uid: str) -> list[tuple[str, UndoRecord]]:
+        """The undo records of ``kind`` stored with PREPARE_COMPLETED claims other than ``exclude_uid``, as
+        (claim UID, record) in claim-state order (:data:`~dradriver.domain.ports.StoredRecords`). Parsed
+        payloads are cached by payload text, so a call costs one pass over the claims."""
+        out: list[tuple[str, UndoRecord]] = []
+        claims = self.state.claims()
+        if len(self._payload_cache) > 2 * len(claims) + 64:
+            self._payload_cache = {u: c for u, c in self._payload_cache.items() if u in claims}
+        for uid, record in claims.items():
+            if uid == exclude_uid or record.phase is not ClaimPhase.PREPARE_COMPLETED:
+                continue
+            cached = self._payload_cache.get(uid)
+            if cached is None or cached[0] != record.payload:
+                try:
+                    cached = (record.payload, tuple(read_payload(record.payload).undo))
+                except ValueError:
+                    continue
+                self._payload_cache[uid] = cached
+            out.extend((uid, r) for r in cached[1] if r.kind == kind)
+        return out
 
     def spec_path(self, uid: str) -> Path:
         """This plugin's CDI spec file for claim ``uid``."""
@@ -426,8 +465,22 @@ class BatchRunner:
         work = self._plan(claim)
         work.stale = stale
         self.state.prepare_started(ref.uid, namespace=ref.namespace, name=ref.name, devices=work.held,
-                                   payload=_payload(self.spec_path(ref.uid), stale))
+                                   payload=_payload(self.spec_path(ref.uid), stale + self._planned(work)))
         return work
+
+    def _planned(self, work: _Work) -> list[UndoRecord]:
+        """Write-ahead records of the sharing steps that can say before applying what they will change
+        (``planned_record(claim, group, devices)``): stored with the STARTED record in the same sync, so a crash
+        in the middle of the apply is undone at the next start (or by the kubelet's retry) instead of leaving a
+        GPU setting no record knows. The records of the apply replace them."""
+        out: list[UndoRecord] = []
+        for group in work.groups:
+            planned = getattr(self.sharing[group.plan.strategy], "planned_record", None)
+            if callable(planned):
+                record = planned(work.claim.ref, group, [self.registry.get(name) for name in group.devices])
+                if record is not None:
+                    out.append(record)
+        return out
 
     def _plan(self, claim: Claim) -> _Work:
         """Allocation results -> devices (results naming one device merged), conflict check, configs, plans."""
@@ -534,6 +587,9 @@ class BatchRunner:
                 step = self.sharing[group.plan.strategy]
                 devices = [self.registry.get(name) for name in group.devices]
                 work.applied.append(step.apply(ref, group, devices))
+        except PartiallyApplied as exc:  # its record joins the others: stored, then undone newest first
+            work.applied.append(exc.record)
+            work.error = _claim_error(ref, exc)
         except Exception as exc:
             work.error = _claim_error(ref, exc)
 

@@ -100,7 +100,7 @@ def plugin_environment(config: PluginConfig) -> dict[str, str]:
     for flag in PLUGIN_FLAGS:
         value = getattr(config, flag.dest)
         if isinstance(value, FeatureGates):  # the --feature-gates syntax: only the gates set explicitly
-            env[flag.env] = ",".join(f"{k}={'true' if v else 'false'}" for k, v in sorted(value.explicit.items()))
+            env[flag.env] = ",".join(f"{k}={'true' if v else 'false'}" for k, v in value.explicit.items())
         elif isinstance(value, bool):
             env[flag.env] = "true" if value else "false"
         elif isinstance(value, tuple):

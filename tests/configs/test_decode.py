@@ -118,7 +118,7 @@ def _check(parameters: dict[str, Any], gates: FeatureGates) -> configs.DeviceCon
 INVALID: list[tuple[str, dict[str, Any], FeatureGates, str, str]] = [
     ("time-slicing gate off", params(sharing={"strategy": "TimeSlicing"}), FeatureGates(), ".sharing.strategy",
      '"TimeSlicing" is selected as the GPU sharing strategy, but the "TimeSlicingSettings" feature gate is not '
-     "enabled (this driver does not implement time-slicing yet)"),
+     "enabled"),
     ("mps gate off", params(sharing={"strategy": "MPS"}), FeatureGates(), ".sharing.strategy",
      '"MPS" is selected as the GPU sharing strategy, but the "MPSSupport" feature gate is not enabled '
      "(this driver does not implement MPS yet)"),
@@ -140,6 +140,9 @@ INVALID: list[tuple[str, dict[str, Any], FeatureGates, str, str]] = [
                                             "mpsConfig": {"defaultActiveThreadPercentage": 101}}),
      ALL_ON, ".sharing.mpsConfig.defaultActiveThreadPercentage",
      "active thread percentage must not be greater than 100"),
+    ("mps with dynamic mig", params(sharing={"strategy": "MPS"}),
+     FeatureGates({"MPSSupport": True, "DynamicMIG": True}), ".sharing.strategy",
+     "MPS is not yet supported when using featureGates.DynamicMIG=true"),
 ]
 
 
