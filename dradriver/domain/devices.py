@@ -15,6 +15,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dradriver.domain.migplacements import MigPlacement
 
 MIB = 1024 * 1024
 
@@ -188,6 +192,9 @@ class NodeInventory:
     warnings: tuple[str, ...] = ()
     """Node-level discovery problems that left nothing out on their own (clique disagreement, MIG mode
     without MIG devices); shown by ``dradriver inspect``."""
+    placements: tuple[MigPlacement, ...] = ()
+    """Dynamic MIG (``DynamicMIG`` gate on): the abstract devices of every dynamic-MIG-capable GPU, one per
+    (GPU-instance profile, placement) (:mod:`dradriver.domain.migplacements`); empty with the gate off."""
 
     def allocatable(self) -> list[GpuDevice | MigDevice]:
         """Devices to publish, sorted by PCI bus ID then name.

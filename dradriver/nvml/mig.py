@@ -24,13 +24,13 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import pynvml
 
-from dradriver.domain.devices import GpuDevice
-from dradriver.domain.migplacements import MigPlacement
+from dradriver.domain.devices import GpuDevice, NodeInventory
+from dradriver.domain.migplacements import MigPlacement, is_dynamic_mig_capable, offers_full_gpu
 from dradriver.errors import DradriverError
 from dradriver.nvml.discovery import mig_profile_name
 from dradriver.nvml.errors import NvmlError, NvmlInvalidArgument, NvmlNotFound, NvmlNotSupported
@@ -45,11 +45,6 @@ MIB = 1024 * 1024
 #: Compute-instance profile index whose slice count is ``n`` (``nvml.h`` ``NVML_COMPUTE_INSTANCE_PROFILE_*``;
 #: ``gpu-facts.md`` 2.1); ``1_SLICE_REV1`` (7) and ``7_SLICE_NVL`` (8) are never used for a full-GI instance.
 CI_PROFILE_INDEX_BY_SLICES: dict[int, int] = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
-
-#: Architectures (``GpuDevice.architecture``) older than Hopper: MIG mode changes need a GPU reset there, so MIG
-#: mode is turned on only when already on, and never turned off (NVIDIA ``nvlib.go``, PR #1018).
-PRE_HOPPER = frozenset({"Kepler", "Maxwell", "Pascal", "Volta", "Turing", "Ampere", "Ada Lovelace"})
-
 
 class MigModeError(DradriverError):
     """The GPU's MIG mode cannot be changed now (pending a GPU reset, or the GPU is in use)."""
@@ -83,19 +78,6 @@ def _text(value: str | bytes) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
-def is_dynamic_mig_capable(gpu: GpuDevice) -> bool:
-    """NVIDIA's ``isDynamicMIGCapable``: MIG-capable and Hopper or newer, or Ampere-era with MIG already on."""
-    if not gpu.mig_capable:
-        return False
-    return gpu.architecture not in PRE_HOPPER or gpu.mig_enabled
-
-
-def publishes_full_gpu(gpu: GpuDevice) -> bool:
-    """Whether the full GPU is offered beside its placements: Hopper and newer (a pre-Hopper GPU in MIG mode
-    cannot leave it without a reset)."""
-    return gpu.architecture not in PRE_HOPPER
-
-
 class MigControl:
     """MIG operations on the GPUs of one NVML session, serialised per GPU.
 
@@ -106,6 +88,7 @@ class MigControl:
         self.session = session
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        self._placements: dict[str, list[MigPlacement]] = {}
 
     # -- serialisation -------------------------------------------------------------------------------------
 
@@ -156,6 +139,22 @@ class MigControl:
                     jpeg_engines=int(info.jpegCount), ofa_engines=int(info.ofaCount)))
         return out
 
+    def with_placements(self, inventory: NodeInventory) -> NodeInventory:
+        """``inventory`` with :attr:`NodeInventory.placements` filled for every dynamic-MIG-capable GPU.
+
+        A GPU's placements never change while the driver runs, so they are read once per GPU UUID and re-parented
+        to the GPU's current entry (its MIG mode changes as instances come and go).
+        """
+        out: list[MigPlacement] = []
+        for gpu in inventory.gpus:
+            if not is_dynamic_mig_capable(gpu):
+                continue
+            cached = self._placements.get(gpu.uuid)
+            if cached is None:
+                cached = self._placements[gpu.uuid] = self.placements(gpu)
+            out.extend(replace(p, parent=gpu) for p in cached)
+        return replace(inventory, placements=tuple(out))
+
     def _possible_placements(self, handle: Any, profile_id: int, gpu: GpuDevice) -> list[tuple[int, int]]:
         count = ctypes.c_uint(0)
         context = f"possible placements of GPU-instance profile {profile_id} on {gpu.name}"
@@ -199,7 +198,16 @@ class MigControl:
             current, _ = self._call(pynvml.nvmlDeviceGetMigMode, handle, context=f"MIG mode of {parent_uuid}")
             if int(current) == pynvml.NVML_DEVICE_MIG_ENABLE:
                 return False
-            self._set_mode(handle, parent_uuid, pynvml.NVML_DEVICE_MIG_ENABLE)
+            try:
+                self._set_mode(handle, parent_uuid, pynvml.NVML_DEVICE_MIG_ENABLE)
+            except MigModeError:
+                # withdraw the pending change, so a later reset does not switch the GPU behind our back
+                try:
+                    self._call(pynvml.nvmlDeviceSetMigMode, handle, int(current),
+                               context=f"withdraw pending MIG mode on {parent_uuid}")
+                except NvmlError as exc:
+                    log.warning("GPU %s: pending MIG mode not withdrawn: %s", parent_uuid, exc)
+                raise
             self.session.forget_mig_handles(parent_uuid)
             return True
 
@@ -210,7 +218,7 @@ class MigControl:
 
         :raises MigModeError: MIG mode could not be turned off.
         """
-        if not publishes_full_gpu(gpu):
+        if not offers_full_gpu(gpu):
             return False
         with self.gpu_lock(gpu.uuid) as handle:
             current, _ = self._call(pynvml.nvmlDeviceGetMigMode, handle, context=f"MIG mode of {gpu.uuid}")

@@ -73,7 +73,7 @@ def test_hopper_mode_change_stays_pending_while_busy(nvml: Any, lib: ctypes.CDLL
     assert lib.mocknvml_control(b"procs 1 0") == 0
     assert nv.nvmlDeviceSetMigMode(dev, 1) == pynvml.NVML_SUCCESS
     assert nv.nvmlDeviceGetMigMode(dev) == [1, 1]
-    gi, ci = make_1g(nv, dev, 0)
+    make_1g(nv, dev, 0)
     assert nv.nvmlDeviceSetMigMode(dev, 0) == IN_USE  # instances left: not idle
     assert nv.nvmlDeviceGetMigMode(dev) == [1, 0]
 
