@@ -8,6 +8,8 @@ import asyncio
 import ctypes
 import json
 import os
+import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -272,3 +274,71 @@ def test_gate_off_leaves_out_of_band_instances_alone(mig_node: SandboxNode) -> N
 def test_capability_paths_are_the_sandbox_proc_root(mig_node: SandboxNode) -> None:
     assert os.environ[mock.PROC_ROOT_ENV] == str(mig_node.root / "proc")
     assert Path(os.environ[mock.STATE_ENV]) == mig_node.mig_state_path
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _child_env(node: SandboxNode, control_file: Path) -> dict[str, str]:
+    config = node.config()
+    env = dict(os.environ)  # carries the sandbox's mock MIG state file and proc root
+    env.update(
+        NODE_NAME=config.node_name, KUBECONFIG=config.kubeconfig, CDI_ROOT=str(config.cdi_root),
+        KUBELET_REGISTRAR_DIRECTORY_PATH=str(config.kubelet_registrar_directory_path),
+        KUBELET_PLUGINS_DIRECTORY_PATH=str(config.kubelet_plugins_directory_path),
+        KUBELET_DEVICE_PLUGINS_DIRECTORY_PATH=str(config.kubelet_device_plugins_directory_path),
+        DEV_ROOT=str(config.dev_root), SYSFS_ROOT=str(config.sysfs_root), PROC_ROOT=str(config.proc_root),
+        DRADRIVER_MOCK_PROFILE=config.mock_profile, FEATURE_GATES="DynamicMIG=true", LOG_LEVEL="warning",
+        **{mock.CONTROL_ENV: str(control_file)},
+    )
+    return env
+
+
+KILL_POINTS = [
+    pytest.param("fail * nvmlDeviceSetMigMode killafter", 0, 0, id="after-mig-mode-on", marks=pytest.mark.slow),
+    pytest.param("fail * nvmlDeviceCreateGpuInstanceWithPlacement kill", 0, 0, id="before-gi",
+                 marks=pytest.mark.slow),
+    pytest.param("fail * nvmlDeviceCreateGpuInstanceWithPlacement killafter", 1, 0, id="after-gi"),
+    pytest.param("fail * nvmlGpuInstanceCreateComputeInstance killafter", 1, 1, id="after-ci"),
+    pytest.param("fail * nvmlComputeInstanceGetInfo_v2 kill", 1, 1, id="before-ci-info", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize(("fault", "gis", "cis"), KILL_POINTS)
+def test_sigkill_between_nvml_calls_converges_at_restart(mig_node: SandboxNode, fault: str, gis: int,
+                                                         cis: int) -> None:
+    """The plugin process is SIGKILLed inside prepare, between two NVML calls (the mock raises SIGKILL at that
+    call); the next start rolls the claim back, destroys the instance no record owns (found by placement), turns
+    MIG mode off, and the kubelet's retry then prepares the claim."""
+    from dradriver.sandbox.kubelet import KubeletEmulator, KubeletError
+
+    control_file = mig_node.root / "nvml-control"
+    control_file.write_text(fault + "\n")
+    device = ONE_G.format(m=7, s=4)
+
+    async def body() -> None:
+        ref = claim_for(mig_node, "killed", device)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "dradriver", "gpu-kubelet-plugin", env=_child_env(mig_node, control_file),
+            cwd=str(ROOT), stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+        try:
+            async with KubeletEmulator(mig_node.config().kubelet_registrar_directory_path) as kubelet:
+                child = await kubelet.wait_for_plugin("gpu.nvidia.com", timeout=30)
+                with pytest.raises(KubeletError):
+                    await child.prepare([ref])
+            assert await proc.wait() == -signal.SIGKILL
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        assert len(state_lines(mig_node, "gi")) == gis and len(state_lines(mig_node, "ci")) == cis
+        assert mig_mode(mig_node, 7) == (1, 1)
+        async with running(mig_node.config(feature_gates=GATES)) as (plugin, kubelet):
+            assert state_lines(mig_node, "gi") == [] and mig_mode(mig_node, 7) == (0, 0)
+            assert plugin.state.get(ref.uid) is None
+            assert (ref.uid in plugin.recovery.rolled_back) and (bool(gis) == bool(plugin.recovery.swept))
+            assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+            assert len(state_lines(mig_node, "ci")) == 1
+            assert await kubelet.unprepare([ref]) == {ref.uid: ""}
+
+    asyncio.run(body())
