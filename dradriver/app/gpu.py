@@ -2,8 +2,9 @@
 
 Steps, in order (stopped in reverse): compiled hot paths -> plugin and CDI directories -> NVML session ->
 device discovery into the device registry -> the driver's user space for CDI specs -> Kubernetes client and
-this Node -> device-plugin guard -> claim state -> batch runner with the full-GPU and static-MIG preparers,
-and crash convergence -> health monitor -> metrics endpoint -> gRPC servers -> ResourceSlice publisher.
+this Node -> device-plugin guard -> claim state -> batch runner with the full-GPU and static-MIG preparers (and,
+with the ``DynamicMIG`` gate, the dynamic-MIG preparer over every eligible GPU's placements), and crash
+convergence -> health monitor -> metrics endpoint -> gRPC servers -> ResourceSlice publisher.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +23,7 @@ from dradriver.domain import cdi, configs, resourceslices
 from dradriver.domain.devices import DeviceIndex, NodeInventory
 from dradriver.domain.faults import DEFAULT_IGNORED_XIDS
 from dradriver.domain.identity import GPU_DRIVER, DriverIdentity
+from dradriver.domain.migplacements import dynamic_index
 from dradriver.domain.registry import DeviceRegistry
 from dradriver.errors import FlagError
 from dradriver.health.metrics import DriverMetrics, MetricsServer, serve_metrics
@@ -34,8 +37,10 @@ from dradriver.kubeletplugin import guard
 from dradriver.kubeletplugin.lifecycle import Lifecycle
 from dradriver.kubeletplugin.runner import BatchRunner
 from dradriver.nvml import discovery
+from dradriver.nvml.mig import MigControl
 from dradriver.nvml.session import NvmlSession, open_session
 from dradriver.preparers import gpu as gpu_preparers
+from dradriver.preparers.dynamicmig import DynamicMigPreparer
 from dradriver.preparers.gpu import FullGpuPreparer, StaticMigPreparer
 from dradriver.preparers.sharing import default_steps
 
@@ -99,6 +104,28 @@ def driver_edits(config: PluginConfig, driver_version: str) -> cdi.ContainerEdit
                                     hook_path=config.nvidia_cdi_hook_path)
 
 
+class DeviceRefresher:
+    """Re-reads this node's devices after dynamic MIG created or destroyed instances and replaces the device
+    registry (the health monitor and the ResourceSlice publisher are its subscribers).
+
+    Calls are serialised and each re-reads after taking the lock, so the last snapshot installed is never older
+    than the last change.
+    """
+
+    def __init__(self, session: NvmlSession, config: PluginConfig, control: MigControl,
+                 registry: DeviceRegistry[NodeInventory]) -> None:
+        self.session, self.config, self.control, self.registry = session, config, control, registry
+        self._lock = threading.Lock()
+
+    def __call__(self) -> None:
+        """Discover again and replace the registry's snapshot."""
+        with self._lock:
+            self.session.forget_mig_handles()
+            inventory = self.control.with_placements(discovery.discover(self.session,
+                                                                        sysfs_root=self.config.sysfs_root))
+            self.registry.replace(inventory)
+
+
 def supports_informational_taints(client: KubeClient) -> bool:
     """DeviceTaint effect ``None`` exists from Kubernetes 1.35; older servers get no informational taints."""
     try:
@@ -136,8 +163,15 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
     session = await life.step("NVML session", lambda: open_session(config.nvml_library, config.mock_profile),
                               lambda s: s.close())
     try:
-        registry: DeviceRegistry[NodeInventory] = DeviceRegistry(discover(session, config),
-                                                                 lambda inv: DeviceIndex.build(inv).by_name)
+        dynamic_mig = config.feature_gates.dynamic_mig
+        mig_control = MigControl(session) if dynamic_mig else None
+        inventory = discover(session, config)
+        if mig_control is not None:  # the gate on: every eligible GPU offers its placements
+            inventory = await asyncio.to_thread(mig_control.with_placements, inventory)
+            log.info("DynamicMIG: %d MIG placement(s) on %d GPU(s)", len(inventory.placements),
+                     len({p.parent.uuid for p in inventory.placements}))
+        registry: DeviceRegistry[NodeInventory] = DeviceRegistry(
+            inventory, dynamic_index if dynamic_mig else (lambda inv: DeviceIndex.build(inv).by_name))
         common = await asyncio.to_thread(driver_edits, config, registry.snapshot.versions.driver)
         connection = await assembly.connect(life, identity, config)
         verdict = guard.check_device_plugin(config, connection.node)
@@ -151,11 +185,15 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
 
         metrics = DriverMetrics(node=config.node_name, driver=identity.driver_name)
         nodes = node_info(config)
+        preparers: tuple[Any, ...] = (FullGpuPreparer(nodes), StaticMigPreparer(nodes))
+        if mig_control is not None:
+            refresh = DeviceRefresher(session, config, mig_control, registry)
+            preparers += (DynamicMigPreparer(mig_control, nodes, lambda: registry.snapshot.gpus, on_change=refresh),)
         runner = BatchRunner(
             identity=identity, registry=registry, state=state,
             fetch_claim=assembly.claim_fetcher(identity, connection.client, config),
             cdi_root=config.cdi_root, pool=config.node_name,
-            preparers=(FullGpuPreparer(nodes), StaticMigPreparer(nodes)), sharing=default_steps(),
+            preparers=preparers, sharing=default_steps(),
             select_configs=lambda claim, devices: configs.select_configs(claim, devices, config.feature_gates),
             spec_edits=lambda: gpu_preparers.spec_edits(nodes, common),
             metrics=metrics, prepare_deadline_s=float(config.prepare_deadline_seconds),

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from dradriver.domain.devices import GpuDevice, canonical_profile
+from dradriver.domain.devices import GpuDevice, MigDevice, NodeInventory, canonical_profile
 
 _PLACEMENT_NAME = re.compile(r"^gpu-(\d+)-mig-(.+)-(\d+)-(\d+)$")
 
@@ -119,3 +119,60 @@ class MigPlacement:
         """True when both are on the same GPU and share a memory slice (at most one of them can exist)."""
         return (self.parent.uuid == other.parent.uuid and self.placement_start < other.placement_start
                 + other.placement_size and other.placement_start < self.placement_start + self.placement_size)
+
+
+#: Architectures (``GpuDevice.architecture``) older than Hopper: a MIG mode change needs a GPU reset there, so
+#: such a GPU is dynamic only when MIG mode is already on, never offers its full GPU beside its placements, and
+#: is never turned out of MIG mode (``nvidia-dra-driver-updates.md`` 2b, NVIDIA PR #1018).
+PRE_HOPPER = frozenset({"Kepler", "Maxwell", "Pascal", "Volta", "Turing", "Ampere", "Ada Lovelace"})
+
+
+def is_dynamic_mig_capable(gpu: GpuDevice) -> bool:
+    """NVIDIA's ``isDynamicMIGCapable``: MIG-capable, not a vGPU guest (``GetVirtualizationMode != VGPU``), and
+    Hopper or newer, or older with MIG mode already on."""
+    return gpu.mig_capable and not gpu.vgpu_guest and (gpu.architecture not in PRE_HOPPER or gpu.mig_enabled)
+
+
+def offers_full_gpu(gpu: GpuDevice) -> bool:
+    """Whether a dynamic-MIG GPU is also offered whole: Hopper and newer only."""
+    return gpu.architecture not in PRE_HOPPER
+
+
+def dynamic_allocatable(inventory: NodeInventory) -> list[GpuDevice | MigDevice | MigPlacement]:
+    """What the GPU plugin publishes and prepares with the ``DynamicMIG`` gate on, in PCI bus ID order.
+
+    A GPU with placements in ``inventory.placements`` contributes itself (Hopper and newer) and its placements
+    sorted by name, never its existing MIG devices (they are instances of placements); any other GPU
+    contributes what :meth:`NodeInventory.allocatable` gives (the full GPU, or its static MIG devices).
+    """
+    by_parent: dict[str, list[MigPlacement]] = {}
+    for placement in inventory.placements:
+        by_parent.setdefault(placement.parent.uuid, []).append(placement)
+    static = {d.name: d for d in inventory.allocatable()}
+    out: list[GpuDevice | MigDevice | MigPlacement] = []
+    for gpu in sorted(inventory.gpus, key=lambda g: (g.pci_bus_id, g.minor)):
+        placements = by_parent.get(gpu.uuid)
+        if placements is None:
+            if gpu.mig_enabled:
+                out.extend(d for d in static.values() if isinstance(d, MigDevice) and d.parent.uuid == gpu.uuid)
+            else:
+                out.append(gpu)
+            continue
+        if offers_full_gpu(gpu):
+            out.append(gpu)
+        out.extend(sorted(placements, key=lambda p: p.name))
+    return out
+
+
+def dynamic_index(inventory: NodeInventory) -> dict[str, GpuDevice | MigDevice | MigPlacement]:
+    """DRA device name -> registry entry for :func:`dynamic_allocatable` (the device registry's index)."""
+    return {d.name: d for d in dynamic_allocatable(inventory)}
+
+
+def instance_of(inventory: NodeInventory, placement: MigPlacement) -> MigDevice | None:
+    """The existing MIG device at exactly ``placement`` (same GPU, GI profile and start), or ``None``."""
+    for mig in inventory.migs:
+        if (mig.parent.uuid == placement.parent.uuid and mig.gi_profile_id == placement.gi_profile_id
+                and mig.placement_start == placement.placement_start):
+            return mig
+    return None

@@ -24,6 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 from dradriver.domain.cdi import ContainerEdits
 from dradriver.domain.claims import AllocationResult, Claim, ClaimRef, ClaimResult
 from dradriver.domain.configs import ConfigGroup
+from dradriver.errors import DradriverError
 
 JSONValue = Any
 """A value ``json.dumps`` accepts (undo records are stored as JSON inside the claim state)."""
@@ -85,6 +86,22 @@ class UndoRecord:
         return cls(kind, version, target, dict(data))
 
 
+class PartiallyApplied(DradriverError):
+    """:meth:`DevicePreparer.apply` failed after a side effect that it could not take back itself (e.g. a GPU
+    instance created, its compute instance failed, and destroying the GPU instance failed too).
+
+    The batch runner stores :attr:`record` with the failed claim and undoes it like any applied record (again at
+    the kubelet's retry or the next start while the undo fails), so the side effect is never forgotten.
+
+    :param record: undoes what is left.
+    :param message: the failure, as the claim's error.
+    """
+
+    def __init__(self, record: UndoRecord, message: str) -> None:
+        super().__init__(message)
+        self.record = record
+
+
 @dataclass(frozen=True, slots=True)
 class DevicePlan:
     """What preparing one device of a claim means, decided before any side effect (pure).
@@ -140,8 +157,9 @@ class DevicePreparer(Protocol):
     def apply(self, claim: ClaimRef, plan: DevicePlan) -> UndoRecord:
         """Perform the plan's side effect (may be slow, may fail) and return how to undo it.
 
-        Must leave nothing behind when it raises. A crash after the side effect but before the runner stored
-        the record is found by :meth:`sweep` at the next start.
+        Must leave nothing behind when it raises, or raise :class:`PartiallyApplied` carrying the record that
+        undoes what is left. A crash after the side effect but before the runner stored the record is found by
+        :meth:`sweep` at the next start.
 
         :raises DradriverError: the side effect failed (becomes the claim's error; the runner undoes every
             other record applied for that claim).

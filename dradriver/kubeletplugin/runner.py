@@ -52,7 +52,14 @@ from dradriver.domain import cdi
 from dradriver.domain.claims import AllocationResult, Claim, ClaimError, ClaimRef, ClaimResult
 from dradriver.domain.configs import ConfigGroup, ConfigSelection
 from dradriver.domain.identity import DriverIdentity
-from dradriver.domain.ports import DevicePlan, DevicePreparer, RequestMetrics, SharingStep, UndoRecord
+from dradriver.domain.ports import (
+    DevicePlan,
+    DevicePreparer,
+    PartiallyApplied,
+    RequestMetrics,
+    SharingStep,
+    UndoRecord,
+)
 from dradriver.domain.registry import DeviceRegistry
 from dradriver.errors import DradriverError
 from dradriver.host import cdifiles
@@ -534,6 +541,9 @@ class BatchRunner:
                 step = self.sharing[group.plan.strategy]
                 devices = [self.registry.get(name) for name in group.devices]
                 work.applied.append(step.apply(ref, group, devices))
+        except PartiallyApplied as exc:  # what is left is undone with the rest, and kept while that fails
+            work.applied.append(exc.record)
+            work.error = _claim_error(ref, exc)
         except Exception as exc:
             work.error = _claim_error(ref, exc)
 

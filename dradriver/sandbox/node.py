@@ -16,6 +16,7 @@ specs with device nodes only.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import uuid
@@ -141,6 +142,10 @@ class SandboxNode:
     :param api: an API emulator to use; a new one is started (and stopped on close) when ``None``.
     :param driver_files: lay out the profile's driver files under :attr:`driver_root`
         (:func:`lay_out_driver_tree`); when False the driver root stays empty.
+    :param mig_state: give the mock NVML a MIG state file under the root and this node's ``proc`` tree
+        (``DRADRIVER_MOCK_NVML_STATE``/``..._PROC_ROOT`` in this process's environment until :meth:`close`):
+        MIG instances created by one process (a plugin that is killed) are seen by the next, and the MIG
+        capability files and ``mig-minors`` appear under ``proc/driver`` as on a node. For dynamic MIG.
     """
 
     profile: str = "gb200-nvl72-node"
@@ -148,8 +153,10 @@ class SandboxNode:
     api: ApiServerEmulator | None = None
     node_allocatable: dict[str, str] | None = None
     driver_files: bool = True
+    mig_state: bool = False
     root: Path = field(init=False)
     _owns_api: bool = field(init=False, default=False)
+    _saved_env: dict[str, str | None] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
@@ -161,6 +168,11 @@ class SandboxNode:
         if version:
             lay_out_driver_tree(self.driver_root, version)
         self.set_boot_id(str(uuid.uuid4()))
+        if self.mig_state:
+            env = {mock.STATE_ENV: str(self.mig_state_path), mock.PROC_ROOT_ENV: str(self.root / "proc")}
+            for key, value in env.items():
+                self._saved_env[key] = os.environ.get(key)
+                os.environ[key] = value
         if self.api is None:
             self.api = ApiServerEmulator().start()
             self._owns_api = True
@@ -189,6 +201,11 @@ class SandboxNode:
         return replace(base, **overrides)
 
     @property
+    def mig_state_path(self) -> Path:
+        """The mock NVML's MIG state file (with ``mig_state``)."""
+        return self.root / "nvml-mig-state"
+
+    @property
     def driver_root(self) -> Path:
         """The plugin's ``--container-driver-root`` (the host's driver root is ``/``)."""
         return self.root / "driver-root"
@@ -206,6 +223,12 @@ class SandboxNode:
         """Stop the API emulator if this sandbox started it and delete the sandbox root."""
         if self._owns_api and self.api is not None:
             self.api.stop()
+        for key, value in self._saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        self._saved_env.clear()
         shutil.rmtree(self.root, ignore_errors=True)
 
     def __enter__(self) -> SandboxNode:

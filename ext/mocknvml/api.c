@@ -28,14 +28,7 @@ static struct nvmlComputeInstance_st h_ci[MOCK_MAX_GPUS][MOCK_MAX_GI][MOCK_MAX_C
 
 nvmlDevice_t mock_gpu_handle(unsigned gpu) { return &h_gpu[gpu]; }
 static nvmlDevice_t mig_handle(unsigned gpu, unsigned gi, unsigned ci) { return &h_mig[gpu][gi][ci]; }
-
-typedef struct {
-    unsigned index;
-    mock_gpu *g;
-    int mig;             /* 1 for a MIG device handle */
-    mock_gi *gi;         /* MIG only */
-    mock_ci *ci;         /* MIG only */
-} dev_ref;
+nvmlDevice_t mock_mig_handle(unsigned gpu, unsigned gi, unsigned ci) { return mig_handle(gpu, gi, ci); }
 
 #define IN_TABLE(p, tab) ((const char *)(p) >= (const char *)(tab) && (const char *)(p) < (const char *)(tab) + sizeof(tab))
 
@@ -79,10 +72,14 @@ static nvmlReturn_t enter_dev(const char *fn, nvmlDevice_t h, dev_ref *r, int al
     if (listed(g_mock.notSupported, g_mock.nNotSupported, fn) || listed(r->g->notSupported, r->g->nNotSupported, fn))
         return NVML_ERROR_NOT_SUPPORTED;
     if (r->mig && !allow_mig) return NVML_ERROR_NOT_SUPPORTED;
-    return NVML_SUCCESS;
+    return (nvmlReturn_t)mock_fault_locked(&g_mock, fn, (int)r->index);
 }
 
-#define LOCK() do { pthread_mutex_lock(&g_mock_lock); mock_poll_control_locked(&g_mock); } while (0)
+nvmlReturn_t mock_enter_dev(const char *fn, nvmlDevice_t h, dev_ref *r, int allow_mig) {
+    return enter_dev(fn, h, r, allow_mig);
+}
+
+#define LOCK() do { pthread_mutex_lock(&g_mock_lock); mock_poll_control_locked(&g_mock); mock_mig_poll_locked(&g_mock); } while (0)
 #define RET(x) do { nvmlReturn_t r_ = (x); pthread_mutex_unlock(&g_mock_lock); return r_; } while (0)
 #define DEV_ENTER(h, ref, allow_mig)                                                                          \
     dev_ref ref;                                                                                              \
@@ -137,6 +134,8 @@ nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     g_mock.initMonotonicUs = now_monotonic_us();
     mock_events_reset_locked();
     g_mock.refcount = 1;
+    g_mock.nFaults = 0;
+    mock_mig_init_locked(&g_mock);
     mock_poll_control_locked(&g_mock);
     RET(NVML_SUCCESS);
 }
@@ -421,13 +420,7 @@ nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, nvmlComputeMode_t *mo
     RET(NVML_SUCCESS);
 }
 
-nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos) {
-    DEV_ENTER(device, r, 1);
-    (void)infos;
-    if (!infoCount) RET(NVML_ERROR_INVALID_ARGUMENT);
-    *infoCount = 0;
-    RET(NVML_SUCCESS);
-}
+/* nvmlDeviceGetComputeRunningProcesses_v3: mig.c (processes make MIG instances "in use") */
 
 /* ---------------------------------------------------------------------------------------------------------
  * Memory and attributes
@@ -680,6 +673,18 @@ nvmlReturn_t nvmlDeviceGetGpuInstanceRemainingCapacity(nvmlDevice_t device, unsi
 
 static nvmlGpuInstance_t gi_handle(unsigned gpu, unsigned gi) { return &h_gi[gpu][gi]; }
 static nvmlComputeInstance_t ci_handle(unsigned gpu, unsigned gi, unsigned ci) { return &h_ci[gpu][gi][ci]; }
+nvmlGpuInstance_t mock_gi_handle(unsigned gpu, unsigned gi) { return gi_handle(gpu, gi); }
+nvmlComputeInstance_t mock_ci_handle(unsigned gpu, unsigned gi, unsigned ci) { return ci_handle(gpu, gi, ci); }
+
+/* (gpu, gi id, ci id) of a compute-instance handle; 0 when it is not one (existence not checked). */
+int mock_ci_handle_ref(nvmlComputeInstance_t h, unsigned *gpu, unsigned *gi, unsigned *ci) {
+    if (!IN_TABLE(h, h_ci)) return 0;
+    size_t off = (size_t)(h - &h_ci[0][0][0]);
+    *gpu = (unsigned)(off / (MOCK_MAX_GI * MOCK_MAX_CI));
+    *gi = (unsigned)(off / MOCK_MAX_CI % MOCK_MAX_GI);
+    *ci = (unsigned)(off % MOCK_MAX_CI);
+    return 1;
+}
 
 nvmlReturn_t nvmlDeviceGetGpuInstances(nvmlDevice_t device, unsigned int profileId, nvmlGpuInstance_t *gpuInstances,
                                        unsigned int *count) {
@@ -709,13 +714,6 @@ nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t device, unsigned int id, 
     RET(NVML_SUCCESS);
 }
 
-typedef struct {
-    unsigned gpu;
-    mock_gpu *g;
-    mock_gi *gi;
-    const mock_gi_profile *gp;
-} gi_ref;
-
 static nvmlReturn_t enter_gi(const char *fn, nvmlGpuInstance_t h, gi_ref *r) {
     if (g_mock.refcount == 0) return NVML_ERROR_UNINITIALIZED;
     if (!IN_TABLE(h, h_gi)) return NVML_ERROR_INVALID_ARGUMENT;
@@ -730,8 +728,11 @@ static nvmlReturn_t enter_gi(const char *fn, nvmlGpuInstance_t h, gi_ref *r) {
         return NVML_ERROR_NOT_SUPPORTED;
     r->gi = &r->g->gi[id];
     r->gp = mock_gi_profile_by_id(r->g, r->gi->profileId);
-    return r->gp ? NVML_SUCCESS : NVML_ERROR_UNKNOWN;
+    if (!r->gp) return NVML_ERROR_UNKNOWN;
+    return (nvmlReturn_t)mock_fault_locked(&g_mock, fn, (int)r->gpu);
 }
+
+nvmlReturn_t mock_enter_gi(const char *fn, nvmlGpuInstance_t h, gi_ref *r) { return enter_gi(fn, h, r); }
 
 #define GI_ENTER(h, ref)                                                                                       \
     gi_ref ref;                                                                                                \
@@ -841,6 +842,8 @@ nvmlReturn_t nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t computeInstance
     if (g->v.lost) RET(NVML_ERROR_GPU_IS_LOST);
     if (listed(g_mock.notSupported, g_mock.nNotSupported, __func__) || listed(g->notSupported, g->nNotSupported, __func__))
         RET(NVML_ERROR_NOT_SUPPORTED);
+    nvmlReturn_t fe = (nvmlReturn_t)mock_fault_locked(&g_mock, __func__, (int)gpu);
+    if (fe != NVML_SUCCESS) RET(fe);
     const mock_ci *c = &g->gi[gi].ci[ci];
     info->device = mock_gpu_handle(gpu);
     info->gpuInstance = gi_handle(gpu, gi);

@@ -51,6 +51,7 @@ typedef struct {
     mock_place placement;
     char uuid[MOCK_STR];
     char name[MOCK_STR];
+    unsigned procs; /* processes running on this compute instance ("in use"; mig.c) */
 } mock_ci;
 
 typedef struct {
@@ -96,6 +97,7 @@ typedef struct {
     char notSupported[MOCK_MAX_NAMES][64];
     unsigned nPending;
     mock_event pending[MOCK_MAX_EVENTS]; /* queued for the first event set that registers this GPU */
+    unsigned procs;                      /* processes on the full GPU, outside any MIG device (mig.c) */
 } mock_gpu;
 
 typedef struct {

@@ -528,6 +528,8 @@ int mock_command_locked(mock_state *st, const char *line) {
         if (gi >= st->ngpus) return NVML_ERROR_INVALID_ARGUMENT;
         return set_not_supported(st->gpus[gi].notSupported, &st->gpus[gi].nNotSupported, b, on);
     }
+    int mr = mock_mig_command_locked(st, verb, n, a, b, c, d, e);
+    if (mr != -1) return mr;
     if (n < 2) return NVML_ERROR_INVALID_ARGUMENT;
     char *end = NULL;
     unsigned gpu = (unsigned)strtoul(a, &end, 10);
