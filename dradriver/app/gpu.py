@@ -19,7 +19,7 @@ from typing import Any
 from dradriver import _native
 from dradriver.app import assembly
 from dradriver.config import PluginConfig
-from dradriver.domain import cdi, configs, resourceslices
+from dradriver.domain import cdi, configs, partitions, resourceslices
 from dradriver.domain.devices import DeviceIndex, NodeInventory
 from dradriver.domain.faults import DEFAULT_IGNORED_XIDS
 from dradriver.domain.identity import GPU_DRIVER, DriverIdentity
@@ -126,6 +126,25 @@ class DeviceRefresher:
             self.registry.replace(inventory)
 
 
+def read_server_version(client: KubeClient) -> tuple[int, int] | None:
+    """``(major, minor)`` of the API server, or ``None`` (warned) when ``GET /version`` fails."""
+    try:
+        return version.server_version(client)
+    except kube_errors.KubeAPIError as exc:
+        log.warning("cannot read the API server version (%s)", exc)
+        return None
+
+
+def slice_layout_version(server: tuple[int, int] | None, dynamic_mig: bool) -> tuple[int, int]:
+    """The Kubernetes version whose ResourceSlice rules the pool follows (dynamic MIG: combined layout before
+    1.35, split from 1.35; ``nvidia-dra-driver.md`` 2.1). Unknown: 1.34's combined layout, logged."""
+    if server is None:
+        if dynamic_mig:
+            log.warning("API server version unknown: dynamic MIG slices use the Kubernetes 1.34 layout")
+        return (1, 34)
+    return server
+
+
 def supports_informational_taints(client: KubeClient) -> bool:
     """DeviceTaint effect ``None`` exists from Kubernetes 1.35; older servers get no informational taints."""
     try:
@@ -204,6 +223,8 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
             identity, config, connection, on_error=lambda exc: metrics.count_publish_error(type(exc).__name__),
             on_publish=lambda result: metrics.observe_publish() if result.wrote else None)
         informational = await asyncio.to_thread(supports_informational_taints, connection.client)
+        layout = slice_layout_version(await asyncio.to_thread(read_server_version, connection.client), dynamic_mig)
+        partition_cache = partitions.PartitionCache()
         plugin_ref: list[GpuPlugin] = []
         health = HealthMonitor(
             registry.snapshot,
@@ -234,7 +255,8 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
             if verdict.refuse:  # an empty pool: the device plugin owns the GPUs
                 inventory = NodeInventory(versions=inventory.versions, gpus=())
             return resourceslices.build_resource_slices(inventory, config.node_name, driver=identity.driver_name,
-                                                        taints=health.taints())
+                                                        taints=health.taints(), server_version=layout,
+                                                        cache=partition_cache)
 
         plugin = GpuPlugin(identity=identity, config=config, lifecycle=life, client=connection.client,
                            node_uid=connection.node_uid, state=state, state_problems=problems, runner=runner,
