@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import pynvml
 import pytest
 
@@ -25,7 +26,7 @@ from dradriver.nvml import mock
 from dradriver.sandbox.node import SandboxNode
 from tests import factories
 from tests.cdi import helpers as cdi_checks
-from tests.plugin.conftest import claim_object, ref_of, result, running, set_allocation
+from tests.plugin.conftest import claim_object, ref_of, result, running, set_allocation, wait_for
 
 GATES = fg.parse_feature_gates("DynamicMIG=true")
 ONE_G = "gpu-{m}-mig-1g10gb-19-{s}"  # H100 1g.10gb, GI profile ID 19 (gpu-facts.md 2.6)
@@ -103,7 +104,23 @@ def test_prepare_creates_the_allocated_placement_and_unprepare_destroys_it(mig_n
             # the device registry learned about the instance (health and publisher are its subscribers)
             assert [m.uuid for m in plugin.inventory.migs] == [mig_uuid]
             assert plugin.registry.get(device) is entry or isinstance(plugin.registry.get(device), MigPlacement)
+            # KEP-4817: the identity is published in the claim's status.devices[].data
+            def published() -> list[Any]:
+                assert mig_node.api is not None
+                stored = mig_node.api.get("ResourceClaim", "one-g", "default")
+                return list((stored or {}).get("status", {}).get("devices") or [])
+
+            await wait_for(lambda: bool(published()))
+            [status] = published()
+            assert (status["driver"], status["pool"], status["device"]) == ("gpu.nvidia.com", "gpu-node-1", device)
+            assert status["data"] == {"uuid": mig_uuid, "parentUUID": entry.parent.uuid, "gpuInstanceId": 7,
+                                      "computeInstanceId": 0, "profile": "1g.10gb",
+                                      "placement": {"start": 3, "size": 1}}
+            assert status["conditions"][0]["type"] == "Ready"
+            stored = mig_node.api.get("ResourceClaim", "one-g", "default") if mig_node.api else None
+            kubernetes_validate.validate(stored, "1.34", strict=True)
             assert await kubelet.unprepare([ref]) == {ref.uid: ""}
+            await wait_for(lambda: not published())
             assert state_lines(mig_node, "gi") == [] and state_lines(mig_node, "ci") == []
             assert mig_mode(mig_node, 0) == (0, 0)  # Hopper: MIG mode off with the last instance
             assert not caps.exists()
