@@ -114,22 +114,52 @@ class DeviceRefresher:
     """Re-reads this node's devices after dynamic MIG created or destroyed instances and replaces the device
     registry (the health monitor and the ResourceSlice publisher are its subscribers).
 
-    Calls are serialised and each re-reads after taking the lock, so the last snapshot installed is never older
-    than the last change.
+    A call only marks the devices stale and returns (it runs on the prepare path); one background thread re-reads
+    while changes keep coming, so a burst of prepares costs one or two discoveries and the snapshot installed
+    last is never older than the last change.
     """
 
-    def __init__(self, session: NvmlSession, config: PluginConfig, control: MigControl,
-                 registry: DeviceRegistry[NodeInventory]) -> None:
-        self.session, self.config, self.control, self.registry = session, config, control, registry
+    def __init__(self, session: NvmlSession, config: PluginConfig, registry: DeviceRegistry[NodeInventory]) -> None:
+        self.session, self.config, self.registry = session, config, registry
         self._lock = threading.Lock()
+        self._stale = False
+        self._thread: threading.Thread | None = None
+        self.refreshes = 0
+        """Discoveries run so far."""
 
     def __call__(self) -> None:
-        """Discover again and replace the registry's snapshot."""
+        """Mark the devices stale; a background thread re-reads them."""
         with self._lock:
-            self.session.forget_mig_handles()
-            inventory = self.control.with_placements(discovery.discover(self.session,
-                                                                        sysfs_root=self.config.sysfs_root))
-            self.registry.replace(inventory)
+            self._stale = True
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="device-refresh", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if not self._stale:
+                    self._thread = None
+                    return
+                self._stale = False
+            try:
+                self.refresh()
+            except Exception:  # retried at the next change; the registry keeps the last good snapshot
+                log.exception("re-reading devices after a MIG change failed")
+
+    def refresh(self) -> None:
+        """Discover again now (on this thread) and replace the registry's snapshot."""
+        self.session.forget_mig_handles()
+        inventory = discovery.discover(self.session, sysfs_root=self.config.sysfs_root, dynamic_mig=True)
+        self.registry.replace(inventory)
+        self.refreshes += 1
+
+    def close(self) -> None:
+        """Wait for a refresh in progress (the NVML session closes after this)."""
+        with self._lock:
+            thread, self._stale = self._thread, False
+        if thread is not None:
+            thread.join(timeout=10)
 
 
 class DeviceStatusWriter:
@@ -182,7 +212,8 @@ def supports_informational_taints(client: KubeClient) -> bool:
 
 def discover(session: NvmlSession, config: PluginConfig) -> NodeInventory:
     """This node's GPUs, MIG devices and clique, logged."""
-    inventory = discovery.discover(session, sysfs_root=config.sysfs_root)
+    inventory = discovery.discover(session, sysfs_root=config.sysfs_root,
+                                   dynamic_mig=config.feature_gates.dynamic_mig)
     for failure in inventory.failures:
         log.error("GPU %d left out: %s", failure.index, failure.reason)
     log.info("discovered %d GPU(s), %d MIG device(s), %d allocatable device(s)%s", len(inventory.gpus),
@@ -211,8 +242,7 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
         dynamic_mig = config.feature_gates.dynamic_mig
         mig_control = MigControl(session) if dynamic_mig else None
         inventory = discover(session, config)
-        if mig_control is not None:  # the gate on: every eligible GPU offers its placements
-            inventory = await asyncio.to_thread(mig_control.with_placements, inventory)
+        if dynamic_mig:  # the gate on: every eligible GPU offers its placements
             log.info("DynamicMIG: %d MIG placement(s) on %d GPU(s)", len(inventory.placements),
                      len({p.parent.uuid for p in inventory.placements}))
         registry: DeviceRegistry[NodeInventory] = DeviceRegistry(
@@ -233,7 +263,8 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
         preparers: tuple[Any, ...] = (FullGpuPreparer(nodes), StaticMigPreparer(nodes))
         status_writer: DeviceStatusWriter | None = None
         if mig_control is not None:
-            refresh = DeviceRefresher(session, config, mig_control, registry)
+            refresh = DeviceRefresher(session, config, registry)
+            life.on_stop("device refresher", refresh.close)
             preparers += (DynamicMigPreparer(mig_control, nodes, lambda: registry.snapshot.gpus, on_change=refresh),)
             status_writer = DeviceStatusWriter(connection.client, driver=identity.driver_name, pool=config.node_name)
             life.on_stop("device status writer", status_writer.close)

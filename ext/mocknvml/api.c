@@ -359,6 +359,16 @@ nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned int *node) {
     RET(NVML_SUCCESS);
 }
 
+/* nvmlGpuVirtualizationMode_t: 0 none, 1 pass-through, 2 vGPU guest, 3 host vGPU, 4 host vSGA. A board value:
+ * MIG handles get NOT_SUPPORTED. Dynamic MIG is refused on a vGPU guest (NVIDIA's isDynamicMIGCapable). */
+nvmlReturn_t nvmlDeviceGetVirtualizationMode(nvmlDevice_t device, nvmlGpuVirtualizationMode_t *mode) {
+    DEV_ENTER(device, r, 0);
+    if (!mode) RET(NVML_ERROR_INVALID_ARGUMENT);
+    NEED(r.g->v.virtualizationMode);
+    *mode = (nvmlGpuVirtualizationMode_t)r.g->v.virtualizationMode;
+    RET(NVML_SUCCESS);
+}
+
 /* nvml.h: versioned struct nvmlDeviceAddressingMode_v1_t; value is an nvmlDeviceAddressingModeType_t (0 None,
  * 1 HMM, 2 ATS). A board value, so MIG handles get NOT_SUPPORTED (real NVML's answer there is unconfirmed). */
 nvmlReturn_t nvmlDeviceGetAddressingMode(nvmlDevice_t device, nvmlDeviceAddressingMode_t *mode) {
@@ -561,6 +571,7 @@ static nvmlReturn_t gip_lookup(const dev_ref *r, unsigned profile, const mock_gi
     if (!r->g->v.migCapable) return NVML_ERROR_NOT_SUPPORTED;
     if (profile >= NVML_GPU_INSTANCE_PROFILE_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
     if (!r->g->gip[profile].valid) return NVML_ERROR_NOT_SUPPORTED;
+    if (r->g->gip[profile].infoReturn) return (nvmlReturn_t)r->g->gip[profile].infoReturn;
     *out = &r->g->gip[profile];
     return NVML_SUCCESS;
 }
@@ -622,6 +633,7 @@ nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements_v2(nvmlDevice_t device, 
     if (!count) RET(NVML_ERROR_INVALID_ARGUMENT);
     const mock_gi_profile *p = gip_by_id_checked(&r, profileId, &e);
     if (!p) RET(e);
+    if (p->placementsReturn) RET((nvmlReturn_t)p->placementsReturn);
     if (!placements) { *count = p->nstarts; RET(NVML_SUCCESS); }
     if (*count < p->nstarts) { *count = p->nstarts; RET(NVML_ERROR_INSUFFICIENT_SIZE); }
     for (unsigned k = 0; k < p->nstarts; k++) {

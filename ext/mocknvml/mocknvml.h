@@ -39,6 +39,7 @@ typedef struct {
     unsigned index, id, sliceCount, instanceCount, multiprocessorCount;
     unsigned copyEngineCount, decoderCount, encoderCount, jpegCount, ofaCount, isP2pSupported;
     unsigned long long memorySizeMB;
+    int infoReturn, placementsReturn; /* non-zero: the nvmlReturn_t NVML answers for this profile */
     char name[MOCK_STR];
     unsigned nstarts, starts[MOCK_MAX_STARTS], placementSize;
     mock_ci_profile ci[NVML_COMPUTE_INSTANCE_PROFILE_COUNT];
@@ -76,7 +77,7 @@ typedef struct {
     long long pcieTx, pcieRx, pcieMaxGen, eccMode;
     long long eccVolCorr, eccVolUnc, eccAggCorr, eccAggUnc;
     long long retiredPending, remapCorr, remapUnc, remapPending, remapFailure;
-    long long supportedEvents, lost, energy, addressingMode, recoveryAction;
+    long long supportedEvents, lost, energy, addressingMode, recoveryAction, virtualizationMode;
     long long fabricCliqueId, fabricState, fabricStatus, fabricHealthMask, fabricHealthSummary;
 } mock_scalars;
 

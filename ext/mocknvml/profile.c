@@ -36,6 +36,7 @@ const mock_scalar_key mock_scalar_keys[] = {
     K("remappedRows.pending", remapPending), K("remappedRows.failure", remapFailure),
     K("supportedEventTypes", supportedEvents), K("lost", lost), K("energy", energy),
     K("addressingMode", addressingMode), K("recoveryAction", recoveryAction),
+    K("virtualizationMode", virtualizationMode),
     K("fabric.cliqueId", fabricCliqueId), K("fabric.state", fabricState), K("fabric.status", fabricStatus),
     K("fabric.healthMask", fabricHealthMask), K("fabric.healthSummary", fabricHealthSummary),
     {NULL, 0},
@@ -179,6 +180,10 @@ static int load_gi_profiles(loadctx *c, mock_gpu *g, const json_value *arr) {
             return 0;
         if (!opt_int(c, p, "isP2pSupported", 0, &x)) return 0;
         gp->isP2pSupported = (unsigned)x;
+        if (!opt_int(c, p, "infoReturn", 0, &x)) return 0;
+        gp->infoReturn = (int)x;
+        if (!opt_int(c, p, "placementsReturn", 0, &x)) return 0;
+        gp->placementsReturn = (int)x;
         if (!opt_int(c, p, "memorySizeMB", -1, &x)) return 0;
         if (x < 0) { lerr(c, p, "missing required key 'memorySizeMB'"); return 0; }
         gp->memorySizeMB = (unsigned long long)x;

@@ -102,7 +102,7 @@ def test_prepare_creates_the_allocated_placement_and_unprepare_destroys_it(mig_n
                                   f"/dev/nvidia-caps/nvidia-cap{ci_minor}"}
             assert nodes[f"/dev/nvidia-caps/nvidia-cap{gi_minor}"]["major"] == 511
             # the device registry learned about the instance (health and publisher are its subscribers)
-            assert [m.uuid for m in plugin.inventory.migs] == [mig_uuid]
+            await wait_for(lambda: [m.uuid for m in plugin.inventory.migs] == [mig_uuid])
             assert plugin.registry.get(device) is entry or isinstance(plugin.registry.get(device), MigPlacement)
             # KEP-4817: the identity is published in the claim's status.devices[].data
             def published() -> list[Any]:
@@ -124,7 +124,7 @@ def test_prepare_creates_the_allocated_placement_and_unprepare_destroys_it(mig_n
             assert state_lines(mig_node, "gi") == [] and state_lines(mig_node, "ci") == []
             assert mig_mode(mig_node, 0) == (0, 0)  # Hopper: MIG mode off with the last instance
             assert not caps.exists()
-            assert plugin.inventory.migs == ()
+            await wait_for(lambda: plugin.inventory.migs == ())
 
     asyncio.run(body())
 
