@@ -171,3 +171,22 @@ def instance_of(inventory: NodeInventory, placement: MigPlacement) -> MigDevice 
                 and mig.placement_start == placement.placement_start):
             return mig
     return None
+
+
+def published_devices(inventory: NodeInventory) -> list[GpuDevice | MigDevice | MigPlacement]:
+    """The devices a GPU plugin publishes for ``inventory``: :func:`dynamic_allocatable` when it has placements
+    (the ``DynamicMIG`` gate), else :meth:`NodeInventory.allocatable` (health tracking follows the same list)."""
+    if inventory.placements:
+        return dynamic_allocatable(inventory)
+    return list(inventory.allocatable())
+
+
+def instance_ids(inventory: NodeInventory) -> dict[str, tuple[str, int, int, str]]:
+    """Placement device name -> ``(parent UUID, GI id, CI id, MIG UUID)`` of the instance that exists on it now
+    (dynamic MIG), for attributing MIG-scoped events (Xids carry GI and CI ids) to the published device."""
+    out: dict[str, tuple[str, int, int, str]] = {}
+    for placement in inventory.placements:
+        mig = instance_of(inventory, placement)
+        if mig is not None:
+            out[placement.name] = (mig.parent.uuid, mig.gi_id, mig.ci_id, mig.uuid)
+    return out

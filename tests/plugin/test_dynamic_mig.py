@@ -359,3 +359,32 @@ def test_sigkill_between_nvml_calls_converges_at_restart(mig_node: SandboxNode, 
             assert await kubelet.unprepare([ref]) == {ref.uid: ""}
 
     asyncio.run(body())
+
+
+def test_mig_scoped_xid_marks_the_placement_of_its_instance_only(mig_node: SandboxNode) -> None:
+    """Health with dynamic MIG: events are registered on the parent GPU; an Xid carrying the GI/CI ids of the
+    created instance makes exactly the placement device it was created for unhealthy."""
+    async def body() -> None:
+        async with running(mig_node.config(feature_gates=GATES)) as (plugin, kubelet):
+            device = ONE_G.format(m=3, s=2)
+            ref = claim_for(mig_node, "watched", device)
+            assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+            [gi] = state_lines(mig_node, "gi")
+            await wait_for(lambda: len(plugin.inventory.migs) == 1)  # the registry told the health monitor
+            assert plugin.health is not None
+            names = {d.device_name for d in plugin.health.snapshot()}
+            assert device in names and ONE_G.format(m=3, s=1) in names and "gpu-3" in names
+            gpu3 = next(g for g in plugin.inventory.gpus if g.minor == 3)
+            control(f"event {gpu3.index} 8 31 {gi[2]} 0")  # Xid 31 (MMU fault), scoped to GI/CI of the instance
+            control(f"event {gpu3.index} 8 63 {gi[2]} 0")  # Xid 63 (row remap), same scope
+
+            def unhealthy() -> set[str]:
+                assert plugin.health is not None
+                return {d.device_name for d in plugin.health.snapshot() if d.health == "Unhealthy"}
+
+            await wait_for(lambda: bool(unhealthy()))
+            assert unhealthy() == {device}
+            mig_uuid = state_lines(mig_node, "ci")[0][8]
+            assert plugin.health.xid_stats()[mig_uuid].last in (31, 63)
+
+    asyncio.run(body())
