@@ -10,9 +10,11 @@ convergence -> health monitor -> metrics endpoint -> gRPC servers -> ResourceSli
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,16 +22,19 @@ from dradriver import _native
 from dradriver.app import assembly
 from dradriver.config import PluginConfig
 from dradriver.domain import cdi, configs, partitions, resourceslices
+from dradriver.domain.claims import ClaimRef
 from dradriver.domain.devices import DeviceIndex, NodeInventory
 from dradriver.domain.faults import DEFAULT_IGNORED_XIDS
 from dradriver.domain.identity import GPU_DRIVER, DriverIdentity
 from dradriver.domain.migplacements import dynamic_index
+from dradriver.domain.ports import UndoRecord
 from dradriver.domain.registry import DeviceRegistry
 from dradriver.errors import FlagError
 from dradriver.health.metrics import DriverMetrics, MetricsServer, serve_metrics
 from dradriver.health.monitor import HealthMonitor
 from dradriver.host import driverfiles
 from dradriver.host.devicenodes import DeviceNodeInfo
+from dradriver.kube import claims as kube_claims
 from dradriver.kube import errors as kube_errors
 from dradriver.kube import version
 from dradriver.kube.client import KubeClient
@@ -40,7 +45,8 @@ from dradriver.nvml import discovery
 from dradriver.nvml.mig import MigControl
 from dradriver.nvml.session import NvmlSession, open_session
 from dradriver.preparers import gpu as gpu_preparers
-from dradriver.preparers.dynamicmig import DynamicMigPreparer
+from dradriver.preparers.dynamicmig import KIND as DYNAMIC_MIG_KIND
+from dradriver.preparers.dynamicmig import DynamicMigPreparer, identity_of
 from dradriver.preparers.gpu import FullGpuPreparer, StaticMigPreparer
 from dradriver.preparers.sharing import default_steps
 
@@ -108,22 +114,91 @@ class DeviceRefresher:
     """Re-reads this node's devices after dynamic MIG created or destroyed instances and replaces the device
     registry (the health monitor and the ResourceSlice publisher are its subscribers).
 
-    Calls are serialised and each re-reads after taking the lock, so the last snapshot installed is never older
-    than the last change.
+    A call only marks the devices stale and returns (it runs on the prepare path); one background thread re-reads
+    while changes keep coming, so a burst of prepares costs one or two discoveries and the snapshot installed
+    last is never older than the last change.
     """
 
-    def __init__(self, session: NvmlSession, config: PluginConfig, control: MigControl,
-                 registry: DeviceRegistry[NodeInventory]) -> None:
-        self.session, self.config, self.control, self.registry = session, config, control, registry
+    def __init__(self, session: NvmlSession, config: PluginConfig, registry: DeviceRegistry[NodeInventory]) -> None:
+        self.session, self.config, self.registry = session, config, registry
         self._lock = threading.Lock()
+        self._stale = False
+        self._thread: threading.Thread | None = None
+        self.refreshes = 0
+        """Discoveries run so far."""
 
     def __call__(self) -> None:
-        """Discover again and replace the registry's snapshot."""
+        """Mark the devices stale; a background thread re-reads them."""
         with self._lock:
-            self.session.forget_mig_handles()
-            inventory = self.control.with_placements(discovery.discover(self.session,
-                                                                        sysfs_root=self.config.sysfs_root))
-            self.registry.replace(inventory)
+            self._stale = True
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="device-refresh", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if not self._stale:
+                    self._thread = None
+                    return
+                self._stale = False
+            try:
+                self.refresh()
+            except Exception:  # retried at the next change; the registry keeps the last good snapshot
+                log.exception("re-reading devices after a MIG change failed")
+
+    def refresh(self) -> None:
+        """Discover again now (on this thread) and replace the registry's snapshot."""
+        self.session.forget_mig_handles()
+        inventory = discovery.discover(self.session, sysfs_root=self.config.sysfs_root, dynamic_mig=True)
+        self.registry.replace(inventory)
+        self.refreshes += 1
+
+    def close(self) -> None:
+        """Wait for a refresh in progress (the NVML session closes after this)."""
+        with self._lock:
+            thread, self._stale = self._thread, False
+        if thread is not None:
+            thread.join(timeout=10)
+
+
+class DeviceStatusWriter:
+    """Publishes the concrete identity of dynamic MIG devices in ``ResourceClaim.status.devices[].data`` (KEP-4817;
+    NVIDIA's open ask #1456) once a claim's preparation is durable, and removes it at unprepare.
+
+    Writes run on one background thread, in order, off the prepare path; a failed write is logged (the identity
+    is also in the claim state and the CDI spec; the next prepare answer of the claim does not depend on it).
+    """
+
+    def __init__(self, client: KubeClient, *, driver: str, pool: str) -> None:
+        self.client, self.driver, self.pool = client, driver, pool
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="device-status")
+
+    def _submit(self, ref: ClaimRef, devices: dict[str, dict[str, Any] | None]) -> None:
+        def write() -> None:
+            try:
+                kube_claims.publish_device_status(self.client, ref, driver=self.driver, pool=self.pool,
+                                                  devices=devices)
+            except kube_errors.KubeAPIError as exc:
+                log.warning("claim %s: device status not written: %s", ref, exc)
+        self._pool.submit(write)
+
+    def prepared(self, ref: ClaimRef, records: Sequence[UndoRecord]) -> None:
+        """Runner hook: a claim was prepared."""
+        devices: dict[str, dict[str, Any] | None] = {
+            r.target: identity for r in records if r.kind == DYNAMIC_MIG_KIND and (identity := identity_of(r))}
+        if devices:
+            self._submit(ref, devices)
+
+    def unprepared(self, ref: ClaimRef, records: Sequence[UndoRecord]) -> None:
+        """Runner hook: a claim was unprepared."""
+        devices: dict[str, dict[str, Any] | None] = {r.target: None for r in records if r.kind == DYNAMIC_MIG_KIND}
+        if devices:
+            self._submit(ref, devices)
+
+    def close(self) -> None:
+        """Finish queued writes, then stop the thread."""
+        self._pool.shutdown(wait=True)
 
 
 def read_server_version(client: KubeClient) -> tuple[int, int] | None:
@@ -156,7 +231,8 @@ def supports_informational_taints(client: KubeClient) -> bool:
 
 def discover(session: NvmlSession, config: PluginConfig) -> NodeInventory:
     """This node's GPUs, MIG devices and clique, logged."""
-    inventory = discovery.discover(session, sysfs_root=config.sysfs_root)
+    inventory = discovery.discover(session, sysfs_root=config.sysfs_root,
+                                   dynamic_mig=config.feature_gates.dynamic_mig)
     for failure in inventory.failures:
         log.error("GPU %d left out: %s", failure.index, failure.reason)
     log.info("discovered %d GPU(s), %d MIG device(s), %d allocatable device(s)%s", len(inventory.gpus),
@@ -185,8 +261,7 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
         dynamic_mig = config.feature_gates.dynamic_mig
         mig_control = MigControl(session) if dynamic_mig else None
         inventory = discover(session, config)
-        if mig_control is not None:  # the gate on: every eligible GPU offers its placements
-            inventory = await asyncio.to_thread(mig_control.with_placements, inventory)
+        if dynamic_mig:  # the gate on: every eligible GPU offers its placements
             log.info("DynamicMIG: %d MIG placement(s) on %d GPU(s)", len(inventory.placements),
                      len({p.parent.uuid for p in inventory.placements}))
         registry: DeviceRegistry[NodeInventory] = DeviceRegistry(
@@ -205,9 +280,13 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
         metrics = DriverMetrics(node=config.node_name, driver=identity.driver_name)
         nodes = node_info(config)
         preparers: tuple[Any, ...] = (FullGpuPreparer(nodes), StaticMigPreparer(nodes))
+        status_writer: DeviceStatusWriter | None = None
         if mig_control is not None:
-            refresh = DeviceRefresher(session, config, mig_control, registry)
+            refresh = DeviceRefresher(session, config, registry)
+            life.on_stop("device refresher", refresh.close)
             preparers += (DynamicMigPreparer(mig_control, nodes, lambda: registry.snapshot.gpus, on_change=refresh),)
+            status_writer = DeviceStatusWriter(connection.client, driver=identity.driver_name, pool=config.node_name)
+            life.on_stop("device status writer", status_writer.close)
         runner = BatchRunner(
             identity=identity, registry=registry, state=state,
             fetch_claim=assembly.claim_fetcher(identity, connection.client, config),
@@ -216,6 +295,8 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
             select_configs=lambda claim, devices: configs.select_configs(claim, devices, config.feature_gates),
             spec_edits=lambda: gpu_preparers.spec_edits(nodes, common),
             metrics=metrics, prepare_deadline_s=float(config.prepare_deadline_seconds),
+            on_prepared=status_writer.prepared if status_writer else None,
+            on_unprepared=status_writer.unprepared if status_writer else None,
         )
         life.on_stop("batch runner", runner.close)
         recovery = await assembly.recover(identity, config, connection, runner, problems)

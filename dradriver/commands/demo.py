@@ -17,8 +17,12 @@ def register(subparsers: Any) -> None:
             "seed examples; tear down and check nothing is left."
         ),
     )
-    parser.add_argument("--profile", default="gb200-nvl72-node",
-                        help="mock NVML node profile (see `dradriver mock-profiles`); default gb200-nvl72-node")
+    parser.add_argument("--scenario", choices=("seed", "dynamic-mig"), default="seed",
+                        help="seed: the seed examples (default); dynamic-mig: MIG devices created at prepare and "
+                             "destroyed at unprepare on an H200 node (DynamicMIG gate)")
+    parser.add_argument("--profile", default=None,
+                        help="mock NVML node profile (see `dradriver mock-profiles`); default gb200-nvl72-node, "
+                             "dgx-h200 for --scenario dynamic-mig")
     parser.add_argument("--node-name", default="gpu-node-1", help="name of the emulated node")
     parser.add_argument("--output", choices=("text", "json"), default="text", help="progress format")
     parser.add_argument("--serve", action="store_true",
@@ -65,9 +69,19 @@ def run(args: argparse.Namespace) -> int:
 
     if args.serve and args.output == "json":
         narrator.output = "quiet"
+    if args.profile is None:
+        args.profile = "dgx-h200" if args.scenario == "dynamic-mig" else "gb200-nvl72-node"
     try:
-        asyncio.run(demo(profile=args.profile, node_name=args.node_name, narrator=narrator,
-                         serve=serve if args.serve else None))
+        if args.scenario == "dynamic-mig":
+            if args.serve:
+                print("dradriver demo: --serve is for the seed scenario", file=sys.stderr)
+                return 2
+            from dradriver.sandbox import demo_mig
+
+            asyncio.run(demo_mig.demo(profile=args.profile, node_name=args.node_name, narrator=narrator))
+        else:
+            asyncio.run(demo(profile=args.profile, node_name=args.node_name, narrator=narrator,
+                             serve=serve if args.serve else None))
     except DradriverError as exc:
         if args.output == "json" and not args.serve:
             print(json.dumps({"ok": False, "error": str(exc), "steps": narrator.steps}))

@@ -122,15 +122,10 @@ class MigPlacement:
 
 
 #: Architectures (``GpuDevice.architecture``) older than Hopper: a MIG mode change needs a GPU reset there, so
-#: such a GPU is dynamic only when MIG mode is already on, never offers its full GPU beside its placements, and
-#: is never turned out of MIG mode (``nvidia-dra-driver-updates.md`` 2b, NVIDIA PR #1018).
+#: such a GPU is dynamic only when MIG mode is already on (``dradriver.nvml.discovery.is_dynamic_mig_capable``),
+#: never offers its full GPU beside its placements, and is never turned out of MIG mode
+#: (``nvidia-dra-driver-updates.md`` 2b, NVIDIA PR #1018).
 PRE_HOPPER = frozenset({"Kepler", "Maxwell", "Pascal", "Volta", "Turing", "Ampere", "Ada Lovelace"})
-
-
-def is_dynamic_mig_capable(gpu: GpuDevice) -> bool:
-    """NVIDIA's ``isDynamicMIGCapable``: MIG-capable, not a vGPU guest (``GetVirtualizationMode != VGPU``), and
-    Hopper or newer, or older with MIG mode already on."""
-    return gpu.mig_capable and not gpu.vgpu_guest and (gpu.architecture not in PRE_HOPPER or gpu.mig_enabled)
 
 
 def offers_full_gpu(gpu: GpuDevice) -> bool:
@@ -176,3 +171,22 @@ def instance_of(inventory: NodeInventory, placement: MigPlacement) -> MigDevice 
                 and mig.placement_start == placement.placement_start):
             return mig
     return None
+
+
+def published_devices(inventory: NodeInventory) -> list[GpuDevice | MigDevice | MigPlacement]:
+    """The devices a GPU plugin publishes for ``inventory``: :func:`dynamic_allocatable` when it has placements
+    (the ``DynamicMIG`` gate), else :meth:`NodeInventory.allocatable` (health tracking follows the same list)."""
+    if inventory.placements:
+        return dynamic_allocatable(inventory)
+    return list(inventory.allocatable())
+
+
+def instance_ids(inventory: NodeInventory) -> dict[str, tuple[str, int, int, str]]:
+    """Placement device name -> ``(parent UUID, GI id, CI id, MIG UUID)`` of the instance that exists on it now
+    (dynamic MIG), for attributing MIG-scoped events (Xids carry GI and CI ids) to the published device."""
+    out: dict[str, tuple[str, int, int, str]] = {}
+    for placement in inventory.placements:
+        mig = instance_of(inventory, placement)
+        if mig is not None:
+            out[placement.name] = (mig.parent.uuid, mig.gi_id, mig.ci_id, mig.uuid)
+    return out

@@ -3,7 +3,7 @@
 Contract (``nvidia-dra-driver-updates.md`` 2b, ``nvidia-dra-driver.md`` 2.1-2.4 and 2.8,
 ``kubelet-dra-protocol.md`` 5.1):
 
-* per dynamic-MIG GPU (:func:`~dradriver.domain.migplacements.is_dynamic_mig_capable`, placements in
+* per dynamic-MIG GPU (:func:`~dradriver.nvml.discovery.is_dynamic_mig_capable`, placements in
   ``NodeInventory.placements``): the counter set ``gpu-<minor>-counter-set`` with the counters
   ``multiprocessors``, ``copy-engines``, ``decoders``, ``encoders``, ``jpeg-engines``, ``ofa-engines``, ``memory``
   (each the per-dimension maximum over the GPU's profiles, zero values kept) and ``memory-slice-<i> = 1`` for

@@ -17,10 +17,9 @@ import yaml
 from dradriver.allocator.simulation import explain, load, simulate
 from dradriver.domain import partitions
 from dradriver.domain.devices import NodeInventory
-from dradriver.domain.migplacements import is_dynamic_mig_capable
 from dradriver.domain.resourceslices import build, limit_violations
 from dradriver.nvml import discovery, mock
-from dradriver.nvml.mig import MigControl
+from dradriver.nvml.discovery import is_dynamic_mig_capable
 from dradriver.nvml.session import NvmlSession
 
 Session = Callable[[str], NvmlSession]
@@ -38,7 +37,7 @@ def inventory(nvml: Session, profile: str, tmp_path: Path) -> NodeInventory:
     if bundled and profile in _INVENTORIES:
         return _INVENTORIES[profile]
     session = nvml(profile)
-    inv = MigControl(session).with_placements(discovery.discover(session, sysfs_root=tmp_path / "no-sysfs"))
+    inv = discovery.discover(session, sysfs_root=tmp_path / "no-sysfs", dynamic_mig=True)
     if bundled:
         _INVENTORIES[profile] = inv
     return inv

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import pynvml
 import pytest
 
@@ -25,7 +26,7 @@ from dradriver.nvml import mock
 from dradriver.sandbox.node import SandboxNode
 from tests import factories
 from tests.cdi import helpers as cdi_checks
-from tests.plugin.conftest import claim_object, ref_of, result, running, set_allocation
+from tests.plugin.conftest import claim_object, ref_of, result, running, set_allocation, wait_for
 
 GATES = fg.parse_feature_gates("DynamicMIG=true")
 ONE_G = "gpu-{m}-mig-1g10gb-19-{s}"  # H100 1g.10gb, GI profile ID 19 (gpu-facts.md 2.6)
@@ -101,13 +102,29 @@ def test_prepare_creates_the_allocated_placement_and_unprepare_destroys_it(mig_n
                                   f"/dev/nvidia-caps/nvidia-cap{ci_minor}"}
             assert nodes[f"/dev/nvidia-caps/nvidia-cap{gi_minor}"]["major"] == 511
             # the device registry learned about the instance (health and publisher are its subscribers)
-            assert [m.uuid for m in plugin.inventory.migs] == [mig_uuid]
+            await wait_for(lambda: [m.uuid for m in plugin.inventory.migs] == [mig_uuid])
             assert plugin.registry.get(device) is entry or isinstance(plugin.registry.get(device), MigPlacement)
+            # KEP-4817: the identity is published in the claim's status.devices[].data
+            def published() -> list[Any]:
+                assert mig_node.api is not None
+                stored = mig_node.api.get("ResourceClaim", "one-g", "default")
+                return list((stored or {}).get("status", {}).get("devices") or [])
+
+            await wait_for(lambda: bool(published()))
+            [status] = published()
+            assert (status["driver"], status["pool"], status["device"]) == ("gpu.nvidia.com", "gpu-node-1", device)
+            assert status["data"] == {"uuid": mig_uuid, "parentUUID": entry.parent.uuid, "gpuInstanceId": 7,
+                                      "computeInstanceId": 0, "profile": "1g.10gb",
+                                      "placement": {"start": 3, "size": 1}}
+            assert status["conditions"][0]["type"] == "Ready"
+            stored = mig_node.api.get("ResourceClaim", "one-g", "default") if mig_node.api else None
+            kubernetes_validate.validate(stored, "1.34", strict=True)
             assert await kubelet.unprepare([ref]) == {ref.uid: ""}
+            await wait_for(lambda: not published())
             assert state_lines(mig_node, "gi") == [] and state_lines(mig_node, "ci") == []
             assert mig_mode(mig_node, 0) == (0, 0)  # Hopper: MIG mode off with the last instance
             assert not caps.exists()
-            assert plugin.inventory.migs == ()
+            await wait_for(lambda: plugin.inventory.migs == ())
 
     asyncio.run(body())
 
@@ -340,5 +357,34 @@ def test_sigkill_between_nvml_calls_converges_at_restart(mig_node: SandboxNode, 
             assert (await kubelet.prepare([ref]))[ref.uid].error == ""
             assert len(state_lines(mig_node, "ci")) == 1
             assert await kubelet.unprepare([ref]) == {ref.uid: ""}
+
+    asyncio.run(body())
+
+
+def test_mig_scoped_xid_marks_the_placement_of_its_instance_only(mig_node: SandboxNode) -> None:
+    """Health with dynamic MIG: events are registered on the parent GPU; an Xid carrying the GI/CI ids of the
+    created instance makes exactly the placement device it was created for unhealthy."""
+    async def body() -> None:
+        async with running(mig_node.config(feature_gates=GATES)) as (plugin, kubelet):
+            device = ONE_G.format(m=3, s=2)
+            ref = claim_for(mig_node, "watched", device)
+            assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+            [gi] = state_lines(mig_node, "gi")
+            await wait_for(lambda: len(plugin.inventory.migs) == 1)  # the registry told the health monitor
+            assert plugin.health is not None
+            names = {d.device_name for d in plugin.health.snapshot()}
+            assert device in names and ONE_G.format(m=3, s=1) in names and "gpu-3" in names
+            gpu3 = next(g for g in plugin.inventory.gpus if g.minor == 3)
+            control(f"event {gpu3.index} 8 31 {gi[2]} 0")  # Xid 31 (MMU fault), scoped to GI/CI of the instance
+            control(f"event {gpu3.index} 8 63 {gi[2]} 0")  # Xid 63 (row remap), same scope
+
+            def unhealthy() -> set[str]:
+                assert plugin.health is not None
+                return {d.device_name for d in plugin.health.snapshot() if d.health == "Unhealthy"}
+
+            await wait_for(lambda: bool(unhealthy()))
+            assert unhealthy() == {device}
+            mig_uuid = state_lines(mig_node, "ci")[0][8]
+            assert plugin.health.xid_stats()[mig_uuid].last in (31, 63)
 
     asyncio.run(body())
