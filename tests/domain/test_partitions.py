@@ -199,7 +199,15 @@ def test_taints_and_republish_rebuilds_only_the_changed_gpu(mock_session: Sessio
                        for p in inv.placements)
     again = build(dataclasses.replace(inv, gpus=tuple(gpus), placements=placements), "node-a",
                   server_version=(1, 35), cache=cache)
-    assert (cache.hits, cache.misses) == (7, 9)
+    assert (cache.hits, cache.misses) == (8, 8)  # an instance changes no published device
+    gpus[4] = dataclasses.replace(gpus[4], pcie_root="pci0000:9a")
+    placements = tuple(dataclasses.replace(p, parent=gpus[4]) if p.parent.uuid == gpus[4].uuid else p
+                       for p in placements)
+    third = build(dataclasses.replace(inv, gpus=tuple(gpus), placements=placements), "node-a",
+                  server_version=(1, 35), cache=cache)
+    assert (cache.hits, cache.misses) == (15, 9)  # only GPU 4 rebuilt
+    assert third.slices[5]["spec"]["devices"][0]["attributes"]["resource.kubernetes.io/pcieRoot"] == {
+        "string": "pci0000:9a"}
     assert all("taints" not in d for d in devices(again.slices))
     assert again.slices[1:3] != first.slices[1:3]  # GPU 1 lost its taint
     assert again.slices[5] == first.slices[5]  # GPU 4: the same entries
