@@ -87,9 +87,15 @@ async def started(profile: str, node_name: str, narrator: Narrator) -> AsyncIter
                 narrator.say(f"e.g. {first.name}: profile {first.profile}, GI profile {first.gi_profile_id}, "
                              f"memory slices {first.placement_start}..{last}")
                 deadline = time.monotonic() + 15
-                while not sandbox.api.objects("ResourceSlice"):
+                def pool_complete() -> bool:  # every slice of the pool (dynamic MIG publishes one per GPU)
+                    assert sandbox.api is not None
+                    published = sandbox.api.objects("ResourceSlice")
+                    return bool(published) and len(published) == max(
+                        s["spec"]["pool"]["resourceSliceCount"] for s in published)
+
+                while not pool_complete():
                     if time.monotonic() > deadline:
-                        raise DemoError("no ResourceSlice was published within 15 s")
+                        raise DemoError("the ResourceSlice pool was not published within 15 s")
                     await asyncio.sleep(0.02)
                 narrator.done()
                 yield DemoRun(sandbox, plugin, kubelet, connection)
