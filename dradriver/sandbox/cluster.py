@@ -29,6 +29,7 @@ import yaml
 from dradriver.allocator.allocation import AllocationError
 from dradriver.config import PLUGIN_FLAGS, PluginConfig
 from dradriver.domain.claims import ClaimRef
+from dradriver.domain.featuregates import FeatureGates
 from dradriver.domain.identity import GPU_DRIVER
 from dradriver.sandbox import scheduler
 from dradriver.sandbox.apiserver import ApiServerEmulator
@@ -46,6 +47,8 @@ def plugin_environment(config: PluginConfig) -> dict[str, str]:
         value = getattr(config, flag.dest)
         if isinstance(value, bool):
             env[flag.env] = "true" if value else "false"
+        elif isinstance(value, FeatureGates):  # --feature-gates syntax: the explicitly set gates only
+            env[flag.env] = ",".join(f"{k}={'true' if v else 'false'}" for k, v in sorted(value.explicit.items()))
         elif isinstance(value, tuple):
             env[flag.env] = ",".join(str(v) for v in value)
         else:
