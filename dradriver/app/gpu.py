@@ -22,12 +22,12 @@ from typing import Any
 from dradriver import _native
 from dradriver.app import assembly
 from dradriver.config import PluginConfig
-from dradriver.domain import cdi, configs, resourceslices
+from dradriver.domain import cdi, configs, partitions, resourceslices
 from dradriver.domain.claims import ClaimRef
 from dradriver.domain.devices import DeviceIndex, NodeInventory
 from dradriver.domain.faults import DEFAULT_IGNORED_XIDS
 from dradriver.domain.identity import GPU_DRIVER, DriverIdentity
-from dradriver.domain.migplacements import MigPlacement, dynamic_index
+from dradriver.domain.migplacements import dynamic_index
 from dradriver.domain.ports import UndoRecord
 from dradriver.domain.registry import DeviceRegistry
 from dradriver.errors import FlagError
@@ -124,12 +124,12 @@ class DeviceRefresher:
     last is never older than the last change.
     """
 
-    def __init__(self, session: NvmlSession, config: PluginConfig, registry: DeviceRegistry[NodeInventory]) -> None:
-        self.session, self.config, self.registry = session, config, registry
+    def __init__(self, session: NvmlSession, config: PluginConfig, control: MigControl,
+                 registry: DeviceRegistry[NodeInventory]) -> None:
+        self.session, self.config, self.control, self.registry = session, config, control, registry
         self._lock = threading.Lock()
         self._stale = False
         self._thread: threading.Thread | None = None
-        self._placements: dict[str, list[MigPlacement]] | None = None
         self.refreshes = 0
         """Discoveries run so far."""
 
@@ -156,24 +156,13 @@ class DeviceRefresher:
     def refresh(self) -> None:
         """Discover again now (on this thread) and replace the registry's snapshot.
 
-        A GPU's placements never change while it is present, so they are enumerated once per GPU UUID (the
-        first snapshot's, or at the first refresh that sees a new GPU) and re-parented to the GPU's new entry:
-        a refresh costs a plain discovery, not ~20 NVML profile queries per GPU.
+        A GPU's placements never change while it is present: :meth:`MigControl.with_placements` enumerates them
+        once per GPU UUID and re-parents them, so a refresh costs a plain discovery, not ~20 NVML profile queries
+        per GPU.
         """
         self.session.forget_mig_handles()
-        inventory = discovery.discover(self.session, sysfs_root=self.config.sysfs_root)
-        cache = self._placements
-        if cache is None:
-            cache = self._placements = {}
-            for placement in self.registry.snapshot.placements:
-                cache.setdefault(placement.parent.uuid, []).append(placement)
-        placements: list[MigPlacement] = []
-        for gpu in inventory.gpus:
-            if gpu.uuid not in cache:
-                cache[gpu.uuid] = (discovery.mig_placements(self.session, gpu)
-                                   if discovery.is_dynamic_mig_capable(gpu) else [])
-            placements.extend(dataclasses.replace(p, parent=gpu) for p in cache[gpu.uuid])
-        self.registry.replace(dataclasses.replace(inventory, placements=tuple(placements)))
+        inventory = self.control.with_placements(discovery.discover(self.session, sysfs_root=self.config.sysfs_root))
+        self.registry.replace(inventory)
         self.refreshes += 1
 
     def wait_idle(self, timeout_s: float = 10.0) -> bool:
@@ -238,6 +227,25 @@ class DeviceStatusWriter:
         self._pool.shutdown(wait=True)
 
 
+def read_server_version(client: KubeClient) -> tuple[int, int] | None:
+    """``(major, minor)`` of the API server, or ``None`` (warned) when ``GET /version`` fails."""
+    try:
+        return version.server_version(client)
+    except kube_errors.KubeAPIError as exc:
+        log.warning("cannot read the API server version (%s)", exc)
+        return None
+
+
+def slice_layout_version(server: tuple[int, int] | None, dynamic_mig: bool) -> tuple[int, int]:
+    """The Kubernetes version whose ResourceSlice rules the pool follows (dynamic MIG: combined layout before
+    1.35, split from 1.35; ``nvidia-dra-driver.md`` 2.1). Unknown: 1.34's combined layout, logged."""
+    if server is None:
+        if dynamic_mig:
+            log.warning("API server version unknown: dynamic MIG slices use the Kubernetes 1.34 layout")
+        return (1, 34)
+    return server
+
+
 def supports_informational_taints(client: KubeClient) -> bool:
     """DeviceTaint effect ``None`` exists from Kubernetes 1.35; older servers get no informational taints."""
     try:
@@ -249,8 +257,7 @@ def supports_informational_taints(client: KubeClient) -> bool:
 
 def discover(session: NvmlSession, config: PluginConfig) -> NodeInventory:
     """This node's GPUs, MIG devices and clique, logged."""
-    inventory = discovery.discover(session, sysfs_root=config.sysfs_root,
-                                   dynamic_mig=config.feature_gates.dynamic_mig)
+    inventory = discovery.discover(session, sysfs_root=config.sysfs_root)
     for failure in inventory.failures:
         log.error("GPU %d left out: %s", failure.index, failure.reason)
     log.info("discovered %d GPU(s), %d MIG device(s), %d allocatable device(s)%s", len(inventory.gpus),
@@ -279,7 +286,8 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
         dynamic_mig = config.feature_gates.dynamic_mig
         mig_control = MigControl(session) if dynamic_mig else None
         inventory = discover(session, config)
-        if dynamic_mig:  # the gate on: every eligible GPU offers its placements
+        if mig_control is not None:  # the gate on: every eligible GPU offers its placements
+            inventory = await asyncio.to_thread(mig_control.with_placements, inventory)
             log.info("DynamicMIG: %d MIG placement(s) on %d GPU(s)", len(inventory.placements),
                      len({p.parent.uuid for p in inventory.placements}))
         registry: DeviceRegistry[NodeInventory] = DeviceRegistry(
@@ -301,7 +309,7 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
         status_writer: DeviceStatusWriter | None = None
         refresh: DeviceRefresher | None = None
         if mig_control is not None:
-            refresh = DeviceRefresher(session, config, registry)
+            refresh = DeviceRefresher(session, config, mig_control, registry)
             life.on_stop("device refresher", refresh.close)
             preparers += (DynamicMigPreparer(mig_control, nodes, lambda: registry.snapshot.gpus, on_change=refresh),)
             status_writer = DeviceStatusWriter(connection.client, driver=identity.driver_name, pool=config.node_name)
@@ -323,6 +331,8 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
             identity, config, connection, on_error=lambda exc: metrics.count_publish_error(type(exc).__name__),
             on_publish=lambda result: metrics.observe_publish() if result.wrote else None)
         informational = await asyncio.to_thread(supports_informational_taints, connection.client)
+        layout = slice_layout_version(await asyncio.to_thread(read_server_version, connection.client), dynamic_mig)
+        partition_cache = partitions.PartitionCache()
         plugin_ref: list[GpuPlugin] = []
         health = HealthMonitor(
             registry.snapshot,
@@ -353,7 +363,8 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
             if verdict.refuse:  # an empty pool: the device plugin owns the GPUs
                 inventory = NodeInventory(versions=inventory.versions, gpus=())
             return resourceslices.build_resource_slices(inventory, config.node_name, driver=identity.driver_name,
-                                                        taints=health.taints())
+                                                        taints=health.taints(), server_version=layout,
+                                                        cache=partition_cache)
 
         plugin = GpuPlugin(identity=identity, config=config, lifecycle=life, client=connection.client,
                            node_uid=connection.node_uid, state=state, state_problems=problems, runner=runner,

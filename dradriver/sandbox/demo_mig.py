@@ -87,10 +87,15 @@ async def started(profile: str, node_name: str, narrator: Narrator) -> AsyncIter
                 narrator.say(f"e.g. {first.name}: profile {first.profile}, GI profile {first.gi_profile_id}, "
                              f"memory slices {first.placement_start}..{last}")
                 deadline = time.monotonic() + 15
-                while not sandbox.api.objects("ResourceSlice"):
+                while not (sandbox.api.objects("ResourceSlice") and plugin.publisher.in_sync):
                     if time.monotonic() > deadline:
-                        raise DemoError("no ResourceSlice was published within 15 s")
+                        raise DemoError("the ResourceSlices were not published within 15 s")
                     await asyncio.sleep(0.02)
+                slices = sandbox.api.objects("ResourceSlice")
+                sets = sum(len(s["spec"].get("sharedCounters") or []) for s in slices)
+                narrator.say(f"{len(slices)} ResourceSlice(s), {sets} counter set(s), "
+                             f"{sum(len(s['spec'].get('devices') or []) for s in slices)} devices published",
+                             slices=[s["metadata"]["name"] for s in slices])
                 narrator.done()
                 yield DemoRun(sandbox, plugin, kubelet, connection)
         finally:
