@@ -429,3 +429,20 @@ def test_ampere_in_mig_mode_offers_placements_only_and_stays_in_mig_mode() -> No
                 assert state_lines(node, "gi") == [] and mig_mode(node, 0) == (1, 1)  # Ampere stays in MIG mode
 
         asyncio.run(body())
+
+
+def test_unprepare_on_a_lost_gpu_succeeds(mig_node: SandboxNode) -> None:
+    """A GPU that fell off the bus took its instances with it: the unprepare must not fail forever."""
+    async def body() -> None:
+        async with running(mig_node.config(feature_gates=GATES)) as (plugin, kubelet):
+            ref = claim_for(mig_node, "lost", ONE_G.format(m=1, s=1))
+            assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+            gpu1 = next(g for g in plugin.inventory.gpus if g.minor == 1)
+            control(f"lost {gpu1.index} 1")
+            try:
+                assert await kubelet.unprepare([ref]) == {ref.uid: ""}
+                assert plugin.state.get(ref.uid) is None
+            finally:
+                control(f"lost {gpu1.index} 0")
+
+    asyncio.run(body())
