@@ -81,4 +81,20 @@ RATIOS: tuple[Ratio, ...] = (
         ">=",
         1.0,
     ),
+    Ratio(
+        "slices_h200_dynamic_mig",
+        "republish after an instance change / full rebuild",
+        "republish_instance_created",
+        "full_rebuild",
+        "<=",
+        0.2,
+    ),
+    Ratio(
+        "slices_h200_dynamic_mig",
+        "republish with one GPU rebuilt / full rebuild",
+        "republish_one_gpu_rebuilt",
+        "full_rebuild",
+        "<=",
+        0.4,
+    ),
 )

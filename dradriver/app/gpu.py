@@ -27,7 +27,7 @@ from dradriver.domain.claims import ClaimRef
 from dradriver.domain.devices import DeviceIndex, NodeInventory
 from dradriver.domain.faults import DEFAULT_IGNORED_XIDS
 from dradriver.domain.identity import GPU_DRIVER, DriverIdentity
-from dradriver.domain.migplacements import dynamic_index
+from dradriver.domain.migplacements import MigPlacement, dynamic_index
 from dradriver.domain.ports import UndoRecord
 from dradriver.domain.registry import DeviceRegistry
 from dradriver.errors import FlagError
@@ -124,12 +124,12 @@ class DeviceRefresher:
     last is never older than the last change.
     """
 
-    def __init__(self, session: NvmlSession, config: PluginConfig, control: MigControl,
-                 registry: DeviceRegistry[NodeInventory]) -> None:
-        self.session, self.config, self.control, self.registry = session, config, control, registry
+    def __init__(self, session: NvmlSession, config: PluginConfig, registry: DeviceRegistry[NodeInventory]) -> None:
+        self.session, self.config, self.registry = session, config, registry
         self._lock = threading.Lock()
         self._stale = False
         self._thread: threading.Thread | None = None
+        self._placements: dict[str, list[MigPlacement]] | None = None
         self.refreshes = 0
         """Discoveries run so far."""
 
@@ -156,13 +156,24 @@ class DeviceRefresher:
     def refresh(self) -> None:
         """Discover again now (on this thread) and replace the registry's snapshot.
 
-        A GPU's placements never change while it is present: :meth:`MigControl.with_placements` enumerates them
-        once per GPU UUID and re-parents them, so a refresh costs a plain discovery, not ~20 NVML profile queries
-        per GPU.
+        A GPU's placements never change while it is present, so they are enumerated once per GPU UUID (the
+        first snapshot's, or at the first refresh that sees a new GPU) and re-parented to the GPU's new entry:
+        a refresh costs a plain discovery, not ~20 NVML profile queries per GPU.
         """
         self.session.forget_mig_handles()
-        inventory = self.control.with_placements(discovery.discover(self.session, sysfs_root=self.config.sysfs_root))
-        self.registry.replace(inventory)
+        inventory = discovery.discover(self.session, sysfs_root=self.config.sysfs_root)
+        cache = self._placements
+        if cache is None:
+            cache = self._placements = {}
+            for placement in self.registry.snapshot.placements:
+                cache.setdefault(placement.parent.uuid, []).append(placement)
+        placements: list[MigPlacement] = []
+        for gpu in inventory.gpus:
+            if gpu.uuid not in cache:
+                cache[gpu.uuid] = (discovery.mig_placements(self.session, gpu)
+                                   if discovery.is_dynamic_mig_capable(gpu) else [])
+            placements.extend(dataclasses.replace(p, parent=gpu) for p in cache[gpu.uuid])
+        self.registry.replace(dataclasses.replace(inventory, placements=tuple(placements)))
         self.refreshes += 1
 
     def wait_idle(self, timeout_s: float = 10.0) -> bool:
@@ -256,8 +267,9 @@ def supports_informational_taints(client: KubeClient) -> bool:
 
 
 def discover(session: NvmlSession, config: PluginConfig) -> NodeInventory:
-    """This node's GPUs, MIG devices and clique, logged."""
-    inventory = discovery.discover(session, sysfs_root=config.sysfs_root)
+    """This node's GPUs, MIG devices and clique (and, with the ``DynamicMIG`` gate, MIG placements), logged."""
+    inventory = discovery.discover(session, sysfs_root=config.sysfs_root,
+                                   dynamic_mig=config.feature_gates.dynamic_mig)
     for failure in inventory.failures:
         log.error("GPU %d left out: %s", failure.index, failure.reason)
     log.info("discovered %d GPU(s), %d MIG device(s), %d allocatable device(s)%s", len(inventory.gpus),
@@ -286,8 +298,7 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
         dynamic_mig = config.feature_gates.dynamic_mig
         mig_control = MigControl(session) if dynamic_mig else None
         inventory = discover(session, config)
-        if mig_control is not None:  # the gate on: every eligible GPU offers its placements
-            inventory = await asyncio.to_thread(mig_control.with_placements, inventory)
+        if dynamic_mig:  # the gate on: every eligible GPU offers its placements
             log.info("DynamicMIG: %d MIG placement(s) on %d GPU(s)", len(inventory.placements),
                      len({p.parent.uuid for p in inventory.placements}))
         registry: DeviceRegistry[NodeInventory] = DeviceRegistry(
@@ -309,7 +320,7 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
         status_writer: DeviceStatusWriter | None = None
         refresh: DeviceRefresher | None = None
         if mig_control is not None:
-            refresh = DeviceRefresher(session, config, mig_control, registry)
+            refresh = DeviceRefresher(session, config, registry)
             life.on_stop("device refresher", refresh.close)
             preparers += (DynamicMigPreparer(mig_control, nodes, lambda: registry.snapshot.gpus, on_change=refresh),)
             status_writer = DeviceStatusWriter(connection.client, driver=identity.driver_name, pool=config.node_name)

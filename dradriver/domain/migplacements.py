@@ -122,16 +122,10 @@ class MigPlacement:
 
 
 #: Architectures (``GpuDevice.architecture``) older than Hopper: a MIG mode change needs a GPU reset there, so
-#: such a GPU is dynamic only when MIG mode is already on (:func:`is_dynamic_mig_capable`),
+#: such a GPU is dynamic only when MIG mode is already on (``dradriver.nvml.discovery.is_dynamic_mig_capable``),
 #: never offers its full GPU beside its placements, and is never turned out of MIG mode
 #: (``nvidia-dra-driver-updates.md`` 2b, NVIDIA PR #1018).
 PRE_HOPPER = frozenset({"Kepler", "Maxwell", "Pascal", "Volta", "Turing", "Ampere", "Ada Lovelace"})
-
-
-def is_dynamic_mig_capable(gpu: GpuDevice) -> bool:
-    """NVIDIA's ``isDynamicMIGCapable``: MIG-capable, not a vGPU guest (``GetVirtualizationMode != VGPU``), and
-    Hopper or newer, or older with MIG mode already on."""
-    return gpu.mig_capable and not gpu.vgpu_guest and (gpu.architecture not in PRE_HOPPER or gpu.mig_enabled)
 
 
 def offers_full_gpu(gpu: GpuDevice) -> bool:

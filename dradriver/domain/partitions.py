@@ -3,7 +3,7 @@
 Contract (``nvidia-dra-driver-updates.md`` 2b, ``nvidia-dra-driver.md`` 2.1-2.4 and 2.8,
 ``kubelet-dra-protocol.md`` 5.1):
 
-* per dynamic-MIG GPU (:func:`~dradriver.domain.migplacements.is_dynamic_mig_capable`, placements in
+* per dynamic-MIG GPU (:func:`~dradriver.nvml.discovery.is_dynamic_mig_capable`, placements in
   ``NodeInventory.placements``): the counter set ``gpu-<minor>-counter-set`` with the counters
   ``multiprocessors``, ``copy-engines``, ``decoders``, ``encoders``, ``jpeg-engines``, ``ofa-engines``, ``memory``
   (each the per-dimension maximum over the GPU's profiles, zero values kept) and ``memory-slice-<i> = 1`` for
@@ -40,8 +40,9 @@ so that first fit packs one GPU before it spreads to the next:
    need (4g and 7g only start at 0, 3g at 0 or 4) free the longest;
 4. the full GPU last.
 
-Republishing: :class:`PartitionCache` keeps each GPU's built entries keyed by the GPU and its placements
-(frozen values), so after one GPU's instances change only that GPU is rebuilt.
+Republishing: :class:`PartitionCache` keeps each GPU's built entries keyed by what they are built from, so a
+republish rebuilds only GPUs whose attributes or placements changed; creating or destroying an instance changes
+neither (the abstract devices stay, the scheduler's counters account for the allocation), so it rebuilds none.
 """
 
 from __future__ import annotations
@@ -203,27 +204,42 @@ def build_gpu(part: GpuPartitions, common: rs._CommonValues) -> BuiltGpu:
     return BuiltGpu(shared, tuple(devices), tuple(warnings))
 
 
+def _gpu_key(part: GpuPartitions, common: rs._CommonValues) -> tuple[Any, ...]:
+    """Everything the entries of one GPU are built from, and nothing else: MIG mode and existing instances do not
+    change the published devices (the abstract devices stay; allocation consumes their counters), so creating or
+    destroying an instance is a cache hit."""
+    g = part.gpu
+    return (
+        g.uuid, g.minor, g.product_name, g.brand, g.architecture, g.cuda_compute_capability, g.pci_bus_id,
+        g.pcie_root, g.numa_node, g.addressing_mode, part.full_gpu, common,
+        tuple((p.profile, p.gi_profile_id, p.placement_start, p.placement_size, p.memory_bytes, p.slice_count,
+               p.multiprocessors, p.copy_engines, p.decoders, p.encoders, p.jpeg_engines, p.ofa_engines)
+              for p in part.placements),
+    )
+
+
 @dataclass
 class PartitionCache:
-    """Built GPUs from the previous publish, keyed by (GPU, placements, node versions). Bounded by the GPUs of
-    the last build: entries of GPUs that are gone are dropped. Counts :attr:`hits` and :attr:`misses`."""
+    """Built GPUs from the previous publish, keyed by what their entries are built from (:func:`_gpu_key`).
+    Bounded by the GPUs of the last build: entries of GPUs that are gone are dropped. Counts :attr:`hits` and
+    :attr:`misses`."""
 
-    entries: dict[tuple[GpuPartitions, rs._CommonValues], BuiltGpu] = field(default_factory=dict)
+    entries: dict[tuple[Any, ...], BuiltGpu] = field(default_factory=dict)
     hits: int = 0
     misses: int = 0
 
-    def get(self, part: GpuPartitions, common: rs._CommonValues) -> BuiltGpu:
-        """The built GPU, from the cache when nothing about it changed."""
-        key = (part, common)
+    def get(self, part: GpuPartitions, common: rs._CommonValues) -> tuple[tuple[Any, ...], BuiltGpu]:
+        """``(key, built GPU)``, from the cache when nothing it is built from changed."""
+        key = _gpu_key(part, common)
         built = self.entries.get(key)
         if built is None:
             self.misses += 1
             built = self.entries[key] = build_gpu(part, common)
         else:
             self.hits += 1
-        return built
+        return key, built
 
-    def keep_only(self, keys: set[tuple[GpuPartitions, rs._CommonValues]]) -> None:
+    def keep_only(self, keys: set[tuple[Any, ...]]) -> None:
         """Forget every entry not in ``keys``."""
         for key in [k for k in self.entries if k not in keys]:
             del self.entries[key]
@@ -293,10 +309,10 @@ def build(
     split = server_version >= SPLIT_LAYOUT_SINCE
     built: list[BuiltGpu] = []
     partitioned: set[str] = set()
-    keys: set[tuple[GpuPartitions, rs._CommonValues]] = set()
+    keys: set[tuple[Any, ...]] = set()
     for part in partitioned_gpus(inventory):
-        gpu_built = cache.get(part, common)
-        keys.add((part, common))
+        key, gpu_built = cache.get(part, common)
+        keys.add(key)
         n_counters = len(gpu_built.counter_set["counters"])
         if n_counters > MAX_COUNTERS_PER_SET:
             warnings.append(f"{part.gpu.name} ({part.gpu.uuid}): counter set of {n_counters} counters, the API "

@@ -1,12 +1,9 @@
 """Dynamic MIG through NVML: MIG mode changes, GPU/compute instance create and destroy, instances and their processes.
 
+The placements a GPU offers are enumerated by discovery (:func:`dradriver.nvml.discovery.mig_placements`).
+
 Facts (``nvidia-dra-driver-updates.md`` 2b; ``nvml.h`` documentation of each call; ``gpu-facts.md`` 2 and 3):
 
-* enumeration (:meth:`MigControl.placements`) walks GPU-instance profile index
-  ``0..NVML_GPU_INSTANCE_PROFILE_COUNT-1``; a profile NVML rejects (``NOT_SUPPORTED``/``INVALID_ARGUMENT`` from
-  ``nvmlDeviceGetGpuInstanceProfileInfoV`` or ``nvmlDeviceGetGpuInstancePossiblePlacements_v2``) is skipped; the
-  compute-instance profile is the one whose slice count equals the GI's (``C == G``; CI profiles
-  ``1_SLICE_REV1`` (7) and ``7_SLICE_NVL`` (8) never);
 
 * ``nvmlDeviceSetMigMode`` may leave the mode pending: ``activationStatus`` not ``NVML_SUCCESS`` (``IN_USE`` when
   the GPU is not idle, ``RESET_REQUIRED`` where a reset cannot be done) means the change waits for a GPU reset;
@@ -26,15 +23,14 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import pynvml
 
-from dradriver.domain.devices import GpuDevice, NodeInventory
-from dradriver.domain.migplacements import MigPlacement, is_dynamic_mig_capable, offers_full_gpu
+from dradriver.domain.devices import GpuDevice
+from dradriver.domain.migplacements import MigPlacement, offers_full_gpu
 from dradriver.errors import DradriverError
-from dradriver.nvml.discovery import mig_profile_name
 from dradriver.nvml.errors import NvmlError, NvmlInvalidArgument, NvmlNotFound, NvmlNotSupported
 from dradriver.nvml.session import NvmlSession
 
@@ -42,11 +38,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-MIB = 1024 * 1024
-
-#: Compute-instance profile index whose slice count is ``n`` (``nvml.h`` ``NVML_COMPUTE_INSTANCE_PROFILE_*``;
-#: ``gpu-facts.md`` 2.1); ``1_SLICE_REV1`` (7) and ``7_SLICE_NVL`` (8) are never used for a full-GI instance.
-CI_PROFILE_INDEX_BY_SLICES: dict[int, int] = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
 
 
 class MigModeError(DradriverError):
@@ -91,7 +82,6 @@ class MigControl:
         self.session = session
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
-        self._placements: dict[str, list[MigPlacement]] = {}
 
     # -- serialisation -------------------------------------------------------------------------------------
 
@@ -105,70 +95,6 @@ class MigControl:
 
     def _call(self, fn: Callable[..., T], *args: Any, context: str) -> T:
         return self.session.call(fn, *args, context=context)
-
-    # -- enumeration -----------------------------------------------------------------------------------------
-
-    def placements(self, gpu: GpuDevice) -> list[MigPlacement]:
-        """Every (GPU-instance profile, placement) ``gpu`` offers, in profile-index then start order.
-
-        :raises NvmlError: a query other than the skipped rejections failed.
-        """
-        handle = self.session.device_by_uuid(gpu.uuid)
-        out: list[MigPlacement] = []
-        for index in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
-            try:
-                info = self._call(pynvml.nvmlDeviceGetGpuInstanceProfileInfo, handle, index,
-                                  context=f"GPU-instance profile {index} on {gpu.name}")
-            except (NvmlNotSupported, NvmlInvalidArgument):
-                continue
-            slices = int(info.sliceCount)
-            ci_index = CI_PROFILE_INDEX_BY_SLICES.get(slices)
-            if ci_index is None:
-                continue
-            try:
-                starts = self._possible_placements(handle, int(info.id), gpu)
-            except (NvmlNotSupported, NvmlInvalidArgument):
-                continue
-            memory_mib = int(info.memorySizeMB)
-            profile = (mig_profile_name(index, slices, slices, memory_mib, gpu.memory_bytes) if gpu.memory_bytes
-                       else _text(info.name).removeprefix("MIG ").strip())
-            for start, size in starts:
-                out.append(MigPlacement(
-                    parent=gpu, profile=profile, gi_profile_index=index, gi_profile_id=int(info.id),
-                    ci_profile_index=ci_index, placement_start=start, placement_size=size,
-                    memory_bytes=memory_mib * MIB, slice_count=slices,
-                    multiprocessors=int(info.multiprocessorCount), copy_engines=int(info.copyEngineCount),
-                    decoders=int(info.decoderCount), encoders=int(info.encoderCount),
-                    jpeg_engines=int(info.jpegCount), ofa_engines=int(info.ofaCount)))
-        return out
-
-    def with_placements(self, inventory: NodeInventory) -> NodeInventory:
-        """``inventory`` with :attr:`NodeInventory.placements` filled for every dynamic-MIG-capable GPU.
-
-        A GPU's placements never change while the driver runs, so they are read once per GPU UUID and re-parented
-        to the GPU's current entry (its MIG mode changes as instances come and go).
-        """
-        out: list[MigPlacement] = []
-        for gpu in inventory.gpus:
-            if not is_dynamic_mig_capable(gpu):
-                continue
-            cached = self._placements.get(gpu.uuid)
-            if cached is None:
-                cached = self._placements[gpu.uuid] = self.placements(gpu)
-            out.extend(replace(p, parent=gpu) for p in cached)
-        return replace(inventory, placements=tuple(out))
-
-    def _possible_placements(self, handle: Any, profile_id: int, gpu: GpuDevice) -> list[tuple[int, int]]:
-        count = ctypes.c_uint(0)
-        context = f"possible placements of GPU-instance profile {profile_id} on {gpu.name}"
-        self._call(pynvml.nvmlDeviceGetGpuInstancePossiblePlacements, handle, profile_id, None,
-                   ctypes.byref(count), context=context)
-        if count.value == 0:
-            return []
-        array = (pynvml.c_nvmlGpuInstancePlacement_t * count.value)()
-        self._call(pynvml.nvmlDeviceGetGpuInstancePossiblePlacements, handle, profile_id, array,
-                   ctypes.byref(count), context=context)
-        return [(int(array[k].start), int(array[k].size)) for k in range(count.value)]
 
     # -- MIG mode --------------------------------------------------------------------------------------------
 

@@ -36,10 +36,11 @@ from dradriver.domain.cdi import ContainerEdits
 from dradriver.domain.claims import AllocationResult, Claim, ClaimError, ClaimRef, base_request_name
 from dradriver.domain.configs import ConfigGroup
 from dradriver.domain.devices import GpuDevice
-from dradriver.domain.migplacements import MigPlacement, is_dynamic_mig_capable
+from dradriver.domain.migplacements import MigPlacement
 from dradriver.domain.ports import DevicePlan, PartiallyApplied, UndoRecord
 from dradriver.errors import DradriverError
 from dradriver.host.devicenodes import DeviceNodeInfo, mig_instance_edits
+from dradriver.nvml.discovery import is_dynamic_mig_capable
 from dradriver.nvml.errors import NvmlError, NvmlGpuIsLost, NvmlInUse
 from dradriver.nvml.mig import MigControl, MigInstance, MigModeError
 

@@ -87,10 +87,21 @@ async def started(profile: str, node_name: str, narrator: Narrator) -> AsyncIter
                 narrator.say(f"e.g. {first.name}: profile {first.profile}, GI profile {first.gi_profile_id}, "
                              f"memory slices {first.placement_start}..{last}")
                 deadline = time.monotonic() + 15
-                while not (sandbox.api.objects("ResourceSlice") and plugin.publisher.in_sync):
+                def pool_complete() -> bool:  # every slice of the pool (dynamic MIG publishes one per GPU)
+                    assert sandbox.api is not None
+                    published = sandbox.api.objects("ResourceSlice")
+                    return bool(published) and len(published) == max(
+                        s["spec"]["pool"]["resourceSliceCount"] for s in published)
+
+                while not pool_complete():
                     if time.monotonic() > deadline:
-                        raise DemoError("the ResourceSlices were not published within 15 s")
+                        raise DemoError("the ResourceSlice pool was not published within 15 s")
                     await asyncio.sleep(0.02)
+                slices = sandbox.api.objects("ResourceSlice")
+                sets = sum(len(s["spec"].get("sharedCounters") or []) for s in slices)
+                narrator.say(f"{len(slices)} ResourceSlice(s), {sets} counter set(s), "
+                             f"{sum(len(s['spec'].get('devices') or []) for s in slices)} devices published",
+                             slices=[s["metadata"]["name"] for s in slices])
                 slices = sandbox.api.objects("ResourceSlice")
                 sets = sum(len(s["spec"].get("sharedCounters") or []) for s in slices)
                 narrator.say(f"{len(slices)} ResourceSlice(s), {sets} counter set(s), "

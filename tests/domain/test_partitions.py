@@ -17,10 +17,9 @@ import yaml
 from dradriver.allocator.simulation import explain, load, simulate
 from dradriver.domain import partitions
 from dradriver.domain.devices import NodeInventory
-from dradriver.domain.migplacements import is_dynamic_mig_capable
 from dradriver.domain.resourceslices import build, limit_violations
 from dradriver.nvml import discovery, mock
-from dradriver.nvml.mig import MigControl
+from dradriver.nvml.discovery import is_dynamic_mig_capable
 from dradriver.nvml.session import NvmlSession
 
 Session = Callable[[str], NvmlSession]
@@ -38,7 +37,7 @@ def inventory(nvml: Session, profile: str, tmp_path: Path) -> NodeInventory:
     if bundled and profile in _INVENTORIES:
         return _INVENTORIES[profile]
     session = nvml(profile)
-    inv = MigControl(session).with_placements(discovery.discover(session, sysfs_root=tmp_path / "no-sysfs"))
+    inv = discovery.discover(session, sysfs_root=tmp_path / "no-sysfs", dynamic_mig=True)
     if bundled:
         _INVENTORIES[profile] = inv
     return inv
@@ -69,8 +68,18 @@ def assert_valid_pool(slices: list[dict[str, Any]], version: tuple[int, int], sc
             assert set(consumption["counters"]) <= set(sets[consumption["counterSet"]])
 
 
-@pytest.mark.parametrize("profile", mock.profile_names())
-@pytest.mark.parametrize(("version", "schema"), LAYOUTS)
+def _cases() -> list[Any]:
+    """Every bundled profile x every layout; the 20-GPU profile's 1.34 and 1.36 runs (seconds of schema
+    validation each) are marked slow, its 1.35 run stays in the default run."""
+    out = []
+    for profile in mock.profile_names():
+        for version, schema in LAYOUTS:
+            marks = [pytest.mark.slow] if profile == "synthetic-large" and version != (1, 35) else []
+            out.append(pytest.param(profile, version, schema, marks=marks, id=f"{profile}-{schema}"))
+    return out
+
+
+@pytest.mark.parametrize(("profile", "version", "schema"), _cases())
 def test_every_mock_profile_publishes_valid_slices(mock_session: Session, tmp_path: Path, profile: str,
                                                   version: tuple[int, int], schema: str) -> None:
     inv = inventory(mock_session, profile, tmp_path)
@@ -151,7 +160,9 @@ def test_more_than_eight_gpus_split_counter_sets(mock_session: Session, tmp_path
     slices = build(inv, "node-a", server_version=(1, 35)).slices
     counter_slices = [s for s in slices if "sharedCounters" in s["spec"]]
     assert [len(s["spec"]["sharedCounters"]) for s in counter_slices] == [8, 8, 4]
-    assert_valid_pool(slices, (1, 35), "1.35.0")
+    assert all(limit_violations(s, (1, 35)) == [] for s in slices)  # the schema: the all-profiles test
+    nvidia_style = {"spec": {"sharedCounters": [c for s in counter_slices for c in s["spec"]["sharedCounters"]]}}
+    assert limit_violations(nvidia_style, (1, 35)) == ["20 counter sets, limit 8"]  # what one slice would break
 
 
 def _stretched(inv: NodeInventory, copies: int) -> NodeInventory:
@@ -200,7 +211,15 @@ def test_taints_and_republish_rebuilds_only_the_changed_gpu(mock_session: Sessio
                        for p in inv.placements)
     again = build(dataclasses.replace(inv, gpus=tuple(gpus), placements=placements), "node-a",
                   server_version=(1, 35), cache=cache)
-    assert (cache.hits, cache.misses) == (7, 9)
+    assert (cache.hits, cache.misses) == (8, 8)  # an instance changes no published device
+    gpus[4] = dataclasses.replace(gpus[4], pcie_root="pci0000:9a")
+    placements = tuple(dataclasses.replace(p, parent=gpus[4]) if p.parent.uuid == gpus[4].uuid else p
+                       for p in placements)
+    third = build(dataclasses.replace(inv, gpus=tuple(gpus), placements=placements), "node-a",
+                  server_version=(1, 35), cache=cache)
+    assert (cache.hits, cache.misses) == (15, 9)  # only GPU 4 rebuilt
+    assert third.slices[5]["spec"]["devices"][0]["attributes"]["resource.kubernetes.io/pcieRoot"] == {
+        "string": "pci0000:9a"}
     assert all("taints" not in d for d in devices(again.slices))
     assert again.slices[1:3] != first.slices[1:3]  # GPU 1 lost its taint
     assert again.slices[5] == first.slices[5]  # GPU 4: the same entries

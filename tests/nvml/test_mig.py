@@ -30,7 +30,7 @@ def _control(command: str) -> None:
 
 
 def _placement(session: NvmlSession, gpu_index: int, name: str) -> MigPlacement:
-    inventory = MigControl(session).with_placements(discovery.discover(session))
+    inventory = discovery.discover(session, dynamic_mig=True)
     return next(p for p in inventory.placements if p.parent.index == gpu_index and p.name == name)
 
 
@@ -67,7 +67,7 @@ def test_create_find_destroy_on_hopper(nvml: Callable[[str], NvmlSession], mig_e
 def test_ampere_stays_in_mig_mode_and_cannot_enter_it(nvml: Callable[[str], NvmlSession], mig_env: Path) -> None:
     session = nvml("dgx-a100")
     control = MigControl(session)
-    inventory = control.with_placements(discovery.discover(session))
+    inventory = discovery.discover(session, dynamic_mig=True)
     on = next(g for g in inventory.gpus if g.mig_enabled)
     off = next(g for g in inventory.gpus if not g.mig_enabled)
     assert {p.parent.uuid for p in inventory.placements} == {g.uuid for g in inventory.gpus if g.mig_enabled}
