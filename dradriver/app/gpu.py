@@ -384,7 +384,19 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
                            metrics=metrics, metrics_server=metrics_server, refresher=refresh,
                            status_writer=status_writer)
         plugin_ref.append(plugin)
-        registry.subscribe(lambda _inventory: plugin.republish())
+        last_desired: list[list[dict[str, Any]]] = []
+
+        def republish_if_changed(_inventory: NodeInventory) -> None:
+            # Dynamic MIG replaces the registry at every instance change, yet the pool usually stays the same
+            # (placements are published whether or not an instance exists): comparing is far cheaper than the
+            # publisher's copy of an unchanged desired state.
+            slices = plugin.desired_slices()
+            if last_desired and last_desired[0] == slices:
+                return
+            last_desired[:] = [slices]
+            plugin.publisher.update(slices)
+
+        registry.subscribe(republish_if_changed)
         await assembly.run_publisher(life, publisher)
         plugin.republish()
         plugin.reconciler = await assembly.run_stale_claim_cleanup(life, identity, config, connection, runner,
