@@ -12,6 +12,7 @@ that fits); claims no Pod references are allocated one by one, in input order.
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,6 +78,12 @@ def load(texts: Iterable[str]) -> Inputs:
     objects: list[Any] = []
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when PyYAML has it: ~10x faster on slices
     for text in texts:
+        if text.lstrip().startswith("{"):  # one JSON document (JSON is YAML too): the JSON parser is far faster
+            try:
+                objects.append(json.loads(text))
+                continue
+            except ValueError:
+                pass  # not plain JSON after all: YAML decides (and reports errors with a line)
         try:
             objects.extend(yaml.load_all(text, Loader=loader))
         except yaml.YAMLError as exc:
