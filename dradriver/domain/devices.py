@@ -195,9 +195,9 @@ class NodeInventory:
     """Node-level discovery problems that left nothing out on their own (clique disagreement, MIG mode
     without MIG devices); shown by ``dradriver inspect``."""
     placements: tuple[MigPlacement, ...] = ()
-    """Dynamic MIG: every (GI profile, placement) of every GPU NVML offers, whether or not an instance exists
-    (filled by discovery only with the ``DynamicMIG`` gate on; published by
-    :mod:`dradriver.domain.partitions`)."""
+    """Dynamic MIG (``DynamicMIG`` gate on): the abstract devices of every dynamic-MIG-capable GPU, one per
+    (GPU-instance profile, placement), whether or not an instance exists (:mod:`dradriver.domain.migplacements`;
+    published by :mod:`dradriver.domain.partitions`); empty with the gate off."""
 
     def allocatable(self) -> list[GpuDevice | MigDevice]:
         """Devices to publish, sorted by PCI bus ID then name.

@@ -4,6 +4,7 @@ The placements a GPU offers are enumerated by discovery (:func:`dradriver.nvml.d
 
 Facts (``nvidia-dra-driver-updates.md`` 2b; ``nvml.h`` documentation of each call; ``gpu-facts.md`` 2 and 3):
 
+
 * ``nvmlDeviceSetMigMode`` may leave the mode pending: ``activationStatus`` not ``NVML_SUCCESS`` (``IN_USE`` when
   the GPU is not idle, ``RESET_REQUIRED`` where a reset cannot be done) means the change waits for a GPU reset;
 * ``nvmlDeviceCreateGpuInstanceWithPlacement`` returns ``INSUFFICIENT_RESOURCES`` for an occupied placement;
@@ -36,6 +37,7 @@ from dradriver.nvml.session import NvmlSession
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
 
 
 class MigModeError(DradriverError):

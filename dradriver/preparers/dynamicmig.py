@@ -41,7 +41,7 @@ from dradriver.domain.ports import DevicePlan, PartiallyApplied, UndoRecord
 from dradriver.errors import DradriverError
 from dradriver.host.devicenodes import DeviceNodeInfo, mig_instance_edits
 from dradriver.nvml.discovery import is_dynamic_mig_capable
-from dradriver.nvml.errors import NvmlError, NvmlInUse
+from dradriver.nvml.errors import NvmlError, NvmlGpuIsLost, NvmlInUse
 from dradriver.nvml.mig import MigControl, MigInstance, MigModeError
 
 log = logging.getLogger(__name__)
@@ -93,6 +93,8 @@ class DynamicMigPreparer:
         self._owned: dict[tuple[str, int], str] = {}
         """(parent UUID, GI id) -> target (device name) of every instance a stored or applied record owns."""
         self._owned_lock = threading.Lock()
+        self._busy: dict[str, int] = {}
+        """Parent UUID -> applies in progress on it."""
 
     # -- plan -------------------------------------------------------------------------------------------------
 
@@ -171,16 +173,23 @@ class DynamicMigPreparer:
         assert isinstance(placement, MigPlacement)
         gpu = placement.parent
         changed = False
+        with self._owned_lock:  # applies in flight on a GPU keep another's failure from turning MIG mode off
+            self._busy[gpu.uuid] = self._busy.get(gpu.uuid, 0) + 1
         try:
             try:
                 enabled = self.control.ensure_mig_enabled(gpu.uuid)
             except MigModeError as exc:
                 raise MigModeError(f"device {placement.name!r}: {exc}") from exc
             changed = enabled
-            gi_id = self._clear_placement(claim, placement)
-            if gi_id is None:
-                gi_id = self.control.create_gpu_instance(placement)
-                changed = True
+            try:
+                gi_id = self._clear_placement(claim, placement)
+                if gi_id is None:
+                    gi_id = self.control.create_gpu_instance(placement)
+                    changed = True
+            except Exception:
+                if enabled:
+                    self._disable_quietly(gpu, leaving=True)
+                raise
             with self._owned_lock:
                 self._owned[(gpu.uuid, gi_id)] = placement.name
             try:
@@ -194,6 +203,8 @@ class DynamicMigPreparer:
                      mig_uuid, placement.name, gi_id, ci_id, gpu.uuid)
             return record
         finally:
+            with self._owned_lock:
+                self._busy[gpu.uuid] -= 1
             if changed:
                 self._changed()
 
@@ -213,19 +224,20 @@ class DynamicMigPreparer:
         with self._owned_lock:
             self._owned.pop((gpu.uuid, gi_id), None)
         if enabled:
-            self._disable_quietly(gpu)
+            self._disable_quietly(gpu, leaving=True)
 
-    def _disable_quietly(self, gpu: GpuDevice) -> None:
-        if any(u == gpu.uuid for u, _ in self._owned_snapshot()):
-            return
+    def _disable_quietly(self, gpu: GpuDevice, *, leaving: bool = False) -> None:
+        """MIG mode off (Hopper and newer) unless an owned instance or another apply in flight is on the GPU.
+
+        :param leaving: called from an apply of this GPU, which counts itself in flight.
+        """
+        with self._owned_lock:
+            if any(u == gpu.uuid for u, _ in self._owned) or self._busy.get(gpu.uuid, 0) > (1 if leaving else 0):
+                return
         try:
             self.control.disable_mig_if_unused(gpu)
         except DradriverError as exc:  # nothing is left on the GPU; MIG mode stays on until the next chance
             log.warning("GPU %s: MIG mode stays on: %s", gpu.uuid, exc)
-
-    def _owned_snapshot(self) -> list[tuple[str, int]]:
-        with self._owned_lock:
-            return list(self._owned)
 
     def _changed(self) -> None:
         if self.on_change is None:
@@ -267,8 +279,14 @@ class DynamicMigPreparer:
             log.warning("claim %s: GPU %s of %s is gone; nothing to destroy", claim, uuid, record.target)
             self._forget(uuid, gi_id)
             return
-        mine = [i for i in self.control.instances(gpu) if i.gi_id == gi_id
-                and i.placement_start == int(data["placementStart"])
+        try:
+            live = self.control.instances(gpu)
+        except NvmlGpuIsLost:  # its instances went with it; a reset or reboot brings it back without them
+            log.warning("claim %s: GPU %s of %s is lost; its MIG instances are gone with it", claim, uuid,
+                        record.target)
+            self._forget(uuid, gi_id)
+            return
+        mine = [i for i in live if i.gi_id == gi_id and i.placement_start == int(data["placementStart"])
                 and i.gi_profile_id == int(data["giProfileId"])]
         if not mine:
             self._forget(uuid, gi_id)

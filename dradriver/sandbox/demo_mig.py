@@ -97,6 +97,16 @@ async def started(profile: str, node_name: str, narrator: Narrator) -> AsyncIter
                     if time.monotonic() > deadline:
                         raise DemoError("the ResourceSlice pool was not published within 15 s")
                     await asyncio.sleep(0.02)
+                slices = sandbox.api.objects("ResourceSlice")
+                sets = sum(len(s["spec"].get("sharedCounters") or []) for s in slices)
+                narrator.say(f"{len(slices)} ResourceSlice(s), {sets} counter set(s), "
+                             f"{sum(len(s['spec'].get('devices') or []) for s in slices)} devices published",
+                             slices=[s["metadata"]["name"] for s in slices])
+                slices = sandbox.api.objects("ResourceSlice")
+                sets = sum(len(s["spec"].get("sharedCounters") or []) for s in slices)
+                narrator.say(f"{len(slices)} ResourceSlice(s), {sets} counter set(s), "
+                             f"{sum(len(s['spec'].get('devices') or []) for s in slices)} devices published",
+                             slices=[s["metadata"]["name"] for s in slices])
                 narrator.done()
                 yield DemoRun(sandbox, plugin, kubelet, connection)
         finally:

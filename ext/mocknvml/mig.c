@@ -17,6 +17,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -104,10 +106,13 @@ static void mkdirs(const char *path) {
     mkdir(buf, 0755);
 }
 
+/* Create dir/name with text unless it exists (capability files never change while they exist). */
 static void write_file(const char *dir, const char *name, const char *text) {
     char path[4200], tmp[4300];
-    mkdirs(dir);
+    struct stat sb;
     snprintf(path, sizeof path, "%s/%s", dir, name);
+    if (stat(path, &sb) == 0) return;
+    if (stat(dir, &sb) != 0) mkdirs(dir);
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     FILE *f = fopen(tmp, "w");
     if (!f) return;
@@ -120,13 +125,15 @@ static void cap_text(char *buf, size_t n, unsigned minor) {
     snprintf(buf, n, "DeviceFileMinor: %u\nDeviceFileMode: 292\nDeviceFileModify: 1\n", minor);
 }
 
-static void sync_caps_locked(mock_state *st, unsigned gpu) {
+/* Bring the capability files of GPU instance `only` (-1: every GI) of `gpu` in line with its instances. */
+static void sync_caps_locked(mock_state *st, unsigned gpu, int only) {
     if (!st->procRoot[0]) return;
     const mock_gpu *g = &st->gpus[gpu];
     if (!g->v.migCapable || g->v.minorNumber < 0) return;
     unsigned minor = (unsigned)g->v.minorNumber;
     char dir[4200], file[4400], text[128];
     for (unsigned gi = 0; gi < MOCK_MAX_GI; gi++) {
+        if (only >= 0 && gi != (unsigned)only) continue;
         const mock_gi *x = &g->gi[gi];
         int live = g->v.migCurrent == 1 && x->exists;
         snprintf(dir, sizeof dir, "%s/driver/nvidia/capabilities/gpu%u/mig/gi%u", st->procRoot, minor, gi);
@@ -196,37 +203,52 @@ static void note_state_file(mock_state *st) {
     }
 }
 
+/* Rewritten in place under an exclusive flock (readers take a shared one): a rename or a truncate to zero over the
+ * old file would make ext4 flush it (auto_da_alloc), costing milliseconds per NVML call on a busy disk. */
 static void write_state_locked(mock_state *st) {
     if (!st->statePath[0]) return;
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", st->statePath, (long)getpid());
-    FILE *f = fopen(tmp, "w");
-    if (!f) { fprintf(stderr, "mocknvml: cannot write %s: %s\n", tmp, strerror(errno)); return; }
-    fprintf(f, "# mocknvml MIG state, format 1\n");
-    for (unsigned k = 0; k < st->ngpus; k++) {
+    size_t cap = 4096 + (size_t)st->ngpus * (64 + MOCK_MAX_GI * 48 + MOCK_MAX_MIG * 240), len = 0;
+    char *buf = malloc(cap);
+    if (!buf) return;
+#define PUT(...) do { int n_ = snprintf(buf + len, cap - len, __VA_ARGS__); if (n_ > 0) len += (size_t)n_; } while (0)
+    PUT("# mocknvml MIG state, format 1\n");
+    for (unsigned k = 0; k < st->ngpus && len < cap; k++) {
         const mock_gpu *g = &st->gpus[k];
-        fprintf(f, "gpu %u %lld %lld %u\n", k, g->v.migCurrent, g->v.migPending, g->procs);
-        for (unsigned gi = 0; gi < MOCK_MAX_GI; gi++) {
+        PUT("gpu %u %lld %lld %u\n", k, g->v.migCurrent, g->v.migPending, g->procs);
+        for (unsigned gi = 0; gi < MOCK_MAX_GI && len < cap; gi++) {
             const mock_gi *x = &g->gi[gi];
-            if (x->exists) fprintf(f, "gi %u %u %u %u %u\n", k, x->id, x->profileId, x->placement.start, x->placement.size);
+            if (x->exists) PUT("gi %u %u %u %u %u\n", k, x->id, x->profileId, x->placement.start, x->placement.size);
         }
-        for (unsigned m = 0; m < g->nmig; m++) {
+        for (unsigned m = 0; m < g->nmig && len < cap; m++) {
             const mock_ci *c = &g->gi[g->migGi[m]].ci[g->migCi[m]];
-            fprintf(f, "ci %u %u %u %u %u %u %u %s %s\n", k, g->migGi[m], c->id, c->profileId, c->placement.start,
-                    c->placement.size, c->procs, c->uuid, c->name);
+            PUT("ci %u %u %u %u %u %u %u %s %s\n", k, g->migGi[m], c->id, c->profileId, c->placement.start,
+                c->placement.size, c->procs, c->uuid, c->name);
         }
     }
-    if (fclose(f) != 0 || rename(tmp, st->statePath) != 0) {
-        fprintf(stderr, "mocknvml: cannot write %s: %s\n", st->statePath, strerror(errno));
-        unlink(tmp);
+#undef PUT
+    if (len > cap) len = cap;
+    int fd = open(st->statePath, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) { fprintf(stderr, "mocknvml: cannot write %s: %s\n", st->statePath, strerror(errno)); free(buf); return; }
+    flock(fd, LOCK_EX);
+    size_t done = 0;
+    while (done < len) {
+        ssize_t w = pwrite(fd, buf + done, len - done, (off_t)done);
+        if (w <= 0) break;
+        done += (size_t)w;
     }
+    if (done != len || ftruncate(fd, (off_t)len) != 0)
+        fprintf(stderr, "mocknvml: cannot write %s: %s\n", st->statePath, strerror(errno));
+    flock(fd, LOCK_UN);
+    close(fd);
+    free(buf);
     note_state_file(st);
 }
 
 static void read_state_locked(mock_state *st) {
     FILE *f = fopen(st->statePath, "r");
+    if (!f) { note_state_file(st); return; }
+    flock(fileno(f), LOCK_SH);
     note_state_file(st);
-    if (!f) return;
     char line[512];
     while (fgets(line, sizeof line, f)) {
         unsigned gpu, a, b, c2, d, e2, p;
@@ -271,12 +293,13 @@ static void read_state_locked(mock_state *st) {
             }
         }
     }
+    flock(fileno(f), LOCK_UN);
     fclose(f);
 }
 
-static void changed_locked(mock_state *st, unsigned gpu) {
+static void changed_locked(mock_state *st, unsigned gpu, int gi) {
     write_state_locked(st);
-    sync_caps_locked(st, gpu);
+    sync_caps_locked(st, gpu, gi);
 }
 
 void mock_mig_init_locked(mock_state *st) {
@@ -288,7 +311,7 @@ void mock_mig_init_locked(mock_state *st) {
         else write_state_locked(st);
     }
     write_static_caps_locked(st);
-    for (unsigned k = 0; k < st->ngpus; k++) sync_caps_locked(st, k);
+    for (unsigned k = 0; k < st->ngpus; k++) sync_caps_locked(st, k, -1);
 }
 
 void mock_mig_poll_locked(mock_state *st) {
@@ -392,7 +415,7 @@ nvmlReturn_t nvmlDeviceSetMigMode(nvmlDevice_t device, unsigned int mode, nvmlRe
         g->v.migCurrent = mode;
         *activationStatus = NVML_SUCCESS;
     }
-    changed_locked(&g_mock, r.index);
+    write_state_locked(&g_mock); /* no instance exists on either side of a mode change */
     mock_fault_after_locked(&g_mock, __func__, (int)r.index);
     RET(NVML_SUCCESS);
 }
@@ -406,7 +429,7 @@ static int reset_gpu_locked(mock_state *st, unsigned gpu) {
         memset(g->gi, 0, sizeof g->gi);
         g->nmig = 0;
     }
-    changed_locked(st, gpu);
+    changed_locked(st, gpu, -1);
     return NVML_SUCCESS;
 }
 
@@ -445,7 +468,7 @@ static nvmlReturn_t create_gi_locked(dev_ref *r, unsigned profileId, const nvmlG
     x->placement.start = (unsigned)start;
     x->placement.size = p->placementSize;
     *out = mock_gi_handle(r->index, (unsigned)id);
-    changed_locked(&g_mock, r->index);
+    changed_locked(&g_mock, r->index, id);
     return NVML_SUCCESS;
 }
 
@@ -472,8 +495,7 @@ nvmlReturn_t nvmlGpuInstanceDestroy(nvmlGpuInstance_t gpuInstance) {
         if (r.gi->ci[c].exists) RET(NVML_ERROR_IN_USE); /* compute instances are active on it */
     unsigned id = r.gi->id;
     memset(r.gi, 0, sizeof *r.gi);
-    changed_locked(&g_mock, r.gpu);
-    (void)id;
+    changed_locked(&g_mock, r.gpu, (int)id);
     mock_fault_after_locked(&g_mock, __func__, (int)r.gpu);
     RET(NVML_SUCCESS);
 }
@@ -525,7 +547,7 @@ static nvmlReturn_t create_ci_locked(gi_ref *r, unsigned profileId, const nvmlCo
     r->g->migCi[r->g->nmig] = (unsigned char)id;
     r->g->nmig++;
     *out = mock_ci_handle(r->gpu, r->gi->id, (unsigned)id);
-    changed_locked(&g_mock, r->gpu);
+    changed_locked(&g_mock, r->gpu, (int)r->gi->id);
     return NVML_SUCCESS;
 }
 
@@ -560,7 +582,7 @@ nvmlReturn_t nvmlComputeInstanceDestroy(nvmlComputeInstance_t computeInstance) {
     if (g->gi[gi].ci[ci].procs) RET(NVML_ERROR_IN_USE);
     memset(&g->gi[gi].ci[ci], 0, sizeof g->gi[gi].ci[ci]);
     drop_mig_index(g, gi, ci);
-    changed_locked(&g_mock, gpu);
+    changed_locked(&g_mock, gpu, (int)gi);
     mock_fault_after_locked(&g_mock, __func__, (int)gpu);
     RET(NVML_SUCCESS);
 }

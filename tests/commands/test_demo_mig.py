@@ -27,6 +27,8 @@ def test_dynamic_mig_scenario_in_process() -> None:
     assert details["placements"]["1g.18gb"] == 56 and details["placements"]["3g.71gb"] == 16
     texts = [d["text"] for s in steps for d in s["details"] if "text" in d]
     assert any("MIG mode on: 0, GPU instances: 0" in t for t in texts)
+    allocated = [t for t in texts if t.startswith("claim mig-")]
+    assert len(allocated) == 2 and all(t.endswith("(allocation simulator)") for t in allocated), allocated
     smi = [d["nvidia_smi"] for s in steps for d in s["details"] if "nvidia_smi" in d]
     assert len(smi) == 2 and "MIG 1g.18gb" in smi[0] and "MIG 3g.71gb" in smi[1]
     status = [d["device_status"] for s in steps for d in s["details"] if "device_status" in d]

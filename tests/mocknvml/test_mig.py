@@ -223,3 +223,29 @@ def test_sigkill_at_a_call_and_state_outlives_the_process(nvml: Any, mig_env: An
     for slot in range(7):
         migs += code(nv.nvmlDeviceGetMigDeviceHandleByIndex, dev, slot) == 0
     assert migs == cis
+
+
+OTHER_CLIENT = textwrap.dedent("""
+    import ctypes, pynvml
+    from dradriver.nvml import mock
+    ctypes.CDLL(str(mock.library_path()), mode=ctypes.RTLD_GLOBAL)
+    pynvml.nvmlInit()
+    dev = pynvml.nvmlDeviceGetHandleByIndex(3)
+    where = pynvml.c_nvmlGpuInstancePlacement_t(); where.start, where.size = 4, 4
+    pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(dev, 9, ctypes.byref(where))
+    pynvml.nvmlShutdown()
+""")
+
+
+def test_a_change_by_another_process_is_seen_without_reinit(nvml: Any, mig_env: Any) -> None:
+    nv = nvml("dgx-h100")
+    dev = nv.nvmlDeviceGetHandleByIndex(3)
+    nv.nvmlDeviceSetMigMode(dev, 1)
+    env = dict(os.environ, **{mock.PROFILE_ENV: str(mock.profile_path("dgx-h100"))})
+    subprocess.run([sys.executable, "-c", OTHER_CLIENT], env=env, check=True, capture_output=True,
+                   cwd=Path(__file__).resolve().parents[2])
+    count = ctypes.c_uint(0)
+    array = (pynvml.c_nvmlGpuInstance_t * 2)()
+    nv.nvmlDeviceGetGpuInstances(dev, H100_3G, array, ctypes.byref(count))
+    assert count.value == 1 and nv.nvmlGpuInstanceGetInfo(array[0]).placement.start == 4
+    assert nv.nvmlDeviceGetGpuInstanceRemainingCapacity(dev, H100_3G) == 1

@@ -388,3 +388,61 @@ def test_mig_scoped_xid_marks_the_placement_of_its_instance_only(mig_node: Sandb
             assert plugin.health.xid_stats()[mig_uuid].last in (31, 63)
 
     asyncio.run(body())
+
+
+def test_restart_keeps_prepared_instances_and_unprepares_them_later(mig_node: SandboxNode) -> None:
+    async def body() -> None:
+        device = ONE_G.format(m=2, s=6)
+        async with running(mig_node.config(feature_gates=GATES)) as (_plugin, kubelet):
+            ref = claim_for(mig_node, "kept", device)
+            assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+            other = claim_for(mig_node, "overlap", THREE_G.format(m=2, s=4))  # overlaps the prepared 1g
+            error = (await kubelet.prepare([other]))[other.uid].error
+            assert f"prepared for device {device!r} of another claim" in error
+        assert len(state_lines(mig_node, "gi")) == 1  # a clean stop destroys nothing
+        async with running(mig_node.config(feature_gates=GATES)) as (plugin, kubelet):
+            assert len(state_lines(mig_node, "gi")) == 1 and not plugin.recovery.swept  # owned: not swept
+            assert (await kubelet.prepare([ref]))[ref.uid].error == ""  # answered from the claim state
+            assert await kubelet.unprepare([ref]) == {ref.uid: ""}
+            assert state_lines(mig_node, "gi") == [] and mig_mode(mig_node, 2) == (0, 0)
+
+    asyncio.run(body())
+
+
+def test_ampere_in_mig_mode_offers_placements_only_and_stays_in_mig_mode() -> None:
+    with SandboxNode(profile="dgx-a100", mig_state=True) as node:
+        assert node.api is not None
+        node.api.create(factories.DEVICE_CLASS)
+
+        async def body() -> None:
+            async with running(node.config(feature_gates=GATES)) as (plugin, kubelet):
+                assert plugin.registry is not None
+                devices = plugin.registry.devices
+                assert "gpu-0" not in devices and "gpu-2" in devices  # GPU 0 in MIG mode: placements only
+                assert isinstance(devices.get("gpu-0-mig-1g5gb-19-0"), MigPlacement)
+                assert not any(isinstance(d, MigPlacement) and d.parent.minor == 2 for d in devices.values())
+                # the profile's instances on GPUs 0 and 1 belong to no claim: destroyed at start, MIG mode kept
+                assert state_lines(node, "gi") == [] and mig_mode(node, 0) == (1, 1)
+                ref = claim_for(node, "ampere", "gpu-0-mig-3g20gb-9-4")
+                assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+                assert await kubelet.unprepare([ref]) == {ref.uid: ""}
+                assert state_lines(node, "gi") == [] and mig_mode(node, 0) == (1, 1)  # Ampere stays in MIG mode
+
+        asyncio.run(body())
+
+
+def test_unprepare_on_a_lost_gpu_succeeds(mig_node: SandboxNode) -> None:
+    """A GPU that fell off the bus took its instances with it: the unprepare must not fail forever."""
+    async def body() -> None:
+        async with running(mig_node.config(feature_gates=GATES)) as (plugin, kubelet):
+            ref = claim_for(mig_node, "lost", ONE_G.format(m=1, s=1))
+            assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+            gpu1 = next(g for g in plugin.inventory.gpus if g.minor == 1)
+            control(f"lost {gpu1.index} 1")
+            try:
+                assert await kubelet.unprepare([ref]) == {ref.uid: ""}
+                assert plugin.state.get(ref.uid) is None
+            finally:
+                control(f"lost {gpu1.index} 0")
+
+    asyncio.run(body())
