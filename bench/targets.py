@@ -31,6 +31,10 @@ class Ratio:
 
 
 RATIOS: tuple[Ratio, ...] = (
+    Ratio("prepare_1g_dynamic_mig", "dynamic MIG 1g prepare / full-GPU prepare (mock NVML time included)",
+          "dynamic_mig", "full_gpu", "<=", 2.5),
+    Ratio("claimstate_dynamic_mig", "56 live MIG claims: after 10,000 historical / after 10 (flatness)",
+          "history_10000", "history_10", "<=", 1.5),
     Ratio("nvml_poll_8gpu_7mig", "extension per field / C loop per field", "extension", "c_loop", "<=", 1.3),
     Ratio("nvml_poll_8gpu_7mig", "pynvml twin / extension (speed-up)", "twin", "extension", ">=", 4.0),
     Ratio("cdi_1gpu", "twin / extension (speed-up)", "twin", "extension", ">=", 1.0),
@@ -76,5 +80,21 @@ RATIOS: tuple[Ratio, ...] = (
         "extension_10000",
         ">=",
         1.0,
+    ),
+    Ratio(
+        "slices_h200_dynamic_mig",
+        "republish after an instance change / full rebuild",
+        "republish_instance_created",
+        "full_rebuild",
+        "<=",
+        0.2,
+    ),
+    Ratio(
+        "slices_h200_dynamic_mig",
+        "republish with one GPU rebuilt / full rebuild",
+        "republish_one_gpu_rebuilt",
+        "full_rebuild",
+        "<=",
+        0.4,
     ),
 )

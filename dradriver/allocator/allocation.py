@@ -128,6 +128,8 @@ class Verdict:
     reason: str
     selector: int = -1
     outcome: Outcome | None = None
+    counter: tuple[str, str] | None = None
+    """``counters`` stage: the ``(counter set, counter)`` that ran out (the first one checked)."""
 
     @property
     def accepted(self) -> bool:
@@ -256,6 +258,13 @@ class Allocator:
 
     def counter_shortfall(self, device: Device, pool: Pool, used: dict[tuple[str, str, str], Fraction]) -> str | None:
         """Why ``device`` does not fit its pool's shared counters given ``used``, or ``None``."""
+        short = self.exhausted_counter(device, pool, used)
+        return short[2] if short else None
+
+    def exhausted_counter(
+        self, device: Device, pool: Pool, used: dict[tuple[str, str, str], Fraction]
+    ) -> tuple[str, str, str] | None:
+        """``(counter set, counter, reason)`` of the first counter ``device`` would overdraw, or ``None``."""
         for set_name, counters in device.consumes_counters:
             for counter, amount in counters.items():
                 available = pool.counters.get(set_name, {}).get(counter, Fraction(0))
@@ -264,7 +273,8 @@ class Allocator:
                     from dradriver.allocator.quantity import Quantity
 
                     left = Quantity.of(max(available - taken, Fraction(0)), amount.format)
-                    return f"shared counter {set_name}/{counter} exhausted: needs {amount}, {left} left"
+                    reason = f"shared counter {set_name}/{counter} exhausted: needs {amount}, {left} left"
+                    return set_name, counter, reason
         return None
 
     def baseline_counters(self, pools: list[Pool]) -> dict[tuple[str, str, str], Fraction]:
@@ -376,9 +386,9 @@ class Allocator:
         taints = self.untolerated(request, device)
         if taints:
             return Verdict("taint", f"tainted {taints[0]} (not tolerated)")
-        shortfall = self.counter_shortfall(device, pool, used)
-        if shortfall:
-            return Verdict("counters", shortfall)
+        short = self.exhausted_counter(device, pool, used)
+        if short:
+            return Verdict("counters", short[2], counter=(short[0], short[1]))
         return verdict
 
 

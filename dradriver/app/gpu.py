@@ -2,25 +2,33 @@
 
 Steps, in order (stopped in reverse): compiled hot paths -> plugin and CDI directories -> NVML session ->
 device discovery into the device registry -> the driver's user space for CDI specs -> Kubernetes client and
-this Node -> device-plugin guard -> claim state -> batch runner with the full-GPU and static-MIG preparers,
-and crash convergence -> health monitor -> metrics endpoint -> gRPC servers -> ResourceSlice publisher.
+this Node -> device-plugin guard -> claim state -> batch runner with the full-GPU and static-MIG preparers (and,
+with the ``DynamicMIG`` gate, the dynamic-MIG preparer over every eligible GPU's placements), and crash
+convergence -> health monitor -> metrics endpoint -> gRPC servers -> ResourceSlice publisher.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import logging
+import threading
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from dradriver import _native
 from dradriver.app import assembly
 from dradriver.config import PluginConfig
-from dradriver.domain import cdi, configs, resourceslices
+from dradriver.domain import cdi, configs, partitions, resourceslices
+from dradriver.domain.claims import ClaimRef
 from dradriver.domain.devices import DeviceIndex, NodeInventory
 from dradriver.domain.faults import DEFAULT_IGNORED_XIDS
 from dradriver.domain.identity import GPU_DRIVER, DriverIdentity
+from dradriver.domain.migplacements import MigPlacement, dynamic_index
+from dradriver.domain.ports import UndoRecord
 from dradriver.domain.registry import DeviceRegistry
 from dradriver.errors import FlagError
 from dradriver.health.metrics import DriverMetrics, MetricsServer, serve_metrics
@@ -28,6 +36,7 @@ from dradriver.health.monitor import HealthMonitor
 from dradriver.host import driverfiles
 from dradriver.host.devicenodes import DeviceNodeInfo
 from dradriver.host.nvidiasmi import find_nvidia_smi
+from dradriver.kube import claims as kube_claims
 from dradriver.kube import errors as kube_errors
 from dradriver.kube import version
 from dradriver.kube.client import KubeClient
@@ -35,8 +44,11 @@ from dradriver.kubeletplugin import guard
 from dradriver.kubeletplugin.lifecycle import Lifecycle
 from dradriver.kubeletplugin.runner import BatchRunner
 from dradriver.nvml import discovery
+from dradriver.nvml.mig import MigControl
 from dradriver.nvml.session import NvmlSession, open_session
 from dradriver.preparers import gpu as gpu_preparers
+from dradriver.preparers.dynamicmig import KIND as DYNAMIC_MIG_KIND
+from dradriver.preparers.dynamicmig import DynamicMigPreparer, identity_of
 from dradriver.preparers.gpu import FullGpuPreparer, StaticMigPreparer
 from dradriver.preparers.sharing import default_steps
 
@@ -53,6 +65,10 @@ class GpuPlugin(assembly.KubeletPlugin):
     health: HealthMonitor | None = None
     metrics: DriverMetrics | None = None
     metrics_server: MetricsServer | None = None
+    refresher: DeviceRefresher | None = None
+    """With the ``DynamicMIG`` gate: re-reads the devices after MIG changes."""
+    status_writer: DeviceStatusWriter | None = None
+    """With the ``DynamicMIG`` gate: publishes MIG identities in ``status.devices``."""
 
     @property
     def inventory(self) -> NodeInventory:
@@ -113,6 +129,148 @@ def driver_edits(config: PluginConfig, driver_version: str) -> cdi.ContainerEdit
                                     hook_path=config.nvidia_cdi_hook_path)
 
 
+class DeviceRefresher:
+    """Re-reads this node's devices after dynamic MIG created or destroyed instances and replaces the device
+    registry (the health monitor and the ResourceSlice publisher are its subscribers).
+
+    A call only marks the devices stale and returns (it runs on the prepare path); one background thread re-reads
+    while changes keep coming, so a burst of prepares costs one or two discoveries and the snapshot installed
+    last is never older than the last change.
+    """
+
+    def __init__(self, session: NvmlSession, config: PluginConfig, registry: DeviceRegistry[NodeInventory]) -> None:
+        self.session, self.config, self.registry = session, config, registry
+        self._lock = threading.Lock()
+        self._stale = False
+        self._thread: threading.Thread | None = None
+        self._placements: dict[str, list[MigPlacement]] | None = None
+        self.refreshes = 0
+        """Discoveries run so far."""
+
+    def __call__(self) -> None:
+        """Mark the devices stale; a background thread re-reads them."""
+        with self._lock:
+            self._stale = True
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="device-refresh", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if not self._stale:
+                    self._thread = None
+                    return
+                self._stale = False
+            try:
+                self.refresh()
+            except Exception:  # retried at the next change; the registry keeps the last good snapshot
+                log.exception("re-reading devices after a MIG change failed")
+
+    def refresh(self) -> None:
+        """Discover again now (on this thread) and replace the registry's snapshot.
+
+        A GPU's placements never change while it is present, so they are enumerated once per GPU UUID (the
+        first snapshot's, or at the first refresh that sees a new GPU) and re-parented to the GPU's new entry:
+        a refresh costs a plain discovery, not ~20 NVML profile queries per GPU.
+        """
+        self.session.forget_mig_handles()
+        inventory = discovery.discover(self.session, sysfs_root=self.config.sysfs_root)
+        cache = self._placements
+        if cache is None:
+            cache = self._placements = {}
+            for placement in self.registry.snapshot.placements:
+                cache.setdefault(placement.parent.uuid, []).append(placement)
+        placements: list[MigPlacement] = []
+        for gpu in inventory.gpus:
+            if gpu.uuid not in cache:
+                cache[gpu.uuid] = (discovery.mig_placements(self.session, gpu)
+                                   if discovery.is_dynamic_mig_capable(gpu) else [])
+            placements.extend(dataclasses.replace(p, parent=gpu) for p in cache[gpu.uuid])
+        self.registry.replace(dataclasses.replace(inventory, placements=tuple(placements)))
+        self.refreshes += 1
+
+    def wait_idle(self, timeout_s: float = 10.0) -> bool:
+        """Wait until no refresh is pending or running; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                thread = self._thread
+            if thread is None:
+                return True
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        return False
+
+    def close(self) -> None:
+        """Wait for a refresh in progress (the NVML session closes after this)."""
+        with self._lock:
+            thread, self._stale = self._thread, False
+        if thread is not None:
+            thread.join(timeout=10)
+
+
+class DeviceStatusWriter:
+    """Publishes the concrete identity of dynamic MIG devices in ``ResourceClaim.status.devices[].data`` (KEP-4817;
+    NVIDIA's open ask #1456) once a claim's preparation is durable, and removes it at unprepare.
+
+    Writes run on one background thread, in order, off the prepare path; a failed write is logged (the identity
+    is also in the claim state and the CDI spec; the next prepare answer of the claim does not depend on it).
+    """
+
+    def __init__(self, client: KubeClient, *, driver: str, pool: str) -> None:
+        self.client, self.driver, self.pool = client, driver, pool
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="device-status")
+
+    def _submit(self, ref: ClaimRef, devices: dict[str, dict[str, Any] | None]) -> None:
+        def write() -> None:
+            try:
+                kube_claims.publish_device_status(self.client, ref, driver=self.driver, pool=self.pool,
+                                                  devices=devices)
+            except kube_errors.KubeAPIError as exc:
+                log.warning("claim %s: device status not written: %s", ref, exc)
+        self._pool.submit(write)
+
+    def prepared(self, ref: ClaimRef, records: Sequence[UndoRecord]) -> None:
+        """Runner hook: a claim was prepared."""
+        devices: dict[str, dict[str, Any] | None] = {
+            r.target: identity for r in records if r.kind == DYNAMIC_MIG_KIND and (identity := identity_of(r))}
+        if devices:
+            self._submit(ref, devices)
+
+    def unprepared(self, ref: ClaimRef, records: Sequence[UndoRecord]) -> None:
+        """Runner hook: a claim was unprepared."""
+        devices: dict[str, dict[str, Any] | None] = {r.target: None for r in records if r.kind == DYNAMIC_MIG_KIND}
+        if devices:
+            self._submit(ref, devices)
+
+    def flush(self, timeout_s: float = 10.0) -> None:
+        """Wait for the writes queued so far."""
+        self._pool.submit(lambda: None).result(timeout=timeout_s)
+
+    def close(self) -> None:
+        """Finish queued writes, then stop the thread."""
+        self._pool.shutdown(wait=True)
+
+
+def read_server_version(client: KubeClient) -> tuple[int, int] | None:
+    """``(major, minor)`` of the API server, or ``None`` (warned) when ``GET /version`` fails."""
+    try:
+        return version.server_version(client)
+    except kube_errors.KubeAPIError as exc:
+        log.warning("cannot read the API server version (%s)", exc)
+        return None
+
+
+def slice_layout_version(server: tuple[int, int] | None, dynamic_mig: bool) -> tuple[int, int]:
+    """The Kubernetes version whose ResourceSlice rules the pool follows (dynamic MIG: combined layout before
+    1.35, split from 1.35; ``nvidia-dra-driver.md`` 2.1). Unknown: 1.34's combined layout, logged."""
+    if server is None:
+        if dynamic_mig:
+            log.warning("API server version unknown: dynamic MIG slices use the Kubernetes 1.34 layout")
+        return (1, 34)
+    return server
+
+
 def supports_informational_taints(client: KubeClient) -> bool:
     """DeviceTaint effect ``None`` exists from Kubernetes 1.35; older servers get no informational taints."""
     try:
@@ -123,8 +281,9 @@ def supports_informational_taints(client: KubeClient) -> bool:
 
 
 def discover(session: NvmlSession, config: PluginConfig) -> NodeInventory:
-    """This node's GPUs, MIG devices and clique, logged."""
-    inventory = discovery.discover(session, sysfs_root=config.sysfs_root)
+    """This node's GPUs, MIG devices and clique (and, with the ``DynamicMIG`` gate, MIG placements), logged."""
+    inventory = discovery.discover(session, sysfs_root=config.sysfs_root,
+                                   dynamic_mig=config.feature_gates.dynamic_mig)
     for failure in inventory.failures:
         log.error("GPU %d left out: %s", failure.index, failure.reason)
     log.info("discovered %d GPU(s), %d MIG device(s), %d allocatable device(s)%s", len(inventory.gpus),
@@ -150,8 +309,14 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
     session = await life.step("NVML session", lambda: open_session(nvml_library(config), config.mock_profile),
                               lambda s: s.close())
     try:
-        registry: DeviceRegistry[NodeInventory] = DeviceRegistry(discover(session, config),
-                                                                 lambda inv: DeviceIndex.build(inv).by_name)
+        dynamic_mig = config.feature_gates.dynamic_mig
+        mig_control = MigControl(session) if dynamic_mig else None
+        inventory = discover(session, config)
+        if dynamic_mig:  # the gate on: every eligible GPU offers its placements
+            log.info("DynamicMIG: %d MIG placement(s) on %d GPU(s)", len(inventory.placements),
+                     len({p.parent.uuid for p in inventory.placements}))
+        registry: DeviceRegistry[NodeInventory] = DeviceRegistry(
+            inventory, dynamic_index if dynamic_mig else (lambda inv: DeviceIndex.build(inv).by_name))
         common = await asyncio.to_thread(driver_edits, config, registry.snapshot.versions.driver)
         connection = await assembly.connect(life, identity, config)
         verdict = guard.check_device_plugin(config, connection.node)
@@ -165,15 +330,26 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
 
         metrics = DriverMetrics(node=config.node_name, driver=identity.driver_name)
         nodes = node_info(config)
+        preparers: tuple[Any, ...] = (FullGpuPreparer(nodes), StaticMigPreparer(nodes))
+        status_writer: DeviceStatusWriter | None = None
+        refresh: DeviceRefresher | None = None
+        if mig_control is not None:
+            refresh = DeviceRefresher(session, config, registry)
+            life.on_stop("device refresher", refresh.close)
+            preparers += (DynamicMigPreparer(mig_control, nodes, lambda: registry.snapshot.gpus, on_change=refresh),)
+            status_writer = DeviceStatusWriter(connection.client, driver=identity.driver_name, pool=config.node_name)
+            life.on_stop("device status writer", status_writer.close)
         runner = BatchRunner(
             identity=identity, registry=registry, state=state,
             fetch_claim=assembly.claim_fetcher(identity, connection.client, config),
             cdi_root=config.cdi_root, pool=config.node_name,
-            preparers=(FullGpuPreparer(nodes), StaticMigPreparer(nodes)),
+            preparers=preparers,
             sharing=default_steps(session, lambda: find_nvidia_smi(config.container_driver_root)),
             select_configs=lambda claim, devices: configs.select_configs(claim, devices, config.feature_gates),
             spec_edits=lambda: gpu_preparers.spec_edits(nodes, common),
             metrics=metrics, prepare_deadline_s=float(config.prepare_deadline_seconds),
+            on_prepared=status_writer.prepared if status_writer else None,
+            on_unprepared=status_writer.unprepared if status_writer else None,
         )
         life.on_stop("batch runner", runner.close)
         recovery = await assembly.recover(identity, config, connection, runner, problems)
@@ -181,6 +357,8 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
             identity, config, connection, on_error=lambda exc: metrics.count_publish_error(type(exc).__name__),
             on_publish=lambda result: metrics.observe_publish() if result.wrote else None)
         informational = await asyncio.to_thread(supports_informational_taints, connection.client)
+        layout = slice_layout_version(await asyncio.to_thread(read_server_version, connection.client), dynamic_mig)
+        partition_cache = partitions.PartitionCache()
         plugin_ref: list[GpuPlugin] = []
         health = HealthMonitor(
             registry.snapshot,
@@ -215,15 +393,29 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
             if verdict.refuse:  # an empty pool: the device plugin owns the GPUs
                 inventory = NodeInventory(versions=inventory.versions, gpus=())
             return resourceslices.build_resource_slices(inventory, config.node_name, driver=identity.driver_name,
-                                                        taints=health.taints())
+                                                        taints=health.taints(), server_version=layout,
+                                                        cache=partition_cache)
 
         plugin = GpuPlugin(identity=identity, config=config, lifecycle=life, client=connection.client,
                            node_uid=connection.node_uid, state=state, state_problems=problems, runner=runner,
                            recovery=recovery, publisher=publisher, servers=servers, desired=desired,
                            session=session, registry=registry, guard_verdict=verdict, health=health,
-                           metrics=metrics, metrics_server=metrics_server)
+                           metrics=metrics, metrics_server=metrics_server, refresher=refresh,
+                           status_writer=status_writer)
         plugin_ref.append(plugin)
-        registry.subscribe(lambda _inventory: plugin.republish())
+        last_desired: list[list[dict[str, Any]]] = []
+
+        def republish_if_changed(_inventory: NodeInventory) -> None:
+            # Dynamic MIG replaces the registry at every instance change, yet the pool usually stays the same
+            # (placements are published whether or not an instance exists): comparing is far cheaper than the
+            # publisher's copy of an unchanged desired state.
+            slices = plugin.desired_slices()
+            if last_desired and last_desired[0] == slices:
+                return
+            last_desired[:] = [slices]
+            plugin.publisher.update(slices)
+
+        registry.subscribe(republish_if_changed)
         await assembly.run_publisher(life, publisher)
         plugin.republish()
         plugin.reconciler = await assembly.run_stale_claim_cleanup(life, identity, config, connection, runner,

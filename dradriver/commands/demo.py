@@ -17,13 +17,15 @@ def register(subparsers: Any) -> None:
             "seed examples; tear down and check nothing is left."
         ),
     )
-    parser.add_argument("--profile", default="gb200-nvl72-node",
-                        help="mock NVML node profile (see `dradriver mock-profiles`); default gb200-nvl72-node")
+    parser.add_argument("--profile", default=None,
+                        help="mock NVML node profile (see `dradriver mock-profiles`); default gb200-nvl72-node, "
+                             "dgx-h200 for --scenario dynamic-mig")
     parser.add_argument("--node-name", default="gpu-node-1", help="name of the emulated node")
     parser.add_argument("-o", "--output", choices=("text", "json"), default="text", help="progress format")
-    parser.add_argument("--scenario", choices=("basic", "sharing"), default="basic",
+    parser.add_argument("--scenario", choices=("basic", "sharing", "dynamic-mig"), default="basic",
                         help="basic: the seed examples (default); sharing: GPU sharing (time-slicing) with the "
-                             "settings read back through NVML")
+                             "settings read back through NVML; dynamic-mig: MIG devices created at prepare and "
+                             "destroyed at unprepare on an H200 node (DynamicMIG gate)")
     parser.add_argument("--serve", action="store_true",
                         help="stop after publishing and keep the plugin and both emulators running until interrupted")
     parser.set_defaults(func=run)
@@ -68,9 +70,19 @@ def run(args: argparse.Namespace) -> int:
 
     if args.serve and args.output == "json":
         narrator.output = "quiet"
+    if args.profile is None:
+        args.profile = "dgx-h200" if args.scenario == "dynamic-mig" else "gb200-nvl72-node"
     try:
-        asyncio.run(demo(profile=args.profile, node_name=args.node_name, narrator=narrator,
-                         serve=serve if args.serve else None, scenario=args.scenario))
+        if args.scenario == "dynamic-mig":
+            if args.serve:
+                print("dradriver demo: --serve is for the basic and sharing scenarios", file=sys.stderr)
+                return 2
+            from dradriver.sandbox import demo_mig
+
+            asyncio.run(demo_mig.demo(profile=args.profile, node_name=args.node_name, narrator=narrator))
+        else:
+            asyncio.run(demo(profile=args.profile, node_name=args.node_name, narrator=narrator,
+                             serve=serve if args.serve else None, scenario=args.scenario))
     except DradriverError as exc:
         if args.output == "json" and not args.serve:
             print(json.dumps({"ok": False, "error": str(exc), "steps": narrator.steps}))

@@ -510,8 +510,9 @@ class ConfigSelection:
         return out
 
 
-def _device_type(device: GpuDevice | MigDevice) -> str:
-    return "mig" if isinstance(device, MigDevice) else "gpu"
+def _device_type(device: object) -> str:
+    """``gpu`` for a full GPU; ``mig`` for an existing MIG device and a dynamic-MIG placement."""
+    return "gpu" if isinstance(device, GpuDevice) else "mig"
 
 
 def decode_entries(claim: Claim) -> list[ConfigEntry]:

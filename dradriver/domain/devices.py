@@ -15,6 +15,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dradriver.domain.migplacements import MigPlacement
 
 MIB = 1024 * 1024
 
@@ -118,6 +122,8 @@ class GpuDevice:
     mig_enabled: bool = False
     fabric: FabricInfo | None = None
     addressing_mode: str | None = None
+    vgpu_guest: bool = False
+    """``nvmlDeviceGetVirtualizationMode`` is ``NVML_GPU_VIRTUALIZATION_MODE_VGPU`` (a vGPU inside a VM)."""
 
     @property
     def name(self) -> str:
@@ -188,6 +194,10 @@ class NodeInventory:
     warnings: tuple[str, ...] = ()
     """Node-level discovery problems that left nothing out on their own (clique disagreement, MIG mode
     without MIG devices); shown by ``dradriver inspect``."""
+    placements: tuple[MigPlacement, ...] = ()
+    """Dynamic MIG (``DynamicMIG`` gate on): the abstract devices of every dynamic-MIG-capable GPU, one per
+    (GPU-instance profile, placement), whether or not an instance exists (:mod:`dradriver.domain.migplacements`;
+    published by :mod:`dradriver.domain.partitions`); empty with the gate off."""
 
     def allocatable(self) -> list[GpuDevice | MigDevice]:
         """Devices to publish, sorted by PCI bus ID then name.

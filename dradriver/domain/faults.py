@@ -43,6 +43,7 @@ from enum import Enum
 
 from dradriver.domain.devices import GpuDevice, MigDevice, NodeInventory
 from dradriver.domain.identity import GPU_DRIVER
+from dradriver.domain.migplacements import MigPlacement, instance_ids, published_devices
 
 DEFAULT_IGNORED_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
 """Xids NVIDIA's driver treats as application errors (no NoSchedule taint)."""
@@ -268,19 +269,22 @@ class HealthTracker:
         self.informational_taints = informational_taints
         self.taint_domain = taint_domain
         self._devices: dict[str, DeviceHealth] = {}
-        self._by_gpu: dict[str, list[GpuDevice | MigDevice]] = {}
+        self._by_gpu: dict[str, list[GpuDevice | MigDevice | MigPlacement]] = {}
+        self._instance_of: dict[str, tuple[int, int]] = {}
         self.replace_inventory(inventory)
 
     def replace_inventory(self, inventory: NodeInventory) -> None:
         """Track the devices of ``inventory``: known names keep their health, new ones start healthy, gone
         ones are forgotten (the device registry replaced the snapshot)."""
         devices: dict[str, DeviceHealth] = {}
-        by_gpu: dict[str, list[GpuDevice | MigDevice]] = {}
-        for dev in inventory.allocatable():
+        by_gpu: dict[str, list[GpuDevice | MigDevice | MigPlacement]] = {}
+        for dev in published_devices(inventory):
             devices[dev.name] = self._devices.get(dev.name) or DeviceHealth(dev.name)
             gpu_uuid = dev.uuid if isinstance(dev, GpuDevice) else dev.parent.uuid
             by_gpu.setdefault(gpu_uuid, []).append(dev)
         self._devices, self._by_gpu = devices, by_gpu
+        # dynamic MIG: a placement's GI/CI ids are those of the instance created on it (none: no MIG event)
+        self._instance_of = {name: (gi, ci) for name, (_, gi, ci, _) in instance_ids(inventory).items()}
 
     def needs_gpu_reset(self, event: HealthEvent) -> bool:
         """A fatal Xid whose recovery action is a GPU reset (it ends every MIG device of the GPU): the recovery
@@ -299,7 +303,8 @@ class HealthTracker:
             return [
                 d.name
                 for d in devices
-                if isinstance(d, MigDevice) and d.gi_id == event.gi_id and d.ci_id == event.ci_id
+                if (isinstance(d, MigDevice) and d.gi_id == event.gi_id and d.ci_id == event.ci_id)
+                or (isinstance(d, MigPlacement) and self._instance_of.get(d.name) == (event.gi_id, event.ci_id))
             ]
         return [d.name for d in devices]
 

@@ -84,7 +84,8 @@ GATES: tuple[Gate, ...] = (
     Gate(MPS_SUPPORT, False, "Alpha (0.2)", "MPS sharing strategy and its control daemons", _NO),
     Gate(IMEX_DAEMONS_WITH_DNS_NAMES, True, "Beta (0.2)", "DNS-named IMEX peers through /etc/hosts", _NO),
     Gate(PASSTHROUGH_SUPPORT, False, "Alpha (0.3)", "VFIO passthrough devices", _NO),
-    Gate(DYNAMIC_MIG, False, "Alpha (0.3)", "MIG instances created at prepare; partitionable devices", _NO),
+    Gate(DYNAMIC_MIG, False, "Alpha (0.3)", "MIG instances created at prepare; partitionable devices",
+         Support.IMPLEMENTED),
     Gate(NVML_DEVICE_HEALTH_CHECK, False, "Alpha (0.3)", "NVML Xid monitoring and device taints",
          Support.ALWAYS_ON, default=True,
          note="always on in dradriver: device health (taints, the kubelet health stream, metrics) is part of the "

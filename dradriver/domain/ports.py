@@ -162,8 +162,9 @@ class DevicePreparer(Protocol):
     def apply(self, claim: ClaimRef, plan: DevicePlan) -> UndoRecord:
         """Perform the plan's side effect (may be slow, may fail) and return how to undo it.
 
-        Must leave nothing behind when it raises. A crash after the side effect but before the runner stored
-        the record is found by :meth:`sweep` at the next start.
+        Must leave nothing behind when it raises, or raise :class:`PartiallyApplied` carrying the record that
+        undoes what is left. A crash after the side effect but before the runner stored the record is found by
+        :meth:`sweep` at the next start.
 
         :raises DradriverError: the side effect failed (becomes the claim's error; the runner undoes every
             other record applied for that claim).

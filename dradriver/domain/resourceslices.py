@@ -32,12 +32,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dradriver.domain.devices import DeviceType, GpuDevice, MigDevice, NodeInventory
 from dradriver.domain.identity import GPU_DRIVER
 from dradriver.domain.versions import normalize_version
 from dradriver.errors import DradriverError
+
+if TYPE_CHECKING:
+    from dradriver.domain.partitions import PartitionCache
 
 log = logging.getLogger(__name__)
 
@@ -298,8 +301,14 @@ def build(
     taints: Mapping[str, Sequence[Taint]] | None = None,
     generate_name: bool = True,
     driver: str = GPU_DRIVER.driver_name,
+    server_version: tuple[int, int] = (1, 34),
+    cache: PartitionCache | None = None,
 ) -> SliceBuild:
     """Build every ResourceSlice of ``node_name``'s pool.
+
+    With dynamic MIG (``inventory.placements`` not empty, the ``DynamicMIG`` gate) the pool is built by
+    :func:`dradriver.domain.partitions.build` (counter sets, abstract MIG devices, layout by
+    ``server_version``, ``(major, minor)`` of the API server; ``cache`` reuses unchanged GPUs).
 
     :param generation: ``spec.pool.generation`` (the publisher bumps it when the pool changes).
     :param taints: optional device name -> taints (see :func:`device_entries`); any taint lowers the
@@ -309,6 +318,11 @@ def build(
         and the warnings issued.
     :raises ResourceSliceError: duplicate device names or too many taints on one device.
     """
+    if inventory.placements:
+        from dradriver.domain import partitions
+
+        return partitions.build(inventory, node_name, server_version=server_version, generation=generation,
+                                taints=taints, generate_name=generate_name, driver=driver, cache=cache)
     warnings: list[str] = []
     devices = device_entries(inventory, taints=taints, warnings=warnings)
     small = _needs_small_slices(devices)
@@ -343,24 +357,58 @@ def build_resource_slices(
     taints: Mapping[str, Sequence[Taint]] | None = None,
     generate_name: bool = True,
     driver: str = GPU_DRIVER.driver_name,
+    server_version: tuple[int, int] = (1, 34),
+    cache: PartitionCache | None = None,
 ) -> list[dict[str, Any]]:
     """:func:`build` without the warnings (they are logged): the list of ResourceSlice dicts."""
     result = build(inventory, node_name, generation=generation, taints=taints, generate_name=generate_name,
-                   driver=driver)
+                   driver=driver, server_version=server_version, cache=cache)
     return result.slices
 
 
-def limit_violations(resource_slice: Mapping[str, Any]) -> list[str]:
+MAX_COUNTER_SETS_PER_SLICE = 8
+"""``ResourceSliceMaxCounterSets`` (1.35)."""
+MAX_COUNTERS_PER_SET = 32
+"""``ResourceSliceMaxCountersPerCounterSet`` (1.35)."""
+MAX_CONSUMPTIONS_PER_DEVICE = 2
+"""``consumesCounters`` entries per device (1.35)."""
+MAX_COUNTERS_PER_CONSUMPTION = 32
+"""Counters of one ``consumesCounters`` entry (1.35)."""
+MAX_CONSUMED_COUNTERS_PER_SLICE = 1024
+"""1.34 ``ResourceSliceMaxDeviceCountersPerSlice``: counters consumed by all devices of one slice."""
+
+
+def limit_violations(resource_slice: Mapping[str, Any], server_version: tuple[int, int] = (1, 35)) -> list[str]:
     """API limits that ``resource_slice`` breaks (empty when none); the OpenAPI schema does not check these.
 
-    Checks: device count (128, or 64 with taints/counters), attributes+capacities per device (32),
-    ``string``/``version`` value length (64), device names unique within the slice, taints per device (16).
+    Checks: device count (128, or from 1.35 64 with taints/counters), attributes+capacities per device (32),
+    ``string``/``version`` value length (64), device names unique within the slice, taints per device (16);
+    counter sets per slice (8), counters per set (32), ``consumesCounters`` entries per device (2) and counters
+    per entry (32), counters consumed per slice (1024); from ``server_version`` 1.35 a slice with both devices
+    and ``sharedCounters``; before 1.35 more than 32 counters over all sets of a slice, or a device consuming a
+    counter set that is not in its own slice (``kubelet-dra-protocol.md`` 5.1, ``nvidia-dra-driver.md`` 2.8).
     """
     problems: list[str] = []
+    spec = resource_slice.get("spec", {})
+    sets: list[Mapping[str, Any]] = list(spec.get("sharedCounters") or [])
+    if len(sets) > MAX_COUNTER_SETS_PER_SLICE:
+        problems.append(f"{len(sets)} counter sets, limit {MAX_COUNTER_SETS_PER_SLICE}")
+    for counter_set in sets:
+        if len(counter_set.get("counters") or {}) > MAX_COUNTERS_PER_SET:
+            problems.append(f"counter set {counter_set.get('name')}: more than {MAX_COUNTERS_PER_SET} counters")
+    split = server_version >= (1, 35)
+    if split and sets and spec.get("devices"):
+        problems.append("devices and sharedCounters in one slice (Kubernetes 1.35+ allows one or the other)")
+    if not split:
+        total = sum(len(c.get("counters") or {}) for c in sets)
+        if total > MAX_COUNTERS_PER_SET:
+            problems.append(f"{total} counters over all counter sets, limit {MAX_COUNTERS_PER_SET} (1.34)")
+    local_sets = {c.get("name") for c in sets}
+    consumed = 0
     devices: list[Mapping[str, Any]] = list(resource_slice.get("spec", {}).get("devices") or [])
     limit = (
         MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS
-        if _needs_small_slices(devices)
+        if _needs_small_slices(devices) and server_version >= (1, 35)
         else MAX_DEVICES_PER_SLICE
     )
     if len(devices) > limit:
@@ -379,4 +427,17 @@ def limit_violations(resource_slice: Mapping[str, Any]) -> list[str]:
                 problems.append(f"device {dev.get('name')}: attribute {key} longer than {MAX_STRING_LENGTH}")
         if len(dev.get("taints") or []) > MAX_TAINTS_PER_DEVICE:
             problems.append(f"device {dev.get('name')}: more than {MAX_TAINTS_PER_DEVICE} taints")
+        consumptions = list(dev.get("consumesCounters") or [])
+        if len(consumptions) > MAX_CONSUMPTIONS_PER_DEVICE:
+            problems.append(f"device {dev.get('name')}: {len(consumptions)} consumesCounters entries")
+        for consumption in consumptions:
+            counters = consumption.get("counters") or {}
+            consumed += len(counters)
+            if len(counters) > MAX_COUNTERS_PER_CONSUMPTION:
+                problems.append(f"device {dev.get('name')}: consumes {len(counters)} counters of one set")
+            if not split and consumption.get("counterSet") not in local_sets:
+                problems.append(f"device {dev.get('name')}: counter set {consumption.get('counterSet')} not in "
+                                "its slice (1.34)")
+    if consumed > MAX_CONSUMED_COUNTERS_PER_SLICE:
+        problems.append(f"{consumed} consumed counters, limit {MAX_CONSUMED_COUNTERS_PER_SLICE}")
     return problems

@@ -38,7 +38,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from dradriver.domain.devices import GpuDevice, MigDevice, NodeInventory
+from dradriver.domain.devices import GpuDevice, NodeInventory
 from dradriver.domain.faults import (
     DEFAULT_IGNORED_XIDS,
     TAINT_DOMAIN,
@@ -48,6 +48,7 @@ from dradriver.domain.faults import (
     HealthEvent,
     HealthTracker,
 )
+from dradriver.domain.migplacements import MigPlacement, instance_ids, published_devices
 from dradriver.nvml import errors as nvml_errors
 from dradriver.nvml.events import EventMonitor, read_fabric
 from dradriver.nvml.poller import PollLoop, Sample
@@ -174,7 +175,13 @@ class HealthMonitor:
     def _index(self, inventory: NodeInventory) -> None:
         self.gpu_uuids: tuple[str, ...] = tuple(g.uuid for g in inventory.gpus)
         self.device_uuids: tuple[str, ...] = self.gpu_uuids + tuple(m.uuid for m in inventory.migs)
-        self._uuid_of: dict[str, str] = {d.name: d.uuid for d in inventory.allocatable()}
+        # the device's own UUID; a dynamic-MIG placement's is its instance's MIG UUID ("" while none exists)
+        instances = instance_ids(inventory)
+        self._uuid_of: dict[str, str] = {
+            d.name: (instances[d.name][3] if d.name in instances else "") if isinstance(d, MigPlacement) else d.uuid
+            for d in published_devices(inventory)}
+        self._parent_of: dict[str, str] = {
+            d.name: d.uuid if isinstance(d, GpuDevice) else d.parent.uuid for d in published_devices(inventory)}
         self._mig_uuid: dict[tuple[str, int, int], str] = {
             (m.parent.uuid, m.gi_id, m.ci_id): m.uuid for m in inventory.migs
         }
@@ -456,8 +463,7 @@ class HealthMonitor:
         if not state.healthy:
             return UNHEALTHY, state.message
         if self._unmonitored_key in state.taints:
-            gpu = self.inventory.find(name)
-            parent = gpu.parent.uuid if isinstance(gpu, MigDevice) else self._uuid_of.get(name, "")
+            parent = self._parent_of.get(name, "")
             reason = self.monitor.unmonitored.get(parent, "") if self.monitor is not None else ""
             return UNKNOWN, f"health events cannot be monitored: {reason}".rstrip(": ")
         informational = [t for t in state.taints.values() if t.effect is Effect.NONE]

@@ -184,3 +184,21 @@ def device_edits(device: GpuDevice | MigDevice, info: DeviceNodeInfo, majors: Ma
             caps = info.major(majors, ("nvidia-caps",), path)
             nodes.append(DeviceNode(path, info.host_path(path), "c", caps, minor, mode))
     return ContainerEdits(device_nodes=tuple(nodes))
+
+
+def mig_instance_edits(info: DeviceNodeInfo, majors: Mapping[str, int], parent_minor: int, gi_id: int,
+                       ci_id: int) -> ContainerEdits:
+    """Edits of a MIG device known by its parent minor and GI/CI ids (dynamic MIG, from the undo record alone):
+    ``/dev/nvidia<parent minor>`` plus the GI and CI access capability nodes (``cdi.md`` 5.1,
+    ``gpu-facts.md`` 3.2), exactly what :func:`device_edits` gives an existing MIG device.
+
+    :raises DeviceNodeError: a major or capability minor cannot be found.
+    """
+    nvidia = info.major(majors, ("nvidia", "nvidia-frontend"), f"/dev/nvidia{parent_minor}")
+    nodes = [_char_node(info, f"/dev/nvidia{parent_minor}", nvidia, parent_minor, DEFAULT_NODE_MODE)]
+    for ci in (None, ci_id):
+        minor, mode = info.mig_cap(parent_minor, gi_id, ci)
+        path = f"/dev/nvidia-caps/nvidia-cap{minor}"
+        caps = info.major(majors, ("nvidia-caps",), path)
+        nodes.append(DeviceNode(path, info.host_path(path), "c", caps, minor, mode))
+    return ContainerEdits(device_nodes=tuple(nodes))

@@ -1,4 +1,5 @@
-"""Reading ResourceClaims (``resource.k8s.io/v1``) for NodePrepareResources.
+"""Reading ResourceClaims (``resource.k8s.io/v1``) for NodePrepareResources, and writing the driver's device
+status (``status.devices``, KEP-4817).
 
 The kubelet sends only ``(namespace, name, uid)``; the allocation lives in the claim's status. The GET is
 here; the checks and the reduction to a :class:`dradriver.domain.claims.Claim` are pure and live in
@@ -6,6 +7,10 @@ here; the checks and the reduction to a :class:`dradriver.domain.claims.Claim` a
 """
 
 from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping
+from typing import Any
 
 from dradriver.domain import claims as domain_claims
 from dradriver.kube import errors
@@ -55,3 +60,53 @@ def claim_standing(client: KubeClient, ref: domain_claims.ClaimRef, *, driver: s
     except domain_claims.ClaimError as exc:
         return f"no longer allocated to this node ({exc.cause})"
     return ""
+
+
+def publish_device_status(client: KubeClient, ref: domain_claims.ClaimRef, *, driver: str, pool: str,
+                          devices: Mapping[str, Mapping[str, Any] | None], attempts: int = 5) -> bool:
+    """Write this driver's entries of ``ResourceClaim.status.devices`` (KEP-4817 ``AllocatedDeviceStatus``).
+
+    ``devices`` maps a DRA device name to its ``data`` (raw JSON, at most 10 KiB; entry gets condition
+    ``Ready=True``) or to ``None`` (entry removed). Entries of other drivers, pools and devices are kept; only
+    allocated devices are written (the API requires each entry to match an allocated device). Read-modify-write
+    through the ``status`` subresource with the ``resourceVersion`` read (a conflict re-reads and retries), as
+    NVIDIA's driver does (``kubelet-dra-protocol.md`` 4.3, 5).
+
+    :returns: False when the claim is gone, replaced (UID differs) or no longer allocated (nothing written).
+    :raises errors.KubeAPIError: the write failed after ``attempts`` conflicts or a non-conflict error.
+    """
+    what = f"PUT resourceclaims/status {ref.namespace}/{ref.name}"
+    for attempt in range(attempts):
+        try:
+            obj = get_resource_claim(client, ref.namespace, ref.name)
+        except errors.KubeNotFoundError:
+            return False
+        if obj.get("metadata", {}).get("uid") != ref.uid:
+            return False
+        status = obj.setdefault("status", {})
+        allocated = {(r.get("driver"), r.get("pool"), r.get("device"))
+                     for r in ((status.get("allocation") or {}).get("devices") or {}).get("results") or []}
+        kept = [d for d in status.get("devices") or []
+                if not (d.get("driver") == driver and d.get("pool") == pool and d.get("device") in devices)]
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        for name, data in devices.items():
+            if data is None or (driver, pool, name) not in allocated:
+                continue
+            kept.append({
+                "driver": driver, "pool": pool, "device": name, "data": dict(data),
+                "conditions": [{"type": "Ready", "status": "True", "reason": "Prepared", "lastTransitionTime": now,
+                                "message": "prepared by the kubelet plugin"}],
+            })
+        if kept == (status.get("devices") or []):
+            return True
+        status["devices"] = kept
+        try:
+            client.call(what, client.resource.replace_namespaced_resource_claim_status, ref.name, ref.namespace,
+                        obj, retry=True)
+            return True
+        except errors.KubeConflictError:
+            if attempt == attempts - 1:
+                raise
+        except errors.KubeNotFoundError:
+            return False
+    return False

@@ -188,6 +188,9 @@ class BatchRunner:
     :param chunk_size: claims of a batch prepared or unprepared per turn of the lock (each chunk has its own group
         commits); a batch submits at most half the fetch workers' GETs at a time, so another batch's GETs and
         chunks interleave with it instead of queueing behind it.
+    :param on_prepared: told each newly prepared claim and its undo records once its completion is durable (e.g.
+        to publish dynamic MIG identities in ``status.devices``); must not block; exceptions are logged.
+    :param on_unprepared: told each unprepared claim and the records it held, once it is forgotten.
     """
 
     def __init__(
@@ -208,6 +211,8 @@ class BatchRunner:
         fetch_workers: int = 16,
         prepare_deadline_s: float = DEFAULT_PREPARE_DEADLINE_S,
         chunk_size: int = 128,
+        on_prepared: Callable[[ClaimRef, Sequence[UndoRecord]], None] | None = None,
+        on_unprepared: Callable[[ClaimRef, Sequence[UndoRecord]], None] | None = None,
     ) -> None:
         kinds = [p.kind for p in preparers] + [s.kind for s in sharing]
         if len(set(kinds)) != len(kinds):
@@ -246,6 +251,8 @@ class BatchRunner:
         # never waits for a large one to finish; ClaimState adds the node-wide flock.
         self._lock = FairLock()
         self.chunk_size = chunk_size
+        self.on_prepared = on_prepared
+        self.on_unprepared = on_unprepared
         self._seq = itertools.count(1)
         self._unprepared_at: dict[str, int] = {}
         self.preparations = 0  # claims actually prepared (not answered from state); for tests and metrics
@@ -446,7 +453,18 @@ class BatchRunner:
             self.preparations += 1
             log.info("prepared claim %s: %s", work.claim.ref, ", ".join(h.device for h in work.held))
             out[work.uid] = ClaimResult(devices=tuple(h.to_prepared() for h in work.held))
+            self._tell(self.on_prepared, work.claim.ref, work.applied)
         return out
+
+    @staticmethod
+    def _tell(hook: Callable[[ClaimRef, Sequence[UndoRecord]], None] | None, ref: ClaimRef,
+              records: Sequence[UndoRecord]) -> None:
+        if hook is None:
+            return
+        try:
+            hook(ref, list(records))
+        except Exception:
+            log.exception("claim %s: prepare/unprepare hook failed", ref)
 
     def _start_one(self, claim: Claim, started: int) -> ClaimResult | _Work:
         """Phase 1 for one claim: the stored answer of a completed claim, or its plans, recorded STARTED."""
@@ -755,6 +773,7 @@ class BatchRunner:
         removal was not yet durable is simply unprepared again when the kubelet retries (undo is idempotent).
         """
         out: dict[str, str] = {}
+        held_records: dict[str, list[UndoRecord]] = {}
         with self._lock:
             stored: list[ClaimRef] = []
             try:
@@ -778,6 +797,7 @@ class BatchRunner:
                             out[ref.uid] = ""
                         else:
                             stored.append(ref)
+                            held_records[ref.uid] = list(read_payload(record.payload).undo)
                     with self.state.group_commit():
                         for ref in stored:
                             self.state.remove(ref.uid)
@@ -788,6 +808,7 @@ class BatchRunner:
             for ref in stored:
                 log.info("unprepared claim %s", ref)
                 out[ref.uid] = ""
+                self._tell(self.on_unprepared, ref, held_records.get(ref.uid, []))
             if len(self._unprepared_at) > 4096:  # keep only recent tombstones
                 for uid in list(itertools.islice(self._unprepared_at, len(self._unprepared_at) - 2048)):
                     del self._unprepared_at[uid]

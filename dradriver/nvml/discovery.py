@@ -51,6 +51,7 @@ from dradriver.domain.devices import (
     MigDevice,
     NodeInventory,
 )
+from dradriver.domain.migplacements import MigPlacement
 from dradriver.nvml.errors import NvmlError
 from dradriver.nvml.session import NvmlSession
 
@@ -250,6 +251,12 @@ class _Discoverer:
             if addressing is None:
                 self.warn(f"{where} ({uuid}): unknown addressing mode {addressing_code}, not published")
         mig_mode = opt(pynvml.nvmlDeviceGetMigMode)
+        try:
+            virtualization = opt(pynvml.nvmlDeviceGetVirtualizationMode)
+        except NvmlError as exc:  # an older library without the symbol: not a vGPU guest as far as we know
+            if exc.code != pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+                raise
+            virtualization = None
         return GpuDevice(
             index=index,
             minor=minor,
@@ -267,6 +274,7 @@ class _Discoverer:
             mig_enabled=mig_mode is not None and int(mig_mode[0]) == pynvml.NVML_DEVICE_MIG_ENABLE,
             fabric=self.fabric(h, where),
             addressing_mode=addressing,
+            vgpu_guest=virtualization is not None and int(virtualization) == pynvml.NVML_GPU_VIRTUALIZATION_MODE_VGPU,
         )
 
     def fabric(self, handle: Any, where: str) -> FabricInfo | None:
@@ -436,12 +444,122 @@ def read_fabric_info(session: NvmlSession, handle: Any, where: str) -> FabricInf
 
 # -- MIG ---------------------------------------------------------------------------------------------
 
+CI_SLICES: dict[int, int] = {
+    pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE: 1,
+    pynvml.NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE: 2,
+    pynvml.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE: 3,
+    pynvml.NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE: 4,
+    pynvml.NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE: 7,
+    pynvml.NVML_COMPUTE_INSTANCE_PROFILE_8_SLICE: 8,
+    pynvml.NVML_COMPUTE_INSTANCE_PROFILE_6_SLICE: 6,
+    pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE_REV1: 1,
+    pynvml.NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE_NVL: 7,
+}
+"""``NVML_COMPUTE_INSTANCE_PROFILE_*`` index -> compute slices (go-nvlib ``NewMigProfile``)."""
 
-def discover(session: NvmlSession, *, sysfs_root: Path = Path("/sys")) -> NodeInventory:
+SKIPPED_CI_PROFILES = frozenset({pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE_REV1,
+                                 pynvml.NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE_NVL})
+"""CI profiles NVIDIA's enumeration skips (``nvidia-dra-driver-updates.md`` 2b, ksigs#1480): each has the slice
+count of a regular profile, so keeping it would publish the same GI profile twice under one name."""
+
+_REJECTED = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+
+def full_ci_profile_index(gi_slices: int) -> int | None:
+    """The compute-instance profile index that fills a GI of ``gi_slices`` compute slices (C == G), skipping
+    :data:`SKIPPED_CI_PROFILES`; ``None`` when no CI profile has that many slices.
+
+    NVML has no call that lists a GI profile's CI profiles before a GI exists (go-nvlib says as much), so the
+    choice is structural, as NVIDIA's: the CI index whose slice count equals the GI's.
+    """
+    for index, slices in CI_SLICES.items():
+        if slices == gi_slices and index not in SKIPPED_CI_PROFILES:
+            return index
+    return None
+
+
+def is_dynamic_mig_capable(gpu: GpuDevice) -> bool:
+    """NVIDIA's ``isDynamicMIGCapable`` (updates 2b): MIG-capable, not a vGPU guest, and Hopper or newer or an
+    Ampere already in MIG mode (Ampere needs a GPU reset to toggle MIG, so an Ampere with MIG off stays a full GPU).
+    """
+    if not gpu.mig_capable or gpu.vgpu_guest:
+        return False
+    return mig_toggle_without_reset(gpu.architecture) or gpu.mig_enabled
+
+
+def mig_toggle_without_reset(architecture: str) -> bool:
+    """Whether MIG mode can be switched without a GPU reset: Hopper and newer (``arch >= DEVICE_ARCH_HOPPER``).
+
+    :param architecture: the go-nvlib architecture string (:data:`ARCHITECTURES`).
+    """
+    codes = {name: code for code, name in ARCHITECTURES.items()}
+    code = codes.get(architecture)
+    return code is not None and code != 0xFFFFFFFF and code >= 9
+
+
+def mig_placements(session: NvmlSession, gpu: GpuDevice) -> list[MigPlacement]:
+    """Every (GPU-instance profile, placement) NVML offers on ``gpu``, as abstract dynamic-MIG devices.
+
+    Walks profile index ``0 .. NVML_GPU_INSTANCE_PROFILE_COUNT-1`` with ``nvmlDeviceGetGpuInstanceProfileInfoV``
+    (v2), then ``nvmlDeviceGetGpuInstancePossiblePlacements_v2`` by profile ID; a profile either call rejects
+    with NOT_SUPPORTED or INVALID_ARGUMENT is skipped, as NVIDIA's driver does (``nvidia-dra-driver-updates.md``
+    2b); both answer whatever the MIG mode is (nvml.h). The full-GI compute instance is
+    :func:`full_ci_profile_index`. Names follow :func:`mig_profile_name` (``+me``, ``+gfx``, ``-me``, ...).
+
+    :returns: placements in profile-index order, then placement order, as NVML lists them.
+    :raises NvmlError: any other NVML error (the caller leaves the GPU out of dynamic MIG).
+    """
+    h = session.device(gpu.index)
+    out: list[MigPlacement] = []
+    for index in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
+        where = f"GPU-instance profile {index} on {gpu.name}"
+        try:
+            info = session.call(pynvml.nvmlDeviceGetGpuInstanceProfileInfoV, h, index, context=where)
+        except NvmlError as exc:
+            if exc.code in _REJECTED:
+                continue
+            raise
+        count = ctypes.c_uint(0)
+        try:
+            session.call(pynvml.nvmlDeviceGetGpuInstancePossiblePlacements, h, int(info.id), None,
+                         ctypes.byref(count), context=f"possible placements of {where}")
+            array = (pynvml.c_nvmlGpuInstancePlacement_t * max(count.value, 1))()
+            session.call(pynvml.nvmlDeviceGetGpuInstancePossiblePlacements, h, int(info.id), array,
+                         ctypes.byref(count), context=f"possible placements of {where}")
+        except NvmlError as exc:
+            if exc.code in _REJECTED:
+                log.info("%s: NVML rejects its placements (%s); not offered", where, exc)
+                continue
+            raise
+        slices = int(info.sliceCount)
+        ci_index = full_ci_profile_index(slices)
+        if ci_index is None:
+            log.warning("%s: no compute-instance profile with %d slices; not offered", where, slices)
+            continue
+        if gpu.memory_bytes:
+            profile = mig_profile_name(index, slices, slices, int(info.memorySizeMB), gpu.memory_bytes)
+        else:
+            profile = _text(info.name).removeprefix("MIG ").strip()
+        for k in range(count.value):
+            out.append(MigPlacement(
+                parent=gpu, profile=profile, gi_profile_index=index, gi_profile_id=int(info.id),
+                ci_profile_index=ci_index, placement_start=int(array[k].start), placement_size=int(array[k].size),
+                memory_bytes=int(info.memorySizeMB) * MIB, slice_count=slices,
+                multiprocessors=int(info.multiprocessorCount), copy_engines=int(info.copyEngineCount),
+                decoders=int(info.decoderCount), encoders=int(info.encoderCount), jpeg_engines=int(info.jpegCount),
+                ofa_engines=int(info.ofaCount),
+            ))
+    return out
+
+
+def discover(session: NvmlSession, *, sysfs_root: Path = Path("/sys"), dynamic_mig: bool = False) -> NodeInventory:
     """Everything NVML reports about this node, as a :class:`NodeInventory`.
 
     :param session: an open :class:`NvmlSession`.
     :param sysfs_root: root of sysfs, for ``pcieRoot`` and the NUMA fallback (tests pass a fixture tree).
+    :param dynamic_mig: the ``DynamicMIG`` gate: also enumerate :func:`mig_placements` of every
+        :func:`is_dynamic_mig_capable` GPU into ``placements`` (a GPU whose enumeration fails is left out of
+        dynamic MIG with a warning and stays a full GPU).
     :returns: the inventory; GPUs that failed are in ``failures``, node-level problems (clique
         disagreement, MIG mode without MIG devices) in ``warnings``.
     :raises NvmlError: a node-level query failed (driver version, device count).
@@ -470,6 +588,14 @@ def discover(session: NvmlSession, *, sysfs_root: Path = Path("/sys")) -> NodeIn
                 d.warn(f"{gpu.name} ({gpu.uuid}) is in MIG mode but has no MIG devices; nothing is published")
             migs.extend(found)
         gpus.append(gpu)
+    placements: list[MigPlacement] = []
+    for gpu in gpus if dynamic_mig else ():
+        if not is_dynamic_mig_capable(gpu):
+            continue
+        try:
+            placements.extend(mig_placements(session, gpu))
+        except NvmlError as exc:
+            d.warn(f"{gpu.name} ({gpu.uuid}): MIG profiles cannot be enumerated ({exc}); no dynamic MIG on it")
     return NodeInventory(
         versions=versions,
         gpus=tuple(gpus),
@@ -477,4 +603,5 @@ def discover(session: NvmlSession, *, sysfs_root: Path = Path("/sys")) -> NodeIn
         failures=tuple(d.failures),
         clique=d.clique(gpus),
         warnings=tuple(d.warnings),
+        placements=tuple(placements),
     )

@@ -36,6 +36,15 @@ CONTROL_ENV = "DRADRIVER_MOCK_NVML_CONTROL"
 """Optional environment variable naming a control file: the mock applies each line appended to it (see
 ``ext/mocknvml/README.md``, "Runtime control"), so a test can drive a mock loaded by another process."""
 
+STATE_ENV = "DRADRIVER_MOCK_NVML_STATE"
+"""Optional environment variable naming the mock's MIG state file: MIG modes, GPU/compute instances and their
+processes, rewritten after every change and re-read when another process changed it, so processes sharing it
+see one set of GPUs (and instances outlive a SIGKILL, as on real hardware). See ``ext/mocknvml/README.md``."""
+
+PROC_ROOT_ENV = "DRADRIVER_MOCK_NVML_PROC_ROOT"
+"""Optional environment variable naming a procfs root: the mock writes ``driver/nvidia-caps/mig-minors`` there
+at init and keeps ``driver/nvidia/capabilities/gpu<minor>/mig/gi<g>[/ci<c>]/access`` in step with the instances."""
+
 LIBRARY_NAME = "libnvidia-ml.so.1"
 SETUP_COMMAND = "python -m pip install -e '.[test]'"
 

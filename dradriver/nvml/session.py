@@ -232,6 +232,13 @@ class NvmlSession:
         self._mig_handles[key] = handle
         return handle
 
+    def forget_mig_handles(self, parent_uuid: str | None = None) -> None:
+        """Drop cached MIG device handles: dynamic MIG created or destroyed an instance (on ``parent_uuid``, for
+        the log), so MIG slots name other devices now. Full-GPU handles stay cached; slots are re-read lazily."""
+        if self._mig_handles:
+            log.debug("MIG device handles dropped after a change on %s", parent_uuid or "a GPU")
+        self._mig_handles.clear()
+
 
 def open_session(library_path: str = "", mock_profile: str = "") -> NvmlSession:
     """Load NVML (see the module docstring for the choice), call ``nvmlInit`` and return the session.

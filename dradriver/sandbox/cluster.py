@@ -103,6 +103,8 @@ def plugin_environment(config: PluginConfig) -> dict[str, str]:
             env[flag.env] = ",".join(f"{k}={'true' if v else 'false'}" for k, v in value.explicit.items())
         elif isinstance(value, bool):
             env[flag.env] = "true" if value else "false"
+        elif isinstance(value, FeatureGates):  # --feature-gates syntax: the explicitly set gates only
+            env[flag.env] = ",".join(f"{k}={'true' if v else 'false'}" for k, v in sorted(value.explicit.items()))
         elif isinstance(value, tuple):
             env[flag.env] = ",".join(str(v) for v in value)
         else:

@@ -182,6 +182,10 @@ class SandboxNode:
     file, which the mock appends each setting to and every process replays (``ext/mocknvml/README.md``). The
     variable is read at the first ``nvmlInit`` of a process, so open NVML sessions after the sandbox; the
     previous value is restored at :meth:`close`.
+    :param mig_state: give the mock NVML a MIG state file under the root and this node's ``proc`` tree
+        (``DRADRIVER_MOCK_NVML_STATE``/``..._PROC_ROOT`` in this process's environment until :meth:`close`):
+        MIG instances created by one process (a plugin that is killed) are seen by the next, and the MIG
+        capability files and ``mig-minors`` appear under ``proc/driver`` as on a node. For dynamic MIG.
     """
 
     profile: str = "gb200-nvl72-node"
@@ -189,9 +193,11 @@ class SandboxNode:
     api: ApiServerEmulator | None = None
     node_allocatable: dict[str, str] | None = None
     driver_files: bool = True
+    mig_state: bool = False
     root: Path = field(init=False)
     _owns_api: bool = field(init=False, default=False)
     _saved_control: str | None = field(init=False, default=None)
+    _saved_env: dict[str, str | None] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
@@ -207,6 +213,11 @@ class SandboxNode:
         self._saved_control = os.environ.get(mock.CONTROL_ENV)
         os.environ[mock.CONTROL_ENV] = str(self.nvml_control)
         self.set_boot_id(str(uuid.uuid4()))
+        if self.mig_state:
+            env = {mock.STATE_ENV: str(self.mig_state_path), mock.PROC_ROOT_ENV: str(self.root / "proc")}
+            for key, value in env.items():
+                self._saved_env[key] = os.environ.get(key)
+                os.environ[key] = value
         if self.api is None:
             self.api = ApiServerEmulator().start()
             self._owns_api = True
@@ -233,6 +244,11 @@ class SandboxNode:
             mock_profile=self.profile,
         )
         return replace(base, **overrides)
+
+    @property
+    def mig_state_path(self) -> Path:
+        """The mock NVML's MIG state file (with ``mig_state``)."""
+        return self.root / "nvml-mig-state"
 
     @property
     def driver_root(self) -> Path:
@@ -267,6 +283,12 @@ class SandboxNode:
                 os.environ.pop(mock.CONTROL_ENV, None)
             else:
                 os.environ[mock.CONTROL_ENV] = self._saved_control
+        for key, value in self._saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        self._saved_env.clear()
         shutil.rmtree(self.root, ignore_errors=True)
 
     def __enter__(self) -> SandboxNode:

@@ -28,8 +28,7 @@ static struct nvmlComputeInstance_st h_ci[MOCK_MAX_GPUS][MOCK_MAX_GI][MOCK_MAX_C
 
 nvmlDevice_t mock_gpu_handle(unsigned gpu) { return &h_gpu[gpu]; }
 static nvmlDevice_t mig_handle(unsigned gpu, unsigned gi, unsigned ci) { return &h_mig[gpu][gi][ci]; }
-
-typedef mock_dev_ref dev_ref;
+nvmlDevice_t mock_mig_handle(unsigned gpu, unsigned gi, unsigned ci) { return mig_handle(gpu, gi, ci); }
 
 #define IN_TABLE(p, tab) ((const char *)(p) >= (const char *)(tab) && (const char *)(p) < (const char *)(tab) + sizeof(tab))
 
@@ -73,14 +72,14 @@ static nvmlReturn_t enter_dev(const char *fn, nvmlDevice_t h, dev_ref *r, int al
     if (listed(g_mock.notSupported, g_mock.nNotSupported, fn) || listed(r->g->notSupported, r->g->nNotSupported, fn))
         return NVML_ERROR_NOT_SUPPORTED;
     if (r->mig && !allow_mig) return NVML_ERROR_NOT_SUPPORTED;
-    return NVML_SUCCESS;
+    return (nvmlReturn_t)mock_fault_locked(&g_mock, fn, (int)r->index);
 }
 
-nvmlReturn_t mock_enter_dev(const char *fn, nvmlDevice_t h, mock_dev_ref *r, int allow_mig) {
+nvmlReturn_t mock_enter_dev(const char *fn, nvmlDevice_t h, dev_ref *r, int allow_mig) {
     return enter_dev(fn, h, r, allow_mig);
 }
 
-#define LOCK() do { pthread_mutex_lock(&g_mock_lock); mock_poll_control_locked(&g_mock); } while (0)
+#define LOCK() do { pthread_mutex_lock(&g_mock_lock); mock_poll_control_locked(&g_mock); mock_mig_poll_locked(&g_mock); } while (0)
 #define RET(x) do { nvmlReturn_t r_ = (x); pthread_mutex_unlock(&g_mock_lock); return r_; } while (0)
 #define DEV_ENTER(h, ref, allow_mig)                                                                          \
     dev_ref ref;                                                                                              \
@@ -135,6 +134,8 @@ nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     g_mock.initMonotonicUs = now_monotonic_us();
     mock_events_reset_locked();
     g_mock.refcount = 1;
+    g_mock.nFaults = 0;
+    mock_mig_init_locked(&g_mock);
     mock_poll_control_locked(&g_mock);
     RET(NVML_SUCCESS);
 }
@@ -358,6 +359,16 @@ nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned int *node) {
     RET(NVML_SUCCESS);
 }
 
+/* nvmlGpuVirtualizationMode_t: 0 none, 1 pass-through, 2 vGPU guest, 3 host vGPU, 4 host vSGA. A board value:
+ * MIG handles get NOT_SUPPORTED. Dynamic MIG is refused on a vGPU guest (NVIDIA's isDynamicMIGCapable). */
+nvmlReturn_t nvmlDeviceGetVirtualizationMode(nvmlDevice_t device, nvmlGpuVirtualizationMode_t *mode) {
+    DEV_ENTER(device, r, 0);
+    if (!mode) RET(NVML_ERROR_INVALID_ARGUMENT);
+    NEED(r.g->v.virtualizationMode);
+    *mode = (nvmlGpuVirtualizationMode_t)r.g->v.virtualizationMode;
+    RET(NVML_SUCCESS);
+}
+
 /* nvml.h: versioned struct nvmlDeviceAddressingMode_v1_t; value is an nvmlDeviceAddressingModeType_t (0 None,
  * 1 HMM, 2 ATS). A board value, so MIG handles get NOT_SUPPORTED (real NVML's answer there is unconfirmed). */
 nvmlReturn_t nvmlDeviceGetAddressingMode(nvmlDevice_t device, nvmlDeviceAddressingMode_t *mode) {
@@ -404,13 +415,7 @@ nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, nvmlEnableState_t
 
 /* nvmlDeviceGetComputeMode / nvmlDeviceSetComputeMode: settings.c */
 
-nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos) {
-    DEV_ENTER(device, r, 1);
-    (void)infos;
-    if (!infoCount) RET(NVML_ERROR_INVALID_ARGUMENT);
-    *infoCount = 0;
-    RET(NVML_SUCCESS);
-}
+/* nvmlDeviceGetComputeRunningProcesses_v3: mig.c (processes make MIG instances "in use") */
 
 /* ---------------------------------------------------------------------------------------------------------
  * Memory and attributes
@@ -561,6 +566,7 @@ static nvmlReturn_t gip_lookup(const dev_ref *r, unsigned profile, const mock_gi
     if (!r->g->v.migCapable) return NVML_ERROR_NOT_SUPPORTED;
     if (profile >= NVML_GPU_INSTANCE_PROFILE_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
     if (!r->g->gip[profile].valid) return NVML_ERROR_NOT_SUPPORTED;
+    if (r->g->gip[profile].infoReturn) return (nvmlReturn_t)r->g->gip[profile].infoReturn;
     *out = &r->g->gip[profile];
     return NVML_SUCCESS;
 }
@@ -622,6 +628,7 @@ nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements_v2(nvmlDevice_t device, 
     if (!count) RET(NVML_ERROR_INVALID_ARGUMENT);
     const mock_gi_profile *p = gip_by_id_checked(&r, profileId, &e);
     if (!p) RET(e);
+    if (p->placementsReturn) RET((nvmlReturn_t)p->placementsReturn);
     if (!placements) { *count = p->nstarts; RET(NVML_SUCCESS); }
     if (*count < p->nstarts) { *count = p->nstarts; RET(NVML_ERROR_INSUFFICIENT_SIZE); }
     for (unsigned k = 0; k < p->nstarts; k++) {
@@ -661,6 +668,18 @@ nvmlReturn_t nvmlDeviceGetGpuInstanceRemainingCapacity(nvmlDevice_t device, unsi
 
 static nvmlGpuInstance_t gi_handle(unsigned gpu, unsigned gi) { return &h_gi[gpu][gi]; }
 static nvmlComputeInstance_t ci_handle(unsigned gpu, unsigned gi, unsigned ci) { return &h_ci[gpu][gi][ci]; }
+nvmlGpuInstance_t mock_gi_handle(unsigned gpu, unsigned gi) { return gi_handle(gpu, gi); }
+nvmlComputeInstance_t mock_ci_handle(unsigned gpu, unsigned gi, unsigned ci) { return ci_handle(gpu, gi, ci); }
+
+/* (gpu, gi id, ci id) of a compute-instance handle; 0 when it is not one (existence not checked). */
+int mock_ci_handle_ref(nvmlComputeInstance_t h, unsigned *gpu, unsigned *gi, unsigned *ci) {
+    if (!IN_TABLE(h, h_ci)) return 0;
+    size_t off = (size_t)(h - &h_ci[0][0][0]);
+    *gpu = (unsigned)(off / (MOCK_MAX_GI * MOCK_MAX_CI));
+    *gi = (unsigned)(off / MOCK_MAX_CI % MOCK_MAX_GI);
+    *ci = (unsigned)(off % MOCK_MAX_CI);
+    return 1;
+}
 
 nvmlReturn_t nvmlDeviceGetGpuInstances(nvmlDevice_t device, unsigned int profileId, nvmlGpuInstance_t *gpuInstances,
                                        unsigned int *count) {
@@ -690,13 +709,6 @@ nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t device, unsigned int id, 
     RET(NVML_SUCCESS);
 }
 
-typedef struct {
-    unsigned gpu;
-    mock_gpu *g;
-    mock_gi *gi;
-    const mock_gi_profile *gp;
-} gi_ref;
-
 static nvmlReturn_t enter_gi(const char *fn, nvmlGpuInstance_t h, gi_ref *r) {
     if (g_mock.refcount == 0) return NVML_ERROR_UNINITIALIZED;
     if (!IN_TABLE(h, h_gi)) return NVML_ERROR_INVALID_ARGUMENT;
@@ -711,8 +723,11 @@ static nvmlReturn_t enter_gi(const char *fn, nvmlGpuInstance_t h, gi_ref *r) {
         return NVML_ERROR_NOT_SUPPORTED;
     r->gi = &r->g->gi[id];
     r->gp = mock_gi_profile_by_id(r->g, r->gi->profileId);
-    return r->gp ? NVML_SUCCESS : NVML_ERROR_UNKNOWN;
+    if (!r->gp) return NVML_ERROR_UNKNOWN;
+    return (nvmlReturn_t)mock_fault_locked(&g_mock, fn, (int)r->gpu);
 }
+
+nvmlReturn_t mock_enter_gi(const char *fn, nvmlGpuInstance_t h, gi_ref *r) { return enter_gi(fn, h, r); }
 
 #define GI_ENTER(h, ref)                                                                                       \
     gi_ref ref;                                                                                                \
@@ -822,6 +837,8 @@ nvmlReturn_t nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t computeInstance
     if (g->v.lost) RET(NVML_ERROR_GPU_IS_LOST);
     if (listed(g_mock.notSupported, g_mock.nNotSupported, __func__) || listed(g->notSupported, g->nNotSupported, __func__))
         RET(NVML_ERROR_NOT_SUPPORTED);
+    nvmlReturn_t fe = (nvmlReturn_t)mock_fault_locked(&g_mock, __func__, (int)gpu);
+    if (fe != NVML_SUCCESS) RET(fe);
     const mock_ci *c = &g->gi[gi].ci[ci];
     info->device = mock_gpu_handle(gpu);
     info->gpuInstance = gi_handle(gpu, gi);

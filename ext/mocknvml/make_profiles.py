@@ -25,6 +25,9 @@ MiB = 1024 * 1024
 # nvmlDeviceAddressingModeType_t (nvml.h); per-model values from §1.3 ("Addressing mode" of the captures)
 ADDR_NONE, ADDR_HMM, ADDR_ATS = 0, 1, 2
 
+# nvmlGpuVirtualizationMode_t (nvml.h); every MIG-capable capture reports "Pass-Through" (§1.3)
+VIRT_NONE, VIRT_PASSTHROUGH, VIRT_VGPU = 0, 1, 2
+
 # nvmlEventType bits (nvml.h)
 EV_SBE, EV_DBE, EV_PSTATE, EV_XID, EV_CLOCK = 0x1, 0x2, 0x4, 0x8, 0x10
 EV_SUPPORTED_DC = EV_SBE | EV_DBE | EV_PSTATE | EV_XID | EV_CLOCK
@@ -63,52 +66,123 @@ def cip(index: int, name: str, slices: int, inst: int, sm: int) -> dict[str, Any
             "multiprocessorCount": sm}
 
 
+def _a100_gips(gb: dict[str, int], mem: dict[str, int]) -> list[dict[str, Any]]:
+    """A100 GI profiles (§2.4 / §2.5) with the CI tables read on A100 (§2.10); ``gb`` names the memory of each
+    size class (``1``, ``2``, ``4``, ``8`` memory slices), ``mem`` its ``memorySizeMB``."""
+    n1, n2, n4, n8 = (f"{gb[k]}gb" for k in ("1", "2", "4", "8"))
+    m1, m2, m4, m8 = (mem[k] for k in ("1", "2", "4", "8"))
+    return [
+        gip(0, 19, f"1g.{n1}", 1, 7, 14, 1, 0, 0, 0, m1, [0, 1, 2, 3, 4, 5, 6], 1, [cip(0, f"1g.{n1}", 1, 1, 14)]),
+        gip(1, 14, f"2g.{n2}", 2, 3, 28, 2, 1, 0, 0, m2, [0, 2, 4], 2,
+            [cip(0, f"1c.2g.{n2}", 1, 2, 14), cip(1, f"2g.{n2}", 2, 1, 28)]),
+        gip(2, 9, f"3g.{n4}", 3, 2, 42, 3, 2, 0, 0, m4, [0, 4], 4,
+            [cip(0, f"1c.3g.{n4}", 1, 3, 14), cip(1, f"2c.3g.{n4}", 2, 1, 28), cip(2, f"3g.{n4}", 3, 1, 42)]),
+        gip(3, 5, f"4g.{n4}", 4, 1, 56, 4, 2, 0, 0, m4, [0], 4,
+            [cip(0, f"1c.4g.{n4}", 1, 4, 14), cip(1, f"2c.4g.{n4}", 2, 2, 28), cip(3, f"4g.{n4}", 4, 1, 56)]),
+        gip(4, 0, f"7g.{n8}", 7, 1, 98, 7, 5, 1, 1, m8, [0], 8,
+            [cip(0, f"1c.7g.{n8}", 1, 7, 14), cip(1, f"2c.7g.{n8}", 2, 3, 28), cip(2, f"3c.7g.{n8}", 3, 2, 42),
+             cip(3, f"4c.7g.{n8}", 4, 1, 56), cip(4, f"7g.{n8}", 7, 1, 98)]),
+        gip(7, 20, f"1g.{n1}+me", 1, 1, 14, 1, 1, 1, 1, m1, [0, 1, 2, 3, 4, 5, 6], 1,
+            [cip(0, f"1g.{n1}+me", 1, 1, 14)]),
+        gip(9, 15, f"1g.{n2}", 1, 4, 14, 1, 1, 0, 0, m2, [0, 2, 4, 6], 2, [cip(0, f"1g.{n2}", 1, 1, 14)]),
+    ]
+
+
 # §2.4 A100-SXM4-40GB, older-driver memory set (matches go-nvml dgxa100 and the DRA docs), §2.10 CI tables.
-A100_40_GIPS = [
-    gip(0, 19, "1g.5gb", 1, 7, 14, 1, 0, 0, 0, 4864, [0, 1, 2, 3, 4, 5, 6], 1, [cip(0, "1g.5gb", 1, 1, 14)]),
-    gip(1, 14, "2g.10gb", 2, 3, 28, 2, 1, 0, 0, 9856, [0, 2, 4], 2,
-        [cip(0, "1c.2g.10gb", 1, 2, 14), cip(1, "2g.10gb", 2, 1, 28)]),
-    gip(2, 9, "3g.20gb", 3, 2, 42, 3, 2, 0, 0, 19968, [0, 4], 4,
-        [cip(0, "1c.3g.20gb", 1, 3, 14), cip(1, "2c.3g.20gb", 2, 1, 28), cip(2, "3g.20gb", 3, 1, 42)]),
-    gip(3, 5, "4g.20gb", 4, 1, 56, 4, 2, 0, 0, 19968, [0], 4,
-        [cip(0, "1c.4g.20gb", 1, 4, 14), cip(1, "2c.4g.20gb", 2, 2, 28), cip(3, "4g.20gb", 4, 1, 56)]),
-    gip(4, 0, "7g.40gb", 7, 1, 98, 7, 5, 1, 1, 40192, [0], 8,
-        [cip(0, "1c.7g.40gb", 1, 7, 14), cip(1, "2c.7g.40gb", 2, 3, 28), cip(2, "3c.7g.40gb", 3, 2, 42),
-         cip(3, "4c.7g.40gb", 4, 1, 56), cip(4, "7g.40gb", 7, 1, 98)]),
-    gip(7, 20, "1g.5gb+me", 1, 1, 14, 1, 1, 1, 1, 4864, [0, 1, 2, 3, 4, 5, 6], 1,
-        [cip(0, "1g.5gb+me", 1, 1, 14)]),
-    gip(9, 15, "1g.10gb", 1, 4, 14, 1, 1, 0, 0, 9856, [0, 2, 4, 6], 2, [cip(0, "1g.10gb", 1, 1, 14)]),
-]
+A100_40_GIPS = _a100_gips({"1": 5, "2": 10, "4": 20, "8": 40}, {"1": 4864, "2": 9856, "4": 19968, "8": 40192})
+# §2.5 A100-SXM4-80GB (the 39.25/78.75 GiB driver set); CI tables as on the 40GB board (§2.10, same SMs).
+A100_80_GIPS = _a100_gips({"1": 10, "2": 20, "4": 40, "8": 80}, {"1": 9728, "2": 19968, "4": 40192, "8": 80640})
 
 
 # §2.6 H100 80GB. Per-CI SMs on Hopper are unknown (§2.10); only the full-GI CI is listed, with the GI's SMs.
-def _full_ci(name: str, slices: int, sm: int) -> list[dict[str, Any]]:
-    return [cip({1: 0, 2: 1, 3: 2, 4: 3, 7: 4}[slices], name, slices, 1, sm)]
+# CI profile index by compute slices (NVML_COMPUTE_INSTANCE_PROFILE_*: 1 -> 0, 2 -> 1, 3 -> 2, 4 -> 3, 7 -> 4).
+_CI_INDEX = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4}
+CI_1_SLICE_REV1, CI_7_SLICE_NVL = 7, 8  # nvml.h; the DRA enumeration skips both (updates 2b)
 
 
-H100_GIPS = [
-    gip(0, 19, "1g.10gb", 1, 7, 16, 1, 1, 1, 0, 9984, [0, 1, 2, 3, 4, 5, 6], 1, _full_ci("1g.10gb", 1, 16)),
-    gip(1, 14, "2g.20gb", 2, 3, 32, 2, 2, 2, 0, 20096, [0, 2, 4], 2, _full_ci("2g.20gb", 2, 32)),
-    gip(2, 9, "3g.40gb", 3, 2, 60, 3, 3, 3, 0, 40448, [0, 4], 4, _full_ci("3g.40gb", 3, 60)),
-    gip(3, 5, "4g.40gb", 4, 1, 64, 4, 4, 4, 0, 40448, [0], 4, _full_ci("4g.40gb", 4, 64)),
-    gip(4, 0, "7g.80gb", 7, 1, 132, 8, 7, 7, 1, 81152, [0], 8, _full_ci("7g.80gb", 7, 132)),
-    gip(7, 20, "1g.10gb+me", 1, 1, 16, 1, 1, 1, 1, 9984, [0, 1, 2, 3, 4, 5, 6], 1,
-        _full_ci("1g.10gb+me", 1, 16)),
-    gip(9, 15, "1g.20gb", 1, 4, 26, 1, 1, 1, 0, 20096, [0, 2, 4, 6], 2, _full_ci("1g.20gb", 1, 26)),
-]
+def _full_ci(name: str, slices: int, sm: int, *, rev1: bool = False, nvl: bool = False) -> list[dict[str, Any]]:
+    """The full-GI compute-instance profile, plus the 1-slice REV1 (``rev1``) or the 7-slice NVL (``nvl``)
+    variant that the same GI also offers on Hopper and Blackwell drivers (same slices, so a name-based
+    enumeration that did not skip them would publish the profile twice: ksigs#1480)."""
+    out = [cip(_CI_INDEX[slices], name, slices, 1, sm)]
+    if rev1:
+        out.append(cip(CI_1_SLICE_REV1, name, slices, 1, sm))
+    if nvl:
+        out.append(cip(CI_7_SLICE_NVL, name, slices, 1, sm))
+    return out
+
+
+def _hopper_gips(n: dict[str, str], mem: dict[str, int], sm: dict[str, int], ce: dict[str, int],
+                 eng: dict[str, int], *, nvl: bool = False, inferred: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """Hopper/Blackwell GI profiles. Keys of every table: ``1`` (1g), ``1me`` (1g+me), ``1x2`` (1g with two
+    memory slices), ``2``, ``3``, ``4``, ``7``; ``eng`` gives the decoder = JPEG count (equal on every Hopper
+    and Blackwell row read, §2.6-2.9); OFA is 1 on +me and 7g only. ``inferred``: rows not read from a GPU."""
+    def row(key: str, index: int, pid: int, slices: int, inst: int, starts: list[int], size: int,
+            *, ofa: int = 0, rev1: bool = False, nvl_ci: bool = False) -> dict[str, Any]:
+        return gip(index, pid, n[key], slices, inst, sm[key], ce[key], eng[key], eng[key], ofa, mem[key], starts,
+                   size, _full_ci(n[key], slices, sm[key], rev1=rev1, nvl=nvl_ci), inferred=key in inferred)
+    return [
+        row("1", 0, 19, 1, 7, [0, 1, 2, 3, 4, 5, 6], 1),
+        row("2", 1, 14, 2, 3, [0, 2, 4], 2),
+        row("3", 2, 9, 3, 2, [0, 4], 4),
+        row("4", 3, 5, 4, 1, [0], 4),
+        row("7", 4, 0, 7, 1, [0], 8, ofa=1, nvl_ci=nvl),
+        row("1me", 7, 20, 1, 1, [0, 1, 2, 3, 4, 5, 6], 1, ofa=1, rev1=True),
+        row("1x2", 9, 15, 1, 4, [0, 2, 4, 6], 2),
+    ]
+
+
+def _names(g1: int, g2: int, g4: int, g8: int) -> dict[str, str]:
+    return {"1": f"1g.{g1}gb", "1me": f"1g.{g1}gb+me", "1x2": f"1g.{g2}gb", "2": f"2g.{g2}gb",
+            "3": f"3g.{g4}gb", "4": f"4g.{g4}gb", "7": f"7g.{g8}gb"}
+
+
+def _by_class(m1: int, m2: int, m4: int, m8: int) -> dict[str, int]:
+    return {"1": m1, "1me": m1, "1x2": m2, "2": m2, "3": m4, "4": m4, "7": m8}
+
+
+# §2.6 H100 80GB
+H100_GIPS = _hopper_gips(
+    _names(10, 20, 40, 80), _by_class(9984, 20096, 40448, 81152),
+    {"1": 16, "1me": 16, "1x2": 26, "2": 32, "3": 60, "4": 64, "7": 132},
+    {"1": 1, "1me": 1, "1x2": 1, "2": 2, "3": 3, "4": 4, "7": 8},
+    {"1": 1, "1me": 1, "1x2": 1, "2": 2, "3": 3, "4": 4, "7": 7},
+)
+# §2.7 H200 141GB (NVIDIA/mig-parted#120)
+H200_GIPS = _hopper_gips(
+    _names(18, 35, 71, 141), _by_class(16384, 33024, 71168, 143104),
+    {"1": 16, "1me": 16, "1x2": 26, "2": 32, "3": 60, "4": 64, "7": 132},
+    {"1": 1, "1me": 1, "1x2": 1, "2": 2, "3": 3, "4": 4, "7": 8},
+    {"1": 1, "1me": 1, "1x2": 1, "2": 2, "3": 3, "4": 4, "7": 7},
+)
+# §2.8 B200 (Mar 2025 driver: 20.50 GiB 1g). The 3g/4g/7g rows were not readable (§8): memory follows the
+# slice pattern (88.5 / 178 GiB), SMs the Hopper pattern scaled to 148, CE from MIGUG; marked _inferred.
+B200_GIPS = _hopper_gips(
+    _names(23, 45, 90, 180), _by_class(20992, 45312, 90624, 182272),
+    {"1": 18, "1me": 18, "1x2": 30, "2": 36, "3": 68, "4": 72, "7": 148},
+    {"1": 2, "1me": 2, "1x2": 2, "2": 4, "3": 6, "4": 8, "7": 16},
+    {"1": 1, "1me": 1, "1x2": 1, "2": 2, "3": 3, "4": 4, "7": 7},
+    nvl=True, inferred=("3", "4", "7"),
+)
+# A GI profile NVML lists but rejects: the A30-only 2_SLICE_REV1 index (8, §2.1) answers its profile info and
+# NOT_SUPPORTED (3) for the possible placements, so discovery has to skip it like NVIDIA's (updates 2b). This
+# row is a mock construct (no B200 dump shows it), there to exercise that path on a realistic node.
+B200_GIPS.append({
+    **gip(8, 21, "2g.45gb+me", 2, 1, 36, 4, 2, 2, 1, 45312, [0, 2, 4], 2, _full_ci("2g.45gb+me", 2, 36),
+          inferred=True),
+    "placementsReturn": 3,
+    "_note": "mock construct: NVML rejects this profile (possible placements NOT_SUPPORTED); never published",
+})
 
 # §2.9 GB200 production boards; 3g/4g/7g rows are names and counts only in the fact sheet: the numbers here
 # follow the pattern of the rows that were read and are marked _inferred.
-GB200_GIPS = [
-    gip(0, 19, "1g.23gb", 1, 7, 18, 2, 1, 1, 0, 22528, [0, 1, 2, 3, 4, 5, 6], 1, _full_ci("1g.23gb", 1, 18)),
-    gip(1, 14, "2g.47gb", 2, 3, 38, 4, 2, 2, 0, 46592, [0, 2, 4], 2, _full_ci("2g.47gb", 2, 38)),
-    gip(2, 9, "3g.93gb", 3, 2, 58, 6, 3, 3, 0, 93184, [0, 4], 4, _full_ci("3g.93gb", 3, 58), inferred=True),
-    gip(3, 5, "4g.93gb", 4, 1, 76, 8, 4, 4, 0, 93184, [0], 4, _full_ci("4g.93gb", 4, 76), inferred=True),
-    gip(4, 0, "7g.186gb", 7, 1, 152, 16, 7, 7, 1, 186368, [0], 8, _full_ci("7g.186gb", 7, 152), inferred=True),
-    gip(7, 20, "1g.23gb+me", 1, 1, 18, 2, 1, 1, 1, 22528, [0, 1, 2, 3, 4, 5, 6], 1,
-        _full_ci("1g.23gb+me", 1, 18)),
-    gip(9, 15, "1g.47gb", 1, 4, 32, 2, 1, 1, 0, 46592, [0, 2, 4, 6], 2, _full_ci("1g.47gb", 1, 32)),
-]
+GB200_GIPS = _hopper_gips(
+    _names(23, 47, 93, 186), _by_class(22528, 46592, 93184, 186368),
+    {"1": 18, "1me": 18, "1x2": 32, "2": 38, "3": 58, "4": 76, "7": 152},
+    {"1": 2, "1me": 2, "1x2": 2, "2": 4, "3": 6, "4": 8, "7": 16},
+    {"1": 1, "1me": 1, "1x2": 1, "2": 2, "3": 3, "4": 4, "7": 7},
+    nvl=True, inferred=("3", "4", "7"),
+)
 
 # §1.1-1.3 per-model identity and board values.
 MODELS: dict[str, dict[str, Any]] = {
@@ -117,7 +191,7 @@ MODELS: dict[str, dict[str, Any]] = {
         "cudaComputeCapability": {"major": 8, "minor": 0}, "pciDeviceId": 0x20B010DE,
         "pciSubSystemId": 0x134F10DE, "multiprocessorCount": 108,
         "memory": {"total": 40960 * MiB, "reserved": 518 * MiB, "used": 0}, "bar1Total": 65536 * MiB,
-        "migCapable": True, "maxMigDeviceCount": 7,
+        "migCapable": True, "maxMigDeviceCount": 7, "virtualizationMode": VIRT_PASSTHROUGH,
         "power": {"usage": 61000, "limit": 400000, "minLimit": 100000, "maxLimit": 400000},
         "temperature": 31, "utilization": {"gpu": 0, "memory": 0},
         "clocks": {"graphics": 1410, "sm": 1410, "mem": 1215, "video": 1275},
@@ -131,7 +205,7 @@ MODELS: dict[str, dict[str, Any]] = {
         "cudaComputeCapability": {"major": 9, "minor": 0}, "pciDeviceId": 0x233010DE,
         "pciSubSystemId": 0x16C110DE, "multiprocessorCount": 132,
         "memory": {"total": 81559 * MiB, "reserved": 480 * MiB, "used": 0}, "bar1Total": 131072 * MiB,
-        "migCapable": True, "maxMigDeviceCount": 7,
+        "migCapable": True, "maxMigDeviceCount": 7, "virtualizationMode": VIRT_PASSTHROUGH,
         "power": {"usage": 72000, "limit": 700000, "minLimit": 200000, "maxLimit": 700000},
         "temperature": 29, "utilization": {"gpu": 0, "memory": 0},
         "clocks": {"graphics": 345, "sm": 345, "mem": 2619, "video": 765},
@@ -145,7 +219,7 @@ MODELS: dict[str, dict[str, Any]] = {
         "cudaComputeCapability": {"major": 10, "minor": 0}, "pciDeviceId": 0x294110DE,
         "pciSubSystemId": 0x204610DE, "multiprocessorCount": 152,
         "memory": {"total": 189471 * MiB, "reserved": 742 * MiB, "used": 0}, "bar1Total": 262144 * MiB,
-        "migCapable": True, "maxMigDeviceCount": 7,
+        "migCapable": True, "maxMigDeviceCount": 7, "virtualizationMode": VIRT_PASSTHROUGH,
         "power": {"usage": 183000, "limit": 1200000, "minLimit": 200000, "maxLimit": 1200000},
         "temperature": 33, "utilization": {"gpu": 0, "memory": 0},
         "clocks": {"graphics": 1965, "sm": 1965, "mem": 3996, "video": 1680},
@@ -153,6 +227,48 @@ MODELS: dict[str, dict[str, Any]] = {
         "pcieThroughput": {"tx": 256, "rx": 512}, "pcieMaxGen": 5, "eccMode": 1,
         "supportedEventTypes": EV_SUPPORTED_DC, "gpuInstanceProfiles": GB200_GIPS,
         "addressingMode": ADDR_ATS,
+    },
+    "a100-sxm4-80gb": {
+        "name": "NVIDIA A100-SXM4-80GB", "brand": 14, "architecture": 7,
+        "cudaComputeCapability": {"major": 8, "minor": 0}, "pciDeviceId": 0x20B210DE,
+        "pciSubSystemId": 0x147F10DE, "multiprocessorCount": 108,
+        "memory": {"total": 81920 * MiB, "reserved": 578 * MiB, "used": 0}, "bar1Total": 131072 * MiB,
+        "migCapable": True, "maxMigDeviceCount": 7, "virtualizationMode": VIRT_PASSTHROUGH,
+        "power": {"usage": 64000, "limit": 400000, "minLimit": 100000, "maxLimit": 400000},
+        "temperature": 32, "utilization": {"gpu": 0, "memory": 0},
+        "clocks": {"graphics": 1410, "sm": 1410, "mem": 1593, "video": 1275},
+        "maxClocks": {"graphics": 1410, "sm": 1410, "mem": 1593, "video": 1290},
+        "pcieThroughput": {"tx": 1024, "rx": 2048}, "pcieMaxGen": 4, "eccMode": 1,
+        "supportedEventTypes": EV_SUPPORTED_DC, "gpuInstanceProfiles": A100_80_GIPS,
+        "addressingMode": ADDR_HMM,
+    },
+    "h200": {
+        "name": "NVIDIA H200", "brand": 14, "architecture": 9,
+        "cudaComputeCapability": {"major": 9, "minor": 0}, "pciDeviceId": 0x233510DE,
+        "pciSubSystemId": 0x18A610DE, "multiprocessorCount": 132,
+        "memory": {"total": 143771 * MiB, "reserved": 550 * MiB, "used": 0}, "bar1Total": 262144 * MiB,
+        "migCapable": True, "maxMigDeviceCount": 7, "virtualizationMode": VIRT_PASSTHROUGH,
+        "power": {"usage": 78000, "limit": 700000, "minLimit": 200000, "maxLimit": 700000},
+        "temperature": 30, "utilization": {"gpu": 0, "memory": 0},
+        "clocks": {"graphics": 345, "sm": 345, "mem": 3201, "video": 765},
+        "maxClocks": {"graphics": 1980, "sm": 1980, "mem": 3201, "video": 1545},
+        "pcieThroughput": {"tx": 512, "rx": 1024}, "pcieMaxGen": 5, "eccMode": 1,
+        "supportedEventTypes": EV_SUPPORTED_DC, "gpuInstanceProfiles": H200_GIPS,
+        "addressingMode": ADDR_HMM,
+    },
+    "b200": {
+        "name": "NVIDIA B200", "brand": 14, "architecture": 10,
+        "cudaComputeCapability": {"major": 10, "minor": 0}, "pciDeviceId": 0x290110DE,
+        "pciSubSystemId": 0x199910DE, "multiprocessorCount": 148,
+        "memory": {"total": 183359 * MiB, "reserved": 728 * MiB, "used": 0}, "bar1Total": 262144 * MiB,
+        "migCapable": True, "maxMigDeviceCount": 7, "virtualizationMode": VIRT_PASSTHROUGH,
+        "power": {"usage": 141000, "limit": 1000000, "minLimit": 200000, "maxLimit": 1000000},
+        "temperature": 32, "utilization": {"gpu": 0, "memory": 0},
+        "clocks": {"graphics": 1965, "sm": 1965, "mem": 3996, "video": 1635},
+        "maxClocks": {"graphics": 1965, "sm": 1965, "mem": 3996, "video": 1830},
+        "pcieThroughput": {"tx": 512, "rx": 1024}, "pcieMaxGen": 5, "eccMode": 1,
+        "supportedEventTypes": EV_SUPPORTED_DC, "gpuInstanceProfiles": B200_GIPS,
+        "addressingMode": ADDR_NONE,
     },
     "l4": {
         "name": "NVIDIA L4", "brand": 14, "architecture": 8,
@@ -169,6 +285,9 @@ MODELS: dict[str, dict[str, Any]] = {
     },
 }
 _INFERRED_NOTES = {
+    "a100-sxm4-80gb": "subsystem id, reserved and BAR1 memory, memory clock and power are typical values, not captures",
+    "h200": "subsystem id, reserved and BAR1 memory, clocks and power are typical values, not captures (gpu-facts "
+            "1.2 lists them as unknown); GI table from mig-parted#120",
     "l4": "subsystem id, reserved and BAR1 memory, clocks and power of the L4 are typical values, not captures; "
           "no addressing mode capture exists, so nvmlDeviceGetAddressingMode is NOT_SUPPORTED",
 }
@@ -257,6 +376,56 @@ def gb200_tray() -> dict[str, Any]:
     }
 
 
+def _noted(model: str) -> dict[str, Any]:
+    m = dict(MODELS[model])
+    if model in _INFERRED_NOTES:
+        m["_note"] = _INFERRED_NOTES[model]
+    return m
+
+
+def dgx_h200() -> dict[str, Any]:
+    name = "dgx-h200"
+    buses = [0x19, 0x3B, 0x4C, 0x5D, 0x9B, 0xBB, 0xCB, 0xDB]  # DGX/HGX 8-GPU layout; not a capture
+    gpus = [gpu(name, "h200", i, bus_id(0, b), 0 if i < 4 else 1, f"16524240{30101 + i:05d}")
+            for i, b in enumerate(buses)]
+    return {
+        "format": 1, "description": "NVIDIA DGX H200: 8x H200 141GB, MIG capable, MIG disabled, no instances",
+        "system": system("580.105.08", 13000), "models": {"h200": _noted("h200")}, "gpus": gpus,
+    }
+
+
+def dgx_b200() -> dict[str, Any]:
+    name = "dgx-b200"
+    buses = [0x8F, 0x90, 0x96, 0x97, 0xC4, 0xC5, 0xCB, 0xCC]  # §1.3: minors 0-7 in this bus order
+    gpus = [gpu(name, "b200", i, bus_id(0, b), 0 if i < 4 else 1, f"18252250{40101 + i:05d}")
+            for i, b in enumerate(buses)]
+    fabric = {  # §4.2: B200 HGX: state Completed, clique 0, all-zero cluster UUID, summary Healthy
+        "clusterUuid": "00000000-0000-0000-0000-000000000000", "cliqueId": 0, "state": 3, "status": 0,
+        "healthMask": 0xAA, "healthSummary": 1,
+    }
+    for g in gpus:
+        g["fabric"] = fabric
+    return {
+        "format": 1, "description": "NVIDIA DGX B200: 8x B200 180GB, MIG capable, MIG disabled, no instances",
+        "system": system("580.105.08", 13000), "models": {"b200": MODELS["b200"]}, "gpus": gpus,
+    }
+
+
+def a100_80gb_node() -> dict[str, Any]:
+    name = "a100-80gb-node"
+    buses = [0x07, 0x0F, 0x47, 0x4E]
+    gpus = [gpu(name, "a100-sxm4-80gb", i, bus_id(0, b), 0 if i < 2 else 1, f"13232210{20101 + i:05d}")
+            for i, b in enumerate(buses)]
+    for g in gpus[:2]:  # Ampere: MIG on already (so dynamic MIG may use them), no instances yet
+        g["migMode"] = {"current": 1, "pending": 1}
+    return {
+        "format": 1,
+        "description": "4x A100-SXM4-80GB: GPUs 0 and 1 in MIG mode with no instances, GPUs 2 and 3 MIG disabled",
+        "system": system("580.95.05", 13000), "models": {"a100-sxm4-80gb": _noted("a100-sxm4-80gb")},
+        "gpus": gpus,
+    }
+
+
 def l4_inference() -> dict[str, Any]:
     name = "l4-inference"
     buses = [0x70, 0xF0]  # §5 shows an L4 at 0000:70:00.0
@@ -290,7 +459,8 @@ def synthetic_large() -> dict[str, Any]:
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     for name, build in [("dgx-a100", dgx_a100), ("dgx-h100", dgx_h100), ("gb200-nvl72-node", gb200_tray),
-                        ("l4-inference", l4_inference), ("synthetic-large", synthetic_large)]:
+                        ("l4-inference", l4_inference), ("synthetic-large", synthetic_large),
+                        ("dgx-h200", dgx_h200), ("dgx-b200", dgx_b200), ("a100-80gb-node", a100_80gb_node)]:
         path = OUT / f"{name}.json"
         path.write_text(json.dumps(build(), indent=1) + "\n")
         print(path)

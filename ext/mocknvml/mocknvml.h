@@ -39,6 +39,7 @@ typedef struct {
     unsigned index, id, sliceCount, instanceCount, multiprocessorCount;
     unsigned copyEngineCount, decoderCount, encoderCount, jpegCount, ofaCount, isP2pSupported;
     unsigned long long memorySizeMB;
+    int infoReturn, placementsReturn; /* non-zero: the nvmlReturn_t NVML answers for this profile */
     char name[MOCK_STR];
     unsigned nstarts, starts[MOCK_MAX_STARTS], placementSize;
     mock_ci_profile ci[NVML_COMPUTE_INSTANCE_PROFILE_COUNT];
@@ -51,6 +52,7 @@ typedef struct {
     char uuid[MOCK_STR];
     char name[MOCK_STR];
     long long computeMode; /* nvmlComputeMode_t of this MIG device (settings.c); 0 DEFAULT */
+    unsigned procs; /* processes running on this compute instance ("in use"; mig.c) */
 } mock_ci;
 
 typedef struct {
@@ -76,7 +78,7 @@ typedef struct {
     long long pcieTx, pcieRx, pcieMaxGen, eccMode;
     long long eccVolCorr, eccVolUnc, eccAggCorr, eccAggUnc;
     long long retiredPending, remapCorr, remapUnc, remapPending, remapFailure;
-    long long supportedEvents, lost, energy, addressingMode, recoveryAction;
+    long long supportedEvents, lost, energy, addressingMode, recoveryAction, virtualizationMode;
     long long computeMode, computeTimeslice, noPermission; /* settings.c */
     long long fabricCliqueId, fabricState, fabricStatus, fabricHealthMask, fabricHealthSummary;
 } mock_scalars;
@@ -97,6 +99,7 @@ typedef struct {
     char notSupported[MOCK_MAX_NAMES][64];
     unsigned nPending;
     mock_event pending[MOCK_MAX_EVENTS]; /* queued for the first event set that registers this GPU */
+    unsigned procs;                      /* processes on the full GPU, outside any MIG device (mig.c) */
 } mock_gpu;
 
 typedef struct {

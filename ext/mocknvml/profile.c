@@ -37,6 +37,7 @@ const mock_scalar_key mock_scalar_keys[] = {
     K("supportedEventTypes", supportedEvents), K("lost", lost), K("energy", energy),
     K("addressingMode", addressingMode), K("recoveryAction", recoveryAction),
     K("computeMode", computeMode), K("computeTimeslice", computeTimeslice), K("noPermission", noPermission),
+    K("virtualizationMode", virtualizationMode),
     K("fabric.cliqueId", fabricCliqueId), K("fabric.state", fabricState), K("fabric.status", fabricStatus),
     K("fabric.healthMask", fabricHealthMask), K("fabric.healthSummary", fabricHealthSummary),
     {NULL, 0},
@@ -180,6 +181,10 @@ static int load_gi_profiles(loadctx *c, mock_gpu *g, const json_value *arr) {
             return 0;
         if (!opt_int(c, p, "isP2pSupported", 0, &x)) return 0;
         gp->isP2pSupported = (unsigned)x;
+        if (!opt_int(c, p, "infoReturn", 0, &x)) return 0;
+        gp->infoReturn = (int)x;
+        if (!opt_int(c, p, "placementsReturn", 0, &x)) return 0;
+        gp->placementsReturn = (int)x;
         if (!opt_int(c, p, "memorySizeMB", -1, &x)) return 0;
         if (x < 0) { lerr(c, p, "missing required key 'memorySizeMB'"); return 0; }
         gp->memorySizeMB = (unsigned long long)x;
@@ -527,6 +532,8 @@ int mock_command_locked(mock_state *st, const char *line) {
         if (gi >= st->ngpus) return NVML_ERROR_INVALID_ARGUMENT;
         return set_not_supported(st->gpus[gi].notSupported, &st->gpus[gi].nNotSupported, b, on);
     }
+    int mr = mock_mig_command_locked(st, verb, n, a, b, c, d, e);
+    if (mr != -1) return mr;
     if (n < 2) return NVML_ERROR_INVALID_ARGUMENT;
     char *end = NULL;
     unsigned gpu = (unsigned)strtoul(a, &end, 10);

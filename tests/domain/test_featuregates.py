@@ -57,6 +57,16 @@ def test_nvidia_rules_are_enforced() -> None:
         fg.check_gates(gates)
 
 
+def test_dynamic_mig_is_implemented_and_exclusive_with_mps() -> None:
+    assert fg.GATES_BY_NAME[fg.DYNAMIC_MIG].support is fg.Support.IMPLEMENTED
+    gates = fg.parse_feature_gates("DynamicMIG=true")
+    assert gates.dynamic_mig and gates.render() == "DynamicMIG=true"
+    assert not fg.FeatureGates().dynamic_mig  # off by default, like NVIDIA's
+    # refused either way: NVIDIA's exclusivity, or MPS not implemented (yet) in this build
+    with pytest.raises(fg.FeatureGateError, match=r"mutually exclusive|MPSSupport=true is not implemented"):
+        fg.check_gates(fg.FeatureGates({fg.DYNAMIC_MIG: True, fg.MPS_SUPPORT: True}))
+
+
 def test_flag_and_env_twin() -> None:
     import argparse
 

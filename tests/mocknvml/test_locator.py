@@ -11,7 +11,8 @@ import pytest
 from dradriver.cli import main
 from dradriver.nvml import mock
 
-BUNDLED = ["dgx-a100", "dgx-h100", "gb200-nvl72-node", "l4-inference", "synthetic-large"]
+BUNDLED = ["a100-80gb-node", "dgx-a100", "dgx-b200", "dgx-h100", "dgx-h200", "gb200-nvl72-node", "l4-inference",
+           "synthetic-large"]
 
 
 def test_bundled_profile_names_are_listed_sorted() -> None:
