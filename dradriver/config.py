@@ -16,6 +16,7 @@ from pathlib import Path
 
 from dradriver.domain.featuregates import FeatureGateError, FeatureGates, parse_feature_gates
 from dradriver.domain.identity import GPU_DRIVER
+from dradriver.domain.shares import ShareMode, ShareModeError, parse_share_mode
 from dradriver.errors import FlagError
 from dradriver.host.driverfiles import DEFAULT_CDI_HOOK_PATH
 
@@ -165,6 +166,14 @@ PLUGIN_FLAGS: tuple[Flag, ...] = (
         "NVIDIA's feature gates, 'Name=true,Other=false,' (see `dradriver feature-gates`); a gate dradriver does not "
         "implement may only be set to NVIDIA's default.",
     ),
+    Flag(
+        "--consumable-shares",
+        "CONSUMABLE_SHARES",
+        "disabled",
+        "NVIDIA's consumable GPU shares: 'disabled', 'memory', 'unlimited' or a number of shares N; anything but "
+        "'disabled' needs the ConsumableShares feature gate. dradriver enforces each claim's share through one MPS "
+        "control daemon per shared GPU.",
+    ),
     Flag("--log-level", "LOG_LEVEL", "info", "Log level.", "str", ("debug", "info", "warning", "error")),
     Flag("--log-format", "LOG_FORMAT", "text", "Log format.", "str", ("text", "json")),
 )
@@ -251,6 +260,7 @@ class PluginConfig:
     log_level: str = "info"
     log_format: str = "text"
     feature_gates: FeatureGates = field(default_factory=FeatureGates)
+    consumable_shares: ShareMode = field(default_factory=ShareMode)
     driver_name: str = field(default=GPU_DRIVER.driver_name)
 
     @property
@@ -315,6 +325,11 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
     if not args.node_name:
         raise FlagError("--node-name (env NODE_NAME) is required")
     hook_path = args.nvidia_cdi_hook_path or DEFAULT_CDI_HOOK_PATH
+    gates = _gates(args.feature_gates)
+    try:
+        shares = parse_share_mode(args.consumable_shares, gate_enabled=gates.consumable_shares)
+    except ShareModeError as exc:
+        raise FlagError(str(exc)) from None
     if not hook_path.startswith("/"):
         raise FlagError(f"--nvidia-cdi-hook-path (env NVIDIA_CDI_HOOK_PATH) {hook_path!r} is not an absolute path")
     return PluginConfig(
@@ -343,7 +358,8 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         ignore_device_plugin=args.ignore_device_plugin,
         log_level=args.log_level,
         log_format=args.log_format,
-        feature_gates=_gates(args.feature_gates),
+        feature_gates=gates,
+        consumable_shares=shares,
     )
 
 

@@ -196,7 +196,7 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
             if verdict.refuse:  # an empty pool: the device plugin owns the GPUs
                 inventory = NodeInventory(versions=inventory.versions, gpus=())
             return resourceslices.build_resource_slices(inventory, config.node_name, driver=identity.driver_name,
-                                                        taints=health.taints())
+                                                        taints=health.taints(), shares=config.consumable_shares)
 
         plugin = GpuPlugin(identity=identity, config=config, lifecycle=life, client=connection.client,
                            node_uid=connection.node_uid, state=state, state_problems=problems, runner=runner,

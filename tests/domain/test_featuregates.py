@@ -67,3 +67,24 @@ def test_feature_gates_command_lists_every_gate() -> None:
                          text=True).stdout
     for gate in fg.GATES:
         assert gate.name in out
+
+
+def test_consumable_shares_gate_is_implemented_with_nvidias_flag() -> None:
+    import argparse
+
+    from dradriver.domain.shares import MEMORY, SHARES, ShareMode
+
+    assert fg.GATES_BY_NAME[fg.CONSUMABLE_SHARES].support is fg.Support.IMPLEMENTED
+    assert fg.parse_feature_gates("ConsumableShares=true").consumable_shares
+    parser = argparse.ArgumentParser()
+    add_flags(parser, PLUGIN_FLAGS, environ={"CONSUMABLE_SHARES": "memory"})
+    with pytest.raises(FlagError, match=r"--consumable-shares \(env CONSUMABLE_SHARES\)=memory requires the "
+                                        "ConsumableShares feature gate"):
+        config_from_args(parser.parse_args(["--node-name", "n"]))
+    config = config_from_args(parser.parse_args(["--node-name", "n", "--feature-gates", "ConsumableShares=true"]))
+    assert config.consumable_shares == ShareMode(MEMORY)
+    config = config_from_args(parser.parse_args(["--node-name", "n", "--feature-gates", "ConsumableShares=true",
+                                                 "--consumable-shares", "4"]))
+    assert config.consumable_shares == ShareMode(SHARES, 4)
+    assert config_from_args(parser.parse_args(["--node-name", "n", "--consumable-shares", "disabled"])) \
+        .consumable_shares == ShareMode()
