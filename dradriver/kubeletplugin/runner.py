@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import itertools
 import json
 import logging
@@ -121,18 +122,42 @@ class StoredPayload:
     :param undo: the undo records of what was applied, in apply order.
     :param pins: DRA device name -> the physical device's UUID when it was prepared (GPU or MIG UUID), so a
         device name that later resolves to another GPU is never handed to the claim.
+    :param shares: DRA device name -> ``shareID`` of the devices the claim holds a consumable share of.
     """
 
     spec: str
     undo: tuple[UndoRecord, ...] = ()
     pins: Mapping[str, str] = field(default_factory=dict)
+    shares: Mapping[str, str] = field(default_factory=dict)
 
 
-def _payload(spec: Path | str, records: Sequence[UndoRecord], pins: Mapping[str, str] | None = None) -> str:
+def _payload(spec: Path | str, records: Sequence[UndoRecord], pins: Mapping[str, str] | None = None,
+             shares: Mapping[str, str] | None = None) -> str:
     doc: dict[str, Any] = {"v": PAYLOAD_VERSION, "spec": str(spec), "undo": [r.to_json() for r in records]}
     if pins:
         doc["pins"] = dict(pins)
+    if shares:
+        doc["shares"] = dict(shares)
     return json.dumps(doc, separators=(",", ":"), sort_keys=True)
+
+
+def _shares_of(held: Sequence[HeldDevice]) -> dict[str, str]:
+    return {h.device: h.share_id or "" for h in held if h.shared}
+
+
+def held_devices(record: ClaimRecord) -> tuple[HeldDevice, ...]:
+    """The devices of a stored claim with their consumable shares restored from its payload."""
+    try:
+        shares = read_payload(record.payload).shares
+    except ValueError:
+        return record.devices
+    if not shares:
+        return record.devices
+    return tuple(
+        dataclasses.replace(d, admin_access=False, shared=True, share_id=shares[d.device] or None)
+        if d.device in shares else d
+        for d in record.devices
+    )
 
 
 def read_payload(payload: bytes | str) -> StoredPayload:
@@ -145,10 +170,12 @@ def read_payload(payload: bytes | str) -> StoredPayload:
         return StoredPayload(text)
     doc = json.loads(text)
     if not isinstance(doc, dict) or not isinstance(doc.get("undo", []), list) \
-            or not isinstance(doc.get("pins", {}), dict):
+            or not isinstance(doc.get("pins", {}), dict) or not isinstance(doc.get("shares", {}), dict):
         raise ValueError(f"claim payload {text[:80]!r} is not a payload document")
     pins = {str(k): str(v) for k, v in doc.get("pins", {}).items()}
-    return StoredPayload(str(doc.get("spec", "")), tuple(UndoRecord.from_json(r) for r in doc.get("undo", [])), pins)
+    shares = {str(k): str(v) for k, v in doc.get("shares", {}).items()}
+    return StoredPayload(str(doc.get("spec", "")), tuple(UndoRecord.from_json(r) for r in doc.get("undo", [])), pins,
+                         shares)
 
 
 def _pin_of(device: object) -> str | None:
@@ -389,8 +416,8 @@ class BatchRunner:
                         for work in todo:
                             if not work.error:
                                 pins = {p.device: pin for p in work.plans if (pin := _pin_of(p.entry))}
-                                self.state.prepare_completed(work.uid, payload=_payload(self.spec_path(work.uid),
-                                                                                        work.applied, pins))
+                                self.state.prepare_completed(work.uid, payload=_payload(
+                                    self.spec_path(work.uid), work.applied, pins, _shares_of(work.held)))
                                 done.append(work)
                         for work in failed:
                             out[work.uid] = ClaimResult(error=work.error)
@@ -418,7 +445,7 @@ class BatchRunner:
         adopted = record is not None and not record.namespace and not record.name
         if record is not None and record.phase is ClaimPhase.PREPARE_COMPLETED and not adopted:
             self._ensure_spec(record)
-            return ClaimResult(devices=tuple(d.to_prepared() for d in record.devices))
+            return ClaimResult(devices=tuple(d.to_prepared() for d in held_devices(record)))
         # New, half-prepared (its stale records are undone before the new apply), or adopted from a CDI spec
         # after state damage (request names unknown): prepare from the claim itself; the devices it already
         # holds count as its own in the conflict check.
@@ -426,7 +453,7 @@ class BatchRunner:
         work = self._plan(claim)
         work.stale = stale
         self.state.prepare_started(ref.uid, namespace=ref.namespace, name=ref.name, devices=work.held,
-                                   payload=_payload(self.spec_path(ref.uid), stale))
+                                   payload=_payload(self.spec_path(ref.uid), stale, shares=_shares_of(work.held)))
         return work
 
     def _plan(self, claim: Claim) -> _Work:
@@ -458,6 +485,8 @@ class BatchRunner:
                 other = self.state.get(holder)
                 who = f"{other.namespace}/{other.name} (uid {holder})" if other else f"uid {holder}"
                 raise ClaimError(ref, f"device {name!r} is already prepared for claim {who}")
+        # (A consumable share never enters the holder index, so shares of one device never conflict; a device
+        # held exclusively still refuses a share.)
         # Opaque configs: decoded, selected and validated per result before anything is written.
         groups: list[ConfigGroup] = []
         group_of: dict[str, ConfigGroup] = {}
@@ -478,6 +507,8 @@ class BatchRunner:
                 device=plan.device,
                 cdi_device_ids=(self.identity.cdi.device_id(ref.uid, plan.device),),
                 admin_access=plan.admin_access,
+                shared=plan.shared,
+                share_id=plan.share_id,
             )
             for plan in plans
         ]
@@ -516,7 +547,8 @@ class BatchRunner:
             for work in effectful:
                 self.state.prepare_started(work.uid, namespace=work.claim.ref.namespace, name=work.claim.ref.name,
                                            devices=work.held,
-                                           payload=_payload(self.spec_path(work.uid), work.stale + work.applied))
+                                           payload=_payload(self.spec_path(work.uid), work.stale + work.applied,
+                                                            shares=_shares_of(work.held)))
 
     def _apply_one(self, work: _Work) -> None:
         """Undo stale records of an earlier attempt, then apply device plans and sharing steps in order.
@@ -568,7 +600,8 @@ class BatchRunner:
             if left:
                 ref = work.claim.ref
                 self.state.prepare_started(ref.uid, namespace=ref.namespace, name=ref.name, devices=work.held,
-                                           payload=_payload(self.spec_path(ref.uid), left))
+                                           payload=_payload(self.spec_path(ref.uid), left,
+                                                            shares=_shares_of(work.held)))
                 log.error("claim %s: %d undo record(s) kept for the next unprepare or start", ref, len(left))
             else:
                 self.state.remove(work.uid)
