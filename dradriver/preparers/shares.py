@@ -69,7 +69,8 @@ RecordSource = Callable[[], Iterable[UndoRecord]]
 class SharedDevicePreparer:
     """Prepares consumable shares of full GPUs and MIG devices (module docstring), kind ``gpu-share``.
 
-    :param mode: the ``--consumable-shares`` mode (enabled).
+    :param mode: the ``--consumable-shares`` mode. When ``disabled`` the preparer handles no device but still
+        undoes the share records of claims prepared while the mode was on (the plugin restarted without it).
     :param nodes: device-node lookup for the device's own CDI edits.
     :param daemons: starts and stops the MPS control daemons.
     :param stored_records: reads every stored undo record (the claim state), loaded once before the first apply
@@ -81,8 +82,6 @@ class SharedDevicePreparer:
 
     def __init__(self, mode: ShareMode, nodes: DeviceNodeInfo, daemons: MpsDaemonControl,
                  stored_records: RecordSource) -> None:
-        if not mode.enabled:
-            raise ValueError("SharedDevicePreparer needs an enabled --consumable-shares mode")
         self.mode = mode
         self.nodes = nodes
         self.daemons = daemons
@@ -109,8 +108,8 @@ class SharedDevicePreparer:
 
     # ------------------------------------------------------------------------------------ preparer
     def handles(self, device: object) -> bool:
-        """True for full GPUs and MIG devices (all are published multi-allocatable in this mode)."""
-        return type(device) in (GpuDevice, MigDevice)
+        """With consumable shares on: true for full GPUs and MIG devices (all are published multi-allocatable)."""
+        return self.mode.enabled and type(device) in (GpuDevice, MigDevice)
 
     def plan(self, claim: Claim, device: object, results: Sequence[AllocationResult],
              group: ConfigGroup | None) -> DevicePlan:
