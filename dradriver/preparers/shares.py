@@ -8,10 +8,12 @@ KEP-5075). NVIDIA's driver stops there: it enforces nothing on the node and refu
 ``gpu-share``) prepares such a share:
 
 * **plan** (pure): the claim's ``consumedCapacity`` of the device becomes its MPS client limits
-  (:func:`dradriver.domain.shares.share_limits`); a user ``MPS`` or ``TimeSlicing`` config on a shared device is
-  refused (the device's MPS daemon belongs to all its shares; time-slicing would change the compute mode under it);
-* **apply**: the claim becomes a user of the device's daemon, ``share-<sha256(device UUID)[:12]>``; the first
-  user starts it through :class:`~dradriver.domain.ports.MpsDaemonControl` (compute mode ``EXCLUSIVE_PROCESS`` on a
+  (:func:`dradriver.domain.shares.share_limits`); a user ``MPS`` config is refused (NVIDIA's refusal with
+  consumable shares; the share needs none); a share whose config selects ``TimeSlicing`` is time-sliced as in
+  NVIDIA's driver (the time-slicing step sets the interval) and gets no daemon and no limits;
+* **apply**: the shares of one device must have equal normalised configs (NVIDIA's rule for overlapping
+  prepared devices), so one device is either MPS-shared or time-sliced; an MPS share makes the claim a user of
+  the device's daemon, ``share-<sha256(device UUID)[:12]>``; the first user starts it through :class:`~dradriver.domain.ports.MpsDaemonControl` (compute mode ``EXCLUSIVE_PROCESS`` on a
   full GPU, multi-user mode when the GPU's CUDA compute capability is at least 7.0, since the claims' pods may run
   as different users) and waits until it is ready;
 * **edits**: the device's nodes, ``CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps``, the daemon's pipe directory and
@@ -34,6 +36,7 @@ import hashlib
 import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from dradriver.domain import configs
@@ -86,25 +89,26 @@ class SharedDevicePreparer:
         self.nodes = nodes
         self.daemons = daemons
         self._stored_records = stored_records
-        self._users: dict[str, set[str]] | None = None
+        self._users: dict[str, _Users] | None = None
         self._guard = threading.Lock()
         self._locks: dict[str, threading.Lock] = {}
 
     # ------------------------------------------------------------------------------------ ownership
-    def users(self, daemon: str) -> frozenset[str]:
-        """Claim UIDs whose shares use ``daemon`` now."""
+    def users(self, uuid: str) -> frozenset[str]:
+        """Claim UIDs holding a share of the device with GPU or MIG UUID ``uuid`` now."""
         with self._guard:
-            return frozenset(self._index().get(daemon, ()))
+            entry = self._index().get(uuid)
+            return frozenset(entry.claims) if entry else frozenset()
 
-    def _index(self) -> dict[str, set[str]]:
-        """Daemon ID -> claim UIDs; loaded from the claim state on first use (call with ``_guard`` held)."""
+    def _index(self) -> dict[str, _Users]:
+        """Device UUID -> its shares; loaded from the claim state on first use (call with ``_guard`` held)."""
         if self._users is None:
             self._users = _owners(self._stored_records())
         return self._users
 
-    def _lock(self, daemon: str) -> threading.Lock:
+    def _lock(self, uuid: str) -> threading.Lock:
         with self._guard:
-            return self._locks.setdefault(daemon, threading.Lock())
+            return self._locks.setdefault(uuid, threading.Lock())
 
     # ------------------------------------------------------------------------------------ preparer
     def handles(self, device: object) -> bool:
@@ -113,21 +117,25 @@ class SharedDevicePreparer:
 
     def plan(self, claim: Claim, device: object, results: Sequence[AllocationResult],
              group: ConfigGroup | None) -> DevicePlan:
-        """The share's daemon and limits from its allocation result.
+        """The share's daemon and limits from its allocation result and config.
+
+        A share whose config selects ``TimeSlicing`` is a time-sliced share (NVIDIA's consumable-shares
+        behaviour: the time-slicing step sets the interval, no MPS daemon, no limits); any other share runs under
+        the device's MPS daemon with its own limits.
 
         :raises ClaimError: the result has no ``shareID`` (allocated without consumable shares), the claim holds
-            two shares of the device, ``consumedCapacity`` does not fit the device, or the device's config selects
-            MPS or TimeSlicing (refused with consumable shares; NVIDIA refuses MPS the same way).
+            two shares of the device, ``consumedCapacity`` does not fit the device, or the config selects MPS
+            (NVIDIA's refusal with consumable shares: the share's MPS daemon needs no user MPS config).
         """
         assert isinstance(device, GpuDevice | MigDevice)
         index = {id(r): i for i, r in enumerate(claim.results)}
         where = [f"status.allocation.devices.results[{index.get(id(r), '?')}]" for r in results]
+        names = tuple(dict.fromkeys(base_request_name(r.request) for r in results))
         shares = [r for r in results if not r.admin_access]
         if not shares:  # admin access only: the device without a share (monitoring tools)
-            names = tuple(dict.fromkeys(base_request_name(r.request) for r in results))
             return DevicePlan(kind=self.kind, device=device.name, entry=device, request_names=names,
                               admin_access=True, results=tuple(results), group=group,
-                              details={"daemon": "", "uuid": device.uuid, "limits": {}})
+                              details={"uuid": device.uuid, "daemon": "", "limits": {}, "config": ""})
         if len(shares) > 1:
             raise ClaimError(claim.ref, f"{where[0]} and {where[1]}: two shares of device {device.name!r} in one "
                                         "claim; a container reaches one MPS daemon per device, ask for one share")
@@ -137,22 +145,22 @@ class SharedDevicePreparer:
             raise ClaimError(claim.ref, f"{at}.shareID: missing, but device {device.name!r} is published for "
                                         f"consumable shares (--consumable-shares={self.mode}); the claim was "
                                         "allocated without them: delete and re-create it")
-        if group is not None and group.plan.strategy in (configs.MPS, configs.TIME_SLICING):
-            message = ("MPS sharing is not supported when consumable shares is enabled: every share of the GPU "
-                       "already runs under its own MPS limits" if group.plan.strategy == configs.MPS else
-                       "TimeSlicing is not supported with consumable shares: the GPU is shared through MPS, and a "
-                       "time-slice setting would change its compute mode under the other shares")
-            raise ClaimError(claim.ref, f"{group.entry.parameters_at}.sharing.strategy: {message}")
+        strategy = group.plan.strategy if group is not None else None
+        if group is not None and strategy == configs.MPS:
+            raise ClaimError(claim.ref, f"{group.entry.parameters_at}.sharing.strategy: MPS sharing is not supported "
+                                        "when consumable shares is enabled (each share of the GPU already runs under "
+                                        "its own MPS limits, derived from its consumedCapacity)")
         try:
             limits = share_limits(self.mode, result.consumed(), device.memory_bytes)
         except ValueError as exc:
             raise ClaimError(claim.ref, f"{at}.consumedCapacity: {exc}") from None
-        names = tuple(dict.fromkeys(base_request_name(r.request) for r in results))
+        time_sliced = strategy == configs.TIME_SLICING
         return DevicePlan(kind=self.kind, device=device.name, entry=device, request_names=names,
                           admin_access=False, results=tuple(results), group=group, shared=True,
                           share_id=result.share_id,
-                          details={"daemon": daemon_id(device.uuid), "uuid": device.uuid,
-                                   "limits": limits.to_json()})
+                          details={"uuid": device.uuid, "daemon": "" if time_sliced else daemon_id(device.uuid),
+                                   "limits": {} if time_sliced else limits.to_json(),
+                                   "config": config_fingerprint(group)})
 
     def _spec(self, device: GpuDevice | MigDevice, daemon: str) -> MpsDaemonSpec:
         gpu = device if isinstance(device, GpuDevice) else device.parent
@@ -161,38 +169,49 @@ class SharedDevicePreparer:
                              multi_user=tuple(gpu.cuda_compute_capability) >= MULTI_USER_MIN_CC)
 
     def apply(self, claim: ClaimRef, plan: DevicePlan) -> UndoRecord:
-        """Make the claim a user of the device's daemon, starting it for the first user (the daemon's start undoes
-        itself when it fails). Later shares only join: O(1), no API call.
+        """Add the claim to the device's shares (their configs must be equal, NVIDIA's rule for overlapping
+        devices), starting the device's MPS daemon for the first MPS share (the daemon's start undoes itself when
+        it fails). Later shares only join: O(1), no API call.
 
-        :raises DradriverError: the daemon could not be started; the claim is not left a user.
+        :raises ClaimError: another claim's share of the device has a different config.
+        :raises DradriverError: the daemon could not be started; the claim is not left a share.
         """
-        daemon = str(plan.details["daemon"])
-        data: dict[str, Any] = {"claim": claim.uid, "daemon": daemon, "uuid": plan.details["uuid"],
-                                "limits": dict(plan.details["limits"])}
-        if not daemon:
+        details = plan.details
+        uuid, daemon, fingerprint = str(details["uuid"]), str(details["daemon"]), str(details["config"])
+        data: dict[str, Any] = {"claim": claim.uid, "uuid": uuid, "daemon": daemon, "config": fingerprint,
+                                "limits": dict(details["limits"])}
+        if not plan.shared:
             return UndoRecord(self.kind, UNDO_VERSION, plan.device, data)
         device = plan.entry
         assert isinstance(device, GpuDevice | MigDevice)
-        with self._lock(daemon):
+        with self._lock(uuid):
             with self._guard:
-                users = self._index().setdefault(daemon, set())
-                first = not (users - {claim.uid})
-                users.add(claim.uid)
-            if first:
+                entry = self._index().setdefault(uuid, _Users(fingerprint))
+                others = entry.claims - {claim.uid}
+                if others and entry.config != fingerprint:
+                    holders = ", ".join(sorted(others)[:3]) + (", ..." if len(others) > 3 else "")
+                    raise ClaimError(claim, f"device {plan.device!r} is already prepared for claim(s) {holders} "
+                                            "with a different opaque config: consumable shares of one device must "
+                                            "use equal configs")
+                entry.config = fingerprint
+                first = not others
+                entry.claims.add(claim.uid)
+            if first and daemon:
                 try:
                     self.daemons.start(self._spec(device, daemon))
                 except BaseException:
                     with self._guard:
-                        users.discard(claim.uid)
+                        entry.claims.discard(claim.uid)
                     raise
                 log.info("MPS control daemon %s started for the shares of %s (first share: claim %s)", daemon,
                          plan.device, claim)
-        dirs = self.daemons.dirs(daemon)
-        data.update({"pipe": dirs.pipe, "shm": dirs.shm})
+        if daemon:
+            dirs = self.daemons.dirs(daemon)
+            data.update({"pipe": dirs.pipe, "shm": dirs.shm})
         return UndoRecord(self.kind, UNDO_VERSION, plan.device, data)
 
     def edits(self, claim: ClaimRef, plan: DevicePlan, record: UndoRecord) -> ContainerEdits:
-        """The device nodes, the daemon's pipe and shm mounts, and the claim's MPS client limits.
+        """The device nodes, and for an MPS share the daemon's pipe and shm mounts and the claim's MPS limits.
 
         :raises DeviceNodeError: a major or capability minor cannot be found on this host.
         """
@@ -202,52 +221,76 @@ class SharedDevicePreparer:
         return edits + client_edits(record)
 
     def undo(self, claim: ClaimRef, record: UndoRecord) -> None:
-        """The claim stops using its daemon; the daemon stops with its last user. Idempotent.
+        """The claim's share leaves the device; an MPS daemon stops with the last share. Idempotent.
 
-        :raises DradriverError: stopping the daemon failed (the claim stays a user; the undo is retried).
+        :raises DradriverError: stopping the daemon failed (the claim stays a share; the undo is retried).
         """
-        daemon = str(record.data.get("daemon") or "")
-        if not daemon:
+        uuid = str(record.data.get("uuid") or "")
+        if not uuid:
             return
+        daemon = str(record.data.get("daemon") or "")
         uid = str(record.data.get("claim") or claim.uid)
-        with self._lock(daemon):
+        with self._lock(uuid):
             with self._guard:
-                users = self._index().setdefault(daemon, set())
-                users.discard(uid)
-                last = not users
+                entry = self._index().get(uuid)
+                if entry is None or uid not in entry.claims:
+                    return
+                entry.claims.discard(uid)
+                last = not entry.claims
             if not last:
                 return
-            try:
-                self.daemons.stop(daemon)
-            except BaseException:
-                with self._guard:
-                    users.add(uid)
-                raise
+            if daemon:
+                try:
+                    self.daemons.stop(daemon)
+                except BaseException:
+                    with self._guard:
+                        entry.claims.add(uid)
+                    raise
+                log.info("MPS control daemon %s stopped: its last share (claim %s) left %s", daemon, claim,
+                         record.target)
             with self._guard:
-                if not self._index().get(daemon):
-                    self._index().pop(daemon, None)
-        log.info("MPS control daemon %s stopped: its last share (claim %s) left %s", daemon, claim, record.target)
+                if not entry.claims:
+                    self._index().pop(uuid, None)
 
     def sweep(self, known: Sequence[UndoRecord]) -> list[str]:
         """Rebuild the ownership from the stored records and stop every daemon none of them names."""
         owners = _owners(known)
         with self._guard:
             self._users = owners
+        wanted = {daemon_id(uuid) for uuid, entry in owners.items() if entry.daemon}
         removed = []
-        for daemon in sorted(set(self.daemons.running()) - set(owners)):
+        for daemon in sorted(set(self.daemons.running()) - wanted):
             self.daemons.stop(daemon)
             removed.append(f"MPS control daemon {daemon}")
         return removed
 
 
-def _owners(records: Iterable[UndoRecord]) -> dict[str, set[str]]:
-    owners: dict[str, set[str]] = {}
+@dataclass
+class _Users:
+    """The shares of one device: their common config fingerprint and claim UIDs; ``daemon``: they use MPS."""
+
+    config: str
+    claims: set[str] = field(default_factory=set)
+    daemon: bool = False
+
+
+def config_fingerprint(group: ConfigGroup | None) -> str:
+    """A digest of the normalised config of a share (equal configs, equal digests)."""
+    if group is None:
+        return ""
+    return hashlib.sha256(repr(group.config).encode()).hexdigest()[:16]
+
+
+def _owners(records: Iterable[UndoRecord]) -> dict[str, _Users]:
+    owners: dict[str, _Users] = {}
     for record in records:
         if record.kind != KIND:
             continue
-        daemon, uid = record.data.get("daemon"), record.data.get("claim")
-        if isinstance(daemon, str) and daemon and isinstance(uid, str):
-            owners.setdefault(daemon, set()).add(uid)
+        uuid, uid = record.data.get("uuid"), record.data.get("claim")
+        if isinstance(uuid, str) and uuid and isinstance(uid, str):
+            entry = owners.setdefault(uuid, _Users(str(record.data.get("config") or "")))
+            entry.claims.add(uid)
+            entry.daemon = entry.daemon or bool(record.data.get("daemon"))
     return owners
 
 
