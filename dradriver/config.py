@@ -18,6 +18,7 @@ from dradriver.domain.featuregates import FeatureGateError, FeatureGates, parse_
 from dradriver.domain.identity import GPU_DRIVER
 from dradriver.errors import FlagError
 from dradriver.host.driverfiles import DEFAULT_CDI_HOOK_PATH
+from dradriver.host.mounts import MountCommands
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +46,9 @@ class Flag:
 
 PLUGIN_FLAGS: tuple[Flag, ...] = (
     Flag("--node-name", "NODE_NAME", None, "Kubernetes Node this plugin serves; also the pool name."),
+    Flag("--namespace", "NAMESPACE", "default", "Namespace of the plugin, where MPS control daemon Deployments run."),
+    Flag("--image-name", "IMAGE_NAME", "", "The plugin's image, run by the MPS control daemon Deployments; required "
+         "with the MPSSupport feature gate."),
     Flag("--kubeconfig", "KUBECONFIG", "", "kubeconfig file; empty means in-cluster configuration.", "path"),
     Flag("--cdi-root", "CDI_ROOT", "/var/run/cdi", "Directory for the per-claim CDI spec files.", "path"),
     Flag(
@@ -227,6 +231,8 @@ class PluginConfig:
     """Validated kubelet-plugin settings; derived paths are properties so they live in one place."""
 
     node_name: str
+    namespace: str = "default"
+    image_name: str = ""
     cdi_root: Path = Path("/var/run/cdi")
     kubelet_registrar_directory_path: Path = Path("/var/lib/kubelet/plugins_registry")
     kubelet_plugins_directory_path: Path = Path("/var/lib/kubelet/plugins")
@@ -252,6 +258,9 @@ class PluginConfig:
     log_format: str = "text"
     feature_gates: FeatureGates = field(default_factory=FeatureGates)
     driver_name: str = field(default=GPU_DRIVER.driver_name)
+    mounts: MountCommands = field(default_factory=MountCommands)
+    """How tmpfs is mounted (MPS shm directories): the system's ``mount``/``umount``; the sandbox may give
+    stand-ins. Not a flag."""
 
     @property
     def plugin_dir(self) -> Path:
@@ -269,6 +278,11 @@ class PluginConfig:
         """``<registrar dir>/<driver>-reg.sock``, or ``<driver>-<podUID>-reg.sock`` with a pod UID."""
         name = f"{self.driver_name}-{self.pod_uid}-reg.sock" if self.pod_uid else f"{self.driver_name}-reg.sock"
         return self.kubelet_registrar_directory_path / name
+
+    @property
+    def mps_root(self) -> Path:
+        """``<plugin dir>/mps``: one directory per MPS control daemon (``pipe``, ``shm``, ``log``)."""
+        return self.plugin_dir / "mps"
 
     @property
     def boot_id_path(self) -> Path:
@@ -317,8 +331,16 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
     hook_path = args.nvidia_cdi_hook_path or DEFAULT_CDI_HOOK_PATH
     if not hook_path.startswith("/"):
         raise FlagError(f"--nvidia-cdi-hook-path (env NVIDIA_CDI_HOOK_PATH) {hook_path!r} is not an absolute path")
+    gates = _gates(args.feature_gates)
+    if gates.mps_support and not args.image_name:
+        raise FlagError("--image-name (env IMAGE_NAME) is required with the MPSSupport feature gate: MPS control "
+                        "daemon Deployments run the plugin's image")
+    if not args.namespace:
+        raise FlagError("--namespace (env NAMESPACE) must not be empty")
     return PluginConfig(
         node_name=args.node_name,
+        namespace=args.namespace,
+        image_name=args.image_name,
         cdi_root=Path(args.cdi_root),
         kubelet_registrar_directory_path=Path(args.kubelet_registrar_directory_path),
         kubelet_plugins_directory_path=Path(args.kubelet_plugins_directory_path),
@@ -343,7 +365,7 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         ignore_device_plugin=args.ignore_device_plugin,
         log_level=args.log_level,
         log_format=args.log_format,
-        feature_gates=_gates(args.feature_gates),
+        feature_gates=gates,
     )
 
 
