@@ -19,6 +19,7 @@ from dradriver.domain.identity import GPU_DRIVER
 from dradriver.domain.shares import ShareMode, ShareModeError, parse_share_mode
 from dradriver.errors import FlagError
 from dradriver.host.driverfiles import DEFAULT_CDI_HOOK_PATH
+from dradriver.host.mounts import MountCommands
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +47,9 @@ class Flag:
 
 PLUGIN_FLAGS: tuple[Flag, ...] = (
     Flag("--node-name", "NODE_NAME", None, "Kubernetes Node this plugin serves; also the pool name."),
+    Flag("--namespace", "NAMESPACE", "default", "Namespace of the plugin, where MPS control daemon Deployments run."),
+    Flag("--image-name", "IMAGE_NAME", "", "The plugin's image, run by the MPS control daemon Deployments; required "
+         "with the MPSSupport feature gate."),
     Flag("--kubeconfig", "KUBECONFIG", "", "kubeconfig file; empty means in-cluster configuration.", "path"),
     Flag("--cdi-root", "CDI_ROOT", "/var/run/cdi", "Directory for the per-claim CDI spec files.", "path"),
     Flag(
@@ -236,6 +240,8 @@ class PluginConfig:
     """Validated kubelet-plugin settings; derived paths are properties so they live in one place."""
 
     node_name: str
+    namespace: str = "default"
+    image_name: str = ""
     cdi_root: Path = Path("/var/run/cdi")
     kubelet_registrar_directory_path: Path = Path("/var/lib/kubelet/plugins_registry")
     kubelet_plugins_directory_path: Path = Path("/var/lib/kubelet/plugins")
@@ -262,6 +268,9 @@ class PluginConfig:
     feature_gates: FeatureGates = field(default_factory=FeatureGates)
     consumable_shares: ShareMode = field(default_factory=ShareMode)
     driver_name: str = field(default=GPU_DRIVER.driver_name)
+    mounts: MountCommands = field(default_factory=MountCommands)
+    """How tmpfs is mounted (MPS shm directories): the system's ``mount``/``umount``; the sandbox may give
+    stand-ins. Not a flag."""
 
     @property
     def plugin_dir(self) -> Path:
@@ -279,6 +288,11 @@ class PluginConfig:
         """``<registrar dir>/<driver>-reg.sock``, or ``<driver>-<podUID>-reg.sock`` with a pod UID."""
         name = f"{self.driver_name}-{self.pod_uid}-reg.sock" if self.pod_uid else f"{self.driver_name}-reg.sock"
         return self.kubelet_registrar_directory_path / name
+
+    @property
+    def mps_root(self) -> Path:
+        """``<plugin dir>/mps``: one directory per MPS control daemon (``pipe``, ``shm``, ``log``)."""
+        return self.plugin_dir / "mps"
 
     @property
     def boot_id_path(self) -> Path:
@@ -332,8 +346,18 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         raise FlagError(str(exc)) from None
     if not hook_path.startswith("/"):
         raise FlagError(f"--nvidia-cdi-hook-path (env NVIDIA_CDI_HOOK_PATH) {hook_path!r} is not an absolute path")
+    if gates.mps_support and not args.image_name:
+        raise FlagError("--image-name (env IMAGE_NAME) is required with the MPSSupport feature gate: MPS control "
+                        "daemon Deployments run the plugin's image")
+    if shares.enabled and not args.image_name:
+        raise FlagError(f"--image-name (env IMAGE_NAME) is required with --consumable-shares={shares}: the MPS "
+                        "control daemon of each shared GPU is a Deployment running the plugin's image")
+    if not args.namespace:
+        raise FlagError("--namespace (env NAMESPACE) must not be empty")
     return PluginConfig(
         node_name=args.node_name,
+        namespace=args.namespace,
+        image_name=args.image_name,
         cdi_root=Path(args.cdi_root),
         kubelet_registrar_directory_path=Path(args.kubelet_registrar_directory_path),
         kubelet_plugins_directory_path=Path(args.kubelet_plugins_directory_path),

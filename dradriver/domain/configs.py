@@ -70,9 +70,13 @@ TIME_SLICE_INTERVALS = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
 
 MIB = 1024 * 1024
 
+MPS_WITH_CONSUMABLE_SHARES = "MPS sharing is not supported when consumable shares is enabled"
+MPS_WITH_DYNAMIC_MIG = "MPS is not yet supported when using featureGates.DynamicMIG=true"
+"""NVIDIA's refusals of the MPS strategy (``nvidia-dra-driver-updates.md`` 2a), at ``sharing.strategy``."""
+
 _NOT_IMPLEMENTED = {
     TIME_SLICING: "this driver does not implement time-slicing yet",
-    MPS: "this driver does not implement MPS yet",
+    MPS: "enable it with --feature-gates=MPSSupport=true",
 }
 _INTEGER_KEY = re.compile(r"[+-]?[0-9]+")
 
@@ -295,9 +299,10 @@ def _gate_error(strategy: str, gate: str) -> str:
 def validate(config: DeviceConfig, gates: FeatureGates = DEFAULT_GATES, where: str = "parameters") -> None:
     """Check a normalised config (NVIDIA ``Validate``).
 
-    :raises DeviceConfigError: at ``<where>.sharing.strategy``: a strategy whose gate is off ("%q is selected as the
-        GPU sharing strategy, but the %q feature gate is not enabled") or an unknown one ("unknown GPU sharing
-        strategy"); at ``...timeSlicingConfig.interval``: not ``Default|Short|Medium|Long``; at
+    :raises DeviceConfigError: at ``<where>.sharing.strategy``: a strategy whose gate is off ("%q is selected as
+        the GPU sharing strategy, but the %q feature gate is not enabled"), an unknown one ("unknown GPU sharing
+        strategy"), MPS with the ConsumableShares or DynamicMIG gate on (NVIDIA's wording); at
+        ``...timeSlicingConfig.interval``: not ``Default|Short|Medium|Long``; at
         ``...mpsConfig.defaultActiveThreadPercentage``: outside 0..100.
     """
     sharing = config.sharing
@@ -310,6 +315,10 @@ def validate(config: DeviceConfig, gates: FeatureGates = DEFAULT_GATES, where: s
     elif sharing.strategy == MPS:
         if not gates.mps_support:
             raise DeviceConfigError(f"{at}.strategy", _gate_error(MPS, MPS_SUPPORT))
+        if gates.consumable_shares:
+            raise DeviceConfigError(f"{at}.strategy", MPS_WITH_CONSUMABLE_SHARES)
+        if gates.dynamic_mig:
+            raise DeviceConfigError(f"{at}.strategy", MPS_WITH_DYNAMIC_MIG)
     else:
         raise DeviceConfigError(f"{at}.strategy", f"unknown GPU sharing strategy: {sharing.strategy}, supported GPU "
                                             f"sharing strategies: {TIME_SLICING}, {MPS}")

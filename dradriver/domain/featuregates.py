@@ -80,7 +80,7 @@ _NO = Support.NOT_IMPLEMENTED
 
 GATES: tuple[Gate, ...] = (
     Gate(TIME_SLICING_SETTINGS, False, "Alpha (0.2)", "GpuConfig time-slice intervals; TimeSlicing validation", _NO),
-    Gate(MPS_SUPPORT, False, "Alpha (0.2)", "MPS sharing strategy and its control daemons", _NO),
+    Gate(MPS_SUPPORT, False, "Alpha (0.2)", "MPS sharing strategy and its control daemons", Support.IMPLEMENTED),
     Gate(IMEX_DAEMONS_WITH_DNS_NAMES, True, "Beta (0.2)", "DNS-named IMEX peers through /etc/hosts", _NO),
     Gate(PASSTHROUGH_SUPPORT, False, "Alpha (0.3)", "VFIO passthrough devices", _NO),
     Gate(DYNAMIC_MIG, False, "Alpha (0.3)", "MIG instances created at prepare; partitionable devices", _NO),

@@ -185,9 +185,15 @@ class SharingStep(Protocol):
     strategy: str | None
     side_effects: bool
 
-    def apply(self, claim: ClaimRef, group: ConfigGroup, devices: Sequence[object]) -> UndoRecord:
+    def apply(self, claim: ClaimRef, group: ConfigGroup, devices: Sequence[object], *,
+              deadline: float | None = None) -> UndoRecord:
         """Apply the group's sharing plan to ``devices`` (the registry entries of ``group.devices``).
 
+        Must leave nothing behind when it raises.
+
+        :param deadline: ``time.monotonic()`` value by which the step must be done (the kubelet's deadline less
+            the runner's margin; ``None``: no bound from the caller). A step that waits (an MPS control daemon's
+            readiness) waits at most until then.
         :raises DradriverError: the step failed.
         """
         ...
@@ -202,6 +208,11 @@ class SharingStep(Protocol):
 
         :raises DradriverError: the undo failed.
         """
+        ...
+
+    def sweep(self, known: Sequence[UndoRecord]) -> list[str]:
+        """At start: remove side effects of this step that no stored record of its kind knows (a crash between
+        the side effect and storing its record); return what was removed."""
         ...
 
 

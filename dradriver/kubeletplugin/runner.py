@@ -108,6 +108,8 @@ class _Work:
     stale: list[UndoRecord]
     applied: list[UndoRecord] = field(default_factory=list)
     error: str = ""
+    deadline: float | None = None
+    """``time.monotonic()`` by which its applies must be done (the kubelet's deadline less the runner's margin)."""
 
     @property
     def uid(self) -> str:
@@ -311,7 +313,9 @@ class BatchRunner:
                     fetched.append(f"claim {ref}: the API server did not answer the ResourceClaim GET within "
                                    f"{fetch_budget:.1f} s; nothing was prepared (the kubelet retries)")
             items = list(zip(claims, fetched, strict=True))
-            results = await loop.run_in_executor(self._work_pool, self._prepare_all, items, started)
+            apply_deadline = began + max(0.0, budget - self.deadline_margin_s)
+            results = await loop.run_in_executor(self._work_pool, self._prepare_all, items, started,
+                                                 apply_deadline)
         if self.metrics is not None:
             seconds = time.monotonic() - began
             for res in results.values():
@@ -355,18 +359,24 @@ class BatchRunner:
         except Exception as exc:  # one claim's problem is that claim's answer (RecursionError included)
             return _claim_error(ref, exc)
 
-    def _prepare_all(self, items: list[tuple[ClaimRef, Claim | str]], started: int) -> dict[str, ClaimResult]:
-        """Prepare a batch chunk by chunk (:meth:`_prepare_chunk`), taking the lock per chunk."""
+    def _prepare_all(self, items: list[tuple[ClaimRef, Claim | str]], started: int,
+                     deadline: float | None = None) -> dict[str, ClaimResult]:
+        """Prepare a batch chunk by chunk (:meth:`_prepare_chunk`), taking the lock per chunk.
+
+        :param deadline: ``time.monotonic()`` by which side effects must be applied (sharing steps that wait,
+            such as an MPS control daemon's readiness, wait at most until then).
+        """
         out: dict[str, ClaimResult] = {}
         try:
             for i in range(0, len(items), self.chunk_size):
-                out.update(self._prepare_chunk(items[i:i + self.chunk_size], started))
+                out.update(self._prepare_chunk(items[i:i + self.chunk_size], started, deadline))
         finally:
             with self._lock:  # once per batch: the views walk every stored claim
                 self._refresh_views()
         return out
 
-    def _prepare_chunk(self, items: list[tuple[ClaimRef, Claim | str]], started: int) -> dict[str, ClaimResult]:
+    def _prepare_chunk(self, items: list[tuple[ClaimRef, Claim | str]], started: int,
+                       deadline: float | None = None) -> dict[str, ClaimResult]:
         """Prepare a chunk in phases, so its durability costs O(1) syncs of the claim state.
 
         1. under one group commit: check and plan every claim, record the valid ones PREPARE_STARTED (one sync);
@@ -399,6 +409,7 @@ class BatchRunner:
                             if isinstance(answer, ClaimResult):
                                 out[ref.uid] = answer
                             else:
+                                answer.deadline = deadline
                                 todo.append(answer)
                     self._apply_all(todo)
                     ready = [w for w in todo if not w.error]
@@ -565,7 +576,7 @@ class BatchRunner:
             for group in work.groups:
                 step = self.sharing[group.plan.strategy]
                 devices = [self.registry.get(name) for name in group.devices]
-                work.applied.append(step.apply(ref, group, devices))
+                work.applied.append(step.apply(ref, group, devices, deadline=work.deadline))
         except Exception as exc:
             work.error = _claim_error(ref, exc)
 
@@ -855,10 +866,11 @@ class BatchRunner:
                         known_records.setdefault(undo.kind, []).append(undo)
                 except ValueError as exc:
                     log.error("claim %s: unreadable undo records: %s", record.ref, exc)
-            for preparer in self.preparers:
-                for what in preparer.sweep(known_records.get(preparer.kind, [])):
-                    swept.append(f"{preparer.kind}:{what}")
-                    log.warning("removed %s %s that no prepared claim owns", preparer.kind, what)
+            sweepers: list[DevicePreparer | SharingStep] = [*self.preparers, *self.sharing.values()]
+            for part in sweepers:
+                for what in part.sweep(known_records.get(part.kind, [])):
+                    swept.append(f"{part.kind}:{what}")
+                    log.warning("removed %s %s that no prepared claim owns", part.kind, what)
             temps = cdifiles.remove_stale_temp_files(self.identity.cdi, self.cdi_root)  # once, so prepares stay O(1)
             if temps:
                 log.warning("removed %d temporary CDI file(s) a crashed write left behind", temps)

@@ -13,9 +13,10 @@ KEP-5075). NVIDIA's driver stops there: it enforces nothing on the node and refu
   NVIDIA's driver (the time-slicing step sets the interval) and gets no daemon and no limits;
 * **apply**: the shares of one device must have equal normalised configs (NVIDIA's rule for overlapping
   prepared devices), so one device is either MPS-shared or time-sliced; an MPS share makes the claim a user of
-  the device's daemon, ``share-<sha256(device UUID)[:12]>``; the first user starts it through :class:`~dradriver.domain.ports.MpsDaemonControl` (compute mode ``EXCLUSIVE_PROCESS`` on a
-  full GPU, multi-user mode when the GPU's CUDA compute capability is at least 7.0, since the claims' pods may run
-  as different users) and waits until it is ready;
+  the device's daemon, ``share-<sha256(device UUID)[:12]>``; the first user starts it through
+  :class:`~dradriver.domain.ports.MpsDaemonControl` (:class:`ShareDaemons` over the MPS control-daemon
+  component: compute mode ``EXCLUSIVE_PROCESS`` on a full GPU, multi-user mode when the GPU's CUDA compute
+  capability is at least 7.0, since the claims' pods may run as different users) and waits until it is ready;
 * **edits**: the device's nodes, ``CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps``, the daemon's pipe directory and
   shm bind-mounted there and at ``/dev/shm`` (NVIDIA's MPS workload edits), and the claim's own
   ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` and ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``;
@@ -35,19 +36,21 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dradriver.domain import configs
+from dradriver.domain import configs, mps
 from dradriver.domain.cdi import ContainerEdits, Mount
 from dradriver.domain.claims import AllocationResult, Claim, ClaimError, ClaimRef, base_request_name
 from dradriver.domain.configs import ConfigGroup
 from dradriver.domain.devices import GpuDevice, MigDevice
-from dradriver.domain.ports import DevicePlan, MpsDaemonControl, MpsDaemonSpec, UndoRecord
+from dradriver.domain.ports import DevicePlan, MpsDaemonControl, MpsDaemonDirs, MpsDaemonSpec, UndoRecord
 from dradriver.domain.shares import ShareLimits, ShareMode, share_limits
 from dradriver.errors import DradriverError
 from dradriver.host.devicenodes import DeviceNodeInfo, device_edits
+from dradriver.preparers.mps import ControlDaemons
 
 log = logging.getLogger(__name__)
 
@@ -311,3 +314,41 @@ def client_edits(record: UndoRecord) -> ContainerEdits:
         Mount(str(data["pipe"]), PIPE_DIRECTORY, MOUNT_OPTIONS),
     )
     return ContainerEdits(env=(f"CUDA_MPS_PIPE_DIRECTORY={PIPE_DIRECTORY}", *limits.env()), mounts=mounts)
+
+
+class ShareDaemons:
+    """:class:`~dradriver.domain.ports.MpsDaemonControl` over the MPS control-daemon component
+    (:class:`dradriver.preparers.mps.ControlDaemons`), for the daemons of shared devices.
+
+    The component is given its own root (``<plugins dir>/gpu.nvidia.com/mps-shares``) and Deployment kind label
+    (``share``), so its sweep and the ``MPS`` strategy's never touch each other's daemons. A daemon's
+    ``claim_uid`` label is its own ID (it serves the device, not one claim). Readiness is waited for at most
+    ``wait_s`` seconds, below the runner's prepare deadline.
+    """
+
+    def __init__(self, daemons: ControlDaemons, *, wait_s: float = 30.0) -> None:
+        self.component = daemons
+        self.wait_s = wait_s
+
+    def dirs(self, daemon_id: str) -> MpsDaemonDirs:
+        """``<root>/<id>/pipe`` and ``<root>/<id>/shm``."""
+        directory = self.component.directory(daemon_id)
+        return MpsDaemonDirs(pipe=str(directory / mps.PIPE_DIR), shm=str(directory / mps.SHM_DIR))
+
+    def start(self, spec: MpsDaemonSpec, *, deadline: float | None = None) -> None:
+        """Start the daemon and wait for it (the component undoes a failed start).
+
+        :raises MpsDaemonError: it could not be started or was not ready in time.
+        """
+        daemon = mps.ControlDaemon(spec.daemon_id, spec.daemon_id, tuple(sorted(spec.device_uuids)),
+                                   tuple(sorted(spec.full_gpu_uuids)), multi_user=spec.multi_user)
+        limit = time.monotonic() + self.wait_s
+        self.component.start(daemon, deadline=limit if deadline is None else min(deadline, limit))
+
+    def stop(self, daemon_id: str) -> None:
+        """Stop the daemon (idempotent). :raises MpsDaemonError: a stop step failed."""
+        self.component.stop(daemon_id)
+
+    def running(self) -> list[str]:
+        """IDs of the share daemons with a directory on this node."""
+        return self.component.known()

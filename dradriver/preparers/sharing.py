@@ -27,7 +27,8 @@ class ExclusiveUse:
     strategy: str | None = None
     side_effects = False
 
-    def apply(self, claim: ClaimRef, group: ConfigGroup, devices: Sequence[object]) -> UndoRecord:
+    def apply(self, claim: ClaimRef, group: ConfigGroup, devices: Sequence[object], *,
+              deadline: float | None = None) -> UndoRecord:
         """Nothing to do; the (empty) undo record names the group's devices."""
         return UndoRecord(self.kind, UNDO_VERSION, ",".join(group.devices), {})
 
@@ -38,6 +39,10 @@ class ExclusiveUse:
     def undo(self, claim: ClaimRef, record: UndoRecord) -> None:
         """Nothing to undo."""
 
+    def sweep(self, known: Sequence[UndoRecord]) -> list[str]:
+        """Nothing is ever left behind."""
+        return []
+
 
 class MigTimeSlicing(ExclusiveUse):
     """``TimeSlicing`` on MIG devices: valid in NVIDIA's config API and a documented no-op (a MIG device has no
@@ -46,7 +51,8 @@ class MigTimeSlicing(ExclusiveUse):
     kind = "mig-timeslicing"
     strategy = TIME_SLICING
 
-    def apply(self, claim: ClaimRef, group: ConfigGroup, devices: Sequence[object]) -> UndoRecord:
+    def apply(self, claim: ClaimRef, group: ConfigGroup, devices: Sequence[object], *,
+              deadline: float | None = None) -> UndoRecord:
         """Refuses a group with a full GPU (its time-slicing step is not this one); no-op for MIG devices.
 
         :raises ClaimError: the plan carries a time-slice interval, i.e. the group holds full GPUs.
@@ -54,7 +60,7 @@ class MigTimeSlicing(ExclusiveUse):
         if group.plan.time_slicing is not None:
             raise ClaimError(claim, f"{group.entry.parameters_at}.sharing: time-slicing of full GPUs is not "
                                     "implemented by this plugin")
-        return super().apply(claim, group, devices)
+        return super().apply(claim, group, devices, deadline=deadline)
 
 
 def default_steps() -> tuple[ExclusiveUse, ...]:

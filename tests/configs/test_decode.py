@@ -121,7 +121,7 @@ INVALID: list[tuple[str, dict[str, Any], FeatureGates, str, str]] = [
      "enabled (this driver does not implement time-slicing yet)"),
     ("mps gate off", params(sharing={"strategy": "MPS"}), FeatureGates(), ".sharing.strategy",
      '"MPS" is selected as the GPU sharing strategy, but the "MPSSupport" feature gate is not enabled '
-     "(this driver does not implement MPS yet)"),
+     "(enable it with --feature-gates=MPSSupport=true)"),
     ("mig mps gate off", params("MigDeviceConfig", sharing={"strategy": "MPS"}), FeatureGates(),
      ".sharing.strategy", '"MPS" is selected as the GPU sharing strategy, but the "MPSSupport" feature gate'),
     ("time-slicing gate on, mps gate off", params(sharing={"strategy": "MPS"}),

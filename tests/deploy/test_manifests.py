@@ -39,7 +39,7 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 EXAMPLE_FILES = tuple(sorted(p.name for p in EXAMPLES.glob("*.yaml")))
 
 #: Env vars of the plugin container that come from the downward API, and from which field.
-DOWNWARD = {"NODE_NAME": "spec.nodeName", "POD_UID": "metadata.uid"}
+DOWNWARD = {"NODE_NAME": "spec.nodeName", "POD_UID": "metadata.uid", "NAMESPACE": "metadata.namespace"}
 
 
 def _plugin(target: str) -> Obj:
@@ -53,7 +53,8 @@ def _plugin_config(target: str) -> PluginConfig:
     environ: dict[str, str] = {}
     for name, entry in env_of(_plugin(target)).items():
         if "valueFrom" in entry:
-            environ[name] = {"NODE_NAME": "node-a", "POD_UID": "0b5f4c1e-8d2a-4c55-9a4e-5d1f2e3c4b5a"}[name]
+            environ[name] = {"NODE_NAME": "node-a", "POD_UID": "0b5f4c1e-8d2a-4c55-9a4e-5d1f2e3c4b5a",
+                             "NAMESPACE": "dradriver"}[name]
         else:
             environ[name] = entry["value"]
     parser = argparse.ArgumentParser()

@@ -81,10 +81,14 @@ def test_consumable_shares_gate_is_implemented_with_nvidias_flag() -> None:
     with pytest.raises(FlagError, match=r"--consumable-shares \(env CONSUMABLE_SHARES\)=memory requires the "
                                         "ConsumableShares feature gate"):
         config_from_args(parser.parse_args(["--node-name", "n"]))
-    config = config_from_args(parser.parse_args(["--node-name", "n", "--feature-gates", "ConsumableShares=true"]))
+    with pytest.raises(FlagError, match=r"--image-name \(env IMAGE_NAME\) is required with --consumable-shares=memory"):
+        config_from_args(parser.parse_args(["--node-name", "n", "--feature-gates", "ConsumableShares=true"]))
+    image = ["--image-name", "dradriver:1"]
+    config = config_from_args(parser.parse_args(["--node-name", "n", "--feature-gates", "ConsumableShares=true",
+                                                 *image]))
     assert config.consumable_shares == ShareMode(MEMORY)
     config = config_from_args(parser.parse_args(["--node-name", "n", "--feature-gates", "ConsumableShares=true",
-                                                 "--consumable-shares", "4"]))
+                                                 "--consumable-shares", "4", *image]))
     assert config.consumable_shares == ShareMode(SHARES, 4)
     assert config_from_args(parser.parse_args(["--node-name", "n", "--consumable-shares", "disabled"])) \
         .consumable_shares == ShareMode()
