@@ -2,7 +2,8 @@
 
 Steps, in order (stopped in reverse): compiled hot paths -> plugin and CDI directories -> NVML session ->
 device discovery into the device registry -> the driver's user space for CDI specs -> Kubernetes client and
-this Node -> device-plugin guard -> claim state -> batch runner with the full-GPU and static-MIG preparers,
+this Node -> device-plugin guard -> claim state -> batch runner with the consumable-share (when
+``--consumable-shares`` is on), full-GPU and static-MIG preparers,
 and crash convergence -> health monitor -> metrics endpoint -> gRPC servers -> ResourceSlice publisher.
 """
 
@@ -17,7 +18,7 @@ from typing import Any
 from dradriver import _native
 from dradriver.app import assembly
 from dradriver.config import PluginConfig
-from dradriver.domain import cdi, configs, resourceslices
+from dradriver.domain import cdi, configs, mps, resourceslices
 from dradriver.domain.devices import DeviceIndex, NodeInventory
 from dradriver.domain.faults import DEFAULT_IGNORED_XIDS
 from dradriver.domain.identity import GPU_DRIVER, DriverIdentity
@@ -32,11 +33,13 @@ from dradriver.kube import version
 from dradriver.kube.client import KubeClient
 from dradriver.kubeletplugin import guard
 from dradriver.kubeletplugin.lifecycle import Lifecycle
-from dradriver.kubeletplugin.runner import BatchRunner
-from dradriver.nvml import discovery
+from dradriver.kubeletplugin.runner import BatchRunner, stored_records
+from dradriver.nvml import discovery, settings
 from dradriver.nvml.session import NvmlSession, open_session
 from dradriver.preparers import gpu as gpu_preparers
 from dradriver.preparers.gpu import FullGpuPreparer, StaticMigPreparer
+from dradriver.preparers.mps import ControlDaemons
+from dradriver.preparers.shares import ShareDaemons, SharedDevicePreparer
 from dradriver.preparers.sharing import default_steps
 
 log = logging.getLogger(__name__)
@@ -99,6 +102,23 @@ def driver_edits(config: PluginConfig, driver_version: str) -> cdi.ContainerEdit
                                     hook_path=config.nvidia_cdi_hook_path)
 
 
+def share_daemons(config: PluginConfig, client: KubeClient, session: NvmlSession) -> ShareDaemons:
+    """The MPS control daemons of consumable shares: Deployments ``mps-control-daemon-share-<hash>`` in the plugin's
+    namespace running its image, directories under ``<plugins dir>/gpu.nvidia.com/mps-shares``."""
+    placement = mps.DaemonPlacement(
+        namespace=config.namespace, node_name=config.node_name, image=config.image_name,
+        driver_root=str(config.nvidia_driver_root), directory="",
+        shm_in_driver_root=(config.container_driver_root / "dev" / "shm").is_dir(),
+        feature_gates=config.feature_gates.render(), kind="share")
+
+    def set_compute_mode(uuid: str, mode: str) -> None:
+        settings.set_compute_mode(session, uuid, settings.ComputeMode[mode])
+
+    return ShareDaemons(ControlDaemons(root=config.plugin_dir / "mps-shares", client=client, placement=placement,
+                                       set_compute_mode=set_compute_mode, meminfo=config.proc_root / "meminfo",
+                                       mounts=config.mounts))
+
+
 def supports_informational_taints(client: KubeClient) -> bool:
     """DeviceTaint effect ``None`` exists from Kubernetes 1.35; older servers get no informational taints."""
     try:
@@ -151,11 +171,14 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
 
         metrics = DriverMetrics(node=config.node_name, driver=identity.driver_name)
         nodes = node_info(config)
+        shares = SharedDevicePreparer(config.consumable_shares, nodes,
+                                      share_daemons(config, connection.client, session),
+                                      stored_records=lambda: stored_records(state))
         runner = BatchRunner(
             identity=identity, registry=registry, state=state,
             fetch_claim=assembly.claim_fetcher(identity, connection.client, config),
             cdi_root=config.cdi_root, pool=config.node_name,
-            preparers=(FullGpuPreparer(nodes), StaticMigPreparer(nodes)), sharing=default_steps(),
+            preparers=(shares, FullGpuPreparer(nodes), StaticMigPreparer(nodes)), sharing=default_steps(),
             select_configs=lambda claim, devices: configs.select_configs(claim, devices, config.feature_gates),
             spec_edits=lambda: gpu_preparers.spec_edits(nodes, common),
             metrics=metrics, prepare_deadline_s=float(config.prepare_deadline_seconds),

@@ -180,6 +180,18 @@ def read_payload(payload: bytes | str) -> StoredPayload:
                          shares)
 
 
+def stored_records(state: ClaimState) -> list[UndoRecord]:
+    """Every undo record of every stored claim (unreadable payloads are logged and skipped), for preparers that
+    derive shared ownership from the claim state."""
+    out: list[UndoRecord] = []
+    for record in state.claims().values():
+        try:
+            out.extend(read_payload(record.payload).undo)
+        except ValueError as exc:
+            log.error("claim %s: unreadable undo records: %s", record.ref, exc)
+    return out
+
+
 def _pin_of(device: object) -> str | None:
     """The physical identity of a registry entry: its ``uuid`` (GPU or MIG UUID) when it has one."""
     uuid = getattr(device, "uuid", None)

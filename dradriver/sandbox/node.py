@@ -34,7 +34,8 @@ from types import TracebackType
 from typing import Any
 
 from dradriver.config import PluginConfig
-from dradriver.domain.featuregates import MPS_SUPPORT
+from dradriver.domain.featuregates import CONSUMABLE_SHARES, MPS_SUPPORT
+from dradriver.domain.shares import parse_share_mode
 from dradriver.host.mounts import MountCommands, mount_points
 from dradriver.nvml import mock
 from dradriver.sandbox import standins
@@ -238,6 +239,15 @@ class SandboxNode:
         path set to :attr:`driver_root` (the daemon's Pod mounts it, and runs its ``nvidia-cuda-mps-control``)."""
         base = self.config(feature_gates=self.config().feature_gates.with_gates(**{MPS_SUPPORT: True}),
                            namespace=SANDBOX_NAMESPACE, image_name=SANDBOX_IMAGE, nvidia_driver_root=self.driver_root)
+        return replace(base, **overrides)
+
+    def shares_config(self, mode: str = "memory", **overrides: Any) -> PluginConfig:
+        """:meth:`config` with ``ConsumableShares`` on and ``--consumable-shares=<mode>``, the sandbox's namespace
+        and image, and the driver root's host path set to :attr:`driver_root` (each shared GPU's MPS control
+        daemon Pod mounts it and runs its ``nvidia-cuda-mps-control``)."""
+        base = self.config(feature_gates=self.config().feature_gates.with_gates(**{CONSUMABLE_SHARES: True}),
+                           consumable_shares=parse_share_mode(mode), namespace=SANDBOX_NAMESPACE,
+                           image_name=SANDBOX_IMAGE, nvidia_driver_root=self.driver_root)
         return replace(base, **overrides)
 
     def set_boot_id(self, boot_id: str) -> None:
