@@ -5,10 +5,11 @@ specs on disk, the sandbox running each MPS control daemon Deployment as a local
 kubelet emulator. Each round prepares claims 1..32 (4Gi each, allocated by the scheduler emulator onto the same
 GPU), one NodePrepareResources each, then unprepares them in reverse order, one NodeUnprepareResources each.
 
-Reported, as medians over the rounds: the prepare of the k-th share (k-1 shares already on the GPU) and the
-unprepare with k shares on the GPU. The first share starts the GPU's MPS control daemon and the last unprepare
-stops it, so flatness is judged on the shares that join or leave a running daemon: 32nd / 2nd for prepare and
-32 shares / 2 shares for unprepare (targets <= 1.5); 32nd / 1st is reported beside it.
+Reported: the prepare of the k-th share (k-1 shares already on the GPU) and the unprepare with k shares on the
+GPU. The first share starts the GPU's MPS control daemon and the last unprepare stops it, so flatness is judged
+on shares that join or leave a running daemon, as the median over shares 29-32 against the median over shares
+2-5 (all rounds; one position alone is too noisy on a shared machine), target <= 1.5 for both; the 32nd / 1st
+ratio is reported beside it (the 1st includes the daemon's start).
 """
 
 from __future__ import annotations
@@ -24,15 +25,13 @@ import pytest
 
 from dradriver.app import GpuPlugin, start_plugin
 from dradriver.domain.claims import ClaimRef
-from dradriver.domain.featuregates import parse_feature_gates
-from dradriver.domain.shares import MEMORY, ShareMode
 from dradriver.sandbox import scheduler
 from dradriver.sandbox.kubelet import KubeletEmulator, PluginConnection
 from dradriver.sandbox.node import SandboxNode
 from dradriver.sandbox.profiles import h200_node
 
 SHARES = 32
-ROUNDS = 5
+ROUNDS = 8
 DEVICE_CLASS = {
     "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu.nvidia.com"},
     "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]},
@@ -47,8 +46,8 @@ class SharesHarness:
         self.node = SandboxNode(profile=h200_node(directory, gpus=1))
         assert self.node.api is not None
         self.node.api.create(DEVICE_CLASS)
-        config = self.node.config(log_level="error", feature_gates=parse_feature_gates("ConsumableShares=true"),
-                                  consumable_shares=ShareMode(MEMORY))
+        self.node.run_workloads()
+        config = self.node.shares_config("memory", log_level="error")
         self.plugin: GpuPlugin = self.loop.run_until_complete(start_plugin(config))
         self.kubelet = KubeletEmulator(config.kubelet_registrar_directory_path)
         self.loop.run_until_complete(self.kubelet.__aenter__())
@@ -116,22 +115,29 @@ def test_shares_prepare_unprepare_flat(benchmark: Any, harness: SharesHarness) -
             unprepare[k].append(harness.unprepare(refs[k]))
 
     benchmark.pedantic(run, rounds=ROUNDS, iterations=1)
+
+    def group(samples: list[list[float]], positions: range) -> float:
+        return statistics.median([x for k in positions for x in samples[k]])
+
+    early, late = range(1, 5), range(SHARES - 4, SHARES)  # shares 2-5 and 29-32 (0-based indices)
+    p_early, p_late = group(prepare, early), group(prepare, late)
+    u_early, u_late = group(unprepare, early), group(unprepare, late)
     p = [statistics.median(v) for v in prepare]
     u = [statistics.median(v) for v in unprepare]
     benchmark.extra_info.update(
         scenario="shares_32_on_one_gpu",
         variant="plugin",
         figures={
-            "prepare: 32nd share / 2nd share (flatness)": (round(p[-1] / p[1], 3), "<=", 1.5),
-            "unprepare: with 32 shares / with 2 shares on the GPU (flatness)": (round(u[-1] / u[1], 3), "<=", 1.5),
+            "prepare: shares 29-32 / shares 2-5 (flatness)": (round(p_late / p_early, 3), "<=", 1.5),
+            "unprepare: with 29-32 / with 2-5 shares on the GPU (flatness)": (round(u_late / u_early, 3), "<=", 1.5),
             "prepare: 32nd share / 1st share (the 1st starts the MPS daemon)": (round(p[-1] / p[0], 3), "", None),
             "unprepare: with 32 shares / the last share (which stops the daemon)": (round(u[-1] / u[0], 3), "",
                                                                                     None),
             "median prepare, 1st share (ms)": (round(p[0] * 1e3, 2), "", None),
-            "median prepare, 2nd share (ms)": (round(p[1] * 1e3, 2), "", None),
-            "median prepare, 32nd share (ms)": (round(p[-1] * 1e3, 2), "", None),
+            "median prepare, shares 2-5 (ms)": (round(p_early * 1e3, 2), "", None),
+            "median prepare, shares 29-32 (ms)": (round(p_late * 1e3, 2), "", None),
             "median unprepare, last share (ms)": (round(u[0] * 1e3, 2), "", None),
-            "median unprepare, 2 shares on the GPU (ms)": (round(u[1] * 1e3, 2), "", None),
-            "median unprepare, 32 shares on the GPU (ms)": (round(u[-1] * 1e3, 2), "", None),
+            "median unprepare, 2-5 shares on the GPU (ms)": (round(u_early * 1e3, 2), "", None),
+            "median unprepare, 29-32 shares on the GPU (ms)": (round(u_late * 1e3, 2), "", None),
         },
     )

@@ -6,6 +6,7 @@ a Deployment whose Pod the sandbox runs as a local process against the ``nvidia-
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -95,7 +96,7 @@ def test_four_10gi_shares_of_one_h200_run_under_one_mps_daemon_with_their_own_li
                 assert {(m["hostPath"], m["containerPath"]) for m in mounts} == {
                     (str(directory / "shm"), "/dev/shm"), (str(directory / "pipe"), "/tmp/nvidia-mps")}
             state = json.loads((directory / "pipe" / STATE_FILE).read_text())
-            assert state["visible"] == gpu.uuid and state["multiUser"] is True
+            assert state["visibleDevices"] in (gpu.uuid, [gpu.uuid]) and state["multiUser"] is True
             # A prepare answered from the claim state carries the same shareID.
             again = (await kubelet.prepare([refs[0]]))[refs[0].uid]
             assert again.devices[0].share_id == results[0]["shareID"]
@@ -151,7 +152,9 @@ def test_a_daemon_no_claim_names_is_swept_at_start(node: SandboxNode) -> None:
 def test_refusals_name_the_claim_and_field(node: SandboxNode) -> None:
     async def body() -> None:
         assert node.api is not None
-        async with running(node.shares_config()) as (plugin, kubelet):
+        config = node.shares_config()
+        config = dataclasses.replace(config, feature_gates=config.feature_gates.with_gates(MPSSupport=True))
+        async with running(config) as (plugin, kubelet):
             await wait_for(lambda: bool(node.api and node.api.objects("ResourceSlice")))
             mps = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {"strategy": "MPS"}}
             [claim] = allocate(node, share_claim("with-mps", config=mps))
