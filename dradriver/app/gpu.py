@@ -34,7 +34,8 @@ from dradriver.kube.client import KubeClient
 from dradriver.kubeletplugin import guard
 from dradriver.kubeletplugin.lifecycle import Lifecycle
 from dradriver.kubeletplugin.runner import BatchRunner, stored_records
-from dradriver.nvml import discovery, settings
+from dradriver.nvml import discovery
+from dradriver.nvml import settings as nvml_settings
 from dradriver.nvml.session import NvmlSession, open_session
 from dradriver.preparers import gpu as gpu_preparers
 from dradriver.preparers.gpu import FullGpuPreparer, StaticMigPreparer
@@ -112,7 +113,7 @@ def share_daemons(config: PluginConfig, client: KubeClient, session: NvmlSession
         feature_gates=config.feature_gates.render(), kind="share")
 
     def set_compute_mode(uuid: str, mode: str) -> None:
-        settings.set_compute_mode(session, uuid, settings.ComputeMode[mode])
+        nvml_settings.set_compute_mode(session, uuid, nvml_settings.ComputeMode[mode])
 
     return ShareDaemons(ControlDaemons(root=config.plugin_dir / "mps-shares", client=client, placement=placement,
                                        set_compute_mode=set_compute_mode, meminfo=config.proc_root / "meminfo",
