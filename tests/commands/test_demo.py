@@ -79,3 +79,20 @@ def test_demo_serve_keeps_the_driver_running_for_other_tools() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.slow
+def test_sharing_demo_shows_each_containers_mps_limits() -> None:
+    proc = _run("--scenario", "sharing", "--output", "json", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["ok"] is True and report["scenario"] == "sharing"
+    assert [s["step"] for s in report["steps"]] == [1, 2, 3, 4, 5, 6]
+    shares = report["steps"][2]["details"]
+    envs = [d["env"] for d in shares if "env" in d]
+    assert len(envs) == 4
+    for env in envs:
+        assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M" in env and "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=8" in env
+    assert sum(1 for d in shares if "deployment" in d) == 1
+    assert any("above the request policy's maximum 143771Mi" in line for d in shares for line in d.get("explain", []))
+    assert report["steps"][5]["details"][-1]["text"] == "CDI specs: 0, MPS control daemons: 0, daemon directories: 0"
