@@ -16,6 +16,7 @@ import kubernetes_validate
 import pytest
 
 from dradriver.domain.identity import GPU_DRIVER
+from dradriver.kubeletplugin.runner import held_devices
 from dradriver.preparers.shares import daemon_id
 from dradriver.sandbox import scheduler
 from dradriver.sandbox.node import SANDBOX_NAMESPACE, SandboxNode
@@ -128,6 +129,32 @@ def test_the_daemon_survives_a_plugin_restart_and_goes_with_the_last_share(node:
             env, _ = spec_env(node, refs[1].uid)
             assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M" in env
             assert await kubelet.unprepare([refs[1]]) == {refs[1].uid: ""}
+            assert daemons(node) == []
+
+    asyncio.run(body())
+
+
+def test_a_half_prepared_share_rolled_back_at_start_keeps_the_daemon_of_the_others(node: SandboxNode) -> None:
+    async def body() -> None:
+        config = node.shares_config()
+        async with running(config) as (plugin, kubelet):
+            await wait_for(lambda: bool(node.api and node.api.objects("ResourceSlice")))
+            refs = [ref_of(c) for c in allocate(node, share_claim("done"), share_claim("crashed"))]
+            for ref in refs:
+                assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+            [name] = daemons(node)
+            # A crash in the middle of the second claim's prepare: its record is back to PREPARE_STARTED (undo
+            # records stored, nothing acknowledged), as the runner leaves it before the CDI spec is written.
+            record = plugin.state.get(refs[1].uid)
+            assert record is not None
+            plugin.state.prepare_started(refs[1].uid, namespace="default", name="crashed",
+                                         devices=held_devices(record), payload=record.payload)
+        async with running(config) as (plugin, kubelet):
+            assert plugin.recovery.rolled_back == (refs[1].uid,)
+            assert daemons(node) == [name], "rolling back one share must not stop the daemon of the others"
+            again = (await kubelet.prepare([refs[0]]))[refs[0].uid]
+            assert again.error == "" and again.devices[0].share_id
+            assert await kubelet.unprepare([refs[0]]) == {refs[0].uid: ""}
             assert daemons(node) == []
 
     asyncio.run(body())
