@@ -166,6 +166,7 @@ class SandboxNode:
     :param api: an API emulator to use; a new one is started (and stopped on close) when ``None``.
     :param driver_files: lay out the profile's driver files under :attr:`driver_root`
         (:func:`lay_out_driver_tree`); when False the driver root stays empty.
+    :param mount_standins: give the plugin the ``mount``/``umount`` stand-ins even where real mounts work.
     """
 
     profile: str = "gb200-nvl72-node"
@@ -173,6 +174,7 @@ class SandboxNode:
     api: ApiServerEmulator | None = None
     node_allocatable: dict[str, str] | None = None
     driver_files: bool = True
+    mount_standins: bool = False
     root: Path = field(init=False)
     _owns_api: bool = field(init=False, default=False)
     workloads: Workloads | None = field(init=False, default=None)
@@ -203,6 +205,8 @@ class SandboxNode:
         probe.mkdir()
         real = MountCommands()
         try:
+            if self.mount_standins:
+                raise OSError("stand-ins asked for")
             done = subprocess.run(("mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(probe)),
                                   capture_output=True, timeout=10, check=False)
             if done.returncode == 0:
