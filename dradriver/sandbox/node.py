@@ -24,8 +24,10 @@ specs with device nodes only.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import uuid
 from dataclasses import dataclass, field, replace
@@ -147,6 +149,38 @@ def lay_out_driver_tree(root: Path, version: str, *, arch: str = "x86_64") -> Pa
     return root
 
 
+def install_driver_tools(root: Path, version: str, *, arch: str = "x86_64") -> Path:
+    """Make the driver tree under ``root`` usable by a client of NVML; return the ``nvidia-smi`` path.
+
+    * ``usr/lib/<arch>-linux-gnu/libnvidia-ml.so.<version>`` becomes a copy of the bundled mock library
+      (:func:`dradriver.nvml.mock.library_path`), so ``LD_PRELOAD`` of the root's ``libnvidia-ml.so.1``
+      (NVIDIA's rule for running ``nvidia-smi`` from a driver root, ``nvidia-dra-driver-updates.md`` 2a) loads
+      the mock;
+    * ``usr/bin/nvidia-smi`` becomes the stand-in :mod:`dradriver.sandbox.nvidia_smi`, run by this
+      interpreter (``#!`` line), which needs only pynvml.
+
+    :raises dradriver.nvml.mock.MockNvmlError: the mock library is not built.
+    """
+    libdir = root / "usr" / "lib" / f"{arch}-linux-gnu"
+    libdir.mkdir(parents=True, exist_ok=True)
+    real = libdir / f"libnvidia-ml.so.{version}"
+    real.unlink(missing_ok=True)
+    shutil.copyfile(mock.library_path(), real)
+    real.chmod(0o755)
+    soname = libdir / "libnvidia-ml.so.1"
+    if not soname.is_symlink():
+        soname.unlink(missing_ok=True)
+        soname.symlink_to(real.name)
+    from dradriver.sandbox import nvidia_smi
+
+    tool = root / "usr" / "bin" / "nvidia-smi"
+    tool.parent.mkdir(parents=True, exist_ok=True)
+    tool.unlink(missing_ok=True)
+    tool.write_text(f"#!{sys.executable}\n" + Path(nvidia_smi.__file__).read_text())
+    tool.chmod(0o755)
+    return tool
+
+
 def _profile_driver_version(profile: str) -> str:
     """The ``system.driverVersion`` of a mock NVML profile; ``""`` when the profile cannot be read (the
     plugin then reports the bad profile itself)."""
@@ -165,8 +199,15 @@ class SandboxNode:
     :param node_name: the Node's name and the ResourceSlice pool name.
     :param api: an API emulator to use; a new one is started (and stopped on close) when ``None``.
     :param driver_files: lay out the profile's driver files under :attr:`driver_root`
-        (:func:`lay_out_driver_tree`); when False the driver root stays empty.
+        (:func:`lay_out_driver_tree`) with a working ``nvidia-smi`` and ``libnvidia-ml.so.1``
+        (:func:`install_driver_tools`); when False the driver root stays empty.
     :param mount_standins: give the plugin the ``mount``/``umount`` stand-ins even where real mounts work.
+
+    NVML settings are node state shared by every process on the node (the plugin, ``nvidia-smi``, tests): while
+    the sandbox is open, :data:`dradriver.nvml.mock.CONTROL_ENV` names :attr:`nvml_control`, the mock's control
+    file, which the mock appends each setting to and every process replays (``ext/mocknvml/README.md``). The
+    variable is read at the first ``nvmlInit`` of a process, so open NVML sessions after the sandbox; the
+    previous value is restored at :meth:`close`.
     """
 
     profile: str = "gb200-nvl72-node"
@@ -179,6 +220,7 @@ class SandboxNode:
     _owns_api: bool = field(init=False, default=False)
     workloads: Workloads | None = field(init=False, default=None)
     mounts: MountCommands = field(init=False, default_factory=MountCommands)
+    _saved_control: str | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
@@ -190,8 +232,12 @@ class SandboxNode:
         version = _profile_driver_version(self.profile) if self.driver_files else ""
         if version:
             lay_out_driver_tree(self.driver_root, version)
+            install_driver_tools(self.driver_root, version)
             standins.install("nvidia_cuda_mps_control", self.driver_root / "usr" / "bin" / "nvidia-cuda-mps-control")
         self.mounts = self._mount_commands()
+        self.nvml_control.touch()
+        self._saved_control = os.environ.get(mock.CONTROL_ENV)
+        os.environ[mock.CONTROL_ENV] = str(self.nvml_control)
         self.set_boot_id(str(uuid.uuid4()))
         if self.api is None:
             self.api = ApiServerEmulator().start()
@@ -272,6 +318,16 @@ class SandboxNode:
         return self.root / "driver-root"
 
     @property
+    def nvml_control(self) -> Path:
+        """The mock NVML control file of this node (settings applied by any process land here)."""
+        return self.root / "nvml-control"
+
+    @property
+    def nvidia_smi(self) -> Path:
+        """The driver root's ``nvidia-smi`` (the stand-in, see :func:`install_driver_tools`)."""
+        return self.driver_root / "usr" / "bin" / "nvidia-smi"
+
+    @property
     def cdi_root(self) -> Path:
         """Where the plugin writes CDI specs."""
         return self.root / "cdi"
@@ -293,6 +349,11 @@ class SandboxNode:
                         self.mounts.unmount(Path(point))
         if self._owns_api and self.api is not None:
             self.api.stop()
+        if os.environ.get(mock.CONTROL_ENV) == str(self.nvml_control):
+            if self._saved_control is None:
+                os.environ.pop(mock.CONTROL_ENV, None)
+            else:
+                os.environ[mock.CONTROL_ENV] = self._saved_control
         shutil.rmtree(self.root, ignore_errors=True)
 
     def __enter__(self) -> SandboxNode:

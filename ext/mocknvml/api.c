@@ -29,13 +29,7 @@ static struct nvmlComputeInstance_st h_ci[MOCK_MAX_GPUS][MOCK_MAX_GI][MOCK_MAX_C
 nvmlDevice_t mock_gpu_handle(unsigned gpu) { return &h_gpu[gpu]; }
 static nvmlDevice_t mig_handle(unsigned gpu, unsigned gi, unsigned ci) { return &h_mig[gpu][gi][ci]; }
 
-typedef struct {
-    unsigned index;
-    mock_gpu *g;
-    int mig;             /* 1 for a MIG device handle */
-    mock_gi *gi;         /* MIG only */
-    mock_ci *ci;         /* MIG only */
-} dev_ref;
+typedef mock_dev_ref dev_ref;
 
 #define IN_TABLE(p, tab) ((const char *)(p) >= (const char *)(tab) && (const char *)(p) < (const char *)(tab) + sizeof(tab))
 
@@ -80,6 +74,10 @@ static nvmlReturn_t enter_dev(const char *fn, nvmlDevice_t h, dev_ref *r, int al
         return NVML_ERROR_NOT_SUPPORTED;
     if (r->mig && !allow_mig) return NVML_ERROR_NOT_SUPPORTED;
     return NVML_SUCCESS;
+}
+
+nvmlReturn_t mock_enter_dev(const char *fn, nvmlDevice_t h, mock_dev_ref *r, int allow_mig) {
+    return enter_dev(fn, h, r, allow_mig);
 }
 
 #define LOCK() do { pthread_mutex_lock(&g_mock_lock); mock_poll_control_locked(&g_mock); } while (0)
@@ -404,12 +402,7 @@ nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, nvmlEnableState_t
     RET(NVML_SUCCESS);
 }
 
-nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, nvmlComputeMode_t *mode) {
-    DEV_ENTER(device, r, 1);
-    if (!mode) RET(NVML_ERROR_INVALID_ARGUMENT);
-    *mode = NVML_COMPUTEMODE_DEFAULT;
-    RET(NVML_SUCCESS);
-}
+/* nvmlDeviceGetComputeMode / nvmlDeviceSetComputeMode: settings.c */
 
 nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos) {
     DEV_ENTER(device, r, 1);

@@ -50,6 +50,7 @@ typedef struct {
     mock_place placement;
     char uuid[MOCK_STR];
     char name[MOCK_STR];
+    long long computeMode; /* nvmlComputeMode_t of this MIG device (settings.c); 0 DEFAULT */
 } mock_ci;
 
 typedef struct {
@@ -76,6 +77,7 @@ typedef struct {
     long long eccVolCorr, eccVolUnc, eccAggCorr, eccAggUnc;
     long long retiredPending, remapCorr, remapUnc, remapPending, remapFailure;
     long long supportedEvents, lost, energy, addressingMode, recoveryAction;
+    long long computeMode, computeTimeslice, noPermission; /* settings.c */
     long long fabricCliqueId, fabricState, fabricStatus, fabricHealthMask, fabricHealthSummary;
 } mock_scalars;
 

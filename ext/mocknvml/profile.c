@@ -36,6 +36,7 @@ const mock_scalar_key mock_scalar_keys[] = {
     K("remappedRows.pending", remapPending), K("remappedRows.failure", remapFailure),
     K("supportedEventTypes", supportedEvents), K("lost", lost), K("energy", energy),
     K("addressingMode", addressingMode), K("recoveryAction", recoveryAction),
+    K("computeMode", computeMode), K("computeTimeslice", computeTimeslice), K("noPermission", noPermission),
     K("fabric.cliqueId", fabricCliqueId), K("fabric.state", fabricState), K("fabric.status", fabricStatus),
     K("fabric.healthMask", fabricHealthMask), K("fabric.healthSummary", fabricHealthSummary),
     {NULL, 0},
@@ -389,6 +390,9 @@ static int load_gpu(loadctx *c, mock_gpu *g, const json_value *gj, const json_va
     if (s->remapFailure == MOCK_ABSENT) s->remapFailure = 0;
     if (s->supportedEvents == MOCK_ABSENT) s->supportedEvents = 0;
     if (s->lost == MOCK_ABSENT) s->lost = 0;
+    if (s->computeMode == MOCK_ABSENT) s->computeMode = NVML_COMPUTEMODE_DEFAULT;
+    if (s->computeTimeslice == MOCK_ABSENT) s->computeTimeslice = 0;
+    if (s->noPermission == MOCK_ABSENT) s->noPermission = 0;
     if (!s->migCapable && s->migCurrent) { lerr(c, gj, "gpus[%u]: migMode.current is 1 but migCapable is false", index); return 0; }
     if (s->memReserved + s->memUsed > s->memTotal) { lerr(c, gj, "gpus[%u]: memory.reserved + memory.used > memory.total", index); return 0; }
     const json_value *fab = lookup(gj, model, "fabric");
@@ -542,6 +546,9 @@ int mock_command_locked(mock_state *st, const char *line) {
         *(unc ? (agg ? &g->v.eccAggUnc : &g->v.eccVolUnc) : (agg ? &g->v.eccAggCorr : &g->v.eccVolCorr)) = v;
         return NVML_SUCCESS;
     }
+    if (strcmp(verb, "computemode") == 0 && n == 5)
+        return mock_set_mig_compute_mode_locked(st, gpu, (unsigned)strtoul(b, NULL, 10), (unsigned)strtoul(c, NULL, 10),
+                                                strtoll(d, NULL, 0));
     if (strcmp(verb, "set") == 0 && n == 4) {
         long long *p = mock_scalar(g, b);
         if (!p) return NVML_ERROR_NOT_FOUND;

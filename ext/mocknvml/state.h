@@ -36,4 +36,15 @@ int mock_inject_event_locked(mock_state *st, unsigned gpu, unsigned long long ty
                              unsigned gi, unsigned ci);
 void mock_events_reset_locked(void);
 
+/* A device handle resolved by api.c (shared with settings.c). */
+typedef struct {
+    unsigned index;
+    mock_gpu *g;
+    int mig;             /* 1 for a MIG device handle */
+    mock_gi *gi;         /* MIG only */
+    mock_ci *ci;         /* MIG only */
+} mock_dev_ref;
+nvmlReturn_t mock_enter_dev(const char *fn, nvmlDevice_t h, mock_dev_ref *r, int allow_mig);
+int mock_set_mig_compute_mode_locked(mock_state *st, unsigned gpu, unsigned gi, unsigned ci, long long mode);
+
 #endif
