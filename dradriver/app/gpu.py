@@ -2,8 +2,9 @@
 
 Steps, in order (stopped in reverse): compiled hot paths -> plugin and CDI directories -> NVML session ->
 device discovery into the device registry -> the driver's user space for CDI specs -> Kubernetes client and
-this Node -> device-plugin guard -> claim state -> batch runner with the full-GPU and static-MIG preparers,
-and crash convergence -> health monitor -> metrics endpoint -> gRPC servers -> ResourceSlice publisher.
+this Node -> device-plugin guard -> claim state -> batch runner with the full-GPU and static-MIG preparers
+and the sharing steps (MPS control daemons with the ``MPSSupport`` gate), and crash convergence -> health
+monitor -> metrics endpoint -> gRPC servers -> ResourceSlice publisher.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from typing import Any
 from dradriver import _native
 from dradriver.app import assembly
 from dradriver.config import PluginConfig
-from dradriver.domain import cdi, configs, resourceslices
+from dradriver.domain import cdi, configs, mps, resourceslices
 from dradriver.domain.devices import DeviceIndex, NodeInventory
 from dradriver.domain.faults import DEFAULT_IGNORED_XIDS
 from dradriver.domain.identity import GPU_DRIVER, DriverIdentity
+from dradriver.domain.ports import SharingStep
 from dradriver.domain.registry import DeviceRegistry
 from dradriver.errors import FlagError
 from dradriver.health.metrics import DriverMetrics, MetricsServer, serve_metrics
@@ -33,10 +35,11 @@ from dradriver.kube.client import KubeClient
 from dradriver.kubeletplugin import guard
 from dradriver.kubeletplugin.lifecycle import Lifecycle
 from dradriver.kubeletplugin.runner import BatchRunner
-from dradriver.nvml import discovery
+from dradriver.nvml import discovery, settings
 from dradriver.nvml.session import NvmlSession, open_session
 from dradriver.preparers import gpu as gpu_preparers
 from dradriver.preparers.gpu import FullGpuPreparer, StaticMigPreparer
+from dradriver.preparers.mps import ControlDaemons, MpsSharing
 from dradriver.preparers.sharing import default_steps
 
 log = logging.getLogger(__name__)
@@ -52,6 +55,8 @@ class GpuPlugin(assembly.KubeletPlugin):
     health: HealthMonitor | None = None
     metrics: DriverMetrics | None = None
     metrics_server: MetricsServer | None = None
+    mps_daemons: ControlDaemons | None = None
+    """The MPS control daemons of the ``MPS`` sharing step (``None`` without the MPSSupport gate)."""
 
     @property
     def inventory(self) -> NodeInventory:
@@ -97,6 +102,24 @@ def driver_edits(config: PluginConfig, driver_version: str) -> cdi.ContainerEdit
              files.count(), config.container_driver_root, config.nvidia_driver_root)
     return driverfiles.driver_edits(files, host_root=str(config.nvidia_driver_root),
                                     hook_path=config.nvidia_cdi_hook_path)
+
+
+def control_daemons(config: PluginConfig, client: KubeClient, session: NvmlSession) -> ControlDaemons:
+    """The node's MPS control daemons: Deployments in ``--namespace`` running ``--image-name``, directories under
+    ``<plugin dir>/mps``, compute mode through NVML (``dradriver.nvml.settings``), shm sized from
+    ``<proc root>/meminfo``."""
+    placement = mps.DaemonPlacement(
+        namespace=config.namespace, node_name=config.node_name, image=config.image_name,
+        driver_root=str(config.nvidia_driver_root), directory="",
+        shm_in_driver_root=(config.container_driver_root / "dev" / "shm").is_dir(),
+        feature_gates=config.feature_gates.render())
+
+    def set_compute_mode(uuid: str, mode: str) -> None:
+        settings.set_compute_mode(session, uuid, settings.ComputeMode[mode])
+
+    return ControlDaemons(root=config.mps_root, client=client, placement=placement,
+                          set_compute_mode=set_compute_mode, meminfo=config.proc_root / "meminfo",
+                          mounts=config.mounts)
 
 
 def supports_informational_taints(client: KubeClient) -> bool:
@@ -151,11 +174,16 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
 
         metrics = DriverMetrics(node=config.node_name, driver=identity.driver_name)
         nodes = node_info(config)
+        steps: list[SharingStep] = list(default_steps())
+        daemons = None
+        if config.feature_gates.mps_support:
+            daemons = control_daemons(config, connection.client, session)
+            steps.append(MpsSharing(daemons))
         runner = BatchRunner(
             identity=identity, registry=registry, state=state,
             fetch_claim=assembly.claim_fetcher(identity, connection.client, config),
             cdi_root=config.cdi_root, pool=config.node_name,
-            preparers=(FullGpuPreparer(nodes), StaticMigPreparer(nodes)), sharing=default_steps(),
+            preparers=(FullGpuPreparer(nodes), StaticMigPreparer(nodes)), sharing=steps,
             select_configs=lambda claim, devices: configs.select_configs(claim, devices, config.feature_gates),
             spec_edits=lambda: gpu_preparers.spec_edits(nodes, common),
             metrics=metrics, prepare_deadline_s=float(config.prepare_deadline_seconds),
@@ -202,7 +230,7 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
                            node_uid=connection.node_uid, state=state, state_problems=problems, runner=runner,
                            recovery=recovery, publisher=publisher, servers=servers, desired=desired,
                            session=session, registry=registry, guard_verdict=verdict, health=health,
-                           metrics=metrics, metrics_server=metrics_server)
+                           metrics=metrics, metrics_server=metrics_server, mps_daemons=daemons)
         plugin_ref.append(plugin)
         registry.subscribe(lambda _inventory: plugin.republish())
         await assembly.run_publisher(life, publisher)
