@@ -236,3 +236,33 @@ def test_sigkill_while_waiting_for_the_daemon_is_undone_at_the_next_start(
             await plugin.stop()
 
     asyncio.run(body())
+
+
+@pytest.mark.parametrize("sandbox", ["dgx-a100"], indirect=True)
+def test_mps_on_mig_devices_serves_their_uuids_and_leaves_compute_mode_alone(sandbox: SandboxNode) -> None:
+    """A MigDeviceConfig with MPS: one daemon for the claim's MIG devices; their parent GPU's compute mode is not
+    touched (only full GPUs of the group get EXCLUSIVE_PROCESS)."""
+    from tests.configs.helpers import entry, params
+    from tests.configs.test_plugin import allocate
+    from tests.plugin.conftest import result
+
+    sandbox.run_workloads()
+
+    async def body() -> None:
+        async with running(sandbox.mps_config()) as (plugin, kubelet):
+            migs = [d for d in plugin.inventory.allocatable() if d.name.startswith("gpu-0-mig-")][:2]
+            claim = allocate(sandbox, "mig-mps", [result(m.name) for m in migs], [
+                entry(params("MigDeviceConfig", sharing={"strategy": "MPS",
+                                                         "mpsConfig": {"defaultActiveThreadPercentage": 20}}))])
+            ref = ref_of(claim)
+            assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+            uuids = sorted(m.uuid for m in migs)
+            daemon_id = mps.control_daemon_id(ref.uid, uuids)
+            state = json.loads((plugin.config.mps_root / daemon_id / mps.PIPE_DIR / STATE_FILE).read_text())
+            assert state["visibleDevices"] == uuids and state["defaultActiveThreadPercentage"] == 20.0
+            parent = migs[0].parent.uuid
+            assert _modes(plugin, [parent]) == {"DEFAULT"}
+            assert (await kubelet.unprepare([ref]))[ref.uid] == ""
+            assert _left(sandbox, daemon_id) == NOTHING
+
+    asyncio.run(body())
