@@ -20,6 +20,7 @@ from dradriver.app import start_plugin
 from dradriver.app.gpu import GpuPlugin
 from dradriver.domain import mps
 from dradriver.domain.claims import ClaimRef
+from dradriver.domain.devices import MigDevice
 from dradriver.nvml import discovery, settings
 from dradriver.nvml.session import NvmlSession
 from dradriver.sandbox import scheduler
@@ -260,6 +261,7 @@ def test_mps_on_mig_devices_serves_their_uuids_and_leaves_compute_mode_alone(san
             daemon_id = mps.control_daemon_id(ref.uid, uuids)
             state = json.loads((plugin.config.mps_root / daemon_id / mps.PIPE_DIR / STATE_FILE).read_text())
             assert state["visibleDevices"] == uuids and state["defaultActiveThreadPercentage"] == 20.0
+            assert isinstance(migs[0], MigDevice)
             parent = migs[0].parent.uuid
             assert _modes(plugin, [parent]) == {"DEFAULT"}
             assert (await kubelet.unprepare([ref]))[ref.uid] == ""
