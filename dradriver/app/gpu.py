@@ -3,8 +3,9 @@
 Steps, in order (stopped in reverse): compiled hot paths -> plugin and CDI directories -> NVML session ->
 device discovery into the device registry -> the driver's user space for CDI specs -> Kubernetes client and
 this Node -> device-plugin guard -> claim state -> batch runner with the consumable-share (when
-``--consumable-shares`` is on), full-GPU and static-MIG preparers,
-and crash convergence -> health monitor -> metrics endpoint -> gRPC servers -> ResourceSlice publisher.
+``--consumable-shares`` is on), full-GPU and static-MIG preparers and the sharing steps (MPS control daemons with
+the ``MPSSupport`` gate), and crash convergence -> health monitor -> metrics endpoint -> gRPC servers ->
+ResourceSlice publisher.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dradriver.domain import cdi, configs, mps, resourceslices
 from dradriver.domain.devices import DeviceIndex, NodeInventory
 from dradriver.domain.faults import DEFAULT_IGNORED_XIDS
 from dradriver.domain.identity import GPU_DRIVER, DriverIdentity
+from dradriver.domain.ports import SharingStep
 from dradriver.domain.registry import DeviceRegistry
 from dradriver.errors import FlagError
 from dradriver.health.metrics import DriverMetrics, MetricsServer, serve_metrics
@@ -39,7 +41,7 @@ from dradriver.nvml import settings as nvml_settings
 from dradriver.nvml.session import NvmlSession, open_session
 from dradriver.preparers import gpu as gpu_preparers
 from dradriver.preparers.gpu import FullGpuPreparer, StaticMigPreparer
-from dradriver.preparers.mps import ControlDaemons
+from dradriver.preparers.mps import ControlDaemons, MpsSharing
 from dradriver.preparers.shares import ShareDaemons, SharedDevicePreparer
 from dradriver.preparers.sharing import default_steps
 
@@ -56,6 +58,8 @@ class GpuPlugin(assembly.KubeletPlugin):
     health: HealthMonitor | None = None
     metrics: DriverMetrics | None = None
     metrics_server: MetricsServer | None = None
+    mps_daemons: ControlDaemons | None = None
+    """The MPS control daemons of the ``MPS`` sharing step (``None`` without the MPSSupport gate)."""
 
     @property
     def inventory(self) -> NodeInventory:
@@ -103,21 +107,24 @@ def driver_edits(config: PluginConfig, driver_version: str) -> cdi.ContainerEdit
                                     hook_path=config.nvidia_cdi_hook_path)
 
 
-def share_daemons(config: PluginConfig, client: KubeClient, session: NvmlSession) -> ShareDaemons:
-    """The MPS control daemons of consumable shares: Deployments ``mps-control-daemon-share-<hash>`` in the plugin's
-    namespace running its image, directories under ``<plugins dir>/gpu.nvidia.com/mps-shares``."""
+def control_daemons(config: PluginConfig, client: KubeClient, session: NvmlSession, *, shares: bool = False
+                    ) -> ControlDaemons:
+    """The node's MPS control daemons: Deployments in ``--namespace`` running ``--image-name``, directories under
+    ``<plugin dir>/mps`` (``<plugin dir>/mps-shares`` and Deployment kind label ``share`` for the daemons of
+    consumable shares, so neither sweep touches the other's), compute mode through NVML
+    (``dradriver.nvml.settings``), shm sized from ``<proc root>/meminfo``."""
     placement = mps.DaemonPlacement(
         namespace=config.namespace, node_name=config.node_name, image=config.image_name,
         driver_root=str(config.nvidia_driver_root), directory="",
         shm_in_driver_root=(config.container_driver_root / "dev" / "shm").is_dir(),
-        feature_gates=config.feature_gates.render(), kind="share")
+        feature_gates=config.feature_gates.render(), kind="share" if shares else "claim")
 
     def set_compute_mode(uuid: str, mode: str) -> None:
         nvml_settings.set_compute_mode(session, uuid, nvml_settings.ComputeMode[mode])
 
-    return ShareDaemons(ControlDaemons(root=config.plugin_dir / "mps-shares", client=client, placement=placement,
-                                       set_compute_mode=set_compute_mode, meminfo=config.proc_root / "meminfo",
-                                       mounts=config.mounts))
+    return ControlDaemons(root=config.plugin_dir / "mps-shares" if shares else config.mps_root, client=client,
+                          placement=placement, set_compute_mode=set_compute_mode,
+                          meminfo=config.proc_root / "meminfo", mounts=config.mounts)
 
 
 def supports_informational_taints(client: KubeClient) -> bool:
@@ -172,14 +179,19 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
 
         metrics = DriverMetrics(node=config.node_name, driver=identity.driver_name)
         nodes = node_info(config)
+        steps: list[SharingStep] = list(default_steps())
+        daemons = None
+        if config.feature_gates.mps_support:
+            daemons = control_daemons(config, connection.client, session)
+            steps.append(MpsSharing(daemons))
         shares = SharedDevicePreparer(config.consumable_shares, nodes,
-                                      share_daemons(config, connection.client, session),
+                                      ShareDaemons(control_daemons(config, connection.client, session, shares=True)),
                                       stored_records=lambda: stored_records(state))
         runner = BatchRunner(
             identity=identity, registry=registry, state=state,
             fetch_claim=assembly.claim_fetcher(identity, connection.client, config),
             cdi_root=config.cdi_root, pool=config.node_name,
-            preparers=(shares, FullGpuPreparer(nodes), StaticMigPreparer(nodes)), sharing=default_steps(),
+            preparers=(shares, FullGpuPreparer(nodes), StaticMigPreparer(nodes)), sharing=steps,
             select_configs=lambda claim, devices: configs.select_configs(claim, devices, config.feature_gates),
             spec_edits=lambda: gpu_preparers.spec_edits(nodes, common),
             metrics=metrics, prepare_deadline_s=float(config.prepare_deadline_seconds),
@@ -226,7 +238,7 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
                            node_uid=connection.node_uid, state=state, state_problems=problems, runner=runner,
                            recovery=recovery, publisher=publisher, servers=servers, desired=desired,
                            session=session, registry=registry, guard_verdict=verdict, health=health,
-                           metrics=metrics, metrics_server=metrics_server)
+                           metrics=metrics, metrics_server=metrics_server, mps_daemons=daemons)
         plugin_ref.append(plugin)
         registry.subscribe(lambda _inventory: plugin.republish())
         await assembly.run_publisher(life, publisher)

@@ -8,7 +8,10 @@ It plays the control plane and the kubelet around a plugin started separately
 * the scheduler: the Pod's pending claims are allocated on this node (our allocation simulator) and the Pod
   is bound (``spec.nodeName``);
 * the kubelet: registers the plugin from the registrar directory, calls NodePrepareResources for the claims of
-  each bound Pod, and NodeUnprepareResources once no Pod uses a claim any more (Pod deleted).
+  each bound Pod, and NodeUnprepareResources once no Pod uses a claim any more (Pod deleted);
+* the Deployment controller and the node's container runner (:mod:`dradriver.sandbox.workloads`), which run
+  the MPS control daemons' Pods as local processes (``dradriver sandbox`` starts them and turns MPSSupport on
+  where this process may mount tmpfs, as the plugin it starts does).
 
 Each reconcile pass reads the emulator's objects directly; progress goes to ``log`` lines.
 """
@@ -29,6 +32,7 @@ import yaml
 from dradriver.allocator.allocation import AllocationError
 from dradriver.config import PLUGIN_FLAGS, PluginConfig
 from dradriver.domain.claims import ClaimRef
+from dradriver.domain.featuregates import FeatureGates
 from dradriver.domain.identity import GPU_DRIVER
 from dradriver.sandbox import scheduler
 from dradriver.sandbox.apiserver import ApiServerEmulator
@@ -46,6 +50,8 @@ def plugin_environment(config: PluginConfig) -> dict[str, str]:
         value = getattr(config, flag.dest)
         if isinstance(value, bool):
             env[flag.env] = "true" if value else "false"
+        elif isinstance(value, FeatureGates):
+            env[flag.env] = value.render()
         elif isinstance(value, tuple):
             env[flag.env] = ",".join(str(v) for v in value)
         else:

@@ -10,7 +10,10 @@ through NodePrepareResources exactly as on a node. Steps:
 3. apply DeviceClasses and the ``big-gpu`` template with Pod ``dra-gpu-pod`` (a GPU with at least 40Gi),
    allocate, prepare, show the CDI spec and what ``nvidia-smi -L`` would print in the container;
 4. apply ResourceClaim ``shared-gpu`` with two pods: both get the same device from one preparation;
-5. tear down (unprepare, delete pods and claims) and check nothing is left (CDI specs, claim state).
+5. an MPS claim with limits (:mod:`dradriver.sandbox.mpsdemo`): its control daemon's Deployment runs as a local
+   process (the sandbox's Deployment controller and container runner), becomes Ready, the claim is prepared and
+   unprepared;
+6. tear down (unprepare, delete pods and claims) and check nothing is left (CDI specs, claim state).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from dradriver.sandbox import scheduler
 from dradriver.sandbox.apiserver import ApiServerEmulator
 from dradriver.sandbox.cluster import create_claim_from_template
 from dradriver.sandbox.kubelet import KubeletEmulator, PluginConnection
+from dradriver.sandbox.mpsdemo import run_mps_step
 from dradriver.sandbox.node import SandboxNode
 
 
@@ -149,7 +153,8 @@ async def started(profile: str, node_name: str, narrator: Narrator) -> Any:
     narrator.step(1, f"Start the kubelet plugin on node {node_name} (mock NVML profile {profile})")
     with SandboxNode(profile=profile, node_name=node_name) as sandbox:
         assert sandbox.api is not None
-        plugin = await start_plugin(sandbox.config(log_level="warning"))
+        sandbox.run_workloads()
+        plugin = await start_plugin(sandbox.mps_config(log_level="warning"))
         try:
             narrator.say(f"Kubernetes API emulator at {sandbox.api.url}")
             narrator.say(f"DRA socket {plugin.servers.dra_socket}")
@@ -180,7 +185,7 @@ async def started(profile: str, node_name: str, narrator: Narrator) -> Any:
 
 
 async def run_scenarios(run: DemoRun, narrator: Narrator) -> None:
-    """Steps 3 to 5."""
+    """Steps 3 to 6."""
     api = run.sandbox.api
     assert api is not None
     plugin, kubelet = run.plugin, run.connection
@@ -239,7 +244,9 @@ async def run_scenarios(run: DemoRun, narrator: Narrator) -> None:
                  device=first.devices[0].device_name)
     narrator.done()
 
-    narrator.step(5, "Tear down and check that nothing is left behind")
+    await run_mps_step(run.sandbox, plugin, kubelet, narrator, 5, DemoError)
+
+    narrator.step(6, "Tear down and check that nothing is left behind")
     for c in (claim, shared):
         errors = await kubelet.unprepare([_ref(c)])
         if any(errors.values()):

@@ -202,6 +202,7 @@ class SandboxNode:
     :param driver_files: lay out the profile's driver files under :attr:`driver_root`
         (:func:`lay_out_driver_tree`) with a working ``nvidia-smi`` and ``libnvidia-ml.so.1``
         (:func:`install_driver_tools`); when False the driver root stays empty.
+    :param mount_standins: give the plugin the ``mount``/``umount`` stand-ins even where real mounts work.
 
     NVML settings are node state shared by every process on the node (the plugin, ``nvidia-smi``, tests): while
     the sandbox is open, :data:`dradriver.nvml.mock.CONTROL_ENV` names :attr:`nvml_control`, the mock's control
@@ -215,6 +216,7 @@ class SandboxNode:
     api: ApiServerEmulator | None = None
     node_allocatable: dict[str, str] | None = None
     driver_files: bool = True
+    mount_standins: bool = False
     root: Path = field(init=False)
     _owns_api: bool = field(init=False, default=False)
     workloads: Workloads | None = field(init=False, default=None)
@@ -231,8 +233,8 @@ class SandboxNode:
         version = _profile_driver_version(self.profile) if self.driver_files else ""
         if version:
             lay_out_driver_tree(self.driver_root, version)
-            standins.install("nvidia_cuda_mps_control", self.driver_root / "usr" / "bin" / "nvidia-cuda-mps-control")
             install_driver_tools(self.driver_root, version)
+            standins.install("nvidia_cuda_mps_control", self.driver_root / "usr" / "bin" / "nvidia-cuda-mps-control")
         self.mounts = self._mount_commands()
         self.nvml_control.touch()
         self._saved_control = os.environ.get(mock.CONTROL_ENV)
@@ -250,6 +252,8 @@ class SandboxNode:
         probe.mkdir()
         real = MountCommands()
         try:
+            if self.mount_standins:
+                raise OSError("stand-ins asked for")
             done = subprocess.run(("mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(probe)),
                                   capture_output=True, timeout=10, check=False)
             if done.returncode == 0:

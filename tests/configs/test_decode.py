@@ -140,6 +140,12 @@ INVALID: list[tuple[str, dict[str, Any], FeatureGates, str, str]] = [
                                             "mpsConfig": {"defaultActiveThreadPercentage": 101}}),
      ALL_ON, ".sharing.mpsConfig.defaultActiveThreadPercentage",
      "active thread percentage must not be greater than 100"),
+    ("mps with consumable shares", params(sharing={"strategy": "MPS"}),
+     FeatureGates({"MPSSupport": True, "ConsumableShares": True}), ".sharing.strategy",
+     "MPS sharing is not supported when consumable shares is enabled"),
+    ("mig mps with dynamic mig", params("MigDeviceConfig", sharing={"strategy": "MPS"}),
+     FeatureGates({"MPSSupport": True, "DynamicMIG": True}), ".sharing.strategy",
+     "MPS is not yet supported when using featureGates.DynamicMIG=true"),
 ]
 
 

@@ -51,6 +51,21 @@ def test_nvidia_rules_are_enforced() -> None:
         fg.check_gates(gates)
 
 
+def test_mps_support_is_implemented_and_needs_the_image_name() -> None:
+    import argparse
+
+    assert fg.GATES_BY_NAME[fg.MPS_SUPPORT].support is fg.Support.IMPLEMENTED
+    assert fg.parse_feature_gates("MPSSupport=true").mps_support is True
+    parser = argparse.ArgumentParser()
+    add_flags(parser, PLUGIN_FLAGS, environ={"FEATURE_GATES": "MPSSupport=true", "NAMESPACE": "gpu-system"})
+    with pytest.raises(FlagError, match=r"--image-name .* is required with the MPSSupport feature gate"):
+        config_from_args(parser.parse_args(["--node-name", "n"]))
+    config = config_from_args(parser.parse_args(["--node-name", "n", "--image-name", "reg/dradriver:1"]))
+    assert (config.namespace, config.image_name, config.feature_gates.mps_support) == (
+        "gpu-system", "reg/dradriver:1", True)
+    assert config.mps_root == config.plugin_dir / "mps"
+
+
 def test_flag_and_env_twin() -> None:
     import argparse
 

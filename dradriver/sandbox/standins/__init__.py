@@ -14,6 +14,7 @@ from pathlib import Path
 
 def install(script: str, target: Path) -> Path:
     """Write the stand-in ``script`` (module name in this package) to ``target`` as an executable (0755).
+    ``mount`` also gets its (empty) mount table ``mountinfo`` beside it.
 
     :returns: ``target``.
     """
@@ -23,4 +24,6 @@ def install(script: str, target: Path) -> Path:
         target.unlink()
     target.write_text(f"#!{sys.executable}\n{source}")
     target.chmod(0o755)
+    if script == "mount":
+        (target.parent / "mountinfo").touch()
     return target
