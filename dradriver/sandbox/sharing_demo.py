@@ -41,12 +41,14 @@ from dradriver.domain.claims import ClaimRef
 from dradriver.domain.devices import GpuDevice
 from dradriver.domain.featuregates import GATES_BY_NAME, TIME_SLICING_SETTINGS, Support
 from dradriver.domain.identity import GPU_DRIVER
+from dradriver.nvml import settings as nvml_settings
 from dradriver.preparers.shares import daemon_id
 from dradriver.sandbox import scheduler
 from dradriver.sandbox.demo import DemoError, Narrator, device_table
 from dradriver.sandbox.kubelet import KubeletEmulator, PluginConnection
 from dradriver.sandbox.node import SANDBOX_NAMESPACE, SandboxNode
 from dradriver.sandbox.profiles import h200_node
+from dradriver.sandbox.standins.nvidia_cuda_mps_control import STATE_FILE
 
 DEVICE_CLASS = {
     "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu.nvidia.com"},
@@ -194,15 +196,31 @@ async def _consumable_shares(node: _Node, narrator: Narrator) -> list[dict[str, 
     if [d["metadata"]["name"] for d in daemons] != [expected]:
         raise DemoError(f"expected one MPS control daemon {expected}, found {[d['metadata']['name'] for d in daemons]}")
     status = daemons[0].get("status", {})
+    daemon = _daemon_state(node.plugin.config.plugin_dir / "mps-shares" / daemon_id(gpu.uuid))
     narrator.say(f"one MPS control daemon for all four shares: Deployment {SANDBOX_NAMESPACE}/{expected} "
-                 f"(ready replicas {status.get('readyReplicas', 0)}), CUDA_VISIBLE_DEVICES={gpu.uuid}",
-                 deployment=expected)
+                 f"(ready replicas {status.get('readyReplicas', 0)}); nvidia-cuda-mps-control runs with "
+                 f"CUDA_VISIBLE_DEVICES={','.join(daemon.get('visibleDevices', []))}, multi-user "
+                 f"{daemon.get('multiUser')}", deployment=expected, daemon=daemon)
+    assert node.plugin.session is not None
+    mode = nvml_settings.compute_mode(node.plugin.session, gpu.uuid)
+    if mode is not nvml_settings.ComputeMode.EXCLUSIVE_PROCESS:
+        raise DemoError(f"{device} is in compute mode {mode.name} while its MPS daemon runs")
+    narrator.say(f"{device} compute mode read back through NVML: {mode.name}")
     for claim in claims:
         env = [e for e in node.container_env(claim) if e.startswith("CUDA_MPS_")]
         narrator.say(f"container of claim {claim['metadata']['name']}: " + " ".join(env), env=env)
         if not any(e.startswith("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=") for e in env):
             raise DemoError(f"claim {claim['metadata']['name']}: no MPS memory limit in its container")
     return claims
+
+
+def _daemon_state(directory: Path) -> dict[str, Any]:
+    """What the ``nvidia-cuda-mps-control`` stand-in of a daemon reports (its state file in the pipe directory)."""
+    try:
+        state = json.loads((directory / "pipe" / STATE_FILE).read_text())
+    except (OSError, ValueError) as exc:
+        raise DemoError(f"MPS control daemon {directory.name}: no state from nvidia-cuda-mps-control: {exc}") from exc
+    return state if isinstance(state, dict) else {}
 
 
 def _explain_too_big(node: _Node, narrator: Narrator) -> None:
@@ -230,9 +248,16 @@ async def _mps_claim(sandbox: SandboxNode, narrator: Narrator) -> None:
         result = await node.prepare(claim)
         env = [e for e in node.container_env(claim) if e.startswith("CUDA_MPS_")]
         names = [d["metadata"]["name"] for d in node.daemons()]
-        narrator.say(f"claim mps-claim: {result.devices[0].device_name}, its own MPS control daemon {names}, "
-                     "defaultActiveThreadPercentage 50, defaultPinnedDeviceMemoryLimit 20Gi (set in the daemon); "
-                     "container: " + " ".join(env), daemons=names)
+        if len(names) != 1:
+            raise DemoError(f"expected one MPS control daemon for mps-claim, found {names}")
+        daemon = _daemon_state(config.mps_root / names[0].removeprefix("mps-control-daemon-"))
+        narrator.say(f"claim mps-claim: {result.devices[0].device_name}, its own MPS control daemon {names[0]}; "
+                     f"the daemon's defaults (nvidia-cuda-mps-control): active thread percentage "
+                     f"{daemon.get('defaultActiveThreadPercentage')}, pinned memory limits "
+                     f"{daemon.get('defaultPinnedMemLimits')}; container: " + " ".join(env),
+                     daemons=names, daemon=daemon)
+        if daemon.get("defaultActiveThreadPercentage") != 50:
+            raise DemoError(f"the MPS daemon of mps-claim did not take the thread percentage: {daemon}")
         await node.unprepare(claim)
         if node.daemons():
             raise DemoError(f"the MPS claim's daemon was left behind: {names}")

@@ -17,6 +17,7 @@ import pytest
 
 from dradriver.domain.identity import GPU_DRIVER
 from dradriver.kubeletplugin.runner import held_devices
+from dradriver.nvml import settings as nvml_settings
 from dradriver.preparers.shares import daemon_id
 from dradriver.sandbox import scheduler
 from dradriver.sandbox.node import SANDBOX_NAMESPACE, SandboxNode
@@ -96,6 +97,8 @@ def test_four_10gi_shares_of_one_h200_run_under_one_mps_daemon_with_their_own_li
                                     "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M"]
                 assert {(m["hostPath"], m["containerPath"]) for m in mounts} == {
                     (str(directory / "shm"), "/dev/shm"), (str(directory / "pipe"), "/tmp/nvidia-mps")}
+            assert plugin.session is not None
+            assert nvml_settings.compute_mode(plugin.session, gpu.uuid) is nvml_settings.ComputeMode.EXCLUSIVE_PROCESS
             state = json.loads((directory / "pipe" / STATE_FILE).read_text())
             assert state["visibleDevices"] in (gpu.uuid, [gpu.uuid]) and state["multiUser"] is True
             # A prepare answered from the claim state carries the same shareID.
@@ -106,6 +109,7 @@ def test_four_10gi_shares_of_one_h200_run_under_one_mps_daemon_with_their_own_li
                 assert daemons(node), "the daemon must outlive single shares"
             assert await kubelet.unprepare([refs[3]]) == {refs[3].uid: ""}
             assert daemons(node) == [] and not directory.exists()
+            assert nvml_settings.compute_mode(plugin.session, gpu.uuid) is nvml_settings.ComputeMode.DEFAULT
             assert len(plugin.state) == 0 and node.cdi_specs() == []
 
     asyncio.run(body())
