@@ -30,12 +30,13 @@ from dradriver.health.metrics import DriverMetrics, MetricsServer, serve_metrics
 from dradriver.health.monitor import HealthMonitor
 from dradriver.host import driverfiles
 from dradriver.host.devicenodes import DeviceNodeInfo
+from dradriver.host.nvidiasmi import find_nvidia_smi
 from dradriver.kube import errors as kube_errors
 from dradriver.kube import version
 from dradriver.kube.client import KubeClient
 from dradriver.kubeletplugin import guard
 from dradriver.kubeletplugin.lifecycle import Lifecycle
-from dradriver.kubeletplugin.runner import BatchRunner, stored_records
+from dradriver.kubeletplugin.runner import BatchRunner, all_undo_records
 from dradriver.nvml import discovery
 from dradriver.nvml import settings as nvml_settings
 from dradriver.nvml.session import NvmlSession, open_session
@@ -179,14 +180,14 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
 
         metrics = DriverMetrics(node=config.node_name, driver=identity.driver_name)
         nodes = node_info(config)
-        steps: list[SharingStep] = list(default_steps())
+        steps: list[SharingStep] = list(default_steps(session, lambda: find_nvidia_smi(config.container_driver_root)))
         daemons = None
         if config.feature_gates.mps_support:
             daemons = control_daemons(config, connection.client, session)
             steps.append(MpsSharing(daemons))
         shares = SharedDevicePreparer(config.consumable_shares, nodes,
                                       ShareDaemons(control_daemons(config, connection.client, session, shares=True)),
-                                      stored_records=lambda: stored_records(state))
+                                      stored_records=lambda: all_undo_records(state))
         runner = BatchRunner(
             identity=identity, registry=registry, state=state,
             fetch_claim=assembly.claim_fetcher(identity, connection.client, config),

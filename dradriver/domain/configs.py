@@ -75,7 +75,6 @@ MPS_WITH_DYNAMIC_MIG = "MPS is not yet supported when using featureGates.Dynamic
 """NVIDIA's refusals of the MPS strategy (``nvidia-dra-driver-updates.md`` 2a), at ``sharing.strategy``."""
 
 _NOT_IMPLEMENTED = {
-    TIME_SLICING: "this driver does not implement time-slicing yet",
     MPS: "enable it with --feature-gates=MPSSupport=true",
 }
 _INTEGER_KEY = re.compile(r"[+-]?[0-9]+")
@@ -292,8 +291,9 @@ def normalize(config: DeviceConfig, gates: FeatureGates = DEFAULT_GATES) -> Devi
 
 
 def _gate_error(strategy: str, gate: str) -> str:
+    note = _NOT_IMPLEMENTED.get(strategy)
     return (f"{_q(strategy)} is selected as the GPU sharing strategy, but the {_q(gate)} feature gate is not "
-            f"enabled ({_NOT_IMPLEMENTED[strategy]})")
+            f"enabled" + (f" ({note})" if note else ""))
 
 
 def validate(config: DeviceConfig, gates: FeatureGates = DEFAULT_GATES, where: str = "parameters") -> None:

@@ -118,7 +118,7 @@ def _check(parameters: dict[str, Any], gates: FeatureGates) -> configs.DeviceCon
 INVALID: list[tuple[str, dict[str, Any], FeatureGates, str, str]] = [
     ("time-slicing gate off", params(sharing={"strategy": "TimeSlicing"}), FeatureGates(), ".sharing.strategy",
      '"TimeSlicing" is selected as the GPU sharing strategy, but the "TimeSlicingSettings" feature gate is not '
-     "enabled (this driver does not implement time-slicing yet)"),
+     "enabled"),
     ("mps gate off", params(sharing={"strategy": "MPS"}), FeatureGates(), ".sharing.strategy",
      '"MPS" is selected as the GPU sharing strategy, but the "MPSSupport" feature gate is not enabled '
      "(enable it with --feature-gates=MPSSupport=true)"),
@@ -143,6 +143,9 @@ INVALID: list[tuple[str, dict[str, Any], FeatureGates, str, str]] = [
     ("mps with consumable shares", params(sharing={"strategy": "MPS"}),
      FeatureGates({"MPSSupport": True, "ConsumableShares": True}), ".sharing.strategy",
      "MPS sharing is not supported when consumable shares is enabled"),
+    ("mps with dynamic mig", params(sharing={"strategy": "MPS"}),
+     FeatureGates({"MPSSupport": True, "DynamicMIG": True}), ".sharing.strategy",
+     "MPS is not yet supported when using featureGates.DynamicMIG=true"),
     ("mig mps with dynamic mig", params("MigDeviceConfig", sharing={"strategy": "MPS"}),
      FeatureGates({"MPSSupport": True, "DynamicMIG": True}), ".sharing.strategy",
      "MPS is not yet supported when using featureGates.DynamicMIG=true"),

@@ -48,7 +48,7 @@ def test_batch_with_valid_gated_and_malformed_configs(sandbox: SandboxNode) -> N
             assert bad_gated.error == (
                 f"claim {refs[2]}: status.allocation.devices.config[1].opaque.parameters.sharing.strategy: "
                 '"TimeSlicing" is selected as the GPU sharing strategy, but the "TimeSlicingSettings" feature '
-                "gate is not enabled (this driver does not implement time-slicing yet)")
+                "gate is not enabled")
             assert bad_malformed.error.startswith(
                 f"claim {refs[3]}: status.allocation.devices.config[1].opaque.parameters.sharing.mpsConfig."
                 "threadPercentage: unknown field")
