@@ -169,7 +169,14 @@ async def _time_slicing(node: _Node, narrator: Narrator) -> list[dict[str, Any]]
                      f"share {result.devices[0].share_id}, TimeSlicing interval Long",
                      device=result.devices[0].device_name)
     [device] = devices
-    narrator.say(f"{device} is time-sliced between both claims (no MPS daemon: NVIDIA's time-slicing of shares)")
+    gpu = node.plugin.inventory.find(device)
+    assert gpu is not None and node.plugin.session is not None
+    slice_ = nvml_settings.compute_timeslice(node.plugin.session, gpu.uuid)
+    mode = nvml_settings.compute_mode(node.plugin.session, gpu.uuid)
+    if slice_ != 3 or node.daemons():
+        raise DemoError(f"{device}: time-slice {slice_} (expected 3, Long), MPS daemons {len(node.daemons())}")
+    narrator.say(f"{device} is time-sliced between both claims: time-slice {slice_} (Long) and compute mode "
+                 f"{mode.name} read back through NVML; no MPS daemon (NVIDIA's time-slicing of shares)")
     return claims
 
 

@@ -229,3 +229,36 @@ def test_a_daemon_that_cannot_start_fails_only_its_claim_and_leaves_nothing(node
             assert daemons(node) == []
 
     asyncio.run(body())
+
+
+def test_shares_of_one_gpu_must_have_equal_configs_and_time_sliced_shares_get_no_daemon(node: SandboxNode) -> None:
+    async def body() -> None:
+        config = node.shares_config()
+        config = dataclasses.replace(config, feature_gates=config.feature_gates.with_gates(TimeSlicingSettings=True))
+        sliced = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+                  "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Medium"}}}
+        async with running(config) as (plugin, kubelet):
+            await wait_for(lambda: bool(node.api and node.api.objects("ResourceSlice")))
+            first, plain = allocate(node, share_claim("sliced", config=sliced), share_claim("plain"))
+            assert {c["status"]["allocation"]["devices"]["results"][0]["device"] for c in (first, plain)} == {"gpu-0"}
+            ref, other = ref_of(first), ref_of(plain)
+            assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+            gpu = plugin.inventory.find("gpu-0")
+            assert gpu is not None and plugin.session is not None
+            assert nvml_settings.compute_timeslice(plugin.session, gpu.uuid) == 2
+            assert daemons(node) == []
+            env, mounts = spec_env(node, ref.uid)
+            assert not [e for e in env if e.startswith("CUDA_MPS_")]
+            assert all(m["containerPath"] not in ("/tmp/nvidia-mps", "/dev/shm") for m in mounts)
+            error = (await kubelet.prepare([other]))[other.uid].error
+            assert f"claim default/plain (uid {other.uid})" in error
+            assert f"device 'gpu-0' is already prepared for claim(s) {ref.uid} with a different opaque config" in error
+            assert daemons(node) == [] and plugin.state.get(other.uid) is None
+            assert await kubelet.unprepare([ref]) == {ref.uid: ""}
+            assert nvml_settings.compute_timeslice(plugin.session, gpu.uuid) == 0
+            # With the time-sliced share gone, the plain share's retry gets the GPU and its MPS daemon.
+            assert (await kubelet.prepare([other]))[other.uid].error == ""
+            assert len(daemons(node)) == 1
+            assert await kubelet.unprepare([other]) == {other.uid: ""}
+
+    asyncio.run(body())
