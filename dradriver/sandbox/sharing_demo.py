@@ -8,14 +8,15 @@ are Deployments whose Pods the sandbox runs as local processes against the ``nvi
 NVIDIA's driver refuses per-claim MPS while consumable shares are on, so the node runs in two configurations:
 
 1. **consumable shares** (``ConsumableShares``, ``--consumable-shares=memory``, plus ``TimeSlicingSettings``):
-   the ResourceSlice with its request policies; two claims time-sliced on one GPU (when the time-slicing step is
-   available); four claims of 10Gi sharing one H200, one MPS control daemon serving all four, each container's
-   MPS limits shown; what ``explain`` says about a claim that fits nowhere; the daemon goes with the last share;
-2. **MPS** (``MPSSupport``; the plugin restarted): one claim with NVIDIA's MPS config and its limits (when the
-   MPS sharing step is wired into the plugin).
+   the ResourceSlice with its request policies; two claims of 70Gi time-sliced on one GPU (interval and compute
+   mode read back through NVML); four claims of 10Gi sharing the next H200, one MPS control daemon serving all
+   four (its ``nvidia-cuda-mps-control`` state and the GPU's compute mode read back), each container's MPS limits
+   shown; what ``explain`` says about a claim that fits nowhere; the daemon goes with the last share;
+2. **MPS** (``MPSSupport``; the plugin restarted): one claim with NVIDIA's MPS config, its own daemon and the
+   defaults the daemon took.
 
-A part whose building block is not in this build is reported as skipped, with the reason; everything else must
-do what the driver promises or the demo fails. Nothing is left behind at the end (CDI specs, claim state,
+A part whose building block is missing from a build (a gate not implemented, the MPS step not wired) is reported
+as skipped, with the reason; everything else must do what the driver promises or the demo fails. Nothing is left behind at the end (CDI specs, claim state,
 Deployments, daemon directories).
 """
 
