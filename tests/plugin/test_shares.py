@@ -124,10 +124,13 @@ def test_the_daemon_survives_a_plugin_restart_and_goes_with_the_last_share(node:
             for ref in refs:
                 assert (await kubelet.prepare([ref]))[ref.uid].error == ""
             [name] = daemons(node)
-        # Restarted: the ownership comes back from the claim state; the daemon was never stopped.
+        # Restarted: the ownership comes back from the claim state; the daemon was never stopped. A CDI spec lost
+        # meanwhile (/var/run/cdi cleaned) is rebuilt from the stored share record, limits included.
         assert daemons(node) == [name]
+        GPU_DRIVER.cdi.spec_path(node.cdi_root, refs[1].uid).unlink()
         async with running(config) as (plugin, kubelet):
             assert plugin.recovery.swept == ()
+            assert plugin.recovery.rebuilt_specs == (refs[1].uid,)
             assert await kubelet.unprepare([refs[0]]) == {refs[0].uid: ""}
             assert daemons(node) == [name]
             env, _ = spec_env(node, refs[1].uid)
