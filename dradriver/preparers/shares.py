@@ -120,7 +120,8 @@ class SharedDevicePreparer:
 
     def plan(self, claim: Claim, device: object, results: Sequence[AllocationResult],
              group: ConfigGroup | None) -> DevicePlan:
-        """The share's daemon and limits from its allocation result and config.
+        """The share's daemon and limits from its allocation result and config (no I/O; the first plan loads the
+        ownership from the in-memory claim state).
 
         A share whose config selects ``TimeSlicing`` is a time-sliced share (NVIDIA's consumable-shares
         behaviour: the time-slicing step sets the interval, no MPS daemon, no limits); any other share runs under
@@ -131,6 +132,10 @@ class SharedDevicePreparer:
             (NVIDIA's refusal with consumable shares: the share's MPS daemon needs no user MPS config).
         """
         assert isinstance(device, GpuDevice | MigDevice)
+        with self._guard:
+            # Load the ownership now, in the runner's thread: applies run in worker threads while that thread
+            # holds the claim state's lock, so they must never be the ones to read the claim state.
+            self._index()
         index = {id(r): i for i, r in enumerate(claim.results)}
         where = [f"status.allocation.devices.results[{index.get(id(r), '?')}]" for r in results]
         names = tuple(dict.fromkeys(base_request_name(r.request) for r in results))

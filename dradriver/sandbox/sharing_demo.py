@@ -16,8 +16,8 @@ NVIDIA's driver refuses per-claim MPS while consumable shares are on, so the nod
    defaults the daemon took.
 
 A part whose building block is missing from a build (a gate not implemented, the MPS step not wired) is reported
-as skipped, with the reason; everything else must do what the driver promises or the demo fails. Nothing is left behind at the end (CDI specs, claim state,
-Deployments, daemon directories).
+as skipped, with the reason; everything else must do what the driver promises or the demo fails. Nothing is
+left behind at the end (CDI specs, claim state, Deployments, daemon directories).
 """
 
 from __future__ import annotations

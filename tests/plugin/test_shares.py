@@ -265,3 +265,22 @@ def test_shares_of_one_gpu_must_have_equal_configs_and_time_sliced_shares_get_no
             assert await kubelet.unprepare([other]) == {other.uid: ""}
 
     asyncio.run(body())
+
+
+def test_a_batch_of_shares_prepared_together_after_a_restart(node: SandboxNode) -> None:
+    async def body() -> None:
+        config = node.shares_config()
+        async with running(config) as (_plugin, kubelet):
+            await wait_for(lambda: bool(node.api and node.api.objects("ResourceSlice")))
+            first = [ref_of(c) for c in allocate(node, share_claim("early"))]
+            assert (await kubelet.prepare(first))[first[0].uid].error == ""
+        refs = [ref_of(c) for c in allocate(node, *(share_claim(f"batch-{i}") for i in range(3)))]
+        # The first call after the restart is a batch whose applies run concurrently in worker threads.
+        async with running(config) as (_plugin, kubelet):
+            answer = await kubelet.prepare(refs)
+            assert {uid: r.error for uid, r in answer.items()} == {r.uid: "" for r in refs}
+            assert len(daemons(node)) == 1
+            assert await kubelet.unprepare([*first, *refs]) == {r.uid: "" for r in [*first, *refs]}
+            assert daemons(node) == []
+
+    asyncio.run(body())
