@@ -559,6 +559,9 @@ class BatchRunner:
                     raise ClaimError(ref, f"{group.entry.parameters_at}.sharing.strategy: "
                                           f"{group.plan.strategy!r} is not implemented by this plugin")
         plans = [preparers[n].plan(claim, entries[n], results[n], group_of.get(n)) for n in order]
+        for plan in plans:
+            if not plan.shared and not plan.admin_access:
+                self._refuse_if_shared(ref, plan)
         held = [
             HeldDevice(
                 request_names=plan.request_names,
@@ -572,6 +575,17 @@ class BatchRunner:
             for plan in plans
         ]
         return _Work(claim, held, plans, groups, stale=[])
+
+    def _refuse_if_shared(self, ref: ClaimRef, plan: DevicePlan) -> None:
+        """Refuse to hand a device exclusively to ``ref`` while other claims hold consumable shares of it (shares
+        never enter the claim state's holder index; a preparer that keeps shares answers ``share_holders``)."""
+        for preparer in self.preparers:
+            holders = getattr(preparer, "share_holders", None)
+            others = sorted(set(holders(plan.entry)) - {ref.uid}) if holders is not None else []
+            if others:
+                raise ClaimError(ref, f"device {plan.device!r} is already prepared for consumable shares of claim(s) "
+                                      f"{', '.join(others[:3])}{', ...' if len(others) > 3 else ''}; it cannot be "
+                                      "given to this claim exclusively")
 
     # -------------------------------------------------------------------------------- apply
     def _side_effects(self, work: _Work) -> bool:

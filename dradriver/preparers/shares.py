@@ -103,6 +103,12 @@ class SharedDevicePreparer:
             entry = self._index().get(uuid)
             return frozenset(entry.claims) if entry else frozenset()
 
+    def share_holders(self, device: object) -> frozenset[str]:
+        """Claim UIDs holding a share of the registry entry ``device`` (empty for other kinds); the batch runner
+        asks before giving a device to a claim exclusively (e.g. after a restart with consumable shares off)."""
+        uuid = getattr(device, "uuid", None)
+        return self.users(uuid) if isinstance(uuid, str) else frozenset()
+
     def _index(self) -> dict[str, _Users]:
         """Device UUID -> its shares; loaded from the claim state on first use (call with ``_guard`` held)."""
         if self._users is None:

@@ -284,3 +284,33 @@ def test_a_batch_of_shares_prepared_together_after_a_restart(node: SandboxNode) 
             assert daemons(node) == []
 
     asyncio.run(body())
+
+
+def test_restarted_without_consumable_shares_the_share_is_kept_until_unprepared(node: SandboxNode) -> None:
+    async def body() -> None:
+        assert node.api is not None
+        async with running(node.shares_config()) as (_plugin, kubelet):
+            await wait_for(lambda: bool(node.api and node.api.objects("ResourceSlice")))
+            [share] = [ref_of(c) for c in allocate(node, share_claim("kept"))]
+            assert (await kubelet.prepare([share]))[share.uid].error == ""
+        # The operator turned consumable shares off; the scheduler now hands gpu-0 out whole.
+        node.api.create(share_claim("whole", None))
+        stored = node.api.get("ResourceClaim", "whole", "default")
+        assert stored is not None
+        stored["status"] = {"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": "gpu.nvidia.com", "pool": node.node_name, "device": "gpu-0"}]}}}
+        whole = ref_of(node.api.update(stored, subresource="status"))
+        async with running(node.mps_config(consumable_shares=node.config().consumable_shares)) as (_plugin, kubelet):
+            await wait_for(lambda: bool(node.api and node.api.objects("ResourceSlice")))
+            assert not any(d.get("allowMultipleAllocations") for s in node.api.objects("ResourceSlice")
+                           for d in s["spec"]["devices"])
+            error = (await kubelet.prepare([whole]))[whole.uid].error
+            assert f"device 'gpu-0' is already prepared for consumable shares of claim(s) {share.uid}" in error
+            assert len(daemons(node)) == 1
+            # The share is still undone by the share preparer (its daemon goes), then the GPU is free.
+            assert await kubelet.unprepare([share]) == {share.uid: ""}
+            assert daemons(node) == []
+            assert (await kubelet.prepare([whole]))[whole.uid].error == ""
+            assert await kubelet.unprepare([whole]) == {whole.uid: ""}
+
+    asyncio.run(body())
