@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -266,5 +267,44 @@ def test_mps_on_mig_devices_serves_their_uuids_and_leaves_compute_mode_alone(san
             assert _modes(plugin, [parent]) == {"DEFAULT"}
             assert (await kubelet.unprepare([ref]))[ref.uid] == ""
             assert _left(sandbox, daemon_id) == NOTHING
+
+    asyncio.run(body())
+
+
+def test_a_half_prepared_claim_whose_daemon_could_not_be_stopped_is_undone_from_its_record(
+        sandbox: SandboxNode) -> None:
+    """The CDI spec cannot be written after the daemon started, and stopping the daemon then fails too (the API
+    refuses the DELETE): the claim stays PREPARE_STARTED with the daemon's undo record, and the next start undoes
+    it from that record."""
+    from dradriver.domain.identity import GPU_DRIVER
+    from dradriver.host.claimstate import ClaimPhase
+    from dradriver.kubeletplugin.runner import read_payload
+
+    sandbox.run_workloads()
+    config = sandbox.mps_config()
+
+    async def body() -> None:
+        assert sandbox.api is not None
+        async with running(config) as (plugin, kubelet):
+            ref, claim = mps_claim(sandbox, "stuck")
+            uuids = _uuids(plugin, claim)
+            blocker = GPU_DRIVER.cdi.spec_path(sandbox.cdi_root, ref.uid)
+            blocker.mkdir()  # the spec's rename target is a directory: the write fails
+            sandbox.api.fail_next(20, status=500, method="DELETE", path=re.compile("/deployments/"))
+            error = (await kubelet.prepare([ref]))[ref.uid].error
+            assert ref.uid in error and "cannot write CDI spec" in error
+            record = plugin.state.get(ref.uid)
+            assert record is not None and record.phase is ClaimPhase.PREPARE_STARTED
+            assert "mps" in [r.kind for r in read_payload(record.payload).undo]
+            assert _modes(plugin, uuids) == {"EXCLUSIVE_PROCESS"}
+            sandbox.api.clear_faults()
+            blocker.rmdir()
+        plugin = await start_plugin(config)
+        try:
+            assert ref.uid in plugin.recovery.rolled_back
+            await wait_for(lambda: _left(sandbox, mps.control_daemon_id(ref.uid, uuids)) == NOTHING)
+            assert _modes(plugin, uuids) == {"DEFAULT"} and plugin.state.get(ref.uid) is None
+        finally:
+            await plugin.stop()
 
     asyncio.run(body())
