@@ -12,8 +12,8 @@ What a cluster does with the MPS control daemon's Deployment, reduced to what th
   claims the sandbox's kubelet emulator prepares, are not run: their images are not here), with the container's
   ``env`` (``value`` entries), in a new session. ``hostPath`` volumes stand in for bind mounts: every
   ``mountPath`` of the container is replaced by its volume's host path in the command, arguments, environment
-  values and exec probes (longest path first), so a script that writes ``/driver-root/var/log/nvidia-
-  mps/startup.log`` writes the host directory the Pod mounts there. The image is not pulled: the node's own
+  values and exec probes (longest path first), so a script that writes ``/driver-root/var/log/nvidia-mps/startup.log``
+  writes the host directory the Pod mounts there. The image is not pulled: the node's own
   programs run (a sandbox runs the plugin's code from the same checkout). A ``startupProbe``/``readinessProbe``
   ``exec`` runs every ``periodSeconds`` (times ``time_scale``); the container is ready after the startup probe
   (and readiness probe, if any) succeeded, and the Pod's ``Ready`` condition and ``containerStatuses`` follow. A
