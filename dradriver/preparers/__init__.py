@@ -4,5 +4,6 @@ Each implements :class:`dradriver.domain.ports.DevicePreparer` (plan, apply with
 idempotent undo, start-up sweep); sharing strategies implement :class:`dradriver.domain.ports.SharingStep`.
 Today: :class:`~dradriver.preparers.gpu.FullGpuPreparer` and :class:`~dradriver.preparers.gpu.StaticMigPreparer`
 (no side effects: the device exists, preparing it is giving its nodes to the container) and
-:class:`~dradriver.preparers.sharing.ExclusiveUse`.
+:class:`~dradriver.preparers.sharing.ExclusiveUse`, and :class:`~dradriver.preparers.mps.MpsSharing` (one MPS
+control daemon per config group per claim, over the reusable :class:`~dradriver.preparers.mps.ControlDaemons`).
 """

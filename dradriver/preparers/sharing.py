@@ -4,8 +4,9 @@
 plan's strategy after the group's devices are prepared, stores its undo record with the claim, adds its CDI
 edits, and undoes it on unprepare. Today only exclusive use exists (strategy ``None``, and ``TimeSlicing`` on
 MIG devices, which NVIDIA documents as a no-op: a MIG device cannot be time-sliced, ``nvidia-dra-driver.md`` 3.1);
-time-slicing and MPS on full GPUs are refused earlier by their feature gates (``TimeSlicingSettings``,
-``MPSSupport``, off by default as in NVIDIA's driver) and get their steps with the sharing work.
+time-slicing of full GPUs is refused earlier by its feature gate (``TimeSlicingSettings``, off by default as in
+NVIDIA's driver). ``MPS`` is :class:`dradriver.preparers.mps.MpsSharing` (gate ``MPSSupport``), registered by
+the GPU plugin when the gate is on.
 """
 
 from __future__ import annotations
