@@ -308,3 +308,33 @@ def test_a_half_prepared_claim_whose_daemon_could_not_be_stopped_is_undone_from_
             await plugin.stop()
 
     asyncio.run(body())
+
+
+def test_the_mps_example_is_prepared_with_its_limits(sandbox: SandboxNode) -> None:
+    """``deploy/examples/mps-claim.yaml`` as a user applies it: template -> claim -> allocation -> ready daemon."""
+    import yaml
+
+    from dradriver.sandbox.cluster import create_claim_from_template
+
+    sandbox.run_workloads()
+    template, pod = [d for d in yaml.safe_load_all((ROOT / "deploy" / "examples" / "mps-claim.yaml").read_text())
+                     if d]
+
+    async def body() -> None:
+        assert sandbox.api is not None
+        async with running(sandbox.mps_config()) as (plugin, kubelet):
+            sandbox.api.create(template)
+            pod_obj = sandbox.api.create(pod)
+            claim = create_claim_from_template(sandbox.api, pod_obj, pod_obj["spec"]["resourceClaims"][0])
+            [claim] = scheduler.allocate(sandbox.api, [("default", claim["metadata"]["name"])],
+                                         node_name=sandbox.node_name)
+            ref = ref_of(claim)
+            assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+            [uuid] = _uuids(plugin, claim)
+            state = json.loads((plugin.config.mps_root / mps.control_daemon_id(ref.uid, [uuid]) / mps.PIPE_DIR /
+                                STATE_FILE).read_text())
+            assert state["defaultActiveThreadPercentage"] == 50.0
+            assert state["defaultPinnedMemLimits"] == {uuid: "20480M"}
+            assert (await kubelet.unprepare([ref]))[ref.uid] == ""
+
+    asyncio.run(body())
