@@ -29,6 +29,7 @@ from dradriver.health.metrics import DriverMetrics, MetricsServer, serve_metrics
 from dradriver.health.monitor import HealthMonitor
 from dradriver.host import driverfiles
 from dradriver.host.devicenodes import DeviceNodeInfo
+from dradriver.host.nvidiasmi import find_nvidia_smi
 from dradriver.kube import errors as kube_errors
 from dradriver.kube import version
 from dradriver.kube.client import KubeClient
@@ -174,7 +175,8 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
 
         metrics = DriverMetrics(node=config.node_name, driver=identity.driver_name)
         nodes = node_info(config)
-        steps: list[SharingStep] = list(default_steps())
+        steps: list[SharingStep] = list(default_steps(session,
+                                                      lambda: find_nvidia_smi(config.container_driver_root)))
         daemons = None
         if config.feature_gates.mps_support:
             daemons = control_daemons(config, connection.client, session)

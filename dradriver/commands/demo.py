@@ -21,6 +21,9 @@ def register(subparsers: Any) -> None:
                         help="mock NVML node profile (see `dradriver mock-profiles`); default gb200-nvl72-node")
     parser.add_argument("--node-name", default="gpu-node-1", help="name of the emulated node")
     parser.add_argument("--output", choices=("text", "json"), default="text", help="progress format")
+    parser.add_argument("--scenario", choices=("basic", "sharing"), default="basic",
+                        help="basic: the seed examples (default); sharing: GPU sharing (time-slicing) with the "
+                             "settings read back through NVML")
     parser.add_argument("--serve", action="store_true",
                         help="stop after publishing and keep the plugin and both emulators running until interrupted")
     parser.set_defaults(func=run)
@@ -67,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         narrator.output = "quiet"
     try:
         asyncio.run(demo(profile=args.profile, node_name=args.node_name, narrator=narrator,
-                         serve=serve if args.serve else None))
+                         serve=serve if args.serve else None, scenario=args.scenario))
     except DradriverError as exc:
         if args.output == "json" and not args.serve:
             print(json.dumps({"ok": False, "error": str(exc), "steps": narrator.steps}))

@@ -79,7 +79,8 @@ NODE_LOCAL_FABRIC_IPC = "NodeLocalFabricIPC"
 _NO = Support.NOT_IMPLEMENTED
 
 GATES: tuple[Gate, ...] = (
-    Gate(TIME_SLICING_SETTINGS, False, "Alpha (0.2)", "GpuConfig time-slice intervals; TimeSlicing validation", _NO),
+    Gate(TIME_SLICING_SETTINGS, False, "Alpha (0.2)", "GpuConfig time-slice intervals; TimeSlicing validation",
+         Support.IMPLEMENTED),
     Gate(MPS_SUPPORT, False, "Alpha (0.2)", "MPS sharing strategy and its control daemons", Support.IMPLEMENTED),
     Gate(IMEX_DAEMONS_WITH_DNS_NAMES, True, "Beta (0.2)", "DNS-named IMEX peers through /etc/hosts", _NO),
     Gate(PASSTHROUGH_SUPPORT, False, "Alpha (0.3)", "VFIO passthrough devices", _NO),

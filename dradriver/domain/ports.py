@@ -8,21 +8,23 @@
   and returns an :class:`UndoRecord` the claim state stores with the claim before the claim is acknowledged,
   gives the CDI container edits of each device, and undoes a stored record idempotently
   (:meth:`DevicePreparer.undo`, called by unprepare and by start-up recovery alike).
-* :class:`SharingStep`: a sharing strategy (exclusive use, MPS control daemons; time-slicing next) applied to a
+* :class:`SharingStep`: a sharing strategy (exclusive use, time-slicing, MPS control daemons) applied to a
   config group, chosen from the :class:`~dradriver.domain.configs.SharingPlan` that
-  :func:`~dradriver.domain.configs.select_configs` computes; the same apply/undo/edits contract.
+  :func:`~dradriver.domain.configs.select_configs` computes; the same apply/undo/edits contract. An apply
+  that fails half-way raises :class:`PartiallyApplied` with the record of what it did, and the runner undoes
+  it with everything else applied for the claim.
 * :class:`RequestMetrics`: what the batch runner reports (implemented by the Prometheus metrics).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from dradriver.domain.cdi import ContainerEdits
-from dradriver.domain.claims import AllocationResult, Claim, ClaimRef, ClaimResult
+from dradriver.domain.claims import AllocationResult, Claim, ClaimError, ClaimRef, ClaimResult
 from dradriver.domain.configs import ConfigGroup
 
 JSONValue = Any
@@ -83,6 +85,26 @@ class UndoRecord:
                 or not isinstance(data, Mapping):
             raise ValueError(f"undo record {raw!r}: wrong field types")
         return cls(kind, version, target, dict(data))
+
+
+class PartiallyApplied(ClaimError):
+    """An :meth:`DevicePreparer.apply` or :meth:`SharingStep.apply` failed after some of its side effects were
+    made; :attr:`record` undoes exactly those.
+
+    The batch runner stores the record with the claim's other records (so a crash from here on is still
+    undone at the next start), then undoes everything applied for the claim, newest first, and answers the
+    claim with this error. A step that changes several things (one setting per GPU, a daemon then a mount)
+    raises this instead of cleaning up itself, so its partial work is undone by the same, retried, idempotent
+    :meth:`~SharingStep.undo` as a complete one.
+
+    :param ref: the claim.
+    :param cause: the claim error text (names the field path and what failed).
+    :param record: the undo record of what was done before the failure.
+    """
+
+    def __init__(self, ref: ClaimRef | str, cause: str, record: UndoRecord) -> None:
+        super().__init__(ref, cause)
+        self.record = record
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +230,13 @@ class SharingStep(Protocol):
         """At start: remove side effects of this step that no stored record of its kind knows (a crash between
         the side effect and storing its record); return what was removed."""
         ...
+
+
+StoredRecords = Callable[[str, str], Sequence[tuple[str, UndoRecord]]]
+"""``stored(kind, exclude_uid)``: the undo records of ``kind`` stored with PREPARE_COMPLETED claims other than
+``exclude_uid``, as (claim UID, record) pairs in claim-state order. The batch runner hands it to every sharing
+step that has a ``bind_records(stored)`` method, for settings several claims share (a GPU's time-slice stays
+while another prepared claim still uses it)."""
 
 
 class RequestMetrics(Protocol):

@@ -52,7 +52,14 @@ from dradriver.domain import cdi
 from dradriver.domain.claims import AllocationResult, Claim, ClaimError, ClaimRef, ClaimResult
 from dradriver.domain.configs import ConfigGroup, ConfigSelection
 from dradriver.domain.identity import DriverIdentity
-from dradriver.domain.ports import DevicePlan, DevicePreparer, RequestMetrics, SharingStep, UndoRecord
+from dradriver.domain.ports import (
+    DevicePlan,
+    DevicePreparer,
+    PartiallyApplied,
+    RequestMetrics,
+    SharingStep,
+    UndoRecord,
+)
 from dradriver.domain.registry import DeviceRegistry
 from dradriver.errors import DradriverError
 from dradriver.host import cdifiles
@@ -215,6 +222,14 @@ class BatchRunner:
         self._device_kinds: dict[str, DevicePreparer] = {p.kind: p for p in preparers}
         self._by_kind: dict[str, DevicePreparer | SharingStep] = dict(self._device_kinds)
         self._by_kind.update({s.kind: s for s in sharing})
+        for step in sharing:
+            # kinds an older release wrote for what this step now undoes (records must stay undoable)
+            for alias in getattr(step, "undo_kinds", ()):
+                self._by_kind.setdefault(alias, step)
+            bind = getattr(step, "bind_records", None)
+            if callable(bind):
+                bind(self.stored_records)
+        self._payload_cache: dict[str, tuple[bytes | str, tuple[UndoRecord, ...]]] = {}
         self.select_configs = select_configs
         self.spec_edits = spec_edits
         self.metrics = metrics
@@ -243,6 +258,27 @@ class BatchRunner:
             if preparer.handles(device):
                 return preparer
         return None
+
+    def stored_records(self, kind: str, exclude_uid: str) -> list[tuple[str, UndoRecord]]:
+        """The undo records of ``kind`` stored with PREPARE_COMPLETED claims other than ``exclude_uid``, as
+        (claim UID, record) in claim-state order (:data:`~dradriver.domain.ports.StoredRecords`). Parsed
+        payloads are cached by payload text, so a call costs one pass over the claims."""
+        out: list[tuple[str, UndoRecord]] = []
+        claims = self.state.claims()
+        if len(self._payload_cache) > 2 * len(claims) + 64:
+            self._payload_cache = {u: c for u, c in self._payload_cache.items() if u in claims}
+        for uid, record in claims.items():
+            if uid == exclude_uid or record.phase is not ClaimPhase.PREPARE_COMPLETED:
+                continue
+            cached = self._payload_cache.get(uid)
+            if cached is None or cached[0] != record.payload:
+                try:
+                    cached = (record.payload, tuple(read_payload(record.payload).undo))
+                except ValueError:
+                    continue
+                self._payload_cache[uid] = cached
+            out.extend((uid, r) for r in cached[1] if r.kind == kind)
+        return out
 
     def spec_path(self, uid: str) -> Path:
         """This plugin's CDI spec file for claim ``uid``."""
@@ -545,6 +581,9 @@ class BatchRunner:
                 step = self.sharing[group.plan.strategy]
                 devices = [self.registry.get(name) for name in group.devices]
                 work.applied.append(step.apply(ref, group, devices, deadline=work.deadline))
+        except PartiallyApplied as exc:  # its record joins the others: stored, then undone newest first
+            work.applied.append(exc.record)
+            work.error = _claim_error(ref, exc)
         except Exception as exc:
             work.error = _claim_error(ref, exc)
 

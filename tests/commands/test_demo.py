@@ -85,3 +85,25 @@ def test_demo_serve_keeps_the_driver_running_for_other_tools() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_sharing_scenario_time_slices_one_gpu_between_two_claims() -> None:
+    import asyncio
+
+    from dradriver.sandbox.demo import Narrator, demo
+
+    narrator = Narrator(output="quiet")
+    asyncio.run(demo(profile="dgx-h100", node_name="gpu-node-1", narrator=narrator, scenario="sharing"))
+    assert [s["step"] for s in narrator.steps] == [1, 2, 3, 4]
+    details = [d for d in narrator.steps[2]["details"] if "timeslice" in d]
+    assert [(d["claim"], d["timeslice"]) for d in details] == [
+        ("time-sliced-a", 1), ("time-sliced-b", 3),   # prepared: last writer's interval
+        ("time-sliced-a", 3), ("time-sliced-b", 0),   # unprepared: kept while a claim is left, then reset
+    ]
+    assert {d["compute_mode"] for d in details if "compute_mode" in d} == {"DEFAULT"}
+
+
+def test_unknown_scenario_is_refused() -> None:
+    proc = _run("--scenario", "nope")
+    assert proc.returncode == 2
+    assert "invalid choice: 'nope'" in proc.stderr

@@ -118,10 +118,9 @@ def _check(parameters: dict[str, Any], gates: FeatureGates) -> configs.DeviceCon
 INVALID: list[tuple[str, dict[str, Any], FeatureGates, str, str]] = [
     ("time-slicing gate off", params(sharing={"strategy": "TimeSlicing"}), FeatureGates(), ".sharing.strategy",
      '"TimeSlicing" is selected as the GPU sharing strategy, but the "TimeSlicingSettings" feature gate is not '
-     "enabled (this driver does not implement time-slicing yet)"),
+     "enabled"),
     ("mps gate off", params(sharing={"strategy": "MPS"}), FeatureGates(), ".sharing.strategy",
-     '"MPS" is selected as the GPU sharing strategy, but the "MPSSupport" feature gate is not enabled '
-     "(enable it with --feature-gates=MPSSupport=true)"),
+     '"MPS" is selected as the GPU sharing strategy, but the "MPSSupport" feature gate is not enabled'),
     ("mig mps gate off", params("MigDeviceConfig", sharing={"strategy": "MPS"}), FeatureGates(),
      ".sharing.strategy", '"MPS" is selected as the GPU sharing strategy, but the "MPSSupport" feature gate'),
     ("time-slicing gate on, mps gate off", params(sharing={"strategy": "MPS"}),
@@ -144,6 +143,9 @@ INVALID: list[tuple[str, dict[str, Any], FeatureGates, str, str]] = [
      FeatureGates({"MPSSupport": True, "ConsumableShares": True}), ".sharing.strategy",
      "MPS sharing is not supported when consumable shares is enabled"),
     ("mig mps with dynamic mig", params("MigDeviceConfig", sharing={"strategy": "MPS"}),
+     FeatureGates({"MPSSupport": True, "DynamicMIG": True}), ".sharing.strategy",
+     "MPS is not yet supported when using featureGates.DynamicMIG=true"),
+    ("mps with dynamic mig", params(sharing={"strategy": "MPS"}),
      FeatureGates({"MPSSupport": True, "DynamicMIG": True}), ".sharing.strategy",
      "MPS is not yet supported when using featureGates.DynamicMIG=true"),
 ]

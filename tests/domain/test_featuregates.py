@@ -20,6 +20,12 @@ def test_defaults_are_nvidias_except_health() -> None:
     assert fg.GATES_BY_NAME[fg.NVML_DEVICE_HEALTH_CHECK].nvidia_default is False
 
 
+def test_time_slicing_settings_is_implemented_both_ways() -> None:
+    assert fg.GATES_BY_NAME[fg.TIME_SLICING_SETTINGS].support is fg.Support.IMPLEMENTED
+    assert fg.parse_feature_gates("TimeSlicingSettings=true").time_slicing_settings
+    assert not fg.parse_feature_gates("TimeSlicingSettings=false").time_slicing_settings
+
+
 def test_chart_syntax_with_trailing_comma_and_blanks() -> None:
     gates = fg.parse_feature_gates(" ContextualLogging=false , IMEXDaemonsWithDNSNames=True,,")
     assert gates.explicit == {"ContextualLogging": False, "IMEXDaemonsWithDNSNames": True}

@@ -19,7 +19,7 @@ from dradriver.domain.cdi import ContainerEdits, DeviceNode
 from dradriver.domain.claims import AllocationResult, Claim, ClaimError, ClaimRef, base_request_name
 from dradriver.domain.configs import ConfigGroup
 from dradriver.domain.identity import CdiKind, DriverIdentity
-from dradriver.domain.ports import DevicePlan, DevicePreparer, UndoRecord
+from dradriver.domain.ports import DevicePlan, DevicePreparer, PartiallyApplied, UndoRecord
 from dradriver.domain.registry import DeviceRegistry
 from dradriver.errors import DradriverError
 from dradriver.host.claimstate import ClaimPhase, ClaimState
@@ -356,4 +356,33 @@ def test_a_one_claim_prepare_is_not_held_behind_a_large_batch(tmp_path: Path) ->
         asyncio.run(body())
     finally:
         n.runner.close()
+        n.state.close()
+
+
+class HalfwayPreparer(FakePreparer):
+    """Creates two things per device (``.../first``, ``.../second``); the second fails for ``fail_apply``
+    devices, after the first exists, and the apply reports the first through ``PartiallyApplied``."""
+
+    def apply(self, claim: ClaimRef, plan: DevicePlan) -> UndoRecord:
+        first = f"{claim.uid}/{plan.device}/first"
+        with self.lock:
+            self.live.add(first)
+        if plan.device in self.fail_apply:
+            raise PartiallyApplied(claim, f"devices[{plan.device}]: creating the second thing failed",
+                                   UndoRecord(self.kind, 1, plan.device, {"thing": first}))
+        return UndoRecord(self.kind, 1, plan.device, {"thing": first})
+
+
+def test_partial_side_effects_of_a_failed_apply_are_undone_with_the_rest(tmp_path: Path) -> None:
+    n = Node(tmp_path, FakePreparer("alpha"), HalfwayPreparer("beta", fail_apply=["b3"]))
+    try:
+        ref = n.add(_claim("u-half", "a3", "b3"))
+        answer = _prepare(n, ref)[ref.uid]
+        assert answer.error == (f"claim {ref}: devices[b3]: "  # type: ignore[attr-defined]
+                                "creating the second thing failed")
+        # the half-made side effect of b3 and the complete one of a3 are both undone, newest first
+        assert n.beta.undone == ["u-half/b3/first"] and n.alpha.undone == ["u-half/a3"]
+        assert n.alpha.live == set() and n.beta.live == set()
+        assert n.state.get(ref.uid) is None and not n.spec(ref.uid).exists()
+    finally:
         n.state.close()
