@@ -338,3 +338,33 @@ def test_the_mps_example_is_prepared_with_its_limits(sandbox: SandboxNode) -> No
             assert (await kubelet.unprepare([ref]))[ref.uid] == ""
 
     asyncio.run(body())
+
+
+def test_unprepare_retries_a_refused_delete_and_takes_a_vanished_deployment_as_deleted(sandbox: SandboxNode) -> None:
+    sandbox.run_workloads()
+
+    async def body() -> None:
+        assert sandbox.api is not None
+        async with running(sandbox.mps_config()) as (plugin, kubelet):
+            refs = []
+            for name in ("refused", "vanished"):
+                ref, _ = mps_claim(sandbox, name)
+                assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+                refs.append(ref)
+            refused, vanished = refs
+            # the API refuses the DELETE (after the client's retries): the claim stays prepared, the kubelet retries
+            sandbox.api.fail_next(5, status=503, method="DELETE", path=re.compile("/deployments/mps-control-daemon-"
+                                                                                    + refused.uid))
+            error = (await kubelet.unprepare([refused]))[refused.uid]
+            assert "MPS control daemon" in error and "DELETE deployments" in error
+            assert plugin.state.get(refused.uid) is not None
+            assert (await kubelet.unprepare([refused]))[refused.uid] == ""
+            # someone deleted the other claim's Deployment: NotFound is a finished delete
+            [deployment] = sandbox.api.objects("Deployment")
+            sandbox.api.delete("Deployment", deployment["metadata"]["name"], SANDBOX_NAMESPACE)
+            assert (await kubelet.unprepare([vanished]))[vanished.uid] == ""
+            await wait_for(lambda: not sandbox.api.objects("Pod") if sandbox.api else False)
+            assert not any(plugin.config.mps_root.iterdir())
+            assert len(plugin.state) == 0
+
+    asyncio.run(body())
