@@ -93,7 +93,8 @@ def test_mps_claim_is_prepared_through_a_ready_control_daemon_and_unprepared(mps
         async with running(sandbox.mps_config()) as (plugin, kubelet):
             ref, claim = mps_claim(sandbox, "mps", {"defaultActiveThreadPercentage": 30,
                                                     "defaultPinnedDeviceMemoryLimit": "10Gi",
-                                                    "defaultPerDevicePinnedMemoryLimit": {"1": "5Gi"}}, count=2)
+                                                    "defaultPerDevicePinnedMemoryLimit": {"1": "5Gi"},
+                                                    "multiUser": True}, count=2)
             uuids = _uuids(plugin, claim)
             answer = (await kubelet.prepare([ref]))[ref.uid]
             assert answer.error == ""
@@ -107,7 +108,7 @@ def test_mps_claim_is_prepared_through_a_ready_control_daemon_and_unprepared(mps
             # the daemon really runs, with the claim's devices and limits
             directory = plugin.config.mps_root / daemon_id
             state = json.loads((directory / mps.PIPE_DIR / STATE_FILE).read_text())
-            assert state["visibleDevices"] == uuids and state["multiUser"] is False
+            assert state["visibleDevices"] == uuids and state["multiUser"] is True  # -M: H100s are cc 9.0
             assert state["defaultActiveThreadPercentage"] == 30.0
             assert state["defaultPinnedMemLimits"] == {uuids[0]: "10240M", uuids[1]: "5120M"}
             assert (directory / mps.LOG_DIR / mps.STARTUP_LOG).read_text().strip() == mps.STARTUP_MARKER
