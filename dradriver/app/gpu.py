@@ -180,7 +180,8 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
 
         metrics = DriverMetrics(node=config.node_name, driver=identity.driver_name)
         nodes = node_info(config)
-        steps: list[SharingStep] = list(default_steps(session, lambda: find_nvidia_smi(config.container_driver_root)))
+        steps: list[SharingStep] = list(default_steps(session,
+                                                      lambda: find_nvidia_smi(config.container_driver_root)))
         daemons = None
         if config.feature_gates.mps_support:
             daemons = control_daemons(config, connection.client, session)

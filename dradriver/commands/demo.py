@@ -17,9 +17,10 @@ def register(subparsers: Any) -> None:
             "seed examples; tear down and check nothing is left."
         ),
     )
-    parser.add_argument("--scenario", choices=("basic", "sharing"), default="basic",
+    parser.add_argument("--scenario", choices=("basic", "sharing", "time-slicing"), default="basic",
                         help="basic: the seed examples (default); sharing: time-slicing, consumable GPU shares "
-                             "enforced through MPS, and an MPS claim, on an H200 node (ignores --profile)")
+                             "enforced through MPS, and an MPS claim, on an H200 node (ignores --profile); "
+                             "time-slicing: one GPU time-sliced between two claims, settings read back via NVML")
     parser.add_argument("--profile", default="gb200-nvl72-node",
                         help="mock NVML node profile (see `dradriver mock-profiles`); default gb200-nvl72-node")
     parser.add_argument("--node-name", default="gpu-node-1", help="name of the emulated node")
@@ -70,14 +71,14 @@ def run(args: argparse.Namespace) -> int:
     if args.serve and args.output == "json":
         narrator.output = "quiet"
     if args.serve and args.scenario == "sharing":
-        print("dradriver demo: --serve runs the basic scenario only", file=sys.stderr)
+        print("dradriver demo: --serve does not run the sharing scenario (it restarts the plugin)", file=sys.stderr)
         return 2
     try:
         if args.scenario == "sharing":
             asyncio.run(sharing_demo(narrator))
         else:
             asyncio.run(demo(profile=args.profile, node_name=args.node_name, narrator=narrator,
-                             serve=serve if args.serve else None))
+                             serve=serve if args.serve else None, scenario=args.scenario))
     except DradriverError as exc:
         if args.output == "json" and not args.serve:
             print(json.dumps({"ok": False, "error": str(exc), "steps": narrator.steps}))

@@ -74,9 +74,8 @@ MPS_WITH_CONSUMABLE_SHARES = "MPS sharing is not supported when consumable share
 MPS_WITH_DYNAMIC_MIG = "MPS is not yet supported when using featureGates.DynamicMIG=true"
 """NVIDIA's refusals of the MPS strategy (``nvidia-dra-driver-updates.md`` 2a), at ``sharing.strategy``."""
 
-_NOT_IMPLEMENTED = {
-    MPS: "enable it with --feature-gates=MPSSupport=true",
-}
+_NOT_IMPLEMENTED: dict[str, str] = {}
+"""Strategy -> a note appended to its gate error while this driver does not implement it (none now: both are)."""
 _INTEGER_KEY = re.compile(r"[+-]?[0-9]+")
 
 
@@ -301,7 +300,9 @@ def validate(config: DeviceConfig, gates: FeatureGates = DEFAULT_GATES, where: s
 
     :raises DeviceConfigError: at ``<where>.sharing.strategy``: a strategy whose gate is off ("%q is selected as
         the GPU sharing strategy, but the %q feature gate is not enabled"), an unknown one ("unknown GPU sharing
-        strategy"), MPS with the ConsumableShares or DynamicMIG gate on (NVIDIA's wording); at
+        strategy"), MPS with the ConsumableShares gate on ("MPS sharing is not supported when consumable shares
+        is enabled") or with DynamicMIG on ("MPS is not yet supported when using featureGates.DynamicMIG=true";
+        the gate table forbids that pair at start-up, so only a hand-built gate set reaches it); at
         ``...timeSlicingConfig.interval``: not ``Default|Short|Medium|Long``; at
         ``...mpsConfig.defaultActiveThreadPercentage``: outside 0..100.
     """
@@ -315,7 +316,7 @@ def validate(config: DeviceConfig, gates: FeatureGates = DEFAULT_GATES, where: s
     elif sharing.strategy == MPS:
         if not gates.mps_support:
             raise DeviceConfigError(f"{at}.strategy", _gate_error(MPS, MPS_SUPPORT))
-        if gates.consumable_shares:
+        if gates.consumable_shares:  # NVIDIA's apply-time refusals (nvidia-dra-driver-updates.md 2a)
             raise DeviceConfigError(f"{at}.strategy", MPS_WITH_CONSUMABLE_SHARES)
         if gates.dynamic_mig:
             raise DeviceConfigError(f"{at}.strategy", MPS_WITH_DYNAMIC_MIG)

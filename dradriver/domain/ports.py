@@ -8,8 +8,8 @@
   and returns an :class:`UndoRecord` the claim state stores with the claim before the claim is acknowledged,
   gives the CDI container edits of each device, and undoes a stored record idempotently
   (:meth:`DevicePreparer.undo`, called by unprepare and by start-up recovery alike).
-* :class:`SharingStep`: a sharing strategy (exclusive use; time-slicing and MPS next) applied to a config
-  group, chosen from the :class:`~dradriver.domain.configs.SharingPlan` that
+* :class:`SharingStep`: a sharing strategy (exclusive use, time-slicing, MPS control daemons) applied to a
+  config group, chosen from the :class:`~dradriver.domain.configs.SharingPlan` that
   :func:`~dradriver.domain.configs.select_configs` computes; the same apply/undo/edits contract. An apply
   that fails half-way raises :class:`PartiallyApplied` with the record of what it did, and the runner undoes
   it with everything else applied for the claim.

@@ -2,10 +2,10 @@
 
 ``select_configs()`` computes one plan per config group; the batch runner applies the step registered for the
 plan's strategy after the group's devices are prepared, stores its undo record with the claim, adds its CDI
-edits, and undoes it on unprepare. Steps: exclusive use (strategy ``None``) and :class:`TimeSlicing` (full GPUs;
-on MIG devices NVIDIA's documented no-op, ``nvidia-dra-driver.md`` 3.1/3.2). MPS is refused earlier by its
-feature gate (``MPSSupport``, off by default as in NVIDIA's driver) until its step exists; TimeSlicing needs
-``TimeSlicingSettings`` on, as in NVIDIA's driver.
+edits, and undoes it on unprepare. Steps: exclusive use (strategy ``None``), :class:`TimeSlicing` (full GPUs;
+on MIG devices NVIDIA's documented no-op, ``nvidia-dra-driver.md`` 3.1/3.2; needs ``TimeSlicingSettings`` on, as
+in NVIDIA's driver) and ``MPS``, :class:`dradriver.preparers.mps.MpsSharing` (gate ``MPSSupport``), registered by
+the GPU plugin when the gate is on.
 """
 
 from __future__ import annotations
@@ -150,11 +150,6 @@ class TimeSlicing:
         """No edits: time-slicing changes GPU settings only."""
         return {}
 
-    def sweep(self, known: Sequence[UndoRecord]) -> list[str]:
-        """Nothing to find at start: a crash between a setting and its record leaves a GPU setting that the next
-        claim's apply overwrites (the record is stored before the claim is acknowledged)."""
-        return []
-
     def _shared(self, claim: ClaimRef) -> dict[str, int]:
         """GPU UUID -> the time-slice of the newest other prepared claim that time-slices it."""
         out: dict[str, int] = {}
@@ -196,6 +191,12 @@ class TimeSlicing:
         if failures:
             raise DradriverError(f"claim {claim}: time-slicing undo: " + "; ".join(str(f) for f in failures))
 
+    def sweep(self, known: Sequence[UndoRecord]) -> list[str]:
+        """Nothing to sweep: GPU settings carry no owner to tell a crash's leftover from a prepared claim's (as in
+        NVIDIA's driver, which does not roll time-slicing back for half-prepared claims); a record stored with a
+        half-prepared claim is undone by the runner's recovery."""
+        return []
+
     def _restore_compute_mode(self, uuid: str, mode: int) -> None:
         """Set ``uuid``'s compute mode back to ``mode`` when it differs (no write, so no privilege, otherwise)."""
         wanted = settings.ComputeMode(mode)
@@ -220,6 +221,6 @@ _GONE_EXIT_CODES = (3, 6, 15)
 
 
 def default_steps(session: NvmlSession, nvidia_smi: Callable[[], NvidiaSmi]) -> tuple[SharingStep, ...]:
-    """The sharing steps of the GPU plugin without MPS: exclusive use and time-slicing (the MPS step is added by
-    the plugin when ``MPSSupport`` is on)."""
+    """The sharing steps of the GPU plugin without MPS: exclusive use and time-slicing (the plugin adds
+    :class:`dradriver.preparers.mps.MpsSharing` with the MPSSupport gate)."""
     return (ExclusiveUse(), TimeSlicing(session, nvidia_smi))

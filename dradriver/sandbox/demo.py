@@ -14,6 +14,9 @@ through NodePrepareResources exactly as on a node. Steps:
    process (the sandbox's Deployment controller and container runner), becomes Ready, the claim is prepared and
    unprepared;
 6. tear down (unprepare, delete pods and claims) and check nothing is left (CDI specs, claim state).
+
+``--scenario time-slicing`` runs :mod:`dradriver.sandbox.sharingdemo` after step 2 instead; ``--scenario sharing``
+is :mod:`dradriver.sandbox.sharing_demo` (its own node and plugin configurations).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import yaml
 from dradriver.app import GpuPlugin, start_plugin
 from dradriver.domain.claims import ClaimRef
 from dradriver.domain.devices import GpuDevice, MigDevice
+from dradriver.domain.featuregates import FeatureGates
 from dradriver.domain.identity import GPU_DRIVER
 from dradriver.errors import DradriverError
 from dradriver.sandbox import scheduler
@@ -148,13 +152,19 @@ class DemoRun:
 
 
 @contextlib.asynccontextmanager
-async def started(profile: str, node_name: str, narrator: Narrator) -> Any:
-    """Step 1 and 2: start everything and show the ResourceSlice; stops everything on exit."""
+async def started(profile: str, node_name: str, narrator: Narrator,
+                  feature_gates: FeatureGates | None = None) -> Any:
+    """Step 1 and 2: start everything and show the ResourceSlice; stops everything on exit.
+
+    :param feature_gates: the plugin's ``--feature-gates`` (default: NVIDIA's defaults).
+    """
     narrator.step(1, f"Start the kubelet plugin on node {node_name} (mock NVML profile {profile})")
     with SandboxNode(profile=profile, node_name=node_name) as sandbox:
         assert sandbox.api is not None
         sandbox.run_workloads()
-        plugin = await start_plugin(sandbox.mps_config(log_level="warning"))
+        # MPSSupport is always on in the demo: step 5 (and the sharing scenario) prepare MPS claims
+        gates = (feature_gates or sandbox.config().feature_gates).with_gates(MPSSupport=True)
+        plugin = await start_plugin(sandbox.mps_config(log_level="warning", feature_gates=gates))
         try:
             narrator.say(f"Kubernetes API emulator at {sandbox.api.url}")
             narrator.say(f"DRA socket {plugin.servers.dra_socket}")
@@ -263,11 +273,27 @@ async def run_scenarios(run: DemoRun, narrator: Narrator) -> None:
     narrator.done()
 
 
+SCENARIOS = ("basic", "time-slicing")
+"""``basic``: steps 3-5 above; ``time-slicing``: :mod:`dradriver.sandbox.sharingdemo` (sharing gates on). The
+assembled ``dradriver demo --scenario sharing`` (time-slicing, consumable shares, MPS) is
+:mod:`dradriver.sandbox.sharing_demo`."""
+
+
 async def demo(*, profile: str, node_name: str, narrator: Narrator,
-               serve: Callable[[DemoRun], Any] | None = None) -> None:
-    """Run the demo; with ``serve``, stop after step 2 and await ``serve(run)`` instead of steps 3-5."""
-    async with started(profile, node_name, narrator) as run:
+               serve: Callable[[DemoRun], Any] | None = None, scenario: str = "basic") -> None:
+    """Run the demo; with ``serve``, stop after step 2 and await ``serve(run)`` instead of the scenario's steps.
+
+    :raises DemoError: ``scenario`` is not one of :data:`SCENARIOS`, or a step failed.
+    """
+    if scenario not in SCENARIOS:
+        raise DemoError(f"unknown scenario {scenario!r}; scenarios: {', '.join(SCENARIOS)}")
+    from dradriver.sandbox import sharingdemo
+
+    gates = sharingdemo.SHARING_GATES if scenario == "time-slicing" else None
+    async with started(profile, node_name, narrator, gates) as run:
         if serve is not None:
             await serve(run)
+        elif scenario == "time-slicing":
+            await sharingdemo.run_sharing(run, narrator)
         else:
             await run_scenarios(run, narrator)

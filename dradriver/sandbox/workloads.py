@@ -7,16 +7,18 @@ What a cluster does with the MPS control daemon's Deployment, reduced to what th
   Deployment not being deleted, as many Pods as ``spec.replicas``, named ``<deployment>-<5 random>``, labelled
   from the template, owned by the Deployment (``ownerReferences``, so deleting it deletes them through the API
   emulator's garbage collector); ``status.replicas``/``readyReplicas``/``availableReplicas`` kept current.
-* **Container runner** (the kubelet and the container runtime of this node): each Pod bound to the node gets
-  its containers started as local processes, with the container's ``env`` (``value`` entries), in a new
-  session. ``hostPath`` volumes stand in for bind mounts: every ``mountPath`` of the container is replaced by
-  its volume's host path in the command, arguments, environment values and exec probes (longest path first),
-  so a script that writes ``/driver-root/var/log/nvidia-mps/startup.log`` writes the host directory the Pod
-  mounts there. The image is not pulled: the node's own programs run (a sandbox runs the plugin's code from
-  the same checkout). A ``startupProbe``/``readinessProbe`` ``exec`` runs every ``periodSeconds`` (times
-  ``time_scale``); the container is ready after the startup probe (and readiness probe, if any) succeeded, and
-  the Pod's ``Ready`` condition and ``containerStatuses`` follow. A container that exits is restarted
-  (``restartPolicy: Always``) after a doubling back-off from 10 s (times ``time_scale``).
+* **Container runner** (the kubelet and the container runtime of this node): each Pod the controller made that is
+  bound to the node gets its containers started as local processes (other Pods, such as a user's workload whose
+  claims the sandbox's kubelet emulator prepares, are not run: their images are not here), with the container's
+  ``env`` (``value`` entries), in a new session. ``hostPath`` volumes stand in for bind mounts: every
+  ``mountPath`` of the container is replaced by its volume's host path in the command, arguments, environment
+  values and exec probes (longest path first), so a script that writes ``/driver-root/var/log/nvidia-mps/startup.log``
+  writes the host directory the Pod mounts there. The image is not pulled: the node's own
+  programs run (a sandbox runs the plugin's code from the same checkout). A ``startupProbe``/``readinessProbe``
+  ``exec`` runs every ``periodSeconds`` (times ``time_scale``); the container is ready after the startup probe
+  (and readiness probe, if any) succeeded, and the Pod's ``Ready`` condition and ``containerStatuses`` follow. A
+  container that exits is restarted (``restartPolicy: Always``) after a doubling back-off from 10 s (times
+  ``time_scale``).
 * **Graceful deletion**: the runner puts its finalizer on every Pod it runs, so deleting a Pod only marks it;
   the runner then stops the container — SIGTERM to every process carrying the container's marker in its
   environment (the sandbox's cgroup: daemons that detached are found too), SIGKILL after the grace period —
@@ -230,7 +232,7 @@ class Workloads:
         seen: set[str] = set()
         for pod in self.api.objects("Pod"):
             meta, spec = pod["metadata"], pod.get("spec") or {}
-            if spec.get("nodeName") != self.node_name or "containers" not in spec:
+            if spec.get("nodeName") != self.node_name or "containers" not in spec or not _from_deployment(pod):
                 continue
             uid = str(meta["uid"])
             if uid not in self._pods:
@@ -402,6 +404,12 @@ class Workloads:
         for pid in pids:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def _from_deployment(pod: Mapping[str, Any]) -> bool:
+    """The Pod is controlled by a Deployment (made by the sandbox's controller)."""
+    return any(o.get("kind") == "Deployment" and o.get("controller")
+               for o in (pod.get("metadata") or {}).get("ownerReferences") or [])
 
 
 def _pod_ready(pod: Mapping[str, Any]) -> bool:

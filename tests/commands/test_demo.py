@@ -102,3 +102,25 @@ def test_sharing_demo_shows_each_containers_mps_limits() -> None:
     assert sum(1 for d in shares if "deployment" in d) == 1
     assert any("above the request policy's maximum 143771Mi" in line for d in shares for line in d.get("explain", []))
     assert report["steps"][5]["details"][-1]["text"] == "CDI specs: 0, MPS control daemons: 0, daemon directories: 0"
+
+
+def test_sharing_scenario_time_slices_one_gpu_between_two_claims() -> None:
+    import asyncio
+
+    from dradriver.sandbox.demo import Narrator, demo
+
+    narrator = Narrator(output="quiet")
+    asyncio.run(demo(profile="dgx-h100", node_name="gpu-node-1", narrator=narrator, scenario="time-slicing"))
+    assert [s["step"] for s in narrator.steps] == [1, 2, 3, 4]
+    details = [d for d in narrator.steps[2]["details"] if "timeslice" in d]
+    assert [(d["claim"], d["timeslice"]) for d in details] == [
+        ("time-sliced-a", 1), ("time-sliced-b", 3),   # prepared: last writer's interval
+        ("time-sliced-a", 3), ("time-sliced-b", 0),   # unprepared: kept while a claim is left, then reset
+    ]
+    assert {d["compute_mode"] for d in details if "compute_mode" in d} == {"DEFAULT"}
+
+
+def test_unknown_scenario_is_refused() -> None:
+    proc = _run("--scenario", "nope")
+    assert proc.returncode == 2
+    assert "invalid choice: 'nope'" in proc.stderr

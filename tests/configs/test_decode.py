@@ -120,8 +120,7 @@ INVALID: list[tuple[str, dict[str, Any], FeatureGates, str, str]] = [
      '"TimeSlicing" is selected as the GPU sharing strategy, but the "TimeSlicingSettings" feature gate is not '
      "enabled"),
     ("mps gate off", params(sharing={"strategy": "MPS"}), FeatureGates(), ".sharing.strategy",
-     '"MPS" is selected as the GPU sharing strategy, but the "MPSSupport" feature gate is not enabled '
-     "(enable it with --feature-gates=MPSSupport=true)"),
+     '"MPS" is selected as the GPU sharing strategy, but the "MPSSupport" feature gate is not enabled'),
     ("mig mps gate off", params("MigDeviceConfig", sharing={"strategy": "MPS"}), FeatureGates(),
      ".sharing.strategy", '"MPS" is selected as the GPU sharing strategy, but the "MPSSupport" feature gate'),
     ("time-slicing gate on, mps gate off", params(sharing={"strategy": "MPS"}),
@@ -143,10 +142,10 @@ INVALID: list[tuple[str, dict[str, Any], FeatureGates, str, str]] = [
     ("mps with consumable shares", params(sharing={"strategy": "MPS"}),
      FeatureGates({"MPSSupport": True, "ConsumableShares": True}), ".sharing.strategy",
      "MPS sharing is not supported when consumable shares is enabled"),
-    ("mps with dynamic mig", params(sharing={"strategy": "MPS"}),
+    ("mig mps with dynamic mig", params("MigDeviceConfig", sharing={"strategy": "MPS"}),
      FeatureGates({"MPSSupport": True, "DynamicMIG": True}), ".sharing.strategy",
      "MPS is not yet supported when using featureGates.DynamicMIG=true"),
-    ("mig mps with dynamic mig", params("MigDeviceConfig", sharing={"strategy": "MPS"}),
+    ("mps with dynamic mig", params(sharing={"strategy": "MPS"}),
      FeatureGates({"MPSSupport": True, "DynamicMIG": True}), ".sharing.strategy",
      "MPS is not yet supported when using featureGates.DynamicMIG=true"),
 ]

@@ -410,3 +410,26 @@ def test_shared_claim_example_is_referenced_by_two_pods() -> None:
         refs = {c["name"]: c for c in pod["spec"]["resourceClaims"]}
         assert refs == {"gpu": {"name": "gpu", "resourceClaimName": "shared-gpu"}}
         assert pod["spec"]["containers"][0]["resources"]["claims"] == [{"name": "gpu"}]
+
+
+# --- GPU sharing ----------------------------------------------------------------------------------------------
+
+
+def test_gpu_sharing_overlay_turns_on_time_slicing_only() -> None:
+    assert not _plugin_config("base").feature_gates.time_slicing_settings
+    gates = _plugin_config("overlays/gpu-sharing").feature_gates
+    assert gates.time_slicing_settings and not gates.mps_support
+
+
+def test_time_slicing_example_config_is_valid_with_the_overlay_gates() -> None:
+    from dradriver.domain import configs
+
+    gates = _plugin_config("overlays/gpu-sharing").feature_gates
+    (claim,) = find(example("time-slicing.yaml"), "ResourceClaim")
+    parameters = claim["spec"]["devices"]["config"][0]["opaque"]["parameters"]
+    config = configs.normalize(configs.decode(parameters, "spec.devices.config[0].opaque.parameters"), gates)
+    configs.validate(config, gates)
+    assert config.sharing is not None and config.sharing.time_slicing is not None
+    assert config.sharing.time_slicing.interval == "Long"
+    with pytest.raises(configs.DeviceConfigError, match="TimeSlicingSettings"):
+        configs.validate(config, _plugin_config("base").feature_gates)

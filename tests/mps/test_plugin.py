@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -92,7 +93,8 @@ def test_mps_claim_is_prepared_through_a_ready_control_daemon_and_unprepared(mps
         async with running(sandbox.mps_config()) as (plugin, kubelet):
             ref, claim = mps_claim(sandbox, "mps", {"defaultActiveThreadPercentage": 30,
                                                     "defaultPinnedDeviceMemoryLimit": "10Gi",
-                                                    "defaultPerDevicePinnedMemoryLimit": {"1": "5Gi"}}, count=2)
+                                                    "defaultPerDevicePinnedMemoryLimit": {"1": "5Gi"},
+                                                    "multiUser": True}, count=2)
             uuids = _uuids(plugin, claim)
             answer = (await kubelet.prepare([ref]))[ref.uid]
             assert answer.error == ""
@@ -106,7 +108,7 @@ def test_mps_claim_is_prepared_through_a_ready_control_daemon_and_unprepared(mps
             # the daemon really runs, with the claim's devices and limits
             directory = plugin.config.mps_root / daemon_id
             state = json.loads((directory / mps.PIPE_DIR / STATE_FILE).read_text())
-            assert state["visibleDevices"] == uuids and state["multiUser"] is False
+            assert state["visibleDevices"] == uuids and state["multiUser"] is True  # -M: H100s are cc 9.0
             assert state["defaultActiveThreadPercentage"] == 30.0
             assert state["defaultPinnedMemLimits"] == {uuids[0]: "10240M", uuids[1]: "5120M"}
             assert (directory / mps.LOG_DIR / mps.STARTUP_LOG).read_text().strip() == mps.STARTUP_MARKER
@@ -266,5 +268,104 @@ def test_mps_on_mig_devices_serves_their_uuids_and_leaves_compute_mode_alone(san
             assert _modes(plugin, [parent]) == {"DEFAULT"}
             assert (await kubelet.unprepare([ref]))[ref.uid] == ""
             assert _left(sandbox, daemon_id) == NOTHING
+
+    asyncio.run(body())
+
+
+def test_a_half_prepared_claim_whose_daemon_could_not_be_stopped_is_undone_from_its_record(
+        sandbox: SandboxNode) -> None:
+    """The CDI spec cannot be written after the daemon started, and stopping the daemon then fails too (the API
+    refuses the DELETE): the claim stays PREPARE_STARTED with the daemon's undo record, and the next start undoes
+    it from that record."""
+    from dradriver.domain.identity import GPU_DRIVER
+    from dradriver.host.claimstate import ClaimPhase
+    from dradriver.kubeletplugin.runner import read_payload
+
+    sandbox.run_workloads()
+    config = sandbox.mps_config()
+
+    async def body() -> None:
+        assert sandbox.api is not None
+        async with running(config) as (plugin, kubelet):
+            ref, claim = mps_claim(sandbox, "stuck")
+            uuids = _uuids(plugin, claim)
+            blocker = GPU_DRIVER.cdi.spec_path(sandbox.cdi_root, ref.uid)
+            blocker.mkdir()  # the spec's rename target is a directory: the write fails
+            sandbox.api.fail_next(20, status=500, method="DELETE", path=re.compile("/deployments/"))
+            error = (await kubelet.prepare([ref]))[ref.uid].error
+            assert ref.uid in error and "cannot write CDI spec" in error
+            record = plugin.state.get(ref.uid)
+            assert record is not None and record.phase is ClaimPhase.PREPARE_STARTED
+            assert "mps" in [r.kind for r in read_payload(record.payload).undo]
+            assert _modes(plugin, uuids) == {"EXCLUSIVE_PROCESS"}
+            sandbox.api.clear_faults()
+            blocker.rmdir()
+        plugin = await start_plugin(config)
+        try:
+            assert ref.uid in plugin.recovery.rolled_back
+            await wait_for(lambda: _left(sandbox, mps.control_daemon_id(ref.uid, uuids)) == NOTHING)
+            assert _modes(plugin, uuids) == {"DEFAULT"} and plugin.state.get(ref.uid) is None
+        finally:
+            await plugin.stop()
+
+    asyncio.run(body())
+
+
+def test_the_mps_example_is_prepared_with_its_limits(sandbox: SandboxNode) -> None:
+    """``deploy/examples/mps-claim.yaml`` as a user applies it: template -> claim -> allocation -> ready daemon."""
+    import yaml
+
+    from dradriver.sandbox.cluster import create_claim_from_template
+
+    sandbox.run_workloads()
+    template, pod = [d for d in yaml.safe_load_all((ROOT / "deploy" / "examples" / "mps-claim.yaml").read_text())
+                     if d]
+
+    async def body() -> None:
+        assert sandbox.api is not None
+        async with running(sandbox.mps_config()) as (plugin, kubelet):
+            sandbox.api.create(template)
+            pod_obj = sandbox.api.create(pod)
+            claim = create_claim_from_template(sandbox.api, pod_obj, pod_obj["spec"]["resourceClaims"][0])
+            [claim] = scheduler.allocate(sandbox.api, [("default", claim["metadata"]["name"])],
+                                         node_name=sandbox.node_name)
+            ref = ref_of(claim)
+            assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+            [uuid] = _uuids(plugin, claim)
+            state = json.loads((plugin.config.mps_root / mps.control_daemon_id(ref.uid, [uuid]) / mps.PIPE_DIR /
+                                STATE_FILE).read_text())
+            assert state["defaultActiveThreadPercentage"] == 50.0
+            assert state["defaultPinnedMemLimits"] == {uuid: "20480M"}
+            assert (await kubelet.unprepare([ref]))[ref.uid] == ""
+
+    asyncio.run(body())
+
+
+def test_unprepare_retries_a_refused_delete_and_takes_a_vanished_deployment_as_deleted(sandbox: SandboxNode) -> None:
+    sandbox.run_workloads()
+
+    async def body() -> None:
+        assert sandbox.api is not None
+        async with running(sandbox.mps_config()) as (plugin, kubelet):
+            refs = []
+            for name in ("refused", "vanished"):
+                ref, _ = mps_claim(sandbox, name)
+                assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+                refs.append(ref)
+            refused, vanished = refs
+            # the API refuses the DELETE (after the client's retries): the claim stays prepared, the kubelet retries
+            sandbox.api.fail_next(5, status=503, method="DELETE", path=re.compile("/deployments/mps-control-daemon-"
+                                                                                    + refused.uid))
+            error = (await kubelet.unprepare([refused]))[refused.uid]
+            assert "MPS control daemon" in error and "DELETE deployments" in error
+            assert plugin.state.get(refused.uid) is not None
+            assert (await kubelet.unprepare([refused]))[refused.uid] == ""
+            # someone deleted the other claim's Deployment: NotFound is a finished delete
+            [deployment] = sandbox.api.objects("Deployment")
+            sandbox.api.delete("Deployment", deployment["metadata"]["name"], SANDBOX_NAMESPACE)
+            assert (await kubelet.unprepare([vanished]))[vanished.uid] == ""
+            await wait_for(lambda: not sandbox.api.objects("Pod") if sandbox.api else False)
+            assert not any(plugin.config.mps_root.iterdir())
+            assert len(plugin.state) == 0
 
     asyncio.run(body())

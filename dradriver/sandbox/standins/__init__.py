@@ -2,7 +2,8 @@
 
 Each module here is a standard-library-only script that behaves as the real program does for what the driver
 uses: ``nvidia_cuda_mps_control`` (NVIDIA's MPS control tool) and ``mount`` (``mount``/``umount`` for tmpfs).
-:func:`install` copies one to a path with this interpreter on its ``#!`` line.
+:func:`install` copies one to a path with this interpreter on its ``#!`` line (with ``-S``: no ``site``
+start-up, a third of the interpreter's start time).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ def install(script: str, target: Path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     if target.is_symlink() or target.exists():
         target.unlink()
-    target.write_text(f"#!{sys.executable}\n{source}")
+    target.write_text(f"#!{sys.executable} -S\n{source}")  # -S: standard library only, no site start-up cost
     target.chmod(0o755)
     if script == "mount":
         (target.parent / "mountinfo").touch()
