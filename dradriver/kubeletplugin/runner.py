@@ -17,7 +17,10 @@ For each claim of a prepare batch (reference ``kubelet-dra-protocol.md`` 4.3, ``
    and the claim is recorded PREPARE_COMPLETED with its undo records.
 
 Any failure undoes exactly what was applied for that claim (in reverse order), rolls it back and becomes that
-claim's error string; other claims of the batch are unaffected.
+claim's error string; other claims of the batch are unaffected. An apply that fails half-way raises
+:class:`~dradriver.domain.ports.PartiallyApplied` with the record of what it did: that record is stored and undone
+with the others. Sharing steps that keep a setting several claims share get :meth:`BatchRunner.stored_records`
+(through their ``bind_records``), and steps may name older record kinds they undo (``undo_kinds``).
 
 Unprepare works from the stored claim state alone (the ResourceClaim may be gone): delete the CDI spec, undo
 the stored records in reverse order, then forget the claim. Unknown claims succeed. A failed undo keeps the
@@ -512,8 +515,23 @@ class BatchRunner:
         work = self._plan(claim)
         work.stale = stale
         self.state.prepare_started(ref.uid, namespace=ref.namespace, name=ref.name, devices=work.held,
-                                   payload=_payload(self.spec_path(ref.uid), stale, shares=_shares_of(work.held)))
+                                   payload=_payload(self.spec_path(ref.uid), stale + self._planned(work),
+                                                    shares=_shares_of(work.held)))
         return work
+
+    def _planned(self, work: _Work) -> list[UndoRecord]:
+        """Write-ahead records of the sharing steps that can say before applying what they will change
+        (``planned_record(claim, group, devices)``): stored with the STARTED record in the same sync, so a crash
+        in the middle of the apply is undone at the next start (or by the kubelet's retry) instead of leaving a
+        GPU setting no record knows. The records of the apply replace them."""
+        out: list[UndoRecord] = []
+        for group in work.groups:
+            planned = getattr(self.sharing[group.plan.strategy], "planned_record", None)
+            if callable(planned):
+                record = planned(work.claim.ref, group, [self.registry.get(name) for name in group.devices])
+                if record is not None:
+                    out.append(record)
+        return out
 
     def _plan(self, claim: Claim) -> _Work:
         """Allocation results -> devices (results naming one device merged), conflict check, configs, plans."""

@@ -67,7 +67,9 @@ class TimeSlicing:
     documented no-op. No CDI edits (``cdi.md`` 5: time-slicing changes GPU settings only).
 
     Undo record (version 1): ``{"gpus": [{"uuid", "computeMode", "timesliceSet"}...], "timeslice": n}`` with
-    each GPU's compute mode before the apply and whether its time-slice was set. A failure part-way raises
+    each GPU's compute mode before the apply and whether its time-slice was set; before the apply the runner
+    stores a write-ahead version (:meth:`planned_record`: no compute modes, ``"planned": true``), so a crash
+    in the middle is undone at the next start. A failure part-way raises
     :class:`~dradriver.domain.ports.PartiallyApplied` holding the GPUs already changed, which the runner undoes.
 
     Undo, per GPU (newest first), unless another PREPARE_COMPLETED claim still has a time-slicing record for that
@@ -146,6 +148,18 @@ class TimeSlicing:
                  ", ".join(g.uuid for g in gpus))
         return UndoRecord(self.kind, UNDO_VERSION, target, {"gpus": done, "timeslice": plan.timeslice})
 
+    def planned_record(self, claim: ClaimRef, group: ConfigGroup, devices: Sequence[object]) -> UndoRecord | None:
+        """The write-ahead record the runner stores before :meth:`apply` (pure): every full GPU of the group with
+        its time-slice to reset; compute modes are not known yet, so its undo leaves them as they are. ``None``
+        for a group without full GPUs."""
+        gpus = sorted((d for d in devices if isinstance(d, GpuDevice)), key=lambda d: d.uuid)
+        plan = group.plan.time_slicing
+        if plan is None or not gpus:
+            return None
+        return UndoRecord(self.kind, UNDO_VERSION, ",".join(group.devices),
+                          {"gpus": [{"uuid": g.uuid, "timesliceSet": True} for g in gpus],
+                           "timeslice": plan.timeslice, "planned": True})
+
     def edits(self, claim: ClaimRef, record: UndoRecord) -> Mapping[str, ContainerEdits]:
         """No edits: time-slicing changes GPU settings only."""
         return {}
@@ -183,7 +197,8 @@ class TimeSlicing:
                         self._tolerant(uuid, tool.set_timeslice, uuid, shared[uuid])
                     log.info("claim %s: GPU %s still time-sliced by another claim; settings kept", claim, uuid)
                     continue
-                self._tolerant(uuid, self._restore_compute_mode, uuid, int(entry.get("computeMode", 0)))
+                if "computeMode" in entry:  # absent in a write-ahead record: the mode before is not known
+                    self._tolerant(uuid, self._restore_compute_mode, uuid, int(entry["computeMode"]))
                 if entry.get("timesliceSet", True):  # when absent, resetting is the safe side
                     self._tolerant(uuid, tool.set_timeslice, uuid, 0)
             except DradriverError as exc:  # try every GPU, then fail (the runner retries the whole undo)

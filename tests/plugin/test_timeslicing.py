@@ -5,6 +5,7 @@ NVIDIA's ``LD_PRELOAD`` rule (``nvidia-dra-driver-updates.md`` 2a; ``nvidia-dra-
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ from dradriver.sandbox.node import SandboxNode
 from tests.configs.helpers import entry, params
 from tests.configs.test_plugin import allocate
 from tests.factories import DEVICE_CLASS
-from tests.plugin.conftest import ref_of, result, running
+from tests.plugin.conftest import ref_of, result, running, wait_for
 
 GATE_ON = FeatureGates({"TimeSlicingSettings": True})
 PARAMS_AT = "status.allocation.devices.config[0].opaque.parameters"
@@ -207,3 +208,77 @@ def test_nvidia_refusals_are_per_claim_errors_with_field_paths(sandbox: SandboxN
             assert "computeTimeslice" not in sandbox.nvml_control.read_text()
 
     asyncio.run(body())
+
+
+HUNG_TOOL = """#!/bin/sh
+# nvidia-smi that applies the command, then hangs on a time-slice change (a plugin killed while it waits)
+"$(dirname "$0")/nvidia-smi.real" "$@"
+rc=$?
+case "$*" in *--set-timeslice*) echo $$ > "{marker}"; sleep 60;; esac
+exit $rc
+"""
+
+
+@pytest.mark.slow
+def test_plugin_killed_in_the_middle_of_time_slicing_is_undone_at_start(sandbox: SandboxNode) -> None:
+    """SIGKILL while ``nvidia-smi`` runs for the first GPU: the write-ahead record stored with the STARTED claim
+    makes the next start reset the GPU, although the apply never returned its record."""
+    import os
+    import signal
+    import sys
+
+    from dradriver.nvml.session import open_session
+    from dradriver.sandbox.kubelet import KubeletEmulator
+    from tests.plugin.test_recovery import ROOT, _plugin_env
+
+    marker = sandbox.root / "hung.pid"
+    real = sandbox.nvidia_smi.with_name("nvidia-smi.real")
+    sandbox.nvidia_smi.rename(real)
+    sandbox.nvidia_smi.write_text(HUNG_TOOL.replace("{marker}", str(marker)))
+    sandbox.nvidia_smi.chmod(0o755)
+    nvml = open_session(mock_profile=sandbox.profile)
+
+    async def body() -> None:
+        env = _plugin_env(sandbox)
+        env.update(FEATURE_GATES="TimeSlicingSettings=true", DRIVER_ROOT_CTR_PATH=str(sandbox.driver_root))
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "dradriver", "gpu-kubelet-plugin", env=env,
+                                                    cwd=str(ROOT), stdout=asyncio.subprocess.DEVNULL,
+                                                    stderr=asyncio.subprocess.DEVNULL)
+        try:
+            async with KubeletEmulator(sandbox.config().kubelet_registrar_directory_path) as kubelet:
+                connection = await kubelet.wait_for_plugin("gpu.nvidia.com", timeout=30)
+                ref = ref_of(allocate(sandbox, "killed", [result("gpu-0"), result("gpu-1")], [time_slicing("Long")]))
+                task = asyncio.create_task(connection.prepare([ref]))
+                await wait_for(lambda: marker.exists() or task.done(), 60)
+                assert not task.done(), task.result()
+                proc.send_signal(signal.SIGKILL)
+                await proc.wait()
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            if marker.exists():
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(marker.read_text().strip()), signal.SIGKILL)
+        sandbox.nvidia_smi.unlink()
+        real.rename(sandbox.nvidia_smi)
+        uuids = sorted(str(pynvml_uuid(nvml, i)) for i in range(2))
+        assert [settings.compute_timeslice(nvml, u) for u in uuids] == [3, 0]  # the first GPU was changed
+        async with running(sandbox.config(feature_gates=GATE_ON)) as (plugin, _connection):
+            assert plugin.runner is not None and plugin.runner.state.get(ref.uid) is None
+            assert [settings.compute_timeslice(nvml, u) for u in uuids] == [0, 0]
+
+    try:
+        asyncio.run(body())
+    finally:
+        nvml.close()
+
+
+def pynvml_uuid(session: NvmlSession, index: int) -> str:
+    import pynvml
+
+    value = pynvml.nvmlDeviceGetUUID(session.device(index))
+    return value.decode() if isinstance(value, bytes) else value
