@@ -19,11 +19,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dradriver.domain.featuregates import CONSUMABLE_SHARES, FeatureGateError, FeatureGates, parse_feature_gates
+from dradriver.domain.featuregates import FeatureGateError, FeatureGates, parse_feature_gates
 from dradriver.domain.identity import GPU_DRIVER
 from dradriver.domain.quantity import QuantityError, parse_quantity
+from dradriver.domain.shares import ShareMode, ShareModeError, parse_share_mode
 from dradriver.errors import FlagError
 from dradriver.host.driverfiles import DEFAULT_CDI_HOOK_PATH
+from dradriver.host.mounts import MountCommands
 from dradriver.logs import LoggingConfig
 
 
@@ -204,8 +206,9 @@ PLUGIN_FLAGS: tuple[Flag, ...] = (
         "--consumable-shares",
         "CONSUMABLE_SHARES",
         "disabled",
-        "NVIDIA's consumable shares: 'disabled', 'memory', 'unlimited' or a positive integer; anything but "
-        "'disabled' needs the gate ConsumableShares.",
+        "NVIDIA's consumable GPU shares: 'disabled', 'memory', 'unlimited' or a number of shares N; anything but "
+        "'disabled' needs the ConsumableShares feature gate. dradriver enforces each claim's share through one MPS "
+        "control daemon per shared GPU.",
     ),
     Flag("--namespace", "NAMESPACE", "default", "Namespace of the plugin's own objects (MPS control-daemon "
          "Deployments); the chart passes the pod's namespace."),
@@ -403,7 +406,6 @@ class PluginConfig:
     dcgm_compatible: bool = False
     additional_xids_to_ignore: tuple[int, ...] = ()
     ignore_device_plugin: bool = False
-    consumable_shares: str = "disabled"
     namespace: str = "default"
     image_name: str = ""
     image_pull_secrets: tuple[str, ...] = ()
@@ -416,7 +418,11 @@ class PluginConfig:
     log_level: str = "info"
     log_format: str = "text"
     feature_gates: FeatureGates = field(default_factory=FeatureGates)
+    consumable_shares: ShareMode = field(default_factory=ShareMode)
     driver_name: str = field(default=GPU_DRIVER.driver_name)
+    mounts: MountCommands = field(default_factory=MountCommands)
+    """How tmpfs is mounted (MPS shm directories): the system's ``mount``/``umount``; the sandbox may give
+    stand-ins. Not a flag."""
 
     @property
     def plugin_dir(self) -> Path:
@@ -434,6 +440,11 @@ class PluginConfig:
         """``<registrar dir>/<driver>-reg.sock``, or ``<driver>-<podUID>-reg.sock`` with a pod UID."""
         name = f"{self.driver_name}-{self.pod_uid}-reg.sock" if self.pod_uid else f"{self.driver_name}-reg.sock"
         return self.kubelet_registrar_directory_path / name
+
+    @property
+    def mps_root(self) -> Path:
+        """``<plugin dir>/mps``: one directory per MPS control daemon (``pipe``, ``shm``, ``log``)."""
+        return self.plugin_dir / "mps"
 
     @property
     def boot_id_path(self) -> Path:
@@ -474,26 +485,6 @@ def _non_negative(what: str, value: int) -> int:
 IMAGE_PULL_POLICIES = ("", "Always", "IfNotPresent", "Never")
 
 
-def _consumable_shares(text: str, gates: FeatureGates) -> str:
-    """NVIDIA's ``--consumable-shares`` values (nvidia-dra-driver.md 1.1, 2.6); empty reads as ``disabled``.
-
-    :raises FlagError: not one of ``disabled``, ``memory``, ``unlimited`` or a positive integer, or not
-        ``disabled`` while the gate ConsumableShares is off.
-    """
-    value = text.strip() or "disabled"
-    where = "--consumable-shares (env CONSUMABLE_SHARES)"
-    if value not in ("disabled", "memory", "unlimited"):
-        try:
-            number = int(value)
-        except ValueError:
-            number = 0
-        if number <= 0:
-            raise FlagError(f"{where} {text!r}: must be 'disabled', 'memory', 'unlimited' or a positive integer")
-    if value != "disabled" and not gates.consumable_shares:
-        raise FlagError(f"{where} {value!r} needs the feature gate {CONSUMABLE_SHARES}=true")
-    return value
-
-
 def _names(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
@@ -527,8 +518,20 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         raise FlagError("--node-name (env NODE_NAME) is required")
     gates = _gates(args.feature_gates)
     hook_path = args.nvidia_cdi_hook_path or DEFAULT_CDI_HOOK_PATH
+    try:
+        shares = parse_share_mode(args.consumable_shares, gate_enabled=gates.consumable_shares)
+    except ShareModeError as exc:
+        raise FlagError(str(exc)) from None
     if not hook_path.startswith("/"):
         raise FlagError(f"--nvidia-cdi-hook-path (env NVIDIA_CDI_HOOK_PATH) {hook_path!r} is not an absolute path")
+    if gates.mps_support and not args.image_name:
+        raise FlagError("--image-name (env IMAGE_NAME) is required with the MPSSupport feature gate: MPS control "
+                        "daemon Deployments run the plugin's image")
+    if shares.enabled and not args.image_name:
+        raise FlagError(f"--image-name (env IMAGE_NAME) is required with --consumable-shares={shares}: the MPS "
+                        "control daemon of each shared GPU is a Deployment running the plugin's image")
+    if not args.namespace:
+        raise FlagError("--namespace (env NAMESPACE) must not be empty")
     return PluginConfig(
         node_name=args.node_name,
         cdi_root=Path(args.cdi_root),
@@ -554,7 +557,6 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         dcgm_compatible=args.dcgm_compatible,
         additional_xids_to_ignore=_xids(args.additional_xids_to_ignore),
         ignore_device_plugin=args.ignore_device_plugin,
-        consumable_shares=_consumable_shares(args.consumable_shares, gates),
         namespace=args.namespace or "default",
         image_name=args.image_name,
         image_pull_secrets=_names(args.image_pull_secrets),
@@ -567,6 +569,7 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         log_level=args.log_level,
         log_format=args.log_format,
         feature_gates=gates,
+        consumable_shares=shares,
     )
 
 

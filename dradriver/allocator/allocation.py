@@ -15,6 +15,11 @@ prioritized list, partitionable devices, device taints):
 3. results in allocation order with ``adminAccess``/``tolerations`` copied, class configs then claim configs,
    and the node selector for the node.
 
+Consumable capacity (``DRAConsumableCapacity``, :mod:`dradriver.allocator.capacity`): a device with
+``allowMultipleAllocations`` is never "in use"; each allocation takes the capacity its request asks for, rounded
+up by the request policy, and gets a fresh ``shareID`` and its ``consumedCapacity``; the device is usable while
+every capacity still fits, and the verdict names the capacity and the device that ran out.
+
 Devices are picked in increasing candidate order within a request, which finds the same first solution as
 the scheduler's permutation search with less work.
 """
@@ -22,12 +27,15 @@ the scheduler's permutation search with less work.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Sequence
+import uuid
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
+from dradriver.allocator import capacity as consumable
 from dradriver.allocator.expression import Outcome, Selector
+from dradriver.allocator.quantity import QuantityError, parse_quantity
 from dradriver.allocator.resources import (
     MAX_RESULTS_PER_CLAIM,
     Claim,
@@ -37,6 +45,7 @@ from dradriver.allocator.resources import (
     Node,
     Request,
     ResourceSlice,
+    split_qualified,
 )
 from dradriver.errors import DradriverError
 
@@ -118,8 +127,8 @@ def gather_pools(slices: Sequence[ResourceSlice], node: Node | None) -> list[Poo
 class Verdict:
     """Why a device can or cannot serve a request.
 
-    :param stage: ``pool``, ``in-use``, ``class``, ``request``, ``binding``, ``taint``, ``counters`` or
-        ``accepted``.
+    :param stage: ``pool``, ``in-use``, ``class``, ``request``, ``binding``, ``taint``, ``counters``, ``capacity``
+        or ``accepted``.
     :param reason: the sentence ``explain`` prints.
     :param selector: index (0-based) of the rejecting selector, for ``class``/``request``.
     """
@@ -145,6 +154,7 @@ class Pick:
     request: Request
     device: Device
     pool: Pool
+    consumed: consumable.Consumption | None = None
 
 
 class Allocator:
@@ -153,7 +163,9 @@ class Allocator:
     :param slices: every ResourceSlice known.
     :param classes: DeviceClasses by name.
     :param nodes: known Nodes by name (their labels matter for ``nodeSelector`` slices).
-    :param allocated: claims already allocated; their non-admin results are devices in use.
+    :param allocated: claims already allocated; their non-admin results are devices in use, or, with a
+        ``shareID``, shares whose ``consumedCapacity`` is taken from the device.
+    :param share_ids: makes the ``shareID`` of each new share (default: random UUIDs, as the scheduler does).
     """
 
     def __init__(
@@ -162,11 +174,17 @@ class Allocator:
         classes: dict[str, DeviceClass],
         nodes: dict[str, Node] | None = None,
         allocated: Iterable[Claim] = (),
+        share_ids: Callable[[], str] | None = None,
     ) -> None:
         self.slices = list(slices)
         self.classes = classes
         self.nodes = dict(nodes or {})
         self.in_use: dict[tuple[str, str, str], str] = {}
+        self.consumed: dict[tuple[str, str, str], dict[consumable.CapacityKey, Fraction]] = {}
+        """Capacity taken by existing shares, per device ID (consumable capacity)."""
+        self.shares: list[tuple[str, tuple[str, str, str], dict[consumable.CapacityKey, Fraction]]] = []
+        """Every share: (claim ``namespace/name``, device ID, what it consumes)."""
+        self.share_ids = share_ids or (lambda: str(uuid.uuid4()))
         self._selector_cache: dict[tuple[int, tuple[str, str, str]], list[Outcome]] = {}
         for claim in allocated:
             self.mark_allocated(claim)
@@ -174,12 +192,42 @@ class Allocator:
     # ------------------------------------------------------------------------------------------ inputs
 
     def mark_allocated(self, claim: Claim) -> None:
-        """Record the devices of an allocated claim as in use (admin-access results excluded)."""
+        """Record the devices of an allocated claim as in use (admin-access results excluded); a result with a
+        ``shareID`` is a share of a multi-allocatable device and takes its ``consumedCapacity`` instead.
+
+        :raises AllocationError: a ``consumedCapacity`` amount is not a quantity.
+        """
         allocation = claim.allocation or {}
         for result in (allocation.get("devices") or {}).get("results") or []:
-            if not result.get("adminAccess"):
-                key = (str(result.get("driver")), str(result.get("pool")), str(result.get("device")))
+            key = (str(result.get("driver")), str(result.get("pool")), str(result.get("device")))
+            if result.get("shareID"):
+                taken = self.consumed.setdefault(key, {})
+                share: dict[consumable.CapacityKey, Fraction] = {}
+                self.shares.append((claim.ref, key, share))
+                for name, amount in (result.get("consumedCapacity") or {}).items():
+                    try:
+                        value = parse_quantity(str(amount)).value
+                    except QuantityError as exc:
+                        raise AllocationError(f"claim {claim.ref}: status.allocation consumedCapacity.{name}: "
+                                              f"{exc}") from None
+                    capacity_key = split_qualified(str(name), key[0])
+                    taken[capacity_key] = taken.get(capacity_key, Fraction(0)) + value
+                    share[capacity_key] = share.get(capacity_key, Fraction(0)) + value
+            elif not result.get("adminAccess"):
                 self.in_use[key] = claim.ref
+
+    def consumption_without(
+        self, ref: str | None
+    ) -> dict[tuple[str, str, str], dict[consumable.CapacityKey, Fraction]]:
+        """Capacity taken per device by every share except those of claim ``ref`` (``None``: all shares)."""
+        out: dict[tuple[str, str, str], dict[consumable.CapacityKey, Fraction]] = {}
+        for owner, device, amounts in self.shares:
+            if owner == ref:
+                continue
+            taken = out.setdefault(device, {})
+            for key, amount in amounts.items():
+                taken[key] = taken.get(key, Fraction(0)) + amount
+        return out
 
     def node_names(self) -> list[str]:
         """Every node known: Node objects plus ``nodeName`` of slices and devices, sorted."""
@@ -313,7 +361,12 @@ class Allocator:
             if search.run():
                 allocations = [search.allocation(i, node) for i in range(len(claims))]
                 for pick in search.picks:
-                    if not pick.request.admin_access:
+                    if pick.consumed is not None:
+                        taken = self.consumed.setdefault(pick.device.id, {})
+                        self.shares.append((claims[pick.claim].ref, pick.device.id, dict(pick.consumed.amounts)))
+                        for capacity_key, amount in pick.consumed.amounts.items():
+                            taken[capacity_key] = taken.get(capacity_key, Fraction(0)) + amount
+                    elif not pick.request.admin_access:
                         self.in_use[pick.device.id] = claims[pick.claim].ref
                 return candidate, allocations
             reasons.append(self.diagnose(claims, pools, search, candidate))
@@ -334,6 +387,7 @@ class Allocator:
                 for alt in request.subrequests or [request]:
                     total, usable = 0, 0
                     rejected: dict[str, int] = {}
+                    first_reason: dict[str, str] = {}
                     for pool in pools:
                         for device in pool.devices:
                             total += 1
@@ -343,6 +397,8 @@ class Allocator:
                             else:
                                 label = _stage_label(verdict)
                                 rejected[label] = rejected.get(label, 0) + 1
+                                if verdict.stage == "capacity":
+                                    first_reason.setdefault(label, verdict.reason)
                     need = (
                         alt.count
                         if alt.mode == "ExactCount"
@@ -353,7 +409,8 @@ class Allocator:
                     if usable >= need and (alt.mode == "ExactCount" or usable > 0):
                         shortages = []
                         break
-                    detail = ", ".join(f"{n} {label}" for label, n in rejected.items())
+                    detail = ", ".join(f"{n} {label}" + (f": {first_reason[label]}" if label in first_reason else "")
+                                       for label, n in rejected.items())
                     amount = (
                         f"{alt.count} device{'s' if alt.count != 1 else ''}"
                         if alt.mode == "ExactCount"
@@ -389,7 +446,25 @@ class Allocator:
         short = self.exhausted_counter(device, pool, used)
         if short:
             return Verdict("counters", short[2], counter=(short[0], short[1]))
+        capacity = self.capacity_verdict(request, device, self.consumed.get(device.id, {}))
+        if isinstance(capacity, str):
+            return Verdict("capacity", capacity)
         return verdict
+
+    def capacity_verdict(self, request: Request, device: Device,
+                         used: dict[consumable.CapacityKey, Fraction]) -> consumable.Consumption | str | None:
+        """What one allocation of ``device`` for ``request`` consumes (``None``: the device is allocated whole),
+        or why it cannot be allocated: a policy violation, a missing capacity, or a capacity exhausted by ``used``.
+        """
+        if request.admin_access and not request.capacity:
+            return None
+        taken = consumable.consumption(device.driver, device.capacity, device.policies,
+                                       request.capacity_for(device.driver), multiple=device.allow_multiple_allocations)
+        if taken.problem:
+            return f"device {device.name}: {taken.problem}"
+        if not device.allow_multiple_allocations:
+            return None
+        return consumable.shortfall(device.driver, device.name, device.capacity, taken, used) or taken
 
 
 def _stage_label(verdict: Verdict) -> str:
@@ -401,6 +476,7 @@ def _stage_label(verdict: Verdict) -> str:
         "binding": "waiting for binding conditions",
         "taint": "tainted",
         "counters": "out of shared counters",
+        "capacity": "out of consumable capacity",
     }.get(verdict.stage, verdict.stage)
 
 
@@ -426,6 +502,7 @@ class _Search:
         self.used = allocator.baseline_counters(pools)
         self.picks: list[Pick] = []
         self.taken: dict[tuple[str, str, str], int] = {}
+        self.consumed = {k: dict(v) for k, v in allocator.consumed.items()}
         self.values: dict[tuple[int, int], list[Any]] = {}
         self.steps = 0
         self.gave_up = False
@@ -456,9 +533,13 @@ class _Search:
     def _results(self, ci: int) -> int:
         return sum(1 for p in self.picks if p.claim == ci)
 
-    def _usable(self, ci: int, request: Request, pool: Pool, device: Device) -> bool:
+    def _usable(self, ci: int, request: Request, pool: Pool, device: Device) -> consumable.Consumption | bool:
+        """False, or True / the consumption of a share when ``device`` can serve ``request`` now."""
         allocator = self.allocator
-        if request.admin_access:
+        if device.allow_multiple_allocations:
+            if any(p.claim == ci and p.request.name == request.name and p.device.id == device.id for p in self.picks):
+                return False
+        elif request.admin_access:
             if any(p.claim == ci and p.device.id == device.id for p in self.picks):
                 return False
         elif device.id in allocator.in_use or self.taken.get(device.id):
@@ -469,7 +550,12 @@ class _Search:
             return False
         if allocator.counter_shortfall(device, pool, self.used) is not None:
             return False
-        return self._constraints_hold(ci, request, device)
+        capacity = allocator.capacity_verdict(request, device, self.consumed.get(device.id, {}))
+        if isinstance(capacity, str):
+            return False
+        if not self._constraints_hold(ci, request, device):
+            return False
+        return capacity if capacity is not None else True
 
     def _constraints_hold(self, ci: int, request: Request, device: Device) -> bool:
         for k, constraint in enumerate(self.claims[ci].constraints):
@@ -483,9 +569,15 @@ class _Search:
                 return False
         return True
 
-    def _add(self, ci: int, request: Request, pool: Pool, device: Device) -> None:
-        self.picks.append(Pick(ci, request, device, pool))
-        if not request.admin_access:
+    def _add(self, ci: int, request: Request, pool: Pool, device: Device,
+             consumed: consumable.Consumption | bool = True) -> None:
+        share = consumed if isinstance(consumed, consumable.Consumption) else None
+        self.picks.append(Pick(ci, request, device, pool, share))
+        if share is not None:
+            taken = self.consumed.setdefault(device.id, {})
+            for key, amount in share.amounts.items():
+                taken[key] = taken.get(key, Fraction(0)) + amount
+        elif not request.admin_access:
             self.taken[device.id] = self.taken.get(device.id, 0) + 1
         _consume(self.used, pool, device, +1)
         for k, constraint in enumerate(self.claims[ci].constraints):
@@ -494,7 +586,11 @@ class _Search:
 
     def _undo(self) -> None:
         pick = self.picks.pop()
-        if not pick.request.admin_access:
+        if pick.consumed is not None:
+            taken = self.consumed[pick.device.id]
+            for key, amount in pick.consumed.amounts.items():
+                taken[key] -= amount
+        elif not pick.request.admin_access:
             self.taken[pick.device.id] -= 1
         _consume(self.used, pick.pool, pick.device, -1)
         for k, constraint in enumerate(self.claims[pick.claim].constraints):
@@ -512,9 +608,10 @@ class _Search:
                 self.gave_up = True
                 return False
             pool, device = self.candidates[index]
-            if not self._usable(ci, request, pool, device):
+            usable = self._usable(ci, request, pool, device)
+            if usable is False:
                 continue
-            self._add(ci, request, pool, device)
+            self._add(ci, request, pool, device, usable)
             if self._pick(ci, ri, request, remaining - 1, index + 1):
                 return True
             self._undo()
@@ -533,11 +630,12 @@ class _Search:
             return False
         added = 0
         for pool, device in matching:
-            if not self._usable(ci, request, pool, device) or self._results(ci) >= MAX_RESULTS_PER_CLAIM:
+            usable = self._usable(ci, request, pool, device)
+            if usable is False or self._results(ci) >= MAX_RESULTS_PER_CLAIM:
                 for _ in range(added):
                     self._undo()
                 return False
-            self._add(ci, request, pool, device)
+            self._add(ci, request, pool, device, usable)
             added += 1
         if self._request(ci, ri + 1):
             return True
@@ -560,6 +658,10 @@ class _Search:
             }
             if pick.request.admin_access:
                 result["adminAccess"] = True
+            if pick.consumed is not None:
+                result["shareID"] = self.allocator.share_ids()
+                result["consumedCapacity"] = consumable.render(pick.device.driver, pick.device.capacity,
+                                                               pick.consumed.amounts)
             if pick.request.raw_tolerations:
                 result["tolerations"] = copy.deepcopy(pick.request.raw_tolerations)
             results.append(result)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from dradriver.allocator.capacity import RequestPolicy
 from dradriver.allocator.expression import AttributeValue, CelCompileError, Selector, device_variable
 from dradriver.allocator.quantity import Quantity, QuantityError, parse_quantity
 from dradriver.allocator.semver import Semver, SemverError
@@ -125,6 +126,8 @@ class Device:
     node_selection: NodeSelection | None = None
     allow_multiple_allocations: bool = False
     binding_conditions: list[str] = field(default_factory=list)
+    policies: dict[tuple[str, str], RequestPolicy] = field(default_factory=dict)
+    """``capacity.<name>.requestPolicy`` by capacity key (consumable capacity)."""
     _cel: Any = None
 
     @property
@@ -215,11 +218,15 @@ def parse_slice(obj: dict[str, Any]) -> ResourceSlice:
         for key, value in _map(dev.get("attributes"), f"{d_where}.attributes").items():
             attributes[split_qualified(str(key), str(driver))] = _attribute(value, f"{d_where}.attributes.{key}")
         capacity: dict[tuple[str, str], Quantity] = {}
+        policies: dict[tuple[str, str], RequestPolicy] = {}
         for key, value in _map(dev.get("capacity"), f"{d_where}.capacity").items():
             cap = _map(value, f"{d_where}.capacity.{key}")
             capacity[split_qualified(str(key), str(driver))] = _quantity(
                 cap.get("value"), f"{d_where}.capacity.{key}.value"
             )
+            if cap.get("requestPolicy") is not None:
+                policies[split_qualified(str(key), str(driver))] = _policy(
+                    cap["requestPolicy"], f"{d_where}.capacity.{key}.requestPolicy")
         consumes = []
         for j, raw_consumption in enumerate(_list(dev.get("consumesCounters"), f"{d_where}.consumesCounters")):
             c_where = f"{d_where}.consumesCounters[{j}]"
@@ -249,6 +256,7 @@ def parse_slice(obj: dict[str, Any]) -> ResourceSlice:
                 binding_conditions=[
                     str(c) for c in _list(dev.get("bindingConditions"), f"{d_where}.bindingConditions")
                 ],
+                policies=policies,
             )
         )
     return ResourceSlice(
@@ -271,6 +279,26 @@ def _quantity(value: Any, where: str) -> Quantity:
         return parse_quantity(value)
     except QuantityError as exc:
         raise InputError(f"{where}: {exc}") from None
+
+
+def _policy(raw: Any, where: str) -> RequestPolicy:
+    policy = _map(raw, where)
+    default = _quantity(policy["default"], f"{where}.default") if policy.get("default") is not None else None
+    values = tuple(_quantity(v, f"{where}.validValues[{i}]")
+                   for i, v in enumerate(_list(policy.get("validValues"), f"{where}.validValues")))
+    if values and policy.get("validRange") is not None:
+        raise InputError(f"{where}: at most one of validValues, validRange may be set")
+    if values != tuple(sorted(set(values), key=lambda q: q.value)):
+        raise InputError(f"{where}.validValues: must be ascending without duplicates")
+    minimum = maximum = step = None
+    if policy.get("validRange") is not None:
+        valid_range = _map(policy["validRange"], f"{where}.validRange")
+        minimum = _quantity(valid_range.get("min"), f"{where}.validRange.min")
+        if valid_range.get("max") is not None:
+            maximum = _quantity(valid_range["max"], f"{where}.validRange.max")
+        if valid_range.get("step") is not None:
+            step = _quantity(valid_range["step"], f"{where}.validRange.step")
+    return RequestPolicy(default, values, minimum, maximum, step)
 
 
 def _counters(raw: Any, where: str) -> dict[str, Quantity]:
@@ -332,6 +360,12 @@ class Request:
     tolerations: list[Toleration] = field(default_factory=list)
     raw_tolerations: list[dict[str, Any]] = field(default_factory=list)
     subrequests: list[Request] = field(default_factory=list)
+    capacity: dict[str, Quantity] = field(default_factory=dict)
+    """``capacity.requests``: capacity name (qualified, or unqualified for the device's driver) -> amount."""
+
+    def capacity_for(self, driver: str) -> dict[tuple[str, str], Quantity]:
+        """``capacity.requests`` keyed like a device of ``driver`` files its capacities."""
+        return {split_qualified(name, driver): amount for name, amount in self.capacity.items()}
 
     @property
     def base(self) -> str:
@@ -374,6 +408,11 @@ def _exact(name: str, body: dict[str, Any], where: str, allow_admin: bool) -> Re
         admin_access=admin,
         tolerations=tolerations,
         raw_tolerations=raw_tolerations,
+        capacity={
+            str(k): _quantity(v, f"{where}.capacity.requests.{k}")
+            for k, v in _map(_map(body.get("capacity"), f"{where}.capacity").get("requests"),
+                             f"{where}.capacity.requests").items()
+        },
     )
 
 

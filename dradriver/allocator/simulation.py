@@ -476,6 +476,8 @@ def request_header(request: Request, classes: dict[str, DeviceClass]) -> str:
         text += " where " + " and ".join(describe(s) for s in request.selectors)
     if request.admin_access:
         text += ", with admin access (devices in use by other claims are allowed)"
+    if request.capacity:
+        text += ", consuming " + ", ".join(f"{name} {amount}" for name, amount in sorted(request.capacity.items()))
     if request.tolerations:
         text += ", tolerating " + ", ".join(
             f"{t.key or '*'}{'=' + t.value if t.value else ''}:{t.effect or '*'}" for t in request.tolerations
@@ -495,7 +497,8 @@ def _verdict_text(verdict: Verdict, request: Request, classes: dict[str, DeviceC
         return "accepted"
     if verdict.stage == "in-use":
         return verdict.reason
-    return f"rejected: {verdict.reason}" if verdict.stage in ("pool", "counters", "binding") else verdict.reason
+    return (f"rejected: {verdict.reason}" if verdict.stage in ("pool", "counters", "binding", "capacity")
+            else verdict.reason)
 
 
 def explain(inputs: Inputs) -> tuple[str, int]:
@@ -523,6 +526,7 @@ def explain(inputs: Inputs) -> tuple[str, int]:
     everything = dict(base.in_use)
     for claim in inputs.claims:
         base.in_use = {k: v for k, v in everything.items() if v != claim.ref}
+        base.consumed = base.consumption_without(claim.ref)
         head = f"claim {claim.ref}" + (f" ({claim.origin})" if claim.origin else "")
         results = results_by_claim.get(claim.ref)
         failure = next((text for refs, text in failures.items() if claim.ref in refs.split(", ")), None)
@@ -558,6 +562,7 @@ def explain(inputs: Inputs) -> tuple[str, int]:
                 lines.extend(_explain_request(claim, request, pools, used, base, inputs, results))
         lines.append("")
     base.in_use = everything
+    base.consumed = base.consumption_without(None)
     lines.extend(_explain_pods(inputs, outcome))
     return "\n".join(lines).rstrip() + "\n", 1 if outcome.failures else 0
 

@@ -2,9 +2,11 @@
 
 Steps, in order (stopped in reverse): compiled hot paths -> plugin and CDI directories -> NVML session ->
 device discovery into the device registry -> the driver's user space for CDI specs -> Kubernetes client and
-this Node -> device-plugin guard -> claim state -> batch runner with the full-GPU and static-MIG preparers (and,
-with the ``DynamicMIG`` gate, the dynamic-MIG preparer over every eligible GPU's placements), and crash
-convergence -> health monitor -> metrics endpoint -> gRPC servers -> ResourceSlice publisher.
+this Node -> device-plugin guard -> claim state -> batch runner with the consumable-share (when
+``--consumable-shares`` is on), full-GPU and static-MIG preparers (and, with the ``DynamicMIG`` gate, the
+dynamic-MIG preparer over every eligible GPU's placements) and the sharing steps (MPS control daemons with the
+``MPSSupport`` gate), and crash convergence -> health monitor -> metrics endpoint -> gRPC servers ->
+ResourceSlice publisher.
 """
 
 from __future__ import annotations
@@ -22,13 +24,13 @@ from typing import Any
 from dradriver import _native
 from dradriver.app import assembly
 from dradriver.config import PluginConfig
-from dradriver.domain import cdi, configs, partitions, resourceslices
+from dradriver.domain import cdi, configs, mps, partitions, resourceslices
 from dradriver.domain.claims import ClaimRef
 from dradriver.domain.devices import DeviceIndex, NodeInventory
 from dradriver.domain.faults import DEFAULT_IGNORED_XIDS
 from dradriver.domain.identity import GPU_DRIVER, DriverIdentity
 from dradriver.domain.migplacements import MigPlacement, dynamic_index
-from dradriver.domain.ports import UndoRecord
+from dradriver.domain.ports import SharingStep, UndoRecord
 from dradriver.domain.registry import DeviceRegistry
 from dradriver.errors import FlagError
 from dradriver.health.metrics import DriverMetrics, MetricsServer, serve_metrics
@@ -42,14 +44,17 @@ from dradriver.kube import version
 from dradriver.kube.client import KubeClient
 from dradriver.kubeletplugin import guard
 from dradriver.kubeletplugin.lifecycle import Lifecycle
-from dradriver.kubeletplugin.runner import BatchRunner
+from dradriver.kubeletplugin.runner import BatchRunner, all_undo_records
 from dradriver.nvml import discovery
+from dradriver.nvml import settings as nvml_settings
 from dradriver.nvml.mig import MigControl
 from dradriver.nvml.session import NvmlSession, open_session
 from dradriver.preparers import gpu as gpu_preparers
 from dradriver.preparers.dynamicmig import KIND as DYNAMIC_MIG_KIND
 from dradriver.preparers.dynamicmig import DynamicMigPreparer, identity_of
 from dradriver.preparers.gpu import FullGpuPreparer, StaticMigPreparer
+from dradriver.preparers.mps import ControlDaemons, MpsSharing
+from dradriver.preparers.shares import ShareDaemons, SharedDevicePreparer
 from dradriver.preparers.sharing import default_steps
 
 log = logging.getLogger(__name__)
@@ -69,6 +74,8 @@ class GpuPlugin(assembly.KubeletPlugin):
     """With the ``DynamicMIG`` gate: re-reads the devices after MIG changes."""
     status_writer: DeviceStatusWriter | None = None
     """With the ``DynamicMIG`` gate: publishes MIG identities in ``status.devices``."""
+    mps_daemons: ControlDaemons | None = None
+    """The MPS control daemons of the ``MPS`` sharing step (``None`` without the MPSSupport gate)."""
 
     @property
     def inventory(self) -> NodeInventory:
@@ -271,6 +278,26 @@ def slice_layout_version(server: tuple[int, int] | None, dynamic_mig: bool) -> t
     return server
 
 
+def control_daemons(config: PluginConfig, client: KubeClient, session: NvmlSession, *, shares: bool = False
+                    ) -> ControlDaemons:
+    """The node's MPS control daemons: Deployments in ``--namespace`` running ``--image-name``, directories under
+    ``<plugin dir>/mps`` (``<plugin dir>/mps-shares`` and Deployment kind label ``share`` for the daemons of
+    consumable shares, so neither sweep touches the other's), compute mode through NVML
+    (``dradriver.nvml.settings``), shm sized from ``<proc root>/meminfo``."""
+    placement = mps.DaemonPlacement(
+        namespace=config.namespace, node_name=config.node_name, image=config.image_name,
+        driver_root=str(config.nvidia_driver_root), directory="",
+        shm_in_driver_root=(config.container_driver_root / "dev" / "shm").is_dir(),
+        feature_gates=config.feature_gates.render(), kind="share" if shares else "claim")
+
+    def set_compute_mode(uuid: str, mode: str) -> None:
+        nvml_settings.set_compute_mode(session, uuid, nvml_settings.ComputeMode[mode])
+
+    return ControlDaemons(root=config.plugin_dir / "mps-shares" if shares else config.mps_root, client=client,
+                          placement=placement, set_compute_mode=set_compute_mode,
+                          meminfo=config.proc_root / "meminfo", mounts=config.mounts)
+
+
 def supports_informational_taints(client: KubeClient) -> bool:
     """DeviceTaint effect ``None`` exists from Kubernetes 1.35; older servers get no informational taints."""
     try:
@@ -339,12 +366,20 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
             preparers += (DynamicMigPreparer(mig_control, nodes, lambda: registry.snapshot.gpus, on_change=refresh),)
             status_writer = DeviceStatusWriter(connection.client, driver=identity.driver_name, pool=config.node_name)
             life.on_stop("device status writer", status_writer.close)
+        steps: list[SharingStep] = list(default_steps(session,
+                                                      lambda: find_nvidia_smi(config.container_driver_root)))
+        daemons = None
+        if config.feature_gates.mps_support:
+            daemons = control_daemons(config, connection.client, session)
+            steps.append(MpsSharing(daemons))
+        shares = SharedDevicePreparer(config.consumable_shares, nodes,
+                                      ShareDaemons(control_daemons(config, connection.client, session, shares=True)),
+                                      stored_records=lambda: all_undo_records(state))
         runner = BatchRunner(
             identity=identity, registry=registry, state=state,
             fetch_claim=assembly.claim_fetcher(identity, connection.client, config),
             cdi_root=config.cdi_root, pool=config.node_name,
-            preparers=preparers,
-            sharing=default_steps(session, lambda: find_nvidia_smi(config.container_driver_root)),
+            preparers=(shares, *preparers), sharing=steps,
             select_configs=lambda claim, devices: configs.select_configs(claim, devices, config.feature_gates),
             spec_edits=lambda: gpu_preparers.spec_edits(nodes, common),
             metrics=metrics, prepare_deadline_s=float(config.prepare_deadline_seconds),
@@ -394,14 +429,14 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
                 inventory = NodeInventory(versions=inventory.versions, gpus=())
             return resourceslices.build_resource_slices(inventory, config.node_name, driver=identity.driver_name,
                                                         taints=health.taints(), server_version=layout,
-                                                        cache=partition_cache)
+                                                        cache=partition_cache, shares=config.consumable_shares)
 
         plugin = GpuPlugin(identity=identity, config=config, lifecycle=life, client=connection.client,
                            node_uid=connection.node_uid, state=state, state_problems=problems, runner=runner,
                            recovery=recovery, publisher=publisher, servers=servers, desired=desired,
                            session=session, registry=registry, guard_verdict=verdict, health=health,
                            metrics=metrics, metrics_server=metrics_server, refresher=refresh,
-                           status_writer=status_writer)
+                           status_writer=status_writer, mps_daemons=daemons)
         plugin_ref.append(plugin)
         last_desired: list[list[dict[str, Any]]] = []
 

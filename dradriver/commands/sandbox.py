@@ -51,7 +51,11 @@ def run(args: argparse.Namespace) -> int:
         return 1
     with sandbox:
         env_file = sandbox.root / "plugin.env"
-        write_env_file(env_file, plugin_environment(sandbox.config(log_level="info")))
+        # MPS needs real tmpfs mounts from the plugin process started by hand (its mount helper is not a flag)
+        config = sandbox.mps_config(log_level="info") if sandbox.real_mounts else sandbox.config(log_level="info")
+        write_env_file(env_file, plugin_environment(config))
+        if sandbox.real_mounts:
+            sandbox.run_workloads(time_scale=1.0)
         info = describe(sandbox, env_file)
         cluster = ClusterEmulator(sandbox, say=lambda text: print(text, flush=True))
         cluster.apply_device_classes()

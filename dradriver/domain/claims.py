@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from dradriver.domain.quantity import Quantity, QuantityError
 from dradriver.errors import DradriverError
 
 
@@ -32,6 +33,9 @@ class AllocationResult:
 
     :param request: request name, ``"<request>"`` or ``"<request>/<subrequest>"``.
     :param admin_access: ``adminAccess``; admin-access results may share a device with another claim.
+    :param share_id: ``shareID``: the result is one consumable share of a multi-allocatable device (KEP-5075).
+    :param consumed_capacity: ``consumedCapacity`` as (capacity name, quantity) pairs in API order: how much of
+        the device the share was given.
     """
 
     request: str
@@ -40,6 +44,11 @@ class AllocationResult:
     device: str
     admin_access: bool = False
     share_id: str | None = None
+    consumed_capacity: tuple[tuple[str, Quantity], ...] = ()
+
+    def consumed(self) -> dict[str, int]:
+        """``consumedCapacity`` as capacity name -> integer amount (fractions rounded up)."""
+        return {name: -(-q.value.numerator // q.value.denominator) for name, q in self.consumed_capacity}
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,12 +193,22 @@ def claim_from_object(obj: Mapping[str, Any], ref: ClaimRef, *, driver: str, poo
         share_id = _optional(ref, raw, "shareID", str, where)
         if raw["driver"] != driver:
             continue
+        consumed: list[tuple[str, Quantity]] = []
+        for key, amount in (_optional(ref, raw, "consumedCapacity", Mapping, where) or {}).items():
+            try:
+                quantity = Quantity.parse(amount) if isinstance(amount, str) else None
+            except QuantityError as exc:
+                raise ClaimError(ref, f"{where}.consumedCapacity.{key}: {exc}") from None
+            if quantity is None or quantity.value < 0:
+                raise ClaimError(ref, f"{where}.consumedCapacity.{key}: must be a non-negative quantity string, got "
+                                      f"{json_type(amount) if quantity is None else amount}")
+            consumed.append((str(key), quantity))
         our_pools.add(raw["pool"])
         if raw["pool"] != pool:
             continue
         results.append(AllocationResult(
             request=raw["request"], driver=raw["driver"], pool=raw["pool"], device=raw["device"],
-            admin_access=admin_access is True, share_id=share_id or None,
+            admin_access=admin_access is True, share_id=share_id or None, consumed_capacity=tuple(consumed),
         ))
     if not results:
         if our_pools:

@@ -70,9 +70,12 @@ TIME_SLICE_INTERVALS = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
 
 MIB = 1024 * 1024
 
-_NOT_IMPLEMENTED = {
-    MPS: "this driver does not implement MPS yet",
-}
+MPS_WITH_CONSUMABLE_SHARES = "MPS sharing is not supported when consumable shares is enabled"
+MPS_WITH_DYNAMIC_MIG = "MPS is not yet supported when using featureGates.DynamicMIG=true"
+"""NVIDIA's refusals of the MPS strategy (``nvidia-dra-driver-updates.md`` 2a), at ``sharing.strategy``."""
+
+_NOT_IMPLEMENTED: dict[str, str] = {}
+"""Strategy -> a note appended to its gate error while this driver does not implement it (none now: both are)."""
 _INTEGER_KEY = re.compile(r"[+-]?[0-9]+")
 
 
@@ -295,9 +298,10 @@ def _gate_error(strategy: str, gate: str) -> str:
 def validate(config: DeviceConfig, gates: FeatureGates = DEFAULT_GATES, where: str = "parameters") -> None:
     """Check a normalised config (NVIDIA ``Validate``).
 
-    :raises DeviceConfigError: at ``<where>.sharing.strategy``: a strategy whose gate is off ("%q is selected as the
-        GPU sharing strategy, but the %q feature gate is not enabled") or an unknown one ("unknown GPU sharing
-        strategy"); MPS while DynamicMIG is on ("MPS is not yet supported when using featureGates.DynamicMIG=true";
+    :raises DeviceConfigError: at ``<where>.sharing.strategy``: a strategy whose gate is off ("%q is selected as
+        the GPU sharing strategy, but the %q feature gate is not enabled"), an unknown one ("unknown GPU sharing
+        strategy"), MPS with the ConsumableShares gate on ("MPS sharing is not supported when consumable shares
+        is enabled") or with DynamicMIG on ("MPS is not yet supported when using featureGates.DynamicMIG=true";
         the gate table forbids that pair at start-up, so only a hand-built gate set reaches it); at
         ``...timeSlicingConfig.interval``: not ``Default|Short|Medium|Long``; at
         ``...mpsConfig.defaultActiveThreadPercentage``: outside 0..100.
@@ -312,9 +316,10 @@ def validate(config: DeviceConfig, gates: FeatureGates = DEFAULT_GATES, where: s
     elif sharing.strategy == MPS:
         if not gates.mps_support:
             raise DeviceConfigError(f"{at}.strategy", _gate_error(MPS, MPS_SUPPORT))
-        if gates.dynamic_mig:  # NVIDIA's apply-time refusal (nvidia-dra-driver-updates.md 2a)
-            raise DeviceConfigError(f"{at}.strategy",
-                                    "MPS is not yet supported when using featureGates.DynamicMIG=true")
+        if gates.consumable_shares:  # NVIDIA's apply-time refusals (nvidia-dra-driver-updates.md 2a)
+            raise DeviceConfigError(f"{at}.strategy", MPS_WITH_CONSUMABLE_SHARES)
+        if gates.dynamic_mig:
+            raise DeviceConfigError(f"{at}.strategy", MPS_WITH_DYNAMIC_MIG)
     else:
         raise DeviceConfigError(f"{at}.strategy", f"unknown GPU sharing strategy: {sharing.strategy}, supported GPU "
                                             f"sharing strategies: {TIME_SLICING}, {MPS}")

@@ -81,7 +81,7 @@ _NO = Support.NOT_IMPLEMENTED
 GATES: tuple[Gate, ...] = (
     Gate(TIME_SLICING_SETTINGS, False, "Alpha (0.2)", "GpuConfig time-slice intervals; TimeSlicing validation",
          Support.IMPLEMENTED),
-    Gate(MPS_SUPPORT, False, "Alpha (0.2)", "MPS sharing strategy and its control daemons", _NO),
+    Gate(MPS_SUPPORT, False, "Alpha (0.2)", "MPS sharing strategy and its control daemons", Support.IMPLEMENTED),
     Gate(IMEX_DAEMONS_WITH_DNS_NAMES, True, "Beta (0.2)", "DNS-named IMEX peers through /etc/hosts", _NO),
     Gate(PASSTHROUGH_SUPPORT, False, "Alpha (0.3)", "VFIO passthrough devices", _NO),
     Gate(DYNAMIC_MIG, False, "Alpha (0.3)", "MIG instances created at prepare; partitionable devices",
@@ -96,7 +96,8 @@ GATES: tuple[Gate, ...] = (
     Gate(DRA_LIST_TYPE_ATTRIBUTES, False, "Alpha (0.4)", "numaNode published as a list attribute", _NO),
     Gate(FABRIC_MANAGER_PARTITIONING, False, "Alpha (0.5)", "Fabric Manager partition attributes", _NO),
     Gate(HOST_MANAGED_IMEX_DAEMON, False, "Alpha (0.5)", "imex.mode=hostManaged", _NO),
-    Gate(CONSUMABLE_SHARES, False, "Alpha (0.5)", "--consumable-shares multi-allocation", _NO),
+    Gate(CONSUMABLE_SHARES, False, "Alpha (0.5)", "--consumable-shares multi-allocation", Support.IMPLEMENTED,
+         note="dradriver also enforces each claim's share on the node (MPS client limits from consumedCapacity)"),
     Gate(NODE_LOCAL_FABRIC_IPC, False, "Alpha (0.6)", "single-node IMEX channels without an MNNVL clique", _NO),
     Gate("ContextualLogging", True, "Beta (k8s)", "component-base contextual logging", Support.LOGGING),
     Gate("LoggingAlphaOptions", False, "Alpha (k8s)", "component-base alpha logging options", Support.LOGGING),

@@ -8,11 +8,13 @@
   and returns an :class:`UndoRecord` the claim state stores with the claim before the claim is acknowledged,
   gives the CDI container edits of each device, and undoes a stored record idempotently
   (:meth:`DevicePreparer.undo`, called by unprepare and by start-up recovery alike).
-* :class:`SharingStep`: a sharing strategy (exclusive use; time-slicing and MPS next) applied to a config
-  group, chosen from the :class:`~dradriver.domain.configs.SharingPlan` that
+* :class:`SharingStep`: a sharing strategy (exclusive use, time-slicing, MPS control daemons) applied to a
+  config group, chosen from the :class:`~dradriver.domain.configs.SharingPlan` that
   :func:`~dradriver.domain.configs.select_configs` computes; the same apply/undo/edits contract. An apply
   that fails half-way raises :class:`PartiallyApplied` with the record of what it did, and the runner undoes
   it with everything else applied for the claim.
+* :class:`MpsDaemonControl`: MPS control daemons on this node (started, waited for, stopped), used by the
+  consumable-share preparer.
 * :class:`RequestMetrics`: what the batch runner reports (implemented by the Prometheus metrics).
 """
 
@@ -119,6 +121,8 @@ class DevicePlan:
     :param results: the allocation results naming the device, in claim order.
     :param group: the winning config group of its first result (None only for preparers without configs).
     :param details: the kind's own plan data (e.g. the MIG profile and placement to create).
+    :param shared: the claim takes a consumable share of the device (other claims' shares may hold it too).
+    :param share_id: the share's ``shareID`` when ``shared``.
     """
 
     kind: str
@@ -129,6 +133,8 @@ class DevicePlan:
     results: tuple[AllocationResult, ...]
     group: ConfigGroup | None = None
     details: Mapping[str, JSONValue] = field(default_factory=dict)
+    shared: bool = False
+    share_id: str | None = None
 
 
 @runtime_checkable
@@ -202,9 +208,15 @@ class SharingStep(Protocol):
     strategy: str | None
     side_effects: bool
 
-    def apply(self, claim: ClaimRef, group: ConfigGroup, devices: Sequence[object]) -> UndoRecord:
+    def apply(self, claim: ClaimRef, group: ConfigGroup, devices: Sequence[object], *,
+              deadline: float | None = None) -> UndoRecord:
         """Apply the group's sharing plan to ``devices`` (the registry entries of ``group.devices``).
 
+        Must leave nothing behind when it raises.
+
+        :param deadline: ``time.monotonic()`` value by which the step must be done (the kubelet's deadline less
+            the runner's margin; ``None``: no bound from the caller). A step that waits (an MPS control daemon's
+            readiness) waits at most until then.
         :raises DradriverError: the step failed.
         """
         ...
@@ -219,6 +231,63 @@ class SharingStep(Protocol):
 
         :raises DradriverError: the undo failed.
         """
+        ...
+
+    def sweep(self, known: Sequence[UndoRecord]) -> list[str]:
+        """At start: remove side effects of this step that no stored record of its kind knows (a crash between
+        the side effect and storing its record); return what was removed."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class MpsDaemonSpec:
+    """One MPS control daemon to run (NVIDIA's MPS contract, ``nvidia-dra-driver-updates.md`` 2a).
+
+    :param daemon_id: the daemon's ID (its Deployment is ``mps-control-daemon-<id>``; its host directory
+        ``<plugins dir>/gpu.nvidia.com/mps/<id>``); a DNS label of at most 44 characters.
+    :param device_uuids: GPU or MIG UUIDs the daemon serves (``CUDA_VISIBLE_DEVICES``), sorted.
+    :param full_gpu_uuids: the full GPUs among them, whose compute mode becomes ``EXCLUSIVE_PROCESS``.
+    :param multi_user: start the daemon with ``-M`` (clients of any UID; needs CUDA compute capability >= 7.0).
+    """
+
+    daemon_id: str
+    device_uuids: tuple[str, ...]
+    full_gpu_uuids: tuple[str, ...]
+    multi_user: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class MpsDaemonDirs:
+    """Host paths a daemon's clients mount: its pipe directory (``/tmp/nvidia-mps``) and shm (``/dev/shm``)."""
+
+    pipe: str
+    shm: str
+
+
+class MpsDaemonControl(Protocol):
+    """Runs MPS control daemons on this node. Methods block and may run in worker threads."""
+
+    def dirs(self, daemon_id: str) -> MpsDaemonDirs:
+        """The host directories of the daemon ``daemon_id`` (pure: a path computation)."""
+        ...
+
+    def start(self, spec: MpsDaemonSpec, *, deadline: float | None = None) -> None:
+        """Start the daemon and wait until it is ready, by ``deadline`` (``time.monotonic()``; ``None``: the
+        implementation's default bound).
+
+        :raises DradriverError: it could not be started or did not become ready (nothing is left behind).
+        """
+        ...
+
+    def stop(self, daemon_id: str) -> None:
+        """Stop the daemon and remove what it left on the node; idempotent.
+
+        :raises DradriverError: it could not be stopped (retried by the next undo).
+        """
+        ...
+
+    def running(self) -> list[str]:
+        """The IDs of every daemon of this plugin on this node (for the start-up sweep)."""
         ...
 
 

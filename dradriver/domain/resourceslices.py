@@ -15,6 +15,10 @@ Contract (reference ``nvidia-dra-driver.md`` 2.1-2.4, ``gpu-facts.md`` 6, ``kube
   ``ofaEngines``, ``memory`` (``memorySizeMB * 2**20`` bytes) and ``memorySlice<i> = 1`` for every
   memory slice of its placement.
 * a GPU in MIG mode publishes only its MIG devices (:meth:`NodeInventory.allocatable`).
+* with consumable shares (``--consumable-shares`` other than ``disabled``, ``nvidia-dra-driver.md`` 2.6): full
+  GPUs and MIG devices get ``allowMultipleAllocations: true``, ``memory`` rounded down to a multiple of 1Mi with a
+  ``requestPolicy`` (``default`` and ``validRange``), and in the integer mode a ``shares`` capacity
+  (:func:`dradriver.domain.shares.request_policies`).
 
 API limits enforced here: at most 128 devices per slice, 64 when any device of the pool carries taints or
 consumes counters; at most 32 attributes plus capacities per device (the lowest-priority entries are dropped
@@ -36,6 +40,8 @@ from typing import TYPE_CHECKING, Any
 
 from dradriver.domain.devices import DeviceType, GpuDevice, MigDevice, NodeInventory
 from dradriver.domain.identity import GPU_DRIVER
+from dradriver.domain.quantity import parse_quantity
+from dradriver.domain.shares import ShareMode, request_policies
 from dradriver.domain.versions import normalize_version
 from dradriver.errors import DradriverError
 
@@ -70,6 +76,7 @@ _PRIORITY: tuple[str, ...] = (
     "parentUUID",
     "profile",
     "memory",
+    "shares",
     "multiprocessors",
     "productName",
     "driverVersion",
@@ -204,6 +211,26 @@ def _mig_entry(mig: MigDevice, common: _CommonValues) -> Device:
     return {"name": mig.name, "attributes": attrs, "capacity": capacity}
 
 
+def _policy_capacity(policy: Mapping[str, int], binary: bool) -> dict[str, Any]:
+    """A ``DeviceCapacity`` with ``requestPolicy.default`` and ``requestPolicy.validRange`` from integer amounts."""
+    render = quantity_bytes if binary else str
+    return {
+        "value": render(policy["value"]),
+        "requestPolicy": {
+            "default": render(policy["default"]),
+            "validRange": {"min": render(policy["min"]), "max": render(policy["max"]),
+                           "step": render(policy["step"])},
+        },
+    }
+
+
+def _make_shareable(entry: Device, memory_bytes: int | None, shares: ShareMode) -> None:
+    """Mark ``entry`` multi-allocatable and give it the request policies of ``shares`` (in place)."""
+    entry["allowMultipleAllocations"] = True
+    for name, policy in request_policies(shares, memory_bytes).items():
+        entry["capacity"][name] = _policy_capacity(policy, binary=name == "memory")
+
+
 def _rank(key: str) -> int:
     if key == _LEGACY_LAST:
         return len(_PRIORITY) + 1
@@ -248,8 +275,12 @@ def device_entries(
     *,
     taints: Mapping[str, Sequence[Taint]] | None = None,
     warnings: list[str] | None = None,
+    shares: ShareMode | None = None,
 ) -> list[Device]:
     """The ``spec.devices`` entries of the whole pool, ordered by PCI bus ID then device name.
+
+    :param shares: the ``--consumable-shares`` mode; when enabled every device is multi-allocatable with
+        request policies (module docstring).
 
     :param taints: device name -> taints (each ``{"key", "effect", "value"?, "timeAdded"?}``), copied
         onto the device; taints for names not in the pool are reported as warnings.
@@ -273,6 +304,8 @@ def device_entries(
             raise ResourceSliceError(f"device name {dev.name!r} appears twice in the pool")
         seen.add(dev.name)
         entry = _gpu_entry(dev, common) if isinstance(dev, GpuDevice) else _mig_entry(dev, common)
+        if shares is not None and shares.enabled:
+            _make_shareable(entry, dev.memory_bytes, shares)
         _enforce_device_limits(entry, sink)
         device_taints = list((taints or {}).get(dev.name, ()))
         if len(device_taints) > MAX_TAINTS_PER_DEVICE:
@@ -303,6 +336,7 @@ def build(
     driver: str = GPU_DRIVER.driver_name,
     server_version: tuple[int, int] = (1, 34),
     cache: PartitionCache | None = None,
+    shares: ShareMode | None = None,
 ) -> SliceBuild:
     """Build every ResourceSlice of ``node_name``'s pool.
 
@@ -314,6 +348,7 @@ def build(
     :param taints: optional device name -> taints (see :func:`device_entries`); any taint lowers the
         per-slice device limit to 64 for the whole pool so the split stays uniform.
     :param generate_name: set ``metadata.generateName`` to ``<node>-<driver>-``.
+    :param shares: the ``--consumable-shares`` mode (see :func:`device_entries`).
     :returns: the slices in order (at least one, possibly with no devices, so the pool always exists)
         and the warnings issued.
     :raises ResourceSliceError: duplicate device names or too many taints on one device.
@@ -324,7 +359,7 @@ def build(
         return partitions.build(inventory, node_name, server_version=server_version, generation=generation,
                                 taints=taints, generate_name=generate_name, driver=driver, cache=cache)
     warnings: list[str] = []
-    devices = device_entries(inventory, taints=taints, warnings=warnings)
+    devices = device_entries(inventory, taints=taints, warnings=warnings, shares=shares)
     small = _needs_small_slices(devices)
     size = MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS if small else MAX_DEVICES_PER_SLICE
     chunks = [devices[i : i + size] for i in range(0, len(devices), size)] or [[]]
@@ -359,10 +394,11 @@ def build_resource_slices(
     driver: str = GPU_DRIVER.driver_name,
     server_version: tuple[int, int] = (1, 34),
     cache: PartitionCache | None = None,
+    shares: ShareMode | None = None,
 ) -> list[dict[str, Any]]:
     """:func:`build` without the warnings (they are logged): the list of ResourceSlice dicts."""
     result = build(inventory, node_name, generation=generation, taints=taints, generate_name=generate_name,
-                   driver=driver, server_version=server_version, cache=cache)
+                   driver=driver, server_version=server_version, cache=cache, shares=shares)
     return result.slices
 
 
@@ -438,6 +474,48 @@ def limit_violations(resource_slice: Mapping[str, Any], server_version: tuple[in
             if not split and consumption.get("counterSet") not in local_sets:
                 problems.append(f"device {dev.get('name')}: counter set {consumption.get('counterSet')} not in "
                                 "its slice (1.34)")
+        for key, cap in (dev.get("capacity") or {}).items():
+            problems.extend(f"device {dev.get('name')}: capacity {key}: {p}"
+                            for p in _policy_violations(cap, bool(dev.get("allowMultipleAllocations"))))
     if consumed > MAX_CONSUMED_COUNTERS_PER_SLICE:
         problems.append(f"{consumed} consumed counters, limit {MAX_CONSUMED_COUNTERS_PER_SLICE}")
+    return problems
+
+
+def _amount(text: Any) -> int:
+    value = parse_quantity(str(text)).value
+    return int(value) if value.denominator == 1 else -1
+
+
+def _policy_violations(capacity: Mapping[str, Any], multiple: bool) -> list[str]:
+    """The ``DeviceCapacity.requestPolicy`` rules the OpenAPI schema cannot state (``kubelet-dra-protocol.md`` 5.1):
+    only with ``allowMultipleAllocations``; ``validValues`` at most 10, ascending, each <= value, holding the
+    default; ``validRange.min`` <= default <= ``max`` <= value, default on the step grid from ``min``."""
+    policy = capacity.get("requestPolicy")
+    if policy is None:
+        return []
+    if not multiple:
+        return ["requestPolicy without allowMultipleAllocations"]
+    value = _amount(capacity.get("value"))
+    default = _amount(policy["default"]) if "default" in policy else None
+    problems: list[str] = []
+    if "validValues" in policy and "validRange" in policy:
+        problems.append("both validValues and validRange")
+    values = [_amount(v) for v in policy.get("validValues") or []]
+    if values:
+        if len(values) > 10 or values != sorted(set(values)) or values[-1] > value:
+            problems.append("validValues must be at most 10 ascending values up to the capacity")
+        if default is not None and default not in values:
+            problems.append("default is not one of validValues")
+    valid_range = policy.get("validRange")
+    if valid_range is not None:
+        low = _amount(valid_range.get("min"))
+        high = _amount(valid_range["max"]) if "max" in valid_range else value
+        step = _amount(valid_range["step"]) if "step" in valid_range else None
+        if not 0 <= low <= high <= value:
+            problems.append("validRange must satisfy 0 <= min <= max <= value")
+        if default is not None and not low <= default <= high:
+            problems.append("default outside validRange")
+        if step is not None and (step <= 0 or (default is not None and (default - low) % step)):
+            problems.append("default not on the validRange step grid")
     return problems

@@ -109,6 +109,13 @@ class HeldDevice:
     :param device: device name within the pool, e.g. ``gpu-0``.
     :param cdi_device_ids: fully-qualified CDI device names given to the runtime.
     :param admin_access: the allocation result has ``adminAccess`` (may share the device).
+    :param shared: the claim holds a consumable share of the device (``shareID``), so other claims' shares may
+        hold it too.
+    :param share_id: the allocation result's ``shareID`` (returned to the kubelet as ``Device.share_id``).
+
+    The store records one "not held exclusively" flag per device: admin access and shares both set it, and
+    neither enters the index of exclusively held devices. Read back, that flag is :attr:`admin_access`; the
+    share itself (``shared``, ``share_id``) is restored from the claim's payload by the batch runner.
     """
 
     request_names: tuple[str, ...]
@@ -116,6 +123,8 @@ class HeldDevice:
     device: str
     cdi_device_ids: tuple[str, ...] = ()
     admin_access: bool = False
+    shared: bool = False
+    share_id: str | None = None
 
     def as_tuple(self) -> tuple[tuple[str, ...], str, str, tuple[str, ...], bool]:
         """The native module's device tuple."""
@@ -124,7 +133,7 @@ class HeldDevice:
             self.pool,
             self.device,
             tuple(self.cdi_device_ids),
-            self.admin_access,
+            self.admin_access or self.shared,
         )
 
     def to_prepared(self) -> PreparedDevice:
@@ -134,6 +143,7 @@ class HeldDevice:
             pool_name=self.pool,
             device_name=self.device,
             cdi_device_ids=self.cdi_device_ids,
+            share_id=self.share_id,
         )
 
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import itertools
 import json
 import logging
@@ -117,6 +118,8 @@ class _Work:
     stale: list[UndoRecord]
     applied: list[UndoRecord] = field(default_factory=list)
     error: str = ""
+    deadline: float | None = None
+    """``time.monotonic()`` by which its applies must be done (the kubelet's deadline less the runner's margin)."""
 
     @property
     def uid(self) -> str:
@@ -131,18 +134,42 @@ class StoredPayload:
     :param undo: the undo records of what was applied, in apply order.
     :param pins: DRA device name -> the physical device's UUID when it was prepared (GPU or MIG UUID), so a
         device name that later resolves to another GPU is never handed to the claim.
+    :param shares: DRA device name -> ``shareID`` of the devices the claim holds a consumable share of.
     """
 
     spec: str
     undo: tuple[UndoRecord, ...] = ()
     pins: Mapping[str, str] = field(default_factory=dict)
+    shares: Mapping[str, str] = field(default_factory=dict)
 
 
-def _payload(spec: Path | str, records: Sequence[UndoRecord], pins: Mapping[str, str] | None = None) -> str:
+def _payload(spec: Path | str, records: Sequence[UndoRecord], pins: Mapping[str, str] | None = None,
+             shares: Mapping[str, str] | None = None) -> str:
     doc: dict[str, Any] = {"v": PAYLOAD_VERSION, "spec": str(spec), "undo": [r.to_json() for r in records]}
     if pins:
         doc["pins"] = dict(pins)
+    if shares:
+        doc["shares"] = dict(shares)
     return json.dumps(doc, separators=(",", ":"), sort_keys=True)
+
+
+def _shares_of(held: Sequence[HeldDevice]) -> dict[str, str]:
+    return {h.device: h.share_id or "" for h in held if h.shared}
+
+
+def held_devices(record: ClaimRecord) -> tuple[HeldDevice, ...]:
+    """The devices of a stored claim with their consumable shares restored from its payload."""
+    try:
+        shares = read_payload(record.payload).shares
+    except ValueError:
+        return record.devices
+    if not shares:
+        return record.devices
+    return tuple(
+        dataclasses.replace(d, admin_access=False, shared=True, share_id=shares[d.device] or None)
+        if d.device in shares else d
+        for d in record.devices
+    )
 
 
 def read_payload(payload: bytes | str) -> StoredPayload:
@@ -155,10 +182,24 @@ def read_payload(payload: bytes | str) -> StoredPayload:
         return StoredPayload(text)
     doc = json.loads(text)
     if not isinstance(doc, dict) or not isinstance(doc.get("undo", []), list) \
-            or not isinstance(doc.get("pins", {}), dict):
+            or not isinstance(doc.get("pins", {}), dict) or not isinstance(doc.get("shares", {}), dict):
         raise ValueError(f"claim payload {text[:80]!r} is not a payload document")
     pins = {str(k): str(v) for k, v in doc.get("pins", {}).items()}
-    return StoredPayload(str(doc.get("spec", "")), tuple(UndoRecord.from_json(r) for r in doc.get("undo", [])), pins)
+    shares = {str(k): str(v) for k, v in doc.get("shares", {}).items()}
+    return StoredPayload(str(doc.get("spec", "")), tuple(UndoRecord.from_json(r) for r in doc.get("undo", [])), pins,
+                         shares)
+
+
+def all_undo_records(state: ClaimState) -> list[UndoRecord]:
+    """Every undo record of every stored claim, PREPARE_STARTED ones included (unreadable payloads are logged and
+    skipped), for preparers that derive shared ownership from the claim state (consumable shares)."""
+    out: list[UndoRecord] = []
+    for record in state.claims().values():
+        try:
+            out.extend(read_payload(record.payload).undo)
+        except ValueError as exc:
+            log.error("claim %s: unreadable undo records: %s", record.ref, exc)
+    return out
 
 
 def _pin_of(device: object) -> str | None:
@@ -330,7 +371,9 @@ class BatchRunner:
                     fetched.append(f"claim {ref}: the API server did not answer the ResourceClaim GET within "
                                    f"{fetch_budget:.1f} s; nothing was prepared (the kubelet retries)")
             items = list(zip(claims, fetched, strict=True))
-            results = await loop.run_in_executor(self._work_pool, self._prepare_all, items, started)
+            apply_deadline = began + max(0.0, budget - self.deadline_margin_s)
+            results = await loop.run_in_executor(self._work_pool, self._prepare_all, items, started,
+                                                 apply_deadline)
         if self.metrics is not None:
             seconds = time.monotonic() - began
             for res in results.values():
@@ -374,18 +417,24 @@ class BatchRunner:
         except Exception as exc:  # one claim's problem is that claim's answer (RecursionError included)
             return _claim_error(ref, exc)
 
-    def _prepare_all(self, items: list[tuple[ClaimRef, Claim | str]], started: int) -> dict[str, ClaimResult]:
-        """Prepare a batch chunk by chunk (:meth:`_prepare_chunk`), taking the lock per chunk."""
+    def _prepare_all(self, items: list[tuple[ClaimRef, Claim | str]], started: int,
+                     deadline: float | None = None) -> dict[str, ClaimResult]:
+        """Prepare a batch chunk by chunk (:meth:`_prepare_chunk`), taking the lock per chunk.
+
+        :param deadline: ``time.monotonic()`` by which side effects must be applied (sharing steps that wait,
+            such as an MPS control daemon's readiness, wait at most until then).
+        """
         out: dict[str, ClaimResult] = {}
         try:
             for i in range(0, len(items), self.chunk_size):
-                out.update(self._prepare_chunk(items[i:i + self.chunk_size], started))
+                out.update(self._prepare_chunk(items[i:i + self.chunk_size], started, deadline))
         finally:
             with self._lock:  # once per batch: the views walk every stored claim
                 self._refresh_views()
         return out
 
-    def _prepare_chunk(self, items: list[tuple[ClaimRef, Claim | str]], started: int) -> dict[str, ClaimResult]:
+    def _prepare_chunk(self, items: list[tuple[ClaimRef, Claim | str]], started: int,
+                       deadline: float | None = None) -> dict[str, ClaimResult]:
         """Prepare a chunk in phases, so its durability costs O(1) syncs of the claim state.
 
         1. under one group commit: check and plan every claim, record the valid ones PREPARE_STARTED (one sync);
@@ -418,6 +467,7 @@ class BatchRunner:
                             if isinstance(answer, ClaimResult):
                                 out[ref.uid] = answer
                             else:
+                                answer.deadline = deadline
                                 todo.append(answer)
                     self._apply_all(todo)
                     ready = [w for w in todo if not w.error]
@@ -435,8 +485,8 @@ class BatchRunner:
                         for work in todo:
                             if not work.error:
                                 pins = {p.device: pin for p in work.plans if (pin := _pin_of(p.entry))}
-                                self.state.prepare_completed(work.uid, payload=_payload(self.spec_path(work.uid),
-                                                                                        work.applied, pins))
+                                self.state.prepare_completed(work.uid, payload=_payload(
+                                    self.spec_path(work.uid), work.applied, pins, _shares_of(work.held)))
                                 done.append(work)
                         for work in failed:
                             out[work.uid] = ClaimResult(error=work.error)
@@ -475,7 +525,7 @@ class BatchRunner:
         adopted = record is not None and not record.namespace and not record.name
         if record is not None and record.phase is ClaimPhase.PREPARE_COMPLETED and not adopted:
             self._ensure_spec(record)
-            return ClaimResult(devices=tuple(d.to_prepared() for d in record.devices))
+            return ClaimResult(devices=tuple(d.to_prepared() for d in held_devices(record)))
         # New, half-prepared (its stale records are undone before the new apply), or adopted from a CDI spec
         # after state damage (request names unknown): prepare from the claim itself; the devices it already
         # holds count as its own in the conflict check.
@@ -483,7 +533,8 @@ class BatchRunner:
         work = self._plan(claim)
         work.stale = stale
         self.state.prepare_started(ref.uid, namespace=ref.namespace, name=ref.name, devices=work.held,
-                                   payload=_payload(self.spec_path(ref.uid), stale + self._planned(work)))
+                                   payload=_payload(self.spec_path(ref.uid), stale + self._planned(work),
+                                                    shares=_shares_of(work.held)))
         return work
 
     def _planned(self, work: _Work) -> list[UndoRecord]:
@@ -529,6 +580,8 @@ class BatchRunner:
                 other = self.state.get(holder)
                 who = f"{other.namespace}/{other.name} (uid {holder})" if other else f"uid {holder}"
                 raise ClaimError(ref, f"device {name!r} is already prepared for claim {who}")
+        # (A consumable share never enters the holder index, so shares of one device never conflict; a device
+        # held exclusively still refuses a share.)
         # Opaque configs: decoded, selected and validated per result before anything is written.
         groups: list[ConfigGroup] = []
         group_of: dict[str, ConfigGroup] = {}
@@ -542,6 +595,9 @@ class BatchRunner:
                     raise ClaimError(ref, f"{group.entry.parameters_at}.sharing.strategy: "
                                           f"{group.plan.strategy!r} is not implemented by this plugin")
         plans = [preparers[n].plan(claim, entries[n], results[n], group_of.get(n)) for n in order]
+        for plan in plans:
+            if not plan.shared and not plan.admin_access:
+                self._refuse_if_shared(ref, plan)
         held = [
             HeldDevice(
                 request_names=plan.request_names,
@@ -549,10 +605,23 @@ class BatchRunner:
                 device=plan.device,
                 cdi_device_ids=(self.identity.cdi.device_id(ref.uid, plan.device),),
                 admin_access=plan.admin_access,
+                shared=plan.shared,
+                share_id=plan.share_id,
             )
             for plan in plans
         ]
         return _Work(claim, held, plans, groups, stale=[])
+
+    def _refuse_if_shared(self, ref: ClaimRef, plan: DevicePlan) -> None:
+        """Refuse to hand a device exclusively to ``ref`` while other claims hold consumable shares of it (shares
+        never enter the claim state's holder index; a preparer that keeps shares answers ``share_holders``)."""
+        for preparer in self.preparers:
+            holders = getattr(preparer, "share_holders", None)
+            others = sorted(set(holders(plan.entry)) - {ref.uid}) if holders is not None else []
+            if others:
+                raise ClaimError(ref, f"device {plan.device!r} is already prepared for consumable shares of claim(s) "
+                                      f"{', '.join(others[:3])}{', ...' if len(others) > 3 else ''}; it cannot be "
+                                      "given to this claim exclusively")
 
     # -------------------------------------------------------------------------------- apply
     def _side_effects(self, work: _Work) -> bool:
@@ -587,7 +656,8 @@ class BatchRunner:
             for work in effectful:
                 self.state.prepare_started(work.uid, namespace=work.claim.ref.namespace, name=work.claim.ref.name,
                                            devices=work.held,
-                                           payload=_payload(self.spec_path(work.uid), work.stale + work.applied))
+                                           payload=_payload(self.spec_path(work.uid), work.stale + work.applied,
+                                                            shares=_shares_of(work.held)))
 
     def _apply_one(self, work: _Work) -> None:
         """Undo stale records of an earlier attempt, then apply device plans and sharing steps in order.
@@ -604,7 +674,7 @@ class BatchRunner:
             for group in work.groups:
                 step = self.sharing[group.plan.strategy]
                 devices = [self.registry.get(name) for name in group.devices]
-                work.applied.append(step.apply(ref, group, devices))
+                work.applied.append(step.apply(ref, group, devices, deadline=work.deadline))
         except PartiallyApplied as exc:  # its record joins the others: stored, then undone newest first
             work.applied.append(exc.record)
             work.error = _claim_error(ref, exc)
@@ -642,7 +712,8 @@ class BatchRunner:
             if left:
                 ref = work.claim.ref
                 self.state.prepare_started(ref.uid, namespace=ref.namespace, name=ref.name, devices=work.held,
-                                           payload=_payload(self.spec_path(ref.uid), left))
+                                           payload=_payload(self.spec_path(ref.uid), left,
+                                                            shares=_shares_of(work.held)))
                 log.error("claim %s: %d undo record(s) kept for the next unprepare or start", ref, len(left))
             else:
                 self.state.remove(work.uid)
@@ -899,10 +970,11 @@ class BatchRunner:
                         known_records.setdefault(undo.kind, []).append(undo)
                 except ValueError as exc:
                     log.error("claim %s: unreadable undo records: %s", record.ref, exc)
-            for preparer in self.preparers:
-                for what in preparer.sweep(known_records.get(preparer.kind, [])):
-                    swept.append(f"{preparer.kind}:{what}")
-                    log.warning("removed %s %s that no prepared claim owns", preparer.kind, what)
+            sweepers: list[DevicePreparer | SharingStep] = [*self.preparers, *self.sharing.values()]
+            for part in sweepers:
+                for what in part.sweep(known_records.get(part.kind, [])):
+                    swept.append(f"{part.kind}:{what}")
+                    log.warning("removed %s %s that no prepared claim owns", part.kind, what)
             temps = cdifiles.remove_stale_temp_files(self.identity.cdi, self.cdi_root)  # once, so prepares stay O(1)
             if temps:
                 log.warning("removed %d temporary CDI file(s) a crashed write left behind", temps)

@@ -2,10 +2,10 @@
 
 ``select_configs()`` computes one plan per config group; the batch runner applies the step registered for the
 plan's strategy after the group's devices are prepared, stores its undo record with the claim, adds its CDI
-edits, and undoes it on unprepare. Steps: exclusive use (strategy ``None``) and :class:`TimeSlicing` (full GPUs;
-on MIG devices NVIDIA's documented no-op, ``nvidia-dra-driver.md`` 3.1/3.2). MPS is refused earlier by its
-feature gate (``MPSSupport``, off by default as in NVIDIA's driver) until its step exists; TimeSlicing needs
-``TimeSlicingSettings`` on, as in NVIDIA's driver.
+edits, and undoes it on unprepare. Steps: exclusive use (strategy ``None``), :class:`TimeSlicing` (full GPUs;
+on MIG devices NVIDIA's documented no-op, ``nvidia-dra-driver.md`` 3.1/3.2; needs ``TimeSlicingSettings`` on, as
+in NVIDIA's driver) and ``MPS``, :class:`dradriver.preparers.mps.MpsSharing` (gate ``MPSSupport``), registered by
+the GPU plugin when the gate is on.
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ class ExclusiveUse:
     strategy: str | None = None
     side_effects = False
 
-    def apply(self, claim: ClaimRef, group: ConfigGroup, devices: Sequence[object]) -> UndoRecord:
+    def apply(self, claim: ClaimRef, group: ConfigGroup, devices: Sequence[object], *,
+              deadline: float | None = None) -> UndoRecord:
         """Nothing to do; the (empty) undo record names the group's devices."""
         return UndoRecord(self.kind, UNDO_VERSION, ",".join(group.devices), {})
 
@@ -48,6 +49,10 @@ class ExclusiveUse:
 
     def undo(self, claim: ClaimRef, record: UndoRecord) -> None:
         """Nothing to undo."""
+
+    def sweep(self, known: Sequence[UndoRecord]) -> list[str]:
+        """Nothing is ever left behind."""
+        return []
 
 
 class TimeSlicing:
@@ -105,8 +110,10 @@ class TimeSlicing:
                 self._nvidia_smi = self._find_nvidia_smi()
             return self._nvidia_smi
 
-    def apply(self, claim: ClaimRef, group: ConfigGroup, devices: Sequence[object]) -> UndoRecord:
-        """Set compute mode DEFAULT and the time-slice on every full GPU of the group.
+    def apply(self, claim: ClaimRef, group: ConfigGroup, devices: Sequence[object], *,
+              deadline: float | None = None) -> UndoRecord:
+        """Set compute mode DEFAULT and the time-slice on every full GPU of the group (nothing waits, so
+        ``deadline`` is not needed).
 
         :raises ClaimError: ``nvidia-smi`` is missing under the driver root (nothing changed); the message names
             ``<parameters>.sharing``.
@@ -199,6 +206,12 @@ class TimeSlicing:
         if failures:
             raise DradriverError(f"claim {claim}: time-slicing undo: " + "; ".join(str(f) for f in failures))
 
+    def sweep(self, known: Sequence[UndoRecord]) -> list[str]:
+        """Nothing to sweep: GPU settings carry no owner to tell a crash's leftover from a prepared claim's (as in
+        NVIDIA's driver, which does not roll time-slicing back for half-prepared claims); a record stored with a
+        half-prepared claim is undone by the runner's recovery."""
+        return []
+
     def _restore_compute_mode(self, uuid: str, mode: int) -> None:
         """Set ``uuid``'s compute mode back to ``mode`` when it differs (no write, so no privilege, otherwise)."""
         wanted = settings.ComputeMode(mode)
@@ -223,5 +236,6 @@ _GONE_EXIT_CODES = (3, 6, 15)
 
 
 def default_steps(session: NvmlSession, nvidia_smi: Callable[[], NvidiaSmi]) -> tuple[SharingStep, ...]:
-    """The sharing steps of the GPU plugin: exclusive use and time-slicing (MPS next)."""
+    """The sharing steps of the GPU plugin without MPS: exclusive use and time-slicing (the plugin adds
+    :class:`dradriver.preparers.mps.MpsSharing` with the MPSSupport gate)."""
     return (ExclusiveUse(), TimeSlicing(session, nvidia_smi))

@@ -10,7 +10,10 @@ It plays the control plane and the kubelet around a plugin started separately
   (``nvidia.com/gpu: 1``, no resourceClaims) gets the claim kube-scheduler generates (KEP-5004,
   :func:`dradriver.sandbox.scheduler.schedule_extended`);
 * the kubelet: registers the plugin from the registrar directory, calls NodePrepareResources for the claims of
-  each bound Pod, and NodeUnprepareResources once no Pod uses a claim any more (Pod deleted).
+  each bound Pod, and NodeUnprepareResources once no Pod uses a claim any more (Pod deleted);
+* the Deployment controller and the node's container runner (:mod:`dradriver.sandbox.workloads`), which run
+  the MPS control daemons' Pods as local processes (``dradriver sandbox`` starts them and turns MPSSupport on
+  where this process may mount tmpfs, as the plugin it starts does).
 
 What ``kubectl get pods``/``kubectl describe pod`` show comes from what those components write: a Pod whose
 claims cannot be allocated gets the ``PodScheduled=False`` condition with reason ``Unschedulable`` and a

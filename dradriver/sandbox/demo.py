@@ -14,9 +14,13 @@ through NodePrepareResources exactly as on a node. Steps:
    resourceClaims): the scheduler emulator creates the claim KEP-5004 prescribes from DeviceClass
    ``gpu.nvidia.com`` (``spec.extendedResourceName: nvidia.com/gpu``), fills in the Pod's
    ``status.extendedResourceClaimStatus``, and the claim is prepared like any other;
-6. tear down (unprepare, delete pods and claims) and check nothing is left (CDI specs, claim state).
+6. an MPS claim with limits (:mod:`dradriver.sandbox.mpsdemo`): its control daemon's Deployment runs as a local
+   process (the sandbox's Deployment controller and container runner), becomes Ready, the claim is prepared and
+   unprepared;
+7. tear down (unprepare, delete pods and claims) and check nothing is left (CDI specs, claim state).
 
-``--scenario sharing`` runs :mod:`dradriver.sandbox.sharingdemo` after step 2 instead.
+``--scenario time-slicing`` runs :mod:`dradriver.sandbox.sharingdemo` after step 2 instead; ``--scenario sharing``
+is :mod:`dradriver.sandbox.sharing_demo` (its own node and plugin configurations).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from dradriver.sandbox import scheduler
 from dradriver.sandbox.apiserver import ApiServerEmulator
 from dradriver.sandbox.cluster import create_claim_from_template
 from dradriver.sandbox.kubelet import KubeletEmulator, PluginConnection
+from dradriver.sandbox.mpsdemo import run_mps_step
 from dradriver.sandbox.node import SandboxNode
 
 
@@ -160,10 +165,10 @@ async def started(profile: str, node_name: str, narrator: Narrator,
     narrator.step(1, f"Start the kubelet plugin on node {node_name} (mock NVML profile {profile})")
     with SandboxNode(profile=profile, node_name=node_name) as sandbox:
         assert sandbox.api is not None
-        overrides: dict[str, Any] = {"log_level": "warning"}
-        if feature_gates is not None:
-            overrides["feature_gates"] = feature_gates
-        plugin = await start_plugin(sandbox.config(**overrides))
+        sandbox.run_workloads()
+        # MPSSupport is always on in the demo: step 5 (and the sharing scenario) prepare MPS claims
+        gates = (feature_gates or sandbox.config().feature_gates).with_gates(MPSSupport=True)
+        plugin = await start_plugin(sandbox.mps_config(log_level="warning", feature_gates=gates))
         try:
             narrator.say(f"Kubernetes API emulator at {sandbox.api.url}")
             narrator.say(f"DRA socket {plugin.servers.dra_socket}")
@@ -275,7 +280,9 @@ async def run_scenarios(run: DemoRun, narrator: Narrator) -> None:
     narrator.say(f"NodePrepareResources -> CDI device {prepared_legacy.devices[0].cdi_device_ids[0]}")
     narrator.done()
 
-    narrator.step(6, "Tear down and check that nothing is left behind")
+    await run_mps_step(run.sandbox, plugin, kubelet, narrator, 6, DemoError)
+
+    narrator.step(7, "Tear down and check that nothing is left behind")
     for c in (claim, shared, generated):
         errors = await kubelet.unprepare([_ref(c)])
         if any(errors.values()):
@@ -292,14 +299,16 @@ async def run_scenarios(run: DemoRun, narrator: Narrator) -> None:
     narrator.done()
 
 
-SCENARIOS = ("basic", "sharing")
-"""``basic``: steps 3-6 above; ``sharing``: :mod:`dradriver.sandbox.sharingdemo` (sharing gates on)."""
+SCENARIOS = ("basic", "time-slicing")
+"""``basic``: steps 3-7 above; ``time-slicing``: :mod:`dradriver.sandbox.sharingdemo` (sharing gates on). The
+assembled ``dradriver demo --scenario sharing`` (time-slicing, consumable shares, MPS) is
+:mod:`dradriver.sandbox.sharing_demo`."""
 
 
 async def demo(*, profile: str, node_name: str, narrator: Narrator,
                serve: Callable[[DemoRun], Any] | None = None, scenario: str = "basic") -> None:
     """Run the demo; with ``serve``, stop after step 2 and await ``serve(run)`` instead of the scenario's
-    steps (3-6 for ``basic``).
+    steps (3-7 for ``basic``).
 
     :raises DemoError: ``scenario`` is not one of :data:`SCENARIOS`, or a step failed.
     """
@@ -307,11 +316,11 @@ async def demo(*, profile: str, node_name: str, narrator: Narrator,
         raise DemoError(f"unknown scenario {scenario!r}; scenarios: {', '.join(SCENARIOS)}")
     from dradriver.sandbox import sharingdemo
 
-    gates = sharingdemo.SHARING_GATES if scenario == "sharing" else None
+    gates = sharingdemo.SHARING_GATES if scenario == "time-slicing" else None
     async with started(profile, node_name, narrator, gates) as run:
         if serve is not None:
             await serve(run)
-        elif scenario == "sharing":
+        elif scenario == "time-slicing":
             await sharingdemo.run_sharing(run, narrator)
         else:
             await run_scenarios(run, narrator)

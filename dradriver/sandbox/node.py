@@ -7,6 +7,13 @@ CDI root, and a ``proc`` tree holding ``devices`` (character-device majors as a 
 and ``sys/kernel/random/boot_id``. The Kubernetes API is the in-process :class:`ApiServerEmulator` with this
 node's Node object; NVML is the bundled mock library with a chosen profile.
 
+The root also holds ``proc/meminfo`` and, in ``driver-root/usr/bin``, the ``nvidia-cuda-mps-control`` stand-in
+(:mod:`dradriver.sandbox.standins`); :meth:`SandboxNode.run_workloads` starts the Deployment controller and the
+node's container runner (:mod:`dradriver.sandbox.workloads`) that run the MPS control daemon's Pod, and
+:meth:`SandboxNode.mps_config` is a plugin configuration with ``MPSSupport`` on. The plugin mounts tmpfs with
+the real ``mount``/``umount`` when this process may (root with ``CAP_SYS_ADMIN``; checked once per sandbox), and
+with the stand-ins in ``bin/`` otherwise; :meth:`SandboxNode.close` unmounts what is left under the root.
+
 By default the root also holds ``driver-root``, the plugin's ``--container-driver-root``, laid out like a
 host with the profile's NVIDIA driver version installed (empty files with the real names, see
 :func:`lay_out_driver_tree`), so claim CDI specs carry the driver mounts and hooks a real node gets. With
@@ -16,8 +23,10 @@ specs with device nodes only.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import uuid
@@ -27,8 +36,13 @@ from types import TracebackType
 from typing import Any
 
 from dradriver.config import PluginConfig
+from dradriver.domain.featuregates import CONSUMABLE_SHARES, MPS_SUPPORT
+from dradriver.domain.shares import parse_share_mode
+from dradriver.host.mounts import MountCommands, mount_points
 from dradriver.nvml import mock
+from dradriver.sandbox import standins
 from dradriver.sandbox.apiserver import ApiServerEmulator
+from dradriver.sandbox.workloads import Workloads
 
 PROC_DEVICES = """Character devices:
   1 mem
@@ -44,6 +58,18 @@ Block devices:
   8 sd
 """
 """``/proc/devices`` of a node with the NVIDIA driver loaded (majors seen on real nodes, gpu-facts.md 5)."""
+
+PROC_MEMINFO = """MemTotal:       2113412036 kB
+MemFree:        2001573316 kB
+MemAvailable:   2060238520 kB
+Buffers:          1020104 kB
+Cached:          61236120 kB
+"""
+"""The head of ``/proc/meminfo`` of a 2 TiB GPU node (MPS sizes its shm tmpfs from ``MemTotal``)."""
+
+SANDBOX_NAMESPACE = "dradriver"
+SANDBOX_IMAGE = "dradriver:sandbox"
+"""Namespace and image name the sandbox gives the plugin (``--namespace``, ``--image-name``)."""
 
 
 #: Libraries the NVIDIA installer puts next to libcuda, versioned with the driver: name -> SONAME suffix
@@ -176,6 +202,7 @@ class SandboxNode:
     :param driver_files: lay out the profile's driver files under :attr:`driver_root`
         (:func:`lay_out_driver_tree`) with a working ``nvidia-smi`` and ``libnvidia-ml.so.1``
         (:func:`install_driver_tools`); when False the driver root stays empty.
+    :param mount_standins: give the plugin the ``mount``/``umount`` stand-ins even where real mounts work.
 
     NVML settings are node state shared by every process on the node (the plugin, ``nvidia-smi``, tests): while
     the sandbox is open, :data:`dradriver.nvml.mock.CONTROL_ENV` names :attr:`nvml_control`, the mock's control
@@ -194,8 +221,11 @@ class SandboxNode:
     node_allocatable: dict[str, str] | None = None
     driver_files: bool = True
     mig_state: bool = False
+    mount_standins: bool = False
     root: Path = field(init=False)
     _owns_api: bool = field(init=False, default=False)
+    workloads: Workloads | None = field(init=False, default=None)
+    mounts: MountCommands = field(init=False, default_factory=MountCommands)
     _saved_control: str | None = field(init=False, default=None)
     _saved_env: dict[str, str | None] = field(init=False, default_factory=dict)
 
@@ -204,11 +234,14 @@ class SandboxNode:
         for sub in ("registry", "plugins", "device-plugins", "cdi", "proc/sys/kernel/random", "sys", "dev"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         (self.root / "proc" / "devices").write_text(PROC_DEVICES)
+        (self.root / "proc" / "meminfo").write_text(PROC_MEMINFO)
         self.driver_root.mkdir()
         version = _profile_driver_version(self.profile) if self.driver_files else ""
         if version:
             lay_out_driver_tree(self.driver_root, version)
             install_driver_tools(self.driver_root, version)
+            standins.install("nvidia_cuda_mps_control", self.driver_root / "usr" / "bin" / "nvidia-cuda-mps-control")
+        self.mounts = self._mount_commands()
         self.nvml_control.touch()
         self._saved_control = os.environ.get(mock.CONTROL_ENV)
         os.environ[mock.CONTROL_ENV] = str(self.nvml_control)
@@ -223,6 +256,60 @@ class SandboxNode:
             self._owns_api = True
         self.api.add_node(self.node_name, allocatable=self.node_allocatable)
         self.kubeconfig = self.api.kubeconfig_path(self.root)
+
+    def _mount_commands(self) -> MountCommands:
+        """The real commands when a tmpfs mount works here, else the stand-ins in ``bin/``."""
+        probe = self.root / ".mount-probe"
+        probe.mkdir()
+        real = MountCommands()
+        try:
+            if self.mount_standins:
+                raise OSError("stand-ins asked for")
+            done = subprocess.run(("mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(probe)),
+                                  capture_output=True, timeout=10, check=False)
+            if done.returncode == 0:
+                real.unmount(probe)
+                return real
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                probe.rmdir()
+        bin_dir = self.root / "bin"
+        standins.install("mount", bin_dir / "mount")
+        standins.install("mount", bin_dir / "umount")
+        return MountCommands(str(bin_dir / "mount"), str(bin_dir / "umount"), bin_dir / "mountinfo")
+
+    @property
+    def real_mounts(self) -> bool:
+        """The plugin mounts for real here (not through the stand-ins)."""
+        return self.mounts == MountCommands()
+
+    def run_workloads(self, *, time_scale: float = 0.05) -> Workloads:
+        """Start the Deployment controller and container runner of this node (stopped by :meth:`close`).
+
+        :param time_scale: factor on probe periods and back-offs (``0.05``: a 1 s probe period runs every 50 ms).
+        """
+        if self.workloads is None:
+            assert self.api is not None
+            self.workloads = Workloads(self.api, self.node_name, self.root / "pods", time_scale=time_scale).start()
+        return self.workloads
+
+    def mps_config(self, **overrides: Any) -> PluginConfig:
+        """:meth:`config` with ``MPSSupport`` on, the sandbox's namespace and image, and the driver root's host
+        path set to :attr:`driver_root` (the daemon's Pod mounts it, and runs its ``nvidia-cuda-mps-control``)."""
+        base = self.config(feature_gates=self.config().feature_gates.with_gates(**{MPS_SUPPORT: True}),
+                           namespace=SANDBOX_NAMESPACE, image_name=SANDBOX_IMAGE, nvidia_driver_root=self.driver_root)
+        return replace(base, **overrides)
+
+    def shares_config(self, mode: str = "memory", **overrides: Any) -> PluginConfig:
+        """:meth:`config` with ``ConsumableShares`` on and ``--consumable-shares=<mode>``, the sandbox's namespace
+        and image, and the driver root's host path set to :attr:`driver_root` (each shared GPU's MPS control
+        daemon Pod mounts it and runs its ``nvidia-cuda-mps-control``)."""
+        base = self.config(feature_gates=self.config().feature_gates.with_gates(**{CONSUMABLE_SHARES: True}),
+                           consumable_shares=parse_share_mode(mode), namespace=SANDBOX_NAMESPACE,
+                           image_name=SANDBOX_IMAGE, nvidia_driver_root=self.driver_root)
+        return replace(base, **overrides)
 
     def set_boot_id(self, boot_id: str) -> None:
         """Write ``proc/sys/kernel/random/boot_id`` (a new value simulates a reboot)."""
@@ -242,6 +329,7 @@ class SandboxNode:
             sysfs_root=self.root / "sys",
             proc_root=self.root / "proc",
             mock_profile=self.profile,
+            mounts=self.mounts,
         )
         return replace(base, **overrides)
 
@@ -275,7 +363,16 @@ class SandboxNode:
         return sorted(p for p in self.cdi_root.iterdir() if p.is_file())
 
     def close(self) -> None:
-        """Stop the API emulator if this sandbox started it and delete the sandbox root."""
+        """Stop the workloads, unmount what is left mounted under the root, stop the API emulator if this sandbox
+        started it, and delete the sandbox root."""
+        if self.workloads is not None:
+            self.workloads.stop()
+            self.workloads = None
+        with contextlib.suppress(OSError):
+            for point in reversed(mount_points(self.mounts.mountinfo.read_text())):
+                if point.startswith(f"{self.root}/"):
+                    with contextlib.suppress(Exception):
+                        self.mounts.unmount(Path(point))
         if self._owns_api and self.api is not None:
             self.api.stop()
         if os.environ.get(mock.CONTROL_ENV) == str(self.nvml_control):

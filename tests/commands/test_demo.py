@@ -33,6 +33,9 @@ def test_demo_runs_to_the_end() -> None:
     assert "preparations: 1" in out
     assert "scheduler created claim cuda-vectoradd-extended-resources-" in out
     assert '"requestName": "container-0-request-0"' in out
+    assert "Deployment dradriver/mps-control-daemon-" in out and "Ready after" in out
+    assert "default active thread percentage 50, pinned memory limit 20480M" in out and "EXCLUSIVE_PROCESS" in out
+    assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in out and "compute mode DEFAULT" in out
     assert "CDI specs: 0, prepared claims: 0" in out
     assert "every step succeeded" in out
 
@@ -44,7 +47,10 @@ def test_demo_json_output_for_other_profiles(profile: str) -> None:
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["ok"] is True and report["profile"] == profile
-    assert [s["step"] for s in report["steps"]] == [1, 2, 3, 4, 5, 6]
+    assert [s["step"] for s in report["steps"]] == [1, 2, 3, 4, 5, 6, 7]
+    mps_details = report["steps"][5]["details"]
+    state = next(d["mps"] for d in mps_details if "mps" in d)
+    assert state["defaultActiveThreadPercentage"] == 50.0
     step3 = report["steps"][2]
     smi = next(d["nvidia_smi"] for d in step3["details"] if "nvidia_smi" in d)
     assert smi.startswith("GPU 0: NVIDIA ")
@@ -83,13 +89,30 @@ def test_demo_serve_keeps_the_driver_running_for_other_tools() -> None:
             proc.wait()
 
 
+@pytest.mark.slow
+def test_sharing_demo_shows_each_containers_mps_limits() -> None:
+    proc = _run("--scenario", "sharing", "--output", "json", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["ok"] is True and report["scenario"] == "sharing"
+    assert [s["step"] for s in report["steps"]] == [1, 2, 3, 4, 5, 6, 7]
+    shares = report["steps"][2]["details"]
+    envs = [d["env"] for d in shares if "env" in d]
+    assert len(envs) == 4
+    for env in envs:
+        assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M" in env and "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=8" in env
+    assert sum(1 for d in shares if "deployment" in d) == 1
+    assert any("above the request policy's maximum 143771Mi" in line for d in shares for line in d.get("explain", []))
+    assert report["steps"][5]["details"][-1]["text"] == "CDI specs: 0, MPS control daemons: 0, daemon directories: 0"
+
+
 def test_sharing_scenario_time_slices_one_gpu_between_two_claims() -> None:
     import asyncio
 
     from dradriver.sandbox.demo import Narrator, demo
 
     narrator = Narrator(output="quiet")
-    asyncio.run(demo(profile="dgx-h100", node_name="gpu-node-1", narrator=narrator, scenario="sharing"))
+    asyncio.run(demo(profile="dgx-h100", node_name="gpu-node-1", narrator=narrator, scenario="time-slicing"))
     assert [s["step"] for s in narrator.steps] == [1, 2, 3, 4]
     details = [d for d in narrator.steps[2]["details"] if "timeslice" in d]
     assert [(d["claim"], d["timeslice"]) for d in details] == [

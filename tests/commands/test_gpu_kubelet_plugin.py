@@ -148,11 +148,11 @@ def test_kube_api_rate_limit_flags() -> None:
 
 
 def test_consumable_shares_values() -> None:
-    assert _config([]).consumable_shares == "disabled"
-    assert _config([], {"CONSUMABLE_SHARES": ""}).consumable_shares == "disabled"
-    with pytest.raises(FlagError, match="must be 'disabled', 'memory', 'unlimited' or a positive integer"):
+    assert str(_config([]).consumable_shares) == "disabled"
+    assert not _config([], {"CONSUMABLE_SHARES": ""}).consumable_shares.enabled
+    with pytest.raises(FlagError, match="must be a positive integer"):
         _config(["--consumable-shares", "-3"])
-    with pytest.raises(FlagError, match="needs the feature gate ConsumableShares=true"):
+    with pytest.raises(FlagError, match="requires the ConsumableShares feature gate"):
         _config(["--consumable-shares", "memory"])
 
 
@@ -228,8 +228,8 @@ def test_malformed_environment_is_one_line_and_status_2(monkeypatch: pytest.Monk
 def test_refused_gate_stops_start_with_the_reason(monkeypatch: pytest.MonkeyPatch,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("NODE_NAME", "node-a")
-    assert gpu_kubelet_plugin.main(["-v", "4", "--feature-gates", "MPSSupport=true,"]) == 2
-    assert "MPSSupport=true is not implemented by dradriver" in capsys.readouterr().err
+    assert gpu_kubelet_plugin.main(["-v", "4", "--feature-gates", "PassthroughSupport=true,"]) == 2
+    assert "PassthroughSupport=true is not implemented by dradriver" in capsys.readouterr().err
 
 
 def test_start_logging_uses_klog_and_warns_inert_variables(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -120,8 +120,7 @@ INVALID: list[tuple[str, dict[str, Any], FeatureGates, str, str]] = [
      '"TimeSlicing" is selected as the GPU sharing strategy, but the "TimeSlicingSettings" feature gate is not '
      "enabled"),
     ("mps gate off", params(sharing={"strategy": "MPS"}), FeatureGates(), ".sharing.strategy",
-     '"MPS" is selected as the GPU sharing strategy, but the "MPSSupport" feature gate is not enabled '
-     "(this driver does not implement MPS yet)"),
+     '"MPS" is selected as the GPU sharing strategy, but the "MPSSupport" feature gate is not enabled'),
     ("mig mps gate off", params("MigDeviceConfig", sharing={"strategy": "MPS"}), FeatureGates(),
      ".sharing.strategy", '"MPS" is selected as the GPU sharing strategy, but the "MPSSupport" feature gate'),
     ("time-slicing gate on, mps gate off", params(sharing={"strategy": "MPS"}),
@@ -140,6 +139,12 @@ INVALID: list[tuple[str, dict[str, Any], FeatureGates, str, str]] = [
                                             "mpsConfig": {"defaultActiveThreadPercentage": 101}}),
      ALL_ON, ".sharing.mpsConfig.defaultActiveThreadPercentage",
      "active thread percentage must not be greater than 100"),
+    ("mps with consumable shares", params(sharing={"strategy": "MPS"}),
+     FeatureGates({"MPSSupport": True, "ConsumableShares": True}), ".sharing.strategy",
+     "MPS sharing is not supported when consumable shares is enabled"),
+    ("mig mps with dynamic mig", params("MigDeviceConfig", sharing={"strategy": "MPS"}),
+     FeatureGates({"MPSSupport": True, "DynamicMIG": True}), ".sharing.strategy",
+     "MPS is not yet supported when using featureGates.DynamicMIG=true"),
     ("mps with dynamic mig", params(sharing={"strategy": "MPS"}),
      FeatureGates({"MPSSupport": True, "DynamicMIG": True}), ".sharing.strategy",
      "MPS is not yet supported when using featureGates.DynamicMIG=true"),

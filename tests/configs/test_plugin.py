@@ -107,7 +107,6 @@ def test_configs_copied_by_the_scheduler_reach_the_plugin(sandbox: SandboxNode) 
             assert answer[refs[0].uid].error == ""
             assert answer[refs[1].uid].error.endswith(
                 'status.allocation.devices.config[0].opaque.parameters.sharing.strategy: "MPS" is selected as '
-                'the GPU sharing strategy, but the "MPSSupport" feature gate is not enabled (this driver does not '
-                "implement MPS yet)")
+                'the GPU sharing strategy, but the "MPSSupport" feature gate is not enabled')
 
     asyncio.run(body())

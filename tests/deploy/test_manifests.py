@@ -365,6 +365,30 @@ def test_no_extended_resource_overlay_removes_only_the_mapping() -> None:
     )
 
 
+def test_mps_overlay_turns_mps_on_with_the_plugins_image_and_a_namespaced_role() -> None:
+    objs = render("overlays/mps")
+    plugin = container(one(objs, "DaemonSet", "dradriver-kubelet-plugin"), "gpus")
+    env = env_of(plugin)
+    assert env["FEATURE_GATES"]["value"] == "MPSSupport=true"
+    assert env["IMAGE_NAME"]["value"] == plugin["image"] == "dradriver:0.1.0"
+    config = _plugin_config("overlays/mps")
+    assert config.feature_gates.mps_support and config.image_name == plugin["image"]
+    assert config.namespace == "dradriver"
+    role = one(objs, "Role", "dradriver-mps-control-daemons")
+    assert role["metadata"]["namespace"] == "dradriver"
+    granted = {(g, r): set(rule["verbs"])
+               for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
+    assert granted == {("apps", "deployments"): {"get", "list", "create", "delete"}, ("", "pods"): {"list"}}
+    binding = one(objs, "RoleBinding", "dradriver-mps-control-daemons")
+    assert binding["metadata"]["namespace"] == "dradriver"
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": role["metadata"]["name"]}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "dradriver-kubelet-plugin",
+                                    "namespace": "dradriver"}]
+    # the base grants nothing on Deployments or Pods (test_rbac_is_least_privilege...), and no Role at all
+    assert not find(render("base"), "Role")
+
+
 def test_big_gpu_example_selects_gpus_with_at_least_40gi() -> None:
     objs = example("gpu-40gi.yaml")
     template = one(objs, "ResourceClaimTemplate", "big-gpu")

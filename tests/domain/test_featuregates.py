@@ -65,6 +65,19 @@ def test_dynamic_mig_is_implemented_and_exclusive_with_mps() -> None:
     # refused either way: NVIDIA's exclusivity, or MPS not implemented (yet) in this build
     with pytest.raises(fg.FeatureGateError, match=r"mutually exclusive|MPSSupport=true is not implemented"):
         fg.check_gates(fg.FeatureGates({fg.DYNAMIC_MIG: True, fg.MPS_SUPPORT: True}))
+def test_mps_support_is_implemented_and_needs_the_image_name() -> None:
+    import argparse
+
+    assert fg.GATES_BY_NAME[fg.MPS_SUPPORT].support is fg.Support.IMPLEMENTED
+    assert fg.parse_feature_gates("MPSSupport=true").mps_support is True
+    parser = argparse.ArgumentParser()
+    add_flags(parser, PLUGIN_FLAGS, environ={"FEATURE_GATES": "MPSSupport=true", "NAMESPACE": "gpu-system"})
+    with pytest.raises(FlagError, match=r"--image-name .* is required with the MPSSupport feature gate"):
+        config_from_args(parser.parse_args(["--node-name", "n"]))
+    config = config_from_args(parser.parse_args(["--node-name", "n", "--image-name", "reg/dradriver:1"]))
+    assert (config.namespace, config.image_name, config.feature_gates.mps_support) == (
+        "gpu-system", "reg/dradriver:1", True)
+    assert config.mps_root == config.plugin_dir / "mps"
 
 
 def test_flag_and_env_twin() -> None:
@@ -83,3 +96,28 @@ def test_feature_gates_command_lists_every_gate() -> None:
                          text=True).stdout
     for gate in fg.GATES:
         assert gate.name in out
+
+
+def test_consumable_shares_gate_is_implemented_with_nvidias_flag() -> None:
+    import argparse
+
+    from dradriver.domain.shares import MEMORY, SHARES, ShareMode
+
+    assert fg.GATES_BY_NAME[fg.CONSUMABLE_SHARES].support is fg.Support.IMPLEMENTED
+    assert fg.parse_feature_gates("ConsumableShares=true").consumable_shares
+    parser = argparse.ArgumentParser()
+    add_flags(parser, PLUGIN_FLAGS, environ={"CONSUMABLE_SHARES": "memory"})
+    with pytest.raises(FlagError, match=r"--consumable-shares \(env CONSUMABLE_SHARES\)=memory requires the "
+                                        "ConsumableShares feature gate"):
+        config_from_args(parser.parse_args(["--node-name", "n"]))
+    with pytest.raises(FlagError, match=r"--image-name \(env IMAGE_NAME\) is required with --consumable-shares=memory"):
+        config_from_args(parser.parse_args(["--node-name", "n", "--feature-gates", "ConsumableShares=true"]))
+    image = ["--image-name", "dradriver:1"]
+    config = config_from_args(parser.parse_args(["--node-name", "n", "--feature-gates", "ConsumableShares=true",
+                                                 *image]))
+    assert config.consumable_shares == ShareMode(MEMORY)
+    config = config_from_args(parser.parse_args(["--node-name", "n", "--feature-gates", "ConsumableShares=true",
+                                                 "--consumable-shares", "4", *image]))
+    assert config.consumable_shares == ShareMode(SHARES, 4)
+    assert config_from_args(parser.parse_args(["--node-name", "n", "--consumable-shares", "disabled"])) \
+        .consumable_shares == ShareMode()

@@ -149,6 +149,7 @@ RESOURCE_TYPES: tuple[ResourceType, ...] = (
         ),
         short_names=("ev",),
     ),
+    ResourceType("apps", "v1", "deployments", "deployment", "Deployment", True, status=True, short_names=("deploy",)),
     ResourceType("resource.k8s.io", "v1", "deviceclasses", "deviceclass", "DeviceClass", False),
     ResourceType(
         "resource.k8s.io", "v1", "resourceclaims", "resourceclaim", "ResourceClaim", True, status=True
