@@ -4,21 +4,28 @@
 DaemonSet in ``deploy/`` sets exactly these environment variables (a test compares both). Flag and
 variable names follow NVIDIA's gpu-kubelet-plugin where it has an equivalent (reference:
 ``nvidia-dra-driver.md`` section 1.1), so existing manifests keep working.
+
+:data:`LOGGING_FLAGS` are klog's (component-base's) logging flags, shared by every NVIDIA-named entry point
+(:mod:`dradriver.commands._entrypoint`); :data:`NVIDIA_ENVIRONMENT` lists the variables of NVIDIA's chart and binary
+that are no flag's twin and what dradriver does with each. ``deploy/helm/README.md`` tabulates all of them.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dradriver.domain.featuregates import FeatureGateError, FeatureGates, parse_feature_gates
+from dradriver.domain.featuregates import CONSUMABLE_SHARES, FeatureGateError, FeatureGates, parse_feature_gates
 from dradriver.domain.identity import GPU_DRIVER
+from dradriver.domain.quantity import QuantityError, parse_quantity
 from dradriver.errors import FlagError
 from dradriver.host.driverfiles import DEFAULT_CDI_HOOK_PATH
 from dradriver.host.mounts import MountCommands
+from dradriver.logs import LoggingConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,27 +35,39 @@ class Flag:
     :param option: the long option, e.g. ``--node-name``.
     :param env: the environment variable read when the flag is not given.
     :param default: value used when neither is set; ``None`` means required.
-    :param kind: ``str``, ``int``, ``bool`` or ``path``.
+    :param kind: ``str``, ``int``, ``float``, ``bool`` or ``path``.
+    :param aliases: further spellings of the option (NVIDIA's ``--host_driver-root``, component-base's
+        ``--logging-format``).
+    :param env_aliases: further environment variables read when ``env`` is unset or empty (NVIDIA's
+        ``HOST_DRIVER_ROOT``; ``ADDITIONAL_XIDs_TO_IGNORE``, the spelling issue 18 reports operators setting in
+        NVIDIA's chart, while NVIDIA's v0.5.0-dev binary reads only ``ADDITIONAL_XIDS_TO_IGNORE``). Two
+        non-empty values that differ are refused (:func:`environment_value`).
+    :param name: the attribute name when it is not the option's (``-v`` is ``verbosity``).
     """
 
     option: str
     env: str
-    default: str | int | bool | None
+    default: str | int | float | bool | None
     help: str
     kind: str = "str"
     choices: tuple[str, ...] = ()
+    aliases: tuple[str, ...] = ()
+    env_aliases: tuple[str, ...] = ()
+    name: str = ""
 
     @property
     def dest(self) -> str:
         """The attribute name on the parsed namespace and on :class:`PluginConfig`."""
-        return self.option.removeprefix("--").replace("-", "_")
+        return self.name or self.option.removeprefix("--").replace("-", "_")
+
+    @property
+    def envs(self) -> tuple[str, ...]:
+        """Every environment variable of this flag, the primary one first."""
+        return (self.env, *self.env_aliases)
 
 
 PLUGIN_FLAGS: tuple[Flag, ...] = (
     Flag("--node-name", "NODE_NAME", None, "Kubernetes Node this plugin serves; also the pool name."),
-    Flag("--namespace", "NAMESPACE", "default", "Namespace of the plugin, where MPS control daemon Deployments run."),
-    Flag("--image-name", "IMAGE_NAME", "", "The plugin's image, run by the MPS control daemon Deployments; required "
-         "with the MPSSupport feature gate."),
     Flag("--kubeconfig", "KUBECONFIG", "", "kubeconfig file; empty means in-cluster configuration.", "path"),
     Flag("--cdi-root", "CDI_ROOT", "/var/run/cdi", "Directory for the per-claim CDI spec files.", "path"),
     Flag(
@@ -76,8 +95,11 @@ PLUGIN_FLAGS: tuple[Flag, ...] = (
         "--nvidia-driver-root",
         "NVIDIA_DRIVER_ROOT",
         "/",
-        "Host path of the NVIDIA driver installation; used as the root of host paths in CDI specs.",
+        "Host path of the NVIDIA driver installation ('/' or '/run/nvidia/driver'); the root of host paths in CDI "
+        "specs.",
         "path",
+        aliases=("--host_driver-root",),
+        env_aliases=("HOST_DRIVER_ROOT",),
     ),
     Flag(
         "--container-driver-root",
@@ -148,12 +170,22 @@ PLUGIN_FLAGS: tuple[Flag, ...] = (
         "",
         "host:port for the Prometheus metrics server, e.g. ':8080'; empty disables.",
     ),
-    Flag("--metrics-path", "METRICS_PATH", "/metrics", "HTTP path of the metrics endpoint."),
+    Flag("--metrics-path", "METRICS_PATH", "/metrics", "HTTP path of the metrics endpoint; empty disables the "
+         "metrics server (as NVIDIA's)."),
+    Flag(
+        "--dcgm-compatible",
+        "DRADRIVER_DCGM_COMPATIBLE",
+        False,
+        "Serve device metrics under dcgm-exporter's DCGM_FI_* names, units and labels (dra_claim_name, ...) "
+        "instead of the dradriver_gpu_* ones.",
+        "bool",
+    ),
     Flag(
         "--additional-xids-to-ignore",
         "ADDITIONAL_XIDS_TO_IGNORE",
         "",
         "Comma-separated Xids treated as application errors (no taint), on top of the defaults.",
+        env_aliases=("ADDITIONAL_XIDs_TO_IGNORE",),
     ),
     Flag(
         "--ignore-device-plugin",
@@ -169,18 +201,126 @@ PLUGIN_FLAGS: tuple[Flag, ...] = (
         "NVIDIA's feature gates, 'Name=true,Other=false,' (see `dradriver feature-gates`); a gate dradriver does not "
         "implement may only be set to NVIDIA's default.",
     ),
-    Flag("--log-level", "LOG_LEVEL", "info", "Log level.", "str", ("debug", "info", "warning", "error")),
-    Flag("--log-format", "LOG_FORMAT", "text", "Log format.", "str", ("text", "json")),
+    Flag(
+        "--consumable-shares",
+        "CONSUMABLE_SHARES",
+        "disabled",
+        "NVIDIA's consumable shares: 'disabled', 'memory', 'unlimited' or a positive integer; anything but "
+        "'disabled' needs the gate ConsumableShares.",
+    ),
+    Flag("--namespace", "NAMESPACE", "default", "Namespace of the plugin's own objects (MPS control-daemon "
+         "Deployments); the chart passes the pod's namespace."),
+    Flag("--image-name", "IMAGE_NAME", "", "Full image name for pods the plugin creates (MPS control daemons); "
+         "the chart passes its own image."),
+    Flag("--image-pull-secrets", "IMAGE_PULL_SECRETS", "", "Comma-separated imagePullSecret names for pods the "
+         "plugin creates; empty means none."),
+    Flag("--image-pull-policy", "IMAGE_PULL_POLICY", "", "imagePullPolicy for pods the plugin creates "
+         "(Always, IfNotPresent, Never); empty means the Kubernetes default."),
+    Flag("--service-account-name", "SERVICE_ACCOUNT_NAME", "", "ServiceAccount for pods the plugin creates; "
+         "empty means the namespace's default."),
+    Flag("--host-root", "HOST_ROOT", "/host-root", "Where the host's / is mounted in the container; NVIDIA uses it "
+         "only with the gate PassthroughSupport.", "path"),
+    Flag(
+        "--alt-proc-devices-path",
+        "ALT_PROC_DEVICES_PATH",
+        "",
+        "A file read instead of <proc root>/devices for device majors (NVIDIA's ALT_PROC_DEVICES_PATH, used with "
+        "mock NVML); empty means <proc root>/devices.",
+        "path",
+    ),
+    Flag(
+        "--kube-api-qps",
+        "KUBE_API_QPS",
+        -1.0,
+        "Requests per second to the API server (token bucket, as client-go's); 0 means client-go's 5, a "
+        "negative value no client-side limit (dradriver's default: API Priority and Fairness still applies).",
+        "float",
+    ),
+    Flag("--kube-api-burst", "KUBE_API_BURST", 10, "Burst of the API rate limit; 0 means client-go's 10.", "int"),
+    Flag("--log-level", "LOG_LEVEL", "info", "Lowest level logged (-v 4 and above also log debug).", "str",
+         ("debug", "info", "warning", "error")),
+    Flag("--log-format", "LOG_FORMAT", "text", "Log format: 'text' is klog's header format, 'json' one object "
+         "per line.", "str", ("text", "json"), aliases=("--logging-format",), env_aliases=("LOGGING_FORMAT",)),
+)
+
+#: klog/component-base logging flags of NVIDIA's binaries (``gpu-kubelet-plugin --help``, section "Logging"),
+#: shared by every kubelet-plugin entry point; :mod:`dradriver.logs` gives their meaning in dradriver.
+LOGGING_FLAGS: tuple[Flag, ...] = (
+    Flag("-v", "V", 0, "klog verbosity: 0-3 info, 4-5 also dradriver's debug, 6 and above also the client "
+         "libraries' debug (HTTP requests); see dradriver.logs.", "int", aliases=("--v",), name="verbosity"),
+    Flag("--vmodule", "VMODULE", "", "Comma-separated pattern=N: verbosity N for the Python modules whose file "
+         "name (without .py) matches the glob pattern; text format only."),
+    Flag("--log-flush-frequency", "LOG_FLUSH_FREQUENCY", "5s", "Longest time between log flushes (a Go "
+         "duration); dradriver flushes every record, well inside any value."),
+    Flag("--log-text-split-stream", "LOG_TEXT_SPLIT_STREAM", False, "Text format: errors to stderr, info to "
+         "stdout (needs the gate LoggingAlphaOptions).", "bool"),
+    Flag("--log-json-split-stream", "LOG_JSON_SPLIT_STREAM", False, "JSON format: errors to stderr, info to "
+         "stdout (needs the gate LoggingAlphaOptions).", "bool"),
+    Flag("--log-text-info-buffer-size", "LOG_TEXT_INFO_BUFFER_SIZE", "0", "Buffer for info records with split "
+         "streams; dradriver writes records unbuffered and accepts only 0."),
+    Flag("--log-json-info-buffer-size", "LOG_JSON_INFO_BUFFER_SIZE", "0", "Buffer for info records with split "
+         "streams; dradriver writes records unbuffered and accepts only 0."),
 )
 
 
 def _parse_bool(text: str) -> bool:
+    """Go's ``strconv.ParseBool`` spellings plus ``yes``/``no``/``on``/``off``; empty is false."""
     lowered = text.strip().lower()
-    if lowered in {"1", "true", "yes", "on"}:
+    if lowered in {"1", "t", "true", "yes", "on"}:
         return True
-    if lowered in {"0", "false", "no", "off", ""}:
+    if lowered in {"0", "f", "false", "no", "off", ""}:
         return False
     raise FlagError(f"not a boolean: {text!r}")
+
+
+def _bool_argument(text: str) -> bool:
+    try:
+        return _parse_bool(text)
+    except FlagError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _int_argument(text: str) -> int:
+    """An integer; a leading ``=`` is dropped, so klog's ``-v=4`` reads as ``-v 4``."""
+    try:
+        return int(text.removeprefix("="))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+
+
+def _float_argument(text: str) -> float:
+    try:
+        return float(text.removeprefix("="))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def _str_argument(text: str) -> str:
+    return text
+
+
+_ARGUMENT_TYPES = {"int": _int_argument, "float": _float_argument}
+
+
+def environment_value(flag: Flag, environ: Mapping[str, str]) -> tuple[str, str] | None:
+    """The environment's value for ``flag`` and the variable it came from, or ``None`` when none is set.
+
+    The primary variable wins; an alias is read when the primary is unset or empty. Two non-empty values
+    that differ are an error rather than a silent choice (an operator who set ``ADDITIONAL_XIDs_TO_IGNORE``
+    beside a manifest's empty ``ADDITIONAL_XIDS_TO_IGNORE`` gets the Xids; one who set both to different lists
+    is told).
+
+    :raises FlagError: two variables of ``flag`` hold different non-empty values.
+    """
+    found = [(name, environ[name]) for name in flag.envs if name in environ]
+    if not found:
+        return None
+    non_empty = [(name, value) for name, value in found if value.strip()]
+    if len({value.strip() for _, value in non_empty}) > 1:
+        listed = " and ".join(f"{name}={value!r}" for name, value in non_empty)
+        raise FlagError(f"{flag.option}: {listed} disagree; set one of them")
+    name, value = non_empty[0] if non_empty else found[0]
+    return value, name
 
 
 def add_flags(
@@ -189,23 +329,29 @@ def add_flags(
     *,
     environ: Mapping[str, str] | None = None,
 ) -> None:
-    """Add ``flags`` to ``parser``; each default comes from its environment twin when that is set.
+    """Add ``flags`` to ``parser``; each default comes from its environment twin (or an alias) when set.
 
-    :raises FlagError: an environment variable holds a value of the wrong type.
+    Boolean flags take Go's forms: ``--flag``, ``--flag=false``, and ``--no-flag``.
+
+    :raises FlagError: an environment variable holds a value of the wrong type, or two spellings of one
+        variable disagree.
     """
     env = os.environ if environ is None else environ
     for flag in flags:
-        raw = env.get(flag.env)
-        help_text = f"{flag.help} [env {flag.env}]"
+        found = environment_value(flag, env)
+        raw, source = found if found is not None else (None, flag.env)
+        twins = ", ".join(flag.envs)
+        help_text = f"{flag.help} [env {twins}]"
+        options = (flag.option, *flag.aliases)
         if flag.kind == "bool":
-            default_bool = _parse_bool(raw) if raw is not None else bool(flag.default)
-            parser.add_argument(
-                flag.option,
-                dest=flag.dest,
-                action=argparse.BooleanOptionalAction,
-                default=default_bool,
-                help=help_text,
-            )
+            try:
+                default_bool = _parse_bool(raw) if raw is not None else bool(flag.default)
+            except FlagError as exc:
+                raise FlagError(f"{source}: {exc}") from None
+            parser.add_argument(*options, dest=flag.dest, nargs="?", const=True, type=_bool_argument,
+                                default=default_bool, metavar="BOOL", help=help_text)
+            parser.add_argument("--no-" + flag.option.removeprefix("--"), dest=flag.dest, action="store_false",
+                                help=argparse.SUPPRESS)
             continue
         default: object = flag.default
         if raw is not None:
@@ -213,13 +359,18 @@ def add_flags(
                 try:
                     default = int(raw)
                 except ValueError:
-                    raise FlagError(f"{flag.env}={raw!r} is not an integer") from None
+                    raise FlagError(f"{source}={raw!r} is not an integer") from None
+            elif flag.kind == "float":
+                try:
+                    default = float(raw)
+                except ValueError:
+                    raise FlagError(f"{source}={raw!r} is not a number") from None
             else:
                 default = raw
         parser.add_argument(
-            flag.option,
+            *options,
             dest=flag.dest,
-            type=int if flag.kind == "int" else str,
+            type=_ARGUMENT_TYPES.get(flag.kind, _str_argument),
             default=default,
             choices=flag.choices or None,
             help=help_text,
@@ -231,8 +382,6 @@ class PluginConfig:
     """Validated kubelet-plugin settings; derived paths are properties so they live in one place."""
 
     node_name: str
-    namespace: str = "default"
-    image_name: str = ""
     cdi_root: Path = Path("/var/run/cdi")
     kubelet_registrar_directory_path: Path = Path("/var/lib/kubelet/plugins_registry")
     kubelet_plugins_directory_path: Path = Path("/var/lib/kubelet/plugins")
@@ -252,8 +401,19 @@ class PluginConfig:
     stale_claim_grace_seconds: int = 300
     http_endpoint: str = ""
     metrics_path: str = "/metrics"
+    dcgm_compatible: bool = False
     additional_xids_to_ignore: tuple[int, ...] = ()
     ignore_device_plugin: bool = False
+    consumable_shares: str = "disabled"
+    namespace: str = "default"
+    image_name: str = ""
+    image_pull_secrets: tuple[str, ...] = ()
+    image_pull_policy: str = ""
+    service_account_name: str = ""
+    host_root: Path = Path("/host-root")
+    alt_proc_devices_path: str = ""
+    kube_api_qps: float = -1.0
+    kube_api_burst: int = 10
     log_level: str = "info"
     log_format: str = "text"
     feature_gates: FeatureGates = field(default_factory=FeatureGates)
@@ -290,6 +450,11 @@ class PluginConfig:
         return self.proc_root / "sys" / "kernel" / "random" / "boot_id"
 
     @property
+    def proc_devices_path(self) -> Path:
+        """Where device majors are read: ``--alt-proc-devices-path`` when set, else ``<proc root>/devices``."""
+        return Path(self.alt_proc_devices_path) if self.alt_proc_devices_path else self.proc_root / "devices"
+
+    @property
     def lock_path(self) -> Path:
         """The node-wide ``flock`` file serialising claim-state changes across plugin instances."""
         return self.plugin_dir / "serialize.lock"
@@ -314,6 +479,47 @@ def _non_negative(what: str, value: int) -> int:
     return value
 
 
+#: ``imagePullPolicy`` values (``core/v1`` ``Container.imagePullPolicy``); empty leaves the API default.
+IMAGE_PULL_POLICIES = ("", "Always", "IfNotPresent", "Never")
+
+
+def _consumable_shares(text: str, gates: FeatureGates) -> str:
+    """NVIDIA's ``--consumable-shares`` values (nvidia-dra-driver.md 1.1, 2.6); empty reads as ``disabled``.
+
+    :raises FlagError: not one of ``disabled``, ``memory``, ``unlimited`` or a positive integer, or not
+        ``disabled`` while the gate ConsumableShares is off.
+    """
+    value = text.strip() or "disabled"
+    where = "--consumable-shares (env CONSUMABLE_SHARES)"
+    if value not in ("disabled", "memory", "unlimited"):
+        try:
+            number = int(value)
+        except ValueError:
+            number = 0
+        if number <= 0:
+            raise FlagError(f"{where} {text!r}: must be 'disabled', 'memory', 'unlimited' or a positive integer")
+    if value != "disabled" and not gates.consumable_shares:
+        raise FlagError(f"{where} {value!r} needs the feature gate {CONSUMABLE_SHARES}=true")
+    return value
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def _pull_policy(text: str) -> str:
+    if text not in IMAGE_PULL_POLICIES:
+        raise FlagError(f"--image-pull-policy (env IMAGE_PULL_POLICY) {text!r} is not one of "
+                        "Always, IfNotPresent, Never (or empty)")
+    return text
+
+
+def _burst(burst: int) -> int:
+    if burst < 0:
+        raise FlagError(f"--kube-api-burst (env KUBE_API_BURST) {burst} must not be negative")
+    return burst
+
+
 def _deadline(seconds: int) -> int:
     if not 1 <= seconds <= 44:
         raise FlagError(f"--prepare-deadline-seconds (env PREPARE_DEADLINE_SECONDS) {seconds} is outside 1-44: the "
@@ -335,12 +541,8 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
     if gates.mps_support and not args.image_name:
         raise FlagError("--image-name (env IMAGE_NAME) is required with the MPSSupport feature gate: MPS control "
                         "daemon Deployments run the plugin's image")
-    if not args.namespace:
-        raise FlagError("--namespace (env NAMESPACE) must not be empty")
     return PluginConfig(
         node_name=args.node_name,
-        namespace=args.namespace,
-        image_name=args.image_name,
         cdi_root=Path(args.cdi_root),
         kubelet_registrar_directory_path=Path(args.kubelet_registrar_directory_path),
         kubelet_plugins_directory_path=Path(args.kubelet_plugins_directory_path),
@@ -361,8 +563,19 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
                                                 args.stale_claim_grace_seconds),
         http_endpoint=args.http_endpoint,
         metrics_path=args.metrics_path,
+        dcgm_compatible=args.dcgm_compatible,
         additional_xids_to_ignore=_xids(args.additional_xids_to_ignore),
         ignore_device_plugin=args.ignore_device_plugin,
+        consumable_shares=_consumable_shares(args.consumable_shares, gates),
+        namespace=args.namespace or "default",
+        image_name=args.image_name,
+        image_pull_secrets=_names(args.image_pull_secrets),
+        image_pull_policy=_pull_policy(args.image_pull_policy),
+        service_account_name=args.service_account_name,
+        host_root=Path(args.host_root),
+        alt_proc_devices_path=args.alt_proc_devices_path,
+        kube_api_qps=float(args.kube_api_qps),
+        kube_api_burst=_burst(args.kube_api_burst),
         log_level=args.log_level,
         log_format=args.log_format,
         feature_gates=gates,
@@ -374,3 +587,131 @@ def _gates(text: str) -> FeatureGates:
         return parse_feature_gates(text, where="--feature-gates (env FEATURE_GATES)")
     except FeatureGateError as exc:
         raise FlagError(str(exc)) from None
+
+
+_DURATION = re.compile(r"^[+]?((\d+(\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h))+$")
+
+
+def _go_duration(text: str, where: str) -> str:
+    """Check ``text`` is a Go ``time.ParseDuration`` value (``5s``, ``1m30s``, ``500ms``; ``0`` alone)."""
+    if text.strip() == "0" or _DURATION.match(text.strip()):
+        return text.strip()
+    raise FlagError(f"{where} {text!r} is not a duration such as '5s' or '1m30s'")
+
+
+def _vmodule(text: str, fmt: str) -> tuple[tuple[str, int], ...]:
+    """klog's ``--vmodule pattern=N,...``; component-base allows it with the text format only."""
+    where = "--vmodule (env VMODULE)"
+    out: list[tuple[str, int]] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        pattern, sep, number = part.partition("=")
+        try:
+            verbosity = int(number)
+        except ValueError:
+            verbosity = -1
+        if not sep or not pattern or verbosity < 0:
+            raise FlagError(f"{where} {part!r}: expected pattern=N with N >= 0")
+        out.append((pattern.removesuffix(".go").removesuffix(".py"), verbosity))
+    if out and fmt != "text":
+        raise FlagError(f"{where} is only supported with the text log format, not {fmt!r}")
+    return tuple(out)
+
+
+def _buffer_size(text: str, where: str) -> None:
+    try:
+        size = parse_quantity(text.strip() or "0")
+    except QuantityError as exc:
+        raise FlagError(f"{where} {text!r}: {exc}") from None
+    if size.value != 0:
+        raise FlagError(f"{where} {text!r}: dradriver writes each log record unbuffered and accepts only 0")
+
+
+def logging_config_from_args(args: argparse.Namespace, gates: FeatureGates, *, klog: bool) -> LoggingConfig:
+    """A :class:`~dradriver.logs.LoggingConfig` from ``--log-level``/``--log-format`` and, where the parser has
+    them, :data:`LOGGING_FLAGS`, checked as component-base checks NVIDIA's (the JSON format needs the gate
+    LoggingBetaOptions, split streams LoggingAlphaOptions; ``--vmodule`` is text-only).
+
+    :param klog: ``text`` is klog's header format (the kubelet plugin's entry points).
+    :raises FlagError: a value is malformed, needs a gate that is off, or cannot be honoured.
+    """
+    fmt = args.log_format
+    if fmt == "json" and not gates["LoggingBetaOptions"]:
+        raise FlagError("--log-format json needs the feature gate LoggingBetaOptions (on by default)")
+    verbosity = getattr(args, "verbosity", 0)
+    if verbosity < 0:
+        raise FlagError(f"-v (env V) {verbosity} must not be negative")
+    vmodule = _vmodule(getattr(args, "vmodule", ""), fmt)
+    _go_duration(getattr(args, "log_flush_frequency", "5s"), "--log-flush-frequency (env LOG_FLUSH_FREQUENCY)")
+    split = getattr(args, "log_json_split_stream" if fmt == "json" else "log_text_split_stream", False)
+    alpha = gates["LoggingAlphaOptions"]
+    for dest, env in (("log_text_split_stream", "LOG_TEXT_SPLIT_STREAM"),
+                      ("log_json_split_stream", "LOG_JSON_SPLIT_STREAM")):
+        if getattr(args, dest, False) and not alpha:
+            raise FlagError(f"--{dest.replace('_', '-')} (env {env}) needs the feature gate LoggingAlphaOptions")
+    for dest, env in (("log_text_info_buffer_size", "LOG_TEXT_INFO_BUFFER_SIZE"),
+                      ("log_json_info_buffer_size", "LOG_JSON_INFO_BUFFER_SIZE")):
+        _buffer_size(getattr(args, dest, "0"), f"--{dest.replace('_', '-')} (env {env})")
+    return LoggingConfig(level=args.log_level, format=fmt, verbosity=verbosity, vmodule=vmodule,
+                         split_stream=bool(split), klog=klog)
+
+
+@dataclass(frozen=True, slots=True)
+class EnvironmentVariable:
+    """An environment variable NVIDIA's chart or binaries use that is no flag's twin.
+
+    :param name: the variable.
+    :param treatment: what dradriver does with it, in one sentence (also the README's table).
+    :param inert: True when a set value changes nothing in dradriver although it could in NVIDIA's binary with a
+        gate dradriver does not implement; the plugin then logs a warning naming it at start-up.
+    """
+
+    name: str
+    treatment: str
+    inert: bool = False
+
+
+#: Variables of NVIDIA's chart and gpu-kubelet-plugin that are no flag's twin (nvidia-image-contract.md,
+#: nvidia-dra-driver.md 1.1 "Other env read").
+NVIDIA_ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
+    EnvironmentVariable("LOG_VERBOSITY", "Expanded by the kubelet into the chart's `-v $(LOG_VERBOSITY)`; the plugin "
+                        "reads `-v` (env twin `V`), not this variable, as NVIDIA's does."),
+    EnvironmentVariable("MASK_NVIDIA_DRIVER_PARAMS", "Read by the chart's container script, which bind-mounts a copy "
+                        "of /proc/driver/nvidia/params with `ModifyDeviceFiles: 0` when `true` (the image has "
+                        "bash, cp, sed and mount); the plugin does not read it, as NVIDIA's does not."),
+    EnvironmentVariable("NVIDIA_VISIBLE_DEVICES", "Read by the NVIDIA container runtime (`void`: no GPUs injected "
+                        "into the plugin's own container); not by the plugin, as NVIDIA's."),
+    EnvironmentVariable("NVIDIA_MIG_CONFIG_DEVICES", "Read by the NVIDIA container runtime (MIG configuration "
+                        "capability for the container); not by the plugin, as NVIDIA's."),
+    EnvironmentVariable("NVIDIA_DRA_TEST_FORCE_GPU_ARCH", "NVIDIA's test hook for its DynamicMIG code path; "
+                        "dradriver does not implement the gate DynamicMIG, so it has no effect (warned).", True),
+    EnvironmentVariable("NVIDIA_FABRICMANAGER_ADDRESS", "Used by NVIDIA only with the gate "
+                        "FabricManagerPartitioning, which dradriver does not implement: no effect (warned).", True),
+    EnvironmentVariable("NVIDIA_FABRICMANAGER_UNIX_SOCKET", "As NVIDIA_FABRICMANAGER_ADDRESS: no effect "
+                        "(warned).", True),
+    EnvironmentVariable("DEFAULT_CONFIG", "Newer NVIDIA charts set it with the gate PerNodeGPUConfig (not in "
+                        "v0.5.0-dev; the gate is refused as unknown): no effect (warned).", True),
+)
+
+
+def inert_environment(environ: Mapping[str, str] | None = None) -> list[str]:
+    """One warning per :data:`NVIDIA_ENVIRONMENT` variable that is set (non-empty) and has no effect here."""
+    env = os.environ if environ is None else environ
+    return [f"{var.name}={env[var.name]!r} is set but has no effect: {var.treatment}"
+            for var in NVIDIA_ENVIRONMENT if var.inert and env.get(var.name, "").strip()]
+
+
+def startup_summary(config: PluginConfig) -> str:
+    """``name=value`` for every setting of ``config``, one line, for the start-up log (NVIDIA logs its start-up
+    configuration at level 0)."""
+    parts = []
+    for name in config.__dataclass_fields__:
+        value = getattr(config, name)
+        if isinstance(value, FeatureGates):
+            value = value.render()
+        elif isinstance(value, tuple):
+            value = ",".join(str(v) for v in value)
+        parts.append(f"{name}={value}")
+    return " ".join(parts)

@@ -34,6 +34,7 @@ PROTO_FILES = (
     "dra_v1.proto",
     "dra_v1beta1.proto",
     "dra_health_v1alpha1.proto",
+    "podresources_v1.proto",
 )
 MESSAGE_FILES = (
     "k8s_runtime.proto",

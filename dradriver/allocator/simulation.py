@@ -1,18 +1,29 @@
 """Allocation simulator: read Kubernetes objects, allocate claims like kube-scheduler, explain the outcome.
 
-Input is any mix of ``ResourceSlice``, ``DeviceClass``, ``ResourceClaim``, ``ResourceClaimTemplate``, ``Pod``,
-``Node`` and ``Namespace`` objects (``List`` objects are flattened; other kinds are ignored). Templates become
-claims: one per Pod that references the template (named ``<pod>-<pod claim name>``), or, when no Pod does,
-one claim named after the template. Claims that already carry ``status.allocation`` hold their devices.
+Input is any mix of ``ResourceSlice``, ``DeviceClass``, ``ResourceClaim``, ``ResourceClaimTemplate``
+(``resource.k8s.io`` v1, v1beta2 or v1beta1, converted as the API server converts them:
+:mod:`.conversion`; retired versions are refused with the reason), ``Pod``, ``Node``, ``Namespace``, and
+workloads (Deployments, ReplicaSets, StatefulSets, Jobs, MPIJobs), which become the Pods their controllers
+would run (:mod:`.workloads`). ``List`` objects are flattened. Every other object is named in
+:attr:`Inputs.warnings`; an input without any object is an error, a YAML error names the source and line.
+
+The control plane's claims are generated as it generates them: per template entry of a Pod, one claim named
+by the ResourceClaim controller's rule (``<pod>-<claim>-<5 characters>``, :mod:`.naming`; a Pod whose
+``status.resourceClaimStatuses`` names a claim in the input uses it); per Pod that asks for extended
+resources a DeviceClass maps (``nvidia.com/gpu: 1``), the claim kube-scheduler generates
+(:mod:`.extended`, KEP-5004); a template no Pod references gives one claim named after the template.
+Claims that already carry ``status.allocation`` hold their devices.
 
 Claims of one Pod are allocated together on the Pod's ``spec.nodeName`` (or the first node, in name order,
-that fits); claims no Pod references are allocated one by one, in input order.
+that fits); claims no Pod references are allocated one by one, in input order. A Pod with an extended
+resource nothing serves (no DeviceClass maps it, no Node offers it in ``status.allocatable``) is not
+scheduled, and the failure says why.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +37,10 @@ from dradriver.allocator.allocation import (
     constraint_text,
     gather_pools,
 )
+from dradriver.allocator.conversion import as_mapping, is_resource_api, to_v1
+from dradriver.allocator.diagnosis import describe_error, missing_names
+from dradriver.allocator.extended import ExtendedPlan, class_mapping, plan, unserved_reason
+from dradriver.allocator.naming import template_claim_name
 from dradriver.allocator.resources import (
     Claim,
     DeviceClass,
@@ -39,13 +54,20 @@ from dradriver.allocator.resources import (
     parse_slice,
 )
 from dradriver.allocator.wording import describe, rejection
+from dradriver.allocator.workloads import NOT_EXPANDED, expand, group_kind, is_workload
 
 ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
 
 
 @dataclass
 class Inputs:
-    """Objects read from YAML, parsed."""
+    """Objects read from YAML, parsed.
+
+    :param pod_claims: ``namespace/pod`` -> the refs of the Pod's claims (named, from templates, extended).
+    :param extended: ``namespace/pod`` -> what the scheduler makes of the Pod's extended resources.
+    :param warnings: objects read but not used, each named with its source (nothing is dropped silently).
+    :param notes: what workloads became (``Deployment default/x: 4 replica(s) of ReplicaSet x-...``).
+    """
 
     slices: list[ResourceSlice] = field(default_factory=list)
     classes: dict[str, DeviceClass] = field(default_factory=dict)
@@ -54,85 +76,193 @@ class Inputs:
     pods: list[dict[str, Any]] = field(default_factory=list)
     namespaces: dict[str, dict[str, str]] = field(default_factory=dict)
     templates: list[dict[str, Any]] = field(default_factory=list)
+    raw_classes: list[dict[str, Any]] = field(default_factory=list)
+    allocatable: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pod_claims: dict[str, list[str]] = field(default_factory=dict)
+    extended: dict[str, ExtendedPlan] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
 
-def _flatten(objects: Iterable[Any]) -> Iterable[dict[str, Any]]:
+def _flatten(objects: Iterable[Any], source: str) -> Iterable[dict[str, Any]]:
     for obj in objects:
         if obj is None:
             continue
         if not isinstance(obj, dict):
-            raise InputError(f"expected a Kubernetes object (a mapping), got {type(obj).__name__}")
+            raise InputError(f"{source}: expected a Kubernetes object (a mapping), got {type(obj).__name__}")
         if str(obj.get("kind", "")).endswith("List") and isinstance(obj.get("items"), list):
-            yield from _flatten(obj["items"])
+            yield from _flatten(obj["items"], source)
         else:
             yield obj
 
 
-def load(texts: Iterable[str]) -> Inputs:
-    """Parse multi-document YAML texts.
+def _parse_yaml(text: str, source: str) -> list[Any]:
+    try:
+        return list(yaml.safe_load_all(text))
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark is not None else source
+        problem = " ".join(p for p in (exc.context, exc.problem) if p)
+        raise InputError(f"{where}: invalid YAML: {problem or exc}") from None
+    except yaml.YAMLError as exc:
+        raise InputError(f"{source}: invalid YAML: {exc}") from None
 
-    :raises InputError: YAML syntax errors (with line), malformed objects (object and field named),
-        invalid CEL (line, column and caret).
+
+def _name_of(obj: dict[str, Any]) -> str:
+    meta = as_mapping(obj.get("metadata"))
+    name = str(meta.get("name", "<unnamed>"))
+    return f"{meta['namespace']}/{name}" if meta.get("namespace") else name
+
+
+def load(texts: Iterable[str], sources: Sequence[str] | None = None) -> Inputs:
+    """Parse multi-document YAML texts (any mix of the kinds in the module docstring).
+
+    :param sources: a name per text for messages (file names); default ``<input N>``.
+    :raises InputError: YAML syntax errors (source, line and column), an empty input, a retired API version,
+        malformed objects (object and field named), invalid CEL (line, column and caret).
     """
-    objects: list[Any] = []
-    for text in texts:
-        try:
-            objects.extend(yaml.safe_load_all(text))
-        except yaml.YAMLError as exc:
-            raise InputError(f"invalid YAML: {exc}") from None
+    texts = list(texts)
+    names = list(sources) if sources is not None else [f"<input {i + 1}>" for i in range(len(texts))]
+    objects: list[tuple[dict[str, Any], str]] = []
+    for text, source in zip(texts, names, strict=True):
+        objects.extend((obj, source) for obj in _flatten(_parse_yaml(text, source), source))
+    if not objects:
+        raise InputError(f"no Kubernetes objects in {', '.join(names) or 'the input'} (empty input)")
     inputs = Inputs()
     raw_claims: list[dict[str, Any]] = []
-    for obj in _flatten(objects):
+    owners = _controllers(obj for obj, _ in objects)
+    for original, source in objects:
+        try:
+            obj = to_v1(original)
+        except InputError as exc:
+            raise InputError(f"{source}: {exc}") from None
         kind = obj.get("kind")
-        if kind == "ResourceSlice":
+        is_resource = is_resource_api(obj)
+        if kind == "ResourceSlice" and is_resource:
             inputs.slices.append(parse_slice(obj))
-        elif kind == "DeviceClass":
+        elif kind == "DeviceClass" and is_resource:
             device_class = parse_device_class(obj)
             inputs.classes[device_class.name] = device_class
-        elif kind == "ResourceClaim":
+            inputs.raw_classes.append(obj)
+        elif kind == "ResourceClaim" and is_resource:
             raw_claims.append(obj)
-        elif kind == "ResourceClaimTemplate":
+        elif kind == "ResourceClaimTemplate" and is_resource:
             inputs.templates.append(obj)
-        elif kind == "Pod":
+        elif kind == "Pod" and obj.get("apiVersion") == "v1":
             inputs.pods.append(obj)
-        elif kind == "Node":
+        elif kind == "Node" and obj.get("apiVersion") == "v1":
             node = parse_node(obj)
             inputs.nodes[node.name] = node
-        elif kind == "Namespace":
+            allocatable = (obj.get("status") or {}).get("allocatable")
+            if isinstance(allocatable, dict):
+                inputs.allocatable[node.name] = allocatable
+        elif kind == "Namespace" and obj.get("apiVersion") == "v1":
             meta = obj.get("metadata") or {}
             inputs.namespaces[str(meta.get("name"))] = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+        elif is_workload(obj) and _key(obj) in owners:
+            inputs.notes.append(
+                f"{obj.get('kind')} {_key(obj)[0]}/{_key(obj)[2]}: not expanded, the objects it controls are in "
+                "the input (ownerReferences)"
+            )
+        elif is_workload(obj):
+            expansion = expand(obj)
+            inputs.pods.extend(expansion.pods)
+            inputs.notes.extend(expansion.notes)
+        else:
+            reason = NOT_EXPANDED.get(group_kind(obj), "a kind the simulator does not read")
+            inputs.warnings.append(
+                f"{source}: ignored {obj.get('apiVersion', '<no apiVersion>')} {kind or '<no kind>'} "
+                f"{_name_of(obj)}: {reason}"
+            )
     inputs.claims = [parse_claim(c) for c in raw_claims]
     inputs.claims.extend(_instantiate(inputs))
     return inputs
 
 
+def _key(obj: dict[str, Any]) -> tuple[str, str, str]:
+    meta = as_mapping(obj.get("metadata"))
+    return str(meta.get("namespace") or "default"), str(obj.get("kind")), str(meta.get("name"))
+
+
+def _controllers(objects: Iterable[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    """``(namespace, kind, name)`` of every controller an input object names in its ``ownerReferences``.
+
+    A workload whose Pods (or ReplicaSets, or launcher Job) are in the input, as ``kubectl get deploy,rs,pods
+    -o yaml`` gives them, is not expanded a second time.
+    """
+    found = set()
+    for obj in objects:
+        meta = as_mapping(obj.get("metadata"))
+        for ref in meta.get("ownerReferences") or []:
+            if isinstance(ref, dict) and ref.get("controller"):
+                found.add((str(meta.get("namespace") or "default"), str(ref.get("kind")), str(ref.get("name"))))
+    return found
+
+
+def _pod_ref(pod: dict[str, Any]) -> tuple[str, str]:
+    meta = pod.get("metadata") or {}
+    return str(meta.get("namespace") or "default"), str(meta.get("name"))
+
+
 def _instantiate(inputs: Inputs) -> list[Claim]:
+    """Claims the control plane would create: per template entry of a Pod, per Pod's extended resources.
+
+    A Pod whose ``status.resourceClaimStatuses`` (or ``status.extendedResourceClaimStatus``) already names a
+    claim given in the input uses that claim, as on a running cluster.
+    """
     claims: list[Claim] = []
     used: set[tuple[str, str]] = set()
+    given = {c.ref for c in inputs.claims}
+    mapping = class_mapping(inputs.raw_classes)
     for pod in inputs.pods:
-        meta = pod.get("metadata") or {}
-        namespace, pod_name = str(meta.get("namespace") or "default"), str(meta.get("name"))
+        namespace, pod_name = _pod_ref(pod)
+        ref = f"{namespace}/{pod_name}"
+        status = as_mapping(pod.get("status"))
+        statuses = {
+            str(s.get("name")): s.get("resourceClaimName")
+            for s in status.get("resourceClaimStatuses") or []
+            if isinstance(s, dict)
+        }
+        refs: list[str] = []
         for entry in (pod.get("spec") or {}).get("resourceClaims") or []:
+            entry_name = str(entry.get("name"))
+            if entry.get("resourceClaimName"):
+                refs.append(f"{namespace}/{entry['resourceClaimName']}")
+                continue
             template_name = entry.get("resourceClaimTemplateName")
             if not template_name:
+                raise InputError(
+                    f"Pod {ref}: spec.resourceClaims[{entry_name}]: one of resourceClaimName, "
+                    "resourceClaimTemplateName must be set"
+                )
+            existing = statuses.get(entry_name)
+            if existing and f"{namespace}/{existing}" in given:
+                refs.append(f"{namespace}/{existing}")
                 continue
             template = _template(inputs, namespace, str(template_name))
             if template is None:
                 raise InputError(
-                    f"Pod {namespace}/{pod_name}: spec.resourceClaims[{entry.get('name')}]: "
+                    f"Pod {ref}: spec.resourceClaims[{entry_name}]: "
                     f"ResourceClaimTemplate {namespace}/{template_name} not found"
                 )
             used.add((namespace, str(template_name)))
+            name = str(existing) if existing else template_claim_name(namespace, pod_name, entry_name)
             claims.append(
-                _from_template(
-                    template,
-                    namespace,
-                    f"{pod_name}-{entry.get('name')}",
-                    f"from template {template_name} for pod {pod_name}",
-                    pod,
-                    str(entry.get("name")),
-                )
+                _from_template(template, namespace, name, f"from template {template_name} for pod {pod_name}", pod,
+                               entry_name)
             )
+            refs.append(f"{namespace}/{name}")
+        extended_status = status.get("extendedResourceClaimStatus")
+        existing_extended = extended_status.get("resourceClaimName") if isinstance(extended_status, dict) else None
+        extended = plan(pod, mapping, inputs.allocatable, claim_name=str(existing_extended or "") or None)
+        inputs.extended[ref] = extended
+        if extended.claim is not None:
+            claim_ref = f"{namespace}/{extended.claim['metadata']['name']}"
+            if claim_ref not in given:
+                claims.append(parse_claim(extended.claim, f"generated by the scheduler for the extended resources "
+                                                          f"of pod {pod_name}"))
+            refs.append(claim_ref)
+        inputs.pod_claims[ref] = refs
     for template in inputs.templates:
         meta = template.get("metadata") or {}
         namespace, name = str(meta.get("namespace") or "default"), str(meta.get("name"))
@@ -192,21 +322,18 @@ def groups(inputs: Inputs) -> list[Group]:
     referenced: set[str] = set()
     result = []
     for pod in inputs.pods:
-        meta = pod.get("metadata") or {}
-        namespace, pod_name = str(meta.get("namespace") or "default"), str(meta.get("name"))
+        namespace, pod_name = _pod_ref(pod)
+        ref = f"{namespace}/{pod_name}"
         members = []
-        for entry in (pod.get("spec") or {}).get("resourceClaims") or []:
-            name = entry.get("resourceClaimName") or (
-                f"{pod_name}-{entry.get('name')}" if entry.get("resourceClaimTemplateName") else None
-            )
-            claim = by_ref.get(f"{namespace}/{name}")
+        for claim_ref in inputs.pod_claims.get(ref, []):
+            claim = by_ref.get(claim_ref)
             if claim is None:
-                raise InputError(f"Pod {namespace}/{pod_name}: ResourceClaim {namespace}/{name} not found")
+                raise InputError(f"Pod {ref}: ResourceClaim {claim_ref} not found")
             referenced.add(claim.ref)
             if claim not in members:
                 members.append(claim)
         node = (pod.get("spec") or {}).get("nodeName")
-        result.append(Group(members, str(node) if node else None, f"{namespace}/{pod_name}"))
+        result.append(Group(members, str(node) if node else None, ref))
     for claim in inputs.claims:
         if claim.ref not in referenced:
             result.append(Group([claim], None))
@@ -215,12 +342,22 @@ def groups(inputs: Inputs) -> list[Group]:
 
 @dataclass
 class Outcome:
-    """What the simulator did: claims in output order (allocations filled in) and failures."""
+    """What the simulator did.
+
+    :param claims: claims in output order (allocations filled in).
+    :param failures: one line per claim group or Pod that cannot be allocated or scheduled.
+    :param pods: the Pods as the scheduler and the ResourceClaim controller leave them: ``spec.nodeName``,
+        ``status.resourceClaimStatuses`` and ``status.extendedResourceClaimStatus`` filled in once every claim
+        of the Pod is allocated.
+    :param pod_nodes: ``namespace/pod`` -> node, for scheduled Pods.
+    """
 
     claims: list[dict[str, Any]]
     failures: list[str]
     nodes: dict[str, str | None]
     allocator: Allocator
+    pods: list[dict[str, Any]] = field(default_factory=list)
+    pod_nodes: dict[str, str | None] = field(default_factory=dict)
 
 
 def _check_admin(inputs: Inputs, claim: Claim) -> None:
@@ -233,15 +370,31 @@ def _check_admin(inputs: Inputs, claim: Claim) -> None:
         )
 
 
+def pending_reasons(inputs: Inputs, pod_ref: str) -> list[str]:
+    """Why the Pod cannot be scheduled whatever the devices: extended resources nothing serves."""
+    extended = inputs.extended.get(pod_ref)
+    return [unserved_reason(r) for r in extended.unserved] if extended else []
+
+
 def simulate(inputs: Inputs) -> Outcome:
     """Allocate every unallocated claim (see module docstring)."""
     allocator = Allocator(inputs.slices, inputs.classes, inputs.nodes, [c for c in inputs.claims if c.allocation])
     allocations: dict[str, dict[str, Any]] = {}
     nodes: dict[str, str | None] = {}
     failures: list[str] = []
+    pod_nodes: dict[str, str | None] = {}
     for group in groups(inputs):
+        if group.pod is not None:
+            reasons = pending_reasons(inputs, group.pod)
+            if reasons:
+                failures.append(f"cannot schedule pod {group.pod}: " + "; ".join(reasons))
+                continue
         pending = [c for c in group.claims if c.allocation is None and c.ref not in allocations]
         if not pending:
+            if group.pod is not None:
+                pod_nodes[group.pod] = group.node or next(
+                    (nodes.get(c.ref) for c in group.claims if nodes.get(c.ref)), None
+                )
             continue
         try:
             for claim in pending:
@@ -253,6 +406,8 @@ def simulate(inputs: Inputs) -> Outcome:
         for claim, allocation in zip(pending, results, strict=True):
             allocations[claim.ref] = allocation
             nodes[claim.ref] = node
+        if group.pod is not None:
+            pod_nodes[group.pod] = node
     out = []
     for claim in inputs.claims:
         obj = copy.deepcopy(claim.obj)
@@ -260,7 +415,38 @@ def simulate(inputs: Inputs) -> Outcome:
             obj.setdefault("status", {})["allocation"] = allocations[claim.ref]
         if claim.allocation is not None or claim.ref in allocations:
             out.append(obj)
-    return Outcome(out, failures, nodes, allocator)
+    return Outcome(out, failures, nodes, allocator, _scheduled_pods(inputs, pod_nodes), pod_nodes)
+
+
+def _scheduled_pods(inputs: Inputs, pod_nodes: dict[str, str | None]) -> list[dict[str, Any]]:
+    """Copies of the scheduled Pods with what the control plane writes into them."""
+    out = []
+    for pod in inputs.pods:
+        namespace, name = _pod_ref(pod)
+        ref = f"{namespace}/{name}"
+        if ref not in pod_nodes:
+            continue
+        obj = copy.deepcopy(pod)
+        if pod_nodes[ref]:
+            obj.setdefault("spec", {})["nodeName"] = pod_nodes[ref]
+        status = obj.setdefault("status", {})
+        template_entries = [
+            e for e in (pod.get("spec") or {}).get("resourceClaims") or [] if e.get("resourceClaimTemplateName")
+        ]
+        claim_refs = iter(
+            r for r, e in zip(inputs.pod_claims.get(ref, []), (pod.get("spec") or {}).get("resourceClaims") or [],
+                              strict=False)
+            if e.get("resourceClaimTemplateName")
+        )
+        if template_entries:
+            status["resourceClaimStatuses"] = [
+                {"name": e["name"], "resourceClaimName": next(claim_refs).split("/", 1)[1]} for e in template_entries
+            ]
+        extended = inputs.extended.get(ref)
+        if extended is not None and extended.status() is not None:
+            status["extendedResourceClaimStatus"] = extended.status()
+        out.append(obj)
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ explain
@@ -295,7 +481,8 @@ def _verdict_text(verdict: Verdict, request: Request, classes: dict[str, DeviceC
         selectors = classes[request.class_name].selectors if verdict.stage == "class" else request.selectors
         label = f"{'class' if verdict.stage == 'class' else 'request'} selector #{verdict.selector + 1}"
         if verdict.outcome.error:
-            return f"rejected by {label}: error: {verdict.outcome.error}"
+            error = describe_error(selectors[verdict.selector], cel_device, verdict.outcome.error)
+            return f"rejected by {label}: error: {error}"
         return f"rejected by {label}: {rejection(selectors[verdict.selector], cel_device)}"
     if verdict.stage == "accepted":
         return "accepted"
@@ -310,7 +497,12 @@ def explain(inputs: Inputs) -> tuple[str, int]:
     :returns: ``(text, exit code)``; the code is 1 if some claim cannot be allocated.
     """
     outcome = simulate(inputs)
-    lines: list[str] = []
+    lines: list[str] = [f"warning: {w}" for w in inputs.warnings] + [f"note: {n}" for n in inputs.notes]
+    if lines:
+        lines.append("")
+    extended_by_claim = {
+        f"{ref.split('/', 1)[0]}/{p.claim['metadata']['name']}": p for ref, p in inputs.extended.items() if p.claim
+    }
     results_by_claim: dict[str, list[dict[str, Any]]] = {}
     for obj in outcome.claims:
         meta = obj.get("metadata") or {}
@@ -341,6 +533,13 @@ def explain(inputs: Inputs) -> tuple[str, int]:
         node_names: list[str | None] = (
             [outcome.nodes.get(claim.ref)] if results is not None else list(base.node_names()) or [None]
         )
+        extended = extended_by_claim.get(claim.ref)
+        for r in extended.requests if extended else []:
+            if any(req.name == r.request_name for req in claim.requests):
+                lines.append(
+                    f"  request {r.request_name!r} is container {r.container!r} asking for {r.resource}: {r.count} "
+                    f"(DeviceClass {claim_class(claim, r.request_name)} maps {r.resource})"
+                )
         for constraint in claim.constraints:
             lines.append(f"  constraint: {constraint_text(constraint)}")
         for node_name in node_names:
@@ -352,7 +551,54 @@ def explain(inputs: Inputs) -> tuple[str, int]:
                 lines.extend(_explain_request(claim, request, pools, used, base, inputs, results))
         lines.append("")
     base.in_use = everything
+    lines.extend(_explain_pods(inputs, outcome))
     return "\n".join(lines).rstrip() + "\n", 1 if outcome.failures else 0
+
+
+def claim_class(claim: Claim, request_name: str) -> str:
+    """The DeviceClass of ``claim``'s request ``request_name``."""
+    return next((r.class_name for r in claim.requests if r.name == request_name), "?")
+
+
+def _explain_pods(inputs: Inputs, outcome: Outcome) -> list[str]:
+    """One line (or a few) per Pod: scheduled where, pending why, or asking for no devices."""
+    lines: list[str] = []
+    allocated = {f"{(c.get('metadata') or {}).get('namespace') or 'default'}/{c['metadata']['name']}"
+                 for c in outcome.claims}
+    for pod in inputs.pods:
+        namespace, name = _pod_ref(pod)
+        ref = f"{namespace}/{name}"
+        claims = inputs.pod_claims.get(ref, [])
+        extended = inputs.extended.get(ref)
+        reasons = pending_reasons(inputs, ref)
+        served_elsewhere = [
+            f"{resource} is served by a device plugin on node(s) {', '.join(nodes)} (Node status.allocatable)"
+            for resource, nodes in (extended.device_plugin if extended else {}).items()
+        ]
+        if reasons:
+            lines.append(f"pod {ref}: PENDING")
+            lines.extend(f"  {reason}" for reason in reasons)
+        elif not claims:
+            lines.append(f"pod {ref}: asks for no devices through DRA (no spec.resourceClaims, no extended "
+                         "resource a DeviceClass maps)")
+        elif ref in outcome.pod_nodes:
+            node = outcome.pod_nodes[ref]
+            lines.append(f"pod {ref}: scheduled" + (f" on node {node}" if node else "")
+                         + f" with claim(s) {', '.join(c.split('/', 1)[1] for c in claims)}")
+            status = extended.status() if extended else None
+            if status is not None:
+                mappings = ", ".join(
+                    f"container {m['containerName']!r} {m['resourceName']} -> request {m['requestName']}"
+                    for m in status["requestMappings"]
+                )
+                lines.append(f"  status.extendedResourceClaimStatus: claim {status['resourceClaimName']}; {mappings}")
+        else:
+            stuck = [c for c in claims if c not in allocated]
+            lines.append(f"pod {ref}: PENDING: claim(s) {', '.join(stuck)} cannot be allocated (see above)")
+        lines.extend(f"  {text}" for text in served_elsewhere)
+    if lines:
+        lines.append("")
+    return lines
 
 
 def _explain_request(
@@ -373,6 +619,7 @@ def _explain_request(
         )
     chosen = {(r.get("pool"), r.get("device")): str(r.get("request")) for r in results or []}
     chosen_values: dict[int, Any] = {}
+    missing: dict[tuple[str, str, str], list[str]] = {}
     for k, constraint in enumerate(claim.constraints):
         for pool in pools:
             for device in pool.devices:
@@ -400,8 +647,30 @@ def _explain_request(
                     text = "accepted -> allocated" + (" (admin access)" if alt.admin_access else "")
                 elif verdict.accepted:
                     text = _unpicked(claim, alt, device, chosen_values, picked, results)
+                elif verdict.outcome is not None and verdict.outcome.error:
+                    _note_missing(missing, verdict, alt, inputs.classes, device)
                 lines.append(f"{indent}    {device.name.ljust(width)}  {text}")
+        for (label, kind, name), devices in missing.items():
+            shown = ", ".join(devices[:8]) + (f" and {len(devices) - 8} more" if len(devices) > 8 else "")
+            lines.append(
+                f"{indent}  {label} reads {kind} {name}, which {len(devices)} device(s) do not publish: {shown}"
+            )
+        missing.clear()
     return lines
+
+
+def _note_missing(
+    missing: dict[tuple[str, str, str], list[str]],
+    verdict: Verdict,
+    request: Request,
+    classes: dict[str, DeviceClass],
+    device: Any,
+) -> None:
+    """Record which attributes or capacities the rejecting selector read that ``device`` lacks."""
+    selectors = classes[request.class_name].selectors if verdict.stage == "class" else request.selectors
+    label = f"{'class' if verdict.stage == 'class' else 'request'} selector #{verdict.selector + 1}"
+    for kind, name in missing_names(selectors[verdict.selector], device.cel()):
+        missing.setdefault((label, kind, name), []).append(f"{device.pool}/{device.name}")
 
 
 def _unpicked(

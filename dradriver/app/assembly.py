@@ -25,7 +25,7 @@ from dradriver.host.claimstate import ClaimState, ClaimStateCorruptError, ClaimS
 from dradriver.kube import claims as kube_claims
 from dradriver.kube import client as kube_client
 from dradriver.kube import errors as kube_errors
-from dradriver.kube import events, nodes
+from dradriver.kube import events, nodes, ratelimit
 from dradriver.kube.resourceslices import PublishResult, SlicePublisher
 from dradriver.kubeletplugin.lifecycle import Lifecycle
 from dradriver.kubeletplugin.reconcile import Cleanup, StaleClaimReconciler
@@ -136,9 +136,12 @@ class Connection:
 
 async def connect(lifecycle: Lifecycle, identity: DriverIdentity, config: PluginConfig) -> Connection:
     """Start step: the Kubernetes client (closed on stop) and this Node (``None`` when it cannot be read)."""
+    limiter = ratelimit.rate_limiter(config.kube_api_qps, config.kube_api_burst)
     client = await lifecycle.step("Kubernetes client",
-                                  lambda: kube_client.open_client(config.kubeconfig, user_agent=identity.user_agent),
+                                  lambda: kube_client.open_client(config.kubeconfig, user_agent=identity.user_agent,
+                                                                  rate_limit=limiter),
                                   lambda c: c.close())
+    await asyncio.to_thread(kube_client.check_reachable, client, config.kubeconfig)
     node_obj: dict[str, Any] | None = None
     node_uid = ""
     try:

@@ -78,10 +78,23 @@ def node_info(config: PluginConfig) -> DeviceNodeInfo:
     return DeviceNodeInfo(
         dev_root=config.container_driver_root if in_driver_root else config.dev_root,
         host_root=str(config.nvidia_driver_root) if in_driver_root else "/",
-        proc_devices=config.proc_root / "devices",
+        proc_devices=config.proc_devices_path,
         mig_minors=config.proc_root / "driver" / "nvidia-caps" / "mig-minors",
         capabilities_dir=config.proc_root / "driver" / "nvidia" / "capabilities",
     )
+
+
+def nvml_library(config: PluginConfig) -> str:
+    """The NVML library to load: ``--nvml-library``; else, as NVIDIA's plugin does, ``libnvidia-ml.so.1`` under the
+    container's driver root (``--container-driver-root``, where NVIDIA's chart mounts the driver); else ``""`` (the
+    loader's search path). With ``--mock-profile`` the bundled mock decides and this returns ``--nvml-library``."""
+    if config.nvml_library or config.mock_profile:
+        return config.nvml_library
+    found = driverfiles.find_nvml_library(config.container_driver_root)
+    if found is None:
+        return ""
+    log.info("NVML library %s (under the driver root %s)", found, config.container_driver_root)
+    return str(found)
 
 
 def driver_edits(config: PluginConfig, driver_version: str) -> cdi.ContainerEdits:
@@ -113,7 +126,8 @@ def control_daemons(config: PluginConfig, client: KubeClient, session: NvmlSessi
         namespace=config.namespace, node_name=config.node_name, image=config.image_name,
         driver_root=str(config.nvidia_driver_root), directory="",
         shm_in_driver_root=(config.container_driver_root / "dev" / "shm").is_dir(),
-        feature_gates=config.feature_gates.render())
+        feature_gates=config.feature_gates.render(), service_account=config.service_account_name,
+        pull_secrets=config.image_pull_secrets, pull_policy=config.image_pull_policy)
 
     def set_compute_mode(uuid: str, mode: str) -> None:
         settings.set_compute_mode(session, uuid, settings.ComputeMode[mode])
@@ -157,7 +171,7 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
     life = Lifecycle(identity.driver_name)
     assembly.ensure_dir(config.plugin_dir, 0o750)
     assembly.ensure_dir(config.cdi_root, 0o755)
-    session = await life.step("NVML session", lambda: open_session(config.nvml_library, config.mock_profile),
+    session = await life.step("NVML session", lambda: open_session(nvml_library(config), config.mock_profile),
                               lambda s: s.close())
     try:
         registry: DeviceRegistry[NodeInventory] = DeviceRegistry(discover(session, config),
@@ -208,14 +222,18 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
             on_nvml_error=metrics.count_nvml_error,
         )
         registry.subscribe(health.replace_inventory)
-        metrics.attach_devices(health, claim_of=lambda device: runner.prepared_devices().get(device))
+        metrics.attach_devices(health, claim_of=lambda device: runner.prepared_devices().get(device),
+                               dcgm_compatible=config.dcgm_compatible)
         await life.step("health monitor", lambda: asyncio.to_thread(health.start),
                         lambda _: asyncio.to_thread(health.stop))
         metrics_server = None
-        if config.http_endpoint:  # bound before the kubelet can see us, so a taken port fails cleanly
+        if config.http_endpoint and not config.metrics_path:  # NVIDIA: "disabled if empty"
+            log.info("metrics server off: --metrics-path (env METRICS_PATH) is empty")
+        elif config.http_endpoint:  # bound before the kubelet can see us, so a taken port fails cleanly
             def bind() -> MetricsServer:
                 try:
-                    return serve_metrics(metrics.registry, config.http_endpoint, config.metrics_path)
+                    return serve_metrics(metrics.registry, config.http_endpoint, config.metrics_path,
+                                         dcgm_compatible=config.dcgm_compatible)
                 except OSError as exc:
                     raise FlagError(f"cannot serve metrics on {config.http_endpoint!r}: {exc}") from exc
             metrics_server = await life.step("metrics server", bind, lambda server: server.stop())

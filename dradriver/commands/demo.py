@@ -20,7 +20,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--profile", default="gb200-nvl72-node",
                         help="mock NVML node profile (see `dradriver mock-profiles`); default gb200-nvl72-node")
     parser.add_argument("--node-name", default="gpu-node-1", help="name of the emulated node")
-    parser.add_argument("--output", choices=("text", "json"), default="text", help="progress format")
+    parser.add_argument("-o", "--output", choices=("text", "json"), default="text", help="progress format")
     parser.add_argument("--scenario", choices=("basic", "sharing"), default="basic",
                         help="basic: the seed examples (default); sharing: GPU sharing (time-slicing) with the "
                              "settings read back through NVML")

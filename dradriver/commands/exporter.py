@@ -4,8 +4,9 @@ Discovers the node's GPUs and MIG devices through NVML (the system library, ``--
 bundled mock with ``--mock-profile NAME``), polls them every ``--poll-interval`` seconds with the compiled
 poller, watches NVML events (Xid, ECC, GPU lost), and serves Prometheus metrics on ``--http-endpoint`` at
 ``--metrics-path`` until SIGINT or SIGTERM. Scrapes are answered from the latest poll; they never wait on
-NVML. Metric names: ``docs/metrics.md``. Exit status 0 after a signal, 1 when NVML cannot be used or the
-endpoint cannot be served, 2 for bad flags.
+NVML. Metric names: ``docs/metrics.md``; ``--dcgm-compatible`` serves dcgm-exporter's ``DCGM_FI_*``
+names, units and labels instead (see :mod:`dradriver.health.dcgm`). Exit status 0 after a signal, 1 when
+NVML cannot be used or the endpoint cannot be served, 2 for bad flags.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from dradriver.commands._options import add_output_alias
 from dradriver.config import PLUGIN_FLAGS, FlagError, add_flags
 
 _SHARED_FLAGS = (
@@ -29,6 +31,8 @@ _SHARED_FLAGS = (
     "--metrics-path",
     "--additional-xids-to-ignore",
     "--log-level",
+    "--log-format",
+    "--dcgm-compatible",
 )
 
 
@@ -40,10 +44,18 @@ def register(subparsers: Any) -> None:
         description=__doc__.splitlines()[0] if __doc__ else None,
     )
     add_flags(parser, [f for f in PLUGIN_FLAGS if f.option in _SHARED_FLAGS])
+    add_output_alias(parser)
     parser.add_argument(
         "--http-endpoint",
         default=_env("HTTP_ENDPOINT", ":9400"),
         help="host:port of the metrics server (default ':9400', the dcgm-exporter port) [env HTTP_ENDPOINT]",
+    )
+    parser.add_argument(
+        "--pod-resources-socket",
+        default=_env("DRADRIVER_POD_RESOURCES_SOCKET", "/var/lib/kubelet/pod-resources/kubelet.sock"),
+        help="the kubelet's PodResources socket; with --dcgm-compatible, each scrape asks it which pod, container "
+             "and ResourceClaim hold each device (pod, namespace, container, dra_* labels) "
+             "[env DRADRIVER_POD_RESOURCES_SOCKET]",
     )
     parser.add_argument(
         "--poll-interval",
@@ -71,8 +83,31 @@ def _xids(text: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+def holder_lookup(socket_path: str, node: str, log: logging.Logger) -> Any:
+    """A per-scrape PodResources lookup for ``node``'s ``gpu.nvidia.com`` devices: an unreachable socket is
+    logged once per change of the error and reads as "nothing held"."""
+    from dradriver.domain.identity import GPU_DRIVER
+    from dradriver.server.podresources import PodResourcesError, list_holders
+
+    last_error = [""]
+
+    def lookup() -> Any:
+        try:
+            found = list_holders(socket_path, driver=GPU_DRIVER.driver_name, pool=node)
+        except PodResourcesError as exc:
+            if str(exc) != last_error[0]:
+                last_error[0] = str(exc)
+                log.warning("no pod attribution: %s", exc)
+            return {}
+        last_error[0] = ""
+        return found
+
+    return lookup
+
+
 def run(args: argparse.Namespace) -> int:
     """Run until SIGINT/SIGTERM; returns the exit status."""
+    from dradriver import logs
     from dradriver.domain.faults import DEFAULT_IGNORED_XIDS
     from dradriver.errors import DradriverError
     from dradriver.health.metrics import MetricsEndpointError, exporter_registry, parse_endpoint, serve_metrics
@@ -80,10 +115,7 @@ def run(args: argparse.Namespace) -> int:
     from dradriver.nvml.discovery import discover
     from dradriver.nvml.session import open_session
 
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logs.configure(str(args.log_level), str(args.log_format))
     log = logging.getLogger("dradriver.exporter")
     node = args.node_name or socket.gethostname()
     try:
@@ -117,7 +149,11 @@ def run(args: argparse.Namespace) -> int:
         )
         service.start()
         try:
-            server = serve_metrics(exporter_registry(service, node=node), args.http_endpoint, args.metrics_path)
+            holders = holder_lookup(args.pod_resources_socket, node, log) if args.dcgm_compatible else None
+            registry = exporter_registry(service, node=node, dcgm_compatible=args.dcgm_compatible,
+                                         holders=holders)
+            server = serve_metrics(registry, args.http_endpoint, args.metrics_path,
+                                   dcgm_compatible=args.dcgm_compatible)
         except OSError as exc:
             print(f"dradriver exporter: error: cannot serve metrics on {args.http_endpoint}: {exc}", file=sys.stderr)
             service.stop()

@@ -1,40 +1,61 @@
-"""``dradriver gpu-kubelet-plugin``: run the kubelet plugin for ``gpu.nvidia.com`` on this node."""
+"""``gpu-kubelet-plugin`` (also ``dradriver gpu-kubelet-plugin``): run the kubelet plugin for ``gpu.nvidia.com``.
+
+Both names take every flag of NVIDIA's gpu-kubelet-plugin with its environment twin (:data:`dradriver.config.
+PLUGIN_FLAGS`, klog's :data:`dradriver.config.LOGGING_FLAGS`) and log in klog's text format unless
+``--log-format json`` (:mod:`dradriver.logs`). The console script is what NVIDIA's chart runs:
+``bash -c '... gpu-kubelet-plugin -v $(LOG_VERBOSITY)'``.
+"""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from typing import Any
 
 from dradriver import config
+from dradriver.commands import _entrypoint
+from dradriver.commands._options import add_output_alias
+
+PROG = "gpu-kubelet-plugin"
+DESCRIPTION = "DRA kubelet plugin for NVIDIA GPUs (driver gpu.nvidia.com): registration, NodePrepareResources/" \
+              "NodeUnprepareResources, ResourceSlices, device health."
 
 
 def register(subparsers: Any) -> None:
     """Add the ``gpu-kubelet-plugin`` subcommand; every flag has an environment twin."""
     parser = subparsers.add_parser(
-        "gpu-kubelet-plugin",
+        PROG,
         help="run the DRA kubelet plugin (registration, NodePrepare/Unprepare, ResourceSlices)",
-        description=__doc__,
+        description=DESCRIPTION,
     )
-    config.add_flags(parser)
+    _entrypoint.add_component_flags(parser, config.PLUGIN_FLAGS)
+    add_output_alias(parser)
     parser.set_defaults(func=run)
 
 
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``gpu-kubelet-plugin`` console script (``[project.scripts]``); returns the exit status."""
+    return _entrypoint.console_main(PROG, DESCRIPTION, config.PLUGIN_FLAGS, run, argv)
+
+
 def run(args: argparse.Namespace) -> int:
-    """Run until SIGINT/SIGTERM; returns 0 on a clean stop, 1 when the plugin cannot start."""
+    """Run until SIGINT/SIGTERM/SIGHUP/SIGQUIT; 0 on a clean stop, 1 when the plugin cannot start, 2 on bad flags."""
     import asyncio
     import logging
     import signal
     import sys
 
-    from dradriver import app, logs
     from dradriver.errors import DradriverError
 
     try:
         cfg = config.config_from_args(args)
+        _entrypoint.start_logging(PROG, args, cfg.feature_gates)
     except DradriverError as exc:
-        print(f"dradriver gpu-kubelet-plugin: {exc}", file=sys.stderr)
+        print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
-    logs.configure(cfg.log_level, cfg.log_format)
+    from dradriver import app  # after the flags: a bad flag is reported without loading the plugin's parts
+    log = logging.getLogger("dradriver.gpu_kubelet_plugin")
+    log.info("startup config: %s", config.startup_summary(cfg))
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -46,6 +67,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         asyncio.run(main())
     except (DradriverError, OSError) as exc:
-        logging.getLogger("dradriver").error("cannot start the kubelet plugin: %s", exc)
+        log.error("cannot start the kubelet plugin: %s", exc)
         return 1
     return 0

@@ -2,8 +2,13 @@
 
 Reads NVML (the system library, ``--nvml-library PATH``, or the bundled mock with ``--mock-profile NAME``),
 discovers GPUs and MIG devices, and prints the ``resource.k8s.io/v1`` ResourceSlices as a YAML multi-document
-stream (default) or a JSON list. GPUs left out by discovery and other warnings go to stderr and, in YAML,
-also into comments at the top. Exit status: 0 on success, 1 when NVML cannot be loaded or initialised.
+stream (``-o yaml``, default) or a JSON list (``-o json``), each with the ``metadata.generateName`` the running
+plugin gives it (``<index>-gpu.nvidia.com-<node>-``; the API server appends five random characters).
+``-o table`` prints one line per published device instead: NODE, DEVICE, GPU (minor number of the physical
+GPU), MIG (profile, ``-`` for a full GPU), MEMORY, UUID, HEALTH (``Healthy``, ``Unhealthy`` or ``Unknown`` from one
+health poll, as the plugin's health monitor judges it); ``-o wide`` adds PRODUCT, PCI-BUS-ID, SLICE and TAINTS.
+GPUs left out by discovery and other warnings go to stderr and, in YAML, also into comments at the top.
+Exit status: 0 on success, 1 when NVML cannot be loaded or initialised.
 """
 
 from __future__ import annotations
@@ -26,10 +31,13 @@ def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "inspect",
         help="print the ResourceSlices this node would publish",
-        description=__doc__.splitlines()[0] if __doc__ else None,
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "--output", "-o", choices=("yaml", "json"), default="yaml", help="output format (default yaml)"
+        "--output", "-o", choices=("yaml", "json", "table", "wide"), default="yaml",
+        help="yaml (default), json, table (one line per device) or wide (table plus product, PCI bus ID, slice, "
+             "taints)"
     )
     add_flags(parser, [f for f in PLUGIN_FLAGS if f.option in _FLAGS])
     parser.set_defaults(func=run)
@@ -48,6 +56,66 @@ def _header(inventory: Any, node: str, slices: list[dict[str, Any]], notes: list
     return lines
 
 
+def _memory(device: dict[str, Any]) -> str:
+    value = device.get("capacity", {}).get("memory", {}).get("value")
+    return str(value) if value is not None else "-"
+
+
+def _attribute(device: dict[str, Any], name: str) -> str:
+    value = device.get("attributes", {}).get(name) or {}
+    return str(next(iter(value.values()), "-")) if value else "-"
+
+
+def device_rows(inventory: Any, node: str, slices: list[dict[str, Any]], health: dict[str, tuple[str, str]], *,
+                wide: bool) -> list[tuple[str, ...]]:
+    """The ``table``/``wide`` rows, header first: one per published device, in slice order.
+
+    :param health: device name -> (health word, taint keys joined by ``,``), from :func:`poll_health`.
+    """
+    from dradriver.domain.devices import MigDevice
+
+    header = ["NODE", "DEVICE", "GPU", "MIG", "MEMORY", "UUID", "HEALTH"]
+    if wide:
+        header += ["PRODUCT", "PCI-BUS-ID", "SLICE", "TAINTS"]
+    rows: list[tuple[str, ...]] = [tuple(header)]
+    for s in slices:
+        for device in s["spec"]["devices"]:
+            found = inventory.find(device["name"])
+            gpu = found.parent if isinstance(found, MigDevice) else found
+            state, taints = health.get(device["name"], ("Unknown", ""))
+            row = [node, device["name"], str(gpu.minor) if gpu is not None else "-",
+                   found.profile if isinstance(found, MigDevice) else "-", _memory(device),
+                   _attribute(device, "uuid"), state]
+            if wide:
+                row += [_attribute(device, "productName"), _attribute(device, "pcieBusID"),
+                        s["metadata"].get("name") or s["metadata"].get("generateName", "-"), taints or "-"]
+            rows.append(tuple(row))
+    return rows
+
+
+def format_table(rows: list[tuple[str, ...]]) -> str:
+    """Columns padded to their widest cell and separated by three spaces, as ``kubectl get`` prints them."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "".join("   ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() + "\n" for row in rows)
+
+
+def poll_health(inventory: Any, session: Any, node: str) -> dict[str, tuple[str, str]]:
+    """One poll by the plugin's health monitor (no event thread): device name -> (health, taint keys).
+
+    A device whose GPU cannot be polled stays ``Unknown``.
+    """
+    from dradriver.health.monitor import HealthMonitor
+
+    monitor = HealthMonitor(inventory, pool_name=node, session=session)
+    try:
+        if monitor.poll_now() is None:
+            return {}
+        monitor.flush()
+        return {view.name: (view.health, ",".join(key for key, _, _ in view.taints)) for view in monitor.devices()}
+    finally:
+        monitor.stop()
+
+
 def run(args: argparse.Namespace) -> int:
     """Discover, build and print; returns the exit status."""
     import yaml
@@ -55,14 +123,18 @@ def run(args: argparse.Namespace) -> int:
     from dradriver import _native
     from dradriver.domain.resourceslices import ResourceSliceError, build
     from dradriver.errors import DradriverError
+    from dradriver.kube.resourceslices import slice_generate_name
     from dradriver.nvml.discovery import discover
     from dradriver.nvml.session import open_session
 
     node = args.node_name or socket.gethostname()
+    health: dict[str, tuple[str, str]] = {}
     try:
         _native.load_all()  # the hot paths must be there (or twins asked for): a loud error, not a slow path
         with open_session(args.nvml_library or "", args.mock_profile or "") as session:
             inventory = discover(session, sysfs_root=Path(args.sysfs_root or "/sys"))
+            if args.output in ("table", "wide"):
+                health = poll_health(inventory, session, node)
     except DradriverError as exc:
         print(f"dradriver inspect: error: {exc}", file=sys.stderr)
         return 1
@@ -72,6 +144,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"dradriver inspect: error: {exc}", file=sys.stderr)
         return 1
 
+    for i, s in enumerate(result.slices):
+        s.setdefault("metadata", {})["generateName"] = slice_generate_name(i, len(result.slices), s["spec"]["driver"],
+                                                                           node)
     notes = [
         f"discovery failure: GPU index {f.index}{f' ({f.uuid})' if f.uuid else ''} left out: {f.reason}"
         for f in inventory.failures
@@ -80,7 +155,10 @@ def run(args: argparse.Namespace) -> int:
     for note in notes:
         print(f"dradriver inspect: {note}", file=sys.stderr)
 
-    if args.output == "json":
+    if args.output in ("table", "wide"):
+        sys.stdout.write(format_table(device_rows(inventory, node, result.slices, health,
+                                                  wide=args.output == "wide")))
+    elif args.output == "json":
         sys.stdout.write(json.dumps(result.slices, indent=2) + "\n")
     else:
         sys.stdout.write("\n".join(_header(inventory, node, result.slices, notes)) + "\n")

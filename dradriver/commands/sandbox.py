@@ -20,23 +20,30 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--profile", default="dgx-h100", help="mock NVML node profile (default dgx-h100)")
     parser.add_argument("--node-name", default="gpu-node-1", help="name of the emulated node")
-    parser.add_argument("--output", choices=("text", "json"), default="text",
+    parser.add_argument("-o", "--output", choices=("text", "json"), default="text",
                         help="json: print the paths as one JSON object on the first line")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Serve until interrupted; 0 on Ctrl-C/SIGTERM."""
+    """Serve until interrupted; 0 on Ctrl-C/SIGTERM, 1 (as ``inspect`` and ``demo``) for an unknown ``--profile``
+    or a node that cannot be laid out."""
     import asyncio
     import signal
     import sys
 
     from dradriver import logs
     from dradriver.errors import DradriverError
+    from dradriver.nvml import mock
     from dradriver.sandbox.cluster import ClusterEmulator, describe, dump, plugin_environment, write_env_file
     from dradriver.sandbox.node import SandboxNode
 
     logs.configure("warning", "text")
+    try:
+        mock.load_profile(args.profile)  # before anything starts: the same error as --mock-profile elsewhere
+    except mock.MockNvmlError as exc:
+        print(f"dradriver sandbox: error: {exc}", file=sys.stderr)
+        return 1
     try:
         sandbox = SandboxNode(profile=args.profile, node_name=args.node_name)
     except DradriverError as exc:
@@ -61,8 +68,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"    set -a; . {env_file}; set +a; dradriver gpu-kubelet-plugin")
             print("  then, for example:")
             print(f"    kubectl --kubeconfig {info['kubeconfig']} get resourceslices")
-            print(f"    kubectl --kubeconfig {info['kubeconfig']} apply --validate=false "
-                  "-f deploy/examples/gpu-40gi.yaml")
+            print(f"    kubectl --kubeconfig {info['kubeconfig']} apply -f deploy/examples/gpu-40gi.yaml")
+            print(f"    kubectl --kubeconfig {info['kubeconfig']} get pods,resourceclaims,events")
             print(f"  CDI specs appear in {info['cdi_root']}; Ctrl-C stops the sandbox\n", flush=True)
 
         async def main() -> None:

@@ -250,9 +250,20 @@ class DriverMetrics:
         """An NVML call of the plugin failed with ``nvmlReturn_t`` ``code``."""
         self.nvml_errors.count(code)
 
-    def attach_devices(self, source: DeviceSource, *, claim_of: ClaimLookup | None = None) -> DeviceCollector:
-        """Register the device collector for ``source`` and its NVML error counts; returns the collector."""
-        collector = DeviceCollector(source, node=self.node, claim_of=claim_of)
+    def attach_devices(self, source: DeviceSource, *, claim_of: ClaimLookup | None = None,
+                       dcgm_compatible: bool = False) -> Collector:
+        """Register the device collector for ``source`` and its NVML error counts; returns the collector.
+
+        :param dcgm_compatible: a :class:`dradriver.health.dcgm.DcgmCollector` (dcgm-exporter's names, units
+            and labels, ``dra_*`` attribution from ``claim_of``) instead of a :class:`DeviceCollector`.
+        """
+        collector: Collector
+        if dcgm_compatible:
+            from dradriver.health.dcgm import DcgmCollector  # imports this module's types
+
+            collector = DcgmCollector(source, node=self.node, claim_of=claim_of, driver=self.driver)
+        else:
+            collector = DeviceCollector(source, node=self.node, claim_of=claim_of)
         self.registry.register(collector)
         self.nvml_errors.add_source(source.nvml_errors)
         return collector
@@ -431,13 +442,27 @@ class DeviceCollector(Collector):
         yield taints
 
 
-def exporter_registry(source: DeviceSource, *, node: str, process_metrics: bool = True) -> CollectorRegistry:
-    """A registry with the device collector and NVML error counts only (``dradriver exporter``)."""
+def exporter_registry(source: DeviceSource, *, node: str, process_metrics: bool = True,
+                      dcgm_compatible: bool = False, claim_of: ClaimLookup | None = None,
+                      holders: Any = None) -> CollectorRegistry:
+    """A registry with the device collector and NVML error counts only (``dradriver exporter``).
+
+    :param dcgm_compatible: device series under dcgm-exporter's ``DCGM_FI_*`` names, units and labels
+        (:class:`dradriver.health.dcgm.DcgmCollector`) instead of the ``dradriver_*`` ones.
+    :param claim_of: device name -> ``(namespace, claim)`` of prepared devices (attribution labels).
+    :param holders: with ``dcgm_compatible``, a :data:`dradriver.health.dcgm.HolderLookup` (the kubelet's
+        PodResources view: ``pod``, ``namespace``, ``container`` and ``dra_*`` labels).
+    """
     registry = CollectorRegistry()
     if process_metrics:
         ProcessCollector(registry=registry)
         PlatformCollector(registry=registry)
-    registry.register(DeviceCollector(source, node=node))
+    if dcgm_compatible:
+        from dradriver.health.dcgm import DcgmCollector  # imports this module's types
+
+        registry.register(DcgmCollector(source, node=node, claim_of=claim_of, holders=holders))
+    else:
+        registry.register(DeviceCollector(source, node=node, claim_of=claim_of))
     errors = NvmlErrorCollector()
     errors.add_source(source.nvml_errors)
     registry.register(errors)
@@ -491,8 +516,12 @@ class MetricsServer:
         self._thread.join(timeout=5)
 
 
-def serve_metrics(registry: CollectorRegistry, endpoint: str = ":8080", path: str = "/metrics") -> MetricsServer:
+def serve_metrics(registry: CollectorRegistry, endpoint: str = ":8080", path: str = "/metrics", *,
+                  dcgm_compatible: bool = False) -> MetricsServer:
     """Serve ``registry`` over HTTP at ``path`` (other paths: 404) on a daemon thread.
+
+    :param dcgm_compatible: write the text format with :func:`dradriver.health.dcgm.exposition` (counters
+        without the ``_total`` prometheus-client adds, as dcgm-exporter writes them).
 
     :raises MetricsEndpointError: malformed endpoint.
     :raises OSError: the address cannot be bound (port in use).
@@ -505,6 +534,12 @@ def serve_metrics(registry: CollectorRegistry, endpoint: str = ":8080", path: st
         if environ.get("PATH_INFO", "/").rstrip("/") != wanted.rstrip("/"):
             start_response("404 Not Found", [("Content-Type", "text/plain")])
             return [f"metrics are served at {wanted}\n".encode()]
+        if dcgm_compatible:
+            from dradriver.health import dcgm
+
+            body = dcgm.exposition(registry)
+            start_response("200 OK", [("Content-Type", dcgm.CONTENT_TYPE), ("Content-Length", str(len(body)))])
+            return [body]
         return metrics_app(environ, start_response)
 
     server_class = ThreadingWSGIServer

@@ -173,6 +173,34 @@ class DriverFiles:
         return len(self.libraries) + len(self.binaries) + len(self.ipc) + len(self.firmware) + len(self.graphics)
 
 
+#: Where NVIDIA's prestart script and plugin look for ``libnvidia-ml.so.1`` under a driver root, in order
+#: (nvidia-image-contract.md, "Executables inside the image").
+NVML_LIBRARY_DIRS: tuple[str, ...] = (
+    "/usr/lib64",
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/lib64",
+    "/lib/x86_64-linux-gnu",
+    "/lib/aarch64-linux-gnu",
+)
+NVML_LIBRARY = "libnvidia-ml.so.1"
+
+
+def find_nvml_library(driver_root: Path | str) -> Path | None:
+    """``libnvidia-ml.so.1`` under ``driver_root`` (the container's view of the driver root), or ``None``.
+
+    Links are followed inside the root (:func:`resolve_in_root`), so a driver container's absolute links work.
+
+    :returns: the file's path as this process opens it (``<driver_root>/usr/lib/x86_64-linux-gnu/...``).
+    """
+    base = os.fspath(driver_root)
+    for directory in NVML_LIBRARY_DIRS:
+        resolved = resolve_in_root(base, f"{directory}/{NVML_LIBRARY}")
+        if resolved is not None and _is_file(base, resolved):
+            return Path(_host(base, resolved))
+    return None
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Paths inside a root
 

@@ -9,6 +9,8 @@
   limit), so callers get the API's field names (``spec.nodeName``) and fields the client's models do not
   know survive a read; a body that cannot be decoded is a ``KubeAPIError`` (``InvalidResponse``);
 * bounds each request by a connect and a read timeout (seconds);
+* waits for the client-side rate limiter first, when there is one (``--kube-api-qps``/``--kube-api-burst``,
+  :mod:`dradriver.kube.ratelimit`); every try and every watch opened takes a token, as in client-go;
 * retries 429, 5xx and connection failures with exponential backoff and jitter, honouring ``Retry-After``,
   at most :attr:`RetryPolicy.attempts` tries; other errors are raised at once;
 * raises only :mod:`dradriver.kube.errors` classes, the library's exception chained as ``__cause__``.
@@ -19,9 +21,12 @@ ResourceSlice publisher tolerates that (an unmatched slice is obsolete and delet
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import os
 import random
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -32,6 +37,7 @@ import urllib3
 import yaml
 
 from dradriver.kube import errors, jsonbody
+from dradriver.kube.ratelimit import TokenBucket
 
 log = logging.getLogger(__name__)
 
@@ -71,10 +77,12 @@ class KubeClient:
     :param read_timeout_s: read timeout per request, seconds (watches pass their own).
     :param retry: retry policy for 429, 5xx and connection errors.
     :param sleep: the sleep function (tests may pass one that records delays).
+    :param rate_limit: the client-side limiter every request waits for; ``None`` for none.
     """
 
     def __init__(self, api_client: Any, *, connect_timeout_s: float = 5.0, read_timeout_s: float = 30.0,
-                 retry: RetryPolicy | None = None, sleep: Callable[[float], None] = time.sleep) -> None:
+                 retry: RetryPolicy | None = None, sleep: Callable[[float], None] = time.sleep,
+                 rate_limit: TokenBucket | None = None) -> None:
         self.api_client = api_client
         self.core = kubernetes.client.CoreV1Api(api_client)
         self.resource = kubernetes.client.ResourceV1Api(api_client)
@@ -82,6 +90,7 @@ class KubeClient:
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
         self.retry = retry or RetryPolicy()
+        self.rate_limit = rate_limit
         self._sleep = sleep
 
     @property
@@ -100,6 +109,8 @@ class KubeClient:
         """
         attempts = self.retry.attempts if retry else 1
         for attempt in range(1, attempts + 1):
+            if self.rate_limit is not None:
+                self.rate_limit.wait()
             try:
                 response = method(*args, _preload_content=False,
                                   _request_timeout=(self.connect_timeout_s, self.read_timeout_s), **kwargs)
@@ -123,6 +134,8 @@ class KubeClient:
         :param timeout_s: ``timeoutSeconds`` asked of the server; the read timeout is a little longer.
         :raises errors.KubeAPIError: opening or reading the stream failed (not retried here).
         """
+        if self.rate_limit is not None:
+            self.rate_limit.wait()
         try:
             response = method(watch=True, timeout_seconds=int(timeout_s), _preload_content=False,
                               _request_timeout=(self.connect_timeout_s, timeout_s + 30.0), **kwargs)
@@ -180,8 +193,32 @@ def translate(what: str, exc: BaseException) -> errors.KubeAPIError | None:
     return None
 
 
+KUBECONFIG_HINT = "pass the cluster's kubeconfig with --kubeconfig or KUBECONFIG"
+"""The advice every kubeconfig or connection failure at start-up ends with."""
+
+
+def check_reachable(client: KubeClient, kubeconfig: str) -> None:
+    """``GET /version`` once, without retries: the API server answers at all.
+
+    :raises errors.KubeUnavailableError: no answer (connection refused, DNS, TLS, timeout); the message is one
+        line naming the server URL and where it came from, and ends with :data:`KUBECONFIG_HINT`.
+    """
+    source = f"kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster service account"
+    try:
+        client.call("GET /version", kubernetes.client.VersionApi(client.api_client).get_code, retry=False)
+    except errors.KubeUnavailableError as exc:
+        text = " ".join(exc.message.split())
+        errno_text = re.search(r"\[Errno -?\d+\] ([^'\")]+)", text)
+        detail = errno_text.group(1).strip() if errno_text else ": ".join(p for p in (exc.reason, text) if p)
+        raise errors.KubeUnavailableError(f"cannot reach the Kubernetes API server {client.host} (from {source})",
+                                          reason=detail, message=KUBECONFIG_HINT) from exc
+    except errors.KubeAPIError:
+        return  # it answered (even 401/403/404): reachable; later requests report their own errors
+
+
 def open_client(kubeconfig: str = "", *, user_agent: str = "dradriver", connect_timeout_s: float = 5.0,
-                read_timeout_s: float = 30.0, retry: RetryPolicy | None = None) -> KubeClient:
+                read_timeout_s: float = 30.0, retry: RetryPolicy | None = None,
+                rate_limit: TokenBucket | None = None) -> KubeClient:
     """A :class:`KubeClient` from a kubeconfig file, or from the in-cluster service account if empty.
 
     In-cluster configuration reads ``KUBERNETES_SERVICE_HOST``/``_PORT`` and the token and CA under
@@ -189,12 +226,16 @@ def open_client(kubeconfig: str = "", *, user_agent: str = "dradriver", connect_
     so :class:`RetryPolicy` is the only retry layer.
 
     :param user_agent: the ``User-Agent`` header (a plugin passes its identity's, e.g. ``dradriver/<driver>``).
+    :param rate_limit: client-side rate limiter (:func:`dradriver.kube.ratelimit.rate_limiter`); ``None``: none.
 
     :raises errors.KubeAPIError: the configuration cannot be loaded (missing file, invalid YAML, not a
-        kubeconfig, not in a cluster); the message is one line naming the file.
+        kubeconfig, not in a cluster); the message is one line naming the file and pointing at
+        :data:`KUBECONFIG_HINT`.
     """
     cfg = kubernetes.client.Configuration()
     try:
+        if kubeconfig and not os.path.exists(kubeconfig):
+            raise FileNotFoundError(errno.ENOENT, "no such file", kubeconfig)
         if kubeconfig:
             kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=cfg,
                                                persist_config=False)
@@ -206,10 +247,14 @@ def open_client(kubeconfig: str = "", *, user_agent: str = "dradriver", connect_
         # or a document of the wrong shape, ends here as one line (YAML errors span several).
         source = f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster service account"
         kind = "invalid YAML: " if isinstance(exc, yaml.YAMLError) else ""
-        message = kind + " ".join(str(exc).split())
-        raise errors.KubeAPIError(f"load {source}", reason="ConfigInvalid", message=message) from exc
+        if isinstance(exc, OSError) and exc.strerror:
+            message = f"cannot read it: {exc.strerror}"
+        else:
+            message = kind + " ".join(str(exc).split())
+        raise errors.KubeAPIError(f"load {source}", reason="ConfigInvalid",
+                                  message=f"{message}; {KUBECONFIG_HINT}") from exc
     cfg.retries = False
     api_client = kubernetes.client.ApiClient(cfg)
     api_client.user_agent = user_agent
     return KubeClient(api_client, connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s,
-                      retry=retry)
+                      retry=retry, rate_limit=rate_limit)

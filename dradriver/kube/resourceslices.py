@@ -89,6 +89,12 @@ def encode_index(index: int, length: int) -> str:
     return format(index, f"0{length}x")
 
 
+def slice_generate_name(index: int, count: int, driver: str, node_name: str) -> str:
+    """``metadata.generateName`` of slice ``index`` of a pool of ``count`` slices, as :class:`SlicePublisher`
+    creates it: ``<index as zero-padded hex>-<driver>-<node>-`` (the server appends 5 random characters)."""
+    return f"{encode_index(index, index_length(count))}{_SEPARATOR}{driver}{_SEPARATOR}{node_name}{_SEPARATOR}"
+
+
 def decode_index(name: str, length: int) -> int:
     """The index encoded at the start of a slice name, or -1 when the prefix is not ``length`` hex digits."""
     cut = name.find(_SEPARATOR)
@@ -301,7 +307,7 @@ class SlicePublisher:
                 updated += 1
             for i in new:
                 created_meta: JSONDict = {
-                    "generateName": f"{encode_index(i, width)}-{self.driver}-{self.node_name}-",
+                    "generateName": slice_generate_name(i, len(want), self.driver, self.node_name),
                     "ownerReferences": [owner],
                 }
                 if want[i].labels:

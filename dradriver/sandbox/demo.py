@@ -10,10 +10,14 @@ through NodePrepareResources exactly as on a node. Steps:
 3. apply DeviceClasses and the ``big-gpu`` template with Pod ``dra-gpu-pod`` (a GPU with at least 40Gi),
    allocate, prepare, show the CDI spec and what ``nvidia-smi -L`` would print in the container;
 4. apply ResourceClaim ``shared-gpu`` with two pods: both get the same device from one preparation;
-5. an MPS claim with limits (:mod:`dradriver.sandbox.mpsdemo`): its control daemon's Deployment runs as a local
+5. apply Pod ``cuda-vectoradd``, written for the device plugin (``nvidia.com/gpu: 1`` in its limits, no
+   resourceClaims): the scheduler emulator creates the claim KEP-5004 prescribes from DeviceClass
+   ``gpu.nvidia.com`` (``spec.extendedResourceName: nvidia.com/gpu``), fills in the Pod's
+   ``status.extendedResourceClaimStatus``, and the claim is prepared like any other;
+6. an MPS claim with limits (:mod:`dradriver.sandbox.mpsdemo`): its control daemon's Deployment runs as a local
    process (the sandbox's Deployment controller and container runner), becomes Ready, the claim is prepared and
    unprepared;
-6. tear down (unprepare, delete pods and claims) and check nothing is left (CDI specs, claim state).
+7. tear down (unprepare, delete pods and claims) and check nothing is left (CDI specs, claim state).
 
 ``--scenario sharing`` runs :mod:`dradriver.sandbox.sharingdemo` after step 2 instead.
 """
@@ -194,7 +198,7 @@ async def started(profile: str, node_name: str, narrator: Narrator,
 
 
 async def run_scenarios(run: DemoRun, narrator: Narrator) -> None:
-    """Steps 3 to 6."""
+    """Steps 3 to 7."""
     api = run.sandbox.api
     assert api is not None
     plugin, kubelet = run.plugin, run.connection
@@ -253,27 +257,49 @@ async def run_scenarios(run: DemoRun, narrator: Narrator) -> None:
                  device=first.devices[0].device_name)
     narrator.done()
 
-    await run_mps_step(run.sandbox, plugin, kubelet, narrator, 5, DemoError)
+    narrator.step(5, "A device-plugin-style pod: nvidia.com/gpu: 1 in its limits, served by DRA")
+    [legacy] = _manifests("device-plugin-pod.yaml")
+    legacy = api.create(legacy)
+    generated = scheduler.schedule_extended(api, legacy, node_name=node)
+    if generated is None:
+        raise DemoError("no claim was generated for pod cuda-vectoradd (is nvidia.com/gpu mapped by a DeviceClass?)")
+    [request] = generated["spec"]["devices"]["requests"]
+    [result] = generated["status"]["allocation"]["devices"]["results"]
+    narrator.say(f"scheduler created claim {generated['metadata']['name']} (annotation "
+                 f"resource.kubernetes.io/extended-resource-claim=true, owner pod cuda-vectoradd): request "
+                 f"{request['name']} of class {request['exactly']['deviceClassName']} -> {result['device']}",
+                 claim=generated["metadata"]["name"], device=result["device"])
+    legacy = api.get("Pod", legacy["metadata"]["name"], "default") or legacy
+    status = legacy.get("status", {}).get("extendedResourceClaimStatus")
+    if not status or status.get("resourceClaimName") != generated["metadata"]["name"]:
+        raise DemoError(f"pod cuda-vectoradd has no status.extendedResourceClaimStatus naming its claim: {status}")
+    narrator.say("pod status.extendedResourceClaimStatus: " + json.dumps(status, sort_keys=True),
+                 extended_resource_claim_status=status)
+    prepared_legacy = await _prepare(kubelet, generated)
+    narrator.say(f"NodePrepareResources -> CDI device {prepared_legacy.devices[0].cdi_device_ids[0]}")
+    narrator.done()
 
-    narrator.step(6, "Tear down and check that nothing is left behind")
-    for c in (claim, shared):
+    await run_mps_step(run.sandbox, plugin, kubelet, narrator, 6, DemoError)
+
+    narrator.step(7, "Tear down and check that nothing is left behind")
+    for c in (claim, shared, generated):
         errors = await kubelet.unprepare([_ref(c)])
         if any(errors.values()):
             raise DemoError(f"NodeUnprepareResources failed: {errors}")
-    for p in (pod, pod1, pod2):
+    for p in (pod, pod1, pod2, legacy):
         api.delete("Pod", p["metadata"]["name"], "default")
-    for c in (claim, shared):
+    for c in (claim, shared, generated):
         if api.get("ResourceClaim", c["metadata"]["name"], "default") is not None:
             api.delete("ResourceClaim", c["metadata"]["name"], "default")
     leftovers = run.sandbox.cdi_specs()
     if leftovers or len(plugin.state):
         raise DemoError(f"left behind: CDI specs {[p.name for p in leftovers]}, {len(plugin.state)} claim(s) in state")
-    narrator.say("unprepared 2 claims, deleted 3 pods and 2 claims; CDI specs: 0, prepared claims: 0")
+    narrator.say("unprepared 3 claims, deleted 4 pods and 3 claims; CDI specs: 0, prepared claims: 0")
     narrator.done()
 
 
 SCENARIOS = ("basic", "sharing")
-"""``basic``: steps 3-5 above; ``sharing``: :mod:`dradriver.sandbox.sharingdemo` (sharing gates on)."""
+"""``basic``: steps 3-7 above; ``sharing``: :mod:`dradriver.sandbox.sharingdemo` (sharing gates on)."""
 
 
 async def demo(*, profile: str, node_name: str, narrator: Narrator,

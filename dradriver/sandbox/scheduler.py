@@ -4,6 +4,11 @@ What kube-scheduler's DRA plugin does for a pod, reduced to what the node side n
 ResourceSlices, DeviceClasses and already-allocated claims from the API server, run the structured
 allocator (:mod:`dradriver.allocator`), and write ``status.allocation`` (plus a ``status.reservedFor`` entry
 per consuming pod) through the ``status`` subresource, as the scheduler does.
+
+:func:`schedule_extended` is the scheduler's part of DRA-backed extended resources (KEP-5004,
+:mod:`dradriver.allocator.extended`): for a Pod that asks for ``nvidia.com/gpu: 1`` with no
+``resourceClaims``, it creates the claim (``generateName: <pod>-extended-resources-``), allocates and
+reserves it, and writes ``status.extendedResourceClaimStatus`` into the Pod.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import yaml
 
 from dradriver.allocator import simulation
 from dradriver.allocator.allocation import AllocationError
+from dradriver.allocator.extended import class_mapping, plan, unserved_reason
 from dradriver.sandbox.apiserver import ApiServerEmulator
 
 
@@ -88,3 +94,49 @@ def allocate(
             claim = api.update(claim, subresource="status")
         out.append(claim)
     return out
+
+
+def schedule_extended(api: ApiServerEmulator, pod: Mapping[str, Any], *, node_name: str) -> dict[str, Any] | None:
+    """Serve ``pod``'s extended resources through DRA on ``node_name``, as kube-scheduler does.
+
+    Reuses the claim ``status.extendedResourceClaimStatus`` names, if it exists; otherwise creates it
+    (owned by the Pod, annotated ``resource.kubernetes.io/extended-resource-claim: "true"``, requests
+    ``container-<i>-request-<j>``), allocates it on ``node_name`` reserved for the Pod, and records it in the
+    Pod's ``status.extendedResourceClaimStatus`` (``resourceClaimName``, ``requestMappings``).
+
+    :returns: the allocated claim, or ``None`` when the Pod asks for no extended resource DRA serves here
+        (none at all, or the node's device plugin offers it in ``status.allocatable``).
+    :raises AllocationError: an extended resource nothing serves, or devices that do not fit (the message
+        says why, in the scheduler's terms).
+    """
+    meta = pod["metadata"]
+    namespace, name = meta.get("namespace", "default"), meta["name"]
+    node = api.get("Node", node_name)
+    allocatable = {node_name: dict((node or {}).get("status", {}).get("allocatable") or {})}
+    spec = dict(pod.get("spec") or {})
+    spec["nodeName"] = node_name
+    planned = plan({**pod, "spec": spec}, class_mapping(api.objects("DeviceClass")), allocatable)
+    if planned.unserved:
+        raise AllocationError(f"cannot schedule pod {namespace}/{name}: "
+                              + "; ".join(unserved_reason(r) for r in planned.unserved))
+    if planned.claim is None:
+        return None
+    status = (pod.get("status") or {}).get("extendedResourceClaimStatus") or {}
+    claim = api.get("ResourceClaim", status["resourceClaimName"], namespace) if status.get("resourceClaimName") \
+        else None
+    if claim is None:
+        body = dict(planned.claim)
+        body["metadata"] = {k: v for k, v in planned.claim["metadata"].items() if k != "name"}
+        body["metadata"]["generateName"] = f"{name}-extended-resources-"
+        claim = api.create(body)
+    pod_ref = {"resource": "pods", "name": name, "uid": meta["uid"]}
+    [claim] = allocate(api, [(namespace, claim["metadata"]["name"])], node_name=node_name, reserved_for=[pod_ref])
+    if not status:
+        fresh = api.get("Pod", name, namespace)
+        if fresh is not None:
+            fresh.setdefault("status", {})["extendedResourceClaimStatus"] = {
+                "requestMappings": planned.mappings,
+                "resourceClaimName": claim["metadata"]["name"],
+            }
+            api.update(fresh, subresource="status")
+    return claim

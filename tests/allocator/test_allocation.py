@@ -92,18 +92,21 @@ def test_seed_example_picks_the_big_gpu_across_nodes_and_explains_the_l4() -> No
         "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "big-gpu"}]},
     }
     texts = [*fixture("l4", "a100-mig"), yaml.safe_dump_all([template, pod])]
-    assert results(texts) == {"dra-gpu-pod-gpu": [("gpu", "a100-node", "gpu-0")]}
+    # The ResourceClaim controller's name: generateName <pod>-<pod claim name>- plus five characters.
+    assert results(texts) == {"dra-gpu-pod-gpu-j9dzc": [("gpu", "a100-node", "gpu-0")]}
     text, code = explain(load([*fixture("l4"), yaml.safe_dump_all([template, pod])]))
     assert code == 1
     assert text.splitlines() == [
-        "claim default/dra-gpu-pod-gpu (from template big-gpu for pod dra-gpu-pod): CANNOT ALLOCATE",
-        "  cannot allocate claim default/dra-gpu-pod-gpu: request 'gpu' needs 1 device, 0 of 1 devices on node "
+        "claim default/dra-gpu-pod-gpu-j9dzc (from template big-gpu for pod dra-gpu-pod): CANNOT ALLOCATE",
+        "  cannot allocate claim default/dra-gpu-pod-gpu-j9dzc: request 'gpu' needs 1 device, 0 of 1 devices on node "
         "l4-node qualify (1 rejected by the request selector)",
         "  on node l4-node:",
         '  request \'gpu\': 1 device of class gpu.nvidia.com (driver is "gpu.nvidia.com" and type is "gpu") '
         "where memory at least 40Gi",
         "    pool l4-node (driver gpu.nvidia.com):",
         "      gpu-0  rejected by request selector #1: memory 23034Mi < 40Gi",
+        "",
+        "pod default/dra-gpu-pod: PENDING: claim(s) default/dra-gpu-pod-gpu-j9dzc cannot be allocated (see above)",
     ]
 
 
@@ -142,7 +145,10 @@ def test_missing_attribute_is_an_error_reported_by_explain() -> None:
     selector = "device.attributes['gpu.nvidia.com'].partition8 == 1"
     text, code = explain(load([*fixture("l4"), claim("c", request("gpu", "gpu.nvidia.com", selector))]))
     assert code == 1
-    assert "gpu-0  rejected by request selector #1: error: no attribute gpu.nvidia.com/partition8" in text
+    assert (
+        "gpu-0  rejected by request selector #1: error: the selector reads attribute gpu.nvidia.com/partition8, "
+        "which this device does not publish"
+    ) in text
 
 
 def test_match_attribute_across_two_requests_keeps_one_pcie_root() -> None:

@@ -27,10 +27,12 @@ def test_demo_runs_to_the_end() -> None:
     proc = _run()
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    for step in range(1, 7):
+    for step in range(1, 8):
         assert f"== {step}." in out
     assert "GPU 0: NVIDIA GB200 (UUID: GPU-" in out
     assert "preparations: 1" in out
+    assert "scheduler created claim cuda-vectoradd-extended-resources-" in out
+    assert '"requestName": "container-0-request-0"' in out
     assert "Deployment dradriver/mps-control-daemon-" in out and "Ready after" in out
     assert "default active thread percentage 50, pinned memory limit 20480M" in out and "EXCLUSIVE_PROCESS" in out
     assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in out and "compute mode DEFAULT" in out
@@ -45,8 +47,8 @@ def test_demo_json_output_for_other_profiles(profile: str) -> None:
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["ok"] is True and report["profile"] == profile
-    assert [s["step"] for s in report["steps"]] == [1, 2, 3, 4, 5, 6]
-    mps_details = report["steps"][4]["details"]
+    assert [s["step"] for s in report["steps"]] == [1, 2, 3, 4, 5, 6, 7]
+    mps_details = report["steps"][5]["details"]
     state = next(d["mps"] for d in mps_details if "mps" in d)
     assert state["defaultActiveThreadPercentage"] == 50.0
     step3 = report["steps"][2]

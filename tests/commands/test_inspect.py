@@ -174,3 +174,68 @@ def test_subprocess_without_any_library_flag(tmp_path: Path) -> None:
     else:
         assert proc.returncode == 0, proc.stderr
         assert isinstance(json.loads(proc.stdout), list)
+
+
+def test_slices_carry_the_plugins_generate_name(capsys: pytest.CaptureFixture[str]) -> None:
+    from dradriver.kube.resourceslices import slice_generate_name
+
+    rc, out, err = inspect(capsys, "--mock-profile", "synthetic-large", "--node-name", "n9", "-o", "json")
+    assert rc == 0, err
+    slices = json.loads(out)
+    assert [s["metadata"]["generateName"] for s in slices] == [
+        slice_generate_name(i, len(slices), "gpu.nvidia.com", "n9") for i in range(len(slices))
+    ]
+    assert slices[0]["metadata"]["generateName"] == "00000-gpu.nvidia.com-n9-"
+
+
+def _table(out: str) -> list[dict[str, str]]:
+    header, *lines = out.splitlines()
+    names = header.split()
+    return [dict(zip(names, line.split(), strict=True)) for line in lines]
+
+
+def test_table_has_one_row_per_published_device(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = inspect(capsys, "--mock-profile", "dgx-a100", "--node-name", "n1", "-o", "table")
+    assert rc == 0, err
+    assert out.splitlines()[0].split() == ["NODE", "DEVICE", "GPU", "MIG", "MEMORY", "UUID", "HEALTH"]
+    rows = _table(out)
+    rc, out_json, _ = inspect(capsys, "--mock-profile", "dgx-a100", "--node-name", "n1", "-o", "json")
+    devices = [d for s in json.loads(out_json) for d in s["spec"]["devices"]]
+    assert [r["DEVICE"] for r in rows] == [d["name"] for d in devices]
+    by_name = {d["name"]: d for d in devices}
+    for row in rows:
+        device = by_name[row["DEVICE"]]
+        assert row["NODE"] == "n1" and row["HEALTH"] == "Healthy"
+        assert row["UUID"] == device["attributes"]["uuid"]["string"]
+        assert row["MEMORY"] == device["capacity"]["memory"]["value"]
+        if device["attributes"]["type"]["string"] == "mig":
+            assert row["MIG"] == device["attributes"]["profile"]["string"]
+            assert row["DEVICE"].startswith(f"gpu-{row['GPU']}-mig-")
+        else:
+            assert row["MIG"] == "-" and row["DEVICE"] == f"gpu-{row['GPU']}"
+    assert {r["MIG"] for r in rows} >= {"-", "1g.5gb", "3g.20gb"}
+
+
+def test_wide_reports_an_unhealthy_gpu_with_its_taint(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    def edit(data: dict[str, Any]) -> None:
+        data["gpus"][1]["retiredPages"] = {"pending": True}
+
+    profile = write_profile(tmp_path, "dgx-h100", edit)
+    rc, out, err = inspect(capsys, "--mock-profile", profile, "--node-name", "n1", "-o", "wide")
+    assert rc == 0, err
+    assert out.splitlines()[0].split() == ["NODE", "DEVICE", "GPU", "MIG", "MEMORY", "UUID", "HEALTH", "PRODUCT",
+                                           "PCI-BUS-ID", "SLICE", "TAINTS"]
+    header = out.splitlines()[0]
+    starts = [header.index(n) for n in ("HEALTH", "PRODUCT", "PCI-BUS-ID", "SLICE", "TAINTS")]
+    rows = {}
+    for line in out.splitlines()[1:]:
+        name = line.split()[1]
+        rows[name] = [line[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)]
+    data = mock.load_profile(profile)
+    sick = mock.resolved_gpus(data)[1]
+    sick_name = f"gpu-{sick.get('minor', 1)}"
+    health, product, bus_id, slice_name, taints = rows[sick_name]
+    assert health == "Unhealthy" and taints != "-" and "gpu.nvidia.com" in taints
+    assert product == sick["name"] and bus_id.lower() == dra_bus_id(sick["pciBusId"])
+    assert slice_name == "00000-gpu.nvidia.com-n1-"
+    assert all(r[0] == "Healthy" and r[4] == "-" for n, r in rows.items() if n != sick_name)

@@ -1,4 +1,5 @@
-"""``dradriver gpu-kubelet-plugin`` with a kubeconfig that cannot be read: one error line, no traceback."""
+"""``dradriver gpu-kubelet-plugin`` with a kubeconfig that cannot be read or parsed, or a cluster that cannot be
+reached: one error line naming the file or URL and pointing at ``--kubeconfig``/``KUBECONFIG``, no traceback."""
 
 from __future__ import annotations
 
@@ -49,6 +50,49 @@ def test_invalid_yaml_kubeconfig_is_one_error_line(sandbox: SandboxNode, tmp_pat
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    naming = [line for line in lines if str(bad) in line]
+    # The start-up configuration (klog level 0, as NVIDIA's binaries log it) names the file too; the error is one.
+    naming = [line for line in lines if str(bad) in line and "startup config:" not in line]
     assert len(naming) == 1, proc.stderr
     assert "cannot start the kubelet plugin" in naming[0] and "invalid YAML" in naming[0], proc.stderr
+
+
+def _start_plugin(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dradriver", "gpu-kubelet-plugin"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )
+
+
+def _one_line_naming(proc: subprocess.CompletedProcess[str], what: str) -> str:
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    naming = [line for line in lines if what in line and "startup config:" not in line]
+    assert len(naming) == 1, proc.stderr
+    assert "--kubeconfig or KUBECONFIG" in naming[0], naming[0]
+    return naming[0]
+
+
+@pytest.mark.parametrize("case", ["missing", "directory"])
+def test_unreadable_kubeconfig_is_one_line_naming_the_file(sandbox: SandboxNode, tmp_path: Path, case: str) -> None:
+    path = tmp_path / "kubeconfig"
+    if case == "directory":
+        path.mkdir()
+    line = _one_line_naming(_start_plugin(_env(sandbox, path)), str(path))
+    assert "cannot start the kubelet plugin" in line
+    assert {"missing": "no such file", "directory": "Is a directory"}[case] in line
+
+
+def test_unreachable_cluster_is_one_line_naming_the_url(sandbox: SandboxNode, tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on: bound, never listening
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(Path(sandbox.kubeconfig).read_text().replace(
+            sandbox.api.url if sandbox.api else "", f"http://127.0.0.1:{port}"))
+        assert f"127.0.0.1:{port}" in kubeconfig.read_text()
+        line = _one_line_naming(_start_plugin(_env(sandbox, kubeconfig)), f"http://127.0.0.1:{port}")
+    assert "cannot reach the Kubernetes API server" in line and str(kubeconfig) in line
+    assert "Connection refused" in line

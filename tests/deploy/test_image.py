@@ -1,12 +1,15 @@
-"""``docker build`` of ``deploy/container/Dockerfile``, where a container engine answers.
+"""``deploy/container/Dockerfile``: what NVIDIA's chart needs of it, and ``docker build`` where an engine answers.
 
-This machine kind ships the docker client but no engine; the test then skips and says so. Where an engine
-runs (a developer's workstation, a CI runner with Docker), it builds the image and runs ``dradriver --help``
-and the mock-profile listing in it, as the non-root default user.
+The static checks run everywhere: the image carries the executables and paths NVIDIA's chart runs
+(``nvidia-image-contract.md``) and its ``nvidia-chart`` target runs as root. This machine kind ships the docker
+client but no engine; the build test then skips and says so. Where an engine runs (a developer's workstation, a
+CI runner with Docker), it builds both targets and runs ``dradriver --help`` (non-root default user) and the
+chart's executables (``nvidia-chart``, uid 0).
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,6 +18,36 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 TAG = "dradriver:test"
+CHART_TAG = "dradriver:test-nvidia-chart"
+DOCKERFILE = REPO / "deploy" / "container" / "Dockerfile"
+
+
+def _stages() -> dict[str, str]:
+    """Stage name (``""`` for the last, unnamed one) -> its instructions."""
+    out: dict[str, str] = {}
+    parts = re.split(r"^FROM ", DOCKERFILE.read_text(), flags=re.MULTILINE)[1:]
+    for index, part in enumerate(parts):
+        header = part.splitlines()[0]
+        name = header.split(" AS ")[1].strip() if " AS " in header else ("" if index == len(parts) - 1 else header)
+        out[name] = "FROM " + part
+    return out
+
+
+def test_image_carries_what_nvidias_chart_runs() -> None:
+    stages = _stages()
+    runtime = stages["runtime"]
+    assert "COPY --chmod=0755 deploy/container/kubelet-plugin-prestart.sh /usr/bin/kubelet-plugin-prestart.sh" \
+        in runtime
+    # The build checks the console script and the tools of the chart's bash -c script (cp, sed, mount).
+    assert "gpu-kubelet-plugin --version" in runtime and "command -v bash cp sed mount" in runtime
+    assert stages["nvidia-chart"].splitlines()[0] == "FROM runtime AS nvidia-chart"
+    assert "USER 0:0" in stages["nvidia-chart"]
+    # The default target stays the non-root image.
+    assert stages[""].strip() == "FROM runtime" and "USER 65532:65532" in runtime
+    # The script is in the build context although deploy/ is not (.dockerignore re-includes it).
+    lines = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()]
+    assert "deploy" in lines and "!deploy/container/kubelet-plugin-prestart.sh" in lines
+    assert lines.index("!deploy/container/kubelet-plugin-prestart.sh") > lines.index("deploy")
 
 
 def _engine_answers() -> str | None:
@@ -54,3 +87,14 @@ def test_docker_build_and_run() -> None:
         timeout=120,
     )
     assert user.stdout.strip() == "65532"
+    subprocess.run(
+        ["docker", "build", "-f", "deploy/container/Dockerfile", "--target", "nvidia-chart", "-t", CHART_TAG, "."],
+        cwd=REPO, check=True, timeout=1800,
+    )
+    chart = subprocess.run(
+        ["docker", "run", "--rm", "--entrypoint", "bash", CHART_TAG, "-c",
+         "id -u && gpu-kubelet-plugin --version && test -x /usr/bin/kubelet-plugin-prestart.sh && bash -n "
+         "/usr/bin/kubelet-plugin-prestart.sh && command -v cp sed mount"],
+        capture_output=True, text=True, check=True, timeout=120,
+    )
+    assert chart.stdout.splitlines()[0] == "0" and "gpu-kubelet-plugin (dradriver " in chart.stdout

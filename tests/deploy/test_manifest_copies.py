@@ -12,7 +12,12 @@ BUNDLED = ROOT / "dradriver" / "sandbox" / "manifests"
 
 @pytest.mark.parametrize(
     "original",
-    ["deploy/kustomize/base/deviceclasses.yaml", "deploy/examples/gpu-40gi.yaml", "deploy/examples/shared-claim.yaml"],
+    [
+        "deploy/kustomize/base/deviceclasses.yaml",
+        "deploy/examples/gpu-40gi.yaml",
+        "deploy/examples/shared-claim.yaml",
+        "deploy/examples/device-plugin-pod.yaml",
+    ],
 )
 def test_bundled_copy_matches_deploy(original: str) -> None:
     source = ROOT / original

@@ -39,7 +39,8 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 EXAMPLE_FILES = tuple(sorted(p.name for p in EXAMPLES.glob("*.yaml")))
 
 #: Env vars of the plugin container that come from the downward API, and from which field.
-DOWNWARD = {"NODE_NAME": "spec.nodeName", "POD_UID": "metadata.uid", "NAMESPACE": "metadata.namespace"}
+DOWNWARD = {"NODE_NAME": "spec.nodeName", "POD_UID": "metadata.uid", "NAMESPACE": "metadata.namespace",
+            "SERVICE_ACCOUNT_NAME": "spec.serviceAccountName"}
 
 
 def _plugin(target: str) -> Obj:
@@ -54,7 +55,7 @@ def _plugin_config(target: str) -> PluginConfig:
     for name, entry in env_of(_plugin(target)).items():
         if "valueFrom" in entry:
             environ[name] = {"NODE_NAME": "node-a", "POD_UID": "0b5f4c1e-8d2a-4c55-9a4e-5d1f2e3c4b5a",
-                             "NAMESPACE": "dradriver"}[name]
+                             "NAMESPACE": "dradriver", "SERVICE_ACCOUNT_NAME": "dradriver-kubelet-plugin"}[name]
         else:
             environ[name] = entry["value"]
     parser = argparse.ArgumentParser()
@@ -330,7 +331,11 @@ def test_device_classes_have_the_reference_selectors() -> None:
     assert {c["metadata"]["name"]: [s["cel"]["expression"] for s in c["spec"]["selectors"]] for c in classes} == {
         name: [expr] for name, expr in REFERENCE_SELECTORS.items()
     }
-    assert all("extendedResourceName" not in c["spec"] for c in classes)
+    # Like NVIDIA's chart (nvidia-dra-driver.md 9.3): gpu.nvidia.com maps nvidia.com/gpu (KEP-5004), mig does not.
+    assert {c["metadata"]["name"]: c["spec"].get("extendedResourceName") for c in classes} == {
+        "gpu.nvidia.com": "nvidia.com/gpu",
+        "mig.nvidia.com": None,
+    }
 
 
 def test_device_classes_select_the_right_devices() -> None:
@@ -347,10 +352,9 @@ def test_device_classes_select_the_right_devices() -> None:
     }
 
 
-def test_extended_resource_overlay_maps_nvidia_gpu_onto_the_gpu_class_only() -> None:
-    classes = {c["metadata"]["name"]: c for c in find(render("overlays/extended-resource"), "DeviceClass")}
-    assert classes["gpu.nvidia.com"]["spec"]["extendedResourceName"] == "nvidia.com/gpu"
-    assert "extendedResourceName" not in classes["mig.nvidia.com"]["spec"]
+def test_no_extended_resource_overlay_removes_only_the_mapping() -> None:
+    classes = {c["metadata"]["name"]: c for c in find(render("overlays/no-extended-resource"), "DeviceClass")}
+    assert all("extendedResourceName" not in c["spec"] for c in classes.values())
     assert (
         classes["gpu.nvidia.com"]["spec"]["selectors"]
         == one(render("base"), "DeviceClass", "gpu.nvidia.com")["spec"]["selectors"]

@@ -120,6 +120,7 @@ def test_wheel_carries_the_compiled_modules_and_the_mock_library(wheel: Path) ->
     profiles = {Path(n).stem for n in names if n.startswith("dradriver/nvml/profiles/") and n.endswith(".json")}
     assert profiles == {p.stem for p in (REPO / "dradriver" / "nvml" / "profiles").glob("*.json")}
     assert "dradriver = dradriver.cli:main" in entry_points
+    assert "gpu-kubelet-plugin = dradriver.commands.gpu_kubelet_plugin:main" in entry_points
     assert not any(n.startswith(("tests/", "deploy/", "bench/")) for n in names)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -17,9 +18,29 @@ def test_bundled_profile_names_are_listed_sorted() -> None:
     assert mock.profile_names() == BUNDLED
 
 
-def test_mock_profiles_command_prints_one_name_per_line(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["mock-profiles"]) == 0
+def test_mock_profiles_name_output_prints_one_name_per_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["mock-profiles", "-o", "name"]) == 0
     assert capsys.readouterr().out.splitlines() == BUNDLED
+
+
+def test_mock_profiles_table_gives_each_profile_its_description(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["mock-profiles"]) == 0
+    header, *lines = capsys.readouterr().out.splitlines()
+    assert header.split() == ["NAME", "GPUS", "DESCRIPTION"]
+    assert [line.split()[0] for line in lines] == BUNDLED
+    for line in lines:
+        name, gpus, description = line.split(maxsplit=2)
+        profile = mock.load_profile(name)
+        assert int(gpus) == len(profile["gpus"])
+        assert description == " ".join(profile["description"].split()) and description
+
+
+def test_mock_profiles_json_lists_name_gpus_description(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["mock-profiles", "--output", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["name"] for r in rows] == BUNDLED
+    assert {r["name"]: r["gpus"] for r in rows}["dgx-a100"] == 8
+    assert all(r["description"] for r in rows)
 
 
 def test_profile_path_accepts_names_and_existing_files(tmp_path: Path) -> None:

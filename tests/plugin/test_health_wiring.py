@@ -70,3 +70,14 @@ def test_xid_79_reaches_slice_health_stream_and_metrics(sandbox: SandboxNode) ->
             assert prepares and prepares[0].value >= 1
 
     asyncio.run(body())
+
+
+def test_empty_metrics_path_disables_the_metrics_server(sandbox: SandboxNode) -> None:
+    """NVIDIA's ``--metrics-path``: "disabled if empty" (``gpu-kubelet-plugin --help``)."""
+
+    async def body() -> None:
+        async with running(sandbox.config(http_endpoint="127.0.0.1:0", metrics_path="")) as (plugin, _kubelet):
+            assert plugin.metrics_server is None
+            assert plugin.metrics is not None  # the counters still run; only the endpoint is off
+
+    asyncio.run(body())

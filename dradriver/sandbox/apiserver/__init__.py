@@ -10,7 +10,11 @@ claim reads depend on exactly those, so this module implements them on the stand
 What it serves (paths and shapes as ``kube-apiserver`` 1.34 serves them):
 
 * discovery: ``/version``, ``/api``, ``/api/v1``, ``/apis``, ``/apis/<group>``, ``/apis/<group>/<version>``,
-  ``/healthz``, ``/livez``, ``/readyz``;
+  ``/healthz``, ``/livez``, ``/readyz``; OpenAPI ``/openapi/v2`` and ``/openapi/v3[/<group-version>]`` with
+  Kubernetes 1.37's schemas, and the ``fieldValidation`` parameter on writes (``Strict``/``Warn``/``Ignore``),
+  so ``kubectl apply`` validates as against kube-apiserver;
+* server-side printing: ``meta.k8s.io/v1`` ``Table`` answers (``Accept: ...;as=Table``) with the columns
+  ``kubectl get`` shows for ResourceSlices, ResourceClaims, Pods and Events;
 * core ``v1``: ``namespaces``, ``nodes``, ``pods``, ``events``, ``configmaps``; ``events.k8s.io/v1``
   ``events``; ``resource.k8s.io/v1`` ``resourceslices``, ``deviceclasses``, ``resourceclaims``,
   ``resourceclaimtemplates``;
@@ -44,6 +48,7 @@ The package, by job:
 * :mod:`.storage` -- objects, the resourceVersion counter, create/update/delete with their server fields;
 * :mod:`.watch` -- the event log and watches (resumable, watch-list initial events);
 * :mod:`.admission` -- metadata, ResourceSlice and ResourceClaim validation, the optional OpenAPI check;
+* :mod:`.openapi` -- the OpenAPI documents and unknown-field validation; :mod:`.tables` -- ``Table`` answers;
 * :mod:`.handler`, :mod:`.routes`, :mod:`.faults` -- HTTP: verb dispatch, paths and discovery, injected faults;
 * :mod:`.media` and :mod:`.protobuf` -- content negotiation; JSON and Kubernetes protobuf bodies;
 * :mod:`.resources` -- the resource types table and per-resource behaviour (status subresource, owners, Nodes);

@@ -11,12 +11,13 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from dradriver.sandbox.apiserver import openapi, tables
 from dradriver.sandbox.apiserver.errors import ApiStatusError, JSONDict, bad_request, method_not_allowed
 from dradriver.sandbox.apiserver.faults import Fault, take_fault
 from dradriver.sandbox.apiserver.media import JSON, decode_body, encode_body, negotiate
 from dradriver.sandbox.apiserver.patches import apply_patch
 from dradriver.sandbox.apiserver.resources import ResourceType, without_type
-from dradriver.sandbox.apiserver.routes import Route, resolve
+from dradriver.sandbox.apiserver.routes import SERVER_VERSION, Route, resolve
 from dradriver.sandbox.apiserver.selectors import parse_field_selector, parse_label_selector
 from dradriver.sandbox.apiserver.storage import Storage
 from dradriver.sandbox.apiserver.watch import check_watch_options, serve_watch
@@ -104,6 +105,13 @@ def serve_request(state: ServerState, handler: RequestHandler) -> None:
         handler.send_object(err.code, err.status(), media, err.headers)
         return
     try:
+        if path == "/openapi/v2" or path == "/openapi/v3" or path.startswith("/openapi/v3/"):
+            if method != "GET":
+                raise method_not_allowed()
+            document = _openapi_document(state, path, accept)
+            record(200)
+            handler.send_body(200, document, JSON)
+            return
         if route is None:
             raise ApiStatusError(404, "NotFound", "the server could not find the requested resource", details={})
         if isinstance(route, str):
@@ -123,21 +131,51 @@ def serve_request(state: ServerState, handler: RequestHandler) -> None:
             record(200)
             serve_watch(state.storage, handler, rt, route.namespace, params)
             return
-        media = negotiate(accept, rt.api_version, rt.kind)
+        as_table = verb in ("get", "list") and tables.wants_table(accept)
+        media = JSON if as_table else negotiate(accept, rt.api_version, rt.kind)
         content_type = handler.headers.get("Content-Type", "")
-        code, payload = serve_resource(
-            state.storage,
-            route,
-            verb,
-            params,
-            lambda: decode_body(body, content_type, rt.api_version, rt.kind),
-            content_type,
-        )
+        decoded: list[Any] = []
+
+        def read_body() -> Any:
+            if not decoded:
+                decoded.append(decode_body(body, content_type, rt.api_version, rt.kind))
+            return decoded[0]
+
+        warnings: list[str] = []
+        if verb in ("create", "update", "patch"):
+            directive = openapi.field_validation(params)
+            if not (verb == "patch" and "json-patch" in content_type):
+                warnings = openapi.check_fields(rt, read_body(), directive, patch=verb == "patch")
+        code, payload = serve_resource(state.storage, route, verb, params, read_body, content_type)
         record(code)
-        handler.send_object(code, payload, media, api_version=rt.api_version, kind=rt.kind)
+        if as_table and code == 200:
+            handler.send_json(code, tables.table(rt, payload, params))
+            return
+        headers = {"Warning": ", ".join(warnings)} if warnings else None
+        handler.send_object(code, payload, media, headers, api_version=rt.api_version, kind=rt.kind)
     except ApiStatusError as exc:
         record(exc.code)
         handler.send_object(exc.code, exc.status(), media, exc.headers)
+
+
+def _openapi_document(state: ServerState, path: str, accept: str) -> bytes:
+    """The OpenAPI v2 or v3 document at ``path``, JSON only.
+
+    :raises ApiStatusError: 406 when ``Accept`` takes no JSON (protobuf OpenAPI is not served), 404 for an
+        unknown group-version.
+    """
+    accepted = [a.split(";", 1)[0].strip().lower() for a in accept.split(",") if a.strip()]
+    if accepted and not {"application/json", "*/*", "application/*"} & set(accepted):
+        raise ApiStatusError(406, "NotAcceptable", "only the following media types are accepted: application/json")
+    version = str(SERVER_VERSION["gitVersion"])
+    if path == "/openapi/v2":
+        return openapi.v2_document(state.types, version)
+    if path == "/openapi/v3":
+        return json.dumps(openapi.v3_root(state.types, version)).encode()
+    document = openapi.v3_group_version(state.types, path.removeprefix("/openapi/v3/"), version)
+    if document is None:
+        raise ApiStatusError(404, "NotFound", "the server could not find the requested resource", details={})
+    return document
 
 
 def _best_effort_media(accept: str, rt: ResourceType, verb: str) -> str:

@@ -1,0 +1,67 @@
+"""What NVIDIA-named entry points share: the executable's own parser, klog logging, the start-up log.
+
+NVIDIA's chart runs its binaries by name (``gpu-kubelet-plugin -v $(LOG_VERBOSITY)``, nvidia-image-contract.md).
+dradriver's image provides each as a console script whose ``main`` is :func:`console_main` with the component's
+flags and run function; the same component is also a ``dradriver`` subcommand of the same name. Today that is
+``gpu-kubelet-plugin`` (:mod:`dradriver.commands.gpu_kubelet_plugin`). The compute-domain components
+(``compute-domain-kubelet-plugin``, ``compute-domain-controller``, ``compute-domain-daemon``) are pending
+issue 13; each will add its flags to :data:`dradriver.config.LOGGING_FLAGS` and call :func:`console_main` the
+same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from dradriver import __version__, config, logs
+from dradriver.domain.featuregates import FeatureGates
+from dradriver.errors import DradriverError
+
+
+def build_parser(prog: str, description: str, flags: Sequence[config.Flag]) -> argparse.ArgumentParser:
+    """The parser of executable ``prog``: ``flags`` plus klog's logging flags and ``--version``.
+
+    :raises dradriver.errors.FlagError: an environment twin holds a malformed value.
+    """
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--version", action="version", version=f"{prog} (dradriver {__version__})")
+    add_component_flags(parser, flags)
+    return parser
+
+
+def add_component_flags(parser: argparse.ArgumentParser, flags: Sequence[config.Flag]) -> None:
+    """Add ``flags`` and :data:`~dradriver.config.LOGGING_FLAGS` to ``parser`` (a subcommand's or an executable's).
+
+    :raises dradriver.errors.FlagError: an environment twin holds a malformed value.
+    """
+    config.add_flags(parser, (*flags, *config.LOGGING_FLAGS))
+
+
+def start_logging(prog: str, args: argparse.Namespace, gates: FeatureGates) -> None:
+    """klog-format logging from the parsed flags (:func:`dradriver.config.logging_config_from_args`), then a
+    warning for each NVIDIA variable that is set but inert here (:func:`dradriver.config.inert_environment`).
+
+    :raises dradriver.errors.FlagError: a logging flag cannot be honoured.
+    """
+    logs.setup(config.logging_config_from_args(args, gates, klog=True))
+    log = logging.getLogger(f"dradriver.{prog}")
+    for warning in config.inert_environment():
+        log.warning("%s", warning)
+
+
+def console_main(prog: str, description: str, flags: Sequence[config.Flag],
+                 run: Callable[[argparse.Namespace], int], argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv`` (default ``sys.argv[1:]``) for executable ``prog`` and return ``run(args)``.
+
+    A malformed environment variable ends the process with status 2 and one line on stderr, as argparse does
+    for a malformed flag.
+    """
+    try:
+        parser = build_parser(prog, description, flags)
+    except DradriverError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    return run(parser.parse_args(argv))
