@@ -288,7 +288,9 @@ def control_daemons(config: PluginConfig, client: KubeClient, session: NvmlSessi
         namespace=config.namespace, node_name=config.node_name, image=config.image_name,
         driver_root=str(config.nvidia_driver_root), directory="",
         shm_in_driver_root=(config.container_driver_root / "dev" / "shm").is_dir(),
-        feature_gates=config.feature_gates.render(), kind="share" if shares else "claim")
+        feature_gates=config.feature_gates.render(), service_account=config.service_account_name,
+        pull_secrets=config.image_pull_secrets, pull_policy=config.image_pull_policy,
+        kind="share" if shares else "claim")
 
     def set_compute_mode(uuid: str, mode: str) -> None:
         nvml_settings.set_compute_mode(session, uuid, nvml_settings.ComputeMode[mode])

@@ -164,6 +164,9 @@ class DaemonPlacement:
         there, else at ``/dev/shm`` (NVIDIA's rule).
     :param feature_gates: the plugin's ``FEATURE_GATES`` value, passed to the daemon's container.
     :param kind: label ``resource.nvidia.com/mps-kind``: the component that manages the daemon.
+    :param service_account: ``serviceAccountName`` of the Pod (``--service-account-name``; ``""``: the default).
+    :param pull_secrets: ``imagePullSecrets`` names (``--image-pull-secrets``).
+    :param pull_policy: ``imagePullPolicy`` (``--image-pull-policy``; ``""``: Kubernetes' default).
     """
 
     namespace: str
@@ -174,6 +177,9 @@ class DaemonPlacement:
     shm_in_driver_root: bool = False
     feature_gates: str = ""
     kind: str = "claim"
+    service_account: str = ""
+    pull_secrets: tuple[str, ...] = ()
+    pull_policy: str = ""
 
 
 def _container_script(daemon: ControlDaemon) -> str:
@@ -222,7 +228,7 @@ def deployment_manifest(daemon: ControlDaemon, placement: DaemonPlacement) -> JS
     if placement.feature_gates:
         env.append({"name": "FEATURE_GATES", "value": placement.feature_gates})
     marker = f"{CONTAINER_DRIVER_ROOT}{CONTAINER_LOG_DIR}/{STARTUP_LOG}"
-    return {
+    manifest: JSONDict = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {"name": name, "namespace": placement.namespace, "labels": dict(labels)},
@@ -265,6 +271,14 @@ def deployment_manifest(daemon: ControlDaemon, placement: DaemonPlacement) -> JS
             },
         },
     }
+    pod = manifest["spec"]["template"]["spec"]
+    if placement.service_account:
+        pod["serviceAccountName"] = placement.service_account
+    if placement.pull_secrets:
+        pod["imagePullSecrets"] = [{"name": n} for n in placement.pull_secrets]
+    if placement.pull_policy:
+        pod["containers"][0]["imagePullPolicy"] = placement.pull_policy
+    return manifest
 
 
 def readiness(deployment: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]]) -> str:

@@ -199,7 +199,7 @@ async def started(profile: str, node_name: str, narrator: Narrator,
 
 
 async def run_scenarios(run: DemoRun, narrator: Narrator) -> None:
-    """Steps 3 to 6."""
+    """Steps 3 to 7."""
     api = run.sandbox.api
     assert api is not None
     plugin, kubelet = run.plugin, run.connection

@@ -27,7 +27,7 @@ def test_demo_runs_to_the_end() -> None:
     proc = _run()
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    for step in range(1, 7):
+    for step in range(1, 8):
         assert f"== {step}." in out
     assert "GPU 0: NVIDIA GB200 (UUID: GPU-" in out
     assert "preparations: 1" in out

@@ -91,6 +91,18 @@ def test_container_script_runs_nvidias_commands_in_both_modes() -> None:
     assert "-M" not in text and "set_default_" not in text
 
 
+def test_pull_settings_and_service_account_reach_the_pod() -> None:
+    assert "serviceAccountName" not in mps.deployment_manifest(DAEMON, PLACEMENT)["spec"]["template"]["spec"]
+    placement = dataclasses.replace(PLACEMENT, service_account="mps-sa", pull_secrets=("reg-a", "reg-b"),
+                                    pull_policy="Always")
+    manifest = mps.deployment_manifest(DAEMON, placement)
+    kubernetes_validate.validate(manifest, "1.34", strict=True)
+    pod = manifest["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "mps-sa"
+    assert pod["imagePullSecrets"] == [{"name": "reg-a"}, {"name": "reg-b"}]
+    assert pod["containers"][0]["imagePullPolicy"] == "Always"
+
+
 def test_shm_goes_under_the_driver_root_when_the_plugin_has_one_there() -> None:
     placement = dataclasses.replace(PLACEMENT, shm_in_driver_root=True)
     mounts = [m["mountPath"] for m in _container(mps.deployment_manifest(DAEMON, placement))["volumeMounts"]]
