@@ -95,7 +95,7 @@ def test_sharing_demo_shows_each_containers_mps_limits() -> None:
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["ok"] is True and report["scenario"] == "sharing"
-    assert [s["step"] for s in report["steps"]] == [1, 2, 3, 4, 5, 6, 7]
+    assert [s["step"] for s in report["steps"]] == [1, 2, 3, 4, 5, 6]
     shares = report["steps"][2]["details"]
     envs = [d["env"] for d in shares if "env" in d]
     assert len(envs) == 4
