@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -145,8 +146,14 @@ class DeviceRefresher:
     last is never older than the last change.
     """
 
-    def __init__(self, session: NvmlSession, config: PluginConfig, registry: DeviceRegistry[NodeInventory]) -> None:
+    RETRIES = 3
+    """Discoveries per refresh while a GPU of the previous snapshot is left out (a transient read error)."""
+    RETRY_DELAY_S = 0.05
+
+    def __init__(self, session: NvmlSession, config: PluginConfig, registry: DeviceRegistry[NodeInventory],
+                 mig_control: MigControl | None = None) -> None:
         self.session, self.config, self.registry = session, config, registry
+        self.mig_control = mig_control
         self._lock = threading.Lock()
         self._stale = False
         self._thread: threading.Thread | None = None
@@ -181,8 +188,7 @@ class DeviceRefresher:
         first snapshot's, or at the first refresh that sees a new GPU) and re-parented to the GPU's new entry:
         a refresh costs a plain discovery, not ~20 NVML profile queries per GPU.
         """
-        self.session.forget_mig_handles()
-        inventory = discovery.discover(self.session, sysfs_root=self.config.sysfs_root)
+        inventory = self._discover()
         cache = self._placements
         if cache is None:
             cache = self._placements = {}
@@ -196,6 +202,24 @@ class DeviceRefresher:
             placements.extend(dataclasses.replace(p, parent=gpu) for p in cache[gpu.uuid])
         self.registry.replace(dataclasses.replace(inventory, placements=tuple(placements)))
         self.refreshes += 1
+
+    def _discover(self) -> NodeInventory:
+        """Discover with every known GPU's MIG lock held, so no instance of ours is half created or destroyed
+        while it is read; a GPU of the previous snapshot that is left out (another NVML client changing MIG at
+        that moment: its GPU instance exists before its compute instance) is read again after a short delay,
+        up to :attr:`RETRIES` times, before the snapshot without it is installed."""
+        before = {gpu.uuid for gpu in self.registry.snapshot.gpus}
+        for attempt in range(self.RETRIES + 1):
+            with self.mig_control.hold(before) if self.mig_control is not None else contextlib.nullcontext():
+                self.session.forget_mig_handles()
+                inventory = discovery.discover(self.session, sysfs_root=self.config.sysfs_root)
+            missing = before - {gpu.uuid for gpu in inventory.gpus}
+            if not missing or attempt == self.RETRIES:
+                return inventory
+            log.info("re-reading devices: %d GPU(s) of the last snapshot left out (%s); retrying",
+                     len(missing), ", ".join(sorted(missing)))
+            time.sleep(self.RETRY_DELAY_S * (attempt + 1))
+        raise AssertionError("unreachable")
 
     def wait_idle(self, timeout_s: float = 10.0) -> bool:
         """Wait until no refresh is pending or running; False on timeout."""
@@ -363,7 +387,7 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
         status_writer: DeviceStatusWriter | None = None
         refresh: DeviceRefresher | None = None
         if mig_control is not None:
-            refresh = DeviceRefresher(session, config, registry)
+            refresh = DeviceRefresher(session, config, registry, mig_control)
             life.on_stop("device refresher", refresh.close)
             preparers += (DynamicMigPreparer(mig_control, nodes, lambda: registry.snapshot.gpus, on_change=refresh),)
             status_writer = DeviceStatusWriter(connection.client, driver=identity.driver_name, pool=config.node_name)

@@ -18,10 +18,11 @@ of GPU instances, compute instances and MIG devices are never cached: they die w
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -92,6 +93,17 @@ class MigControl:
             lock = self._locks.setdefault(parent_uuid, threading.Lock())
         with lock:
             yield self.session.device_by_uuid(parent_uuid)
+
+    @contextmanager
+    def hold(self, parent_uuids: Iterable[str]) -> Iterator[None]:
+        """Hold the locks of several GPUs (taken in UUID order, so two holders never deadlock) without touching
+        NVML: a reader that must not see an instance half created or destroyed (the device refresher)."""
+        with self._locks_guard:
+            locks = [self._locks.setdefault(uuid, threading.Lock()) for uuid in sorted(set(parent_uuids))]
+        with contextlib.ExitStack() as held:
+            for lock in locks:
+                held.enter_context(lock)
+            yield
 
     def _call(self, fn: Callable[..., T], *args: Any, context: str) -> T:
         return self.session.call(fn, *args, context=context)
