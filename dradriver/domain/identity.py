@@ -15,7 +15,7 @@ from pathlib import Path
 
 from dradriver.domain.cdi import UID_PATTERN, check_claim_uid
 
-__all__ = ["GPU_DRIVER", "CdiKind", "DriverIdentity"]
+__all__ = ["COMPUTE_DOMAIN_DRIVER", "GPU_DRIVER", "CdiKind", "DriverIdentity"]
 
 @dataclass(frozen=True, slots=True)
 class CdiKind:
@@ -102,3 +102,11 @@ GPU_DRIVER = DriverIdentity(
     user_agent="dradriver/gpu.nvidia.com",
 )
 """NVIDIA's GPU kubelet plugin, whose user-facing names dradriver keeps (``nvidia-dra-driver.md`` 1.1, 5.1)."""
+
+COMPUTE_DOMAIN_DRIVER = DriverIdentity(
+    driver_name="compute-domain.nvidia.com",
+    cdi=CdiKind(vendor="k8s.compute-domain.nvidia.com", cls="claim"),
+    taint_domain="compute-domain.nvidia.com",
+    user_agent="dradriver/compute-domain.nvidia.com",
+)
+"""NVIDIA's compute-domain kubelet plugin (``nvidia-dra-driver.md`` 1.2, 2.7, 5.2): IMEX channels and daemons."""

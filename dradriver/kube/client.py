@@ -87,6 +87,8 @@ class KubeClient:
         self.core = kubernetes.client.CoreV1Api(api_client)
         self.resource = kubernetes.client.ResourceV1Api(api_client)
         self.apps = kubernetes.client.AppsV1Api(api_client)
+        self.custom = kubernetes.client.CustomObjectsApi(api_client)
+        self.coordination = kubernetes.client.CoordinationV1Api(api_client)
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
         self.retry = retry or RetryPolicy()

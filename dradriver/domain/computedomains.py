@@ -1,0 +1,307 @@
+"""ComputeDomains: the names, objects and rules NVIDIA's ComputeDomain contract fixes, free of I/O.
+
+One place for what the compute-domain kubelet plugin, the IMEX daemon wrapper and the controller share:
+the custom resources (``resource.nvidia.com/v1beta1`` ``ComputeDomain`` and ``ComputeDomainClique``), their labels,
+finalizer and derived object names, the opaque device configs, the clique ID format, the per-domain DNS names
+of IMEX peers and the membership index rule.
+
+Facts: ``nvidia-dra-driver.md`` 2.7 (devices), 3.5 (configs), 7.1 (CRDs), 7.2 (clique ID), 7.3 (controller
+object names), 7.4 (daemon); ``nvidia-dra-driver-updates.md`` 2c (DNS names per domain after
+kubernetes-sigs/dra-driver-nvidia-gpu#1448, sentinel ``127.0.0.2`` for unused slots after #1465, index swaps
+#1418/#1440); ``gpu-facts.md`` 4.2-4.3 (fabric info, IMEX channels).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dradriver.errors import DradriverError
+
+__all__ = [
+    "ALLOCATION_ALL",
+    "ALLOCATION_SINGLE",
+    "API_GROUP",
+    "API_GROUP_VERSION",
+    "API_VERSION",
+    "CHANNEL_DEVICE_CLASS",
+    "CLIQUE_KIND",
+    "CLIQUE_PLURAL",
+    "COMPUTE_DOMAIN_KIND",
+    "COMPUTE_DOMAIN_PLURAL",
+    "DAEMON_DEVICE_CLASS",
+    "DAEMON_SERVICE_ACCOUNT",
+    "DEFAULT_IMEX_CHANNEL_COUNT",
+    "DEFAULT_MAX_NODES_PER_IMEX_DOMAIN",
+    "DNS_NAME_PREFIX",
+    "FINALIZER",
+    "LABEL_CLIQUE_ID",
+    "LABEL_COMPUTE_DOMAIN",
+    "LABEL_TARGET",
+    "NODE_CLIQUE_LABEL",
+    "STATUS_NOT_READY",
+    "STATUS_READY",
+    "UNUSED_SLOT_IP",
+    "ChannelConfig",
+    "CliqueDaemon",
+    "ComputeDomain",
+    "ComputeDomainError",
+    "DaemonConfig",
+    "choose_index",
+    "clique_object_name",
+    "daemon_object_name",
+    "dns_hash",
+    "dns_name",
+    "dns_names",
+    "format_clique_id",
+    "global_status",
+    "parse_channel_config",
+    "parse_daemon_config",
+]
+
+API_GROUP = "resource.nvidia.com"
+API_VERSION = "v1beta1"
+API_GROUP_VERSION = f"{API_GROUP}/{API_VERSION}"
+COMPUTE_DOMAIN_KIND, COMPUTE_DOMAIN_PLURAL = "ComputeDomain", "computedomains"
+CLIQUE_KIND, CLIQUE_PLURAL = "ComputeDomainClique", "computedomaincliques"
+
+LABEL_COMPUTE_DOMAIN = "resource.nvidia.com/computeDomain"
+"""On nodes (value: the CD UID; set when a workload channel is prepared, the daemon DaemonSet's nodeSelector),
+on daemon pods, templates, DaemonSets and clique objects."""
+LABEL_CLIQUE_ID = "resource.nvidia.com/computeDomain.cliqueID"
+"""On daemon pods (set by the daemon; explicitly empty on a node in no clique) and clique objects."""
+LABEL_TARGET = "resource.nvidia.com/computeDomainTarget"
+"""On the controller's ResourceClaimTemplates: ``Daemon`` or ``Workload``."""
+FINALIZER = "resource.nvidia.com/computeDomain"
+NODE_CLIQUE_LABEL = "nvidia.com/gpu.clique"
+"""Node label ``<clusterUUID>.<cliqueId>`` (``--gpu-clique-label-enabled``)."""
+
+CHANNEL_DEVICE_CLASS = "compute-domain-default-channel.nvidia.com"
+DAEMON_DEVICE_CLASS = "compute-domain-daemon.nvidia.com"
+DAEMON_SERVICE_ACCOUNT = "compute-domain-daemon-service-account"
+
+DEFAULT_MAX_NODES_PER_IMEX_DOMAIN = 18
+"""GB200/GB300 NVL72: 18 compute trays per NVLink domain (``MAX_NODES_PER_IMEX_DOMAIN``)."""
+DEFAULT_IMEX_CHANNEL_COUNT = 2048
+"""Channels 0-2047; the node's real count is read from ``/proc/driver/nvidia/params`` where present."""
+UNUSED_SLOT_IP = "127.0.0.2"
+"""Address ``/etc/hosts`` gives a DNS name no daemon holds (NVIDIA #1465: no DNS search-domain flood)."""
+DNS_NAME_PREFIX = "compute-domain-daemon-"
+
+ALLOCATION_SINGLE, ALLOCATION_ALL = "Single", "All"
+STATUS_READY, STATUS_NOT_READY = "Ready", "NotReady"
+
+
+class ComputeDomainError(DradriverError, ValueError):
+    """A ComputeDomain object or config that breaks the contract; the message names the field."""
+
+
+# -- derived names ---------------------------------------------------------------------------------------------
+
+
+def daemon_object_name(cd_uid: str) -> str:
+    """``computedomain-daemon-<cdUID>``: the daemon ResourceClaimTemplate and DaemonSet (driver namespace)."""
+    return f"computedomain-daemon-{cd_uid}"
+
+
+def clique_object_name(cd_uid: str, clique_id: str) -> str:
+    """``<cdUID>.<cliqueID>``: the ComputeDomainClique of one domain in one clique (driver namespace)."""
+    return f"{cd_uid}.{clique_id}"
+
+
+def format_clique_id(cluster_uuid: bytes, clique_id: int) -> str:
+    """``<clusterUUID>.<cliqueId>`` from NVML fabric info (``nvmlGpuFabricInfo_t.clusterUuid`` 16 bytes,
+    ``cliqueId`` uint32); ``""`` (no clique: not MNNVL) for an all-zero cluster UUID (``gpu-facts.md`` 4.2).
+
+    :raises ComputeDomainError: ``cluster_uuid`` is not 16 bytes.
+    """
+    if len(cluster_uuid) != 16:
+        raise ComputeDomainError(f"fabric info clusterUuid has {len(cluster_uuid)} bytes, not 16")
+    if not any(cluster_uuid):
+        return ""
+    h = cluster_uuid.hex()
+    return f"{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}.{clique_id}"
+
+
+def dns_hash(cd_uid: str) -> str:
+    """Ten hex digits derived from the CD UID (sha256), so two domains never share a peer name: a pod IP
+    reused by another domain's daemon resolves under a different name and fails the IMEX handshake
+    (NVIDIA #1447/#1448 names peers ``compute-domain-daemon-<hash>-NNNN``)."""
+    return hashlib.sha256(cd_uid.encode()).hexdigest()[:10]
+
+
+def dns_name(cd_uid: str, index: int) -> str:
+    """``compute-domain-daemon-<hash>-<index:04d>``: the name the IMEX peer in slot ``index`` is known by."""
+    return f"{DNS_NAME_PREFIX}{dns_hash(cd_uid)}-{index:04d}"
+
+
+def dns_names(cd_uid: str, max_nodes: int) -> list[str]:
+    """Every slot's name, ``0 .. max_nodes-1``: the static ``nodes.cfg`` of DNS-name mode."""
+    return [dns_name(cd_uid, i) for i in range(max_nodes)]
+
+
+# -- opaque configs (nvidia-dra-driver.md 3.5) -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelConfig:
+    """``ComputeDomainChannelConfig``: ``domainID`` (the CD UID, required), ``allocationMode`` (``Single``:
+    channel 0 only, the default; ``All``: every channel of the node)."""
+
+    domain_id: str
+    allocation_mode: str = ALLOCATION_SINGLE
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonConfig:
+    """``ComputeDomainDaemonConfig``: ``domainID`` (the CD UID, required)."""
+
+    domain_id: str
+
+
+def _check_kind(raw: Mapping[str, Any], kind: str, where: str) -> None:
+    if raw.get("apiVersion") != API_GROUP_VERSION:
+        raise ComputeDomainError(f"{where}.apiVersion: {raw.get('apiVersion')!r} is not {API_GROUP_VERSION!r}")
+    if raw.get("kind") != kind:
+        raise ComputeDomainError(f"{where}.kind: {raw.get('kind')!r} is not {kind!r}")
+    unknown = sorted(set(raw) - {"apiVersion", "kind", "domainID", "allocationMode"})
+    if unknown:
+        raise ComputeDomainError(f"{where}: unknown field(s) {', '.join(map(repr, unknown))}")
+
+
+def _domain_id(raw: Mapping[str, Any], where: str) -> str:
+    value = raw.get("domainID")
+    if not isinstance(value, str) or not value:
+        raise ComputeDomainError(f"{where}.domainID: required (the ComputeDomain's UID)")
+    return value
+
+
+def parse_channel_config(raw: Mapping[str, Any], where: str = "config") -> ChannelConfig:
+    """Decode a ``ComputeDomainChannelConfig`` (strict: unknown fields are refused as NVIDIA's strict decoder does).
+
+    :param where: the field path for errors, e.g. ``status.allocation.devices.config[0].opaque.parameters``.
+    :raises ComputeDomainError: wrong kind, missing ``domainID``, bad ``allocationMode``.
+    """
+    _check_kind(raw, "ComputeDomainChannelConfig", where)
+    mode = raw.get("allocationMode", ALLOCATION_SINGLE) or ALLOCATION_SINGLE
+    if mode not in (ALLOCATION_SINGLE, ALLOCATION_ALL):
+        raise ComputeDomainError(f"{where}.allocationMode: {mode!r} is not one of 'Single', 'All'")
+    return ChannelConfig(domain_id=_domain_id(raw, where), allocation_mode=str(mode))
+
+
+def parse_daemon_config(raw: Mapping[str, Any], where: str = "config") -> DaemonConfig:
+    """Decode a ``ComputeDomainDaemonConfig``.
+
+    :raises ComputeDomainError: wrong kind, missing ``domainID``, an ``allocationMode`` (not a daemon field).
+    """
+    _check_kind(raw, "ComputeDomainDaemonConfig", where)
+    if "allocationMode" in raw:
+        raise ComputeDomainError(f"{where}: unknown field(s) 'allocationMode'")
+    return DaemonConfig(domain_id=_domain_id(raw, where))
+
+
+# -- objects -------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CliqueDaemon:
+    """One IMEX daemon's membership entry: ``ComputeDomainClique.daemons[]`` (list-map key ``nodeName``) or
+    ``ComputeDomain.status.nodes[]`` (key ``name``).
+
+    :param index: the slot, ``0 .. maxNodesPerIMEXDomain-1``; ``-1`` for a daemon on a node in no clique.
+    """
+
+    node_name: str
+    ip_address: str
+    clique_id: str
+    index: int
+    status: str = STATUS_NOT_READY
+
+    def to_clique_entry(self) -> dict[str, Any]:
+        """The ``daemons[]`` item of a ComputeDomainClique."""
+        return {"nodeName": self.node_name, "ipAddress": self.ip_address, "cliqueID": self.clique_id,
+                "index": self.index, "status": self.status}
+
+    def to_status_node(self) -> dict[str, Any]:
+        """The ``status.nodes[]`` item of a ComputeDomain."""
+        return {"name": self.node_name, "ipAddress": self.ip_address, "cliqueID": self.clique_id,
+                "index": self.index, "status": self.status}
+
+    @classmethod
+    def from_entry(cls, raw: Mapping[str, Any]) -> CliqueDaemon:
+        """From either item shape (``nodeName`` or ``name``)."""
+        return cls(node_name=str(raw.get("nodeName") or raw.get("name") or ""),
+                   ip_address=str(raw.get("ipAddress") or ""), clique_id=str(raw.get("cliqueID") or ""),
+                   index=int(raw.get("index", -1)), status=str(raw.get("status") or STATUS_NOT_READY))
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeDomain:
+    """The fields of a ``ComputeDomain`` the driver reads (``nvidia-dra-driver.md`` 7.1)."""
+
+    name: str
+    namespace: str
+    uid: str
+    num_nodes: int = 0
+    template_name: str = ""
+    allocation_mode: str = ALLOCATION_SINGLE
+    status: str = STATUS_NOT_READY
+    nodes: tuple[CliqueDaemon, ...] = ()
+    deleting: bool = False
+    finalizers: tuple[str, ...] = field(default=())
+
+    @classmethod
+    def from_object(cls, obj: Mapping[str, Any]) -> ComputeDomain:
+        """From the API's JSON.
+
+        :raises ComputeDomainError: ``spec.channel.resourceClaimTemplate.name`` missing.
+        """
+        meta = obj.get("metadata") or {}
+        spec = obj.get("spec") or {}
+        status = obj.get("status") or {}
+        channel = spec.get("channel") or {}
+        template = str((channel.get("resourceClaimTemplate") or {}).get("name") or "")
+        where = f"ComputeDomain {meta.get('namespace', '')}/{meta.get('name', '')}"
+        if not template:
+            raise ComputeDomainError(f"{where}: spec.channel.resourceClaimTemplate.name is required")
+        return cls(name=str(meta.get("name", "")), namespace=str(meta.get("namespace", "")),
+                   uid=str(meta.get("uid", "")), num_nodes=int(spec.get("numNodes") or 0), template_name=template,
+                   allocation_mode=str(channel.get("allocationMode") or ALLOCATION_SINGLE),
+                   status=str(status.get("status") or STATUS_NOT_READY),
+                   nodes=tuple(CliqueDaemon.from_entry(n) for n in status.get("nodes") or ()),
+                   deleting=bool(meta.get("deletionTimestamp")),
+                   finalizers=tuple(str(f) for f in meta.get("finalizers") or ()))
+
+
+# -- rules -------------------------------------------------------------------------------------------------------
+
+
+def choose_index(daemons: Iterable[CliqueDaemon], node_name: str, max_nodes: int) -> int:
+    """The slot for ``node_name``'s daemon: the one it already holds (stable across daemon restarts), else
+    the lowest slot no other entry holds (gap filling; NVIDIA 7.4). Two daemons never swap: an entry keeps its
+    index until it is removed.
+
+    :raises ComputeDomainError: every slot below ``max_nodes`` is taken (names ``max_nodes``).
+    """
+    taken: set[int] = set()
+    for daemon in daemons:
+        if daemon.node_name == node_name and 0 <= daemon.index < max_nodes:
+            return daemon.index
+        taken.add(daemon.index)
+    for index in range(max_nodes):
+        if index not in taken:
+            return index
+    raise ComputeDomainError(f"no free IMEX daemon index for node {node_name!r}: all {max_nodes} slots below "
+                             "MAX_NODES_PER_IMEX_DOMAIN are taken")
+
+
+def global_status(num_nodes: int, nodes: Iterable[CliqueDaemon]) -> str:
+    """``Ready`` iff at least ``num_nodes`` nodes are listed and none is ``NotReady`` (NVIDIA's
+    ``calculateGlobalStatus``, 7.3: it counts ``len(nodes) >= numNodes`` only, so no node and ``numNodes`` 0
+    is ``Ready``)."""
+    listed = list(nodes)
+    if len(listed) < num_nodes:
+        return STATUS_NOT_READY
+    return STATUS_NOT_READY if any(n.status != STATUS_READY for n in listed) else STATUS_READY
