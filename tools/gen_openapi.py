@@ -93,7 +93,8 @@ def generate() -> str:
     from dradriver.sandbox.apiserver.resources import RESOURCE_TYPES
 
     defs = _source()
-    wanted = {(rt.group, rt.version, kind) for rt in RESOURCE_TYPES for kind in (rt.kind, f"{rt.kind}List")}
+    wanted = {(rt.group, rt.version, kind) for rt in RESOURCE_TYPES if not rt.custom
+              for kind in (rt.kind, f"{rt.kind}List")}
     roots = {name for name, d in defs.items() for gvk in d.get("x-kubernetes-group-version-kind", [])
              if (gvk["group"], gvk["version"], gvk["kind"]) in wanted} | set(EXTRA_ROOTS)
     missing = {f"{g}/{v} {k}" for g, v, k in wanted} - {

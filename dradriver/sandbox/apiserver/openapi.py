@@ -167,7 +167,7 @@ def v3_root(types: Iterable[ResourceType], server_version: str) -> JSONDict:
 
 def v3_group_version(types: Iterable[ResourceType], path: str, server_version: str) -> bytes | None:
     """The ``/openapi/v3/<api/v1 | apis/<group>/<version>>`` document, or ``None`` for an unknown one."""
-    all_types = tuple(types)
+    all_types = tuple(t for t in types if not t.custom)
     for group, version in {(t.group, t.version) for t in all_types}:
         if gv_path(group, version) == path.strip("/"):
             return _v3_document(all_types, group, version, server_version)
@@ -214,7 +214,7 @@ def _v2_document(types: tuple[ResourceType, ...], server_version: str) -> bytes:
 
 def v2_document(types: Iterable[ResourceType], server_version: str) -> bytes:
     """``/openapi/v2``: the Swagger 2.0 document (JSON)."""
-    return _v2_document(tuple(types), server_version)
+    return _v2_document(tuple(t for t in types if not t.custom), server_version)
 
 
 # -- field validation ---------------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ class ResourceType:
     :param status: the resource has a ``status`` subresource (main-resource writes keep the old status).
     :param field_labels: field-selector labels accepted besides ``metadata.name`` and ``metadata.namespace``.
     :param keep_status_on_create: HTTP create keeps ``status`` (Nodes are created with status by the kubelet).
+    :param custom: a custom resource (no built-in OpenAPI schema to validate against).
     """
 
     group: str
@@ -47,6 +48,7 @@ class ResourceType:
     field_labels: tuple[str, ...] = ()
     short_names: tuple[str, ...] = ()
     keep_status_on_create: bool = False
+    custom: bool = False
 
     @property
     def api_version(self) -> str:
@@ -150,6 +152,12 @@ RESOURCE_TYPES: tuple[ResourceType, ...] = (
         short_names=("ev",),
     ),
     ResourceType("apps", "v1", "deployments", "deployment", "Deployment", True, status=True, short_names=("deploy",)),
+    ResourceType("apps", "v1", "daemonsets", "daemonset", "DaemonSet", True, status=True, short_names=("ds",)),
+    ResourceType("coordination.k8s.io", "v1", "leases", "lease", "Lease", True),
+    ResourceType("resource.nvidia.com", "v1beta1", "computedomains", "computedomain", "ComputeDomain", True,
+                 status=True, custom=True),
+    ResourceType("resource.nvidia.com", "v1beta1", "computedomaincliques", "computedomainclique",
+                 "ComputeDomainClique", True, custom=True),
     ResourceType("resource.k8s.io", "v1", "deviceclasses", "deviceclass", "DeviceClass", False),
     ResourceType(
         "resource.k8s.io", "v1", "resourceclaims", "resourceclaim", "ResourceClaim", True, status=True
