@@ -232,8 +232,23 @@ class Storage:
         return gone
 
     def collect_garbage(self, owner_uid: str) -> None:
-        """Delete dependents whose ownerReferences name ``owner_uid`` (the garbage collector's job)."""
+        """The garbage collector's job for dependents whose ownerReferences name ``owner_uid``: delete those with
+        no other owner that still exists; drop the dangling references of those that keep one (as the real
+        collector does for, e.g., a ComputeDomainClique owned by every daemon Pod of the clique)."""
         dependents = [(t, ns, name) for (t, ns, name), o in self.objects.items() if resources.owned_by(o, owner_uid)]
+        live = {o["metadata"].get("uid") for o in self.objects.values()}
         for t, ns, name in dependents:
-            if self.key(t, ns, name) in self.objects:
+            key = self.key(t, ns, name)
+            obj = self.objects.get(key)
+            if obj is None:
+                continue
+            refs = obj["metadata"].get("ownerReferences") or []
+            kept = [r for r in refs if r.get("uid") != owner_uid and r.get("uid") in live]
+            if not kept:
                 self.delete(t, ns or None, name, {})
+                continue
+            new = copy.deepcopy(obj)
+            new["metadata"]["ownerReferences"] = kept
+            new["metadata"]["resourceVersion"] = str(self._next_rv())
+            self.objects[key] = new
+            self._record(t, "MODIFIED", new, obj)

@@ -1,0 +1,201 @@
+"""``compute-domain-daemon run|check`` as subprocesses against the API emulator, with the IMEX stand-ins:
+joining the clique with stable indexes, DNS names in each pod's hosts file, SIGUSR1 on membership change,
+readiness through nvidia-imex-ctl, removal of the entry on SIGTERM, idling without a clique."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dradriver.domain import computedomains as cd
+from dradriver.domain import imex
+from dradriver.sandbox.apiserver import ApiServerEmulator
+from tests.factories import wait_until
+from tests.imex.imexnodes import install_tools, loopback_prefix, template
+
+CD_UID = "5b2f5a6e-3c1d-4d7e-9a4b-1234567890ab"
+CLIQUE = "abc9829a-1111-2222-3333-444455556666.2"
+NS = "default"
+MAX_NODES = 4
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.slow
+
+
+class Daemon:
+    """One daemon pod: its Pod object in the emulator, its /imexd and hosts file, its process."""
+
+    def __init__(self, env: dict[str, str], root: Path, api: ApiServerEmulator, node: str, ip: str,
+                 pod: str, clique: str = CLIQUE, cd_uid: str = CD_UID) -> None:
+        self.api, self.node, self.ip, self.pod = api, node, ip, pod
+        self.dir = root / pod
+        self.imexd = self.dir / "imexd"
+        self.imexd.mkdir(parents=True)
+        (self.imexd / imex.CONFIG_TEMPLATE_FILE).write_text(template())
+        self.hosts = self.dir / "hosts"
+        self.hosts.write_text("127.0.0.1\tlocalhost\n")
+        self.log_path = self.dir / "daemon.log"
+        created = api.create({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": pod, "namespace": NS, "labels": {cd.LABEL_COMPUTE_DOMAIN: cd_uid}},
+            "spec": {"nodeName": node, "containers": [{"name": "imex", "image": "dradriver"}]},
+            "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "False"}]}})
+        self.uid = created["metadata"]["uid"]
+        self.env = {**env, "CLIQUE_ID": clique, "COMPUTE_DOMAIN_UUID": cd_uid, "COMPUTE_DOMAIN_NAME": "cd",
+                    "COMPUTE_DOMAIN_NAMESPACE": NS, "NODE_NAME": node, "POD_IP": ip, "POD_UID": self.uid,
+                    "POD_NAME": pod, "POD_NAMESPACE": NS, "DRADRIVER_IMEXD_DIR": str(self.imexd),
+                    "DRADRIVER_HOSTS_FILE": str(self.hosts)}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "dradriver", "compute-domain-daemon", "-v", "4", "run"],
+                                         env=self.env, stdout=log, stderr=log, start_new_session=True)
+
+    def check(self) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "dradriver", "compute-domain-daemon", "check"], env=self.env,
+                              capture_output=True, text=True, timeout=60, check=False)
+
+    def set_ready(self, ready: bool = True) -> None:
+        obj = self.api.get("Pod", self.pod, NS)
+        assert obj is not None
+        obj["status"]["conditions"] = [{"type": "Ready", "status": "True" if ready else "False"}]
+        self.api.update(obj, subresource="status")
+
+    def terminate(self) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=30)
+
+    def kill(self) -> None:
+        """SIGKILL the pod's processes (daemon and nvidia-imex): a force-deleted pod."""
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+@pytest.fixture
+def world(short_dir: Path) -> Iterator[tuple[ApiServerEmulator, dict[str, str], list[Daemon]]]:
+    bin_dir = install_tools(short_dir / "bin")
+    with ApiServerEmulator() as api:
+        env = {"PATH": f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}", "PYTHONPATH": str(REPO),
+               "KUBECONFIG": api.kubeconfig_path(short_dir), "MAX_NODES_PER_IMEX_DOMAIN": str(MAX_NODES),
+               "DRADRIVER_POLL_INTERVAL_SECONDS": "0.2", "HOME": str(short_dir)}
+        daemons: list[Daemon] = []
+        yield api, env, daemons
+        for daemon in daemons:
+            if daemon.proc is not None and daemon.proc.poll() is None:
+                try:
+                    os.killpg(daemon.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                daemon.proc.wait(timeout=30)
+
+
+def _entries(api: ApiServerEmulator) -> dict[str, dict[str, Any]]:
+    obj = api.get(cd.CLIQUE_KIND, cd.clique_object_name(CD_UID, CLIQUE), NS)
+    return {e["nodeName"]: e for e in (obj or {}).get("daemons") or ()}
+
+
+def _imex_log_count(daemon: Daemon, text: str) -> int:
+    return daemon.log().count(text)
+
+
+def test_daemons_join_with_indexes_get_ready_restart_keeps_index_and_sigterm_leaves(
+        short_dir: Path, world: tuple[ApiServerEmulator, dict[str, str], list[Daemon]]) -> None:
+    api, env, daemons = world
+    prefix = loopback_prefix()
+    for i in range(3):
+        daemon = Daemon(env, short_dir, api, f"node-{i}", f"{prefix}.{i + 1}", f"cd-daemon-{i}")
+        daemons.append(daemon)
+        daemon.start()
+        wait_until(lambda d=daemon: d.node in _entries(api), f"{daemon.node}'s clique entry")
+    entries = _entries(api)
+    assert {n: (e["index"], e["ipAddress"], e["status"]) for n, e in entries.items()} == {
+        f"node-{i}": (i, f"{prefix}.{i + 1}", cd.STATUS_NOT_READY) for i in range(3)}
+    clique = api.get(cd.CLIQUE_KIND, cd.clique_object_name(CD_UID, CLIQUE), NS)
+    assert clique is not None
+    assert clique["metadata"]["labels"] == {cd.LABEL_COMPUTE_DOMAIN: CD_UID, cd.LABEL_CLIQUE_ID: CLIQUE}
+    assert {o["uid"] for o in clique["metadata"]["ownerReferences"]} == {d.uid for d in daemons}
+    for daemon in daemons:
+        pod = api.get("Pod", daemon.pod, NS)
+        assert pod is not None and pod["metadata"]["labels"][cd.LABEL_CLIQUE_ID] == CLIQUE
+
+    names = cd.dns_names(CD_UID, MAX_NODES)
+    expected_hosts = [f"{prefix}.{i + 1}\t{names[i]}" for i in range(3)] + [f"{cd.UNUSED_SLOT_IP}\t{names[3]}"]
+    for daemon in daemons:
+        wait_until(lambda d=daemon: all(line in d.hosts.read_text() for line in expected_hosts),
+                   f"{daemon.pod}'s hosts file")
+        assert (daemon.imexd / imex.NODES_FILE).read_text() == "".join(f"{n}\n" for n in names)
+        config = (daemon.imexd / imex.CONFIG_FILE).read_text()
+        assert f"IMEX_CMD_BIND_INTERFACE_IP={daemon.ip}\n" in config
+        assert f"IMEX_NODE_CONFIG_FILE={daemon.imexd / imex.NODES_FILE}\n" in config
+        assert "localhost" in daemon.hosts.read_text()
+    for daemon in daemons:
+        wait_until(lambda d=daemon: d.check().returncode == 0, f"{daemon.pod} check READY")
+        daemon.set_ready()
+    wait_until(lambda: all(e["status"] == cd.STATUS_READY for e in _entries(api).values()), "entries Ready")
+
+    # node-1's pod is force-deleted (SIGKILL, its entry stays) and comes back with a new pod IP
+    before = [_imex_log_count(d, "SIGUSR1 received") for d in daemons]
+    daemons[1].kill()
+    api.delete("Pod", daemons[1].pod, NS)
+    again = Daemon(env, short_dir, api, "node-1", f"{prefix}.11", "cd-daemon-1b")
+    daemons.append(again)
+    again.start()
+    wait_until(lambda: _entries(api)["node-1"]["ipAddress"] == f"{prefix}.11", "node-1's entry with the new IP")
+    assert {n: e["index"] for n, e in _entries(api).items()} == {"node-0": 0, "node-1": 1, "node-2": 2}
+    for i in (0, 2):
+        wait_until(lambda d=daemons[i], b=before[i]: _imex_log_count(d, "SIGUSR1 received") > b,
+                   f"{daemons[i].pod}'s nvidia-imex got SIGUSR1")
+        wait_until(lambda d=daemons[i]: f"{prefix}.11\t{names[1]}" in d.hosts.read_text(),
+                   "the moved name in the hosts file")
+    assert "SIGUSR1 received" not in again.log()  # a fresh start reads the files; no signal
+    for daemon in (daemons[0], daemons[2], again):
+        wait_until(lambda d=daemon: d.check().returncode == 0, f"{daemon.pod} READY again")
+
+    # SIGTERM: node-2 removes its entry; the others drop its name
+    assert daemons[2].terminate() == 0
+    assert "node-2" not in _entries(api)
+    wait_until(lambda: f"{cd.UNUSED_SLOT_IP}\t{names[2]}" in daemons[0].hosts.read_text(), "node-2's name freed")
+    wait_until(lambda: daemons[0].check().returncode == 0, "node-0 READY with two members")
+
+
+def test_no_clique_idles_and_check_succeeds(short_dir: Path,
+                                             world: tuple[ApiServerEmulator, dict[str, str], list[Daemon]]) -> None:
+    api, env, daemons = world
+    daemon = Daemon(env, short_dir, api, "node-x", f"{loopback_prefix()}.1", "cd-daemon-x", clique="")
+    daemons.append(daemon)
+    daemon.start()
+    wait_until(lambda: (api.get("Pod", daemon.pod, NS) or {})["metadata"].get("labels", {}).get(cd.LABEL_CLIQUE_ID)
+               == "", "the empty clique label")
+    assert daemon.check().returncode == 0
+    assert not api.objects(cd.CLIQUE_KIND, NS)
+    assert not (daemon.imexd / imex.CONFIG_FILE).exists()
+    wait_until(lambda: "idle until terminated" in daemon.log(), "the idle log line")
+    assert daemon.terminate() == 0
+
+
+def test_missing_compute_domain_uuid_is_the_cdi_error(short_dir: Path,
+                                                      world: tuple[ApiServerEmulator, dict[str, str], list[Daemon]]
+                                                      ) -> None:
+    api, env, _ = world
+    daemon = Daemon(env, short_dir, api, "node-y", f"{loopback_prefix()}.1", "cd-daemon-y")
+    daemon.env["COMPUTE_DOMAIN_UUID"] = ""
+    done = subprocess.run([sys.executable, "-m", "dradriver", "compute-domain-daemon", "run"], env=daemon.env,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 1
+    assert "is CDI enabled in your container runtime?" in done.stderr
+    assert shutil.which("nvidia-imex", path=env["PATH"])  # the stand-in was there; the daemon never ran it
+    assert "NOT_READY" not in done.stdout
