@@ -77,7 +77,7 @@ from dradriver.sandbox.apiserver import ApiServerEmulator
 from dradriver.sandbox.apiserver.errors import ApiStatusError
 from dradriver.sandbox.cluster import create_claim_from_template
 from dradriver.sandbox.kubelet import KubeletError, SyncKubeletEmulator, SyncPluginConnection
-from dradriver.sandbox.node import SandboxNode
+from dradriver.sandbox.node import SANDBOX_IMAGE, SANDBOX_NAMESPACE, SandboxNode
 from dradriver.sandbox.workloads import BASE_PATH, Workloads
 
 log = logging.getLogger(__name__)
@@ -439,12 +439,16 @@ class MultiNodeCluster:
     :param say: progress lines.
     :param plugin_overrides: extra :class:`PluginConfig` fields for every node's plugin.
     :param fabric: rack number -> ``(state, status)`` to report instead of COMPLETED/SUCCESS on that rack's GPUs.
+    :param daemon_poll_s: the IMEX daemons' poll interval (``DRADRIVER_POLL_INTERVAL_SECONDS``), seconds.
+    :param namespace: the driver namespace (plugins' and controller's ``NAMESPACE``): daemon DaemonSets, their
+        templates and the ComputeDomainCliques live there.
     """
 
     def __init__(self, racks: Sequence[int] = (2, 2), *, api: ApiServerEmulator | None = None,
                  time_scale: float = 0.1, interval_s: float = 0.05, say: Callable[[str], None] | None = None,
                  plugin_overrides: Mapping[str, Any] | None = None,
-                 fabric: Mapping[int, tuple[int, int]] | None = None, daemon_poll_s: float = 0.2) -> None:
+                 fabric: Mapping[int, tuple[int, int]] | None = None, daemon_poll_s: float = 0.2,
+                 namespace: str = SANDBOX_NAMESPACE) -> None:
         if not racks or any(n < 1 or n > mock.RACK_TRAYS for n in racks) or len(racks) > len(RACK_PROFILES):
             raise MultiNodeError(f"racks must list 1..{len(RACK_PROFILES)} racks of 1..{mock.RACK_TRAYS} nodes, "
                                  f"not {list(racks)}")
@@ -452,7 +456,9 @@ class MultiNodeCluster:
         self.api = api if api is not None else ApiServerEmulator().start()
         self.time_scale, self.interval_s, self.daemon_poll_s = time_scale, interval_s, daemon_poll_s
         self.say = say or (lambda text: log.info("%s", text))
-        self.plugin_overrides = dict(plugin_overrides or {})
+        self.namespace = namespace
+        self.plugin_overrides = {"namespace": namespace, **(plugin_overrides or {})}
+        self.controllers: list[subprocess.Popen[bytes]] = []
         self.net = random.randint(100, 250)
         self.nodes: dict[str, EmulatedNode] = {}
         self._stop = threading.Event()
@@ -491,6 +497,18 @@ class MultiNodeCluster:
         node.runtime = NodeRuntime(self, node, time_scale=self.time_scale, interval_s=self.interval_s)
         self.nodes[name] = node
         self._inflight[name] = {}
+
+    def install_compute_domains(self) -> None:
+        """Create what ``deploy/`` installs for ComputeDomains: the ComputeDomain and ComputeDomainClique CRDs and
+        the DeviceClasses (``compute-domain-default-channel.nvidia.com``, ``compute-domain-daemon.nvidia.com``
+        beside the GPU ones)."""
+        from importlib import resources
+
+        self.api.install_crds()
+        text = resources.files("dradriver.sandbox").joinpath("manifests", "deviceclasses.yaml").read_text()
+        for obj in yaml.safe_load_all(text):
+            if obj and self.api.get("DeviceClass", obj["metadata"]["name"]) is None:
+                self.api.create(obj)
 
     def node(self, name: str) -> EmulatedNode:
         """The node called ``name``.
@@ -577,6 +595,47 @@ class MultiNodeCluster:
         code = node.plugin.returncode
         node.plugin = None
         return code
+
+    # ------------------------------------------------------------------------------------------ controller
+    @property
+    def kubeconfig(self) -> str:
+        """A kubeconfig for the cluster's API emulator (the first node's)."""
+        return next(iter(self.nodes.values())).sandbox.kubeconfig
+
+    def start_controller(self, *, extra_env: Mapping[str, str] | None = None,
+                         log_name: str = "controller.log") -> subprocess.Popen[bytes]:
+        """Start ``dradriver compute-domain-controller`` (driver namespace :attr:`namespace`, image
+        :data:`~dradriver.sandbox.node.SANDBOX_IMAGE`) as a process of its own; output to ``<first node root>/
+        <log_name>``. Several may run (leader election, with ``extra_env``)."""
+        first = next(iter(self.nodes.values()))
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "KUBECONFIG": self.kubeconfig, "NAMESPACE": self.namespace,
+               "IMAGE_NAME": SANDBOX_IMAGE, "LOG_VERBOSITY_CD_DAEMON": "4", **(extra_env or {})}
+        with open(first.root / log_name, "ab") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "dradriver", "compute-domain-controller"], env=env,
+                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        self.controllers.append(proc)
+        self.say(f"compute-domain controller started (pid {proc.pid})")
+        return proc
+
+    def controller_log(self, log_name: str = "controller.log") -> str:
+        """The controller's output so far."""
+        with contextlib.suppress(OSError):
+            return (next(iter(self.nodes.values())).root / log_name).read_text(errors="replace")
+        return ""
+
+    def stop_controllers(self, *, sig: int = signal.SIGTERM) -> None:
+        """Stop every controller process started here."""
+        for proc in self.controllers:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(sig)
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=10)
+        self.controllers.clear()
 
     # ------------------------------------------------------------------------------------------- loops
     def start(self) -> MultiNodeCluster:
@@ -937,10 +996,69 @@ class MultiNodeCluster:
         node_name = ((pod or {}).get("spec") or {}).get("nodeName")
         return self.nodes.get(str(node_name)) if node_name else None
 
+    def force_delete_pod(self, name: str, namespace: str = "default") -> None:
+        """``kubectl delete pod --force --grace-period=0``: the Pod object goes at once (finalizers dropped); its
+        node's runner then stops the containers it was running (SIGTERM, SIGKILL after the grace period)."""
+        pod = self.api.get("Pod", name, namespace)
+        if pod is None:
+            return
+        if pod["metadata"].get("finalizers"):
+            pod["metadata"]["finalizers"] = []
+            self.api.update(pod)
+        with contextlib.suppress(ApiStatusError):
+            self.api.delete("Pod", name, namespace)
+
     def pod_running(self, name: str, namespace: str = "default") -> bool:
         """Pod ``namespace/name`` exists, is Running and Ready."""
         pod = self.api.get("Pod", name, namespace)
         return pod is not None and (pod.get("status") or {}).get("phase") == "Running" and _pod_ready(pod)
+
+    def claim_state(self, name: str) -> dict[str, str]:
+        """Claim UID -> state of every claim in node ``name``'s compute-domain plugin's claim state (read through
+        :class:`~dradriver.host.claimstate.ClaimState` as a second instance does, under the node-wide lock)."""
+        from dradriver.host.claimstate import ClaimState
+
+        node = self.node(name)
+        config = self.plugin_config(node)
+        path = config.plugin_dir / COMPUTE_DOMAIN_DRIVER.state_file
+        if not path.exists():
+            return {}
+        state = ClaimState.open(path, lock_path=config.lock_path,
+                                boot_id_path=node.root / "proc" / "sys" / "kernel" / "random" / "boot_id")
+        try:
+            return {uid: str(getattr(record, "state", "")) for uid, record in state.claims().items()}
+        finally:
+            state.close()
+
+    def claim_specs(self, name: str) -> list[str]:
+        """The per-claim CDI spec files on node ``name`` (the base spec ``..._base`` excluded)."""
+        return [p.name for p in self.node(name).sandbox.cdi_specs() if "claim" in p.name]
+
+    def compute_domain_leftovers(self, cd_uid: str) -> dict[str, list[str]]:
+        """What still refers to ComputeDomain ``cd_uid`` anywhere: node labels, ResourceClaimTemplates,
+        DaemonSets, ComputeDomainCliques, daemon Pods (by the ``resource.nvidia.com/computeDomain`` label or the
+        derived names), and on every node the per-claim CDI specs and claim-state entries. Empty lists: gone."""
+        from dradriver.domain import computedomains as cd
+
+        def labelled(kind: str) -> list[str]:
+            out = []
+            for obj in self.api.objects(kind):
+                meta = obj["metadata"]
+                if (meta.get("labels") or {}).get(cd.LABEL_COMPUTE_DOMAIN) == cd_uid or \
+                        meta["name"] == cd.daemon_object_name(cd_uid):
+                    out.append(f"{meta.get('namespace', '')}/{meta['name']}")
+            return out
+
+        return {
+            "node labels": [n for n, node in self.nodes.items()
+                            if node.labels().get(cd.LABEL_COMPUTE_DOMAIN) == cd_uid],
+            "resource claim templates": labelled("ResourceClaimTemplate"),
+            "daemonsets": labelled("DaemonSet"),
+            "cliques": labelled(cd.CLIQUE_KIND),
+            "daemon pods": labelled("Pod"),
+            "cdi specs": [f"{n}:{f}" for n in self.nodes for f in self.claim_specs(n)],
+            "claim state": [f"{n}:{uid}" for n in self.nodes for uid in self.claim_state(n)],
+        }
 
     # ------------------------------------------------------------------------------------------ shutdown
     def stop(self) -> None:
@@ -954,6 +1072,7 @@ class MultiNodeCluster:
         """Stop the loops, every container, every plugin, the kubelets and (when owned) the API emulator; remove
         the node roots. Idempotent."""
         self.stop()
+        self.stop_controllers()
         for node in self.nodes.values():
             if node.runtime is not None:
                 node.runtime.stop()
