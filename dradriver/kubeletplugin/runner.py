@@ -311,8 +311,8 @@ class BatchRunner:
         self.retry_pause_s = retry_pause_s
         self._aborted: dict[str, float] = {}
         """Claim UID -> ``time.monotonic()`` of the unprepare that aborted its prepare (with ``aborted_ttl_s``)."""
-        self._retrying: set[str] = set()
-        """Claims waiting between two attempts of a prepare (NotReadyYet)."""
+        self._in_flight: dict[str, int] = {}
+        """Claim UID -> prepare calls in progress for it (to tell an unprepare that aborts one)."""
         self.preparations = 0  # claims actually prepared (not answered from state); for tests and metrics
         self._counts: tuple[int, dict[str, int]] = (0, {})
         self._prepared: dict[str, tuple[str, str]] = {}
@@ -366,6 +366,20 @@ class BatchRunner:
         """
         started = next(self._seq)
         began = time.monotonic()
+        for ref in claims:
+            self._in_flight[ref.uid] = self._in_flight.get(ref.uid, 0) + 1
+        try:
+            return await self._prepare_claims(claims, started, began, deadline_s)
+        finally:
+            for ref in claims:
+                left = self._in_flight.get(ref.uid, 1) - 1
+                if left > 0:
+                    self._in_flight[ref.uid] = left
+                else:
+                    self._in_flight.pop(ref.uid, None)
+
+    async def _prepare_claims(self, claims: Sequence[ClaimRef], started: int, began: float,
+                              deadline_s: float | None) -> Mapping[str, ClaimResult]:
         budget = self.prepare_deadline_s if deadline_s is None else min(deadline_s, self.prepare_deadline_s)
         fetch_budget = max(0.0, budget - self.deadline_margin_s)
         loop = asyncio.get_running_loop()
@@ -402,11 +416,7 @@ class BatchRunner:
                         results[uid] = ClaimResult(error=f"{results[uid].error} (still not ready after "
                                                          f"{waited:.1f} s of retries; the kubelet retries)")
                     break
-                self._retrying |= retry
-                try:
-                    await asyncio.sleep(pause)
-                finally:
-                    self._retrying -= retry
+                await asyncio.sleep(pause)
                 again = [(ref, got) for ref, got in items if ref.uid in retry]
                 retry = set()
                 results.update(await loop.run_in_executor(self._work_pool, self._prepare_all, again, started,
@@ -926,8 +936,8 @@ class BatchRunner:
                         self._unprepared_at[ref.uid] = next(self._seq)  # newest last: eviction keeps recent ones
                         if self.aborted_ttl_s > 0:
                             started_record = self.state.get(ref.uid)
-                            if ref.uid in self._retrying or (started_record is not None and started_record.phase
-                                                             is ClaimPhase.PREPARE_STARTED):
+                            if ref.uid in self._in_flight or (started_record is not None and started_record.phase
+                                                              is ClaimPhase.PREPARE_STARTED):
                                 self._aborted[ref.uid] = time.monotonic()
                                 log.warning("claim %s: unprepared while its prepare was in progress; a prepare of it "
                                             "is refused for %.0f s (PrepareAborted)", ref, self.aborted_ttl_s)
