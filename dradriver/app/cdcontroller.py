@@ -256,7 +256,7 @@ class ComputeDomainController:
         finally:
             stop.set()
             self.queue.wake()
-            for t in threads:
+            for t in threads[1:]:  # the watch thread ends with its current request (a daemon thread)
                 t.join(timeout=5)
             log.info("compute-domain controller stopped")
 
