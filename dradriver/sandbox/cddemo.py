@@ -166,7 +166,7 @@ def _run_steps(cluster: MultiNodeCluster, narrator: Narrator) -> None:
             raise DemoError(f"Pod {name} should get {CHANNEL0}, got {edits.device_paths() if edits else None}")
         dev = edits.device_nodes[0]
         narrator.say(f"{name}: {', '.join(edits.device_ids)} -> {dev['path']} (char {dev.get('major')}:"
-                     f"{dev.get('minor')})", pod=name, cdi_devices=edits.device_ids, device_nodes=edits.device_nodes)
+                     f"{dev.get('minor', 0)})", pod=name, cdi_devices=edits.device_ids, device_nodes=edits.device_nodes)
     narrator.done()
 
     narrator.step(6, "the IMEX daemons connected to each other")
