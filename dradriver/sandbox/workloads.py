@@ -410,7 +410,8 @@ class Workloads:
         }
         if status == pod.reported:
             return
-        obj["status"] = {**status, "startTime": (obj.get("status") or {}).get("startTime") or now()}
+        old = obj.get("status") or {}  # keep what others wrote (resourceClaimStatuses, podIPs)
+        obj["status"] = {**old, **status, "startTime": old.get("startTime") or now()}
         try:
             self.api.update(obj, subresource="status")
         except ApiStatusError:
