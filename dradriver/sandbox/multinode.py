@@ -66,7 +66,7 @@ from typing import Any
 import yaml
 
 from dradriver.allocator.allocation import AllocationError
-from dradriver.config import PLUGIN_FLAGS, Flag, PluginConfig
+from dradriver.config import COMPUTE_DOMAIN_PLUGIN_FLAGS, Flag, PluginConfig
 from dradriver.domain.claims import ClaimRef, ClaimResult
 from dradriver.domain.featuregates import FeatureGates
 from dradriver.domain.identity import COMPUTE_DOMAIN_DRIVER
@@ -356,15 +356,6 @@ def flag_environment(flags: Sequence[Flag], config: PluginConfig) -> dict[str, s
     return env
 
 
-def compute_domain_plugin_flags() -> Sequence[Flag]:
-    """The compute-domain plugin's flags (``dradriver.config.COMPUTE_DOMAIN_PLUGIN_FLAGS``), or the GPU plugin's
-    where that table does not exist."""
-    from dradriver import config
-
-    flags: Sequence[Flag] = getattr(config, "COMPUTE_DOMAIN_PLUGIN_FLAGS", PLUGIN_FLAGS)
-    return flags
-
-
 # -------------------------------------------------------------------------------------------------- runtime
 class NodeRuntime(Workloads):
     """The container runtime of one emulated node: runs its DaemonSet Pods once their claims are prepared, with
@@ -535,7 +526,7 @@ class MultiNodeCluster:
         """Start ``dradriver compute-domain-kubelet-plugin`` for node ``name`` (a process of its own, since the
         mock NVML serves one profile per process) and return it; output goes to :attr:`EmulatedNode.plugin_log`."""
         node = self.node(name)
-        env = {**os.environ, **flag_environment(compute_domain_plugin_flags(), self.plugin_config(node)),
+        env = {**os.environ, **flag_environment(COMPUTE_DOMAIN_PLUGIN_FLAGS, self.plugin_config(node)),
                "PYTHONPATH": str(REPO_ROOT), mock.CONTROL_ENV: str(node.sandbox.nvml_control),
                "LD_LIBRARY_PATH": str(mock.library_path().parent), **(extra_env or {})}
         with open(node.plugin_log, "ab") as out:

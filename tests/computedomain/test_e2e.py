@@ -6,6 +6,7 @@ unchanged (``../shared/peers/manifests/imex/``; copies in ``tests/sandbox/fixtur
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -221,6 +222,9 @@ def test_two_domains_in_one_clique_on_different_nodes_stay_apart(world: MultiNod
         assert names and all(n.startswith(cd.DNS_NAME_PREFIX) for n in names)
         hosts[name] = names
         assert "READY" in _ctl(world.nodes[node], pod, "-q")
+        status = json.loads(_ctl(world.nodes[node], pod, "-N", "-j"))
+        connected = [n["ip"] for n in status["nodes"] if n.get("connected")]
+        assert connected == [world.nodes[node].ip]  # itself only: no handshake with the other domain's daemon
     assert not set(hosts["left"]) & set(hosts["right"])  # per-domain DNS names: no name of one in the other
 
 
