@@ -962,6 +962,7 @@ class BatchRunner:
                             out[ref.uid] = f"claim {ref}: unprepare failed: {exc}"
                             continue
                         if record is None:
+                            self._unprepared_unknown(ref)
                             out[ref.uid] = ""
                         else:
                             stored.append(ref)
@@ -981,6 +982,17 @@ class BatchRunner:
                 for uid in list(itertools.islice(self._unprepared_at, len(self._unprepared_at) - 2048)):
                     del self._unprepared_at[uid]
         return out
+
+    def _unprepared_unknown(self, ref: ClaimRef) -> None:
+        """Tell preparers with an ``unprepared_unknown(ref)`` part that a claim without a record was unprepared (a
+        prepare that never completed may have left something meant for its next attempt, such as a node label)."""
+        for preparer in self.preparers:
+            hook = getattr(preparer, "unprepared_unknown", None)
+            if callable(hook):
+                try:
+                    hook(ref)
+                except Exception as exc:
+                    log.warning("claim %s: %s cleanup after an unprepare failed: %s", ref, preparer.kind, exc)
 
     def _forget_expired_aborts(self) -> None:
         now = time.monotonic()

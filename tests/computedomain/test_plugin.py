@@ -168,6 +168,8 @@ def test_readiness_timeout_is_a_clear_error(node: SandboxNode) -> None:
             assert "still not ready after" in got.error
             assert plugin.state.get(ref.uid) is None and not spec_path(node, ref.uid).exists()
             assert node_label(api) == uid  # kept for the daemon pod, as NVIDIA's plugin keeps it
+            assert (await conn.unprepare([ref]))[ref.uid] == ""  # the pod is gone before its claim was ever ready
+            assert node_label(api) is None
 
     asyncio.run(body())
 
