@@ -338,3 +338,29 @@ def test_published_slice_and_clique_label(node: SandboxNode) -> None:
         assert "nvidia.com/gpu.clique" not in labels
 
     asyncio.run(body())
+
+
+def test_periodic_refresh_follows_a_clique_change_and_keeps_the_last_on_error(node: SandboxNode) -> None:
+    api = node.api
+    assert api is not None
+
+    def control(*lines: str) -> None:
+        with open(node.nvml_control, "a", encoding="utf-8") as fh:
+            fh.write("".join(f"{line}\n" for line in lines))
+
+    def clique_label() -> str | None:
+        stored = api.get("Node", node.node_name)  # type: ignore[union-attr]
+        assert stored is not None
+        return (stored["metadata"].get("labels") or {}).get("nvidia.com/gpu.clique")
+
+    async def body() -> None:
+        async with running(cd_config(node, gpu_clique_label_enabled=True)) as (plugin, _conn):
+            control(*(f"set {gpu} fabric.cliqueId 5" for gpu in range(4)))
+            await asyncio.to_thread(plugin.refresh)
+            moved = GB200_CLIQUE.rsplit(".", 1)[0] + ".5"
+            assert plugin.clique_id == moved and clique_label() == moved
+            control("set 1 fabric.state 2")  # registration in progress again: an error, the last clique stays
+            await asyncio.to_thread(plugin.refresh)
+            assert plugin.clique_id == moved and clique_label() == moved
+
+    asyncio.run(body())
