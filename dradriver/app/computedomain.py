@@ -207,8 +207,8 @@ async def start_compute_domain_plugin(config: PluginConfig,
         imex = imexchannels.read_imex_node_info(config.proc_root, config.proc_devices_path)
         common = await asyncio.to_thread(driver_edits, config, version)
         spec = await asyncio.to_thread(base_spec, config, identity, session, imex, common)
+        # Kept when the plugin stops: containers of prepared daemon claims may start while it is being upgraded.
         cdifiles.write_file_atomically(config.cdi_root / BASE_SPEC_NAME, spec)
-        life.on_stop("base CDI spec", lambda: cdifiles.remove_file(config.cdi_root / BASE_SPEC_NAME))
         connection = await assembly.connect(life, identity, config)
         if config.gpu_clique_label_enabled:
             await asyncio.to_thread(set_clique_label, connection.client, config.node_name, clique)

@@ -13,6 +13,7 @@ from typing import Any
 
 from dradriver import config
 from dradriver.commands import _entrypoint
+from dradriver.commands._options import add_output_alias
 
 PROG = "compute-domain-kubelet-plugin"
 DESCRIPTION = "DRA kubelet plugin for NVIDIA ComputeDomains (driver compute-domain.nvidia.com): IMEX channels and " \
@@ -24,6 +25,7 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(PROG, help="run the ComputeDomain (IMEX) DRA kubelet plugin",
                                    description=DESCRIPTION)
     _entrypoint.add_component_flags(parser, config.COMPUTE_DOMAIN_PLUGIN_FLAGS)
+    add_output_alias(parser)
     parser.set_defaults(func=run)
 
 

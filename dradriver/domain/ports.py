@@ -221,6 +221,8 @@ class ClaimSpecPreparer(Protocol):
       device alone (``()``: none at all).
     * ``render_spec(ref, plans, records, spec_edits)``: the claim's whole CDI spec (bytes), ``b""`` when the claim
       needs no spec, ``None`` to let the runner render it; called when every plan of the claim is this kind's.
+    * ``unprepared_unknown(ref)``: a claim the claim state has no record of was unprepared (its prepare never
+      completed); the preparer removes what an attempt left for the next one (best effort, errors are logged).
     """
 
     def holds(self, plan: DevicePlan) -> Sequence[str]: ...

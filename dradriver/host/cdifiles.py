@@ -111,11 +111,6 @@ def write_claim_spec(
     return path
 
 
-def remove_file(path: Path) -> bool:
-    """Remove a spec file this plugin owns outright (the compute-domain base spec); False when it was gone."""
-    return _unlink(path)
-
-
 def _unlink(path: Path) -> bool:
     try:
         os.unlink(path)

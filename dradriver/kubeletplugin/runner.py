@@ -28,6 +28,13 @@ claim recorded and answers an error, so the kubelet's retry undoes again (undo i
 was in flight when the same claim UID was unprepared is refused, so a slow prepare never brings an unprepared
 claim back.
 
+A preparer that waits for something outside the node's control (the compute-domain channel preparer, for this
+node's IMEX daemon to be Ready) raises :class:`~dradriver.domain.ports.NotReadyYet`: the claim is rolled back like
+any failure (nothing of that attempt is undone) and retried with a doubling pause, outside the locks, until the
+call's deadline. Preparers may also name further devices a claim holds, their own CDI IDs and their own spec
+(:class:`~dradriver.domain.ports.ClaimSpecPreparer`). With ``aborted_ttl_s`` an unprepare that arrives while the
+claim's prepare is in progress makes later prepares of it stale for that long (NVIDIA's ``PrepareAborted``).
+
 At start, :meth:`BatchRunner.recover` undoes and rolls back claims a crash left PREPARE_STARTED, lets every
 preparer sweep side effects no record knows, and removes CDI specs of ours that no stored claim owns, so the
 node converges after a SIGKILL at any point.
@@ -955,6 +962,7 @@ class BatchRunner:
                             out[ref.uid] = f"claim {ref}: unprepare failed: {exc}"
                             continue
                         if record is None:
+                            self._unprepared_unknown(ref)
                             out[ref.uid] = ""
                         else:
                             stored.append(ref)
@@ -974,6 +982,17 @@ class BatchRunner:
                 for uid in list(itertools.islice(self._unprepared_at, len(self._unprepared_at) - 2048)):
                     del self._unprepared_at[uid]
         return out
+
+    def _unprepared_unknown(self, ref: ClaimRef) -> None:
+        """Tell preparers with an ``unprepared_unknown(ref)`` part that a claim without a record was unprepared (a
+        prepare that never completed may have left something meant for its next attempt, such as a node label)."""
+        for preparer in self.preparers:
+            hook = getattr(preparer, "unprepared_unknown", None)
+            if callable(hook):
+                try:
+                    hook(ref)
+                except Exception as exc:
+                    log.warning("claim %s: %s cleanup after an unprepare failed: %s", ref, preparer.kind, exc)
 
     def _forget_expired_aborts(self) -> None:
         now = time.monotonic()

@@ -29,6 +29,7 @@ is removed once the domain is gone, by the plugin's periodic cleanup), as NVIDIA
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -205,6 +206,11 @@ class ChannelPreparer:
         self.clique_id = clique_id
         self.host_managed = host_managed
         self.imex_ctl = imex_ctl
+        self._pending: dict[str, str] = {}
+        """Claim UID -> CD UID of claims whose last attempt labelled the node and is waiting for the daemon: the
+        label stays for the next attempt, and goes when the claim is unprepared before it ever completed (kept in
+        memory only: after a restart the controller's stale-label sweep removes such a label)."""
+        self._pending_lock = threading.Lock()
 
     def handles(self, device: object) -> bool:
         return isinstance(device, ImexChannel)
@@ -301,11 +307,25 @@ class ChannelPreparer:
         if clique:
             clique_name, entry = self.lookup.daemon_entry(uid, clique)
             if entry is None or entry.status != STATUS_READY:
+                with self._pending_lock:
+                    self._pending[claim.uid] = uid
                 seen = "no entry for this node" if entry is None else f"status {entry.status}"
                 raise NotReadyYet(claim, f"the IMEX daemon of ComputeDomain {namespace}/{name} on node "
                                          f"{self.lookup.node_name} is not Ready yet (ComputeDomainClique "
                                          f"{self.lookup.namespace}/{clique_name}: {seen})")
+        with self._pending_lock:
+            self._pending.pop(claim.uid, None)
         return UndoRecord(self.kind, 1, plan.device, data)
+
+    def unprepared_unknown(self, ref: ClaimRef) -> None:
+        """A claim that never completed was unprepared: remove the label its waiting attempts kept (only when it
+        still names that claim's domain)."""
+        with self._pending_lock:
+            uid = self._pending.pop(ref.uid, None)
+        if uid is not None and kube_cd.set_node_label(self.lookup.client, self.lookup.node_name, LABEL_COMPUTE_DOMAIN,
+                                                      None, only_if=uid):
+            log.info("node %s: label %s=%s removed (claim %s unprepared before it was ever prepared)",
+                     self.lookup.node_name, LABEL_COMPUTE_DOMAIN, uid, ref)
 
     def edits(self, claim: ClaimRef, plan: DevicePlan, record: UndoRecord) -> ContainerEdits:
         data = record.data or plan.details

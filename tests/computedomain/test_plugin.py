@@ -168,6 +168,8 @@ def test_readiness_timeout_is_a_clear_error(node: SandboxNode) -> None:
             assert "still not ready after" in got.error
             assert plugin.state.get(ref.uid) is None and not spec_path(node, ref.uid).exists()
             assert node_label(api) == uid  # kept for the daemon pod, as NVIDIA's plugin keeps it
+            assert (await conn.unprepare([ref]))[ref.uid] == ""  # the pod is gone before its claim was ever ready
+            assert node_label(api) is None
 
     asyncio.run(body())
 
@@ -312,7 +314,7 @@ def test_daemon_claim_gets_domain_dir_env_mount_and_fabric_capability(node: Sand
             from dradriver.app.computedomain import remove_vanished_domain_dirs
             assert remove_vanished_domain_dirs(plugin.client, plugin.config, plugin.runner) == [uid]
             assert not domain_dir.exists()
-        assert not (node.cdi_root / "k8s.compute-domain.nvidia.com-device_base.json").exists()
+        assert (node.cdi_root / "k8s.compute-domain.nvidia.com-device_base.json").exists()  # outlives the plugin
 
     asyncio.run(body())
 
@@ -334,5 +336,31 @@ def test_published_slice_and_clique_label(node: SandboxNode) -> None:
             assert labels["nvidia.com/gpu.clique"] == GB200_CLIQUE
         labels = api.get("Node", node.node_name)["metadata"].get("labels") or {}  # type: ignore[index]
         assert "nvidia.com/gpu.clique" not in labels
+
+    asyncio.run(body())
+
+
+def test_periodic_refresh_follows_a_clique_change_and_keeps_the_last_on_error(node: SandboxNode) -> None:
+    api = node.api
+    assert api is not None
+
+    def control(*lines: str) -> None:
+        with open(node.nvml_control, "a", encoding="utf-8") as fh:
+            fh.write("".join(f"{line}\n" for line in lines))
+
+    def clique_label() -> str | None:
+        stored = api.get("Node", node.node_name)  # type: ignore[union-attr]
+        assert stored is not None
+        return (stored["metadata"].get("labels") or {}).get("nvidia.com/gpu.clique")
+
+    async def body() -> None:
+        async with running(cd_config(node, gpu_clique_label_enabled=True)) as (plugin, _conn):
+            control(*(f"set {gpu} fabric.cliqueId 5" for gpu in range(4)))
+            await asyncio.to_thread(plugin.refresh)
+            moved = GB200_CLIQUE.rsplit(".", 1)[0] + ".5"
+            assert plugin.clique_id == moved and clique_label() == moved
+            control("set 1 fabric.state 2")  # registration in progress again: an error, the last clique stays
+            await asyncio.to_thread(plugin.refresh)
+            assert plugin.clique_id == moved and clique_label() == moved
 
     asyncio.run(body())

@@ -58,6 +58,7 @@ def test_unprepare_during_the_wait_aborts_the_prepare_and_a_late_prepare_is_stal
             assert (await conn.unprepare([ref]))[ref.uid] == ""
             got = (await pending)[ref.uid]
             assert "unprepared while this prepare was in flight" in got.error
+            assert node_label(api) is None  # the waiting attempts' label went with the unprepare
             late = (await conn.prepare([ref]))[ref.uid]
             assert "stale prepare" in late.error and "PrepareAborted" in late.error
             assert plugin.state.get(ref.uid) is None and not spec_path(node, ref.uid).exists()
