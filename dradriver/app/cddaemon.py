@@ -248,8 +248,8 @@ def run_daemon(settings: DaemonSettings, client: KubeClient, stop: threading.Eve
             if write_hosts_file(settings.hosts_file, imex.render_hosts(current, new)):
                 log.info("wrote %s: %d of %d IMEX peer names in use", settings.hosts_file,
                          sum(ip != cd.UNUSED_SLOT_IP for ip in new.values()), len(new))
-            if mapping is None or process.pid is None:
-                process.ensure_started()
+            if mapping is None:
+                process.ensure_started()  # once; the watchdog restarts it after an unexpected exit
             else:
                 change = imex.membership_change(mapping, new)
                 if change.changed:

@@ -199,3 +199,32 @@ def test_missing_compute_domain_uuid_is_the_cdi_error(short_dir: Path,
     assert "is CDI enabled in your container runtime?" in done.stderr
     assert shutil.which("nvidia-imex", path=env["PATH"])  # the stand-in was there; the daemon never ran it
     assert "NOT_READY" not in done.stdout
+
+
+def _children(pid: int) -> list[int]:
+    """Child processes of ``pid``, whichever of its threads started them."""
+    return sorted(int(c) for task in Path(f"/proc/{pid}/task").iterdir()
+                  for c in (task / "children").read_text().split())
+
+
+def test_concurrent_joins_get_distinct_indexes_and_a_crashed_imex_is_restarted(
+        short_dir: Path, world: tuple[ApiServerEmulator, dict[str, str], list[Daemon]]) -> None:
+    api, env, daemons = world
+    prefix = loopback_prefix()
+    daemons.extend(Daemon(env, short_dir, api, f"node-{i}", f"{prefix}.{i + 1}", f"cd-daemon-{i}") for i in range(3))
+    for daemon in daemons:
+        daemon.start()
+    wait_until(lambda: len(_entries(api)) == 3, "three clique entries")
+    assert sorted(e["index"] for e in _entries(api).values()) == [0, 1, 2]
+    indexes = {n: e["index"] for n, e in _entries(api).items()}
+    for daemon in daemons:
+        wait_until(lambda d=daemon: d.check().returncode == 0, f"{daemon.pod} READY")
+    assert daemons[0].proc is not None
+    wait_until(lambda: len(_children(daemons[0].proc.pid)) == 1, "nvidia-imex under the daemon")
+    (imex_pid,) = _children(daemons[0].proc.pid)
+    os.kill(imex_pid, signal.SIGKILL)
+    wait_until(lambda: "exited unexpectedly" in daemons[0].log(), "the watchdog noticing")
+    wait_until(lambda: _children(daemons[0].proc.pid) not in ([], [imex_pid]), "a new nvidia-imex")
+    for daemon in daemons:
+        wait_until(lambda d=daemon: d.check().returncode == 0, f"{daemon.pod} READY after the restart")
+    assert {n: e["index"] for n, e in _entries(api).items()} == indexes
