@@ -4,6 +4,7 @@ addresses, READY only with every listed peer connected both ways, refusals a wro
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -147,3 +148,19 @@ def test_sigusr1_after_a_hosts_change_connects_the_new_peer_and_drops_the_old(sh
     nodes[0].stop()
     nodes[1].wait_log(f"dropping peer {names[0]}")
     wait_until(lambda: nodes[1].ready() and nodes[2].ready(), "the remaining two READY")
+
+
+def test_host_managed_query_over_the_unix_socket(short_dir: Path, cluster) -> None:
+    """Host-managed IMEX: the plugin asks ``nvidia-imex-ctl -q --u=<socket>`` (``IMEX_CMD_UNIX_DOMAIN_PATH``)."""
+    bin_dir, prefix, started = cluster
+    nodes, _ = _nodes(short_dir, bin_dir, prefix, started, 1)
+    socket_path = short_dir / "imex.sock"
+    nodes[0].config.write_text(nodes[0].config.read_text() + f"IMEX_CMD_UNIX_DOMAIN_PATH={socket_path}\n")
+    nodes[0].start()
+    wait_until(socket_path.exists, "the command socket")
+    for form in ([f"--u={socket_path}"], ["-u", str(socket_path)]):
+        done = subprocess.run([str(bin_dir / "nvidia-imex-ctl"), "-q", *form], capture_output=True, text=True,
+                              timeout=20, check=False)
+        assert (done.returncode, done.stdout) == (0, "READY\n"), done.stderr
+    assert nodes[0].stop() == 0
+    assert not socket_path.exists()
