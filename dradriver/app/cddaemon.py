@@ -27,6 +27,7 @@ watched through informers (NVIDIA: informer events, resync 4 min); only the defa
 from __future__ import annotations
 
 import logging
+import os
 import random
 import subprocess
 import threading
@@ -232,7 +233,9 @@ def run_daemon(settings: DaemonSettings, client: KubeClient, stop: threading.Eve
         stop.wait()
         return 0
     render_configs(settings)
-    process = ImexProcess([settings.imex_binary, "-c", str(settings.config_path)], env=settings.imex_env)
+    env = dict(os.environ) if settings.imex_env is None else dict(settings.imex_env)
+    env["DRADRIVER_HOSTS_FILE"] = str(settings.hosts_file)  # the stand-in's resolver; the real daemon's is libc's
+    process = ImexProcess([settings.imex_binary, "-c", str(settings.config_path)], env=env)
     mapping: dict[str, str] | None = None
     try:
         while not stop.is_set():

@@ -228,3 +228,40 @@ def test_concurrent_joins_get_distinct_indexes_and_a_crashed_imex_is_restarted(
     for daemon in daemons:
         wait_until(lambda d=daemon: d.check().returncode == 0, f"{daemon.pod} READY after the restart")
     assert {n: e["index"] for n, e in _entries(api).items()} == indexes
+
+
+def test_a_pod_ip_reused_by_another_domain_fails_the_handshake_until_the_stale_entry_goes(
+        short_dir: Path, world: tuple[ApiServerEmulator, dict[str, str], list[Daemon]]) -> None:
+    """Two domains in one clique (NVIDIA #1447/#1448): domain X's daemon on node-1 is force-deleted (its entry
+    stays) and domain Y's new daemon there gets the same pod IP. X's node-0 still maps X's name for slot 1 to
+    that IP; Y's nvidia-imex refuses the handshake for X's name, so X's node-0 is not READY and Y's own state is
+    unaffected. Once the stale entry is pruned (the controller's job), X's node-0 gets SIGUSR1 and is READY."""
+    api, env, daemons = world
+    other = "9f0e8d7c-6b5a-4c3d-8e2f-0123456789ab"
+    prefix = loopback_prefix()
+    x0 = Daemon(env, short_dir, api, "node-0", f"{prefix}.1", "x-daemon-0")
+    x1 = Daemon(env, short_dir, api, "node-1", f"{prefix}.2", "x-daemon-1")
+    daemons.extend((x0, x1))
+    for daemon in (x0, x1):
+        daemon.start()
+        wait_until(lambda d=daemon: d.node in _entries(api), f"{daemon.node}'s clique entry")
+    for daemon in (x0, x1):
+        wait_until(lambda d=daemon: d.check().returncode == 0, f"{daemon.pod} READY")
+    x1.kill()
+    y1 = Daemon(env, short_dir, api, "node-1", f"{prefix}.2", "y-daemon-1", cd_uid=other)
+    daemons.append(y1)
+    y1.start()
+    x_name, y_name = cd.dns_name(CD_UID, 1), cd.dns_name(other, 0)
+    wait_until(lambda: f"asked for node '{x_name}', but this node is '{y_name}'" in y1.log(), "Y's refusal")
+    wait_until(lambda: "refused by the peer" in x0.log(), "X's node-0 told why")
+    assert x0.check().returncode == 1
+    wait_until(lambda: y1.check().returncode == 0, "Y's lone daemon READY")
+    x_clique = api.get(cd.CLIQUE_KIND, cd.clique_object_name(CD_UID, CLIQUE), NS)
+    y_clique = api.get(cd.CLIQUE_KIND, cd.clique_object_name(other, CLIQUE), NS)
+    assert x_clique is not None and y_clique is not None
+    assert [e["index"] for e in y_clique["daemons"]] == [0]
+    x_clique["daemons"] = [e for e in x_clique["daemons"] if e["nodeName"] != "node-1"]  # the controller's prune
+    api.update(x_clique)
+    wait_until(lambda: "SIGUSR1 received" in x0.log(), "X's node-0 signalled")
+    wait_until(lambda: x0.check().returncode == 0, "X's node-0 READY alone")
+    assert y_name not in x0.hosts.read_text() and x_name not in y1.hosts.read_text()
