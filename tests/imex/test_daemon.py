@@ -5,7 +5,6 @@ readiness through nvidia-imex-ctl, removal of the entry on SIGTERM, idling witho
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -197,8 +196,9 @@ def test_missing_compute_domain_uuid_is_the_cdi_error(short_dir: Path,
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 1
     assert "is CDI enabled in your container runtime?" in done.stderr
-    assert shutil.which("nvidia-imex", path=env["PATH"])  # the stand-in was there; the daemon never ran it
-    assert "NOT_READY" not in done.stdout
+    pod = api.get("Pod", daemon.pod, NS)
+    assert pod is not None and cd.LABEL_CLIQUE_ID not in pod["metadata"].get("labels", {})  # failed before anything
+    assert not api.objects(cd.CLIQUE_KIND, NS)
 
 
 def _children(pid: int) -> list[int]:
@@ -265,3 +265,15 @@ def test_a_pod_ip_reused_by_another_domain_fails_the_handshake_until_the_stale_e
     wait_until(lambda: "SIGUSR1 received" in x0.log(), "X's node-0 signalled")
     wait_until(lambda: x0.check().returncode == 0, "X's node-0 READY alone")
     assert y_name not in x0.hosts.read_text() and x_name not in y1.hosts.read_text()
+
+
+def test_a_daemon_claim_without_the_config_template_fails_clearly(
+        short_dir: Path, world: tuple[ApiServerEmulator, dict[str, str], list[Daemon]]) -> None:
+    api, env, _ = world
+    daemon = Daemon(env, short_dir, api, "node-z", f"{loopback_prefix()}.1", "cd-daemon-z")
+    (daemon.imexd / imex.CONFIG_TEMPLATE_FILE).unlink()
+    done = subprocess.run([sys.executable, "-m", "dradriver", "compute-domain-daemon", "run"], env=daemon.env,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 1
+    assert f"{daemon.imexd / imex.CONFIG_TEMPLATE_FILE} is missing" in done.stderr
+    assert not api.objects(cd.CLIQUE_KIND, NS)
