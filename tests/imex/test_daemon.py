@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -56,11 +57,11 @@ class Daemon:
 
     def start(self) -> None:
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "dradriver", "compute-domain-daemon", "-v", "4", "run"],
+            self.proc = subprocess.Popen(["compute-domain-daemon", "-v", "4", "run"],  # as NVIDIA's DaemonSet runs it
                                          env=self.env, stdout=log, stderr=log, start_new_session=True)
 
     def check(self) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "dradriver", "compute-domain-daemon", "check"], env=self.env,
+        return subprocess.run(["compute-domain-daemon", "check"], env=self.env,  # the pod's probes
                               capture_output=True, text=True, timeout=60, check=False)
 
     def set_ready(self, ready: bool = True) -> None:
@@ -87,6 +88,11 @@ class Daemon:
 @pytest.fixture
 def world(short_dir: Path) -> Iterator[tuple[ApiServerEmulator, dict[str, str], list[Daemon]]]:
     bin_dir = install_tools(short_dir / "bin")
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    module, _, function = scripts["compute-domain-daemon"].partition(":")
+    script = bin_dir / "compute-domain-daemon"  # the console script as pip generates it
+    script.write_text(f"#!{sys.executable}\nimport sys\nfrom {module} import {function}\nsys.exit({function}())\n")
+    script.chmod(0o755)
     with ApiServerEmulator() as api:
         env = {"PATH": f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}", "PYTHONPATH": str(REPO),
                "KUBECONFIG": api.kubeconfig_path(short_dir), "MAX_NODES_PER_IMEX_DOMAIN": str(MAX_NODES),
