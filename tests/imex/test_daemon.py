@@ -5,6 +5,7 @@ readiness through nvidia-imex-ctl, removal of the entry on SIGTERM, idling witho
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -64,6 +65,17 @@ class Daemon:
         return subprocess.run(["compute-domain-daemon", "check"], env=self.env,  # the pod's probes
                               capture_output=True, text=True, timeout=60, check=False)
 
+    def imex_state(self) -> str:
+        """What ``nvidia-imex-ctl -q`` prints (the stand-in is quick to ask; the probe is a whole Python start)."""
+        return subprocess.run([shutil_which("nvidia-imex-ctl", self.env), "-c", str(self.imexd / imex.CONFIG_FILE),
+                               "-q"], capture_output=True, text=True, timeout=20, check=False).stdout
+
+    def wait_ready(self, what: str) -> None:
+        """Wait until nvidia-imex is READY, then the probe ``compute-domain-daemon check`` must pass."""
+        wait_until(lambda: self.imex_state() == "READY\n", what)
+        done = self.check()
+        assert done.returncode == 0, done.stderr
+
     def set_ready(self, ready: bool = True) -> None:
         obj = self.api.get("Pod", self.pod, NS)
         assert obj is not None
@@ -108,6 +120,12 @@ def world(short_dir: Path) -> Iterator[tuple[ApiServerEmulator, dict[str, str], 
                 daemon.proc.wait(timeout=30)
 
 
+def shutil_which(name: str, env: dict[str, str]) -> str:
+    found = shutil.which(name, path=env["PATH"])
+    assert found is not None, name
+    return found
+
+
 def _entries(api: ApiServerEmulator) -> dict[str, dict[str, Any]]:
     obj = api.get(cd.CLIQUE_KIND, cd.clique_object_name(CD_UID, CLIQUE), NS)
     return {e["nodeName"]: e for e in (obj or {}).get("daemons") or ()}
@@ -148,7 +166,7 @@ def test_daemons_join_with_indexes_get_ready_restart_keeps_index_and_sigterm_lea
         assert f"IMEX_NODE_CONFIG_FILE={daemon.imexd / imex.NODES_FILE}\n" in config
         assert "localhost" in daemon.hosts.read_text()
     for daemon in daemons:
-        wait_until(lambda d=daemon: d.check().returncode == 0, f"{daemon.pod} check READY")
+        daemon.wait_ready(f"{daemon.pod} check READY")
         daemon.set_ready()
     wait_until(lambda: all(e["status"] == cd.STATUS_READY for e in _entries(api).values()), "entries Ready")
 
@@ -168,13 +186,13 @@ def test_daemons_join_with_indexes_get_ready_restart_keeps_index_and_sigterm_lea
                    "the moved name in the hosts file")
     assert "SIGUSR1 received" not in again.log()  # a fresh start reads the files; no signal
     for daemon in (daemons[0], daemons[2], again):
-        wait_until(lambda d=daemon: d.check().returncode == 0, f"{daemon.pod} READY again")
+        daemon.wait_ready(f"{daemon.pod} READY again")
 
     # SIGTERM: node-2 removes its entry; the others drop its name
     assert daemons[2].terminate() == 0
     assert "node-2" not in _entries(api)
     wait_until(lambda: f"{cd.UNUSED_SLOT_IP}\t{names[2]}" in daemons[0].hosts.read_text(), "node-2's name freed")
-    wait_until(lambda: daemons[0].check().returncode == 0, "node-0 READY with two members")
+    daemons[0].wait_ready("node-0 READY with two members")
 
 
 def test_no_clique_idles_and_check_succeeds(short_dir: Path,
@@ -224,7 +242,7 @@ def test_concurrent_joins_get_distinct_indexes_and_a_crashed_imex_is_restarted(
     assert sorted(e["index"] for e in _entries(api).values()) == [0, 1, 2]
     indexes = {n: e["index"] for n, e in _entries(api).items()}
     for daemon in daemons:
-        wait_until(lambda d=daemon: d.check().returncode == 0, f"{daemon.pod} READY")
+        daemon.wait_ready(f"{daemon.pod} READY")
     assert daemons[0].proc is not None
     wait_until(lambda: len(_children(daemons[0].proc.pid)) == 1, "nvidia-imex under the daemon")
     (imex_pid,) = _children(daemons[0].proc.pid)
@@ -232,7 +250,7 @@ def test_concurrent_joins_get_distinct_indexes_and_a_crashed_imex_is_restarted(
     wait_until(lambda: "exited unexpectedly" in daemons[0].log(), "the watchdog noticing")
     wait_until(lambda: _children(daemons[0].proc.pid) not in ([], [imex_pid]), "a new nvidia-imex")
     for daemon in daemons:
-        wait_until(lambda d=daemon: d.check().returncode == 0, f"{daemon.pod} READY after the restart")
+        daemon.wait_ready(f"{daemon.pod} READY after the restart")
     assert {n: e["index"] for n, e in _entries(api).items()} == indexes
 
 
@@ -252,7 +270,7 @@ def test_a_pod_ip_reused_by_another_domain_fails_the_handshake_until_the_stale_e
         daemon.start()
         wait_until(lambda d=daemon: d.node in _entries(api), f"{daemon.node}'s clique entry")
     for daemon in (x0, x1):
-        wait_until(lambda d=daemon: d.check().returncode == 0, f"{daemon.pod} READY")
+        daemon.wait_ready(f"{daemon.pod} READY")
     x1.kill()
     y1 = Daemon(env, short_dir, api, "node-1", f"{prefix}.2", "y-daemon-1", cd_uid=other)
     daemons.append(y1)
@@ -261,7 +279,7 @@ def test_a_pod_ip_reused_by_another_domain_fails_the_handshake_until_the_stale_e
     wait_until(lambda: f"asked for node '{x_name}', but this node is '{y_name}'" in y1.log(), "Y's refusal")
     wait_until(lambda: "refused by the peer" in x0.log(), "X's node-0 told why")
     assert x0.check().returncode == 1
-    wait_until(lambda: y1.check().returncode == 0, "Y's lone daemon READY")
+    y1.wait_ready("Y's lone daemon READY")
     x_clique = api.get(cd.CLIQUE_KIND, cd.clique_object_name(CD_UID, CLIQUE), NS)
     y_clique = api.get(cd.CLIQUE_KIND, cd.clique_object_name(other, CLIQUE), NS)
     assert x_clique is not None and y_clique is not None
@@ -269,7 +287,7 @@ def test_a_pod_ip_reused_by_another_domain_fails_the_handshake_until_the_stale_e
     x_clique["daemons"] = [e for e in x_clique["daemons"] if e["nodeName"] != "node-1"]  # the controller's prune
     api.update(x_clique)
     wait_until(lambda: "SIGUSR1 received" in x0.log(), "X's node-0 signalled")
-    wait_until(lambda: x0.check().returncode == 0, "X's node-0 READY alone")
+    x0.wait_ready("X's node-0 READY alone")
     assert y_name not in x0.hosts.read_text() and x_name not in y1.hosts.read_text()
 
 
