@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ import pytest
 from dradriver.domain import computedomains as cd
 from dradriver.domain import imex
 from dradriver.sandbox.apiserver import ApiServerEmulator
-from tests.factories import wait_until
+from tests.factories import wait_until as _wait_until
 from tests.imex.imexnodes import install_tools, loopback_prefix, template
 
 CD_UID = "5b2f5a6e-3c1d-4d7e-9a4b-1234567890ab"
@@ -29,6 +29,12 @@ MAX_NODES = 4
 REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow
+WAIT_S = 60.0
+"""Each daemon is a Python process importing the Kubernetes client: generous on a loaded machine."""
+
+
+def wait(predicate: Callable[[], bool], what: str) -> None:
+    _wait_until(predicate, what, timeout=WAIT_S)
 
 
 class Daemon:
@@ -72,7 +78,7 @@ class Daemon:
 
     def wait_ready(self, what: str) -> None:
         """Wait until nvidia-imex is READY, then the probe ``compute-domain-daemon check`` must pass."""
-        wait_until(lambda: self.imex_state() == "READY\n", what)
+        wait(lambda: self.imex_state() == "READY\n", what)
         done = self.check()
         assert done.returncode == 0, done.stderr
 
@@ -143,7 +149,7 @@ def test_daemons_join_with_indexes_get_ready_restart_keeps_index_and_sigterm_lea
         daemon = Daemon(env, short_dir, api, f"node-{i}", f"{prefix}.{i + 1}", f"cd-daemon-{i}")
         daemons.append(daemon)
         daemon.start()
-        wait_until(lambda d=daemon: d.node in _entries(api), f"{daemon.node}'s clique entry")
+        wait(lambda d=daemon: d.node in _entries(api), f"{daemon.node}'s clique entry")
     entries = _entries(api)
     assert {n: (e["index"], e["ipAddress"], e["status"]) for n, e in entries.items()} == {
         f"node-{i}": (i, f"{prefix}.{i + 1}", cd.STATUS_NOT_READY) for i in range(3)}
@@ -158,7 +164,7 @@ def test_daemons_join_with_indexes_get_ready_restart_keeps_index_and_sigterm_lea
     names = cd.dns_names(CD_UID, MAX_NODES)
     expected_hosts = [f"{prefix}.{i + 1}\t{names[i]}" for i in range(3)] + [f"{cd.UNUSED_SLOT_IP}\t{names[3]}"]
     for daemon in daemons:
-        wait_until(lambda d=daemon: all(line in d.hosts.read_text() for line in expected_hosts),
+        wait(lambda d=daemon: all(line in d.hosts.read_text() for line in expected_hosts),
                    f"{daemon.pod}'s hosts file")
         assert (daemon.imexd / imex.NODES_FILE).read_text() == "".join(f"{n}\n" for n in names)
         config = (daemon.imexd / imex.CONFIG_FILE).read_text()
@@ -168,7 +174,7 @@ def test_daemons_join_with_indexes_get_ready_restart_keeps_index_and_sigterm_lea
     for daemon in daemons:
         daemon.wait_ready(f"{daemon.pod} check READY")
         daemon.set_ready()
-    wait_until(lambda: all(e["status"] == cd.STATUS_READY for e in _entries(api).values()), "entries Ready")
+    wait(lambda: all(e["status"] == cd.STATUS_READY for e in _entries(api).values()), "entries Ready")
 
     # node-1's pod is force-deleted (SIGKILL, its entry stays) and comes back with a new pod IP
     before = [_imex_log_count(d, "SIGUSR1 received") for d in daemons]
@@ -177,12 +183,12 @@ def test_daemons_join_with_indexes_get_ready_restart_keeps_index_and_sigterm_lea
     again = Daemon(env, short_dir, api, "node-1", f"{prefix}.11", "cd-daemon-1b")
     daemons.append(again)
     again.start()
-    wait_until(lambda: _entries(api)["node-1"]["ipAddress"] == f"{prefix}.11", "node-1's entry with the new IP")
+    wait(lambda: _entries(api)["node-1"]["ipAddress"] == f"{prefix}.11", "node-1's entry with the new IP")
     assert {n: e["index"] for n, e in _entries(api).items()} == {"node-0": 0, "node-1": 1, "node-2": 2}
     for i in (0, 2):
-        wait_until(lambda d=daemons[i], b=before[i]: _imex_log_count(d, "SIGUSR1 received") > b,
+        wait(lambda d=daemons[i], b=before[i]: _imex_log_count(d, "SIGUSR1 received") > b,
                    f"{daemons[i].pod}'s nvidia-imex got SIGUSR1")
-        wait_until(lambda d=daemons[i]: f"{prefix}.11\t{names[1]}" in d.hosts.read_text(),
+        wait(lambda d=daemons[i]: f"{prefix}.11\t{names[1]}" in d.hosts.read_text(),
                    "the moved name in the hosts file")
     assert "SIGUSR1 received" not in again.log()  # a fresh start reads the files; no signal
     for daemon in (daemons[0], daemons[2], again):
@@ -191,7 +197,7 @@ def test_daemons_join_with_indexes_get_ready_restart_keeps_index_and_sigterm_lea
     # SIGTERM: node-2 removes its entry; the others drop its name
     assert daemons[2].terminate() == 0
     assert "node-2" not in _entries(api)
-    wait_until(lambda: f"{cd.UNUSED_SLOT_IP}\t{names[2]}" in daemons[0].hosts.read_text(), "node-2's name freed")
+    wait(lambda: f"{cd.UNUSED_SLOT_IP}\t{names[2]}" in daemons[0].hosts.read_text(), "node-2's name freed")
     daemons[0].wait_ready("node-0 READY with two members")
 
 
@@ -201,12 +207,12 @@ def test_no_clique_idles_and_check_succeeds(short_dir: Path,
     daemon = Daemon(env, short_dir, api, "node-x", f"{loopback_prefix()}.1", "cd-daemon-x", clique="")
     daemons.append(daemon)
     daemon.start()
-    wait_until(lambda: (api.get("Pod", daemon.pod, NS) or {})["metadata"].get("labels", {}).get(cd.LABEL_CLIQUE_ID)
+    wait(lambda: (api.get("Pod", daemon.pod, NS) or {})["metadata"].get("labels", {}).get(cd.LABEL_CLIQUE_ID)
                == "", "the empty clique label")
     assert daemon.check().returncode == 0
     assert not api.objects(cd.CLIQUE_KIND, NS)
     assert not (daemon.imexd / imex.CONFIG_FILE).exists()
-    wait_until(lambda: "idle until terminated" in daemon.log(), "the idle log line")
+    wait(lambda: "idle until terminated" in daemon.log(), "the idle log line")
     assert daemon.terminate() == 0
 
 
@@ -238,17 +244,17 @@ def test_concurrent_joins_get_distinct_indexes_and_a_crashed_imex_is_restarted(
     daemons.extend(Daemon(env, short_dir, api, f"node-{i}", f"{prefix}.{i + 1}", f"cd-daemon-{i}") for i in range(3))
     for daemon in daemons:
         daemon.start()
-    wait_until(lambda: len(_entries(api)) == 3, "three clique entries")
+    wait(lambda: len(_entries(api)) == 3, "three clique entries")
     assert sorted(e["index"] for e in _entries(api).values()) == [0, 1, 2]
     indexes = {n: e["index"] for n, e in _entries(api).items()}
     for daemon in daemons:
         daemon.wait_ready(f"{daemon.pod} READY")
     assert daemons[0].proc is not None
-    wait_until(lambda: len(_children(daemons[0].proc.pid)) == 1, "nvidia-imex under the daemon")
+    wait(lambda: len(_children(daemons[0].proc.pid)) == 1, "nvidia-imex under the daemon")
     (imex_pid,) = _children(daemons[0].proc.pid)
     os.kill(imex_pid, signal.SIGKILL)
-    wait_until(lambda: "exited unexpectedly" in daemons[0].log(), "the watchdog noticing")
-    wait_until(lambda: _children(daemons[0].proc.pid) not in ([], [imex_pid]), "a new nvidia-imex")
+    wait(lambda: "exited unexpectedly" in daemons[0].log(), "the watchdog noticing")
+    wait(lambda: _children(daemons[0].proc.pid) not in ([], [imex_pid]), "a new nvidia-imex")
     for daemon in daemons:
         daemon.wait_ready(f"{daemon.pod} READY after the restart")
     assert {n: e["index"] for n, e in _entries(api).items()} == indexes
@@ -268,7 +274,7 @@ def test_a_pod_ip_reused_by_another_domain_fails_the_handshake_until_the_stale_e
     daemons.extend((x0, x1))
     for daemon in (x0, x1):
         daemon.start()
-        wait_until(lambda d=daemon: d.node in _entries(api), f"{daemon.node}'s clique entry")
+        wait(lambda d=daemon: d.node in _entries(api), f"{daemon.node}'s clique entry")
     for daemon in (x0, x1):
         daemon.wait_ready(f"{daemon.pod} READY")
     x1.kill()
@@ -276,8 +282,8 @@ def test_a_pod_ip_reused_by_another_domain_fails_the_handshake_until_the_stale_e
     daemons.append(y1)
     y1.start()
     x_name, y_name = cd.dns_name(CD_UID, 1), cd.dns_name(other, 0)
-    wait_until(lambda: f"asked for node '{x_name}', but this node is '{y_name}'" in y1.log(), "Y's refusal")
-    wait_until(lambda: "refused by the peer" in x0.log(), "X's node-0 told why")
+    wait(lambda: f"asked for node '{x_name}', but this node is '{y_name}'" in y1.log(), "Y's refusal")
+    wait(lambda: "refused by the peer" in x0.log(), "X's node-0 told why")
     assert x0.check().returncode == 1
     y1.wait_ready("Y's lone daemon READY")
     x_clique = api.get(cd.CLIQUE_KIND, cd.clique_object_name(CD_UID, CLIQUE), NS)
@@ -286,7 +292,7 @@ def test_a_pod_ip_reused_by_another_domain_fails_the_handshake_until_the_stale_e
     assert [e["index"] for e in y_clique["daemons"]] == [0]
     x_clique["daemons"] = [e for e in x_clique["daemons"] if e["nodeName"] != "node-1"]  # the controller's prune
     api.update(x_clique)
-    wait_until(lambda: "SIGUSR1 received" in x0.log(), "X's node-0 signalled")
+    wait(lambda: "SIGUSR1 received" in x0.log(), "X's node-0 signalled")
     x0.wait_ready("X's node-0 READY alone")
     assert y_name not in x0.hosts.read_text() and x_name not in y1.hosts.read_text()
 
