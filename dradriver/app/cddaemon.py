@@ -29,7 +29,6 @@ from __future__ import annotations
 import logging
 import os
 import random
-import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
@@ -40,7 +39,7 @@ from dradriver.domain import computedomains as cd
 from dradriver.domain import imex
 from dradriver.domain.computedomains import CliqueDaemon
 from dradriver.errors import DradriverError
-from dradriver.host.imexprocess import ImexProcess, write_config_file, write_hosts_file
+from dradriver.host.imexprocess import ImexProcess, query_ready, write_config_file, write_hosts_file
 from dradriver.kube import computedomains as kube_cd
 from dradriver.kube import errors as kube_errors
 from dradriver.kube import pods
@@ -271,17 +270,11 @@ def run_daemon(settings: DaemonSettings, client: KubeClient, stop: threading.Eve
 
 
 def check(settings: DaemonSettings, timeout_s: float = 10.0) -> tuple[bool, str]:
-    """The probe: ``nvidia-imex-ctl -c <imexd.cfg> -q`` must print exactly ``READY\\n``; no clique: success.
+    """The probe: ``nvidia-imex-ctl -c <imexd.cfg> -q`` must print exactly ``READY\\n``
+    (:func:`~dradriver.host.imexprocess.query_ready`); no clique: success.
 
     :returns: (ok, what was printed or why it failed).
     """
     if not settings.clique_id:
         return True, "no clique: nothing to check"
-    argv = [settings.imex_ctl_binary, "-c", str(settings.config_path), "-q"]
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return False, f"{' '.join(argv)}: {exc}"
-    if done.stdout == "READY\n":
-        return True, "READY"
-    return False, f"{' '.join(argv)} printed {done.stdout!r} (status {done.returncode}) {done.stderr.strip()}".strip()
+    return query_ready(settings.imex_ctl_binary, settings.config_path, timeout_s)

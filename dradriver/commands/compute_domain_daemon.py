@@ -94,7 +94,6 @@ def run(args: argparse.Namespace) -> int:
     import threading
     from pathlib import Path
 
-    from dradriver.app import cddaemon
     from dradriver.domain.featuregates import FeatureGateError, parse_feature_gates
     from dradriver.errors import DradriverError
 
@@ -108,18 +107,25 @@ def run(args: argparse.Namespace) -> int:
     if args.action is None:
         print(f"{PROG}: a subcommand is required: run or check", file=sys.stderr)
         return 2
+    if args.action == "check":  # the probe runs every second at start-up: no plugin parts are loaded for it
+        if not args.cliqueid:
+            return 0
+        from dradriver.domain.imex import CONFIG_FILE
+        from dradriver.host.imexprocess import query_ready
+
+        ok, detail = query_ready("nvidia-imex-ctl", Path(args.imexd_dir) / CONFIG_FILE)
+        if not ok:
+            print(f"{PROG} check: {detail}", file=sys.stderr)
+        return 0 if ok else 1
+
+    from dradriver.app import cddaemon
+
     settings = cddaemon.DaemonSettings(
         clique_id=args.cliqueid, cd_uid=args.compute_domain_uuid, cd_name=args.compute_domain_name,
         cd_namespace=args.compute_domain_namespace, node_name=args.node_name, pod_ip=args.pod_ip,
         pod_uid=args.pod_uid, pod_name=args.pod_name, pod_namespace=args.pod_namespace,
         max_nodes=args.max_nodes_per_imex_domain, imexd_dir=Path(args.imexd_dir), hosts_file=Path(args.hosts_file),
         poll_interval_s=args.poll_interval_seconds)
-    if args.action == "check":
-        ok, detail = cddaemon.check(settings)
-        if not ok:
-            print(f"{PROG} check: {detail}", file=sys.stderr)
-        return 0 if ok else 1
-
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(sig, lambda *_: stop.set())
