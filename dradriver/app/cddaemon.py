@@ -45,7 +45,8 @@ from dradriver.kube import errors as kube_errors
 from dradriver.kube import pods
 from dradriver.kube.client import KubeClient
 
-__all__ = ["CDI_HINT", "DaemonError", "DaemonSettings", "check", "run_daemon"]
+__all__ = ["CDI_HINT", "DaemonError", "DaemonSettings", "check", "join_clique", "leave_clique", "render_configs",
+           "run_daemon"]
 
 log = logging.getLogger(__name__)
 
