@@ -27,8 +27,8 @@ watched through informers (NVIDIA: informer events, resync 4 min); only the defa
 from __future__ import annotations
 
 import logging
+import os
 import random
-import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
@@ -39,13 +39,14 @@ from dradriver.domain import computedomains as cd
 from dradriver.domain import imex
 from dradriver.domain.computedomains import CliqueDaemon
 from dradriver.errors import DradriverError
-from dradriver.host.imexprocess import ImexProcess, write_config_file, write_hosts_file
+from dradriver.host.imexprocess import ImexProcess, query_ready, write_config_file, write_hosts_file
 from dradriver.kube import computedomains as kube_cd
 from dradriver.kube import errors as kube_errors
 from dradriver.kube import pods
 from dradriver.kube.client import KubeClient
 
-__all__ = ["CDI_HINT", "DaemonError", "DaemonSettings", "check", "run_daemon"]
+__all__ = ["CDI_HINT", "DaemonError", "DaemonSettings", "check", "join_clique", "leave_clique", "render_configs",
+           "run_daemon"]
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +233,9 @@ def run_daemon(settings: DaemonSettings, client: KubeClient, stop: threading.Eve
         stop.wait()
         return 0
     render_configs(settings)
-    process = ImexProcess([settings.imex_binary, "-c", str(settings.config_path)], env=settings.imex_env)
+    env = dict(os.environ) if settings.imex_env is None else dict(settings.imex_env)
+    env["DRADRIVER_HOSTS_FILE"] = str(settings.hosts_file)  # the stand-in's resolver; the real daemon's is libc's
+    process = ImexProcess([settings.imex_binary, "-c", str(settings.config_path)], env=env)
     mapping: dict[str, str] | None = None
     try:
         while not stop.is_set():
@@ -248,8 +251,8 @@ def run_daemon(settings: DaemonSettings, client: KubeClient, stop: threading.Eve
             if write_hosts_file(settings.hosts_file, imex.render_hosts(current, new)):
                 log.info("wrote %s: %d of %d IMEX peer names in use", settings.hosts_file,
                          sum(ip != cd.UNUSED_SLOT_IP for ip in new.values()), len(new))
-            if mapping is None or process.pid is None:
-                process.ensure_started()
+            if mapping is None:
+                process.ensure_started()  # once; the watchdog restarts it after an unexpected exit
             else:
                 change = imex.membership_change(mapping, new)
                 if change.changed:
@@ -268,17 +271,11 @@ def run_daemon(settings: DaemonSettings, client: KubeClient, stop: threading.Eve
 
 
 def check(settings: DaemonSettings, timeout_s: float = 10.0) -> tuple[bool, str]:
-    """The probe: ``nvidia-imex-ctl -c <imexd.cfg> -q`` must print exactly ``READY\\n``; no clique: success.
+    """The probe: ``nvidia-imex-ctl -c <imexd.cfg> -q`` must print exactly ``READY\\n``
+    (:func:`~dradriver.host.imexprocess.query_ready`); no clique: success.
 
     :returns: (ok, what was printed or why it failed).
     """
     if not settings.clique_id:
         return True, "no clique: nothing to check"
-    argv = [settings.imex_ctl_binary, "-c", str(settings.config_path), "-q"]
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return False, f"{' '.join(argv)}: {exc}"
-    if done.stdout == "READY\n":
-        return True, "READY"
-    return False, f"{' '.join(argv)} printed {done.stdout!r} (status {done.returncode}) {done.stderr.strip()}".strip()
+    return query_ready(settings.imex_ctl_binary, settings.config_path, timeout_s)

@@ -3,9 +3,10 @@
 NVIDIA's chart runs its binaries by name (``gpu-kubelet-plugin -v $(LOG_VERBOSITY)``, nvidia-image-contract.md).
 dradriver's image provides each as a console script whose ``main`` is :func:`console_main` with the component's
 flags and run function; the same component is also a ``dradriver`` subcommand of the same name:
-``gpu-kubelet-plugin`` (:mod:`dradriver.commands.gpu_kubelet_plugin`) and ``compute-domain-kubelet-plugin``
-(:mod:`dradriver.commands.compute_domain_kubelet_plugin`, flags :data:`dradriver.config.COMPUTE_DOMAIN_PLUGIN_FLAGS`).
-The other compute-domain components (``compute-domain-controller``, ``compute-domain-daemon``) call
+``gpu-kubelet-plugin`` (:mod:`dradriver.commands.gpu_kubelet_plugin`), ``compute-domain-kubelet-plugin``
+(:mod:`dradriver.commands.compute_domain_kubelet_plugin`, flags :data:`dradriver.config.COMPUTE_DOMAIN_PLUGIN_FLAGS`)
+and ``compute-domain-daemon`` (:mod:`dradriver.commands.compute_domain_daemon`, whose ``run``/``check``
+subcommands need its own ``main`` around :func:`build_parser`). ``compute-domain-controller`` calls
 :func:`console_main` the same way.
 """
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from dradriver import config
 from dradriver.commands import _entrypoint
+from dradriver.commands._options import add_output_alias
 
 PROG = "compute-domain-daemon"
 DESCRIPTION = "IMEX daemon wrapper of a ComputeDomain (driver compute-domain.nvidia.com): joins the domain's " \
@@ -53,8 +54,8 @@ DAEMON_FLAGS: tuple[config.Flag, ...] = (
 
 
 def _add_subcommands(parser: argparse.ArgumentParser) -> None:
+    parser.set_defaults(action=None)
     sub = parser.add_subparsers(dest="daemon_command", metavar="run|check")
-    sub.required = True
     sub.add_parser("run", help="join the domain and run nvidia-imex until SIGTERM").set_defaults(action="run")
     sub.add_parser("check", help="succeed when nvidia-imex-ctl -q reports READY (or no clique)") \
         .set_defaults(action="check")
@@ -65,6 +66,7 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(PROG, help="IMEX daemon wrapper of a ComputeDomain (run|check)",
                                    description=DESCRIPTION)
     _entrypoint.add_component_flags(parser, DAEMON_FLAGS)
+    add_output_alias(parser)
     _add_subcommands(parser)
     parser.set_defaults(func=run)
 
@@ -92,7 +94,6 @@ def run(args: argparse.Namespace) -> int:
     import threading
     from pathlib import Path
 
-    from dradriver.app import cddaemon
     from dradriver.domain.featuregates import FeatureGateError, parse_feature_gates
     from dradriver.errors import DradriverError
 
@@ -103,18 +104,28 @@ def run(args: argparse.Namespace) -> int:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
     log = logging.getLogger("dradriver.compute_domain_daemon")
+    if args.action is None:
+        print(f"{PROG}: a subcommand is required: run or check", file=sys.stderr)
+        return 2
+    if args.action == "check":  # the probe runs every second at start-up: no plugin parts are loaded for it
+        if not args.cliqueid:
+            return 0
+        from dradriver.domain.imex import CONFIG_FILE
+        from dradriver.host.imexprocess import query_ready
+
+        ok, detail = query_ready("nvidia-imex-ctl", Path(args.imexd_dir) / CONFIG_FILE)
+        if not ok:
+            print(f"{PROG} check: {detail}", file=sys.stderr)
+        return 0 if ok else 1
+
+    from dradriver.app import cddaemon
+
     settings = cddaemon.DaemonSettings(
         clique_id=args.cliqueid, cd_uid=args.compute_domain_uuid, cd_name=args.compute_domain_name,
         cd_namespace=args.compute_domain_namespace, node_name=args.node_name, pod_ip=args.pod_ip,
         pod_uid=args.pod_uid, pod_name=args.pod_name, pod_namespace=args.pod_namespace,
         max_nodes=args.max_nodes_per_imex_domain, imexd_dir=Path(args.imexd_dir), hosts_file=Path(args.hosts_file),
         poll_interval_s=args.poll_interval_seconds)
-    if args.action == "check":
-        ok, detail = cddaemon.check(settings)
-        if not ok:
-            print(f"{PROG} check: {detail}", file=sys.stderr)
-        return 0 if ok else 1
-
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(sig, lambda *_: stop.set())

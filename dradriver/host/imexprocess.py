@@ -23,7 +23,7 @@ from pathlib import Path
 
 from dradriver.host.cdifiles import write_file_atomically
 
-__all__ = ["WATCHDOG_INTERVAL_S", "ImexProcess", "write_config_file", "write_hosts_file"]
+__all__ = ["WATCHDOG_INTERVAL_S", "ImexProcess", "query_ready", "write_config_file", "write_hosts_file"]
 
 log = logging.getLogger(__name__)
 
@@ -160,3 +160,20 @@ class ImexProcess:
             return None
         log.info("nvidia-imex (pid %d) exited with status %d", proc.pid, code)
         return code
+
+
+def query_ready(ctl: str, config_path: Path, timeout_s: float = 10.0) -> tuple[bool, str]:
+    """``<ctl> -c <config_path> -q``: ready only when it prints exactly ``READY\n`` (NVIDIA's probe,
+    ``nvidia-dra-driver.md`` 7.4; the exit status is not consulted).
+
+    :param timeout_s: seconds before the query counts as failed (the probes' timeout is 10 s).
+    :returns: (ready, ``READY`` or what was printed and why it is not ready).
+    """
+    argv = [ctl, "-c", str(config_path), "-q"]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, f"{' '.join(argv)}: {exc}"
+    if done.stdout == "READY\n":
+        return True, "READY"
+    return False, f"{' '.join(argv)} printed {done.stdout!r} (status {done.returncode}) {done.stderr.strip()}".strip()

@@ -4,6 +4,7 @@ addresses, READY only with every listed peer connected both ways, refusals a wro
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,12 +14,13 @@ from dradriver.domain.computedomains import UNUSED_SLOT_IP, dns_names
 from tests.factories import wait_until
 from tests.imex.imexnodes import ImexNode, install_tools, loopback_prefix
 
+Cluster = tuple[Path, str, list[ImexNode]]
+"""(bin dir, loopback prefix, nodes to stop at the end)."""
 CD_X, CD_Y = "11111111-aaaa-4aaa-8aaa-000000000001", "22222222-bbbb-4bbb-8bbb-000000000002"
 
 
 @pytest.fixture
-def cluster(short_dir: Path) -> Iterator[tuple[Path, str, list[ImexNode]]]:
-    """(bin dir, loopback prefix, nodes to stop at the end)."""
+def cluster(short_dir: Path) -> Iterator[Cluster]:
     bin_dir = install_tools(short_dir / "bin")
     started: list[ImexNode] = []
     yield bin_dir, loopback_prefix(), started
@@ -37,7 +39,7 @@ def _nodes(short_dir: Path, bin_dir: Path, prefix: str, started: list[ImexNode],
     return nodes, names
 
 
-def test_three_daemons_with_correct_configs_all_get_ready(short_dir: Path, cluster) -> None:
+def test_three_daemons_with_correct_configs_all_get_ready(short_dir: Path, cluster: Cluster) -> None:
     bin_dir, prefix, started = cluster
     nodes, names = _nodes(short_dir, bin_dir, prefix, started, 3)
     for node in nodes:
@@ -57,7 +59,7 @@ def test_three_daemons_with_correct_configs_all_get_ready(short_dir: Path, clust
         assert log.count("connected to ") >= 2 and log.count("accepted connection from ") >= 2
 
 
-def test_ctl_reports_not_ready_and_no_daemon(short_dir: Path, cluster) -> None:
+def test_ctl_reports_not_ready_and_no_daemon(short_dir: Path, cluster: Cluster) -> None:
     bin_dir, prefix, started = cluster
     nodes, _ = _nodes(short_dir, bin_dir, prefix, started, 2)
     nothing = nodes[0].ctl("-q")
@@ -71,7 +73,7 @@ def test_ctl_reports_not_ready_and_no_daemon(short_dir: Path, cluster) -> None:
     assert "SIGTERM received" in nodes[0].log()
 
 
-def test_wrong_nodes_cfg_is_refused(short_dir: Path, cluster) -> None:
+def test_wrong_nodes_cfg_is_refused(short_dir: Path, cluster: Cluster) -> None:
     """Node 2 lists another domain's names (its nodes.cfg and hosts are domain Y's): the others' handshake
     asks for X's name and is refused."""
     bin_dir, prefix, started = cluster
@@ -85,7 +87,7 @@ def test_wrong_nodes_cfg_is_refused(short_dir: Path, cluster) -> None:
     assert not any(n.ready() for n in nodes)
 
 
-def test_stale_hosts_entry_fails_until_fixed_and_sigusr1(short_dir: Path, cluster) -> None:
+def test_stale_hosts_entry_fails_until_fixed_and_sigusr1(short_dir: Path, cluster: Cluster) -> None:
     """Node 0's hosts file still maps node 1's name to an old pod IP: no connection, nobody is READY; the fixed
     file and SIGUSR1 connect it."""
     bin_dir, prefix, started = cluster
@@ -106,7 +108,7 @@ def test_stale_hosts_entry_fails_until_fixed_and_sigusr1(short_dir: Path, cluste
     wait_until(lambda: nodes[0].ready() and nodes[1].ready(), "both READY after the fix")
 
 
-def test_another_domains_daemon_on_a_reused_ip_is_refused(short_dir: Path, cluster) -> None:
+def test_another_domains_daemon_on_a_reused_ip_is_refused(short_dir: Path, cluster: Cluster) -> None:
     """Domain X's node 0 believes its peer's name maps to an IP a daemon of domain Y now holds (pod IP reused):
     Y's daemon refuses the handshake for X's name."""
     bin_dir, prefix, started = cluster
@@ -123,7 +125,8 @@ def test_another_domains_daemon_on_a_reused_ip_is_refused(short_dir: Path, clust
     wait_until(y_nodes[0].ready, "domain Y's lone daemon READY")
 
 
-def test_sigusr1_after_a_hosts_change_connects_the_new_peer_and_drops_the_old(short_dir: Path, cluster) -> None:
+def test_sigusr1_after_a_hosts_change_connects_the_new_peer_and_drops_the_old(short_dir: Path,
+                                                                             cluster: Cluster) -> None:
     bin_dir, prefix, started = cluster
     nodes, names = _nodes(short_dir, bin_dir, prefix, started, 3)
     two = {names[0]: nodes[0].ip, names[1]: nodes[1].ip, names[2]: UNUSED_SLOT_IP, names[3]: UNUSED_SLOT_IP}
@@ -147,3 +150,19 @@ def test_sigusr1_after_a_hosts_change_connects_the_new_peer_and_drops_the_old(sh
     nodes[0].stop()
     nodes[1].wait_log(f"dropping peer {names[0]}")
     wait_until(lambda: nodes[1].ready() and nodes[2].ready(), "the remaining two READY")
+
+
+def test_host_managed_query_over_the_unix_socket(short_dir: Path, cluster: Cluster) -> None:
+    """Host-managed IMEX: the plugin asks ``nvidia-imex-ctl -q --u=<socket>`` (``IMEX_CMD_UNIX_DOMAIN_PATH``)."""
+    bin_dir, prefix, started = cluster
+    nodes, _ = _nodes(short_dir, bin_dir, prefix, started, 1)
+    socket_path = short_dir / "imex.sock"
+    nodes[0].config.write_text(nodes[0].config.read_text() + f"IMEX_CMD_UNIX_DOMAIN_PATH={socket_path}\n")
+    nodes[0].start()
+    wait_until(socket_path.exists, "the command socket")
+    for form in ([f"--u={socket_path}"], ["-u", str(socket_path)]):
+        done = subprocess.run([str(bin_dir / "nvidia-imex-ctl"), "-q", *form], capture_output=True, text=True,
+                              timeout=20, check=False)
+        assert (done.returncode, done.stdout) == (0, "READY\n"), done.stderr
+    assert nodes[0].stop() == 0
+    assert not socket_path.exists()

@@ -309,6 +309,7 @@ class Imex:
             loop.add_signal_handler(sig, self.stop.set)
         loop.add_signal_handler(signal.SIGUSR1, self._reload)
         servers = []
+        self.load()  # before listening: a peer's first handshake is checked against this node's own name
         try:
             servers.append(await asyncio.start_server(self.accept, self.ip, self.port, reuse_address=True))
             if self.cmd_enabled:
@@ -323,7 +324,6 @@ class Imex:
             return 1
         self.log("INFO", f"IMEX stand-in listening on {self.ip}:{self.port}"
                  + (f", command service on {self.cmd_ip}:{self.cmd_port}" if self.cmd_enabled else ""))
-        self.load()
         self._ready_log()
         await self.stop.wait()
         self.stopping = True
