@@ -263,3 +263,14 @@ def test_a_domain_in_another_namespace_gets_its_workload_template_there(api: Api
     assert api.get("ResourceClaimTemplate", daemon_object_name(uid), DRIVER_NS) is not None
     with pytest.raises(kubernetes.client.ApiException):
         client.resource.read_namespaced_resource_claim_template("cd4-channel", "default")
+
+
+def test_the_sweep_runs_at_start(api: ApiServerEmulator, client: KubeClient) -> None:
+    gone = ComputeDomain(name="gone", namespace="default", uid="00000000-dead-4000-8000-000000000001",
+                         template_name="gone-channel")
+    api.create(daemon_set(gone, settings()))
+    api.create(workload_claim_template(gone, settings()))
+    controller = ComputeDomainController(client, settings(), status_period_s=0.05, cleanup_period_s=3600)
+    with running(controller):
+        wait_for(lambda: not api.objects("DaemonSet") and not api.objects("ResourceClaimTemplate"),
+                 "the start-up sweep")
