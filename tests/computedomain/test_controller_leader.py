@@ -183,10 +183,11 @@ def test_two_controllers_one_reconciles_and_the_standby_finishes_after_a_kill(ap
         assert "reconciled ComputeDomain" not in standby_log and "created " not in standby_log
 
         # the leader hangs creating cd2's DaemonSet (after the daemon template), and is killed there
-        api.hang_next(1, seconds=4.0, method="POST", path=re.compile("/daemonsets$"))
+        api.hang_next(1, seconds=10.0, method="POST", path=re.compile("/daemonsets$"))
         uid = client.custom.create_namespaced_custom_object(GROUP, VERSION, "default", "computedomains",
                                                             compute_domain("cd2"))["metadata"]["uid"]
         wait_for(lambda: api.get("ResourceClaimTemplate", daemon_object_name(uid), DRIVER_NS), "cd2's daemon RCT")
+        wait_for(lambda: api.faults_left() == 0, "the leader's DaemonSet POST to hang")
         assert api.get("ResourceClaimTemplate", "cd2-channel", "default") is None  # mid-reconcile
         procs[leader][0].send_signal(signal.SIGKILL)
         procs[leader][0].wait(timeout=30)
