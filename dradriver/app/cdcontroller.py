@@ -332,8 +332,10 @@ class ComputeDomainController:
             obj["metadata"]["finalizers"] = [*cd.finalizers, FINALIZER]
             obj = kcd.update_compute_domain(self.client, obj)
         if not self.settings.host_managed:
-            self._ensure(RESOURCE_CLAIM_TEMPLATES, daemon_claim_template(cd, self.settings), cd)
-            self._ensure(DAEMON_SETS, daemon_set(cd, self.settings), cd)
+            for kind, manifest in ((RESOURCE_CLAIM_TEMPLATES, daemon_claim_template(cd, self.settings)),
+                                   (DAEMON_SETS, daemon_set(cd, self.settings))):
+                manifest["metadata"]["namespace"] = self._daemon_namespace(kind, cd.uid)
+                self._ensure(kind, manifest, cd)
         self._ensure(RESOURCE_CLAIM_TEMPLATES, workload_claim_template(cd, self.settings), cd)
         self.sync_status(obj)
         self._done[cd.uid] = int(obj["metadata"].get("generation") or 0)
@@ -359,6 +361,15 @@ class ComputeDomainController:
         if (existing.get("metadata") or {}).get("deletionTimestamp"):
             raise ReconcileRetry(f"{kind.plural} {meta['namespace']}/{meta['name']} is still being deleted")
 
+    def _daemon_namespace(self, kind: cdobjects.ObjectKind, uid: str) -> str:
+        """Where the domain's daemon object is: the first of the driver namespace and the additional namespaces
+        that has it (``--additional-namespaces``: found there, never created there), else the driver namespace."""
+        name = daemon_object_name(uid)
+        for namespace in self.additional_namespaces:
+            if self._owned(kind, namespace, name, uid) is not None:
+                return namespace
+        return self.settings.namespace
+
     def _owned(self, kind: cdobjects.ObjectKind, namespace: str, name: str, uid: str) -> JSONDict | None:
         obj = cdobjects.get(self.client, kind, namespace, name)
         return obj if obj is not None and owner_of(obj) == uid else None
@@ -370,8 +381,9 @@ class ComputeDomainController:
         targets: list[tuple[cdobjects.ObjectKind, str, str]] = [(RESOURCE_CLAIM_TEMPLATES, cd.namespace,
                                                                  cd.template_name)]
         if not self.settings.host_managed:
-            targets += [(DAEMON_SETS, ns, daemon_object_name(cd.uid)),
-                        (RESOURCE_CLAIM_TEMPLATES, ns, daemon_object_name(cd.uid))]
+            targets += [(DAEMON_SETS, self._daemon_namespace(DAEMON_SETS, cd.uid), daemon_object_name(cd.uid)),
+                        (RESOURCE_CLAIM_TEMPLATES, self._daemon_namespace(RESOURCE_CLAIM_TEMPLATES, cd.uid),
+                         daemon_object_name(cd.uid))]
         for kind, namespace, name in targets:
             if self._owned(kind, namespace, name, cd.uid) is not None:
                 cdobjects.delete(self.client, kind, namespace, name)

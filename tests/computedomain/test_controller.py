@@ -274,3 +274,21 @@ def test_the_sweep_runs_at_start(api: ApiServerEmulator, client: KubeClient) -> 
     with running(controller):
         wait_for(lambda: not api.objects("DaemonSet") and not api.objects("ResourceClaimTemplate"),
                  "the start-up sweep")
+
+
+def test_a_daemonset_in_an_additional_namespace_is_used_not_duplicated(api: ApiServerEmulator,
+                                                                       client: KubeClient) -> None:
+    api.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "legacy"},
+                "status": {"phase": "Active"}})
+    uid = _create(client, compute_domain("cd5"))["metadata"]["uid"]
+    cd = ComputeDomain.from_object(_cd(api, "cd5") or {})
+    legacy = settings(namespace="legacy")
+    api.create(daemon_set(cd, legacy))
+    controller = ComputeDomainController(client, settings(), additional_namespaces=("legacy",))
+    controller.reconcile(("default", "cd5"))
+    assert [(d["metadata"]["namespace"], d["metadata"]["name"]) for d in api.objects("DaemonSet")] == [
+        ("legacy", daemon_object_name(uid))]
+    assert api.get("ResourceClaimTemplate", daemon_object_name(uid), DRIVER_NS) is not None  # made where it lives
+    client.custom.delete_namespaced_custom_object(GROUP, VERSION, "default", "computedomains", "cd5")
+    controller.reconcile(("default", "cd5"))
+    assert api.objects("DaemonSet") == [] and _cd(api, "cd5") is None
