@@ -218,6 +218,7 @@ class ComputeDomainController:
     watch_timeout_s: float = 300.0
     queue: WorkQueue = field(default_factory=WorkQueue)
     reconciled: int = 0
+    _done: dict[str, int] = field(default_factory=dict)  # CD uid -> metadata.generation last reconciled
 
     @property
     def cliques_gate(self) -> bool:
@@ -292,11 +293,19 @@ class ComputeDomainController:
                             raise errors.KubeGoneError("WATCH computedomains", reason="Expired",
                                                        message=str(obj.get("message") or ""))
                         rv = str(meta.get("resourceVersion") or rv)
-                        if event.get("type") in ("ADDED", "MODIFIED"):
+                        if event.get("type") in ("ADDED", "MODIFIED") and not self._settled(obj):
                             self.queue.add((str(meta.get("namespace", "")), str(meta.get("name", ""))))
             except errors.KubeAPIError as exc:
                 log.warning("watch on ComputeDomains ended: %s; listing again", exc)
                 stop.wait(1.0)
+
+    def _settled(self, obj: Mapping[str, Any]) -> bool:
+        """An event that changes nothing reconcile acts on: this generation was reconciled, the finalizer is
+        there and no deletion started (status writes, the controller's own included, end here; the periodic
+        re-list still re-queues every domain)."""
+        meta = obj.get("metadata") or {}
+        return (not meta.get("deletionTimestamp") and FINALIZER in (meta.get("finalizers") or ())
+                and self._done.get(str(meta.get("uid", ""))) == meta.get("generation"))
 
     # -- reconcile -----------------------------------------------------------------------------------------------------
     def reconcile(self, key: Key) -> None:
@@ -316,33 +325,50 @@ class ComputeDomainController:
                       (obj.get("metadata") or {}).get("uid", ""), exc)
             return
         if cd.deleting:
+            self._done.pop(cd.uid, None)
             self._delete(obj, cd)
             return
         if FINALIZER not in cd.finalizers:
             obj["metadata"]["finalizers"] = [*cd.finalizers, FINALIZER]
             obj = kcd.update_compute_domain(self.client, obj)
         if not self.settings.host_managed:
-            self._ensure(RESOURCE_CLAIM_TEMPLATES, daemon_claim_template(cd, self.settings), cd)
-            self._ensure(DAEMON_SETS, daemon_set(cd, self.settings), cd)
+            for kind, manifest in ((RESOURCE_CLAIM_TEMPLATES, daemon_claim_template(cd, self.settings)),
+                                   (DAEMON_SETS, daemon_set(cd, self.settings))):
+                manifest["metadata"]["namespace"] = self._daemon_namespace(kind, cd.uid)
+                self._ensure(kind, manifest, cd)
         self._ensure(RESOURCE_CLAIM_TEMPLATES, workload_claim_template(cd, self.settings), cd)
         self.sync_status(obj)
+        self._done[cd.uid] = int(obj["metadata"].get("generation") or 0)
         self.reconciled += 1
         log.info("reconciled ComputeDomain %s/%s (uid %s)", namespace, name, cd.uid)
 
     def _ensure(self, kind: cdobjects.ObjectKind, manifest: JSONDict, cd: ComputeDomain) -> None:
+        """Create ``manifest`` unless it exists; an existing object must be this domain's and not going away."""
         meta = manifest["metadata"]
-        if cdobjects.create(self.client, kind, manifest) is not None:
-            log.info("created %s %s/%s for ComputeDomain %s/%s", kind.plural, meta["namespace"], meta["name"],
-                     cd.namespace, cd.name)
-            return
         existing = cdobjects.get(self.client, kind, meta["namespace"], meta["name"])
         if existing is None:
-            raise ReconcileRetry(f"{kind.plural} {meta['namespace']}/{meta['name']} vanished while being created")
+            if cdobjects.create(self.client, kind, manifest) is not None:
+                log.info("created %s %s/%s for ComputeDomain %s/%s", kind.plural, meta["namespace"], meta["name"],
+                         cd.namespace, cd.name)
+                return
+            existing = cdobjects.get(self.client, kind, meta["namespace"], meta["name"])  # made meanwhile
+            if existing is None:
+                raise ReconcileRetry(f"{kind.plural} {meta['namespace']}/{meta['name']} vanished while being "
+                                     "created")
         if owner_of(existing) != cd.uid:
             raise ReconcileRetry(f"{kind.plural} {meta['namespace']}/{meta['name']} exists and belongs to "
                                  f"ComputeDomain uid {owner_of(existing) or '(none)'}, not {cd.uid}")
         if (existing.get("metadata") or {}).get("deletionTimestamp"):
             raise ReconcileRetry(f"{kind.plural} {meta['namespace']}/{meta['name']} is still being deleted")
+
+    def _daemon_namespace(self, kind: cdobjects.ObjectKind, uid: str) -> str:
+        """Where the domain's daemon object is: the first of the driver namespace and the additional namespaces
+        that has it (``--additional-namespaces``: found there, never created there), else the driver namespace."""
+        name = daemon_object_name(uid)
+        for namespace in self.additional_namespaces:
+            if self._owned(kind, namespace, name, uid) is not None:
+                return namespace
+        return self.settings.namespace
 
     def _owned(self, kind: cdobjects.ObjectKind, namespace: str, name: str, uid: str) -> JSONDict | None:
         obj = cdobjects.get(self.client, kind, namespace, name)
@@ -355,8 +381,9 @@ class ComputeDomainController:
         targets: list[tuple[cdobjects.ObjectKind, str, str]] = [(RESOURCE_CLAIM_TEMPLATES, cd.namespace,
                                                                  cd.template_name)]
         if not self.settings.host_managed:
-            targets += [(DAEMON_SETS, ns, daemon_object_name(cd.uid)),
-                        (RESOURCE_CLAIM_TEMPLATES, ns, daemon_object_name(cd.uid))]
+            targets += [(DAEMON_SETS, self._daemon_namespace(DAEMON_SETS, cd.uid), daemon_object_name(cd.uid)),
+                        (RESOURCE_CLAIM_TEMPLATES, self._daemon_namespace(RESOURCE_CLAIM_TEMPLATES, cd.uid),
+                         daemon_object_name(cd.uid))]
         for kind, namespace, name in targets:
             if self._owned(kind, namespace, name, cd.uid) is not None:
                 cdobjects.delete(self.client, kind, namespace, name)

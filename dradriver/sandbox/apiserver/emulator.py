@@ -155,6 +155,12 @@ class ApiServerEmulator:
         with self._lock:
             self._state.faults.append(Fault(count, 0, method, path, None, delay_s=seconds))
 
+    def faults_left(self) -> int:
+        """How many more requests the queued faults will still answer (0: every fault has fired; a hung
+        request is then in flight or served)."""
+        with self._lock:
+            return sum(f.remaining for f in self._state.faults)
+
     def clear_faults(self) -> None:
         """Drop every fault :meth:`fail_next` queued that has not fired yet."""
         with self._lock:
