@@ -24,7 +24,12 @@ What a cluster does with the MPS control daemon's Deployment, reduced to what th
   environment (the sandbox's cgroup: daemons that detached are found too), SIGKILL after the grace period —
   and removes the finalizer, and the Pod is gone. So "no Pod left" means "no process left", as on a node.
 
-Container output goes to ``<logs>/<namespace>_<pod>_<uid>/<container>.log``.
+Container output goes to ``<logs>/<namespace>_<pod>_<uid>/<container>.log``. ``$(VAR)`` references in commands,
+arguments, env values and exec probes are expanded from the container's environment, as the kubelet does
+(:func:`expand`). A subclass picks which Pods it runs and adds what a container runtime would
+(:meth:`Workloads.runs`, :meth:`~Workloads.can_start`, :meth:`~Workloads.extra_mounts`,
+:meth:`~Workloads.container_env`, :meth:`~Workloads.status_extra`): the multi-node sandbox's node runtime
+(:mod:`dradriver.sandbox.multinode`) runs DaemonSet Pods with their CDI edits that way.
 """
 
 from __future__ import annotations
