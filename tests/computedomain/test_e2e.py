@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 import yaml
 
 from dradriver.domain import computedomains as cd
+from dradriver.sandbox import cddemo
 from dradriver.sandbox.multinode import EmulatedNode, MultiNodeCluster
 from dradriver.sandbox.workloads import pids_with_marker
 
@@ -243,3 +245,37 @@ def test_deleting_a_domain_while_its_pods_run_leaves_nothing(world: MultiNodeClu
         timeout_s=WAIT_S)
     world.api.delete("Pod", "imex-channel-injection", NS)
     world.wait_for("nothing left", lambda: not any(world.compute_domain_leftovers(uid).values()), timeout_s=WAIT_S)
+
+
+def test_plugin_sigkilled_while_a_channel_prepare_waits_for_the_daemon(world: MultiNodeCluster) -> None:
+    """The channel prepare waits inside the plugin for the node's daemon (whose nvidia-imex is held back); the
+    plugin is SIGKILLed then, restarted, and the kubelet's retried prepare completes once IMEX is up."""
+    name = "rack2-node01"
+    node = world.nodes[name]
+    real, fake, release = node.bin_dir / "nvidia-imex.real", node.bin_dir / "nvidia-imex", node.root / "imex-go"
+    fake.rename(real)
+    fake.write_text(f'#!/bin/sh\nwhile [ ! -e {release} ]; do sleep 0.05; done\nexec {real} "$@"\n')
+    fake.chmod(0o755)
+    try:
+        domain = world.api.create(cddemo.compute_domain("crash", "crash-channel", num_nodes=1))
+        uid = domain["metadata"]["uid"]
+        pod = cddemo.workload_pod("crash-w", "crash-channel", group="crash")
+        pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": name}
+        world.api.create(pod)
+        world.wait_for("the prepare waiting (node labelled, daemon not ready)",
+                       lambda: node.labels().get(cd.LABEL_COMPUTE_DOMAIN) == uid and name in _daemon_pods(world, uid)
+                       and f"{NS}/crash-w" not in node.pod_devices, timeout_s=WAIT_S)
+        assert world.stop_plugin(name, sig=signal.SIGKILL) == -signal.SIGKILL
+        world.wait_for("the kubelet's in-flight prepare failed with the plugin",
+                       lambda: f"{NS}/crash-w" in node.prepare_errors, timeout_s=WAIT_S)
+        release.touch()
+        world.start_plugin(name)
+        world.wait_for_plugin(name, timeout_s=WAIT_S)
+        world.wait_for("the workload running after the restart", lambda: world.pod_running("crash-w"),
+                       timeout_s=WAIT_S)
+        assert _workload_devices(world, "crash-w") == [CHANNEL0]
+        assert len(world.claim_specs(name)) == 2  # the daemon's claim and the workload's channel claim
+    finally:
+        release.touch()
+        fake.unlink(missing_ok=True)
+        real.rename(fake)
