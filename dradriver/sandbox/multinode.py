@@ -471,7 +471,7 @@ class MultiNodeCluster:
     # ------------------------------------------------------------------------------------------ set-up
     def _add_node(self, rack: int, tray: int, *, fabric_state: int | None, fabric_status: int | None) -> None:
         name = f"rack{rack}-node{tray:02d}"
-        sandbox = SandboxNode(profile=str(mock.profile_path("gb200-nvl72-node")), node_name=name, api=self.api)
+        sandbox = SandboxNode(profile=RACK_PROFILES[rack], node_name=name, api=self.api)  # driver version
         profile = mock.rack_node_profile(RACK_PROFILES[rack], tray, sandbox.root / "nvml",
                                          fabric_state=fabric_state, fabric_status=fabric_status)
         sandbox.profile = str(profile)
