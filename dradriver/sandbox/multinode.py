@@ -90,6 +90,8 @@ RACK_LABEL = "sandbox.dradriver.io/rack"
 """Node label the sandbox sets: the node's rack number (``1``, ``2``)."""
 REPO_ROOT = Path(__file__).resolve().parents[2]
 _UNSCHEDULABLE_EFFECTS = ("NoSchedule", "NoExecute")
+PREPARE_BACKOFF_S, PREPARE_BACKOFF_MAX_S = 0.2, 5.0
+"""Retry delay of a Pod's prepare after a failure: doubling from 0.2 s to 5 s (a kubelet backs off too)."""
 
 
 class MultiNodeError(DradriverError):
@@ -459,6 +461,8 @@ class MultiNodeCluster:
         self._inflight: dict[str, dict[str, _PodPrepare]] = {}
         self._last_error: dict[str, str] = {}
         self._cdi_ids: dict[str, list[str]] = {}  # claim UID -> the CDI device IDs its prepare returned
+        self._backoff: dict[str, float] = {}  # pod key -> the last retry delay after a failed prepare, seconds
+        self._retry_at: dict[str, float] = {}  # pod key -> monotonic time of the next prepare
         try:
             for rack, count in enumerate(racks, start=1):
                 for tray in range(count):
@@ -853,6 +857,8 @@ class MultiNodeCluster:
             elif job is not None:
                 continue
             if todo and plugin is not None:
+                if time.monotonic() < self._retry_at.get(key, 0.0):
+                    continue  # the kubelet backs off after a failed prepare
                 inflight[key] = _PodPrepare(todo, self._executor.submit(plugin.prepare, todo))
                 continue
             if not todo and key not in node.pod_devices:
@@ -921,9 +927,14 @@ class MultiNodeCluster:
             self._prepare_failed(node, pod, "; ".join(failures))
         else:
             node.prepare_errors.pop(key, None)
+            self._backoff.pop(key, None)
+            self._retry_at.pop(key, None)
 
     def _prepare_failed(self, node: EmulatedNode, pod: JSONDict, message: str) -> None:
         key = _ref_key(pod)
+        delay = min(PREPARE_BACKOFF_MAX_S, self._backoff.get(key, PREPARE_BACKOFF_S / 2) * 2)
+        self._backoff[key] = delay
+        self._retry_at[key] = time.monotonic() + delay
         if node.prepare_errors.get(key) != message:
             node.prepare_errors[key] = message
             self.say(f"! kubelet {node.name}: prepare for pod {key}: {message}")
