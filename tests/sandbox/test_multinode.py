@@ -157,3 +157,14 @@ def test_scheduler_spreads_pods_with_anti_affinity_within_a_rack(cluster: MultiN
     assert placed == {"rack1-node00", "rack1-node01"}
     assert cluster.pod_node("w2") is None  # no third node in rack 1
     assert cluster.nodes["rack1-node00"].pod_devices[f"{NS}/w0"].device_ids == []
+
+
+def test_bad_layouts_and_names_are_refused_clearly() -> None:
+    with pytest.raises(MultiNodeError, match=r"racks must list 1\.\.2 racks of 1\.\.18 nodes, not \[19\]"):
+        MultiNodeCluster((19,))
+    with pytest.raises(MultiNodeError, match="not \\[1, 1, 1\\]"):
+        MultiNodeCluster((1, 1, 1))
+    with MultiNodeCluster((1,)) as c:
+        with pytest.raises(MultiNodeError, match="no node 'rack9-node00'; nodes: rack1-node00"):
+            c.node("rack9-node00")
+        assert c.rack_nodes(1)[0].profile.name == "rack-a-tray-00.json"
