@@ -1,6 +1,6 @@
 """ComputeDomains on nodes whose NVLink fabric is not usable, in the multi-node sandbox: a node in no clique
 (fabric info NOT_SUPPORTED: the daemon idles, the channel prepare has no device edits) and a node whose fabric
-registration is still IN_PROGRESS (the plugin refuses to start, strict mode)."""
+registration is still IN_PROGRESS or failed (the plugin refuses to start, strict mode)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,15 @@ def test_in_progress_fabric_stops_the_plugin_and_a_node_in_no_clique_idles(clust
     cluster.start_plugin("rack2-node00")
     with pytest.raises(MultiNodeError, match="exited"):
         cluster.wait_for_plugin("rack2-node00", timeout_s=WAIT_S)
-    assert "IN_PROGRESS" in cluster.node("rack2-node00").plugin_log.read_text().upper().replace(" ", "_")
+    node = cluster.node("rack2-node00")
+    assert "IN_PROGRESS" in node.plugin_log.read_text().upper().replace(" ", "_")
+    failed = mock.rack_node_profile("gb200-nvl72-rack-b", 0, node.root / "nvml", fabric_state=3, fabric_status=999)
+    assert failed == node.profile  # the same file: the node's GPUs now report a failed registration
+    node.plugin_log.write_text("")
+    cluster.start_plugin("rack2-node00")
+    with pytest.raises(MultiNodeError, match="exited"):
+        cluster.wait_for_plugin("rack2-node00", timeout_s=WAIT_S)
+    assert "NVLink fabric status is NVML error 999" in node.plugin_log.read_text()
     cluster.api.delete("Node", "rack2-node00")  # no plugin, no pool: keep the scheduler to the other node
 
     cluster.start_plugin("rack1-node00")
