@@ -16,11 +16,11 @@ import argparse
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from dradriver.domain.featuregates import FeatureGateError, FeatureGates, parse_feature_gates
-from dradriver.domain.identity import GPU_DRIVER
+from dradriver.domain.identity import COMPUTE_DOMAIN_DRIVER, GPU_DRIVER
 from dradriver.domain.quantity import QuantityError, parse_quantity
 from dradriver.domain.shares import ShareMode, ShareModeError, parse_share_mode
 from dradriver.errors import FlagError
@@ -245,6 +245,36 @@ PLUGIN_FLAGS: tuple[Flag, ...] = (
          "per line.", "str", ("text", "json"), aliases=("--logging-format",), env_aliases=("LOGGING_FORMAT",)),
 )
 
+#: Options of :data:`PLUGIN_FLAGS` NVIDIA's compute-domain-kubelet-plugin shares with the GPU plugin
+#: (``nvidia-dra-driver.md`` 1.2), plus dradriver's own that apply to it.
+_SHARED_WITH_COMPUTE_DOMAIN_PLUGIN = (
+    "--node-name", "--kubeconfig", "--cdi-root", "--kubelet-registrar-directory-path",
+    "--kubelet-plugins-directory-path", "--nvidia-driver-root", "--container-driver-root", "--nvidia-cdi-hook-path",
+    "--dev-root", "--sysfs-root", "--proc-root", "--nvml-library", "--mock-profile", "--pod-uid", "--healthcheck-port",
+    "--prepare-deadline-seconds", "--stale-claim-grace-seconds", "--http-endpoint", "--metrics-path",
+    "--feature-gates", "--namespace", "--alt-proc-devices-path", "--kube-api-qps", "--kube-api-burst", "--log-level",
+    "--log-format",
+)
+
+IMEX_MODES = ("driverManaged", "hostManaged")
+IMEX_ISOLATIONS = ("domain", "channel")
+
+#: The flags of ``compute-domain-kubelet-plugin`` (``nvidia-dra-driver.md`` 1.2): the shared ones and NVIDIA's four
+#: of its own, each with its environment twin.
+COMPUTE_DOMAIN_PLUGIN_FLAGS: tuple[Flag, ...] = (
+    *(f for f in PLUGIN_FLAGS if f.option in _SHARED_WITH_COMPUTE_DOMAIN_PLUGIN),
+    Flag("--gpu-clique-label-enabled", "GPU_CLIQUE_LABEL_ENABLED", False, "Set the node label nvidia.com/gpu.clique "
+         "to this node's NVLink clique ID at start (refreshed every 10 minutes, removed on shutdown).", "bool"),
+    Flag("--imex-mode", "IMEX_MODE", "driverManaged", "Who runs the IMEX daemon: 'driverManaged' (a daemon pod per "
+         "ComputeDomain and node) or 'hostManaged' (the host's own nvidia-imex; needs the gate "
+         "HostManagedIMEXDaemon).", "str", IMEX_MODES),
+    Flag("--imex-isolation", "IMEX_ISOLATION", "domain", "IMEX isolation: 'domain' ('channel' is refused, as by "
+         "NVIDIA: not supported yet).", "str", IMEX_ISOLATIONS),
+    Flag("--imex-host-socket-path", "IMEX_HOST_SOCKET_PATH", "/etc/nvidia-imex/imex_ctrl.sock", "Host-managed mode: "
+         "the host IMEX daemon's control socket, queried with 'nvidia-imex-ctl -q --u=<path>' for readiness.",
+         "path"),
+)
+
 #: klog/component-base logging flags of NVIDIA's binaries (``gpu-kubelet-plugin --help``, section "Logging"),
 #: shared by every kubelet-plugin entry point; :mod:`dradriver.logs` gives their meaning in dradriver.
 LOGGING_FLAGS: tuple[Flag, ...] = (
@@ -420,6 +450,12 @@ class PluginConfig:
     feature_gates: FeatureGates = field(default_factory=FeatureGates)
     consumable_shares: ShareMode = field(default_factory=ShareMode)
     driver_name: str = field(default=GPU_DRIVER.driver_name)
+    gpu_clique_label_enabled: bool = False
+    """compute-domain plugin: set ``nvidia.com/gpu.clique`` on the node."""
+    imex_mode: str = "driverManaged"
+    """compute-domain plugin: ``driverManaged`` or ``hostManaged``."""
+    imex_isolation: str = "domain"
+    imex_host_socket_path: str = "/etc/nvidia-imex/imex_ctrl.sock"
     mounts: MountCommands = field(default_factory=MountCommands)
     """How tmpfs is mounted (MPS shm directories): the system's ``mount``/``umount``; the sandbox may give
     stand-ins. Not a flag."""
@@ -571,6 +607,28 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         feature_gates=gates,
         consumable_shares=shares,
     )
+
+
+def compute_domain_config_from_args(args: argparse.Namespace) -> PluginConfig:
+    """A :class:`PluginConfig` for ``compute-domain-kubelet-plugin`` from a namespace parsed with
+    :data:`COMPUTE_DOMAIN_PLUGIN_FLAGS`; flags of the GPU plugin it does not take keep their defaults, and the
+    driver name is ``compute-domain.nvidia.com``.
+
+    :raises FlagError: a required value is missing, a value is malformed, ``--imex-isolation=channel`` (not
+        supported, as NVIDIA's), or ``--imex-mode=hostManaged`` without the gate HostManagedIMEXDaemon.
+    """
+    full = argparse.Namespace(**{f.dest: f.default for f in PLUGIN_FLAGS})
+    for name, value in vars(args).items():
+        setattr(full, name, value)
+    base = config_from_args(full)
+    if args.imex_isolation == "channel":
+        raise FlagError("--imex-isolation (env IMEX_ISOLATION) 'channel' is not supported yet (as in NVIDIA's "
+                        "plugin); use 'domain'")
+    if args.imex_mode == "hostManaged" and not base.feature_gates["HostManagedIMEXDaemon"]:
+        raise FlagError("--imex-mode (env IMEX_MODE) 'hostManaged' needs the feature gate HostManagedIMEXDaemon")
+    return replace(base, driver_name=COMPUTE_DOMAIN_DRIVER.driver_name,
+                   gpu_clique_label_enabled=bool(args.gpu_clique_label_enabled), imex_mode=args.imex_mode,
+                   imex_isolation=args.imex_isolation, imex_host_socket_path=str(args.imex_host_socket_path))
 
 
 def _gates(text: str) -> FeatureGates:

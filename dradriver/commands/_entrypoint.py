@@ -2,11 +2,12 @@
 
 NVIDIA's chart runs its binaries by name (``gpu-kubelet-plugin -v $(LOG_VERBOSITY)``, nvidia-image-contract.md).
 dradriver's image provides each as a console script whose ``main`` is :func:`console_main` with the component's
-flags and run function; the same component is also a ``dradriver`` subcommand of the same name. Today that is
-``gpu-kubelet-plugin`` (:mod:`dradriver.commands.gpu_kubelet_plugin`). The compute-domain components
-(``compute-domain-kubelet-plugin``, ``compute-domain-controller``, ``compute-domain-daemon``) are pending
-issue 13; each will add its flags to :data:`dradriver.config.LOGGING_FLAGS` and call :func:`console_main` the
-same way.
+flags and run function; the same component is also a ``dradriver`` subcommand of the same name:
+``gpu-kubelet-plugin`` (:mod:`dradriver.commands.gpu_kubelet_plugin`), ``compute-domain-kubelet-plugin``
+(:mod:`dradriver.commands.compute_domain_kubelet_plugin`, flags :data:`dradriver.config.COMPUTE_DOMAIN_PLUGIN_FLAGS`)
+and ``compute-domain-daemon`` (:mod:`dradriver.commands.compute_domain_daemon`, whose ``run``/``check``
+subcommands need its own ``main`` around :func:`build_parser`). ``compute-domain-controller`` calls
+:func:`console_main` the same way.
 """
 
 from __future__ import annotations

@@ -22,11 +22,14 @@ def register(subparsers: Any) -> None:
                              "dgx-h200 for --scenario dynamic-mig (the sharing scenario ignores it)")
     parser.add_argument("--node-name", default="gpu-node-1", help="name of the emulated node")
     parser.add_argument("-o", "--output", choices=("text", "json"), default="text", help="progress format")
-    parser.add_argument("--scenario", choices=("basic", "sharing", "time-slicing", "dynamic-mig"), default="basic",
+    parser.add_argument("--scenario", choices=("basic", "sharing", "time-slicing", "dynamic-mig", "compute-domain"),
+                        default="basic",
                         help="basic: the seed examples (default); sharing: time-slicing, consumable GPU shares "
                              "enforced through MPS, and an MPS claim, on an H200 node; time-slicing: one GPU "
                              "time-sliced between two claims, settings read back via NVML; dynamic-mig: MIG devices "
-                             "created at prepare and destroyed at unprepare on an H200 node (DynamicMIG gate)")
+                             "created at prepare and destroyed at unprepare on an H200 node (DynamicMIG gate); "
+                             "compute-domain: a ComputeDomain across two nodes of one of two emulated NVL72 racks, "
+                             "IMEX daemons and channels, deletion leaving nothing behind")
     parser.add_argument("--serve", action="store_true",
                         help="stop after publishing and keep the plugin and both emulators running until interrupted")
     parser.set_defaults(func=run)
@@ -74,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         narrator.output = "quiet"
     if args.profile is None:
         args.profile = "dgx-h200" if args.scenario == "dynamic-mig" else "gb200-nvl72-node"
-    if args.serve and args.scenario in ("sharing", "dynamic-mig"):
+    if args.serve and args.scenario in ("sharing", "dynamic-mig", "compute-domain"):
         print(f"dradriver demo: --serve does not run the {args.scenario} scenario", file=sys.stderr)
         return 2
     try:
@@ -82,6 +85,10 @@ def run(args: argparse.Namespace) -> int:
             from dradriver.sandbox import demo_mig
 
             asyncio.run(demo_mig.demo(profile=args.profile, node_name=args.node_name, narrator=narrator))
+        elif args.scenario == "compute-domain":
+            from dradriver.sandbox import cddemo
+
+            cddemo.run(narrator)
         elif args.scenario == "sharing":
             asyncio.run(sharing_demo(narrator))
         else:

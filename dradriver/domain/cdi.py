@@ -204,6 +204,7 @@ def render_imex_channel_spec(
     name_prefix: str = "",
     host_root: str = "",
     file_mode: int | None = DEFAULT_NODE_MODE,
+    common: ContainerEdits | None = None,
 ) -> bytes:
     """A bulk spec with one device per IMEX channel (``cdi.md`` 4.5 and 5.3; ``gpu-facts.md`` 4.3).
 
@@ -212,6 +213,7 @@ def render_imex_channel_spec(
     ``name_prefix="<claimUID>-channel-"``.
 
     :param major: the ``nvidia-caps-imex-channels`` line of ``/proc/devices``.
+    :param common: the spec-level edits; ``None``: ``NVIDIA_VISIBLE_DEVICES=void`` only.
     :raises CdiSpecError: a channel outside ``[0, 2047]``, a duplicate, or an invalid kind or name.
     """
     renderer = _native.load("cdispec")
@@ -223,7 +225,7 @@ def render_imex_channel_spec(
             name_prefix,
             file_mode,
             host_root,
-            ((VISIBLE_DEVICES_VOID,), (), (), (), (), ()),
+            ((VISIBLE_DEVICES_VOID,), (), (), (), (), ()) if common is None else common.record(),
         )
         return data
     except (TypeError, ValueError) as exc:

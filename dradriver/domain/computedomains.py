@@ -59,6 +59,7 @@ __all__ = [
     "global_status",
     "parse_channel_config",
     "parse_daemon_config",
+    "plugin_resource_slice",
 ]
 
 API_GROUP = "resource.nvidia.com"
@@ -305,3 +306,18 @@ def global_status(num_nodes: int, nodes: Iterable[CliqueDaemon]) -> str:
     if len(listed) < num_nodes:
         return STATUS_NOT_READY
     return STATUS_NOT_READY if any(n.status != STATUS_READY for n in listed) else STATUS_READY
+
+
+def plugin_resource_slice(node_name: str, driver: str, *, daemon: bool, api_version: str = "resource.k8s.io/v1",
+                          generation: int = 1) -> dict[str, Any]:
+    """The compute-domain kubelet plugin's one ResourceSlice: pool = node name, devices ``channel-0``
+    (``type=channel``, ``id=0``) and, unless ``daemon`` is False (host-managed IMEX), ``daemon-0``
+    (``type=daemon``, ``id=0``); no capacities (``nvidia-dra-driver.md`` 2.7)."""
+    devices = [{"name": "channel-0", "attributes": {"type": {"string": "channel"}, "id": {"int": 0}}}]
+    if daemon:
+        devices.append({"name": "daemon-0", "attributes": {"type": {"string": "daemon"}, "id": {"int": 0}}})
+    return {"apiVersion": api_version, "kind": "ResourceSlice",
+            "metadata": {"generateName": f"{node_name}-{driver}-"},
+            "spec": {"driver": driver, "nodeName": node_name,
+                     "pool": {"name": node_name, "generation": generation, "resourceSliceCount": 1},
+                     "devices": devices}}

@@ -109,6 +109,18 @@ class PartiallyApplied(ClaimError):
         self.record = record
 
 
+class NotReadyYet(ClaimError):
+    """A prepare that cannot finish now but may shortly: what it waits for (an IMEX daemon's readiness) is not there
+    yet. Raised by :meth:`DevicePreparer.apply` with nothing left to undo (what it did, such as a node label the
+    waited-for daemon is scheduled by, is meant to stay for the next attempt).
+
+    The batch runner answers such a claim only when it is still not ready at its deadline: until then it retries
+    the claim with a growing pause (outside its locks, so other claims, the waited-for daemon's among them,
+    prepare meanwhile), as NVIDIA's compute-domain plugin retries a prepare within the kubelet's 45 s
+    (``nvidia-dra-driver.md`` 4.8).
+    """
+
+
 @dataclass(frozen=True, slots=True)
 class DevicePlan:
     """What preparing one device of a claim means, decided before any side effect (pure).
@@ -194,6 +206,31 @@ class DevicePreparer(Protocol):
     def sweep(self, known: Sequence[UndoRecord]) -> list[str]:
         """At start: remove side effects of this kind that no stored record knows; return what was removed."""
         ...
+
+
+class ClaimSpecPreparer(Protocol):
+    """Optional parts of a :class:`DevicePreparer` the batch runner uses when a preparer has them (the IMEX channel
+    and daemon preparers of the compute-domain plugin): each is looked up with ``getattr``.
+
+    * ``apply_takes_deadline = True``: :meth:`DevicePreparer.apply` takes ``deadline=`` (``time.monotonic()`` by
+      which it must return, the kubelet's deadline less the runner's margin).
+    * ``holds(plan)``: further device names of this node the claim holds beside ``plan.device`` (recorded in the
+      claim state, so no other claim is given them, but not answered to the kubelet): an ``All`` IMEX channel
+      claim holds ``channel-1 .. channel-<n-1>`` beside the allocated ``channel-0``.
+    * ``cdi_device_ids(ref, plan)``: the CDI device IDs answered for ``plan.device`` instead of the claim
+      device alone (``()``: none at all).
+    * ``render_spec(ref, plans, records, spec_edits)``: the claim's whole CDI spec (bytes), ``b""`` when the claim
+      needs no spec, ``None`` to let the runner render it; called when every plan of the claim is this kind's.
+    * ``unprepared_unknown(ref)``: a claim the claim state has no record of was unprepared (its prepare never
+      completed); the preparer removes what an attempt left for the next one (best effort, errors are logged).
+    """
+
+    def holds(self, plan: DevicePlan) -> Sequence[str]: ...
+
+    def cdi_device_ids(self, ref: ClaimRef, plan: DevicePlan) -> tuple[str, ...] | None: ...
+
+    def render_spec(self, ref: ClaimRef, plans: Sequence[DevicePlan], records: Sequence[UndoRecord],
+                    spec_edits: ContainerEdits) -> bytes | None: ...
 
 
 @runtime_checkable

@@ -28,6 +28,13 @@ claim recorded and answers an error, so the kubelet's retry undoes again (undo i
 was in flight when the same claim UID was unprepared is refused, so a slow prepare never brings an unprepared
 claim back.
 
+A preparer that waits for something outside the node's control (the compute-domain channel preparer, for this
+node's IMEX daemon to be Ready) raises :class:`~dradriver.domain.ports.NotReadyYet`: the claim is rolled back like
+any failure (nothing of that attempt is undone) and retried with a doubling pause, outside the locks, until the
+call's deadline. Preparers may also name further devices a claim holds, their own CDI IDs and their own spec
+(:class:`~dradriver.domain.ports.ClaimSpecPreparer`). With ``aborted_ttl_s`` an unprepare that arrives while the
+claim's prepare is in progress makes later prepares of it stale for that long (NVIDIA's ``PrepareAborted``).
+
 At start, :meth:`BatchRunner.recover` undoes and rolls back claims a crash left PREPARE_STARTED, lets every
 preparer sweep side effects no record knows, and removes CDI specs of ours that no stored claim owns, so the
 node converges after a SIGKILL at any point.
@@ -59,6 +66,7 @@ from dradriver.domain.identity import DriverIdentity
 from dradriver.domain.ports import (
     DevicePlan,
     DevicePreparer,
+    NotReadyYet,
     PartiallyApplied,
     RequestMetrics,
     SharingStep,
@@ -118,6 +126,8 @@ class _Work:
     stale: list[UndoRecord]
     applied: list[UndoRecord] = field(default_factory=list)
     error: str = ""
+    retry: bool = False
+    """The apply raised :class:`~dradriver.domain.ports.NotReadyYet`: retried until the deadline."""
     deadline: float | None = None
     """``time.monotonic()`` by which its applies must be done (the kubelet's deadline less the runner's margin)."""
 
@@ -232,6 +242,12 @@ class BatchRunner:
     :param on_prepared: told each newly prepared claim and its undo records once its completion is durable (e.g.
         to publish dynamic MIG identities in ``status.devices``); must not block; exceptions are logged.
     :param on_unprepared: told each unprepared claim and the records it held, once it is forgotten.
+    :param aborted_ttl_s: when > 0, a claim unprepared while its prepare was in progress (retrying, or left
+        PREPARE_STARTED) is remembered as aborted for this many seconds and a prepare of it in that time is refused
+        as stale (NVIDIA's compute-domain ``PrepareAborted`` with ``abortedAt``, TTL 90 s, ``nvidia-dra-driver.md``
+        4.8); 0 (the GPU plugin) keeps only the in-flight tombstones.
+    :param retry_pause_s: first and longest pause, seconds, between the attempts of a claim whose preparer raised
+        :class:`~dradriver.domain.ports.NotReadyYet` (doubling from the first).
     """
 
     def __init__(
@@ -254,6 +270,8 @@ class BatchRunner:
         chunk_size: int = 128,
         on_prepared: Callable[[ClaimRef, Sequence[UndoRecord]], None] | None = None,
         on_unprepared: Callable[[ClaimRef, Sequence[UndoRecord]], None] | None = None,
+        aborted_ttl_s: float = 0.0,
+        retry_pause_s: tuple[float, float] = (0.1, 2.0),
     ) -> None:
         kinds = [p.kind for p in preparers] + [s.kind for s in sharing]
         if len(set(kinds)) != len(kinds):
@@ -296,6 +314,12 @@ class BatchRunner:
         self.on_unprepared = on_unprepared
         self._seq = itertools.count(1)
         self._unprepared_at: dict[str, int] = {}
+        self.aborted_ttl_s = aborted_ttl_s
+        self.retry_pause_s = retry_pause_s
+        self._aborted: dict[str, float] = {}
+        """Claim UID -> ``time.monotonic()`` of the unprepare that aborted its prepare (with ``aborted_ttl_s``)."""
+        self._in_flight: dict[str, int] = {}
+        """Claim UID -> prepare calls in progress for it (to tell an unprepare that aborts one)."""
         self.preparations = 0  # claims actually prepared (not answered from state); for tests and metrics
         self._counts: tuple[int, dict[str, int]] = (0, {})
         self._prepared: dict[str, tuple[str, str]] = {}
@@ -349,6 +373,20 @@ class BatchRunner:
         """
         started = next(self._seq)
         began = time.monotonic()
+        for ref in claims:
+            self._in_flight[ref.uid] = self._in_flight.get(ref.uid, 0) + 1
+        try:
+            return await self._prepare_claims(claims, started, began, deadline_s)
+        finally:
+            for ref in claims:
+                left = self._in_flight.get(ref.uid, 1) - 1
+                if left > 0:
+                    self._in_flight[ref.uid] = left
+                else:
+                    self._in_flight.pop(ref.uid, None)
+
+    async def _prepare_claims(self, claims: Sequence[ClaimRef], started: int, began: float,
+                              deadline_s: float | None) -> Mapping[str, ClaimResult]:
         budget = self.prepare_deadline_s if deadline_s is None else min(deadline_s, self.prepare_deadline_s)
         fetch_budget = max(0.0, budget - self.deadline_margin_s)
         loop = asyncio.get_running_loop()
@@ -372,8 +410,25 @@ class BatchRunner:
                                    f"{fetch_budget:.1f} s; nothing was prepared (the kubelet retries)")
             items = list(zip(claims, fetched, strict=True))
             apply_deadline = began + max(0.0, budget - self.deadline_margin_s)
+            retry: set[str] = set()
             results = await loop.run_in_executor(self._work_pool, self._prepare_all, items, started,
-                                                 apply_deadline)
+                                                 apply_deadline, retry)
+            pause, longest = self.retry_pause_s
+            while retry:
+                # Claims whose preparer is waiting for something (an IMEX daemon's readiness): pause without any
+                # lock, then try again, until the deadline; the last attempt's error is the answer.
+                if time.monotonic() + pause >= apply_deadline:
+                    waited = time.monotonic() - began
+                    for uid in retry:
+                        results[uid] = ClaimResult(error=f"{results[uid].error} (still not ready after "
+                                                         f"{waited:.1f} s of retries; the kubelet retries)")
+                    break
+                await asyncio.sleep(pause)
+                again = [(ref, got) for ref, got in items if ref.uid in retry]
+                retry = set()
+                results.update(await loop.run_in_executor(self._work_pool, self._prepare_all, again, started,
+                                                          apply_deadline, retry))
+                pause = min(longest, pause * 2)
         if self.metrics is not None:
             seconds = time.monotonic() - began
             for res in results.values():
@@ -418,7 +473,7 @@ class BatchRunner:
             return _claim_error(ref, exc)
 
     def _prepare_all(self, items: list[tuple[ClaimRef, Claim | str]], started: int,
-                     deadline: float | None = None) -> dict[str, ClaimResult]:
+                     deadline: float | None = None, retry: set[str] | None = None) -> dict[str, ClaimResult]:
         """Prepare a batch chunk by chunk (:meth:`_prepare_chunk`), taking the lock per chunk.
 
         :param deadline: ``time.monotonic()`` by which side effects must be applied (sharing steps that wait,
@@ -427,14 +482,14 @@ class BatchRunner:
         out: dict[str, ClaimResult] = {}
         try:
             for i in range(0, len(items), self.chunk_size):
-                out.update(self._prepare_chunk(items[i:i + self.chunk_size], started, deadline))
+                out.update(self._prepare_chunk(items[i:i + self.chunk_size], started, deadline, retry))
         finally:
             with self._lock:  # once per batch: the views walk every stored claim
                 self._refresh_views()
         return out
 
     def _prepare_chunk(self, items: list[tuple[ClaimRef, Claim | str]], started: int,
-                       deadline: float | None = None) -> dict[str, ClaimResult]:
+                       deadline: float | None = None, retry: set[str] | None = None) -> dict[str, ClaimResult]:
         """Prepare a chunk in phases, so its durability costs O(1) syncs of the claim state.
 
         1. under one group commit: check and plan every claim, record the valid ones PREPARE_STARTED (one sync);
@@ -490,6 +545,8 @@ class BatchRunner:
                                 done.append(work)
                         for work in failed:
                             out[work.uid] = ClaimResult(error=work.error)
+                            if work.retry and retry is not None:
+                                retry.add(work.uid)
                             self._roll_back_failed(work)
             except (OSError, DradriverError) as exc:
                 # The claim state or the CDI directory could not be made durable: no claim of the batch that
@@ -502,7 +559,7 @@ class BatchRunner:
         for work in done:
             self.preparations += 1
             log.info("prepared claim %s: %s", work.claim.ref, ", ".join(h.device for h in work.held))
-            out[work.uid] = ClaimResult(devices=tuple(h.to_prepared() for h in work.held))
+            out[work.uid] = ClaimResult(devices=tuple(h.to_prepared() for h in work.held if h.request_names))
             self._tell(self.on_prepared, work.claim.ref, work.applied)
         return out
 
@@ -521,11 +578,18 @@ class BatchRunner:
         ref = claim.ref
         if self._unprepared_at.get(ref.uid, 0) > started:
             raise ClaimError(ref, "the claim was unprepared while this prepare was in flight; not preparing it")
+        aborted = self._aborted.get(ref.uid)
+        if aborted is not None:
+            age = time.monotonic() - aborted
+            if age < self.aborted_ttl_s:
+                raise ClaimError(ref, f"stale prepare: the claim was unprepared {age:.0f} s ago while its prepare was "
+                                      f"in progress (PrepareAborted); refused for {self.aborted_ttl_s:.0f} s")
+            del self._aborted[ref.uid]
         record = self.state.get(ref.uid)
         adopted = record is not None and not record.namespace and not record.name
         if record is not None and record.phase is ClaimPhase.PREPARE_COMPLETED and not adopted:
             self._ensure_spec(record)
-            return ClaimResult(devices=tuple(d.to_prepared() for d in held_devices(record)))
+            return ClaimResult(devices=tuple(d.to_prepared() for d in held_devices(record) if d.request_names))
         # New, half-prepared (its stale records are undone before the new apply), or adopted from a CDI spec
         # after state damage (request names unknown): prepare from the claim itself; the devices it already
         # holds count as its own in the conflict check.
@@ -598,18 +662,23 @@ class BatchRunner:
         for plan in plans:
             if not plan.shared and not plan.admin_access:
                 self._refuse_if_shared(ref, plan)
-        held = [
-            HeldDevice(
+        held: list[HeldDevice] = []
+        for plan in plans:
+            preparer = self._preparer(plan.kind)
+            custom_ids = getattr(preparer, "cdi_device_ids", None)
+            ids = custom_ids(ref, plan) if callable(custom_ids) else None
+            held.append(HeldDevice(
                 request_names=plan.request_names,
                 pool=self.pool,
                 device=plan.device,
-                cdi_device_ids=(self.identity.cdi.device_id(ref.uid, plan.device),),
+                cdi_device_ids=(self.identity.cdi.device_id(ref.uid, plan.device),) if ids is None else ids,
                 admin_access=plan.admin_access,
                 shared=plan.shared,
                 share_id=plan.share_id,
-            )
-            for plan in plans
-        ]
+            ))
+            holds = getattr(preparer, "holds", None)
+            if callable(holds):  # held beside the allocated device, never answered to the kubelet
+                held.extend(HeldDevice(request_names=(), pool=self.pool, device=name) for name in holds(plan))
         return _Work(claim, held, plans, groups, stale=[])
 
     def _refuse_if_shared(self, ref: ClaimRef, plan: DevicePlan) -> None:
@@ -670,13 +739,20 @@ class BatchRunner:
                 self._undo(ref, record)
             work.stale = []
             for plan in work.plans:
-                work.applied.append(self._preparer(plan.kind).apply(ref, plan))
+                preparer = self._preparer(plan.kind)
+                if getattr(preparer, "apply_takes_deadline", False):
+                    work.applied.append(preparer.apply(ref, plan, deadline=work.deadline))  # type: ignore[call-arg]
+                else:
+                    work.applied.append(preparer.apply(ref, plan))
             for group in work.groups:
                 step = self.sharing[group.plan.strategy]
                 devices = [self.registry.get(name) for name in group.devices]
                 work.applied.append(step.apply(ref, group, devices, deadline=work.deadline))
         except PartiallyApplied as exc:  # its record joins the others: stored, then undone newest first
             work.applied.append(exc.record)
+            work.error = _claim_error(ref, exc)
+        except NotReadyYet as exc:  # nothing to undo; retried until the deadline
+            work.retry = True
             work.error = _claim_error(ref, exc)
         except Exception as exc:
             work.error = _claim_error(ref, exc)
@@ -742,6 +818,14 @@ class BatchRunner:
         return out
 
     def _render(self, ref: ClaimRef, plans: Sequence[DevicePlan], records: Sequence[UndoRecord]) -> bytes:
+        """The claim's CDI spec; ``b""`` when the claim's preparer says it needs none."""
+        kinds = {p.kind for p in plans}
+        if len(kinds) == 1:
+            custom = getattr(self._preparer(next(iter(kinds))), "render_spec", None)
+            if callable(custom):
+                rendered = custom(ref, plans, records, self.spec_edits())
+                if rendered is not None:
+                    return bytes(rendered)
         try:
             devices = self._device_edits(ref, plans, records)
             spec_edits = self.spec_edits()
@@ -752,6 +836,9 @@ class BatchRunner:
     def _write_spec(self, work: _Work) -> None:
         ref = work.claim.ref
         data = self._render(ref, work.plans, work.applied)
+        if not data:  # no edits at all (an IMEX channel on a node in no clique): no spec, as NVIDIA's
+            cdifiles.delete_claim_spec(self.identity.cdi, self.cdi_root, ref.uid, clean_temp=False)
+            return
         cdifiles.write_claim_spec(self.identity.cdi, self.cdi_root, ref.uid, data, sync_dir=False, clean_temp=False)
 
     def check_pins(self, record: ClaimRecord) -> None:
@@ -807,6 +894,8 @@ class BatchRunner:
                                              "preparer")
             plans.append(DevicePlan(preparer.kind, held.device, device, held.request_names, held.admin_access, ()))
         data = self._render(record.ref, plans, records)
+        if not data:  # the claim has no spec by design
+            return False
         cdifiles.write_claim_spec(self.identity.cdi, self.cdi_root, record.uid, data)
         log.warning("rewrote the missing or invalid CDI spec of claim %s", record.ref)
         return True
@@ -852,6 +941,14 @@ class BatchRunner:
                     for ref in claims:
                         self._unprepared_at.pop(ref.uid, None)
                         self._unprepared_at[ref.uid] = next(self._seq)  # newest last: eviction keeps recent ones
+                        if self.aborted_ttl_s > 0:
+                            started_record = self.state.get(ref.uid)
+                            if ref.uid in self._in_flight or (started_record is not None and started_record.phase
+                                                              is ClaimPhase.PREPARE_STARTED):
+                                self._aborted[ref.uid] = time.monotonic()
+                                log.warning("claim %s: unprepared while its prepare was in progress; a prepare of it "
+                                            "is refused for %.0f s (PrepareAborted)", ref, self.aborted_ttl_s)
+                            self._forget_expired_aborts()
                         try:
                             # Unknown claims succeed; a spec of that UID (adopted or leaked) goes too.
                             cdifiles.delete_claim_spec(self.identity.cdi, self.cdi_root, ref.uid, clean_temp=False)
@@ -865,6 +962,7 @@ class BatchRunner:
                             out[ref.uid] = f"claim {ref}: unprepare failed: {exc}"
                             continue
                         if record is None:
+                            self._unprepared_unknown(ref)
                             out[ref.uid] = ""
                         else:
                             stored.append(ref)
@@ -884,6 +982,22 @@ class BatchRunner:
                 for uid in list(itertools.islice(self._unprepared_at, len(self._unprepared_at) - 2048)):
                     del self._unprepared_at[uid]
         return out
+
+    def _unprepared_unknown(self, ref: ClaimRef) -> None:
+        """Tell preparers with an ``unprepared_unknown(ref)`` part that a claim without a record was unprepared (a
+        prepare that never completed may have left something meant for its next attempt, such as a node label)."""
+        for preparer in self.preparers:
+            hook = getattr(preparer, "unprepared_unknown", None)
+            if callable(hook):
+                try:
+                    hook(ref)
+                except Exception as exc:
+                    log.warning("claim %s: %s cleanup after an unprepare failed: %s", ref, preparer.kind, exc)
+
+    def _forget_expired_aborts(self) -> None:
+        now = time.monotonic()
+        for uid in [u for u, at in self._aborted.items() if now - at >= self.aborted_ttl_s]:
+            del self._aborted[uid]
 
     # ---------------------------------------------------------------------------------- startup
     def recover(self, *, state_damaged: bool = False, torn_tail: bool = False,

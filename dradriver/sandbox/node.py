@@ -241,6 +241,8 @@ class SandboxNode:
             lay_out_driver_tree(self.driver_root, version)
             install_driver_tools(self.driver_root, version)
             standins.install("nvidia_cuda_mps_control", self.driver_root / "usr" / "bin" / "nvidia-cuda-mps-control")
+            standins.install("nvidia_imex", self.driver_root / "usr" / "bin" / "nvidia-imex")
+            standins.install("nvidia_imex_ctl", self.driver_root / "usr" / "bin" / "nvidia-imex-ctl")
         self.mounts = self._mount_commands()
         self.nvml_control.touch()
         self._saved_control = os.environ.get(mock.CONTROL_ENV)

@@ -24,7 +24,12 @@ What a cluster does with the MPS control daemon's Deployment, reduced to what th
   environment (the sandbox's cgroup: daemons that detached are found too), SIGKILL after the grace period —
   and removes the finalizer, and the Pod is gone. So "no Pod left" means "no process left", as on a node.
 
-Container output goes to ``<logs>/<namespace>_<pod>_<uid>/<container>.log``.
+Container output goes to ``<logs>/<namespace>_<pod>_<uid>/<container>.log``. ``$(VAR)`` references in commands,
+arguments, env values and exec probes are expanded from the container's environment, as the kubelet does
+(:func:`expand`). A subclass picks which Pods it runs and adds what a container runtime would
+(:meth:`Workloads.runs`, :meth:`~Workloads.can_start`, :meth:`~Workloads.extra_mounts`,
+:meth:`~Workloads.container_env`, :meth:`~Workloads.status_extra`): the multi-node sandbox's node runtime
+(:mod:`dradriver.sandbox.multinode`) runs DaemonSet Pods with their CDI edits that way.
 """
 
 from __future__ import annotations
@@ -74,6 +79,19 @@ def translate(text: str, mapping: Sequence[tuple[str, str]]) -> str:
     return pattern.sub(lambda m: hosts[m.group(1)].rstrip("/") or "/", text)
 
 
+_VAR_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)|\$\$")
+
+
+def expand(text: str, env: Mapping[str, str]) -> str:
+    """Kubernetes' ``$(VAR)`` expansion in container commands, arguments and env values: a defined variable is
+    replaced, an undefined reference stays as written, ``$$`` is a literal ``$``."""
+    def one(m: re.Match[str]) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        return env.get(m.group(1), m.group(0))
+    return _VAR_REF.sub(one, text)
+
+
 def pids_with_marker(marker: str) -> list[int]:
     """Processes whose environment holds ``DRADRIVER_SANDBOX_CONTAINER=<marker>`` (read from ``/proc``)."""
     needle = f"{MARKER_ENV}={marker}".encode()
@@ -99,6 +117,7 @@ class _Container:
     mapping: list[tuple[str, str]]
     marker: str
     log_path: Path
+    extra_env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = None
     started_at: str = ""
     restarts: int = 0
@@ -232,7 +251,7 @@ class Workloads:
         seen: set[str] = set()
         for pod in self.api.objects("Pod"):
             meta, spec = pod["metadata"], pod.get("spec") or {}
-            if spec.get("nodeName") != self.node_name or "containers" not in spec or not _from_deployment(pod):
+            if spec.get("nodeName") != self.node_name or "containers" not in spec or not self.runs(pod):
                 continue
             uid = str(meta["uid"])
             if uid not in self._pods:
@@ -240,7 +259,7 @@ class Workloads:
                     if FINALIZER in (meta.get("finalizers") or []):
                         self._finalize(pod)
                     continue
-                if not self._adopt(pod):
+                if not self.can_start(pod) or not self._adopt(pod):
                     continue
             seen.add(uid)
             state = self._pods[uid]
@@ -271,26 +290,53 @@ class Workloads:
         state = _Pod(str(meta["uid"]), str(meta["namespace"]), str(meta["name"]))
         for container in spec["containers"]:
             name = str(container["name"])
-            state.containers.append(_Container(name, container, path_map(container, volumes),
-                                               f"{meta['uid']}/{name}", directory / f"{name}.log"))
+            mapping = sorted([*path_map(container, volumes), *self.extra_mounts(pod, container)],
+                             key=lambda p: -len(p[0]))
+            c = _Container(name, container, mapping, f"{meta['uid']}/{name}", directory / f"{name}.log")
+            c.extra_env = self.container_env(pod, container, directory)
+            state.containers.append(c)
         self._pods[state.uid] = state
         for c in state.containers:
             self._run(state, c)
         return True
 
+    # ------------------------------------------------------------------------------------------ hooks
+    def runs(self, pod: JSONDict) -> bool:
+        """Whether this runner starts the Pod's containers (here: Pods a Deployment controls)."""
+        return _from_deployment(pod)
+
+    def can_start(self, pod: JSONDict) -> bool:
+        """Whether the Pod's containers may start now (a kubelet first prepares the Pod's claims)."""
+        return True
+
+    def extra_mounts(self, pod: JSONDict, container: JSONDict) -> list[tuple[str, str]]:
+        """(container path, host path) pairs beside the ``hostPath`` volumes (for example from CDI specs)."""
+        return []
+
+    def container_env(self, pod: JSONDict, container: JSONDict, directory: Path) -> dict[str, str]:
+        """Environment a container runtime adds (for example from CDI specs); ``directory`` is the Pod's own."""
+        return {}
+
+    def status_extra(self, pod: JSONDict) -> JSONDict:
+        """Pod status fields the node reports besides the conditions (``hostIP``, ``podIP``)."""
+        return {"hostIP": "127.0.0.1"}
+
     def _env(self, c: _Container) -> dict[str, str]:
         env = {"PATH": BASE_PATH, "HOME": "/root", "HOSTNAME": "sandbox"}
+        env.update(c.extra_env)
         for item in c.spec.get("env") or []:
             if "value" in item:
-                env[str(item["name"])] = translate(str(item["value"]), c.mapping)
+                env[str(item["name"])] = translate(expand(str(item["value"]), env), c.mapping)
         env[MARKER_ENV] = c.marker
         return env
 
     def _run(self, pod: _Pod, c: _Container) -> None:
-        argv = [translate(str(a), c.mapping) for a in [*(c.spec.get("command") or []), *(c.spec.get("args") or [])]]
+        env = self._env(c)
+        argv = [translate(expand(str(a), env), c.mapping)
+                for a in [*(c.spec.get("command") or []), *(c.spec.get("args") or [])]]
         with open(c.log_path, "ab") as out:
             try:
-                c.process = subprocess.Popen(argv, env=self._env(c), stdin=subprocess.DEVNULL, stdout=out,
+                c.process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out,
                                              stderr=subprocess.STDOUT, start_new_session=True, cwd="/")
             except OSError as exc:
                 out.write(f"sandbox: cannot start {argv[:1]}: {exc}\n".encode())
@@ -337,9 +383,10 @@ class Workloads:
         command = (probe.get("exec") or {}).get("command")
         if not command:
             return True  # only exec probes are emulated; others pass
-        argv = [translate(str(a), c.mapping) for a in command]
+        env = self._env(c)
+        argv = [translate(expand(str(a), env), c.mapping) for a in command]
         try:
-            done = subprocess.run(argv, env=self._env(c), capture_output=True, check=False, cwd="/",
+            done = subprocess.run(argv, env=env, capture_output=True, check=False, cwd="/",
                                   timeout=max(0.5, float(probe.get("timeoutSeconds", 1))))
         except (OSError, subprocess.TimeoutExpired):
             return False
@@ -361,14 +408,15 @@ class Workloads:
         flag = "True" if ready else "False"
         status = {
             "phase": "Running" if any(c.process for c in pod.containers) else "Pending",
-            "hostIP": "127.0.0.1",
+            **self.status_extra(obj),
             "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Initialized", "status": "True"},
                            {"type": "ContainersReady", "status": flag}, {"type": "Ready", "status": flag}],
             "containerStatuses": statuses,
         }
         if status == pod.reported:
             return
-        obj["status"] = {**status, "startTime": (obj.get("status") or {}).get("startTime") or now()}
+        old = obj.get("status") or {}  # keep what others wrote (resourceClaimStatuses, podIPs)
+        obj["status"] = {**old, **status, "startTime": old.get("startTime") or now()}
         try:
             self.api.update(obj, subresource="status")
         except ApiStatusError:

@@ -376,6 +376,60 @@ def gb200_tray() -> dict[str, Any]:
     }
 
 
+# GB200 NVL72 racks (§4.1: 18 compute trays of 4 GPUs; §4.2: one cluster UUID and clique ID shared by every GPU of
+# the rack's NVLink domain). Rack A reuses the capture's cluster UUID and clique 2; rack B's values are synthetic.
+NVL72_TRAYS = 18
+NVL72_RACKS = {
+    "a": {"clusterUuid": "abc9829a-d4c8-491c-8da5-ad28fb34876b", "cliqueId": 2},
+    "b": {"clusterUuid": "5b1f40c2-7e93-4d0a-b6e1-93c2f07d4a58", "cliqueId": 7},
+}
+FABRIC_IN_PROGRESS, FABRIC_COMPLETED = 2, 3  # §4.2 state values
+NVML_ERROR_UNKNOWN = 999
+
+
+def _nvl72_fabric(rack: str, *, state: int = FABRIC_COMPLETED, status: int = 0) -> dict[str, Any]:
+    return {**NVL72_RACKS[rack], "state": state, "status": status, "healthMask": 0xAA, "healthSummary": 1}
+
+
+def _nvl72_tray_gpus(rack: str, tray: int) -> list[dict[str, Any]]:
+    """The 4 GPUs of tray ``tray`` of rack ``rack``: distinct UUIDs and serials per tray; PCI domain = tray index
+    (the capture's bus numbers; distinct domains keep every GPU of the rack distinguishable), NUMA ids of §4.1."""
+    buses, numa = [0x29, 0x3F, 0x9C, 0xB2], [2, 10, 18, 26]
+    rack_number = ord(rack) - ord("a") + 1
+    return [gpu(f"gb200-nvl72-rack-{rack}/tray-{tray:02d}", "gb200", i, bus_id(tray, b), numa[i],
+                f"1824{rack_number:02d}{tray:02d}{71201 + i:05d}") for i, b in enumerate(buses)]
+
+
+def gb200_rack(rack: str) -> dict[str, Any]:
+    """A whole NVL72 rack in one profile: the mock serves tray 00 (``gpus``); ``rack.trays`` lists the GPU
+    identities of all 18 trays, from which ``dradriver.nvml.mock.rack_node_profile`` writes any tray's view."""
+    fabric = _nvl72_fabric(rack)
+    trays = [_nvl72_tray_gpus(rack, t) for t in range(NVL72_TRAYS)]
+    gpus = [dict(g, fabric=fabric) for g in trays[0]]
+    return {
+        "format": 1,
+        "description": f"GB200 NVL72 rack {rack.upper()}, tray 00 of {NVL72_TRAYS} (4x GB200 each; clique "
+                       f"{fabric['cliqueId']}, fabric completed); other trays via rack_node_profile",
+        "system": system("580.173.02", 13000), "models": {"gb200": MODELS["gb200"]}, "gpus": gpus,
+        "rack": {
+            "name": f"rack-{rack}", "number": ord(rack) - ord("a") + 1, "trays": [
+                [{"uuid": g["uuid"], "serial": g["serial"], "pciBusId": g["pciBusId"]} for g in tray]
+                for tray in trays],
+        },
+    }
+
+
+def gb200_fabric_variant(state: int, status: int, what: str) -> dict[str, Any]:
+    """The single ``gb200-nvl72-node`` tray with its fabric registration not done: ``state`` IN_PROGRESS, or
+    COMPLETED with a failure ``status`` (which nvmlReturn_t a real failed registration reports is unconfirmed;
+    the mock uses NVML_ERROR_UNKNOWN)."""
+    profile = gb200_tray()
+    for g in profile["gpus"]:
+        g["fabric"] = {**g["fabric"], "state": state, "status": status}
+    profile["description"] = f"One compute tray of a GB200 NVL72 rack: 4x GB200, fabric registration {what}"
+    return profile
+
+
 def _noted(model: str) -> dict[str, Any]:
     m = dict(MODELS[model])
     if model in _INFERRED_NOTES:
@@ -460,7 +514,14 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     for name, build in [("dgx-a100", dgx_a100), ("dgx-h100", dgx_h100), ("gb200-nvl72-node", gb200_tray),
                         ("l4-inference", l4_inference), ("synthetic-large", synthetic_large),
-                        ("dgx-h200", dgx_h200), ("dgx-b200", dgx_b200), ("a100-80gb-node", a100_80gb_node)]:
+                        ("dgx-h200", dgx_h200), ("dgx-b200", dgx_b200), ("a100-80gb-node", a100_80gb_node),
+                        ("gb200-nvl72-rack-a", lambda: gb200_rack("a")),
+                        ("gb200-nvl72-rack-b", lambda: gb200_rack("b")),
+                        ("gb200-nvl72-fabric-in-progress",
+                         lambda: gb200_fabric_variant(FABRIC_IN_PROGRESS, 0, "in progress (state IN_PROGRESS)")),
+                        ("gb200-nvl72-fabric-failed",
+                         lambda: gb200_fabric_variant(FABRIC_COMPLETED, NVML_ERROR_UNKNOWN,
+                                                      "failed (state COMPLETED, status NVML_ERROR_UNKNOWN)"))]:
         path = OUT / f"{name}.json"
         path.write_text(json.dumps(build(), indent=1) + "\n")
         print(path)

@@ -14,6 +14,8 @@ BUNDLED = ROOT / "dradriver" / "sandbox" / "manifests"
     "original",
     [
         "deploy/kustomize/base/deviceclasses.yaml",
+        "deploy/kustomize/base/crds/resource.nvidia.com_computedomains.yaml",
+        "deploy/kustomize/base/crds/resource.nvidia.com_computedomaincliques.yaml",
         "deploy/examples/gpu-40gi.yaml",
         "deploy/examples/shared-claim.yaml",
         "deploy/examples/device-plugin-pod.yaml",

@@ -99,6 +99,7 @@ def test_cluster_scoped_objects_carry_no_namespace() -> None:
         "Namespace",
         "ClusterRole",
         "ClusterRoleBinding",
+        "CustomResourceDefinition",
         "DeviceClass",
         "PriorityClass",
         "ValidatingAdmissionPolicy",
@@ -327,6 +328,11 @@ def _selected(selectors: list[Any], devices: list[Any]) -> set[str]:
 REFERENCE_SELECTORS = {
     "gpu.nvidia.com": "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'",
     "mig.nvidia.com": "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'",
+    "compute-domain-default-channel.nvidia.com": "device.driver == 'compute-domain.nvidia.com' && "
+    "device.attributes['compute-domain.nvidia.com'].type == 'channel' && "
+    "device.attributes['compute-domain.nvidia.com'].id == 0",
+    "compute-domain-daemon.nvidia.com": "device.driver == 'compute-domain.nvidia.com' && "
+    "device.attributes['compute-domain.nvidia.com'].type == 'daemon'",
 }
 
 
@@ -339,6 +345,8 @@ def test_device_classes_have_the_reference_selectors() -> None:
     assert {c["metadata"]["name"]: c["spec"].get("extendedResourceName") for c in classes} == {
         "gpu.nvidia.com": "nvidia.com/gpu",
         "mig.nvidia.com": None,
+        "compute-domain-default-channel.nvidia.com": None,
+        "compute-domain-daemon.nvidia.com": None,
     }
 
 

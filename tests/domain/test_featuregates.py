@@ -38,7 +38,7 @@ def test_chart_syntax_with_trailing_comma_and_blanks() -> None:
     ("DynamicMIG", "missing bool value for 'DynamicMIG'"),
     ("ContextualLogging=yes", "invalid value of ContextualLogging=yes"),
     ("PassthroughSupport=true", "PassthroughSupport=true is not implemented by dradriver"),
-    ("IMEXDaemonsWithDNSNames=false", "IMEXDaemonsWithDNSNames=false is not implemented by dradriver"),
+    ("IMEXDaemonsWithDNSNames=false", "IMEXDaemonsWithDNSNames=false is not supported: dradriver.s IMEX daemons"),
     ("NVMLDeviceHealthCheck=false", "NVMLDeviceHealthCheck=false is not supported"),
 ])
 def test_refusals_name_the_gate(text: str, message: str) -> None:

@@ -11,8 +11,9 @@ import pytest
 from dradriver.cli import main
 from dradriver.nvml import mock
 
-BUNDLED = ["a100-80gb-node", "dgx-a100", "dgx-b200", "dgx-h100", "dgx-h200", "gb200-nvl72-node", "l4-inference",
-           "synthetic-large"]
+BUNDLED = ["a100-80gb-node", "dgx-a100", "dgx-b200", "dgx-h100", "dgx-h200", "gb200-nvl72-fabric-failed",
+           "gb200-nvl72-fabric-in-progress", "gb200-nvl72-node", "gb200-nvl72-rack-a", "gb200-nvl72-rack-b",
+           "l4-inference", "synthetic-large"]
 
 
 def test_bundled_profile_names_are_listed_sorted() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+from dradriver.sandbox.apiserver import crds
 from dradriver.sandbox.apiserver.errors import Cause, JSONDict, invalid
 from dradriver.sandbox.apiserver.resources import ResourceType
 
@@ -165,13 +166,17 @@ def validate_resource_claim(obj: JSONDict, old: JSONDict | None) -> list[Cause]:
 KIND_VALIDATORS: dict[str, Callable[[JSONDict, JSONDict | None], list[Cause]]] = {
     "ResourceSlice": validate_resource_slice,
     "ResourceClaim": validate_resource_claim,
+    crds.CRD_KIND: lambda obj, old: crds.validate_crd(obj),
 }
 
 
-def admit(rt: ResourceType, obj: JSONDict, old: JSONDict | None, *, schema_version: str | None) -> None:
+def admit(rt: ResourceType, obj: JSONDict, old: JSONDict | None, *, schema_version: str | None,
+          custom_schema: bool = True) -> None:
     """Validate a create (``old`` is None) or update.
 
     :param schema_version: also check the object against that Kubernetes version's OpenAPI schema.
+    :param custom_schema: check an object of a CRD-registered type against the CRD's schema, list types and
+        transition rules (:func:`.crds.validate_object`).
     :raises ApiStatusError: 422 ``Invalid`` with every cause found.
     """
     name = obj["metadata"].get("name", "")
@@ -179,6 +184,8 @@ def admit(rt: ResourceType, obj: JSONDict, old: JSONDict | None, *, schema_versi
     validator = KIND_VALIDATORS.get(rt.kind)
     if validator is not None:
         causes.extend(validator(obj, old))
+    if custom_schema and rt.schema is not None:
+        causes.extend(crds.validate_object(rt.schema, obj, old))
     if not causes and schema_version is not None and not rt.custom:
         import kubernetes_validate  # test dependency, imported only when schema validation is asked for
 

@@ -7,11 +7,12 @@ import copy
 import json
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from dradriver.sandbox.apiserver import crds as crd_manifests
 from dradriver.sandbox.apiserver import resources
 from dradriver.sandbox.apiserver.errors import JSONDict
 from dradriver.sandbox.apiserver.faults import Fault
@@ -31,8 +32,8 @@ class ApiServerEmulator:
     """
 
     def __init__(self, *, schema_version: str | None = None, host: str = "127.0.0.1", port: int = 0) -> None:
-        self._types = RESOURCE_TYPES
-        self._storage = Storage(schema_version=schema_version)
+        self._types: list[ResourceType] = list(RESOURCE_TYPES)
+        self._storage = Storage(schema_version=schema_version, types=self._types)
         self._lock = self._storage.lock
         self._state = ServerState(self._types, self._storage, lambda: f"{self._host}:{self.port}")
         self._host = host
@@ -154,6 +155,12 @@ class ApiServerEmulator:
         with self._lock:
             self._state.faults.append(Fault(count, 0, method, path, None, delay_s=seconds))
 
+    def faults_left(self) -> int:
+        """How many more requests the queued faults will still answer (0: every fault has fired; a hung
+        request is then in flight or served)."""
+        with self._lock:
+            return sum(f.remaining for f in self._state.faults)
+
     def clear_faults(self) -> None:
         """Drop every fault :meth:`fail_next` queued that has not fired yet."""
         with self._lock:
@@ -264,6 +271,24 @@ class ApiServerEmulator:
         ns = namespace or ("default" if rt.namespaced else None)
         with self._lock:
             return self._storage.delete(rt, ns, name, {})
+
+    def install_crds(self, crds: Iterable[Mapping[str, Any]] | None = None) -> list[JSONDict]:
+        """Create (or replace) CustomResourceDefinitions in process, as ``kubectl apply`` of them would; the
+        default is the bundled ComputeDomain and ComputeDomainClique CRDs (:func:`.crds.bundled_crds`).
+        Returns the stored CRDs.
+
+        :raises ApiStatusError: 422 for a CRD the emulator cannot serve.
+        """
+        out = []
+        for crd in crds if crds is not None else crd_manifests.bundled_crds():
+            current = self.get("CustomResourceDefinition", crd["metadata"]["name"])
+            if current is None:
+                out.append(self.create(crd))
+            else:
+                replaced = copy.deepcopy(dict(crd))
+                replaced["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+                out.append(self.update(replaced))
+        return out
 
     def add_node(
         self,

@@ -108,11 +108,49 @@ def _operation(rt: ResourceType, action: str, op_id: str, body: str | None, resp
     return op
 
 
-def _paths(types: Sequence[ResourceType]) -> JSONDict:
-    paths: JSONDict = {}
+def _custom_name(rt: ResourceType) -> str:
+    """``com.nvidia.resource.v1beta1.ComputeDomain``: a custom kind's definition name, as kube-apiserver forms
+    it (the group reversed)."""
+    return ".".join(reversed(rt.group.split("."))) + f".{rt.version}.{rt.kind}"
+
+
+def custom_definitions(types: Iterable[ResourceType]) -> dict[str, JSONDict]:
+    """Definitions of the kinds served from CRDs: their structural schema, ``metadata`` as ``ObjectMeta``."""
+    out: dict[str, JSONDict] = {}
     for rt in types:
-        name = definition_name(rt.group, rt.version, rt.kind)
-        list_name = definition_name(rt.group, rt.version, f"{rt.kind}List")
+        if rt.schema is None:
+            continue
+        name = _custom_name(rt)
+        base: JSONDict = copy.deepcopy(rt.schema.root)
+        base.setdefault("properties", {})["metadata"] = {"$ref": _V3_REF + _META + "ObjectMeta"}
+        gvk = {"group": rt.group, "version": rt.version, "kind": rt.kind}
+        out[name] = {**base, "x-kubernetes-group-version-kind": [gvk]}
+        out[f"{name}List"] = {
+            "type": "object", "required": ["items"],
+            "properties": {"apiVersion": {"type": "string"}, "kind": {"type": "string"},
+                           "metadata": {"$ref": _V3_REF + _META + "ListMeta"},
+                           "items": {"type": "array", "items": {"$ref": _V3_REF + name}}},
+            "x-kubernetes-group-version-kind": [{**gvk, "kind": f"{rt.kind}List"}],
+        }
+    return out
+
+
+def _paths(types: Sequence[ResourceType], extra: Mapping[str, JSONDict] | None = None) -> JSONDict:
+    paths: JSONDict = {}
+    extra = extra or {}
+
+    def named(rt: ResourceType, kind: str) -> str | None:
+        found = definition_name(rt.group, rt.version, kind)
+        if found is not None:
+            return found
+        for name, schema in extra.items():
+            if {"group": rt.group, "version": rt.version, "kind": kind} in schema["x-kubernetes-group-version-kind"]:
+                return name
+        return None
+
+    for rt in types:
+        name = named(rt, rt.kind)
+        list_name = named(rt, f"{rt.kind}List")
         if name is None or list_name is None:
             continue
         base = "/" + gv_path(rt.group, rt.version)
@@ -146,11 +184,18 @@ def _info(version: str) -> JSONDict:
     return {"title": "Kubernetes", "version": version}
 
 
-@functools.cache
 def _v3_document(types: tuple[ResourceType, ...], group: str, version: str, server_version: str) -> bytes:
-    in_gv = [t for t in types if t.group == group and t.version == version]
-    doc = {"openapi": "3.0.0", "info": _info(server_version), "paths": _paths(in_gv),
-           "components": {"schemas": schemas()}}
+    in_gv = tuple(t for t in types if t.group == group and t.version == version)
+    extra = custom_definitions(in_gv)
+    # cached per content: a CRD that replaces a schema compares equal as a type, not as a definition
+    return _v3_cached(in_gv, group, version, server_version, json.dumps(extra, sort_keys=True))
+
+
+@functools.cache
+def _v3_cached(in_gv: tuple[ResourceType, ...], group: str, version: str, server_version: str, extra: str) -> bytes:
+    definitions = json.loads(extra)
+    doc = {"openapi": "3.0.0", "info": _info(server_version), "paths": _paths(in_gv, definitions),
+           "components": {"schemas": {**schemas(), **definitions} if definitions else schemas()}}
     return json.dumps(doc).encode()
 
 
@@ -167,7 +212,7 @@ def v3_root(types: Iterable[ResourceType], server_version: str) -> JSONDict:
 
 def v3_group_version(types: Iterable[ResourceType], path: str, server_version: str) -> bytes | None:
     """The ``/openapi/v3/<api/v1 | apis/<group>/<version>>`` document, or ``None`` for an unknown one."""
-    all_types = tuple(t for t in types if not t.custom)
+    all_types = tuple(types)
     for group, version in {(t.group, t.version) for t in all_types}:
         if gv_path(group, version) == path.strip("/"):
             return _v3_document(all_types, group, version, server_version)
@@ -302,10 +347,17 @@ def check_fields(rt: ResourceType, body: Any, directive: str, *, patch: bool = F
     :raises ApiStatusError: 400 ``BadRequest`` (strict decoding error) when ``directive`` is ``Strict`` and
         the body has unknown fields.
     """
-    name = definition_name(rt.group, rt.version, rt.kind)
-    if directive == "Ignore" or name is None or not isinstance(body, dict):
+    if directive == "Ignore" or not isinstance(body, dict):
         return []
-    unknown = unknown_fields(body, schemas()[name], patch=patch)
+    if rt.schema is not None:  # a CRD's structural schema: the fields pruning would drop
+        from dradriver.sandbox.apiserver.crds import unknown_fields as pruned_fields
+
+        unknown = pruned_fields(body, rt.schema.root)
+    else:
+        name = definition_name(rt.group, rt.version, rt.kind)
+        if name is None:
+            return []
+        unknown = unknown_fields(body, schemas()[name], patch=patch)
     if not unknown:
         return []
     if directive == "Strict":

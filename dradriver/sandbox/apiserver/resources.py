@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 import secrets
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -36,6 +36,10 @@ class ResourceType:
     :param field_labels: field-selector labels accepted besides ``metadata.name`` and ``metadata.namespace``.
     :param keep_status_on_create: HTTP create keeps ``status`` (Nodes are created with status by the kubelet).
     :param custom: a custom resource (no built-in OpenAPI schema to validate against).
+    :param schema: for a type registered by a CustomResourceDefinition, its
+        :class:`~dradriver.sandbox.apiserver.crds.CustomSchema` (pruning, defaults, validation); ``None`` for
+        built-in types and custom types served without a CRD. Not part of equality: a CRD that replaces a
+        type's schema keeps the objects stored under it.
     """
 
     group: str
@@ -49,6 +53,7 @@ class ResourceType:
     short_names: tuple[str, ...] = ()
     keep_status_on_create: bool = False
     custom: bool = False
+    schema: Any = field(default=None, compare=False, hash=False)
 
     @property
     def api_version(self) -> str:
@@ -154,6 +159,8 @@ RESOURCE_TYPES: tuple[ResourceType, ...] = (
     ResourceType("apps", "v1", "deployments", "deployment", "Deployment", True, status=True, short_names=("deploy",)),
     ResourceType("apps", "v1", "daemonsets", "daemonset", "DaemonSet", True, status=True, short_names=("ds",)),
     ResourceType("coordination.k8s.io", "v1", "leases", "lease", "Lease", True),
+    ResourceType("apiextensions.k8s.io", "v1", "customresourcedefinitions", "customresourcedefinition",
+                 "CustomResourceDefinition", False, status=True, short_names=("crd", "crds")),
     ResourceType("resource.nvidia.com", "v1beta1", "computedomains", "computedomain", "ComputeDomain", True,
                  status=True, custom=True),
     ResourceType("resource.nvidia.com", "v1beta1", "computedomaincliques", "computedomainclique",

@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from dradriver.sandbox.apiserver import resources
+from dradriver.sandbox.apiserver import crds, resources
 from dradriver.sandbox.apiserver.admission import admit
 from dradriver.sandbox.apiserver.errors import JSONDict, already_exists, bad_request, conflict, not_found
 from dradriver.sandbox.apiserver.resources import ResourceType
@@ -24,9 +24,12 @@ class Storage:
     """In-memory objects and their event log. Every method except :meth:`seeding` expects :attr:`lock` held.
 
     :param schema_version: OpenAPI schema version writes are checked against (not while :meth:`seeding`).
+    :param types: the served resource types, shared with the request router; a CustomResourceDefinition
+        written here registers, replaces or removes entries in it (:mod:`.crds`).
     """
 
-    def __init__(self, *, schema_version: str | None = None) -> None:
+    def __init__(self, *, schema_version: str | None = None, types: list[ResourceType] | None = None) -> None:
+        self.types: list[ResourceType] = types if types is not None else list(resources.RESOURCE_TYPES)
         self.lock = threading.Condition(threading.RLock())
         self.objects: dict[Key, JSONDict] = {}
         self.log = EventLog()
@@ -57,7 +60,67 @@ class Storage:
         return (rt, (ns or "") if rt.namespaced else "", name)
 
     def _admit(self, rt: ResourceType, obj: JSONDict, old: JSONDict | None) -> None:
-        admit(rt, obj, old, schema_version=None if self._seeding else self._schema_version)
+        admit(rt, obj, old, schema_version=None if self._seeding else self._schema_version,
+              custom_schema=not self._seeding)
+
+    def _structure(self, rt: ResourceType, obj: JSONDict) -> None:
+        """A custom resource with a CRD schema: prune undeclared fields (not while seeding), apply defaults."""
+        if rt.schema is None:
+            return
+        if not self._seeding:
+            crds.prune(obj, rt.schema.root)
+        crds.apply_defaults(obj, rt.schema.root)
+
+    # -- CustomResourceDefinitions ------------------------------------------------------------------------------
+    @staticmethod
+    def _is_crd(rt: ResourceType) -> bool:
+        return rt.api_version == crds.CRD_API_VERSION and rt.kind == crds.CRD_KIND
+
+    def _register_crd(self, crd: JSONDict) -> None:
+        """Serve every served version of ``crd`` (replacing a type of the same group, version and plural) and
+        stop serving its versions no longer served."""
+        spec = crd["spec"]
+        served: set[tuple[str, str, str]] = set()
+        for group, version, plural, singular, kind, namespaced, status, short, schema in crds.types_of_crd(crd):
+            served.add((group, version, plural))
+            self._replace_type(resources.ResourceType(group, version, plural, singular, kind, namespaced,
+                                                      status=status, short_names=short, custom=True,
+                                                      schema=schema))
+        for t in list(self.types):
+            if (t.group, t.plural) == (spec["group"], spec["names"]["plural"]) and t.schema is not None \
+                    and (t.group, t.version, t.plural) not in served:
+                self._unregister_type(t)
+
+    def _replace_type(self, new: ResourceType) -> None:
+        for i, t in enumerate(self.types):
+            if (t.group, t.version, t.plural) == (new.group, new.version, new.plural):
+                self.types[i] = new
+                if t != new:  # names or scope changed: objects move to the new type
+                    for key in [k for k in self.objects if k[0] == t]:
+                        self.objects[(new, key[1], key[2])] = self.objects.pop(key)
+                return
+        self.types.append(new)
+
+    def _unregister_type(self, rt: ResourceType) -> None:
+        """Delete every object of ``rt`` (as deleting its CRD does) and stop serving it; a type the emulator
+        serves without a CRD falls back to its built-in entry."""
+        for (t, ns, name) in [k for k in self.objects if k[0] == rt]:
+            gone = self.objects.pop((t, ns, name))
+            gone = copy.deepcopy(gone)
+            gone["metadata"]["resourceVersion"] = str(self._next_rv())
+            self._record(rt, "DELETED", gone)
+        builtin = [t for t in resources.RESOURCE_TYPES if (t.group, t.version, t.plural) == (rt.group, rt.version,
+                                                                                              rt.plural)]
+        index = self.types.index(rt)
+        if builtin:
+            self.types[index] = builtin[0]
+        else:
+            del self.types[index]
+
+    def _crd_gone(self, crd: JSONDict) -> None:
+        for t in list(self.types):
+            if t.schema is not None and t.schema.crd_name == crd["metadata"]["name"]:
+                self._unregister_type(t)
 
     def existing(self, rt: ResourceType, ns: str | None, name: str) -> JSONDict:
         """The stored object (not a copy).
@@ -113,10 +176,14 @@ class Storage:
             obj.pop("status", None)
         for server_field in resources.CREATE_SERVER_FIELDS:
             meta.pop(server_field, None)
+        self._structure(rt, obj)
         self._admit(rt, obj, None)
         key = self.key(rt, ns, meta["name"])
         if key in self.objects:
             raise already_exists(rt, meta["name"])
+        if self._is_crd(rt):
+            obj["status"] = crds.crd_status(obj, resources.now())
+            self._register_crd(obj)
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = resources.now()
         if "spec" in obj:
@@ -173,6 +240,7 @@ class Storage:
             else:
                 meta.pop("namespace", None)
             resources.keep_stored_status(rt, old, new)
+        self._structure(rt, new)
         new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
         if new == old:
             return copy.deepcopy(old)  # a no-op write: no new resourceVersion, no watch event
@@ -184,9 +252,13 @@ class Storage:
             del self.objects[self.key(rt, ns, name)]
             self._record(rt, "DELETED", new, old)
             self.collect_garbage(new["metadata"]["uid"])
+            if self._is_crd(rt):
+                self._crd_gone(new)
             return copy.deepcopy(new)
         self.objects[self.key(rt, ns, name)] = new
         self._record(rt, "MODIFIED", new, old)
+        if self._is_crd(rt) and subresource != "status":
+            self._register_crd(new)
         return copy.deepcopy(new)
 
     def delete(self, rt: ResourceType, ns: str | None, name: str, options: Mapping[str, Any]) -> JSONDict:
@@ -229,11 +301,28 @@ class Storage:
         self._record(rt, "DELETED", gone, obj)
         if options.get("propagationPolicy") != "Orphan":
             self.collect_garbage(obj["metadata"]["uid"])
+        if self._is_crd(rt):
+            self._crd_gone(obj)
         return gone
 
     def collect_garbage(self, owner_uid: str) -> None:
-        """Delete dependents whose ownerReferences name ``owner_uid`` (the garbage collector's job)."""
+        """The garbage collector's job for dependents whose ownerReferences name ``owner_uid``: delete those with
+        no other owner that still exists; drop the dangling references of those that keep one (as the real
+        collector does for, e.g., a ComputeDomainClique owned by every daemon Pod of the clique)."""
         dependents = [(t, ns, name) for (t, ns, name), o in self.objects.items() if resources.owned_by(o, owner_uid)]
+        live = {o["metadata"].get("uid") for o in self.objects.values()}
         for t, ns, name in dependents:
-            if self.key(t, ns, name) in self.objects:
+            key = self.key(t, ns, name)
+            obj = self.objects.get(key)
+            if obj is None:
+                continue
+            refs = obj["metadata"].get("ownerReferences") or []
+            kept = [r for r in refs if r.get("uid") != owner_uid and r.get("uid") in live]
+            if not kept:
                 self.delete(t, ns or None, name, {})
+                continue
+            new = copy.deepcopy(obj)
+            new["metadata"]["ownerReferences"] = kept
+            new["metadata"]["resourceVersion"] = str(self._next_rv())
+            self.objects[key] = new
+            self._record(t, "MODIFIED", new, obj)

@@ -1,0 +1,576 @@
+"""The compute-domain controller: reconciles ``ComputeDomain`` objects (``nvidia-dra-driver.md`` 7.3,
+``nvidia-dra-driver-updates.md`` 2c).
+
+Machinery (README "ComputeDomains / Controller"): a watch on ComputeDomains of every namespace feeds a work queue
+of ``namespace/name`` keys (a key is queued once however many events arrive; a failed key is retried with
+exponential backoff 5 ms .. 60 s); a full list re-queues every domain every ``resync_s`` (10 min); one worker
+reconciles keys one at a time. Reconcile is level-triggered -- it reads the domain and the objects it should
+have and makes what is missing -- so it is idempotent and a new leader finishes whatever a killed one left half
+done. Besides the queue: the status loop (every 2 s) and the stale sweep (at start and every 10 min).
+
+Driver-managed reconcile: finalizer ``resource.nvidia.com/computeDomain`` on the domain; the daemon
+ResourceClaimTemplate and DaemonSet ``computedomain-daemon-<cdUID>`` in the driver namespace; the workload
+ResourceClaimTemplate in the domain's namespace; the global status. Deletion, in NVIDIA's order: the workload
+template, the DaemonSet and the daemon template, the domain's node labels, (dradriver: the domain's
+ComputeDomainCliques, which NVIDIA leaves to the garbage collector through the daemon pods' owner references),
+the finalizers of the templates and the DaemonSet, a check that they are gone (else retry), then the domain's
+finalizer. Host-managed IMEX mode: finalizer, workload template and status ``Ready`` only.
+
+Status loop: per domain, the daemon pods (label ``resource.nvidia.com/computeDomain=<uid>`` in the driver
+namespace) and ComputeDomainCliques; clique entries whose node runs no daemon pod of the domain are pruned;
+``status.nodes`` = the cliques' daemons + the daemon pods on nodes in no clique (pod label
+``resource.nvidia.com/computeDomain.cliqueID`` explicitly empty: index -1, status from the pod's Ready
+condition); with the gate ComputeDomainCliques off the daemons write ``status.nodes`` themselves and the loop
+keeps the entries whose IP is still a daemon pod's. ``status.status`` = :func:`~dradriver.domain.computedomains.
+global_status`. Written only when it changed.
+
+Stale sweep: DaemonSets, ResourceClaimTemplates, node labels and cliques labelled with a domain UID no
+ComputeDomain has any more are deleted (finalizers removed) or unlabelled. The objects are listed before the
+domains, so an object made for a domain created during the sweep is never taken for stale.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dradriver.domain.cdtemplates import (
+    ControllerSettings,
+    daemon_claim_template,
+    daemon_set,
+    owner_of,
+    workload_claim_template,
+)
+from dradriver.domain.computedomains import (
+    FINALIZER,
+    LABEL_CLIQUE_ID,
+    LABEL_COMPUTE_DOMAIN,
+    STATUS_NOT_READY,
+    STATUS_READY,
+    CliqueDaemon,
+    ComputeDomain,
+    ComputeDomainError,
+    daemon_object_name,
+    global_status,
+)
+from dradriver.domain.featuregates import COMPUTE_DOMAIN_CLIQUES
+from dradriver.kube import cdobjects, errors
+from dradriver.kube import computedomains as kcd
+from dradriver.kube.cdobjects import DAEMON_SETS, RESOURCE_CLAIM_TEMPLATES
+from dradriver.kube.client import JSONDict, KubeClient
+from dradriver.kube.deployments import list_pods
+
+__all__ = ["ComputeDomainController", "ControllerConfig", "ReconcileRetry", "WorkQueue", "node_entries",
+           "run_controller"]
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, str]  # (namespace, name)
+
+
+class ReconcileRetry(Exception):
+    """The domain cannot be finished now (an object is still going away, a name is taken); retry with backoff."""
+
+
+class WorkQueue:
+    """Keys to reconcile: each queued once, never handed to two workers at once, delayed re-adds for backoff.
+
+    :param clock: monotonic seconds.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._cond = threading.Condition()
+        self._clock = clock
+        self._ready: list[Key] = []
+        self._queued: set[Key] = set()
+        self._processing: set[Key] = set()
+        self._dirty: set[Key] = set()
+        self._delayed: list[tuple[float, int, Key]] = []
+        self._seq = 0
+        self._failures: dict[Key, int] = {}
+
+    def add(self, key: Key, delay_s: float = 0.0) -> None:
+        """Queue ``key`` (after ``delay_s``); a key being processed is queued again when it is done."""
+        with self._cond:
+            if delay_s > 0:
+                self._seq += 1
+                heapq.heappush(self._delayed, (self._clock() + delay_s, self._seq, key))
+            elif key in self._processing:
+                self._dirty.add(key)
+            elif key not in self._queued:
+                self._queued.add(key)
+                self._ready.append(key)
+            self._cond.notify_all()
+
+    def retry(self, key: Key) -> float:
+        """Queue ``key`` again after its backoff (5 ms doubling per failure, at most 60 s); returns the delay."""
+        with self._cond:
+            failures = self._failures.get(key, 0)
+            self._failures[key] = failures + 1
+        delay = min(60.0, 0.005 * 2 ** failures)
+        self.add(key, delay)
+        return delay
+
+    def forget(self, key: Key) -> None:
+        """``key`` succeeded: its backoff starts over."""
+        with self._cond:
+            self._failures.pop(key, None)
+
+    def get(self, stop: threading.Event, poll_s: float = 0.5) -> Key | None:
+        """The next key (marked processing until :meth:`done`), or None once ``stop`` is set."""
+        with self._cond:
+            while not stop.is_set():
+                now = self._clock()
+                while self._delayed and self._delayed[0][0] <= now:
+                    _, _, key = heapq.heappop(self._delayed)
+                    if key in self._processing:
+                        self._dirty.add(key)
+                    elif key not in self._queued:
+                        self._queued.add(key)
+                        self._ready.append(key)
+                if self._ready:
+                    key = self._ready.pop(0)
+                    self._queued.discard(key)
+                    self._processing.add(key)
+                    return key
+                wait = poll_s if not self._delayed else max(0.0, min(poll_s, self._delayed[0][0] - now))
+                self._cond.wait(wait)
+            return None
+
+    def done(self, key: Key) -> None:
+        """Processing of ``key`` ended; it is queued again if it was added meanwhile."""
+        with self._cond:
+            self._processing.discard(key)
+            if key in self._dirty:
+                self._dirty.discard(key)
+                if key not in self._queued:
+                    self._queued.add(key)
+                    self._ready.append(key)
+                self._cond.notify_all()
+
+    def wake(self) -> None:
+        """Wake waiting workers (e.g. to notice a stop)."""
+        with self._cond:
+            self._cond.notify_all()
+
+
+def _pod_ready(pod: Mapping[str, Any]) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (pod.get("status") or {}).get("conditions") or ())
+
+
+def node_entries(cd: ComputeDomain, pods: Iterable[Mapping[str, Any]], cliques: Iterable[Mapping[str, Any]],
+                 *, cliques_gate: bool) -> list[CliqueDaemon]:
+    """``status.nodes`` of ``cd`` from its daemon pods and (pruned) clique objects (module docstring), sorted by
+    node name."""
+    pods = list(pods)
+    entries: dict[str, CliqueDaemon] = {}
+    if cliques_gate:
+        for clique in cliques:
+            for raw in clique.get("daemons") or ():
+                daemon = CliqueDaemon.from_entry(raw)
+                entries[daemon.node_name] = daemon
+    else:
+        ips = {str((p.get("status") or {}).get("podIP") or "") for p in pods} - {""}
+        for node in cd.nodes:
+            if node.clique_id and node.ip_address in ips:
+                entries[node.node_name] = node
+    for pod in pods:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        if LABEL_CLIQUE_ID in labels and labels[LABEL_CLIQUE_ID] == "":
+            node_name = str((pod.get("spec") or {}).get("nodeName") or "")
+            if node_name:
+                ip = str((pod.get("status") or {}).get("podIP") or "")
+                entries[node_name] = CliqueDaemon(node_name=node_name, ip_address=ip, clique_id="", index=-1,
+                                                  status=STATUS_READY if _pod_ready(pod) else STATUS_NOT_READY)
+    return [entries[name] for name in sorted(entries)]
+
+
+def _uid_selector(uid: str) -> str:
+    return f"{LABEL_COMPUTE_DOMAIN}={uid}"
+
+
+@dataclass
+class ComputeDomainController:
+    """Reconciles ComputeDomains while :meth:`run` runs (only on the leader when leader election is on).
+
+    :param settings: the controller's flags that shape the objects (:class:`~dradriver.domain.cdtemplates.
+        ControllerSettings`).
+    :param additional_namespaces: more namespaces whose DaemonSets and daemon templates are the controller's
+        (``--additional-namespaces``: swept there; created only in the driver namespace).
+    :param resync_s: full re-list period (seconds; NVIDIA's informer resync, 10 min).
+    :param status_period_s: status loop period (seconds; NVIDIA's 2 s).
+    :param cleanup_period_s: stale sweep period (seconds; NVIDIA's 10 min).
+    :param watch_timeout_s: ``timeoutSeconds`` of each watch request.
+    """
+
+    client: KubeClient
+    settings: ControllerSettings
+    additional_namespaces: tuple[str, ...] = ()
+    resync_s: float = 600.0
+    status_period_s: float = 2.0
+    cleanup_period_s: float = 600.0
+    watch_timeout_s: float = 300.0
+    queue: WorkQueue = field(default_factory=WorkQueue)
+    reconciled: int = 0
+    _done: dict[str, int] = field(default_factory=dict)  # CD uid -> metadata.generation last reconciled
+
+    @property
+    def cliques_gate(self) -> bool:
+        """ComputeDomainCliques: on unless turned off, and always off in host-managed mode (NVIDIA 1.3)."""
+        return not self.settings.host_managed and bool(self.settings.feature_gates[COMPUTE_DOMAIN_CLIQUES])
+
+    # -- the loops --------------------------------------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> None:
+        """Sweep, then watch, reconcile, sync status and sweep until ``stop`` is set."""
+        log.info("compute-domain controller starts (driver namespace %s, IMEX mode %s)", self.settings.namespace,
+                 self.settings.imex_mode)
+        self._guarded("stale sweep", self.sweep)
+        threads = [threading.Thread(target=self._watch_loop, args=(stop,), name="cd-watch", daemon=True),
+                   threading.Thread(target=self._every, args=(stop, self.status_period_s, "status sync",
+                                                              self.sync_all_status), name="cd-status", daemon=True),
+                   threading.Thread(target=self._every, args=(stop, self.cleanup_period_s, "stale sweep",
+                                                              self.sweep), name="cd-sweep", daemon=True)]
+        for t in threads:
+            t.start()
+        try:
+            while not stop.is_set():
+                key = self.queue.get(stop)
+                if key is None:
+                    break
+                try:
+                    self.reconcile(key)
+                    self.queue.forget(key)
+                except (errors.KubeAPIError, ReconcileRetry) as exc:
+                    delay = self.queue.retry(key)
+                    log.warning("ComputeDomain %s/%s: %s (retry in %.3fs)", key[0], key[1], exc, delay)
+                except Exception:
+                    delay = self.queue.retry(key)
+                    log.exception("ComputeDomain %s/%s: reconcile failed (retry in %.3fs)", key[0], key[1], delay)
+                finally:
+                    self.queue.done(key)
+        finally:
+            stop.set()
+            self.queue.wake()
+            for t in threads[1:]:  # the watch thread ends with its current request (a daemon thread)
+                t.join(timeout=5)
+            log.info("compute-domain controller stopped")
+
+    def _guarded(self, what: str, fn: Callable[[], Any]) -> None:
+        try:
+            fn()
+        except errors.KubeAPIError as exc:
+            log.warning("%s failed: %s", what, exc)
+        except Exception:
+            log.exception("%s failed", what)
+
+    def _every(self, stop: threading.Event, period_s: float, what: str, fn: Callable[[], Any]) -> None:
+        while not stop.wait(period_s):
+            self._guarded(what, fn)
+
+    def _watch_loop(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                body = kcd.list_compute_domains(self.client)
+                for item in body.get("items") or ():
+                    meta = item.get("metadata") or {}
+                    self.queue.add((str(meta.get("namespace", "")), str(meta.get("name", ""))))
+                rv = str((body.get("metadata") or {}).get("resourceVersion") or "")
+                listed = time.monotonic()
+                while not stop.is_set() and time.monotonic() - listed < self.resync_s:
+                    timeout = max(1.0, min(self.watch_timeout_s, self.resync_s - (time.monotonic() - listed)))
+                    for event in cdobjects.watch_compute_domains(self.client, rv, timeout):
+                        if stop.is_set():
+                            return
+                        obj = event.get("object") or {}
+                        meta = obj.get("metadata") or {}
+                        if event.get("type") == "ERROR":
+                            raise errors.KubeGoneError("WATCH computedomains", reason="Expired",
+                                                       message=str(obj.get("message") or ""))
+                        rv = str(meta.get("resourceVersion") or rv)
+                        if event.get("type") in ("ADDED", "MODIFIED") and not self._settled(obj):
+                            self.queue.add((str(meta.get("namespace", "")), str(meta.get("name", ""))))
+            except errors.KubeAPIError as exc:
+                log.warning("watch on ComputeDomains ended: %s; listing again", exc)
+                stop.wait(1.0)
+
+    def _settled(self, obj: Mapping[str, Any]) -> bool:
+        """An event that changes nothing reconcile acts on: this generation was reconciled, the finalizer is
+        there and no deletion started (status writes, the controller's own included, end here; the periodic
+        re-list still re-queues every domain)."""
+        meta = obj.get("metadata") or {}
+        return (not meta.get("deletionTimestamp") and FINALIZER in (meta.get("finalizers") or ())
+                and self._done.get(str(meta.get("uid", ""))) == meta.get("generation"))
+
+    # -- reconcile -----------------------------------------------------------------------------------------------------
+    def reconcile(self, key: Key) -> None:
+        """Bring one ComputeDomain and its objects to the state the module docstring describes.
+
+        :raises errors.KubeAPIError: an API failure (retried by :meth:`run`).
+        :raises ReconcileRetry: something must go away first.
+        """
+        namespace, name = key
+        obj = kcd.get_compute_domain(self.client, namespace, name)
+        if obj is None:
+            return
+        try:
+            cd = ComputeDomain.from_object(obj)
+        except ComputeDomainError as exc:
+            log.error("ComputeDomain %s/%s (uid %s) cannot be reconciled: %s", namespace, name,
+                      (obj.get("metadata") or {}).get("uid", ""), exc)
+            return
+        if cd.deleting:
+            self._done.pop(cd.uid, None)
+            self._delete(obj, cd)
+            return
+        if FINALIZER not in cd.finalizers:
+            obj["metadata"]["finalizers"] = [*cd.finalizers, FINALIZER]
+            obj = kcd.update_compute_domain(self.client, obj)
+        if not self.settings.host_managed:
+            for kind, manifest in ((RESOURCE_CLAIM_TEMPLATES, daemon_claim_template(cd, self.settings)),
+                                   (DAEMON_SETS, daemon_set(cd, self.settings))):
+                manifest["metadata"]["namespace"] = self._daemon_namespace(kind, cd.uid)
+                self._ensure(kind, manifest, cd)
+        self._ensure(RESOURCE_CLAIM_TEMPLATES, workload_claim_template(cd, self.settings), cd)
+        self.sync_status(obj)
+        self._done[cd.uid] = int(obj["metadata"].get("generation") or 0)
+        self.reconciled += 1
+        log.info("reconciled ComputeDomain %s/%s (uid %s)", namespace, name, cd.uid)
+
+    def _ensure(self, kind: cdobjects.ObjectKind, manifest: JSONDict, cd: ComputeDomain) -> None:
+        """Create ``manifest`` unless it exists; an existing object must be this domain's and not going away."""
+        meta = manifest["metadata"]
+        existing = cdobjects.get(self.client, kind, meta["namespace"], meta["name"])
+        if existing is None:
+            if cdobjects.create(self.client, kind, manifest) is not None:
+                log.info("created %s %s/%s for ComputeDomain %s/%s", kind.plural, meta["namespace"], meta["name"],
+                         cd.namespace, cd.name)
+                return
+            existing = cdobjects.get(self.client, kind, meta["namespace"], meta["name"])  # made meanwhile
+            if existing is None:
+                raise ReconcileRetry(f"{kind.plural} {meta['namespace']}/{meta['name']} vanished while being "
+                                     "created")
+        if owner_of(existing) != cd.uid:
+            raise ReconcileRetry(f"{kind.plural} {meta['namespace']}/{meta['name']} exists and belongs to "
+                                 f"ComputeDomain uid {owner_of(existing) or '(none)'}, not {cd.uid}")
+        if (existing.get("metadata") or {}).get("deletionTimestamp"):
+            raise ReconcileRetry(f"{kind.plural} {meta['namespace']}/{meta['name']} is still being deleted")
+
+    def _daemon_namespace(self, kind: cdobjects.ObjectKind, uid: str) -> str:
+        """Where the domain's daemon object is: the first of the driver namespace and the additional namespaces
+        that has it (``--additional-namespaces``: found there, never created there), else the driver namespace."""
+        name = daemon_object_name(uid)
+        for namespace in self.additional_namespaces:
+            if self._owned(kind, namespace, name, uid) is not None:
+                return namespace
+        return self.settings.namespace
+
+    def _owned(self, kind: cdobjects.ObjectKind, namespace: str, name: str, uid: str) -> JSONDict | None:
+        obj = cdobjects.get(self.client, kind, namespace, name)
+        return obj if obj is not None and owner_of(obj) == uid else None
+
+    def _delete(self, obj: JSONDict, cd: ComputeDomain) -> None:
+        if FINALIZER not in cd.finalizers:
+            return
+        ns = self.settings.namespace
+        targets: list[tuple[cdobjects.ObjectKind, str, str]] = [(RESOURCE_CLAIM_TEMPLATES, cd.namespace,
+                                                                 cd.template_name)]
+        if not self.settings.host_managed:
+            targets += [(DAEMON_SETS, self._daemon_namespace(DAEMON_SETS, cd.uid), daemon_object_name(cd.uid)),
+                        (RESOURCE_CLAIM_TEMPLATES, self._daemon_namespace(RESOURCE_CLAIM_TEMPLATES, cd.uid),
+                         daemon_object_name(cd.uid))]
+        for kind, namespace, name in targets:
+            if self._owned(kind, namespace, name, cd.uid) is not None:
+                cdobjects.delete(self.client, kind, namespace, name)
+        if not self.settings.host_managed:
+            self._unlabel_nodes(cd.uid)
+            for clique in kcd.list_cliques(self.client, ns, _uid_selector(cd.uid)):
+                kcd.delete_clique(self.client, ns, clique["metadata"]["name"])
+        for kind, namespace, name in targets:
+            if self._owned(kind, namespace, name, cd.uid) is not None:
+                cdobjects.remove_finalizer(self.client, kind, namespace, name, FINALIZER)
+        for kind, namespace, name in targets:
+            if self._owned(kind, namespace, name, cd.uid) is not None:
+                raise ReconcileRetry(f"{kind.plural} {namespace}/{name} still exists")
+        obj["metadata"]["finalizers"] = [f for f in cd.finalizers if f != FINALIZER]
+        try:
+            kcd.update_compute_domain(self.client, obj)
+        except errors.KubeNotFoundError:
+            return
+        log.info("ComputeDomain %s/%s (uid %s): cleaned up, finalizer removed", cd.namespace, cd.name, cd.uid)
+
+    def _unlabel_nodes(self, uid: str) -> None:
+        for node in cdobjects.list_nodes(self.client, _uid_selector(uid)):
+            name = node["metadata"]["name"]
+            try:
+                kcd.set_node_label(self.client, name, LABEL_COMPUTE_DOMAIN, None, only_if=uid)
+            except errors.KubeConflictError:
+                kcd.set_node_label(self.client, name, LABEL_COMPUTE_DOMAIN, None, only_if=uid)
+
+    # -- status -------------------------------------------------------------------------------------------------
+    def sync_all_status(self) -> None:
+        """One round of the status loop over every ComputeDomain."""
+        pods = [] if self.settings.host_managed else list_pods(self.client, self.settings.namespace,
+                                                               LABEL_COMPUTE_DOMAIN)
+        cliques = [] if not self.cliques_gate else kcd.list_cliques(self.client, self.settings.namespace,
+                                                                    LABEL_COMPUTE_DOMAIN)
+        for obj in kcd.list_compute_domains(self.client).get("items") or ():
+            meta = obj.get("metadata") or {}
+            if meta.get("deletionTimestamp") or FINALIZER not in (meta.get("finalizers") or ()):
+                continue
+            obj.setdefault("apiVersion", "resource.nvidia.com/v1beta1")
+            obj.setdefault("kind", "ComputeDomain")
+            try:
+                self._sync(obj, pods, cliques)
+            except errors.KubeConflictError:
+                continue  # changed meanwhile: the next round sees the new object
+            except ComputeDomainError as exc:
+                log.debug("status of ComputeDomain %s/%s: %s", meta.get("namespace"), meta.get("name"), exc)
+
+    def sync_status(self, obj: JSONDict) -> None:
+        """Recompute one ComputeDomain's status now (after a reconcile)."""
+        uid = str(obj["metadata"].get("uid", ""))
+        pods = [] if self.settings.host_managed else list_pods(self.client, self.settings.namespace,
+                                                               _uid_selector(uid))
+        cliques = [] if not self.cliques_gate else kcd.list_cliques(self.client, self.settings.namespace,
+                                                                    _uid_selector(uid))
+        try:
+            self._sync(obj, pods, cliques)
+        except errors.KubeConflictError:
+            self.queue.add((obj["metadata"]["namespace"], obj["metadata"]["name"]))
+
+    def _sync(self, obj: JSONDict, pods: list[JSONDict], cliques: list[JSONDict]) -> None:
+        cd = ComputeDomain.from_object(obj)
+        status = dict(obj.get("status") or {})
+        if self.settings.host_managed:
+            wanted = {**status, "status": STATUS_READY}
+        else:
+            mine = [p for p in pods if owner_of(p) == cd.uid]
+            my_cliques = [self._pruned(c, mine) for c in cliques if owner_of(c) == cd.uid]
+            nodes = node_entries(cd, mine, [c for c in my_cliques if c is not None], cliques_gate=self.cliques_gate)
+            wanted = {**status, "nodes": [n.to_status_node() for n in nodes],
+                      "status": global_status(cd.num_nodes, nodes)}
+            if not nodes and "nodes" not in status:
+                wanted.pop("nodes")
+        if wanted == status:
+            return
+        obj["status"] = wanted
+        kcd.update_compute_domain_status(self.client, obj)
+        if wanted.get("status") != status.get("status"):
+            log.info("ComputeDomain %s/%s (uid %s): status %s", cd.namespace, cd.name, cd.uid, wanted["status"])
+
+    def _pruned(self, clique: JSONDict, pods: list[JSONDict]) -> JSONDict | None:
+        """``clique`` without entries for nodes that run no daemon pod of its domain (written back)."""
+        nodes = {str((p.get("spec") or {}).get("nodeName") or "") for p in pods}
+        daemons = list(clique.get("daemons") or [])
+        kept = [d for d in daemons if d.get("nodeName") in nodes]
+        if len(kept) == len(daemons):
+            return clique
+        clique = {**clique, "daemons": kept}
+        clique.setdefault("apiVersion", "resource.nvidia.com/v1beta1")
+        clique.setdefault("kind", "ComputeDomainClique")
+        try:
+            out = kcd.update_clique(self.client, clique)
+        except errors.KubeConflictError:
+            return None  # a daemon wrote meanwhile: the next round decides
+        except errors.KubeNotFoundError:
+            return None
+        log.info("ComputeDomainClique %s/%s: pruned %d entries of nodes without a daemon pod",
+                 clique["metadata"].get("namespace"), clique["metadata"]["name"], len(daemons) - len(kept))
+        return out
+
+    # -- stale sweep --------------------------------------------------------------------------------------------
+    def sweep(self) -> None:
+        """Delete or unlabel what belongs to ComputeDomains that no longer exist (module docstring)."""
+        ns = self.settings.namespace
+        stale: list[tuple[cdobjects.ObjectKind, JSONDict]] = []
+        for namespace in (ns, *self.additional_namespaces):
+            stale += [(DAEMON_SETS, o) for o in cdobjects.list_objects(self.client, DAEMON_SETS, namespace,
+                                                                        LABEL_COMPUTE_DOMAIN)]
+        stale += [(RESOURCE_CLAIM_TEMPLATES, o) for o in cdobjects.list_objects(self.client, RESOURCE_CLAIM_TEMPLATES,
+                                                                                "", LABEL_COMPUTE_DOMAIN)]
+        nodes = cdobjects.list_nodes(self.client, LABEL_COMPUTE_DOMAIN)
+        cliques = kcd.list_cliques(self.client, ns, LABEL_COMPUTE_DOMAIN)
+        live = {str((o.get("metadata") or {}).get("uid", "")) for o in
+                kcd.list_compute_domains(self.client).get("items") or ()}
+        for kind, obj in stale:
+            uid = owner_of(obj)
+            if uid in live:
+                continue
+            meta = obj["metadata"]
+            log.info("stale sweep: %s %s/%s of gone ComputeDomain uid %s", kind.plural, meta["namespace"],
+                     meta["name"], uid)
+            cdobjects.delete(self.client, kind, meta["namespace"], meta["name"])
+            cdobjects.remove_finalizer(self.client, kind, meta["namespace"], meta["name"], FINALIZER)
+        for node in nodes:
+            uid = owner_of(node)
+            if uid not in live:
+                log.info("stale sweep: node %s label of gone ComputeDomain uid %s", node["metadata"]["name"], uid)
+                kcd.set_node_label(self.client, node["metadata"]["name"], LABEL_COMPUTE_DOMAIN, None, only_if=uid)
+        for clique in cliques:
+            if owner_of(clique) not in live:
+                log.info("stale sweep: ComputeDomainClique %s/%s", ns, clique["metadata"]["name"])
+                kcd.delete_clique(self.client, ns, clique["metadata"]["name"])
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerConfig:
+    """The controller process's configuration (``dradriver compute-domain-controller`` flags; seconds)."""
+
+    pod_name: str
+    kubeconfig: str
+    settings: ControllerSettings
+    additional_namespaces: tuple[str, ...] = ()
+    kube_api_qps: float = -1.0
+    kube_api_burst: int = 10
+    http_endpoint: str = ""
+    metrics_path: str = "/metrics"
+    leader_election: bool = False
+    lease_namespace: str = "default"
+    lease_name: str = "nvidia-compute-domain-controller"
+    lease_duration_s: float = 15.0
+    renew_deadline_s: float = 10.0
+    retry_period_s: float = 2.0
+
+
+def _serve_metrics(endpoint: str) -> None:
+    """Prometheus metrics (the process and client metrics of ``prometheus_client``'s default registry) on
+    ``host:port``."""
+    import prometheus_client
+
+    host, _, port = endpoint.rpartition(":")
+    prometheus_client.start_http_server(int(port), addr=host or "0.0.0.0")
+
+
+def run_controller(cfg: ControllerConfig, stop: threading.Event) -> bool:
+    """Run the controller until ``stop`` is set; with leader election only while holding the Lease.
+
+    :returns: True when the Lease was lost (the process should exit non-zero and campaign again).
+    :raises errors.KubeAPIError: the API client cannot be opened.
+    :raises ValueError: inconsistent leader election durations.
+    """
+    from dradriver.kube import ratelimit
+    from dradriver.kube.client import open_client
+    from dradriver.kube.leaderelection import LeaderElectionConfig, LeaderElector, candidate_identity
+
+    client = open_client(cfg.kubeconfig, user_agent="dradriver/compute-domain-controller",
+                         rate_limit=ratelimit.rate_limiter(cfg.kube_api_qps, cfg.kube_api_burst))
+    if cfg.http_endpoint:
+        _serve_metrics(cfg.http_endpoint)
+    controller = ComputeDomainController(client, cfg.settings, additional_namespaces=cfg.additional_namespaces)
+    try:
+        if not cfg.leader_election:
+            controller.run(stop)
+            return False
+        election = LeaderElectionConfig(namespace=cfg.lease_namespace, name=cfg.lease_name,
+                                        identity=candidate_identity(cfg.pod_name),
+                                        lease_duration_s=cfg.lease_duration_s,
+                                        renew_deadline_s=cfg.renew_deadline_s, retry_period_s=cfg.retry_period_s)
+        return LeaderElector(client, election).run(controller.run, stop)
+    finally:
+        client.close()

@@ -1,0 +1,208 @@
+"""The objects the compute-domain controller makes for one ComputeDomain, free of I/O: the daemon
+ResourceClaimTemplate and the IMEX daemon DaemonSet (driver namespace), and the workload ResourceClaimTemplate
+(the domain's namespace).
+
+Facts (``nvidia-dra-driver.md`` 7.3, ``nvidia-dra-driver-updates.md`` 2c): both daemon objects are named
+``computedomain-daemon-<cdUID>`` and carry the finalizer ``resource.nvidia.com/computeDomain`` and the label
+``resource.nvidia.com/computeDomain=<cdUID>``; the templates add ``resource.nvidia.com/computeDomainTarget``
+(``Daemon`` / ``Workload``). The daemon template requests ``daemon`` from ``compute-domain-daemon.nvidia.com``
+with a ``ComputeDomainDaemonConfig{domainID}``; the workload template (named by
+``spec.channel.resourceClaimTemplate.name``) requests ``channel`` from
+``compute-domain-default-channel.nvidia.com`` with a ``ComputeDomainChannelConfig{domainID, allocationMode}``
+(``Single`` forced in host-managed IMEX mode). The DaemonSet's pods run only on nodes labelled with the domain
+(the plugin labels a node when it prepares a workload channel there), as ServiceAccount
+``compute-domain-daemon-service-account``, tolerate every ``NoSchedule``/``NoExecute``/``PreferNoSchedule``
+taint, run ``compute-domain-daemon -v $(LOG_VERBOSITY) run`` with env ``LOG_VERBOSITY``,
+``MAX_NODES_PER_IMEX_DOMAIN``, ``NODE_NAME``, ``POD_IP``, ``POD_UID``, ``POD_NAME``, ``POD_NAMESPACE``,
+``NVIDIA_VISIBLE_DEVICES=void`` and ``FEATURE_GATES`` (every gate), and are probed with
+``compute-domain-daemon check``: startup every 1 s up to 1200 times (20 min), liveness every 60 s up to 20
+times, readiness every 10 s once; each probe times out after 10 s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dradriver.domain.computedomains import (
+    ALLOCATION_SINGLE,
+    API_GROUP_VERSION,
+    CHANNEL_DEVICE_CLASS,
+    DAEMON_DEVICE_CLASS,
+    DAEMON_SERVICE_ACCOUNT,
+    DEFAULT_MAX_NODES_PER_IMEX_DOMAIN,
+    FINALIZER,
+    LABEL_COMPUTE_DOMAIN,
+    LABEL_TARGET,
+    ComputeDomain,
+    daemon_object_name,
+)
+from dradriver.domain.featuregates import DEFAULT_GATES, FeatureGates
+from dradriver.domain.identity import COMPUTE_DOMAIN_DRIVER
+
+__all__ = [
+    "DAEMON_CLAIM_NAME",
+    "DAEMON_CONTAINER",
+    "IMEX_MODE_DRIVER_MANAGED",
+    "IMEX_MODE_HOST_MANAGED",
+    "TARGET_DAEMON",
+    "TARGET_WORKLOAD",
+    "ControllerSettings",
+    "daemon_claim_template",
+    "daemon_set",
+    "owner_of",
+    "render_all_gates",
+    "workload_claim_template",
+]
+
+JSONDict = dict[str, Any]
+
+TARGET_DAEMON, TARGET_WORKLOAD = "Daemon", "Workload"
+DAEMON_CONTAINER = "compute-domain-daemon"
+"""The DaemonSet's container, and the name of its pod's resource claim."""
+DAEMON_CLAIM_NAME = "compute-domain-daemon"
+IMEX_MODE_DRIVER_MANAGED, IMEX_MODE_HOST_MANAGED = "driverManaged", "hostManaged"
+RESOURCE_API_VERSION = "resource.k8s.io/v1"
+_PROBE_TIMEOUT_S = 10
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerSettings:
+    """What the controller's flags (``nvidia-dra-driver.md`` 1.3) put into the objects it makes.
+
+    :param namespace: the driver namespace (``--namespace``): daemon templates, DaemonSets, cliques live there.
+    :param image: the daemon pods' image (``--image-name``).
+    :param log_verbosity: the daemons' ``LOG_VERBOSITY`` (``--log-verbosity-cd-daemon``), a klog level.
+    :param max_nodes_per_imex_domain: ``MAX_NODES_PER_IMEX_DOMAIN`` (18: GB200/GB300 NVL72).
+    :param pull_secrets: ``imagePullSecrets`` of daemon pods (``--cd-daemon-image-pull-secret-names``).
+    :param feature_gates: the gates in force; the daemons get all of them in ``FEATURE_GATES``.
+    :param imex_mode: ``driverManaged`` (IMEX daemons in the per-domain DaemonSet) or ``hostManaged``.
+    """
+
+    namespace: str = "default"
+    image: str = ""
+    log_verbosity: int = 4
+    max_nodes_per_imex_domain: int = DEFAULT_MAX_NODES_PER_IMEX_DOMAIN
+    pull_secrets: tuple[str, ...] = ()
+    feature_gates: FeatureGates = DEFAULT_GATES
+    imex_mode: str = IMEX_MODE_DRIVER_MANAGED
+
+    @property
+    def host_managed(self) -> bool:
+        """IMEX runs on the host: no DaemonSet, daemon template, cliques or node labels (7.3)."""
+        return self.imex_mode == IMEX_MODE_HOST_MANAGED
+
+
+def render_all_gates(gates: Mapping[str, bool]) -> str:
+    """Every gate, ``Name=true|false`` joined by commas in name order: the daemons' ``FEATURE_GATES``."""
+    return ",".join(f"{name}={'true' if value else 'false'}" for name, value in sorted(gates.items()))
+
+
+def _labels(cd: ComputeDomain, target: str | None = None) -> dict[str, str]:
+    labels = {LABEL_COMPUTE_DOMAIN: cd.uid}
+    if target is not None:
+        labels[LABEL_TARGET] = target
+    return labels
+
+
+def _claim_template(name: str, namespace: str, labels: dict[str, str], request: str, device_class: str,
+                    parameters: JSONDict) -> JSONDict:
+    return {
+        "apiVersion": RESOURCE_API_VERSION,
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": namespace, "finalizers": [FINALIZER], "labels": labels},
+        "spec": {"spec": {"devices": {
+            "requests": [{"name": request, "exactly": {"deviceClassName": device_class}}],
+            "config": [{"requests": [request], "opaque": {"driver": COMPUTE_DOMAIN_DRIVER.driver_name,
+                                                          "parameters": parameters}}],
+        }}},
+    }
+
+
+def daemon_claim_template(cd: ComputeDomain, settings: ControllerSettings) -> JSONDict:
+    """The ``resource.k8s.io/v1`` ResourceClaimTemplate ``computedomain-daemon-<cdUID>`` (driver namespace) each
+    daemon pod claims its ``daemon`` device through."""
+    params = {"apiVersion": API_GROUP_VERSION, "kind": "ComputeDomainDaemonConfig", "domainID": cd.uid}
+    return _claim_template(daemon_object_name(cd.uid), settings.namespace, _labels(cd, TARGET_DAEMON), "daemon",
+                           DAEMON_DEVICE_CLASS, params)
+
+
+def workload_claim_template(cd: ComputeDomain, settings: ControllerSettings) -> JSONDict:
+    """The ResourceClaimTemplate ``spec.channel.resourceClaimTemplate.name`` in the domain's namespace that
+    workload pods name to get the domain's IMEX channel(s)."""
+    mode = ALLOCATION_SINGLE if settings.host_managed else cd.allocation_mode
+    params = {"apiVersion": API_GROUP_VERSION, "kind": "ComputeDomainChannelConfig", "domainID": cd.uid,
+              "allocationMode": mode}
+    return _claim_template(cd.template_name, cd.namespace, _labels(cd, TARGET_WORKLOAD), "channel",
+                           CHANNEL_DEVICE_CLASS, params)
+
+
+def _field_env(name: str, path: str) -> JSONDict:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def _probe(period_s: int, failures: int) -> JSONDict:
+    return {"exec": {"command": ["compute-domain-daemon", "check"]}, "periodSeconds": period_s,
+            "failureThreshold": failures, "timeoutSeconds": _PROBE_TIMEOUT_S}
+
+
+def daemon_set(cd: ComputeDomain, settings: ControllerSettings) -> JSONDict:
+    """The ``apps/v1`` DaemonSet ``computedomain-daemon-<cdUID>`` of the domain's IMEX daemons (module
+    docstring for every field's source).
+
+    :raises ValueError: host-managed IMEX mode (it has no DaemonSet) or no image.
+    """
+    if settings.host_managed:
+        raise ValueError("host-managed IMEX mode runs no IMEX daemon DaemonSet")
+    if not settings.image:
+        raise ValueError("the daemon image (--image-name / IMAGE_NAME) is required")
+    name = daemon_object_name(cd.uid)
+    selector = {LABEL_COMPUTE_DOMAIN: cd.uid}
+    env = [
+        {"name": "LOG_VERBOSITY", "value": str(settings.log_verbosity)},
+        {"name": "MAX_NODES_PER_IMEX_DOMAIN", "value": str(settings.max_nodes_per_imex_domain)},
+        _field_env("NODE_NAME", "spec.nodeName"),
+        _field_env("POD_IP", "status.podIP"),
+        _field_env("POD_UID", "metadata.uid"),
+        _field_env("POD_NAME", "metadata.name"),
+        _field_env("POD_NAMESPACE", "metadata.namespace"),
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
+        {"name": "FEATURE_GATES", "value": render_all_gates(settings.feature_gates)},
+    ]
+    pod_spec: JSONDict = {
+        "nodeSelector": dict(selector),
+        "serviceAccountName": DAEMON_SERVICE_ACCOUNT,
+        "containers": [{
+            "name": DAEMON_CONTAINER,
+            "image": settings.image,
+            "command": ["compute-domain-daemon", "-v", "$(LOG_VERBOSITY)", "run"],
+            "env": env,
+            "resources": {"claims": [{"name": DAEMON_CLAIM_NAME}]},
+            "startupProbe": _probe(1, 1200),
+            "livenessProbe": _probe(60, 20),
+            "readinessProbe": _probe(10, 1),
+        }],
+        "tolerations": [{"operator": "Exists", "effect": effect}
+                        for effect in ("NoSchedule", "NoExecute", "PreferNoSchedule")],
+        "resourceClaims": [{"name": DAEMON_CLAIM_NAME, "resourceClaimTemplateName": name}],
+    }
+    if settings.pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": s} for s in settings.pull_secrets]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": name, "namespace": settings.namespace, "finalizers": [FINALIZER],
+                     "labels": dict(selector)},
+        "spec": {
+            "selector": {"matchLabels": dict(selector)},
+            "template": {"metadata": {"labels": dict(selector)}, "spec": pod_spec},
+        },
+    }
+
+
+def owner_of(obj: Mapping[str, Any]) -> str:
+    """The CD UID an object made by the controller belongs to (its ``resource.nvidia.com/computeDomain``
+    label), ``""`` for any other object."""
+    return str(((obj.get("metadata") or {}).get("labels") or {}).get(LABEL_COMPUTE_DOMAIN) or "")
+

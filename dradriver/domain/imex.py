@@ -1,0 +1,158 @@
+"""The IMEX daemon's files and membership rules, free of I/O: ``imexd.cfg``, ``nodes.cfg``, the hosts-file
+section, the clique entry changes and the name -> address mapping whose change the daemon signals.
+
+Facts: ``nvidia-dra-driver.md`` 7.4 (daemon behaviour: config keys, static ``nodes.cfg`` of DNS names, hosts
+lines ``<ip>\\t<name>``, lowest free index, removal by pod IP), ``nvidia-dra-driver-updates.md`` 2c (per-domain
+hashed names after #1448, sentinel ``127.0.0.2`` for unused slots after #1465). Names and the index rule are
+:mod:`dradriver.domain.computedomains`'.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from dradriver.domain.computedomains import (
+    DNS_NAME_PREFIX,
+    STATUS_NOT_READY,
+    UNUSED_SLOT_IP,
+    CliqueDaemon,
+    choose_index,
+    dns_name,
+    dns_names,
+)
+
+__all__ = [
+    "CONFIG_FILE",
+    "CONFIG_TEMPLATE_FILE",
+    "HOSTS_HEADER",
+    "NODES_FILE",
+    "MembershipChange",
+    "dns_mapping",
+    "membership_change",
+    "remove_entry",
+    "render_hosts",
+    "render_imexd_config",
+    "render_nodes_config",
+    "upsert_entry",
+]
+
+CONFIG_TEMPLATE_FILE = "imexd.cfg.tmpl"
+"""The template the daemon claim's Prepare copies into the domain directory (mounted at ``/imexd``)."""
+CONFIG_FILE = "imexd.cfg"
+NODES_FILE = "nodes.cfg"
+HOSTS_HEADER = "# IMEX peers of this ComputeDomain (written by compute-domain-daemon; edits are overwritten)"
+
+
+def render_imexd_config(template: str, *, pod_ip: str, nodes_config: str,
+                        overrides: Mapping[str, str] | None = None) -> str:
+    """``imexd.cfg`` from the template text: ``IMEX_CMD_BIND_INTERFACE_IP=<pod_ip>``,
+    ``IMEX_NODE_CONFIG_FILE=<nodes_config>`` and any ``overrides`` (``KEY -> value``) replace the value of
+    their ``KEY=`` line, or are appended when the template lacks the key; comments and other lines are kept.
+
+    :param pod_ip: the daemon pod's IP (``POD_IP``).
+    :param nodes_config: the path of ``nodes.cfg`` as the daemon sees it (``/imexd/nodes.cfg``).
+    """
+    values = {"IMEX_CMD_BIND_INTERFACE_IP": pod_ip, "IMEX_NODE_CONFIG_FILE": nodes_config, **(overrides or {})}
+    out: list[str] = []
+    seen: set[str] = set()
+    for line in template.splitlines():
+        key = line.split("=", 1)[0].strip() if "=" in line and not line.lstrip().startswith("#") else ""
+        if key in values:
+            out.append(f"{key}={values[key]}")
+            seen.add(key)
+        else:
+            out.append(line)
+    out.extend(f"{key}={value}" for key, value in values.items() if key not in seen)
+    return "\n".join(out) + "\n"
+
+
+def render_nodes_config(cd_uid: str, max_nodes: int) -> str:
+    """The static ``nodes.cfg`` of DNS-name mode: one name per slot ``0 .. max_nodes-1``
+    (:func:`~dradriver.domain.computedomains.dns_names`), one per line."""
+    return "".join(f"{name}\n" for name in dns_names(cd_uid, max_nodes))
+
+
+def dns_mapping(cd_uid: str, daemons: Iterable[CliqueDaemon], clique_id: str, max_nodes: int) -> dict[str, str]:
+    """Name -> address for every slot ``0 .. max_nodes-1``: the IP of the same-clique daemon holding that
+    index, :data:`~dradriver.domain.computedomains.UNUSED_SLOT_IP` for a slot no daemon holds (and for an
+    entry without an IP yet). Daemons of other cliques and indexes outside the range are ignored."""
+    mapping = {name: UNUSED_SLOT_IP for name in dns_names(cd_uid, max_nodes)}
+    for daemon in daemons:
+        if daemon.clique_id == clique_id and 0 <= daemon.index < max_nodes and daemon.ip_address:
+            mapping[dns_name(cd_uid, daemon.index)] = daemon.ip_address
+    return mapping
+
+
+def render_hosts(current: str, mapping: Mapping[str, str]) -> str:
+    """The hosts file with this domain's section replaced: every line containing
+    :data:`~dradriver.domain.computedomains.DNS_NAME_PREFIX` (any domain's old names) and the old header are
+    dropped, then :data:`HOSTS_HEADER` and ``<ip>\\t<name>`` per ``mapping`` entry (slot order) are appended."""
+    kept = [line for line in current.splitlines() if DNS_NAME_PREFIX not in line and line != HOSTS_HEADER]
+    while kept and not kept[-1].strip():
+        kept.pop()
+    lines = [*kept, "", HOSTS_HEADER] if kept else [HOSTS_HEADER]
+    lines.extend(f"{ip}\t{name}" for name, ip in mapping.items())
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True, slots=True)
+class MembershipChange:
+    """How a name -> address mapping changed: names that gained an address (from the sentinel or absent),
+    names that lost theirs, and names whose address moved (a daemon restarted with a new pod IP)."""
+
+    added: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+    moved: tuple[str, ...] = ()
+
+    @property
+    def changed(self) -> bool:
+        """Whether ``nvidia-imex`` must re-read its peers (SIGUSR1)."""
+        return bool(self.added or self.removed or self.moved)
+
+
+def membership_change(old: Mapping[str, str], new: Mapping[str, str]) -> MembershipChange:
+    """Compare two mappings from :func:`dns_mapping`; the sentinel counts as no address."""
+    def live(mapping: Mapping[str, str]) -> dict[str, str]:
+        return {name: ip for name, ip in mapping.items() if ip and ip != UNUSED_SLOT_IP}
+
+    before, after = live(old), live(new)
+    return MembershipChange(
+        added=tuple(sorted(set(after) - set(before))),
+        removed=tuple(sorted(set(before) - set(after))),
+        moved=tuple(sorted(n for n in set(before) & set(after) if before[n] != after[n])),
+    )
+
+
+def upsert_entry(daemons: Sequence[CliqueDaemon], *, node_name: str, ip_address: str, clique_id: str,
+                 max_nodes: int, status: str = STATUS_NOT_READY) -> tuple[list[CliqueDaemon], CliqueDaemon]:
+    """The entry list with this node's daemon inserted or updated, and that entry.
+
+    The index is :func:`~dradriver.domain.computedomains.choose_index`'s: the node keeps the index it holds
+    (a restarted daemon keeps its DNS name), a new node gets the lowest free one; no other entry changes.
+    A new entry starts ``NotReady`` unless ``status`` says otherwise; an existing one takes the new IP and
+    ``status``.
+
+    :raises dradriver.domain.computedomains.ComputeDomainError: no free index below ``max_nodes``.
+    """
+    index = choose_index(daemons, node_name, max_nodes)
+    entry = CliqueDaemon(node_name=node_name, ip_address=ip_address, clique_id=clique_id, index=index,
+                         status=status)
+    out: list[CliqueDaemon] = []
+    placed = False
+    for daemon in daemons:
+        if daemon.node_name == node_name:
+            if not placed:
+                out.append(replace(entry))
+                placed = True
+            continue
+        out.append(daemon)
+    if not placed:
+        out.append(entry)
+    return out, entry
+
+
+def remove_entry(daemons: Sequence[CliqueDaemon], *, node_name: str, ip_address: str) -> list[CliqueDaemon]:
+    """The entry list without this daemon's entry: the one of ``node_name`` with ``ip_address`` (NVIDIA removes
+    by pod IP, so a stopping old pod never removes the entry its replacement on the same node already wrote)."""
+    return [d for d in daemons if not (d.node_name == node_name and d.ip_address == ip_address)]

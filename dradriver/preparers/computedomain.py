@@ -1,0 +1,446 @@
+"""The compute-domain plugin's device preparers: IMEX channels and IMEX daemons (``compute-domain.nvidia.com``).
+
+Facts: ``nvidia-dra-driver.md`` 2.7 (devices), 3.5 (configs), 4.8 (prepare/unprepare), 5.2 (CDI);
+``nvidia-dra-driver-updates.md`` 2c ("Channel claim Prepare", "Daemon claim Prepare", "Unprepare").
+
+Channel claim (driver-managed IMEX): the claim's ``ComputeDomainChannelConfig`` names the ComputeDomain by UID
+(``domainID``); it must exist and be in the claim's namespace (a permanent per-claim error otherwise). The node gets
+the label ``resource.nvidia.com/computeDomain=<cdUID>`` (the domain's daemon DaemonSet selects nodes by it; a node
+labelled for another domain refuses the claim: one domain per node). When the node is in an NVLink clique, the
+prepare then waits for this node's entry in the ComputeDomainClique ``<cdUID>.<cliqueID>`` (driver namespace) to be
+``Ready``: a not-ready daemon raises :class:`~dradriver.domain.ports.NotReadyYet` and the batch runner retries with
+backoff inside the kubelet's deadline (the label stays meanwhile, so the daemon pod can be scheduled). ``Single``
+gives channel 0, ``All`` every channel of the node (count from ``/proc/driver/nvidia/params``): an ``All`` claim also
+holds ``channel-1 .. channel-<n-1>`` in the claim state, and its CDI spec is rendered by the compiled generator
+(``render_channel_spec``), one CDI device per channel. A node in no clique: success, no device edits, no spec, no CDI
+IDs. Unprepare removes the label only when it still names this domain.
+
+Host-managed IMEX (``--imex-mode hostManaged``): the allocated channel is given, no label, readiness is the host
+daemon's ``nvidia-imex-ctl -q`` answer (on a node in a clique); daemon claims are refused.
+
+Daemon claim: exactly one ``daemon`` device with a ``ComputeDomainDaemonConfig``; the domain directory
+``<plugin dir>/domains/<cdUID>/`` with ``imexd.cfg.tmpl`` is made, and the edits give the daemon container the env
+``CLIQUE_ID``, ``COMPUTE_DOMAIN_UUID``, ``COMPUTE_DOMAIN_NAME``, ``COMPUTE_DOMAIN_NAMESPACE``, the directory at
+``/imexd`` (``rw,nosuid,nodev,bind``) and, in a clique, the ``fabric-imex-mgmt`` capability node. Its CDI IDs are the
+base spec's ``k8s.compute-domain.nvidia.com/device=all`` and the claim device. The directory outlives the claim (it
+is removed once the domain is gone, by the plugin's periodic cleanup), as NVIDIA's.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dradriver.domain import cdi
+from dradriver.domain.cdi import ContainerEdits, DeviceNode, DeviceNodeError, Mount
+from dradriver.domain.claims import AllocationResult, Claim, ClaimError, ClaimRef
+from dradriver.domain.computedomains import (
+    ALLOCATION_ALL,
+    LABEL_COMPUTE_DOMAIN,
+    STATUS_READY,
+    CliqueDaemon,
+    ComputeDomainError,
+    clique_object_name,
+    parse_channel_config,
+    parse_daemon_config,
+)
+from dradriver.domain.configs import ConfigGroup
+from dradriver.domain.identity import DriverIdentity
+from dradriver.domain.ports import DevicePlan, NotReadyYet, UndoRecord
+from dradriver.host import imexchannels
+from dradriver.host.imexchannels import ImexNodeInfo
+from dradriver.kube import computedomains as kube_cd
+from dradriver.kube import nodes as kube_nodes
+from dradriver.kube.client import KubeClient
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "CHANNEL_KIND",
+    "DAEMON_KIND",
+    "ChannelPreparer",
+    "DaemonPreparer",
+    "DomainLookup",
+    "ImexChannel",
+    "ImexDaemon",
+    "channel_devices",
+]
+
+CHANNEL_KIND = "imex-channel"
+DAEMON_KIND = "imex-daemon"
+CHANNEL_PREFIX = "channel-"
+DAEMON_NAME = "daemon-0"
+DAEMON_MOUNT = "/imexd"
+DAEMON_MOUNT_OPTIONS = ("rw", "nosuid", "nodev", "bind")
+CHANNEL_NODE_MODE = 0o666
+
+
+@dataclass(frozen=True, slots=True)
+class ImexChannel:
+    """Device ``channel-<id>`` of the node (``type=channel``); only ``channel-0`` is published."""
+
+    name: str
+    id: int
+
+
+@dataclass(frozen=True, slots=True)
+class ImexDaemon:
+    """Device ``daemon-0`` (``type=daemon``), published in driver-managed mode only."""
+
+    name: str = DAEMON_NAME
+    id: int = 0
+
+
+def channel_devices(count: int, *, daemon: bool) -> dict[str, object]:
+    """Every device of the node by name: ``channel-0 .. channel-<count-1>`` and (``daemon``) ``daemon-0``."""
+    out: dict[str, object] = {f"{CHANNEL_PREFIX}{i}": ImexChannel(f"{CHANNEL_PREFIX}{i}", i) for i in range(count)}
+    if daemon:
+        out[DAEMON_NAME] = ImexDaemon()
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Config:
+    params: Mapping[str, Any]
+    where: str
+
+
+def _config_for(claim: Claim, result: AllocationResult, kind: str) -> _Config:
+    """The opaque config that applies to ``result`` (the last matching entry: class configs come first, then the
+    claim's, as the API lists them), decoded later by the caller.
+
+    :raises ClaimError: no config of ours applies (``domainID`` is required).
+    """
+    request = result.request.split("/", 1)[0]
+    chosen: _Config | None = None
+    for pos, entry in enumerate(claim.configs):
+        index = claim.config_indices[pos] if pos < len(claim.config_indices) else pos
+        requests = entry.get("requests") or []
+        if isinstance(requests, list) and requests and request not in requests and result.request not in requests:
+            continue
+        opaque = entry.get("opaque")
+        params = opaque.get("parameters") if isinstance(opaque, Mapping) else None
+        where = f"status.allocation.devices.config[{index}].opaque.parameters"
+        if not isinstance(params, Mapping):
+            raise ClaimError(claim.ref, f"{where}: not an object")
+        chosen = _Config(params, where)
+    if chosen is None:
+        raise ClaimError(claim.ref, f"request {request!r} (device {result.device!r}): no {kind} in "
+                                    "status.allocation.devices.config (its domainID names the ComputeDomain)")
+    return chosen
+
+
+class DomainLookup:
+    """ComputeDomains and cliques through the API, for both preparers.
+
+    :param client: the plugin's API client.
+    :param node_name: this node.
+    :param namespace: the driver namespace (where ComputeDomainCliques live).
+    """
+
+    def __init__(self, client: KubeClient, node_name: str, namespace: str) -> None:
+        self.client = client
+        self.node_name = node_name
+        self.namespace = namespace
+
+    def domain(self, ref: ClaimRef, uid: str, where: str) -> Mapping[str, Any]:
+        """The ComputeDomain whose UID is ``uid``.
+
+        :raises ClaimError: none has it (names ``<where>.domainID``).
+        :raises dradriver.kube.errors.KubeAPIError: the API failed.
+        """
+        obj = kube_cd.find_compute_domain(self.client, uid)
+        if obj is None:
+            raise ClaimError(ref, f"{where}.domainID: no ComputeDomain has UID {uid!r}")
+        return obj
+
+    def node_label(self) -> str | None:
+        """This node's ``resource.nvidia.com/computeDomain`` label (``None``: not set)."""
+        return kube_nodes.get_node(self.client, self.node_name).labels.get(LABEL_COMPUTE_DOMAIN)
+
+    def daemon_entry(self, cd_uid: str, clique_id: str) -> tuple[str, CliqueDaemon | None]:
+        """(clique object name, this node's daemon entry or ``None``)."""
+        name = clique_object_name(cd_uid, clique_id)
+        obj = kube_cd.get_clique(self.client, self.namespace, name)
+        if obj is None:
+            return name, None
+        for raw in obj.get("daemons") or ():
+            entry = CliqueDaemon.from_entry(raw)
+            if entry.node_name == self.node_name:
+                return name, entry
+        return name, None
+
+
+def _meta(obj: Mapping[str, Any]) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+
+
+class ChannelPreparer:
+    """IMEX channel claims (see the module docstring). Implements
+    :class:`~dradriver.domain.ports.DevicePreparer` and the runner's optional parts
+    (:class:`~dradriver.domain.ports.ClaimSpecPreparer`).
+
+    :param lookup: API access.
+    :param identity: the plugin's names (CDI kind).
+    :param imex: the node's IMEX facts (channel major and count).
+    :param clique_id: this node's clique ID now (``""``: in no clique).
+    :param host_managed: ``--imex-mode hostManaged``.
+    :param imex_ctl: host-managed readiness: returns ``(ready, output)`` (``nvidia-imex-ctl -q``).
+    """
+
+    kind = CHANNEL_KIND
+    side_effects = True
+    apply_takes_deadline = True
+
+    def __init__(self, lookup: DomainLookup, identity: DriverIdentity, imex: ImexNodeInfo,
+                 clique_id: Callable[[], str], *, host_managed: bool = False,
+                 imex_ctl: Callable[[], tuple[bool, str]] | None = None) -> None:
+        self.lookup = lookup
+        self.identity = identity
+        self.imex = imex
+        self.clique_id = clique_id
+        self.host_managed = host_managed
+        self.imex_ctl = imex_ctl
+        self._pending: dict[str, str] = {}
+        """Claim UID -> CD UID of claims whose last attempt labelled the node and is waiting for the daemon: the
+        label stays for the next attempt, and goes when the claim is unprepared before it ever completed (kept in
+        memory only: after a restart the controller's stale-label sweep removes such a label)."""
+        self._pending_lock = threading.Lock()
+
+    def handles(self, device: object) -> bool:
+        return isinstance(device, ImexChannel)
+
+    def plan(self, claim: Claim, device: object, results: Sequence[AllocationResult],
+             group: ConfigGroup | None) -> DevicePlan:
+        assert isinstance(device, ImexChannel)
+        config = _config_for(claim, results[0], "ComputeDomainChannelConfig")
+        try:
+            parsed = parse_channel_config(config.params, config.where)
+        except ComputeDomainError as exc:
+            raise ClaimError(claim.ref, str(exc)) from None
+        if self.host_managed:
+            first = device.id  # the allocated channel
+        else:
+            first = 0  # NVIDIA: a driver-managed channel claim is always channel 0
+        count = self.imex.channel_count
+        if parsed.allocation_mode == ALLOCATION_ALL:
+            channels = [first, *(i for i in range(count) if i != first)]
+        else:
+            channels = [first]
+        if device.id != first:
+            raise ClaimError(claim.ref, f"device {device.name!r}: driver-managed IMEX gives channel 0 only "
+                                        f"(allocate {CHANNEL_PREFIX}0)")
+        clique = self.clique_id()
+        details = {"domain": parsed.domain_id, "mode": parsed.allocation_mode, "where": config.where,
+                   "channels": channels, "clique": clique}
+        return DevicePlan(self.kind, device.name, device, tuple(sorted({r.request.split("/", 1)[0] for r in results})),
+                          all(r.admin_access for r in results), tuple(results), group, details)
+
+    # -- runner's optional parts ---------------------------------------------------------------------------------
+    def holds(self, plan: DevicePlan) -> list[str]:
+        """The further channels an ``All`` claim holds (recorded in the claim state, not answered)."""
+        return [f"{CHANNEL_PREFIX}{i}" for i in plan.details["channels"][1:]]
+
+    def cdi_device_ids(self, ref: ClaimRef, plan: DevicePlan) -> tuple[str, ...]:
+        """One CDI ID per channel; none at all on a node in no clique (nothing is injected)."""
+        if not plan.details["clique"]:
+            return ()
+        return tuple(self.identity.cdi.device_id(ref.uid, f"{CHANNEL_PREFIX}{i}") for i in plan.details["channels"])
+
+    def render_spec(self, ref: ClaimRef, plans: Sequence[DevicePlan], records: Sequence[UndoRecord],
+                    spec_edits: ContainerEdits) -> bytes:
+        """The claim's spec through the compiled channel-spec generator; ``b""`` (no spec) in no clique.
+
+        :raises DeviceNodeError: the channel major is unknown (no ``nvidia-caps-imex-channels`` line).
+        """
+        record = next((r for r in records if r.kind == self.kind), None)
+        data = record.data if record is not None else plans[0].details
+        if not data.get("clique"):
+            return b""
+        channels = [int(c) for c in data["channels"]]
+        major = self._major()
+        try:
+            return cdi.render_imex_channel_spec(major, channels, kind=self.identity.cdi.kind,
+                                                name_prefix=f"{ref.uid}-{CHANNEL_PREFIX}", common=spec_edits)
+        except cdi.CdiSpecError as exc:
+            raise ClaimError(ref, str(exc)) from exc
+
+    def _major(self) -> int:
+        if self.imex.channel_major is None:
+            raise DeviceNodeError(f"no '{imexchannels.CHANNEL_DEVICE_NAME}' line in /proc/devices: the IMEX channel "
+                                  "devices' major is unknown (is the NVIDIA driver's IMEX support loaded?)")
+        return self.imex.channel_major
+
+    # -- protocol -----------------------------------------------------------------------------------------------
+    def apply(self, claim: ClaimRef, plan: DevicePlan, *, deadline: float | None = None) -> UndoRecord:
+        uid = str(plan.details["domain"])
+        where = str(plan.details["where"])
+        obj = self.lookup.domain(claim, uid, where)
+        namespace, name = _meta(obj)
+        if namespace != claim.namespace:
+            raise ClaimError(claim, f"{where}.domainID: ComputeDomain {namespace}/{name} (UID {uid}) is not in the "
+                                    f"claim's namespace {claim.namespace!r}")
+        clique = str(plan.details["clique"])
+        data: dict[str, Any] = {"domain": uid, "namespace": namespace, "name": name, "mode": plan.details["mode"],
+                                "channels": list(plan.details["channels"]), "clique": clique, "label": False}
+        if self.host_managed:
+            if clique and self.imex_ctl is not None:
+                ready, output = self.imex_ctl()
+                if not ready:
+                    raise NotReadyYet(claim, f"the host's IMEX daemon is not ready (nvidia-imex-ctl -q: {output})")
+            return UndoRecord(self.kind, 1, plan.device, data)
+        current = self.lookup.node_label()
+        if current is not None and current != uid:
+            raise ClaimError(claim, f"node {self.lookup.node_name} is labelled {LABEL_COMPUTE_DOMAIN}={current}: it "
+                                    f"serves another ComputeDomain, and a node serves one ComputeDomain at a time "
+                                    f"(ComputeDomain {namespace}/{name}, UID {uid}, must wait until that one's "
+                                    "workload leaves the node)")
+        if current is None:
+            kube_cd.set_node_label(self.lookup.client, self.lookup.node_name, LABEL_COMPUTE_DOMAIN, uid)
+            log.info("node %s labelled %s=%s for claim %s", self.lookup.node_name, LABEL_COMPUTE_DOMAIN, uid, claim)
+        data["label"] = True
+        if clique:
+            clique_name, entry = self.lookup.daemon_entry(uid, clique)
+            if entry is None or entry.status != STATUS_READY:
+                with self._pending_lock:
+                    self._pending[claim.uid] = uid
+                seen = "no entry for this node" if entry is None else f"status {entry.status}"
+                raise NotReadyYet(claim, f"the IMEX daemon of ComputeDomain {namespace}/{name} on node "
+                                         f"{self.lookup.node_name} is not Ready yet (ComputeDomainClique "
+                                         f"{self.lookup.namespace}/{clique_name}: {seen})")
+        with self._pending_lock:
+            self._pending.pop(claim.uid, None)
+        return UndoRecord(self.kind, 1, plan.device, data)
+
+    def unprepared_unknown(self, ref: ClaimRef) -> None:
+        """A claim that never completed was unprepared: remove the label its waiting attempts kept (only when it
+        still names that claim's domain)."""
+        with self._pending_lock:
+            uid = self._pending.pop(ref.uid, None)
+        if uid is not None and kube_cd.set_node_label(self.lookup.client, self.lookup.node_name, LABEL_COMPUTE_DOMAIN,
+                                                      None, only_if=uid):
+            log.info("node %s: label %s=%s removed (claim %s unprepared before it was ever prepared)",
+                     self.lookup.node_name, LABEL_COMPUTE_DOMAIN, uid, ref)
+
+    def edits(self, claim: ClaimRef, plan: DevicePlan, record: UndoRecord) -> ContainerEdits:
+        data = record.data or plan.details
+        if not data.get("clique"):
+            return ContainerEdits()
+        major = self._major()
+        return ContainerEdits(device_nodes=tuple(
+            DeviceNode(f"{cdi_channel_dir()}{int(i)}", "", "c", major, int(i), CHANNEL_NODE_MODE)
+            for i in data["channels"]))
+
+    def undo(self, claim: ClaimRef, record: UndoRecord) -> None:
+        """Remove the node label when this claim set or kept it and it still names this claim's domain."""
+        if not record.data.get("label"):
+            return
+        uid = str(record.data.get("domain") or "")
+        if kube_cd.set_node_label(self.lookup.client, self.lookup.node_name, LABEL_COMPUTE_DOMAIN, None, only_if=uid):
+            log.info("node %s: label %s=%s removed (claim %s unprepared)", self.lookup.node_name,
+                     LABEL_COMPUTE_DOMAIN, uid, claim)
+
+    def sweep(self, known: Sequence[UndoRecord]) -> list[str]:
+        """Nothing to sweep: a label no record knows may belong to a prepare the kubelet is still retrying (it is
+        removed by the unprepare of the domain's channel claim or by the controller once the domain is gone)."""
+        return []
+
+
+def cdi_channel_dir() -> str:
+    """``/dev/nvidia-caps-imex-channels/channel`` (the compiled generator's constant)."""
+    from dradriver import _native
+
+    return str(_native.load("cdispec").IMEX_CHANNEL_DIR)
+
+
+class DaemonPreparer:
+    """IMEX daemon claims (see the module docstring).
+
+    :param lookup: API access.
+    :param identity: the plugin's names (CDI kind; the base spec's kind is ``<vendor>/device``).
+    :param imex: the node's IMEX facts (``fabric-imex-mgmt`` minor, ``nvidia-caps`` major).
+    :param clique_id: this node's clique ID now.
+    :param plugin_dir: ``<kubelet plugins dir>/compute-domain.nvidia.com`` (host path, also the daemon's mount).
+    """
+
+    kind = DAEMON_KIND
+    side_effects = True
+
+    def __init__(self, lookup: DomainLookup, identity: DriverIdentity, imex: ImexNodeInfo,
+                 clique_id: Callable[[], str], plugin_dir: Path) -> None:
+        self.lookup = lookup
+        self.identity = identity
+        self.imex = imex
+        self.clique_id = clique_id
+        self.plugin_dir = plugin_dir
+
+    @property
+    def base_device_id(self) -> str:
+        """``k8s.compute-domain.nvidia.com/device=all``: the base spec's device."""
+        return f"{self.identity.cdi.vendor}/device=all"
+
+    def handles(self, device: object) -> bool:
+        return isinstance(device, ImexDaemon)
+
+    def plan(self, claim: Claim, device: object, results: Sequence[AllocationResult],
+             group: ConfigGroup | None) -> DevicePlan:
+        assert isinstance(device, ImexDaemon)
+        daemons = {r.device for r in claim.results if r.device.startswith("daemon-")}
+        if len(daemons) != 1:
+            raise ClaimError(claim.ref, f"status.allocation.devices.results: a daemon claim has exactly one daemon "
+                                        f"device, not {len(daemons)}")
+        config = _config_for(claim, results[0], "ComputeDomainDaemonConfig")
+        try:
+            parsed = parse_daemon_config(config.params, config.where)
+        except ComputeDomainError as exc:
+            raise ClaimError(claim.ref, str(exc)) from None
+        details = {"domain": parsed.domain_id, "where": config.where}
+        return DevicePlan(self.kind, device.name, device, tuple(sorted({r.request.split("/", 1)[0] for r in results})),
+                          all(r.admin_access for r in results), tuple(results), group, details)
+
+    def cdi_device_ids(self, ref: ClaimRef, plan: DevicePlan) -> tuple[str, ...]:
+        return (self.base_device_id, self.identity.cdi.device_id(ref.uid, plan.device))
+
+    def apply(self, claim: ClaimRef, plan: DevicePlan) -> UndoRecord:
+        uid = str(plan.details["domain"])
+        obj = self.lookup.domain(claim, uid, str(plan.details["where"]))
+        namespace, name = _meta(obj)
+        clique = self.clique_id()
+        if clique:
+            self._cap_node()  # a missing capability fails before anything is written
+        try:
+            path, created = imexchannels.ensure_domain_dir(self.plugin_dir, uid)
+        except imexchannels.ImexError as exc:
+            raise ClaimError(claim, str(exc)) from exc
+        if created:
+            log.info("claim %s: IMEX domain directory %s created", claim, path)
+        return UndoRecord(self.kind, 1, plan.device, {"domain": uid, "namespace": namespace, "name": name,
+                                                      "clique": clique, "dir": str(path)})
+
+    def _cap_node(self) -> DeviceNode:
+        minor, major = self.imex.fabric_imex_mgmt_minor, self.imex.caps_major
+        if minor is None:
+            raise DeviceNodeError("no /proc/driver/nvidia/capabilities/fabric-imex-mgmt: the fabric-imex-mgmt "
+                                  "capability's minor is unknown")
+        if major is None:
+            raise DeviceNodeError(f"no '{imexchannels.CAPS_DEVICE_NAME}' line in /proc/devices")
+        return DeviceNode(self.imex.fabric_imex_mgmt_path, "", "c", major, minor)
+
+    def edits(self, claim: ClaimRef, plan: DevicePlan, record: UndoRecord) -> ContainerEdits:
+        data = record.data
+        env = (f"CLIQUE_ID={data.get('clique', '')}", f"COMPUTE_DOMAIN_UUID={data.get('domain', '')}",
+               f"COMPUTE_DOMAIN_NAME={data.get('name', '')}", f"COMPUTE_DOMAIN_NAMESPACE={data.get('namespace', '')}")
+        mounts = (Mount(str(data.get("dir", "")), DAEMON_MOUNT, DAEMON_MOUNT_OPTIONS),)
+        nodes = (self._cap_node(),) if data.get("clique") else ()
+        return ContainerEdits(env=env, device_nodes=nodes, mounts=mounts)
+
+    def undo(self, claim: ClaimRef, record: UndoRecord) -> None:
+        """Nothing: the domain directory stays until its ComputeDomain is gone (as NVIDIA's)."""
+
+    def sweep(self, known: Sequence[UndoRecord]) -> list[str]:
+        return []

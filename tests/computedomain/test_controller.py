@@ -1,0 +1,294 @@
+"""The compute-domain controller against the API emulator (real HTTP, the official client, the bundled CRDs):
+finalizer, the daemon and workload ResourceClaimTemplates, the DaemonSet exactly as templated, global status from
+clique objects, deletion in NVIDIA's order leaving nothing behind, the stale sweep, host-managed mode."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import pytest
+
+from dradriver.app.cdcontroller import ComputeDomainController
+from dradriver.domain.cdtemplates import (
+    IMEX_MODE_HOST_MANAGED,
+    daemon_claim_template,
+    daemon_set,
+    workload_claim_template,
+)
+from dradriver.domain.computedomains import FINALIZER, LABEL_COMPUTE_DOMAIN, ComputeDomain, daemon_object_name
+from dradriver.domain.featuregates import DEFAULT_GATES
+from dradriver.kube.client import KubeClient
+from dradriver.sandbox.apiserver import ApiServerEmulator
+from tests.computedomain.controller_helpers import (
+    DRIVER_NS,
+    GROUP,
+    VERSION,
+    client_for,
+    clique_object,
+    compute_domain,
+    daemon_pod,
+    emulator,
+    entry,
+    nvidia_compute_domain,
+    running,
+    settings,
+    wait_for,
+)
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[ApiServerEmulator]:
+    server = emulator(tmp_path)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def client(api: ApiServerEmulator, tmp_path: Path) -> Iterator[KubeClient]:
+    kube = client_for(api, tmp_path)
+    try:
+        yield kube
+    finally:
+        kube.close()
+
+
+def _controller(client: KubeClient, **kw: Any) -> ComputeDomainController:
+    return ComputeDomainController(client, settings(**kw), status_period_s=0.05)
+
+
+def _create(client: KubeClient, obj: dict[str, Any], namespace: str = "default") -> dict[str, Any]:
+    out: dict[str, Any] = client.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "computedomains",
+                                                                        obj)
+    return out
+
+
+def _cd(api: ApiServerEmulator, name: str, namespace: str = "default") -> dict[str, Any] | None:
+    return api.get("ComputeDomain", name, namespace)
+
+
+def _status(api: ApiServerEmulator, name: str) -> dict[str, Any]:
+    cd = _cd(api, name)
+    assert cd is not None
+    return dict(cd.get("status") or {})
+
+
+def test_a_new_domain_gets_its_finalizer_templates_and_daemonset(api: ApiServerEmulator, client: KubeClient) -> None:
+    controller = _controller(client)
+    with running(controller):
+        made = _create(client, nvidia_compute_domain())  # NVIDIA's imex-channel-injection, unchanged
+        uid = made["metadata"]["uid"]
+        ds = wait_for(lambda: api.get("DaemonSet", daemon_object_name(uid), DRIVER_NS), "the DaemonSet")
+        workload = wait_for(lambda: api.get("ResourceClaimTemplate", "imex-channel-0", "default"), "workload RCT")
+        wait_for(lambda: _status(api, "imex-channel-injection").get("status"), "a status")
+    stored = _cd(api, "imex-channel-injection")
+    assert stored is not None and stored["metadata"]["finalizers"] == [FINALIZER]
+    cd = ComputeDomain.from_object(stored)
+    # the DaemonSet and both templates exactly as templated (the API server adds only its own fields)
+    expected_ds = daemon_set(cd, settings())
+    assert ds["spec"] == expected_ds["spec"]
+    assert {k: ds["metadata"][k] for k in ("name", "namespace", "labels", "finalizers")} == expected_ds["metadata"]
+    daemon_rct = api.get("ResourceClaimTemplate", daemon_object_name(uid), DRIVER_NS)
+    assert daemon_rct is not None
+    expected = daemon_claim_template(cd, settings())
+    assert daemon_rct["spec"] == expected["spec"]
+    assert daemon_rct["metadata"]["labels"] == {LABEL_COMPUTE_DOMAIN: uid,
+                                                "resource.nvidia.com/computeDomainTarget": "Daemon"}
+    assert workload["spec"] == workload_claim_template(cd, settings())["spec"]
+    assert workload["metadata"]["finalizers"] == [FINALIZER]
+    assert workload["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"] == {
+        "apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomainChannelConfig", "domainID": uid,
+        "allocationMode": "Single"}
+    # numNodes 1 and no daemon yet: NotReady
+    assert _status(api, "imex-channel-injection") == {"status": "NotReady"}
+
+
+def test_reconcile_is_idempotent(api: ApiServerEmulator, client: KubeClient) -> None:
+    controller = _controller(client)
+    _create(client, compute_domain("cd1", template="cd1-tpl", mode="All"))
+    controller.reconcile(("default", "cd1"))
+    before = {(o["kind"], o["metadata"]["name"]): o["metadata"]["resourceVersion"]
+              for kind in ("DaemonSet", "ResourceClaimTemplate", "ComputeDomain") for o in api.objects(kind)}
+    api.clear_requests()
+    controller.reconcile(("default", "cd1"))
+    after = {(o["kind"], o["metadata"]["name"]): o["metadata"]["resourceVersion"]
+             for kind in ("DaemonSet", "ResourceClaimTemplate", "ComputeDomain") for o in api.objects(kind)}
+    assert after == before  # nothing rewritten
+    assert api.count("create") == 0  # reads only: nothing is missing
+    assert api.count("update") == 0
+    workload = api.get("ResourceClaimTemplate", "cd1-tpl", "default")
+    assert workload is not None
+    assert workload["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]["allocationMode"] == "All"
+
+
+def test_global_status_follows_the_cliques(api: ApiServerEmulator, client: KubeClient) -> None:
+    controller = _controller(client)
+    with running(controller):
+        uid = _create(client, compute_domain("cd2", num_nodes=2))["metadata"]["uid"]
+        wait_for(lambda: _status(api, "cd2").get("status") == "NotReady", "NotReady with no daemon")
+        daemon_pod(api, uid, "node-a", "10.0.0.1")
+        daemon_pod(api, uid, "node-b", "10.0.0.2")
+        api.create(clique_object(uid, [entry("node-a", "10.0.0.1", 0), entry("node-b", "10.0.0.2", 1, "NotReady")]))
+        nodes = wait_for(lambda: _status(api, "cd2").get("nodes"), "status.nodes")
+        assert [(n["name"], n["index"], n["status"]) for n in nodes] == [("node-a", 0, "Ready"),
+                                                                         ("node-b", 1, "NotReady")]
+        assert _status(api, "cd2")["status"] == "NotReady"
+        clique = api.get("ComputeDomainClique", f"{uid}.abc9829a-0000-4000-8000-000000000001.2", DRIVER_NS)
+        assert clique is not None
+        clique["daemons"][1]["status"] = "Ready"
+        api.update(clique)
+        wait_for(lambda: _status(api, "cd2").get("status") == "Ready", "Ready with two Ready daemons")
+        # node-b's daemon pod goes away: its clique entry is pruned and the domain is short of numNodes
+        api.delete("Pod", f"computedomain-daemon-{uid[:8]}-node-b", DRIVER_NS)
+        wait_for(lambda: [n["name"] for n in _status(api, "cd2").get("nodes") or []] == ["node-a"], "pruned node-b")
+        assert _status(api, "cd2")["status"] == "NotReady"
+        pruned = api.get("ComputeDomainClique", clique["metadata"]["name"], DRIVER_NS)
+        assert pruned is not None and [d["nodeName"] for d in pruned["daemons"]] == ["node-a"]
+        # a daemon on a node in no clique counts from its pod: index -1, Ready from the pod's condition
+        daemon_pod(api, uid, "node-c", "10.0.0.3", clique="")
+        wait_for(lambda: _status(api, "cd2").get("status") == "Ready", "Ready with the non-fabric node")
+        assert _status(api, "cd2")["nodes"][-1] == {"name": "node-c", "ipAddress": "10.0.0.3", "cliqueID": "",
+                                                    "index": -1, "status": "Ready"}
+
+
+def test_numnodes_zero_is_ready_without_daemons(api: ApiServerEmulator, client: KubeClient) -> None:
+    controller = _controller(client)
+    with running(controller):
+        _create(client, compute_domain("cd0"))
+        wait_for(lambda: _status(api, "cd0").get("status") == "Ready", "Ready (numNodes 0: NVIDIA's rule)")
+
+
+def test_deletion_leaves_nothing_while_claims_still_exist(api: ApiServerEmulator, client: KubeClient) -> None:
+    controller = _controller(client)
+    with running(controller):
+        uid = _create(client, compute_domain("cd3", num_nodes=1, template="cd3-channel"))["metadata"]["uid"]
+        wait_for(lambda: api.get("DaemonSet", daemon_object_name(uid), DRIVER_NS), "the DaemonSet")
+        wait_for(lambda: api.get("ResourceClaimTemplate", "cd3-channel", "default"), "the workload template")
+        # what the plugin and the daemons add meanwhile: node labels, a clique, a workload claim in use
+        for node in ("node-a", "node-b"):
+            labelled = api.get("Node", node)
+            assert labelled is not None
+            labelled["metadata"]["labels"][LABEL_COMPUTE_DOMAIN] = uid
+            api.update(labelled)
+        other = api.get("Node", "node-c")
+        assert other is not None
+        other["metadata"]["labels"][LABEL_COMPUTE_DOMAIN] = "another-domain"
+        api.update(other)
+        daemon_pod(api, uid, "node-a", "10.0.0.1")
+        api.create(clique_object(uid, [entry("node-a", "10.0.0.1", 0)]))
+        claim = api.create({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                            "metadata": {"name": "worker-0-channel", "namespace": "default"},
+                            "spec": workload_claim_template(ComputeDomain.from_object(_cd(api, "cd3") or {}),
+                                                            settings())["spec"]["spec"]})
+        client.custom.delete_namespaced_custom_object(GROUP, VERSION, "default", "computedomains", "cd3")
+        wait_for(lambda: _cd(api, "cd3") is None, "the ComputeDomain to go")
+    assert api.objects("DaemonSet") == []
+    assert api.objects("ResourceClaimTemplate") == []
+    assert api.objects("ComputeDomainClique") == []
+    labels = {n["metadata"]["name"]: n["metadata"]["labels"].get(LABEL_COMPUTE_DOMAIN) for n in api.objects("Node")}
+    assert labels == {"node-a": None, "node-b": None, "node-c": "another-domain"}
+    assert api.get("ResourceClaim", claim["metadata"]["name"], "default") is not None  # claims are not ours
+
+
+def test_the_stale_sweep_removes_objects_of_gone_domains(api: ApiServerEmulator, client: KubeClient) -> None:
+    controller = _controller(client)
+    live_uid = _create(client, compute_domain("live"))["metadata"]["uid"]
+    controller.reconcile(("default", "live"))
+    gone = ComputeDomain(name="gone", namespace="default", uid="00000000-dead-4000-8000-000000000000",
+                         template_name="gone-channel")
+    for obj in (daemon_set(gone, settings()), daemon_claim_template(gone, settings()),
+                workload_claim_template(gone, settings())):
+        api.create(obj)
+    node = api.get("Node", "node-b")
+    assert node is not None
+    node["metadata"]["labels"][LABEL_COMPUTE_DOMAIN] = gone.uid
+    api.update(node)
+    api.create(clique_object(gone.uid, [entry("node-b", "10.0.0.2", 0)]))
+    api.create(clique_object(live_uid, [entry("node-a", "10.0.0.1", 0)]))
+    controller.sweep()
+    assert [d["metadata"]["name"] for d in api.objects("DaemonSet")] == [daemon_object_name(live_uid)]
+    assert sorted(t["metadata"]["name"] for t in api.objects("ResourceClaimTemplate")) == sorted(
+        [daemon_object_name(live_uid), "live-channel"])
+    assert [c["metadata"]["name"].split(".")[0] for c in api.objects("ComputeDomainClique")] == [live_uid]
+    stored = api.get("Node", "node-b")
+    assert stored is not None and LABEL_COMPUTE_DOMAIN not in stored["metadata"]["labels"]
+
+
+def test_host_managed_mode_makes_only_the_workload_template(api: ApiServerEmulator, client: KubeClient) -> None:
+    gates = DEFAULT_GATES.with_gates(HostManagedIMEXDaemon=True)
+    controller = _controller(client, imex_mode=IMEX_MODE_HOST_MANAGED, feature_gates=gates)
+    with running(controller):
+        _create(client, nvidia_compute_domain("channel-injection-all.yaml"))
+        wait_for(lambda: _status(api, "imex-channel-injection-all").get("status") == "Ready", "Ready")
+    stored = _cd(api, "imex-channel-injection-all")
+    assert stored is not None and stored["metadata"]["finalizers"] == [FINALIZER]
+    assert api.objects("DaemonSet") == []
+    [workload] = api.objects("ResourceClaimTemplate")
+    assert (workload["metadata"]["namespace"], workload["metadata"]["name"]) == ("default", "tpl-imex-channels")
+    # allocationMode All is forced to Single on host-managed IMEX (NVIDIA 7.3)
+    assert workload["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]["allocationMode"] == "Single"
+    with running(controller):
+        client.custom.delete_namespaced_custom_object(GROUP, VERSION, "default", "computedomains",
+                                                      "imex-channel-injection-all")
+        wait_for(lambda: _cd(api, "imex-channel-injection-all") is None, "the ComputeDomain to go")
+    assert api.objects("ResourceClaimTemplate") == []
+
+
+def test_a_template_name_taken_by_another_domain_is_retried_not_stolen(api: ApiServerEmulator,
+                                                                       client: KubeClient) -> None:
+    controller = _controller(client)
+    _create(client, compute_domain("first", template="shared"))
+    controller.reconcile(("default", "first"))
+    _create(client, compute_domain("second", template="shared"))
+    with pytest.raises(Exception, match="belongs to ComputeDomain uid"):
+        controller.reconcile(("default", "second"))
+    first = _cd(api, "first")
+    template = api.get("ResourceClaimTemplate", "shared", "default")
+    assert first is not None and template is not None
+    assert template["metadata"]["labels"][LABEL_COMPUTE_DOMAIN] == first["metadata"]["uid"]
+
+
+def test_a_domain_in_another_namespace_gets_its_workload_template_there(api: ApiServerEmulator,
+                                                                        client: KubeClient) -> None:
+    api.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"},
+                "status": {"phase": "Active"}})
+    controller = _controller(client)
+    uid = _create(client, compute_domain("cd4"), namespace="team-a")["metadata"]["uid"]
+    controller.reconcile(("team-a", "cd4"))
+    assert api.get("ResourceClaimTemplate", "cd4-channel", "team-a") is not None
+    assert api.get("ResourceClaimTemplate", daemon_object_name(uid), DRIVER_NS) is not None
+    with pytest.raises(kubernetes.client.ApiException):
+        client.resource.read_namespaced_resource_claim_template("cd4-channel", "default")
+
+
+def test_the_sweep_runs_at_start(api: ApiServerEmulator, client: KubeClient) -> None:
+    gone = ComputeDomain(name="gone", namespace="default", uid="00000000-dead-4000-8000-000000000001",
+                         template_name="gone-channel")
+    api.create(daemon_set(gone, settings()))
+    api.create(workload_claim_template(gone, settings()))
+    controller = ComputeDomainController(client, settings(), status_period_s=0.05, cleanup_period_s=3600)
+    with running(controller):
+        wait_for(lambda: not api.objects("DaemonSet") and not api.objects("ResourceClaimTemplate"),
+                 "the start-up sweep")
+
+
+def test_a_daemonset_in_an_additional_namespace_is_used_not_duplicated(api: ApiServerEmulator,
+                                                                       client: KubeClient) -> None:
+    api.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "legacy"},
+                "status": {"phase": "Active"}})
+    uid = _create(client, compute_domain("cd5"))["metadata"]["uid"]
+    cd = ComputeDomain.from_object(_cd(api, "cd5") or {})
+    legacy = settings(namespace="legacy")
+    api.create(daemon_set(cd, legacy))
+    controller = ComputeDomainController(client, settings(), additional_namespaces=("legacy",))
+    controller.reconcile(("default", "cd5"))
+    assert [(d["metadata"]["namespace"], d["metadata"]["name"]) for d in api.objects("DaemonSet")] == [
+        ("legacy", daemon_object_name(uid))]
+    assert api.get("ResourceClaimTemplate", daemon_object_name(uid), DRIVER_NS) is not None  # made where it lives
+    client.custom.delete_namespaced_custom_object(GROUP, VERSION, "default", "computedomains", "cd5")
+    controller.reconcile(("default", "cd5"))
+    assert api.objects("DaemonSet") == [] and _cd(api, "cd5") is None

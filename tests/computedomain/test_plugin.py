@@ -1,0 +1,366 @@
+"""The compute-domain kubelet plugin end to end: the real plugin over gRPC (kubelet emulator), the API emulator over
+HTTP with seeded ComputeDomains and ComputeDomainCliques, the mock NVML with the GB200 NVL72 node profile."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from dradriver.sandbox.node import SandboxNode
+from tests.cdi.helpers import validate
+from tests.computedomain.cdplugin_helpers import (
+    CHANNEL_MAJOR,
+    DRIVER,
+    GB200_CLIQUE,
+    cd_config,
+    node_label,
+    running,
+    seed_claim,
+    seed_clique,
+    seed_domain,
+    spec_path,
+    write_imex_proc,
+)
+
+KIND = "k8s.compute-domain.nvidia.com/claim"
+
+
+@pytest.fixture
+def node() -> Any:
+    with SandboxNode(profile="gb200-nvl72-node") as sandbox:
+        write_imex_proc(sandbox)
+        yield sandbox
+
+
+def test_single_channel_claim_waits_for_ready_daemon_and_gets_channel_0(node: SandboxNode) -> None:
+    api = node.api
+    assert api is not None
+    uid = seed_domain(api)
+    seed_clique(api, uid, node.node_name, "Ready")
+    ref = seed_claim(api, "wl-0", uid)
+
+    async def body() -> None:
+        async with running(cd_config(node)) as (plugin, conn):
+            assert plugin.clique_id == GB200_CLIQUE
+            got = (await conn.prepare([ref]))[ref.uid]
+            assert got.ok, got.error
+            (device,) = got.devices
+            assert device.device_name == "channel-0" and device.pool_name == node.node_name
+            assert device.cdi_device_ids == (f"{KIND}={ref.uid}-channel-0",)
+            spec = validate(spec_path(node, ref.uid).read_bytes())
+            assert [d["name"] for d in spec["devices"]] == [f"{ref.uid}-channel-0"]
+            (node_entry,) = spec["devices"][0]["containerEdits"]["deviceNodes"]
+            assert node_entry["path"] == "/dev/nvidia-caps-imex-channels/channel0"
+            assert node_entry["type"] == "c" and node_entry["major"] == CHANNEL_MAJOR
+            assert node_label(api) == uid
+            assert (await conn.unprepare([ref]))[ref.uid] == ""
+            assert node_label(api) is None
+            assert not spec_path(node, ref.uid).exists()
+
+    asyncio.run(body())
+
+
+def test_all_channel_claim_gets_every_channel_through_the_compiled_generator(node: SandboxNode) -> None:
+    api = node.api
+    assert api is not None
+    uid = seed_domain(api, mode="All")
+    seed_clique(api, uid, node.node_name, "Ready")
+    ref = seed_claim(api, "wl-all", uid, mode="All")
+    other = seed_claim(api, "wl-other", uid)
+
+    async def body() -> None:
+        async with running(cd_config(node)) as (plugin, conn):
+            got = (await conn.prepare([ref]))[ref.uid]
+            assert got.ok, got.error
+            (device,) = got.devices  # only the allocated device is answered
+            assert device.device_name == "channel-0"
+            assert len(device.cdi_device_ids) == 2048
+            assert device.cdi_device_ids[5] == f"{KIND}={ref.uid}-channel-5"
+            data = spec_path(node, ref.uid).read_bytes()
+            spec = validate(data, fully_specified=True)
+            assert len(spec["devices"]) == 2048
+            nodes = [d["containerEdits"]["deviceNodes"][0] for d in spec["devices"]]
+            assert {n["major"] for n in nodes} == {CHANNEL_MAJOR}
+            assert [n.get("minor", 0) for n in nodes] == list(range(2048))
+            assert nodes[2047]["path"] == "/dev/nvidia-caps-imex-channels/channel2047"
+            assert all(n["fileMode"] == 0o666 and n["type"] == "c" for n in nodes)
+            record = plugin.state.get(ref.uid)
+            assert record is not None
+            assert sorted(d.device for d in record.devices) == sorted(f"channel-{i}" for i in range(2048))
+            # the channels are held: another claim of the domain on this node is refused, naming the holder
+            refused = (await conn.prepare([other]))[other.uid]
+            assert "already prepared for claim default/wl-all" in refused.error
+            # answered again from the claim state, identically
+            again = (await conn.prepare([ref]))[ref.uid]
+            assert again.devices == got.devices and plugin.runner.preparations == 1
+            assert (await conn.unprepare([ref]))[ref.uid] == ""
+            assert plugin.state.get(ref.uid) is None and not spec_path(node, ref.uid).exists()
+
+    asyncio.run(body())
+
+
+def test_channel_count_comes_from_driver_params_with_a_default(node: SandboxNode) -> None:
+    from dradriver.host.imexchannels import read_channel_count
+
+    write_imex_proc(node, channels=16)
+    assert read_channel_count(node.root / "proc")[0] == 16
+    (node.root / "proc" / "driver" / "nvidia" / "params").unlink()
+    count, reason = read_channel_count(node.root / "proc")
+    assert count == 2048 and "unreadable" in reason and "default 2048" in reason
+    write_imex_proc(node, channels=16)
+    api = node.api
+    assert api is not None
+    uid = seed_domain(api, mode="All")
+    seed_clique(api, uid, node.node_name, "Ready")
+    ref = seed_claim(api, "wl-16", uid, mode="All")
+
+    async def body() -> None:
+        async with running(cd_config(node)) as (_plugin, conn):
+            got = (await conn.prepare([ref]))[ref.uid]
+            assert got.ok, got.error
+            assert len(got.devices[0].cdi_device_ids) == 16
+
+    asyncio.run(body())
+
+
+def test_readiness_is_waited_for_while_other_claims_prepare(node: SandboxNode) -> None:
+    """The channel claim waits (label set, daemon NotReady); meanwhile the domain's daemon claim prepares (the wait
+    holds no lock); the entry turns Ready during the wait and the channel claim succeeds in the same call."""
+    api = node.api
+    assert api is not None
+    uid = seed_domain(api)
+    seed_clique(api, uid, node.node_name, "NotReady")
+    ref = seed_claim(api, "wl-0", uid)
+    daemon = seed_claim(api, "daemon", uid, namespace="nvidia-dra-driver", kind="daemon")
+
+    async def body() -> None:
+        async with running(cd_config(node)) as (_plugin, conn):
+            pending = asyncio.create_task(conn.prepare([ref]))
+            while node_label(api) != uid:  # the prepare labelled the node and is now waiting
+                await asyncio.sleep(0.02)
+            assert not pending.done()
+            got_daemon = (await conn.prepare([daemon]))[daemon.uid]
+            assert got_daemon.ok, got_daemon.error
+            assert not pending.done()
+            seed_clique(api, uid, node.node_name, "Ready")
+            got = (await pending)[ref.uid]
+            assert got.ok, got.error
+            assert spec_path(node, ref.uid).exists()
+
+    asyncio.run(body())
+
+
+def test_readiness_timeout_is_a_clear_error(node: SandboxNode) -> None:
+    api = node.api
+    assert api is not None
+    uid = seed_domain(api)
+    seed_clique(api, uid, node.node_name, "NotReady")
+    ref = seed_claim(api, "wl-0", uid)
+
+    async def body() -> None:
+        async with running(cd_config(node, prepare_deadline_seconds=2)) as (plugin, conn):
+            got = (await conn.prepare([ref]))[ref.uid]
+            assert "IMEX daemon of ComputeDomain default/cd-1 on node gpu-node-1 is not Ready yet" in got.error
+            assert f"ComputeDomainClique nvidia-dra-driver/{uid}.{GB200_CLIQUE}: status NotReady" in got.error
+            assert "still not ready after" in got.error
+            assert plugin.state.get(ref.uid) is None and not spec_path(node, ref.uid).exists()
+            assert node_label(api) == uid  # kept for the daemon pod, as NVIDIA's plugin keeps it
+            assert (await conn.unprepare([ref]))[ref.uid] == ""  # the pod is gone before its claim was ever ready
+            assert node_label(api) is None
+
+    asyncio.run(body())
+
+
+def test_missing_domain_wrong_namespace_and_bad_config_are_per_claim_errors(node: SandboxNode) -> None:
+    api = node.api
+    assert api is not None
+    elsewhere = seed_domain(api, name="cd-x", namespace="team-b")
+    missing = seed_claim(api, "missing", "8b0d5b51-0000-4000-8000-000000000000")
+    wrong_ns = seed_claim(api, "wrong-ns", elsewhere)
+    bad = seed_claim(api, "bad-mode", elsewhere, mode="Some")
+    no_id = seed_claim(api, "no-id", "", config={"apiVersion": "resource.nvidia.com/v1beta1",
+                                                  "kind": "ComputeDomainChannelConfig"})
+
+    async def body() -> None:
+        async with running(cd_config(node)) as (_plugin, conn):
+            got = {}
+            for ref in (missing, wrong_ns, bad, no_id):  # one at a time: each would hold channel-0 while it runs
+                got.update(await conn.prepare([ref]))
+            assert "claim default/missing" in got[missing.uid].error
+            assert "status.allocation.devices.config[0].opaque.parameters.domainID: no ComputeDomain has UID " \
+                   "'8b0d5b51-0000-4000-8000-000000000000'" in got[missing.uid].error
+            assert "ComputeDomain team-b/cd-x" in got[wrong_ns.uid].error
+            assert "is not in the claim's namespace 'default'" in got[wrong_ns.uid].error
+            assert "allocationMode: 'Some' is not one of 'Single', 'All'" in got[bad.uid].error
+            assert "domainID: required" in got[no_id.uid].error
+            assert node_label(api) is None
+
+    asyncio.run(body())
+
+
+def test_node_labelled_for_another_domain_refuses_the_claim(node: SandboxNode) -> None:
+    api = node.api
+    assert api is not None
+    uid = seed_domain(api)
+    seed_clique(api, uid, node.node_name, "Ready")
+    ref = seed_claim(api, "wl-0", uid)
+    stored = api.get("Node", node.node_name)
+    assert stored is not None
+    stored["metadata"].setdefault("labels", {})["resource.nvidia.com/computeDomain"] = "other-domain-uid"
+    api.update(stored)
+
+    async def body() -> None:
+        async with running(cd_config(node)) as (_plugin, conn):
+            got = (await conn.prepare([ref]))[ref.uid]
+            assert "is labelled resource.nvidia.com/computeDomain=other-domain-uid" in got.error
+            assert "a node serves one ComputeDomain at a time" in got.error
+            assert node_label(api) == "other-domain-uid"
+
+    asyncio.run(body())
+
+
+def test_unprepare_leaves_a_label_that_names_another_domain(node: SandboxNode) -> None:
+    api = node.api
+    assert api is not None
+    uid = seed_domain(api)
+    seed_clique(api, uid, node.node_name, "Ready")
+    ref = seed_claim(api, "wl-0", uid)
+
+    async def body() -> None:
+        async with running(cd_config(node)) as (_plugin, conn):
+            assert (await conn.prepare([ref]))[ref.uid].ok
+            stored = api.get("Node", node.node_name)
+            assert stored is not None
+            stored["metadata"]["labels"]["resource.nvidia.com/computeDomain"] = "someone-else"
+            api.update(stored)
+            assert (await conn.unprepare([ref]))[ref.uid] == ""
+            assert node_label(api) == "someone-else"
+
+    asyncio.run(body())
+
+
+def test_node_in_no_clique_prepares_without_edits() -> None:
+    with SandboxNode(profile="dgx-h100") as node:
+        write_imex_proc(node, fabric_minor=None)
+        api = node.api
+        assert api is not None
+        uid = seed_domain(api)
+        ref = seed_claim(api, "wl-0", uid)
+        daemon = seed_claim(api, "daemon", uid, namespace="nvidia-dra-driver", kind="daemon")
+
+        async def body() -> None:
+            async with running(cd_config(node)) as (plugin, conn):
+                assert plugin.clique_id == ""
+                got = await conn.prepare([ref, daemon])
+                assert got[ref.uid].ok, got[ref.uid].error
+                (device,) = got[ref.uid].devices
+                assert device.device_name == "channel-0" and device.cdi_device_ids == ()
+                assert not spec_path(node, ref.uid).exists()  # no edits, no spec (NVIDIA)
+                assert node_label(api) == uid
+                assert got[daemon.uid].ok, got[daemon.uid].error
+                spec = validate(spec_path(node, daemon.uid).read_bytes())
+                edits = spec["devices"][0]["containerEdits"]
+                assert "CLIQUE_ID=" in edits["env"] and "deviceNodes" not in edits  # no fabric-imex-mgmt
+                assert (await conn.unprepare([ref]))[ref.uid] == ""  # answered again after a restart
+                assert node_label(api) is None
+
+        asyncio.run(body())
+
+
+def test_daemon_claim_gets_domain_dir_env_mount_and_fabric_capability(node: SandboxNode) -> None:
+    api = node.api
+    assert api is not None
+    uid = seed_domain(api, name="cd-9", namespace="team-a")
+    daemon = seed_claim(api, "daemon", uid, namespace="nvidia-dra-driver", kind="daemon")
+    for name in ("nvidia-imex", "nvidia-imex-ctl"):  # the driver's IMEX binaries (empty files, as the tree's others)
+        (node.driver_root / "usr" / "bin" / name).touch(mode=0o755)
+
+    async def body() -> None:
+        async with running(cd_config(node)) as (plugin, conn):
+            base = node.cdi_root / "k8s.compute-domain.nvidia.com-device_base.json"
+            base_spec = validate(base.read_bytes())
+            assert base_spec["kind"] == "k8s.compute-domain.nvidia.com/device"
+            assert [d["name"] for d in base_spec["devices"]] == ["all"]
+            all_edits = base_spec["devices"][0]["containerEdits"]
+            paths = {n["path"] for n in all_edits["deviceNodes"]}
+            assert {"/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia3", "/dev/nvidia-caps/nvidia-cap7"} <= paths
+            assert "NVIDIA_VISIBLE_DEVICES=void" in (all_edits.get("env") or []) + \
+                (base_spec.get("containerEdits", {}).get("env") or [])
+            mounted = json.dumps(base_spec)
+            assert "nvidia-imex-ctl" in mounted and "/nvidia-imex\"" in mounted
+            got = (await conn.prepare([daemon]))[daemon.uid]
+            assert got.ok, got.error
+            (device,) = got.devices
+            assert device.device_name == "daemon-0"
+            assert device.cdi_device_ids == ("k8s.compute-domain.nvidia.com/device=all",
+                                             f"{KIND}={daemon.uid}-daemon-0")
+            domain_dir = plugin.config.plugin_dir / "domains" / uid
+            template = (domain_dir / "imexd.cfg.tmpl").read_text()
+            assert "IMEX_WAIT_FOR_QUORUM=RECOVERY" in template and "SERVER_PORT=50000" in template
+            spec = validate(spec_path(node, daemon.uid).read_bytes(), fully_specified=True)
+            edits = spec["devices"][0]["containerEdits"]
+            assert sorted(edits["env"]) == sorted([f"CLIQUE_ID={GB200_CLIQUE}", f"COMPUTE_DOMAIN_UUID={uid}",
+                                                   "COMPUTE_DOMAIN_NAME=cd-9", "COMPUTE_DOMAIN_NAMESPACE=team-a"])
+            assert edits["mounts"] == [{"hostPath": str(domain_dir), "containerPath": "/imexd",
+                                        "options": ["rw", "nosuid", "nodev", "bind"]}]
+            (cap,) = edits["deviceNodes"]
+            assert cap["path"] == "/dev/nvidia-caps/nvidia-cap7" and cap["major"] == 511 and cap["minor"] == 7
+            assert (await conn.unprepare([daemon]))[daemon.uid] == ""
+            assert domain_dir.is_dir()  # kept until the domain is gone
+            api.delete("ComputeDomain", "cd-9", "team-a")
+            from dradriver.app.computedomain import remove_vanished_domain_dirs
+            assert remove_vanished_domain_dirs(plugin.client, plugin.config, plugin.runner) == [uid]
+            assert not domain_dir.exists()
+        assert (node.cdi_root / "k8s.compute-domain.nvidia.com-device_base.json").exists()  # outlives the plugin
+
+    asyncio.run(body())
+
+
+def test_published_slice_and_clique_label(node: SandboxNode) -> None:
+    api = node.api
+    assert api is not None
+
+    async def body() -> None:
+        async with running(cd_config(node, gpu_clique_label_enabled=True)) as (_plugin, _conn):
+            slices = [s for s in api.objects("ResourceSlice") if s["spec"]["driver"] == DRIVER]
+            (published,) = slices
+            assert published["spec"]["pool"]["name"] == node.node_name
+            assert [(d["name"], d["attributes"]) for d in published["spec"]["devices"]] == [
+                ("channel-0", {"type": {"string": "channel"}, "id": {"int": 0}}),
+                ("daemon-0", {"type": {"string": "daemon"}, "id": {"int": 0}})]
+            assert all("capacity" not in d for d in published["spec"]["devices"])
+            labels = api.get("Node", node.node_name)["metadata"]["labels"]  # type: ignore[index]
+            assert labels["nvidia.com/gpu.clique"] == GB200_CLIQUE
+        labels = api.get("Node", node.node_name)["metadata"].get("labels") or {}  # type: ignore[index]
+        assert "nvidia.com/gpu.clique" not in labels
+
+    asyncio.run(body())
+
+
+def test_periodic_refresh_follows_a_clique_change_and_keeps_the_last_on_error(node: SandboxNode) -> None:
+    api = node.api
+    assert api is not None
+
+    def control(*lines: str) -> None:
+        with open(node.nvml_control, "a", encoding="utf-8") as fh:
+            fh.write("".join(f"{line}\n" for line in lines))
+
+    def clique_label() -> str | None:
+        stored = api.get("Node", node.node_name)  # type: ignore[union-attr]
+        assert stored is not None
+        return (stored["metadata"].get("labels") or {}).get("nvidia.com/gpu.clique")
+
+    async def body() -> None:
+        async with running(cd_config(node, gpu_clique_label_enabled=True)) as (plugin, _conn):
+            control(*(f"set {gpu} fabric.cliqueId 5" for gpu in range(4)))
+            await asyncio.to_thread(plugin.refresh)
+            moved = GB200_CLIQUE.rsplit(".", 1)[0] + ".5"
+            assert plugin.clique_id == moved and clique_label() == moved
+            control("set 1 fabric.state 2")  # registration in progress again: an error, the last clique stays
+            await asyncio.to_thread(plugin.refresh)
+            assert plugin.clique_id == moved and clique_label() == moved
+
+    asyncio.run(body())

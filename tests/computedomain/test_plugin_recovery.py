@@ -1,0 +1,181 @@
+"""The compute-domain plugin's aborted prepares, host-managed IMEX, and a SIGKILL in the middle of a channel
+prepare followed by a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dradriver.app.computedomain import start_compute_domain_plugin
+from dradriver.domain.featuregates import HOST_MANAGED_IMEX_DAEMON
+from dradriver.host.claimstate import ClaimPhase
+from dradriver.sandbox.kubelet import KubeletEmulator, KubeletError
+from dradriver.sandbox.node import SandboxNode
+from tests.cdi.helpers import validate
+from tests.computedomain.cdplugin_helpers import (
+    DRIVER,
+    DRIVER_NAMESPACE,
+    cd_config,
+    node_label,
+    running,
+    seed_claim,
+    seed_clique,
+    seed_domain,
+    spec_path,
+    write_imex_proc,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def node() -> Any:
+    with SandboxNode(profile="gb200-nvl72-node") as sandbox:
+        write_imex_proc(sandbox)
+        yield sandbox
+
+
+def test_unprepare_during_the_wait_aborts_the_prepare_and_a_late_prepare_is_stale(node: SandboxNode) -> None:
+    api = node.api
+    assert api is not None
+    uid = seed_domain(api)
+    seed_clique(api, uid, node.node_name, "NotReady")
+    ref = seed_claim(api, "wl-0", uid)
+
+    async def body() -> None:
+        async with running(cd_config(node)) as (plugin, conn):
+            pending = asyncio.create_task(conn.prepare([ref]))
+            while node_label(api) != uid:
+                await asyncio.sleep(0.02)
+            assert (await conn.unprepare([ref]))[ref.uid] == ""
+            got = (await pending)[ref.uid]
+            assert "unprepared while this prepare was in flight" in got.error
+            assert node_label(api) is None  # the waiting attempts' label went with the unprepare
+            late = (await conn.prepare([ref]))[ref.uid]
+            assert "stale prepare" in late.error and "PrepareAborted" in late.error
+            assert plugin.state.get(ref.uid) is None and not spec_path(node, ref.uid).exists()
+            plugin.runner._aborted[ref.uid] -= 120.0  # the 90 s have passed
+            seed_clique(api, uid, node.node_name, "Ready")
+            assert (await conn.prepare([ref]))[ref.uid].ok
+
+    asyncio.run(body())
+
+
+IMEX_CTL = """#!/bin/sh
+# Test fixture answering like `nvidia-imex-ctl -q --u=<socket>`: READY once the file 'ready' exists beside it.
+here=$(dirname "$0")
+[ "$1" = "-q" ] || { echo "unexpected arguments: $*"; exit 2; }
+echo "$2" > "$here/asked"
+if [ -f "$here/ready" ]; then echo READY; else echo "UNAVAILABLE"; fi
+"""
+
+
+def test_host_managed_mode_gives_the_allocated_channel_after_imex_ctl_says_ready(node: SandboxNode) -> None:
+    api = node.api
+    assert api is not None
+    bin_dir = node.driver_root / "usr" / "bin"
+    (bin_dir / "nvidia-imex-ctl").write_text(IMEX_CTL)
+    (bin_dir / "nvidia-imex-ctl").chmod(0o755)
+    uid = seed_domain(api)
+    ref = seed_claim(api, "wl-3", uid, device="channel-3")
+    daemon = seed_claim(api, "daemon", uid, namespace=DRIVER_NAMESPACE, kind="daemon")
+    base = cd_config(node, prepare_deadline_seconds=2)
+    config = replace(base, imex_mode="hostManaged", imex_host_socket_path="/run/imex/ctl.sock",
+                     feature_gates=base.feature_gates.with_gates(**{HOST_MANAGED_IMEX_DAEMON: True}))
+
+    async def body() -> None:
+        async with running(config) as (_plugin, conn):
+            (published,) = [s for s in api.objects("ResourceSlice") if s["spec"]["driver"] == DRIVER]
+            assert [d["name"] for d in published["spec"]["devices"]] == ["channel-0"]  # no daemon-0
+            waiting = (await conn.prepare([ref]))[ref.uid]
+            assert "the host's IMEX daemon is not ready (nvidia-imex-ctl -q: UNAVAILABLE)" in waiting.error
+            assert (bin_dir / "asked").read_text().strip() == "--u=/run/imex/ctl.sock"
+            (bin_dir / "ready").touch()
+            got = (await conn.prepare([ref]))[ref.uid]
+            assert got.ok, got.error
+            spec = validate(spec_path(node, ref.uid).read_bytes())
+            (entry,) = spec["devices"]
+            assert entry["name"] == f"{ref.uid}-channel-3"
+            assert entry["containerEdits"]["deviceNodes"][0]["minor"] == 3
+            assert node_label(api) is None  # no labels in host-managed mode
+            refused = (await conn.prepare([daemon]))[daemon.uid]
+            assert "device 'daemon-0' does not exist" in refused.error
+            assert (await conn.unprepare([ref]))[ref.uid] == ""
+
+    asyncio.run(body())
+
+
+def _plugin_env(node: SandboxNode) -> dict[str, str]:
+    config = cd_config(node)
+    env = dict(os.environ)
+    env.update(
+        NODE_NAME=config.node_name, KUBECONFIG=config.kubeconfig, CDI_ROOT=str(config.cdi_root),
+        KUBELET_REGISTRAR_DIRECTORY_PATH=str(config.kubelet_registrar_directory_path),
+        KUBELET_PLUGINS_DIRECTORY_PATH=str(config.kubelet_plugins_directory_path),
+        DEV_ROOT=str(config.dev_root), SYSFS_ROOT=str(config.sysfs_root), PROC_ROOT=str(config.proc_root),
+        DRIVER_ROOT_CTR_PATH=str(config.container_driver_root), DRADRIVER_MOCK_PROFILE=config.mock_profile,
+        NAMESPACE=DRIVER_NAMESPACE, LOG_LEVEL="warning",
+    )
+    return env
+
+
+@pytest.mark.slow
+def test_sigkill_in_the_middle_of_a_channel_prepare_then_restart(node: SandboxNode) -> None:
+    """The plugin process is killed while a channel prepare is in progress (node labelled, waiting for the
+    daemon); the restarted plugin has no half-prepared claim and no spec, and prepares the claim once the daemon is
+    Ready. A second kill lands right after the claim-state write of a prepare (random point in the apply)."""
+    api = node.api
+    assert api is not None
+    uid = seed_domain(api, mode="All")
+    seed_clique(api, uid, node.node_name, "NotReady")
+    ref = seed_claim(api, "wl-all", uid, mode="All")
+    config = cd_config(node)
+
+    async def kill_while_waiting() -> None:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "dradriver", "compute-domain-kubelet-plugin", env=_plugin_env(node),
+            cwd=str(ROOT), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            async with KubeletEmulator(config.kubelet_registrar_directory_path) as kubelet:
+                conn = await kubelet.wait_for_plugin(DRIVER, timeout=30)
+                pending = asyncio.create_task(conn.prepare([ref]))
+                while node_label(api) != uid:
+                    await asyncio.sleep(0.02)
+                proc.send_signal(signal.SIGKILL)
+                with pytest.raises(KubeletError):
+                    await pending
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+            await proc.wait()
+
+    async def restart_and_prepare() -> None:
+        plugin = await start_compute_domain_plugin(config)
+        try:
+            record = plugin.state.get(ref.uid)
+            assert record is None or record.phase is not ClaimPhase.PREPARE_STARTED
+            assert not spec_path(node, ref.uid).exists()
+            seed_clique(api, uid, node.node_name, "Ready")
+            async with KubeletEmulator(config.kubelet_registrar_directory_path) as kubelet:
+                conn = await kubelet.wait_for_plugin(DRIVER, timeout=10)
+                got = (await conn.prepare([ref]))[ref.uid]
+                assert got.ok, got.error
+                assert len(validate(spec_path(node, ref.uid).read_bytes())["devices"]) == 2048
+                stored = plugin.state.get(ref.uid)
+                assert stored is not None and stored.phase is ClaimPhase.PREPARE_COMPLETED
+                assert len(stored.devices) == 2048
+                assert (await conn.unprepare([ref]))[ref.uid] == ""
+                assert node_label(api) is None
+        finally:
+            await plugin.stop()
+
+    asyncio.run(kill_while_waiting())
+    asyncio.run(restart_and_prepare())
