@@ -159,7 +159,8 @@ def nvidia_side(node: Any, binary: Path, mock_dir: Path, work: Path) -> Side:
     argv = [str(binary), f"--node-name={node.node_name}", f"--kubeconfig={node.kubeconfig}",
             f"--nvidia-driver-root={root}", f"--container-driver-root={root}", f"--cdi-root={cdi}",
             f"--kubelet-registrar-directory-path={registrar}", f"--kubelet-plugins-directory-path={plugins}",
-            f"--nvidia-cdi-hook-path={hook}", "--healthcheck-port=-1", "--image-name=nvidia/dra:bench", "--namespace=default",
+            f"--nvidia-cdi-hook-path={hook}", "--healthcheck-port=-1", "--image-name=nvidia/dra:bench",
+            "--namespace=default",
             "--kube-api-qps=1000", "--kube-api-burst=1000", "-v=0"]
     return Side("nvidia", argv, env, registrar, [root, registrar, plugins, cdi])
 

@@ -440,7 +440,7 @@ class BatchRunner:
         1. under one group commit: check and plan every claim, record the valid ones PREPARE_STARTED (one sync);
         2. apply the plans (side effects; concurrently per claim); under one group commit, store the undo
            records of claims with side effects (one sync, only when some preparer has side effects);
-        3. write each claim's CDI spec (file fsync'd; one directory fsync for the batch);
+        3. write each claim's CDI spec (atomic rename, no fsync: see :mod:`dradriver.host.claimstate`);
         4. under one group commit: record them PREPARE_COMPLETED (one sync); failed ones are undone and
            rolled back.
 
@@ -476,8 +476,6 @@ class BatchRunner:
                             self._write_spec(work)
                         except Exception as exc:
                             work.error = _claim_error(work.claim.ref, exc)
-                    if any(not w.error for w in ready):
-                        cdifiles.sync_directory(self.cdi_root)
                     failed = [w for w in todo if w.error]
                     for work in failed:
                         self._undo_applied(work)
