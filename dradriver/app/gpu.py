@@ -57,6 +57,7 @@ from dradriver.preparers.gpu import FullGpuPreparer, StaticMigPreparer
 from dradriver.preparers.mps import ControlDaemons, MpsSharing
 from dradriver.preparers.shares import ShareDaemons, SharedDevicePreparer
 from dradriver.preparers.sharing import default_steps
+from dradriver.server.deferred import EarlyServers
 
 log = logging.getLogger(__name__)
 
@@ -345,10 +346,14 @@ def discover(session: NvmlSession, config: PluginConfig) -> NodeInventory:
     return inventory
 
 
-async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIVER) -> GpuPlugin:
+async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIVER, *,
+                       early: EarlyServers | None = None) -> GpuPlugin:
     """Start every part of the GPU kubelet plugin and return it running.
 
     :param identity: the plugin's names; tests run a second identity beside the default one.
+    :param early: servers already serving this config's sockets (:func:`dradriver.server.deferred.start_early`):
+        the claims waiting on them are handed to the runner where the servers would otherwise start. On a
+        failed start they are left to the caller (:func:`run_plugin` fails and stops them).
     :raises dradriver.errors.DradriverError: a part cannot start (no NVML library, no API access, socket in
         use by a live plugin, unreadable newer claim-state format); nothing is left running.
     """
@@ -447,7 +452,10 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
                 except OSError as exc:
                     raise FlagError(f"cannot serve metrics on {config.http_endpoint!r}: {exc}") from exc
             metrics_server = await life.step("metrics server", bind, lambda server: server.stop())
-        servers = await assembly.serve(life, config, runner, health_source=health, publisher=publisher)
+        if early is None:
+            servers = await assembly.serve(life, config, runner, health_source=health, publisher=publisher)
+        else:
+            servers = await assembly.attach_early(life, early, runner, health_source=health, publisher=publisher)
 
         def desired() -> list[dict[str, Any]]:
             inventory = registry.snapshot
@@ -489,9 +497,19 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
     return plugin
 
 
-async def run_plugin(config: PluginConfig, stop: asyncio.Event) -> None:
-    """Start the plugin, wait for ``stop``, then stop it."""
-    plugin = await start_plugin(config)
+async def run_plugin(config: PluginConfig, stop: asyncio.Event, *, early: EarlyServers | None = None) -> None:
+    """Start the plugin, wait for ``stop``, then stop it.
+
+    :param early: see :func:`start_plugin`; when the start fails, their waiting calls get the failure and
+        they are stopped before the error propagates.
+    """
+    try:
+        plugin = await start_plugin(config, early=early)
+    except BaseException as exc:
+        if early is not None:
+            early.readiness.fail(exc)
+            await early.servers.stop(0)
+        raise
     try:
         await stop.wait()
     finally:

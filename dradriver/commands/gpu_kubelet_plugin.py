@@ -53,16 +53,28 @@ def run(args: argparse.Namespace) -> int:
     except DradriverError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
-    from dradriver import app  # after the flags: a bad flag is reported without loading the plugin's parts
     log = logging.getLogger("dradriver.gpu_kubelet_plugin")
     log.info("startup config: %s", config.startup_summary(cfg))
 
     async def main() -> None:
+        import importlib
+
+        # Registration and the DRA socket first (claims wait for the rest: dradriver.server.deferred), then
+        # the plugin's parts, imported on a worker thread so the event loop keeps answering the kubelet.
+        from dradriver.server import deferred
+
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
             loop.add_signal_handler(sig, stop.set)
-        await app.run_plugin(cfg, stop)
+        early = await deferred.start_early(cfg)
+        try:
+            app = await asyncio.to_thread(importlib.import_module, "dradriver.app")
+        except BaseException as exc:
+            early.readiness.fail(exc)
+            await early.servers.stop(0)
+            raise
+        await app.run_plugin(cfg, stop, early=early)
 
     try:
         asyncio.run(main())
