@@ -44,7 +44,7 @@ NVIDIA_PROFILE = "mock-nvml-config-h100.yaml"
 GPUS = 8
 DRIVER = "gpu.nvidia.com"
 START_TIMEOUT = 60.0
-POLL = 0.001
+POLL = 0.002
 
 #: figure -> (target operator, target, what the target is relative to: "nvidia", "absolute" or "bare")
 TARGETS: dict[str, tuple[str, float, str]] = {
@@ -233,7 +233,7 @@ def measure(side: Side, node: Any, claims: int, tag: str) -> dict[str, float]:
                 log.seek(0)
                 raise RuntimeError(f"{side.name} plugin did not start (exit {proc.returncode}): "
                                    f"{log.read()[-2000:].decode(errors='replace')}")
-            time.sleep(POLL)
+            time.sleep(POLL)  # the API emulator runs in this process: polling slower would delay it
         figures.setdefault("start_to_registration_s", figures["start_to_slice_s"])
         time.sleep(1.0)
         figures["rss_rest_mib"] = _proc_rss_mib(proc.pid)
