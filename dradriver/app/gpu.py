@@ -508,7 +508,7 @@ async def run_plugin(config: PluginConfig, stop: asyncio.Event, *, early: EarlyS
     except BaseException as exc:
         if early is not None:
             early.readiness.fail(exc)
-            await early.servers.stop(0)
+            await early.servers.stop(grace=1.0)  # the waiting calls are answered with the failure
         raise
     try:
         await stop.wait()

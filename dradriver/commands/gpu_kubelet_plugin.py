@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
             app = await asyncio.to_thread(importlib.import_module, "dradriver.app")
         except BaseException as exc:
             early.readiness.fail(exc)
-            await early.servers.stop(0)
+            await early.servers.stop(grace=1.0)  # the waiting calls are answered with the failure
             raise
         await app.run_plugin(cfg, stop, early=early)
 
