@@ -18,7 +18,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -497,11 +497,13 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
     return plugin
 
 
-async def run_plugin(config: PluginConfig, stop: asyncio.Event, *, early: EarlyServers | None = None) -> None:
+async def run_plugin(config: PluginConfig, stop: asyncio.Event, *, early: EarlyServers | None = None,
+                     on_started: Callable[[], None] | None = None) -> None:
     """Start the plugin, wait for ``stop``, then stop it.
 
     :param early: see :func:`start_plugin`; when the start fails, their waiting calls get the failure and
         they are stopped before the error propagates.
+    :param on_started: called once the plugin runs (the command ends its start-up tuning there).
     """
     try:
         plugin = await start_plugin(config, early=early)
@@ -510,6 +512,8 @@ async def run_plugin(config: PluginConfig, stop: asyncio.Event, *, early: EarlyS
             early.readiness.fail(exc)
             await early.servers.stop(grace=1.0)  # the waiting calls are answered with the failure
         raise
+    if on_started is not None:
+        on_started()
     try:
         await stop.wait()
     finally:

@@ -46,7 +46,9 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from dradriver.errors import DradriverError
+    from dradriver.kube.lazyimport import defer_kubernetes_subpackages
 
+    defer_kubernetes_subpackages()  # the client's unused subpackages are not imported (start-up time)
     try:
         cfg = config.config_from_args(args)
         _entrypoint.start_logging(PROG, args, cfg.feature_gates)
@@ -57,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
     log.info("startup config: %s", config.startup_summary(cfg))
 
     async def main() -> None:
+        import gc
         import importlib
 
         # Registration and the DRA socket first (claims wait for the rest: dradriver.server.deferred), then
@@ -68,13 +71,27 @@ def run(args: argparse.Namespace) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
             loop.add_signal_handler(sig, stop.set)
         early = await deferred.start_early(cfg)
+        # Start-up allocates the modules' objects, nearly all of which live as long as the process: the
+        # cyclic collector only slows that down (~10 %). Collected once the plugin runs, and what is left
+        # is frozen out of later collections (gc.freeze), so they do not walk it again on the claim path.
+        gc.disable()
+
+        def started() -> None:
+            gc.enable()
+            gc.collect()
+            gc.freeze()
+
         try:
             app = await asyncio.to_thread(importlib.import_module, "dradriver.app")
         except BaseException as exc:
+            gc.enable()
             early.readiness.fail(exc)
             await early.servers.stop(grace=1.0)  # the waiting calls are answered with the failure
             raise
-        await app.run_plugin(cfg, stop, early=early)
+        try:
+            await app.run_plugin(cfg, stop, early=early, on_started=started)
+        finally:
+            gc.enable()
 
     try:
         asyncio.run(main())
