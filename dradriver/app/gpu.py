@@ -6,7 +6,9 @@ this Node -> device-plugin guard -> claim state -> batch runner with the consuma
 ``--consumable-shares`` is on), full-GPU and static-MIG preparers (and, with the ``DynamicMIG`` gate, the
 dynamic-MIG preparer over every eligible GPU's placements) and the sharing steps (MPS control daemons with the
 ``MPSSupport`` gate), and crash convergence -> health monitor -> metrics endpoint -> gRPC servers ->
-ResourceSlice publisher.
+ResourceSlice publisher. The ``gpu-kubelet-plugin`` command serves the gRPC sockets first instead
+(:mod:`dradriver.server.deferred`, ``start_plugin(early=...)``): the kubelet registers the plugin within
+~0.2 s of process start and claims it sends meanwhile wait until the runner is attached at the servers' place.
 """
 
 from __future__ import annotations

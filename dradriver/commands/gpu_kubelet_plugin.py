@@ -77,9 +77,12 @@ def run(args: argparse.Namespace) -> int:
         gc.disable()
 
         def started() -> None:
+            from dradriver.host.memory import trim_heap
+
             gc.enable()
             gc.collect()
             gc.freeze()
+            trim_heap()  # start-up's freed pages back to the kernel
 
         try:
             app = await asyncio.to_thread(importlib.import_module, "dradriver.app")
