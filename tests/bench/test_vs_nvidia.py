@@ -29,11 +29,12 @@ def test_without_the_peer_reports_dradriver_alone_and_says_so(tmp_path: Path,
     bare = report["bare_interpreter_rss_mib"]
     assert bare > 0
     rest = report["rows"]["rss_rest_mib"]
-    assert rest["ratio"] == round(rest["dradriver"] / bare, 3)
+    assert rest["ratio"] == pytest.approx(rest["dradriver"] / bare, rel=1e-3)
     assert "bare interpreter" in rest["target"]
     # the only absolute target is judged without the peer; the relative ones are not
     assert report["rows"]["start_to_registration_s"]["met"] is not None
     assert report["rows"]["prepare_p50_ms"]["met"] is None
+    assert len(report["load_average"]) == 2 and len(report["samples"]["dradriver"]) == 1
     text = capsys.readouterr().out
     assert text == vs_nvidia.format_report(report) + "\n"
     assert text.splitlines()[0] == report["peer_note"]
@@ -42,7 +43,8 @@ def test_without_the_peer_reports_dradriver_alone_and_says_so(tmp_path: Path,
 
 def test_with_peer_samples_every_row_has_a_ratio_and_a_verdict() -> None:
     ours = {"prepare_p50_ms": 2.0, "prepare_p99_ms": 5.0, "unprepare_p50_ms": 1.0, "start_to_registration_s": 0.2,
-            "start_to_slice_s": 0.8, "cpu_to_start_s": 0.7, "rss_rest_mib": 80.0, "rss_after_claims_mib": 82.0}
+            "start_to_slice_s": 0.8, "cpu_to_start_s": 0.7,
+            "cpu_to_registration_s": 0.2, "cpu_per_pair_ms": 1.5, "rss_rest_mib": 80.0, "rss_after_claims_mib": 82.0}
     theirs = {k: v * 2 for k, v in ours.items()}
     report = vs_nvidia.build_report({"dradriver": [ours], "nvidia": [theirs]}, bare_rss_mib=10.0, peer_reason="",
                                     claims=600, rounds=1)
