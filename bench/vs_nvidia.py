@@ -107,14 +107,17 @@ def bare_interpreter_rss_mib() -> float:
 
 
 def dradriver_side(node: Any) -> Side:
-    """dradriver's plugin as a process (``python -m dradriver gpu-kubelet-plugin``) on ``node``."""
+    """dradriver's plugin as a process (the ``gpu-kubelet-plugin`` console script) on ``node``."""
     from dradriver.sandbox.cluster import plugin_environment
 
     config = node.config(log_level="error")
     env = dict(os.environ)
     env.update(plugin_environment(config))
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    return Side("dradriver", [sys.executable, "-m", "dradriver", "gpu-kubelet-plugin"], env,
+    # The ``gpu-kubelet-plugin`` console script, as NVIDIA's chart runs it (with this checkout's interpreter).
+    script = ("import sys; from dradriver.commands.gpu_kubelet_plugin import main; "
+              "sys.argv[0] = 'gpu-kubelet-plugin'; sys.exit(main())")
+    return Side("dradriver", [sys.executable, "-c", script], env,
                 Path(config.kubelet_registrar_directory_path))
 
 

@@ -22,14 +22,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dradriver.config import PluginConfig
 from dradriver.domain.claims import ClaimRef, ClaimResult
-from dradriver.domain.ports import ClaimPreparer
 from dradriver.errors import DradriverError
 from dradriver.server.healthstream import DeviceHealthStatus, HealthSource
 from dradriver.server.sockets import Servers, start_servers
+
+if TYPE_CHECKING:  # the protocol only; importing it loads the domain model (~0.1 s before the sockets)
+    from dradriver.domain.ports import ClaimPreparer
 
 __all__ = ["DeferredHealthSource", "DeferredPreparer", "EarlyServers", "PluginStartError", "Readiness",
            "start_early"]
