@@ -75,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
         # cyclic collector only slows that down (~10 %). Collected once the plugin runs, and what is left
         # is frozen out of later collections (gc.freeze), so they do not walk it again on the claim path.
         gc.disable()
+        loop.call_later(30.0, gc.enable)  # a start stuck retrying the API server does not run without GC
 
         def started() -> None:
             from dradriver.host.memory import trim_heap
