@@ -73,6 +73,11 @@ def format_table(summary: dict[str, dict[str, dict[str, Any]]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the suite; returns pytest's exit code (0 when every benchmark ran)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["vs_nvidia"]:  # the side-by-side scenario against NVIDIA's plugin (bench/vs_nvidia.py)
+        from bench import vs_nvidia
+
+        return vs_nvidia.main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="few rounds per benchmark (a smoke run)")
     parser.add_argument("--json", metavar="PATH", help="also write the summary as one JSON object")

@@ -2,15 +2,16 @@
 
 Variants (``extra_info["variant"]`` = ``<variant>_<claims>``): ``extension`` (ext/claimstore.pyx),
 ``twin`` (dradriver/_native/claimstore_py.py), both through :class:`dradriver.host.claimstate.ClaimState`
-(journal append + ``fdatasync`` per step, node-wide ``flock``, amortised compaction included), and
+(one journal ``write`` per step, no ``fdatasync``: the durability argument is in that module's docstring;
+node-wide ``flock``, amortised compaction included), and
 ``whole_file``: the reference Go driver's scheme (``nvidia-dra-driver.md`` section 4.4), one JSON
 checkpoint of every prepared claim rewritten whole (temp file, fsync, rename) at each of the three steps.
 The baseline is generous: it skips the Go driver's extra checkpoint reads and its text checksums.
 
 A pair is ``prepare_started`` + ``prepare_completed`` + ``remove`` of one extra claim on one extra device.
-Each runs twice: in the pytest temporary directory (a real disk: ``fdatasync`` costs milliseconds and
-dominates, scenario ``claimstore_pair``) and on tmpfs (``/dev/shm``, where ``fdatasync`` is nearly free, so
-the figures show the store's own CPU cost and its flatness; scenario ``claimstore_pair_tmpfs``).
+Each runs twice: in the pytest temporary directory (a real disk, scenario ``claimstore_pair``; the baseline's
+fsyncs cost milliseconds there) and on tmpfs (``/dev/shm``, scenario ``claimstore_pair_tmpfs``); the store's
+own figures are its CPU cost and its flatness on both.
 The ``memory`` benchmark measures, in a fresh interpreter, the RSS that 10,000 prepared claims add.
 
 Run: ``python -m pytest bench/bench_claimstore.py --benchmark-only`` (or ``python -m bench -k claimstore``).

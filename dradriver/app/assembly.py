@@ -31,6 +31,7 @@ from dradriver.kubeletplugin.lifecycle import Lifecycle
 from dradriver.kubeletplugin.reconcile import Cleanup, StaleClaimReconciler
 from dradriver.kubeletplugin.runner import BatchRunner, RecoveryReport
 from dradriver.server import Servers, start_servers
+from dradriver.server.deferred import EarlyServers
 from dradriver.server.healthstream import HealthSource
 
 log = logging.getLogger(__name__)
@@ -211,6 +212,21 @@ async def serve(lifecycle: Lifecycle, config: PluginConfig, runner: BatchRunner,
     ready = (lambda: publisher.in_sync) if publisher is not None else None
     return await lifecycle.step("gRPC servers",
                                 lambda: start_servers(config, runner, health_source=health_source, ready=ready),
+                                lambda servers: servers.stop(grace=lifecycle.grace_s))
+
+
+async def attach_early(lifecycle: Lifecycle, early: EarlyServers, runner: BatchRunner, *,
+                       health_source: HealthSource | None = None, publisher: SlicePublisher | None = None) -> Servers:
+    """Start step for servers already serving (:func:`dradriver.server.deferred.start_early`): hand the calls
+    waiting on them to ``runner`` and ``health_source``; the probe's ``readiness`` follows ``publisher.in_sync``.
+    Stopped at the same place in the order as :func:`serve`'s servers."""
+
+    def attach() -> Servers:
+        early.readiness.attach(runner, health_source=health_source,
+                               ready=(lambda: publisher.in_sync) if publisher is not None else None)
+        return early.servers
+
+    return await lifecycle.step("gRPC servers (served early)", attach,
                                 lambda servers: servers.stop(grace=lifecycle.grace_s))
 
 

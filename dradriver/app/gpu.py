@@ -6,7 +6,9 @@ this Node -> device-plugin guard -> claim state -> batch runner with the consuma
 ``--consumable-shares`` is on), full-GPU and static-MIG preparers (and, with the ``DynamicMIG`` gate, the
 dynamic-MIG preparer over every eligible GPU's placements) and the sharing steps (MPS control daemons with the
 ``MPSSupport`` gate), and crash convergence -> health monitor -> metrics endpoint -> gRPC servers ->
-ResourceSlice publisher.
+ResourceSlice publisher. The ``gpu-kubelet-plugin`` command serves the gRPC sockets first instead
+(:mod:`dradriver.server.deferred`, ``start_plugin(early=...)``): the kubelet registers the plugin within
+~0.2 s of process start and claims it sends meanwhile wait until the runner is attached at the servers' place.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +59,7 @@ from dradriver.preparers.gpu import FullGpuPreparer, StaticMigPreparer
 from dradriver.preparers.mps import ControlDaemons, MpsSharing
 from dradriver.preparers.shares import ShareDaemons, SharedDevicePreparer
 from dradriver.preparers.sharing import default_steps
+from dradriver.server.deferred import EarlyServers
 
 log = logging.getLogger(__name__)
 
@@ -345,10 +348,14 @@ def discover(session: NvmlSession, config: PluginConfig) -> NodeInventory:
     return inventory
 
 
-async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIVER) -> GpuPlugin:
+async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIVER, *,
+                       early: EarlyServers | None = None) -> GpuPlugin:
     """Start every part of the GPU kubelet plugin and return it running.
 
     :param identity: the plugin's names; tests run a second identity beside the default one.
+    :param early: servers already serving this config's sockets (:func:`dradriver.server.deferred.start_early`):
+        the claims waiting on them are handed to the runner where the servers would otherwise start. On a
+        failed start they are left to the caller (:func:`run_plugin` fails and stops them).
     :raises dradriver.errors.DradriverError: a part cannot start (no NVML library, no API access, socket in
         use by a live plugin, unreadable newer claim-state format); nothing is left running.
     """
@@ -447,7 +454,10 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
                 except OSError as exc:
                     raise FlagError(f"cannot serve metrics on {config.http_endpoint!r}: {exc}") from exc
             metrics_server = await life.step("metrics server", bind, lambda server: server.stop())
-        servers = await assembly.serve(life, config, runner, health_source=health, publisher=publisher)
+        if early is None:
+            servers = await assembly.serve(life, config, runner, health_source=health, publisher=publisher)
+        else:
+            servers = await assembly.attach_early(life, early, runner, health_source=health, publisher=publisher)
 
         def desired() -> list[dict[str, Any]]:
             inventory = registry.snapshot
@@ -489,9 +499,23 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
     return plugin
 
 
-async def run_plugin(config: PluginConfig, stop: asyncio.Event) -> None:
-    """Start the plugin, wait for ``stop``, then stop it."""
-    plugin = await start_plugin(config)
+async def run_plugin(config: PluginConfig, stop: asyncio.Event, *, early: EarlyServers | None = None,
+                     on_started: Callable[[], None] | None = None) -> None:
+    """Start the plugin, wait for ``stop``, then stop it.
+
+    :param early: see :func:`start_plugin`; when the start fails, their waiting calls get the failure and
+        they are stopped before the error propagates.
+    :param on_started: called once the plugin runs (the command ends its start-up tuning there).
+    """
+    try:
+        plugin = await start_plugin(config, early=early)
+    except BaseException as exc:
+        if early is not None:
+            early.readiness.fail(exc)
+            await early.servers.stop(grace=1.0)  # the waiting calls are answered with the failure
+        raise
+    if on_started is not None:
+        on_started()
     try:
         await stop.wait()
     finally:

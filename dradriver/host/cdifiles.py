@@ -1,7 +1,11 @@
 """Crash-safe CDI spec files: atomic writes, deletes, and the start-up sweep of temp files a crash left.
 
 Files are written to a temp name without a ``.json`` suffix (``.<name>.tmp-<random>``, a name CDI consumers
-ignore) in the same directory, fsync'd, renamed and the directory fsync'd, with mode 0644 (``cdi.md`` 2.6).
+ignore) in the same directory and renamed over the spec's name, with mode 0644 (``cdi.md`` 2.6). Claim specs are
+not fsync'd: they matter only within one boot (a process crash leaves the kernel's page cache, which every reader
+sees, intact; after a reboot the plugin deletes every claim spec of the old boot). The argument is in
+:mod:`dradriver.host.claimstate`. ``durable=True`` fsyncs the file and its directory for files that must
+survive a power loss.
 """
 
 from __future__ import annotations
@@ -26,13 +30,16 @@ def sync_directory(directory: Path | str) -> None:
         os.close(dir_fd)
 
 
-def write_file_atomically(path: Path, data: bytes, *, mode: int = SPEC_FILE_MODE, sync_dir: bool = True) -> None:
+def write_file_atomically(path: Path, data: bytes, *, mode: int = SPEC_FILE_MODE, sync_dir: bool = True,
+                          durable: bool = False) -> None:
     """Replace ``path`` with ``data`` so readers see the old file or the whole new one, never a part.
 
-    Writes ``.<name>.tmp-<random>`` in the same directory (a name CDI consumers ignore), fsyncs it, renames
-    it over ``path`` and fsyncs the directory (``sync_dir=False`` leaves that to the caller, who then calls
-    :func:`sync_directory` once for several files). On failure the temp file is removed and ``path`` is
-    untouched.
+    Writes ``.<name>.tmp-<random>`` in the same directory (a name CDI consumers ignore) and renames it over
+    ``path``: atomic for every reader on this kernel, and a process killed at any point leaves ``path`` whole
+    (old or new). ``durable=True`` also fsyncs the temp file before the rename and, with ``sync_dir``, the
+    directory after it, so the new file survives a power loss (``sync_dir=False`` leaves the directory to the
+    caller, who then calls :func:`sync_directory` once for several files). On failure the temp file is
+    removed and ``path`` is untouched.
 
     :raises OSError: the directory is missing or not writable, or the disk is full.
     """
@@ -46,7 +53,8 @@ def write_file_atomically(path: Path, data: bytes, *, mode: int = SPEC_FILE_MODE
             while view:
                 written = os.write(fd, view)
                 view = view[written:]
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, path)
@@ -56,7 +64,7 @@ def write_file_atomically(path: Path, data: bytes, *, mode: int = SPEC_FILE_MODE
         except FileNotFoundError:
             pass
         raise
-    if sync_dir:
+    if durable and sync_dir:
         sync_directory(directory)
 
 
@@ -87,10 +95,13 @@ def write_claim_spec(
     *,
     sync_dir: bool = True,
     clean_temp: bool = True,
+    durable: bool = False,
 ) -> Path:
     """Write the claim's rendered spec ``data`` atomically with mode 0644; return the file's path.
 
-    ``sync_dir=False``: the caller fsyncs the CDI root itself (:func:`sync_directory`) before relying on it.
+    Not fsync'd unless ``durable`` (a claim spec lives for one boot: :mod:`dradriver.host.claimstate` has the
+    argument); with ``durable``, ``sync_dir=False`` means the caller fsyncs the CDI root itself
+    (:func:`sync_directory`) before relying on it.
     ``clean_temp=False``: skip the per-claim temp-file sweep (a directory listing); callers that sweep once at
     start (:func:`remove_stale_temp_files` without a claim UID) keep each write O(1).
 
@@ -104,7 +115,7 @@ def write_claim_spec(
     try:
         if clean_temp:
             remove_stale_temp_files(kind, cdi_root, claim_uid)
-        write_file_atomically(path, data, sync_dir=sync_dir)
+        write_file_atomically(path, data, sync_dir=sync_dir, durable=durable)
         _unlink(path.with_suffix(".yaml"))
     except OSError as exc:
         raise CdiSpecError(f"claim {claim_uid}: cannot write CDI spec {path}: {exc}") from exc

@@ -1,16 +1,40 @@
-"""Durable, crash-safe claim state of the kubelet plugin: which claims are prepared and which devices they hold.
+"""Crash-safe claim state of the kubelet plugin: which claims are prepared and which devices they hold.
 
-Why this module exists: NVIDIA's Go driver rewrites one whole JSON checkpoint per change (reference
-``nvidia-dra-driver.md`` sections 4.4 and 11.1), so every prepare costs time linear in the number of
+Why this module exists: NVIDIA's Go driver rewrites one whole JSON checkpoint per change, with an fsync
+(reference ``nvidia-dra-driver.md`` sections 4.4 and 11.1), so every prepare costs time linear in the number of
 prepared claims. Here the state is a journal of appended, CRC-checked records (format in
-:mod:`dradriver._native.claimstore_py`): one prepare or unprepare appends one record and ``fdatasync``\\ s
-it, whatever the table size. The table and the encoding live in the native module picked by
+:mod:`dradriver._native.claimstore_py`): one prepare or unprepare appends one record with one ``write``,
+whatever the table size. The table and the encoding live in the native module picked by
 ``dradriver._native.load("claimstore")`` (compiled by default, twin with ``DRADRIVER_NO_EXTENSIONS=1``).
+
+Durability: which failures the state must survive, and which syncs that takes
+- **The state is per boot.** At open, a journal whose header carries another boot ID
+  (``/proc/sys/kernel/random/boot_id``) is discarded whole, and the runner then deletes every claim CDI spec
+  left from that boot (:meth:`dradriver.kubeletplugin.runner.BatchRunner.recover` with ``rebooted``): no
+  container of the old boot survives, and the kubelet prepares its claims again. NVIDIA does the same
+  (section 4.4). A power loss or kernel crash always changes the boot ID, so nothing written since the last
+  boot is ever needed after one: syncing records or CDI specs to the disk protects no case that can occur.
+- **What must survive is a process crash** (SIGKILL, OOM kill, a bug): the kernel keeps running, and every
+  ``write``/``rename`` the process completed is in the page cache, which every later reader on this kernel
+  (the restarted plugin, a second instance during a rolling update, the container runtime) sees, in the order
+  the calls were made. So ordered writes suffice: a record is acknowledged once its ``write`` returned, a CDI
+  spec once its ``rename`` returned, and the runner writes STARTED before any side effect, the spec after it,
+  COMPLETED after the spec (section 4.2). A write the crash cut short is a torn last record, never
+  acknowledged, and is truncated at the next open (the crash and torn-file tests in ``tests/claimstate`` and
+  ``tests/plugin/test_recovery.py`` kill the plugin at each step).
+- **The syncs that stay** are those that make the boot-ID rule itself hold after a power loss: a new journal
+  (created, compacted or migrated, :meth:`ClaimState._write_journal`) is fsync'd before it is renamed into
+  place and the directory after. Without them, a power loss could leave a journal whose header (the boot ID) is
+  lost or damaged while later pages survive; recovery would keep the readable records of a damaged header as
+  current claims, and a missing journal would turn the old boot's specs into "orphans" to adopt. Both run at
+  start-up and once per compaction (amortised), never per claim.
+- **Not protected** (as with any page-cache write): a disk that fails to write back while the kernel keeps
+  running. The kernel reports that on a later fsync, not to this process; the node is then unhealthy anyway.
 
 Contracts
 - **Two-phase prepare** (section 4.2): :meth:`ClaimState.prepare_started` before any side effect,
   :meth:`ClaimState.prepare_completed` after; :meth:`ClaimState.remove` on unprepare. Each returns only
-  once its record is on disk (acknowledged).
+  once its record is written to the journal (in the page cache: acknowledged, see Durability).
 - **Conflicts**: a device held without admin access by one claim cannot be taken by another
   (:class:`ClaimConflictError` names both claims); admin-access devices are exempt.
 - **Late completion**: completing a claim that was removed meanwhile raises :class:`ClaimUnknownError`, so
@@ -229,6 +253,16 @@ def _read_all(fd: int, start: int = 0) -> bytes:
         pos += len(chunk)
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` at the descriptor's position (opened ``O_APPEND``): one ``write`` normally.
+
+    :raises OSError: from ``write`` (disk full, I/O error).
+    """
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def _fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
@@ -425,8 +459,8 @@ class ClaimState:
         """Hold the lock and make every record written in the block durable together, at its end.
 
         Within the block, mutations update the table at once but their records are buffered; when the block
-        ends (normally or by an exception) they are appended with one ``write`` and one ``fdatasync``. So a
-        batch of N claims costs one sync instead of N. Records of the block are acknowledged only when it
+        ends (normally or by an exception) they are appended with one ``write``. So a batch of N claims costs
+        one system call instead of N. Records of the block are acknowledged only when it
         has exited without :class:`ClaimStateError`: callers must not act on them (write CDI specs, answer
         the kubelet) inside the block. Nested blocks join the outer one.
 
@@ -580,8 +614,7 @@ class ClaimState:
                 ProblemKind.TORN_TAIL,
                 f"another instance left an incomplete record at byte {self._offset + stop}; truncated",
                 self._path, offset=self._offset + stop))
-            os.ftruncate(self._fd, self._offset + stop)
-            os.fsync(self._fd)
+            os.ftruncate(self._fd, self._offset + stop)  # no fsync: see Durability in the module docstring
             self._offset += stop
         else:
             self._load()
@@ -666,8 +699,7 @@ class ClaimState:
             ]
         else:
             if torn_at is not None:
-                os.ftruncate(fd, torn_at)
-                os.fsync(fd)
+                os.ftruncate(fd, torn_at)  # no fsync: see Durability in the module docstring
                 data = data[:torn_at]
             st = os.fstat(fd)
             self._fd = fd
@@ -708,7 +740,10 @@ class ClaimState:
                         os.unlink(entry.path)
 
     def _write_journal(self) -> None:
-        """Atomically replace the journal with header + snapshot of the table: temp, fsync, rename, fsync dir."""
+        """Atomically replace the journal with header + snapshot of the table: temp, fsync, rename, fsync dir.
+
+        The two syncs keep the header's boot ID readable after a power loss (see Durability).
+        """
         be = self._backend
         data = be.encode_header(self._boot_id) + self._table.snapshot()
         tmp = self._path.with_name(f"{self._temp_prefix()}{os.getpid()}-{threading.get_ident()}")
@@ -752,7 +787,7 @@ class ClaimState:
             self._pending.append(frame)
             return
         try:
-            self._backend.append(self._fd, frame)
+            _write_all(self._fd, frame)  # no fdatasync: see Durability in the module docstring
         except OSError as exc:
             # Undo the half-applied change: cut the file back and reload the table from what is on disk.
             with contextlib.suppress(OSError):

@@ -11,10 +11,16 @@ from __future__ import annotations
 import datetime
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import quote
 
 from dradriver.domain import claims as domain_claims
 from dradriver.kube import errors
 from dradriver.kube.client import JSONDict, KubeClient
+
+
+def _claim_path(namespace: str, name: str) -> str:
+    """The claim's API path (typed ResourceV1Api methods are avoided: ``KubeClient.raw``)."""
+    return f"/apis/resource.k8s.io/v1/namespaces/{quote(namespace, safe='')}/resourceclaims/{quote(name, safe='')}"
 
 
 def get_resource_claim(client: KubeClient, namespace: str, name: str) -> JSONDict:
@@ -23,8 +29,7 @@ def get_resource_claim(client: KubeClient, namespace: str, name: str) -> JSONDic
     :raises errors.KubeNotFoundError: no such claim.
     :raises errors.KubeAPIError: any other failure, after retries for 429/5xx/connection errors.
     """
-    return client.call(f"GET resourceclaims {namespace}/{name}", client.resource.read_namespaced_resource_claim,
-                       name, namespace)
+    return client.call(f"GET resourceclaims {namespace}/{name}", client.raw("GET", _claim_path(namespace, name)))
 
 
 def fetch_claim(client: KubeClient, ref: domain_claims.ClaimRef, *, driver: str, pool: str) -> domain_claims.Claim:
@@ -101,8 +106,8 @@ def publish_device_status(client: KubeClient, ref: domain_claims.ClaimRef, *, dr
             return True
         status["devices"] = kept
         try:
-            client.call(what, client.resource.replace_namespaced_resource_claim_status, ref.name, ref.namespace,
-                        obj, retry=True)
+            client.call(what, client.raw("PUT", _claim_path(ref.namespace, ref.name) + "/status"), body=obj,
+                        retry=True)
             return True
         except errors.KubeConflictError:
             if attempt == attempts - 1:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 from dradriver.kube.client import JSONDict, KubeClient
 
@@ -44,5 +45,6 @@ def get_node(client: KubeClient, name: str) -> Node:
     :raises dradriver.kube.errors.KubeNotFoundError: no Node of that name (wrong ``--node-name``?).
     :raises dradriver.kube.errors.KubeAPIError: any other failure, after retries.
     """
-    obj: JSONDict = client.call(f"GET nodes {name}", client.core.read_node, name)
+    # raw: the only CoreV1Api call at start-up, and that class is the client's largest import
+    obj: JSONDict = client.call(f"GET nodes {name}", client.raw("GET", f"/api/v1/nodes/{quote(name, safe='')}"))
     return Node.from_object(obj)

@@ -45,6 +45,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 from dradriver.domain.resourceslices import ResourceSliceError
 from dradriver.kube import errors
@@ -55,6 +56,11 @@ log = logging.getLogger(__name__)
 
 API_VERSION = "resource.k8s.io/v1"
 KIND = "ResourceSlice"
+_SLICES = "/apis/resource.k8s.io/v1/resourceslices"  # through KubeClient.raw: no ResourceV1Api at all
+
+
+def _slice_path(name: str) -> str:
+    return f"{_SLICES}/{quote(name, safe='')}"
 _INDEX_MIN_LENGTH = 5  # resourceSliceIndexMinLength in the Go helper
 _SEPARATOR = "-"
 
@@ -253,8 +259,7 @@ class SlicePublisher:
         want = self._prepare(desired)
         with self._publish_lock:
             owner = self._owner() if want else None
-            resource = self.client.resource
-            listing = self.client.call(f"LIST resourceslices {self._selector()}", resource.list_resource_slice,
+            listing = self.client.call(f"LIST resourceslices {self._selector()}", self.client.raw("GET", _SLICES),
                                        field_selector=self._selector())
             existing = sorted((s for s in listing.get("items") or [] if self._ours(s)),
                               key=lambda s: s["metadata"]["name"])
@@ -284,8 +289,8 @@ class SlicePublisher:
                 meta = s["metadata"]
                 options: JSONDict = {"preconditions": {"uid": meta["uid"], "resourceVersion": meta["resourceVersion"]}}
                 try:
-                    self.client.call(f"DELETE resourceslices {meta['name']}", resource.delete_resource_slice,
-                                     meta["name"], body=options)
+                    self.client.call(f"DELETE resourceslices {meta['name']}",
+                                     self.client.raw("DELETE", _slice_path(meta["name"])), body=options)
                     self._own_deletes[meta["uid"]] = None
                     while len(self._own_deletes) > 1024:
                         self._own_deletes.pop(next(iter(self._own_deletes)))
@@ -301,8 +306,8 @@ class SlicePublisher:
                 body.setdefault("apiVersion", API_VERSION)
                 body.setdefault("kind", KIND)
                 body["spec"] = full_spec(i)
-                stored = self.client.call(f"PUT resourceslices {names[i]}", self.client.resource.replace_resource_slice,
-                                          names[i], body)
+                stored = self.client.call(f"PUT resourceslices {names[i]}",
+                                          self.client.raw("PUT", _slice_path(names[i])), body=body)
                 self._remember(body["spec"], stored)
                 updated += 1
             for i in new:
@@ -316,7 +321,7 @@ class SlicePublisher:
                     created_meta["annotations"] = want[i].annotations
                 body = {"apiVersion": API_VERSION, "kind": KIND, "metadata": created_meta, "spec": full_spec(i)}
                 stored = self.client.call(f"POST resourceslices {created_meta['generateName']}",
-                                          self.client.resource.create_resource_slice, body)
+                                          self.client.raw("POST", _SLICES), body=body)
                 self._remember(body["spec"], stored)
                 names[i] = stored["metadata"]["name"]
                 created += 1
@@ -450,7 +455,7 @@ class SlicePublisher:
                 if resource_version:
                     kwargs["resource_version"] = resource_version
                 for event in self.client.stream(f"WATCH resourceslices {self._selector()}",
-                                                self.client.resource.list_resource_slice,
+                                                self.client.raw("GET", _SLICES),
                                                 timeout_s=self.watch_timeout_s, **kwargs):
                     if self._stopping.is_set():
                         return

@@ -19,12 +19,14 @@ import itertools
 import logging
 from collections.abc import Mapping, Sequence
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dradriver._proto import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 from dradriver.domain.claims import ClaimRef, ClaimResult
-from dradriver.domain.ports import ClaimPreparer
 from dradriver.errors import DradriverError
+
+if TYPE_CHECKING:  # the protocol only; importing it loads the domain model (~0.1 s before the sockets)
+    from dradriver.domain.ports import ClaimPreparer
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health_pb2_grpc
@@ -41,9 +41,11 @@ from dradriver._proto import (
     pluginregistration_v1_pb2_grpc,
 )
 from dradriver.config import PluginConfig
-from dradriver.domain.ports import ClaimPreparer
 from dradriver.errors import DradriverError
 from dradriver.server import dra, healthstream, probe, registration
+
+if TYPE_CHECKING:  # the protocol only; importing it loads the domain model (~0.1 s before the sockets)
+    from dradriver.domain.ports import ClaimPreparer
 
 log = logging.getLogger(__name__)
 

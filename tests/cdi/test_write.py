@@ -76,9 +76,9 @@ from dradriver.host.devicenodes import DeviceNodeInfo
 from tests.cdi import helpers
 from tests.cdi.conftest import make_gpu
 root, uid, proc, minors = sys.argv[1:5]
-def crash(fd):
+def crash(*args):
     os.kill(os.getpid(), signal.SIGKILL)
-cdifiles.os.fsync = crash
+cdifiles.os.replace = crash
 helpers.write_gpu_spec(Path(root), uid, [make_gpu(0)],
                      node_info=DeviceNodeInfo(proc_devices=Path(proc), mig_minors=Path(minors)))
 """

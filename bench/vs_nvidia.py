@@ -1,0 +1,405 @@
+"""``python -m bench vs_nvidia``: dradriver's ``gpu-kubelet-plugin`` beside NVIDIA's, figure by figure.
+
+Both plugins run as separate processes on the same node definition (an 8-GPU H100 mock node: dradriver's
+``dgx-h100`` profile, NVIDIA's ``mock-nvml-config-h100.yaml`` through NVIDIA's own mock NVML), against one API
+emulator over HTTP, driven by the same kubelet client (:class:`dradriver.sandbox.kubelet.KubeletEmulator`, real
+gRPC over the plugin's Unix sockets), in alternating runs. Each run measures, for one fresh process:
+
+* process start -> registration socket (the ``*.sock`` in the registrar directory) exists, seconds;
+* process start -> the node's ResourceSlice is stored in the API emulator, seconds;
+* CPU (user + system, ``/proc/<pid>/stat``) spent when the slice is published, seconds;
+* resident memory (``VmRSS``) at rest (one second after the slice) and after 600 one-claim prepare+unprepare
+  pairs, MiB;
+* one-claim ``NodePrepareResources`` p50/p99 and ``NodeUnprepareResources`` p50 over those pairs, milliseconds.
+
+Ratios are dradriver / NVIDIA (lower is better). Without NVIDIA's binary (or its mock NVML) only dradriver's
+figures are reported and the report says the peer was not run; the memory row is then given as a ratio to a bare
+interpreter's RSS measured in the same run. Targets are issue 17's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import stat
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+PEERS = REPO.parent / "shared" / "peers"
+DEFAULT_NVIDIA_PLUGIN = PEERS / "bin" / "gpu-kubelet-plugin"
+DEFAULT_NVIDIA_MOCK_NVML = PEERS / "mocknvml"
+DRADRIVER_PROFILE = "dgx-h100"
+NVIDIA_PROFILE = "mock-nvml-config-h100.yaml"
+GPUS = 8
+DRIVER = "gpu.nvidia.com"
+START_TIMEOUT = 60.0
+POLL = 0.002
+
+#: figure -> (target operator, target, what the target is relative to: "nvidia", "absolute" or "bare")
+TARGETS: dict[str, tuple[str, float, str]] = {
+    "prepare_p50_ms": ("<=", 0.7, "nvidia"),
+    "prepare_p99_ms": ("<=", 1.0, "nvidia"),
+    "unprepare_p50_ms": ("<=", 0.7, "nvidia"),
+    "start_to_registration_s": ("<=", 0.3, "absolute"),
+    "start_to_slice_s": ("<=", 0.8, "nvidia"),
+    "cpu_to_start_s": ("", 0.0, "nvidia"),  # reported; issue 17 sets no target (an interpreter's floor)
+    "cpu_to_registration_s": ("", 0.0, "nvidia"),
+    "cpu_per_pair_ms": ("", 0.0, "nvidia"),
+    "rss_rest_mib": ("<=", 1.0, "nvidia"),
+    "rss_after_claims_mib": ("<=", 1.0, "nvidia"),
+}
+LABELS = {
+    "prepare_p50_ms": "one-claim NodePrepareResources p50 (ms)",
+    "prepare_p99_ms": "one-claim NodePrepareResources p99 (ms)",
+    "unprepare_p50_ms": "one-claim NodeUnprepareResources p50 (ms)",
+    "start_to_registration_s": "process start -> registration socket (s)",
+    "start_to_slice_s": "process start -> ResourceSlice published (s)",
+    "cpu_to_start_s": "CPU to start (s)",
+    "cpu_to_registration_s": "CPU to the registration socket (s)",
+    "cpu_per_pair_ms": "plugin CPU per one-claim prepare+unprepare pair (ms)",
+    "rss_rest_mib": "resident memory at rest (MiB)",
+    "rss_after_claims_mib": "resident memory after the claims (MiB)",
+}
+
+
+@dataclass
+class Side:
+    """How to start one plugin on a sandbox node: ``argv``, environment, and the directories it uses."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    registrar: Path
+    cleanup: list[Path] = field(default_factory=list)
+
+
+def _proc_cpu(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` (``/proc/<pid>/stat`` fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _proc_rss_mib(pid: int) -> float:
+    """``VmRSS`` of ``pid`` in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def bare_interpreter_rss_mib() -> float:
+    """RSS of a bare ``python -c`` interpreter at rest, MiB (the floor any Python plugin starts from)."""
+    code = ("import sys\nfor l in open('/proc/self/status'):\n"
+            "    l.startswith('VmRSS:') and sys.stdout.write(l.split()[1])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    return int(out) / 1024
+
+
+def dradriver_side(node: Any) -> Side:
+    """dradriver's plugin as a process (the ``gpu-kubelet-plugin`` console script) on ``node``."""
+    from dradriver.sandbox.cluster import plugin_environment
+
+    config = node.config(log_level="error")
+    env = dict(os.environ)
+    env.update(plugin_environment(config))
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    # The ``gpu-kubelet-plugin`` console script, as NVIDIA's chart runs it (with this checkout's interpreter).
+    script = ("import sys; from dradriver.commands.gpu_kubelet_plugin import main; "
+              "sys.argv[0] = 'gpu-kubelet-plugin'; sys.exit(main())")
+    return Side("dradriver", [sys.executable, "-c", script], env,
+                Path(config.kubelet_registrar_directory_path))
+
+
+
+def nvidia_side(node: Any, binary: Path, mock_dir: Path, work: Path) -> Side:
+    """NVIDIA's ``gpu-kubelet-plugin`` on ``node`` with NVIDIA's mock NVML (``peers/README.md``): a fake driver
+    root with the mock library, an empty ``libcuda.so.<version>`` and ``nvidia-smi``, its own CDI, registrar and
+    plugin directories, a ``proc/devices`` file, the sandbox's kubeconfig, and raised client rate limits."""
+    root = work / "nvidia-driver-root"
+    lib = root / "usr" / "lib" / "x86_64-linux-gnu"
+    lib.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(mock_dir / "libnvidia-ml.so.1", lib / "libnvidia-ml.so.1")
+    with contextlib.suppress(FileExistsError):
+        (lib / "libnvidia-ml.so").symlink_to("libnvidia-ml.so.1")
+    config_file = mock_dir / "configs" / NVIDIA_PROFILE
+    version = _mock_driver_version(config_file)
+    (lib / f"libcuda.so.{version}").touch()
+    (root / "usr" / "bin").mkdir(parents=True, exist_ok=True)
+    smi = root / "usr" / "bin" / "nvidia-smi"
+    smi.write_text("#!/bin/sh\nexit 0\n")
+    smi.chmod(0o755)
+    dev = root / "dev"
+    dev.mkdir(exist_ok=True)
+    nodes = {f"nvidia{i}": (195, i) for i in range(GPUS)}
+    nodes.update({"nvidiactl": (195, 255), "nvidia-uvm": (510, 0), "nvidia-uvm-tools": (510, 1)})
+    for name, (major, minor) in nodes.items():  # device nodes the spec edits name (needs CAP_MKNOD)
+        if not (dev / name).exists():
+            os.mknod(dev / name, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+    hook = root / "usr" / "bin" / "nvidia-cdi-hook"  # only named in the specs it writes, never run here
+    hook.write_text("#!/bin/sh\nexit 0\n")
+    hook.chmod(0o755)
+    registrar = work / "nvidia-registry"
+    plugins = work / "nvidia-plugins"
+    cdi = work / "nvidia-cdi"
+    for d in (registrar, plugins, cdi):
+        d.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env.update({
+        "LD_LIBRARY_PATH": str(lib),
+        "MOCK_NVML_CONFIG": str(config_file),
+        "ALT_PROC_DEVICES_PATH": str(Path(node.root) / "proc" / "devices"),
+        "KUBECONFIG": str(node.kubeconfig),
+        "NODE_NAME": node.node_name,
+        "KUBE_FEATURE_WatchListClient": env.get("KUBE_FEATURE_WatchListClient", "true"),
+    })
+    argv = [str(binary), f"--node-name={node.node_name}", f"--kubeconfig={node.kubeconfig}",
+            f"--nvidia-driver-root={root}", f"--container-driver-root={root}", f"--cdi-root={cdi}",
+            f"--kubelet-registrar-directory-path={registrar}", f"--kubelet-plugins-directory-path={plugins}",
+            f"--nvidia-cdi-hook-path={hook}", "--healthcheck-port=-1", "--image-name=nvidia/dra:bench",
+            "--namespace=default",
+            "--kube-api-qps=1000", "--kube-api-burst=1000", "-v=0"]
+    return Side("nvidia", argv, env, registrar, [root, registrar, plugins, cdi])
+
+
+def _mock_driver_version(config_file: Path) -> str:
+    for line in config_file.read_text().splitlines():
+        key, _, value = line.strip().partition(":")
+        if key in ("driver_version", "driverVersion"):
+            return value.strip().strip("\"'")
+    return "550.54.15"
+
+
+def _slice_count(api: Any, node_name: str) -> int:
+    return sum(1 for s in api.objects("ResourceSlice")
+               if s.get("spec", {}).get("nodeName") == node_name and s.get("spec", {}).get("driver") == DRIVER)
+
+
+def _delete_slices(api: Any, node_name: str) -> None:
+    for s in api.objects("ResourceSlice"):
+        if s.get("spec", {}).get("nodeName") == node_name:
+            with contextlib.suppress(Exception):
+                api.delete("ResourceSlice", s["metadata"]["name"])
+
+
+def _create_claims(api: Any, node_name: str, count: int, tag: str) -> list[Any]:
+    from dradriver.domain.claims import ClaimRef
+
+    refs = []
+    for i in range(count):
+        obj = api.create({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": f"vs-{tag}-{i}", "namespace": "default"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}},
+        })
+        obj["status"] = {"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": DRIVER, "pool": node_name, "device": f"gpu-{i % GPUS}"}]}}}
+        obj = api.update(obj, subresource="status")
+        refs.append(ClaimRef("default", obj["metadata"]["name"], obj["metadata"]["uid"]))
+    return refs
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def measure(side: Side, node: Any, claims: int, tag: str) -> dict[str, float]:
+    """Start ``side``'s plugin, measure every figure once, stop it. Raises RuntimeError when it fails to start."""
+    from dradriver.sandbox.kubelet import KubeletEmulator
+
+    api = node.api
+    _delete_slices(api, node.node_name)
+    for sock in side.registrar.glob("*.sock"):
+        sock.unlink()
+    refs = _create_claims(api, node.node_name, claims, tag)
+    log = tempfile.TemporaryFile()
+    start = time.perf_counter()
+    proc = subprocess.Popen(side.argv, env=side.env, stdout=log, stderr=subprocess.STDOUT)
+    figures: dict[str, float] = {}
+    try:
+        deadline = start + START_TIMEOUT
+        while "start_to_slice_s" not in figures:
+            now = time.perf_counter()
+            if "start_to_registration_s" not in figures and any(side.registrar.glob("*.sock")):
+                figures["start_to_registration_s"] = now - start
+                figures["cpu_to_registration_s"] = _proc_cpu(proc.pid)
+            if _slice_count(api, node.node_name):
+                figures["start_to_slice_s"] = now - start
+                figures["cpu_to_start_s"] = _proc_cpu(proc.pid)
+            if proc.poll() is not None or now > deadline:
+                log.seek(0)
+                raise RuntimeError(f"{side.name} plugin did not start (exit {proc.returncode}): "
+                                   f"{log.read()[-2000:].decode(errors='replace')}")
+            time.sleep(POLL)  # the API emulator runs in this process: polling slower would delay it
+        figures.setdefault("start_to_registration_s", figures["start_to_slice_s"])
+        figures.setdefault("cpu_to_registration_s", figures["cpu_to_start_s"])
+        time.sleep(1.0)
+        figures["rss_rest_mib"] = _proc_rss_mib(proc.pid)
+        cpu_before = _proc_cpu(proc.pid)
+        prepares, unprepares = asyncio.run(_pairs(KubeletEmulator, side.registrar, refs))
+        figures["cpu_per_pair_ms"] = (_proc_cpu(proc.pid) - cpu_before) / len(refs) * 1e3
+        figures["rss_after_claims_mib"] = _proc_rss_mib(proc.pid)
+        figures["prepare_p50_ms"] = statistics.median(prepares) * 1e3
+        figures["prepare_p99_ms"] = _percentile(prepares, 0.99) * 1e3
+        figures["unprepare_p50_ms"] = statistics.median(unprepares) * 1e3
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+        for ref in refs:
+            with contextlib.suppress(Exception):
+                api.delete("ResourceClaim", ref.name, ref.namespace)
+    return figures
+
+
+async def _pairs(emulator_cls: Any, registrar: Path, refs: list[Any]) -> tuple[list[float], list[float]]:
+    prepares: list[float] = []
+    unprepares: list[float] = []
+    async with emulator_cls(registrar) as kubelet:
+        conn = await kubelet.wait_for_plugin(DRIVER)
+        for ref in refs:
+            t0 = time.perf_counter()
+            answer = await conn.prepare([ref])
+            t1 = time.perf_counter()
+            errors = [r.error for r in answer.values() if r.error]
+            if errors:
+                raise RuntimeError(f"prepare {ref}: {errors[0]}")
+            gone = await conn.unprepare([ref])
+            t2 = time.perf_counter()
+            if any(gone.values()):
+                raise RuntimeError(f"unprepare {ref}: {gone}")
+            prepares.append(t1 - t0)
+            unprepares.append(t2 - t1)
+    return prepares, unprepares
+
+
+def run(*, nvidia_plugin: Path | None, nvidia_mock_nvml: Path | None, rounds: int = 3,
+        claims: int = 600) -> dict[str, Any]:
+    """Alternate ``rounds`` runs of each plugin; return the report (see :func:`report_shape`).
+
+    ``nvidia_plugin``/``nvidia_mock_nvml`` ``None`` or missing: only dradriver runs.
+    """
+    from dradriver.sandbox.node import SandboxNode
+
+    peer_reason = ""
+    if nvidia_plugin is None or not nvidia_plugin.exists():
+        peer_reason = f"NVIDIA's plugin binary not found ({nvidia_plugin})"
+    elif nvidia_mock_nvml is None or not (nvidia_mock_nvml / "libnvidia-ml.so.1").exists():
+        peer_reason = f"NVIDIA's mock NVML not found ({nvidia_mock_nvml})"
+    samples: dict[str, list[dict[str, float]]] = {"dradriver": [], "nvidia": []}
+    with SandboxNode(profile=DRADRIVER_PROFILE) as node, tempfile.TemporaryDirectory(prefix="vs-nvidia-") as tmp:
+        sides = [dradriver_side(node)]
+        if not peer_reason:
+            assert nvidia_plugin is not None and nvidia_mock_nvml is not None
+            sides.append(nvidia_side(node, nvidia_plugin, nvidia_mock_nvml, Path(tmp)))
+        bare = bare_interpreter_rss_mib()
+        load_before = os.getloadavg()[0]
+        for r in range(rounds):
+            for side in sides if r % 2 == 0 else list(reversed(sides)):
+                try:
+                    samples[side.name].append(measure(side, node, claims, f"{side.name}-{r}"))
+                except RuntimeError as exc:
+                    if side.name != "nvidia":
+                        raise
+                    peer_reason = f"NVIDIA's plugin failed: {exc}"
+                    sides = [s for s in sides if s.name != "nvidia"]
+                    samples["nvidia"] = []
+                    break
+    report = build_report(samples, bare_rss_mib=bare, peer_reason=peer_reason, claims=claims, rounds=rounds)
+    report["load_average"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+    report["samples"] = samples
+    return report
+
+
+def build_report(samples: dict[str, list[dict[str, float]]], *, bare_rss_mib: float, peer_reason: str,
+                 claims: int, rounds: int) -> dict[str, Any]:
+    """The report: ``{"peer_run": bool, "peer_note": str, "bare_interpreter_rss_mib": float, "claims": int,
+    "rounds": int, "rows": {figure: {"label", "dradriver", "nvidia", "ratio", "target", "met"}}}``.
+
+    Each figure is the median over the runs. ``ratio`` is dradriver / NVIDIA (``None`` without the peer; the
+    memory rows then divide by the bare interpreter's RSS and ``target`` says so).
+    """
+    peer_run = bool(samples.get("nvidia")) and not peer_reason
+    rows: dict[str, dict[str, Any]] = {}
+    for figure, (op, target, base) in TARGETS.items():
+        ours = _median(samples["dradriver"], figure)
+        theirs = _median(samples["nvidia"], figure) if peer_run else None
+        ratio: float | None = None
+        target_text = f"{op} {target:g}x NVIDIA"
+        if base == "absolute":
+            value_for_target: float | None = ours
+            target_text = f"{op} {target:g}"
+            if theirs:
+                ratio = ours / theirs
+        elif theirs:
+            ratio = ours / theirs
+            value_for_target = ratio
+        elif figure.startswith("rss_"):
+            ratio = ours / bare_rss_mib
+            value_for_target = None
+            target_text = f"{op} {target:g}x NVIDIA (peer not run: ratio is to a bare interpreter)"
+        else:
+            value_for_target = None
+        if not op:
+            value_for_target, target_text = None, ""
+        met = None if value_for_target is None else (value_for_target <= target)
+        rows[figure] = {"label": LABELS[figure], "dradriver": round(ours, 3),
+                        "nvidia": None if theirs is None else round(theirs, 3),
+                        "ratio": None if ratio is None else round(ratio, 3), "target": target_text, "met": met}
+    note = "" if peer_run else f"peer not run: {peer_reason or 'no samples'}"
+    return {"peer_run": peer_run, "peer_note": note, "bare_interpreter_rss_mib": round(bare_rss_mib, 2),
+            "claims": claims, "rounds": rounds, "rows": rows}
+
+
+def _median(samples: list[dict[str, float]], figure: str) -> float:
+    return statistics.median(s[figure] for s in samples)
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The report as a Markdown table (one row per figure)."""
+    lines = []
+    if not report["peer_run"]:
+        lines.append(report["peer_note"])
+    lines += ["| figure | dradriver | NVIDIA | ratio | target | met |", "|---|---|---|---|---|---|"]
+    for row in report["rows"].values():
+        met = "" if row["met"] is None else ("yes" if row["met"] else "NO")
+        theirs = "-" if row["nvidia"] is None else row["nvidia"]
+        ratio = "-" if row["ratio"] is None else row["ratio"]
+        lines.append(f"| {row['label']} | {row['dradriver']} | {theirs} | {ratio} | {row['target']} | {met} |")
+    load = report.get("load_average")
+    lines.append(f"bare interpreter RSS: {report['bare_interpreter_rss_mib']} MiB; {report['rounds']} alternating "
+                 f"runs, {report['claims']} one-claim pairs per run"
+                 + (f"; 1-min load average {load[0]} before, {load[1]} after" if load else ""))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI of the scenario; returns 0 when it ran (targets are reported, not enforced)."""
+    parser = argparse.ArgumentParser(prog="python -m bench vs_nvidia", description=__doc__.split("\n")[0])
+    parser.add_argument("--nvidia-plugin", type=Path, default=DEFAULT_NVIDIA_PLUGIN)
+    parser.add_argument("--nvidia-mock-nvml", type=Path, default=DEFAULT_NVIDIA_MOCK_NVML)
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each plugin, alternating")
+    parser.add_argument("--claims", type=int, default=600, help="one-claim prepare+unprepare pairs per run")
+    parser.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    args = parser.parse_args(argv)
+    report = run(nvidia_plugin=args.nvidia_plugin, nvidia_mock_nvml=args.nvidia_mock_nvml, rounds=args.rounds,
+                 claims=args.claims)
+    print(format_report(report))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    return 0

@@ -1,0 +1,58 @@
+"""The ``vs_nvidia`` bench scenario's report (issue 17), without NVIDIA's binary: shape, not timings."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import __main__ as bench_main
+from bench import vs_nvidia
+
+
+@pytest.mark.slow
+def test_without_the_peer_reports_dradriver_alone_and_says_so(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "report.json"
+    assert bench_main.main(["vs_nvidia", "--nvidia-plugin", str(tmp_path / "absent"), "--rounds", "1",
+                            "--claims", "3", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["peer_run"] is False
+    assert report["peer_note"].startswith("peer not run: NVIDIA's plugin binary not found")
+    assert set(report["rows"]) == set(vs_nvidia.TARGETS)
+    for figure, row in report["rows"].items():
+        assert row["label"] == vs_nvidia.LABELS[figure]
+        assert row["nvidia"] is None
+        assert row["dradriver"] > 0, figure
+    # memory is set against a bare interpreter measured in the same run
+    bare = report["bare_interpreter_rss_mib"]
+    assert bare > 0
+    rest = report["rows"]["rss_rest_mib"]
+    assert rest["ratio"] == pytest.approx(rest["dradriver"] / bare, rel=1e-3)
+    assert "bare interpreter" in rest["target"]
+    # the only absolute target is judged without the peer; the relative ones are not
+    assert report["rows"]["start_to_registration_s"]["met"] is not None
+    assert report["rows"]["prepare_p50_ms"]["met"] is None
+    assert len(report["load_average"]) == 2 and len(report["samples"]["dradriver"]) == 1
+    text = capsys.readouterr().out
+    assert text == vs_nvidia.format_report(report) + "\n"
+    assert text.splitlines()[0] == report["peer_note"]
+    assert all(vs_nvidia.LABELS[f] in text for f in vs_nvidia.TARGETS)
+
+
+def test_with_peer_samples_every_row_has_a_ratio_and_a_verdict() -> None:
+    ours = {"prepare_p50_ms": 2.0, "prepare_p99_ms": 5.0, "unprepare_p50_ms": 1.0, "start_to_registration_s": 0.2,
+            "start_to_slice_s": 0.8, "cpu_to_start_s": 0.7,
+            "cpu_to_registration_s": 0.2, "cpu_per_pair_ms": 1.5, "rss_rest_mib": 80.0, "rss_after_claims_mib": 82.0}
+    theirs = {k: v * 2 for k, v in ours.items()}
+    report = vs_nvidia.build_report({"dradriver": [ours], "nvidia": [theirs]}, bare_rss_mib=10.0, peer_reason="",
+                                    claims=600, rounds=1)
+    assert report["peer_run"] is True and report["peer_note"] == ""
+    for figure, row in report["rows"].items():
+        assert row["ratio"] == 0.5, figure
+        assert row["nvidia"] == theirs[figure]
+    assert report["rows"]["prepare_p50_ms"]["met"] is True  # 0.5 <= 0.7
+    assert report["rows"]["cpu_to_start_s"]["met"] is None  # reported, no target
+    assert report["rows"]["start_to_registration_s"]["met"] is True  # 0.2 s <= 0.3 s
+
