@@ -41,7 +41,8 @@ def test_console_script_help_and_subcommand(capsys: pytest.CaptureFixture[str]) 
 
 def test_gates_dradriver_does_not_implement_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert compute_domain_daemon.main(["--feature-gates", "ComputeDomainCliques=false", "run"]) == 2
-    assert "ComputeDomainCliques=false is not implemented" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "ComputeDomainCliques=false is not supported" in err and "ComputeDomainClique objects only" in err
 
 
 def test_check_without_a_clique_succeeds_and_with_one_needs_the_daemon(tmp_path: Path,
