@@ -43,6 +43,7 @@ class Daemon:
     def __init__(self, env: dict[str, str], root: Path, api: ApiServerEmulator, node: str, ip: str,
                  pod: str, clique: str = CLIQUE, cd_uid: str = CD_UID) -> None:
         self.api, self.node, self.ip, self.pod = api, node, ip, pod
+        self.clique, self.cd_uid = clique, cd_uid
         self.dir = root / pod
         self.imexd = self.dir / "imexd"
         self.imexd.mkdir(parents=True)
@@ -76,11 +77,18 @@ class Daemon:
         return subprocess.run([shutil_which("nvidia-imex-ctl", self.env), "-c", str(self.imexd / imex.CONFIG_FILE),
                                "-q"], capture_output=True, text=True, timeout=20, check=False).stdout
 
+    def members_known(self) -> bool:
+        """Every daemon the domain's clique object lists has reached this daemon's hosts file (until then
+        nvidia-imex may be READY with fewer peers, and turn WAITING_FOR_PEERS when it learns of the others)."""
+        obj = self.api.get(cd.CLIQUE_KIND, cd.clique_object_name(self.cd_uid, self.clique), NS)
+        hosts = self.hosts.read_text()
+        return all(f"{e['ipAddress']}\t" in hosts for e in (obj or {}).get("daemons") or ())
+
     def wait_ready(self, what: str) -> None:
-        """Wait until nvidia-imex is READY, then the probe ``compute-domain-daemon check`` must pass."""
-        wait(lambda: self.imex_state() == "READY\n", what)
-        done = self.check()
-        assert done.returncode == 0, done.stderr
+        """Wait until this daemon knows every member, nvidia-imex is READY and the probe
+        ``compute-domain-daemon check`` passes."""
+        wait(lambda: self.members_known() and self.imex_state() == "READY\n", what)
+        wait(lambda: self.check().returncode == 0, f"{what}: compute-domain-daemon check")
 
     def set_ready(self, ready: bool = True) -> None:
         obj = self.api.get("Pod", self.pod, NS)
