@@ -449,3 +449,31 @@ def test_chart_command_line_starts_registers_and_answers_liveness(sandbox: Sandb
     assert libcuda and all(p.startswith(f"{prefix}/usr/lib/x86_64-linux-gnu/") for p in libcuda), host_paths
     assert f"NVML library {sandbox.driver_root}/usr/lib/x86_64-linux-gnu/libnvidia-ml.so." in text  # found there
     assert "Traceback" not in text, text
+
+
+@pytest.mark.parametrize(("component", "operator", "named"), [
+    ("compute-domains", {"featureGates": {"ComputeDomainCliques": False}}, "ComputeDomainCliques=false"),
+    ("compute-domains", {"featureGates": {"IMEXDaemonsWithDNSNames": False}}, "IMEXDaemonsWithDNSNames=false"),
+    ("compute-domains", {"resources": {"computeDomains": {"imex": {"isolation": "channel"}}}}, "IMEX_ISOLATION"),
+    ("controller", {"featureGates": {"ComputeDomainCliques": False}}, "ComputeDomainCliques=false"),
+    ("controller", {"resources": {"computeDomains": {"imex": {"isolation": "channel"}}}}, "IMEX_ISOLATION"),
+], ids=["plugin-cliques-off", "plugin-dns-names-off", "plugin-channel-isolation", "controller-cliques-off",
+        "controller-channel-isolation"])
+def test_chart_values_dradriver_refuses_stop_at_start_naming_the_value(sandbox: SandboxNode, tmp_path: Path,
+                                                                       component: str, operator: dict[str, Any],
+                                                                       named: str) -> None:
+    values = chart.values(yaml.safe_load(VALUES_FILE.read_text()), operator)
+    downward = {"spec.nodeName": sandbox.node_name, "metadata.namespace": NAMESPACE, "metadata.name": "ctl-0"}
+    if component == "controller":
+        container = chart.controller_container(values, NAMESPACE)
+        env = chart.container_env(container, downward)
+        env.update(_image_env(sandbox, tmp_path / "bin", "compute-domain-controller"))
+        argv = [chart.expand(arg, env) for arg in container["command"]]
+    else:
+        container = chart.compute_domains_container(values)
+        env = chart.container_env(container, downward)
+        env.update(_image_env(sandbox, tmp_path / "bin", "compute-domain-kubelet-plugin"))
+        argv = [*container["command"], *(chart.expand(arg, env) for arg in container["args"])]
+    proc = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert named in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
