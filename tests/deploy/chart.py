@@ -1,9 +1,11 @@
-"""NVIDIA's chart (dra-driver-nvidia-gpu v0.5.0-dev) rendered from its facts: the kubelet plugin's ``gpus`` container.
+"""NVIDIA's chart (dra-driver-nvidia-gpu v0.5.0-dev) rendered from its facts: the kubelet plugin's ``gpus`` and
+``compute-domains`` containers and the compute-domain controller's container.
 
 Helm is not installed here and NVIDIA's templates are not ours to copy; this renders what
 ``../shared/reference/nvidia-image-contract.md`` and ``nvidia-dra-driver.md`` 9 say the templates produce
-(``templates/kubeletplugin.yaml``): the container's command, args and environment, its gRPC probes, and the init
-container's command and environment, from a values dict of the same shape as the chart's ``values.yaml``.
+(``templates/kubeletplugin.yaml``, ``templates/controller.yaml``): each container's command, args and
+environment, its gRPC probes, and the init container's command and environment, from a values dict of the same
+shape as the chart's ``values.yaml``.
 :func:`expand` does the kubelet's ``$(VAR)`` expansion of command and args.
 """
 
@@ -27,7 +29,16 @@ DEFAULTS: dict[str, Any] = {
     "featureGates": {},
     "logVerbosity": "4",
     "maskNvidiaDriverParams": False,
-    "resources": {"gpus": {"enabled": True}, "computeDomains": {"enabled": True}},
+    "altProcDevices": "",
+    # imex.hostSocketPath: inferred name of the value behind IMEX_HOST_SOCKET_PATH (the contract gives the default).
+    "resources": {"gpus": {"enabled": True},
+                  "computeDomains": {"enabled": True, "imex": {"mode": "driverManaged", "isolation": "domain",
+                                                               "hostSocketPath": "/etc/nvidia-imex/imex_ctrl.sock"}}},
+    "controller": {
+        "leaderElection": {"enabled": False, "leaseDuration": "15s", "renewDeadline": "10s", "retryPeriod": "2s"},
+        "metrics": {"enabled": True, "httpEndpoint": ":8080", "metricsPath": "/metrics", "profilePath": ""},
+    },
+    "chartName": "nvidia-dra-driver-gpu",
     "kubeletPlugin": {
         "metrics": {"enabled": True, "gpuHttpEndpoint": ":8080", "computeDomainHttpEndpoint": ":8081",
                     "metricsPath": "/metrics"},
@@ -36,7 +47,8 @@ DEFAULTS: dict[str, Any] = {
         "kubeletPluginsDirectoryPath": "/var/lib/kubelet/plugins",
         "containers": {
             "gpus": {"env": [], "securityContext": {"privileged": True}, "healthcheckPort": 51516},
-            "computeDomains": {"env": [], "securityContext": {"privileged": True}, "healthcheckPort": 51515},
+            "computeDomains": {"env": [], "securityContext": {"privileged": True}, "healthcheckPort": 51515,
+                               "gpuCliqueLabelEnabled": False},
         },
     },
 }
@@ -50,6 +62,9 @@ if [ "${MASK_NVIDIA_DRIVER_PARAMS}" = "true" ]; then
   mount --bind /root/gpu-params /proc/driver/nvidia/params
 fi
 gpu-kubelet-plugin -v $(LOG_VERBOSITY)"""
+
+#: The ``compute-domains`` container's script: the same pattern with its own executable.
+COMPUTE_DOMAINS_SCRIPT = GPUS_SCRIPT.replace("gpu-kubelet-plugin", "compute-domain-kubelet-plugin")
 
 
 def merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
@@ -80,6 +95,22 @@ def _gates(v: Mapping[str, Any]) -> str:
     """``Key=value,`` per gate, sorted as Go templates range over maps, with the trailing comma."""
     return "".join(f"{key}={str(val).lower() if isinstance(val, bool) else val}," for key, val in
                    sorted(v["featureGates"].items()))
+
+
+def _field(path: str) -> dict[str, Any]:
+    return {"valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+class _Env(list[dict[str, Any]]):
+    def put(self, name: str, value: str | dict[str, Any]) -> None:
+        self.append({"name": name, **(value if isinstance(value, dict) else {"value": value})})
+
+
+def _grpc_probes(container: dict[str, Any], port: int, liveness_period_s: int) -> None:
+    if port > 0:
+        probe = {"grpc": {"port": port, "service": "liveness"}, "timeoutSeconds": 10}
+        container["startupProbe"] = {**probe, "failureThreshold": 600, "periodSeconds": 1}
+        container["livenessProbe"] = {**probe, "failureThreshold": 3, "periodSeconds": liveness_period_s}
 
 
 def gpus_container(v: Mapping[str, Any]) -> dict[str, Any]:
@@ -135,11 +166,93 @@ def gpus_container(v: Mapping[str, Any]) -> dict[str, Any]:
         "args": [GPUS_SCRIPT],
         "env": env,
     }
-    if port > 0:
-        probe = {"grpc": {"port": port, "service": "liveness"}, "timeoutSeconds": 10}
-        container["startupProbe"] = {**probe, "failureThreshold": 600, "periodSeconds": 1}
-        container["livenessProbe"] = {**probe, "failureThreshold": 3, "periodSeconds": 30}
+    _grpc_probes(container, port, 30)
     return container
+
+
+def compute_domains_container(v: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``compute-domains`` container of the kubelet-plugin DaemonSet for values ``v`` (the environment of
+    ``nvidia-image-contract.md`` "Environment of the compute-domains container"; liveness every 10 s)."""
+    plugin = v["kubeletPlugin"]
+    cds = plugin["containers"]["computeDomains"]
+    imex = v["resources"]["computeDomains"]["imex"]
+    env = _Env()
+    if plugin["metrics"]["enabled"]:
+        env.put("HTTP_ENDPOINT", plugin["metrics"]["computeDomainHttpEndpoint"])
+        env.put("METRICS_PATH", plugin["metrics"]["metricsPath"])
+    env.put("LOG_VERBOSITY", str(v["logVerbosity"]))
+    env.put("MASK_NVIDIA_DRIVER_PARAMS", str(v["maskNvidiaDriverParams"]).lower())
+    env.put("NVIDIA_DRIVER_ROOT", v["nvidiaDriverRoot"])
+    env.put("NVIDIA_VISIBLE_DEVICES", "void")
+    env.put("CDI_ROOT", "/var/run/cdi")
+    env.put("NVIDIA_MIG_CONFIG_DEVICES", "all")
+    if v["altProcDevices"]:
+        env.put("ALT_PROC_DEVICES_PATH", "/alt-proc-devices")
+    env.put("NODE_NAME", _field("spec.nodeName"))
+    env.put("NAMESPACE", _field("metadata.namespace"))
+    if v["nvidiaCDIHookPath"]:
+        env.put("NVIDIA_CDI_HOOK_PATH", v["nvidiaCDIHookPath"])
+    if v["featureGates"]:
+        env.put("FEATURE_GATES", _gates(v))
+    env.put("IMEX_MODE", imex["mode"])
+    env.put("IMEX_ISOLATION", imex["isolation"])
+    env.put("IMEX_HOST_SOCKET_PATH", imex["hostSocketPath"])
+    env.put("KUBELET_REGISTRAR_DIRECTORY_PATH", plugin["kubeletRegistrarDirectoryPath"])
+    env.put("KUBELET_PLUGINS_DIRECTORY_PATH", plugin["kubeletPluginsDirectoryPath"])
+    port = int(cds["healthcheckPort"])
+    if port >= 0:
+        env.put("HEALTHCHECK_PORT", str(port))
+    env.put("GPU_CLIQUE_LABEL_ENABLED", str(cds["gpuCliqueLabelEnabled"]).lower())
+    env.extend(copy.deepcopy(cds["env"]))
+    container: dict[str, Any] = {
+        "name": "compute-domains",
+        "image": full_image(v),
+        "imagePullPolicy": v["image"]["pullPolicy"],
+        "securityContext": copy.deepcopy(cds["securityContext"]),
+        "command": ["bash", "-c"],
+        "args": [COMPUTE_DOMAINS_SCRIPT],
+        "env": list(env),
+    }
+    _grpc_probes(container, port, 10)
+    return container
+
+
+def controller_container(v: Mapping[str, Any], release_namespace: str) -> dict[str, Any]:
+    """The controller Deployment's container for values ``v`` (``nvidia-image-contract.md`` "Environment of the
+    controller"): ``command: [compute-domain-controller, -v, $(LOG_VERBOSITY)]``. The Lease lives in the
+    release's namespace and is named ``<chart name>-controller``."""
+    ctl = v["controller"]
+    election = ctl["leaderElection"]
+    imex = v["resources"]["computeDomains"]["imex"]
+    env = _Env()
+    if ctl["metrics"]["enabled"]:
+        env.put("HTTP_ENDPOINT", ctl["metrics"]["httpEndpoint"])
+        env.put("METRICS_PATH", ctl["metrics"]["metricsPath"])
+        env.put("PPROF_PATH", ctl["metrics"]["profilePath"])
+    env.put("LOG_VERBOSITY", str(v["logVerbosity"]))
+    env.put("LOG_VERBOSITY_CD_DAEMON", str(v["logVerbosity"]))
+    env.put("POD_NAME", _field("metadata.name"))
+    env.put("NAMESPACE", _field("metadata.namespace"))
+    env.put("IMAGE_NAME", full_image(v))
+    env.put("CD_DAEMON_IMAGE_PULL_SECRET_NAMES", ",".join(s["name"] for s in v["imagePullSecrets"]))
+    env.put("NVIDIA_VISIBLE_DEVICES", "void")
+    if v["featureGates"]:
+        env.put("FEATURE_GATES", _gates(v))
+    env.put("IMEX_MODE", imex["mode"])
+    env.put("IMEX_ISOLATION", imex["isolation"])
+    env.put("LEADER_ELECTION_ENABLED", str(election["enabled"]).lower())
+    env.put("LEADER_ELECTION_LEASE_LOCK_NAME", f"{v['chartName']}-controller")
+    env.put("LEADER_ELECTION_LEASE_LOCK_NAMESPACE", release_namespace)
+    env.put("LEADER_ELECTION_LEASE_DURATION", election["leaseDuration"])
+    env.put("LEADER_ELECTION_RENEW_DEADLINE", election["renewDeadline"])
+    env.put("LEADER_ELECTION_RETRY_PERIOD", election["retryPeriod"])
+    return {
+        "name": "compute-domain",
+        "image": full_image(v),
+        "imagePullPolicy": v["image"]["pullPolicy"],
+        "command": ["compute-domain-controller", "-v", "$(LOG_VERBOSITY)"],
+        "env": list(env),
+    }
 
 
 def init_container(v: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,9 +1,18 @@
-"""NVIDIA's chart with dradriver's image: the ``gpus`` container's exact command line, run against the sandbox.
+"""NVIDIA's chart with dradriver's image: each container's exact command line, run against the sandbox.
 
-:mod:`tests.deploy.chart` renders the container from the chart's facts with ``deploy/helm/values-dradriver.yaml``
-merged over NVIDIA's defaults, for a host-installed driver (``nvidiaDriverRoot: /``) and for the GPU Operator's
-(``/run/nvidia/driver``). The test runs ``bash -c <script>`` with the kubelet's ``$(VAR)`` expansion, so
-``gpu-kubelet-plugin -v 4`` is what starts, found on ``PATH`` as the console script ``pyproject.toml`` declares.
+The ``gpus`` and ``compute-domains`` containers of the kubelet-plugin DaemonSet, the compute-domain controller's
+container, and the IMEX daemon container of the DaemonSet that controller creates (taken from the API after the
+controller reconciled a ComputeDomain, i.e. what dradriver's controller really makes).
+
+:mod:`tests.deploy.chart` renders the chart's containers from the chart's facts with
+``deploy/helm/values-dradriver.yaml`` merged over NVIDIA's defaults, for a host-installed driver
+(``nvidiaDriverRoot: /``) and for the GPU Operator's (``/run/nvidia/driver``). The tests run ``bash -c <script>``
+(or the container's command) with the kubelet's ``$(VAR)`` expansion, so ``gpu-kubelet-plugin -v 4``,
+``compute-domain-kubelet-plugin -v 4``, ``compute-domain-controller -v 4`` and ``compute-domain-daemon -v 4 run``
+are what start, found on ``PATH`` as the console scripts ``pyproject.toml`` declares; the daemon's probe
+``compute-domain-daemon check`` runs in the daemon container's environment. Every variable the chart sets is
+checked to be an environment twin of one of the binary's flags (or one NVIDIA's binaries do not read either), so a
+missing flag fails by its name.
 
 What a pod would get from its mounts, which a test without a container runtime cannot make, is given by
 dradriver's own path flags instead: the chart's container paths (``/var/run/cdi``, ``/driver-root``) become the
@@ -36,9 +45,14 @@ import pytest
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from dradriver import config
+from dradriver.commands import compute_domain_controller, compute_domain_daemon
+from dradriver.domain import computedomains as cds
+from dradriver.domain.identity import COMPUTE_DOMAIN_DRIVER
 from dradriver.nvml import mock
 from dradriver.sandbox.kubelet import SyncKubeletEmulator
 from dradriver.sandbox.node import SandboxNode
+from tests.computedomain.cdplugin_helpers import write_imex_proc
 from tests.plugin.conftest import claim_object, ref_of, result, set_allocation
 
 from . import chart
@@ -47,6 +61,7 @@ REPO = Path(__file__).resolve().parents[2]
 VALUES_FILE = REPO / "deploy" / "helm" / "values-dradriver.yaml"
 NAMESPACE = "nvidia-dra-driver-gpu"
 SERVICE_ACCOUNT = "nvidia-dra-driver-gpu-service-account-kubeletplugin"
+CD_DRIVER = COMPUTE_DOMAIN_DRIVER.driver_name
 #: klog's header: level letter, mmdd, time with microseconds, pid (7 wide), file:line, "] ".
 KLOG = re.compile(r"^[IWEF]\d{4} \d{2}:\d{2}:\d{2}\.\d{6} [ \d]{7,} [\w.-]+\.py:\d+\] ")
 #: Hang guard for start-up (the chart's startup probe allows 600 s; the sandbox needs seconds).
@@ -104,7 +119,7 @@ def _until(what: str, check: Any, proc: subprocess.Popen[bytes], log: Path) -> A
     deadline = time.monotonic() + START_TIMEOUT_S
     while True:
         if proc.poll() is not None:
-            pytest.fail(f"the plugin exited ({proc.returncode}) before {what}:\n{log.read_text()}")
+            pytest.fail(f"{proc.args!r} exited ({proc.returncode}) before {what}:\n{log.read_text()}")
         try:
             found = check()
         except (grpc.RpcError, OSError):
@@ -125,12 +140,235 @@ def test_values_file_changes_the_image_and_the_gates_and_nothing_of_the_plugin_c
     assert container["args"] == original["args"]
     assert container["args"][0].endswith("gpu-kubelet-plugin -v $(LOG_VERBOSITY)")
     env = {e["name"]: e for e in container["env"]}
-    assert env["FEATURE_GATES"]["value"] == "NVMLDeviceHealthCheck=true,"
+    assert env["FEATURE_GATES"]["value"] == ("ComputeDomainCliques=true,IMEXDaemonsWithDNSNames=true,"
+                                             "NVMLDeviceHealthCheck=true,")
     assert env["IMAGE_NAME"]["value"] == container["image"]
     assert {e["name"] for e in original["env"]} | {"FEATURE_GATES"} == set(env)
     assert container["startupProbe"]["grpc"] == {"port": 51516, "service": "liveness"}
     assert chart.init_container(ours)["command"] == ["bash", "/usr/bin/kubelet-plugin-prestart.sh"]
-    assert ours["resources"]["computeDomains"]["enabled"] is False  # pending issue 13
+    assert ours["resources"]["computeDomains"]["enabled"] is True
+    cd_container, cd_original = chart.compute_domains_container(ours), chart.compute_domains_container(nvidia)
+    assert cd_container["args"] == cd_original["args"]
+    assert cd_container["args"][0].endswith("compute-domain-kubelet-plugin -v $(LOG_VERBOSITY)")
+    assert {e["name"] for e in cd_original["env"]} | {"FEATURE_GATES"} == {e["name"] for e in cd_container["env"]}
+    assert cd_container["livenessProbe"]["grpc"] == {"port": 51515, "service": "liveness"}
+    controller = chart.controller_container(ours, NAMESPACE)
+    assert controller["command"] == chart.controller_container(nvidia, NAMESPACE)["command"] == [
+        "compute-domain-controller", "-v", "$(LOG_VERBOSITY)"]
+    assert {e["name"]: e for e in controller["env"]}["IMAGE_NAME"]["value"] == container["image"]
+
+
+#: Environment the chart sets that no flag of the binary reads, as with NVIDIA's binaries (the container runtime's
+#: variables, the kubelet's ``$(LOG_VERBOSITY)`` expansion, the chart's own script's switch).
+NOT_FLAGS = {"LOG_VERBOSITY", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_MIG_CONFIG_DEVICES", "MASK_NVIDIA_DRIVER_PARAMS"}
+
+
+def _flag_envs(flags: tuple[config.Flag, ...]) -> set[str]:
+    return {env for flag in (*flags, *config.LOGGING_FLAGS) for env in flag.envs}
+
+
+@pytest.mark.parametrize(("render", "flags"), [
+    (chart.gpus_container, config.PLUGIN_FLAGS),
+    (chart.compute_domains_container, config.COMPUTE_DOMAIN_PLUGIN_FLAGS),
+    (lambda v: chart.controller_container(v, NAMESPACE), compute_domain_controller.FLAGS),
+], ids=["gpus", "compute-domains", "controller"])
+def test_every_variable_the_chart_sets_is_a_flag_twin_of_its_binary(render: Any,
+                                                                     flags: tuple[config.Flag, ...]) -> None:
+    operator = {"featureGates": {"MPSSupport": True}, "nvidiaCDIHookPath": "/usr/local/bin/nvidia-cdi-hook",
+                "consumableShares": "memory", "altProcDevices": "/x", "imagePullSecrets": [{"name": "s"}]}
+    env = {e["name"] for e in render(chart.values(yaml.safe_load(VALUES_FILE.read_text()), operator))["env"]}
+    missing = sorted(env - NOT_FLAGS - _flag_envs(flags))
+    assert not missing, f"the chart sets {missing}, which no flag of the binary reads as its environment twin"
+
+
+def _start(argv: list[str], env: dict[str, str], cwd: Path, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen(argv, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> int:
+    """SIGTERM (as the kubelet stops a container), then the exit code; anything left is killed."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _klog_clean(text: str) -> None:
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert lines and KLOG.match(lines[0]), text
+    assert "Traceback" not in text, text
+
+
+def _image_env(sandbox: SandboxNode, bin_dir: Path, *names: str) -> dict[str, str]:
+    """What the image and the pod's mounts give every container: console scripts on ``PATH``, the ServiceAccount
+    token (the emulator's kubeconfig)."""
+    bin_dir.mkdir(exist_ok=True)
+    for name in names:
+        _console_script(bin_dir, name)
+    return {"PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin", "PYTHONPATH": str(REPO),
+            "KUBECONFIG": sandbox.kubeconfig}
+
+
+@pytest.fixture
+def gb200() -> Any:
+    """A GB200 NVL72 node (NVLink clique ``<clusterUUID>.2``) with the driver's IMEX files under ``/proc``."""
+    with SandboxNode(profile="gb200-nvl72-node") as node:
+        write_imex_proc(node)
+        yield node
+
+
+@pytest.mark.parametrize("driver_root", ["/", "/run/nvidia/driver"], ids=["host-driver", "gpu-operator"])
+def test_compute_domains_command_line_starts_registers_and_answers_liveness(gb200: SandboxNode, tmp_path: Path,
+                                                                            driver_root: str) -> None:
+    sandbox = gb200
+    health_port, metrics_port = _free_port(), _free_port()
+    operator = {
+        "nvidiaDriverRoot": driver_root,
+        "kubeletPlugin": {
+            "kubeletRegistrarDirectoryPath": str(sandbox.root / "registry"),
+            "kubeletPluginsDirectoryPath": str(sandbox.root / "plugins"),
+            "metrics": {"computeDomainHttpEndpoint": f"127.0.0.1:{metrics_port}"},
+            "containers": {"computeDomains": {"healthcheckPort": health_port, "gpuCliqueLabelEnabled": True}},
+        },
+    }
+    container = chart.compute_domains_container(chart.values(yaml.safe_load(VALUES_FILE.read_text()), operator))
+    env = chart.container_env(container, {"spec.nodeName": sandbox.node_name, "metadata.namespace": NAMESPACE})
+    assert env["NVIDIA_DRIVER_ROOT"] == driver_root and env["IMEX_MODE"] == "driverManaged"
+    assert env["IMEX_ISOLATION"] == "domain" and env["HEALTHCHECK_PORT"] == str(health_port)
+    env["CDI_ROOT"] = {"/var/run/cdi": str(sandbox.cdi_root)}[env["CDI_ROOT"]]
+    _install_mock_nvml(sandbox.driver_root)
+    env.update(_image_env(sandbox, tmp_path / "bin", "compute-domain-kubelet-plugin"))
+    env.update({
+        "DRIVER_ROOT_CTR_PATH": str(sandbox.driver_root),  # the chart's /driver-root mount
+        "PROC_ROOT": str(sandbox.root / "proc"),
+        "SYSFS_ROOT": str(sandbox.root / "sys"),
+        "DEV_ROOT": str(sandbox.root),
+        mock.PROFILE_ENV: str(mock.profile_path(sandbox.profile)),
+    })
+    argv = [*container["command"], *(chart.expand(arg, env) for arg in container["args"])]
+    assert argv[-1].endswith("compute-domain-kubelet-plugin -v 4")
+    log = tmp_path / "plugin.log"
+    proc = _start(argv, env, tmp_path, log)
+    try:
+        with SyncKubeletEmulator(Path(env["KUBELET_REGISTRAR_DIRECTORY_PATH"])) as kubelet:
+            connection = kubelet.wait_for_plugin(CD_DRIVER, timeout=START_TIMEOUT_S)
+            assert connection.name == CD_DRIVER
+        serving = health_pb2.HealthCheckResponse.SERVING
+        assert _until("SERVING on liveness", lambda: _liveness(health_port) == serving, proc, log)
+        assert sandbox.api is not None
+        api = sandbox.api
+        slices = _until("ResourceSlice", lambda: [s for s in api.objects("ResourceSlice")
+                                                  if s["spec"].get("nodeName") == sandbox.node_name], proc, log)
+        assert slices[0]["spec"]["driver"] == CD_DRIVER
+        # GPU_CLIQUE_LABEL_ENABLED=true: the node's NVLink clique as a label.
+        clique = _until("the nvidia.com/gpu.clique label", lambda: ((api.get("Node", sandbox.node_name) or {})
+                        .get("metadata", {}).get("labels") or {}).get("nvidia.com/gpu.clique"), proc, log)
+        assert clique.endswith(".2")
+        # The chart's HTTP_ENDPOINT (:8081) is accepted; dradriver's compute-domain plugin serves no metrics yet
+        # (deploy/helm/README.md), so nothing is asserted of the port.
+    finally:
+        code = _stop(proc)
+    text = log.read_text()
+    assert code == 0, text
+    _klog_clean(text)
+    startup = next(line for line in text.splitlines() if KLOG.match(line) and "startup config:" in line)
+    assert f"nvidia_driver_root={driver_root} " in startup
+    assert "feature_gates=" in startup and "ComputeDomainCliques=true" in startup, startup
+
+
+@pytest.mark.slow
+def test_controller_command_line_reconciles_and_its_daemon_container_runs(gb200: SandboxNode,
+                                                                          tmp_path: Path) -> None:
+    sandbox = gb200
+    assert sandbox.api is not None
+    api = sandbox.api
+    metrics_port = _free_port()
+    operator = {"controller": {"leaderElection": {"enabled": True},
+                               "metrics": {"httpEndpoint": f"127.0.0.1:{metrics_port}"}}}
+    values = chart.values(yaml.safe_load(VALUES_FILE.read_text()), operator)
+    container = chart.controller_container(values, NAMESPACE)
+    pod_name = "nvidia-dra-driver-gpu-controller-7d9f8-x2x4q"
+    env = chart.container_env(container, {"metadata.name": pod_name, "metadata.namespace": NAMESPACE})
+    assert env["LEADER_ELECTION_ENABLED"] == "true" and env["LEADER_ELECTION_LEASE_DURATION"] == "15s"
+    env.update(_image_env(sandbox, tmp_path / "bin", "compute-domain-controller", "compute-domain-daemon"))
+    argv = [chart.expand(arg, env) for arg in container["command"]]
+    assert argv == ["compute-domain-controller", "-v", "4"]
+    log = tmp_path / "controller.log"
+    proc = _start(argv, env, tmp_path, log)
+    try:
+        lease_name = env["LEADER_ELECTION_LEASE_LOCK_NAME"]
+        holder = _until("the Lease", lambda: ((api.get("Lease", lease_name, NAMESPACE) or {}).get("spec") or {})
+                        .get("holderIdentity"), proc, log)
+        assert str(holder).startswith(f"{pod_name}-")
+        domain = api.create({"apiVersion": cds.API_GROUP_VERSION, "kind": cds.COMPUTE_DOMAIN_KIND,
+                             "metadata": {"name": "chart-cd", "namespace": "default"},
+                             "spec": {"numNodes": 1, "channel": {"resourceClaimTemplate": {"name": "chart-cd-ch"}}}})
+        uid = domain["metadata"]["uid"]
+        name = f"computedomain-daemon-{uid}"
+        _until("the finalizer", lambda: cds.FINALIZER in ((api.get(cds.COMPUTE_DOMAIN_KIND, "chart-cd", "default")
+                                                           or {}).get("metadata", {}).get("finalizers") or []),
+               proc, log)
+        assert _until("the workload template", lambda: api.get("ResourceClaimTemplate", "chart-cd-ch", "default"),
+                      proc, log)
+        assert _until("the daemon template", lambda: api.get("ResourceClaimTemplate", name, NAMESPACE), proc, log)
+        daemon_set = _until("the DaemonSet", lambda: api.get("DaemonSet", name, NAMESPACE), proc, log)
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as response:
+            assert response.status == 200
+    finally:
+        code = _stop(proc)
+    text = log.read_text()
+    assert code == 0, text
+    _klog_clean(text)
+
+    # The daemon container the controller made, against the contract (command, probes, environment, image).
+    [daemon] = daemon_set["spec"]["template"]["spec"]["containers"]
+    assert daemon["image"] == env["IMAGE_NAME"]
+    assert daemon["command"] == ["compute-domain-daemon", "-v", "$(LOG_VERBOSITY)", "run"]
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert daemon[probe]["exec"]["command"] == ["compute-domain-daemon", "check"], probe
+    daemon_env = {e["name"] for e in daemon["env"]}
+    wanted = {"LOG_VERBOSITY", "MAX_NODES_PER_IMEX_DOMAIN", "NODE_NAME", "POD_IP", "POD_UID", "POD_NAME",
+              "POD_NAMESPACE", "NVIDIA_VISIBLE_DEVICES", "FEATURE_GATES"}
+    assert not wanted - daemon_env, f"the daemon container lacks {sorted(wanted - daemon_env)}"
+    daemon_flags = _flag_envs(compute_domain_daemon.DAEMON_FLAGS)
+    missing = sorted(daemon_env - NOT_FLAGS - daemon_flags)
+    assert not missing, f"the daemon container sets {missing}, which no flag of compute-domain-daemon reads"
+
+    # Run it as the kubelet would on a node in no NVLink clique: the pod's fields, the daemon claim's CDI env.
+    pod = api.create({"apiVersion": "v1", "kind": "Pod",
+                      "metadata": {"name": f"{name}-abcde", "namespace": NAMESPACE,
+                                   "labels": {cds.LABEL_COMPUTE_DOMAIN: uid}},
+                      "spec": {"nodeName": sandbox.node_name, "containers": [{"name": "compute-domain-daemon",
+                                                                              "image": daemon["image"]}]},
+                      "status": {"phase": "Running", "podIP": "127.0.0.1"}})
+    meta = pod["metadata"]
+    denv = chart.container_env(daemon, {"spec.nodeName": sandbox.node_name, "status.podIP": "127.0.0.1",
+                                        "metadata.uid": meta["uid"], "metadata.name": meta["name"],
+                                        "metadata.namespace": NAMESPACE})
+    imexd = tmp_path / "imexd"
+    imexd.mkdir()
+    denv.update(_image_env(sandbox, tmp_path / "bin"))
+    denv.update({"CLIQUE_ID": "", "COMPUTE_DOMAIN_UUID": uid, "COMPUTE_DOMAIN_NAME": "chart-cd",
+                 "COMPUTE_DOMAIN_NAMESPACE": "default", "DRADRIVER_IMEXD_DIR": str(imexd),
+                 "DRADRIVER_HOSTS_FILE": str(tmp_path / "hosts")})
+    dargv = [chart.expand(arg, denv) for arg in daemon["command"]]
+    assert dargv == ["compute-domain-daemon", "-v", "4", "run"]
+    dlog = tmp_path / "daemon.log"
+    dproc = _start(dargv, denv, tmp_path, dlog)
+    try:
+        _until("the daemon idling", lambda: "in no NVLink clique: idle" in dlog.read_text(), dproc, dlog)
+        check = subprocess.run(daemon["livenessProbe"]["exec"]["command"], env=denv, cwd=tmp_path,
+                               capture_output=True, text=True, timeout=60)
+        assert check.returncode == 0, check.stdout + check.stderr
+    finally:
+        dcode = _stop(dproc)
+    dtext = dlog.read_text()
+    assert dcode == 0, dtext
+    _klog_clean(dtext)
 
 
 @pytest.mark.parametrize("driver_root", ["/", "/run/nvidia/driver"], ids=["host-driver", "gpu-operator"])
@@ -203,7 +441,7 @@ def test_chart_command_line_starts_registers_and_answers_liveness(sandbox: Sandb
     assert f"nvidia_driver_root={driver_root} " in startup
     assert "additional_xids_to_ignore=13,31 " in startup  # the mixed-case ADDITIONAL_XIDs_TO_IGNORE
     assert f"namespace={NAMESPACE} " in startup and f"service_account_name={SERVICE_ACCOUNT} " in startup
-    assert "feature_gates=NVMLDeviceHealthCheck=true " in startup
+    assert "NVMLDeviceHealthCheck=true" in startup.split("feature_gates=")[1].split(" ")[0]
     specs = [json.loads(p.read_text()) for p in sandbox.cdi_root.glob("*.json")]
     host_paths = [m["hostPath"] for spec in specs for m in spec.get("containerEdits", {}).get("mounts", [])]
     libcuda = [p for p in host_paths if "/libcuda.so." in p]
@@ -211,3 +449,31 @@ def test_chart_command_line_starts_registers_and_answers_liveness(sandbox: Sandb
     assert libcuda and all(p.startswith(f"{prefix}/usr/lib/x86_64-linux-gnu/") for p in libcuda), host_paths
     assert f"NVML library {sandbox.driver_root}/usr/lib/x86_64-linux-gnu/libnvidia-ml.so." in text  # found there
     assert "Traceback" not in text, text
+
+
+@pytest.mark.parametrize(("component", "operator", "named"), [
+    ("compute-domains", {"featureGates": {"ComputeDomainCliques": False}}, "ComputeDomainCliques=false"),
+    ("compute-domains", {"featureGates": {"IMEXDaemonsWithDNSNames": False}}, "IMEXDaemonsWithDNSNames=false"),
+    ("compute-domains", {"resources": {"computeDomains": {"imex": {"isolation": "channel"}}}}, "IMEX_ISOLATION"),
+    ("controller", {"featureGates": {"ComputeDomainCliques": False}}, "ComputeDomainCliques=false"),
+    ("controller", {"resources": {"computeDomains": {"imex": {"isolation": "channel"}}}}, "IMEX_ISOLATION"),
+], ids=["plugin-cliques-off", "plugin-dns-names-off", "plugin-channel-isolation", "controller-cliques-off",
+        "controller-channel-isolation"])
+def test_chart_values_dradriver_refuses_stop_at_start_naming_the_value(sandbox: SandboxNode, tmp_path: Path,
+                                                                       component: str, operator: dict[str, Any],
+                                                                       named: str) -> None:
+    values = chart.values(yaml.safe_load(VALUES_FILE.read_text()), operator)
+    downward = {"spec.nodeName": sandbox.node_name, "metadata.namespace": NAMESPACE, "metadata.name": "ctl-0"}
+    if component == "controller":
+        container = chart.controller_container(values, NAMESPACE)
+        env = chart.container_env(container, downward)
+        env.update(_image_env(sandbox, tmp_path / "bin", "compute-domain-controller"))
+        argv = [chart.expand(arg, env) for arg in container["command"]]
+    else:
+        container = chart.compute_domains_container(values)
+        env = chart.container_env(container, downward)
+        env.update(_image_env(sandbox, tmp_path / "bin", "compute-domain-kubelet-plugin"))
+        argv = [*container["command"], *(chart.expand(arg, env) for arg in container["args"])]
+    proc = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert named in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

@@ -22,6 +22,19 @@ CHART_TAG = "dradriver:test-nvidia-chart"
 DOCKERFILE = REPO / "deploy" / "container" / "Dockerfile"
 
 
+#: The executables NVIDIA's chart (and the DaemonSet of dradriver's compute-domain controller) run by name.
+CHART_EXECUTABLES = ("gpu-kubelet-plugin", "compute-domain-kubelet-plugin", "compute-domain-controller",
+                     "compute-domain-daemon")
+
+
+def test_every_executable_the_chart_runs_is_a_console_script() -> None:
+    import tomllib
+
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    missing = [name for name in CHART_EXECUTABLES if name not in scripts]
+    assert not missing, f"pyproject.toml [project.scripts] lacks {missing}"
+
+
 def _stages() -> dict[str, str]:
     """Stage name (``""`` for the last, unnamed one) -> its instructions."""
     out: dict[str, str] = {}
@@ -38,8 +51,11 @@ def test_image_carries_what_nvidias_chart_runs() -> None:
     runtime = stages["runtime"]
     assert "COPY --chmod=0755 deploy/container/kubelet-plugin-prestart.sh /usr/bin/kubelet-plugin-prestart.sh" \
         in runtime
-    # The build checks the console script and the tools of the chart's bash -c script (cp, sed, mount).
-    assert "gpu-kubelet-plugin --version" in runtime and "command -v bash cp sed mount" in runtime
+    # The build runs each executable the chart runs and the tools of the chart's bash -c script (cp, sed, mount).
+    for executable in CHART_EXECUTABLES:
+        assert f"{executable} --version" in runtime, f"the image build does not check {executable}"
+    assert "command -v bash cp sed mount" in runtime
+    assert "RUN bash -n /usr/bin/kubelet-plugin-prestart.sh" in runtime
     assert stages["nvidia-chart"].splitlines()[0] == "FROM runtime AS nvidia-chart"
     assert "USER 0:0" in stages["nvidia-chart"]
     # The default target stays the non-root image.
@@ -93,8 +109,11 @@ def test_docker_build_and_run() -> None:
     )
     chart = subprocess.run(
         ["docker", "run", "--rm", "--entrypoint", "bash", CHART_TAG, "-c",
-         "id -u && gpu-kubelet-plugin --version && test -x /usr/bin/kubelet-plugin-prestart.sh && bash -n "
-         "/usr/bin/kubelet-plugin-prestart.sh && command -v cp sed mount"],
+         "id -u && " + " && ".join(f"{e} --version" for e in CHART_EXECUTABLES) + " && test -x "
+         "/usr/bin/kubelet-plugin-prestart.sh && bash -n /usr/bin/kubelet-plugin-prestart.sh && "
+         "command -v cp sed mount"],
         capture_output=True, text=True, check=True, timeout=120,
     )
-    assert chart.stdout.splitlines()[0] == "0" and "gpu-kubelet-plugin (dradriver " in chart.stdout
+    assert chart.stdout.splitlines()[0] == "0"
+    for executable in CHART_EXECUTABLES:
+        assert f"{executable} (dradriver " in chart.stdout, chart.stdout
