@@ -21,6 +21,8 @@ from typing import Any
 from dradriver.config import PluginConfig
 from dradriver.domain.claims import Claim, ClaimRef
 from dradriver.domain.identity import DriverIdentity
+from dradriver.errors import FlagError
+from dradriver.health.metrics import DriverMetrics, MetricsServer, serve_metrics
 from dradriver.host.claimstate import ClaimState, ClaimStateCorruptError, ClaimStateProblem, ProblemKind
 from dradriver.kube import claims as kube_claims
 from dradriver.kube import client as kube_client
@@ -282,3 +284,27 @@ async def run_stale_claim_cleanup(lifecycle: Lifecycle, identity: DriverIdentity
 
     await lifecycle.step("stale-claim cleanup", start, lambda task: cancel_tasks([task]))
     return reconciler
+
+
+async def serve_metrics_step(life: Lifecycle, config: PluginConfig, metrics: DriverMetrics) -> MetricsServer | None:
+    """Serve ``metrics`` on ``--http-endpoint`` at ``--metrics-path`` as a lifecycle step (stopped with the plugin);
+    ``None`` when the endpoint is empty, or the path is (NVIDIA: "disabled if empty", ``nvidia-dra-driver.md`` 6.3).
+    Bound before the kubelet can see the plugin, so a port in use fails the start cleanly.
+
+    :raises FlagError: the endpoint cannot be bound (names it).
+    """
+    if not config.http_endpoint:
+        return None
+    if not config.metrics_path:
+        log.info("metrics server off: --metrics-path (env METRICS_PATH) is empty")
+        return None
+
+    def bind() -> MetricsServer:
+        try:
+            return serve_metrics(metrics.registry, config.http_endpoint, config.metrics_path,
+                                 dcgm_compatible=config.dcgm_compatible)
+        except OSError as exc:
+            raise FlagError(f"cannot serve metrics on {config.http_endpoint!r}: {exc}") from exc
+
+    server: MetricsServer = await life.step("metrics server", bind, lambda server: server.stop())
+    return server

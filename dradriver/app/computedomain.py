@@ -31,6 +31,7 @@ from dradriver.domain.featuregates import CRASH_ON_NVLINK_FABRIC_ERRORS, HOST_MA
 from dradriver.domain.identity import COMPUTE_DOMAIN_DRIVER, DriverIdentity
 from dradriver.domain.registry import DeviceRegistry
 from dradriver.errors import DradriverError, FlagError
+from dradriver.health.metrics import DriverMetrics
 from dradriver.host import cdifiles, devicenodes, imexchannels
 from dradriver.host.imexchannels import ImexNodeInfo
 from dradriver.kube import computedomains as kube_cd
@@ -228,15 +229,18 @@ async def start_compute_domain_plugin(config: PluginConfig,
                                                 imex_ctl=imex_ctl)]
         if not host_managed:
             preparers.append(DaemonPreparer(lookup, identity, imex, current_clique, config.plugin_dir))
+        metrics = DriverMetrics(node=config.node_name, driver=identity.driver_name)
         runner = BatchRunner(
             identity=identity, registry=registry, state=state,
             fetch_claim=assembly.claim_fetcher(identity, connection.client, config),
             cdi_root=config.cdi_root, pool=config.node_name, preparers=preparers,
             prepare_deadline_s=float(config.prepare_deadline_seconds), aborted_ttl_s=ABORTED_TTL_S,
+            metrics=metrics,
         )
         life.on_stop("batch runner", runner.close)
         recovery = await assembly.recover(identity, config, connection, runner, problems)
         publisher = assembly.make_publisher(identity, config, connection)
+        await assembly.serve_metrics_step(life, config, metrics)  # the chart's :8081 (request metrics)
         servers = await assembly.serve(life, config, runner, publisher=publisher)
         slice_obj = plugin_resource_slice(config.node_name, identity.driver_name, daemon=not host_managed)
         plugin = ComputeDomainPlugin(identity=identity, config=config, lifecycle=life, client=connection.client,

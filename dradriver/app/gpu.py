@@ -35,8 +35,7 @@ from dradriver.domain.identity import GPU_DRIVER, DriverIdentity
 from dradriver.domain.migplacements import MigPlacement, dynamic_index
 from dradriver.domain.ports import SharingStep, UndoRecord
 from dradriver.domain.registry import DeviceRegistry
-from dradriver.errors import FlagError
-from dradriver.health.metrics import DriverMetrics, MetricsServer, serve_metrics
+from dradriver.health.metrics import DriverMetrics, MetricsServer
 from dradriver.health.monitor import HealthMonitor
 from dradriver.host import driverfiles
 from dradriver.host.devicenodes import DeviceNodeInfo
@@ -443,17 +442,7 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
                                dcgm_compatible=config.dcgm_compatible)
         await life.step("health monitor", lambda: asyncio.to_thread(health.start),
                         lambda _: asyncio.to_thread(health.stop))
-        metrics_server = None
-        if config.http_endpoint and not config.metrics_path:  # NVIDIA: "disabled if empty"
-            log.info("metrics server off: --metrics-path (env METRICS_PATH) is empty")
-        elif config.http_endpoint:  # bound before the kubelet can see us, so a taken port fails cleanly
-            def bind() -> MetricsServer:
-                try:
-                    return serve_metrics(metrics.registry, config.http_endpoint, config.metrics_path,
-                                         dcgm_compatible=config.dcgm_compatible)
-                except OSError as exc:
-                    raise FlagError(f"cannot serve metrics on {config.http_endpoint!r}: {exc}") from exc
-            metrics_server = await life.step("metrics server", bind, lambda server: server.stop())
+        metrics_server = await assembly.serve_metrics_step(life, config, metrics)
         if early is None:
             servers = await assembly.serve(life, config, runner, health_source=health, publisher=publisher)
         else:

@@ -364,3 +364,32 @@ def test_periodic_refresh_follows_a_clique_change_and_keeps_the_last_on_error(no
             assert plugin.clique_id == moved and clique_label() == moved
 
     asyncio.run(body())
+
+
+def test_request_metrics_are_served_on_the_http_endpoint(node: SandboxNode) -> None:
+    """The chart gives the compute-domains container ``HTTP_ENDPOINT=:8081``: NVIDIA's request metrics with
+    ``driver="compute-domain.nvidia.com"``, after a prepare and an unprepare."""
+    import socket
+    import urllib.request
+
+    api = node.api
+    assert api is not None
+    uid = seed_domain(api)
+    seed_clique(api, uid, node.node_name, "Ready")
+    ref = seed_claim(api, "wl-metrics", uid)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+
+    async def body() -> None:
+        async with running(cd_config(node, http_endpoint=f"127.0.0.1:{port}")) as (_plugin, conn):
+            assert (await conn.prepare([ref]))[ref.uid].ok
+            assert (await conn.unprepare([ref]))[ref.uid] == ""
+            text = await asyncio.to_thread(
+                lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode())
+            for operation in ("prepare", "unprepare"):
+                line = (f'nvidia_dra_requests_total{{driver="compute-domain.nvidia.com",'
+                        f'operation="{operation}"}} 1.0')
+                assert line in text, text[:2000]
+
+    asyncio.run(body())
