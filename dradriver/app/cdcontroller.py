@@ -538,13 +538,21 @@ class ControllerConfig:
     retry_period_s: float = 2.0
 
 
-def _serve_metrics(endpoint: str) -> None:
-    """Prometheus metrics (the process and client metrics of ``prometheus_client``'s default registry) on
-    ``host:port``."""
+def _serve_metrics(endpoint: str, path: str) -> Any:
+    """Prometheus metrics (the process and platform metrics of ``prometheus_client``'s default registry) at
+    ``path`` on ``host:port`` (other paths: 404), as the GPU plugin serves its own; ``None`` for an empty path
+    (NVIDIA: "disabled if empty").
+
+    :raises OSError: the address cannot be bound.
+    """
+    if not path:
+        log.info("metrics server off: --metrics-path (env METRICS_PATH) is empty")
+        return None
     import prometheus_client
 
-    host, _, port = endpoint.rpartition(":")
-    prometheus_client.start_http_server(int(port), addr=host or "0.0.0.0")
+    from dradriver.health.metrics import serve_metrics
+
+    return serve_metrics(prometheus_client.REGISTRY, endpoint, path)
 
 
 def run_controller(cfg: ControllerConfig, stop: threading.Event) -> bool:
@@ -560,8 +568,7 @@ def run_controller(cfg: ControllerConfig, stop: threading.Event) -> bool:
 
     client = open_client(cfg.kubeconfig, user_agent="dradriver/compute-domain-controller",
                          rate_limit=ratelimit.rate_limiter(cfg.kube_api_qps, cfg.kube_api_burst))
-    if cfg.http_endpoint:
-        _serve_metrics(cfg.http_endpoint)
+    metrics = _serve_metrics(cfg.http_endpoint, cfg.metrics_path) if cfg.http_endpoint else None
     controller = ComputeDomainController(client, cfg.settings, additional_namespaces=cfg.additional_namespaces)
     try:
         if not cfg.leader_election:
@@ -573,4 +580,6 @@ def run_controller(cfg: ControllerConfig, stop: threading.Event) -> bool:
                                         renew_deadline_s=cfg.renew_deadline_s, retry_period_s=cfg.retry_period_s)
         return LeaderElector(client, election).run(controller.run, stop)
     finally:
+        if metrics is not None:
+            metrics.stop()
         client.close()

@@ -268,8 +268,10 @@ def test_compute_domains_command_line_starts_registers_and_answers_liveness(gb20
         clique = _until("the nvidia.com/gpu.clique label", lambda: ((api.get("Node", sandbox.node_name) or {})
                         .get("metadata", {}).get("labels") or {}).get("nvidia.com/gpu.clique"), proc, log)
         assert clique.endswith(".2")
-        # The chart's HTTP_ENDPOINT (:8081) is accepted; dradriver's compute-domain plugin serves no metrics yet
-        # (deploy/helm/README.md), so nothing is asserted of the port.
+        # The chart's HTTP_ENDPOINT (:8081 by default) and METRICS_PATH: the request metrics of this driver.
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as response:
+            assert response.status == 200
+            assert b'nvidia_dra_requests_inflight{driver="compute-domain.nvidia.com"' in response.read()
     finally:
         code = _stop(proc)
     text = log.read_text()
