@@ -907,14 +907,21 @@ class BatchRunner:
                                              "not handing the claim another device (unprepare it and prepare again)")
 
     def spec_valid(self, record: ClaimRecord) -> bool:
-        """True when the claim's CDI spec file parses, has this plugin's kind and names exactly its devices."""
+        """True when the claim's CDI spec file parses, has this plugin's kind and names exactly the claim devices the
+        kubelet was given (its CDI IDs of this kind: an IMEX ``All`` claim holds 2048 channels through one device);
+        a record without CDI IDs: one claim device per held device."""
         try:
             spec = json.loads(self.spec_path(record.uid).read_bytes())
             names = sorted(str(d["name"]) for d in spec["devices"])
             kind = spec["kind"]
         except (OSError, ValueError, KeyError, TypeError):
             return False
-        wanted = sorted(self.identity.cdi.device_name(record.uid, d.device) for d in record.devices)
+        ours = f"{self.identity.cdi.kind}="
+        ids = [i for d in record.devices for i in d.cdi_device_ids]
+        if ids:
+            wanted = sorted({i[len(ours):] for i in ids if i.startswith(ours)})
+        else:
+            wanted = sorted(self.identity.cdi.device_name(record.uid, d.device) for d in record.devices)
         return kind == self.identity.cdi.kind and names == wanted
 
     def _ensure_spec(self, record: ClaimRecord) -> bool:

@@ -168,7 +168,8 @@ def test_sigkill_in_the_middle_of_a_channel_prepare_then_restart(node: SandboxNo
                 conn = await kubelet.wait_for_plugin(DRIVER, timeout=10)
                 got = (await conn.prepare([ref]))[ref.uid]
                 assert got.ok, got.error
-                assert len(validate(spec_path(node, ref.uid).read_bytes())["devices"]) == 2048
+                (device,) = validate(spec_path(node, ref.uid).read_bytes())["devices"]
+                assert len(device["containerEdits"]["deviceNodes"]) == 2048
                 stored = plugin.state.get(ref.uid)
                 assert stored is not None and stored.phase is ClaimPhase.PREPARE_COMPLETED
                 assert len(stored.devices) == 2048
