@@ -33,14 +33,20 @@ node's IMEX daemon to be Ready) raises :class:`~dradriver.domain.ports.NotReadyY
 any failure (nothing of that attempt is undone) and retried with a doubling pause, outside the locks, until the
 call's deadline. Preparers may also name further devices a claim holds, their own CDI IDs and their own spec
 (:class:`~dradriver.domain.ports.ClaimSpecPreparer`). With ``aborted_ttl_s`` an unprepare that arrives while the
-claim's prepare is in progress makes later prepares of it stale for that long (NVIDIA's ``PrepareAborted``).
+claim's prepare is in progress makes later prepares of the same allocation stale for that long (NVIDIA's
+``PrepareAborted``): the claim's record becomes an aborted mark (PREPARE_STARTED, no devices, ``aborted_at`` in
+its payload), which survives a restart.
 
-At start, :meth:`BatchRunner.recover` undoes and rolls back claims a crash left PREPARE_STARTED, lets every
+At start, :meth:`BatchRunner.recover` keeps unexpired aborted marks and deletes expired ones, undoes and rolls back
+other claims a crash left PREPARE_STARTED, lets every
 preparer sweep side effects no record knows, and removes CDI specs of ours that no stored claim owns, so the
 node converges after a SIGKILL at any point.
 
-Claim-state payload: JSON ``{"spec": <spec path>, "undo": [<UndoRecord.to_json()>...]}``; a payload that is
-a bare spec path (written before undo records existed) reads as a claim without records.
+Claim-state payload: JSON ``{"spec": <spec path>, "undo": [<UndoRecord.to_json()>...]}`` plus the optional keys
+``pins``, ``shares``, ``aborted_at`` (Unix seconds) and ``allocation`` (:class:`StoredPayload`); a payload that is
+a bare spec path (written before undo records existed) reads as a claim without records. The claim store's record
+format is unchanged: an older plugin reads an aborted mark as a half-prepared claim without devices and rolls it
+back.
 """
 
 from __future__ import annotations
