@@ -130,6 +130,42 @@ def test_all_channel_claim_spec_is_kept_across_a_restart_and_rewritten_when_gone
     asyncio.run(body())
 
 
+def test_an_all_claim_prepared_by_an_older_build_keeps_its_2048_device_spec(node: SandboxNode) -> None:
+    """Upgrade: a claim prepared when an All claim was one CDI device per channel (2048 CDI IDs stored) keeps its
+    spec and its answer after a restart: the spec matches the stored CDI IDs, so nothing is rewritten."""
+    from dataclasses import replace
+
+    from dradriver.domain import cdi
+
+    api = node.api
+    assert api is not None
+    uid = seed_domain(api, mode="All")
+    seed_clique(api, uid, node.node_name, "Ready")
+    ref = seed_claim(api, "wl-old", uid, mode="All")
+    path = spec_path(node, ref.uid)
+
+    async def body() -> None:
+        async with running(cd_config(node)) as (plugin, conn):
+            assert (await conn.prepare([ref]))[ref.uid].ok
+            record = plugin.state.get(ref.uid)
+            assert record is not None
+            old_ids = tuple(f"{KIND}={ref.uid}-channel-{i}" for i in range(2048))
+            devices = [replace(d, cdi_device_ids=old_ids) if d.device == "channel-0" else d for d in record.devices]
+            plugin.state.prepare_completed(ref.uid, devices=devices)
+            path.write_bytes(cdi.render_imex_channel_spec(CHANNEL_MAJOR, range(2048), kind=KIND,
+                                                          name_prefix=f"{ref.uid}-channel-"))
+        before = path.read_bytes()
+        async with running(cd_config(node)) as (plugin, conn):
+            assert ref.uid not in plugin.recovery.rebuilt_specs and path.read_bytes() == before
+            got = (await conn.prepare([ref]))[ref.uid]
+            assert got.ok and len(got.devices[0].cdi_device_ids) == 2048 and plugin.runner.preparations == 0
+            assert path.read_bytes() == before
+            assert (await conn.unprepare([ref]))[ref.uid] == ""
+            assert not path.exists()
+
+    asyncio.run(body())
+
+
 def test_channel_count_comes_from_driver_params_with_a_default(node: SandboxNode) -> None:
     from dradriver.host.imexchannels import read_channel_count
 
