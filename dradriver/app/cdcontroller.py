@@ -10,8 +10,9 @@ done. Watches on the controller's own DaemonSets (driver namespace and ``--addit
 ResourceClaimTemplates (every namespace), selected by the label ``resource.nvidia.com/computeDomain``, queue the
 owning domain when one of them is deleted or starts being deleted, so a deleted DaemonSet or template is recreated
 at once rather than at the 10-min re-list (an object held by the controller's finalizer while its domain lives is
-released first); a DaemonSet event whose ``status.numberReady`` equals the domain's ``numNodes`` (> 0) sets the
-domain ``Ready`` (NVIDIA 7.3). Besides the queue: the status loop (every 2 s) and the stale sweep (at start and
+released first); a DaemonSet whose ``status.numberReady`` changed has its domain's status recomputed at once
+(NVIDIA's handler sets ``Ready`` when ``numberReady == numNodes``, 7.3; here ``status.status`` always agrees with
+``status.nodes``). Besides the queue: the status loop (every 2 s) and the stale sweep (at start and
 every 10 min).
 
 Driver-managed reconcile: finalizer ``resource.nvidia.com/computeDomain`` on the domain; the daemon
@@ -226,6 +227,7 @@ class ComputeDomainController:
     reconciled: int = 0
     _done: dict[str, int] = field(default_factory=dict)  # CD uid -> metadata.generation last reconciled
     _keys: dict[str, Key] = field(default_factory=dict)  # CD uid -> (namespace, name), from the CD watch
+    _ds_ready: dict[str, int] = field(default_factory=dict)  # CD uid -> its DaemonSet's last numberReady seen
 
     @property
     def cliques_gate(self) -> bool:
@@ -320,7 +322,7 @@ class ComputeDomainController:
 
     def _owned_watch_loop(self, stop: threading.Event, kind: cdobjects.ObjectKind, namespace: str) -> None:
         """Watch the controller's objects of ``kind`` in ``namespace`` (``""``: all) and queue the owning domain of
-        one deleted or being deleted; DaemonSet events also apply NVIDIA's ``numberReady == numNodes`` rule."""
+        one deleted or being deleted; a DaemonSet whose ``numberReady`` changed has its domain's status recomputed."""
         rv = ""
         while not stop.is_set():
             try:
@@ -362,32 +364,30 @@ class ComputeDomainController:
             self.queue.add(key)
             return
         if kind is DAEMON_SETS and kind_of_event in ("ADDED", "MODIFIED"):
-            self._daemon_set_ready(uid, obj)
+            self._daemon_set_changed(uid, obj)
 
-    def _daemon_set_ready(self, uid: str, ds: Mapping[str, Any]) -> None:
-        """NVIDIA's DaemonSet event rule (7.3): ``status.numberReady == spec.numNodes`` (> 0) sets the domain
-        ``Ready``; the status loop recomputes it from the nodes every 2 s as before."""
+    def _daemon_set_changed(self, uid: str, ds: Mapping[str, Any]) -> None:
+        """A DaemonSet's ``status.numberReady`` changed: recompute its domain's status now rather than at the next
+        status round. NVIDIA's handler instead sets ``Ready`` when ``numberReady == numNodes`` (7.3); here the
+        status stays what the nodes say, so ``status.status`` never reads Ready while ``status.nodes`` lists a
+        NotReady daemon (the daemon's clique entry can trail its pod's readiness)."""
         ready = (ds.get("status") or {}).get("numberReady")
         key = self._keys.get(uid)
-        if not isinstance(ready, int) or ready <= 0 or key is None:
+        if not isinstance(ready, int) or key is None or self._ds_ready.get(uid) == ready:
             return
+        self._ds_ready[uid] = ready
         obj = kcd.get_compute_domain(self.client, *key)
         if obj is None or str((obj.get("metadata") or {}).get("uid", "")) != uid:
             return
+        meta = obj.get("metadata") or {}
+        if meta.get("deletionTimestamp") or FINALIZER not in (meta.get("finalizers") or ()):
+            return
+        obj.setdefault("apiVersion", "resource.nvidia.com/v1beta1")
+        obj.setdefault("kind", "ComputeDomain")
         try:
-            cd = ComputeDomain.from_object(obj)
-        except ComputeDomainError:
-            return
-        status = dict(obj.get("status") or {})
-        if cd.deleting or cd.num_nodes != ready or status.get("status") == STATUS_READY:
-            return
-        obj["status"] = {**status, "status": STATUS_READY}
-        try:
-            kcd.update_compute_domain_status(self.client, obj)
-        except (errors.KubeConflictError, errors.KubeNotFoundError):
-            return
-        log.info("ComputeDomain %s/%s (uid %s): status Ready (DaemonSet numberReady %d == numNodes)", cd.namespace,
-                 cd.name, cd.uid, ready)
+            self.sync_status(obj)
+        except ComputeDomainError as exc:
+            log.debug("status of ComputeDomain %s/%s: %s", key[0], key[1], exc)
 
     def _settled(self, obj: Mapping[str, Any]) -> bool:
         """An event that changes nothing reconcile acts on: this generation was reconciled, the finalizer is
@@ -560,9 +560,16 @@ class ComputeDomainController:
             log.info("ComputeDomain %s/%s (uid %s): status %s", cd.namespace, cd.name, cd.uid, wanted["status"])
 
     def _pruned(self, clique: JSONDict, pods: list[JSONDict]) -> JSONDict | None:
-        """``clique`` without entries for nodes that run no daemon pod of its domain (written back)."""
+        """``clique`` without entries for nodes that run no daemon pod of its domain (written back). An entry
+        missing from the round's pod list is pruned only when a fresh list of the domain's pods confirms it (the
+        round's list may predate a pod that wrote its entry since; NVIDIA's post-#1453 rule)."""
         nodes = {str((p.get("spec") or {}).get("nodeName") or "") for p in pods}
         daemons = list(clique.get("daemons") or [])
+        kept = [d for d in daemons if d.get("nodeName") in nodes]
+        if len(kept) == len(daemons):
+            return clique
+        fresh = list_pods(self.client, self.settings.namespace, _uid_selector(owner_of(clique)))
+        nodes |= {str((p.get("spec") or {}).get("nodeName") or "") for p in fresh if owner_of(p) == owner_of(clique)}
         kept = [d for d in daemons if d.get("nodeName") in nodes]
         if len(kept) == len(daemons):
             return clique

@@ -324,16 +324,19 @@ def test_a_deleted_daemonset_or_template_is_recreated_at_once(api: ApiServerEmul
     assert controller.resync_s == 600.0
 
 
-def test_a_daemonset_with_num_nodes_ready_sets_the_domain_ready(api: ApiServerEmulator, client: KubeClient) -> None:
-    """NVIDIA's DaemonSet event rule (7.3): status.numberReady == numNodes sets the domain Ready (here without any
-    clique entry; the status loop, slowed down, does not run in between)."""
+def test_a_daemonset_readiness_change_recomputes_the_status_at_once(api: ApiServerEmulator,
+                                                                     client: KubeClient) -> None:
+    """A DaemonSet whose numberReady changes has its domain's status recomputed from the nodes right away (the
+    status loop is slowed down here, so only the DaemonSet event can make the domain Ready)."""
     controller = ComputeDomainController(client, settings(), status_period_s=600.0)
     with running(controller):
-        uid = _create(client, compute_domain("cd8", num_nodes=2))["metadata"]["uid"]
+        uid = _create(client, compute_domain("cd8", num_nodes=1))["metadata"]["uid"]
         ds = wait_for(lambda: api.get("DaemonSet", daemon_object_name(uid), DRIVER_NS), "the DaemonSet")
         wait_for(lambda: _status(api, "cd8").get("status") == "NotReady", "NotReady")
-        ds["status"] = {"numberReady": 1, "desiredNumberScheduled": 2}
-        ds = api.update(ds, subresource="status")
-        ds["status"] = {"numberReady": 2, "desiredNumberScheduled": 2}
+        daemon_pod(api, uid, "node-a", "10.0.0.1")
+        api.create(clique_object(uid, [entry("node-a", "10.0.0.1", 0)]))
+        assert _status(api, "cd8").get("status") == "NotReady"  # nothing recomputed it yet
+        ds["status"] = {"numberReady": 1, "desiredNumberScheduled": 1}
         api.update(ds, subresource="status")
-        wait_for(lambda: _status(api, "cd8").get("status") == "Ready", "Ready from the DaemonSet event")
+        wait_for(lambda: _status(api, "cd8").get("status") == "Ready", "Ready after the DaemonSet event")
+        assert [(n["name"], n["status"]) for n in _status(api, "cd8")["nodes"]] == [("node-a", "Ready")]
