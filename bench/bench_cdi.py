@@ -1,4 +1,5 @@
-"""CDI spec rendering, compiled extension vs pure-Python twin (issue 4, scenario 2; target: >= 5x at 2048).
+"""CDI spec rendering, compiled extension vs pure-Python twin (issue 4, scenario 2; target: >= 5x at 2048;
+``imex-2048-claim``: the compute-domain All claim, one device holding the 2048 channel nodes).
 
 Run: ``python -m pytest bench/bench_cdi.py --benchmark-only`` (add ``--benchmark-group-by=param:scenario``
 to line the two implementations up). Inputs are built once; each round renders the spec to bytes, the work
@@ -46,6 +47,18 @@ def _inputs(scenario: str) -> tuple[str, tuple[Any, ...]]:
         return "render_spec", (KIND, [_gpu(0)], COMMON)
     if scenario == "claim-8gpu":
         return "render_spec", (KIND, [_gpu(i) for i in range(8)], COMMON)
+    if scenario == "imex-2048-claim":  # the compute-domain All claim: one device with 2048 nodes
+        return "render_channel_spec", (
+            "k8s.compute-domain.nvidia.com/claim",
+            tuple(range(2048)),
+            234,
+            "",
+            0o666,
+            "",
+            (("NVIDIA_VISIBLE_DEVICES=void",), (), (), (), (), ()),
+            None,
+            f"{CLAIM_UID}-channel-0",
+        )
     return "render_channel_spec", (
         "nvidia.com/imex-channel",
         tuple(range(2048)),
@@ -58,13 +71,14 @@ def _inputs(scenario: str) -> tuple[str, tuple[Any, ...]]:
 
 
 @pytest.mark.parametrize("impl", _impls())
-@pytest.mark.parametrize("scenario", ["claim-1gpu", "claim-8gpu", "imex-2048"])
+@pytest.mark.parametrize("scenario", ["claim-1gpu", "claim-8gpu", "imex-2048", "imex-2048-claim"])
 def test_render(benchmark: Any, impl: ModuleType, scenario: str) -> None:
     func, args = _inputs(scenario)
     render = getattr(impl, func)
     benchmark.group = f"cdi {scenario}"
     benchmark.extra_info.update(
-        scenario={"claim-1gpu": "cdi_1gpu", "claim-8gpu": "cdi_8gpu", "imex-2048": "cdi_2048_channels"}[scenario],
+        scenario={"claim-1gpu": "cdi_1gpu", "claim-8gpu": "cdi_8gpu", "imex-2048": "cdi_2048_channels",
+                  "imex-2048-claim": "cdi_2048_channels_one_device"}[scenario],
         variant="extension" if impl is not cdispec_py else "twin",
     )
     out = benchmark(render, *args)

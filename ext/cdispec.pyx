@@ -818,18 +818,19 @@ def render_spec(kind, devices, common=None, annotations=(), cdi_version=None):
 
 
 def render_channel_spec(kind, channels, major, name_prefix="", file_mode=0o666, host_root="", common=None,
-                        cdi_version=None):
+                        cdi_version=None, device_name=None):
     """Render a bulk IMEX-channel spec; see the twin ``cdispec_py.render_channel_spec``."""
     cdef Buf b
     cdef Needs nd
     cdef bint class_dot, digit_name
+    cdef bint single = device_name is not None
     cdef tuple entries
     cdef Py_ssize_t i, count, prefix_start, prefix_len, root_start, root_len
     cdef long long n = 0, major_v, mode_v = 0
     cdef int code
     cdef bint has_mode = file_mode is not None
     cdef int first_index[C_IMEX_CHANNEL_COUNT]
-    cdef str prefix, root
+    cdef str prefix, root, one = ""
     cdef char* scratch
     if cdi_version is not None:
         _check_version(cdi_version)
@@ -842,11 +843,18 @@ def render_channel_spec(kind, channels, major, name_prefix="", file_mode=0o666, 
     if root and not root.startswith("/"):
         raise ValueError(f"host_root {root!r} is not an absolute path")
     root = root.rstrip("/")
+    if single:
+        one = _str(device_name, "devices[0].name")
+        _check_name(one, "devices[0].name")
+        if prefix:
+            raise ValueError(f"name_prefix {prefix!r}: a spec with one device_name takes no name_prefix")
     if not isinstance(channels, (tuple, list, range)):
         raise TypeError(f"channels must be a tuple, list or range, not {_tn(channels)}")
     entries = _tup(channels)
     count = len(entries)
     if count == 0:
+        if single:
+            raise ValueError("channels: the device needs at least one channel")
         raise ValueError("devices: a spec needs at least one device")
     nd.annotations = nd.gids = nd.host_path = nd.mount_type = nd.net_devices = False
     if root:
@@ -858,7 +866,7 @@ def render_channel_spec(kind, channels, major, name_prefix="", file_mode=0o666, 
     b.cap = 0
     try:
         # The escaped prefix and root are written once into the buffer's head and copied from there.
-        buf_reserve(&b, count * 200 + 4 * (len(prefix) + len(root)) * 12 + 64)
+        buf_reserve(&b, count * 200 + 4 * (len(prefix) + len(root) + len(one)) * 12 + 64)
         prefix_start = b.n
         put_raw(&b, prefix)
         prefix_len = b.n - prefix_start
@@ -873,22 +881,33 @@ def render_channel_spec(kind, channels, major, name_prefix="", file_mode=0o666, 
             memcpy(scratch + prefix_len, b.p + root_start, <size_t>root_len)
             b.n = 0
             lit(&b, b'"devices":[')
+            if single:
+                lit(&b, b'{"name":"')
+                put_raw(&b, one)
+                lit(&b, b'","containerEdits":{"deviceNodes":[')
             for i in range(count):
                 code = _int_code(entries[i], 0, C_IMEX_CHANNEL_COUNT - 1, &n)
                 if code:
                     _int_error(code, entries[i], f"channels[{i}]", 0, C_IMEX_CHANNEL_COUNT - 1)
-                if i == 0:
-                    _check_name(f"{prefix}{n}", f"devices[{i}].name")
-                if first_index[n] >= 0:
-                    raise ValueError(
-                        f"devices[{i}].name {prefix + str(n)!r}: duplicate device name "
-                        f"(also devices[{first_index[n]}])"
-                    )
-                first_index[n] = <int>i
-                lit(&b, b'{"name":"' if i == 0 else b',{"name":"')
-                put(&b, scratch, prefix_len)
-                put_uint(&b, <unsigned long long>n)
-                lit(&b, b'","containerEdits":{"deviceNodes":[{"path":"/dev/nvidia-caps-imex-channels/channel')
+                if single:
+                    if first_index[n] >= 0:
+                        raise ValueError(f"channels[{i}] {n}: duplicate channel (also channels[{first_index[n]}])")
+                    first_index[n] = <int>i
+                    lit(&b, b'{"path":"/dev/nvidia-caps-imex-channels/channel' if i == 0
+                        else b',{"path":"/dev/nvidia-caps-imex-channels/channel')
+                else:
+                    if i == 0:
+                        _check_name(f"{prefix}{n}", f"devices[{i}].name")
+                    if first_index[n] >= 0:
+                        raise ValueError(
+                            f"devices[{i}].name {prefix + str(n)!r}: duplicate device name "
+                            f"(also devices[{first_index[n]}])"
+                        )
+                    first_index[n] = <int>i
+                    lit(&b, b'{"name":"' if i == 0 else b',{"name":"')
+                    put(&b, scratch, prefix_len)
+                    put_uint(&b, <unsigned long long>n)
+                    lit(&b, b'","containerEdits":{"deviceNodes":[{"path":"/dev/nvidia-caps-imex-channels/channel')
                 put_uint(&b, <unsigned long long>n)
                 if root_len or root:
                     lit(&b, b'","hostPath":"')
@@ -905,11 +924,16 @@ def render_channel_spec(kind, channels, major, name_prefix="", file_mode=0o666, 
                 if has_mode:
                     lit(&b, b',"fileMode":')
                     put_uint(&b, <unsigned long long>mode_v)
-                lit(&b, b'}]}}')
+                lit(&b, b'}' if single else b'}]}}')
+            if single:
+                lit(&b, b']}}')
         finally:
             PyMem_Free(scratch)
         putc(&b, b']')
-        digit_name = (len(prefix) == 0) or (0x30 <= ord(prefix[0]) <= 0x39)
+        if single:
+            digit_name = 0x30 <= ord(one[0]) <= 0x39
+        else:
+            digit_name = (len(prefix) == 0) or (0x30 <= ord(prefix[0]) <= 0x39)
         put_common(&b, common, &nd)
         version = _final_version(cdi_version, &nd, class_dot, digit_name)
         return _assemble(&b, version, kind)

@@ -67,6 +67,7 @@ class CdispecModule(Protocol):
         host_root: str = "",
         common: Sequence[object] | None = None,
         cdi_version: str | None = None,
+        device_name: str | None = None,
     ) -> bytes: ...
 
 

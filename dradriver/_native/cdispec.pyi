@@ -39,5 +39,7 @@ def render_channel_spec(
     host_root: str = "",
     common: Sequence[object] | None = None,
     cdi_version: str | None = None,
+    device_name: str | None = None,
 ) -> bytes:
-    """Render a bulk IMEX-channel spec: one device per channel, one char node each."""
+    """Render a bulk IMEX-channel spec: one device per channel, one char node each (``device_name``: one device
+    holding every channel's node)."""

@@ -444,16 +444,24 @@ def render_channel_spec(
     host_root: str = "",
     common: Sequence[Any] | None = None,
     cdi_version: str | None = None,
+    device_name: str | None = None,
 ) -> bytes:
-    """Render a bulk IMEX-channel spec: one device per channel, one char node each.
+    """Render a bulk IMEX-channel spec: one device per channel, one char node each (or one device for all).
 
     Device ``<name_prefix><N>`` gets the node ``/dev/nvidia-caps-imex-channels/channel<N>``, type ``c``,
     ``major`` (the ``nvidia-caps-imex-channels`` line of ``/proc/devices``), minor ``N``, ``file_mode``
     (0666 as NVIDIA's compute-domain plugin writes; ``gpu-facts.md`` 4.3), and ``hostPath`` =
     ``host_root`` + path when ``host_root`` is not empty.
 
+    With ``device_name`` the spec has ONE device of that name whose ``deviceNodes`` hold every channel's node in
+    the order of ``channels``: the form of NVIDIA's compute-domain claim spec, where an ``allocationMode: All``
+    claim's device ``<claimUID>-channel-0`` carries ``channel0 .. channel2047`` (``nvidia-dra-driver.md`` 5.2,
+    ``nvidia-dra-driver-updates.md`` 2c); ``name_prefix`` must then be empty.
+
     :param channels: channel numbers (tuple, list or range), each in ``[0, 2047]``; no duplicates.
-    :raises TypeError, ValueError: as :func:`render_spec`; a channel outside ``[0, 2047]`` is a ValueError.
+    :param device_name: ``None``: one device ``<name_prefix><N>`` per channel; else the one device's name.
+    :raises TypeError, ValueError: as :func:`render_spec`; a channel outside ``[0, 2047]`` is a ValueError, so are
+        a duplicate channel and a ``device_name`` beside a non-empty ``name_prefix``.
     """
     version = None if cdi_version is None else (_check_version(cdi_version) and cdi_version)
     class_dot = _check_kind(kind)
@@ -465,20 +473,33 @@ def render_channel_spec(
     if root and not root.startswith("/"):
         raise ValueError(f"host_root {root!r} is not an absolute path")
     root = root.rstrip("/")
+    single = device_name is not None
+    if single:
+        one = _check_name(device_name, "devices[0].name")
+        if prefix:
+            raise ValueError(f"name_prefix {prefix!r}: a spec with one device_name takes no name_prefix")
     if not isinstance(channels, tuple | list | range):
         raise TypeError(f"channels must be a tuple, list or range, not {_tname(channels)}")
     entries = channels
     if not entries:
-        raise ValueError("devices: a spec needs at least one device")
+        raise ValueError("channels: the device needs at least one channel" if single
+                         else "devices: a spec needs at least one device")
     needs = _Needs()
     seen: dict[str, int] = {}
+    first_of: dict[int, int] = {}
     out: list[dict[str, Any]] = []
+    nodes: list[dict[str, Any]] = []
     for i, channel in enumerate(entries):
         n = _int(channel, f"channels[{i}]", 0, IMEX_CHANNEL_COUNT - 1)
-        name = _check_name(f"{prefix}{n}", f"devices[{i}].name")
-        if name in seen:
-            raise ValueError(f"devices[{i}].name {name!r}: duplicate device name (also devices[{seen[name]}])")
-        seen[name] = i
+        if single:
+            if n in first_of:
+                raise ValueError(f"channels[{i}] {n}: duplicate channel (also channels[{first_of[n]}])")
+            first_of[n] = i
+        else:
+            name = _check_name(f"{prefix}{n}", f"devices[{i}].name")
+            if name in seen:
+                raise ValueError(f"devices[{i}].name {name!r}: duplicate device name (also devices[{seen[name]}])")
+            seen[name] = i
         path = f"{IMEX_CHANNEL_DIR}{n}"
         node: dict[str, Any] = {"path": path}
         if root:
@@ -491,6 +512,11 @@ def render_channel_spec(
             node["minor"] = n
         if file_mode is not None:
             node["fileMode"] = file_mode
-        out.append({"name": name, "containerEdits": {"deviceNodes": [node]}})
+        if single:
+            nodes.append(node)
+        else:
+            out.append({"name": name, "containerEdits": {"deviceNodes": [node]}})
+    if single:
+        out.append({"name": one, "containerEdits": {"deviceNodes": nodes}})
     digit_name = bool(out) and out[0]["name"][0] in _DIGIT
     return _finish(version, kind, {}, out, _common(common, needs), needs, class_dot, digit_name)

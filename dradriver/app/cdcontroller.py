@@ -6,7 +6,14 @@ of ``namespace/name`` keys (a key is queued once however many events arrive; a f
 exponential backoff 5 ms .. 60 s); a full list re-queues every domain every ``resync_s`` (10 min); one worker
 reconciles keys one at a time. Reconcile is level-triggered -- it reads the domain and the objects it should
 have and makes what is missing -- so it is idempotent and a new leader finishes whatever a killed one left half
-done. Besides the queue: the status loop (every 2 s) and the stale sweep (at start and every 10 min).
+done. Watches on the controller's own DaemonSets (driver namespace and ``--additional-namespaces``) and
+ResourceClaimTemplates (every namespace), selected by the label ``resource.nvidia.com/computeDomain``, queue the
+owning domain when one of them is deleted or starts being deleted, so a deleted DaemonSet or template is recreated
+at once rather than at the 10-min re-list (an object held by the controller's finalizer while its domain lives is
+released first); a DaemonSet whose ``status.numberReady`` changed has its domain's status recomputed at once
+(NVIDIA's handler sets ``Ready`` when ``numberReady == numNodes``, 7.3; here ``status.status`` always agrees with
+``status.nodes``). Besides the queue: the status loop (every 2 s) and the stale sweep (at start and
+every 10 min).
 
 Driver-managed reconcile: finalizer ``resource.nvidia.com/computeDomain`` on the domain; the daemon
 ResourceClaimTemplate and DaemonSet ``computedomain-daemon-<cdUID>`` in the driver namespace; the workload
@@ -219,6 +226,8 @@ class ComputeDomainController:
     queue: WorkQueue = field(default_factory=WorkQueue)
     reconciled: int = 0
     _done: dict[str, int] = field(default_factory=dict)  # CD uid -> metadata.generation last reconciled
+    _keys: dict[str, Key] = field(default_factory=dict)  # CD uid -> (namespace, name), from the CD watch
+    _ds_ready: dict[str, int] = field(default_factory=dict)  # CD uid -> its DaemonSet's last numberReady seen
 
     @property
     def cliques_gate(self) -> bool:
@@ -231,12 +240,17 @@ class ComputeDomainController:
         log.info("compute-domain controller starts (driver namespace %s, IMEX mode %s)", self.settings.namespace,
                  self.settings.imex_mode)
         self._guarded("stale sweep", self.sweep)
-        threads = [threading.Thread(target=self._watch_loop, args=(stop,), name="cd-watch", daemon=True),
-                   threading.Thread(target=self._every, args=(stop, self.status_period_s, "status sync",
+        owned: list[tuple[cdobjects.ObjectKind, str]] = [(RESOURCE_CLAIM_TEMPLATES, "")]
+        if not self.settings.host_managed:
+            owned += [(DAEMON_SETS, ns) for ns in (self.settings.namespace, *self.additional_namespaces)]
+        watches = [threading.Thread(target=self._watch_loop, args=(stop,), name="cd-watch", daemon=True),
+                   *(threading.Thread(target=self._owned_watch_loop, args=(stop, kind, ns), daemon=True,
+                                      name=f"cd-watch-{kind.plural}-{ns or 'all'}") for kind, ns in owned)]
+        loops = [threading.Thread(target=self._every, args=(stop, self.status_period_s, "status sync",
                                                               self.sync_all_status), name="cd-status", daemon=True),
                    threading.Thread(target=self._every, args=(stop, self.cleanup_period_s, "stale sweep",
                                                               self.sweep), name="cd-sweep", daemon=True)]
-        for t in threads:
+        for t in (*watches, *loops):
             t.start()
         try:
             while not stop.is_set():
@@ -257,7 +271,7 @@ class ComputeDomainController:
         finally:
             stop.set()
             self.queue.wake()
-            for t in threads[1:]:  # the watch thread ends with its current request (a daemon thread)
+            for t in loops:  # the watch threads end with their current request (daemon threads)
                 t.join(timeout=5)
             log.info("compute-domain controller stopped")
 
@@ -279,7 +293,9 @@ class ComputeDomainController:
                 body = kcd.list_compute_domains(self.client)
                 for item in body.get("items") or ():
                     meta = item.get("metadata") or {}
-                    self.queue.add((str(meta.get("namespace", "")), str(meta.get("name", ""))))
+                    key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+                    self._keys[str(meta.get("uid", ""))] = key
+                    self.queue.add(key)
                 rv = str((body.get("metadata") or {}).get("resourceVersion") or "")
                 listed = time.monotonic()
                 while not stop.is_set() and time.monotonic() - listed < self.resync_s:
@@ -293,11 +309,85 @@ class ComputeDomainController:
                             raise errors.KubeGoneError("WATCH computedomains", reason="Expired",
                                                        message=str(obj.get("message") or ""))
                         rv = str(meta.get("resourceVersion") or rv)
+                        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+                        if event.get("type") == "DELETED":
+                            self._keys.pop(str(meta.get("uid", "")), None)
+                        else:
+                            self._keys[str(meta.get("uid", ""))] = key
                         if event.get("type") in ("ADDED", "MODIFIED") and not self._settled(obj):
-                            self.queue.add((str(meta.get("namespace", "")), str(meta.get("name", ""))))
+                            self.queue.add(key)
             except errors.KubeAPIError as exc:
                 log.warning("watch on ComputeDomains ended: %s; listing again", exc)
                 stop.wait(1.0)
+
+    def _owned_watch_loop(self, stop: threading.Event, kind: cdobjects.ObjectKind, namespace: str) -> None:
+        """Watch the controller's objects of ``kind`` in ``namespace`` (``""``: all) and queue the owning domain of
+        one deleted or being deleted; a DaemonSet whose ``numberReady`` changed has its domain's status recomputed."""
+        rv = ""
+        while not stop.is_set():
+            try:
+                for event in cdobjects.watch_objects(self.client, kind, namespace, LABEL_COMPUTE_DOMAIN, rv,
+                                                     self.watch_timeout_s):
+                    if stop.is_set():
+                        return
+                    obj = event.get("object") or {}
+                    if event.get("type") == "ERROR":
+                        raise errors.KubeGoneError(f"WATCH {kind.plural}", reason="Expired",
+                                                   message=str(obj.get("message") or ""))
+                    meta = obj.get("metadata") or {}
+                    rv = str(meta.get("resourceVersion") or rv)
+                    self._owned_event(kind, str(event.get("type") or ""), obj)
+            except errors.KubeGoneError:
+                rv = ""
+            except errors.KubeAPIError as exc:
+                log.warning("watch on %s ended: %s; watching again", kind.plural, exc)
+                rv = ""
+                stop.wait(1.0)
+
+    def _owned_event(self, kind: cdobjects.ObjectKind, kind_of_event: str, obj: Mapping[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        uid = owner_of(obj)
+        if not uid:
+            return
+        gone = kind_of_event == "DELETED" or bool(meta.get("deletionTimestamp"))
+        if gone:
+            key = self._keys.get(uid)
+            if key is None:
+                found = kcd.find_compute_domain(self.client, uid)
+                if found is None:
+                    return  # its domain is gone: nothing to recreate (the sweep handles leftovers)
+                fmeta = found.get("metadata") or {}
+                key = (str(fmeta.get("namespace", "")), str(fmeta.get("name", "")))
+            log.info("%s %s/%s of ComputeDomain %s/%s %s: reconciling the domain", kind.plural,
+                     meta.get("namespace", ""), meta.get("name", ""), key[0], key[1],
+                     "deleted" if kind_of_event == "DELETED" else "being deleted")
+            self.queue.add(key)
+            return
+        if kind is DAEMON_SETS and kind_of_event in ("ADDED", "MODIFIED"):
+            self._daemon_set_changed(uid, obj)
+
+    def _daemon_set_changed(self, uid: str, ds: Mapping[str, Any]) -> None:
+        """A DaemonSet's ``status.numberReady`` changed: recompute its domain's status now rather than at the next
+        status round. NVIDIA's handler instead sets ``Ready`` when ``numberReady == numNodes`` (7.3); here the
+        status stays what the nodes say, so ``status.status`` never reads Ready while ``status.nodes`` lists a
+        NotReady daemon (the daemon's clique entry can trail its pod's readiness)."""
+        ready = (ds.get("status") or {}).get("numberReady")
+        key = self._keys.get(uid)
+        if not isinstance(ready, int) or key is None or self._ds_ready.get(uid) == ready:
+            return
+        self._ds_ready[uid] = ready
+        obj = kcd.get_compute_domain(self.client, *key)
+        if obj is None or str((obj.get("metadata") or {}).get("uid", "")) != uid:
+            return
+        meta = obj.get("metadata") or {}
+        if meta.get("deletionTimestamp") or FINALIZER not in (meta.get("finalizers") or ()):
+            return
+        obj.setdefault("apiVersion", "resource.nvidia.com/v1beta1")
+        obj.setdefault("kind", "ComputeDomain")
+        try:
+            self.sync_status(obj)
+        except ComputeDomainError as exc:
+            log.debug("status of ComputeDomain %s/%s: %s", key[0], key[1], exc)
 
     def _settled(self, obj: Mapping[str, Any]) -> bool:
         """An event that changes nothing reconcile acts on: this generation was reconciled, the finalizer is
@@ -359,6 +449,11 @@ class ComputeDomainController:
             raise ReconcileRetry(f"{kind.plural} {meta['namespace']}/{meta['name']} exists and belongs to "
                                  f"ComputeDomain uid {owner_of(existing) or '(none)'}, not {cd.uid}")
         if (existing.get("metadata") or {}).get("deletionTimestamp"):
+            # Deleted while its domain lives (by hand, or by a cleanup that raced): release it from our finalizer so
+            # the deletion completes, and recreate it at the retry.
+            if cdobjects.remove_finalizer(self.client, kind, meta["namespace"], meta["name"], FINALIZER):
+                log.info("%s %s/%s of live ComputeDomain %s/%s was deleted: finalizer removed, recreating it",
+                         kind.plural, meta["namespace"], meta["name"], cd.namespace, cd.name)
             raise ReconcileRetry(f"{kind.plural} {meta['namespace']}/{meta['name']} is still being deleted")
 
     def _daemon_namespace(self, kind: cdobjects.ObjectKind, uid: str) -> str:
@@ -465,9 +560,16 @@ class ComputeDomainController:
             log.info("ComputeDomain %s/%s (uid %s): status %s", cd.namespace, cd.name, cd.uid, wanted["status"])
 
     def _pruned(self, clique: JSONDict, pods: list[JSONDict]) -> JSONDict | None:
-        """``clique`` without entries for nodes that run no daemon pod of its domain (written back)."""
+        """``clique`` without entries for nodes that run no daemon pod of its domain (written back). An entry
+        missing from the round's pod list is pruned only when a fresh list of the domain's pods confirms it (the
+        round's list may predate a pod that wrote its entry since; NVIDIA's post-#1453 rule)."""
         nodes = {str((p.get("spec") or {}).get("nodeName") or "") for p in pods}
         daemons = list(clique.get("daemons") or [])
+        kept = [d for d in daemons if d.get("nodeName") in nodes]
+        if len(kept) == len(daemons):
+            return clique
+        fresh = list_pods(self.client, self.settings.namespace, _uid_selector(owner_of(clique)))
+        nodes |= {str((p.get("spec") or {}).get("nodeName") or "") for p in fresh if owner_of(p) == owner_of(clique)}
         kept = [d for d in daemons if d.get("nodeName") in nodes]
         if len(kept) == len(daemons):
             return clique

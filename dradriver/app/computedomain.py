@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -175,9 +176,12 @@ def base_spec(config: PluginConfig, identity: DriverIdentity, session: NvmlSessi
     return data
 
 
-async def start_compute_domain_plugin(config: PluginConfig,
-                                      identity: DriverIdentity = COMPUTE_DOMAIN_DRIVER) -> ComputeDomainPlugin:
+async def start_compute_domain_plugin(config: PluginConfig, identity: DriverIdentity = COMPUTE_DOMAIN_DRIVER, *,
+                                      clock: Callable[[], float] = time.time) -> ComputeDomainPlugin:
     """Start every part of the compute-domain kubelet plugin and return it running.
+
+    :param clock: wall-clock seconds (Unix time) of the aborted-prepare marks and their 90 s TTL, which survive a
+        restart in the claim state (tests pass their own).
 
     :raises dradriver.errors.DradriverError: a part cannot start: no NVML, a fabric registration not completed or a
         fabric error (strict mode), GPUs disagreeing on the clique, no API access, a socket in use, a driver too old
@@ -234,7 +238,7 @@ async def start_compute_domain_plugin(config: PluginConfig,
             identity=identity, registry=registry, state=state,
             fetch_claim=assembly.claim_fetcher(identity, connection.client, config),
             cdi_root=config.cdi_root, pool=config.node_name, preparers=preparers,
-            prepare_deadline_s=float(config.prepare_deadline_seconds), aborted_ttl_s=ABORTED_TTL_S,
+            prepare_deadline_s=float(config.prepare_deadline_seconds), aborted_ttl_s=ABORTED_TTL_S, clock=clock,
             metrics=metrics,
         )
         life.on_stop("batch runner", runner.close)

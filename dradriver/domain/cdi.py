@@ -205,15 +205,21 @@ def render_imex_channel_spec(
     host_root: str = "",
     file_mode: int | None = DEFAULT_NODE_MODE,
     common: ContainerEdits | None = None,
+    device_name: str | None = None,
 ) -> bytes:
-    """A bulk spec with one device per IMEX channel (``cdi.md`` 4.5 and 5.3; ``gpu-facts.md`` 4.3).
+    """A bulk spec with one device per IMEX channel (``cdi.md`` 4.5 and 5.3; ``gpu-facts.md`` 4.3), or with one
+    device holding every channel's node.
 
-    The defaults give the toolkit's ``nvidia.com/imex-channel`` spec with bare channel numbers as names; the
-    compute-domain plugin form is ``kind="k8s.compute-domain.nvidia.com/claim"``,
-    ``name_prefix="<claimUID>-channel-"``.
+    The defaults give the toolkit's ``nvidia.com/imex-channel`` spec with bare channel numbers as names. The
+    compute-domain plugin's claim spec is ``kind="k8s.compute-domain.nvidia.com/claim"``,
+    ``device_name="<claimUID>-channel-0"``: NVIDIA's claim device ``<claimUID>-<allocated device>`` whose
+    ``deviceNodes`` are ``channel0 .. channel<n-1>`` for an ``allocationMode: All`` claim (``nvidia-dra-driver.md``
+    5.2, ``nvidia-dra-driver-updates.md`` 2c).
 
     :param major: the ``nvidia-caps-imex-channels`` line of ``/proc/devices``.
     :param common: the spec-level edits; ``None``: ``NVIDIA_VISIBLE_DEVICES=void`` only.
+    :param device_name: ``None``: one device ``<name_prefix><N>`` per channel; else the one device (no
+        ``name_prefix`` then).
     :raises CdiSpecError: a channel outside ``[0, 2047]``, a duplicate, or an invalid kind or name.
     """
     renderer = _native.load("cdispec")
@@ -226,6 +232,8 @@ def render_imex_channel_spec(
             file_mode,
             host_root,
             ((VISIBLE_DEVICES_VOID,), (), (), (), (), ()) if common is None else common.record(),
+            None,
+            device_name,
         )
         return data
     except (TypeError, ValueError) as exc:

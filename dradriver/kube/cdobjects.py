@@ -1,6 +1,6 @@
 """The objects the compute-domain controller owns, through the API: ResourceClaimTemplates
-(``resource.k8s.io/v1``), DaemonSets (``apps/v1``), and what it reads besides (Nodes by label, the watch on
-ComputeDomains).
+(``resource.k8s.io/v1``), DaemonSets (``apps/v1``) and their watches, and what it reads besides (Nodes by label,
+the watch on ComputeDomains).
 
 Every call goes through :meth:`KubeClient.call` (retries, rate limit, our errors); bodies are the API's JSON.
 Finalizers are removed with a read-modify-write guarded by ``resourceVersion`` (a JSON merge patch would replace
@@ -31,6 +31,7 @@ __all__ = [
     "remove_finalizer",
     "replace",
     "watch_compute_domains",
+    "watch_objects",
 ]
 
 
@@ -163,3 +164,23 @@ def watch_compute_domains(client: KubeClient, resource_version: str, timeout_s: 
     method = functools.partial(client.custom.list_cluster_custom_object, API_GROUP, API_VERSION,
                                COMPUTE_DOMAIN_PLURAL)
     return client.stream("WATCH computedomains", method, timeout_s=timeout_s, resource_version=resource_version)
+
+
+def watch_objects(client: KubeClient, kind: ObjectKind, namespace: str, label_selector: str, resource_version: str,
+                  timeout_s: float) -> Iterator[JSONDict]:
+    """Watch objects of ``kind`` in ``namespace`` (every namespace when empty) matching ``label_selector`` from
+    ``resource_version`` (``""``: the current objects first, as ``ADDED`` events); yields watch events (``type``,
+    ``object``) until the server ends the watch (after ``timeout_s``).
+
+    :raises errors.KubeAPIError: opening or reading failed (410 ``Expired``: watch again from ``""``).
+    """
+    if namespace:
+        method = functools.partial(kind.method(client, "list"), namespace)
+        what = f"WATCH {kind.plural} {namespace} {label_selector}"
+    else:
+        method = kind.method(client, "list_all")
+        what = f"WATCH {kind.plural} {label_selector}"
+    options: dict[str, Any] = {"label_selector": label_selector}
+    if resource_version:
+        options["resource_version"] = resource_version
+    return client.stream(what, method, timeout_s=timeout_s, **options)

@@ -6,7 +6,8 @@ new UID: then the claim state keeps the devices held forever (NVIDIA's driver ha
 :class:`StaleClaimReconciler` runs once at start and every ``period_s``: it looks up each completed claim's
 ResourceClaim by namespace/name and UID, and once a claim has stood stale (gone, replaced, or no longer allocated
 to this node) for ``grace_s`` seconds it unprepares it through the batch runner, as the kubelet would, logs it,
-reports it (a Warning Event and a metric, through ``on_cleanup``). Nothing is decided in a round in which the API
+reports it (a Warning Event and a metric, through ``on_cleanup``). Each round also deletes the runner's expired
+aborted-prepare marks. Nothing is decided in a round in which the API
 server answers an error. Claims adopted from CDI specs after claim-state damage carry no name and are left to
 the kubelet.
 """
@@ -84,8 +85,13 @@ class StaleClaimReconciler:
         return stale
 
     async def run_once(self) -> list[Cleanup]:
-        """One round: look up, age, unprepare what stood stale for ``grace_s``."""
+        """One round: delete expired aborted-prepare marks (compute-domain plugin, ``nvidia-dra-driver.md`` 4.9),
+        then look up, age, unprepare what stood stale for ``grace_s``."""
         self.rounds += 1
+        try:
+            await asyncio.to_thread(self.runner.forget_expired_aborts)
+        except (OSError, DradriverError) as exc:
+            log.warning("deleting expired aborted-prepare marks failed (next round retries): %s", exc)
         stale = await asyncio.to_thread(self.find_stale)
         if stale is None:
             self.skipped_rounds += 1

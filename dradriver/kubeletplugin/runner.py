@@ -33,14 +33,20 @@ node's IMEX daemon to be Ready) raises :class:`~dradriver.domain.ports.NotReadyY
 any failure (nothing of that attempt is undone) and retried with a doubling pause, outside the locks, until the
 call's deadline. Preparers may also name further devices a claim holds, their own CDI IDs and their own spec
 (:class:`~dradriver.domain.ports.ClaimSpecPreparer`). With ``aborted_ttl_s`` an unprepare that arrives while the
-claim's prepare is in progress makes later prepares of it stale for that long (NVIDIA's ``PrepareAborted``).
+claim's prepare is in progress makes later prepares of the same allocation stale for that long (NVIDIA's
+``PrepareAborted``): the claim's record becomes an aborted mark (PREPARE_STARTED, no devices, ``aborted_at`` in
+its payload), which survives a restart.
 
-At start, :meth:`BatchRunner.recover` undoes and rolls back claims a crash left PREPARE_STARTED, lets every
+At start, :meth:`BatchRunner.recover` keeps unexpired aborted marks and deletes expired ones, undoes and rolls back
+other claims a crash left PREPARE_STARTED, lets every
 preparer sweep side effects no record knows, and removes CDI specs of ours that no stored claim owns, so the
 node converges after a SIGKILL at any point.
 
-Claim-state payload: JSON ``{"spec": <spec path>, "undo": [<UndoRecord.to_json()>...]}``; a payload that is
-a bare spec path (written before undo records existed) reads as a claim without records.
+Claim-state payload: JSON ``{"spec": <spec path>, "undo": [<UndoRecord.to_json()>...]}`` plus the optional keys
+``pins``, ``shares``, ``aborted_at`` (Unix seconds) and ``allocation`` (:class:`StoredPayload`); a payload that is
+a bare spec path (written before undo records existed) reads as a claim without records. The claim store's record
+format is unchanged: an older plugin reads an aborted mark as a half-prepared claim without devices and rolls it
+back.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
+import hashlib
 import itertools
 import json
 import logging
@@ -114,6 +121,10 @@ class RecoveryReport:
     """Completed claims whose devices moved to another physical device or are gone (spec left alone)."""
     damage: str = ""
     """Why recovery took the damaged-state path although the claim state reported no damage ("" if it did not)."""
+    aborted_kept: tuple[str, ...] = ()
+    """Claims whose aborted-prepare mark (``PrepareAborted``) is still within its TTL (prepares stay refused)."""
+    aborted_expired: tuple[str, ...] = ()
+    """Claims whose aborted-prepare mark had expired (deleted)."""
 
 
 @dataclass(slots=True)
@@ -146,22 +157,55 @@ class StoredPayload:
     :param pins: DRA device name -> the physical device's UUID when it was prepared (GPU or MIG UUID), so a
         device name that later resolves to another GPU is never handed to the claim.
     :param shares: DRA device name -> ``shareID`` of the devices the claim holds a consumable share of.
+    :param aborted_at: set on an aborted-prepare mark (NVIDIA's ``PrepareAborted`` with ``abortedAt``,
+        ``nvidia-dra-driver.md`` 4.4/4.8): wall-clock seconds (Unix time) of the unprepare that aborted the claim's
+        prepare. Such a record is PREPARE_STARTED with no devices and no undo records.
+    :param allocation: digest of the claim's allocation (:func:`allocation_digest`) seen by its last prepare
+        (``""``: unknown); a mark refuses only a prepare of the same allocation, as NVIDIA compares the claim status.
     """
 
     spec: str
     undo: tuple[UndoRecord, ...] = ()
     pins: Mapping[str, str] = field(default_factory=dict)
     shares: Mapping[str, str] = field(default_factory=dict)
+    aborted_at: float | None = None
+    allocation: str = ""
 
 
 def _payload(spec: Path | str, records: Sequence[UndoRecord], pins: Mapping[str, str] | None = None,
-             shares: Mapping[str, str] | None = None) -> str:
+             shares: Mapping[str, str] | None = None, *, aborted_at: float | None = None,
+             allocation: str = "") -> str:
     doc: dict[str, Any] = {"v": PAYLOAD_VERSION, "spec": str(spec), "undo": [r.to_json() for r in records]}
     if pins:
         doc["pins"] = dict(pins)
     if shares:
         doc["shares"] = dict(shares)
+    if aborted_at is not None:
+        doc["aborted_at"] = aborted_at
+    if allocation:
+        doc["allocation"] = allocation
     return json.dumps(doc, separators=(",", ":"), sort_keys=True)
+
+
+def allocation_digest(claim: Claim) -> str:
+    """A short digest (16 hex digits) of what the claim was allocated on this node: its allocation results for our
+    driver and pool and its opaque configs. Two prepares of one claim UID see the same digest unless the claim's
+    allocation changed (NVIDIA compares the whole stored ``status`` for its ``PrepareAborted`` check, 4.8)."""
+    doc = [[dataclasses.asdict(r) for r in claim.results], list(claim.configs)]
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def aborted_mark(record: ClaimRecord) -> StoredPayload | None:
+    """The payload of ``record`` when it is an aborted-prepare mark (see :class:`StoredPayload`), else ``None``
+    (also for an unreadable payload)."""
+    if record.phase is not ClaimPhase.PREPARE_STARTED or record.devices:
+        return None
+    try:
+        stored = read_payload(record.payload)
+    except ValueError:
+        return None
+    return stored if stored.aborted_at is not None else None
 
 
 def _shares_of(held: Sequence[HeldDevice]) -> dict[str, str]:
@@ -197,8 +241,11 @@ def read_payload(payload: bytes | str) -> StoredPayload:
         raise ValueError(f"claim payload {text[:80]!r} is not a payload document")
     pins = {str(k): str(v) for k, v in doc.get("pins", {}).items()}
     shares = {str(k): str(v) for k, v in doc.get("shares", {}).items()}
+    aborted = doc.get("aborted_at")
+    if aborted is not None and (not isinstance(aborted, int | float) or isinstance(aborted, bool)):
+        raise ValueError(f"claim payload {text[:80]!r}: aborted_at is not a number")
     return StoredPayload(str(doc.get("spec", "")), tuple(UndoRecord.from_json(r) for r in doc.get("undo", [])), pins,
-                         shares)
+                         shares, None if aborted is None else float(aborted), str(doc.get("allocation") or ""))
 
 
 def all_undo_records(state: ClaimState) -> list[UndoRecord]:
@@ -244,11 +291,16 @@ class BatchRunner:
         to publish dynamic MIG identities in ``status.devices``); must not block; exceptions are logged.
     :param on_unprepared: told each unprepared claim and the records it held, once it is forgotten.
     :param aborted_ttl_s: when > 0, a claim unprepared while its prepare was in progress (retrying, or left
-        PREPARE_STARTED) is remembered as aborted for this many seconds and a prepare of it in that time is refused
-        as stale (NVIDIA's compute-domain ``PrepareAborted`` with ``abortedAt``, TTL 90 s, ``nvidia-dra-driver.md``
-        4.8); 0 (the GPU plugin) keeps only the in-flight tombstones.
+        PREPARE_STARTED) is marked aborted in the claim state for this many seconds and a prepare of the same
+        allocation in that time is refused as stale (NVIDIA's compute-domain ``PrepareAborted`` with ``abortedAt``,
+        TTL 90 s, kept in its checkpoint: ``nvidia-dra-driver.md`` 4.4, 4.8). The mark survives a plugin restart;
+        expired marks are deleted at start (:meth:`recover`), at each unprepare and by
+        :meth:`forget_expired_aborts` (the periodic cleanup, 4.9). 0 (the GPU plugin) keeps only the in-flight
+        tombstones.
     :param retry_pause_s: first and longest pause, seconds, between the attempts of a claim whose preparer raised
         :class:`~dradriver.domain.ports.NotReadyYet` (doubling from the first).
+    :param clock: wall-clock seconds (Unix time) for ``abortedAt`` (tests pass their own); wall clock, not
+        monotonic, because the mark must mean the same after a restart.
     """
 
     def __init__(
@@ -273,6 +325,7 @@ class BatchRunner:
         on_unprepared: Callable[[ClaimRef, Sequence[UndoRecord]], None] | None = None,
         aborted_ttl_s: float = 0.0,
         retry_pause_s: tuple[float, float] = (0.1, 2.0),
+        clock: Callable[[], float] = time.time,
     ) -> None:
         kinds = [p.kind for p in preparers] + [s.kind for s in sharing]
         if len(set(kinds)) != len(kinds):
@@ -317,8 +370,10 @@ class BatchRunner:
         self._unprepared_at: dict[str, int] = {}
         self.aborted_ttl_s = aborted_ttl_s
         self.retry_pause_s = retry_pause_s
-        self._aborted: dict[str, float] = {}
-        """Claim UID -> ``time.monotonic()`` of the unprepare that aborted its prepare (with ``aborted_ttl_s``)."""
+        self.clock = clock
+        self._allocations: dict[str, str] = {}
+        """Claim UID -> :func:`allocation_digest` of claims with a prepare in flight (with ``aborted_ttl_s``): the
+        allocation an aborted mark records when the claim has no STARTED record (it is between two attempts)."""
         self._in_flight: dict[str, int] = {}
         """Claim UID -> prepare calls in progress for it (to tell an unprepare that aborts one)."""
         self.preparations = 0  # claims actually prepared (not answered from state); for tests and metrics
@@ -385,6 +440,7 @@ class BatchRunner:
                     self._in_flight[ref.uid] = left
                 else:
                     self._in_flight.pop(ref.uid, None)
+                    self._allocations.pop(ref.uid, None)
 
     async def _prepare_claims(self, claims: Sequence[ClaimRef], started: int, began: float,
                               deadline_s: float | None) -> Mapping[str, ClaimResult]:
@@ -502,13 +558,16 @@ class BatchRunner:
         claims = self.state.claims()
         by_type: dict[str, int] = {}
         devices: dict[str, tuple[str, str]] = {}
+        marks = 0
         for record in claims.values():
+            if not record.devices and record.phase is ClaimPhase.PREPARE_STARTED:
+                marks += 1  # an aborted-prepare mark (or a claim holding nothing yet): not a prepared claim
             for dev in record.devices:
                 kind = self._device_kind(dev.device)
                 by_type[kind] = by_type.get(kind, 0) + 1
                 if record.phase is ClaimPhase.PREPARE_COMPLETED:
                     devices.setdefault(dev.device, (record.namespace, record.name))
-        self._counts = (len(claims), by_type)
+        self._counts = (len(claims) - marks, by_type)
         self._prepared = devices  # replaced whole: readers on other threads see the old or the new map
 
     def _fetch(self, ref: ClaimRef) -> Claim | str:
@@ -625,14 +684,22 @@ class BatchRunner:
         ref = claim.ref
         if self._unprepared_at.get(ref.uid, 0) > started:
             raise ClaimError(ref, "the claim was unprepared while this prepare was in flight; not preparing it")
-        aborted = self._aborted.get(ref.uid)
-        if aborted is not None:
-            age = time.monotonic() - aborted
-            if age < self.aborted_ttl_s:
-                raise ClaimError(ref, f"stale prepare: the claim was unprepared {age:.0f} s ago while its prepare was "
-                                      f"in progress (PrepareAborted); refused for {self.aborted_ttl_s:.0f} s")
-            del self._aborted[ref.uid]
         record = self.state.get(ref.uid)
+        digest = ""
+        if self.aborted_ttl_s > 0:
+            digest = allocation_digest(claim)
+            self._allocations[ref.uid] = digest
+            mark = aborted_mark(record) if record is not None else None
+            if mark is not None:
+                assert mark.aborted_at is not None
+                age = self.clock() - mark.aborted_at
+                same = not mark.allocation or mark.allocation == digest
+                if abs(age) < self.aborted_ttl_s and same:
+                    raise ClaimError(ref, f"stale prepare: the claim was unprepared {age:.0f} s ago while its prepare "
+                                          f"was in progress (PrepareAborted); a prepare of the same allocation is "
+                                          f"refused for {self.aborted_ttl_s:.0f} s")
+                why = "expired" if same else "the claim's allocation changed"
+                log.info("claim %s: aborted-prepare mark of %.0f s ago no longer applies (%s)", ref, age, why)
         adopted = record is not None and not record.namespace and not record.name
         if record is not None and record.phase is ClaimPhase.PREPARE_COMPLETED and not adopted:
             self._ensure_spec(record)
@@ -645,7 +712,7 @@ class BatchRunner:
         work.stale = stale
         self.state.prepare_started(ref.uid, namespace=ref.namespace, name=ref.name, devices=work.held,
                                    payload=_payload(self.spec_path(ref.uid), stale + self._planned(work),
-                                                    shares=_shares_of(work.held)))
+                                                    shares=_shares_of(work.held), allocation=digest))
         return work
 
     def _planned(self, work: _Work) -> list[UndoRecord]:
@@ -907,14 +974,21 @@ class BatchRunner:
                                              "not handing the claim another device (unprepare it and prepare again)")
 
     def spec_valid(self, record: ClaimRecord) -> bool:
-        """True when the claim's CDI spec file parses, has this plugin's kind and names exactly its devices."""
+        """True when the claim's CDI spec file parses, has this plugin's kind and names exactly the claim devices the
+        kubelet was given (its CDI IDs of this kind: an IMEX ``All`` claim holds 2048 channels through one device);
+        a record without CDI IDs: one claim device per held device."""
         try:
             spec = json.loads(self.spec_path(record.uid).read_bytes())
             names = sorted(str(d["name"]) for d in spec["devices"])
             kind = spec["kind"]
         except (OSError, ValueError, KeyError, TypeError):
             return False
-        wanted = sorted(self.identity.cdi.device_name(record.uid, d.device) for d in record.devices)
+        ours = f"{self.identity.cdi.kind}="
+        ids = [i for d in record.devices for i in d.cdi_device_ids]
+        if ids:
+            wanted = sorted({i[len(ours):] for i in ids if i.startswith(ours)})
+        else:
+            wanted = sorted(self.identity.cdi.device_name(record.uid, d.device) for d in record.devices)
         return kind == self.identity.cdi.kind and names == wanted
 
     def _ensure_spec(self, record: ClaimRecord) -> bool:
@@ -983,43 +1057,64 @@ class BatchRunner:
         held_records: dict[str, list[UndoRecord]] = {}
         with self._lock:
             stored: list[ClaimRef] = []
+            aborts: dict[str, tuple[ClaimRef, str]] = {}
             try:
                 with self.state.locked():
                     for ref in claims:
                         self._unprepared_at.pop(ref.uid, None)
                         self._unprepared_at[ref.uid] = next(self._seq)  # newest last: eviction keeps recent ones
-                        if self.aborted_ttl_s > 0:
-                            started_record = self.state.get(ref.uid)
-                            if ref.uid in self._in_flight or (started_record is not None and started_record.phase
-                                                              is ClaimPhase.PREPARE_STARTED):
-                                self._aborted[ref.uid] = time.monotonic()
-                                log.warning("claim %s: unprepared while its prepare was in progress; a prepare of it "
-                                            "is refused for %.0f s (PrepareAborted)", ref, self.aborted_ttl_s)
-                            self._forget_expired_aborts()
+                        record = self.state.get(ref.uid)
+                        if self.aborted_ttl_s > 0 and record is not None and aborted_mark(record) is not None:
+                            out[ref.uid] = ""  # NVIDIA: unpreparing a PrepareAborted claim is a no-op (mark kept)
+                            continue
+                        if self.aborted_ttl_s > 0 and (ref.uid in self._in_flight or (
+                                record is not None and record.phase is ClaimPhase.PREPARE_STARTED)):
+                            try:
+                                known = read_payload(record.payload).allocation if record is not None else ""
+                            except ValueError:
+                                known = ""
+                            aborts[ref.uid] = (ref, known or self._allocations.get(ref.uid, ""))
                         try:
                             # Unknown claims succeed; a spec of that UID (adopted or leaked) goes too.
                             cdifiles.delete_claim_spec(self.identity.cdi, self.cdi_root, ref.uid, clean_temp=False)
-                            record = self.state.get(ref.uid)
                             if record is not None:
                                 for undo in reversed(list(read_payload(record.payload).undo)):
                                     self._undo(ref, undo)
                         except Exception as exc:
+                            aborts.pop(ref.uid, None)
                             if not isinstance(exc, DradriverError):
                                 log.error("unprepare of claim %s failed unexpectedly", ref, exc_info=exc)
                             out[ref.uid] = f"claim {ref}: unprepare failed: {exc}"
                             continue
                         if record is None:
                             self._unprepared_unknown(ref)
-                            out[ref.uid] = ""
+                            if ref.uid not in aborts:
+                                out[ref.uid] = ""
                         else:
                             stored.append(ref)
                             held_records[ref.uid] = list(read_payload(record.payload).undo)
                     with self.state.group_commit():
                         for ref in stored:
-                            self.state.remove(ref.uid)
+                            if ref.uid not in aborts:
+                                self.state.remove(ref.uid)
+                        for uid, (ref, allocation) in aborts.items():
+                            # The STARTED record (or none, between two attempts) becomes the aborted mark.
+                            self.state.prepare_started(uid, namespace=ref.namespace, name=ref.name, devices=[],
+                                                       payload=_payload(self.spec_path(uid), [],
+                                                                        aborted_at=self.clock(),
+                                                                        allocation=allocation))
+                            log.warning("claim %s: unprepared while its prepare was in progress; a prepare of the "
+                                        "same allocation is refused for %.0f s (PrepareAborted, kept in the claim "
+                                        "state)", ref, self.aborted_ttl_s)
+                            if ref.uid not in {r.uid for r in stored}:
+                                out[uid] = ""
+                        if self.aborted_ttl_s > 0:
+                            self._forget_expired_aborts(keep=set(aborts))
             except (OSError, DradriverError) as exc:
                 for ref in stored:
                     out[ref.uid] = f"claim {ref}: unprepare failed: {exc}"
+                for uid, (ref, _) in aborts.items():
+                    out[uid] = f"claim {ref}: unprepare failed: {exc}"
                 stored = []
             for ref in stored:
                 log.info("unprepared claim %s", ref)
@@ -1041,10 +1136,32 @@ class BatchRunner:
                 except Exception as exc:
                     log.warning("claim %s: %s cleanup after an unprepare failed: %s", ref, preparer.kind, exc)
 
-    def _forget_expired_aborts(self) -> None:
-        now = time.monotonic()
-        for uid in [u for u, at in self._aborted.items() if now - at >= self.aborted_ttl_s]:
-            del self._aborted[uid]
+    def _forget_expired_aborts(self, keep: set[str] | frozenset[str] = frozenset()) -> list[str]:
+        """Delete the aborted marks older than ``aborted_ttl_s`` (state lock held by the caller); their UIDs."""
+        now = self.clock()
+        gone: list[str] = []
+        for uid, record in list(self.state.claims().items()):
+            mark = aborted_mark(record)
+            if uid in keep or mark is None or mark.aborted_at is None:
+                continue
+            if abs(now - mark.aborted_at) >= self.aborted_ttl_s:
+                self.state.remove(uid)
+                gone.append(uid)
+                log.info("claim %s: aborted-prepare mark expired (%.0f s old); deleted", record.ref,
+                         now - mark.aborted_at)
+        return gone
+
+    def forget_expired_aborts(self) -> list[str]:
+        """Blocking: delete the expired aborted-prepare marks (NVIDIA's periodic cleanup deletes expired
+        ``PrepareAborted`` entries, ``nvidia-dra-driver.md`` 4.9); the UIDs deleted. A no-op without
+        ``aborted_ttl_s``."""
+        if self.aborted_ttl_s <= 0:
+            return []
+        with self._lock, self.state.locked(), self.state.group_commit():
+            gone = self._forget_expired_aborts()
+            if gone:
+                self._refresh_views()
+        return gone
 
     # ---------------------------------------------------------------------------------- startup
     def recover(self, *, state_damaged: bool = False, torn_tail: bool = False,
@@ -1077,6 +1194,8 @@ class BatchRunner:
         swept: list[str] = []
         rebuilt: list[str] = []
         unusable: list[str] = []
+        expired: list[str] = []
+        kept_aborted: list[str] = []
         damage = ""
         with self._lock, self.state.locked():
             try:
@@ -1102,8 +1221,17 @@ class BatchRunner:
                 state_damaged = True
                 log.error("claim state %s does not match the CDI specs: %s; adopting claims from their specs",
                           self.state.path, damage)
+            if self.aborted_ttl_s > 0:
+                expired = self._forget_expired_aborts()
             for uid, record in list(self.state.claims().items()):
                 if record.phase is not ClaimPhase.PREPARE_STARTED:
+                    continue
+                if aborted_mark(record) is not None:
+                    if self.aborted_ttl_s > 0:
+                        kept_aborted.append(uid)  # still refusing prepares of that allocation
+                        continue
+                    self.state.remove(uid)  # a plugin without the TTL does not honour marks
+                    expired.append(uid)
                     continue
                 if state_damaged and self.spec_path(uid).exists():
                     # Its PREPARE_COMPLETED record may be the one damage destroyed: the claim may have been
@@ -1164,8 +1292,9 @@ class BatchRunner:
             self._refresh_views()
         if missing:
             log.error("prepared claims hold devices this node no longer has: %s", ", ".join(missing))
-        return RecoveryReport(tuple(rolled_back), tuple(removed), len(self.state), tuple(missing), tuple(adopted),
-                              tuple(swept), tuple(undo_failed), tuple(rebuilt), tuple(unusable), damage)
+        return RecoveryReport(tuple(rolled_back), tuple(removed), len(self.state) - len(kept_aborted),
+                              tuple(missing), tuple(adopted), tuple(swept), tuple(undo_failed), tuple(rebuilt),
+                              tuple(unusable), damage, tuple(kept_aborted), tuple(expired))
 
     def _roll_back(self, uid: str) -> None:
         try:

@@ -12,8 +12,9 @@ prepare then waits for this node's entry in the ComputeDomainClique ``<cdUID>.<c
 backoff inside the kubelet's deadline (the label stays meanwhile, so the daemon pod can be scheduled). ``Single``
 gives channel 0, ``All`` every channel of the node (count from ``/proc/driver/nvidia/params``): an ``All`` claim also
 holds ``channel-1 .. channel-<n-1>`` in the claim state, and its CDI spec is rendered by the compiled generator
-(``render_channel_spec``), one CDI device per channel. A node in no clique: success, no device edits, no spec, no CDI
-IDs. Unprepare removes the label only when it still names this domain.
+(``render_channel_spec``) as ONE CDI device ``<claimUID>-channel-0`` whose edits hold every channel's node, so
+the kubelet gets one CDI ID (NVIDIA's form, ``nvidia-dra-driver.md`` 5.2). A node in no clique: success, no
+device edits, no spec, no CDI IDs. Unprepare removes the label only when it still names this domain.
 
 Host-managed IMEX (``--imex-mode hostManaged``): the allocated channel is given, no label, readiness is the host
 daemon's ``nvidia-imex-ctl -q`` answer (on a node in a clique); daemon claims are refused.
@@ -247,26 +248,30 @@ class ChannelPreparer:
         return [f"{CHANNEL_PREFIX}{i}" for i in plan.details["channels"][1:]]
 
     def cdi_device_ids(self, ref: ClaimRef, plan: DevicePlan) -> tuple[str, ...]:
-        """One CDI ID per channel; none at all on a node in no clique (nothing is injected)."""
+        """The claim device ``<claimUID>-<allocated device>`` (one ID, also for an ``All`` claim: its device holds
+        every channel's node, as NVIDIA's, 5.2); none at all on a node in no clique (nothing is injected)."""
         if not plan.details["clique"]:
             return ()
-        return tuple(self.identity.cdi.device_id(ref.uid, f"{CHANNEL_PREFIX}{i}") for i in plan.details["channels"])
+        return (self.identity.cdi.device_id(ref.uid, plan.device),)
 
     def render_spec(self, ref: ClaimRef, plans: Sequence[DevicePlan], records: Sequence[UndoRecord],
                     spec_edits: ContainerEdits) -> bytes:
-        """The claim's spec through the compiled channel-spec generator; ``b""`` (no spec) in no clique.
+        """The claim's spec through the compiled channel-spec generator: one device ``<claimUID>-<allocated
+        device>`` with the node of every channel the claim holds (1, or all of the node's for ``All``); ``b""`` (no
+        spec) in no clique.
 
         :raises DeviceNodeError: the channel major is unknown (no ``nvidia-caps-imex-channels`` line).
         """
         record = next((r for r in records if r.kind == self.kind), None)
         data = record.data if record is not None else plans[0].details
+        device = record.target if record is not None else plans[0].device
         if not data.get("clique"):
             return b""
         channels = [int(c) for c in data["channels"]]
         major = self._major()
         try:
             return cdi.render_imex_channel_spec(major, channels, kind=self.identity.cdi.kind,
-                                                name_prefix=f"{ref.uid}-{CHANNEL_PREFIX}", common=spec_edits)
+                                                device_name=f"{ref.uid}-{device}", common=spec_edits)
         except cdi.CdiSpecError as exc:
             raise ClaimError(ref, str(exc)) from exc
 

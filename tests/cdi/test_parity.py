@@ -194,3 +194,56 @@ def test_channel_spec_parity(
     assert got == want
     if want[0] == "ok" and version is None:
         validate(want[1])
+
+
+@pytest.mark.slow
+@settings(max_examples=300, deadline=None)
+@given(
+    kind=JUNK["kind"],
+    channels=st.one_of(
+        st.lists(st.integers(0, 2047), max_size=6, unique=True),
+        st.lists(st.integers(-2, 2050), max_size=6),
+        st.integers(0, 2048).map(range),
+        _junk,
+    ),
+    major=JUNK["maybe_int"],
+    prefix=st.sampled_from(["", "", "", "uid-"]) | JUNK["text"],
+    file_mode=st.none() | st.integers(0, 0o7777) | _junk,
+    host_root=st.sampled_from(["", "/", "/run/nvidia/driver/", "rel"]) | _junk,
+    common=JUNK["common"],
+    version=JUNK["version"],
+    device_name=st.sampled_from(["uid-channel-0", "0uid-channel-0", "bad name", "-x", "é", ""]) | _junk,
+)
+def test_one_device_channel_spec_parity(
+    kind: Any,
+    channels: Any,
+    major: Any,
+    prefix: Any,
+    file_mode: Any,
+    host_root: Any,
+    common: Any,
+    version: Any,
+    device_name: Any,
+) -> None:
+    """``device_name`` (every channel's node in one device): the same bytes or the same error from both."""
+    args = (kind, channels, major, prefix, file_mode, host_root, common, version, device_name)
+    got = _outcome(lambda: _compiled().render_channel_spec(*args))
+    want = _outcome(lambda: cdispec_py.render_channel_spec(*args))
+    assert got == want
+    if want[0] == "ok" and version is None:
+        spec = validate(want[1])
+        assert [d["name"] for d in spec["devices"]] == [device_name]
+
+
+def test_one_device_channel_spec_all_channels() -> None:
+    """The All-mode claim's spec: one device, 2048 nodes in order, identical from both implementations."""
+    args = ("k8s.compute-domain.nvidia.com/claim", range(2048), 234, "", 0o666, "", None, None, "uid-channel-0")
+    data = _compiled().render_channel_spec(*args)
+    assert data == cdispec_py.render_channel_spec(*args)
+    spec = validate(data)
+    (device,) = spec["devices"]
+    assert device["name"] == "uid-channel-0"
+    nodes = device["containerEdits"]["deviceNodes"]
+    assert [n["path"] for n in nodes] == [f"/dev/nvidia-caps-imex-channels/channel{i}" for i in range(2048)]
+    assert [n.get("minor", 0) for n in nodes] == list(range(2048))
+    assert {(n["type"], n["major"], n["fileMode"]) for n in nodes} == {("c", 234, 0o666)}

@@ -203,3 +203,36 @@ def test_channel_spec_matches_generic_spec(impl: ModuleType) -> None:
         impl.render_channel_spec("nvidia.com/imex-channel", [5, 5], 234)
     with pytest.raises(ValueError, match="invalid CDI device name"):
         impl.render_channel_spec("nvidia.com/imex-channel", [5], 234, "bad name-")
+
+
+def test_one_device_channel_spec_matches_generic_spec(impl: ModuleType) -> None:
+    """``device_name``: the bytes of a generic spec whose one device lists every channel's node."""
+    channels = [0, *range(2047, 0, -5)]
+    nodes = [
+        (
+            f"/dev/nvidia-caps-imex-channels/channel{n}",
+            f"/r/dev/nvidia-caps-imex-channels/channel{n}",
+            "c",
+            234,
+            n,
+            438,
+            "",
+            None,
+            None,
+        )
+        for n in channels
+    ]
+    common = (("NVIDIA_VISIBLE_DEVICES=void",), (), (), (), (), ())
+    bulk = impl.render_channel_spec("k8s.compute-domain.nvidia.com/claim", channels, 234, "", 438, "/r/", common,
+                                    None, "uid-channel-0")
+    assert bulk == impl.render_spec("k8s.compute-domain.nvidia.com/claim", [("uid-channel-0", edits(nodes=nodes))],
+                                    common)
+    validate(bulk)
+    with pytest.raises(ValueError, match=r"channels\[2\] 5: duplicate channel \(also channels\[0\]\)"):
+        impl.render_channel_spec("nvidia.com/imex-channel", [5, 6, 5], 234, device_name="all")
+    with pytest.raises(ValueError, match="takes no name_prefix"):
+        impl.render_channel_spec("nvidia.com/imex-channel", [5], 234, "ch-", device_name="all")
+    with pytest.raises(ValueError, match="needs at least one channel"):
+        impl.render_channel_spec("nvidia.com/imex-channel", [], 234, device_name="all")
+    with pytest.raises(ValueError, match=r"devices\[0\]\.name 'a b': invalid CDI device name"):
+        impl.render_channel_spec("nvidia.com/imex-channel", [5], 234, device_name="a b")

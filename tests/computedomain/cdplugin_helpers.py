@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -117,9 +118,11 @@ async def wait_for(predicate: Any, timeout: float = 10.0) -> None:
 
 
 @contextlib.asynccontextmanager
-async def running(config: PluginConfig) -> AsyncIterator[tuple[ComputeDomainPlugin, PluginConnection]]:
-    """Start the plugin, register it through the kubelet emulator, stop both afterwards."""
-    plugin = await start_compute_domain_plugin(config)
+async def running(config: PluginConfig, *, clock: Callable[[], float] = time.time,
+                  ) -> AsyncIterator[tuple[ComputeDomainPlugin, PluginConnection]]:
+    """Start the plugin (``clock``: its wall clock for the aborted-prepare TTL), register it through the kubelet
+    emulator, stop both afterwards."""
+    plugin = await start_compute_domain_plugin(config, clock=clock)
     try:
         await wait_for(lambda: plugin.publisher.last_result is not None)
         async with KubeletEmulator(config.kubelet_registrar_directory_path) as kubelet:

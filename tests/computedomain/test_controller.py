@@ -292,3 +292,51 @@ def test_a_daemonset_in_an_additional_namespace_is_used_not_duplicated(api: ApiS
     client.custom.delete_namespaced_custom_object(GROUP, VERSION, "default", "computedomains", "cd5")
     controller.reconcile(("default", "cd5"))
     assert api.objects("DaemonSet") == [] and _cd(api, "cd5") is None
+
+
+def test_a_deleted_daemonset_or_template_is_recreated_at_once(api: ApiServerEmulator, client: KubeClient) -> None:
+    """The controller watches its own DaemonSets and templates: one deleted while its domain lives (held by the
+    controller's finalizer, so only marked deleting) is released and recreated without waiting for the 10-min
+    re-list (resync_s is left at its default here)."""
+    controller = ComputeDomainController(client, settings(), status_period_s=0.05)
+    with running(controller):
+        uid = _create(client, compute_domain("cd7", num_nodes=1, template="cd7-channel"))["metadata"]["uid"]
+        name = daemon_object_name(uid)
+        targets = [("DaemonSet", name, DRIVER_NS), ("ResourceClaimTemplate", name, DRIVER_NS),
+                   ("ResourceClaimTemplate", "cd7-channel", "default")]
+        for kind, obj_name, ns in targets:
+            first = wait_for(lambda k=kind, n=obj_name, s=ns: api.get(k, n, s), f"{kind} {obj_name}")
+            old_uid = first["metadata"]["uid"]
+            if kind == "DaemonSet":
+                client.apps.delete_namespaced_daemon_set(obj_name, ns)
+            else:
+                client.resource.delete_namespaced_resource_claim_template(obj_name, ns)
+
+            def recreated(k: str = kind, n: str = obj_name, s: str = ns, old: str = old_uid) -> bool:
+                obj = api.get(k, n, s)
+                return (obj is not None and obj["metadata"]["uid"] != old
+                        and not obj["metadata"].get("deletionTimestamp"))
+
+            wait_for(recreated, f"{kind} {ns}/{obj_name} recreated")
+            again = api.get(kind, obj_name, ns)
+            assert again is not None and again["metadata"]["finalizers"] == [FINALIZER]
+            assert again["metadata"]["labels"][LABEL_COMPUTE_DOMAIN] == uid
+    assert controller.resync_s == 600.0
+
+
+def test_a_daemonset_readiness_change_recomputes_the_status_at_once(api: ApiServerEmulator,
+                                                                     client: KubeClient) -> None:
+    """A DaemonSet whose numberReady changes has its domain's status recomputed from the nodes right away (the
+    status loop is slowed down here, so only the DaemonSet event can make the domain Ready)."""
+    controller = ComputeDomainController(client, settings(), status_period_s=600.0)
+    with running(controller):
+        uid = _create(client, compute_domain("cd8", num_nodes=1))["metadata"]["uid"]
+        ds = wait_for(lambda: api.get("DaemonSet", daemon_object_name(uid), DRIVER_NS), "the DaemonSet")
+        wait_for(lambda: _status(api, "cd8").get("status") == "NotReady", "NotReady")
+        daemon_pod(api, uid, "node-a", "10.0.0.1")
+        api.create(clique_object(uid, [entry("node-a", "10.0.0.1", 0)]))
+        assert _status(api, "cd8").get("status") == "NotReady"  # nothing recomputed it yet
+        ds["status"] = {"numberReady": 1, "desiredNumberScheduled": 1}
+        api.update(ds, subresource="status")
+        wait_for(lambda: _status(api, "cd8").get("status") == "Ready", "Ready after the DaemonSet event")
+        assert [(n["name"], n["status"]) for n in _status(api, "cd8")["nodes"]] == [("node-a", "Ready")]

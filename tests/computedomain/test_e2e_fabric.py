@@ -65,5 +65,6 @@ def test_in_progress_fabric_stops_the_plugin_and_a_node_in_no_clique_idles(clust
                               .get("metadata", {}).get("labels", {}).get(cd.LABEL_CLIQUE_ID)) == "",
                      timeout_s=WAIT_S)
     log = next((node.root / "pods").glob(f"*{pod['metadata']['uid']}")).joinpath(
-        pod["spec"]["containers"][0]["name"] + ".log").read_text()
-    assert "no NVLink clique" in log
+        pod["spec"]["containers"][0]["name"] + ".log")
+    # the daemon labels its pod first and logs after: wait for the line rather than read once
+    cluster.wait_for("the idle daemon's log line", lambda: "no NVLink clique" in log.read_text(), timeout_s=WAIT_S)

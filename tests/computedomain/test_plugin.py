@@ -77,12 +77,13 @@ def test_all_channel_claim_gets_every_channel_through_the_compiled_generator(nod
             assert got.ok, got.error
             (device,) = got.devices  # only the allocated device is answered
             assert device.device_name == "channel-0"
-            assert len(device.cdi_device_ids) == 2048
-            assert device.cdi_device_ids[5] == f"{KIND}={ref.uid}-channel-5"
+            # one CDI device holds every channel's node, as NVIDIA's (its claim device <claimUID>-channel-0)
+            assert device.cdi_device_ids == (f"{KIND}={ref.uid}-channel-0",)
             data = spec_path(node, ref.uid).read_bytes()
             spec = validate(data, fully_specified=True)
-            assert len(spec["devices"]) == 2048
-            nodes = [d["containerEdits"]["deviceNodes"][0] for d in spec["devices"]]
+            assert [d["name"] for d in spec["devices"]] == [f"{ref.uid}-channel-0"]
+            nodes = spec["devices"][0]["containerEdits"]["deviceNodes"]
+            assert len(nodes) == 2048
             assert {n["major"] for n in nodes} == {CHANNEL_MAJOR}
             assert [n.get("minor", 0) for n in nodes] == list(range(2048))
             assert nodes[2047]["path"] == "/dev/nvidia-caps-imex-channels/channel2047"
@@ -98,6 +99,69 @@ def test_all_channel_claim_gets_every_channel_through_the_compiled_generator(nod
             assert again.devices == got.devices and plugin.runner.preparations == 1
             assert (await conn.unprepare([ref]))[ref.uid] == ""
             assert plugin.state.get(ref.uid) is None and not spec_path(node, ref.uid).exists()
+
+    asyncio.run(body())
+
+
+def test_all_channel_claim_spec_is_kept_across_a_restart_and_rewritten_when_gone(node: SandboxNode) -> None:
+    """The one-device spec of an All claim matches its stored CDI ID: a restart keeps the file as it is, and a
+    prepare after ``/var/run/cdi`` was cleaned rewrites it with the same single device."""
+    api = node.api
+    assert api is not None
+    uid = seed_domain(api, mode="All")
+    seed_clique(api, uid, node.node_name, "Ready")
+    ref = seed_claim(api, "wl-all", uid, mode="All")
+
+    async def body() -> None:
+        async with running(cd_config(node)) as (_plugin, conn):
+            got = (await conn.prepare([ref]))[ref.uid]
+            assert got.ok, got.error
+        path = spec_path(node, ref.uid)
+        before = path.read_bytes()
+        mtime = path.stat().st_mtime_ns
+        async with running(cd_config(node)) as (plugin, conn):
+            assert path.stat().st_mtime_ns == mtime and path.read_bytes() == before  # not rewritten
+            path.unlink()
+            again = (await conn.prepare([ref]))[ref.uid]
+            assert again.ok and again.devices == got.devices and plugin.runner.preparations == 0
+            assert path.read_bytes() == before
+            assert (await conn.unprepare([ref]))[ref.uid] == ""
+
+    asyncio.run(body())
+
+
+def test_an_all_claim_prepared_by_an_older_build_keeps_its_2048_device_spec(node: SandboxNode) -> None:
+    """Upgrade: a claim prepared when an All claim was one CDI device per channel (2048 CDI IDs stored) keeps its
+    spec and its answer after a restart: the spec matches the stored CDI IDs, so nothing is rewritten."""
+    from dataclasses import replace
+
+    from dradriver.domain import cdi
+
+    api = node.api
+    assert api is not None
+    uid = seed_domain(api, mode="All")
+    seed_clique(api, uid, node.node_name, "Ready")
+    ref = seed_claim(api, "wl-old", uid, mode="All")
+    path = spec_path(node, ref.uid)
+
+    async def body() -> None:
+        async with running(cd_config(node)) as (plugin, conn):
+            assert (await conn.prepare([ref]))[ref.uid].ok
+            record = plugin.state.get(ref.uid)
+            assert record is not None
+            old_ids = tuple(f"{KIND}={ref.uid}-channel-{i}" for i in range(2048))
+            devices = [replace(d, cdi_device_ids=old_ids) if d.device == "channel-0" else d for d in record.devices]
+            plugin.state.prepare_completed(ref.uid, devices=devices)
+            path.write_bytes(cdi.render_imex_channel_spec(CHANNEL_MAJOR, range(2048), kind=KIND,
+                                                          name_prefix=f"{ref.uid}-channel-"))
+        before = path.read_bytes()
+        async with running(cd_config(node)) as (plugin, conn):
+            assert ref.uid not in plugin.recovery.rebuilt_specs and path.read_bytes() == before
+            got = (await conn.prepare([ref]))[ref.uid]
+            assert got.ok and len(got.devices[0].cdi_device_ids) == 2048 and plugin.runner.preparations == 0
+            assert path.read_bytes() == before
+            assert (await conn.unprepare([ref]))[ref.uid] == ""
+            assert not path.exists()
 
     asyncio.run(body())
 
@@ -121,7 +185,10 @@ def test_channel_count_comes_from_driver_params_with_a_default(node: SandboxNode
         async with running(cd_config(node)) as (_plugin, conn):
             got = (await conn.prepare([ref]))[ref.uid]
             assert got.ok, got.error
-            assert len(got.devices[0].cdi_device_ids) == 16
+            assert got.devices[0].cdi_device_ids == (f"{KIND}={ref.uid}-channel-0",)
+            (device,) = validate(spec_path(node, ref.uid).read_bytes())["devices"]
+            assert [n["path"] for n in device["containerEdits"]["deviceNodes"]] == [
+                f"/dev/nvidia-caps-imex-channels/channel{i}" for i in range(16)]
 
     asyncio.run(body())
 

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,8 @@ import pytest
 
 from dradriver.app.computedomain import start_compute_domain_plugin
 from dradriver.domain.featuregates import HOST_MANAGED_IMEX_DAEMON
-from dradriver.host.claimstate import ClaimPhase
+from dradriver.host.claimstate import ClaimPhase, ClaimRecord
+from dradriver.kubeletplugin.runner import read_payload
 from dradriver.sandbox.kubelet import KubeletEmulator, KubeletError
 from dradriver.sandbox.node import SandboxNode
 from tests.cdi.helpers import validate
@@ -61,12 +63,110 @@ def test_unprepare_during_the_wait_aborts_the_prepare_and_a_late_prepare_is_stal
             assert node_label(api) is None  # the waiting attempts' label went with the unprepare
             late = (await conn.prepare([ref]))[ref.uid]
             assert "stale prepare" in late.error and "PrepareAborted" in late.error
-            assert plugin.state.get(ref.uid) is None and not spec_path(node, ref.uid).exists()
-            plugin.runner._aborted[ref.uid] -= 120.0  # the 90 s have passed
+            _assert_aborted_mark(plugin.state.get(ref.uid))
+            assert not spec_path(node, ref.uid).exists()
+            # unpreparing an aborted claim again is a no-op that keeps the mark (NVIDIA's)
+            assert (await conn.unprepare([ref]))[ref.uid] == ""
+            _assert_aborted_mark(plugin.state.get(ref.uid))
+            assert plugin.runner.forget_expired_aborts() == []  # within the TTL
+            plugin.runner.clock = lambda: time.time() + 91.0  # the 90 s have passed
+            assert plugin.runner.forget_expired_aborts() == [ref.uid]  # the periodic cleanup's step
+            assert plugin.state.get(ref.uid) is None
             seed_clique(api, uid, node.node_name, "Ready")
             assert (await conn.prepare([ref]))[ref.uid].ok
 
     asyncio.run(body())
+
+
+def _assert_aborted_mark(record: ClaimRecord | None) -> None:
+    assert record is not None and record.phase is ClaimPhase.PREPARE_STARTED and record.devices == ()
+    stored = read_payload(record.payload)
+    assert stored.aborted_at is not None and abs(time.time() - stored.aborted_at) < 90 and stored.undo == ()
+
+
+def test_aborted_mark_refuses_only_the_same_allocation(node: SandboxNode) -> None:
+    """NVIDIA refuses a PrepareAborted claim only when its status is the one checkpointed: a claim whose allocation
+    changed (here its opaque config) is prepared within the TTL."""
+    api = node.api
+    assert api is not None
+    uid = seed_domain(api)
+    seed_clique(api, uid, node.node_name, "NotReady")
+    ref = seed_claim(api, "wl-0", uid)
+
+    async def body() -> None:
+        async with running(cd_config(node)) as (plugin, conn):
+            pending = asyncio.create_task(conn.prepare([ref]))
+            while node_label(api) != uid:
+                await asyncio.sleep(0.02)
+            assert (await conn.unprepare([ref]))[ref.uid] == ""
+            await pending
+            seed_clique(api, uid, node.node_name, "Ready")
+            assert "stale prepare" in (await conn.prepare([ref]))[ref.uid].error
+            claim = api.get("ResourceClaim", ref.name, ref.namespace)
+            assert claim is not None
+            claim["status"]["allocation"]["devices"]["config"][0]["opaque"]["parameters"]["allocationMode"] = "All"
+            api.update(claim, subresource="status")
+            got = (await conn.prepare([ref]))[ref.uid]
+            assert got.ok, got.error
+            record = plugin.state.get(ref.uid)
+            assert record is not None and record.phase is ClaimPhase.PREPARE_COMPLETED
+            assert (await conn.unprepare([ref]))[ref.uid] == ""
+
+    asyncio.run(body())
+
+
+@pytest.mark.slow
+def test_aborted_mark_survives_a_sigkill_and_restart_until_its_ttl(node: SandboxNode) -> None:
+    """PrepareAborted is in the claim state (NVIDIA's checkpoint): the plugin process is SIGKILLed right after the
+    aborting unprepare; restarted, it refuses the claim's prepare as stale; restarted again 91 s later (its clock),
+    the expired mark is deleted at start and the prepare succeeds."""
+    api = node.api
+    assert api is not None
+    uid = seed_domain(api)
+    seed_clique(api, uid, node.node_name, "NotReady")
+    ref = seed_claim(api, "wl-0", uid)
+    config = cd_config(node)
+
+    async def abort_then_kill() -> None:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "dradriver", "compute-domain-kubelet-plugin", env=_plugin_env(node),
+            cwd=str(ROOT), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            async with KubeletEmulator(config.kubelet_registrar_directory_path) as kubelet:
+                conn = await kubelet.wait_for_plugin(DRIVER, timeout=30)
+                pending = asyncio.create_task(conn.prepare([ref]))
+                while node_label(api) != uid:
+                    await asyncio.sleep(0.02)
+                assert (await conn.unprepare([ref]))[ref.uid] == ""
+                proc.send_signal(signal.SIGKILL)
+                try:
+                    got = (await pending)[ref.uid]
+                    assert "unprepared while this prepare was in flight" in got.error
+                except KubeletError:
+                    pass  # the kill came first
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+            await proc.wait()
+
+    async def restart(clock: Any) -> None:
+        seed_clique(api, uid, node.node_name, "Ready")
+        async with running(config, clock=clock) as (plugin, conn):
+            if clock is time.time:
+                assert plugin.recovery.aborted_kept == (ref.uid,) and plugin.recovery.aborted_expired == ()
+                refused = (await conn.prepare([ref]))[ref.uid]
+                assert "stale prepare" in refused.error and "PrepareAborted" in refused.error
+                _assert_aborted_mark(plugin.state.get(ref.uid))
+            else:
+                assert plugin.recovery.aborted_expired == (ref.uid,) and plugin.recovery.aborted_kept == ()
+                assert plugin.state.get(ref.uid) is None
+                got = (await conn.prepare([ref]))[ref.uid]
+                assert got.ok, got.error
+                assert (await conn.unprepare([ref]))[ref.uid] == ""
+
+    asyncio.run(abort_then_kill())
+    asyncio.run(restart(time.time))
+    asyncio.run(restart(lambda: time.time() + 91.0))
 
 
 IMEX_CTL = """#!/bin/sh
@@ -168,7 +268,8 @@ def test_sigkill_in_the_middle_of_a_channel_prepare_then_restart(node: SandboxNo
                 conn = await kubelet.wait_for_plugin(DRIVER, timeout=10)
                 got = (await conn.prepare([ref]))[ref.uid]
                 assert got.ok, got.error
-                assert len(validate(spec_path(node, ref.uid).read_bytes())["devices"]) == 2048
+                (device,) = validate(spec_path(node, ref.uid).read_bytes())["devices"]
+                assert len(device["containerEdits"]["deviceNodes"]) == 2048
                 stored = plugin.state.get(ref.uid)
                 assert stored is not None and stored.phase is ClaimPhase.PREPARE_COMPLETED
                 assert len(stored.devices) == 2048

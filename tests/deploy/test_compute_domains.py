@@ -97,11 +97,11 @@ def test_controller_rbac_is_least_privilege() -> None:
     assert _rules("ClusterRole", CONTROLLER) == {
         ("resource.nvidia.com", "computedomains", ("get", "list", "update", "watch")),
         ("resource.nvidia.com", "computedomains/status", ("update",)),
-        ("resource.k8s.io", "resourceclaimtemplates", ("create", "delete", "get", "list", "update")),
+        ("resource.k8s.io", "resourceclaimtemplates", ("create", "delete", "get", "list", "update", "watch")),
         ("", "nodes", ("get", "list", "patch")),
     }
     assert _rules("Role", CONTROLLER) == {
-        ("apps", "daemonsets", ("create", "delete", "get", "list", "update")),
+        ("apps", "daemonsets", ("create", "delete", "get", "list", "update", "watch")),
         ("", "pods", ("list",)),
         ("resource.nvidia.com", "computedomaincliques", ("delete", "get", "list", "update")),
         ("coordination.k8s.io", "leases", ("create", "get", "update")),
