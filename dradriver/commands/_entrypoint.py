@@ -13,13 +13,31 @@ subcommands need its own ``main`` around :func:`build_parser`). ``compute-domain
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 
 from dradriver import __version__, config, logs
 from dradriver.domain.featuregates import FeatureGates
 from dradriver.errors import DradriverError
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+"""The signals that end a component cleanly (the kubelet's and the container runtime's stop signals)."""
+
+
+def stop_on_signals(stop: asyncio.Event | threading.Event) -> None:
+    """Set ``stop`` on any of :data:`STOP_SIGNALS`: through the running event loop for an :class:`asyncio.Event`
+    (call it inside the loop), through ``signal.signal`` for a :class:`threading.Event` (main thread only)."""
+    if isinstance(stop, asyncio.Event):
+        loop = asyncio.get_running_loop()
+        for sig in STOP_SIGNALS:
+            loop.add_signal_handler(sig, stop.set)
+    else:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, lambda *_: stop.set())
 
 
 def build_parser(prog: str, description: str, flags: Sequence[config.Flag]) -> argparse.ArgumentParser:

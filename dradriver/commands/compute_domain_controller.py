@@ -154,7 +154,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     """Run until SIGINT/SIGTERM/SIGHUP/SIGQUIT (0), a lost Lease or a start failure (1); 2 on bad flags."""
     import logging
-    import signal
     import sys
     import threading
 
@@ -171,8 +170,7 @@ def run(args: argparse.Namespace) -> int:
     log = logging.getLogger("dradriver.compute_domain_controller")
     log.info("startup config: %s", cfg)
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
-        signal.signal(sig, lambda *_: stop.set())
+    _entrypoint.stop_on_signals(stop)
     try:
         lost = run_controller(cfg, stop)
     except (DradriverError, OSError) as exc:

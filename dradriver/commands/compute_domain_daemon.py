@@ -89,7 +89,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     """``run``: 0 after SIGTERM, 1 when it cannot run; ``check``: 0 when ready; 2 on bad flags."""
     import logging
-    import signal
     import sys
     import threading
     from pathlib import Path
@@ -127,8 +126,7 @@ def run(args: argparse.Namespace) -> int:
         max_nodes=args.max_nodes_per_imex_domain, imexd_dir=Path(args.imexd_dir), hosts_file=Path(args.hosts_file),
         poll_interval_s=args.poll_interval_seconds)
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
-        signal.signal(sig, lambda *_: stop.set())
+    _entrypoint.stop_on_signals(stop)
     try:
         settings.validate()
         from dradriver.kube.client import open_client

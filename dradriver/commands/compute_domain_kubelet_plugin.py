@@ -38,7 +38,6 @@ def run(args: argparse.Namespace) -> int:
     """Run until SIGINT/SIGTERM/SIGHUP/SIGQUIT; 0 on a clean stop, 1 when the plugin cannot start, 2 on bad flags."""
     import asyncio
     import logging
-    import signal
     import sys
 
     from dradriver.errors import DradriverError
@@ -56,9 +55,7 @@ def run(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
-            loop.add_signal_handler(sig, stop.set)
+        _entrypoint.stop_on_signals(stop)
         await run_compute_domain_plugin(cfg, stop)
 
     try:

@@ -42,7 +42,6 @@ def run(args: argparse.Namespace) -> int:
     """Run until SIGINT/SIGTERM/SIGHUP/SIGQUIT; 0 on a clean stop, 1 when the plugin cannot start, 2 on bad flags."""
     import asyncio
     import logging
-    import signal
     import sys
 
     from dradriver.errors import DradriverError
@@ -67,9 +66,8 @@ def run(args: argparse.Namespace) -> int:
         from dradriver.server import deferred
 
         stop = asyncio.Event()
+        _entrypoint.stop_on_signals(stop)
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
-            loop.add_signal_handler(sig, stop.set)
         early = await deferred.start_early(cfg)
         # Start-up allocates the modules' objects, nearly all of which live as long as the process: the
         # cyclic collector only slows that down (~10 %). Collected once the plugin runs, and what is left
