@@ -112,7 +112,8 @@ def _mig_name(memory_mb: int, total_bytes: int, slices: int, extra: str = "") ->
     return f"{slices}g.{gb}gb{extra}"
 
 
-@pytest.mark.parametrize("name", ["dgx-a100", "dgx-h100", "gb200-nvl72-node"])
+@pytest.mark.parametrize("name", ["dgx-a100", "a100-80gb-node", "dgx-h100", "dgx-h200", "dgx-b200",
+                                  "gb200-nvl72-node"])
 def test_gpu_instance_profile_table(nvml: Any, name: str) -> None:
     pynvml = nvml(name)
     g = _gpus(name)[0]
@@ -136,9 +137,15 @@ def test_gpu_instance_profile_table(nvml: Any, name: str) -> None:
             if version == 2:
                 assert info.name == want["name"]
         slices = want["sliceCount"]
-        extra = "+me" if index == pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1 else ""
+        extra = "+me" if index in (pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1,
+                                      pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE_REV1) else ""
         assert want["name"] == "MIG " + _mig_name(want["memorySizeMB"], g["memory"]["total"], slices, extra)
         count = ctypes.c_uint(0)
+        if "placementsReturn" in want:  # a profile NVML lists but rejects (B200's 2g+me construct)
+            with pytest.raises(pynvml.NVMLError) as refused:
+                pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(h, want["id"], None, ctypes.byref(count))
+            assert refused.value.value == want["placementsReturn"]
+            continue
         pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(h, want["id"], None, ctypes.byref(count))
         placements = (pynvml.c_nvmlGpuInstancePlacement_t * count.value)()
         pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(h, want["id"], placements, ctypes.byref(count))
