@@ -15,9 +15,8 @@ NVIDIA's driver refuses per-claim MPS while consumable shares are on, so the nod
 2. **MPS** (``MPSSupport``; the plugin restarted): one claim with NVIDIA's MPS config, its own daemon and the
    defaults the daemon took.
 
-A part whose building block is missing from a build (a gate not implemented, the MPS step not wired) is reported
-as skipped, with the reason; everything else must do what the driver promises or the demo fails. Nothing is
-left behind at the end (CDI specs, claim state, Deployments, daemon directories).
+Every part must do what the driver promises or the demo fails (:class:`~dradriver.sandbox.demo.DemoError`);
+nothing is skipped. Nothing is left behind at the end (CDI specs, claim state, Deployments, daemon directories).
 """
 
 from __future__ import annotations
@@ -40,7 +39,7 @@ from dradriver.config import PluginConfig
 from dradriver.domain import configs
 from dradriver.domain.claims import ClaimRef
 from dradriver.domain.devices import GpuDevice
-from dradriver.domain.featuregates import GATES_BY_NAME, TIME_SLICING_SETTINGS, Support
+from dradriver.domain.featuregates import TIME_SLICING_SETTINGS
 from dradriver.domain.identity import GPU_DRIVER
 from dradriver.nvml import settings as nvml_settings
 from dradriver.preparers.shares import daemon_id
@@ -60,10 +59,6 @@ SHARE = "10Gi"
 TIME_SLICED = "70Gi"
 """Two time-sliced claims of 70Gi fill one H200 (143771 MiB), so the 10Gi shares land on the next GPU."""
 CONFIG_API = "resource.nvidia.com/v1beta1"
-
-
-def _implemented(gate: str) -> bool:
-    return GATES_BY_NAME[gate].support is Support.IMPLEMENTED
 
 
 def _claim(name: str, memory: str | None, config: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -155,10 +150,6 @@ def _policy_lines(slices: list[dict[str, Any]]) -> str:
 
 async def _time_slicing(node: _Node, narrator: Narrator) -> list[dict[str, Any]]:
     """Two claims of 70Gi on one GPU with TimeSlicing (Long): NVIDIA's consumable-shares time-slicing."""
-    if not _implemented(TIME_SLICING_SETTINGS):
-        narrator.say("skipped: the TimeSlicingSettings gate is not implemented in this build (time-slicing step "
-                     "missing)", skipped=True)
-        return []
     config = {"kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}}
     claims = [node.allocate(_claim(f"time-sliced-{i}", TIME_SLICED, config)) for i in (1, 2)]
     devices = {c["status"]["allocation"]["devices"]["results"][0]["device"] for c in claims}
@@ -248,8 +239,7 @@ async def _mps_claim(sandbox: SandboxNode, narrator: Narrator) -> None:
     config = sandbox.mps_config(log_level="error")
     async with _running(sandbox, config) as node:
         if configs.MPS not in node.plugin.runner.sharing:
-            narrator.say("skipped: the MPS sharing step is not wired into the plugin in this build", skipped=True)
-            return
+            raise DemoError("the plugin started with MPSSupport has no MPS sharing step")
         mps = {"kind": "GpuConfig", "sharing": {"strategy": "MPS", "mpsConfig": {
             "defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "20Gi"}}}
         claim = node.allocate(_claim("mps-claim", None, mps))
@@ -282,9 +272,8 @@ async def sharing_demo(narrator: Narrator) -> None:
             narrator.step(1, "Start the plugin with consumable shares on an H200 node "
                              f"(mock NVML {Path(profile).stem})")
             config = sandbox.shares_config("memory", log_level="error")
-            if _implemented(TIME_SLICING_SETTINGS):
-                config = dataclasses.replace(
-                    config, feature_gates=config.feature_gates.with_gates(**{TIME_SLICING_SETTINGS: True}))
+            config = dataclasses.replace(
+                config, feature_gates=config.feature_gates.with_gates(**{TIME_SLICING_SETTINGS: True}))
             async with _running(sandbox, config) as node:
                 narrator.say(f"gates {config.feature_gates.render()}; --consumable-shares={config.consumable_shares}")
                 slices = node.api.objects("ResourceSlice")
