@@ -734,8 +734,9 @@ NVIDIA_ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
                         "into the plugin's own container); not by the plugin, as NVIDIA's."),
     EnvironmentVariable("NVIDIA_MIG_CONFIG_DEVICES", "Read by the NVIDIA container runtime (MIG configuration "
                         "capability for the container); not by the plugin, as NVIDIA's."),
-    EnvironmentVariable("NVIDIA_DRA_TEST_FORCE_GPU_ARCH", "NVIDIA's test hook for its DynamicMIG code path; "
-                        "dradriver does not implement the gate DynamicMIG, so it has no effect (warned).", True),
+    EnvironmentVariable("NVIDIA_DRA_TEST_FORCE_GPU_ARCH", "NVIDIA's test hook forcing its DynamicMIG Ampere "
+                        "path (no MIG toggle without a reset); dradriver's DynamicMIG takes each GPU's architecture "
+                        "from NVML (the mock NVML profiles provide Ampere nodes), so it has no effect (warned).", True),
     EnvironmentVariable("NVIDIA_FABRICMANAGER_ADDRESS", "Used by NVIDIA only with the gate "
                         "FabricManagerPartitioning, which dradriver does not implement: no effect (warned).", True),
     EnvironmentVariable("NVIDIA_FABRICMANAGER_UNIX_SOCKET", "As NVIDIA_FABRICMANAGER_ADDRESS: no effect "
