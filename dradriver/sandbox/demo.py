@@ -19,7 +19,7 @@ through NodePrepareResources exactly as on a node. Steps:
    unprepared;
 7. tear down (unprepare, delete pods and claims) and check nothing is left (CDI specs, claim state).
 
-``--scenario time-slicing`` runs :mod:`dradriver.sandbox.sharingdemo` after step 2 instead; ``--scenario sharing``
+``--scenario time-slicing`` runs :mod:`dradriver.sandbox.timeslicingdemo` after step 2 instead; ``--scenario sharing``
 is :mod:`dradriver.sandbox.sharing_demo` (its own node and plugin configurations).
 """
 
@@ -300,7 +300,7 @@ async def run_scenarios(run: DemoRun, narrator: Narrator) -> None:
 
 
 SCENARIOS = ("basic", "time-slicing")
-"""``basic``: steps 3-7 above; ``time-slicing``: :mod:`dradriver.sandbox.sharingdemo` (sharing gates on). The
+"""``basic``: steps 3-7 above; ``time-slicing``: :mod:`dradriver.sandbox.timeslicingdemo` (sharing gates on). The
 assembled ``dradriver demo --scenario sharing`` (time-slicing, consumable shares, MPS) is
 :mod:`dradriver.sandbox.sharing_demo`."""
 
@@ -314,13 +314,13 @@ async def demo(*, profile: str, node_name: str, narrator: Narrator,
     """
     if scenario not in SCENARIOS:
         raise DemoError(f"unknown scenario {scenario!r}; scenarios: {', '.join(SCENARIOS)}")
-    from dradriver.sandbox import sharingdemo
+    from dradriver.sandbox import timeslicingdemo
 
-    gates = sharingdemo.SHARING_GATES if scenario == "time-slicing" else None
+    gates = timeslicingdemo.SHARING_GATES if scenario == "time-slicing" else None
     async with started(profile, node_name, narrator, gates) as run:
         if serve is not None:
             await serve(run)
         elif scenario == "time-slicing":
-            await sharingdemo.run_sharing(run, narrator)
+            await timeslicingdemo.run_sharing(run, narrator)
         else:
             await run_scenarios(run, narrator)

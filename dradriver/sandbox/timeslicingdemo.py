@@ -1,4 +1,4 @@
-"""``dradriver demo --scenario sharing``: GPU sharing shown end to end, with the settings read back through NVML.
+"""``dradriver demo --scenario time-slicing``: one GPU time-sliced between two claims, settings read via NVML.
 
 The plugin runs with the sharing gates on (:data:`SHARING_GATES`). Steps after the ResourceSlice (steps 1-2 of
 :mod:`dradriver.sandbox.demo`):
