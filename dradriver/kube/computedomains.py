@@ -9,7 +9,8 @@ Names and labels: :mod:`dradriver.domain.computedomains`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from dradriver.domain.computedomains import API_GROUP, API_VERSION, CLIQUE_PLURAL, COMPUTE_DOMAIN_PLURAL
@@ -39,6 +40,7 @@ __all__ = [
     "update_clique",
     "update_compute_domain",
     "update_compute_domain_status",
+    "watch_cliques",
 ]
 
 
@@ -126,6 +128,22 @@ def list_cliques(client: KubeClient, namespace: str, label_selector: str = "") -
                        client.custom.list_namespaced_custom_object, API_GROUP, API_VERSION, namespace,
                        CLIQUE_PLURAL, label_selector=label_selector)
     return list(body.get("items") or [])
+
+
+def watch_cliques(client: KubeClient, namespace: str, label_selector: str, resource_version: str,
+                  timeout_s: float) -> Iterator[JSONDict]:
+    """Watch the ComputeDomainCliques of ``namespace`` matching ``label_selector`` from ``resource_version``
+    (``""``: the current ones first, as ``ADDED``); yields watch events until the server ends the watch.
+
+    :raises errors.KubeAPIError: opening or reading failed (410 ``Expired``: watch again from ``""``).
+    """
+    method = functools.partial(client.custom.list_namespaced_custom_object, API_GROUP, API_VERSION, namespace,
+                               CLIQUE_PLURAL)
+    options: dict[str, Any] = {"label_selector": label_selector}
+    if resource_version:
+        options["resource_version"] = resource_version
+    return client.stream(f"WATCH computedomaincliques {namespace} {label_selector}", method, timeout_s=timeout_s,
+                         **options)
 
 
 def create_clique(client: KubeClient, obj: Mapping[str, Any]) -> JSONDict | None:
