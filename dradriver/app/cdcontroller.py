@@ -806,6 +806,8 @@ class ControllerConfig:
     lease_duration_s: float = 15.0
     renew_deadline_s: float = 10.0
     retry_period_s: float = 2.0
+    node_failure_grace_s: float = 40.0
+    status_resync_s: float = 60.0
 
 
 def _serve_metrics(endpoint: str, path: str) -> Any:
@@ -839,7 +841,8 @@ def run_controller(cfg: ControllerConfig, stop: threading.Event) -> bool:
     client = open_client(cfg.kubeconfig, user_agent="dradriver/compute-domain-controller",
                          rate_limit=ratelimit.rate_limiter(cfg.kube_api_qps, cfg.kube_api_burst))
     metrics = _serve_metrics(cfg.http_endpoint, cfg.metrics_path) if cfg.http_endpoint else None
-    controller = ComputeDomainController(client, cfg.settings, additional_namespaces=cfg.additional_namespaces)
+    controller = ComputeDomainController(client, cfg.settings, additional_namespaces=cfg.additional_namespaces,
+                                         status_period_s=cfg.status_resync_s, node_grace_s=cfg.node_failure_grace_s)
     try:
         if not cfg.leader_election:
             controller.run(stop)
