@@ -301,6 +301,14 @@ class Workloads:
         return True
 
     # ------------------------------------------------------------------------------------------ hooks
+    def container_pids(self) -> list[int]:
+        """Process IDs of every container process this runner started, their children included."""
+        pids: list[int] = []
+        for pod in self._pods.values():
+            for c in pod.containers:
+                pids += pids_with_marker(c.marker)
+        return sorted(set(pids))
+
     def runs(self, pod: JSONDict) -> bool:
         """Whether this runner starts the Pod's containers (here: Pods a Deployment controls)."""
         return _from_deployment(pod)
