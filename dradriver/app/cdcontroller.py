@@ -12,8 +12,8 @@ owning domain when one of them is deleted or starts being deleted, so a deleted 
 at once rather than at the 10-min re-list (an object held by the controller's finalizer while its domain lives is
 released first); a DaemonSet whose ``status.numberReady`` changed has its domain's status recomputed at once
 (NVIDIA's handler sets ``Ready`` when ``numberReady == numNodes``, 7.3; here ``status.status`` always agrees with
-``status.nodes``). Besides the queue: the status loop (every 2 s) and the stale sweep (at start and
-every 10 min).
+``status.nodes``). Besides the queue: membership (below), the slow resync (``status_period_s``, 60 s) and the
+stale sweep (at start and every 10 min).
 
 Driver-managed reconcile: finalizer ``resource.nvidia.com/computeDomain`` on the domain; the daemon
 ResourceClaimTemplate and DaemonSet ``computedomain-daemon-<cdUID>`` in the driver namespace; the workload
@@ -23,9 +23,21 @@ ComputeDomainCliques, which NVIDIA leaves to the garbage collector through the d
 the finalizers of the templates and the DaemonSet, a check that they are gone (else retry), then the domain's
 finalizer. Host-managed IMEX mode: finalizer, workload template and status ``Ready`` only.
 
-Status loop: per domain, the daemon pods (label ``resource.nvidia.com/computeDomain=<uid>`` in the driver
+Membership (issue 14; README "Membership, elastic domains, node failure"): watches on the cliques and the daemon
+pods of the driver namespace mark the owning domain; a worker runs one pass per burst of marks
+(:meth:`ComputeDomainController.reconcile_membership`, ``coalesce_s``). Per clique a pass sends at most one JSON
+patch (:func:`membership_operations`: remove the items of nodes without a daemon pod; clear the daemon-owned
+fields of nodes that stopped answering -- Lease in ``kube-node-lease`` older than ``node_grace_s`` or Node
+``Ready`` False/Unknown -- keeping their ``index``) and at most one server-side apply under
+:data:`CONTROLLER_FIELD_MANAGER` of ``{nodeName, index}`` for every item
+(:func:`~dradriver.domain.imex.assign_indexes`: lowest free, never moved), then the domain's status is written
+if it changed. A node check every ``node_check_s`` marks the domains with a member on a node that stopped
+answering. Nothing is read-modify-written: the patch is guarded by ``test`` operations, the apply cannot
+conflict.
+
+Status: per domain, the daemon pods (label ``resource.nvidia.com/computeDomain=<uid>`` in the driver
 namespace) and ComputeDomainCliques; clique entries whose node runs no daemon pod of the domain are pruned;
-``status.nodes`` = the cliques' daemons + the daemon pods on nodes in no clique (pod label
+``status.nodes`` = the cliques' members (items with an ``ipAddress``) + the daemon pods on nodes in no clique (pod label
 ``resource.nvidia.com/computeDomain.cliqueID`` explicitly empty: index -1, status from the pod's Ready
 condition); with the gate ComputeDomainCliques off the daemons write ``status.nodes`` themselves and the loop
 keeps the entries whose IP is still a daemon pod's. ``status.status`` = :func:`~dradriver.domain.computedomains.
