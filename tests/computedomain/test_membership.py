@@ -27,6 +27,7 @@ from dradriver.domain.computedomains import (
     dns_name,
 )
 from dradriver.kube.client import KubeClient
+from dradriver.kube.leaderelection import LeaderElectionConfig, LeaderElector, candidate_identity
 from dradriver.sandbox.apiserver import ApiServerEmulator
 from tests.computedomain.controller_helpers import (
     CLIQUE,
@@ -259,3 +260,44 @@ def test_a_healed_node_returns_with_the_same_index_and_name(api: ApiServerEmulat
         assert _indexes(api, uid) == before
         for m in peers:
             assert m.mapping is not None and m.mapping[b_name] == daemons[1].settings.pod_ip
+
+
+def _elected(client: KubeClient, pod: str, controller: ComputeDomainController,
+             stop: threading.Event) -> threading.Thread:
+    cfg = LeaderElectionConfig(namespace=DRIVER_NS, name="dradriver-compute-domain-controller",
+                               identity=candidate_identity(pod), lease_duration_s=15, renew_deadline_s=10,
+                               retry_period_s=0.2)
+    thread = threading.Thread(target=LeaderElector(client, cfg).run, args=(controller.run, stop), daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_new_leader_finishes_membership_the_old_one_left_converging(api: ApiServerEmulator, client: KubeClient,
+                                                                      tmp_path: Path) -> None:
+    """Leader a assigns the first daemons' indexes and stops (releasing the Lease); a daemon joins with no leader;
+    b takes over and gives it the next index without moving the others."""
+    a, b = _controller(client), _controller(client)
+    stop_a, stop_b = threading.Event(), threading.Event()
+    runner_a = _elected(client, "controller-a", a, stop_a)
+    try:
+        uid = _create(client, "cdl")
+        daemons = [_daemon(api, client, uid, node, tmp_path) for node in NODES[:2]]
+        _converge(daemons, STATUS_NOT_READY)
+        wait_for(lambda: len(_indexes(api, uid)) == 2, "a's indexes")
+        before = _indexes(api, uid)
+    finally:
+        stop_a.set()
+        runner_a.join(timeout=30)
+    assert not runner_a.is_alive()
+    daemons.append(_daemon(api, client, uid, NODES[2], tmp_path))
+    _converge(daemons, STATUS_NOT_READY)  # joins while nobody leads: no index yet
+    assert NODES[2] not in _indexes(api, uid)
+    runner_b = _elected(client, "controller-b", b, stop_b)
+    try:
+        wait_for(lambda: _ready(api, "cdl", uid, daemons), "cdl Ready under b")
+        after = _indexes(api, uid)
+        assert {k: after[k] for k in before} == before and sorted(after.values()) == [0, 1, 2]
+        assert b.index_applies >= 1
+    finally:
+        stop_b.set()
+        runner_b.join(timeout=30)
