@@ -81,11 +81,11 @@ def test_a_killed_node_leaves_its_peers_and_returns_with_the_same_index(cluster:
     cluster.wait_for("the peers' hosts files without the victim",
                      lambda: all(f"{victim_ip}\t{name}" not in _hosts(cluster, p) for p in peers), timeout_s=WAIT_S)
     for i in range(3):  # workloads elsewhere keep running, their channel devices in place
-        node = cluster.pod_node(f"{DOMAIN}-{i}")
-        assert node is not None
-        if node.name != victim:
+        host = cluster.pod_node(f"{DOMAIN}-{i}")
+        assert host is not None
+        if host.name != victim:
             assert cluster.pod_running(f"{DOMAIN}-{i}")
-            edits = node.pod_devices.get(f"default/{DOMAIN}-{i}")
+            edits = host.pod_devices.get(f"default/{DOMAIN}-{i}")
             assert edits is not None and edits.device_paths() == [cddemo.CHANNEL0]
 
     cluster.heal_node(victim)
