@@ -202,8 +202,8 @@ class ChannelPreparer:
     :param host_managed: ``--imex-mode hostManaged``.
     :param imex_ctl: host-managed readiness: returns ``(ready, output)`` (``nvidia-imex-ctl -q``).
     :param held_channels: channel isolation (host-managed): the channel records of the node's other prepared claims
-        as ``(claim UID, record)`` for a claim UID to leave out (the runner's ``stored_records``); ``None``: domain
-        isolation.
+        as ``(claim UID, record)`` for a claim UID to leave out (the runner's ``stored_records``, read while
+        planning); ``None``: domain isolation.
     """
 
     kind = CHANNEL_KIND
@@ -258,6 +258,10 @@ class ChannelPreparer:
         clique = self.clique_id()
         details = {"domain": parsed.domain_id, "mode": parsed.allocation_mode, "where": config.where,
                    "channels": channels, "clique": clique}
+        if self.held_channels is not None:
+            # read here, in the planning phase (the claim state's lock is held by the planning thread; the apply
+            # runs on worker threads while it is held)
+            details["held"] = [(uid, dict(record.data or {})) for uid, record in self.held_channels(claim.ref.uid)]
         return DevicePlan(self.kind, device.name, device, tuple(sorted({r.request.split("/", 1)[0] for r in results})),
                           all(r.admin_access for r in results), tuple(results), group, details)
 
@@ -366,8 +370,7 @@ class ChannelPreparer:
                                     f"channel of ComputeDomain {namespace}/{name} ({CHANNEL_PREFIX}{want}, annotation "
                                     f"{ANNOTATION_IMEX_CHANNEL}); --imex-isolation channel gives a domain's pods "
                                     "its own channel only")
-        for other_uid, record in self.held_channels(claim.uid):
-            data = record.data or {}
+        for other_uid, data in plan.details.get("held") or ():
             if str(data.get("domain") or "") != uid and want in {int(c) for c in data.get("channels") or ()}:
                 raise ClaimError(claim, f"status.allocation.devices.results: device {plan.device!r} (IMEX channel "
                                         f"{want}) is held on node {self.lookup.node_name} by prepared claim "
