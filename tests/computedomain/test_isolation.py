@@ -251,3 +251,30 @@ def test_controller_gives_distinct_channels_and_keeps_them_across_a_restart(api:
         second.reconcile(key)
     assert [_channel_of(api, n, ns) for n, ns in (("job-a", "team-a"), ("job-b", "team-b"),
                                                    ("job-c", "team-a"))] == ["1", "2", "3"]
+
+
+def test_the_workload_template_selects_the_domains_channel_from_the_published_slices() -> None:
+    """The scheduler's view (dradriver's allocator, the reference's algorithm): a claim made from two domains'
+    templates against two nodes' slices gets each domain's own channel on both nodes."""
+    import yaml
+
+    from dradriver.allocator.allocation import Allocator
+    from dradriver.allocator.resources import parse_claim, parse_device_class, parse_slice
+    from dradriver.domain.cdtemplates import workload_claim_template
+    from dradriver.domain.computedomains import ComputeDomain
+
+    manifests = Path(__file__).resolve().parents[2] / "deploy" / "kustomize" / "base" / "deviceclasses.yaml"
+    classes = {c["metadata"]["name"]: parse_device_class(c) for c in yaml.safe_load_all(manifests.read_text()) if c}
+    slices = [parse_slice(s) for node in ("node-a", "node-b")
+              for s in plugin_resource_slices(node, DRIVER, daemon=False, channels=2048)]
+    isolated = settings(imex_mode=IMEX_MODE_HOST_MANAGED, imex_isolation=IMEX_ISOLATION_CHANNEL)
+    allocator = Allocator(slices, classes)
+    for name, channel in (("job-a", 1), ("job-b", 2)):
+        cd = ComputeDomain(name=name, namespace="default", uid=f"uid-{name}", template_name=f"{name}-channel")
+        template = workload_claim_template(cd, isolated, channel)
+        for node in ("node-a", "node-b"):
+            claim = parse_claim({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                                 "metadata": {"name": f"{name}-{node}", "namespace": "default"},
+                                 "spec": template["spec"]["spec"]})
+            _node, (allocation,) = allocator.allocate([claim], node)
+            assert [r["device"] for r in allocation["devices"]["results"]] == [f"channel-{channel}"]
