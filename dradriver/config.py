@@ -258,6 +258,12 @@ _SHARED_WITH_COMPUTE_DOMAIN_PLUGIN = (
 
 IMEX_MODES = ("driverManaged", "hostManaged")
 IMEX_ISOLATIONS = ("domain", "channel")
+CHANNEL_NEEDS_HOST_MANAGED = (
+    "--imex-isolation (env IMEX_ISOLATION) 'channel' needs --imex-mode (env IMEX_MODE) hostManaged: in driverManaged "
+    "mode each ComputeDomain runs its own IMEX daemon on each of its nodes, and that daemon owns the node's IMEX, so "
+    "a node serves one domain at a time (a second domain would need a second IMEX daemon on the same node) and "
+    "domains are already kept apart by their daemons; use 'domain' there")
+"""Why ``channel`` isolation is refused with driver-managed IMEX (plugin and controller say the same)."""
 
 #: The flags of ``compute-domain-kubelet-plugin`` (``nvidia-dra-driver.md`` 1.2): the shared ones and NVIDIA's four
 #: of its own, each with its environment twin.
@@ -268,8 +274,9 @@ COMPUTE_DOMAIN_PLUGIN_FLAGS: tuple[Flag, ...] = (
     Flag("--imex-mode", "IMEX_MODE", "driverManaged", "Who runs the IMEX daemon: 'driverManaged' (a daemon pod per "
          "ComputeDomain and node) or 'hostManaged' (the host's own nvidia-imex; needs the gate "
          "HostManagedIMEXDaemon).", "str", IMEX_MODES),
-    Flag("--imex-isolation", "IMEX_ISOLATION", "domain", "IMEX isolation: 'domain' ('channel' is refused, as by "
-         "NVIDIA: not supported yet).", "str", IMEX_ISOLATIONS),
+    Flag("--imex-isolation", "IMEX_ISOLATION", "domain", "IMEX isolation: 'domain' (channel 0 for every domain, "
+         "NVIDIA's) or 'channel' (each domain its own channel; needs --imex-mode hostManaged).", "str",
+         IMEX_ISOLATIONS),
     Flag("--imex-host-socket-path", "IMEX_HOST_SOCKET_PATH", "/etc/nvidia-imex/imex_ctrl.sock", "Host-managed mode: "
          "the host IMEX daemon's control socket, queried with 'nvidia-imex-ctl -q --u=<path>' for readiness.",
          "path"),
@@ -614,16 +621,16 @@ def compute_domain_config_from_args(args: argparse.Namespace) -> PluginConfig:
     :data:`COMPUTE_DOMAIN_PLUGIN_FLAGS`; flags of the GPU plugin it does not take keep their defaults, and the
     driver name is ``compute-domain.nvidia.com``.
 
-    :raises FlagError: a required value is missing, a value is malformed, ``--imex-isolation=channel`` (not
-        supported, as NVIDIA's), or ``--imex-mode=hostManaged`` without the gate HostManagedIMEXDaemon.
+    :raises FlagError: a required value is missing, a value is malformed, ``--imex-isolation=channel`` without
+        ``--imex-mode=hostManaged`` (:data:`CHANNEL_NEEDS_HOST_MANAGED`), or ``--imex-mode=hostManaged`` without
+        the gate HostManagedIMEXDaemon.
     """
     full = argparse.Namespace(**{f.dest: f.default for f in PLUGIN_FLAGS})
     for name, value in vars(args).items():
         setattr(full, name, value)
     base = config_from_args(full)
-    if args.imex_isolation == "channel":
-        raise FlagError("--imex-isolation (env IMEX_ISOLATION) 'channel' is not supported yet (as in NVIDIA's "
-                        "plugin); use 'domain'")
+    if args.imex_isolation == "channel" and args.imex_mode != "hostManaged":
+        raise FlagError(CHANNEL_NEEDS_HOST_MANAGED)
     if args.imex_mode == "hostManaged" and not base.feature_gates["HostManagedIMEXDaemon"]:
         raise FlagError("--imex-mode (env IMEX_MODE) 'hostManaged' needs the feature gate HostManagedIMEXDaemon")
     return replace(base, driver_name=COMPUTE_DOMAIN_DRIVER.driver_name,

@@ -67,6 +67,7 @@ from dradriver.domain.cdtemplates import (
     workload_claim_template,
 )
 from dradriver.domain.computedomains import (
+    ANNOTATION_IMEX_CHANNEL,
     FINALIZER,
     LABEL_CLIQUE_ID,
     LABEL_COMPUTE_DOMAIN,
@@ -75,7 +76,9 @@ from dradriver.domain.computedomains import (
     CliqueDaemon,
     ComputeDomain,
     ComputeDomainError,
+    choose_channel,
     daemon_object_name,
+    domain_channel,
     global_status,
     unresponsive_nodes,
 )
@@ -290,6 +293,7 @@ class ComputeDomainController:
     _dirty: set[str] = field(default_factory=set)  # CD uids whose membership changed since the last pass
     _dirty_cond: threading.Condition = field(default_factory=threading.Condition)
     _failed: tuple[float, frozenset[str]] = (float("-inf"), frozenset())  # (checked at, unresponsive nodes)
+    _channel_lock: threading.Lock = field(default_factory=threading.Lock)  # one channel assignment at a time
 
     @property
     def cliques_gate(self) -> bool:
@@ -601,11 +605,53 @@ class ComputeDomainController:
                                    (DAEMON_SETS, daemon_set(cd, self.settings))):
                 manifest["metadata"]["namespace"] = self._daemon_namespace(kind, cd.uid)
                 self._ensure(kind, manifest, cd)
-        self._ensure(RESOURCE_CLAIM_TEMPLATES, workload_claim_template(cd, self.settings), cd)
+        channel = None
+        if self.settings.channel_isolation:
+            obj, channel = self.assign_channel(obj)
+        self._ensure(RESOURCE_CLAIM_TEMPLATES, workload_claim_template(cd, self.settings, channel), cd)
         self.sync_status(obj)
         self._done[cd.uid] = int(obj["metadata"].get("generation") or 0)
         self.reconciled += 1
         log.info("reconciled ComputeDomain %s/%s (uid %s)", namespace, name, cd.uid)
+
+    def assign_channel(self, obj: JSONDict) -> tuple[JSONDict, int]:
+        """``IMEX_ISOLATION=channel``: the ComputeDomain's IMEX channel ID, given once and kept in its annotation
+        ``resource.nvidia.com/imexChannel``: the one it has, else the lowest ID in 1..2047 no other existing
+        ComputeDomain (in any namespace, also one being deleted: it lives until its finalizer goes) holds. The ID
+        lives in the object, so a restarted or new leader reads it back; the choice is serialised in this process
+        and the write is conditional on ``resourceVersion`` (a conflict is retried by :meth:`run`).
+
+        :returns: the updated object and its channel.
+        :raises ReconcileRetry: another domain's annotation is malformed, or no channel is free.
+        :raises errors.KubeAPIError: the list or the update failed.
+        """
+        try:
+            held = domain_channel(obj)
+        except ComputeDomainError as exc:
+            raise ReconcileRetry(str(exc)) from exc
+        if held is not None:
+            return obj, held
+        uid = obj["metadata"].get("uid")
+        with self._channel_lock:
+            taken: list[int] = []
+            for item in kcd.list_compute_domains(self.client).get("items") or ():
+                if (item.get("metadata") or {}).get("uid") == uid:
+                    continue
+                try:
+                    other = domain_channel(item)
+                except ComputeDomainError as exc:
+                    raise ReconcileRetry(str(exc)) from exc
+                if other is not None:
+                    taken.append(other)
+            try:
+                channel = choose_channel(taken)
+            except ComputeDomainError as exc:
+                raise ReconcileRetry(str(exc)) from exc
+            obj.setdefault("metadata", {}).setdefault("annotations", {})[ANNOTATION_IMEX_CHANNEL] = str(channel)
+            obj = kcd.update_compute_domain(self.client, obj)
+        log.info("ComputeDomain %s/%s (uid %s) gets IMEX channel %d", obj["metadata"].get("namespace"),
+                 obj["metadata"].get("name"), uid, channel)
+        return obj, channel
 
     def _ensure(self, kind: cdobjects.ObjectKind, manifest: JSONDict, cd: ComputeDomain) -> None:
         """Create ``manifest`` unless it exists; an existing object must be this domain's and not going away."""

@@ -5,8 +5,9 @@ node's clique ID from fabric info (strict rules with the gate ``CrashOnNVLinkFab
 in progress stops the start-up) -> IMEX facts (channel major and count, ``fabric-imex-mgmt`` minor) -> the base CDI
 spec ``k8s.compute-domain.nvidia.com-device_base.json`` (device ``all``) -> Kubernetes client and this Node ->
 ``nvidia.com/gpu.clique`` node label (``--gpu-clique-label-enabled``) -> claim state -> batch runner with the IMEX
-channel and daemon preparers, and crash convergence -> gRPC servers -> ResourceSlice publisher (one slice: pool =
-node name, ``channel-0`` and, driver-managed, ``daemon-0``) -> the 10-minute loop (clique re-read and label
+channel and daemon preparers, and crash convergence -> gRPC servers -> ResourceSlice publisher (pool = node name:
+``channel-0`` and, driver-managed, ``daemon-0``; with ``--imex-isolation channel`` every channel of the node, in
+slices of at most 128 devices) -> the 10-minute loop (clique re-read and label
 refresh, domain directories of vanished ComputeDomains removed) -> stale-claim cleanup.
 
 Facts: ``nvidia-dra-driver.md`` 1.2, 2.7, 4.8, 4.9, 5.2, 7.2; ``nvidia-dra-driver-updates.md`` 2c.
@@ -25,9 +26,9 @@ from typing import Any
 from dradriver import _native
 from dradriver.app import assembly
 from dradriver.app.gpu import driver_edits, node_info, nvml_library
-from dradriver.config import PluginConfig
+from dradriver.config import CHANNEL_NEEDS_HOST_MANAGED, PluginConfig
 from dradriver.domain import cdi
-from dradriver.domain.computedomains import NODE_CLIQUE_LABEL, plugin_resource_slice
+from dradriver.domain.computedomains import NODE_CLIQUE_LABEL, plugin_resource_slices
 from dradriver.domain.featuregates import CRASH_ON_NVLINK_FABRIC_ERRORS, HOST_MANAGED_IMEX_DAEMON
 from dradriver.domain.identity import COMPUTE_DOMAIN_DRIVER, DriverIdentity
 from dradriver.domain.registry import DeviceRegistry
@@ -42,6 +43,7 @@ from dradriver.kubeletplugin.runner import BatchRunner
 from dradriver.nvml import fabric
 from dradriver.nvml.session import NvmlSession, open_session
 from dradriver.preparers.computedomain import (
+    CHANNEL_KIND,
     ChannelPreparer,
     DaemonPreparer,
     DomainLookup,
@@ -189,9 +191,10 @@ async def start_compute_domain_plugin(config: PluginConfig, identity: DriverIden
     """
     if config.driver_name != identity.driver_name:
         config = dataclasses.replace(config, driver_name=identity.driver_name)
-    if config.imex_isolation != "domain":
-        raise FlagError(f"--imex-isolation {config.imex_isolation!r} is not supported yet (as in NVIDIA's plugin)")
     host_managed = config.imex_mode == "hostManaged"
+    channel_isolation = config.imex_isolation == "channel"
+    if channel_isolation and not host_managed:
+        raise FlagError(CHANNEL_NEEDS_HOST_MANAGED)
     if host_managed and not config.feature_gates[HOST_MANAGED_IMEX_DAEMON]:
         raise FlagError("--imex-mode hostManaged needs the feature gate HostManagedIMEXDaemon")
     implementations = _native.load_all()
@@ -229,8 +232,14 @@ async def start_compute_domain_plugin(config: PluginConfig, identity: DriverIden
             channel_devices(imex.channel_count, daemon=not host_managed), lambda devices: devices)
         lookup = DomainLookup(connection.client, config.node_name, config.namespace)
         imex_ctl = _imex_ctl(config) if host_managed else None
+        runner_holder: list[BatchRunner] = []
+
+        def held_channels(exclude_uid: str) -> list[tuple[str, Any]]:
+            return runner_holder[0].stored_records(CHANNEL_KIND, exclude_uid) if runner_holder else []
+
         preparers: list[Any] = [ChannelPreparer(lookup, identity, imex, current_clique, host_managed=host_managed,
-                                                imex_ctl=imex_ctl)]
+                                                imex_ctl=imex_ctl,
+                                                held_channels=held_channels if channel_isolation else None)]
         if not host_managed:
             preparers.append(DaemonPreparer(lookup, identity, imex, current_clique, config.plugin_dir))
         metrics = DriverMetrics(node=config.node_name, driver=identity.driver_name)
@@ -241,16 +250,18 @@ async def start_compute_domain_plugin(config: PluginConfig, identity: DriverIden
             prepare_deadline_s=float(config.prepare_deadline_seconds), aborted_ttl_s=ABORTED_TTL_S, clock=clock,
             metrics=metrics,
         )
+        runner_holder.append(runner)
         life.on_stop("batch runner", runner.close)
         recovery = await assembly.recover(identity, config, connection, runner, problems)
         publisher = assembly.make_publisher(identity, config, connection)
         await assembly.serve_metrics_step(life, config, metrics)  # the chart's :8081 (request metrics)
         servers = await assembly.serve(life, config, runner, publisher=publisher)
-        slice_obj = plugin_resource_slice(config.node_name, identity.driver_name, daemon=not host_managed)
+        slices = plugin_resource_slices(config.node_name, identity.driver_name, daemon=not host_managed,
+                                        channels=imex.channel_count if channel_isolation else 1)
         plugin = ComputeDomainPlugin(identity=identity, config=config, lifecycle=life, client=connection.client,
                                      node_uid=connection.node_uid, state=state, state_problems=problems,
                                      runner=runner, recovery=recovery, publisher=publisher, servers=servers,
-                                     desired=lambda: [slice_obj], session=session, imex=imex, clique_id=clique,
+                                     desired=lambda: list(slices), session=session, imex=imex, clique_id=clique,
                                      _clique_holder=holder)
         await assembly.run_publisher(life, publisher)
         plugin.republish()

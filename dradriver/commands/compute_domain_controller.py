@@ -40,8 +40,9 @@ FLAGS: tuple[config.Flag, ...] = (
     config.Flag("--imex-mode", "IMEX_MODE", "driverManaged", "driverManaged: IMEX daemons in a DaemonSet per "
                 "domain; hostManaged: IMEX runs on the hosts (needs the gate HostManagedIMEXDaemon).", "str",
                 ("driverManaged", "hostManaged")),
-    config.Flag("--imex-isolation", "IMEX_ISOLATION", "domain", "IMEX isolation; only 'domain' is supported "
-                "(as NVIDIA's).", "str"),
+    config.Flag("--imex-isolation", "IMEX_ISOLATION", "domain", "domain: channel 0 for every domain (NVIDIA's); "
+                "channel: each domain its own IMEX channel (needs --imex-mode hostManaged).", "str",
+                ("domain", "channel")),
     config.Flag("--pprof-path", "PPROF_PATH", "", "Go's profiling path in NVIDIA's; accepted and unused here."),
     config.Flag("--additional-namespaces", "ADDITIONAL_NAMESPACES", "", "Comma-separated further namespaces "
                 "whose domain DaemonSets are swept (created only in --namespace)."),
@@ -98,8 +99,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
     """Check and gather the flags.
 
     :returns: a :class:`dradriver.app.cdcontroller.ControllerConfig`.
-    :raises FlagError: a value NVIDIA's controller refuses too (unsupported isolation, host-managed mode without
-        its gate, a bad duration or gate).
+    :raises FlagError: a value NVIDIA's controller refuses too (host-managed mode without its gate, a bad duration
+        or gate), or channel isolation without host-managed mode.
     """
     from dradriver.app.cdcontroller import ControllerConfig
     from dradriver.domain.cdtemplates import ControllerSettings
@@ -115,9 +116,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
         check_gates(gates, where="--feature-gates (env FEATURE_GATES)")
     except FeatureGateError as exc:
         raise FlagError(str(exc)) from exc
-    if args.imex_isolation != "domain":
-        raise FlagError(f"--imex-isolation (env IMEX_ISOLATION) {args.imex_isolation!r}: only 'domain' is "
-                        "supported ('channel' is not supported yet, as in NVIDIA's)")
+    if args.imex_isolation == "channel" and args.imex_mode != "hostManaged":
+        raise FlagError(config.CHANNEL_NEEDS_HOST_MANAGED)
     if args.imex_mode == "hostManaged" and not gates[HOST_MANAGED_IMEX_DAEMON]:
         raise FlagError("--imex-mode (env IMEX_MODE) hostManaged needs the feature gate HostManagedIMEXDaemon")
     if args.max_nodes_per_imex_domain <= 0:
@@ -128,7 +128,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
                                   log_verbosity=args.log_verbosity_cd_daemon,
                                   max_nodes_per_imex_domain=args.max_nodes_per_imex_domain,
                                   pull_secrets=_names(args.cd_daemon_image_pull_secret_names),
-                                  feature_gates=gates, imex_mode=args.imex_mode)
+                                  feature_gates=gates, imex_mode=args.imex_mode,
+                                  imex_isolation=args.imex_isolation)
     durations = {}
     for dest in ("leader_election_lease_duration", "leader_election_renew_deadline",
                  "leader_election_retry_period", "node_failure_grace_period", "status_resync_period"):

@@ -9,8 +9,10 @@ Facts (``nvidia-dra-driver.md`` 7.3, ``nvidia-dra-driver-updates.md`` 2c): both 
 with a ``ComputeDomainDaemonConfig{domainID}``; the workload template (named by
 ``spec.channel.resourceClaimTemplate.name``) requests ``channel`` from
 ``compute-domain-default-channel.nvidia.com`` with a ``ComputeDomainChannelConfig{domainID, allocationMode}``
-(``Single`` forced in host-managed IMEX mode). The DaemonSet's pods run only on nodes labelled with the domain
-(the plugin labels a node when it prepares a workload channel there), as ServiceAccount
+(``Single`` forced in host-managed IMEX mode). With ``IMEX_ISOLATION=channel`` (host-managed only) it requests from
+``compute-domain-channel.nvidia.com`` instead, with a CEL selector ``...id == <the domain's channel>``, so the
+scheduler allocates the domain's own channel on every node. The DaemonSet's pods run only on nodes labelled with
+the domain (the plugin labels a node when it prepares a workload channel there), as ServiceAccount
 ``compute-domain-daemon-service-account``, tolerate every ``NoSchedule``/``NoExecute``/``PreferNoSchedule``
 taint, run ``compute-domain-daemon -v $(LOG_VERBOSITY) run`` with env ``LOG_VERBOSITY``,
 ``MAX_NODES_PER_IMEX_DOMAIN``, ``NODE_NAME``, ``POD_IP``, ``POD_UID``, ``POD_NAME``, ``POD_NAMESPACE``,
@@ -33,6 +35,7 @@ from dradriver.domain.computedomains import (
     DAEMON_SERVICE_ACCOUNT,
     DEFAULT_MAX_NODES_PER_IMEX_DOMAIN,
     FINALIZER,
+    ISOLATED_CHANNEL_DEVICE_CLASS,
     LABEL_COMPUTE_DOMAIN,
     LABEL_TARGET,
     ComputeDomain,
@@ -44,6 +47,8 @@ from dradriver.domain.identity import COMPUTE_DOMAIN_DRIVER
 __all__ = [
     "DAEMON_CLAIM_NAME",
     "DAEMON_CONTAINER",
+    "IMEX_ISOLATION_CHANNEL",
+    "IMEX_ISOLATION_DOMAIN",
     "IMEX_MODE_DRIVER_MANAGED",
     "IMEX_MODE_HOST_MANAGED",
     "TARGET_DAEMON",
@@ -63,6 +68,7 @@ DAEMON_CONTAINER = "compute-domain-daemon"
 """The DaemonSet's container, and the name of its pod's resource claim."""
 DAEMON_CLAIM_NAME = "compute-domain-daemon"
 IMEX_MODE_DRIVER_MANAGED, IMEX_MODE_HOST_MANAGED = "driverManaged", "hostManaged"
+IMEX_ISOLATION_DOMAIN, IMEX_ISOLATION_CHANNEL = "domain", "channel"
 RESOURCE_API_VERSION = "resource.k8s.io/v1"
 _PROBE_TIMEOUT_S = 10
 
@@ -78,6 +84,8 @@ class ControllerSettings:
     :param pull_secrets: ``imagePullSecrets`` of daemon pods (``--cd-daemon-image-pull-secret-names``).
     :param feature_gates: the gates in force; the daemons get all of them in ``FEATURE_GATES``.
     :param imex_mode: ``driverManaged`` (IMEX daemons in the per-domain DaemonSet) or ``hostManaged``.
+    :param imex_isolation: ``domain`` (channel 0 for every domain, NVIDIA's) or ``channel`` (host-managed only:
+        each domain its own channel, annotation ``resource.nvidia.com/imexChannel``).
     """
 
     namespace: str = "default"
@@ -87,11 +95,17 @@ class ControllerSettings:
     pull_secrets: tuple[str, ...] = ()
     feature_gates: FeatureGates = DEFAULT_GATES
     imex_mode: str = IMEX_MODE_DRIVER_MANAGED
+    imex_isolation: str = IMEX_ISOLATION_DOMAIN
 
     @property
     def host_managed(self) -> bool:
         """IMEX runs on the host: no DaemonSet, daemon template, cliques or node labels (7.3)."""
         return self.imex_mode == IMEX_MODE_HOST_MANAGED
+
+    @property
+    def channel_isolation(self) -> bool:
+        """``IMEX_ISOLATION=channel``: each domain gets its own IMEX channel."""
+        return self.imex_isolation == IMEX_ISOLATION_CHANNEL
 
 
 def render_all_gates(gates: Mapping[str, bool]) -> str:
@@ -107,13 +121,16 @@ def _labels(cd: ComputeDomain, target: str | None = None) -> dict[str, str]:
 
 
 def _claim_template(name: str, namespace: str, labels: dict[str, str], request: str, device_class: str,
-                    parameters: JSONDict) -> JSONDict:
+                    parameters: JSONDict, selector: str = "") -> JSONDict:
+    exactly: JSONDict = {"deviceClassName": device_class}
+    if selector:
+        exactly["selectors"] = [{"cel": {"expression": selector}}]
     return {
         "apiVersion": RESOURCE_API_VERSION,
         "kind": "ResourceClaimTemplate",
         "metadata": {"name": name, "namespace": namespace, "finalizers": [FINALIZER], "labels": labels},
         "spec": {"spec": {"devices": {
-            "requests": [{"name": request, "exactly": {"deviceClassName": device_class}}],
+            "requests": [{"name": request, "exactly": exactly}],
             "config": [{"requests": [request], "opaque": {"driver": COMPUTE_DOMAIN_DRIVER.driver_name,
                                                           "parameters": parameters}}],
         }}},
@@ -128,14 +145,28 @@ def daemon_claim_template(cd: ComputeDomain, settings: ControllerSettings) -> JS
                            DAEMON_DEVICE_CLASS, params)
 
 
-def workload_claim_template(cd: ComputeDomain, settings: ControllerSettings) -> JSONDict:
+def workload_claim_template(cd: ComputeDomain, settings: ControllerSettings, channel: int | None = None) -> JSONDict:
     """The ResourceClaimTemplate ``spec.channel.resourceClaimTemplate.name`` in the domain's namespace that
-    workload pods name to get the domain's IMEX channel(s)."""
+    workload pods name to get the domain's IMEX channel(s).
+
+    :param channel: ``IMEX_ISOLATION=channel``: the domain's channel ID; the request then uses
+        ``compute-domain-channel.nvidia.com`` and selects ``device.attributes['compute-domain.nvidia.com'].id ==
+        <channel>``.
+    :raises ValueError: channel isolation without a channel, or a channel in domain isolation.
+    """
     mode = ALLOCATION_SINGLE if settings.host_managed else cd.allocation_mode
     params = {"apiVersion": API_GROUP_VERSION, "kind": "ComputeDomainChannelConfig", "domainID": cd.uid,
               "allocationMode": mode}
+    if settings.channel_isolation != (channel is not None):
+        raise ValueError(f"ComputeDomain {cd.namespace}/{cd.name}: IMEX isolation {settings.imex_isolation!r} "
+                         f"{'needs' if channel is None else 'takes no'} channel ID for its workload template")
+    if channel is None:
+        return _claim_template(cd.template_name, cd.namespace, _labels(cd, TARGET_WORKLOAD), "channel",
+                               CHANNEL_DEVICE_CLASS, params)
+    driver = COMPUTE_DOMAIN_DRIVER.driver_name
     return _claim_template(cd.template_name, cd.namespace, _labels(cd, TARGET_WORKLOAD), "channel",
-                           CHANNEL_DEVICE_CLASS, params)
+                           ISOLATED_CHANNEL_DEVICE_CLASS, params,
+                           f"device.attributes['{driver}'].id == {int(channel)}")
 
 
 def _field_env(name: str, path: str) -> JSONDict:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from dradriver.domain.resourceslices import MAX_DEVICES_PER_SLICE
 from dradriver.errors import DradriverError
 
 __all__ = [
@@ -50,17 +51,19 @@ __all__ = [
     "ComputeDomain",
     "ComputeDomainError",
     "DaemonConfig",
+    "choose_channel",
     "choose_index",
     "clique_object_name",
     "daemon_object_name",
     "dns_hash",
     "dns_name",
     "dns_names",
+    "domain_channel",
     "format_clique_id",
     "global_status",
     "parse_channel_config",
     "parse_daemon_config",
-    "plugin_resource_slice",
+    "plugin_resource_slices",
     "unresponsive_nodes",
 ]
 
@@ -82,6 +85,13 @@ NODE_CLIQUE_LABEL = "nvidia.com/gpu.clique"
 """Node label ``<clusterUUID>.<cliqueId>`` (``--gpu-clique-label-enabled``)."""
 
 CHANNEL_DEVICE_CLASS = "compute-domain-default-channel.nvidia.com"
+"""NVIDIA's channel class: ``type == 'channel' && id == 0`` (``IMEX_ISOLATION=domain``)."""
+ISOLATED_CHANNEL_DEVICE_CLASS = "compute-domain-channel.nvidia.com"
+"""dradriver's class for ``IMEX_ISOLATION=channel``: ``type == 'channel'``, any ``id`` (the workload template's
+selector then names the domain's channel)."""
+ANNOTATION_IMEX_CHANNEL = "resource.nvidia.com/imexChannel"
+"""On a ComputeDomain in ``IMEX_ISOLATION=channel``: its IMEX channel ID (decimal), written once by the controller
+and kept while the domain lives."""
 DAEMON_DEVICE_CLASS = "compute-domain-daemon.nvidia.com"
 DAEMON_SERVICE_ACCOUNT = "compute-domain-daemon-service-account"
 
@@ -351,16 +361,64 @@ def unresponsive_nodes(leases: Iterable[Mapping[str, Any]], nodes: Iterable[Mapp
     return out
 
 
-def plugin_resource_slice(node_name: str, driver: str, *, daemon: bool, api_version: str = "resource.k8s.io/v1",
-                          generation: int = 1) -> dict[str, Any]:
-    """The compute-domain kubelet plugin's one ResourceSlice: pool = node name, devices ``channel-0``
-    (``type=channel``, ``id=0``) and, unless ``daemon`` is False (host-managed IMEX), ``daemon-0``
-    (``type=daemon``, ``id=0``); no capacities (``nvidia-dra-driver.md`` 2.7)."""
-    devices = [{"name": "channel-0", "attributes": {"type": {"string": "channel"}, "id": {"int": 0}}}]
+def domain_channel(obj: Mapping[str, Any]) -> int | None:
+    """The IMEX channel ID the controller gave the ComputeDomain ``obj`` (annotation
+    :data:`ANNOTATION_IMEX_CHANNEL`); ``None`` when it has none yet.
+
+    :raises ComputeDomainError: the annotation is not a decimal integer in ``1 .. 2047`` (names the domain and
+        the annotation).
+    """
+    meta = obj.get("metadata") or {}
+    raw = (meta.get("annotations") or {}).get(ANNOTATION_IMEX_CHANNEL)
+    if raw is None:
+        return None
+    text = str(raw)
+    if not text.isdigit() or not 1 <= int(text) < DEFAULT_IMEX_CHANNEL_COUNT:
+        raise ComputeDomainError(f"ComputeDomain {meta.get('namespace', '')}/{meta.get('name', '')}: "
+                                 f"metadata.annotations[{ANNOTATION_IMEX_CHANNEL!r}] is {text!r}, not a channel ID "
+                                 f"in 1..{DEFAULT_IMEX_CHANNEL_COUNT - 1}")
+    return int(text)
+
+
+def choose_channel(taken: Iterable[int], count: int = DEFAULT_IMEX_CHANNEL_COUNT) -> int:
+    """The lowest channel ID in ``1 .. count-1`` not in ``taken`` (the IDs of the live ComputeDomains).
+
+    Channel 0 is never given: it is the channel of ``IMEX_ISOLATION=domain`` and of host processes outside
+    Kubernetes (a Slurm job, a test), so an isolated domain never shares it. The choice depends only on
+    ``taken``: a restarted controller chooses as the old one would have.
+
+    :raises ComputeDomainError: every channel is taken (names the count).
+    """
+    used = set(taken)
+    for channel in range(1, count):
+        if channel not in used:
+            return channel
+    raise ComputeDomainError(f"no free IMEX channel: all {count - 1} channels 1..{count - 1} belong to live "
+                             "ComputeDomains (IMEX_ISOLATION=channel gives each domain its own)")
+
+
+def plugin_resource_slices(node_name: str, driver: str, *, daemon: bool, channels: int = 1,
+                           api_version: str = "resource.k8s.io/v1", generation: int = 1) -> list[dict[str, Any]]:
+    """The compute-domain kubelet plugin's ResourceSlices, one pool named after the node: devices
+    ``channel-0 .. channel-<channels-1>`` (``type=channel``, ``id=<n>``) and, unless ``daemon`` is False
+    (host-managed IMEX), ``daemon-0`` (``type=daemon``, ``id=0``); no capacities (``nvidia-dra-driver.md`` 2.7).
+
+    NVIDIA publishes ``channel-0`` only (``channels=1``, one slice); ``IMEX_ISOLATION=channel`` publishes every
+    channel of the node (2048 by default), cut into slices of at most :data:`MAX_DEVICES_PER_SLICE` devices
+    (``spec.pool.resourceSliceCount`` counts them).
+
+    :raises ComputeDomainError: ``channels`` is below 1.
+    """
+    if channels < 1:
+        raise ComputeDomainError(f"the node publishes at least channel 0, not {channels} channels")
+    devices = [{"name": f"channel-{n}", "attributes": {"type": {"string": "channel"}, "id": {"int": n}}}
+               for n in range(channels)]
     if daemon:
         devices.append({"name": "daemon-0", "attributes": {"type": {"string": "daemon"}, "id": {"int": 0}}})
-    return {"apiVersion": api_version, "kind": "ResourceSlice",
-            "metadata": {"generateName": f"{node_name}-{driver}-"},
-            "spec": {"driver": driver, "nodeName": node_name,
-                     "pool": {"name": node_name, "generation": generation, "resourceSliceCount": 1},
-                     "devices": devices}}
+    chunks = [devices[i:i + MAX_DEVICES_PER_SLICE] for i in range(0, len(devices), MAX_DEVICES_PER_SLICE)]
+    return [{"apiVersion": api_version, "kind": "ResourceSlice",
+             "metadata": {"generateName": f"{node_name}-{driver}-"},
+             "spec": {"driver": driver, "nodeName": node_name,
+                      "pool": {"name": node_name, "generation": generation, "resourceSliceCount": len(chunks)},
+                      "devices": chunk}}
+            for chunk in chunks]

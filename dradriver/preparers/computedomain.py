@@ -19,6 +19,13 @@ device edits, no spec, no CDI IDs. Unprepare removes the label only when it stil
 Host-managed IMEX (``--imex-mode hostManaged``): the allocated channel is given, no label, readiness is the host
 daemon's ``nvidia-imex-ctl -q`` answer (on a node in a clique); daemon claims are refused.
 
+Channel isolation (``--imex-isolation channel``, host-managed only): the node publishes all its channels and the
+controller gives each ComputeDomain its own channel ID (annotation ``resource.nvidia.com/imexChannel``, written into
+the workload template's CEL selector). The prepare refuses, per claim, an allocated channel that is not the
+domain's (a domain without an ID yet is retried as not ready), an ``All`` claim (it would hold every channel), and a
+channel that a prepared claim of another domain holds on this node (read from the claim state, so it holds across
+plugin restarts). The record keeps domain -> channel; the CDI spec gives the container that channel's node only.
+
 Daemon claim: exactly one ``daemon`` device with a ``ComputeDomainDaemonConfig``; the domain directory
 ``<plugin dir>/domains/<cdUID>/`` with ``imexd.cfg.tmpl`` is made, and the edits give the daemon container the env
 ``CLIQUE_ID``, ``COMPUTE_DOMAIN_UUID``, ``COMPUTE_DOMAIN_NAME``, ``COMPUTE_DOMAIN_NAMESPACE``, the directory at
@@ -41,11 +48,13 @@ from dradriver.domain.cdi import ContainerEdits, DeviceNode, DeviceNodeError, Mo
 from dradriver.domain.claims import AllocationResult, Claim, ClaimError, ClaimRef
 from dradriver.domain.computedomains import (
     ALLOCATION_ALL,
+    ANNOTATION_IMEX_CHANNEL,
     LABEL_COMPUTE_DOMAIN,
     STATUS_READY,
     CliqueDaemon,
     ComputeDomainError,
     clique_object_name,
+    domain_channel,
     parse_channel_config,
     parse_daemon_config,
 )
@@ -192,6 +201,9 @@ class ChannelPreparer:
     :param clique_id: this node's clique ID now (``""``: in no clique).
     :param host_managed: ``--imex-mode hostManaged``.
     :param imex_ctl: host-managed readiness: returns ``(ready, output)`` (``nvidia-imex-ctl -q``).
+    :param held_channels: channel isolation (host-managed): the channel records of the node's other prepared claims
+        as ``(claim UID, record)`` for a claim UID to leave out (the runner's ``stored_records``, read while
+        planning); ``None``: domain isolation.
     """
 
     kind = CHANNEL_KIND
@@ -200,13 +212,17 @@ class ChannelPreparer:
 
     def __init__(self, lookup: DomainLookup, identity: DriverIdentity, imex: ImexNodeInfo,
                  clique_id: Callable[[], str], *, host_managed: bool = False,
-                 imex_ctl: Callable[[], tuple[bool, str]] | None = None) -> None:
+                 imex_ctl: Callable[[], tuple[bool, str]] | None = None,
+                 held_channels: Callable[[str], Sequence[tuple[str, UndoRecord]]] | None = None) -> None:
+        if held_channels is not None and not host_managed:
+            raise ValueError("channel isolation needs host-managed IMEX")
         self.lookup = lookup
         self.identity = identity
         self.imex = imex
         self.clique_id = clique_id
         self.host_managed = host_managed
         self.imex_ctl = imex_ctl
+        self.held_channels = held_channels
         self._pending: dict[str, str] = {}
         """Claim UID -> CD UID of claims whose last attempt labelled the node and is waiting for the daemon: the
         label stays for the next attempt, and goes when the claim is unprepared before it ever completed (kept in
@@ -224,6 +240,9 @@ class ChannelPreparer:
             parsed = parse_channel_config(config.params, config.where)
         except ComputeDomainError as exc:
             raise ClaimError(claim.ref, str(exc)) from None
+        if self.held_channels is not None and parsed.allocation_mode == ALLOCATION_ALL:
+            raise ClaimError(claim.ref, f"{config.where}.allocationMode: 'All' would give every IMEX channel of the "
+                                        "node, which --imex-isolation channel forbids (use 'Single')")
         if self.host_managed:
             first = device.id  # the allocated channel
         else:
@@ -239,6 +258,10 @@ class ChannelPreparer:
         clique = self.clique_id()
         details = {"domain": parsed.domain_id, "mode": parsed.allocation_mode, "where": config.where,
                    "channels": channels, "clique": clique}
+        if self.held_channels is not None:
+            # read here, in the planning phase (the claim state's lock is held by the planning thread; the apply
+            # runs on worker threads while it is held)
+            details["held"] = [(uid, dict(record.data or {})) for uid, record in self.held_channels(claim.ref.uid)]
         return DevicePlan(self.kind, device.name, device, tuple(sorted({r.request.split("/", 1)[0] for r in results})),
                           all(r.admin_access for r in results), tuple(results), group, details)
 
@@ -294,6 +317,8 @@ class ChannelPreparer:
         data: dict[str, Any] = {"domain": uid, "namespace": namespace, "name": name, "mode": plan.details["mode"],
                                 "channels": list(plan.details["channels"]), "clique": clique, "label": False}
         if self.host_managed:
+            if self.held_channels is not None:
+                data["channel"] = self._check_isolated(claim, plan, obj)
             if clique and self.imex_ctl is not None:
                 ready, output = self.imex_ctl()
                 if not ready:
@@ -321,6 +346,37 @@ class ChannelPreparer:
         with self._pending_lock:
             self._pending.pop(claim.uid, None)
         return UndoRecord(self.kind, 1, plan.device, data)
+
+    def _check_isolated(self, claim: ClaimRef, plan: DevicePlan, obj: Mapping[str, Any]) -> int:
+        """Channel isolation: the allocated channel must be the domain's and no other domain's prepared claim on
+        this node may hold it; returns the channel.
+
+        :raises NotReadyYet: the domain has no channel yet (the controller writes it before the template).
+        :raises ClaimError: another channel, or one another domain holds (names the claim, the field, the holder).
+        """
+        assert self.held_channels is not None
+        namespace, name = _meta(obj)
+        uid = str(plan.details["domain"])
+        try:
+            want = domain_channel(obj)
+        except ComputeDomainError as exc:
+            raise ClaimError(claim, str(exc)) from exc
+        if want is None:
+            raise NotReadyYet(claim, f"ComputeDomain {namespace}/{name} has no IMEX channel yet (annotation "
+                                     f"{ANNOTATION_IMEX_CHANNEL}, written by the controller)")
+        got = plan.entry.id if isinstance(plan.entry, ImexChannel) else -1
+        if got != want:
+            raise ClaimError(claim, f"status.allocation.devices.results: device {plan.device!r} is not the IMEX "
+                                    f"channel of ComputeDomain {namespace}/{name} ({CHANNEL_PREFIX}{want}, annotation "
+                                    f"{ANNOTATION_IMEX_CHANNEL}); --imex-isolation channel gives a domain's pods "
+                                    "its own channel only")
+        for other_uid, data in plan.details.get("held") or ():
+            if str(data.get("domain") or "") != uid and want in {int(c) for c in data.get("channels") or ()}:
+                raise ClaimError(claim, f"status.allocation.devices.results: device {plan.device!r} (IMEX channel "
+                                        f"{want}) is held on node {self.lookup.node_name} by prepared claim "
+                                        f"{other_uid} of ComputeDomain {data.get('namespace')}/{data.get('name')}; "
+                                        f"one channel serves one domain")
+        return want
 
     def unprepared_unknown(self, ref: ClaimRef) -> None:
         """A claim that never completed was unprepared: remove the label its waiting attempts kept (only when it

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from dradriver.commands.compute_domain_controller import parse_duration
+from dradriver.config import CHANNEL_NEEDS_HOST_MANAGED
 from dradriver.domain.computedomains import FINALIZER, daemon_object_name
 from dradriver.errors import FlagError
 from dradriver.kube.client import KubeClient
@@ -219,8 +220,7 @@ def test_bad_flags_exit_2_with_one_line(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "dradriver", "compute-domain-controller"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == ("compute-domain-controller: --imex-isolation (env IMEX_ISOLATION) 'channel': only "
-                                   "'domain' is supported ('channel' is not supported yet, as in NVIDIA's)")
+    assert proc.stderr.strip() == f"compute-domain-controller: {CHANNEL_NEEDS_HOST_MANAGED}"
     env.pop("IMEX_ISOLATION")
     env["IMEX_MODE"] = "hostManaged"
     proc = subprocess.run([sys.executable, "-m", "dradriver", "compute-domain-controller"], cwd=REPO, env=env,

@@ -104,13 +104,19 @@ def test_flags_and_env_twins() -> None:
     assert cfg.gpu_clique_label_enabled and cfg.imex_host_socket_path == "/run/imex.sock"
     assert cfg.imex_mode == "driverManaged" and cfg.imex_isolation == "domain" and cfg.namespace == "nvidia"
     assert cfg.plugin_dir.name == "compute-domain.nvidia.com"
-    with pytest.raises(FlagError, match="'channel' is not supported yet"):
+    with pytest.raises(FlagError) as refused:
         config_module.compute_domain_config_from_args(_args(["--node-name", "n1", "--imex-isolation", "channel"]))
+    assert str(refused.value) == config_module.CHANNEL_NEEDS_HOST_MANAGED
+    assert "a second domain would need a second IMEX daemon on the same node" in str(refused.value)
     with pytest.raises(FlagError, match="needs the feature gate HostManagedIMEXDaemon"):
         config_module.compute_domain_config_from_args(_args(["--node-name", "n1", "--imex-mode", "hostManaged"]))
     host = config_module.compute_domain_config_from_args(_args(
         ["--node-name", "n1", "--imex-mode", "hostManaged", "--feature-gates", "HostManagedIMEXDaemon=true"]))
     assert host.imex_mode == "hostManaged"
+    isolated = config_module.compute_domain_config_from_args(_args(
+        ["--node-name", "n1", "--feature-gates", "HostManagedIMEXDaemon=true"],
+        {"IMEX_MODE": "hostManaged", "IMEX_ISOLATION": "channel"}))
+    assert (isolated.imex_mode, isolated.imex_isolation) == ("hostManaged", "channel")
     with pytest.raises(FlagError, match="ComputeDomainCliques"):
         config_module.compute_domain_config_from_args(_args(["--node-name", "n1", "--feature-gates",
                                                              "ComputeDomainCliques=false"]))

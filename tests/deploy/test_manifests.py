@@ -333,6 +333,9 @@ REFERENCE_SELECTORS = {
     "device.attributes['compute-domain.nvidia.com'].id == 0",
     "compute-domain-daemon.nvidia.com": "device.driver == 'compute-domain.nvidia.com' && "
     "device.attributes['compute-domain.nvidia.com'].type == 'daemon'",
+    # dradriver's own, for --imex-isolation channel (any channel; the workload template selects the domain's id)
+    "compute-domain-channel.nvidia.com": "device.driver == 'compute-domain.nvidia.com' && "
+    "device.attributes['compute-domain.nvidia.com'].type == 'channel'",
 }
 
 
@@ -347,6 +350,7 @@ def test_device_classes_have_the_reference_selectors() -> None:
         "mig.nvidia.com": None,
         "compute-domain-default-channel.nvidia.com": None,
         "compute-domain-daemon.nvidia.com": None,
+        "compute-domain-channel.nvidia.com": None,
     }
 
 
