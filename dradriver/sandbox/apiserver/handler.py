@@ -30,6 +30,8 @@ class RequestRecord:
     :param verb: Kubernetes verb (``get``, ``list``, ``watch``, ``create``, ``update``, ``patch``,
         ``delete``, ``deletecollection``), or the lower-case HTTP method for non-resource paths.
     :param code: HTTP status code of the answer (200 for a watch once streaming starts).
+    :param user_agent: the request's ``User-Agent`` header (``""`` without one): who sent it, so a benchmark can
+        count each client's writes and 409s (``bench/cdfleet.py``).
     """
 
     method: str
@@ -41,6 +43,7 @@ class RequestRecord:
     namespace: str | None
     name: str | None
     code: int
+    user_agent: str = ""
 
 
 @dataclass(slots=True)
@@ -81,9 +84,11 @@ def serve_request(state: ServerState, handler: RequestHandler) -> None:
         rt_name, sub, ns, name = route.rt.plural, route.subresource, route.namespace, route.name
         verb = _verb(method, route, params)
 
+    user_agent = handler.headers.get("User-Agent", "")
+
     def record(code: int) -> None:
         with state.storage.lock:
-            state.records.append(RequestRecord(method, path, query, verb, rt_name, sub, ns, name, code))
+            state.records.append(RequestRecord(method, path, query, verb, rt_name, sub, ns, name, code, user_agent))
 
     media = JSON
     accept = handler.headers.get("Accept", "")
