@@ -49,13 +49,32 @@ from dradriver.kube.client import JSONDict, KubeClient, RetryPolicy, open_client
 from dradriver.preparers.computedomain import DomainLookup
 from dradriver.sandbox.apiserver import ApiServerEmulator, RequestRecord
 
-__all__ = ["DRIVER_NAMESPACE", "DomainResult", "Fleet", "FleetNode", "Membership", "NodeAgent",
-           "NvidiaMembership", "Timing", "WriteCounts", "count_writes", "run_domain", "spread"]
+__all__ = [
+    "DRIVER_NAMESPACE",
+    "ControllerCost",
+    "DomainResult",
+    "DradriverMembership",
+    "Fleet",
+    "FleetDomain",
+    "FleetNode",
+    "Membership",
+    "NodeAgent",
+    "NvidiaMembership",
+    "Timing",
+    "WriteCounts",
+    "count_writes",
+    "flip_entries",
+    "measure_controller",
+    "run_domain",
+    "seed_domains",
+    "spread",
+]
 
 DRIVER_NAMESPACE = "nvidia-dra-driver"
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete"})
 NODE_AGENT = "bench-node/"
 CONTROLLER_AGENT = "bench-controller"
+DAEMON_IMAGE = "bench/compute-domain-daemon"  # the DaemonSet the real controller makes; no container runs it
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,8 +116,8 @@ class FleetNode:
 
 
 def spread(total: int, racks: int) -> list[int]:
-    """``total`` nodes over ``racks`` racks as evenly as possible, the larger racks first (256 over 15: eleven
-    of 17 and four of 16).
+    """``total`` nodes over ``racks`` racks as evenly as possible, the larger racks first (256 over 15: one
+    of 18 and fourteen of 17).
 
     :raises ValueError: fewer than one node per rack, or more than 18 (an NVL72 rack's compute trays).
     """
@@ -160,16 +179,18 @@ class Fleet:
                                         "channel": {"resourceClaimTemplate": {"name": f"{name}-channel"}}}})
         return str(obj["metadata"]["uid"])
 
-    def create_daemon_pod(self, cd_uid: str, node: FleetNode) -> JSONDict:
+    def create_daemon_pod(self, cd_uid: str, node: FleetNode, *, settled: bool = False) -> JSONDict:
         """The daemon pod the DaemonSet controller makes on ``node`` for domain ``cd_uid`` (in process), with
-        ``status.podIP``; not Ready."""
+        ``status.podIP``; not Ready, or with ``settled`` as a running daemon leaves it: Ready and labelled
+        with its clique."""
+        labels = {cd.LABEL_COMPUTE_DOMAIN: cd_uid, **({cd.LABEL_CLIQUE_ID: node.clique_id} if settled else {})}
         return self.api.create({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": f"cd-daemon-{cd_uid[:8]}-{node.name}", "namespace": self.namespace,
-                         "labels": {cd.LABEL_COMPUTE_DOMAIN: cd_uid}},
+                         "labels": labels},
             "spec": {"nodeName": node.name, "containers": [{"name": "compute-domain-daemon", "image": "bench"}]},
             "status": {"phase": "Running", "podIP": node.ip,
-                       "conditions": [{"type": "Ready", "status": "False"}]}})
+                       "conditions": [{"type": "Ready", "status": "True" if settled else "False"}]}})
 
     def set_pod_ready(self, name: str, ready: bool) -> None:
         """The kubelet's status update of a daemon pod's Ready condition (in process)."""
@@ -213,6 +234,28 @@ class NvidiaMembership:
             except kube_errors.KubeAPIError:
                 continue  # the next round tries again, as NVIDIA's loop does
             self.rounds += 1
+
+
+class DradriverMembership:
+    """dradriver's own code: the daemon's :func:`dradriver.app.cddaemon.join_clique` and the real controller
+    (:class:`dradriver.app.cdcontroller.ComputeDomainController`, in process: watches, reconcile, status loop)."""
+
+    label = "dradriver"
+
+    def join(self, client: KubeClient, me: DaemonIdentity, status: str) -> list[CliqueDaemon]:
+        from dradriver.app import cddaemon
+
+        settings = cddaemon.DaemonSettings(clique_id=me.clique_id, cd_uid=me.cd_uid, node_name=me.node_name,
+                                           pod_ip=me.pod_ip, pod_uid=me.pod_uid, pod_name=me.pod_name,
+                                           pod_namespace=me.namespace, max_nodes=me.max_nodes)
+        return cddaemon.join_clique(client, settings, status)
+
+    def controller(self, fleet: Fleet, client: KubeClient, timing: Timing, stop: threading.Event) -> None:
+        from dradriver.app.cdcontroller import ComputeDomainController
+        from dradriver.domain.cdtemplates import ControllerSettings
+
+        ComputeDomainController(client, ControllerSettings(namespace=fleet.namespace, image=DAEMON_IMAGE),
+                                status_period_s=timing.s(timing.status_period_s), watch_timeout_s=5.0).run(stop)
 
 
 @dataclass
@@ -269,7 +312,7 @@ class NodeAgent:
                     waits.append(self._probe_due() - time.monotonic())
                 self.wake.wait(max(0.0, min(waits)) if waits else None)
                 self.wake.clear()
-        except Exception as exc:  # noqa: BLE001 - the run reports the failing node
+        except Exception as exc:
             self.error = f"node {self.node.name}: {type(exc).__name__}: {exc}"
         finally:
             self.client.close()
@@ -460,3 +503,140 @@ def _daemonset_loop(fleet: Fleet, cd_uid: str, agents: dict[str, NodeAgent], tim
 def _labelled_nodes(fleet: Fleet, cd_uid: str) -> list[str]:
     return [o["metadata"]["name"] for o in fleet.api.objects("Node")
             if (o["metadata"].get("labels") or {}).get(cd.LABEL_COMPUTE_DOMAIN) == cd_uid]
+
+
+# -- the fleet scenario: the controller's cost per membership event ------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FleetDomain:
+    """A seeded domain: UID, name, and its cliques (name -> the clique's nodes)."""
+
+    uid: str
+    name: str
+    cliques: dict[str, list[FleetNode]]
+
+
+def seed_domains(fleet: Fleet, racks_per_domain: int = 2) -> list[FleetDomain]:
+    """Every ``racks_per_domain`` consecutive racks form one settled domain (in process, not recorded): the
+    ComputeDomain with the finalizer, a Ready daemon pod per node (labelled with the domain and the clique) and
+    one ComputeDomainClique per rack listing every daemon Ready with indexes 0..n-1."""
+    by_rack: dict[int, list[FleetNode]] = {}
+    for node in fleet.nodes:
+        by_rack.setdefault(node.rack, []).append(node)
+    racks = sorted(by_rack)
+    domains = []
+    for first in range(0, len(racks), racks_per_domain):
+        name = f"fleet-cd-{first // racks_per_domain:04d}"
+        uid = fleet.create_domain(name)
+        cliques: dict[str, list[FleetNode]] = {}
+        for rack in racks[first:first + racks_per_domain]:
+            members = by_rack[rack]
+            for node in members:
+                fleet.create_daemon_pod(uid, node, settled=True)
+            clique = cd.clique_object_name(uid, members[0].clique_id)
+            fleet.api.create({"apiVersion": cd.API_GROUP_VERSION, "kind": cd.CLIQUE_KIND,
+                              "metadata": {"name": clique, "namespace": fleet.namespace,
+                                           "labels": {cd.LABEL_COMPUTE_DOMAIN: uid,
+                                                      cd.LABEL_CLIQUE_ID: members[0].clique_id}},
+                              "daemons": [CliqueDaemon(n.name, n.ip, n.clique_id, i, cd.STATUS_READY)
+                                          .to_clique_entry() for i, n in enumerate(members)]})
+            cliques[clique] = members
+        domains.append(FleetDomain(uid, name, cliques))
+    return domains
+
+
+def flip_entries(fleet: Fleet, domains: Sequence[FleetDomain], count: int, rng: random.Random) -> None:
+    """``count`` membership events: daemons of random domains turn their entry NotReady (or Ready again), as
+    the daemon's own write would (in process, not recorded)."""
+    for _ in range(count):
+        domain = rng.choice(domains)
+        clique_name = rng.choice(sorted(domain.cliques))
+        clique = fleet.api.get("ComputeDomainClique", clique_name, fleet.namespace)
+        assert clique is not None
+        entry = rng.choice(clique["daemons"])
+        entry["status"] = cd.STATUS_NOT_READY if entry["status"] == cd.STATUS_READY else cd.STATUS_READY
+        fleet.api.update(clique)
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerCost:
+    """The controller's cost over ``rounds`` rounds of ``events_per_round`` membership events each.
+
+    :param cpu_per_event_s: the controller process's CPU (user + system) per event, seconds.
+    :param emulator_cpu_per_event_s: the API emulator's CPU over the same windows, per event, seconds.
+    :param memory_kib: the controller's RSS after the rounds minus its RSS after the imports, KiB.
+    :param peak_kib: its peak RSS (``VmHWM``) minus its RSS after the imports, KiB.
+    :param writes: the controller's writes in the measured rounds (from the emulator's records).
+    """
+
+    mode: str
+    racks: int
+    nodes: int
+    domains: int
+    events: int
+    cpu_per_event_s: float
+    emulator_cpu_per_event_s: float
+    memory_kib: int
+    peak_kib: int
+    writes: int
+
+
+def measure_controller(fleet: Fleet, domains: Sequence[FleetDomain], mode: str, *, events_per_round: int = 36,
+                       rounds: int = 3, seed: int = 14, timeout_s: float = 900.0) -> ControllerCost:
+    """Run the controller probe (:mod:`bench.controllerprobe`, ``mode`` ``nvidia`` or ``dradriver``) against
+    the fleet: a warm-up round, then ``rounds`` times ``events_per_round`` events followed by one round.
+
+    :raises RuntimeError: the probe failed or did not answer (its stderr in the message).
+    """
+    import json
+    import os
+    import subprocess
+    import sys
+
+    if fleet._kubeconfig is None:
+        raise RuntimeError("the fleet is not started")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-m", "bench.controllerprobe", fleet._kubeconfig, fleet.namespace, mode],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=root)
+    assert proc.stdin is not None and proc.stdout is not None
+
+    def answer() -> dict[str, float]:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line:
+            proc.wait(timeout=timeout_s)
+            assert proc.stderr is not None
+            raise RuntimeError(f"controller probe {mode} exited {proc.returncode}: {proc.stderr.read()[-2000:]}")
+        return dict(json.loads(line))
+
+    rng = random.Random(seed)
+    try:
+        ready = answer()
+        cpu = emulator = 0.0
+        writes = 0
+        last: dict[str, float] = {}
+        for _ in range(rounds):
+            flip_entries(fleet, domains, events_per_round, rng)
+            fleet.api.clear_requests()
+            before = time.process_time()
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+            last = answer()
+            emulator += time.process_time() - before
+            cpu += last["cpu_s"]
+            counts = count_writes(fleet.api.requests, CONTROLLER_AGENT).get("", WriteCounts(0, 0, 0, 0))
+            writes += counts.membership_writes + counts.label_writes
+        proc.stdin.write("quit\n")
+        proc.stdin.flush()
+        proc.wait(timeout=timeout_s)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    events = events_per_round * rounds
+    return ControllerCost(mode, len({n.rack for n in fleet.nodes}), len(fleet.nodes), len(domains), events,
+                          cpu / events, emulator / events, int(last["rss_kib"] - ready["imports_kib"]),
+                          int(last["hwm_kib"] - ready["imports_kib"]), writes)
