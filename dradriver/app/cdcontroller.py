@@ -12,8 +12,8 @@ owning domain when one of them is deleted or starts being deleted, so a deleted 
 at once rather than at the 10-min re-list (an object held by the controller's finalizer while its domain lives is
 released first); a DaemonSet whose ``status.numberReady`` changed has its domain's status recomputed at once
 (NVIDIA's handler sets ``Ready`` when ``numberReady == numNodes``, 7.3; here ``status.status`` always agrees with
-``status.nodes``). Besides the queue: the status loop (every 2 s) and the stale sweep (at start and
-every 10 min).
+``status.nodes``). Besides the queue: membership (below), the slow resync (``status_period_s``, 60 s) and the
+stale sweep (at start and every 10 min).
 
 Driver-managed reconcile: finalizer ``resource.nvidia.com/computeDomain`` on the domain; the daemon
 ResourceClaimTemplate and DaemonSet ``computedomain-daemon-<cdUID>`` in the driver namespace; the workload
@@ -23,9 +23,21 @@ ComputeDomainCliques, which NVIDIA leaves to the garbage collector through the d
 the finalizers of the templates and the DaemonSet, a check that they are gone (else retry), then the domain's
 finalizer. Host-managed IMEX mode: finalizer, workload template and status ``Ready`` only.
 
-Status loop: per domain, the daemon pods (label ``resource.nvidia.com/computeDomain=<uid>`` in the driver
+Membership (issue 14; README "Membership, elastic domains, node failure"): watches on the cliques and the daemon
+pods of the driver namespace mark the owning domain; a worker runs one pass per burst of marks
+(:meth:`ComputeDomainController.reconcile_membership`, ``coalesce_s``). Per clique a pass sends at most one JSON
+patch (:func:`membership_operations`: remove the items of nodes without a daemon pod; clear the daemon-owned
+fields of nodes that stopped answering -- Lease in ``kube-node-lease`` older than ``node_grace_s`` or Node
+``Ready`` False/Unknown -- keeping their ``index``) and at most one server-side apply under
+:data:`CONTROLLER_FIELD_MANAGER` of ``{nodeName, index}`` for every item
+(:func:`~dradriver.domain.imex.assign_indexes`: lowest free, never moved), then the domain's status is written
+if it changed. A node check every ``node_check_s`` marks the domains with a member on a node that stopped
+answering. Nothing is read-modify-written: the patch is guarded by ``test`` operations, the apply cannot
+conflict.
+
+Status: per domain, the daemon pods (label ``resource.nvidia.com/computeDomain=<uid>`` in the driver
 namespace) and ComputeDomainCliques; clique entries whose node runs no daemon pod of the domain are pruned;
-``status.nodes`` = the cliques' daemons + the daemon pods on nodes in no clique (pod label
+``status.nodes`` = the cliques' members (items with an ``ipAddress``) + the daemon pods on nodes in no clique (pod label
 ``resource.nvidia.com/computeDomain.cliqueID`` explicitly empty: index -1, status from the pod's Ready
 condition); with the gate ComputeDomainCliques off the daemons write ``status.nodes`` themselves and the loop
 keeps the entries whose IP is still a daemon pod's. ``status.status`` = :func:`~dradriver.domain.computedomains.
@@ -38,6 +50,7 @@ domains, so an object made for a domain created during the sweep is never taken 
 
 from __future__ import annotations
 
+import functools
 import heapq
 import logging
 import threading
@@ -64,20 +77,25 @@ from dradriver.domain.computedomains import (
     ComputeDomainError,
     daemon_object_name,
     global_status,
+    unresponsive_nodes,
 )
 from dradriver.domain.featuregates import COMPUTE_DOMAIN_CLIQUES
+from dradriver.domain.imex import assign_indexes
 from dradriver.kube import cdobjects, errors
 from dradriver.kube import computedomains as kcd
-from dradriver.kube.cdobjects import DAEMON_SETS, RESOURCE_CLAIM_TEMPLATES
+from dradriver.kube.cdobjects import DAEMON_SETS, PODS, RESOURCE_CLAIM_TEMPLATES
 from dradriver.kube.client import JSONDict, KubeClient
 from dradriver.kube.deployments import list_pods
 
-__all__ = ["ComputeDomainController", "ControllerConfig", "ReconcileRetry", "WorkQueue", "node_entries",
-           "run_controller"]
+__all__ = ["CONTROLLER_FIELD_MANAGER", "ComputeDomainController", "ControllerConfig", "ReconcileRetry", "WorkQueue",
+           "membership_operations", "node_entries", "run_controller"]
 
 log = logging.getLogger(__name__)
 
 Key = tuple[str, str]  # (namespace, name)
+
+CONTROLLER_FIELD_MANAGER = "compute-domain-controller"
+"""The controller's server-side-apply field manager: it owns the ``index`` of every clique item."""
 
 
 class ReconcileRetry(Exception):
@@ -181,7 +199,8 @@ def node_entries(cd: ComputeDomain, pods: Iterable[Mapping[str, Any]], cliques: 
         for clique in cliques:
             for raw in clique.get("daemons") or ():
                 daemon = CliqueDaemon.from_entry(raw)
-                entries[daemon.node_name] = daemon
+                if daemon.member:  # an index reservation of a departed or failed node is no member
+                    entries[daemon.node_name] = daemon
     else:
         ips = {str((p.get("status") or {}).get("podIP") or "") for p in pods} - {""}
         for node in cd.nodes:
@@ -198,6 +217,33 @@ def node_entries(cd: ComputeDomain, pods: Iterable[Mapping[str, Any]], cliques: 
     return [entries[name] for name in sorted(entries)]
 
 
+def membership_operations(clique: Mapping[str, Any], *, keep_nodes: set[str],
+                          failed_nodes: set[str]) -> list[dict[str, Any]]:
+    """The RFC 6902 operations that bring a clique's ``daemons`` in line with the nodes: an item whose node runs
+    no daemon pod of the domain (not in ``keep_nodes``) is removed, reservation and all; an item on a node that
+    stopped answering (in ``failed_nodes``) loses its daemon-owned fields (``ipAddress``, ``cliqueID``,
+    ``status``) and keeps ``nodeName`` and ``index``, so peers drop it from their mapping and the node gets the
+    same index and DNS name when its daemon re-applies. Each touched item is guarded by a ``test`` of its
+    ``nodeName`` (a list changed meanwhile fails the patch instead of touching another item); removals come
+    last, from the highest position down. ``[]``: nothing to do."""
+    ops: list[dict[str, Any]] = []
+    removals: list[int] = []
+    for position, item in enumerate(clique.get("daemons") or ()):
+        node = str(item.get("nodeName") or "")
+        path = f"/daemons/{position}"
+        if node not in keep_nodes:
+            removals.append(position)
+        elif node in failed_nodes and item.get("ipAddress"):
+            ops.append({"op": "test", "path": f"{path}/nodeName", "value": node})
+            ops += [{"op": "remove", "path": f"{path}/{key}"} for key in ("ipAddress", "cliqueID", "status")
+                    if key in item]
+    for position in sorted(removals, reverse=True):
+        node = str((clique.get("daemons") or [])[position].get("nodeName") or "")
+        ops += [{"op": "test", "path": f"/daemons/{position}/nodeName", "value": node},
+                {"op": "remove", "path": f"/daemons/{position}"}]
+    return ops
+
+
 def _uid_selector(uid: str) -> str:
     return f"{LABEL_COMPUTE_DOMAIN}={uid}"
 
@@ -211,7 +257,13 @@ class ComputeDomainController:
     :param additional_namespaces: more namespaces whose DaemonSets and daemon templates are the controller's
         (``--additional-namespaces``: swept there; created only in the driver namespace).
     :param resync_s: full re-list period (seconds; NVIDIA's informer resync, 10 min).
-    :param status_period_s: status loop period (seconds; NVIDIA's 2 s).
+    :param status_period_s: full membership and status resync period (seconds; default 60; NVIDIA polls every
+        2 s): between two, membership is event-driven (clique and daemon pod watches).
+    :param node_grace_s: a node whose Lease was not renewed for this long (or whose Ready condition is
+        False/Unknown) has its daemon's fields cleared from its clique (seconds; default 40, the
+        kube-controller-manager's ``--node-monitor-grace-period`` before 1.32).
+    :param node_check_s: period of the node check (seconds; default ``node_grace_s / 4``).
+    :param coalesce_s: how long a burst of clique and pod events is gathered before one membership pass.
     :param cleanup_period_s: stale sweep period (seconds; NVIDIA's 10 min).
     :param watch_timeout_s: ``timeoutSeconds`` of each watch request.
     """
@@ -220,14 +272,24 @@ class ComputeDomainController:
     settings: ControllerSettings
     additional_namespaces: tuple[str, ...] = ()
     resync_s: float = 600.0
-    status_period_s: float = 2.0
+    status_period_s: float = 60.0
     cleanup_period_s: float = 600.0
     watch_timeout_s: float = 300.0
+    node_grace_s: float = 40.0
+    node_check_s: float = 0.0
+    coalesce_s: float = 0.05
+    clock: Callable[[], float] = time.time
+    index_applies: int = 0
+    clique_patches: int = 0
+    status_writes: int = 0
     queue: WorkQueue = field(default_factory=WorkQueue)
     reconciled: int = 0
     _done: dict[str, int] = field(default_factory=dict)  # CD uid -> metadata.generation last reconciled
     _keys: dict[str, Key] = field(default_factory=dict)  # CD uid -> (namespace, name), from the CD watch
     _ds_ready: dict[str, int] = field(default_factory=dict)  # CD uid -> its DaemonSet's last numberReady seen
+    _dirty: set[str] = field(default_factory=set)  # CD uids whose membership changed since the last pass
+    _dirty_cond: threading.Condition = field(default_factory=threading.Condition)
+    _failed: tuple[float, frozenset[str]] = (float("-inf"), frozenset())  # (checked at, unresponsive nodes)
 
     @property
     def cliques_gate(self) -> bool:
@@ -246,8 +308,16 @@ class ComputeDomainController:
         watches = [threading.Thread(target=self._watch_loop, args=(stop,), name="cd-watch", daemon=True),
                    *(threading.Thread(target=self._owned_watch_loop, args=(stop, kind, ns), daemon=True,
                                       name=f"cd-watch-{kind.plural}-{ns or 'all'}") for kind, ns in owned)]
+        if self.cliques_gate:
+            watches += [threading.Thread(target=self._membership_watch_loop, args=(stop, "cliques"), daemon=True,
+                                         name="cd-watch-cliques"),
+                        threading.Thread(target=self._membership_watch_loop, args=(stop, "pods"), daemon=True,
+                                         name="cd-watch-pods")]
         loops = [threading.Thread(target=self._every, args=(stop, self.status_period_s, "status sync",
                                                               self.sync_all_status), name="cd-status", daemon=True),
+                 threading.Thread(target=self._membership_worker, args=(stop,), name="cd-membership", daemon=True),
+                 threading.Thread(target=self._every, args=(stop, self._node_check_period(), "node check",
+                                                            self.check_nodes), name="cd-nodes", daemon=True),
                    threading.Thread(target=self._every, args=(stop, self.cleanup_period_s, "stale sweep",
                                                               self.sweep), name="cd-sweep", daemon=True)]
         for t in (*watches, *loops):
@@ -271,6 +341,8 @@ class ComputeDomainController:
         finally:
             stop.set()
             self.queue.wake()
+            with self._dirty_cond:
+                self._dirty_cond.notify_all()
             for t in loops:  # the watch threads end with their current request (daemon threads)
                 t.join(timeout=5)
             log.info("compute-domain controller stopped")
@@ -319,6 +391,121 @@ class ComputeDomainController:
             except errors.KubeAPIError as exc:
                 log.warning("watch on ComputeDomains ended: %s; listing again", exc)
                 stop.wait(1.0)
+
+    # -- membership: events, coalescing, node failure ---------------------------------------------------------------
+    def _node_check_period(self) -> float:
+        return self.node_check_s if self.node_check_s > 0 else max(0.1, self.node_grace_s / 4)
+
+    def mark(self, uid: str) -> None:
+        """Queue a membership pass for the domain ``uid`` (coalesced with other events of the burst)."""
+        if not uid:
+            return
+        with self._dirty_cond:
+            self._dirty.add(uid)
+            self._dirty_cond.notify_all()
+
+    def _membership_watch_loop(self, stop: threading.Event, what: str) -> None:
+        """Watch the cliques (``what`` "cliques") or daemon pods ("pods") of the driver namespace and mark the
+        owning domain of each changed one."""
+        rv = ""
+        ns = self.settings.namespace
+        while not stop.is_set():
+            try:
+                events = (kcd.watch_cliques(self.client, ns, LABEL_COMPUTE_DOMAIN, rv, self.watch_timeout_s)
+                          if what == "cliques" else
+                          cdobjects.watch_objects(self.client, PODS, ns, LABEL_COMPUTE_DOMAIN, rv,
+                                                  self.watch_timeout_s))
+                for event in events:
+                    if stop.is_set():
+                        return
+                    obj = event.get("object") or {}
+                    if event.get("type") == "ERROR":
+                        raise errors.KubeGoneError(f"WATCH {what}", reason="Expired",
+                                                   message=str(obj.get("message") or ""))
+                    rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
+                    self.mark(owner_of(obj))
+            except errors.KubeGoneError:
+                rv = ""
+            except errors.KubeAPIError as exc:
+                log.warning("watch on %s ended: %s; watching again", what, exc)
+                rv = ""
+                stop.wait(1.0)
+
+    def _membership_worker(self, stop: threading.Event) -> None:
+        """Run one membership pass per burst of marked domains."""
+        while not stop.is_set():
+            with self._dirty_cond:
+                while not self._dirty and not stop.is_set():
+                    self._dirty_cond.wait(0.5)
+            if stop.wait(self.coalesce_s):
+                return
+            with self._dirty_cond:
+                batch, self._dirty = self._dirty, set()
+            self._guarded("membership pass", functools.partial(self.reconcile_membership, batch))
+
+    def failed_nodes(self, *, fresh: bool = False) -> frozenset[str]:
+        """Nodes that stopped answering (:func:`~dradriver.domain.computedomains.unresponsive_nodes` over the
+        ``kube-node-lease`` Leases and the Nodes' Ready condition, grace ``node_grace_s``), re-listed when
+        ``fresh`` or older than the node check period.
+
+        :raises errors.KubeAPIError: after retries.
+        """
+        checked, failed = self._failed
+        now = self.clock()
+        if fresh or now - checked >= self._node_check_period():
+            failed = frozenset(unresponsive_nodes(kcd.list_node_leases(self.client), cdobjects.list_nodes(self.client),
+                                                  now_s=now, grace_s=self.node_grace_s))
+            if failed != self._failed[1]:
+                log.info("nodes not answering (grace %.1fs): %s", self.node_grace_s, sorted(failed) or "none")
+            self._failed = (now, failed)
+        return failed
+
+    def check_nodes(self) -> None:
+        """The node check: mark every domain with a clique member on a node that stopped answering."""
+        failed = self.failed_nodes(fresh=True)
+        if not failed or not self.cliques_gate:
+            return
+        for clique in kcd.list_cliques(self.client, self.settings.namespace, LABEL_COMPUTE_DOMAIN):
+            if any(d.get("nodeName") in failed and d.get("ipAddress") for d in clique.get("daemons") or ()):
+                self.mark(owner_of(clique))
+
+    def reconcile_membership(self, uids: Iterable[str] | None = None) -> None:
+        """One membership pass over the domains ``uids`` (all when None): per clique, drop the items of nodes
+        without a daemon pod and clear those of failed nodes (one JSON patch), assign missing indexes (one apply),
+        then write each domain's ``status`` if it changed.
+
+        :raises errors.KubeAPIError: a list failed (a failed write re-marks its domain instead).
+        """
+        wanted = None if uids is None else set(uids)
+        if wanted is not None and not wanted:
+            return
+        objs: list[JSONDict] = []
+        if wanted is not None and all(u in self._keys for u in wanted):
+            for uid in wanted:
+                got = kcd.get_compute_domain(self.client, *self._keys[uid])
+                if got is not None and str((got.get("metadata") or {}).get("uid", "")) == uid:
+                    objs.append(got)
+        else:
+            objs = [o for o in kcd.list_compute_domains(self.client).get("items") or ()
+                    if wanted is None or str((o.get("metadata") or {}).get("uid", "")) in wanted]
+        if not objs:
+            return
+        selector = _uid_selector(next(iter(wanted))) if wanted is not None and len(wanted) == 1 \
+            else LABEL_COMPUTE_DOMAIN
+        pods = [] if self.settings.host_managed else list_pods(self.client, self.settings.namespace, selector)
+        cliques = [] if not self.cliques_gate else kcd.list_cliques(self.client, self.settings.namespace, selector)
+        for obj in objs:
+            meta = obj.get("metadata") or {}
+            if meta.get("deletionTimestamp") or FINALIZER not in (meta.get("finalizers") or ()):
+                continue
+            obj.setdefault("apiVersion", "resource.nvidia.com/v1beta1")
+            obj.setdefault("kind", "ComputeDomain")
+            try:
+                self._sync(obj, pods, cliques)
+            except errors.KubeConflictError:
+                self.mark(str(meta.get("uid", "")))
+            except ComputeDomainError as exc:
+                log.debug("status of ComputeDomain %s/%s: %s", meta.get("namespace"), meta.get("name"), exc)
 
     def _owned_watch_loop(self, stop: threading.Event, kind: cdobjects.ObjectKind, namespace: str) -> None:
         """Watch the controller's objects of ``kind`` in ``namespace`` (``""``: all) and queue the owning domain of
@@ -372,22 +559,10 @@ class ComputeDomainController:
         status stays what the nodes say, so ``status.status`` never reads Ready while ``status.nodes`` lists a
         NotReady daemon (the daemon's clique entry can trail its pod's readiness)."""
         ready = (ds.get("status") or {}).get("numberReady")
-        key = self._keys.get(uid)
-        if not isinstance(ready, int) or key is None or self._ds_ready.get(uid) == ready:
+        if not isinstance(ready, int) or self._ds_ready.get(uid) == ready:
             return
         self._ds_ready[uid] = ready
-        obj = kcd.get_compute_domain(self.client, *key)
-        if obj is None or str((obj.get("metadata") or {}).get("uid", "")) != uid:
-            return
-        meta = obj.get("metadata") or {}
-        if meta.get("deletionTimestamp") or FINALIZER not in (meta.get("finalizers") or ()):
-            return
-        obj.setdefault("apiVersion", "resource.nvidia.com/v1beta1")
-        obj.setdefault("kind", "ComputeDomain")
-        try:
-            self.sync_status(obj)
-        except ComputeDomainError as exc:
-            log.debug("status of ComputeDomain %s/%s: %s", key[0], key[1], exc)
+        self.mark(uid)
 
     def _settled(self, obj: Mapping[str, Any]) -> bool:
         """An event that changes nothing reconcile acts on: this generation was reconciled, the finalizer is
@@ -509,23 +684,8 @@ class ComputeDomainController:
 
     # -- status -------------------------------------------------------------------------------------------------
     def sync_all_status(self) -> None:
-        """One round of the status loop over every ComputeDomain."""
-        pods = [] if self.settings.host_managed else list_pods(self.client, self.settings.namespace,
-                                                               LABEL_COMPUTE_DOMAIN)
-        cliques = [] if not self.cliques_gate else kcd.list_cliques(self.client, self.settings.namespace,
-                                                                    LABEL_COMPUTE_DOMAIN)
-        for obj in kcd.list_compute_domains(self.client).get("items") or ():
-            meta = obj.get("metadata") or {}
-            if meta.get("deletionTimestamp") or FINALIZER not in (meta.get("finalizers") or ()):
-                continue
-            obj.setdefault("apiVersion", "resource.nvidia.com/v1beta1")
-            obj.setdefault("kind", "ComputeDomain")
-            try:
-                self._sync(obj, pods, cliques)
-            except errors.KubeConflictError:
-                continue  # changed meanwhile: the next round sees the new object
-            except ComputeDomainError as exc:
-                log.debug("status of ComputeDomain %s/%s: %s", meta.get("namespace"), meta.get("name"), exc)
+        """The slow resync: one membership pass over every ComputeDomain."""
+        self.reconcile_membership(None)
 
     def sync_status(self, obj: JSONDict) -> None:
         """Recompute one ComputeDomain's status now (after a reconcile)."""
@@ -546,7 +706,7 @@ class ComputeDomainController:
             wanted = {**status, "status": STATUS_READY}
         else:
             mine = [p for p in pods if owner_of(p) == cd.uid]
-            my_cliques = [self._pruned(c, mine) for c in cliques if owner_of(c) == cd.uid]
+            my_cliques = [self._membership(c, mine) for c in cliques if owner_of(c) == cd.uid]
             nodes = node_entries(cd, mine, [c for c in my_cliques if c is not None], cliques_gate=self.cliques_gate)
             wanted = {**status, "nodes": [n.to_status_node() for n in nodes],
                       "status": global_status(cd.num_nodes, nodes)}
@@ -556,34 +716,54 @@ class ComputeDomainController:
             return
         obj["status"] = wanted
         kcd.update_compute_domain_status(self.client, obj)
+        self.status_writes += 1
         if wanted.get("status") != status.get("status"):
             log.info("ComputeDomain %s/%s (uid %s): status %s", cd.namespace, cd.name, cd.uid, wanted["status"])
 
-    def _pruned(self, clique: JSONDict, pods: list[JSONDict]) -> JSONDict | None:
-        """``clique`` without entries for nodes that run no daemon pod of its domain (written back). An entry
-        missing from the round's pod list is pruned only when a fresh list of the domain's pods confirms it (the
-        round's list may predate a pod that wrote its entry since; NVIDIA's post-#1453 rule)."""
+    def _membership(self, clique: JSONDict, pods: list[JSONDict]) -> JSONDict | None:
+        """``clique`` after this pass's writes (:func:`membership_operations` as one JSON patch, then the missing
+        indexes as one apply); ``None`` when it changed meanwhile or went away (its domain is marked again).
+
+        An item whose node is missing from the pass's pod list is removed only when a fresh list of the domain's
+        pods confirms it (the pass's list may predate a pod that wrote its entry since; NVIDIA post-#1453)."""
+        uid = owner_of(clique)
+        ns = str(clique["metadata"].get("namespace") or self.settings.namespace)
+        name = str(clique["metadata"]["name"])
         nodes = {str((p.get("spec") or {}).get("nodeName") or "") for p in pods}
         daemons = list(clique.get("daemons") or [])
-        kept = [d for d in daemons if d.get("nodeName") in nodes]
-        if len(kept) == len(daemons):
+        if any(d.get("nodeName") not in nodes for d in daemons):
+            fresh = list_pods(self.client, self.settings.namespace, _uid_selector(uid))
+            nodes |= {str((p.get("spec") or {}).get("nodeName") or "") for p in fresh if owner_of(p) == uid}
+        failed = set(self.failed_nodes()) if any(d.get("ipAddress") for d in daemons) else set()
+        ops = membership_operations(clique, keep_nodes=nodes, failed_nodes=failed)
+        if ops:
+            out = kcd.patch_clique(self.client, ns, name, ops)
+            self.clique_patches += 1
+            if out is None:
+                self.mark(uid)
+                return None
+            removed = sum(1 for op in ops if op["op"] == "remove" and op["path"].count("/") == 2)
+            cleared = sorted({d.get("nodeName") for d in daemons if d.get("nodeName") in failed and d.get("ipAddress")
+                              and d.get("nodeName") in nodes})
+            log.info("ComputeDomainClique %s/%s: removed %d entries of nodes without a daemon pod; cleared the "
+                     "entries of nodes not answering: %s", ns, name, removed, cleared or "none")
+            clique = out
+        items = [CliqueDaemon.from_entry(d) for d in clique.get("daemons") or ()]
+        assigned = assign_indexes(items, self.settings.max_nodes_per_imex_domain)
+        if all(assigned.get(d.node_name, d.index) == d.index for d in items):
             return clique
-        fresh = list_pods(self.client, self.settings.namespace, _uid_selector(owner_of(clique)))
-        nodes |= {str((p.get("spec") or {}).get("nodeName") or "") for p in fresh if owner_of(p) == owner_of(clique)}
-        kept = [d for d in daemons if d.get("nodeName") in nodes]
-        if len(kept) == len(daemons):
-            return clique
-        clique = {**clique, "daemons": kept}
-        clique.setdefault("apiVersion", "resource.nvidia.com/v1beta1")
-        clique.setdefault("kind", "ComputeDomainClique")
+        labels = (clique["metadata"].get("labels") or {})
+        body = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomainClique",
+                "metadata": {"name": name, "namespace": ns,
+                             "labels": {k: labels[k] for k in (LABEL_COMPUTE_DOMAIN, LABEL_CLIQUE_ID) if k in labels}},
+                "daemons": [{"nodeName": node, "index": index} for node, index in sorted(assigned.items())]}
         try:
-            out = kcd.update_clique(self.client, clique)
-        except errors.KubeConflictError:
-            return None  # a daemon wrote meanwhile: the next round decides
+            out = kcd.apply_clique(self.client, ns, name, body, field_manager=CONTROLLER_FIELD_MANAGER, force=True)
         except errors.KubeNotFoundError:
             return None
-        log.info("ComputeDomainClique %s/%s: pruned %d entries of nodes without a daemon pod",
-                 clique["metadata"].get("namespace"), clique["metadata"]["name"], len(daemons) - len(kept))
+        self.index_applies += 1
+        new = {d.node_name: index for d in items if (index := assigned.get(d.node_name, d.index)) != d.index}
+        log.info("ComputeDomainClique %s/%s: assigned indexes %s", ns, name, new)
         return out
 
     # -- stale sweep --------------------------------------------------------------------------------------------
@@ -638,6 +818,8 @@ class ControllerConfig:
     lease_duration_s: float = 15.0
     renew_deadline_s: float = 10.0
     retry_period_s: float = 2.0
+    node_failure_grace_s: float = 40.0
+    status_resync_s: float = 60.0
 
 
 def _serve_metrics(endpoint: str, path: str) -> Any:
@@ -671,7 +853,8 @@ def run_controller(cfg: ControllerConfig, stop: threading.Event) -> bool:
     client = open_client(cfg.kubeconfig, user_agent="dradriver/compute-domain-controller",
                          rate_limit=ratelimit.rate_limiter(cfg.kube_api_qps, cfg.kube_api_burst))
     metrics = _serve_metrics(cfg.http_endpoint, cfg.metrics_path) if cfg.http_endpoint else None
-    controller = ComputeDomainController(client, cfg.settings, additional_namespaces=cfg.additional_namespaces)
+    controller = ComputeDomainController(client, cfg.settings, additional_namespaces=cfg.additional_namespaces,
+                                         status_period_s=cfg.status_resync_s, node_grace_s=cfg.node_failure_grace_s)
     try:
         if not cfg.leader_election:
             controller.run(stop)

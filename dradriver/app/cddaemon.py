@@ -8,19 +8,32 @@ run|check``).
    no clique); with no clique, idle until SIGTERM;
 3. render ``<imexd>/imexd.cfg`` from ``<imexd>/imexd.cfg.tmpl`` (pod IP, ``nodes.cfg`` path) and the static
    ``nodes.cfg`` of per-domain DNS names;
-4. loop every ``poll_interval_s``: read its own Pod's Ready condition; insert or update its entry in the
-   ComputeDomainClique ``<cdUID>.<cliqueID>`` of its namespace (created when missing, labels as 7.1, its Pod
-   added as an owner) with the index rule of :func:`~dradriver.domain.imex.upsert_entry`, by
-   read-modify-write conditional on ``resourceVersion`` with retries on conflict (NVIDIA's protocol); rewrite the
-   hosts file with the name -> IP mapping of the same-clique daemons; start ``nvidia-imex`` once, and send it
-   SIGUSR1 when the mapping changes;
-5. on SIGTERM: remove its own entry (matched by pod IP), stop ``nvidia-imex``.
+4. loop every ``poll_interval_s``: read its own Pod's Ready condition and its ComputeDomainClique
+   ``<cdUID>.<cliqueID>`` (one GET each); when the clique lacks this daemon's entry as it should be, send one
+   server-side apply (field manager ``compute-domain-daemon/<nodeName>``) of its own ``daemons`` item
+   ``{nodeName, ipAddress, cliqueID, status}``, the clique's labels (7.1) and its Pod as an owner reference --
+   so a daemon writes its entry at join (``NotReady``), at Ready, and at each later status flip, and never
+   conflicts with another writer; the ``index`` is the controller's (:mod:`dradriver.app.cdcontroller`);
+   rewrite the hosts file with the name -> IP mapping of the same-clique daemons (an entry without IP or index
+   maps to the unused-slot IP); start ``nvidia-imex`` once, and send it SIGUSR1 only when the mapping changes;
+5. on SIGTERM: withdraw its fields (an apply without the item, only if the entry still has this pod's IP),
+   stop ``nvidia-imex``. The controller's index reservation stays until the node runs no daemon pod.
+
+API for in-process drivers (the bench; stable): :func:`entry_body`, :func:`apply_entry` ``(client, settings,
+status) -> [CliqueDaemon]``, :func:`read_clique`, :func:`clique_daemons`, :func:`entry_current`,
+:func:`peer_mapping` ``(settings, daemons) -> {dnsName: ip}``, :func:`withdraw_entry`, and :class:`Membership`
+(``Membership(client, settings).step(status) -> (mapping, changed)``: one daemon round without ``nvidia-imex``;
+``.applied`` counts writes). The controller side: ``ComputeDomainController(client, settings).
+reconcile_membership()`` assigns indexes, clears failed nodes and aggregates ``status.nodes`` in one pass.
 
 ``check`` runs ``nvidia-imex-ctl -c <imexd>/imexd.cfg -q`` and succeeds only when it prints exactly
 ``READY\\n``; with no clique it succeeds at once.
 
-Differences from NVIDIA: the clique and the own Pod are polled (``poll_interval_s``, default 1 s) rather than
-watched through informers (NVIDIA: informer events, resync 4 min); only the default gate settings
+Differences from NVIDIA: NVIDIA's daemon inserts its entry (and picks its index) by read-modify-write of the
+shared clique with conflict retries (ksigs#816: minutes of convergence from conflicts; #1418: index swaps);
+here each daemon applies only its own fields and the controller alone assigns indexes. The clique and the own
+Pod are polled (``poll_interval_s``, default 1 s; reads, not writes) rather than watched through informers
+(NVIDIA: informer events, resync 4 min); only the default gate settings
 (ComputeDomainCliques and IMEXDaemonsWithDNSNames on) are implemented: the status-nodes and IP-list modes are not.
 """
 
@@ -28,9 +41,8 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import threading
-import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,15 +55,16 @@ from dradriver.host.imexprocess import ImexProcess, query_ready, write_config_fi
 from dradriver.kube import computedomains as kube_cd
 from dradriver.kube import errors as kube_errors
 from dradriver.kube import pods
-from dradriver.kube.client import KubeClient
+from dradriver.kube.client import JSONDict, KubeClient
 
-__all__ = ["CDI_HINT", "DaemonError", "DaemonSettings", "check", "join_clique", "leave_clique", "render_configs",
-           "run_daemon"]
+__all__ = ["CDI_HINT", "DAEMON_FIELD_MANAGER_PREFIX", "DaemonError", "DaemonSettings", "Membership", "apply_entry",
+           "check", "clique_daemons", "entry_body", "entry_current", "field_manager", "peer_mapping", "read_clique",
+           "render_configs", "run_daemon", "withdraw_entry"]
 
 log = logging.getLogger(__name__)
 
 CDI_HINT = "COMPUTE_DOMAIN_UUID is empty: is CDI enabled in your container runtime?"
-CONFLICT_RETRIES = 20
+DAEMON_FIELD_MANAGER_PREFIX = "compute-domain-daemon/"
 
 
 class DaemonError(DradriverError):
@@ -111,94 +124,132 @@ class DaemonSettings:
 # -- the clique entry ----------------------------------------------------------------------------------------
 
 
+def field_manager(settings: DaemonSettings) -> str:
+    """The daemon's server-side-apply field manager: ``compute-domain-daemon/<nodeName>`` (one per node, so a
+    replacement pod on the node takes over its predecessor's fields)."""
+    return f"{DAEMON_FIELD_MANAGER_PREFIX}{settings.node_name}"
+
+
 def _owner(settings: DaemonSettings) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "name": settings.pod_name, "uid": settings.pod_uid}
 
 
-def _new_clique(settings: DaemonSettings) -> dict[str, Any]:
-    return {"apiVersion": cd.API_GROUP_VERSION, "kind": cd.CLIQUE_KIND,
-            "metadata": {"name": settings.clique_name, "namespace": settings.pod_namespace,
-                         "labels": {cd.LABEL_COMPUTE_DOMAIN: settings.cd_uid,
-                                    cd.LABEL_CLIQUE_ID: settings.clique_id},
-                         "ownerReferences": [_owner(settings)]},
-            "daemons": []}
+def entry_body(settings: DaemonSettings, status: str | None) -> dict[str, Any]:
+    """The apply body of this daemon: the clique's name, labels (NVIDIA 7.1), its Pod as an owner reference,
+    and its own ``daemons`` item ``{nodeName, ipAddress, cliqueID, status}`` (no ``index``: the controller's);
+    ``status`` None: no item (the daemon withdraws, keeping its owner reference until its Pod is gone)."""
+    body: dict[str, Any] = {
+        "apiVersion": cd.API_GROUP_VERSION, "kind": cd.CLIQUE_KIND,
+        "metadata": {"name": settings.clique_name, "namespace": settings.pod_namespace,
+                     "labels": {cd.LABEL_COMPUTE_DOMAIN: settings.cd_uid, cd.LABEL_CLIQUE_ID: settings.clique_id},
+                     "ownerReferences": [_owner(settings)]},
+        "daemons": []}
+    if status is not None:
+        body["daemons"] = [{"nodeName": settings.node_name, "ipAddress": settings.pod_ip,
+                            "cliqueID": settings.clique_id, "status": status}]
+    return body
 
 
-def _daemons(obj: dict[str, Any]) -> list[CliqueDaemon]:
-    return [CliqueDaemon.from_entry(e) for e in obj.get("daemons") or ()]
+def clique_daemons(obj: Mapping[str, Any] | None) -> list[CliqueDaemon]:
+    """The entries of a clique object (``[]`` for none); an item without ``ipAddress`` or ``index`` reads as
+    ``ip_address`` ``""`` / ``index`` -1 (a reservation, or a daemon still waiting for its index)."""
+    return [CliqueDaemon.from_entry(e) for e in (obj or {}).get("daemons") or ()]
 
 
-def _backoff(attempt: int) -> None:
-    time.sleep(min(0.5, 0.005 * 2 ** attempt) * (1 + random.random()))
+def read_clique(client: KubeClient, settings: DaemonSettings) -> JSONDict | None:
+    """``GET`` this daemon's clique (``None`` when it does not exist yet).
 
-
-def join_clique(client: KubeClient, settings: DaemonSettings, status: str) -> list[CliqueDaemon]:
-    """Insert or update this daemon's entry (and owner reference) in its clique, creating the clique when
-    missing; returns the clique's entries after the write.
-
-    :raises DaemonError: no free index, or conflicts did not settle in :data:`CONFLICT_RETRIES` tries.
-    :raises dradriver.kube.errors.KubeAPIError: the API failed after its own retries.
+    :raises dradriver.kube.errors.KubeAPIError: after retries.
     """
-    ns = settings.pod_namespace
-    for attempt in range(CONFLICT_RETRIES):
-        obj = kube_cd.get_clique(client, ns, settings.clique_name)
-        if obj is None:
-            created = kube_cd.create_clique(client, _new_clique(settings))
-            obj = created if created is not None else kube_cd.get_clique(client, ns, settings.clique_name)
-            if obj is None:
-                continue
-        daemons = _daemons(obj)
-        try:
-            updated, entry = imex.upsert_entry(daemons, node_name=settings.node_name, ip_address=settings.pod_ip,
-                                               clique_id=settings.clique_id, max_nodes=settings.max_nodes,
-                                               status=status)
-        except cd.ComputeDomainError as exc:
-            raise DaemonError(f"ComputeDomainClique {ns}/{settings.clique_name}: {exc}") from exc
-        meta = obj.setdefault("metadata", {})
-        owners = list(meta.get("ownerReferences") or [])
-        has_owner = any(o.get("uid") == settings.pod_uid for o in owners)
-        if updated == daemons and has_owner:
-            return daemons
-        if not has_owner:
-            meta["ownerReferences"] = [*owners, _owner(settings)]
-        obj["daemons"] = [d.to_clique_entry() for d in updated]
-        try:
-            written = kube_cd.update_clique(client, obj)
-        except kube_errors.KubeConflictError:
-            _backoff(attempt)
-            continue
-        if updated != daemons:
-            log.info("clique %s/%s: entry of node %s is index %d, %s, status %s", ns, settings.clique_name,
-                     settings.node_name, entry.index, entry.ip_address, entry.status)
-        return _daemons(written)
-    raise DaemonError(f"ComputeDomainClique {ns}/{settings.clique_name}: {CONFLICT_RETRIES} conflicting updates "
-                      "in a row")
+    return kube_cd.get_clique(client, settings.pod_namespace, settings.clique_name)
 
 
-def leave_clique(client: KubeClient, settings: DaemonSettings) -> bool:
-    """Remove this daemon's entry (matched by node name and pod IP) from its clique.
+def entry_current(obj: Mapping[str, Any] | None, settings: DaemonSettings, status: str) -> bool:
+    """Whether ``obj`` (the clique as read) already holds this daemon's entry with this pod IP, clique ID and
+    ``status``, and its Pod as an owner: then :func:`apply_entry` would change nothing and is not sent."""
+    if obj is None:
+        return False
+    owners = (obj.get("metadata") or {}).get("ownerReferences") or ()
+    if not any(o.get("uid") == settings.pod_uid for o in owners):
+        return False
+    return any(d.node_name == settings.node_name and d.ip_address == settings.pod_ip
+               and d.clique_id == settings.clique_id and d.status == status for d in clique_daemons(obj))
 
-    :returns: whether an entry was removed.
-    :raises dradriver.kube.errors.KubeAPIError: the API failed after its own retries.
+
+def apply_entry(client: KubeClient, settings: DaemonSettings, status: str) -> list[CliqueDaemon]:
+    """Server-side apply this daemon's entry with ``status`` (``Ready``/``NotReady``) under
+    :func:`field_manager`, creating the clique when missing; returns the clique's entries after the write.
+
+    One request, no read first, never a conflict: the API merges the item into the ``daemons`` list-map by
+    ``nodeName`` and leaves every other field alone (other daemons' items, the controller's ``index``).
+    ``force``: after the controller cleared this node's fields (node failure), re-applying takes them back.
+
+    :raises dradriver.kube.errors.KubeAPIError: after retries.
     """
-    for attempt in range(CONFLICT_RETRIES):
-        obj = kube_cd.get_clique(client, settings.pod_namespace, settings.clique_name)
-        if obj is None:
-            return False
-        daemons = _daemons(obj)
-        kept = imex.remove_entry(daemons, node_name=settings.node_name, ip_address=settings.pod_ip)
-        if kept == daemons:
-            return False
-        obj["daemons"] = [d.to_clique_entry() for d in kept]
-        try:
-            kube_cd.update_clique(client, obj)
-        except kube_errors.KubeConflictError:
-            _backoff(attempt)
-            continue
-        log.info("clique %s/%s: removed the entry of node %s (%s)", settings.pod_namespace, settings.clique_name,
-                 settings.node_name, settings.pod_ip)
-        return True
-    return False
+    obj = kube_cd.apply_clique(client, settings.pod_namespace, settings.clique_name, entry_body(settings, status),
+                               field_manager=field_manager(settings), force=True)
+    return clique_daemons(obj)
+
+
+def withdraw_entry(client: KubeClient, settings: DaemonSettings) -> bool:
+    """Give up this daemon's fields of its entry (an apply without the item), if the entry still carries this
+    pod's IP (a replacement pod on the node that applied meanwhile keeps its entry; NVIDIA removes by pod IP).
+    The controller's ``index`` stays: the node's next daemon gets the same index and DNS name; the controller
+    drops the reservation once the node runs no daemon pod of the domain.
+
+    :returns: whether an apply was sent.
+    :raises dradriver.kube.errors.KubeAPIError: after retries.
+    """
+    obj = read_clique(client, settings)
+    if not any(d.node_name == settings.node_name and d.ip_address == settings.pod_ip for d in clique_daemons(obj)):
+        return False
+    kube_cd.apply_clique(client, settings.pod_namespace, settings.clique_name, entry_body(settings, None),
+                         field_manager=field_manager(settings), force=True)
+    log.info("clique %s/%s: withdrew the entry of node %s (%s)", settings.pod_namespace, settings.clique_name,
+             settings.node_name, settings.pod_ip)
+    return True
+
+
+def peer_mapping(settings: DaemonSettings, daemons: Iterable[CliqueDaemon]) -> dict[str, str]:
+    """DNS name -> IP for every slot (:func:`~dradriver.domain.imex.dns_mapping`): an entry without
+    ``ipAddress`` (a reservation) or without an index yet maps nowhere, i.e. its slot is the unused-slot IP."""
+    return imex.dns_mapping(settings.cd_uid, daemons, settings.clique_id, settings.max_nodes)
+
+
+@dataclass
+class Membership:
+    """The daemon's side of membership, usable without ``nvidia-imex`` (the bench drives it in-process): each
+    :meth:`step` reads the clique, applies the entry only when it differs (join ``NotReady``, then ``Ready``,
+    then a later flip), and returns the peer mapping and whether it changed since the previous step.
+
+    :param applied: the apply requests sent so far.
+    """
+
+    client: KubeClient
+    settings: DaemonSettings
+    mapping: dict[str, str] | None = None
+    applied: int = 0
+
+    def step(self, status: str) -> tuple[dict[str, str], bool]:
+        """One round with the daemon's current ``status``.
+
+        :returns: (mapping, changed): ``changed`` is False on the first round (nothing to reload yet).
+        :raises dradriver.kube.errors.KubeAPIError: after retries.
+        """
+        obj = read_clique(self.client, self.settings)
+        if entry_current(obj, self.settings, status):
+            daemons = clique_daemons(obj)
+        else:
+            daemons = apply_entry(self.client, self.settings, status)
+            self.applied += 1
+            mine = next((d for d in daemons if d.node_name == self.settings.node_name), None)
+            log.info("clique %s/%s: applied the entry of node %s (%s, %s, index %s)", self.settings.pod_namespace,
+                     self.settings.clique_name, self.settings.node_name, self.settings.pod_ip, status,
+                     "pending" if mine is None or mine.index < 0 else mine.index)
+        new = peer_mapping(self.settings, daemons)
+        changed = self.mapping is not None and imex.membership_change(self.mapping, new).changed
+        self.mapping = new
+        return new, changed
 
 
 # -- run and check -----------------------------------------------------------------------------------------------
@@ -236,36 +287,36 @@ def run_daemon(settings: DaemonSettings, client: KubeClient, stop: threading.Eve
     env = dict(os.environ) if settings.imex_env is None else dict(settings.imex_env)
     env["DRADRIVER_HOSTS_FILE"] = str(settings.hosts_file)  # the stand-in's resolver; the real daemon's is libc's
     process = ImexProcess([settings.imex_binary, "-c", str(settings.config_path)], env=env)
-    mapping: dict[str, str] | None = None
+    membership = Membership(client, settings)
+    started = False
     try:
         while not stop.is_set():
             try:
                 ready = pods.pod_ready(pods.get_pod(client, settings.pod_namespace, settings.pod_name))
-                daemons = join_clique(client, settings, cd.STATUS_READY if ready else cd.STATUS_NOT_READY)
+                before = membership.mapping
+                new, changed = membership.step(cd.STATUS_READY if ready else cd.STATUS_NOT_READY)
             except kube_errors.KubeAPIError as exc:
-                log.warning("cannot update the clique entry: %s", exc)
+                log.warning("cannot read or apply the clique entry: %s", exc)
                 stop.wait(settings.poll_interval_s)
                 continue
-            new = imex.dns_mapping(settings.cd_uid, daemons, settings.clique_id, settings.max_nodes)
             current = settings.hosts_file.read_text(encoding="utf-8") if settings.hosts_file.exists() else ""
             if write_hosts_file(settings.hosts_file, imex.render_hosts(current, new)):
                 log.info("wrote %s: %d of %d IMEX peer names in use", settings.hosts_file,
                          sum(ip != cd.UNUSED_SLOT_IP for ip in new.values()), len(new))
-            if mapping is None:
+            if not started:
                 process.ensure_started()  # once; the watchdog restarts it after an unexpected exit
-            else:
-                change = imex.membership_change(mapping, new)
-                if change.changed:
-                    log.info("IMEX peers changed (added %s, removed %s, moved %s)", list(change.added),
-                             list(change.removed), list(change.moved))
-                    process.reload()
-            mapping = new
+                started = True
+            elif changed and before is not None:
+                change = imex.membership_change(before, new)
+                log.info("IMEX peers changed (added %s, removed %s, moved %s)", list(change.added),
+                         list(change.removed), list(change.moved))
+                process.reload()
             stop.wait(settings.poll_interval_s)
     finally:
         try:
-            leave_clique(client, settings)
+            withdraw_entry(client, settings)
         except kube_errors.KubeAPIError as exc:
-            log.warning("cannot remove the clique entry: %s", exc)
+            log.warning("cannot withdraw the clique entry: %s", exc)
         process.stop()
     return 0
 

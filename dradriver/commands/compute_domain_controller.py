@@ -57,6 +57,13 @@ FLAGS: tuple[config.Flag, ...] = (
                 "leader tries to renew before it stops leading."),
     config.Flag("--leader-election-retry-period", "LEADER_ELECTION_RETRY_PERIOD", "2s", "Between two tries to "
                 "take or renew the Lease."),
+    config.Flag("--node-failure-grace-period", "NODE_FAILURE_GRACE_PERIOD", "40s", "How long a node's Lease in "
+                "kube-node-lease may go unrenewed (or its Ready condition be False/Unknown) before its IMEX daemon "
+                "is dropped from its peers' mapping; its index is kept (dradriver; kube-controller-manager's "
+                "--node-monitor-grace-period default)."),
+    config.Flag("--status-resync-period", "STATUS_RESYNC_PERIOD", "60s", "Full membership and status resync "
+                "period; between two, ComputeDomain status follows clique and daemon pod events (dradriver; "
+                "NVIDIA polls every 2s)."),
     _SHARED["kubeconfig"], _SHARED["kube_api_qps"], _SHARED["kube_api_burst"], _SHARED["http_endpoint"],
     _SHARED["metrics_path"], _SHARED["feature_gates"], _SHARED["log_level"], _SHARED["log_format"],
 )
@@ -124,7 +131,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
                                   feature_gates=gates, imex_mode=args.imex_mode)
     durations = {}
     for dest in ("leader_election_lease_duration", "leader_election_renew_deadline",
-                 "leader_election_retry_period"):
+                 "leader_election_retry_period", "node_failure_grace_period", "status_resync_period"):
         option = "--" + dest.replace("_", "-")
         durations[dest] = parse_duration(getattr(args, dest), f"{option} (env {dest.upper()})")
     return ControllerConfig(
@@ -135,7 +142,9 @@ def config_from_args(args: argparse.Namespace) -> Any:
         lease_name=args.leader_election_lease_lock_name,
         lease_duration_s=durations["leader_election_lease_duration"],
         renew_deadline_s=durations["leader_election_renew_deadline"],
-        retry_period_s=durations["leader_election_retry_period"])
+        retry_period_s=durations["leader_election_retry_period"],
+        node_failure_grace_s=durations["node_failure_grace_period"],
+        status_resync_s=durations["status_resync_period"])
 
 
 def register(subparsers: Any) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from dradriver.errors import DradriverError
@@ -60,6 +61,7 @@ __all__ = [
     "parse_channel_config",
     "parse_daemon_config",
     "plugin_resource_slice",
+    "unresponsive_nodes",
 ]
 
 API_GROUP = "resource.nvidia.com"
@@ -220,6 +222,12 @@ class CliqueDaemon:
     index: int
     status: str = STATUS_NOT_READY
 
+    @property
+    def member(self) -> bool:
+        """Whether a daemon holds this entry (its ``ipAddress`` is set); an entry with only ``nodeName`` and
+        ``index`` is the controller's index reservation for a node whose daemon left or failed."""
+        return bool(self.ip_address)
+
     def to_clique_entry(self) -> dict[str, Any]:
         """The ``daemons[]`` item of a ComputeDomainClique."""
         return {"nodeName": self.node_name, "ipAddress": self.ip_address, "cliqueID": self.clique_id,
@@ -299,13 +307,48 @@ def choose_index(daemons: Iterable[CliqueDaemon], node_name: str, max_nodes: int
 
 
 def global_status(num_nodes: int, nodes: Iterable[CliqueDaemon]) -> str:
-    """``Ready`` iff at least ``num_nodes`` nodes are listed and none is ``NotReady`` (NVIDIA's
-    ``calculateGlobalStatus``, 7.3: it counts ``len(nodes) >= numNodes`` only, so no node and ``numNodes`` 0
-    is ``Ready``)."""
+    """``Ready`` iff every listed node is ``Ready``; with no node listed, ``Ready`` only when ``num_nodes`` is 0.
+
+    Elastic domains (issue 14; NVIDIA ksigs#364/#368 ask to drop ``numNodes``): ``spec.numNodes`` is advisory
+    and no longer gates a domain whose members are all Ready (NVIDIA's ``calculateGlobalStatus``, 7.3, also
+    required ``len(nodes) >= numNodes``); it still keeps a domain nobody joined yet ``NotReady``, and stays
+    visible in the spec next to ``len(status.nodes)``."""
     listed = list(nodes)
-    if len(listed) < num_nodes:
-        return STATUS_NOT_READY
+    if not listed:
+        return STATUS_READY if num_nodes <= 0 else STATUS_NOT_READY
     return STATUS_NOT_READY if any(n.status != STATUS_READY for n in listed) else STATUS_READY
+
+
+def _rfc3339_s(value: object) -> float | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def unresponsive_nodes(leases: Iterable[Mapping[str, Any]], nodes: Iterable[Mapping[str, Any]], *, now_s: float,
+                       grace_s: float) -> set[str]:
+    """Names of the Nodes whose kubelet stopped answering: the node's Lease in ``kube-node-lease`` (named after
+    the node) was last renewed (``spec.renewTime``, else ``acquireTime``) more than ``grace_s`` seconds before
+    ``now_s`` (Unix seconds), or the Node's ``Ready`` condition is ``False`` or ``Unknown`` (what the node
+    lifecycle controller sets after ``--node-monitor-grace-period``, 40 s before Kubernetes 1.32, 50 s since).
+    A Node with neither a Lease nor a Ready condition is not judged.
+    """
+    out: set[str] = set()
+    for lease in leases:
+        name = str((lease.get("metadata") or {}).get("name") or "")
+        spec = lease.get("spec") or {}
+        renewed = _rfc3339_s(spec.get("renewTime")) or _rfc3339_s(spec.get("acquireTime"))
+        if name and renewed is not None and now_s - renewed > grace_s:
+            out.add(name)
+    for node in nodes:
+        name = str((node.get("metadata") or {}).get("name") or "")
+        for cond in (node.get("status") or {}).get("conditions") or ():
+            if cond.get("type") == "Ready" and cond.get("status") in ("False", "Unknown") and name:
+                out.add(name)
+    return out
 
 
 def plugin_resource_slice(node_name: str, driver: str, *, daemon: bool, api_version: str = "resource.k8s.io/v1",

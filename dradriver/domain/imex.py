@@ -28,6 +28,7 @@ __all__ = [
     "HOSTS_HEADER",
     "NODES_FILE",
     "MembershipChange",
+    "assign_indexes",
     "dns_mapping",
     "membership_change",
     "remove_entry",
@@ -156,3 +157,30 @@ def remove_entry(daemons: Sequence[CliqueDaemon], *, node_name: str, ip_address:
     """The entry list without this daemon's entry: the one of ``node_name`` with ``ip_address`` (NVIDIA removes
     by pod IP, so a stopping old pod never removes the entry its replacement on the same node already wrote)."""
     return [d for d in daemons if not (d.node_name == node_name and d.ip_address == ip_address)]
+
+
+def assign_indexes(daemons: Sequence[CliqueDaemon], max_nodes: int) -> dict[str, int]:
+    """Node name -> index for every entry of a clique that holds or can get one: an entry keeps the index it has
+    (never moved, never swapped: NVIDIA ksigs#1418/#1440), entries without one (``index`` -1: a daemon joined and
+    the controller has not answered yet) take the lowest free indexes in node-name order. Entries left over when
+    all ``max_nodes`` slots are held are absent from the answer (they wait for a slot to be released).
+
+    Indexes outside ``0 .. max_nodes-1`` and a second entry holding an index already held are treated as no
+    index (the lowest free one is given instead).
+    """
+    out: dict[str, int] = {}
+    taken: set[int] = set()
+    waiting: list[str] = []
+    for daemon in daemons:
+        if 0 <= daemon.index < max_nodes and daemon.index not in taken:
+            out[daemon.node_name] = daemon.index
+            taken.add(daemon.index)
+        else:
+            waiting.append(daemon.node_name)
+    free = (i for i in range(max_nodes) if i not in taken)
+    for node_name in sorted(set(waiting) - set(out)):
+        index = next(free, None)
+        if index is None:
+            break
+        out[node_name] = index
+    return out

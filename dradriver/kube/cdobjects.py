@@ -21,6 +21,7 @@ from dradriver.kube.client import JSONDict, KubeClient
 
 __all__ = [
     "DAEMON_SETS",
+    "PODS",
     "RESOURCE_CLAIM_TEMPLATES",
     "ObjectKind",
     "create",
@@ -54,6 +55,7 @@ class ObjectKind:
 
 RESOURCE_CLAIM_TEMPLATES = ObjectKind("resourceclaimtemplates", "resource", "resource_claim_template")
 DAEMON_SETS = ObjectKind("daemonsets", "apps", "daemon_set")
+PODS = ObjectKind("pods", "core", "pod")
 
 
 def get(client: KubeClient, kind: ObjectKind, namespace: str, name: str) -> JSONDict | None:

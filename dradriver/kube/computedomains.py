@@ -9,14 +9,24 @@ Names and labels: :mod:`dradriver.domain.computedomains`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from dradriver.domain.computedomains import API_GROUP, API_VERSION, CLIQUE_PLURAL, COMPUTE_DOMAIN_PLURAL
 from dradriver.kube import errors
 from dradriver.kube.client import JSONDict, KubeClient
 
+APPLY_PATCH = "application/apply-patch+yaml"
+"""Server-side apply (Kubernetes "Server-Side Apply"; JSON is valid YAML, so the body is the object's JSON)."""
+JSON_PATCH = "application/json-patch+json"
+"""RFC 6902 JSON patch: a ``test`` operation makes it conditional on a value, not on the whole object."""
+NODE_LEASE_NAMESPACE = "kube-node-lease"
+
 __all__ = [
+    "APPLY_PATCH",
+    "JSON_PATCH",
+    "apply_clique",
     "create_clique",
     "delete_clique",
     "find_compute_domain",
@@ -24,10 +34,13 @@ __all__ = [
     "get_compute_domain",
     "list_cliques",
     "list_compute_domains",
+    "list_node_leases",
+    "patch_clique",
     "set_node_label",
     "update_clique",
     "update_compute_domain",
     "update_compute_domain_status",
+    "watch_cliques",
 ]
 
 
@@ -117,6 +130,22 @@ def list_cliques(client: KubeClient, namespace: str, label_selector: str = "") -
     return list(body.get("items") or [])
 
 
+def watch_cliques(client: KubeClient, namespace: str, label_selector: str, resource_version: str,
+                  timeout_s: float) -> Iterator[JSONDict]:
+    """Watch the ComputeDomainCliques of ``namespace`` matching ``label_selector`` from ``resource_version``
+    (``""``: the current ones first, as ``ADDED``); yields watch events until the server ends the watch.
+
+    :raises errors.KubeAPIError: opening or reading failed (410 ``Expired``: watch again from ``""``).
+    """
+    method = functools.partial(client.custom.list_namespaced_custom_object, API_GROUP, API_VERSION, namespace,
+                               CLIQUE_PLURAL)
+    options: dict[str, Any] = {"label_selector": label_selector}
+    if resource_version:
+        options["resource_version"] = resource_version
+    return client.stream(f"WATCH computedomaincliques {namespace} {label_selector}", method, timeout_s=timeout_s,
+                         **options)
+
+
 def create_clique(client: KubeClient, obj: Mapping[str, Any]) -> JSONDict | None:
     """``POST`` a ComputeDomainClique; ``None`` when one of that name already exists (read it and update).
 
@@ -142,6 +171,56 @@ def update_clique(client: KubeClient, obj: Mapping[str, Any]) -> JSONDict:
     return client.call(f"PUT computedomaincliques {meta['namespace']}/{meta['name']}",
                        client.custom.replace_namespaced_custom_object, API_GROUP, API_VERSION, meta["namespace"],
                        CLIQUE_PLURAL, meta["name"], dict(obj))
+
+
+def apply_clique(client: KubeClient, namespace: str, name: str, body: Mapping[str, Any], *, field_manager: str,
+                 force: bool = True) -> JSONDict:
+    """Server-side apply ``body`` (a partial ComputeDomainClique: ``apiVersion``, ``kind``, ``metadata.name``
+    and only the fields ``field_manager`` owns) to the clique ``namespace/name``, creating it when missing.
+
+    The API merges the ``daemons`` list-map by ``nodeName``: fields of other managers' items (and other
+    managers' fields of the same item) are left alone, fields this manager applied before and leaves out now are
+    removed. No ``resourceVersion``: the write never conflicts with another manager's write; ``force`` takes over
+    a field another manager set to a different value (the only contested one is a daemon's own entry after its
+    node's fields were cleared by the controller, which is not an apply).
+
+    :returns: the clique after the apply.
+    :raises errors.KubeAPIError: after retries (422: the body breaks the CRD schema; 415: the API server does
+        not implement server-side apply).
+    """
+    return client.call(f"APPLY computedomaincliques {namespace}/{name} as {field_manager}",
+                       client.custom.patch_namespaced_custom_object, API_GROUP, API_VERSION, namespace,
+                       CLIQUE_PLURAL, name, dict(body), field_manager=field_manager, force=force,
+                       _content_type=APPLY_PATCH)
+
+
+def patch_clique(client: KubeClient, namespace: str, name: str, operations: list[dict[str, Any]]) -> JSONDict | None:
+    """Apply RFC 6902 ``operations`` to a ComputeDomainClique (an update, not an apply: the fields it removes
+    leave their managers' sets). Callers put a ``test`` of the item's ``nodeName`` before operations on
+    ``/daemons/<i>`` so that a list reordered meanwhile makes the patch fail instead of touching another item.
+
+    :returns: the clique after the patch; ``None`` when it does not exist or a ``test`` failed (read it again).
+    :raises errors.KubeAPIError: any other failure, after retries.
+    """
+    try:
+        return client.call(f"PATCH computedomaincliques {namespace}/{name}",
+                           client.custom.patch_namespaced_custom_object, API_GROUP, API_VERSION, namespace,
+                           CLIQUE_PLURAL, name, operations, _content_type=JSON_PATCH)
+    except errors.KubeNotFoundError:
+        return None
+    except errors.KubeUnprocessableError:
+        return None
+
+
+def list_node_leases(client: KubeClient) -> list[JSONDict]:
+    """The kubelets' heartbeat Leases (``coordination.k8s.io/v1`` in ``kube-node-lease``, one per Node, named
+    after it; ``spec.renewTime`` is the last heartbeat).
+
+    :raises errors.KubeAPIError: after retries.
+    """
+    body = client.call(f"LIST leases {NODE_LEASE_NAMESPACE}", client.coordination.list_namespaced_lease,
+                       NODE_LEASE_NAMESPACE)
+    return list(body.get("items") or [])
 
 
 def delete_clique(client: KubeClient, namespace: str, name: str) -> bool:

@@ -41,6 +41,14 @@ driver relies on:
   Pod's ``Ready`` condition. Other Pods (a user's workload) run no process: once their claims are prepared they
   are reported Running and :attr:`EmulatedNode.pod_devices` records what the runtime would have given them.
 
+* **Node heartbeat and failure**: each kubelet renews its Node's Lease ``kube-node-lease/<node>``
+  (``spec.renewTime``, ``leaseDurationSeconds`` 40) every ``lease_renew_s``, as a kubelet does every 10 s.
+  :meth:`MultiNodeCluster.kill_node` makes a node stop answering without any clean-up: its kubelet loop stops
+  (no heartbeat, no Pod status, no prepares) and every process of the node -- its kubelet plugin and its
+  containers (IMEX daemons and their ``nvidia-imex``) -- is frozen with SIGSTOP, so nothing leaves, withdraws or
+  reports; :meth:`MultiNodeCluster.heal_node` resumes them (SIGCONT) and the kubelet loop, as after a healed
+  network partition or a node that hung.
+
 Timing: probes and back-offs are scaled by ``time_scale``; the loops poll every ``interval_s``.
 """
 
@@ -60,6 +68,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +99,9 @@ RACK_LABEL = "sandbox.dradriver.io/rack"
 """Node label the sandbox sets: the node's rack number (``1``, ``2``)."""
 REPO_ROOT = Path(__file__).resolve().parents[2]
 _UNSCHEDULABLE_EFFECTS = ("NoSchedule", "NoExecute")
+NODE_LEASE_NAMESPACE = "kube-node-lease"
+NODE_LEASE_DURATION_S = 40
+"""``leaseDurationSeconds`` of the node Leases (the kubelet's ``nodeLeaseDurationSeconds`` default)."""
 PREPARE_BACKOFF_S, PREPARE_BACKOFF_MAX_S = 0.2, 5.0
 """Retry delay of a Pod's prepare after a failure: doubling from 0.2 s to 5 s (a kubelet backs off too)."""
 
@@ -435,13 +447,14 @@ class MultiNodeCluster:
     :param daemon_poll_s: the IMEX daemons' poll interval (``DRADRIVER_POLL_INTERVAL_SECONDS``), seconds.
     :param namespace: the driver namespace (plugins' and controller's ``NAMESPACE``): daemon DaemonSets, their
         templates and the ComputeDomainCliques live there.
+    :param lease_renew_s: how often each kubelet renews its node Lease, seconds (a kubelet: 10 s).
     """
 
     def __init__(self, racks: Sequence[int] = (2, 2), *, api: ApiServerEmulator | None = None,
                  time_scale: float = 0.1, interval_s: float = 0.05, say: Callable[[str], None] | None = None,
                  plugin_overrides: Mapping[str, Any] | None = None,
                  fabric: Mapping[int, tuple[int, int]] | None = None, daemon_poll_s: float = 0.2,
-                 namespace: str = SANDBOX_NAMESPACE) -> None:
+                 namespace: str = SANDBOX_NAMESPACE, lease_renew_s: float = 0.2) -> None:
         if not racks or any(n < 1 or n > mock.RACK_TRAYS for n in racks) or len(racks) > len(RACK_PROFILES):
             raise MultiNodeError(f"racks must list 1..{len(RACK_PROFILES)} racks of 1..{mock.RACK_TRAYS} nodes, "
                                  f"not {list(racks)}")
@@ -450,6 +463,10 @@ class MultiNodeCluster:
         self.time_scale, self.interval_s, self.daemon_poll_s = time_scale, interval_s, daemon_poll_s
         self.say = say or (lambda text: log.info("%s", text))
         self.namespace = namespace
+        self.lease_renew_s = lease_renew_s
+        self.killed: set[str] = set()
+        """Names of the nodes :meth:`kill_node` stopped (until :meth:`heal_node`)."""
+        self._renewed: dict[str, float] = {}  # node -> monotonic time of its last Lease renewal
         self.plugin_overrides = {"namespace": namespace, **(plugin_overrides or {})}
         self.controllers: list[subprocess.Popen[bytes]] = []
         self.net = random.randint(100, 250)
@@ -825,6 +842,9 @@ class MultiNodeCluster:
         """One pass of ``node``'s kubelet: prepare claims of its bound Pods, report workload Pods running, run the
         container runner, unprepare claims no Pod uses."""
         assert node.kubelet is not None and node.runtime is not None
+        if node.name in self.killed:
+            return  # a dead node's kubelet does nothing
+        self.renew_node_lease(node.name)
         try:
             node.kubelet.scan()
             plugin: SyncPluginConnection | None = node.kubelet.plugin(COMPUTE_DOMAIN_DRIVER.driver_name)
@@ -885,6 +905,67 @@ class MultiNodeCluster:
                 if claim is not None and _owner_uid(claim, "Pod") and not self._owner_alive(claim):
                     with contextlib.suppress(ApiStatusError):
                         self.api.delete("ResourceClaim", ref.name, ref.namespace)
+
+    # ------------------------------------------------------------------------------- heartbeat, failure
+    def renew_node_lease(self, name: str, *, force: bool = False) -> None:
+        """Renew (create when missing) the Lease ``kube-node-lease/<name>`` if ``lease_renew_s`` passed since the
+        last renewal, or when ``force``."""
+        clock = time.monotonic()
+        if not force and clock - self._renewed.get(name, float("-inf")) < self.lease_renew_s:
+            return
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")  # a MicroTime
+        lease = self.api.get("Lease", name, NODE_LEASE_NAMESPACE)
+        try:
+            if lease is None:
+                self.api.create({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                                 "metadata": {"name": name, "namespace": NODE_LEASE_NAMESPACE},
+                                 "spec": {"holderIdentity": name, "leaseDurationSeconds": NODE_LEASE_DURATION_S,
+                                          "renewTime": stamp}})
+            else:
+                lease.setdefault("spec", {})["renewTime"] = stamp
+                self.api.update(lease)
+        except ApiStatusError:
+            return  # raced with itself: renewed on the next pass
+        self._renewed[name] = clock
+
+    def _node_pids(self, node: EmulatedNode) -> list[int]:
+        pids: list[int] = []
+        if node.plugin is not None and node.plugin.poll() is None:
+            pids.append(node.plugin.pid)
+        if node.runtime is not None:
+            pids += node.runtime.container_pids()
+        return pids
+
+    def kill_node(self, name: str) -> list[int]:
+        """Make node ``name`` stop answering (module docstring): its kubelet stops (no Lease renewal), its
+        plugin and containers are frozen (SIGSTOP); returns the frozen process IDs.
+
+        :raises MultiNodeError: no such node.
+        """
+        node = self.node(name)
+        self.killed.add(name)
+        pids = self._node_pids(node)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        self.say(f"node {name} killed: kubelet stopped, {len(pids)} processes frozen")
+        return pids
+
+    def heal_node(self, name: str) -> list[int]:
+        """Bring a node :meth:`kill_node` stopped back: its processes resume (SIGCONT), its kubelet renews the
+        Lease at once and runs again; returns the resumed process IDs.
+
+        :raises MultiNodeError: no such node.
+        """
+        node = self.node(name)
+        pids = self._node_pids(node)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        self.killed.discard(name)
+        self.renew_node_lease(name, force=True)
+        self.say(f"node {name} healed: {len(pids)} processes resumed")
+        return pids
 
     def _owner_alive(self, claim: JSONDict) -> bool:
         uid = _owner_uid(claim, "Pod")
@@ -1075,6 +1156,9 @@ class MultiNodeCluster:
         the node roots. Idempotent."""
         self.stop()
         self.stop_controllers()
+        for name in list(self.killed):  # frozen processes cannot act on SIGTERM
+            with contextlib.suppress(MultiNodeError):
+                self.heal_node(name)
         for node in self.nodes.values():
             if node.runtime is not None:
                 node.runtime.stop()

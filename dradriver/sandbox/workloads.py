@@ -285,7 +285,7 @@ class Workloads:
                 return False
         spec = pod["spec"]
         volumes = spec.get("volumes") or []
-        directory = self.logs / f"{meta['namespace']}_{meta['name']}_{meta['uid']}"
+        directory = self.pod_directory(pod)
         directory.mkdir(parents=True, exist_ok=True)
         state = _Pod(str(meta["uid"]), str(meta["namespace"]), str(meta["name"]))
         for container in spec["containers"]:
@@ -301,6 +301,19 @@ class Workloads:
         return True
 
     # ------------------------------------------------------------------------------------------ hooks
+    def pod_directory(self, pod: Mapping[str, Any]) -> Path:
+        """The Pod's own directory on the node (container logs, files the runtime gives the Pod)."""
+        meta = pod["metadata"]
+        return self.logs / f"{meta['namespace']}_{meta['name']}_{meta['uid']}"
+
+    def container_pids(self) -> list[int]:
+        """Process IDs of every container process this runner started, their children included."""
+        pids: list[int] = []
+        for pod in self._pods.values():
+            for c in pod.containers:
+                pids += pids_with_marker(c.marker)
+        return sorted(set(pids))
+
     def runs(self, pod: JSONDict) -> bool:
         """Whether this runner starts the Pod's containers (here: Pods a Deployment controls)."""
         return _from_deployment(pod)

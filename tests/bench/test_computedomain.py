@@ -37,7 +37,7 @@ def test_spread_fills_racks_evenly_and_refuses_what_does_not_fit() -> None:
 
 def test_count_writes_splits_membership_from_labels_per_agent() -> None:
     def rec(verb: str, resource: str, code: int, agent: str) -> RequestRecord:
-        return RequestRecord("X", "/", "", verb, resource, None, "ns", "n", code, agent)
+        return RequestRecord("X", "/", "", verb, resource, None, "ns", "n", code, user_agent=agent)
 
     records = [rec("update", cd.CLIQUE_PLURAL, 409, "bench-node/a"),
                rec("update", cd.CLIQUE_PLURAL, 200, "bench-node/a"),

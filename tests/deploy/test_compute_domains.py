@@ -99,11 +99,12 @@ def test_controller_rbac_is_least_privilege() -> None:
         ("resource.nvidia.com", "computedomains/status", ("update",)),
         ("resource.k8s.io", "resourceclaimtemplates", ("create", "delete", "get", "list", "update", "watch")),
         ("", "nodes", ("get", "list", "patch")),
+        ("coordination.k8s.io", "leases", ("list",)),  # the kubelets' heartbeats in kube-node-lease
     }
     assert _rules("Role", CONTROLLER) == {
         ("apps", "daemonsets", ("create", "delete", "get", "list", "update", "watch")),
-        ("", "pods", ("list",)),
-        ("resource.nvidia.com", "computedomaincliques", ("delete", "get", "list", "update")),
+        ("", "pods", ("list", "watch")),
+        ("resource.nvidia.com", "computedomaincliques", ("delete", "get", "list", "patch", "update", "watch")),
         ("coordination.k8s.io", "leases", ("create", "get", "update")),
     }
     role = one(render(OVERLAY), "Role", CONTROLLER)
@@ -117,7 +118,7 @@ def test_the_daemons_service_account_is_the_one_the_daemonsets_name() -> None:
     sa = one(objs, "ServiceAccount", DAEMON_SERVICE_ACCOUNT)
     assert sa["metadata"]["namespace"] == "dradriver"
     assert _rules("Role", "dradriver-compute-domain-daemon") == {
-        ("resource.nvidia.com", "computedomaincliques", ("create", "get", "list", "update", "watch")),
+        ("resource.nvidia.com", "computedomaincliques", ("create", "get", "list", "patch", "update", "watch")),
         ("", "pods", ("get", "patch")),
     }
     assert _rules("ClusterRole", "dradriver-compute-domain-daemon") == {

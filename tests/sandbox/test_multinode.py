@@ -12,7 +12,14 @@ from typing import Any
 import pytest
 
 from dradriver.sandbox import multinode
-from dradriver.sandbox.multinode import MultiNodeCluster, MultiNodeError, cdi_edits, node_matches, pod_affinity_allows
+from dradriver.sandbox.multinode import (
+    NODE_LEASE_NAMESPACE,
+    MultiNodeCluster,
+    MultiNodeError,
+    cdi_edits,
+    node_matches,
+    pod_affinity_allows,
+)
 from dradriver.sandbox.workloads import pids_with_marker
 from tests.factories import wait_until
 
@@ -168,3 +175,26 @@ def test_bad_layouts_and_names_are_refused_clearly() -> None:
         with pytest.raises(MultiNodeError, match="no node 'rack9-node00'; nodes: rack1-node00"):
             c.node("rack9-node00")
         assert c.rack_nodes(1)[0].profile.name == "rack-a-tray-00.json"
+
+
+def _renewed(c: MultiNodeCluster, node: str) -> str:
+    lease = c.api.get("Lease", node, NODE_LEASE_NAMESPACE) or {}
+    return str((lease.get("spec") or {}).get("renewTime") or "")
+
+
+def test_kubelets_renew_node_leases_and_a_killed_node_stops_until_healed(cluster: MultiNodeCluster) -> None:
+    cluster.start()
+    names = sorted(cluster.nodes)
+    cluster.wait_for("every node Lease", lambda: all(_renewed(cluster, n) for n in names), timeout_s=30)
+    dead, alive = names[0], names[1]
+    cluster.kill_node(dead)
+    assert dead in cluster.killed
+    frozen = _renewed(cluster, dead)
+    seen = _renewed(cluster, alive)
+    cluster.wait_for("a live node's renewal", lambda: _renewed(cluster, alive) > seen, timeout_s=30)
+    seen = _renewed(cluster, alive)
+    cluster.wait_for("another live renewal", lambda: _renewed(cluster, alive) > seen, timeout_s=30)
+    assert _renewed(cluster, dead) == frozen  # two live renewals later the dead node's Lease has not moved
+    cluster.heal_node(dead)
+    assert dead not in cluster.killed
+    cluster.wait_for("the healed node's renewal", lambda: _renewed(cluster, dead) > frozen, timeout_s=30)

@@ -11,8 +11,9 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from dradriver.sandbox.apiserver import openapi, tables
+from dradriver.sandbox.apiserver import fieldmanager, openapi, resources, tables
 from dradriver.sandbox.apiserver.errors import ApiStatusError, JSONDict, bad_request, method_not_allowed
+from dradriver.sandbox.apiserver.errors import not_found as not_found_error
 from dradriver.sandbox.apiserver.faults import Fault, take_fault
 from dradriver.sandbox.apiserver.media import JSON, decode_body, encode_body, negotiate
 from dradriver.sandbox.apiserver.patches import apply_patch
@@ -30,8 +31,11 @@ class RequestRecord:
     :param verb: Kubernetes verb (``get``, ``list``, ``watch``, ``create``, ``update``, ``patch``,
         ``delete``, ``deletecollection``), or the lower-case HTTP method for non-resource paths.
     :param code: HTTP status code of the answer (200 for a watch once streaming starts).
-    :param user_agent: the request's ``User-Agent`` header (``""`` without one): who sent it, so a benchmark can
-        count each client's writes and 409s (``bench/cdfleet.py``).
+    :param field_manager: the write's field manager (the ``fieldManager`` query parameter, else the
+        ``User-Agent`` up to its first ``/``); ``""`` for reads.
+    :param apply: the write was a server-side apply (``application/apply-patch+yaml``).
+    :param user_agent: the request's ``User-Agent`` header (``""`` without one), reads included: who sent it, so
+        a benchmark can count each client's requests and 409s (``bench/cdfleet.py``).
     """
 
     method: str
@@ -43,6 +47,8 @@ class RequestRecord:
     namespace: str | None
     name: str | None
     code: int
+    field_manager: str = ""
+    apply: bool = False
     user_agent: str = ""
 
 
@@ -85,10 +91,16 @@ def serve_request(state: ServerState, handler: RequestHandler) -> None:
         verb = _verb(method, route, params)
 
     user_agent = handler.headers.get("User-Agent", "")
+    content_type = handler.headers.get("Content-Type", "")
+    is_apply = verb == "patch" and content_type.split(";")[0].strip() == fieldmanager.APPLY_PATCH
+    writer = ""
+    if verb in ("create", "update", "patch", "delete", "deletecollection"):
+        writer = params.get("fieldManager") or user_agent.split("/", 1)[0]
 
     def record(code: int) -> None:
         with state.storage.lock:
-            state.records.append(RequestRecord(method, path, query, verb, rt_name, sub, ns, name, code, user_agent))
+            state.records.append(RequestRecord(method, path, query, verb, rt_name, sub, ns, name, code, writer,
+                                               is_apply, user_agent))
 
     media = JSON
     accept = handler.headers.get("Accept", "")
@@ -138,7 +150,6 @@ def serve_request(state: ServerState, handler: RequestHandler) -> None:
             return
         as_table = verb in ("get", "list") and tables.wants_table(accept)
         media = JSON if as_table else negotiate(accept, rt.api_version, rt.kind)
-        content_type = handler.headers.get("Content-Type", "")
         decoded: list[Any] = []
 
         def read_body() -> Any:
@@ -150,8 +161,9 @@ def serve_request(state: ServerState, handler: RequestHandler) -> None:
         if verb in ("create", "update", "patch"):
             directive = openapi.field_validation(params)
             if not (verb == "patch" and "json-patch" in content_type):
-                warnings = openapi.check_fields(rt, read_body(), directive, patch=verb == "patch")
-        code, payload = serve_resource(state.storage, route, verb, params, read_body, content_type)
+                warnings = openapi.check_fields(rt, read_body(), directive, patch=verb == "patch" and not is_apply)
+        code, payload = serve_resource(state.storage, route, verb, params, read_body, content_type,
+                                       user_agent=user_agent)
         record(code)
         if as_table and code == 200:
             handler.send_json(code, tables.table(rt, payload, params))
@@ -197,10 +209,18 @@ def serve_resource(
     params: Mapping[str, str],
     body: Callable[[], Any],
     content_type: str,
+    *,
+    user_agent: str = "",
 ) -> tuple[int, JSONDict]:
     """Run one verb (not watch) on a resource route; returns the status code and the response object.
 
+    Writes keep ``metadata.managedFields`` (:mod:`.fieldmanager`): a server-side apply always; other writes
+    record their ``Update`` ownership when they name a ``fieldManager`` or the object already has managed
+    fields (the emulator's one deviation: an object only ever written without a field manager has none, where
+    the API server would list the client's User-Agent as its manager).
+
     :param body: decodes the request body (``None`` without one); called only by verbs that read one.
+    :param user_agent: the request's ``User-Agent`` (the default field manager).
     """
     rt, ns, name = route.rt, route.namespace, route.name
     if rt.namespaced and ns is None and verb not in ("list", "watch"):
@@ -225,24 +245,40 @@ def serve_resource(
                 "metadata": {"resourceVersion": str(storage.rv)},
                 "items": [without_type(o) for o in items],
             }
+        if verb == "patch" and content_type.split(";")[0].strip() == fieldmanager.APPLY_PATCH:
+            assert name is not None
+            return _apply(storage, route, params, body())
         data = body()
+        shape = fieldmanager.shape_of(rt.schema.root if rt.schema is not None else None)
+        write = fieldmanager.Write(fieldmanager.manager_of(params, user_agent), rt.api_version, route.subresource,
+                                   rt.status, resources.now())
+
+        def manage(old: JSONDict | None, new: JSONDict) -> None:
+            sent = fieldmanager.carry_entries(old or {}, new)
+            fieldmanager.update(old, new, shape, write, sent)
+
+        tracked = "fieldManager" in params
         if verb == "create":
             if not isinstance(data, dict):
                 raise bad_request("the request body must be an object")
             if params.get("dryRun"):
                 return 201, data
-            return 201, storage.create(rt, ns, data, keep_status=False)
+            return 201, storage.create(rt, ns, data, keep_status=False, manage=manage if tracked else None)
         assert name is not None
+        if verb in ("update", "patch"):
+            fieldmanager.refuse_force(params) if verb == "patch" else None
+            stored = storage.existing(rt, ns, name)
+            tracked = tracked or bool(stored["metadata"].get("managedFields"))
         if verb == "update":
             if not isinstance(data, dict):
                 raise bad_request("the request body must be an object")
-            return 200, storage.update(rt, ns, name, data, route.subresource)
+            return 200, storage.update(rt, ns, name, data, route.subresource, manage if tracked else None)
         if verb == "patch":
             current = copy.deepcopy(storage.existing(rt, ns, name))
             patched = apply_patch(current, data, content_type)
             if not isinstance(patched, dict):
                 raise bad_request("the patch did not produce an object")
-            return 200, storage.update(rt, ns, name, patched, route.subresource)
+            return 200, storage.update(rt, ns, name, patched, route.subresource, manage if tracked else None)
         if verb == "delete":
             options = data or {}
             for key in ("propagationPolicy", "dryRun"):
@@ -250,6 +286,43 @@ def serve_resource(
                     options[key] = params[key]
             return 200, storage.delete(rt, ns, name, options)
     raise method_not_allowed()
+
+
+def _apply(storage: Storage, route: Route, params: Mapping[str, str], data: Any) -> tuple[int, JSONDict]:
+    """A server-side apply of ``data`` (the decoded body) on ``route``; creates the object when it does not
+    exist (201). Expects ``storage.lock`` held.
+
+    :raises ApiStatusError: 400 without ``fieldManager`` or for a body that is not an object; 409 on conflicts
+        (:func:`.fieldmanager.apply`); 404 for a subresource apply of a missing object.
+    """
+    rt, ns, name = route.rt, route.namespace, route.name
+    assert name is not None
+    manager, force = fieldmanager.check_apply_params(params, fieldmanager.APPLY_PATCH)
+    if not isinstance(data, dict):
+        raise bad_request("the apply configuration must be an object")
+    if data.get("apiVersion", rt.api_version) != rt.api_version or data.get("kind", rt.kind) != rt.kind:
+        raise bad_request(f"the API version in the data ({data.get('apiVersion')}) and kind ({data.get('kind')}) "
+                          f"do not match {rt.api_version} {rt.kind}")
+    meta = data.get("metadata")
+    if isinstance(meta, dict) and meta.get("name", name) != name:
+        raise bad_request(f"the name of the object ({meta.get('name')}) does not match the name on the URL ({name})")
+    shape = fieldmanager.shape_of(rt.schema.root if rt.schema is not None else None)
+    write = fieldmanager.Write(manager, rt.api_version, route.subresource, rt.status, resources.now())
+    live = storage.objects.get(storage.key(rt, ns, name))
+    if live is None and route.subresource:
+        raise not_found_error(rt, name)
+    merged = fieldmanager.apply(copy.deepcopy(live) if live is not None else None, data, shape, write, force=force)
+    entries = merged["metadata"].get("managedFields")
+
+    def manage(old: JSONDict | None, new: JSONDict) -> None:
+        if entries is not None:
+            new["metadata"]["managedFields"] = entries
+        fieldmanager.keep_present(new, shape, rt.status)
+
+    if live is None:
+        merged["metadata"]["name"] = name
+        return 201, storage.create(rt, ns, merged, keep_status=False, manage=manage)
+    return 200, storage.update(rt, ns, name, merged, route.subresource, manage)
 
 
 class RequestHandler(BaseHTTPRequestHandler):

@@ -10,12 +10,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import yaml
+
 from dradriver.sandbox.apiserver import protobuf
 from dradriver.sandbox.apiserver.errors import ApiStatusError, JSONDict, bad_request
 
 JSON = "application/json"
 PROTOBUF = protobuf.MEDIA_TYPE
 _JSON_ALIASES = (JSON, "*/*", "application/*")
+APPLY_PATCH = "application/apply-patch+yaml"
+"""A server-side apply's body: YAML (JSON is YAML)."""
 
 
 def _media_type(value: str) -> str:
@@ -52,6 +56,11 @@ def decode_body(body: bytes, content_type: str, api_version: str, kind: str) -> 
         if not protobuf.supports(api_version, kind):
             raise protobuf.unsupported_media_type()
         return protobuf.decode(body) if body else None
+    if _media_type(content_type) == APPLY_PATCH:
+        try:
+            return yaml.safe_load(body) if body else None
+        except yaml.YAMLError as exc:
+            raise bad_request(f"error decoding YAML: {exc}") from exc
     try:
         return json.loads(body or b"null")
     except ValueError as exc:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 import threading
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -18,6 +18,9 @@ from dradriver.sandbox.apiserver.selectors import FieldTerm, Requirement, select
 from dradriver.sandbox.apiserver.watch import EventLog
 
 Key = tuple[ResourceType, str, str]
+Manage = Callable[["JSONDict | None", JSONDict], None]
+"""Sets a write's ``metadata.managedFields`` from the stored object (``None`` on create) and the new one
+(:mod:`.fieldmanager`), called once the new object has its defaults."""
 
 
 class Storage:
@@ -144,8 +147,11 @@ class Storage:
         items.sort(key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))
         return items
 
-    def create(self, rt: ResourceType, ns: str | None, obj: JSONDict, *, keep_status: bool) -> JSONDict:
+    def create(self, rt: ResourceType, ns: str | None, obj: JSONDict, *, keep_status: bool,
+               manage: Manage | None = None) -> JSONDict:
         """Store ``obj`` (taken over, not copied) with the server's fields; returns a copy.
+
+        :param manage: sets the object's field ownership (:data:`Manage`); without it the object has none.
 
         :raises ApiStatusError: 400 for a body of another kind or namespace, 409 ``AlreadyExists``, 422.
         """
@@ -177,6 +183,8 @@ class Storage:
         for server_field in resources.CREATE_SERVER_FIELDS:
             meta.pop(server_field, None)
         self._structure(rt, obj)
+        if manage is not None:
+            manage(None, obj)
         self._admit(rt, obj, None)
         key = self.key(rt, ns, meta["name"])
         if key in self.objects:
@@ -194,9 +202,13 @@ class Storage:
         return copy.deepcopy(obj)
 
     def update(
-        self, rt: ResourceType, ns: str | None, name: str, new: JSONDict, subresource: str | None
+        self, rt: ResourceType, ns: str | None, name: str, new: JSONDict, subresource: str | None,
+        manage: Manage | None = None,
     ) -> JSONDict:
         """Replace the object (or only its ``status``); a no-op write keeps the resourceVersion. Returns a copy.
+
+        :param manage: sets the object's field ownership (:data:`Manage`); without it the stored
+            ``managedFields`` are kept as they are.
 
         :raises ApiStatusError: 404, 409 ``Conflict`` on a stale resourceVersion or another uid, 400, 422.
         """
@@ -241,6 +253,12 @@ class Storage:
                 meta.pop("namespace", None)
             resources.keep_stored_status(rt, old, new)
         self._structure(rt, new)
+        if manage is not None:
+            manage(old, new)
+        elif "managedFields" in old["metadata"]:
+            new["metadata"]["managedFields"] = old["metadata"]["managedFields"]
+        else:
+            new["metadata"].pop("managedFields", None)
         new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
         if new == old:
             return copy.deepcopy(old)  # a no-op write: no new resourceVersion, no watch event
