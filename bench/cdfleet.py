@@ -36,7 +36,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from bench import cdprotocol
 from bench.cdprotocol import DaemonIdentity
@@ -52,6 +52,7 @@ from dradriver.sandbox.apiserver import ApiServerEmulator, RequestRecord
 __all__ = [
     "DRIVER_NAMESPACE",
     "ControllerCost",
+    "DaemonSide",
     "DomainResult",
     "DradriverMembership",
     "Fleet",
@@ -85,6 +86,8 @@ class Timing:
     :param status_period_s: the controller's status loop (2 s).
     :param prepare_backoff_s: the kubelet plugin's per-claim retry backoff, first and largest (250 ms -> 3 s).
     :param prepare_deadline_s: one NodePrepareResources call's deadline (45 s); the kubelet then calls again.
+    :param controller_start_s: how long the controller runs before the domain is created (its start-up:
+        sweep, lists, watches), outside the measured time.
     :param daemonset_poll_s: how often the emulated DaemonSet controller looks for newly labelled nodes (its
         informer reacts at once on a real cluster; not scaled).
     """
@@ -95,6 +98,7 @@ class Timing:
     prepare_backoff_s: tuple[float, float] = (0.25, 3.0)
     prepare_deadline_s: float = 45.0
     daemonset_poll_s: float = 0.05
+    controller_start_s: float = 2.0
 
     def __post_init__(self) -> None:
         if not self.scale > 0:
@@ -201,18 +205,49 @@ class Fleet:
         self.api.update(pod, subresource="status")
 
 
+class DaemonSide(Protocol):
+    """One daemon's side of a membership protocol, stepped by its :class:`NodeAgent`."""
+
+    def step(self, status: str) -> bool:
+        """One daemon round with the daemon's current ``status`` (``Ready``/``NotReady``); returns whether its
+        own name -> IP mapping is known (then ``nvidia-imex`` could start and turn ready)."""
+        ...
+
+    def poll_s(self, timing: Timing) -> float | None:
+        """Seconds until the daemon's next round with an unchanged status (``None``: it waits for a change)."""
+        ...
+
+
 class Membership(Protocol):
     """A ComputeDomain membership protocol: what each daemon does and what the controller runs beside."""
 
     label: str
 
-    def join(self, client: KubeClient, me: DaemonIdentity, status: str) -> list[CliqueDaemon]:
-        """Write ``me``'s entry with ``status``; the entries of its clique the daemon now knows."""
+    def daemon(self, client: KubeClient, me: DaemonIdentity) -> DaemonSide:
+        """The daemon side of ``me`` talking through ``client``."""
         ...
 
     def controller(self, fleet: Fleet, client: KubeClient, timing: Timing, stop: threading.Event) -> None:
         """Run the controller side until ``stop`` is set."""
         ...
+
+
+@dataclass
+class _NvidiaDaemon:
+    client: KubeClient
+    me: DaemonIdentity
+    reported: str = ""
+    mine: bool = False
+
+    def step(self, status: str) -> bool:
+        if status != self.reported:  # NVIDIA's daemon writes on a status change (informer-driven)
+            daemons = cdprotocol.join_clique(self.client, self.me, status)
+            self.reported = status
+            self.mine = any(d.node_name == self.me.node_name for d in daemons)  # it picked its own index
+        return self.mine
+
+    def poll_s(self, timing: Timing) -> float | None:
+        return None
 
 
 class NvidiaMembership:
@@ -224,8 +259,8 @@ class NvidiaMembership:
     def __init__(self) -> None:
         self.rounds = 0
 
-    def join(self, client: KubeClient, me: DaemonIdentity, status: str) -> list[CliqueDaemon]:
-        return cdprotocol.join_clique(client, me, status)
+    def daemon(self, client: KubeClient, me: DaemonIdentity) -> DaemonSide:
+        return _NvidiaDaemon(client, me)
 
     def controller(self, fleet: Fleet, client: KubeClient, timing: Timing, stop: threading.Event) -> None:
         while not stop.wait(timing.s(timing.status_period_s)):
@@ -236,26 +271,44 @@ class NvidiaMembership:
             self.rounds += 1
 
 
+@dataclass
+class _DradriverDaemon:
+    """The real daemon round :meth:`dradriver.app.cddaemon.Membership.step` (one clique GET; one server-side
+    apply of the own entry when it differs); the own mapping is known once the controller's index arrived."""
+
+    membership: Any  # dradriver.app.cddaemon.Membership
+    poll_interval_s: float
+
+    def step(self, status: str) -> bool:
+        mapping, _ = self.membership.step(status)
+        return bool(self.membership.settings.pod_ip in mapping.values())
+
+    def poll_s(self, timing: Timing) -> float | None:
+        return timing.s(self.poll_interval_s)
+
+
 class DradriverMembership:
-    """dradriver's own code: the daemon's :func:`dradriver.app.cddaemon.join_clique` and the real controller
-    (:class:`dradriver.app.cdcontroller.ComputeDomainController`, in process: watches, reconcile, status loop)."""
+    """dradriver's own code: the daemon's :class:`dradriver.app.cddaemon.Membership` (server-side apply of its
+    own clique entry, ``poll_interval_s`` 1 s) and the real controller
+    (:class:`dradriver.app.cdcontroller.ComputeDomainController` in process: watches, event-driven membership
+    passes that assign indexes by apply, coalesced status writes)."""
 
     label = "dradriver"
 
-    def join(self, client: KubeClient, me: DaemonIdentity, status: str) -> list[CliqueDaemon]:
+    def daemon(self, client: KubeClient, me: DaemonIdentity) -> DaemonSide:
         from dradriver.app import cddaemon
 
         settings = cddaemon.DaemonSettings(clique_id=me.clique_id, cd_uid=me.cd_uid, node_name=me.node_name,
                                            pod_ip=me.pod_ip, pod_uid=me.pod_uid, pod_name=me.pod_name,
                                            pod_namespace=me.namespace, max_nodes=me.max_nodes)
-        return cddaemon.join_clique(client, settings, status)
+        return _DradriverDaemon(cddaemon.Membership(client, settings), settings.poll_interval_s)
 
     def controller(self, fleet: Fleet, client: KubeClient, timing: Timing, stop: threading.Event) -> None:
         from dradriver.app.cdcontroller import ComputeDomainController
         from dradriver.domain.cdtemplates import ControllerSettings
 
         ComputeDomainController(client, ControllerSettings(namespace=fleet.namespace, image=DAEMON_IMAGE),
-                                status_period_s=timing.s(timing.status_period_s), watch_timeout_s=5.0).run(stop)
+                                watch_timeout_s=5.0).run(stop)
 
 
 @dataclass
@@ -269,26 +322,35 @@ class NodeAgent:
     membership: Membership
     timing: Timing
     stop: threading.Event
-    client: KubeClient = field(init=False)
+    client: KubeClient | None = None  # made here when not given (``User-Agent bench-node/<node>``)
     wake: threading.Event = field(default_factory=threading.Event)
     pod: JSONDict | None = None  # set by the DaemonSet emulation
     prepared_at: float | None = None
     prepare_calls: int = 1  # NodePrepareResources calls (a call past its 45 s deadline is followed by another)
     prepare_attempts: int = 0
+    pod_ready_at: float | None = None
     error: str = ""
     _labelled: bool = False
     _pod_labelled: bool = False
     _imex_ready_at: float | None = None
     _pod_ready: bool = False
     _reported: str = ""
+    _side: DaemonSide | None = None
+    _next_round: float = 0.0
 
     def __post_init__(self) -> None:
-        self.client = self.fleet.client(NODE_AGENT + self.node.name)
+        if self.client is None:
+            self.client = self.fleet.client(NODE_AGENT + self.node.name)
+
+    @property
+    def api(self) -> KubeClient:
+        assert self.client is not None
+        return self.client
 
     def run(self, started: float) -> None:
         """Step until prepared and the daemon's Ready entry is written, or ``stop``; errors end the agent and
         are kept in :attr:`error`."""
-        lookup = DomainLookup(self.client, self.node.name, self.fleet.namespace)
+        lookup = DomainLookup(self.api, self.node.name, self.fleet.namespace)
         backoff_first, backoff_max = (self.timing.s(b) for b in self.timing.prepare_backoff_s)
         backoff, call_started, next_prepare = backoff_first, started, started
         try:
@@ -310,12 +372,15 @@ class NodeAgent:
                 waits = [next_prepare - time.monotonic()] if self.prepared_at is None else []
                 if self._imex_ready_at is not None and not self._pod_ready:
                     waits.append(self._probe_due() - time.monotonic())
+                if self._side is not None and self._side.poll_s(self.timing) is not None and (
+                        self._imex_ready_at is None or self._reported != cd.STATUS_READY):
+                    waits.append(self._next_round - time.monotonic())
                 self.wake.wait(max(0.0, min(waits)) if waits else None)
                 self.wake.clear()
         except Exception as exc:
             self.error = f"node {self.node.name}: {type(exc).__name__}: {exc}"
         finally:
-            self.client.close()
+            self.api.close()
 
     def _prepare(self, lookup: DomainLookup) -> bool:
         """One try of the channel prepare: label the node once, then the plugin's readiness lookup."""
@@ -323,7 +388,7 @@ class NodeAgent:
         if not self._labelled:
             current = lookup.node_label()
             if current is None:
-                kube_cd.set_node_label(self.client, self.node.name, cd.LABEL_COMPUTE_DOMAIN, self.cd_uid)
+                kube_cd.set_node_label(self.api, self.node.name, cd.LABEL_COMPUTE_DOMAIN, self.cd_uid)
             elif current != self.cd_uid:
                 raise RuntimeError(f"node {self.node.name} is labelled for ComputeDomain {current}")
             self._labelled = True
@@ -347,18 +412,28 @@ class NodeAgent:
 
     def _daemon(self) -> None:
         me = self._identity()
+        if self._side is None:
+            self._side = self.membership.daemon(self.api, me)
         if not self._pod_labelled:
-            kube_pods.set_pod_label(self.client, me.namespace, me.pod_name, cd.LABEL_CLIQUE_ID, me.clique_id)
+            kube_pods.set_pod_label(self.api, me.namespace, me.pod_name, cd.LABEL_CLIQUE_ID, me.clique_id)
             self._pod_labelled = True
         if self._imex_ready_at is not None and not self._pod_ready and time.monotonic() >= self._probe_due():
             self.fleet.set_pod_ready(me.pod_name, True)  # the kubelet; the daemon's pod informer sees it at once
             self._pod_ready = True
+            self.pod_ready_at = time.monotonic()
         status = cd.STATUS_READY if self._pod_ready else cd.STATUS_NOT_READY
-        if status == self._reported:
+        poll = self._side.poll_s(self.timing)
+        if poll is None:  # informer-driven: a status change is written at once
+            due = status != self._reported
+        else:  # polling (the pod's Ready condition and the clique are read each round): the next round's tick
+            due = time.monotonic() >= self._next_round and (status != self._reported or self._imex_ready_at is None)
+        if not due:
             return
-        daemons = self.membership.join(self.client, me, status)
+        known = self._side.step(status)
         self._reported = status
-        if self._imex_ready_at is None and any(d.node_name == me.node_name for d in daemons):
+        if poll is not None:
+            self._next_round = time.monotonic() + poll
+        if self._imex_ready_at is None and known:
             self._imex_ready_at = time.monotonic()  # IMEX starts with its own name -> IP mapping written
 
 
@@ -403,6 +478,8 @@ class DomainResult:
     :param seconds: wall time from the domain's creation to the last prepare's success.
     :param per_node: writes and 409s of each node's clients.
     :param controller: the controller client's counts.
+    :param stages: the slowest node's seconds from the domain's creation to each step (``daemon pod``,
+        ``own mapping``, ``pod Ready``, ``prepared``): where the time goes.
     """
 
     protocol: str
@@ -412,6 +489,7 @@ class DomainResult:
     controller: WriteCounts
     prepare_calls: int
     prepare_attempts: int
+    stages: dict[str, float] = field(default_factory=dict)
 
     @property
     def max_writes_per_node(self) -> int:
@@ -446,14 +524,16 @@ def run_domain(fleet: Fleet, membership: Membership, timing: Timing, *, name: st
     controller_client = fleet.client(CONTROLLER_AGENT)
     controller = threading.Thread(target=membership.controller, args=(fleet, controller_client, timing, stop),
                                   name="bench-controller", daemon=True)
+    clients = {n.name: fleet.client(NODE_AGENT + n.name) for n in fleet.nodes}  # made before the clock starts
+    controller.start()  # the controller runs before the domain exists, as on a cluster
+    stop.wait(timing.s(timing.controller_start_s))
     started = time.monotonic()
     cd_uid = fleet.create_domain(name, num_nodes=len(fleet.nodes))
-    agents = {n.name: NodeAgent(fleet, n, cd_uid, membership, timing, stop) for n in fleet.nodes}
+    agents = {n.name: NodeAgent(fleet, n, cd_uid, membership, timing, stop, clients[n.name]) for n in fleet.nodes}
     threads = [threading.Thread(target=a.run, args=(started,), name=f"agent-{a.node.name}", daemon=True)
                for a in agents.values()]
     daemonset = threading.Thread(target=_daemonset_loop, args=(fleet, cd_uid, agents, timing, stop),
                                  name="bench-daemonset", daemon=True)
-    controller.start()
     daemonset.start()
     for t in threads:
         t.start()
@@ -478,11 +558,21 @@ def run_domain(fleet: Fleet, membership: Membership, timing: Timing, *, name: st
     controller_counts = count_writes(records, CONTROLLER_AGENT).get("", WriteCounts(0, 0, 0, 0))
     result = DomainResult(membership.label, len(agents), finished - started, per_node, controller_counts,
                           sum(a.prepare_calls for a in agents.values()),
-                          sum(a.prepare_attempts for a in agents.values()))
+                          sum(a.prepare_attempts for a in agents.values()),
+                          _stages(started, agents.values()))
     say(f"{membership.label}: {result.nodes} nodes prepared in {result.seconds:.2f} s, "
         f"{result.mean_writes_per_node:.2f} writes/node (max {result.max_writes_per_node}), "
-        f"{result.conflicts} conflicts")
+        f"{result.conflicts} conflicts; slowest node at {result.stages}")
     return result
+
+
+def _stages(started: float, agents: Iterable[NodeAgent]) -> dict[str, float]:
+    agents = list(agents)
+    at = {"daemon pod": [float(a.pod["_started"]) if a.pod is not None else None for a in agents],
+          "own mapping": [a._imex_ready_at for a in agents], "pod Ready": [a.pod_ready_at for a in agents],
+          "prepared": [a.prepared_at for a in agents]}
+    return {stage: round(max(t for t in times if t is not None) - started, 3) for stage, times in at.items()
+            if any(t is not None for t in times)}
 
 
 def _daemonset_loop(fleet: Fleet, cd_uid: str, agents: dict[str, NodeAgent], timing: Timing,
@@ -546,17 +636,22 @@ def seed_domains(fleet: Fleet, racks_per_domain: int = 2) -> list[FleetDomain]:
     return domains
 
 
-def flip_entries(fleet: Fleet, domains: Sequence[FleetDomain], count: int, rng: random.Random) -> None:
+def flip_entries(fleet: Fleet, domains: Sequence[FleetDomain], count: int, rng: random.Random) -> tuple[int, int]:
     """``count`` membership events: daemons of random domains turn their entry NotReady (or Ready again), as
-    the daemon's own write would (in process, not recorded)."""
-    for _ in range(count):
+    the daemon's own write would (in process, not recorded); returns the resourceVersions just before the first
+    and of the last event (a watch from the first sees them all)."""
+    first = last = 0
+    for i in range(count):
         domain = rng.choice(domains)
         clique_name = rng.choice(sorted(domain.cliques))
         clique = fleet.api.get("ComputeDomainClique", clique_name, fleet.namespace)
         assert clique is not None
         entry = rng.choice(clique["daemons"])
         entry["status"] = cd.STATUS_NOT_READY if entry["status"] == cd.STATUS_READY else cd.STATUS_READY
-        fleet.api.update(clique)
+        last = int(fleet.api.update(clique)["metadata"]["resourceVersion"])
+        if i == 0:
+            first = last - 1
+    return first, last
 
 
 @dataclass(frozen=True, slots=True)
@@ -619,10 +714,10 @@ def measure_controller(fleet: Fleet, domains: Sequence[FleetDomain], mode: str, 
         writes = 0
         last: dict[str, float] = {}
         for _ in range(rounds):
-            flip_entries(fleet, domains, events_per_round, rng)
+            since, until = flip_entries(fleet, domains, events_per_round, rng)
             fleet.api.clear_requests()
             before = time.process_time()
-            proc.stdin.write("go\n")
+            proc.stdin.write(f"go {since} {until}\n")
             proc.stdin.flush()
             last = answer()
             emulator += time.process_time() - before

@@ -82,9 +82,10 @@ def test_status_round_lists_everything_and_writes_only_changed_domains(fleet: cd
         client.close()
 
 
-def test_the_controller_probe_reports_cpu_memory_and_writes_per_event(fleet: cdfleet.Fleet) -> None:
+@pytest.mark.parametrize("mode", ["nvidia", "dradriver"])
+def test_the_controller_probe_reports_cpu_memory_and_writes_per_event(fleet: cdfleet.Fleet, mode: str) -> None:
     domains = cdfleet.seed_domains(fleet)
-    cost = cdfleet.measure_controller(fleet, domains, "nvidia", events_per_round=2, rounds=2)
+    cost = cdfleet.measure_controller(fleet, domains, mode, events_per_round=2, rounds=2)
     assert (cost.racks, cost.nodes, cost.domains, cost.events) == (2, 7, 1, 4)
     assert cost.cpu_per_event_s > 0 and cost.emulator_cpu_per_event_s > 0
     assert cost.peak_kib >= 0 and 1 <= cost.writes <= 2  # one domain: at most one status write a round
