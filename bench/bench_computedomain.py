@@ -8,8 +8,11 @@
   Targets: dradriver >= 20x faster than the baseline, <= 3 API writes per node, 0 conflicts.
 * ``compute_domain_fleet``: 10, 100 and 1,000 racks of 18 nodes (180 .. 18,000 nodes; one domain per 2 racks:
   5 .. 500 domains), settled; the controller runs in a process of its own (:mod:`bench.controllerprobe`) and
-  handles rounds of 36 membership events; its CPU per event and its memory, and the emulator's CPU per event
-  apart. Target: CPU per event at 1,000 racks <= 1.5x that at 10 racks.
+  handles 20 rounds of one membership event (a daemon's entry flips Ready/NotReady); its CPU per event and its
+  memory, and the emulator's CPU per event apart. Target: CPU per event at 1,000 racks <= 1.5x that at 10 racks.
+* ``compute_domain_churn``: 100 domains created and deleted (5 at a time) while 2 daemons of each restart
+  (:mod:`bench.cdchurn`); the run fails on anything left behind, an index held twice in an observed clique state,
+  or a domain not Ready again; figures: time, writes, 409s.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ FLEET_RACKS = tuple(int(r) for r in os.environ.get("BENCH_CD_FLEET_RACKS", "10,1
 WRITES_TARGET = 3.0
 SPEEDUP_TARGET = 20.0
 FLATNESS_TARGET = 1.5
+EVENTS_PER_ROUND, ROUNDS = 1, 20  # one event a round: the per-event cost without coalescing (which helps small fleets)
+CHURN_DOMAINS, CHURN_SLOTS, CHURN_RACK_NODES = 100, 5, 4
 
 MEMBERSHIPS: dict[str, Callable[[], cdfleet.Membership]] = {
     "nvidia": cdfleet.NvidiaMembership,
@@ -80,7 +85,8 @@ def test_compute_domain_fleet(benchmark: Any, mode: str) -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 fleet = cdfleet.Fleet([18] * racks).start(Path(tmp))
                 try:
-                    costs.append(cdfleet.measure_controller(fleet, cdfleet.seed_domains(fleet), mode))
+                    costs.append(cdfleet.measure_controller(fleet, cdfleet.seed_domains(fleet), mode,
+                                                            events_per_round=EVENTS_PER_ROUND, rounds=ROUNDS))
                 finally:
                     fleet.stop()
 
@@ -101,3 +107,31 @@ def test_compute_domain_fleet(benchmark: Any, mode: str) -> None:
         figures[f"{mode}: peak memory, {last.racks} / {first.racks} racks (flatness)"] = (
             round(last.peak_kib / max(1, first.peak_kib), 2), "<=" if ours else "", FLATNESS_TARGET)
     benchmark.extra_info.update({"scenario": "compute_domain_fleet", "variant": mode, "figures": figures})
+
+
+def test_compute_domain_churn(benchmark: Any) -> None:
+    """100 domains through 5 lanes of 2 racks of 4 nodes, 2 daemon restarts each (:mod:`bench.cdchurn`): nothing
+    left behind, no index held twice in any observed clique state, every domain Ready again after its restarts."""
+    from bench import cdchurn
+
+    results: list[cdchurn.ChurnResult] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        fleet = cdfleet.Fleet([CHURN_RACK_NODES] * (2 * CHURN_SLOTS)).start(Path(tmp))
+        try:
+            benchmark.pedantic(lambda: results.append(cdchurn.run_churn(fleet, domains=CHURN_DOMAINS,
+                                                                          slots=CHURN_SLOTS)),
+                               rounds=1, iterations=1)
+        finally:
+            fleet.stop()
+    r = results[0]
+    benchmark.extra_info.update({"scenario": "compute_domain_churn", "variant": "dradriver", "figures": {
+        "domains created, Ready again after restarts, deleted": (r.ready_again, ">=", CHURN_DOMAINS),
+        "daemon restarts": (r.restarts, "", 0.0),
+        "seconds": (round(r.seconds, 2), "", 0.0),
+        "writes (nodes + controller)": (r.writes, "", 0.0),
+        "node writes per domain": (round(r.node_writes / r.domains, 2), "", 0.0),
+        "controller writes per domain": (round(r.controller_writes / r.domains, 2), "", 0.0),
+        "409 conflicts": (r.conflicts, "", 0.0),
+        "clique states checked": (r.clique_states, "", 0.0),
+        "clique states with an index held twice": (len(r.duplicates), "<=", 0),
+    }})

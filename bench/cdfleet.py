@@ -64,6 +64,7 @@ __all__ = [
     "Timing",
     "WriteCounts",
     "count_writes",
+    "daemonset_loop",
     "flip_entries",
     "measure_controller",
     "run_domain",
@@ -532,7 +533,7 @@ def run_domain(fleet: Fleet, membership: Membership, timing: Timing, *, name: st
     agents = {n.name: NodeAgent(fleet, n, cd_uid, membership, timing, stop, clients[n.name]) for n in fleet.nodes}
     threads = [threading.Thread(target=a.run, args=(started,), name=f"agent-{a.node.name}", daemon=True)
                for a in agents.values()]
-    daemonset = threading.Thread(target=_daemonset_loop, args=(fleet, cd_uid, agents, timing, stop),
+    daemonset = threading.Thread(target=daemonset_loop, args=(fleet, cd_uid, agents, timing, stop),
                                  name="bench-daemonset", daemon=True)
     daemonset.start()
     for t in threads:
@@ -575,7 +576,7 @@ def _stages(started: float, agents: Iterable[NodeAgent]) -> dict[str, float]:
             if any(t is not None for t in times)}
 
 
-def _daemonset_loop(fleet: Fleet, cd_uid: str, agents: dict[str, NodeAgent], timing: Timing,
+def daemonset_loop(fleet: Fleet, cd_uid: str, agents: dict[str, NodeAgent], timing: Timing,
                     stop: threading.Event) -> None:
     """The DaemonSet controller: a daemon pod on each node that got the domain's label (read in process)."""
     by_name = {n.name: n for n in fleet.nodes}

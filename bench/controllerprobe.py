@@ -15,7 +15,9 @@ in its event-driven mode: its ComputeDomain watch runs in a thread (as in ``run`
 membership pass reads by), and a round does what its clique watch and membership worker do for one burst, in
 this thread so the round's end is known: watch the cliques from ``SINCE`` to ``UNTIL``, mark the owner of each
 event, then one :meth:`~dradriver.app.cdcontroller.ComputeDomainController.reconcile_membership` of the marked
-domains. The warm-up round is a full pass (``sync_all_status``).
+domains. The warm-up round is a full pass (``sync_all_status``). Before each round, unmeasured, the node check
+the running controller does every 10 s (``failed_nodes``: it lists every Node and Lease, a cost of the fleet per
+period, not per event), so the round's pass finds its result fresh as it would in ``run``.
 """
 
 from __future__ import annotations
@@ -41,8 +43,9 @@ def _cpu_s() -> float:
 
 
 def _round_fn(mode: str, kubeconfig: str, namespace: str) -> tuple[Callable[[], object],
-                                                                   Callable[[int, int], object]]:
-    """(warm-up round, measured round ``(since, until)``) of ``mode``."""
+                                                                   Callable[[int, int], object],
+                                                                   Callable[[], object]]:
+    """(warm-up round, measured round ``(since, until)``, what runs between rounds, unmeasured) of ``mode``."""
     from dradriver.kube.client import open_client
 
     client = open_client(kubeconfig, user_agent="bench-controller", read_timeout_s=300.0)
@@ -52,7 +55,7 @@ def _round_fn(mode: str, kubeconfig: str, namespace: str) -> tuple[Callable[[], 
         def nvidia_round() -> object:
             return cdprotocol.status_round(client, namespace)
 
-        return nvidia_round, lambda since, until: nvidia_round()
+        return nvidia_round, lambda since, until: nvidia_round(), lambda: None
     if mode == "dradriver":
         from dradriver.app.cdcontroller import ComputeDomainController
         from dradriver.domain.cdtemplates import ControllerSettings, owner_of
@@ -74,7 +77,10 @@ def _round_fn(mode: str, kubeconfig: str, namespace: str) -> tuple[Callable[[], 
             controller.reconcile_membership(marked)
             return marked
 
-        return controller.sync_all_status, burst
+        def node_check() -> object:  # the controller's periodic node check (every node_grace_s / 4, 10 s)
+            return controller.failed_nodes(fresh=True)
+
+        return controller.sync_all_status, burst, node_check
     raise SystemExit(f"unknown mode {mode!r}: nvidia or dradriver")
 
 
@@ -83,7 +89,7 @@ def main(argv: list[str]) -> int:
     if len(argv) != 3:
         raise SystemExit(__doc__.split("\n")[0])
     kubeconfig, namespace, mode = argv
-    warm_up, round_fn = _round_fn(mode, kubeconfig, namespace)
+    warm_up, round_fn, between = _round_fn(mode, kubeconfig, namespace)
     imports_kib = _status_kib("VmRSS")
     warm_up()
     print(json.dumps({"ready": True, "imports_kib": imports_kib, "rss_kib": _status_kib("VmRSS")}), flush=True)
@@ -94,6 +100,7 @@ def main(argv: list[str]) -> int:
         words = command.split()
         if len(words) != 3 or words[0] != "go":
             raise SystemExit(f"unknown command {command!r}: go SINCE UNTIL or quit")
+        between()
         before = _cpu_s()
         round_fn(int(words[1]), int(words[2]))
         print(json.dumps({"cpu_s": _cpu_s() - before, "rss_kib": _status_kib("VmRSS"),

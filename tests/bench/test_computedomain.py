@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import cdfleet, cdprotocol
+from bench import cdchurn, cdfleet, cdprotocol
 from dradriver.domain import computedomains as cd
 from dradriver.sandbox.apiserver import RequestRecord
 
@@ -89,3 +89,23 @@ def test_the_controller_probe_reports_cpu_memory_and_writes_per_event(fleet: cdf
     assert (cost.racks, cost.nodes, cost.domains, cost.events) == (2, 7, 1, 4)
     assert cost.cpu_per_event_s > 0 and cost.emulator_cpu_per_event_s > 0
     assert cost.peak_kib >= 0 and 1 <= cost.writes <= 2  # one domain: at most one status write a round
+
+
+def test_churn_leaves_nothing_behind_and_never_holds_an_index_twice(tmp_path: Path) -> None:
+    fleet = cdfleet.Fleet([2] * 4).start(tmp_path)
+    try:
+        result = cdchurn.run_churn(fleet, domains=3, slots=2, restarts=1, timing=FAST, timeout_s=120)
+        assert (result.domains, result.restarts, result.ready_again) == (3, 3, 3)
+        assert result.duplicates == [] and result.clique_states > 0
+        assert cdchurn.leftovers(fleet) == []
+        assert result.writes == result.node_writes + result.controller_writes and result.node_writes > 0
+    finally:
+        fleet.stop()
+
+
+def test_leftovers_name_what_a_domain_left(fleet: cdfleet.Fleet) -> None:
+    assert cdchurn.leftovers(fleet) == []
+    cdfleet.seed_domains(fleet)
+    left = cdchurn.leftovers(fleet)
+    assert sum(x.startswith("ComputeDomainClique ") for x in left) == 2
+    assert sum(x.startswith("Pod ") for x in left) == 7 and any(x.startswith("ComputeDomain ") for x in left)
