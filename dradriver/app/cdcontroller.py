@@ -706,7 +706,7 @@ class ComputeDomainController:
             wanted = {**status, "status": STATUS_READY}
         else:
             mine = [p for p in pods if owner_of(p) == cd.uid]
-            my_cliques = [self._membership(c, mine) for c in cliques if owner_of(c) == cd.uid]
+            my_cliques = [self.reconcile_clique(c, mine) for c in cliques if owner_of(c) == cd.uid]
             nodes = node_entries(cd, mine, [c for c in my_cliques if c is not None], cliques_gate=self.cliques_gate)
             wanted = {**status, "nodes": [n.to_status_node() for n in nodes],
                       "status": global_status(cd.num_nodes, nodes)}
@@ -720,7 +720,7 @@ class ComputeDomainController:
         if wanted.get("status") != status.get("status"):
             log.info("ComputeDomain %s/%s (uid %s): status %s", cd.namespace, cd.name, cd.uid, wanted["status"])
 
-    def _membership(self, clique: JSONDict, pods: list[JSONDict]) -> JSONDict | None:
+    def reconcile_clique(self, clique: JSONDict, pods: list[JSONDict]) -> JSONDict | None:
         """``clique`` after this pass's writes (:func:`membership_operations` as one JSON patch, then the missing
         indexes as one apply); ``None`` when it changed meanwhile or went away (its domain is marked again).
 

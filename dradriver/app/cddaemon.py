@@ -24,7 +24,9 @@ status) -> [CliqueDaemon]``, :func:`read_clique`, :func:`clique_daemons`, :func:
 :func:`peer_mapping` ``(settings, daemons) -> {dnsName: ip}``, :func:`withdraw_entry`, and :class:`Membership`
 (``Membership(client, settings).step(status) -> (mapping, changed)``: one daemon round without ``nvidia-imex``;
 ``.applied`` counts writes). The controller side: ``ComputeDomainController(client, settings).
-reconcile_membership()`` assigns indexes, clears failed nodes and aggregates ``status.nodes`` in one pass.
+reconcile_membership(uids=None)`` assigns indexes, clears failed nodes and aggregates ``status.nodes`` of the
+domains in one pass (``reconcile_clique(clique, pods)``: one clique without its domain's status;
+``index_applies``, ``clique_patches``, ``status_writes`` count its writes).
 
 ``check`` runs ``nvidia-imex-ctl -c <imexd>/imexd.cfg -q`` and succeeds only when it prints exactly
 ``READY\\n``; with no clique it succeeds at once.

@@ -42,7 +42,8 @@ driver relies on:
   are reported Running and :attr:`EmulatedNode.pod_devices` records what the runtime would have given them.
 
 * **Node heartbeat and failure**: each kubelet renews its Node's Lease ``kube-node-lease/<node>``
-  (``spec.renewTime``, ``leaseDurationSeconds`` 40) every ``lease_renew_s``, as a kubelet does every 10 s.
+  (``spec.renewTime``, ``leaseDurationSeconds`` 40) every ``lease_renew_s`` from a heartbeat thread apart from
+  its Pod sync, as a kubelet does every 10 s.
   :meth:`MultiNodeCluster.kill_node` makes a node stop answering without any clean-up: its kubelet loop stops
   (no heartbeat, no Pod status, no prepares) and every process of the node -- its kubelet plugin and its
   containers (IMEX daemons and their ``nvidia-imex``) -- is frozen with SIGSTOP, so nothing leaves, withdraws or
@@ -658,6 +659,7 @@ class MultiNodeCluster:
         for node in self.nodes.values():
             threads.append(threading.Thread(target=self._loop, args=(lambda n=node: self.reconcile_node(n),),
                                             daemon=True, name=f"sandbox-kubelet-{node.name}"))
+        threads.append(threading.Thread(target=self._heartbeat_loop, daemon=True, name="sandbox-node-leases"))
         for t in threads:
             t.start()
         self._threads = threads
@@ -844,7 +846,6 @@ class MultiNodeCluster:
         assert node.kubelet is not None and node.runtime is not None
         if node.name in self.killed:
             return  # a dead node's kubelet does nothing
-        self.renew_node_lease(node.name)
         try:
             node.kubelet.scan()
             plugin: SyncPluginConnection | None = node.kubelet.plugin(COMPUTE_DOMAIN_DRIVER.driver_name)
@@ -927,6 +928,17 @@ class MultiNodeCluster:
         except ApiStatusError:
             return  # raced with itself: renewed on the next pass
         self._renewed[name] = clock
+
+    def _heartbeat_loop(self) -> None:
+        """The kubelets' heartbeats (a kubelet renews its Lease apart from its Pod sync, so a slow prepare never
+        delays it): every ``lease_renew_s``, each node not killed renews its Lease."""
+        while not self._stop.wait(self.lease_renew_s):
+            for name in list(self.nodes):
+                if name not in self.killed:
+                    try:
+                        self.renew_node_lease(name, force=True)
+                    except Exception:  # the next beat retries
+                        log.exception("multi-node sandbox: renewing the Lease of node %s failed", name)
 
     def _node_pids(self, node: EmulatedNode) -> list[int]:
         pids: list[int] = []

@@ -5,6 +5,7 @@ surviving daemons drop its name; the node heals -> its daemon re-applies and get
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,9 +13,9 @@ import pytest
 
 from dradriver.domain import computedomains as cd
 from dradriver.sandbox import cddemo
-from dradriver.sandbox.multinode import MultiNodeCluster
+from dradriver.sandbox.multinode import HOSTNAME_LABEL, MultiNodeCluster
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 WAIT_S = 120.0
 DOMAIN, TEMPLATE = "failover", "failover-channel"
@@ -26,7 +27,7 @@ def cluster() -> Iterator[MultiNodeCluster]:
         c.install_compute_domains()
         c.start()
         c.start_plugins(timeout_s=WAIT_S)
-        c.start_controller(extra_env={"NODE_FAILURE_GRACE_PERIOD": "1500ms", "STATUS_RESYNC_PERIOD": "5s"})
+        c.start_controller(extra_env={"NODE_FAILURE_GRACE_PERIOD": "3s", "STATUS_RESYNC_PERIOD": "5s"})
         yield c
 
 
@@ -52,17 +53,25 @@ def _hosts(c: MultiNodeCluster, pod: dict[str, Any]) -> str:
 def test_a_killed_node_leaves_its_peers_and_returns_with_the_same_index(cluster: MultiNodeCluster) -> None:
     domain = cluster.api.create(cddemo.compute_domain(DOMAIN, TEMPLATE, num_nodes=3))
     uid = str(domain["metadata"]["uid"])
+    for i, node in enumerate(sorted(cluster.nodes)):  # one per node, pinned (not left to the scheduler's spread)
+        pod = cddemo.workload_pod(f"{DOMAIN}-{i}", TEMPLATE, group=DOMAIN, rack=1)
+        pod["spec"]["nodeSelector"][HOSTNAME_LABEL] = node
+        cluster.api.create(pod)
     for i in range(3):
-        cluster.api.create(cddemo.workload_pod(f"{DOMAIN}-{i}", TEMPLATE, group=DOMAIN, rack=1))
+        cluster.wait_for(f"workload {i} running", functools.partial(cluster.pod_running, f"{DOMAIN}-{i}"),
+                         timeout_s=WAIT_S)
     cluster.wait_for("the domain Ready with three nodes",
-                     lambda: cddemo.domain_ready(cluster, DOMAIN) and len(_entries(cluster, uid)) == 3,
+                     lambda: cddemo.domain_ready(cluster, DOMAIN) and len(_entries(cluster, uid)) == 3
+                     and all(e.get("ipAddress") and e.get("status") == cd.STATUS_READY
+                             for e in _entries(cluster, uid).values()),
                      timeout_s=WAIT_S)
-    before = {n: e["index"] for n, e in _entries(cluster, uid).items()}
+    entries = _entries(cluster, uid)
+    before = {n: e["index"] for n, e in entries.items()}
     assert sorted(before.values()) == [0, 1, 2]
     victim = sorted(before)[1]
     name = cd.dns_name(uid, before[victim])
     daemons = cddemo.daemon_pods(cluster, uid)
-    victim_ip = str(daemons[victim]["status"]["podIP"])
+    victim_ip = str(entries[victim]["ipAddress"])
     peers = [p for n, p in daemons.items() if n != victim]
 
     cluster.kill_node(victim)
@@ -71,10 +80,13 @@ def test_a_killed_node_leaves_its_peers_and_returns_with_the_same_index(cluster:
                      and _entries(cluster, uid)[victim].get("index") == before[victim], timeout_s=WAIT_S)
     cluster.wait_for("the peers' hosts files without the victim",
                      lambda: all(f"{victim_ip}\t{name}" not in _hosts(cluster, p) for p in peers), timeout_s=WAIT_S)
-    for i in range(3):  # workloads elsewhere keep running
-        node = cluster.pod_node(f"{DOMAIN}-{i}")
-        if node is not None and node.name != victim:
+    for i in range(3):  # workloads elsewhere keep running, their channel devices in place
+        host = cluster.pod_node(f"{DOMAIN}-{i}")
+        assert host is not None
+        if host.name != victim:
             assert cluster.pod_running(f"{DOMAIN}-{i}")
+            edits = host.pod_devices.get(f"default/{DOMAIN}-{i}")
+            assert edits is not None and edits.device_paths() == [cddemo.CHANNEL0]
 
     cluster.heal_node(victim)
     cluster.wait_for("the victim back with the same index",

@@ -4,11 +4,13 @@ readiness through nvidia-imex-ctl, removal of the entry on SIGTERM, idling witho
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import tomllib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,8 +18,13 @@ from typing import Any
 
 import pytest
 
+from dradriver.app.cdcontroller import ComputeDomainController
 from dradriver.domain import computedomains as cd
 from dradriver.domain import imex
+from dradriver.domain.cdtemplates import ControllerSettings, owner_of
+from dradriver.kube import computedomains as kcd
+from dradriver.kube.client import open_client
+from dradriver.kube.deployments import list_pods
 from dradriver.sandbox.apiserver import ApiServerEmulator
 from tests.factories import wait_until as _wait_until
 from tests.imex.imexnodes import install_tools, loopback_prefix, template
@@ -82,7 +89,8 @@ class Daemon:
         nvidia-imex may be READY with fewer peers, and turn WAITING_FOR_PEERS when it learns of the others)."""
         obj = self.api.get(cd.CLIQUE_KIND, cd.clique_object_name(self.cd_uid, self.clique), NS)
         hosts = self.hosts.read_text()
-        return all(f"{e['ipAddress']}\t" in hosts for e in (obj or {}).get("daemons") or ())
+        return all(f"{e['ipAddress']}\t" in hosts for e in (obj or {}).get("daemons") or ()
+                   if e.get("ipAddress"))  # an item without one is an index reservation, no member
 
     def wait_ready(self, what: str) -> None:
         """Wait until this daemon knows every member, nvidia-imex is READY and the probe
@@ -120,11 +128,13 @@ def world(short_dir: Path) -> Iterator[tuple[ApiServerEmulator, dict[str, str], 
     script.write_text(f"#!{sys.executable}\nimport sys\nfrom {module} import {function}\nsys.exit({function}())\n")
     script.chmod(0o755)
     with ApiServerEmulator() as api:
+        api.install_crds()  # the clique's list-map keys: server-side apply merges daemons[] by nodeName
         env = {"PATH": f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}", "PYTHONPATH": str(REPO),
                "KUBECONFIG": api.kubeconfig_path(short_dir), "MAX_NODES_PER_IMEX_DOMAIN": str(MAX_NODES),
                "DRADRIVER_POLL_INTERVAL_SECONDS": "0.2", "HOME": str(short_dir)}
         daemons: list[Daemon] = []
-        yield api, env, daemons
+        with _index_assigner(api, short_dir):
+            yield api, env, daemons
         for daemon in daemons:
             if daemon.proc is not None and daemon.proc.poll() is None:
                 try:
@@ -132,6 +142,33 @@ def world(short_dir: Path) -> Iterator[tuple[ApiServerEmulator, dict[str, str], 
                 except ProcessLookupError:
                     pass
                 daemon.proc.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def _index_assigner(api: ApiServerEmulator, root: Path) -> Iterator[None]:
+    """The controller's per-clique membership pass (:meth:`ComputeDomainController.reconcile_clique`: indexes,
+    clean-up) every 0.1 s over the cliques of ``NS`` -- these daemons run without ComputeDomain objects, so the
+    controller's domain loop has nothing to drive it."""
+    client = open_client(api.kubeconfig_path(root))
+    controller = ComputeDomainController(client, ControllerSettings(namespace=NS, image="dradriver",
+                                                                    max_nodes_per_imex_domain=MAX_NODES))
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(0.1):
+            with contextlib.suppress(Exception):  # a pass racing a daemon's write: the next pass retries
+                pods = list_pods(client, NS, cd.LABEL_COMPUTE_DOMAIN)
+                for clique in kcd.list_cliques(client, NS, cd.LABEL_COMPUTE_DOMAIN):
+                    controller.reconcile_clique(clique, [p for p in pods if owner_of(p) == owner_of(clique)])
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+        client.close()
 
 
 def shutil_which(name: str, env: dict[str, str]) -> str:
@@ -157,7 +194,7 @@ def test_daemons_join_with_indexes_get_ready_restart_keeps_index_and_sigterm_lea
         daemon = Daemon(env, short_dir, api, f"node-{i}", f"{prefix}.{i + 1}", f"cd-daemon-{i}")
         daemons.append(daemon)
         daemon.start()
-        wait(lambda d=daemon: d.node in _entries(api), f"{daemon.node}'s clique entry")
+        wait(lambda d=daemon: "index" in _entries(api).get(d.node, {}), f"{daemon.node}'s clique entry and index")
     entries = _entries(api)
     assert {n: (e["index"], e["ipAddress"], e["status"]) for n, e in entries.items()} == {
         f"node-{i}": (i, f"{prefix}.{i + 1}", cd.STATUS_NOT_READY) for i in range(3)}
@@ -191,7 +228,7 @@ def test_daemons_join_with_indexes_get_ready_restart_keeps_index_and_sigterm_lea
     again = Daemon(env, short_dir, api, "node-1", f"{prefix}.11", "cd-daemon-1b")
     daemons.append(again)
     again.start()
-    wait(lambda: _entries(api)["node-1"]["ipAddress"] == f"{prefix}.11", "node-1's entry with the new IP")
+    wait(lambda: _entries(api).get("node-1", {}).get("ipAddress") == f"{prefix}.11", "node-1's entry with the new IP")
     assert {n: e["index"] for n, e in _entries(api).items()} == {"node-0": 0, "node-1": 1, "node-2": 2}
     for i in (0, 2):
         wait(lambda d=daemons[i], b=before[i]: _imex_log_count(d, "SIGUSR1 received") > b,
@@ -202,9 +239,9 @@ def test_daemons_join_with_indexes_get_ready_restart_keeps_index_and_sigterm_lea
     for daemon in (daemons[0], daemons[2], again):
         daemon.wait_ready(f"{daemon.pod} READY again")
 
-    # SIGTERM: node-2 removes its entry; the others drop its name
+    # SIGTERM: node-2 withdraws its fields, the controller's index reservation stays; the others drop its name
     assert daemons[2].terminate() == 0
-    assert "node-2" not in _entries(api)
+    assert not _entries(api)["node-2"].get("ipAddress") and _entries(api)["node-2"]["index"] == 2
     wait(lambda: f"{cd.UNUSED_SLOT_IP}\t{names[2]}" in daemons[0].hosts.read_text(), "node-2's name freed")
     daemons[0].wait_ready("node-0 READY with two members")
 
@@ -252,7 +289,8 @@ def test_concurrent_joins_get_distinct_indexes_and_a_crashed_imex_is_restarted(
     daemons.extend(Daemon(env, short_dir, api, f"node-{i}", f"{prefix}.{i + 1}", f"cd-daemon-{i}") for i in range(3))
     for daemon in daemons:
         daemon.start()
-    wait(lambda: len(_entries(api)) == 3, "three clique entries")
+    wait(lambda: len(_entries(api)) == 3 and all("index" in e for e in _entries(api).values()),
+         "three clique entries with the controller's indexes")
     assert sorted(e["index"] for e in _entries(api).values()) == [0, 1, 2]
     indexes = {n: e["index"] for n, e in _entries(api).items()}
     for daemon in daemons:
@@ -282,7 +320,7 @@ def test_a_pod_ip_reused_by_another_domain_fails_the_handshake_until_the_stale_e
     daemons.extend((x0, x1))
     for daemon in (x0, x1):
         daemon.start()
-        wait(lambda d=daemon: d.node in _entries(api), f"{daemon.node}'s clique entry")
+        wait(lambda d=daemon: "index" in _entries(api).get(d.node, {}), f"{daemon.node}'s clique entry and index")
     for daemon in (x0, x1):
         daemon.wait_ready(f"{daemon.pod} READY")
     x1.kill()
