@@ -132,6 +132,7 @@ def test_compute_domain_churn(benchmark: Any) -> None:
         "node writes per domain": (round(r.node_writes / r.domains, 2), "", 0.0),
         "controller writes per domain": (round(r.controller_writes / r.domains, 2), "", 0.0),
         "409 conflicts": (r.conflicts, "", 0.0),
+        "409 conflicts answered to node agents": (r.node_conflicts, "", 0.0),
         "clique states checked": (r.clique_states, "", 0.0),
         "clique states with an index held twice": (len(r.duplicates), "<=", 0),
     }})

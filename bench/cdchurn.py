@@ -52,7 +52,7 @@ class ChurnResult:
 
     :param seconds: wall time from the first domain's creation to the last one gone.
     :param writes: every write of the node agents and the controller (create, update, patch, delete).
-    :param conflicts: answers 409 to them.
+    :param conflicts: answers 409 (``node_conflicts``: those to the node agents; the rest are the controller's).
     :param clique_states: clique states the watch checked.
     """
 
@@ -63,6 +63,7 @@ class ChurnResult:
     node_writes: int = 0
     controller_writes: int = 0
     conflicts: int = 0
+    node_conflicts: int = 0
     clique_states: int = 0
     ready_again: int = 0
     duplicates: list[str] = field(default_factory=list)
@@ -271,6 +272,7 @@ def run_churn(fleet: Fleet, *, domains: int = 100, slots: int = 5, racks_per_dom
     result.node_writes = sum(1 for r in writes if r.user_agent.startswith("bench-node/"))
     result.controller_writes = result.writes - result.node_writes
     result.conflicts = sum(1 for r in records if r.code == 409)
+    result.node_conflicts = sum(1 for r in records if r.code == 409 and r.user_agent.startswith("bench-node/"))
     if result.duplicates:
         raise ChurnError(f"{len(result.duplicates)} clique states with an index held twice; first: "
                          f"{result.duplicates[0]}")
