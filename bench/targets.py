@@ -97,4 +97,6 @@ RATIOS: tuple[Ratio, ...] = (
         "<=",
         0.4,
     ),
+    Ratio("compute_domain_256", "NVIDIA's protocol / dradriver, time to all 256 prepared (speed-up)", "nvidia",
+          "dradriver", ">=", 20.0),
 )

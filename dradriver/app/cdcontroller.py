@@ -294,6 +294,9 @@ class ComputeDomainController:
     _dirty_cond: threading.Condition = field(default_factory=threading.Condition)
     _failed: tuple[float, frozenset[str]] = (float("-inf"), frozenset())  # (checked at, unresponsive nodes)
     _channel_lock: threading.Lock = field(default_factory=threading.Lock)  # one channel assignment at a time
+    # one membership pass at a time (lists included): the reconcile's sync_status and the membership worker
+    # would otherwise assign indexes from two snapshots, the later apply moving the earlier one's indexes
+    _pass_lock: threading.RLock = field(default_factory=threading.RLock)
 
     @property
     def cliques_gate(self) -> bool:
@@ -480,6 +483,10 @@ class ComputeDomainController:
 
         :raises errors.KubeAPIError: a list failed (a failed write re-marks its domain instead).
         """
+        with self._pass_lock:
+            self._reconcile_membership(uids)
+
+    def _reconcile_membership(self, uids: Iterable[str] | None) -> None:
         wanted = None if uids is None else set(uids)
         if wanted is not None and not wanted:
             return
@@ -494,22 +501,41 @@ class ComputeDomainController:
                     if wanted is None or str((o.get("metadata") or {}).get("uid", "")) in wanted]
         if not objs:
             return
-        selector = _uid_selector(next(iter(wanted))) if wanted is not None and len(wanted) == 1 \
-            else LABEL_COMPUTE_DOMAIN
-        pods = [] if self.settings.host_managed else list_pods(self.client, self.settings.namespace, selector)
-        cliques = [] if not self.cliques_gate else kcd.list_cliques(self.client, self.settings.namespace, selector)
+        pods, cliques = self._members(None if wanted is None else
+                                      [str((o.get("metadata") or {}).get("uid", "")) for o in objs])
         for obj in objs:
             meta = obj.get("metadata") or {}
             if meta.get("deletionTimestamp") or FINALIZER not in (meta.get("finalizers") or ()):
                 continue
             obj.setdefault("apiVersion", "resource.nvidia.com/v1beta1")
             obj.setdefault("kind", "ComputeDomain")
+            uid = str(meta.get("uid", ""))
             try:
-                self._sync(obj, pods, cliques)
+                self._sync(obj, pods.get(uid, []), cliques.get(uid, []))
             except errors.KubeConflictError:
                 self.mark(str(meta.get("uid", "")))
             except ComputeDomainError as exc:
                 log.debug("status of ComputeDomain %s/%s: %s", meta.get("namespace"), meta.get("name"), exc)
+
+    def _members(self, uids: list[str] | None) -> tuple[dict[str, list[JSONDict]], dict[str, list[JSONDict]]]:
+        """The daemon pods and cliques of the domains ``uids`` (all labelled ones when None), by domain UID.
+
+        One list per domain with its UID selector, so an event-driven pass costs what its domains hold, not what
+        the fleet holds (issue 14, ``compute_domain_fleet``); only the full resync lists everything, once.
+
+        :raises errors.KubeAPIError: a list failed.
+        """
+        ns = self.settings.namespace
+        pods: dict[str, list[JSONDict]] = {}
+        cliques: dict[str, list[JSONDict]] = {}
+        for selector in [LABEL_COMPUTE_DOMAIN] if uids is None else [_uid_selector(u) for u in uids]:
+            if not self.settings.host_managed:
+                for pod in list_pods(self.client, ns, selector):
+                    pods.setdefault(owner_of(pod), []).append(pod)
+            if self.cliques_gate:
+                for clique in kcd.list_cliques(self.client, ns, selector):
+                    cliques.setdefault(owner_of(clique), []).append(clique)
+        return pods, cliques
 
     def _owned_watch_loop(self, stop: threading.Event, kind: cdobjects.ObjectKind, namespace: str) -> None:
         """Watch the controller's objects of ``kind`` in ``namespace`` (``""``: all) and queue the owning domain of
@@ -735,6 +761,10 @@ class ComputeDomainController:
 
     def sync_status(self, obj: JSONDict) -> None:
         """Recompute one ComputeDomain's status now (after a reconcile)."""
+        with self._pass_lock:
+            self._sync_status(obj)
+
+    def _sync_status(self, obj: JSONDict) -> None:
         uid = str(obj["metadata"].get("uid", ""))
         pods = [] if self.settings.host_managed else list_pods(self.client, self.settings.namespace,
                                                                _uid_selector(uid))

@@ -34,6 +34,8 @@ class RequestRecord:
     :param field_manager: the write's field manager (the ``fieldManager`` query parameter, else the
         ``User-Agent`` up to its first ``/``); ``""`` for reads.
     :param apply: the write was a server-side apply (``application/apply-patch+yaml``).
+    :param user_agent: the request's ``User-Agent`` header (``""`` without one), reads included: who sent it, so
+        a benchmark can count each client's requests and 409s (``bench/cdfleet.py``).
     """
 
     method: str
@@ -47,6 +49,7 @@ class RequestRecord:
     code: int
     field_manager: str = ""
     apply: bool = False
+    user_agent: str = ""
 
 
 @dataclass(slots=True)
@@ -97,7 +100,7 @@ def serve_request(state: ServerState, handler: RequestHandler) -> None:
     def record(code: int) -> None:
         with state.storage.lock:
             state.records.append(RequestRecord(method, path, query, verb, rt_name, sub, ns, name, code, writer,
-                                               is_apply))
+                                               is_apply, user_agent))
 
     media = JSON
     accept = handler.headers.get("Accept", "")

@@ -1,0 +1,738 @@
+"""A ComputeDomain fleet in one process: the harness of ``bench/bench_computedomain.py``.
+
+What runs (``nvidia-dra-driver-updates.md`` 2c for every step and period):
+
+* one API emulator (:mod:`dradriver.sandbox.apiserver`, real HTTP) with the ComputeDomain CRDs, the driver
+  namespace and ``racks`` x ``nodes`` Nodes; every node of a rack carries the fabric label
+  ``nvidia.com/gpu.clique=<clusterUUID>.<rack>`` (one NVLink clique per rack, as on GB200 NVL72);
+* per node of a domain, one thread (:class:`NodeAgent`) with its own API client (``User-Agent
+  bench-node/<node>``, so the emulator's request records attribute every request to its node) playing the node's
+  three parts: the kubelet plugin's channel prepare of the workload pod (real node label write
+  :func:`dradriver.kube.computedomains.set_node_label` and the plugin's real readiness lookup
+  :meth:`dradriver.preparers.computedomain.DomainLookup.daemon_entry`, retried with the kubelet plugin's per-claim
+  backoff 250 ms -> 3 s and its 45 s deadline, after which the kubelet's own retry starts the next call); the IMEX
+  daemon (the membership protocol under test: pod label, clique entry NotReady, then Ready); and the kubelet's
+  prober (IMEX is ready once the daemon's own entry has its index; the startup probe, every 1 s, then passes
+  and the pod turns Ready, written in process like the kubelet's status update, and the daemon hears it at once,
+  as its pod informer would). No ``nvidia-imex`` process runs (2 CPU cores);
+* one DaemonSet emulation thread: a daemon pod (labelled with the domain's UID, owned by nobody: nothing deletes
+  it during a run) is created in process on each node the plugin labelled, as the DaemonSet controller would;
+* the controller side of the protocol under test (:class:`Membership.controller`) with its own client
+  (``bench-controller``).
+
+Periods are NVIDIA's (seconds on a real cluster) times :attr:`Timing.scale`. Every figure is read from the
+emulator's request records: writes (create, update, patch, delete) per node split into membership writes
+(ComputeDomainCliques and ComputeDomains) and label writes (Nodes and Pods), and answers 409.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from bench import cdprotocol
+from bench.cdprotocol import DaemonIdentity
+from dradriver.domain import computedomains as cd
+from dradriver.domain.computedomains import CliqueDaemon
+from dradriver.kube import computedomains as kube_cd
+from dradriver.kube import errors as kube_errors
+from dradriver.kube import pods as kube_pods
+from dradriver.kube.client import JSONDict, KubeClient, RetryPolicy, open_client
+from dradriver.preparers.computedomain import DomainLookup
+from dradriver.sandbox.apiserver import ApiServerEmulator, RequestRecord
+
+__all__ = [
+    "DRIVER_NAMESPACE",
+    "ControllerCost",
+    "DaemonSide",
+    "DomainResult",
+    "DradriverMembership",
+    "Fleet",
+    "FleetDomain",
+    "FleetNode",
+    "Membership",
+    "NodeAgent",
+    "NvidiaMembership",
+    "Timing",
+    "WriteCounts",
+    "count_writes",
+    "daemonset_loop",
+    "flip_entries",
+    "measure_controller",
+    "run_domain",
+    "seed_domains",
+    "spread",
+]
+
+DRIVER_NAMESPACE = "nvidia-dra-driver"
+WRITE_VERBS = frozenset({"create", "update", "patch", "delete"})
+NODE_AGENT = "bench-node/"
+CONTROLLER_AGENT = "bench-controller"
+DAEMON_IMAGE = "bench/compute-domain-daemon"  # the DaemonSet the real controller makes; no container runs it
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """The periods of the cluster around the driver, seconds on a real cluster, all times :attr:`scale`.
+
+    :param startup_probe_s: the daemon pod's startup probe period (``compute-domain-daemon check``, 1 s x 1200).
+    :param status_period_s: the controller's status loop (2 s).
+    :param prepare_backoff_s: the kubelet plugin's per-claim retry backoff, first and largest (250 ms -> 3 s).
+    :param prepare_deadline_s: one NodePrepareResources call's deadline (45 s); the kubelet then calls again.
+    :param controller_start_s: how long the controller runs before the domain is created (its start-up:
+        sweep, lists, watches), outside the measured time.
+    :param daemonset_poll_s: how often the emulated DaemonSet controller looks for newly labelled nodes (its
+        informer reacts at once on a real cluster; not scaled).
+    """
+
+    scale: float = 1.0
+    startup_probe_s: float = 1.0
+    status_period_s: float = 2.0
+    prepare_backoff_s: tuple[float, float] = (0.25, 3.0)
+    prepare_deadline_s: float = 45.0
+    daemonset_poll_s: float = 0.05
+    controller_start_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not self.scale > 0:
+            raise ValueError(f"Timing.scale must be above 0, not {self.scale}")
+
+    def s(self, seconds: float) -> float:
+        """``seconds`` of a real cluster in this run."""
+        return seconds * self.scale
+
+
+@dataclass(frozen=True, slots=True)
+class FleetNode:
+    """One Node: name, rack (1-based), the clique ID of its rack, and the IP its daemon pod gets."""
+
+    name: str
+    rack: int
+    clique_id: str
+    ip: str
+
+
+def spread(total: int, racks: int) -> list[int]:
+    """``total`` nodes over ``racks`` racks as evenly as possible, the larger racks first (256 over 15: one
+    of 18 and fourteen of 17).
+
+    :raises ValueError: fewer than one node per rack, or more than 18 (an NVL72 rack's compute trays).
+    """
+    if racks < 1 or total < racks or total > racks * cd.DEFAULT_MAX_NODES_PER_IMEX_DOMAIN:
+        raise ValueError(f"{total} nodes do not fit {racks} racks of 1..{cd.DEFAULT_MAX_NODES_PER_IMEX_DOMAIN}")
+    base, extra = divmod(total, racks)
+    return [base + (1 if r < extra else 0) for r in range(racks)]
+
+
+class Fleet:
+    """One API emulator holding the fleet's Nodes (context manager: started on enter, stopped on exit).
+
+    :param per_rack: nodes in each rack, e.g. ``spread(256, 15)``.
+    :param namespace: the driver namespace (daemon pods and ComputeDomainCliques).
+    """
+
+    def __init__(self, per_rack: Sequence[int], *, namespace: str = DRIVER_NAMESPACE) -> None:
+        if not per_rack or any(n < 1 or n > cd.DEFAULT_MAX_NODES_PER_IMEX_DOMAIN for n in per_rack):
+            raise ValueError(f"per_rack must list racks of 1..{cd.DEFAULT_MAX_NODES_PER_IMEX_DOMAIN} nodes, "
+                             f"not {list(per_rack)}")
+        self.namespace = namespace
+        self.cluster_uuid = str(uuid.uuid4())
+        self.api = ApiServerEmulator()
+        self.nodes: list[FleetNode] = []
+        for rack, count in enumerate(per_rack, start=1):
+            for tray in range(count):
+                self.nodes.append(FleetNode(f"rack{rack:04d}-node{tray:02d}", rack, f"{self.cluster_uuid}.{rack}",
+                                            f"10.{rack // 250}.{rack % 250}.{tray + 1}"))
+        self._kubeconfig: str | None = None
+
+    def start(self, directory: Path) -> Fleet:
+        """Start the emulator, install the CRDs, seed the namespace and Nodes (in process, not recorded);
+        the kubeconfig is written to ``directory``."""
+        self.api.start()
+        self.api.install_crds()
+        self.api.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.namespace},
+                         "status": {"phase": "Active"}})
+        for node in self.nodes:
+            self.api.add_node(node.name, labels={cd.NODE_CLIQUE_LABEL: node.clique_id, "bench/rack": str(node.rack)})
+        self._kubeconfig = self.api.kubeconfig_path(directory)
+        return self
+
+    def stop(self) -> None:
+        self.api.stop()
+
+    def client(self, agent: str) -> KubeClient:
+        """An API client whose requests the records attribute to ``agent`` (the ``User-Agent``)."""
+        if self._kubeconfig is None:
+            raise RuntimeError("the fleet is not started")
+        return open_client(self._kubeconfig, user_agent=agent, read_timeout_s=120.0,
+                           retry=RetryPolicy(attempts=8, initial_delay_s=0.05, max_delay_s=1.0))
+
+    def create_domain(self, name: str, *, namespace: str = "default", num_nodes: int = 0) -> str:
+        """Create a ComputeDomain (in process, as a user's ``kubectl apply``) with the controller's finalizer;
+        returns its UID."""
+        obj = self.api.create({"apiVersion": cd.API_GROUP_VERSION, "kind": "ComputeDomain",
+                               "metadata": {"name": name, "namespace": namespace, "finalizers": [cd.FINALIZER]},
+                               "spec": {"numNodes": num_nodes,
+                                        "channel": {"resourceClaimTemplate": {"name": f"{name}-channel"}}}})
+        return str(obj["metadata"]["uid"])
+
+    def create_daemon_pod(self, cd_uid: str, node: FleetNode, *, settled: bool = False) -> JSONDict:
+        """The daemon pod the DaemonSet controller makes on ``node`` for domain ``cd_uid`` (in process), with
+        ``status.podIP``; not Ready, or with ``settled`` as a running daemon leaves it: Ready and labelled
+        with its clique."""
+        labels = {cd.LABEL_COMPUTE_DOMAIN: cd_uid, **({cd.LABEL_CLIQUE_ID: node.clique_id} if settled else {})}
+        return self.api.create({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"cd-daemon-{cd_uid[:8]}-{node.name}", "namespace": self.namespace,
+                         "labels": labels},
+            "spec": {"nodeName": node.name, "containers": [{"name": "compute-domain-daemon", "image": "bench"}]},
+            "status": {"phase": "Running", "podIP": node.ip,
+                       "conditions": [{"type": "Ready", "status": "True" if settled else "False"}]}})
+
+    def set_pod_ready(self, name: str, ready: bool) -> None:
+        """The kubelet's status update of a daemon pod's Ready condition (in process)."""
+        pod = self.api.get("Pod", name, self.namespace)
+        if pod is None:
+            return
+        pod["status"]["conditions"] = [{"type": "Ready", "status": "True" if ready else "False"}]
+        self.api.update(pod, subresource="status")
+
+
+class DaemonSide(Protocol):
+    """One daemon's side of a membership protocol, stepped by its :class:`NodeAgent`."""
+
+    def step(self, status: str) -> bool:
+        """One daemon round with the daemon's current ``status`` (``Ready``/``NotReady``); returns whether its
+        own name -> IP mapping is known (then ``nvidia-imex`` could start and turn ready)."""
+        ...
+
+    def poll_s(self, timing: Timing) -> float | None:
+        """Seconds until the daemon's next round with an unchanged status (``None``: it waits for a change)."""
+        ...
+
+
+class Membership(Protocol):
+    """A ComputeDomain membership protocol: what each daemon does and what the controller runs beside."""
+
+    label: str
+
+    def daemon(self, client: KubeClient, me: DaemonIdentity) -> DaemonSide:
+        """The daemon side of ``me`` talking through ``client``."""
+        ...
+
+    def controller(self, fleet: Fleet, client: KubeClient, timing: Timing, stop: threading.Event) -> None:
+        """Run the controller side until ``stop`` is set."""
+        ...
+
+
+@dataclass
+class _NvidiaDaemon:
+    client: KubeClient
+    me: DaemonIdentity
+    reported: str = ""
+    mine: bool = False
+
+    def step(self, status: str) -> bool:
+        if status != self.reported:  # NVIDIA's daemon writes on a status change (informer-driven)
+            daemons = cdprotocol.join_clique(self.client, self.me, status)
+            self.reported = status
+            self.mine = any(d.node_name == self.me.node_name for d in daemons)  # it picked its own index
+        return self.mine
+
+    def poll_s(self, timing: Timing) -> float | None:
+        return None
+
+
+class NvidiaMembership:
+    """NVIDIA's protocol (:mod:`bench.cdprotocol`): read-modify-write of the shared clique with conflict
+    retries; the 2 s status loop listing every domain, daemon pod and clique."""
+
+    label = "nvidia"
+
+    def __init__(self) -> None:
+        self.rounds = 0
+
+    def daemon(self, client: KubeClient, me: DaemonIdentity) -> DaemonSide:
+        return _NvidiaDaemon(client, me)
+
+    def controller(self, fleet: Fleet, client: KubeClient, timing: Timing, stop: threading.Event) -> None:
+        while not stop.wait(timing.s(timing.status_period_s)):
+            try:
+                cdprotocol.status_round(client, fleet.namespace)
+            except kube_errors.KubeAPIError:
+                continue  # the next round tries again, as NVIDIA's loop does
+            self.rounds += 1
+
+
+@dataclass
+class _DradriverDaemon:
+    """The real daemon round :meth:`dradriver.app.cddaemon.Membership.step` (one clique GET; one server-side
+    apply of the own entry when it differs); the own mapping is known once the controller's index arrived."""
+
+    membership: Any  # dradriver.app.cddaemon.Membership
+    poll_interval_s: float
+
+    def step(self, status: str) -> bool:
+        mapping, _ = self.membership.step(status)
+        return bool(self.membership.settings.pod_ip in mapping.values())
+
+    def poll_s(self, timing: Timing) -> float | None:
+        return timing.s(self.poll_interval_s)
+
+
+class DradriverMembership:
+    """dradriver's own code: the daemon's :class:`dradriver.app.cddaemon.Membership` (server-side apply of its
+    own clique entry, ``poll_interval_s`` 1 s) and the real controller
+    (:class:`dradriver.app.cdcontroller.ComputeDomainController` in process: watches, event-driven membership
+    passes that assign indexes by apply, coalesced status writes)."""
+
+    label = "dradriver"
+
+    def daemon(self, client: KubeClient, me: DaemonIdentity) -> DaemonSide:
+        from dradriver.app import cddaemon
+
+        settings = cddaemon.DaemonSettings(clique_id=me.clique_id, cd_uid=me.cd_uid, node_name=me.node_name,
+                                           pod_ip=me.pod_ip, pod_uid=me.pod_uid, pod_name=me.pod_name,
+                                           pod_namespace=me.namespace, max_nodes=me.max_nodes)
+        return _DradriverDaemon(cddaemon.Membership(client, settings), settings.poll_interval_s)
+
+    def controller(self, fleet: Fleet, client: KubeClient, timing: Timing, stop: threading.Event) -> None:
+        from dradriver.app.cdcontroller import ComputeDomainController
+        from dradriver.domain.cdtemplates import ControllerSettings
+
+        ComputeDomainController(client, ControllerSettings(namespace=fleet.namespace, image=DAEMON_IMAGE),
+                                watch_timeout_s=5.0).run(stop)
+
+
+@dataclass
+class NodeAgent:
+    """One node of a domain: its workload's channel prepare, its IMEX daemon and its kubelet prober (module
+    docstring), as a state machine stepped by one thread."""
+
+    fleet: Fleet
+    node: FleetNode
+    cd_uid: str
+    membership: Membership
+    timing: Timing
+    stop: threading.Event
+    client: KubeClient | None = None  # made here when not given (``User-Agent bench-node/<node>``)
+    wake: threading.Event = field(default_factory=threading.Event)
+    pod: JSONDict | None = None  # set by the DaemonSet emulation
+    prepared_at: float | None = None
+    prepare_calls: int = 1  # NodePrepareResources calls (a call past its 45 s deadline is followed by another)
+    prepare_attempts: int = 0
+    pod_ready_at: float | None = None
+    error: str = ""
+    _labelled: bool = False
+    _pod_labelled: bool = False
+    _imex_ready_at: float | None = None
+    _pod_ready: bool = False
+    _reported: str = ""
+    _side: DaemonSide | None = None
+    _next_round: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.client is None:
+            self.client = self.fleet.client(NODE_AGENT + self.node.name)
+
+    @property
+    def api(self) -> KubeClient:
+        assert self.client is not None
+        return self.client
+
+    def run(self, started: float) -> None:
+        """Step until prepared and the daemon's Ready entry is written, or ``stop``; errors end the agent and
+        are kept in :attr:`error`."""
+        lookup = DomainLookup(self.api, self.node.name, self.fleet.namespace)
+        backoff_first, backoff_max = (self.timing.s(b) for b in self.timing.prepare_backoff_s)
+        backoff, call_started, next_prepare = backoff_first, started, started
+        try:
+            while not self.stop.is_set():
+                now = time.monotonic()
+                if self.prepared_at is None and now >= next_prepare:
+                    if self._prepare(lookup):
+                        self.prepared_at = time.monotonic()
+                    else:
+                        if now - call_started > self.timing.s(self.timing.prepare_deadline_s):
+                            self.prepare_calls += 1  # the kubelet's next call; the plugin's backoff starts over
+                            call_started, backoff = now, backoff_first
+                        next_prepare = time.monotonic() + backoff * (1 + 0.1 * random.random())
+                        backoff = min(backoff_max, backoff * 2)
+                if self.pod is not None:
+                    self._daemon()
+                if self.prepared_at is not None and self._reported == cd.STATUS_READY:
+                    return
+                waits = [next_prepare - time.monotonic()] if self.prepared_at is None else []
+                if self._imex_ready_at is not None and not self._pod_ready:
+                    waits.append(self._probe_due() - time.monotonic())
+                if self._side is not None and self._side.poll_s(self.timing) is not None and (
+                        self._imex_ready_at is None or self._reported != cd.STATUS_READY):
+                    waits.append(self._next_round - time.monotonic())
+                self.wake.wait(max(0.0, min(waits)) if waits else None)
+                self.wake.clear()
+        except Exception as exc:
+            self.error = f"node {self.node.name}: {type(exc).__name__}: {exc}"
+        finally:
+            self.api.close()
+
+    def _prepare(self, lookup: DomainLookup) -> bool:
+        """One try of the channel prepare: label the node once, then the plugin's readiness lookup."""
+        self.prepare_attempts += 1
+        if not self._labelled:
+            current = lookup.node_label()
+            if current is None:
+                kube_cd.set_node_label(self.api, self.node.name, cd.LABEL_COMPUTE_DOMAIN, self.cd_uid)
+            elif current != self.cd_uid:
+                raise RuntimeError(f"node {self.node.name} is labelled for ComputeDomain {current}")
+            self._labelled = True
+        _, entry = lookup.daemon_entry(self.cd_uid, self.node.clique_id)
+        return entry is not None and entry.status == cd.STATUS_READY
+
+    def _identity(self) -> DaemonIdentity:
+        assert self.pod is not None
+        meta = self.pod["metadata"]
+        return DaemonIdentity(cd_uid=self.cd_uid, clique_id=self.node.clique_id, node_name=self.node.name,
+                              pod_ip=self.node.ip, pod_name=meta["name"], pod_uid=meta["uid"],
+                              namespace=self.fleet.namespace)
+
+    def _probe_due(self) -> float:
+        """When the startup probe first passes: the first probe tick (every 1 s from the pod's start) at or
+        after IMEX became ready."""
+        assert self._imex_ready_at is not None and self.pod is not None
+        period = self.timing.s(self.timing.startup_probe_s)
+        start = float(self.pod["_started"])
+        return start + max(1, math.ceil((self._imex_ready_at - start) / period)) * period
+
+    def _daemon(self) -> None:
+        me = self._identity()
+        if self._side is None:
+            self._side = self.membership.daemon(self.api, me)
+        if not self._pod_labelled:
+            kube_pods.set_pod_label(self.api, me.namespace, me.pod_name, cd.LABEL_CLIQUE_ID, me.clique_id)
+            self._pod_labelled = True
+        if self._imex_ready_at is not None and not self._pod_ready and time.monotonic() >= self._probe_due():
+            self.fleet.set_pod_ready(me.pod_name, True)  # the kubelet; the daemon's pod informer sees it at once
+            self._pod_ready = True
+            self.pod_ready_at = time.monotonic()
+        status = cd.STATUS_READY if self._pod_ready else cd.STATUS_NOT_READY
+        poll = self._side.poll_s(self.timing)
+        if poll is None:  # informer-driven: a status change is written at once
+            due = status != self._reported
+        else:  # polling (the pod's Ready condition and the clique are read each round): the next round's tick
+            due = time.monotonic() >= self._next_round and (status != self._reported or self._imex_ready_at is None)
+        if not due:
+            return
+        known = self._side.step(status)
+        self._reported = status
+        if poll is not None:
+            self._next_round = time.monotonic() + poll
+        if self._imex_ready_at is None and known:
+            self._imex_ready_at = time.monotonic()  # IMEX starts with its own name -> IP mapping written
+
+
+@dataclass(frozen=True, slots=True)
+class WriteCounts:
+    """Requests of one group of clients, from the emulator's records."""
+
+    membership_writes: int  # ComputeDomainCliques and ComputeDomains (and their status)
+    label_writes: int  # Nodes and Pods
+    reads: int
+    conflicts: int  # answers 409
+
+
+def count_writes(records: Iterable[RequestRecord], agent_prefix: str) -> dict[str, WriteCounts]:
+    """Per client whose ``User-Agent`` starts with ``agent_prefix`` (the rest of it is the key)."""
+    membership: Counter[str] = Counter()
+    labels: Counter[str] = Counter()
+    reads: Counter[str] = Counter()
+    conflicts: Counter[str] = Counter()
+    agents: set[str] = set()
+    for r in records:
+        if not r.user_agent.startswith(agent_prefix):
+            continue
+        who = r.user_agent[len(agent_prefix):]
+        agents.add(who)
+        if r.code == 409:
+            conflicts[who] += 1
+        if r.verb in WRITE_VERBS:
+            if r.resource in (cd.CLIQUE_PLURAL, cd.COMPUTE_DOMAIN_PLURAL):
+                membership[who] += 1
+            else:
+                labels[who] += 1
+        else:
+            reads[who] += 1
+    return {a: WriteCounts(membership[a], labels[a], reads[a], conflicts[a]) for a in sorted(agents)}
+
+
+@dataclass(frozen=True, slots=True)
+class DomainResult:
+    """One domain's run from creation to every workload pod's channel prepared.
+
+    :param seconds: wall time from the domain's creation to the last prepare's success.
+    :param per_node: writes and 409s of each node's clients.
+    :param controller: the controller client's counts.
+    :param stages: the slowest node's seconds from the domain's creation to each step (``daemon pod``,
+        ``own mapping``, ``pod Ready``, ``prepared``): where the time goes.
+    """
+
+    protocol: str
+    nodes: int
+    seconds: float
+    per_node: dict[str, WriteCounts]
+    controller: WriteCounts
+    prepare_calls: int
+    prepare_attempts: int
+    stages: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def max_writes_per_node(self) -> int:
+        return max((c.membership_writes + c.label_writes for c in self.per_node.values()), default=0)
+
+    @property
+    def mean_writes_per_node(self) -> float:
+        return sum(c.membership_writes + c.label_writes for c in self.per_node.values()) / max(1, self.nodes)
+
+    @property
+    def mean_membership_writes(self) -> float:
+        return sum(c.membership_writes for c in self.per_node.values()) / max(1, self.nodes)
+
+    @property
+    def mean_label_writes(self) -> float:
+        return sum(c.label_writes for c in self.per_node.values()) / max(1, self.nodes)
+
+    @property
+    def conflicts(self) -> int:
+        return sum(c.conflicts for c in self.per_node.values()) + self.controller.conflicts
+
+
+def run_domain(fleet: Fleet, membership: Membership, timing: Timing, *, name: str = "bench-cd",
+               timeout_s: float = 600.0, say: Callable[[str], None] = lambda _: None) -> DomainResult:
+    """Create one ComputeDomain over every node of ``fleet`` and run until each node's channel prepare
+    succeeded.
+
+    :raises RuntimeError: a node agent failed, or ``timeout_s`` passed first (the message names the nodes).
+    """
+    fleet.api.clear_requests()
+    stop = threading.Event()
+    controller_client = fleet.client(CONTROLLER_AGENT)
+    controller = threading.Thread(target=membership.controller, args=(fleet, controller_client, timing, stop),
+                                  name="bench-controller", daemon=True)
+    clients = {n.name: fleet.client(NODE_AGENT + n.name) for n in fleet.nodes}  # made before the clock starts
+    controller.start()  # the controller runs before the domain exists, as on a cluster
+    stop.wait(timing.s(timing.controller_start_s))
+    started = time.monotonic()
+    cd_uid = fleet.create_domain(name, num_nodes=len(fleet.nodes))
+    agents = {n.name: NodeAgent(fleet, n, cd_uid, membership, timing, stop, clients[n.name]) for n in fleet.nodes}
+    threads = [threading.Thread(target=a.run, args=(started,), name=f"agent-{a.node.name}", daemon=True)
+               for a in agents.values()]
+    daemonset = threading.Thread(target=daemonset_loop, args=(fleet, cd_uid, agents, timing, stop),
+                                 name="bench-daemonset", daemon=True)
+    daemonset.start()
+    for t in threads:
+        t.start()
+    deadline = started + timeout_s
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    finished = max((a.prepared_at or math.inf) for a in agents.values())
+    stop.set()
+    for a in agents.values():
+        a.wake.set()
+    controller.join(timeout=30)
+    daemonset.join(timeout=30)
+    controller_client.close()
+    errors = [a.error for a in agents.values() if a.error]
+    if errors:
+        raise RuntimeError(f"{len(errors)} node agents failed; first: {errors[0]}")
+    if math.isinf(finished):
+        waiting = sorted(n for n, a in agents.items() if a.prepared_at is None)
+        raise RuntimeError(f"{len(waiting)} nodes not prepared after {timeout_s} s: {', '.join(waiting[:5])}")
+    records = fleet.api.requests
+    per_node = count_writes(records, NODE_AGENT)
+    controller_counts = count_writes(records, CONTROLLER_AGENT).get("", WriteCounts(0, 0, 0, 0))
+    result = DomainResult(membership.label, len(agents), finished - started, per_node, controller_counts,
+                          sum(a.prepare_calls for a in agents.values()),
+                          sum(a.prepare_attempts for a in agents.values()),
+                          _stages(started, agents.values()))
+    say(f"{membership.label}: {result.nodes} nodes prepared in {result.seconds:.2f} s, "
+        f"{result.mean_writes_per_node:.2f} writes/node (max {result.max_writes_per_node}), "
+        f"{result.conflicts} conflicts; slowest node at {result.stages}")
+    return result
+
+
+def _stages(started: float, agents: Iterable[NodeAgent]) -> dict[str, float]:
+    agents = list(agents)
+    at = {"daemon pod": [float(a.pod["_started"]) if a.pod is not None else None for a in agents],
+          "own mapping": [a._imex_ready_at for a in agents], "pod Ready": [a.pod_ready_at for a in agents],
+          "prepared": [a.prepared_at for a in agents]}
+    return {stage: round(max(t for t in times if t is not None) - started, 3) for stage, times in at.items()
+            if any(t is not None for t in times)}
+
+
+def daemonset_loop(fleet: Fleet, cd_uid: str, agents: dict[str, NodeAgent], timing: Timing,
+                    stop: threading.Event) -> None:
+    """The DaemonSet controller: a daemon pod on each node that got the domain's label (read in process)."""
+    by_name = {n.name: n for n in fleet.nodes}
+    while not stop.wait(timing.daemonset_poll_s):
+        for name in _labelled_nodes(fleet, cd_uid):
+            agent = agents.get(name)
+            if agent is None or agent.pod is not None:
+                continue
+            pod = fleet.create_daemon_pod(cd_uid, by_name[name])
+            pod["_started"] = time.monotonic()
+            agent.pod = pod
+            agent.wake.set()
+
+
+def _labelled_nodes(fleet: Fleet, cd_uid: str) -> list[str]:
+    return [o["metadata"]["name"] for o in fleet.api.objects("Node")
+            if (o["metadata"].get("labels") or {}).get(cd.LABEL_COMPUTE_DOMAIN) == cd_uid]
+
+
+# -- the fleet scenario: the controller's cost per membership event ------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FleetDomain:
+    """A seeded domain: UID, name, and its cliques (name -> the clique's nodes)."""
+
+    uid: str
+    name: str
+    cliques: dict[str, list[FleetNode]]
+
+
+def seed_domains(fleet: Fleet, racks_per_domain: int = 2) -> list[FleetDomain]:
+    """Every ``racks_per_domain`` consecutive racks form one settled domain (in process, not recorded): the
+    ComputeDomain with the finalizer, a Ready daemon pod per node (labelled with the domain and the clique) and
+    one ComputeDomainClique per rack listing every daemon Ready with indexes 0..n-1."""
+    by_rack: dict[int, list[FleetNode]] = {}
+    for node in fleet.nodes:
+        by_rack.setdefault(node.rack, []).append(node)
+    racks = sorted(by_rack)
+    domains = []
+    for first in range(0, len(racks), racks_per_domain):
+        name = f"fleet-cd-{first // racks_per_domain:04d}"
+        uid = fleet.create_domain(name)
+        cliques: dict[str, list[FleetNode]] = {}
+        for rack in racks[first:first + racks_per_domain]:
+            members = by_rack[rack]
+            for node in members:
+                fleet.create_daemon_pod(uid, node, settled=True)
+            clique = cd.clique_object_name(uid, members[0].clique_id)
+            fleet.api.create({"apiVersion": cd.API_GROUP_VERSION, "kind": cd.CLIQUE_KIND,
+                              "metadata": {"name": clique, "namespace": fleet.namespace,
+                                           "labels": {cd.LABEL_COMPUTE_DOMAIN: uid,
+                                                      cd.LABEL_CLIQUE_ID: members[0].clique_id}},
+                              "daemons": [CliqueDaemon(n.name, n.ip, n.clique_id, i, cd.STATUS_READY)
+                                          .to_clique_entry() for i, n in enumerate(members)]})
+            cliques[clique] = members
+        domains.append(FleetDomain(uid, name, cliques))
+    return domains
+
+
+def flip_entries(fleet: Fleet, domains: Sequence[FleetDomain], count: int, rng: random.Random) -> tuple[int, int]:
+    """``count`` membership events: daemons of random domains turn their entry NotReady (or Ready again), as
+    the daemon's own write would (in process, not recorded); returns the resourceVersions just before the first
+    and of the last event (a watch from the first sees them all)."""
+    first = last = 0
+    for i in range(count):
+        domain = rng.choice(domains)
+        clique_name = rng.choice(sorted(domain.cliques))
+        clique = fleet.api.get("ComputeDomainClique", clique_name, fleet.namespace)
+        assert clique is not None
+        entry = rng.choice(clique["daemons"])
+        entry["status"] = cd.STATUS_NOT_READY if entry["status"] == cd.STATUS_READY else cd.STATUS_READY
+        last = int(fleet.api.update(clique)["metadata"]["resourceVersion"])
+        if i == 0:
+            first = last - 1
+    return first, last
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerCost:
+    """The controller's cost over ``rounds`` rounds of ``events_per_round`` membership events each.
+
+    :param cpu_per_event_s: the controller process's CPU (user + system) per event, seconds.
+    :param emulator_cpu_per_event_s: the API emulator's CPU over the same windows, per event, seconds.
+    :param memory_kib: the controller's RSS after the rounds minus its RSS after the imports, KiB.
+    :param peak_kib: its peak RSS (``VmHWM``) minus its RSS after the imports, KiB.
+    :param writes: the controller's writes in the measured rounds (from the emulator's records).
+    """
+
+    mode: str
+    racks: int
+    nodes: int
+    domains: int
+    events: int
+    cpu_per_event_s: float
+    emulator_cpu_per_event_s: float
+    memory_kib: int
+    peak_kib: int
+    writes: int
+
+
+def measure_controller(fleet: Fleet, domains: Sequence[FleetDomain], mode: str, *, events_per_round: int = 36,
+                       rounds: int = 3, seed: int = 14, timeout_s: float = 900.0) -> ControllerCost:
+    """Run the controller probe (:mod:`bench.controllerprobe`, ``mode`` ``nvidia`` or ``dradriver``) against
+    the fleet: a warm-up round, then ``rounds`` times ``events_per_round`` events followed by one round.
+
+    :raises RuntimeError: the probe failed or did not answer (its stderr in the message).
+    """
+    import json
+    import os
+    import subprocess
+    import sys
+
+    if fleet._kubeconfig is None:
+        raise RuntimeError("the fleet is not started")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-m", "bench.controllerprobe", fleet._kubeconfig, fleet.namespace, mode],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=root)
+    assert proc.stdin is not None and proc.stdout is not None
+
+    def answer() -> dict[str, float]:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line:
+            proc.wait(timeout=timeout_s)
+            assert proc.stderr is not None
+            raise RuntimeError(f"controller probe {mode} exited {proc.returncode}: {proc.stderr.read()[-2000:]}")
+        return dict(json.loads(line))
+
+    rng = random.Random(seed)
+    try:
+        ready = answer()
+        cpu = emulator = 0.0
+        writes = 0
+        last: dict[str, float] = {}
+        for _ in range(rounds):
+            since, until = flip_entries(fleet, domains, events_per_round, rng)
+            fleet.api.clear_requests()
+            before = time.process_time()
+            proc.stdin.write(f"go {since} {until}\n")
+            proc.stdin.flush()
+            last = answer()
+            emulator += time.process_time() - before
+            cpu += last["cpu_s"]
+            counts = count_writes(fleet.api.requests, CONTROLLER_AGENT).get("", WriteCounts(0, 0, 0, 0))
+            writes += counts.membership_writes + counts.label_writes
+        proc.stdin.write("quit\n")
+        proc.stdin.flush()
+        proc.wait(timeout=timeout_s)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    events = events_per_round * rounds
+    return ControllerCost(mode, len({n.rack for n in fleet.nodes}), len(fleet.nodes), len(domains), events,
+                          cpu / events, emulator / events, int(last["rss_kib"] - ready["imports_kib"]),
+                          int(last["hwm_kib"] - ready["imports_kib"]), writes)
