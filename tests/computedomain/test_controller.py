@@ -4,8 +4,6 @@ clique objects, deletion in NVIDIA's order leaving nothing behind, the stale swe
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import kubernetes
@@ -26,35 +24,15 @@ from tests.computedomain.controller_helpers import (
     DRIVER_NS,
     GROUP,
     VERSION,
-    client_for,
     clique_object,
     compute_domain,
     daemon_pod,
-    emulator,
     entry,
     nvidia_compute_domain,
     running,
     settings,
     wait_for,
 )
-
-
-@pytest.fixture
-def api(tmp_path: Path) -> Iterator[ApiServerEmulator]:
-    server = emulator(tmp_path)
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def client(api: ApiServerEmulator, tmp_path: Path) -> Iterator[KubeClient]:
-    kube = client_for(api, tmp_path)
-    try:
-        yield kube
-    finally:
-        kube.close()
 
 
 def _controller(client: KubeClient, **kw: Any) -> ComputeDomainController:

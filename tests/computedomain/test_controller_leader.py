@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,32 +27,12 @@ from tests.computedomain.controller_helpers import (
     GROUP,
     IMAGE,
     VERSION,
-    client_for,
     compute_domain,
-    emulator,
     wait_for,
 )
 
 REPO = Path(__file__).resolve().parents[2]
 LEASE = "dradriver-compute-domain-controller"
-
-
-@pytest.fixture
-def api(tmp_path: Path) -> Iterator[ApiServerEmulator]:
-    server = emulator(tmp_path)
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def client(api: ApiServerEmulator, tmp_path: Path) -> Iterator[KubeClient]:
-    kube = client_for(api, tmp_path)
-    try:
-        yield kube
-    finally:
-        kube.close()
 
 
 class FakeClock:

@@ -5,7 +5,6 @@ runs against it over real HTTP."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -44,9 +43,7 @@ from tests.computedomain.cdplugin_helpers import (
 from tests.computedomain.controller_helpers import (
     GROUP,
     VERSION,
-    client_for,
     compute_domain,
-    emulator,
     settings,
 )
 
@@ -191,24 +188,6 @@ def test_choose_channel_skips_zero_and_fills_gaps() -> None:
 
 
 # -- controller --------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def api(tmp_path: Path) -> Iterator[ApiServerEmulator]:
-    server = emulator(tmp_path)
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def client(api: ApiServerEmulator, tmp_path: Path) -> Iterator[KubeClient]:
-    kube = client_for(api, tmp_path)
-    try:
-        yield kube
-    finally:
-        kube.close()
 
 
 def _controller(client: KubeClient) -> ComputeDomainController:

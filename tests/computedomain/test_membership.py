@@ -14,8 +14,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from dradriver.app.cdcontroller import ComputeDomainController
 from dradriver.app.cddaemon import DaemonSettings, Membership
 from dradriver.domain.computedomains import (
@@ -34,11 +32,9 @@ from tests.computedomain.controller_helpers import (
     DRIVER_NS,
     GROUP,
     VERSION,
-    client_for,
     clique_object,
     compute_domain,
     daemon_pod,
-    emulator,
     entry,
     running,
     settings,
@@ -46,24 +42,6 @@ from tests.computedomain.controller_helpers import (
 )
 
 NODES = ("node-a", "node-b", "node-c")
-
-
-@pytest.fixture
-def api(tmp_path: Path) -> Iterator[ApiServerEmulator]:
-    server = emulator(tmp_path)
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def client(api: ApiServerEmulator, tmp_path: Path) -> Iterator[KubeClient]:
-    kube = client_for(api, tmp_path)
-    try:
-        yield kube
-    finally:
-        kube.close()
 
 
 def _controller(client: KubeClient, **kw: Any) -> ComputeDomainController:
