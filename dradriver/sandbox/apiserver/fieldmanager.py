@@ -562,13 +562,12 @@ def shape_of(schema: Mapping[str, Any] | None) -> Shape:
     return Shape(schema, "", root=True)
 
 
-def check_apply_params(params: Mapping[str, str], content_type: str) -> tuple[str, bool]:
+def check_apply_params(params: Mapping[str, str]) -> tuple[str, bool]:
     """``(field manager, force)`` of an apply request.
 
-    :raises ApiStatusError: 400 without ``fieldManager`` or with a bad ``force``.
+    :raises ApiStatusError: 400 without ``fieldManager``, with a bad one, or with a bad ``force``.
     """
-    manager = params.get("fieldManager")
-    if not manager:
+    if not params.get("fieldManager"):
         raise bad_request('PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: is required '
                           "for apply patch")
     force = params.get("force", "false")

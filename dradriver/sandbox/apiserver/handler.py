@@ -266,7 +266,8 @@ def serve_resource(
             return 201, storage.create(rt, ns, data, keep_status=False, manage=manage if tracked else None)
         assert name is not None
         if verb in ("update", "patch"):
-            fieldmanager.refuse_force(params) if verb == "patch" else None
+            if verb == "patch":
+                fieldmanager.refuse_force(params)
             stored = storage.existing(rt, ns, name)
             tracked = tracked or bool(stored["metadata"].get("managedFields"))
         if verb == "update":
@@ -297,7 +298,7 @@ def _apply(storage: Storage, route: Route, params: Mapping[str, str], data: Any)
     """
     rt, ns, name = route.rt, route.namespace, route.name
     assert name is not None
-    manager, force = fieldmanager.check_apply_params(params, fieldmanager.APPLY_PATCH)
+    manager, force = fieldmanager.check_apply_params(params)
     if not isinstance(data, dict):
         raise bad_request("the apply configuration must be an object")
     if data.get("apiVersion", rt.api_version) != rt.api_version or data.get("kind", rt.kind) != rt.kind:
