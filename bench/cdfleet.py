@@ -274,18 +274,26 @@ class NvidiaMembership:
 
 @dataclass
 class _DradriverDaemon:
-    """The real daemon round :meth:`dradriver.app.cddaemon.Membership.step` (one clique GET; one server-side
-    apply of the own entry when it differs); the own mapping is known once the controller's index arrived."""
+    """The real daemon round :meth:`dradriver.app.cddaemon.Membership.step` (the first: one server-side apply of
+    the own entry, no read; later: one clique GET every 1 s, an apply only when the entry differs) until the own
+    mapping is known (the controller's index arrived); then the daemon has nothing left to write for the join
+    (the controller copies the pod's Ready condition into the entry) and the bench steps it no more: its
+    steady-state reads (one GET of the clique a second) are not part of the join."""
 
     membership: Any  # dradriver.app.cddaemon.Membership
     poll_interval_s: float
 
+    known: bool = False
+
     def step(self, status: str) -> bool:
-        mapping, _ = self.membership.step(status)
-        return bool(self.membership.settings.pod_ip in mapping.values())
+        if self.known:  # joined: its entry's status is the controller's (the pod's Ready condition), nothing to send
+            return True
+        mapping, _ = self.membership.step()
+        self.known = self.membership.settings.pod_ip in mapping.values()
+        return self.known
 
     def poll_s(self, timing: Timing) -> float | None:
-        return timing.s(self.poll_interval_s)
+        return None if self.known else timing.s(self.poll_interval_s)
 
 
 class DradriverMembership:
@@ -394,7 +402,7 @@ class NodeAgent:
                 raise RuntimeError(f"node {self.node.name} is labelled for ComputeDomain {current}")
             self._labelled = True
         _, entry = lookup.daemon_entry(self.cd_uid, self.node.clique_id)
-        return entry is not None and entry.status == cd.STATUS_READY
+        return entry is not None and entry.member and entry.status == cd.STATUS_READY
 
     def _identity(self) -> DaemonIdentity:
         assert self.pod is not None

@@ -29,11 +29,12 @@ pods of the driver namespace mark the owning domain; a worker runs one pass per 
 patch (:func:`membership_operations`: remove the items of nodes without a daemon pod; clear the daemon-owned
 fields of nodes that stopped answering -- Lease in ``kube-node-lease`` older than ``node_grace_s`` or Node
 ``Ready`` False/Unknown -- keeping their ``index``) and at most one server-side apply under
-:data:`CONTROLLER_FIELD_MANAGER` of ``{nodeName, index}`` for every item
-(:func:`~dradriver.domain.imex.assign_indexes`: lowest free, never moved), then the domain's status is written
-if it changed. A node check every ``node_check_s`` marks the domains with a member on a node that stopped
-answering. Nothing is read-modify-written: the patch is guarded by ``test`` operations, the apply cannot
-conflict.
+:data:`CONTROLLER_FIELD_MANAGER` of ``{nodeName, index, status}`` for every item
+(:func:`~dradriver.domain.imex.assign_indexes`: lowest free, never moved; :func:`entry_statuses`: a member's
+``status`` mirrors its daemon pod's Ready condition, so a daemon writes its entry once per pod), then the domain's
+status is written if it changed (a merge patch without ``resourceVersion``: the controller is its only writer).
+A node check every ``node_check_s`` marks the domains with a member on a node that stopped answering. Nothing
+is read-modify-written: the patch is guarded by ``test`` operations, the apply cannot conflict.
 
 Status: per domain, the daemon pods (label ``resource.nvidia.com/computeDomain=<uid>`` in the driver
 namespace) and ComputeDomainCliques; clique entries whose node runs no daemon pod of the domain are pruned;
@@ -91,7 +92,7 @@ from dradriver.kube.client import JSONDict, KubeClient
 from dradriver.kube.deployments import list_pods
 
 __all__ = ["CONTROLLER_FIELD_MANAGER", "ComputeDomainController", "ControllerConfig", "ReconcileRetry", "WorkQueue",
-           "membership_operations", "node_entries", "run_controller"]
+           "entry_statuses", "membership_operations", "node_entries", "run_controller"]
 
 log = logging.getLogger(__name__)
 
@@ -218,6 +219,25 @@ def node_entries(cd: ComputeDomain, pods: Iterable[Mapping[str, Any]], cliques: 
                 entries[node_name] = CliqueDaemon(node_name=node_name, ip_address=ip, clique_id="", index=-1,
                                                   status=STATUS_READY if _pod_ready(pod) else STATUS_NOT_READY)
     return [entries[name] for name in sorted(entries)]
+
+
+def entry_statuses(items: Iterable[CliqueDaemon], pods: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """The ``status`` of each member entry (one with an ``ipAddress``), by node name: ``Ready`` iff the
+    domain's daemon pod on that node with that IP is Ready and not being deleted, else ``NotReady``.
+
+    The controller writes it, not the daemon: a daemon pod's Ready condition is its IMEX daemon's readiness (the
+    startup and readiness probes run ``compute-domain-daemon check``), which NVIDIA's daemon copies into its own
+    entry from its pod informer (one more write per daemon and flip, ``nvidia-dra-driver-updates.md`` 2c); the
+    controller sees the same condition through its pod watch and batches it with the indexes, one apply per
+    clique. A reservation (no ``ipAddress``: a departed or failed node) gets no status."""
+    ready: dict[tuple[str, str], bool] = {}
+    for pod in pods:
+        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        key = (str((pod.get("spec") or {}).get("nodeName") or ""), str((pod.get("status") or {}).get("podIP") or ""))
+        ready[key] = ready.get(key, False) or _pod_ready(pod)
+    return {d.node_name: STATUS_READY if ready.get((d.node_name, d.ip_address)) else STATUS_NOT_READY
+            for d in items if d.member}
 
 
 def membership_operations(clique: Mapping[str, Any], *, keep_nodes: set[str],
@@ -791,7 +811,8 @@ class ComputeDomainController:
         if wanted == status:
             return
         obj["status"] = wanted
-        kcd.update_compute_domain_status(self.client, obj)
+        kcd.patch_compute_domain_status(self.client, cd.namespace, cd.name, wanted,
+                                        removed=[key for key in status if key not in wanted])
         self.status_writes += 1
         if wanted.get("status") != status.get("status"):
             log.info("ComputeDomain %s/%s (uid %s): status %s", cd.namespace, cd.name, cd.uid, wanted["status"])
@@ -826,20 +847,27 @@ class ComputeDomainController:
             clique = out
         items = [CliqueDaemon.from_entry(d) for d in clique.get("daemons") or ()]
         assigned = assign_indexes(items, self.settings.max_nodes_per_imex_domain)
-        if all(assigned.get(d.node_name, d.index) == d.index for d in items):
+        statuses = entry_statuses(items, pods)
+        if all(assigned.get(d.node_name, d.index) == d.index and statuses.get(d.node_name, d.status) == d.status
+               for d in items):
             return clique
         labels = (clique["metadata"].get("labels") or {})
         body = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomainClique",
                 "metadata": {"name": name, "namespace": ns,
                              "labels": {k: labels[k] for k in (LABEL_COMPUTE_DOMAIN, LABEL_CLIQUE_ID) if k in labels}},
-                "daemons": [{"nodeName": node, "index": index} for node, index in sorted(assigned.items())]}
+                "daemons": [{"nodeName": d.node_name,
+                             **({"index": assigned[d.node_name]} if d.node_name in assigned else {}),
+                             **({"status": statuses[d.node_name]} if d.node_name in statuses else {})}
+                            for d in sorted(items, key=lambda d: d.node_name)]}
         try:
             out = kcd.apply_clique(self.client, ns, name, body, field_manager=CONTROLLER_FIELD_MANAGER, force=True)
         except errors.KubeNotFoundError:
             return None
         self.index_applies += 1
         new = {d.node_name: index for d in items if (index := assigned.get(d.node_name, d.index)) != d.index}
-        log.info("ComputeDomainClique %s/%s: assigned indexes %s", ns, name, new)
+        flipped = {d.node_name: st for d in items if (st := statuses.get(d.node_name, d.status)) != d.status}
+        log.info("ComputeDomainClique %s/%s: assigned indexes %s, statuses %s", ns, name, new or "none",
+                 flipped or "unchanged")
         return out
 
     # -- stale sweep --------------------------------------------------------------------------------------------

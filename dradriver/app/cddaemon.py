@@ -8,21 +8,23 @@ run|check``).
    no clique); with no clique, idle until SIGTERM;
 3. render ``<imexd>/imexd.cfg`` from ``<imexd>/imexd.cfg.tmpl`` (pod IP, ``nodes.cfg`` path) and the static
    ``nodes.cfg`` of per-domain DNS names;
-4. loop every ``poll_interval_s``: read its own Pod's Ready condition and its ComputeDomainClique
-   ``<cdUID>.<cliqueID>`` (one GET each); when the clique lacks this daemon's entry as it should be, send one
+4. apply its entry at once, then loop every ``poll_interval_s``: read its ComputeDomainClique
+   ``<cdUID>.<cliqueID>`` (one GET); when the clique lacks this daemon's entry as it should be, send one
    server-side apply (field manager ``compute-domain-daemon/<nodeName>``) of its own ``daemons`` item
-   ``{nodeName, ipAddress, cliqueID, status}``, the clique's labels (7.1) and its Pod as an owner reference --
-   so a daemon writes its entry at join (``NotReady``), at Ready, and at each later status flip, and never
-   conflicts with another writer; the ``index`` is the controller's (:mod:`dradriver.app.cdcontroller`);
+   ``{nodeName, ipAddress, cliqueID}``, the clique's labels (7.1) and its Pod as an owner reference -- so a
+   daemon writes its entry once per pod (again only after the controller cleared it: node failure) and never
+   conflicts with another writer; the ``index`` and the ``status`` are the controller's
+   (:mod:`dradriver.app.cdcontroller`: ``status`` mirrors this pod's Ready condition, i.e. the probe's
+   ``check``);
    rewrite the hosts file with the name -> IP mapping of the same-clique daemons (an entry without IP or index
    maps to the unused-slot IP); start ``nvidia-imex`` once, and send it SIGUSR1 only when the mapping changes;
 5. on SIGTERM: withdraw its fields (an apply without the item, only if the entry still has this pod's IP),
    stop ``nvidia-imex``. The controller's index reservation stays until the node runs no daemon pod.
 
-API for in-process drivers (the bench; stable): :func:`entry_body`, :func:`apply_entry` ``(client, settings,
-status) -> [CliqueDaemon]``, :func:`read_clique`, :func:`clique_daemons`, :func:`entry_current`,
+API for in-process drivers (the bench; stable): :func:`entry_body`, :func:`apply_entry` ``(client, settings)
+-> [CliqueDaemon]``, :func:`read_clique`, :func:`clique_daemons`, :func:`entry_current`,
 :func:`peer_mapping` ``(settings, daemons) -> {dnsName: ip}``, :func:`withdraw_entry`, and :class:`Membership`
-(``Membership(client, settings).step(status) -> (mapping, changed)``: one daemon round without ``nvidia-imex``;
+(``Membership(client, settings).step() -> (mapping, changed)``: one daemon round without ``nvidia-imex``;
 ``.applied`` counts writes). The controller side: ``ComputeDomainController(client, settings).
 reconcile_membership(uids=None)`` assigns indexes, clears failed nodes and aggregates ``status.nodes`` of the
 domains in one pass (``reconcile_clique(clique, pods)``: one clique without its domain's status;
@@ -33,9 +35,10 @@ domains in one pass (``reconcile_clique(clique, pods)``: one clique without its 
 
 Differences from NVIDIA: NVIDIA's daemon inserts its entry (and picks its index) by read-modify-write of the
 shared clique with conflict retries (ksigs#816: minutes of convergence from conflicts; #1418: index swaps);
-here each daemon applies only its own fields and the controller alone assigns indexes. The clique and the own
-Pod are polled (``poll_interval_s``, default 1 s; reads, not writes) rather than watched through informers
-(NVIDIA: informer events, resync 4 min); only the default gate settings
+here each daemon applies only its own fields, once, and the controller alone assigns indexes and copies each
+daemon pod's Ready condition into its entry (NVIDIA's daemon writes its entry again at every status flip). The
+clique is polled (``poll_interval_s``, default 1 s; reads, not writes) rather than watched through an informer
+(NVIDIA: informer events, resync 4 min), and the own Pod is not read at all; only the default gate settings
 (ComputeDomainCliques and IMEXDaemonsWithDNSNames on) are implemented: the status-nodes and IP-list modes are not.
 """
 
@@ -136,19 +139,20 @@ def _owner(settings: DaemonSettings) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "name": settings.pod_name, "uid": settings.pod_uid}
 
 
-def entry_body(settings: DaemonSettings, status: str | None) -> dict[str, Any]:
+def entry_body(settings: DaemonSettings, member: bool = True) -> dict[str, Any]:
     """The apply body of this daemon: the clique's name, labels (NVIDIA 7.1), its Pod as an owner reference,
-    and its own ``daemons`` item ``{nodeName, ipAddress, cliqueID, status}`` (no ``index``: the controller's);
-    ``status`` None: no item (the daemon withdraws, keeping its owner reference until its Pod is gone)."""
+    and its own ``daemons`` item ``{nodeName, ipAddress, cliqueID}`` (no ``index``, no ``status``: the
+    controller's); ``member`` False: no item (the daemon withdraws, keeping its owner reference until its Pod is
+    gone)."""
     body: dict[str, Any] = {
         "apiVersion": cd.API_GROUP_VERSION, "kind": cd.CLIQUE_KIND,
         "metadata": {"name": settings.clique_name, "namespace": settings.pod_namespace,
                      "labels": {cd.LABEL_COMPUTE_DOMAIN: settings.cd_uid, cd.LABEL_CLIQUE_ID: settings.clique_id},
                      "ownerReferences": [_owner(settings)]},
         "daemons": []}
-    if status is not None:
+    if member:
         body["daemons"] = [{"nodeName": settings.node_name, "ipAddress": settings.pod_ip,
-                            "cliqueID": settings.clique_id, "status": status}]
+                            "cliqueID": settings.clique_id}]
     return body
 
 
@@ -166,29 +170,29 @@ def read_clique(client: KubeClient, settings: DaemonSettings) -> JSONDict | None
     return kube_cd.get_clique(client, settings.pod_namespace, settings.clique_name)
 
 
-def entry_current(obj: Mapping[str, Any] | None, settings: DaemonSettings, status: str) -> bool:
-    """Whether ``obj`` (the clique as read) already holds this daemon's entry with this pod IP, clique ID and
-    ``status``, and its Pod as an owner: then :func:`apply_entry` would change nothing and is not sent."""
+def entry_current(obj: Mapping[str, Any] | None, settings: DaemonSettings) -> bool:
+    """Whether ``obj`` (the clique as read) already holds this daemon's entry with this pod IP and clique ID,
+    and its Pod as an owner: then :func:`apply_entry` would change nothing and is not sent."""
     if obj is None:
         return False
     owners = (obj.get("metadata") or {}).get("ownerReferences") or ()
     if not any(o.get("uid") == settings.pod_uid for o in owners):
         return False
     return any(d.node_name == settings.node_name and d.ip_address == settings.pod_ip
-               and d.clique_id == settings.clique_id and d.status == status for d in clique_daemons(obj))
+               and d.clique_id == settings.clique_id for d in clique_daemons(obj))
 
 
-def apply_entry(client: KubeClient, settings: DaemonSettings, status: str) -> list[CliqueDaemon]:
-    """Server-side apply this daemon's entry with ``status`` (``Ready``/``NotReady``) under
-    :func:`field_manager`, creating the clique when missing; returns the clique's entries after the write.
+def apply_entry(client: KubeClient, settings: DaemonSettings) -> list[CliqueDaemon]:
+    """Server-side apply this daemon's entry under :func:`field_manager`, creating the clique when missing;
+    returns the clique's entries after the write.
 
     One request, no read first, never a conflict: the API merges the item into the ``daemons`` list-map by
-    ``nodeName`` and leaves every other field alone (other daemons' items, the controller's ``index``).
+    ``nodeName`` and leaves every other field alone (other daemons' items, the controller's ``index`` and ``status``).
     ``force``: after the controller cleared this node's fields (node failure), re-applying takes them back.
 
     :raises dradriver.kube.errors.KubeAPIError: after retries.
     """
-    obj = kube_cd.apply_clique(client, settings.pod_namespace, settings.clique_name, entry_body(settings, status),
+    obj = kube_cd.apply_clique(client, settings.pod_namespace, settings.clique_name, entry_body(settings),
                                field_manager=field_manager(settings), force=True)
     return clique_daemons(obj)
 
@@ -205,7 +209,7 @@ def withdraw_entry(client: KubeClient, settings: DaemonSettings) -> bool:
     obj = read_clique(client, settings)
     if not any(d.node_name == settings.node_name and d.ip_address == settings.pod_ip for d in clique_daemons(obj)):
         return False
-    kube_cd.apply_clique(client, settings.pod_namespace, settings.clique_name, entry_body(settings, None),
+    kube_cd.apply_clique(client, settings.pod_namespace, settings.clique_name, entry_body(settings, member=False),
                          field_manager=field_manager(settings), force=True)
     log.info("clique %s/%s: withdrew the entry of node %s (%s)", settings.pod_namespace, settings.clique_name,
              settings.node_name, settings.pod_ip)
@@ -220,9 +224,11 @@ def peer_mapping(settings: DaemonSettings, daemons: Iterable[CliqueDaemon]) -> d
 
 @dataclass
 class Membership:
-    """The daemon's side of membership, usable without ``nvidia-imex`` (the bench drives it in-process): each
-    :meth:`step` reads the clique, applies the entry only when it differs (join ``NotReady``, then ``Ready``,
-    then a later flip), and returns the peer mapping and whether it changed since the previous step.
+    """The daemon's side of membership, usable without ``nvidia-imex`` (the bench drives it in-process): the
+    first :meth:`step` applies the entry without reading first (the apply answers with the clique); each later
+    one reads the clique and applies again only when the entry is missing or differs (the controller cleared it
+    after a node failure, or the clique was recreated); it returns the peer mapping and whether it changed since
+    the previous step.
 
     :param applied: the apply requests sent so far.
     """
@@ -232,21 +238,21 @@ class Membership:
     mapping: dict[str, str] | None = None
     applied: int = 0
 
-    def step(self, status: str) -> tuple[dict[str, str], bool]:
-        """One round with the daemon's current ``status``.
+    def step(self) -> tuple[dict[str, str], bool]:
+        """One round.
 
         :returns: (mapping, changed): ``changed`` is False on the first round (nothing to reload yet).
         :raises dradriver.kube.errors.KubeAPIError: after retries.
         """
-        obj = read_clique(self.client, self.settings)
-        if entry_current(obj, self.settings, status):
+        obj = None if self.applied == 0 else read_clique(self.client, self.settings)
+        if entry_current(obj, self.settings):
             daemons = clique_daemons(obj)
         else:
-            daemons = apply_entry(self.client, self.settings, status)
+            daemons = apply_entry(self.client, self.settings)
             self.applied += 1
             mine = next((d for d in daemons if d.node_name == self.settings.node_name), None)
-            log.info("clique %s/%s: applied the entry of node %s (%s, %s, index %s)", self.settings.pod_namespace,
-                     self.settings.clique_name, self.settings.node_name, self.settings.pod_ip, status,
+            log.info("clique %s/%s: applied the entry of node %s (%s, index %s)", self.settings.pod_namespace,
+                     self.settings.clique_name, self.settings.node_name, self.settings.pod_ip,
                      "pending" if mine is None or mine.index < 0 else mine.index)
         new = peer_mapping(self.settings, daemons)
         changed = self.mapping is not None and imex.membership_change(self.mapping, new).changed
@@ -294,9 +300,8 @@ def run_daemon(settings: DaemonSettings, client: KubeClient, stop: threading.Eve
     try:
         while not stop.is_set():
             try:
-                ready = pods.pod_ready(pods.get_pod(client, settings.pod_namespace, settings.pod_name))
                 before = membership.mapping
-                new, changed = membership.step(cd.STATUS_READY if ready else cd.STATUS_NOT_READY)
+                new, changed = membership.step()
             except kube_errors.KubeAPIError as exc:
                 log.warning("cannot read or apply the clique entry: %s", exc)
                 stop.wait(settings.poll_interval_s)

@@ -10,7 +10,7 @@ Names and labels: :mod:`dradriver.domain.computedomains`.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from dradriver.domain.computedomains import API_GROUP, API_VERSION, CLIQUE_PLURAL, COMPUTE_DOMAIN_PLURAL
@@ -20,12 +20,14 @@ from dradriver.kube.client import JSONDict, KubeClient
 APPLY_PATCH = "application/apply-patch+yaml"
 """Server-side apply (Kubernetes "Server-Side Apply"; JSON is valid YAML, so the body is the object's JSON)."""
 JSON_PATCH = "application/json-patch+json"
+MERGE_PATCH = "application/merge-patch+json"
 """RFC 6902 JSON patch: a ``test`` operation makes it conditional on a value, not on the whole object."""
 NODE_LEASE_NAMESPACE = "kube-node-lease"
 
 __all__ = [
     "APPLY_PATCH",
     "JSON_PATCH",
+    "MERGE_PATCH",
     "apply_clique",
     "create_clique",
     "delete_clique",
@@ -36,6 +38,7 @@ __all__ = [
     "list_compute_domains",
     "list_node_leases",
     "patch_clique",
+    "patch_compute_domain_status",
     "set_node_label",
     "update_clique",
     "update_compute_domain",
@@ -104,6 +107,25 @@ def update_compute_domain_status(client: KubeClient, obj: Mapping[str, Any]) -> 
     return client.call(f"PUT computedomains/status {meta['namespace']}/{meta['name']}",
                        client.custom.replace_namespaced_custom_object_status, API_GROUP, API_VERSION,
                        meta["namespace"], COMPUTE_DOMAIN_PLURAL, meta["name"], dict(obj))
+
+
+def patch_compute_domain_status(client: KubeClient, namespace: str, name: str, status: Mapping[str, Any],
+                                removed: Iterable[str] = ()) -> JSONDict | None:
+    """``PATCH .../status`` of a ComputeDomain with a JSON merge patch (RFC 7386) setting ``status`` to
+    ``status`` (its lists replaced whole, ``removed`` keys deleted), with no ``resourceVersion``: the
+    controller is the only writer of a domain's status and computes it from one fresh read of its members, so a
+    write never waits on a conflict (issue 14: NVIDIA's RV-guarded status updates answer 409 under churn).
+
+    :returns: the domain after the patch; ``None`` when it no longer exists.
+    :raises errors.KubeAPIError: any other failure, after retries.
+    """
+    body = {"status": {**{key: None for key in removed}, **dict(status)}}
+    try:
+        return client.call(f"PATCH computedomains/status {namespace}/{name}",
+                           client.custom.patch_namespaced_custom_object_status, API_GROUP, API_VERSION, namespace,
+                           COMPUTE_DOMAIN_PLURAL, name, body, _content_type=MERGE_PATCH)
+    except errors.KubeNotFoundError:
+        return None
 
 
 def get_clique(client: KubeClient, namespace: str, name: str) -> JSONDict | None:

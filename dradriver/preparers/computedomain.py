@@ -336,10 +336,12 @@ class ChannelPreparer:
         data["label"] = True
         if clique:
             clique_name, entry = self.lookup.daemon_entry(uid, clique)
-            if entry is None or entry.status != STATUS_READY:
+            if entry is None or not entry.member or entry.status != STATUS_READY:
                 with self._pending_lock:
                     self._pending[claim.uid] = uid
-                seen = "no entry for this node" if entry is None else f"status {entry.status}"
+                seen = ("no entry for this node" if entry is None else
+                        "the entry has no ipAddress (its daemon withdrew or its node was cleared)"
+                        if not entry.member else f"status {entry.status or 'not set yet'}")
                 raise NotReadyYet(claim, f"the IMEX daemon of ComputeDomain {namespace}/{name} on node "
                                          f"{self.lookup.node_name} is not Ready yet (ComputeDomainClique "
                                          f"{self.lookup.namespace}/{clique_name}: {seen})")

@@ -109,16 +109,19 @@ def test_global_status_follows_the_cliques(api: ApiServerEmulator, client: KubeC
         uid = _create(client, compute_domain("cd2", num_nodes=2))["metadata"]["uid"]
         wait_for(lambda: _status(api, "cd2").get("status") == "NotReady", "NotReady with no daemon")
         daemon_pod(api, uid, "node-a", "10.0.0.1")
-        daemon_pod(api, uid, "node-b", "10.0.0.2")
-        api.create(clique_object(uid, [entry("node-a", "10.0.0.1", 0), entry("node-b", "10.0.0.2", 1, "NotReady")]))
-        nodes = wait_for(lambda: _status(api, "cd2").get("nodes"), "status.nodes")
+        b_pod = daemon_pod(api, uid, "node-b", "10.0.0.2", ready=False)
+        # an entry's status is the controller's copy of its daemon pod's Ready condition: node-b's "Ready" (as an
+        # older daemon would have written it) is corrected to its pod's NotReady
+        api.create(clique_object(uid, [entry("node-a", "10.0.0.1", 0), entry("node-b", "10.0.0.2", 1, "Ready")]))
+        nodes = wait_for(lambda: (n := _status(api, "cd2").get("nodes")) and n[-1]["status"] == "NotReady" and n,
+                         "status.nodes")
         assert [(n["name"], n["index"], n["status"]) for n in nodes] == [("node-a", 0, "Ready"),
                                                                          ("node-b", 1, "NotReady")]
         assert _status(api, "cd2")["status"] == "NotReady"
         clique = api.get("ComputeDomainClique", f"{uid}.abc9829a-0000-4000-8000-000000000001.2", DRIVER_NS)
-        assert clique is not None
-        clique["daemons"][1]["status"] = "Ready"
-        api.update(clique)
+        assert clique is not None and [d["status"] for d in clique["daemons"]] == ["Ready", "NotReady"]
+        b_pod["status"]["conditions"] = [{"type": "Ready", "status": "True"}]  # node-b's probe passes
+        api.update(b_pod, subresource="status")
         wait_for(lambda: _status(api, "cd2").get("status") == "Ready", "Ready with two Ready daemons")
         # node-b's daemon pod goes away: its clique entry is pruned; numNodes (2) is advisory (elastic domains), so
         # the one Ready member left keeps the domain Ready

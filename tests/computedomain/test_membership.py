@@ -55,13 +55,15 @@ def _create(client: KubeClient, name: str) -> str:
     return str(obj["metadata"]["uid"])
 
 
-def _daemon(api: ApiServerEmulator, client: KubeClient, uid: str, node: str, tmp_path: Path) -> Membership:
-    """A daemon pod of ``uid`` on ``node`` (a fresh pod: new UID and IP, as after a restart) and its membership."""
+def _daemon(api: ApiServerEmulator, client: KubeClient, uid: str, node: str, tmp_path: Path, *,
+            ready: bool = True) -> Membership:
+    """A daemon pod of ``uid`` on ``node`` (a fresh pod: new UID and IP, as after a restart; Ready or not) and
+    its membership."""
     name = f"computedomain-daemon-{uid[:8]}-{node}"
     if api.get("Pod", name, DRIVER_NS) is not None:
         api.delete("Pod", name, DRIVER_NS)
     ip = f"10.{NODES.index(node) + 1}.{secrets.randbelow(250) + 1}.{secrets.randbelow(250) + 1}"
-    pod = daemon_pod(api, uid, node, ip)
+    pod = daemon_pod(api, uid, node, ip, ready=ready)
     config = DaemonSettings(clique_id=CLIQUE, cd_uid=uid, cd_name="", cd_namespace="default", node_name=node,
                             pod_ip=ip, pod_uid=pod["metadata"]["uid"], pod_name=name, pod_namespace=DRIVER_NS,
                             max_nodes=4, imexd_dir=tmp_path)
@@ -86,9 +88,9 @@ def _indexes(api: ApiServerEmulator, uid: str) -> dict[str, int]:
     return {d["nodeName"]: d["index"] for d in clique.get("daemons") or () if "index" in d}
 
 
-def _converge(daemons: list[Membership], status: str) -> None:
+def _converge(daemons: list[Membership]) -> None:
     """Step every daemon in parallel threads (their writes race, as daemons on different nodes do)."""
-    threads = [threading.Thread(target=m.step, args=(status,)) for m in daemons]
+    threads = [threading.Thread(target=m.step) for m in daemons]
     for t in threads:
         t.start()
     for t in threads:
@@ -96,7 +98,7 @@ def _converge(daemons: list[Membership], status: str) -> None:
 
 
 def _ready(api: ApiServerEmulator, name: str, uid: str, daemons: list[Membership]) -> bool:
-    _converge(daemons, STATUS_READY)
+    _converge(daemons)
     status = _status(api, name)
     nodes = status.get("nodes") or []
     return (status.get("status") == STATUS_READY and len(nodes) == len(daemons)
@@ -105,19 +107,45 @@ def _ready(api: ApiServerEmulator, name: str, uid: str, daemons: list[Membership
                                                              for m in daemons))
 
 
-def test_daemons_join_with_controller_indexes_and_write_only_join_and_ready(api: ApiServerEmulator,
-                                                                           client: KubeClient,
-                                                                           tmp_path: Path) -> None:
+def _set_ready(api: ApiServerEmulator, pod_name: str, ready: bool) -> None:
+    """The kubelet's status update after the daemon pod's probe passed (or failed)."""
+    pod = api.get("Pod", pod_name, DRIVER_NS)
+    assert pod is not None
+    pod["status"]["conditions"] = [{"type": "Ready", "status": "True" if ready else "False"}]
+    api.update(pod, subresource="status")
+
+
+def _entry_statuses(api: ApiServerEmulator, uid: str) -> dict[str, str]:
+    clique = _clique(api, uid) or {}
+    return {d["nodeName"]: d.get("status", "") for d in clique.get("daemons") or ()}
+
+
+def test_daemons_join_once_and_the_controller_writes_indexes_and_pod_readiness(api: ApiServerEmulator,
+                                                                              client: KubeClient,
+                                                                              tmp_path: Path) -> None:
     with running(_controller(client)):
         uid = _create(client, "cd1")
-        daemons = [_daemon(api, client, uid, node, tmp_path) for node in NODES]
-        _converge(daemons, STATUS_NOT_READY)
+        daemons = [_daemon(api, client, uid, node, tmp_path, ready=False) for node in NODES]
+        _converge(daemons)
         wait_for(lambda: len(_indexes(api, uid)) == 3, "the controller's indexes")
         assert sorted(_indexes(api, uid).values()) == [0, 1, 2]
+        wait_for(lambda: _entry_statuses(api, uid) == dict.fromkeys(NODES, STATUS_NOT_READY), "entries NotReady")
+        wait_for(lambda: _status(api, "cd1").get("status") == STATUS_NOT_READY, "cd1 NotReady")
+        for m in daemons:  # the probes pass: the kubelet turns each pod Ready; the daemons write nothing
+            _set_ready(api, m.settings.pod_name, True)
         wait_for(lambda: _ready(api, "cd1", uid, daemons), "cd1 Ready")
+        assert _entry_statuses(api, uid) == dict.fromkeys(NODES, STATUS_READY)
+        _set_ready(api, daemons[1].settings.pod_name, False)  # node-b's IMEX daemon stops answering its probe
+        wait_for(lambda: _entry_statuses(api, uid)["node-b"] == STATUS_NOT_READY
+                 and _status(api, "cd1").get("status") == STATUS_NOT_READY, "node-b NotReady")
+        _set_ready(api, daemons[1].settings.pod_name, True)
+        wait_for(lambda: _ready(api, "cd1", uid, daemons), "cd1 Ready again")
         for m in daemons:
-            m.step(STATUS_READY)  # nothing changed: reads only
-        assert [m.applied for m in daemons] == [2, 2, 2]  # join (NotReady), Ready
+            m.step()  # nothing changed: reads only
+        assert [m.applied for m in daemons] == [1, 1, 1]  # the join only: the controller writes the status
+        managers = {m["manager"]: m["operation"] for m in (_clique(api, uid) or {})["metadata"]["managedFields"]}
+        assert managers == {**{f"compute-domain-daemon/{n}": "Apply" for n in NODES},
+                            "compute-domain-controller": "Apply"}
         # every daemon maps every peer's index to its IP
         for m in daemons:
             assert m.mapping is not None
@@ -134,7 +162,7 @@ def test_churn_leaves_nothing_behind_and_never_gives_an_index_twice(api: ApiServ
             fleets = {name: [_daemon(api, client, uid, node, tmp_path) for node in NODES]
                       for name, uid in uids.items()}
             for fleet in fleets.values():
-                _converge(fleet, STATUS_NOT_READY)
+                _converge(fleet)
             for name, uid in uids.items():  # daemons restart mid-convergence: new pod, new IP, same node
                 fleets[name][1] = _daemon(api, client, uid, NODES[1], tmp_path)
             for name, uid in uids.items():
@@ -229,7 +257,7 @@ def test_a_healed_node_returns_with_the_same_index_and_name(api: ApiServerEmulat
         peers = [daemons[0], daemons[2]]
 
         def peers_dropped_b() -> bool:
-            _converge(peers, STATUS_READY)
+            _converge(peers)
             return all(m.mapping is not None and m.mapping[b_name] == UNUSED_SLOT_IP for m in peers)
 
         wait_for(peers_dropped_b, "node-b gone from its peers' mapping")
@@ -260,7 +288,7 @@ def test_a_new_leader_finishes_membership_the_old_one_left_converging(api: ApiSe
     try:
         uid = _create(client, "cdl")
         daemons = [_daemon(api, client, uid, node, tmp_path) for node in NODES[:2]]
-        _converge(daemons, STATUS_NOT_READY)
+        _converge(daemons)
         wait_for(lambda: len(_indexes(api, uid)) == 2, "a's indexes")
         before = _indexes(api, uid)
     finally:
@@ -268,7 +296,7 @@ def test_a_new_leader_finishes_membership_the_old_one_left_converging(api: ApiSe
         runner_a.join(timeout=30)
     assert not runner_a.is_alive()
     daemons.append(_daemon(api, client, uid, NODES[2], tmp_path))
-    _converge(daemons, STATUS_NOT_READY)  # joins while nobody leads: no index yet
+    _converge(daemons)  # joins while nobody leads: no index yet
     assert NODES[2] not in _indexes(api, uid)
     runner_b = _elected(client, "controller-b", b, stop_b)
     try:

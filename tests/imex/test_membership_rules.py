@@ -100,20 +100,22 @@ def _settings(tmp_path: Path) -> DaemonSettings:
 def test_the_daemon_applies_only_its_own_fields_and_skips_an_unchanged_entry(tmp_path: Path) -> None:
     settings = _settings(tmp_path)
     assert field_manager(settings) == "compute-domain-daemon/node-a"
-    body = entry_body(settings, STATUS_NOT_READY)
+    body = entry_body(settings)
     assert body["metadata"]["labels"] == {LABEL_COMPUTE_DOMAIN: CD, LABEL_CLIQUE_ID: CLIQUE}
     assert body["metadata"]["ownerReferences"] == [{"apiVersion": "v1", "kind": "Pod", "name": "daemon-a",
                                                     "uid": "pod-uid"}]
-    assert body["daemons"] == [{"nodeName": "node-a", "ipAddress": "10.0.0.7", "cliqueID": CLIQUE,
-                                "status": STATUS_NOT_READY}]  # no index: the controller's
-    assert entry_body(settings, None)["daemons"] == []
-    obj = {**body, "daemons": [{**body["daemons"][0], "index": 2}]}
-    assert entry_current(obj, settings, STATUS_NOT_READY)
-    assert not entry_current(obj, settings, STATUS_READY)  # a status flip is a write
-    assert not entry_current({**obj, "metadata": {**obj["metadata"], "ownerReferences": []}}, settings,
-                             STATUS_NOT_READY)
+    # no index, no status: the controller's (the status mirrors the daemon pod's Ready condition)
+    assert body["daemons"] == [{"nodeName": "node-a", "ipAddress": "10.0.0.7", "cliqueID": CLIQUE}]
+    assert entry_body(settings, member=False)["daemons"] == []
+    obj = {**body, "daemons": [{**body["daemons"][0], "index": 2, "status": STATUS_NOT_READY}]}
+    assert entry_current(obj, settings)
+    flipped = {**obj, "daemons": [{**obj["daemons"][0], "status": STATUS_READY}]}
+    assert entry_current(flipped, settings)  # a status flip is the controller's write, not the daemon's
+    assert not entry_current({**obj, "metadata": {**obj["metadata"], "ownerReferences": []}}, settings)
+    moved = {**obj, "daemons": [{**obj["daemons"][0], "ipAddress": "10.0.0.8"}]}
+    assert not entry_current(moved, settings)  # another pod's IP: this pod applies its own
     cleared = {**obj, "daemons": [{"nodeName": "node-a", "index": 2}]}  # the controller cleared a failed node
-    assert not entry_current(cleared, settings, STATUS_NOT_READY)
+    assert not entry_current(cleared, settings)
 
 
 def test_peer_mapping_puts_reservations_and_unindexed_members_on_the_unused_ip(tmp_path: Path) -> None:
