@@ -164,10 +164,6 @@ def _one_domain(fleet: Fleet, gone: set[str], name: str, nodes: list[FleetNode],
     stop = threading.Event()
     uid = fleet.create_domain(name, num_nodes=len(nodes))
     agents = [NodeAgent(fleet, node, uid, membership, timing, stop) for node in nodes]
-    done = threading.Event()
-    ds = threading.Thread(target=cdfleet.daemonset_loop, args=(fleet, uid, {a.node.name: a for a in agents}, timing,
-                                                               done), daemon=True)
-    ds.start()
 
     def ready() -> bool:
         obj = fleet.api.get("ComputeDomain", name, "default")
@@ -176,15 +172,11 @@ def _one_domain(fleet: Fleet, gone: set[str], name: str, nodes: list[FleetNode],
     def pods_gone() -> bool:
         return not any(owner_of(p) == uid for p in fleet.api.objects("Pod", fleet.namespace))
 
-    try:
-        _run_agents(agents, timeout_s)
-        again = [_restart(fleet, a, rng, timing, stop) for a in rng.sample(agents, min(restarts, len(agents)))]
-        _run_agents(again, timeout_s)
-        _wait(f"ComputeDomain default/{name} not Ready again", ready, timeout_s, period)
-        result.ready_again += 1
-    finally:
-        done.set()
-        ds.join(timeout=10)
+    _run_agents(agents, timeout_s)
+    again = [_restart(fleet, a, rng, timing, stop) for a in rng.sample(agents, min(restarts, len(agents)))]
+    _run_agents(again, timeout_s)
+    _wait(f"ComputeDomain default/{name} not Ready again", ready, timeout_s, period)
+    result.ready_again += 1
     gone.add(uid)
     fleet.api.delete("ComputeDomain", name, "default")
     _wait(f"ComputeDomain default/{name} not gone", lambda: fleet.api.get("ComputeDomain", name, "default") is None,

@@ -11,12 +11,14 @@ What runs (``nvidia-dra-driver-updates.md`` 2c for every step and period):
   :func:`dradriver.kube.computedomains.set_node_label` and the plugin's real readiness lookup
   :meth:`dradriver.preparers.computedomain.DomainLookup.daemon_entry`, retried with the kubelet plugin's per-claim
   backoff 250 ms -> 3 s and its 45 s deadline, after which the kubelet's own retry starts the next call); the IMEX
-  daemon (the membership protocol under test: pod label, clique entry NotReady, then Ready); and the kubelet's
-  prober (IMEX is ready once the daemon's own entry has its index; the startup probe, every 1 s, then passes
-  and the pod turns Ready, written in process like the kubelet's status update, and the daemon hears it at once,
-  as its pod informer would). No ``nvidia-imex`` process runs (2 CPU cores);
-* one DaemonSet emulation thread: a daemon pod (labelled with the domain's UID, owned by nobody: nothing deletes
-  it during a run) is created in process on each node the plugin labelled, as the DaemonSet controller would;
+  daemon (the membership protocol under test: pod label, then the clique entry: NVIDIA's NotReady and Ready
+  writes, dradriver's one apply); and the kubelet's prober (IMEX is ready once the daemon's own entry has its
+  index; the startup probe, every 1 s, then passes and the pod turns Ready, written in process like the kubelet's
+  status update; NVIDIA's daemon hears it at once, as its pod informer would, dradriver's controller through its
+  pod watch). No ``nvidia-imex`` process runs (2 CPU cores);
+* the DaemonSet controller's answer to the plugin's node label: a daemon pod (labelled with the domain's UID,
+  owned by nobody: nothing deletes it during a run) created in process right after the label write, in the
+  node's own thread (:meth:`NodeAgent._daemon_pod`);
 * the controller side of the protocol under test (:class:`Membership.controller`) with its own client
   (``bench-controller``).
 
@@ -64,7 +66,6 @@ __all__ = [
     "Timing",
     "WriteCounts",
     "count_writes",
-    "daemonset_loop",
     "flip_entries",
     "measure_controller",
     "run_domain",
@@ -89,8 +90,6 @@ class Timing:
     :param prepare_deadline_s: one NodePrepareResources call's deadline (45 s); the kubelet then calls again.
     :param controller_start_s: how long the controller runs before the domain is created (its start-up:
         sweep, lists, watches), outside the measured time.
-    :param daemonset_poll_s: how often the emulated DaemonSet controller looks for newly labelled nodes (its
-        informer reacts at once on a real cluster; not scaled).
     """
 
     scale: float = 1.0
@@ -98,7 +97,6 @@ class Timing:
     status_period_s: float = 2.0
     prepare_backoff_s: tuple[float, float] = (0.25, 3.0)
     prepare_deadline_s: float = 45.0
-    daemonset_poll_s: float = 0.05
     controller_start_s: float = 2.0
 
     def __post_init__(self) -> None:
@@ -333,7 +331,7 @@ class NodeAgent:
     stop: threading.Event
     client: KubeClient | None = None  # made here when not given (``User-Agent bench-node/<node>``)
     wake: threading.Event = field(default_factory=threading.Event)
-    pod: JSONDict | None = None  # set by the DaemonSet emulation
+    pod: JSONDict | None = None  # the daemon pod, once the node is labelled
     prepared_at: float | None = None
     prepare_calls: int = 1  # NodePrepareResources calls (a call past its 45 s deadline is followed by another)
     prepare_attempts: int = 0
@@ -401,8 +399,19 @@ class NodeAgent:
             elif current != self.cd_uid:
                 raise RuntimeError(f"node {self.node.name} is labelled for ComputeDomain {current}")
             self._labelled = True
+            self._daemon_pod()
         _, entry = lookup.daemon_entry(self.cd_uid, self.node.clique_id)
         return entry is not None and entry.member and entry.status == cd.STATUS_READY
+
+    def _daemon_pod(self) -> None:
+        """The DaemonSet controller's answer to the label just written: the daemon pod on this node (in
+        process). Its informer hears the write at once; made here, in the node's own thread, the pods of 256
+        nodes are not queued behind one emulated controller thread that the GIL, shared with 256 busy agents,
+        schedules rarely (a single such thread took 14 s to make 256 pods, for both protocols alike)."""
+        if self.pod is None:
+            pod = self.fleet.create_daemon_pod(self.cd_uid, self.node)
+            pod["_started"] = time.monotonic()
+            self.pod = pod
 
     def _identity(self) -> DaemonIdentity:
         assert self.pod is not None
@@ -541,9 +550,6 @@ def run_domain(fleet: Fleet, membership: Membership, timing: Timing, *, name: st
     agents = {n.name: NodeAgent(fleet, n, cd_uid, membership, timing, stop, clients[n.name]) for n in fleet.nodes}
     threads = [threading.Thread(target=a.run, args=(started,), name=f"agent-{a.node.name}", daemon=True)
                for a in agents.values()]
-    daemonset = threading.Thread(target=daemonset_loop, args=(fleet, cd_uid, agents, timing, stop),
-                                 name="bench-daemonset", daemon=True)
-    daemonset.start()
     for t in threads:
         t.start()
     deadline = started + timeout_s
@@ -554,7 +560,6 @@ def run_domain(fleet: Fleet, membership: Membership, timing: Timing, *, name: st
     for a in agents.values():
         a.wake.set()
     controller.join(timeout=30)
-    daemonset.join(timeout=30)
     controller_client.close()
     errors = [a.error for a in agents.values() if a.error]
     if errors:
@@ -582,26 +587,6 @@ def _stages(started: float, agents: Iterable[NodeAgent]) -> dict[str, float]:
           "prepared": [a.prepared_at for a in agents]}
     return {stage: round(max(t for t in times if t is not None) - started, 3) for stage, times in at.items()
             if any(t is not None for t in times)}
-
-
-def daemonset_loop(fleet: Fleet, cd_uid: str, agents: dict[str, NodeAgent], timing: Timing,
-                    stop: threading.Event) -> None:
-    """The DaemonSet controller: a daemon pod on each node that got the domain's label (read in process)."""
-    by_name = {n.name: n for n in fleet.nodes}
-    while not stop.wait(timing.daemonset_poll_s):
-        for name in _labelled_nodes(fleet, cd_uid):
-            agent = agents.get(name)
-            if agent is None or agent.pod is not None:
-                continue
-            pod = fleet.create_daemon_pod(cd_uid, by_name[name])
-            pod["_started"] = time.monotonic()
-            agent.pod = pod
-            agent.wake.set()
-
-
-def _labelled_nodes(fleet: Fleet, cd_uid: str) -> list[str]:
-    return [o["metadata"]["name"] for o in fleet.api.objects("Node")
-            if (o["metadata"].get("labels") or {}).get(cd.LABEL_COMPUTE_DOMAIN) == cd_uid]
 
 
 # -- the fleet scenario: the controller's cost per membership event ------------------------------------------------
