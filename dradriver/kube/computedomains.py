@@ -277,5 +277,5 @@ def set_node_label(client: KubeClient, node: str, key: str, value: str | None, *
             return False
         metadata["resourceVersion"] = (obj.get("metadata") or {}).get("resourceVersion")
     client.call(f"PATCH nodes {node} label {key}", client.core.patch_node, node, {"metadata": metadata},
-                _content_type="application/merge-patch+json")
+                _content_type=MERGE_PATCH)
     return True
