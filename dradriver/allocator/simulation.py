@@ -135,6 +135,23 @@ def load(texts: Iterable[str], sources: Sequence[str] | None = None) -> Inputs:
         objects.extend((obj, source) for obj in _flatten(_parse_yaml(text, source), source))
     if not objects:
         raise InputError(f"no Kubernetes objects in {', '.join(names) or 'the input'} (empty input)")
+    return _read(objects)
+
+
+def load_objects(objects: Iterable[dict[str, Any]], source: str = "<objects>") -> Inputs:
+    """:func:`load` for objects already parsed (API objects as dicts, ``List`` objects flattened), without a
+    YAML round trip: what the sandbox's scheduler hands over from the API emulator. The objects are read, not
+    changed.
+
+    :raises InputError: as :func:`load`, naming ``source``.
+    """
+    pairs = [(obj, source) for item in objects for obj in _flatten([item], source)]
+    if not pairs:
+        raise InputError(f"no Kubernetes objects in {source} (empty input)")
+    return _read(pairs)
+
+
+def _read(objects: list[tuple[dict[str, Any], str]]) -> Inputs:
     inputs = Inputs()
     raw_claims: list[dict[str, Any]] = []
     owners = _controllers(obj for obj, _ in objects)

@@ -30,6 +30,10 @@ def register(subparsers: Any) -> None:
                              "created at prepare and destroyed at unprepare on an H200 node (DynamicMIG gate); "
                              "compute-domain: a ComputeDomain across two nodes of one of two emulated NVL72 racks, "
                              "IMEX daemons and channels, deletion leaving nothing behind")
+    parser.add_argument("--tenants", type=int, default=1,
+                        help="compute-domain only: 1 (default) runs one domain with driver-managed IMEX; 2-4 run that "
+                             "many jobs from as many namespaces on one rack with host-managed IMEX and "
+                             "IMEX_ISOLATION=channel (each its own channel), a node killed mid-run and healed")
     parser.add_argument("--serve", action="store_true",
                         help="stop after publishing and keep the plugin and both emulators running until interrupted")
     parser.set_defaults(func=run)
@@ -80,11 +84,18 @@ def run(args: argparse.Namespace) -> int:
     if args.serve and args.scenario in ("sharing", "dynamic-mig", "compute-domain"):
         print(f"dradriver demo: --serve does not run the {args.scenario} scenario", file=sys.stderr)
         return 2
+    if args.tenants != 1 and args.scenario != "compute-domain":
+        print(f"dradriver demo: --tenants applies to --scenario compute-domain, not {args.scenario}", file=sys.stderr)
+        return 2
     try:
         if args.scenario == "dynamic-mig":
             from dradriver.sandbox import demo_mig
 
             asyncio.run(demo_mig.demo(profile=args.profile, node_name=args.node_name, narrator=narrator))
+        elif args.scenario == "compute-domain" and args.tenants != 1:
+            from dradriver.sandbox import cdtenantsdemo
+
+            cdtenantsdemo.run(narrator, args.tenants)
         elif args.scenario == "compute-domain":
             from dradriver.sandbox import cddemo
 
@@ -100,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"dradriver demo: FAILED: {exc}", file=sys.stderr)
         return 1
     if args.output == "json" and not args.serve:
-        print(json.dumps({"ok": True, "scenario": args.scenario, "profile": args.profile,
+        print(json.dumps({"ok": True, "scenario": args.scenario, "profile": args.profile, "tenants": args.tenants,
                           "seconds": narrator.total_seconds,
                           "steps": narrator.steps}))
     elif args.output == "text":

@@ -32,19 +32,26 @@ CHANNEL0 = "/dev/nvidia-caps-imex-channels/channel0"
 WAIT_S = 120.0
 
 
-def compute_domain(name: str, template: str, *, num_nodes: int, all_channels: bool = False) -> dict[str, Any]:
-    """A ComputeDomain manifest (``resource.nvidia.com/v1beta1``) whose workload template is ``template``."""
+def compute_domain(name: str, template: str, *, num_nodes: int | None, all_channels: bool = False,
+                   namespace: str = NS) -> dict[str, Any]:
+    """A ComputeDomain manifest (``resource.nvidia.com/v1beta1``) whose workload template is ``template``;
+    ``num_nodes`` ``None`` leaves ``spec.numNodes`` out (an elastic domain: the CRD defaults it to 0)."""
     channel: dict[str, Any] = {"resourceClaimTemplate": {"name": template}}
     if all_channels:
         channel["allocationMode"] = cd.ALLOCATION_ALL
+    spec: dict[str, Any] = {"channel": channel}
+    if num_nodes is not None:
+        spec["numNodes"] = num_nodes
     return {"apiVersion": cd.API_GROUP_VERSION, "kind": cd.COMPUTE_DOMAIN_KIND,
-            "metadata": {"name": name, "namespace": NS}, "spec": {"numNodes": num_nodes, "channel": channel}}
+            "metadata": {"name": name, "namespace": namespace}, "spec": spec}
 
 
-def workload_pod(name: str, template: str, *, group: str, rack: int | None = None) -> dict[str, Any]:
+def workload_pod(name: str, template: str, *, group: str, rack: int | None = None, namespace: str = NS,
+                 node: str | None = None) -> dict[str, Any]:
     """A Pod of NVIDIA's ``imex-channel-injection`` shape (one container listing the channel devices, the claim
-    from ``template``), labelled ``job=<group>`` with required anti-affinity on ``kubernetes.io/hostname`` (one
-    per node) and, with ``rack``, the sandbox's rack label as node selector."""
+    from ``template``) in ``namespace``, labelled ``job=<group>`` with required anti-affinity on
+    ``kubernetes.io/hostname`` (one per node); with ``rack`` the sandbox's rack label and with ``node`` the node's
+    hostname label as node selector."""
     spec: dict[str, Any] = {
         "containers": [{"name": "ctr", "image": "ubuntu:22.04", "command": ["bash", "-c"],
                         "args": ["ls -la /dev/nvidia-caps-imex-channels; trap 'exit 0' TERM; sleep 9999 & wait"],
@@ -53,10 +60,12 @@ def workload_pod(name: str, template: str, *, group: str, rack: int | None = Non
         "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
             {"labelSelector": {"matchLabels": {"job": group}}, "topologyKey": HOSTNAME_LABEL}]}},
     }
-    if rack is not None:
-        spec["nodeSelector"] = {RACK_LABEL: str(rack)}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS, "labels": {"job": group}},
-            "spec": spec}
+    selector = {**({RACK_LABEL: str(rack)} if rack is not None else {}),
+                **({HOSTNAME_LABEL: node} if node is not None else {})}
+    if selector:
+        spec["nodeSelector"] = selector
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "labels": {"job": group}}, "spec": spec}
 
 
 def imex_state(cluster: MultiNodeCluster, node_name: str, pod: dict[str, Any], *args: str) -> str:

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -76,9 +77,9 @@ from typing import Any
 import yaml
 
 from dradriver.allocator.allocation import AllocationError
-from dradriver.config import COMPUTE_DOMAIN_PLUGIN_FLAGS, Flag, PluginConfig
+from dradriver.config import CHANNEL_NEEDS_HOST_MANAGED, COMPUTE_DOMAIN_PLUGIN_FLAGS, Flag, PluginConfig
 from dradriver.domain.claims import ClaimRef, ClaimResult
-from dradriver.domain.featuregates import FeatureGates
+from dradriver.domain.featuregates import HOST_MANAGED_IMEX_DAEMON, FeatureGates
 from dradriver.domain.identity import COMPUTE_DOMAIN_DRIVER
 from dradriver.errors import DradriverError
 from dradriver.nvml import mock
@@ -296,6 +297,8 @@ class EmulatedNode:
     plugin: subprocess.Popen[bytes] | None = None
     kubelet: SyncKubeletEmulator | None = None
     runtime: NodeRuntime | None = None
+    host_imex: subprocess.Popen[bytes] | None = None
+    """Host-managed IMEX: the host's own ``nvidia-imex`` (:meth:`MultiNodeCluster.start_host_imex`)."""
     prepared: dict[str, ClaimRef] = field(default_factory=dict)
     """Claim UID -> claim, for the claims prepared on this node."""
     pod_devices: dict[str, CdiEdits] = field(default_factory=dict)
@@ -449,16 +452,26 @@ class MultiNodeCluster:
     :param namespace: the driver namespace (plugins' and controller's ``NAMESPACE``): daemon DaemonSets, their
         templates and the ComputeDomainCliques live there.
     :param lease_renew_s: how often each kubelet renews its node Lease, seconds (a kubelet: 10 s).
+    :param host_imex: host-managed IMEX (``IMEX_MODE=hostManaged``, gate ``HostManagedIMEXDaemon``, for plugins and
+        controller): each node runs the host's own ``nvidia-imex`` (:meth:`start_host_imex`, as its systemd unit
+        would) whose ``nodes.cfg`` lists every node of its rack; no daemon DaemonSets.
+    :param channel_isolation: ``IMEX_ISOLATION=channel`` (needs ``host_imex``): each ComputeDomain its own IMEX
+        channel, so several domains share a node.
     """
 
     def __init__(self, racks: Sequence[int] = (2, 2), *, api: ApiServerEmulator | None = None,
                  time_scale: float = 0.1, interval_s: float = 0.05, say: Callable[[str], None] | None = None,
                  plugin_overrides: Mapping[str, Any] | None = None,
                  fabric: Mapping[int, tuple[int, int]] | None = None, daemon_poll_s: float = 0.2,
-                 namespace: str = SANDBOX_NAMESPACE, lease_renew_s: float = 0.2) -> None:
+                 namespace: str = SANDBOX_NAMESPACE, lease_renew_s: float = 0.2, host_imex: bool = False,
+                 channel_isolation: bool = False) -> None:
         if not racks or any(n < 1 or n > mock.RACK_TRAYS for n in racks) or len(racks) > len(RACK_PROFILES):
             raise MultiNodeError(f"racks must list 1..{len(RACK_PROFILES)} racks of 1..{mock.RACK_TRAYS} nodes, "
                                  f"not {list(racks)}")
+        if channel_isolation and not host_imex:
+            raise MultiNodeError("channel isolation needs host-managed IMEX (host_imex=True): "
+                                 + CHANNEL_NEEDS_HOST_MANAGED)
+        self.host_imex, self.channel_isolation = host_imex, channel_isolation
         self._owns_api = api is None
         self.api = api if api is not None else ApiServerEmulator().start()
         self.time_scale, self.interval_s, self.daemon_poll_s = time_scale, interval_s, daemon_poll_s
@@ -542,7 +555,64 @@ class MultiNodeCluster:
         from dataclasses import replace
 
         config = node.sandbox.config(driver_name=COMPUTE_DOMAIN_DRIVER.driver_name, mock_profile=str(node.profile))
+        if self.host_imex:
+            config = replace(config, imex_mode="hostManaged",
+                             imex_isolation="channel" if self.channel_isolation else "domain",
+                             imex_host_socket_path=str(self.host_imex_socket(node)),
+                             feature_gates=config.feature_gates.with_gates(**{HOST_MANAGED_IMEX_DAEMON: True}))
         return replace(config, **self.plugin_overrides)
+
+    # ------------------------------------------------------------------------------------------ host IMEX
+    @staticmethod
+    def host_imex_socket(node: EmulatedNode) -> Path:
+        """The Unix socket of node ``node``'s host IMEX command service (``IMEX_CMD_UNIX_DOMAIN_PATH``; NVIDIA's
+        host default ``/etc/nvidia-imex/imex_ctrl.sock``), which its plugin's ``nvidia-imex-ctl -q`` asks."""
+        return node.root / "host-imex" / "imex_ctrl.sock"
+
+    def start_host_imex(self, *, timeout_s: float = 60.0) -> None:
+        """Host-managed IMEX: start on each node the host's ``nvidia-imex`` (the stand-in of the node's driver
+        root, as the host's ``nvidia-imex.service`` would run it) with ``<root>/host-imex/config.cfg`` (peers on
+        ``<node ip>:50000``, command service on its Unix socket, :meth:`host_imex_socket`) and a static
+        ``nodes_config.cfg`` listing every node of its rack (one NVL72 rack, one clique: the operator's file);
+        wait until each answers ``nvidia-imex-ctl -q`` with ``READY``.
+
+        :raises MultiNodeError: not a host-managed cluster, a daemon exited, or not ready in ``timeout_s``.
+        """
+        if not self.host_imex:
+            raise MultiNodeError("start_host_imex: this cluster runs driver-managed IMEX (host_imex=False)")
+        for node in self.nodes.values():
+            if node.host_imex is not None and node.host_imex.poll() is None:
+                continue
+            conf = node.root / "host-imex"
+            conf.mkdir(exist_ok=True)
+            (conf / "nodes_config.cfg").write_text("".join(f"{n.ip}\n" for n in self.rack_nodes(node.rack)))
+            (conf / "hosts").write_text(f"127.0.0.1\tlocalhost\n{node.ip}\t{node.name}\n")
+            (conf / "config.cfg").write_text(
+                f"SERVER_PORT=50000\nBIND_INTERFACE_IP={node.ip}\nIMEX_CMD_ENABLED=1\nIMEX_CMD_PORT=50005\n"
+                f"IMEX_CMD_BIND_INTERFACE_IP={node.ip}\nIMEX_CMD_UNIX_DOMAIN_PATH={self.host_imex_socket(node)}\n"
+                f"IMEX_NODE_CONFIG_FILE={conf / 'nodes_config.cfg'}\nLOG_FILE_NAME={conf / 'nvidia-imex.log'}\n")
+            binary = node.sandbox.driver_root / "usr" / "bin" / "nvidia-imex"
+            node.host_imex = subprocess.Popen([str(binary), "-c", str(conf / "config.cfg")],
+                                              env={**os.environ, "DRADRIVER_HOSTS_FILE": str(conf / "hosts")},
+                                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                              stderr=subprocess.DEVNULL, start_new_session=True)
+            self.say(f"node {node.name}: host nvidia-imex started (pid {node.host_imex.pid}), nodes.cfg: rack "
+                     f"{node.rack}")
+        for node in self.nodes.values():
+            self.wait_for(f"node {node.name}: host nvidia-imex READY", functools.partial(self._host_imex_ready, node),
+                          timeout_s=timeout_s)
+
+    def host_imex_state(self, node: EmulatedNode) -> str:
+        """What ``nvidia-imex-ctl -q -u <socket>`` prints for node ``node``'s host IMEX daemon, stripped."""
+        ctl = node.sandbox.driver_root / "usr" / "bin" / "nvidia-imex-ctl"
+        done = subprocess.run([str(ctl), "-q", f"--u={self.host_imex_socket(node)}"], capture_output=True, text=True,
+                              timeout=30, check=False)
+        return done.stdout.strip()
+
+    def _host_imex_ready(self, node: EmulatedNode) -> bool:
+        if node.host_imex is not None and node.host_imex.poll() is not None:
+            raise MultiNodeError(f"node {node.name}: host nvidia-imex exited {node.host_imex.returncode}")
+        return self.host_imex_state(node) == "READY"
 
     def start_plugin(self, name: str, *, extra_env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
         """Start ``dradriver compute-domain-kubelet-plugin`` for node ``name`` (a process of its own, since the
@@ -623,6 +693,10 @@ class MultiNodeCluster:
         first = next(iter(self.nodes.values()))
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "KUBECONFIG": self.kubeconfig, "NAMESPACE": self.namespace,
                "IMAGE_NAME": SANDBOX_IMAGE, "LOG_VERBOSITY_CD_DAEMON": "4", **(extra_env or {})}
+        if self.host_imex:
+            gates = ",".join(g for g in (env.get("FEATURE_GATES", ""), f"{HOST_MANAGED_IMEX_DAEMON}=true") if g)
+            env.update({"IMEX_MODE": "hostManaged", "IMEX_ISOLATION": "channel" if self.channel_isolation else "domain",
+                        "FEATURE_GATES": gates})
         with open(first.root / log_name, "ab") as out:
             proc = subprocess.Popen([sys.executable, "-m", "dradriver", "compute-domain-controller"], env=env,
                                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
@@ -946,6 +1020,8 @@ class MultiNodeCluster:
             pids.append(node.plugin.pid)
         if node.runtime is not None:
             pids += node.runtime.container_pids()
+        if node.host_imex is not None and node.host_imex.poll() is None:
+            pids.append(node.host_imex.pid)
         return pids
 
     def kill_node(self, name: str) -> list[int]:
@@ -1176,6 +1252,14 @@ class MultiNodeCluster:
                 node.runtime.stop()
         for name in list(self.nodes):
             self.stop_plugin(name, timeout_s=10)
+        for node in self.nodes.values():
+            if node.host_imex is not None and node.host_imex.poll() is None:
+                node.host_imex.terminate()
+                try:
+                    node.host_imex.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    node.host_imex.kill()
+                    node.host_imex.wait(timeout=10)
         self._executor.shutdown(wait=False, cancel_futures=True)
         for node in reversed(list(self.nodes.values())):
             if node.kubelet is not None:

@@ -17,8 +17,6 @@ import copy
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import yaml
-
 from dradriver.allocator import simulation
 from dradriver.allocator.allocation import AllocationError
 from dradriver.allocator.extended import class_mapping, plan, unserved_reason
@@ -42,7 +40,10 @@ def allocate(
     """
     wanted = list(claims)
     objects: list[dict[str, Any]] = []
-    objects += api.objects("ResourceSlice")
+    # A pod placed on a node can only get devices that node sees: the other nodes' slices (spec.nodeName set to
+    # another node) cannot be chosen, so they are not handed over (2048 IMEX channels a node make this count).
+    objects += [s for s in api.objects("ResourceSlice")
+                if node_name is None or (s.get("spec") or {}).get("nodeName") in (None, "", node_name)]
     objects += api.objects("DeviceClass")
     objects += api.objects("Node")
     allocated = [c for c in api.objects("ResourceClaim") if (c.get("status") or {}).get("allocation")]
@@ -70,8 +71,7 @@ def allocate(
                 },
             }
             objects.append(pod)
-        text = yaml.safe_dump_all([*objects, *pending])
-        outcome = simulation.simulate(simulation.load([text]))
+        outcome = simulation.simulate(simulation.load_objects([*objects, *pending], "the API emulator"))
         if outcome.failures:
             raise AllocationError("; ".join(outcome.failures))
         by_ref = {(c["metadata"].get("namespace", "default"), c["metadata"]["name"]): c for c in outcome.claims}

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dradriver.allocator.simulation import explain, load, simulate
+from dradriver.allocator.simulation import InputError, explain, load, load_objects, simulate
 from dradriver.cli import main
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -396,3 +396,16 @@ def test_admin_access_must_be_a_boolean(value: Any) -> None:
     bad = claim("monitor", request("gpu", adminAccess=value))
     with pytest.raises(InputError, match=r"requests\[0\]\.exactly\.adminAccess: must be a boolean, got (str|int)"):
         simulate(load([*fixture("h100"), bad]))
+
+
+def test_parsed_objects_allocate_as_their_yaml_does_and_are_not_changed() -> None:
+    texts = [*fixture("h100"), claim("one", request("gpu", "gpu.nvidia.com", SEED))]
+    objects = [o for t in texts for o in yaml.safe_load_all(t) if o]
+    listed = [{"apiVersion": "v1", "kind": "List", "items": objects[:-1]}, objects[-1]]
+    before = yaml.safe_dump_all(listed)
+    from_yaml = simulate(load(texts)).claims
+    from_objects = simulate(load_objects(listed, "the API emulator")).claims
+    assert from_objects == from_yaml and from_yaml[0]["status"]["allocation"]
+    assert yaml.safe_dump_all(listed) == before  # read, not changed
+    with pytest.raises(InputError, match=r"no Kubernetes objects in the API emulator \(empty input\)"):
+        load_objects([{"apiVersion": "v1", "kind": "List", "items": []}], "the API emulator")

@@ -36,3 +36,47 @@ def test_compute_domain_scenario_reports_every_step() -> None:
         assert [n["path"] for n in detail["device_nodes"]] == ["/dev/nvidia-caps-imex-channels/channel0"]
     assert [d["state"] for d in steps[6]["details"]] == ["READY", "READY"]
     assert not any(steps[7]["details"][0]["leftovers"].values())
+
+
+def test_two_tenants_each_get_their_own_channel_and_heal_after_a_node_dies() -> None:
+    proc = subprocess.run([sys.executable, "-m", "dradriver", "demo", "--scenario", "compute-domain", "--tenants", "2",
+                           "--output", "json"], cwd=ROOT, capture_output=True, text=True, timeout=500,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    report = json.loads(proc.stdout)
+    assert report["ok"] is True and report["tenants"] == 2
+    steps = {s["step"]: s["details"] for s in report["steps"]}
+    assert sorted(steps) == list(range(1, 9))
+    assert len(steps[1]) == 4 and all(d["host_imex"] == "READY" for d in steps[1])
+    assert all(d["devices"] == 2048 and not d["daemon"] for d in steps[2])  # host-managed: no daemon-0
+    channels = {d["namespace"]: d["channel"] for d in steps[3]}
+    assert sorted(channels) == ["team-a", "team-b"] and len(set(channels.values())) == 2 and 0 not in channels.values()
+    assert all(d["selector"].endswith(f"id == {d['channel']}") for d in steps[3])
+    by_node = {d["node"]: d["pods"] for d in steps[4] if "node" in d}
+    shared = by_node["rack1-node01"]
+    assert {p["namespace"] for p in shared} == {"team-a", "team-b"}  # two tenants on one node
+    for pods in by_node.values():
+        for pod in pods:
+            assert pod["device_paths"] == [f"/dev/nvidia-caps-imex-channels/channel{channels[pod['namespace']]}"]
+    refused = steps[5][0]
+    assert refused["node"] == "rack1-node02"
+    assert f"device 'channel-{channels['team-a']}' is not the IMEX channel of ComputeDomain team-b/job" \
+        in refused["error"] and "claim team-b/peek (uid " in refused["error"]
+    assert steps[6][0]["lost"] == ["team-a/worker-1", "team-b/worker-0"]
+    assert steps[6][1]["kept"] == ["team-a/worker-0", "team-b/worker-1"]
+    replaced = {d["namespace"]: d for d in steps[6] if "pod" in d}
+    for ns, detail in replaced.items():
+        assert detail["node"] == "rack1-node03"
+        assert detail["device_paths"] == [f"/dev/nvidia-caps-imex-channels/channel{channels[ns]}"]
+    assert steps[7][0]["specs_before"] == 2 and steps[7][0]["host_imex"] == "READY"
+    assert not any(steps[8][0]["leftovers"].values())
+
+
+@pytest.mark.parametrize(("argv", "code", "message"), [
+    (["--scenario", "compute-domain", "--tenants", "5"], 1, "--tenants: 5 is outside 2..4"),
+    (["--scenario", "basic", "--tenants", "2"], 2, "--tenants applies to --scenario compute-domain, not basic"),
+])
+def test_tenants_out_of_range_or_on_another_scenario_is_refused(argv: list[str], code: int, message: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "dradriver", "demo", *argv], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == code and message in proc.stderr, proc.stderr
