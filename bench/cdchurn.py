@@ -218,7 +218,7 @@ def run_churn(fleet: Fleet, *, domains: int = 100, slots: int = 5, racks_per_dom
     watching.wait(30)
     controller_client = fleet.client(cdfleet.CONTROLLER_AGENT)
     membership = cdfleet.DradriverMembership()
-    controller = threading.Thread(target=membership.controller, args=(fleet, controller_client, timing, stop),
+    controller = threading.Thread(target=membership.controller, args=(fleet.namespace, controller_client, timing, stop),
                                   daemon=True)
     gone: set[str] = set()
     gc = threading.Thread(target=_gc, args=(fleet, gone, stop, timing.s(0.5)), daemon=True)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import random
+import tempfile
 import threading
 import time
 import uuid
@@ -42,6 +43,7 @@ from typing import Any, Protocol
 
 from bench import cdprotocol
 from bench.cdprotocol import DaemonIdentity
+from dradriver.app import cddaemon  # here, not in 256 node threads at once behind the import lock
 from dradriver.domain import computedomains as cd
 from dradriver.domain.computedomains import CliqueDaemon
 from dradriver.kube import computedomains as kube_cd
@@ -130,6 +132,13 @@ def spread(total: int, racks: int) -> list[int]:
     return [base + (1 if r < extra else 0) for r in range(racks)]
 
 
+def bench_client(kubeconfig: str, agent: str) -> KubeClient:
+    """The bench's API client (``User-Agent`` ``agent``; 120 s reads; 8 tries, 50 ms -> 1 s backoff), also in the
+    controller's process (:class:`ControllerProcess`)."""
+    return open_client(kubeconfig, user_agent=agent, read_timeout_s=120.0,
+                       retry=RetryPolicy(attempts=8, initial_delay_s=0.05, max_delay_s=1.0))
+
+
 class Fleet:
     """One API emulator holding the fleet's Nodes (context manager: started on enter, stopped on exit).
 
@@ -166,12 +175,16 @@ class Fleet:
     def stop(self) -> None:
         self.api.stop()
 
-    def client(self, agent: str) -> KubeClient:
-        """An API client whose requests the records attribute to ``agent`` (the ``User-Agent``)."""
+    @property
+    def kubeconfig(self) -> str:
+        """The kubeconfig of the started emulator (:raises RuntimeError: not started)."""
         if self._kubeconfig is None:
             raise RuntimeError("the fleet is not started")
-        return open_client(self._kubeconfig, user_agent=agent, read_timeout_s=120.0,
-                           retry=RetryPolicy(attempts=8, initial_delay_s=0.05, max_delay_s=1.0))
+        return self._kubeconfig
+
+    def client(self, agent: str) -> KubeClient:
+        """An API client whose requests the records attribute to ``agent`` (the ``User-Agent``)."""
+        return bench_client(self.kubeconfig, agent)
 
     def create_domain(self, name: str, *, namespace: str = "default", num_nodes: int = 0) -> str:
         """Create a ComputeDomain (in process, as a user's ``kubectl apply``) with the controller's finalizer;
@@ -216,18 +229,28 @@ class DaemonSide(Protocol):
         """Seconds until the daemon's next round with an unchanged status (``None``: it waits for a change)."""
         ...
 
+    def pending(self) -> bool:
+        """Whether an event the daemon watches for (its clique's watch) arrived since its last round: then it
+        steps at once."""
+        ...
+
+    def close(self) -> None:
+        """The node agent is done: end what the daemon runs beside its rounds (its watch)."""
+        ...
+
 
 class Membership(Protocol):
     """A ComputeDomain membership protocol: what each daemon does and what the controller runs beside."""
 
     label: str
 
-    def daemon(self, client: KubeClient, me: DaemonIdentity) -> DaemonSide:
-        """The daemon side of ``me`` talking through ``client``."""
+    def daemon(self, client: KubeClient, me: DaemonIdentity, wake: Callable[[], None] | None = None) -> DaemonSide:
+        """The daemon side of ``me`` talking through ``client``; ``wake`` wakes its node agent (an event)."""
         ...
 
-    def controller(self, fleet: Fleet, client: KubeClient, timing: Timing, stop: threading.Event) -> None:
-        """Run the controller side until ``stop`` is set."""
+    def controller(self, namespace: str, client: KubeClient, timing: Timing, stop: threading.Event) -> None:
+        """Run the controller side (driver namespace ``namespace``) until ``stop`` is set; :func:`run_domain`
+        runs it in a process of its own (:class:`ControllerProcess`)."""
         ...
 
 
@@ -248,6 +271,12 @@ class _NvidiaDaemon:
     def poll_s(self, timing: Timing) -> float | None:
         return None
 
+    def pending(self) -> bool:
+        return False  # its informer's events are the status changes the node agent steps it on
+
+    def close(self) -> None:
+        pass
+
 
 class NvidiaMembership:
     """NVIDIA's protocol (:mod:`bench.cdprotocol`): read-modify-write of the shared clique with conflict
@@ -258,64 +287,150 @@ class NvidiaMembership:
     def __init__(self) -> None:
         self.rounds = 0
 
-    def daemon(self, client: KubeClient, me: DaemonIdentity) -> DaemonSide:
+    def daemon(self, client: KubeClient, me: DaemonIdentity, wake: Callable[[], None] | None = None) -> DaemonSide:
         return _NvidiaDaemon(client, me)
 
-    def controller(self, fleet: Fleet, client: KubeClient, timing: Timing, stop: threading.Event) -> None:
+    def controller(self, namespace: str, client: KubeClient, timing: Timing, stop: threading.Event) -> None:
         while not stop.wait(timing.s(timing.status_period_s)):
             try:
-                cdprotocol.status_round(client, fleet.namespace)
+                cdprotocol.status_round(client, namespace)
             except kube_errors.KubeAPIError:
                 continue  # the next round tries again, as NVIDIA's loop does
             self.rounds += 1
 
 
-@dataclass
 class _DradriverDaemon:
-    """The real daemon round :meth:`dradriver.app.cddaemon.Membership.step` (the first: one server-side apply of
-    the own entry, no read; later: one clique GET every 1 s, an apply only when the entry differs) until the own
-    mapping is known (the controller's index arrived); then the daemon has nothing left to write for the join
-    (the controller copies the pod's Ready condition into the entry) and the bench steps it no more: its
-    steady-state reads (one GET of the clique a second) are not part of the join."""
+    """The real daemon rounds of :func:`dradriver.app.cddaemon.run_daemon` without ``nvidia-imex``: the first
+    :meth:`~dradriver.app.cddaemon.Membership.step` is one server-side apply of the own entry (no read); from its
+    answer's resourceVersion on, the real :class:`~dradriver.app.cddaemon.CliqueWatch` follows the clique in a
+    thread of its own and wakes the node agent at each event, whose clique the next round acts on (no GET); a
+    GET only when the watch's period passes without an event (60 s resync while it is up, the 1 s poll while it
+    is down). Once the own mapping is known (the controller's index arrived) the daemon has nothing left to
+    write for the join (the controller copies the pod's Ready condition into the entry): the bench steps it no
+    more and its watch ends at its next event: its steady-state reads are not part of the join."""
 
-    membership: Any  # dradriver.app.cddaemon.Membership
-    poll_interval_s: float
-
-    known: bool = False
+    def __init__(self, membership: Any, watch: Any) -> None:  # cddaemon.Membership, cddaemon.CliqueWatch
+        self.membership = membership
+        self.watch = watch
+        self.known = False
+        self._stop = threading.Event()
+        self._watching = False
 
     def step(self, status: str) -> bool:
         if self.known:  # joined: its entry's status is the controller's (the pod's Ready condition), nothing to send
             return True
-        mapping, _ = self.membership.step()
-        self.known = self.membership.settings.pod_ip in mapping.values()
+        self.membership.step(self.watch.take() if self._watching else cddaemon.READ)
+        if not self._watching:  # as run_daemon: the watch starts from the first apply's answer
+            self.watch.start(self.membership.resource_version)
+            threading.Thread(target=self.watch.run, args=(self._stop,), daemon=True,
+                             name=f"clique-watch-{self.membership.settings.node_name}").start()
+            self._watching = True
+        self.known = self.membership.settings.pod_ip in (self.membership.mapping or {}).values()
+        if self.known:
+            self._stop.set()
         return self.known
 
     def poll_s(self, timing: Timing) -> float | None:
-        return None if self.known else timing.s(self.poll_interval_s)
+        return None if self.known or not self._watching else timing.s(self.watch.period_s())
+
+    def pending(self) -> bool:
+        return not self.known and self._watching and bool(self.watch.pending())
+
+    def close(self) -> None:
+        """End the watch (at its next event or the end of its request)."""
+        self._stop.set()
 
 
 class DradriverMembership:
     """dradriver's own code: the daemon's :class:`dradriver.app.cddaemon.Membership` (server-side apply of its
-    own clique entry, ``poll_interval_s`` 1 s) and the real controller
-    (:class:`dradriver.app.cdcontroller.ComputeDomainController` in process: watches, event-driven membership
-    passes that assign indexes by apply, coalesced status writes)."""
+    own clique entry) with its :class:`~dradriver.app.cddaemon.CliqueWatch`, and the real controller
+    (:class:`dradriver.app.cdcontroller.ComputeDomainController`: watches, event-driven membership passes that
+    assign indexes by apply, coalesced status writes)."""
 
     label = "dradriver"
 
-    def daemon(self, client: KubeClient, me: DaemonIdentity) -> DaemonSide:
-        from dradriver.app import cddaemon
-
+    def daemon(self, client: KubeClient, me: DaemonIdentity, wake: Callable[[], None] | None = None) -> DaemonSide:
         settings = cddaemon.DaemonSettings(clique_id=me.clique_id, cd_uid=me.cd_uid, node_name=me.node_name,
                                            pod_ip=me.pod_ip, pod_uid=me.pod_uid, pod_name=me.pod_name,
                                            pod_namespace=me.namespace, max_nodes=me.max_nodes)
-        return _DradriverDaemon(cddaemon.Membership(client, settings), settings.poll_interval_s)
+        return _DradriverDaemon(cddaemon.Membership(client, settings),
+                                cddaemon.CliqueWatch(client, settings, on_event=wake))
 
-    def controller(self, fleet: Fleet, client: KubeClient, timing: Timing, stop: threading.Event) -> None:
+    def controller(self, namespace: str, client: KubeClient, timing: Timing, stop: threading.Event) -> None:
         from dradriver.app.cdcontroller import ComputeDomainController
         from dradriver.domain.cdtemplates import ControllerSettings
 
-        ComputeDomainController(client, ControllerSettings(namespace=fleet.namespace, image=DAEMON_IMAGE),
+        ComputeDomainController(client, ControllerSettings(namespace=namespace, image=DAEMON_IMAGE),
                                 watch_timeout_s=5.0).run(stop)
+
+
+MEMBERSHIPS: dict[str, Callable[[], Membership]] = {"nvidia": NvidiaMembership, "dradriver": DradriverMembership}
+
+
+class ControllerProcess:
+    """The controller side of ``membership`` in a process of its own (``python -m bench.controllerprobe
+    KUBECONFIG NAMESPACE serve PROTOCOL SCALE``, ``User-Agent bench-controller``), so it does not share the GIL
+    with the emulator and the node agents -- on a cluster the controller runs in its own pod. Context manager:
+    entered once the process says it runs its controller; on exit it is asked to stop and :attr:`report` holds
+    its last line (``cpu_s``, ``rounds``).
+
+    :raises RuntimeError: the process exited or did not answer within ``timeout_s``.
+    """
+
+    def __init__(self, fleet: Fleet, membership: Membership, timing: Timing, *, timeout_s: float = 120.0) -> None:
+        import os
+        import subprocess
+        import sys
+
+        if membership.label not in MEMBERSHIPS:
+            raise ValueError(f"no controller process for protocol {membership.label!r}")
+        root = Path(__file__).resolve().parents[1]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+        self.timeout_s = timeout_s
+        self.report: dict[str, Any] = {}
+        self._stderr = tempfile.TemporaryFile(mode="w+")  # a pipe nobody reads would block a chatty controller
+        self._proc = subprocess.Popen([sys.executable, "-m", "bench.controllerprobe", fleet.kubeconfig,
+                                       fleet.namespace, "serve", membership.label, repr(timing.scale)],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
+                                      text=True, env=env, cwd=root)
+
+    def _answer(self) -> dict[str, Any]:
+        import json
+
+        assert self._proc.stdout is not None
+        line = self._proc.stdout.readline()
+        if not line:
+            self._proc.wait(timeout=self.timeout_s)
+            self._stderr.seek(0)
+            raise RuntimeError(f"controller process exited {self._proc.returncode}: {self._stderr.read()[-2000:]}")
+        return dict(json.loads(line))
+
+    def __enter__(self) -> ControllerProcess:
+        try:
+            self._answer()
+        except BaseException:
+            self._kill()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._proc.stdin is not None
+        try:
+            self._proc.stdin.write("quit\n")
+            self._proc.stdin.flush()
+            self.report = self._answer()
+            self._proc.wait(timeout=self.timeout_s)
+        finally:
+            self._kill()
+
+    def _kill(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+        for stream in (self._proc.stdin, self._proc.stdout):
+            if stream is not None:
+                stream.close()
+        self._stderr.close()
 
 
 @dataclass
@@ -375,6 +490,8 @@ class NodeAgent:
                 if self.pod is not None:
                     self._daemon()
                 if self.prepared_at is not None and self._reported == cd.STATUS_READY:
+                    if self._side is not None:
+                        self._side.close()
                     return
                 waits = [next_prepare - time.monotonic()] if self.prepared_at is None else []
                 if self._imex_ready_at is not None and not self._pod_ready:
@@ -431,7 +548,7 @@ class NodeAgent:
     def _daemon(self) -> None:
         me = self._identity()
         if self._side is None:
-            self._side = self.membership.daemon(self.api, me)
+            self._side = self.membership.daemon(self.api, me, self.wake.set)
         if not self._pod_labelled:
             kube_pods.set_pod_label(self.api, me.namespace, me.pod_name, cd.LABEL_CLIQUE_ID, me.clique_id)
             self._pod_labelled = True
@@ -445,6 +562,7 @@ class NodeAgent:
             due = status != self._reported
         else:  # polling (the pod's Ready condition and the clique are read each round): the next round's tick
             due = time.monotonic() >= self._next_round and (status != self._reported or self._imex_ready_at is None)
+        due = due or self._side.pending()  # a watch event: acted on at once
         if not due:
             return
         known = self._side.step(status)
@@ -539,28 +657,12 @@ def run_domain(fleet: Fleet, membership: Membership, timing: Timing, *, name: st
     """
     fleet.api.clear_requests()
     stop = threading.Event()
-    controller_client = fleet.client(CONTROLLER_AGENT)
-    controller = threading.Thread(target=membership.controller, args=(fleet, controller_client, timing, stop),
-                                  name="bench-controller", daemon=True)
     clients = {n.name: fleet.client(NODE_AGENT + n.name) for n in fleet.nodes}  # made before the clock starts
-    controller.start()  # the controller runs before the domain exists, as on a cluster
-    stop.wait(timing.s(timing.controller_start_s))
-    started = time.monotonic()
-    cd_uid = fleet.create_domain(name, num_nodes=len(fleet.nodes))
-    agents = {n.name: NodeAgent(fleet, n, cd_uid, membership, timing, stop, clients[n.name]) for n in fleet.nodes}
-    threads = [threading.Thread(target=a.run, args=(started,), name=f"agent-{a.node.name}", daemon=True)
-               for a in agents.values()]
-    for t in threads:
-        t.start()
-    deadline = started + timeout_s
-    for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
-    finished = max((a.prepared_at or math.inf) for a in agents.values())
-    stop.set()
-    for a in agents.values():
-        a.wake.set()
-    controller.join(timeout=30)
-    controller_client.close()
+    for client in clients.values():  # and their API classes (imported at first use: 256 threads behind one lock)
+        _ = client.core, client.custom
+    with ControllerProcess(fleet, membership, timing):  # runs before the domain exists, as on a cluster
+        stop.wait(timing.s(timing.controller_start_s))
+        agents, started, finished = _run_agents(fleet, membership, timing, stop, clients, name, timeout_s)
     errors = [a.error for a in agents.values() if a.error]
     if errors:
         raise RuntimeError(f"{len(errors)} node agents failed; first: {errors[0]}")
@@ -578,6 +680,30 @@ def run_domain(fleet: Fleet, membership: Membership, timing: Timing, *, name: st
         f"{result.mean_writes_per_node:.2f} writes/node (max {result.max_writes_per_node}), "
         f"{result.conflicts} conflicts; slowest node at {result.stages}")
     return result
+
+
+def _run_agents(fleet: Fleet, membership: Membership, timing: Timing, stop: threading.Event,
+                clients: dict[str, KubeClient], name: str, timeout_s: float) -> tuple[dict[str, NodeAgent], float,
+                                                                                       float]:
+    """Create the domain and run a node agent per node until each is prepared (or ``timeout_s``); returns the
+    agents, when the domain was created and when the last node was prepared (inf: not all were)."""
+    started = time.monotonic()
+    cd_uid = fleet.create_domain(name, num_nodes=len(fleet.nodes))
+    agents = {n.name: NodeAgent(fleet, n, cd_uid, membership, timing, stop, clients[n.name]) for n in fleet.nodes}
+    threads = [threading.Thread(target=a.run, args=(started,), name=f"agent-{a.node.name}", daemon=True)
+               for a in agents.values()]
+    for t in threads:
+        t.start()
+    deadline = started + timeout_s
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    finished = max((a.prepared_at or math.inf) for a in agents.values())
+    stop.set()
+    for a in agents.values():
+        a.wake.set()
+        if a._side is not None:
+            a._side.close()
+    return agents, started, finished
 
 
 def _stages(started: float, agents: Iterable[NodeAgent]) -> dict[str, float]:

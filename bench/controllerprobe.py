@@ -2,6 +2,14 @@
 own (``User-Agent bench-controller``: the emulator's records count its writes), so the fleet benchmark
 (:func:`bench.cdfleet.measure_controller`) reads the controller's CPU and memory apart from the API emulator's.
 
+``python -m bench.controllerprobe KUBECONFIG NAMESPACE serve PROTOCOL SCALE``: the controller side of a membership
+protocol of :mod:`bench.cdfleet` (``nvidia``: NVIDIA's 2 s status loop; ``dradriver``: the real controller's
+``run``), periods times ``SCALE``, running until the line ``quit`` (or the end of stdin), for
+:func:`bench.cdfleet.run_domain` (:class:`bench.cdfleet.ControllerProcess`): off the GIL of the emulator and the
+node agents, as a controller runs in its own pod. It prints ``{"ready": true}`` once the controller runs, and
+``{"cpu_s": ..., "rounds": ...}`` after it stopped (``rounds``: NVIDIA's status rounds done). With
+``BENCH_CONTROLLER_LOG=<file>`` the controller logs there (debug, with times).
+
 Protocol on stdin/stdout, one JSON object a line: after the imports and one warm-up round the probe prints
 ``{"ready": true, "imports_kib": ..., "rss_kib": ...}`` (RSS after the imports, and after the warm-up); then
 for every line ``go SINCE UNTIL`` (the resourceVersions before and of the bench's last membership event) it runs
@@ -23,6 +31,8 @@ period, not per event), so the round's pass finds its result fresh as it would i
 from __future__ import annotations
 
 import json
+import logging
+import os
 import resource
 import sys
 import threading
@@ -84,8 +94,39 @@ def _round_fn(mode: str, kubeconfig: str, namespace: str) -> tuple[Callable[[], 
     raise SystemExit(f"unknown mode {mode!r}: nvidia or dradriver")
 
 
+def serve(kubeconfig: str, namespace: str, protocol: str, scale: float) -> int:
+    """Run ``protocol``'s controller side until ``quit`` (module docstring); returns the exit status."""
+    from bench import cdfleet
+
+    if protocol not in cdfleet.MEMBERSHIPS:
+        raise SystemExit(f"unknown protocol {protocol!r}: {' or '.join(sorted(cdfleet.MEMBERSHIPS))}")
+    log_file = os.environ.get("BENCH_CONTROLLER_LOG", "")
+    if log_file:  # where a run's time goes: the controller's log, with times
+        logging.basicConfig(filename=log_file, level=logging.DEBUG,
+                            format="%(asctime)s.%(msecs)03d %(threadName)s %(name)s %(message)s", datefmt="%H:%M:%S")
+        logging.getLogger("urllib3").setLevel(logging.INFO)
+    membership = cdfleet.MEMBERSHIPS[protocol]()
+    client = cdfleet.bench_client(kubeconfig, cdfleet.CONTROLLER_AGENT)
+    stop = threading.Event()
+    before = _cpu_s()
+    thread = threading.Thread(target=membership.controller, args=(namespace, client, cdfleet.Timing(scale=scale),
+                                                                  stop), name="bench-controller", daemon=True)
+    thread.start()
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        if line.strip() == "quit":
+            break
+    stop.set()
+    thread.join(timeout=30)
+    client.close()
+    print(json.dumps({"cpu_s": _cpu_s() - before, "rounds": int(getattr(membership, "rounds", 0))}), flush=True)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     """Serve the stdin protocol (module docstring); returns the exit status."""
+    if len(argv) == 5 and argv[2] == "serve":
+        return serve(argv[0], argv[1], argv[3], float(argv[4]))
     if len(argv) != 3:
         raise SystemExit(__doc__.split("\n")[0])
     kubeconfig, namespace, mode = argv

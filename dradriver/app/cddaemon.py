@@ -8,8 +8,12 @@ run|check``).
    no clique); with no clique, idle until SIGTERM;
 3. render ``<imexd>/imexd.cfg`` from ``<imexd>/imexd.cfg.tmpl`` (pod IP, ``nodes.cfg`` path) and the static
    ``nodes.cfg`` of per-domain DNS names;
-4. apply its entry at once, then loop every ``poll_interval_s``: read its ComputeDomainClique
-   ``<cdUID>.<cliqueID>`` (one GET); when the clique lacks this daemon's entry as it should be, send one
+4. apply its entry at once, then (with ``DaemonSettings.watch``; off by default for now, see there: else the
+   1 s poll alone) follow its ComputeDomainClique ``<cdUID>.<cliqueID>`` through a watch
+   (:class:`CliqueWatch`, ``fieldSelector metadata.name``, from the apply's resourceVersion): each event is acted
+   on at once; one GET every ``resync_s`` (60 s) while the watch is up, every ``poll_interval_s`` (1 s) while it
+   is down (the poll of earlier versions, now the fallback); when the clique lacks this daemon's entry as it
+   should be, send one
    server-side apply (field manager ``compute-domain-daemon/<nodeName>``) of its own ``daemons`` item
    ``{nodeName, ipAddress, cliqueID}``, the clique's labels (7.1) and its Pod as an owner reference -- so a
    daemon writes its entry once per pod (again only after the controller cleared it: node failure) and never
@@ -24,8 +28,10 @@ run|check``).
 API for in-process drivers (the bench; stable): :func:`entry_body`, :func:`apply_entry` ``(client, settings)
 -> [CliqueDaemon]``, :func:`read_clique`, :func:`clique_daemons`, :func:`entry_current`,
 :func:`peer_mapping` ``(settings, daemons) -> {dnsName: ip}``, :func:`withdraw_entry`, and :class:`Membership`
-(``Membership(client, settings).step() -> (mapping, changed)``: one daemon round without ``nvidia-imex``;
-``.applied`` counts writes). The controller side: ``ComputeDomainController(client, settings).
+(``Membership(client, settings).step(observed=READ) -> (mapping, changed)``: one daemon round without
+``nvidia-imex``, on a clique a watch event brought or on a GET; ``.applied`` counts writes, ``.reads`` GETs),
+:class:`CliqueWatch` (``start(rv)``, ``run(stop)`` in a thread; ``wait(stop)`` / ``take()`` the newest event's
+clique or :data:`READ`; ``on_event`` callback). The controller side: ``ComputeDomainController(client, settings).
 reconcile_membership(uids=None)`` assigns indexes, clears failed nodes and aggregates ``status.nodes`` of the
 domains in one pass (``reconcile_clique(clique, pods)``: one clique without its domain's status;
 ``index_applies``, ``clique_patches``, ``status_writes`` count its writes).
@@ -37,8 +43,9 @@ Differences from NVIDIA: NVIDIA's daemon inserts its entry (and picks its index)
 shared clique with conflict retries (ksigs#816: minutes of convergence from conflicts; #1418: index swaps);
 here each daemon applies only its own fields, once, and the controller alone assigns indexes and copies each
 daemon pod's Ready condition into its entry (NVIDIA's daemon writes its entry again at every status flip). The
-clique is polled (``poll_interval_s``, default 1 s; reads, not writes) rather than watched through an informer
-(NVIDIA: informer events, resync 4 min), and the own Pod is not read at all; only the default gate settings
+clique is watched as NVIDIA's informer watches it (its events acted on at once), with a plain GET as the
+resync (60 s; NVIDIA's informer resync 4 min) and as the fallback poll while the watch is down; the own Pod is
+not read at all; only the default gate settings
 (ComputeDomainCliques and IMEXDaemonsWithDNSNames on) are implemented: the status-nodes and IP-list modes are not.
 """
 
@@ -47,7 +54,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,9 +70,9 @@ from dradriver.kube import errors as kube_errors
 from dradriver.kube import pods
 from dradriver.kube.client import JSONDict, KubeClient
 
-__all__ = ["CDI_HINT", "DAEMON_FIELD_MANAGER_PREFIX", "DaemonError", "DaemonSettings", "Membership", "apply_entry",
-           "check", "clique_daemons", "entry_body", "entry_current", "field_manager", "peer_mapping", "read_clique",
-           "render_configs", "run_daemon", "withdraw_entry"]
+__all__ = ["CDI_HINT", "DAEMON_FIELD_MANAGER_PREFIX", "READ", "CliqueWatch", "DaemonError", "DaemonSettings",
+           "Membership", "apply_entry", "check", "clique_daemons", "entry_body", "entry_current", "field_manager",
+           "peer_mapping", "read_clique", "render_configs", "run_daemon", "withdraw_entry"]
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +92,13 @@ class DaemonSettings:
     :param max_nodes: ``MAX_NODES_PER_IMEX_DOMAIN``: slots, DNS names and lines of ``nodes.cfg``.
     :param imexd_dir: the domain directory mounted at ``/imexd`` (template in, config files out).
     :param hosts_file: the resolver's hosts file the daemon owns (the container's ``/etc/hosts``).
-    :param poll_interval_s: seconds between two reads of the clique and the own Pod.
+    :param poll_interval_s: seconds between two reads of the clique while its watch is down (the fallback).
+    :param resync_s: seconds between two reads of the clique while its watch is up (a missed event is caught
+        here at the latest).
+    :param watch: follow the clique through a watch (:class:`CliqueWatch`); False (the default for now: with
+        the watch on, ``tests/computedomain/test_e2e_failure.py`` -- a killed node returning -- times out waiting
+        for the peers' hosts files, not yet understood): poll every ``poll_interval_s`` only.
+    :param watch_timeout_s: ``timeoutSeconds`` of each watch request (the watch resumes at once after it).
     """
 
     clique_id: str
@@ -102,6 +116,9 @@ class DaemonSettings:
     imex_binary: str = "nvidia-imex"
     imex_ctl_binary: str = "nvidia-imex-ctl"
     poll_interval_s: float = 1.0
+    resync_s: float = 60.0
+    watch: bool = False
+    watch_timeout_s: float = 300.0
     imex_env: dict[str, str] | None = field(default=None)
 
     @property
@@ -192,9 +209,13 @@ def apply_entry(client: KubeClient, settings: DaemonSettings) -> list[CliqueDaem
 
     :raises dradriver.kube.errors.KubeAPIError: after retries.
     """
-    obj = kube_cd.apply_clique(client, settings.pod_namespace, settings.clique_name, entry_body(settings),
-                               field_manager=field_manager(settings), force=True)
-    return clique_daemons(obj)
+    return clique_daemons(_apply(client, settings))
+
+
+def _apply(client: KubeClient, settings: DaemonSettings) -> JSONDict | None:
+    """:func:`apply_entry`'s request; returns the clique as the apply answered it."""
+    return kube_cd.apply_clique(client, settings.pod_namespace, settings.clique_name, entry_body(settings),
+                                field_manager=field_manager(settings), force=True)
 
 
 def withdraw_entry(client: KubeClient, settings: DaemonSettings) -> bool:
@@ -222,33 +243,77 @@ def peer_mapping(settings: DaemonSettings, daemons: Iterable[CliqueDaemon]) -> d
     return imex.dns_mapping(settings.cd_uid, daemons, settings.clique_id, settings.max_nodes)
 
 
+class _Read:
+    """The type of :data:`READ`."""
+
+    def __repr__(self) -> str:
+        return "READ"
+
+
+#: What :meth:`CliqueWatch.wait` / :meth:`CliqueWatch.take` answer when no event brought a newer clique: the
+#: daemon reads the clique itself (one GET) -- the poll fallback and the periodic resync.
+READ = _Read()
+
+
+def _rv(obj: Mapping[str, Any] | None) -> int | None:
+    """``metadata.resourceVersion`` as a number (None when absent or not a number: then never compared)."""
+    try:
+        return int(str(((obj or {}).get("metadata") or {}).get("resourceVersion") or ""))
+    except ValueError:
+        return None
+
+
 @dataclass
 class Membership:
     """The daemon's side of membership, usable without ``nvidia-imex`` (the bench drives it in-process): the
     first :meth:`step` applies the entry without reading first (the apply answers with the clique); each later
-    one reads the clique and applies again only when the entry is missing or differs (the controller cleared it
-    after a node failure, or the clique was recreated); it returns the peer mapping and whether it changed since
-    the previous step.
+    one looks at the clique -- the one a watch event brought (:class:`CliqueWatch`), else one GET -- and applies
+    again only when the entry is missing or differs (the controller cleared it after a node failure, or the
+    clique was recreated); it returns the peer mapping and whether it changed since the previous step.
 
     :param applied: the apply requests sent so far.
+    :param reads: the GETs of the clique sent so far.
+    :param clique: the newest clique object seen (the apply's answer, a GET or a watch event; None: none yet, or
+        deleted).
     """
 
     client: KubeClient
     settings: DaemonSettings
     mapping: dict[str, str] | None = None
     applied: int = 0
+    reads: int = 0
+    clique: JSONDict | None = None
 
-    def step(self) -> tuple[dict[str, str], bool]:
-        """One round.
+    @property
+    def resource_version(self) -> str:
+        """The resourceVersion of :attr:`clique` (``""``: none): where a watch of the clique starts."""
+        return str(((self.clique or {}).get("metadata") or {}).get("resourceVersion") or "")
+
+    def step(self, observed: JSONDict | _Read | None = READ) -> tuple[dict[str, str], bool]:
+        """One round, on the clique ``observed`` by a watch event (``None``: the event was its deletion), or on a
+        fresh GET (:data:`READ`). An observed object older than one already seen (a lower resourceVersion: the
+        daemon's own apply answered after the event was sent) is not acted on.
 
         :returns: (mapping, changed): ``changed`` is False on the first round (nothing to reload yet).
         :raises dradriver.kube.errors.KubeAPIError: after retries.
         """
-        obj = None if self.applied == 0 else read_clique(self.client, self.settings)
+        obj: JSONDict | None
+        if self.applied == 0:
+            obj = None
+        elif isinstance(observed, _Read):
+            obj = read_clique(self.client, self.settings)
+            self.reads += 1
+        else:
+            obj = observed
+            seen, new_rv = _rv(self.clique), _rv(obj) if obj is not None else None
+            if seen is not None and new_rv is not None and new_rv < seen:
+                obj = self.clique  # a stale event: the apply's answer is newer
         if entry_current(obj, self.settings):
+            self.clique = obj
             daemons = clique_daemons(obj)
         else:
-            daemons = apply_entry(self.client, self.settings)
+            self.clique = _apply(self.client, self.settings)
+            daemons = clique_daemons(self.clique)
             self.applied += 1
             mine = next((d for d in daemons if d.node_name == self.settings.node_name), None)
             log.info("clique %s/%s: applied the entry of node %s (%s, index %s)", self.settings.pod_namespace,
@@ -258,6 +323,125 @@ class Membership:
         changed = self.mapping is not None and imex.membership_change(self.mapping, new).changed
         self.mapping = new
         return new, changed
+
+
+class CliqueWatch:
+    """This daemon's clique followed through a watch (``fieldSelector metadata.name=<clique>``, the clique's
+    labels), run by :meth:`run` in a thread of its own: each event keeps the object it carries (``None`` after
+    ``DELETED``) and wakes :meth:`wait`, so an index or a status the controller writes reaches the daemon at once
+    instead of at its next poll.
+
+    The watch resumes from the last resourceVersion it saw (first: the one :meth:`start` gives, the daemon's
+    own apply's); after 410 ``Expired`` it watches again from ``""`` (the current clique comes as ``ADDED``);
+    after any other failure it is down and retried every ``retry_s``. While it is down (from a failure until an
+    event arrives or a watch request ends cleanly) :meth:`wait` answers :data:`READ` every ``poll_s``: the daemon
+    polls as it did before the watch; while it is up, every ``resync_s`` (a periodic GET catches a missed event).
+
+    :param on_event: called after each event, outside the lock (the bench wakes its node agent with it).
+    :param events: events received so far.
+    """
+
+    def __init__(self, client: KubeClient, settings: DaemonSettings, *, on_event: Callable[[], None] | None = None,
+                 retry_s: float | None = None) -> None:
+        self.client = client
+        self.settings = settings
+        self.on_event = on_event
+        self.retry_s = settings.poll_interval_s if retry_s is None else retry_s
+        self.events = 0
+        self._cond = threading.Condition()
+        self._rv = ""
+        self._obj: JSONDict | None = None
+        self._fresh = False  # an event not taken yet
+        self._up = False
+
+    @property
+    def up(self) -> bool:
+        """Whether the watch is taken for up (then the daemon reads the clique only every ``resync_s``)."""
+        with self._cond:
+            return self._up
+
+    def start(self, resource_version: str) -> None:
+        """Where the watch starts (before :meth:`run`): after ``resource_version``, the newest state the daemon
+        already has; the watch is taken for up from here."""
+        with self._cond:
+            self._rv = resource_version
+            self._up = True
+
+    def pending(self) -> bool:
+        """Whether an event arrived that :meth:`take` / :meth:`wait` has not handed out yet."""
+        with self._cond:
+            return self._fresh
+
+    def take(self) -> JSONDict | _Read | None:
+        """The clique of the newest event not handed out yet (``None``: deleted), else :data:`READ`."""
+        with self._cond:
+            if not self._fresh:
+                return READ
+            self._fresh = False
+            return self._obj
+
+    def period_s(self) -> float:
+        """Seconds between two reads without an event: ``resync_s`` while the watch is up, else ``poll_s``."""
+        return self.settings.resync_s if self.up else self.settings.poll_interval_s
+
+    def wait(self, stop: threading.Event) -> JSONDict | _Read | None:
+        """Block until an event arrives (its clique, ``None``: deleted), :meth:`period_s` passes (:data:`READ`)
+        or ``stop`` is set (:data:`READ`)."""
+        started = time.monotonic()
+        with self._cond:
+            while not self._fresh:
+                left = started + (self.settings.resync_s if self._up else self.settings.poll_interval_s) \
+                    - time.monotonic()
+                if left <= 0 or stop.is_set():
+                    return READ
+                self._cond.wait(min(left, 0.25))  # stop is an Event: look at it four times a second
+            self._fresh = False
+            return self._obj
+
+    def _event(self, obj: JSONDict | None, rv: str, *, carries: bool) -> None:
+        with self._cond:
+            self._rv = rv or self._rv
+            self._up = True
+            if carries:
+                self._obj = obj
+                self._fresh = True
+                self.events += 1
+            self._cond.notify_all()
+        if carries and self.on_event is not None:
+            self.on_event()
+
+    def run(self, stop: threading.Event) -> None:
+        """Watch until ``stop`` is set (checked at each event and each watch request's end)."""
+        settings = self.settings
+        selector = f"metadata.name={settings.clique_name}"
+        while not stop.is_set():
+            with self._cond:
+                rv = self._rv
+            try:
+                for event in kube_cd.watch_cliques(self.client, settings.pod_namespace, "", rv,
+                                                   settings.watch_timeout_s, field_selector=selector):
+                    if stop.is_set():
+                        return
+                    kind = event.get("type")
+                    obj = event.get("object") or {}
+                    if kind == "ERROR":
+                        raise kube_errors.KubeGoneError(f"WATCH computedomaincliques {selector}",
+                                                        reason=str(obj.get("reason") or "Expired"),
+                                                        message=str(obj.get("message") or ""))
+                    rv = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+                    self._event(None if kind == "DELETED" else obj, rv, carries=kind != "BOOKMARK")
+                with self._cond:  # a watch request that ended cleanly: the watch works
+                    self._up = True
+            except kube_errors.KubeGoneError:
+                with self._cond:
+                    self._rv = ""
+            except kube_errors.KubeAPIError as exc:
+                log.warning("watch on clique %s/%s failed: %s; polling every %gs until it works again",
+                            settings.pod_namespace, settings.clique_name, exc, settings.poll_interval_s)
+                with self._cond:
+                    self._up = False
+                    self._cond.notify_all()
+                stop.wait(self.retry_s)
 
 
 # -- run and check -----------------------------------------------------------------------------------------------
@@ -296,16 +480,22 @@ def run_daemon(settings: DaemonSettings, client: KubeClient, stop: threading.Eve
     env["DRADRIVER_HOSTS_FILE"] = str(settings.hosts_file)  # the stand-in's resolver; the real daemon's is libc's
     process = ImexProcess([settings.imex_binary, "-c", str(settings.config_path)], env=env)
     membership = Membership(client, settings)
+    watch = CliqueWatch(client, settings) if settings.watch else None
+    observed: JSONDict | _Read | None = READ
     started = False
     try:
         while not stop.is_set():
             try:
                 before = membership.mapping
-                new, changed = membership.step()
+                new, changed = membership.step(observed)
             except kube_errors.KubeAPIError as exc:
                 log.warning("cannot read or apply the clique entry: %s", exc)
+                observed = READ
                 stop.wait(settings.poll_interval_s)
                 continue
+            if watch is not None and not started:  # from the first apply's answer on: no event is missed
+                watch.start(membership.resource_version)
+                threading.Thread(target=watch.run, args=(stop,), name="clique-watch", daemon=True).start()
             current = settings.hosts_file.read_text(encoding="utf-8") if settings.hosts_file.exists() else ""
             if write_hosts_file(settings.hosts_file, imex.render_hosts(current, new)):
                 log.info("wrote %s: %d of %d IMEX peer names in use", settings.hosts_file,
@@ -318,7 +508,11 @@ def run_daemon(settings: DaemonSettings, client: KubeClient, stop: threading.Eve
                 log.info("IMEX peers changed (added %s, removed %s, moved %s)", list(change.added),
                          list(change.removed), list(change.moved))
                 process.reload()
-            stop.wait(settings.poll_interval_s)
+            if watch is None:
+                stop.wait(settings.poll_interval_s)
+                observed = READ
+            else:
+                observed = watch.wait(stop)
     finally:
         try:
             withdraw_entry(client, settings)

@@ -153,19 +153,22 @@ def list_cliques(client: KubeClient, namespace: str, label_selector: str = "") -
 
 
 def watch_cliques(client: KubeClient, namespace: str, label_selector: str, resource_version: str,
-                  timeout_s: float) -> Iterator[JSONDict]:
-    """Watch the ComputeDomainCliques of ``namespace`` matching ``label_selector`` from ``resource_version``
-    (``""``: the current ones first, as ``ADDED``); yields watch events until the server ends the watch.
+                  timeout_s: float, *, field_selector: str = "") -> Iterator[JSONDict]:
+    """Watch the ComputeDomainCliques of ``namespace`` matching ``label_selector`` (and ``field_selector``, e.g.
+    ``metadata.name=<clique>``: one clique) from ``resource_version`` (``""``: the current ones first, as
+    ``ADDED``); yields watch events until the server ends the watch.
 
     :raises errors.KubeAPIError: opening or reading failed (410 ``Expired``: watch again from ``""``).
     """
     method = functools.partial(client.custom.list_namespaced_custom_object, API_GROUP, API_VERSION, namespace,
                                CLIQUE_PLURAL)
     options: dict[str, Any] = {"label_selector": label_selector}
+    if field_selector:
+        options["field_selector"] = field_selector
     if resource_version:
         options["resource_version"] = resource_version
-    return client.stream(f"WATCH computedomaincliques {namespace} {label_selector}", method, timeout_s=timeout_s,
-                         **options)
+    return client.stream(f"WATCH computedomaincliques {namespace} {label_selector or field_selector}", method,
+                         timeout_s=timeout_s, **options)
 
 
 def create_clique(client: KubeClient, obj: Mapping[str, Any]) -> JSONDict | None:

@@ -307,3 +307,64 @@ def test_a_new_leader_finishes_membership_the_old_one_left_converging(api: ApiSe
     finally:
         stop_b.set()
         runner_b.join(timeout=30)
+
+
+def test_the_daemon_hears_its_index_through_the_clique_watch_without_polling(api: ApiServerEmulator,
+                                                                             client: KubeClient,
+                                                                             tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from dradriver.app.cddaemon import READ, CliqueWatch
+
+    with running(_controller(client)):
+        uid = _create(client, "cdw")
+        m = _daemon(api, client, uid, "node-a", tmp_path, ready=False)
+        m.settings = replace(m.settings, poll_interval_s=60.0, resync_s=60.0)  # a poll would come far too late
+        m.step()
+        watch = CliqueWatch(client, m.settings)
+        watch.start(m.resource_version)
+        stop = threading.Event()
+        thread = threading.Thread(target=watch.run, args=(stop,), daemon=True)
+        thread.start()
+        try:
+            observed = watch.wait(stop)  # the controller's index apply arrives as an event, well before 60 s
+            assert observed is not READ and watch.up
+            m.step(observed)
+            while m.mapping is not None and m.settings.pod_ip not in m.mapping.values():
+                m.step(watch.wait(stop))
+            assert m.settings.pod_ip in (m.mapping or {}).values()
+            assert (m.applied, m.reads) == (1, 0)  # one apply, no GET: the watch brought every change
+            stale = {"metadata": {"resourceVersion": "1"}, "daemons": []}
+            m.step(stale)  # an event older than what the daemon has seen is not acted on (no second apply)
+            assert m.applied == 1
+        finally:
+            stop.set()
+
+
+def test_a_failed_clique_watch_falls_back_to_the_poll(api: ApiServerEmulator, client: KubeClient, tmp_path: Path,
+                                                      monkeypatch: Any) -> None:
+    from dataclasses import replace
+
+    from dradriver.app import cddaemon
+    from dradriver.kube import errors as kube_errors
+
+    uid = _create(client, "cdf")
+    m = _daemon(api, client, uid, "node-a", tmp_path)
+    m.settings = replace(m.settings, poll_interval_s=0.05, resync_s=60.0)
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise kube_errors.KubeAPIError("WATCH computedomaincliques", status=500)
+
+    monkeypatch.setattr(cddaemon.kube_cd, "watch_cliques", broken)
+    watch = cddaemon.CliqueWatch(m.client, m.settings)
+    watch.start("")
+    assert watch.up and watch.period_s() == 60.0
+    stop = threading.Event()
+    thread = threading.Thread(target=watch.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: not watch.up, "the watch taken for down")
+        assert watch.period_s() == 0.05 and watch.wait(stop) is cddaemon.READ  # the poll period: read the clique
+    finally:
+        stop.set()
+        thread.join(timeout=5)
