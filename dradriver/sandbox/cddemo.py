@@ -18,7 +18,9 @@ the ``nvidia-imex`` stand-ins. Steps:
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from dradriver.domain import computedomains as cd
@@ -94,11 +96,37 @@ def domain_ready(cluster: MultiNodeCluster, name: str, namespace: str = NS) -> b
     return (obj.get("status") or {}).get("status") == cd.STATUS_READY
 
 
-def _wait(cluster: MultiNodeCluster, what: str, predicate: Any) -> Any:
+def wait_step(cluster: MultiNodeCluster, what: str, predicate: Any) -> Any:
+    """:meth:`MultiNodeCluster.wait_for` with the demo's :data:`WAIT_S`, its timeout raised as :class:`DemoError`."""
     try:
         return cluster.wait_for(what, predicate, timeout_s=WAIT_S)
     except MultiNodeError as exc:
         raise DemoError(str(exc)) from exc
+
+
+@contextlib.contextmanager
+def started_cluster(racks: Sequence[int], *, host_imex: bool = False,
+                    channel_isolation: bool = False) -> Iterator[MultiNodeCluster]:
+    """A multi-node sandbox with the demo's timing, its CRDs and DeviceClasses installed, (with ``host_imex``)
+    the host IMEX daemons ready, every node's plugin registered and the controller started; closed on exit.
+
+    :raises DemoError: a node, daemon or plugin did not start (the message says which).
+    """
+    try:
+        cluster = MultiNodeCluster(racks, time_scale=0.1, interval_s=0.05, host_imex=host_imex,
+                                   channel_isolation=channel_isolation)
+    except MultiNodeError as exc:
+        raise DemoError(str(exc)) from exc
+    with cluster:
+        cluster.install_compute_domains()
+        try:
+            if host_imex:
+                cluster.start_host_imex(timeout_s=WAIT_S)
+            cluster.start_plugins(timeout_s=WAIT_S)
+        except MultiNodeError as exc:
+            raise DemoError(str(exc)) from exc
+        cluster.start_controller()
+        yield cluster
 
 
 def run(narrator: Narrator) -> None:
@@ -107,17 +135,7 @@ def run(narrator: Narrator) -> None:
     :raises DemoError: a step did not produce what the driver promises (the message says which).
     """
     narrator.step(1, "two racks of GB200 NVL72 nodes: plugins, controller, CRDs")
-    try:
-        cluster = MultiNodeCluster((2, 2), time_scale=0.1, interval_s=0.05)
-    except MultiNodeError as exc:
-        raise DemoError(str(exc)) from exc
-    with cluster:
-        cluster.install_compute_domains()
-        try:
-            cluster.start_plugins(timeout_s=WAIT_S)
-        except MultiNodeError as exc:
-            raise DemoError(str(exc)) from exc
-        cluster.start_controller()
+    with started_cluster((2, 2)) as cluster:
         for node in cluster.nodes.values():
             narrator.say(f"node {node.name}: rack {node.rack}, tray {node.tray:02d}, address {node.ip}, "
                          f"plugin pid {node.plugin.pid if node.plugin else '-'}",
@@ -128,7 +146,7 @@ def run(narrator: Narrator) -> None:
 
 def _run_steps(cluster: MultiNodeCluster, narrator: Narrator) -> None:
     narrator.step(2, "ResourceSlices of driver compute-domain.nvidia.com")
-    slices = _wait(cluster, "a ResourceSlice per node", lambda: (s := [
+    slices = wait_step(cluster, "a ResourceSlice per node", lambda: (s := [
         x for x in cluster.api.objects("ResourceSlice") if x["spec"].get("driver") == "compute-domain.nvidia.com"])
         and len(s) == len(cluster.nodes) and s)
     for s in sorted(slices, key=lambda x: x["spec"]["pool"]["name"]):
@@ -144,7 +162,7 @@ def _run_steps(cluster: MultiNodeCluster, narrator: Narrator) -> None:
     for name in pods:
         cluster.api.create(workload_pod(name, TEMPLATE, group=DOMAIN, rack=1))
     for name in pods:
-        _wait(cluster, f"Pod {name} running", lambda name=name: cluster.pod_running(name))
+        wait_step(cluster, f"Pod {name} running", lambda name=name: cluster.pod_running(name))
         node = cluster.pod_node(name)
         narrator.say(f"Pod {name} -> node {node.name if node else '?'}", pod=name, node=node.name if node else "")
     placed = {n.name for p in pods if (n := cluster.pod_node(p)) is not None}
@@ -153,7 +171,7 @@ def _run_steps(cluster: MultiNodeCluster, narrator: Narrator) -> None:
     narrator.done()
 
     narrator.step(4, "the domain goes Ready")
-    _wait(cluster, f"ComputeDomain {DOMAIN} Ready", lambda: domain_ready(cluster, DOMAIN))
+    wait_step(cluster, f"ComputeDomain {DOMAIN} Ready", lambda: domain_ready(cluster, DOMAIN))
     status = (cluster.api.get(cd.COMPUTE_DOMAIN_KIND, DOMAIN, NS) or {}).get("status") or {}
     for entry in status.get("nodes") or []:
         narrator.say(f"status.nodes: {entry['name']} {entry['ipAddress']} clique {entry['cliqueID']} index "
@@ -180,7 +198,7 @@ def _run_steps(cluster: MultiNodeCluster, narrator: Narrator) -> None:
 
     narrator.step(6, "the IMEX daemons connected to each other")
     for node_name, pod in sorted(daemons.items()):
-        _wait(cluster, f"nvidia-imex on {node_name} READY",
+        wait_step(cluster, f"nvidia-imex on {node_name} READY",
               lambda node_name=node_name, pod=pod: imex_state(cluster, node_name, pod, "-q") == "READY\n")
         narrator.say(f"{node_name}: nvidia-imex-ctl -q: READY", node=node_name, state="READY")
     narrator.done()
@@ -189,8 +207,8 @@ def _run_steps(cluster: MultiNodeCluster, narrator: Narrator) -> None:
     for name in pods:
         cluster.api.delete("Pod", name, NS)
     cluster.api.delete(cd.COMPUTE_DOMAIN_KIND, DOMAIN, NS)
-    _wait(cluster, "the ComputeDomain gone", lambda: cluster.api.get(cd.COMPUTE_DOMAIN_KIND, DOMAIN, NS) is None)
-    _wait(cluster, "every object, label, spec and claim of the domain gone",
+    wait_step(cluster, "the ComputeDomain gone", lambda: cluster.api.get(cd.COMPUTE_DOMAIN_KIND, DOMAIN, NS) is None)
+    wait_step(cluster, "every object, label, spec and claim of the domain gone",
           lambda: not any(cluster.compute_domain_leftovers(uid).values()))
     narrator.say("node labels, templates, DaemonSet, cliques, daemon Pods, CDI specs, claim state: none left",
                  leftovers=cluster.compute_domain_leftovers(uid))

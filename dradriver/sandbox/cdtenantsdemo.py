@@ -32,23 +32,15 @@ import string
 from typing import Any
 
 from dradriver.domain import computedomains as cd
-from dradriver.sandbox.cddemo import compute_domain, domain_ready, workload_pod
+from dradriver.sandbox.cddemo import compute_domain, domain_ready, started_cluster, wait_step, workload_pod
 from dradriver.sandbox.demo import DemoError, Narrator
-from dradriver.sandbox.multinode import EmulatedNode, MultiNodeCluster, MultiNodeError
+from dradriver.sandbox.multinode import EmulatedNode, MultiNodeCluster
 
 DOMAIN = "job"
 TEMPLATE = "job-channel"
 CHANNELS_DIR = "/dev/nvidia-caps-imex-channels"
-WAIT_S = 120.0
 MAX_TENANTS = 4
 """Tenants the scenario runs at most (``N + 2`` node processes on one machine)."""
-
-
-def _wait(cluster: MultiNodeCluster, what: str, predicate: Any) -> Any:
-    try:
-        return cluster.wait_for(what, predicate, timeout_s=WAIT_S)
-    except MultiNodeError as exc:
-        raise DemoError(str(exc)) from exc
 
 
 def tenant_namespaces(tenants: int) -> list[str]:
@@ -76,19 +68,7 @@ def run(narrator: Narrator, tenants: int) -> None:
         raise DemoError(f"--tenants: {tenants} is outside 2..{MAX_TENANTS} for the multi-tenant compute-domain "
                         "scenario (1 runs the single-domain one)")
     narrator.step(1, f"one GB200 NVL72 rack of {tenants + 2} nodes: host-managed IMEX, IMEX_ISOLATION=channel")
-    try:
-        cluster = MultiNodeCluster((tenants + 2,), time_scale=0.1, interval_s=0.05, host_imex=True,
-                                   channel_isolation=True)
-    except MultiNodeError as exc:
-        raise DemoError(str(exc)) from exc
-    with cluster:
-        cluster.install_compute_domains()
-        try:
-            cluster.start_host_imex(timeout_s=WAIT_S)
-            cluster.start_plugins(timeout_s=WAIT_S)
-        except MultiNodeError as exc:
-            raise DemoError(str(exc)) from exc
-        cluster.start_controller()
+    with started_cluster((tenants + 2,), host_imex=True, channel_isolation=True) as cluster:
         for node in cluster.nodes.values():
             narrator.say(f"node {node.name}: address {node.ip}, host nvidia-imex pid "
                          f"{node.host_imex.pid if node.host_imex else '-'} ({cluster.host_imex_state(node)}), "
@@ -104,7 +84,7 @@ def _run_steps(cluster: MultiNodeCluster, narrator: Narrator, tenants: int) -> N
     namespaces = tenant_namespaces(tenants)
 
     narrator.step(2, "ResourceSlices of driver compute-domain.nvidia.com: every channel of every node")
-    slices = _wait(cluster, "every node's channel slices", lambda: _channel_slices(cluster, len(nodes)))
+    slices = wait_step(cluster, "every node's channel slices", lambda: _channel_slices(cluster, len(nodes)))
     for pool, devices in sorted(slices.items()):
         narrator.say(f"pool {pool}: {len(devices)} devices in {len(set(d[1] for d in devices))} slices "
                      f"(channel-0 .. channel-{len(devices) - 1})", pool=pool, devices=len(devices),
@@ -120,9 +100,9 @@ def _run_steps(cluster: MultiNodeCluster, narrator: Narrator, tenants: int) -> N
                                                          namespace=ns))["metadata"]["uid"])
     channels: dict[str, int] = {}
     for ns in namespaces:
-        channels[ns] = _wait(cluster, f"ComputeDomain {ns}/{DOMAIN}'s IMEX channel",
+        channels[ns] = wait_step(cluster, f"ComputeDomain {ns}/{DOMAIN}'s IMEX channel",
                              lambda ns=ns: domain_channel_of(cluster, ns))
-        template = _wait(cluster, f"ResourceClaimTemplate {ns}/{TEMPLATE}",
+        template = wait_step(cluster, f"ResourceClaimTemplate {ns}/{TEMPLATE}",
                          lambda ns=ns: cluster.api.get("ResourceClaimTemplate", TEMPLATE, ns))
         request = template["spec"]["spec"]["devices"]["requests"][0]["exactly"]
         selector = request["selectors"][0]["cel"]["expression"]
@@ -149,7 +129,7 @@ def _run_steps(cluster: MultiNodeCluster, narrator: Narrator, tenants: int) -> N
                      pods=[{"namespace": ns, "pod": pod,
                             "device_paths": node.pod_devices[f"{ns}/{pod}"].device_paths()} for ns, pod in here])
     for ns in namespaces:
-        _wait(cluster, f"ComputeDomain {ns}/{DOMAIN} Ready", lambda ns=ns: domain_ready(cluster, DOMAIN, ns))
+        wait_step(cluster, f"ComputeDomain {ns}/{DOMAIN} Ready", lambda ns=ns: domain_ready(cluster, DOMAIN, ns))
     narrator.say("every ComputeDomain Ready: " + ", ".join(f"{ns}/{DOMAIN}" for ns in namespaces),
                  ready=namespaces)
     narrator.done()
@@ -160,7 +140,7 @@ def _run_steps(cluster: MultiNodeCluster, narrator: Narrator, tenants: int) -> N
     cluster.api.create(_peek_claim(second, uids[second], channels[first]))
     cluster.api.create(_peek_pod(second, target))
     node = cluster.node(target)
-    error = _wait(cluster, f"the plugin on {target} to answer the claim {second}/peek",
+    error = wait_step(cluster, f"the plugin on {target} to answer the claim {second}/peek",
                   lambda: node.prepare_errors.get(f"{second}/peek", ""))
     if "is not the IMEX channel of ComputeDomain" not in error or f"{second}/peek" not in error:
         raise DemoError(f"the claim {second}/peek should be refused for naming another domain's channel: {error!r}")
@@ -194,14 +174,14 @@ def _run_steps(cluster: MultiNodeCluster, narrator: Narrator, tenants: int) -> N
     if spare_paths != sorted(_channel_path(channels[ns]) for ns, _ in lost):
         raise DemoError(f"the spare node should hold exactly the lost tenants' channels, it holds {spare_paths}")
     for ns in namespaces:
-        _wait(cluster, f"ComputeDomain {ns}/{DOMAIN} Ready", lambda ns=ns: domain_ready(cluster, DOMAIN, ns))
+        wait_step(cluster, f"ComputeDomain {ns}/{DOMAIN} Ready", lambda ns=ns: domain_ready(cluster, DOMAIN, ns))
     narrator.say("every ComputeDomain Ready again", ready=namespaces)
     narrator.done()
 
     narrator.step(7, f"node {victim} heals: its orphaned claims are unprepared")
     before = len(cluster.claim_specs(victim))
     cluster.heal_node(victim)
-    _wait(cluster, f"no claim left prepared on {victim}",
+    wait_step(cluster, f"no claim left prepared on {victim}",
           lambda: not cluster.claim_specs(victim) and not cluster.claim_state(victim))
     narrator.say(f"{victim}: {before} claim CDI specs before, none now; claim state empty; host nvidia-imex "
                  f"{cluster.host_imex_state(cluster.node(victim))}", node=victim, specs_before=before,
@@ -214,11 +194,11 @@ def _run_steps(cluster: MultiNodeCluster, narrator: Narrator, tenants: int) -> N
             cluster.api.delete("Pod", obj["metadata"]["name"], ns)
         cluster.api.delete(cd.COMPUTE_DOMAIN_KIND, DOMAIN, ns)
     for ns in namespaces:
-        _wait(cluster, f"ComputeDomain {ns}/{DOMAIN} gone",
+        wait_step(cluster, f"ComputeDomain {ns}/{DOMAIN} gone",
               lambda ns=ns: cluster.api.get(cd.COMPUTE_DOMAIN_KIND, DOMAIN, ns) is None)
     leftovers: dict[str, list[str]] = {}
     for uid in uids.values():
-        _wait(cluster, f"every object, spec and claim of ComputeDomain {uid} gone",
+        wait_step(cluster, f"every object, spec and claim of ComputeDomain {uid} gone",
               lambda uid=uid: not any(cluster.compute_domain_leftovers(uid).values()))
         for key, items in cluster.compute_domain_leftovers(uid).items():
             leftovers.setdefault(key, []).extend(items)
@@ -244,7 +224,7 @@ def _channel_slices(cluster: MultiNodeCluster, count: int) -> dict[str, list[tup
 
 def _check_pod(cluster: MultiNodeCluster, namespace: str, name: str, channel: int) -> Any:
     """Wait for Pod ``namespace/name`` running; it must hold exactly its domain's channel device."""
-    _wait(cluster, f"Pod {namespace}/{name} running", lambda: cluster.pod_running(name, namespace))
+    wait_step(cluster, f"Pod {namespace}/{name} running", lambda: cluster.pod_running(name, namespace))
     node: EmulatedNode | None = cluster.pod_node(name, namespace)
     edits = node.pod_devices.get(f"{namespace}/{name}") if node else None
     if edits is None or edits.device_paths() != [_channel_path(channel)]:
