@@ -10,7 +10,13 @@ gRPC over the plugin's Unix sockets), in alternating runs. Each run measures, fo
 * CPU (user + system, ``/proc/<pid>/stat``) spent when the slice is published, seconds;
 * resident memory (``VmRSS``) at rest (one second after the slice) and after 600 one-claim prepare+unprepare
   pairs, MiB;
-* one-claim ``NodePrepareResources`` p50/p99 and ``NodeUnprepareResources`` p50 over those pairs, milliseconds.
+* one-claim ``NodePrepareResources`` p50/p99 and ``NodeUnprepareResources`` p50 over those pairs, milliseconds;
+* the floors under those two: an empty ``NodePrepareResources`` (the kubelet's probe call, answered without the
+  preparer: the plugin's gRPC round trip alone) before each pair, p50 ms; and, once per run, one ResourceClaim GET
+  from a separate Python process with dradriver's client (:mod:`dradriver.kube.client`, the official
+  ``kubernetes`` client) against the same API emulator, p50 ms. A plugin's one-claim prepare cannot take less
+  than its empty call plus its GET, nor an unprepare less than its empty call; the report gives the ratio that
+  floor alone implies (``floor_ratio``).
 
 Ratios are dradriver / NVIDIA (lower is better). Without NVIDIA's binary (or its mock NVML) only dradriver's
 figures are reported and the report says the peer was not run; the memory row is then given as a ratio to a bare
@@ -56,6 +62,7 @@ TARGETS: dict[str, tuple[str, float, str]] = {
     "cpu_to_start_s": ("", 0.0, "nvidia"),  # reported; issue 17 sets no target (an interpreter's floor)
     "cpu_to_registration_s": ("", 0.0, "nvidia"),
     "cpu_per_pair_ms": ("", 0.0, "nvidia"),
+    "empty_call_p50_ms": ("", 0.0, "nvidia"),  # the gRPC floor (see the module docstring)
     "rss_rest_mib": ("<=", 1.0, "nvidia"),
     "rss_after_claims_mib": ("<=", 1.0, "nvidia"),
 }
@@ -68,6 +75,7 @@ LABELS = {
     "cpu_to_start_s": "CPU to start (s)",
     "cpu_to_registration_s": "CPU to the registration socket (s)",
     "cpu_per_pair_ms": "plugin CPU per one-claim prepare+unprepare pair (ms)",
+    "empty_call_p50_ms": "empty NodePrepareResources p50 (ms): the gRPC round trip alone",
     "rss_rest_mib": "resident memory at rest (MiB)",
     "rss_after_claims_mib": "resident memory after the claims (MiB)",
 }
@@ -247,12 +255,14 @@ def measure(side: Side, node: Any, claims: int, tag: str) -> dict[str, float]:
         time.sleep(1.0)
         figures["rss_rest_mib"] = _proc_rss_mib(proc.pid)
         cpu_before = _proc_cpu(proc.pid)
-        prepares, unprepares = asyncio.run(_pairs(KubeletEmulator, side.registrar, refs))
+        prepares, unprepares, empties = asyncio.run(_pairs(KubeletEmulator, side.registrar, refs))
         figures["cpu_per_pair_ms"] = (_proc_cpu(proc.pid) - cpu_before) / len(refs) * 1e3
         figures["rss_after_claims_mib"] = _proc_rss_mib(proc.pid)
         figures["prepare_p50_ms"] = statistics.median(prepares) * 1e3
         figures["prepare_p99_ms"] = _percentile(prepares, 0.99) * 1e3
         figures["unprepare_p50_ms"] = statistics.median(unprepares) * 1e3
+        figures["empty_call_p50_ms"] = statistics.median(empties) * 1e3
+        figures["api_get_p50_ms"] = api_get_p50_ms(node.kubeconfig, refs[0])
     finally:
         proc.terminate()
         try:
@@ -267,12 +277,39 @@ def measure(side: Side, node: Any, claims: int, tag: str) -> dict[str, float]:
     return figures
 
 
-async def _pairs(emulator_cls: Any, registrar: Path, refs: list[Any]) -> tuple[list[float], list[float]]:
+GET_SCRIPT = """
+import statistics, sys, time
+from dradriver.kube import claims, client
+c = client.open_client(sys.argv[1])
+times = []
+for _ in range(int(sys.argv[4])):
+    t0 = time.perf_counter()
+    claims.get_resource_claim(c, sys.argv[2], sys.argv[3])
+    times.append(time.perf_counter() - t0)
+print(statistics.median(times[len(times) // 5:]) * 1e3)
+"""
+
+
+def api_get_p50_ms(kubeconfig: Path | str, ref: Any, count: int = 200) -> float:
+    """p50 of one ResourceClaim GET, ms, from a fresh Python process with dradriver's client (after 20 % warm-up)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    out = subprocess.run([sys.executable, "-c", GET_SCRIPT, str(kubeconfig), ref.namespace, ref.name, str(count)],
+                         capture_output=True, text=True, check=True, env=env, timeout=120).stdout
+    return float(out.strip().splitlines()[-1])
+
+
+async def _pairs(emulator_cls: Any, registrar: Path,
+                 refs: list[Any]) -> tuple[list[float], list[float], list[float]]:
     prepares: list[float] = []
     unprepares: list[float] = []
+    empties: list[float] = []
     async with emulator_cls(registrar) as kubelet:
         conn = await kubelet.wait_for_plugin(DRIVER)
         for ref in refs:
+            t0 = time.perf_counter()
+            await conn.prepare([])
+            empties.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             answer = await conn.prepare([ref])
             t1 = time.perf_counter()
@@ -285,7 +322,7 @@ async def _pairs(emulator_cls: Any, registrar: Path, refs: list[Any]) -> tuple[l
                 raise RuntimeError(f"unprepare {ref}: {gone}")
             prepares.append(t1 - t0)
             unprepares.append(t2 - t1)
-    return prepares, unprepares
+    return prepares, unprepares, empties
 
 
 def run(*, nvidia_plugin: Path | None, nvidia_mock_nvml: Path | None, rounds: int = 3,
@@ -363,7 +400,26 @@ def build_report(samples: dict[str, list[dict[str, float]]], *, bare_rss_mib: fl
                         "ratio": None if ratio is None else round(ratio, 3), "target": target_text, "met": met}
     note = "" if peer_run else f"peer not run: {peer_reason or 'no samples'}"
     return {"peer_run": peer_run, "peer_note": note, "bare_interpreter_rss_mib": round(bare_rss_mib, 2),
-            "claims": claims, "rounds": rounds, "rows": rows}
+            "claims": claims, "rounds": rounds, "rows": rows, "floors": _floors(samples, peer_run)}
+
+
+def _floors(samples: dict[str, list[dict[str, float]]], peer_run: bool) -> dict[str, float | None]:
+    """What dradriver's gRPC round trip and a Python client's GET alone put under its one-claim figures:
+    ``{"api_get_p50_ms", "prepare_floor_ms", "unprepare_floor_ms", "prepare_floor_ratio",
+    "unprepare_floor_ratio"}`` (ratios to NVIDIA's figures, ``None`` without the peer)."""
+    runs = [s for side in samples.values() for s in side if "api_get_p50_ms" in s]
+    if not runs or not samples.get("dradriver"):
+        return {}
+    get_ms = statistics.median(s["api_get_p50_ms"] for s in runs)
+    empty_ms = _median(samples["dradriver"], "empty_call_p50_ms")
+    floors: dict[str, float | None] = {"api_get_p50_ms": round(get_ms, 3),
+                                       "prepare_floor_ms": round(empty_ms + get_ms, 3),
+                                       "unprepare_floor_ms": round(empty_ms, 3),
+                                       "prepare_floor_ratio": None, "unprepare_floor_ratio": None}
+    if peer_run:
+        floors["prepare_floor_ratio"] = round((empty_ms + get_ms) / _median(samples["nvidia"], "prepare_p50_ms"), 3)
+        floors["unprepare_floor_ratio"] = round(empty_ms / _median(samples["nvidia"], "unprepare_p50_ms"), 3)
+    return floors
 
 
 def _median(samples: list[dict[str, float]], figure: str) -> float:
@@ -381,6 +437,13 @@ def format_report(report: dict[str, Any]) -> str:
         theirs = "-" if row["nvidia"] is None else row["nvidia"]
         ratio = "-" if row["ratio"] is None else row["ratio"]
         lines.append(f"| {row['label']} | {row['dradriver']} | {theirs} | {ratio} | {row['target']} | {met} |")
+    floors = report.get("floors") or {}
+    if floors:
+        ratio = (f" = {floors['prepare_floor_ratio']}x / {floors['unprepare_floor_ratio']}x NVIDIA's"
+                 if floors.get("prepare_floor_ratio") is not None else "")
+        lines.append(f"floors: a ResourceClaim GET from a Python process {floors['api_get_p50_ms']} ms p50; "
+                     f"dradriver's empty call + GET {floors['prepare_floor_ms']} ms under a prepare, its empty "
+                     f"call {floors['unprepare_floor_ms']} ms under an unprepare{ratio}")
     load = report.get("load_average")
     lines.append(f"bare interpreter RSS: {report['bare_interpreter_rss_mib']} MiB; {report['rounds']} alternating "
                  f"runs, {report['claims']} one-claim pairs per run"

@@ -34,6 +34,10 @@ def test_without_the_peer_reports_dradriver_alone_and_says_so(tmp_path: Path,
     # the only absolute target is judged without the peer; the relative ones are not
     assert report["rows"]["start_to_registration_s"]["met"] is not None
     assert report["rows"]["prepare_p50_ms"]["met"] is None
+    floors = report["floors"]
+    assert floors["api_get_p50_ms"] > 0
+    assert floors["unprepare_floor_ms"] == report["rows"]["empty_call_p50_ms"]["dradriver"]
+    assert floors["prepare_floor_ratio"] is None and floors["unprepare_floor_ratio"] is None
     assert len(report["load_average"]) == 2 and len(report["samples"]["dradriver"]) == 1
     text = capsys.readouterr().out
     assert text == vs_nvidia.format_report(report) + "\n"
@@ -44,8 +48,10 @@ def test_without_the_peer_reports_dradriver_alone_and_says_so(tmp_path: Path,
 def test_with_peer_samples_every_row_has_a_ratio_and_a_verdict() -> None:
     ours = {"prepare_p50_ms": 2.0, "prepare_p99_ms": 5.0, "unprepare_p50_ms": 1.0, "start_to_registration_s": 0.2,
             "start_to_slice_s": 0.8, "cpu_to_start_s": 0.7,
-            "cpu_to_registration_s": 0.2, "cpu_per_pair_ms": 1.5, "rss_rest_mib": 80.0, "rss_after_claims_mib": 82.0}
+            "cpu_to_registration_s": 0.2, "cpu_per_pair_ms": 1.5, "empty_call_p50_ms": 0.5, "rss_rest_mib": 80.0,
+            "rss_after_claims_mib": 82.0, "api_get_p50_ms": 1.0}
     theirs = {k: v * 2 for k, v in ours.items()}
+    theirs["api_get_p50_ms"] = 1.0  # the same client and emulator in both runs
     report = vs_nvidia.build_report({"dradriver": [ours], "nvidia": [theirs]}, bare_rss_mib=10.0, peer_reason="",
                                     claims=600, rounds=1)
     assert report["peer_run"] is True and report["peer_note"] == ""
@@ -55,4 +61,9 @@ def test_with_peer_samples_every_row_has_a_ratio_and_a_verdict() -> None:
     assert report["rows"]["prepare_p50_ms"]["met"] is True  # 0.5 <= 0.7
     assert report["rows"]["cpu_to_start_s"]["met"] is None  # reported, no target
     assert report["rows"]["start_to_registration_s"]["met"] is True  # 0.2 s <= 0.3 s
+    # the floors: dradriver's empty call (0.5 ms) + a GET (1.0 ms) under NVIDIA's 4 ms prepare; the empty call
+    # alone under its 2 ms unprepare
+    assert report["floors"] == {"api_get_p50_ms": 1.0, "prepare_floor_ms": 1.5, "unprepare_floor_ms": 0.5,
+                                "prepare_floor_ratio": 0.375, "unprepare_floor_ratio": 0.25}
+    assert "empty call + GET 1.5 ms" in vs_nvidia.format_report(report)
 
