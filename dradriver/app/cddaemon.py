@@ -96,8 +96,8 @@ class DaemonSettings:
     :param resync_s: seconds between two reads of the clique while its watch is up (a missed event is caught
         here at the latest).
     :param watch: follow the clique through a watch (:class:`CliqueWatch`); False (the default for now: with
-        the watch on, ``tests/computedomain/test_e2e_failure.py`` -- a killed node returning -- times out waiting
-        for the peers' hosts files, not yet understood): poll every ``poll_interval_s`` only.
+        the watch on, ``tests/computedomain/test_e2e_failure.py`` -- a killed node returning -- times out in about
+        one run of four waiting for the peers' hosts files, cause not found): poll every ``poll_interval_s`` only.
     :param watch_timeout_s: ``timeoutSeconds`` of each watch request (the watch resumes at once after it).
     """
 
@@ -333,7 +333,9 @@ class CliqueWatch:
 
     The watch resumes from the last resourceVersion it saw (first: the one :meth:`start` gives, the daemon's
     own apply's); after 410 ``Expired`` it watches again from ``""`` (the current clique comes as ``ADDED``);
-    after any other failure it is down and retried every ``retry_s``. While it is down (from a failure until an
+    after any other failure (an API error, or anything unexpected such as a malformed event: the thread never
+    dies while the watch is taken for up, which would leave the daemon reading only every ``resync_s``) it is
+    down and retried every ``retry_s``. While it is down (from a failure until an
     event arrives or a watch request ends cleanly) :meth:`wait` answers :data:`READ` every ``poll_s``: the daemon
     polls as it did before the watch; while it is up, every ``resync_s`` (a periodic GET catches a missed event).
 
@@ -435,9 +437,13 @@ class CliqueWatch:
             except kube_errors.KubeGoneError:
                 with self._cond:
                     self._rv = ""
-            except kube_errors.KubeAPIError as exc:
-                log.warning("watch on clique %s/%s failed: %s; polling every %gs until it works again",
-                            settings.pod_namespace, settings.clique_name, exc, settings.poll_interval_s)
+            except Exception as exc:  # an API failure, or anything else: the thread must not die with _up set
+                if isinstance(exc, kube_errors.KubeAPIError):
+                    log.warning("watch on clique %s/%s failed: %s; polling every %gs until it works again",
+                                settings.pod_namespace, settings.clique_name, exc, settings.poll_interval_s)
+                else:
+                    log.error("watch on clique %s/%s failed unexpectedly; polling every %gs until it works again",
+                              settings.pod_namespace, settings.clique_name, settings.poll_interval_s, exc_info=exc)
                 with self._cond:
                     self._up = False
                     self._cond.notify_all()

@@ -368,3 +368,46 @@ def test_a_failed_clique_watch_falls_back_to_the_poll(api: ApiServerEmulator, cl
     finally:
         stop.set()
         thread.join(timeout=5)
+
+
+def test_an_unexpected_failure_in_the_clique_watch_falls_back_to_the_poll_and_the_watch_comes_back(
+        api: ApiServerEmulator, client: KubeClient, tmp_path: Path, monkeypatch: Any) -> None:
+    """A malformed event (an object that is not a mapping) breaks the watch request, not the watch thread: the
+    daemon polls meanwhile, and the next watch request brings the clique again."""
+    from dataclasses import replace
+
+    from dradriver.app import cddaemon
+
+    uid = _create(client, "cdm")
+    m = _daemon(api, client, uid, "node-a", tmp_path)
+    m.settings = replace(m.settings, poll_interval_s=0.05, resync_s=60.0)
+    m.step()
+    real = cddaemon.kube_cd.watch_cliques
+    calls: list[str] = []
+
+    def first_malformed(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args[3])
+        if len(calls) == 1:
+            yield {"type": "MODIFIED", "object": ["not", "a", "clique"]}
+            return
+        yield from real(*args, **kwargs)
+
+    monkeypatch.setattr(cddaemon.kube_cd, "watch_cliques", first_malformed)
+    watch = cddaemon.CliqueWatch(m.client, m.settings, retry_s=0.05)
+    watch.start(m.resource_version)
+    stop = threading.Event()
+    thread = threading.Thread(target=watch.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: len(calls) >= 2, "the watch retried after the malformed event")
+        assert thread.is_alive()
+        # the daemon's own entry changes (a new pod IP): the second watch request carries the event
+        moved = replace(m.settings, pod_ip="10.0.9.9")
+        cddaemon.Membership(m.client, moved).step()
+        wait_for(lambda: watch.pending(), "an event through the watch after the failure")
+        observed = watch.take()
+        assert isinstance(observed, dict) and watch.up
+        assert "10.0.9.9" in {d.get("ipAddress") for d in observed.get("daemons", [])}
+    finally:
+        stop.set()
+        thread.join(timeout=5)
