@@ -8,8 +8,8 @@ run|check``).
    no clique); with no clique, idle until SIGTERM;
 3. render ``<imexd>/imexd.cfg`` from ``<imexd>/imexd.cfg.tmpl`` (pod IP, ``nodes.cfg`` path) and the static
    ``nodes.cfg`` of per-domain DNS names;
-4. apply its entry at once, then (with ``DaemonSettings.watch``; off by default for now, see there: else the
-   1 s poll alone) follow its ComputeDomainClique ``<cdUID>.<cliqueID>`` through a watch
+4. apply its entry at once, then (with ``DaemonSettings.watch``, the default; without it the 1 s poll alone)
+   follow its ComputeDomainClique ``<cdUID>.<cliqueID>`` through a watch
    (:class:`CliqueWatch`, ``fieldSelector metadata.name``, from the apply's resourceVersion): each event is acted
    on at once; one GET every ``resync_s`` (60 s) while the watch is up, every ``poll_interval_s`` (1 s) while it
    is down (the poll of earlier versions, now the fallback); when the clique lacks this daemon's entry as it
@@ -95,9 +95,8 @@ class DaemonSettings:
     :param poll_interval_s: seconds between two reads of the clique while its watch is down (the fallback).
     :param resync_s: seconds between two reads of the clique while its watch is up (a missed event is caught
         here at the latest).
-    :param watch: follow the clique through a watch (:class:`CliqueWatch`); False (the default for now: with
-        the watch on, ``tests/computedomain/test_e2e_failure.py`` -- a killed node returning -- times out in about
-        one run of four waiting for the peers' hosts files, cause not found): poll every ``poll_interval_s`` only.
+    :param watch: follow the clique through a watch (:class:`CliqueWatch`, the default); False: poll every
+        ``poll_interval_s`` only.
     :param watch_timeout_s: ``timeoutSeconds`` of each watch request (the watch resumes at once after it).
     """
 
@@ -117,7 +116,7 @@ class DaemonSettings:
     imex_ctl_binary: str = "nvidia-imex-ctl"
     poll_interval_s: float = 1.0
     resync_s: float = 60.0
-    watch: bool = False
+    watch: bool = True
     watch_timeout_s: float = 300.0
     imex_env: dict[str, str] | None = field(default=None)
 

@@ -726,7 +726,11 @@ class MultiNodeCluster:
 
     # ------------------------------------------------------------------------------------------- loops
     def start(self) -> MultiNodeCluster:
-        """Start the controller thread (scheduler, DaemonSet controller) and each node's kubelet thread."""
+        """Start the controller thread (scheduler, DaemonSet controller) and each node's kubelet thread; a
+        cluster already started is left as it is (``with MultiNodeCluster(...)`` starts it: a second set of
+        loops would run every node's pods twice and race on the runtime's state)."""
+        if any(t.is_alive() for t in self._threads):
+            return self
         self._stop.clear()
         threads = [threading.Thread(target=self._loop, args=(self.reconcile_control_plane,), daemon=True,
                                     name="sandbox-control-plane")]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -175,6 +176,19 @@ def test_bad_layouts_and_names_are_refused_clearly() -> None:
         with pytest.raises(MultiNodeError, match="no node 'rack9-node00'; nodes: rack1-node00"):
             c.node("rack9-node00")
         assert c.rack_nodes(1)[0].profile.name == "rack-a-tray-00.json"
+
+
+def test_starting_a_started_cluster_runs_one_set_of_loops() -> None:
+    with MultiNodeCluster((2,), time_scale=0.05, interval_s=0.02) as c:  # __enter__ starts it
+        first = list(c._threads)
+        assert c.start() is c
+        assert c._threads == first and all(t.is_alive() for t in first)
+        names = sorted(t.name for t in threading.enumerate() if t.name.startswith("sandbox-"))
+        assert names == ["sandbox-control-plane", "sandbox-kubelet-rack1-node00", "sandbox-kubelet-rack1-node01",
+                         "sandbox-node-leases"]
+        c.stop()
+        assert c.start()._threads != first  # stopped, then started afresh
+        assert all(t.is_alive() for t in c._threads)
 
 
 def _renewed(c: MultiNodeCluster, node: str) -> str:
