@@ -16,7 +16,7 @@ gRPC over the plugin's Unix sockets), in alternating runs. Each run measures, fo
   from a separate Python process with dradriver's client (:mod:`dradriver.kube.client`, the official
   ``kubernetes`` client) against the same API emulator, p50 ms. A plugin's one-claim prepare cannot take less
   than its empty call plus its GET, nor an unprepare less than its empty call; the report gives the ratio that
-  floor alone implies (``floor_ratio``).
+  floor alone implies (the report's ``floors``: ``prepare_floor_ratio``, ``unprepare_floor_ratio``).
 
 Ratios are dradriver / NVIDIA (lower is better). Without NVIDIA's binary (or its mock NVML) only dradriver's
 figures are reported and the report says the peer was not run; the memory row is then given as a ratio to a bare
