@@ -113,8 +113,10 @@ def test_global_status_follows_the_cliques(api: ApiServerEmulator, client: KubeC
         # an entry's status is the controller's copy of its daemon pod's Ready condition: node-b's "Ready" (as an
         # older daemon would have written it) is corrected to its pod's NotReady
         api.create(clique_object(uid, [entry("node-a", "10.0.0.1", 0), entry("node-b", "10.0.0.2", 1, "Ready")]))
-        nodes = wait_for(lambda: (n := _status(api, "cd2").get("nodes")) and n[-1]["status"] == "NotReady" and n,
-                         "status.nodes")
+        # wait for both entries settled (a pass that ran before the pod watch delivered node-a's Ready pod lists
+        # node-a NotReady for a moment)
+        nodes = wait_for(lambda: (n := _status(api, "cd2").get("nodes")) and n[-1]["status"] == "NotReady"
+                         and n[0]["status"] == "Ready" and n, "status.nodes")
         assert [(n["name"], n["index"], n["status"]) for n in nodes] == [("node-a", 0, "Ready"),
                                                                          ("node-b", 1, "NotReady")]
         assert _status(api, "cd2")["status"] == "NotReady"
