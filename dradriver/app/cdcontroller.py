@@ -267,6 +267,11 @@ def membership_operations(clique: Mapping[str, Any], *, keep_nodes: set[str],
     return ops
 
 
+MEMBERSHIP_BATCH = 16
+"""ComputeDomains whose pods and cliques one membership pass lists together (one LIST each per batch): the
+most a pass holds at once, whatever the fleet's size (a label selector ``in`` set of 16 UIDs is ~600 bytes)."""
+
+
 def _uid_selector(uid: str) -> str:
     return f"{LABEL_COMPUTE_DOMAIN}={uid}"
 
@@ -510,51 +515,59 @@ class ComputeDomainController:
         wanted = None if uids is None else set(uids)
         if wanted is not None and not wanted:
             return
-        objs: list[JSONDict] = []
+        objs: Iterable[JSONDict]
         if wanted is not None and all(u in self._keys for u in wanted):
-            for uid in wanted:
-                got = kcd.get_compute_domain(self.client, *self._keys[uid])
-                if got is not None and str((got.get("metadata") or {}).get("uid", "")) == uid:
-                    objs.append(got)
-        else:
-            objs = [o for o in kcd.list_compute_domains(self.client).get("items") or ()
-                    if wanted is None or str((o.get("metadata") or {}).get("uid", "")) in wanted]
-        if not objs:
-            return
-        pods, cliques = self._members(None if wanted is None else
-                                      [str((o.get("metadata") or {}).get("uid", "")) for o in objs])
+            got = [kcd.get_compute_domain(self.client, *self._keys[uid]) for uid in wanted]
+            objs = [o for o, uid in zip(got, wanted, strict=True)
+                    if o is not None and str((o.get("metadata") or {}).get("uid", "")) == uid]
+        else:  # page by page: the full resync holds one page of domains and one batch of members at a time
+            objs = (o for o in kcd.iterate_compute_domains(self.client)
+                    if wanted is None or str((o.get("metadata") or {}).get("uid", "")) in wanted)
+        batch: list[JSONDict] = []
         for obj in objs:
             meta = obj.get("metadata") or {}
             if meta.get("deletionTimestamp") or FINALIZER not in (meta.get("finalizers") or ()):
                 continue
+            batch.append(obj)
+            if len(batch) == MEMBERSHIP_BATCH:
+                self._sync_batch(batch)
+                batch = []
+        if batch:
+            self._sync_batch(batch)
+
+    def _sync_batch(self, batch: list[JSONDict]) -> None:
+        pods, cliques = self._members([str(o["metadata"].get("uid", "")) for o in batch])
+        for obj in batch:
             obj.setdefault("apiVersion", "resource.nvidia.com/v1beta1")
             obj.setdefault("kind", "ComputeDomain")
+            meta = obj["metadata"]
             uid = str(meta.get("uid", ""))
             try:
                 self._sync(obj, pods.get(uid, []), cliques.get(uid, []))
             except errors.KubeConflictError:
-                self.mark(str(meta.get("uid", "")))
+                self.mark(uid)
             except ComputeDomainError as exc:
                 log.debug("status of ComputeDomain %s/%s: %s", meta.get("namespace"), meta.get("name"), exc)
 
-    def _members(self, uids: list[str] | None) -> tuple[dict[str, list[JSONDict]], dict[str, list[JSONDict]]]:
-        """The daemon pods and cliques of the domains ``uids`` (all labelled ones when None), by domain UID.
+    def _members(self, uids: list[str]) -> tuple[dict[str, list[JSONDict]], dict[str, list[JSONDict]]]:
+        """The daemon pods and cliques of the domains ``uids`` (at most :data:`MEMBERSHIP_BATCH`), by domain UID.
 
-        One list per domain with its UID selector, so an event-driven pass costs what its domains hold, not what
-        the fleet holds (issue 14, ``compute_domain_fleet``); only the full resync lists everything, once.
+        One list of pods and one of cliques for the batch (the set-based selector ``computeDomain in (...)``), so
+        a pass costs and holds what its domains have, not what the fleet has: the full resync walks the fleet a
+        batch at a time (issue 14, ``compute_domain_fleet``: its controller memory must not grow with the fleet).
 
         :raises errors.KubeAPIError: a list failed.
         """
         ns = self.settings.namespace
+        selector = _uid_selector(uids[0]) if len(uids) == 1 else f"{LABEL_COMPUTE_DOMAIN} in ({','.join(uids)})"
         pods: dict[str, list[JSONDict]] = {}
         cliques: dict[str, list[JSONDict]] = {}
-        for selector in [LABEL_COMPUTE_DOMAIN] if uids is None else [_uid_selector(u) for u in uids]:
-            if not self.settings.host_managed:
-                for pod in list_pods(self.client, ns, selector):
-                    pods.setdefault(owner_of(pod), []).append(pod)
-            if self.cliques_gate:
-                for clique in kcd.list_cliques(self.client, ns, selector):
-                    cliques.setdefault(owner_of(clique), []).append(clique)
+        if not self.settings.host_managed:
+            for pod in list_pods(self.client, ns, selector):
+                pods.setdefault(owner_of(pod), []).append(pod)
+        if self.cliques_gate:
+            for clique in kcd.list_cliques(self.client, ns, selector):
+                cliques.setdefault(owner_of(clique), []).append(clique)
         return pods, cliques
 
     def _owned_watch_loop(self, stop: threading.Event, kind: cdobjects.ObjectKind, namespace: str) -> None:

@@ -148,13 +148,13 @@ def remove_finalizer(client: KubeClient, kind: ObjectKind, namespace: str, name:
     return False
 
 
-def list_nodes(client: KubeClient, label_selector: str = "") -> list[JSONDict]:
-    """Nodes matching ``label_selector``.
+def list_nodes(client: KubeClient, label_selector: str = "") -> Iterator[JSONDict]:
+    """Nodes matching ``label_selector``, fetched page by page as they are consumed (:meth:`KubeClient.list_items`:
+    one page of a large fleet's Nodes held at a time).
 
     :raises errors.KubeAPIError: after retries.
     """
-    body = client.call(f"LIST nodes {label_selector}", client.core.list_node, label_selector=label_selector)
-    return list(body.get("items") or [])
+    return client.list_items(f"LIST nodes {label_selector}", client.core.list_node, label_selector=label_selector)
 
 
 def watch_compute_domains(client: KubeClient, resource_version: str, timeout_s: float) -> Iterator[JSONDict]:

@@ -44,6 +44,9 @@ log = logging.getLogger(__name__)
 
 JSONDict = dict[str, Any]
 
+LIST_PAGE_SIZE = 500
+"""Items per page of :meth:`KubeClient.list_items` (client-go's ``pager.DefaultPageSize``)."""
+
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
@@ -191,6 +194,33 @@ class KubeClient:
                 log.warning("%s; retry %d/%d in %.2fs", err, attempt, attempts - 1, delay)
                 self._sleep(delay)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def list_items(self, what: str, method: Callable[..., Any], /, *args: Any, page_size: int = LIST_PAGE_SIZE,
+                   **kwargs: Any) -> Iterator[JSONDict]:
+        """The ``items`` of a LIST through a typed ``method``, fetched ``page_size`` at a time (``limit`` and
+        ``continue``, Kubernetes API concepts "Retrieving large results sets in chunks"; client-go's pager uses
+        the same 500), so a caller that consumes them as they come holds one page of a large list, not all of it.
+        Each page is one :meth:`call` (retried as any call).
+
+        :raises errors.KubeGoneError: the list's snapshot expired between two pages (410; items already
+            yielded are not repeated: the caller lists again).
+        :raises errors.KubeAPIError: the subclass for any other final failure.
+        """
+        token = ""
+        while True:
+            paged = {"limit": page_size, "_continue": token} if token else {"limit": page_size}
+            try:
+                body = self.call(what, method, *args, **paged, **kwargs)
+            except errors.KubeGoneError as exc:
+                if not token:
+                    raise
+                raise errors.KubeGoneError(what, status=exc.status, reason=exc.reason,
+                                           message=f"the list expired between pages; list again: {exc.message}"
+                                           ) from exc
+            yield from body.get("items") or ()
+            token = str((body.get("metadata") or {}).get("continue") or "")
+            if not token:
+                return
 
     def stream(self, what: str, method: Callable[..., Any], /, *, timeout_s: float,
                **kwargs: Any) -> Iterator[JSONDict]:

@@ -34,6 +34,7 @@ __all__ = [
     "find_compute_domain",
     "get_clique",
     "get_compute_domain",
+    "iterate_compute_domains",
     "list_cliques",
     "list_compute_domains",
     "list_node_leases",
@@ -141,15 +142,24 @@ def get_clique(client: KubeClient, namespace: str, name: str) -> JSONDict | None
         return None
 
 
+def iterate_compute_domains(client: KubeClient) -> Iterator[JSONDict]:
+    """The ComputeDomains of every namespace, fetched page by page as they are consumed
+    (:meth:`KubeClient.list_items`).
+
+    :raises errors.KubeAPIError: after retries.
+    """
+    return client.list_items("LIST computedomains", client.custom.list_cluster_custom_object, API_GROUP,
+                             API_VERSION, COMPUTE_DOMAIN_PLURAL)
+
+
 def list_cliques(client: KubeClient, namespace: str, label_selector: str = "") -> list[JSONDict]:
     """ComputeDomainCliques of ``namespace`` matching ``label_selector``.
 
     :raises errors.KubeAPIError: after retries.
     """
-    body = client.call(f"LIST computedomaincliques {namespace} {label_selector}",
-                       client.custom.list_namespaced_custom_object, API_GROUP, API_VERSION, namespace,
-                       CLIQUE_PLURAL, label_selector=label_selector)
-    return list(body.get("items") or [])
+    return list(client.list_items(f"LIST computedomaincliques {namespace} {label_selector}",
+                                  client.custom.list_namespaced_custom_object, API_GROUP, API_VERSION, namespace,
+                                  CLIQUE_PLURAL, label_selector=label_selector))
 
 
 def watch_cliques(client: KubeClient, namespace: str, label_selector: str, resource_version: str,
@@ -237,15 +247,15 @@ def patch_clique(client: KubeClient, namespace: str, name: str, operations: list
         return None
 
 
-def list_node_leases(client: KubeClient) -> list[JSONDict]:
+def list_node_leases(client: KubeClient) -> Iterator[JSONDict]:
     """The kubelets' heartbeat Leases (``coordination.k8s.io/v1`` in ``kube-node-lease``, one per Node, named
-    after it; ``spec.renewTime`` is the last heartbeat).
+    after it; ``spec.renewTime`` is the last heartbeat), fetched page by page as they are consumed
+    (:meth:`KubeClient.list_items`: one page of a large fleet's Leases held at a time).
 
     :raises errors.KubeAPIError: after retries.
     """
-    body = client.call(f"LIST leases {NODE_LEASE_NAMESPACE}", client.coordination.list_namespaced_lease,
-                       NODE_LEASE_NAMESPACE)
-    return list(body.get("items") or [])
+    return client.list_items(f"LIST leases {NODE_LEASE_NAMESPACE}", client.coordination.list_namespaced_lease,
+                             NODE_LEASE_NAMESPACE)
 
 
 def delete_clique(client: KubeClient, namespace: str, name: str) -> bool:

@@ -52,13 +52,12 @@ def list_deployments(client: KubeClient, namespace: str, label_selector: str) ->
 
 
 def list_pods(client: KubeClient, namespace: str, label_selector: str) -> list[JSONDict]:
-    """Pods of ``namespace`` matching ``label_selector``.
+    """Pods of ``namespace`` matching ``label_selector`` (fetched in pages: :meth:`KubeClient.list_items`).
 
     :raises errors.KubeAPIError: after retries.
     """
-    body = client.call(f"LIST pods {namespace} {label_selector}", client.core.list_namespaced_pod, namespace,
-                       label_selector=label_selector)
-    return list(body.get("items") or [])
+    return list(client.list_items(f"LIST pods {namespace} {label_selector}", client.core.list_namespaced_pod,
+                                  namespace, label_selector=label_selector))
 
 
 def delete_deployment(client: KubeClient, namespace: str, name: str) -> bool:

@@ -4,11 +4,14 @@ clique objects, deletion in NVIDIA's order leaving nothing behind, the stale swe
 
 from __future__ import annotations
 
+import re
+import urllib.parse
 from typing import Any
 
 import kubernetes
 import pytest
 
+from dradriver.app import cdcontroller
 from dradriver.app.cdcontroller import ComputeDomainController
 from dradriver.domain.cdtemplates import (
     IMEX_MODE_HOST_MANAGED,
@@ -326,3 +329,30 @@ def test_a_daemonset_readiness_change_recomputes_the_status_at_once(api: ApiServ
         api.update(ds, subresource="status")
         wait_for(lambda: _status(api, "cd8").get("status") == "Ready", "Ready after the DaemonSet event")
         assert [(n["name"], n["status"]) for n in _status(api, "cd8")["nodes"]] == [("node-a", "Ready")]
+
+
+def test_the_full_resync_walks_the_domains_a_batch_at_a_time(api: ApiServerEmulator, client: KubeClient,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # issue 14 (compute_domain_fleet): the resync must not hold the whole fleet's pods at once; with batches of 2,
+    # five domains take three pod lists and three clique lists, each selecting only its batch's domains
+    monkeypatch.setattr(cdcontroller, "MEMBERSHIP_BATCH", 2)
+    uids = []
+    for i in range(5):
+        manifest = compute_domain(f"cd{i}", num_nodes=1)
+        manifest["metadata"]["finalizers"] = [FINALIZER]
+        uid = _create(client, manifest)["metadata"]["uid"]
+        uids.append(uid)
+        daemon_pod(api, uid, f"node-{i}", f"10.0.0.{i + 1}")
+        api.create(clique_object(uid, [entry(f"node-{i}", f"10.0.0.{i + 1}", 0)]))
+    controller = _controller(client)
+    api.clear_requests()
+    controller.sync_all_status()
+    for i in range(5):
+        assert [(n["name"], n["status"]) for n in _status(api, f"cd{i}")["nodes"]] == [(f"node-{i}", "Ready")]
+        assert _status(api, f"cd{i}")["status"] == "Ready"
+    pod_lists = [urllib.parse.unquote_plus(r.query) for r in api.requests if r.verb == "list" and r.resource == "pods"]
+    assert len(pod_lists) == 3
+    selected = [re.findall(r"[0-9a-f-]{36}", q) for q in pod_lists]
+    assert sorted(u for batch in selected for u in batch) == sorted(uids) and all(len(b) <= 2 for b in selected)
+    assert api.count("list", "computedomaincliques") == 3
+    assert all("limit=500" in r.query for r in api.requests if r.verb == "list")

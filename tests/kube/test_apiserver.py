@@ -210,3 +210,43 @@ def test_kubeconfig_is_loadable_yaml(kubeconfig: str, api: ApiServerEmulator) ->
     with open(kubeconfig, encoding="utf-8") as f:
         doc = yaml.safe_load(f)
     assert doc["clusters"][0]["cluster"]["server"] == api.url
+
+
+def _pod(name: str, namespace: str = "default", labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace,
+                                                            "labels": labels or {}},
+            "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
+
+
+def test_list_in_chunks_with_limit_and_continue(k8s: Any) -> None:
+    core: Any = kubernetes.client.CoreV1Api(k8s)
+    core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default-a"}})
+    # "default-a" sorts after "default" as a namespace but before it as a "namespace/name" string
+    for ns, name in (("default", "p0"), ("default", "p1"), ("default-a", "p2"), ("default", "p3"), ("default", "p4")):
+        core.create_namespaced_pod(ns, _pod(name, ns, {"app": "x" if name != "p3" else "y"}))
+    whole = core.list_pod_for_all_namespaces()
+    first = core.list_pod_for_all_namespaces(limit=2)
+    assert [p.metadata.name for p in first.items] == ["p0", "p1"]
+    assert first.metadata.remaining_item_count == 3
+    assert first.metadata.resource_version == whole.metadata.resource_version
+    core.delete_namespaced_pod("p4", "default")  # gone before its page: not sent
+    core.create_namespaced_pod("default", _pod("p5", labels={"app": "x"}))  # after the cursor: sent
+    second = core.list_pod_for_all_namespaces(limit=2, _continue=first.metadata._continue)
+    assert [p.metadata.name for p in second.items] == ["p3", "p5"]
+    assert second.metadata.resource_version == first.metadata.resource_version  # the first page's list RV
+    third = core.list_pod_for_all_namespaces(limit=2, _continue=second.metadata._continue)
+    assert [(p.metadata.namespace, p.metadata.name) for p in third.items] == [("default-a", "p2")]
+    assert not third.metadata._continue and third.metadata.remaining_item_count is None
+    selected = core.list_namespaced_pod("default", label_selector="app=x", limit=1)
+    assert [p.metadata.name for p in selected.items] == ["p0"]
+    assert selected.metadata._continue and selected.metadata.remaining_item_count is None  # a selector: no count
+    rest = core.list_namespaced_pod("default", label_selector="app=x", limit=5, _continue=selected.metadata._continue)
+    assert [p.metadata.name for p in rest.items] == ["p1", "p5"] and not rest.metadata._continue
+    assert [p.metadata.name for p in core.list_namespaced_pod("default", limit=0).items] == ["p0", "p1", "p3", "p5"]
+    for query, wanted in (({"limit": -1}, "greater than or equal to 0"), ({"_continue": "bm90LWEtdG9rZW4"},
+                                                                         "continue key is not valid"),
+                          ({"_continue": first.metadata._continue, "resource_version": "1"},
+                           "not allowed when using continue")):
+        with pytest.raises(kubernetes.client.ApiException) as info:
+            core.list_namespaced_pod("default", **query)
+        assert info.value.status == 400 and wanted in _status(info.value)["message"]

@@ -104,3 +104,37 @@ def test_body_refused_by_the_client_model(client: KubeClient) -> None:
     body = {"apiVersion": "v1", "kind": "Event", "metadata": {"name": "e"}, "notAField": 1}
     with pytest.raises(errors.KubeRequestInvalidError):
         client.call("POST events", client.core.create_namespaced_event, "default", body)
+
+
+def _add_nodes(client: KubeClient, names: list[str]) -> None:
+    for name in names:
+        client.call(f"POST nodes {name}", client.core.create_node,
+                    {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"pool": "x"}}})
+
+
+def test_list_items_fetches_page_by_page_as_consumed(client: KubeClient, api: ApiServerEmulator) -> None:
+    names = [f"node-{i:02d}" for i in range(7)]
+    _add_nodes(client, names)
+    api.clear_requests()
+    items = client.list_items("LIST nodes pool=x", client.core.list_node, page_size=3, label_selector="pool=x")
+    assert api.count("list", "nodes") == 0  # nothing is sent before the first item is wanted
+    first = [next(items)["metadata"]["name"] for _ in range(3)]
+    assert first == names[:3] and api.count("list", "nodes") == 1
+    rest = [o["metadata"]["name"] for o in items]
+    assert rest == names[3:] and api.count("list", "nodes") == 3  # 3 + 3 + 1
+    queries = [r.query for r in api.requests if r.verb == "list"]
+    assert all("limit=3" in q for q in queries) and "continue=" not in queries[0] and "continue=" in queries[1]
+
+
+def test_list_items_reports_a_list_that_expired_between_pages(client: KubeClient, api: ApiServerEmulator) -> None:
+    _add_nodes(client, [f"node-{i}" for i in range(4)])
+    items = client.list_items("LIST nodes", client.core.list_node, page_size=2)
+    assert [next(items)["metadata"]["name"] for _ in range(2)] == ["node-0", "node-1"]
+    api.fail_next(1, status=410, path="/api/v1/nodes")
+    with pytest.raises(errors.KubeGoneError) as info:
+        list(items)
+    assert info.value.status == 410 and "expired between pages; list again" in str(info.value)
+    api.fail_next(1, status=410, path="/api/v1/nodes")
+    with pytest.raises(errors.KubeGoneError) as first_page:  # on the first page: the server's own answer
+        list(client.list_items("LIST nodes", client.core.list_node, page_size=2))
+    assert "between pages" not in str(first_page.value)

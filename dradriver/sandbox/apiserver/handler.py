@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from dradriver.sandbox.apiserver import fieldmanager, openapi, resources, tables
+from dradriver.sandbox.apiserver import fieldmanager, openapi, paging, resources, tables
 from dradriver.sandbox.apiserver.errors import ApiStatusError, JSONDict, bad_request, method_not_allowed
 from dradriver.sandbox.apiserver.errors import not_found as not_found_error
 from dradriver.sandbox.apiserver.faults import Fault, take_fault
@@ -233,16 +233,19 @@ def serve_resource(
             labels = parse_label_selector(params.get("labelSelector", ""))
             fields = parse_field_selector(params.get("fieldSelector", ""), rt)
             items = storage.list(rt, ns, labels, fields)
+            list_meta: JSONDict = {"resourceVersion": str(storage.rv)}
             if verb == "deletecollection":
                 options = body() or {}
                 items = [
                     storage.delete(rt, o["metadata"].get("namespace"), o["metadata"]["name"], options)
                     for o in list(items)
                 ]
+            else:
+                items, list_meta = paging.page(items, params, storage.rv, selected=bool(labels or fields))
             return 200, {
                 "kind": f"{rt.kind}List",
                 "apiVersion": rt.api_version,
-                "metadata": {"resourceVersion": str(storage.rv)},
+                "metadata": list_meta,
                 "items": [without_type(o) for o in items],
             }
         if verb == "patch" and content_type.split(";")[0].strip() == fieldmanager.APPLY_PATCH:
