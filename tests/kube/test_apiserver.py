@@ -250,3 +250,19 @@ def test_list_in_chunks_with_limit_and_continue(k8s: Any) -> None:
         with pytest.raises(kubernetes.client.ApiException) as info:
             core.list_namespaced_pod("default", **query)
         assert info.value.status == 400 and wanted in _status(info.value)["message"]
+
+
+def test_a_client_that_hangs_up_on_a_watch_leaves_no_traceback(api: ApiServerEmulator,
+                                                               capfd: pytest.CaptureFixture[str]) -> None:
+    import socket
+    import time
+
+    for _ in range(3):  # a reset connection (SO_LINGER 0) under an open watch: the server's write fails
+        sock = socket.create_connection(("127.0.0.1", api.port))
+        sock.sendall(b"GET /api/v1/namespaces/default/pods?watch=true&timeoutSeconds=5 HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        sock.close()
+    time.sleep(0.5)
+    api.create(_pod("p"))  # wakes the watches: each writes to its dead connection
+    time.sleep(0.5)
+    assert "Traceback" not in capfd.readouterr().err

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import sys
 import threading
 from collections.abc import Iterable, Mapping
 from http.server import ThreadingHTTPServer
@@ -19,6 +20,16 @@ from dradriver.sandbox.apiserver.faults import Fault
 from dradriver.sandbox.apiserver.handler import RequestHandler, RequestRecord, ServerState, serve_request
 from dradriver.sandbox.apiserver.resources import RESOURCE_TYPES, ResourceType
 from dradriver.sandbox.apiserver.storage import Storage
+
+
+class _Server(ThreadingHTTPServer):
+    """The HTTP server, quiet about clients that hung up (a closed watch, a timed-out request): the API server
+    logs nothing for them either; any other error in a request thread keeps the library's traceback."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], BrokenPipeError | ConnectionResetError):
+            return
+        super().handle_error(request, client_address)
 
 
 class ApiServerEmulator:
@@ -61,7 +72,7 @@ class ApiServerEmulator:
             pass
 
         Handler.state = state
-        server = ThreadingHTTPServer((self._host, self._port), Handler)
+        server = _Server((self._host, self._port), Handler)
         server.daemon_threads = True
         self._server = server
         self._thread = threading.Thread(
