@@ -521,7 +521,7 @@ class ComputeDomainController:
             objs = [o for o, uid in zip(got, wanted, strict=True)
                     if o is not None and str((o.get("metadata") or {}).get("uid", "")) == uid]
         else:  # page by page: the full resync holds one page of domains and one batch of members at a time
-            objs = (o for o in kcd.iterate_compute_domains(self.client)
+            objs = (o for o in kcd.iterate_compute_domains(self.client, page_size=MEMBERSHIP_BATCH)
                     if wanted is None or str((o.get("metadata") or {}).get("uid", "")) in wanted)
         batch: list[JSONDict] = []
         for obj in objs:

@@ -15,7 +15,7 @@ from typing import Any
 
 from dradriver.domain.computedomains import API_GROUP, API_VERSION, CLIQUE_PLURAL, COMPUTE_DOMAIN_PLURAL
 from dradriver.kube import errors
-from dradriver.kube.client import JSONDict, KubeClient
+from dradriver.kube.client import LIST_PAGE_SIZE, JSONDict, KubeClient
 
 APPLY_PATCH = "application/apply-patch+yaml"
 """Server-side apply (Kubernetes "Server-Side Apply"; JSON is valid YAML, so the body is the object's JSON)."""
@@ -142,14 +142,14 @@ def get_clique(client: KubeClient, namespace: str, name: str) -> JSONDict | None
         return None
 
 
-def iterate_compute_domains(client: KubeClient) -> Iterator[JSONDict]:
-    """The ComputeDomains of every namespace, fetched page by page as they are consumed
+def iterate_compute_domains(client: KubeClient, page_size: int = LIST_PAGE_SIZE) -> Iterator[JSONDict]:
+    """The ComputeDomains of every namespace, fetched ``page_size`` at a time as they are consumed
     (:meth:`KubeClient.list_items`).
 
     :raises errors.KubeAPIError: after retries.
     """
     return client.list_items("LIST computedomains", client.custom.list_cluster_custom_object, API_GROUP,
-                             API_VERSION, COMPUTE_DOMAIN_PLURAL)
+                             API_VERSION, COMPUTE_DOMAIN_PLURAL, page_size=page_size)
 
 
 def list_cliques(client: KubeClient, namespace: str, label_selector: str = "") -> list[JSONDict]:

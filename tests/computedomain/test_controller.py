@@ -355,4 +355,7 @@ def test_the_full_resync_walks_the_domains_a_batch_at_a_time(api: ApiServerEmula
     selected = [re.findall(r"[0-9a-f-]{36}", q) for q in pod_lists]
     assert sorted(u for batch in selected for u in batch) == sorted(uids) and all(len(b) <= 2 for b in selected)
     assert api.count("list", "computedomaincliques") == 3
-    assert all("limit=500" in r.query for r in api.requests if r.verb == "list")
+    # the domains themselves come a batch per page as well (the resync holds one page of them at a time)
+    assert api.count("list", "computedomains") == 3
+    assert all("limit=2" in r.query for r in api.requests if r.verb == "list" and r.resource == "computedomains")
+    assert all("limit=500" in r.query for r in api.requests if r.verb == "list" and r.resource != "computedomains")
