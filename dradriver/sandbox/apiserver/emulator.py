@@ -85,7 +85,7 @@ class ApiServerEmulator:
         """Stop serving; open watch streams end, in-memory objects stay readable."""
         with self._lock:
             self._storage.closing = True
-            self._lock.notify_all()
+            self._storage.wake_watches()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()

@@ -33,7 +33,11 @@ class Storage:
 
     def __init__(self, *, schema_version: str | None = None, types: list[ResourceType] | None = None) -> None:
         self.types: list[ResourceType] = types if types is not None else list(resources.RESOURCE_TYPES)
-        self.lock = threading.Condition(threading.RLock())
+        self._rlock = threading.RLock()
+        self.lock = threading.Condition(self._rlock)
+        self._changed: dict[str, threading.Condition] = {}
+        """Per resource type (``group/plural``): the condition its watches wait on, over :attr:`lock`'s own lock, so a
+        write wakes only the watches of its type, as the API server's per-resource watch caches dispatch."""
         self.objects: dict[Key, JSONDict] = {}
         self.log = EventLog()
         self.rv = 0
@@ -57,7 +61,27 @@ class Storage:
 
     def _record(self, rt: ResourceType, type_: str, obj: JSONDict, old: JSONDict | None = None) -> None:
         self.log.append(rt, type_, obj, old)
+        for key in (f"{rt.group}/{rt.plural}", f"{rt.group}/{rt.plural}/{obj['metadata'].get('name', '')}"):
+            waiting = self._changed.get(key)
+            if waiting is not None:
+                waiting.notify_all()
+
+    def changed(self, rt: ResourceType, name: str | None = None) -> threading.Condition:
+        """The condition a watch of ``rt`` waits on (hold :attr:`lock`): notified by each write of an ``rt`` object
+        (with ``name``: of an ``rt`` object of that name only, for a watch with the field selector
+        ``metadata.name=<name>``, which the API server's watch cache also serves by that index) and by
+        :meth:`wake_watches`."""
+        key = f"{rt.group}/{rt.plural}" + (f"/{name}" if name is not None else "")
+        waiting = self._changed.get(key)
+        if waiting is None:
+            waiting = self._changed[key] = threading.Condition(self._rlock)
+        return waiting
+
+    def wake_watches(self) -> None:
+        """Wake every waiting watch (hold :attr:`lock`), e.g. to see :attr:`closing`."""
         self.lock.notify_all()
+        for waiting in self._changed.values():
+            waiting.notify_all()
 
     def key(self, rt: ResourceType, ns: str | None, name: str) -> Key:
         return (rt, (ns or "") if rt.namespaced else "", name)

@@ -242,6 +242,8 @@ def _follow(
     since: int,
     deadline: float,
 ) -> None:
+    named = [value for field, equal, value in fields if field == "metadata.name" and equal]
+    changed = storage.changed(rt, named[0] if named else None)
     index = 0
     while True:
         with storage.lock:
@@ -260,7 +262,7 @@ def _follow(
                 remaining = deadline - time.monotonic()
                 if storage.closing or remaining <= 0:
                     break
-                storage.lock.wait(timeout=min(remaining, 1.0))
+                changed.wait(timeout=min(remaining, 1.0))
                 continue
         for out in pending:
             if not stream.send_chunk(out):
