@@ -9,8 +9,10 @@ What runs (``nvidia-dra-driver-updates.md`` 2c for every step and period):
   bench-node/<node>``, so the emulator's request records attribute every request to its node) playing the node's
   three parts: the kubelet plugin's channel prepare of the workload pod (real node label write
   :func:`dradriver.kube.computedomains.set_node_label` and the plugin's real readiness lookup
-  :meth:`dradriver.preparers.computedomain.DomainLookup.daemon_entry`, retried with the kubelet plugin's per-claim
-  backoff 250 ms -> 3 s and its 45 s deadline, after which the kubelet's own retry starts the next call); the IMEX
+  (:meth:`Membership.plugin_ready`: NVIDIA's plugin reads its clique entry's status; dradriver's calls
+  :meth:`dradriver.preparers.computedomain.DomainLookup.daemon_readiness`), retried with each plugin's own
+  per-claim backoff (:meth:`Membership.backoff_s`: NVIDIA's 250 ms -> 3 s, dradriver's 100 ms -> 2 s) and the 45 s
+  deadline, after which the kubelet's own retry starts the next call); the IMEX
   daemon (the membership protocol under test: pod label, then the clique entry: NVIDIA's NotReady and Ready
   writes, dradriver's one apply); and the kubelet's prober (IMEX is ready once the daemon's own entry has its
   index; the startup probe, every 1 s, then passes and the pod turns Ready, written in process like the kubelet's
@@ -50,6 +52,7 @@ from dradriver.kube import computedomains as kube_cd
 from dradriver.kube import errors as kube_errors
 from dradriver.kube import pods as kube_pods
 from dradriver.kube.client import JSONDict, KubeClient, RetryPolicy, open_client
+from dradriver.kubeletplugin.runner import RETRY_PAUSE_S
 from dradriver.preparers.computedomain import DomainLookup
 from dradriver.sandbox.apiserver import ApiServerEmulator, RequestRecord
 
@@ -88,7 +91,8 @@ class Timing:
 
     :param startup_probe_s: the daemon pod's startup probe period (``compute-domain-daemon check``, 1 s x 1200).
     :param status_period_s: the controller's status loop (2 s).
-    :param prepare_backoff_s: the kubelet plugin's per-claim retry backoff, first and largest (250 ms -> 3 s).
+    :param prepare_backoff_s: NVIDIA's compute-domain plugin's per-claim retry backoff, first and largest (250 ms ->
+        3 s, ``nvidia-dra-driver.md`` 4.4); dradriver's plugin has its own (:meth:`Membership.backoff_s`).
     :param prepare_deadline_s: one NodePrepareResources call's deadline (45 s); the kubelet then calls again.
     :param controller_start_s: how long the controller runs before the domain is created (its start-up:
         sweep, lists, watches), outside the measured time.
@@ -253,6 +257,14 @@ class Membership(Protocol):
         runs it in a process of its own (:class:`ControllerProcess`)."""
         ...
 
+    def plugin_ready(self, lookup: DomainLookup, cd_uid: str, clique_id: str) -> bool:
+        """The kubelet plugin's readiness rule for this node's daemon (one try of the channel prepare's lookup)."""
+        ...
+
+    def backoff_s(self, timing: Timing) -> tuple[float, float]:
+        """The kubelet plugin's pause between two tries of a not-ready claim, first and longest (real seconds)."""
+        ...
+
 
 @dataclass
 class _NvidiaDaemon:
@@ -289,6 +301,16 @@ class NvidiaMembership:
 
     def daemon(self, client: KubeClient, me: DaemonIdentity, wake: Callable[[], None] | None = None) -> DaemonSide:
         return _NvidiaDaemon(client, me)
+
+    def backoff_s(self, timing: Timing) -> tuple[float, float]:
+        """NVIDIA's per-item workqueue backoff (:attr:`Timing.prepare_backoff_s`)."""
+        first, longest = timing.prepare_backoff_s
+        return timing.s(first), timing.s(longest)
+
+    def plugin_ready(self, lookup: DomainLookup, cd_uid: str, clique_id: str) -> bool:
+        """NVIDIA's plugin: its node's clique entry says ``Ready`` (the daemon writes it itself)."""
+        _, entry = lookup.daemon_entry(cd_uid, clique_id)
+        return entry is not None and entry.member and entry.status == cd.STATUS_READY
 
     def controller(self, namespace: str, client: KubeClient, timing: Timing, stop: threading.Event) -> None:
         while not stop.wait(timing.s(timing.status_period_s)):
@@ -355,6 +377,16 @@ class DradriverMembership:
                                            pod_namespace=me.namespace, max_nodes=me.max_nodes)
         return _DradriverDaemon(cddaemon.Membership(client, settings),
                                 cddaemon.CliqueWatch(client, settings, on_event=wake))
+
+    def backoff_s(self, timing: Timing) -> tuple[float, float]:
+        """dradriver's batch runner's pause (:data:`dradriver.kubeletplugin.runner.RETRY_PAUSE_S`)."""
+        first, longest = RETRY_PAUSE_S
+        return timing.s(first), timing.s(longest)
+
+    def plugin_ready(self, lookup: DomainLookup, cd_uid: str, clique_id: str) -> bool:
+        """dradriver's plugin: :meth:`DomainLookup.daemon_readiness` (the entry's status, or while the controller's
+        copy lags, the daemon pod's own Ready condition)."""
+        return lookup.daemon_readiness(cd_uid, clique_id).ready
 
     def controller(self, namespace: str, client: KubeClient, timing: Timing, stop: threading.Event) -> None:
         from dradriver.app.cdcontroller import ComputeDomainController
@@ -473,7 +505,7 @@ class NodeAgent:
         """Step until prepared and the daemon's Ready entry is written, or ``stop``; errors end the agent and
         are kept in :attr:`error`."""
         lookup = DomainLookup(self.api, self.node.name, self.fleet.namespace)
-        backoff_first, backoff_max = (self.timing.s(b) for b in self.timing.prepare_backoff_s)
+        backoff_first, backoff_max = self.membership.backoff_s(self.timing)
         backoff, call_started, next_prepare = backoff_first, started, started
         try:
             while not self.stop.is_set():
@@ -517,8 +549,7 @@ class NodeAgent:
                 raise RuntimeError(f"node {self.node.name} is labelled for ComputeDomain {current}")
             self._labelled = True
             self._daemon_pod()
-        _, entry = lookup.daemon_entry(self.cd_uid, self.node.clique_id)
-        return entry is not None and entry.member and entry.status == cd.STATUS_READY
+        return self.membership.plugin_ready(lookup, self.cd_uid, self.node.clique_id)
 
     def _daemon_pod(self) -> None:
         """The DaemonSet controller's answer to the label just written: the daemon pod on this node (in

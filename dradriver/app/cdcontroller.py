@@ -81,6 +81,7 @@ from dradriver.domain.computedomains import (
     daemon_object_name,
     domain_channel,
     global_status,
+    ready_daemons,
     unresponsive_nodes,
 )
 from dradriver.domain.featuregates import COMPUTE_DOMAIN_CLIQUES
@@ -230,13 +231,8 @@ def entry_statuses(items: Iterable[CliqueDaemon], pods: Iterable[Mapping[str, An
     entry from its pod informer (one more write per daemon and flip, ``nvidia-dra-driver-updates.md`` 2c); the
     controller sees the same condition through its pod watch and batches it with the indexes, one apply per
     clique. A reservation (no ``ipAddress``: a departed or failed node) gets no status."""
-    ready: dict[tuple[str, str], bool] = {}
-    for pod in pods:
-        if (pod.get("metadata") or {}).get("deletionTimestamp"):
-            continue
-        key = (str((pod.get("spec") or {}).get("nodeName") or ""), str((pod.get("status") or {}).get("podIP") or ""))
-        ready[key] = ready.get(key, False) or _pod_ready(pod)
-    return {d.node_name: STATUS_READY if ready.get((d.node_name, d.ip_address)) else STATUS_NOT_READY
+    ready = ready_daemons(pods)
+    return {d.node_name: STATUS_READY if (d.node_name, d.ip_address) in ready else STATUS_NOT_READY
             for d in items if d.member}
 
 

@@ -361,6 +361,22 @@ def unresponsive_nodes(leases: Iterable[Mapping[str, Any]], nodes: Iterable[Mapp
     return out
 
 
+def ready_daemons(pods: Iterable[Mapping[str, Any]]) -> set[tuple[str, str]]:
+    """``(spec.nodeName, status.podIP)`` of the daemon pods whose ``Ready`` condition is ``True`` and that are not
+    being deleted (no ``metadata.deletionTimestamp``): the daemons whose IMEX daemon is ready, since a daemon pod's
+    startup and readiness probes run ``compute-domain-daemon check`` (``nvidia-dra-driver-updates.md`` 2c). The one
+    rule behind a clique entry's ``status`` (the controller writes it) and the channel prepare's readiness check
+    (which reads it at its source when the entry's copy lags)."""
+    out: set[tuple[str, str]] = set()
+    for pod in pods:
+        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        status = pod.get("status") or {}
+        if any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or ()):
+            out.add((str((pod.get("spec") or {}).get("nodeName") or ""), str(status.get("podIP") or "")))
+    return out
+
+
 def domain_channel(obj: Mapping[str, Any]) -> int | None:
     """The IMEX channel ID the controller gave the ComputeDomain ``obj`` (annotation
     :data:`ANNOTATION_IMEX_CHANNEL`); ``None`` when it has none yet.

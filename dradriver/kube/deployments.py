@@ -51,13 +51,15 @@ def list_deployments(client: KubeClient, namespace: str, label_selector: str) ->
     return list(body.get("items") or [])
 
 
-def list_pods(client: KubeClient, namespace: str, label_selector: str) -> list[JSONDict]:
-    """Pods of ``namespace`` matching ``label_selector`` (fetched in pages: :meth:`KubeClient.list_items`).
+def list_pods(client: KubeClient, namespace: str, label_selector: str, field_selector: str = "") -> list[JSONDict]:
+    """Pods of ``namespace`` matching ``label_selector`` (and ``field_selector``, e.g. ``spec.nodeName=<node>``),
+    fetched in pages (:meth:`KubeClient.list_items`).
 
     :raises errors.KubeAPIError: after retries.
     """
-    return list(client.list_items(f"LIST pods {namespace} {label_selector}", client.core.list_namespaced_pod,
-                                  namespace, label_selector=label_selector))
+    return list(client.list_items(f"LIST pods {namespace} {label_selector} {field_selector}".rstrip(),
+                                  client.core.list_namespaced_pod, namespace, label_selector=label_selector,
+                                  field_selector=field_selector or None))
 
 
 def delete_deployment(client: KubeClient, namespace: str, name: str) -> bool:

@@ -266,6 +266,11 @@ def _pin_of(device: object) -> str | None:
     return uuid if isinstance(uuid, str) and uuid else None
 
 
+RETRY_PAUSE_S = (0.1, 2.0)
+"""Default first and longest pause, seconds, between the attempts of a not-ready claim (doubling from the first;
+NVIDIA's compute-domain plugin uses 250 ms -> 3 s, ``nvidia-dra-driver.md`` 4.4)."""
+
+
 class BatchRunner:
     """Implements :class:`dradriver.domain.ports.ClaimPreparer` for the gRPC layer, over device preparers.
 
@@ -324,7 +329,7 @@ class BatchRunner:
         on_prepared: Callable[[ClaimRef, Sequence[UndoRecord]], None] | None = None,
         on_unprepared: Callable[[ClaimRef, Sequence[UndoRecord]], None] | None = None,
         aborted_ttl_s: float = 0.0,
-        retry_pause_s: tuple[float, float] = (0.1, 2.0),
+        retry_pause_s: tuple[float, float] = RETRY_PAUSE_S,
         clock: Callable[[], float] = time.time,
     ) -> None:
         kinds = [p.kind for p in preparers] + [s.kind for s in sharing]

@@ -57,6 +57,7 @@ from dradriver.domain.computedomains import (
     domain_channel,
     parse_channel_config,
     parse_daemon_config,
+    ready_daemons,
 )
 from dradriver.domain.configs import ConfigGroup
 from dradriver.domain.identity import DriverIdentity
@@ -66,6 +67,7 @@ from dradriver.host.imexchannels import ImexNodeInfo
 from dradriver.kube import computedomains as kube_cd
 from dradriver.kube import nodes as kube_nodes
 from dradriver.kube.client import KubeClient
+from dradriver.kube.deployments import list_pods
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +146,22 @@ def _config_for(claim: Claim, result: AllocationResult, kind: str) -> _Config:
     return chosen
 
 
+@dataclass(frozen=True, slots=True)
+class DaemonReadiness:
+    """What :meth:`DomainLookup.daemon_readiness` found.
+
+    :ivar clique: the ComputeDomainClique object's name (``<cdUID>.<cliqueID>``).
+    :ivar entry: this node's entry in it, or ``None``.
+    :ivar ready: the daemon is ready for a workload.
+    :ivar seen: why not (``""`` when ready), for the claim's error.
+    """
+
+    clique: str
+    entry: CliqueDaemon | None
+    ready: bool
+    seen: str = ""
+
+
 class DomainLookup:
     """ComputeDomains and cliques through the API, for both preparers.
 
@@ -171,6 +189,31 @@ class DomainLookup:
     def node_label(self) -> str | None:
         """This node's ``resource.nvidia.com/computeDomain`` label (``None``: not set)."""
         return kube_nodes.get_node(self.client, self.node_name).labels.get(LABEL_COMPUTE_DOMAIN)
+
+    def daemon_readiness(self, cd_uid: str, clique_id: str) -> DaemonReadiness:
+        """Whether this node's IMEX daemon of the domain ``cd_uid`` is ready for a workload: its clique entry is a
+        member (has its ``ipAddress`` and index) and its ``status`` is ``Ready``, or, while that status (the
+        controller's copy of the daemon pod's Ready condition) still lags, the daemon pod with the entry's IP on
+        this node is Ready itself (:func:`~dradriver.domain.computedomains.ready_daemons`, the rule the controller
+        copies). Reading the source spares a joining node one controller round trip (issue 14); the pod is read
+        only when the entry is a member and not yet ``Ready``.
+
+        :raises dradriver.kube.errors.KubeAPIError: the API failed.
+        """
+        name, entry = self.daemon_entry(cd_uid, clique_id)
+        if entry is None:
+            return DaemonReadiness(name, None, False, "no entry for this node")
+        if not entry.member:
+            return DaemonReadiness(name, entry, False,
+                                   "the entry has no ipAddress (its daemon withdrew or its node was cleared)")
+        if entry.status == STATUS_READY:
+            return DaemonReadiness(name, entry, True)
+        pods = list_pods(self.client, self.namespace, f"{LABEL_COMPUTE_DOMAIN}={cd_uid}",
+                         field_selector=f"spec.nodeName={self.node_name}")
+        if (self.node_name, entry.ip_address) in ready_daemons(pods):
+            return DaemonReadiness(name, entry, True)
+        return DaemonReadiness(name, entry, False, f"status {entry.status or 'not set yet'}, and its daemon pod "
+                                                   f"({entry.ip_address}) is not Ready")
 
     def daemon_entry(self, cd_uid: str, clique_id: str) -> tuple[str, CliqueDaemon | None]:
         """(clique object name, this node's daemon entry or ``None``)."""
@@ -335,16 +378,13 @@ class ChannelPreparer:
             log.info("node %s labelled %s=%s for claim %s", self.lookup.node_name, LABEL_COMPUTE_DOMAIN, uid, claim)
         data["label"] = True
         if clique:
-            clique_name, entry = self.lookup.daemon_entry(uid, clique)
-            if entry is None or not entry.member or entry.status != STATUS_READY:
+            found = self.lookup.daemon_readiness(uid, clique)
+            if not found.ready:
                 with self._pending_lock:
                     self._pending[claim.uid] = uid
-                seen = ("no entry for this node" if entry is None else
-                        "the entry has no ipAddress (its daemon withdrew or its node was cleared)"
-                        if not entry.member else f"status {entry.status or 'not set yet'}")
                 raise NotReadyYet(claim, f"the IMEX daemon of ComputeDomain {namespace}/{name} on node "
                                          f"{self.lookup.node_name} is not Ready yet (ComputeDomainClique "
-                                         f"{self.lookup.namespace}/{clique_name}: {seen})")
+                                         f"{self.lookup.namespace}/{found.clique}: {found.seen})")
         with self._pending_lock:
             self._pending.pop(claim.uid, None)
         return UndoRecord(self.kind, 1, plan.device, data)

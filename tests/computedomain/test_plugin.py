@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from dradriver.domain.computedomains import LABEL_COMPUTE_DOMAIN
 from dradriver.sandbox.node import SandboxNode
 from tests.cdi.helpers import validate
 from tests.computedomain.cdplugin_helpers import (
@@ -237,6 +238,46 @@ def test_readiness_timeout_is_a_clear_error(node: SandboxNode) -> None:
             assert node_label(api) == uid  # kept for the daemon pod, as NVIDIA's plugin keeps it
             assert (await conn.unprepare([ref]))[ref.uid] == ""  # the pod is gone before its claim was ever ready
             assert node_label(api) is None
+
+    asyncio.run(body())
+
+
+def _daemon_pod(api: Any, uid: str, node_name: str, ip: str, *, ready: bool, deleting: bool = False) -> None:
+    suffix = ip.rsplit(".", 1)[-1] + ("-old" if deleting else "")
+    meta: dict[str, Any] = {"name": f"computedomain-daemon-{uid[:8]}-{node_name}-{suffix}",
+                            "namespace": "nvidia-dra-driver", "labels": {LABEL_COMPUTE_DOMAIN: uid}}
+    if deleting:
+        meta["finalizers"] = ["example.com/hold"]
+    api.create({"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+                "spec": {"nodeName": node_name, "containers": [{"name": "compute-domain-daemon", "image": "x"}]},
+                "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}})
+    if deleting:
+        api.delete("Pod", meta["name"], "nvidia-dra-driver")
+
+
+def test_a_ready_daemon_pod_makes_the_member_ready_before_the_controller_copies_it(node: SandboxNode) -> None:
+    """Issue 14: the entry's status is the controller's copy of the daemon pod's Ready condition; while it lags, the
+    prepare reads the pod itself (same rule), sparing the joining node the controller's second round trip. Only the
+    pod with the entry's IP counts, and not one being deleted."""
+    api = node.api
+    assert api is not None
+    uid = seed_domain(api)
+    seed_clique(api, uid, node.node_name, "NotReady")  # a member (ipAddress 10.0.0.1, index 0), status not copied
+    _daemon_pod(api, uid, node.node_name, "10.0.0.9", ready=True)  # another incarnation's IP: not this entry's
+    _daemon_pod(api, uid, node.node_name, "10.0.0.1", ready=True, deleting=True)  # terminating: not ready
+    _daemon_pod(api, uid, "gpu-node-2", "10.0.0.1", ready=True)  # another node's pod: not ours
+    ref = seed_claim(api, "wl-0", uid)
+
+    async def body() -> None:
+        async with running(cd_config(node, prepare_deadline_seconds=2)) as (_plugin, conn):
+            got = (await conn.prepare([ref]))[ref.uid]
+            assert "status NotReady, and its daemon pod (10.0.0.1) is not Ready" in got.error
+            _daemon_pod(api, uid, node.node_name, "10.0.0.1", ready=True)
+            got = (await conn.prepare([ref]))[ref.uid]
+            assert got.ok, got.error
+            assert spec_path(node, ref.uid).exists()
+        clique = api.get("ComputeDomainClique", f"{uid}.{GB200_CLIQUE}", "nvidia-dra-driver")
+        assert clique is not None and clique["daemons"][0]["status"] == "NotReady"  # the plugin wrote nothing
 
     asyncio.run(body())
 
