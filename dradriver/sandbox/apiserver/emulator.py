@@ -156,25 +156,25 @@ class ApiServerEmulator:
             expression searched in the path; ``None`` matches every path.
         :param retry_after: value of the ``Retry-After`` header (seconds), e.g. for 429.
         """
-        with self._lock:
+        with self._state.records_lock:
             self._state.faults.append(Fault(count, status, method, path, retry_after))
 
     def hang_next(self, count: int = 1, *, seconds: float, method: str | None = None,
                   path: str | re.Pattern[str] | None = None) -> None:
         """Serve the next ``count`` matching requests only after ``seconds`` (a hung API server); the server
         answers other requests meanwhile. Matching as for :meth:`fail_next`."""
-        with self._lock:
+        with self._state.records_lock:
             self._state.faults.append(Fault(count, 0, method, path, None, delay_s=seconds))
 
     def faults_left(self) -> int:
         """How many more requests the queued faults will still answer (0: every fault has fired; a hung
         request is then in flight or served)."""
-        with self._lock:
+        with self._state.records_lock:
             return sum(f.remaining for f in self._state.faults)
 
     def clear_faults(self) -> None:
         """Drop every fault :meth:`fail_next` queued that has not fired yet."""
-        with self._lock:
+        with self._state.records_lock:
             self._state.faults.clear()
 
     def respond_next(
@@ -190,13 +190,13 @@ class ApiServerEmulator:
         """Answer the next ``count`` matching requests with ``body`` as is (``method``/``path`` as in
         :meth:`fail_next`): a raw response the emulator would not produce, e.g. a JSON object nested deeper
         than it can store or encode."""
-        with self._lock:
+        with self._state.records_lock:
             self._state.faults.append(Fault(count, status, method, path, None, body=body, content_type=content_type))
 
     @property
     def requests(self) -> list[RequestRecord]:
         """Every request received so far, oldest first (a copy)."""
-        with self._lock:
+        with self._state.records_lock:
             return list(self._state.records)
 
     def count(
@@ -210,7 +210,7 @@ class ApiServerEmulator:
         code: int | None = None,
     ) -> int:
         """Number of recorded requests matching every given filter (``resource`` is the plural)."""
-        with self._lock:
+        with self._state.records_lock:
             return sum(
                 1
                 for r in self._state.records
@@ -224,7 +224,7 @@ class ApiServerEmulator:
 
     def clear_requests(self) -> None:
         """Forget the recorded requests (not the objects)."""
-        with self._lock:
+        with self._state.records_lock:
             self._state.records.clear()
 
     # --------------------------------------------------------------------------- in-process helpers

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -61,6 +62,9 @@ class ServerState:
     server_address: Callable[[], str]
     faults: list[Fault] = field(default_factory=list)
     records: list[RequestRecord] = field(default_factory=list)
+    records_lock: threading.Lock = field(default_factory=threading.Lock)
+    """Guards :attr:`faults` and :attr:`records` (not the storage's lock: counting a request never waits behind
+    a write or a watch's scan)."""
 
 
 _VERBS_BY_METHOD = {"POST": "create", "PUT": "update", "PATCH": "patch"}
@@ -98,13 +102,13 @@ def serve_request(state: ServerState, handler: RequestHandler) -> None:
         writer = params.get("fieldManager") or user_agent.split("/", 1)[0]
 
     def record(code: int) -> None:
-        with state.storage.lock:
+        with state.records_lock:
             state.records.append(RequestRecord(method, path, query, verb, rt_name, sub, ns, name, code, writer,
                                                is_apply, user_agent))
 
     media = JSON
     accept = handler.headers.get("Accept", "")
-    with state.storage.lock:
+    with state.records_lock:
         fault = take_fault(state.faults, method, path)
     if fault is not None and fault.delay_s > 0:
         time.sleep(fault.delay_s)  # this request's thread only: the server keeps answering others
