@@ -67,15 +67,16 @@ class Storage:
                 waiting.notify_all()
 
     def changed(self, rt: ResourceType, name: str | None = None) -> threading.Condition:
-        """The condition a watch of ``rt`` waits on (hold :attr:`lock`): notified by each write of an ``rt`` object
-        (with ``name``: of an ``rt`` object of that name only, for a watch with the field selector
+        """The condition a watch of ``rt`` waits on (hold :attr:`lock` to wait on it): notified by each write of an
+        ``rt`` object (with ``name``: of an ``rt`` object of that name only, for a watch with the field selector
         ``metadata.name=<name>``, which the API server's watch cache also serves by that index) and by
         :meth:`wake_watches`."""
         key = f"{rt.group}/{rt.plural}" + (f"/{name}" if name is not None else "")
-        waiting = self._changed.get(key)
-        if waiting is None:
-            waiting = self._changed[key] = threading.Condition(self._rlock)
-        return waiting
+        with self.lock:  # two watches asking at once must get the same condition
+            waiting = self._changed.get(key)
+            if waiting is None:
+                waiting = self._changed[key] = threading.Condition(self._rlock)
+            return waiting
 
     def wake_watches(self) -> None:
         """Wake every waiting watch (hold :attr:`lock`), e.g. to see :attr:`closing`."""
