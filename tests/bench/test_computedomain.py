@@ -61,6 +61,8 @@ def test_a_domain_runs_to_every_node_prepared(fleet: cdfleet.Fleet, membership: 
             assert (counts.membership_writes, counts.conflicts) == (1, 0), name  # one apply per pod, never a 409
     assert result.prepare_attempts >= result.nodes and result.prepare_calls >= result.nodes
     assert result.seconds > 0
+    assert "entries Ready" in result.stages  # the run waits for every entry's Ready (a dradriver node may be
+    # prepared first: its plugin reads the daemon pod's Ready before the controller copies it into the entry)
     cliques = fleet.api.objects("ComputeDomainClique", fleet.namespace)
     assert len(cliques) == 2
     for clique in cliques:
