@@ -81,6 +81,7 @@ from dradriver.domain.computedomains import (
     daemon_object_name,
     domain_channel,
     global_status,
+    pod_ready,
     ready_daemons,
     unresponsive_nodes,
 )
@@ -189,11 +190,6 @@ class WorkQueue:
             self._cond.notify_all()
 
 
-def _pod_ready(pod: Mapping[str, Any]) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in (pod.get("status") or {}).get("conditions") or ())
-
-
 def node_entries(cd: ComputeDomain, pods: Iterable[Mapping[str, Any]], cliques: Iterable[Mapping[str, Any]],
                  *, cliques_gate: bool) -> list[CliqueDaemon]:
     """``status.nodes`` of ``cd`` from its daemon pods and (pruned) clique objects (module docstring), sorted by
@@ -218,7 +214,7 @@ def node_entries(cd: ComputeDomain, pods: Iterable[Mapping[str, Any]], cliques: 
             if node_name:
                 ip = str((pod.get("status") or {}).get("podIP") or "")
                 entries[node_name] = CliqueDaemon(node_name=node_name, ip_address=ip, clique_id="", index=-1,
-                                                  status=STATUS_READY if _pod_ready(pod) else STATUS_NOT_READY)
+                                                  status=STATUS_READY if pod_ready(pod) else STATUS_NOT_READY)
     return [entries[name] for name in sorted(entries)]
 
 

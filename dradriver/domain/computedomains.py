@@ -367,14 +367,14 @@ def ready_daemons(pods: Iterable[Mapping[str, Any]]) -> set[tuple[str, str]]:
     startup and readiness probes run ``compute-domain-daemon check`` (``nvidia-dra-driver-updates.md`` 2c). The one
     rule behind a clique entry's ``status`` (the controller writes it) and the channel prepare's readiness check
     (which reads it at its source when the entry's copy lags)."""
-    out: set[tuple[str, str]] = set()
-    for pod in pods:
-        if (pod.get("metadata") or {}).get("deletionTimestamp"):
-            continue
-        status = pod.get("status") or {}
-        if any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or ()):
-            out.add((str((pod.get("spec") or {}).get("nodeName") or ""), str(status.get("podIP") or "")))
-    return out
+    return {(str((pod.get("spec") or {}).get("nodeName") or ""), str((pod.get("status") or {}).get("podIP") or ""))
+            for pod in pods if not (pod.get("metadata") or {}).get("deletionTimestamp") and pod_ready(pod)}
+
+
+def pod_ready(pod: Mapping[str, Any]) -> bool:
+    """The Pod's ``status.conditions`` has ``Ready`` = ``True``."""
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (pod.get("status") or {}).get("conditions") or ())
 
 
 def domain_channel(obj: Mapping[str, Any]) -> int | None:

@@ -36,8 +36,8 @@ class Storage:
         self._rlock = threading.RLock()
         self.lock = threading.Condition(self._rlock)
         self._changed: dict[str, threading.Condition] = {}
-        """Per resource type (``group/plural``): the condition its watches wait on, over :attr:`lock`'s own lock, so a
-        write wakes only the watches of its type, as the API server's per-resource watch caches dispatch."""
+        """Per resource type, and per object name for ``metadata.name=`` watches (:func:`_wake_key`): the condition
+        its watches wait on, over :attr:`lock`'s own lock, so a write wakes only the watches it concerns."""
         self.objects: dict[Key, JSONDict] = {}
         self.log = EventLog()
         self.rv = 0
@@ -61,7 +61,7 @@ class Storage:
 
     def _record(self, rt: ResourceType, type_: str, obj: JSONDict, old: JSONDict | None = None) -> None:
         self.log.append(rt, type_, obj, old)
-        for key in (f"{rt.group}/{rt.plural}", f"{rt.group}/{rt.plural}/{obj['metadata'].get('name', '')}"):
+        for key in (_wake_key(rt), _wake_key(rt, str(obj["metadata"].get("name", "")))):
             waiting = self._changed.get(key)
             if waiting is not None:
                 waiting.notify_all()
@@ -71,7 +71,7 @@ class Storage:
         ``rt`` object (with ``name``: of an ``rt`` object of that name only, for a watch with the field selector
         ``metadata.name=<name>``, which the API server's watch cache also serves by that index) and by
         :meth:`wake_watches`."""
-        key = f"{rt.group}/{rt.plural}" + (f"/{name}" if name is not None else "")
+        key = _wake_key(rt, name)
         with self.lock:  # two watches asking at once must get the same condition
             waiting = self._changed.get(key)
             if waiting is None:
@@ -369,3 +369,8 @@ class Storage:
             new["metadata"]["resourceVersion"] = str(self._next_rv())
             self.objects[key] = new
             self._record(t, "MODIFIED", new, obj)
+
+
+def _wake_key(rt: ResourceType, name: str | None = None) -> str:
+    """The key of :meth:`Storage.changed`'s conditions: ``group/plural``, with ``/name`` for one object's watches."""
+    return f"{rt.group}/{rt.plural}" + (f"/{name}" if name is not None else "")
