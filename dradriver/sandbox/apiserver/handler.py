@@ -409,7 +409,7 @@ class RequestHandler(BaseHTTPRequestHandler):
             return False
 
     def send_chunk(self, event: Any) -> bool:
-        data = json.dumps(event).encode() + b"\n"
+        data = event if isinstance(event, bytes) else json.dumps(event).encode() + b"\n"
         try:
             self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
             self.wfile.flush()

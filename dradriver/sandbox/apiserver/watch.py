@@ -12,7 +12,9 @@ come without the closing bookmark. Legacy watches (no ``sendInitialEvents``) are
 
 from __future__ import annotations
 
+import bisect
 import copy
+import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -40,13 +42,26 @@ _FALSE = ("0", "f", "F", "FALSE", "false", "False")
 
 @dataclass(slots=True)
 class Change:
-    """One stored change: the object after it (before it, for ``old``)."""
+    """One stored change: the object after it (before it, for ``old``); never modified once logged.
+
+    Its watch event is encoded once per event type, whatever the number of watchers it goes to (:meth:`line`),
+    as the API server's watch cache serializes an object once per encoding for all its watchers.
+    """
 
     rv: int
     rt: ResourceType
     type: str
     obj: JSONDict
     old: JSONDict | None = None
+    lines: dict[str, bytes] = field(default_factory=dict)
+
+    def line(self, type_: str) -> bytes:
+        """The JSON line of this change as a watch event of ``type_`` (``ADDED``, ``MODIFIED``, ``DELETED``)."""
+        line = self.lines.get(type_)
+        if line is None:  # two watchers racing here encode the same bytes; either copy is kept
+            line = json.dumps({"type": type_, "object": self.obj}).encode() + b"\n"
+            self.lines[type_] = line
+        return line
 
 
 @dataclass(slots=True)
@@ -70,7 +85,9 @@ class EventStream(Protocol):
 
     def start_stream(self) -> bool: ...
 
-    def send_chunk(self, event: Any) -> bool: ...
+    def send_chunk(self, event: Any) -> bool:
+        """Send one event: an object, or its JSON line already encoded (bytes ending in a newline)."""
+        ...
 
     def end_stream(self) -> None: ...
 
@@ -81,8 +98,10 @@ def translate_change(
     ns: str | None,
     labels: list[Requirement],
     fields: list[FieldTerm],
-) -> JSONDict | None:
-    """The watch event a client with these selectors sees for a stored change, if any."""
+) -> str | None:
+    """The type of the watch event a client with these selectors sees for a stored change (``None``: none): a
+    ``MODIFIED`` change that brings an object into the selection is ``ADDED`` for it, one that takes it out
+    ``DELETED``."""
     if ev.rt != rt:
         return None
     if ns is not None and ev.obj["metadata"].get("namespace") != ns:
@@ -91,12 +110,12 @@ def translate_change(
     before = ev.old is not None and selects(ev.old, labels, fields)
     if ev.type == "MODIFIED":
         if now and not before:
-            return {"type": "ADDED", "object": ev.obj}
+            return "ADDED"
         if before and not now:
-            return {"type": "DELETED", "object": ev.obj}
+            return "DELETED"
     if not now and not (ev.type == "DELETED" and before):
         return None
-    return {"type": ev.type, "object": ev.obj}
+    return ev.type
 
 
 def _flag(params: Mapping[str, str], name: str) -> bool | None:
@@ -225,6 +244,10 @@ def serve_watch(
     _follow(storage, stream, rt, ns, labels, fields, since, deadline)
 
 
+def _rv_of(change: Change) -> int:
+    return change.rv
+
+
 def _resource_version(text: str) -> int:
     try:
         return int(text)
@@ -244,27 +267,25 @@ def _follow(
 ) -> None:
     named = [value for field, equal, value in fields if field == "metadata.name" and equal]
     changed = storage.changed(rt, named[0] if named else None)
-    index = 0
     while True:
         with storage.lock:
-            pending: list[JSONDict] = []
+            pending: list[tuple[Change, str]] = []
             history = storage.log.changes
-            while index < len(history) and history[index].rv <= since:
-                index += 1
-            while index < len(history):
+            index = bisect.bisect_right(history, since, key=_rv_of)  # the first change after ``since`` (the log
+            while index < len(history):  # is in resourceVersion order; trimming its head shifts positions)
                 ev = history[index]
                 index += 1
                 since = ev.rv
-                out = translate_change(ev, rt, ns, labels, fields)
-                if out is not None:
-                    pending.append(out)
+                type_ = translate_change(ev, rt, ns, labels, fields)
+                if type_ is not None:
+                    pending.append((ev, type_))
             if not pending:
                 remaining = deadline - time.monotonic()
                 if storage.closing or remaining <= 0:
                     break
                 changed.wait(timeout=min(remaining, 1.0))
                 continue
-        for out in pending:
-            if not stream.send_chunk(out):
+        for ev, type_ in pending:  # encoded outside the lock, once per change and type for all watchers
+            if not stream.send_chunk(ev.line(type_)):
                 return
     stream.end_stream()
