@@ -56,9 +56,10 @@ def _round_fn(mode: str, kubeconfig: str, namespace: str) -> tuple[Callable[[], 
                                                                    Callable[[int, int], object],
                                                                    Callable[[], object]]:
     """(warm-up round, measured round ``(since, until)``, what runs between rounds, unmeasured) of ``mode``."""
+    from dradriver.app.cdcontroller import CLIENT_POOL_SIZE
     from dradriver.kube.client import open_client
 
-    client = open_client(kubeconfig, user_agent="bench-controller", read_timeout_s=300.0)
+    client = open_client(kubeconfig, user_agent="bench-controller", read_timeout_s=300.0, pool_size=CLIENT_POOL_SIZE)
     if mode == "nvidia":
         from bench import cdprotocol
 
@@ -106,7 +107,9 @@ def serve(kubeconfig: str, namespace: str, protocol: str, scale: float) -> int:
                             format="%(asctime)s.%(msecs)03d %(threadName)s %(name)s %(message)s", datefmt="%H:%M:%S")
         logging.getLogger("urllib3").setLevel(logging.INFO)
     membership = cdfleet.MEMBERSHIPS[protocol]()
-    client = cdfleet.bench_client(kubeconfig, cdfleet.CONTROLLER_AGENT)
+    from dradriver.app.cdcontroller import CLIENT_POOL_SIZE
+
+    client = cdfleet.bench_client(kubeconfig, cdfleet.CONTROLLER_AGENT, pool_size=CLIENT_POOL_SIZE)
     stop = threading.Event()
     before = _cpu_s()
     thread = threading.Thread(target=membership.controller, args=(namespace, client, cdfleet.Timing(scale=scale),

@@ -313,7 +313,7 @@ def check_reachable(client: KubeClient, kubeconfig: str) -> None:
 
 def open_client(kubeconfig: str = "", *, user_agent: str = "dradriver", connect_timeout_s: float = 5.0,
                 read_timeout_s: float = 30.0, retry: RetryPolicy | None = None,
-                rate_limit: TokenBucket | None = None) -> KubeClient:
+                rate_limit: TokenBucket | None = None, pool_size: int | None = None) -> KubeClient:
     """A :class:`KubeClient` from a kubeconfig file, or from the in-cluster service account if empty.
 
     In-cluster configuration reads ``KUBERNETES_SERVICE_HOST``/``_PORT`` and the token and CA under
@@ -322,6 +322,9 @@ def open_client(kubeconfig: str = "", *, user_agent: str = "dradriver", connect_
 
     :param user_agent: the ``User-Agent`` header (a plugin passes its identity's, e.g. ``dradriver/<driver>``).
     :param rate_limit: client-side rate limiter (:func:`dradriver.kube.ratelimit.rate_limiter`); ``None``: none.
+    :param pool_size: connections kept open to the API server (urllib3's pool ``maxsize``; ``None``: the library's
+        default, 5 per CPU): a client with many concurrent requests (watches held open, parallel writes) sets it to
+        their number, or each connection beyond it is opened, used once and discarded with a warning.
 
     :raises errors.KubeAPIError: the configuration cannot be loaded (missing file, invalid YAML, not a
         kubeconfig, not in a cluster); the message is one line naming the file and pointing at
@@ -349,6 +352,8 @@ def open_client(kubeconfig: str = "", *, user_agent: str = "dradriver", connect_
         raise errors.KubeAPIError(f"load {source}", reason="ConfigInvalid",
                                   message=f"{message}; {KUBECONFIG_HINT}") from exc
     cfg.retries = False
+    if pool_size is not None:
+        cfg.connection_pool_maxsize = max(1, pool_size)
     # Pin the proxy the environment gave at load. With a bearer token the library's refresh hook re-assigns
     # ``host`` before every request, and each assignment re-reads the proxy variables from the whole process
     # environment (~0.1-0.4 ms a request); the environment does not change while the plugin runs.
