@@ -48,11 +48,12 @@ from bench.cdprotocol import DaemonIdentity
 from dradriver.app import cddaemon  # here, not in 256 node threads at once behind the import lock
 from dradriver.domain import computedomains as cd
 from dradriver.domain.computedomains import CliqueDaemon
+from dradriver.host import imexchannels
 from dradriver.kube import computedomains as kube_cd
 from dradriver.kube import errors as kube_errors
 from dradriver.kube import pods as kube_pods
 from dradriver.kube.client import JSONDict, KubeClient, RetryPolicy, open_client
-from dradriver.kubeletplugin.runner import RETRY_PAUSE_S
+from dradriver.kubeletplugin.runner import HINT_POLL_S, RETRY_PAUSE_S
 from dradriver.preparers.computedomain import DomainLookup
 from dradriver.sandbox.apiserver import ApiServerEmulator, RequestRecord
 
@@ -136,10 +137,10 @@ def spread(total: int, racks: int) -> list[int]:
     return [base + (1 if r < extra else 0) for r in range(racks)]
 
 
-def bench_client(kubeconfig: str, agent: str) -> KubeClient:
+def bench_client(kubeconfig: str, agent: str, *, pool_size: int | None = None) -> KubeClient:
     """The bench's API client (``User-Agent`` ``agent``; 120 s reads; 8 tries, 50 ms -> 1 s backoff), also in the
-    controller's process (:class:`ControllerProcess`)."""
-    return open_client(kubeconfig, user_agent=agent, read_timeout_s=120.0,
+    controller's process (:class:`ControllerProcess`, with the controller's ``pool_size``)."""
+    return open_client(kubeconfig, user_agent=agent, read_timeout_s=120.0, pool_size=pool_size,
                        retry=RetryPolicy(attempts=8, initial_delay_s=0.05, max_delay_s=1.0))
 
 
@@ -163,6 +164,14 @@ class Fleet:
                 self.nodes.append(FleetNode(f"rack{rack:04d}-node{tray:02d}", rack, f"{self.cluster_uuid}.{rack}",
                                             f"10.{rack // 250}.{rack % 250}.{tray + 1}"))
         self._kubeconfig: str | None = None
+        self.directory: Path | None = None
+
+    def plugin_dir(self, node: FleetNode) -> Path:
+        """``node``'s ``<kubelet plugins dir>/compute-domain.nvidia.com`` (under the started fleet's directory): its
+        domain directories, where its daemon writes the readiness record its plugin reads."""
+        if self.directory is None:
+            raise RuntimeError("the fleet is not started")
+        return self.directory / "nodes" / node.name / "compute-domain.nvidia.com"
 
     def start(self, directory: Path) -> Fleet:
         """Start the emulator, install the CRDs, seed the namespace and Nodes (in process, not recorded);
@@ -174,6 +183,7 @@ class Fleet:
         for node in self.nodes:
             self.api.add_node(node.name, labels={cd.NODE_CLIQUE_LABEL: node.clique_id, "bench/rack": str(node.rack)})
         self._kubeconfig = self.api.kubeconfig_path(directory)
+        self.directory = directory
         return self
 
     def stop(self) -> None:
@@ -242,6 +252,10 @@ class DaemonSide(Protocol):
         """The node agent is done: end what the daemon runs beside its rounds (its watch)."""
         ...
 
+    def probed(self, ready: bool) -> None:
+        """The kubelet ran the daemon pod's probe (``compute-domain-daemon check``) and it answered ``ready``."""
+        ...
+
 
 class Membership(Protocol):
     """A ComputeDomain membership protocol: what each daemon does and what the controller runs beside."""
@@ -263,6 +277,11 @@ class Membership(Protocol):
 
     def backoff_s(self, timing: Timing) -> tuple[float, float]:
         """The kubelet plugin's pause between two tries of a not-ready claim, first and longest (real seconds)."""
+        ...
+
+    def ready_hint(self, lookup: DomainLookup, cd_uid: str) -> bool:
+        """What the plugin polls during its pause (every :data:`~dradriver.kubeletplugin.runner.HINT_POLL_S`)
+        to try again early: whether it now says so (always False for a plugin without one)."""
         ...
 
 
@@ -289,6 +308,9 @@ class _NvidiaDaemon:
     def close(self) -> None:
         pass
 
+    def probed(self, ready: bool) -> None:
+        pass  # NVIDIA's check only answers the kubelet
+
 
 class NvidiaMembership:
     """NVIDIA's protocol (:mod:`bench.cdprotocol`): read-modify-write of the shared clique with conflict
@@ -306,6 +328,10 @@ class NvidiaMembership:
         """NVIDIA's per-item workqueue backoff (:attr:`Timing.prepare_backoff_s`)."""
         first, longest = timing.prepare_backoff_s
         return timing.s(first), timing.s(longest)
+
+    def ready_hint(self, lookup: DomainLookup, cd_uid: str) -> bool:
+        """None: NVIDIA's workqueue waits its backoff out."""
+        return False
 
     def plugin_ready(self, lookup: DomainLookup, cd_uid: str, clique_id: str) -> bool:
         """NVIDIA's plugin: its node's clique entry says ``Ready`` (the daemon writes it itself)."""
@@ -341,6 +367,8 @@ class _DradriverDaemon:
     def step(self, status: str) -> bool:
         if self.known:  # joined: its entry's status is the controller's (the pod's Ready condition), nothing to send
             return True
+        if not self._watching:  # run_daemon's start: configs rendered, then the record says "starting"
+            cddaemon.record_readiness(self.membership.settings, False, "starting: nvidia-imex not started yet")
         self.membership.step(self.watch.take() if self._watching else cddaemon.READ)
         if not self._watching:  # as run_daemon: the watch starts from the first apply's answer
             self.watch.start(self.membership.resource_version)
@@ -362,6 +390,10 @@ class _DradriverDaemon:
         """End the watch (at its next event or the end of its request)."""
         self._stop.set()
 
+    def probed(self, ready: bool) -> None:
+        """What :func:`dradriver.app.cddaemon.check` writes besides its answer: the readiness record."""
+        cddaemon.record_readiness(self.membership.settings, ready, "READY" if ready else "not ready")
+
 
 class DradriverMembership:
     """dradriver's own code: the daemon's :class:`dradriver.app.cddaemon.Membership` (server-side apply of its
@@ -374,7 +406,8 @@ class DradriverMembership:
     def daemon(self, client: KubeClient, me: DaemonIdentity, wake: Callable[[], None] | None = None) -> DaemonSide:
         settings = cddaemon.DaemonSettings(clique_id=me.clique_id, cd_uid=me.cd_uid, node_name=me.node_name,
                                            pod_ip=me.pod_ip, pod_uid=me.pod_uid, pod_name=me.pod_name,
-                                           pod_namespace=me.namespace, max_nodes=me.max_nodes)
+                                           pod_namespace=me.namespace, max_nodes=me.max_nodes,
+                                           imexd_dir=me.imexd_dir or Path("/imexd"))
         return _DradriverDaemon(cddaemon.Membership(client, settings),
                                 cddaemon.CliqueWatch(client, settings, on_event=wake))
 
@@ -383,9 +416,16 @@ class DradriverMembership:
         first, longest = RETRY_PAUSE_S
         return timing.s(first), timing.s(longest)
 
+    def ready_hint(self, lookup: DomainLookup, cd_uid: str) -> bool:
+        """dradriver's plugin's hint: the node's daemon's readiness record says ready
+        (:meth:`DomainLookup.local_record`)."""
+        record = lookup.local_record(cd_uid)
+        return record is not None and record.ready
+
     def plugin_ready(self, lookup: DomainLookup, cd_uid: str, clique_id: str) -> bool:
-        """dradriver's plugin: :meth:`DomainLookup.daemon_readiness` (the entry's status, or while the controller's
-        copy lags, the daemon pod's own Ready condition)."""
+        """dradriver's plugin: :meth:`DomainLookup.daemon_readiness` (the node's daemon's readiness record when
+        current; else the entry's status, or while the controller's copy lags, the daemon pod's own Ready
+        condition)."""
         return lookup.daemon_readiness(cd_uid, clique_id).ready
 
     def controller(self, namespace: str, client: KubeClient, timing: Timing, stop: threading.Event) -> None:
@@ -504,7 +544,8 @@ class NodeAgent:
     def run(self, started: float) -> None:
         """Step until prepared and the daemon's Ready entry is written, or ``stop``; errors end the agent and
         are kept in :attr:`error`."""
-        lookup = DomainLookup(self.api, self.node.name, self.fleet.namespace)
+        lookup = DomainLookup(self.api, self.node.name, self.fleet.namespace,
+                              plugin_dir=self.fleet.plugin_dir(self.node))
         backoff_first, backoff_max = self.membership.backoff_s(self.timing)
         backoff, call_started, next_prepare = backoff_first, started, started
         try:
@@ -525,6 +566,9 @@ class NodeAgent:
                     if self._side is not None:
                         self._side.close()
                     return
+                if (self.prepared_at is None and self.pod is not None
+                        and self.membership.ready_hint(lookup, self.cd_uid)):  # the runner's hint poll
+                    next_prepare = min(next_prepare, time.monotonic() + self.timing.s(HINT_POLL_S))
                 waits = [next_prepare - time.monotonic()] if self.prepared_at is None else []
                 if self._imex_ready_at is not None and not self._pod_ready:
                     waits.append(self._probe_due() - time.monotonic())
@@ -559,6 +603,7 @@ class NodeAgent:
         if self.pod is None:
             pod = self.fleet.create_daemon_pod(self.cd_uid, self.node)
             pod["_started"] = time.monotonic()
+            imexchannels.ensure_domain_dir(self.fleet.plugin_dir(self.node), self.cd_uid)  # the daemon claim's
             self.pod = pod
 
     def _identity(self) -> DaemonIdentity:
@@ -566,7 +611,8 @@ class NodeAgent:
         meta = self.pod["metadata"]
         return DaemonIdentity(cd_uid=self.cd_uid, clique_id=self.node.clique_id, node_name=self.node.name,
                               pod_ip=self.node.ip, pod_name=meta["name"], pod_uid=meta["uid"],
-                              namespace=self.fleet.namespace)
+                              namespace=self.fleet.namespace,
+                              imexd_dir=imexchannels.domain_dir(self.fleet.plugin_dir(self.node), self.cd_uid))
 
     def _probe_due(self) -> float:
         """When the startup probe first passes: the first probe tick (every 1 s from the pod's start) at or
@@ -585,6 +631,7 @@ class NodeAgent:
             self._pod_labelled = True
         if self._imex_ready_at is not None and not self._pod_ready and time.monotonic() >= self._probe_due():
             self.fleet.set_pod_ready(me.pod_name, True)  # the kubelet; the daemon's pod informer sees it at once
+            self._side.probed(True)  # the passing check's own output (dradriver: the readiness record)
             self._pod_ready = True
             self.pod_ready_at = time.monotonic()
         status = cd.STATUS_READY if self._pod_ready else cd.STATUS_NOT_READY

@@ -26,6 +26,7 @@ import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from dradriver.domain import computedomains as cd
@@ -51,6 +52,7 @@ class DaemonIdentity:
     """What one IMEX daemon knows about itself (the DaemonSet's env, ``nvidia-dra-driver.md`` 1.4).
 
     :param max_nodes: ``MAX_NODES_PER_IMEX_DOMAIN`` (slots of the clique; 18 on GB200 NVL72).
+    :param imexd_dir: its domain directory (``/imexd`` in its container; ``None``: not modelled).
     """
 
     cd_uid: str
@@ -61,6 +63,7 @@ class DaemonIdentity:
     pod_uid: str
     namespace: str
     max_nodes: int = cd.DEFAULT_MAX_NODES_PER_IMEX_DOMAIN
+    imexd_dir: Path | None = None
 
     @property
     def clique_name(self) -> str:

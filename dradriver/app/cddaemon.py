@@ -37,7 +37,12 @@ domains in one pass (``reconcile_clique(clique, pods)``: one clique without its 
 ``index_applies``, ``clique_patches``, ``status_writes`` count its writes).
 
 ``check`` runs ``nvidia-imex-ctl -c <imexd>/imexd.cfg -q`` and succeeds only when it prints exactly
-``READY\\n``; with no clique it succeeds at once.
+``READY\\n``; with no clique it succeeds at once. Each ``check``, the start of ``run`` (after the configs, before
+anything else) and its end write the readiness record ``<imexd>/daemon-readiness.json``
+(:class:`~dradriver.domain.imex.DaemonRecord`: ready only from a check that passed) for the compute-domain plugin
+on the same node, which reads it before the API (:func:`record_readiness`; dradriver's own: NVIDIA's plugin
+reads the clique entry's ``status`` only). In-process drivers call :func:`record_readiness` where ``check``
+would run.
 
 Differences from NVIDIA: NVIDIA's daemon inserts its entry (and picks its index) by read-modify-write of the
 shared clique with conflict retries (ksigs#816: minutes of convergence from conflicts; #1418: index swaps);
@@ -64,6 +69,7 @@ from dradriver.domain import computedomains as cd
 from dradriver.domain import imex
 from dradriver.domain.computedomains import CliqueDaemon
 from dradriver.errors import DradriverError
+from dradriver.host import imexchannels
 from dradriver.host.imexprocess import ImexProcess, query_ready, write_config_file, write_hosts_file
 from dradriver.kube import computedomains as kube_cd
 from dradriver.kube import errors as kube_errors
@@ -72,7 +78,7 @@ from dradriver.kube.client import JSONDict, KubeClient
 
 __all__ = ["CDI_HINT", "DAEMON_FIELD_MANAGER_PREFIX", "READ", "CliqueWatch", "DaemonError", "DaemonSettings",
            "Membership", "apply_entry", "check", "clique_daemons", "entry_body", "entry_current", "field_manager",
-           "peer_mapping", "read_clique", "render_configs", "run_daemon", "withdraw_entry"]
+           "peer_mapping", "read_clique", "record_readiness", "render_configs", "run_daemon", "withdraw_entry"]
 
 log = logging.getLogger(__name__)
 
@@ -481,6 +487,7 @@ def run_daemon(settings: DaemonSettings, client: KubeClient, stop: threading.Eve
         stop.wait()
         return 0
     render_configs(settings)
+    record_readiness(settings, False, "starting: nvidia-imex not started yet")
     env = dict(os.environ) if settings.imex_env is None else dict(settings.imex_env)
     env["DRADRIVER_HOSTS_FILE"] = str(settings.hosts_file)  # the stand-in's resolver; the real daemon's is libc's
     process = ImexProcess([settings.imex_binary, "-c", str(settings.config_path)], env=env)
@@ -523,16 +530,31 @@ def run_daemon(settings: DaemonSettings, client: KubeClient, stop: threading.Eve
             withdraw_entry(client, settings)
         except kube_errors.KubeAPIError as exc:
             log.warning("cannot withdraw the clique entry: %s", exc)
+        record_readiness(settings, False, "stopped")
         process.stop()
     return 0
 
 
+def record_readiness(settings: DaemonSettings, ready: bool, detail: str = "",
+                     clock: Callable[[], float] = time.time) -> None:
+    """Write this daemon's readiness record into its domain directory (module docstring;
+    :func:`~dradriver.host.imexchannels.record_readiness`); a record that cannot be written is logged, never fatal
+    (the plugin then asks the API, whose answer is the pod's Ready condition)."""
+    problem = imexchannels.record_readiness(settings.imexd_dir, node_name=settings.node_name, pod_uid=settings.pod_uid,
+                                            pod_ip=settings.pod_ip, ready=ready, detail=detail, clock=clock)
+    if problem:
+        log.warning("%s", problem)
+
+
 def check(settings: DaemonSettings, timeout_s: float = 10.0) -> tuple[bool, str]:
     """The probe: ``nvidia-imex-ctl -c <imexd.cfg> -q`` must print exactly ``READY\\n``
-    (:func:`~dradriver.host.imexprocess.query_ready`); no clique: success.
+    (:func:`~dradriver.host.imexprocess.query_ready`); no clique: success. The answer is also written as the
+    readiness record (:func:`record_readiness`).
 
     :returns: (ok, what was printed or why it failed).
     """
     if not settings.clique_id:
         return True, "no clique: nothing to check"
-    return query_ready(settings.imex_ctl_binary, settings.config_path, timeout_s)
+    ok, output = query_ready(settings.imex_ctl_binary, settings.config_path, timeout_s)
+    record_readiness(settings, ok, output.strip())
+    return ok, output

@@ -230,7 +230,7 @@ async def start_compute_domain_plugin(config: PluginConfig, identity: DriverIden
 
         registry: DeviceRegistry[dict[str, object]] = DeviceRegistry(
             channel_devices(imex.channel_count, daemon=not host_managed), lambda devices: devices)
-        lookup = DomainLookup(connection.client, config.node_name, config.namespace)
+        lookup = DomainLookup(connection.client, config.node_name, config.namespace, plugin_dir=config.plugin_dir)
         imex_ctl = _imex_ctl(config) if host_managed else None
         runner_holder: list[BatchRunner] = []
 

@@ -110,9 +110,14 @@ def run(args: argparse.Namespace) -> int:
         if not args.cliqueid:
             return 0
         from dradriver.domain.imex import CONFIG_FILE
+        from dradriver.host.imexchannels import record_readiness
         from dradriver.host.imexprocess import query_ready
 
         ok, detail = query_ready("nvidia-imex-ctl", Path(args.imexd_dir) / CONFIG_FILE)
+        problem = record_readiness(Path(args.imexd_dir), node_name=args.node_name, pod_uid=args.pod_uid,
+                                   pod_ip=args.pod_ip, ready=ok, detail=detail)  # for the plugin on this node
+        if problem:
+            print(f"{PROG} check: {problem}", file=sys.stderr)
         if not ok:
             print(f"{PROG} check: {detail}", file=sys.stderr)
         return 0 if ok else 1

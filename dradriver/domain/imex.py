@@ -9,6 +9,7 @@ hashed names after #1448, sentinel ``127.0.0.2`` for unused slots after #1465). 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -27,6 +28,9 @@ __all__ = [
     "CONFIG_TEMPLATE_FILE",
     "HOSTS_HEADER",
     "NODES_FILE",
+    "READINESS_FILE",
+    "READINESS_MAX_AGE_S",
+    "DaemonRecord",
     "MembershipChange",
     "assign_indexes",
     "dns_mapping",
@@ -43,6 +47,74 @@ CONFIG_TEMPLATE_FILE = "imexd.cfg.tmpl"
 CONFIG_FILE = "imexd.cfg"
 NODES_FILE = "nodes.cfg"
 HOSTS_HEADER = "# IMEX peers of this ComputeDomain (written by compute-domain-daemon; edits are overwritten)"
+READINESS_FILE = "daemon-readiness.json"
+"""The daemon's readiness record in the domain directory (:class:`DaemonRecord`; dradriver's own, NVIDIA has none)."""
+READINESS_MAX_AGE_S = 30.0
+"""A record older than this (seconds: three periods of the daemon pod's 10 s readiness probe, which rewrites it)
+says nothing: its daemon stopped probing, and the plugin asks the API instead."""
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonRecord:
+    """What this node's IMEX daemon last found when probed, written by the daemon into its domain directory
+    (``/imexd/daemon-readiness.json`` in its container, ``<plugin dir>/domains/<cdUID>/`` on the host) at its start
+    (not ready), at each probe (``compute-domain-daemon check``: the startup probe every 1 s, then the readiness
+    probe every 10 s; ``nvidia-dra-driver-updates.md`` 2c) and when it stops (not ready). The compute-domain
+    plugin, on the same node, reads it before the API (issue 14): a workload's channel prepare learns that its
+    daemon is Ready when the probe that turns the pod Ready passes, without a read of the clique or the pod, and
+    a not-ready daemon costs the waiting claim nothing but this file.
+
+    :param node_name: the daemon's node (``NODE_NAME``).
+    :param pod_uid: its pod (``POD_UID``): a new pod's record replaces an old one's.
+    :param pod_ip: its pod IP (``POD_IP``, its clique entry's ``ipAddress``).
+    :param ready: ``nvidia-imex-ctl -q`` printed ``READY`` (the probe passed).
+    :param written_s: when, Unix seconds (the node's clock: the plugin reads it on the same node).
+    :param detail: what the probe printed, or why the daemon is not ready.
+    """
+
+    node_name: str
+    pod_uid: str
+    pod_ip: str
+    ready: bool
+    written_s: float
+    detail: str = ""
+
+    def to_json(self) -> bytes:
+        """The file's content (one JSON object, keys ``nodeName``, ``podUID``, ``podIP``, ``ready``,
+        ``writtenAt``, ``detail``)."""
+        return json.dumps({"nodeName": self.node_name, "podUID": self.pod_uid, "podIP": self.pod_ip,
+                           "ready": self.ready, "writtenAt": self.written_s, "detail": self.detail},
+                          separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> DaemonRecord:
+        """Parse :meth:`to_json`'s output.
+
+        :raises ValueError: not such an object (names the field).
+        """
+        try:
+            obj = json.loads(data)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ValueError(f"not JSON: {exc}") from None
+        if not isinstance(obj, dict):
+            raise ValueError("not a JSON object")
+        for key, kind in (("nodeName", str), ("podUID", str), ("podIP", str), ("ready", bool)):
+            if not isinstance(obj.get(key), kind):
+                raise ValueError(f"{key}: missing or not a {kind.__name__}")
+        written = obj.get("writtenAt")
+        if isinstance(written, bool) or not isinstance(written, (int, float)):
+            raise ValueError("writtenAt: missing or not a number")
+        return cls(obj["nodeName"], obj["podUID"], obj["podIP"], obj["ready"], float(written),
+                   str(obj.get("detail") or ""))
+
+    def age_s(self, now_s: float) -> float:
+        """Seconds since it was written (negative when the clock went back)."""
+        return now_s - self.written_s
+
+    def current(self, now_s: float, max_age_s: float = READINESS_MAX_AGE_S) -> bool:
+        """Whether it still speaks for its daemon: written within ``max_age_s`` of ``now_s`` (either way: a clock
+        that jumped makes it stale, not eternal)."""
+        return abs(self.age_s(now_s)) <= max_age_s
 
 
 def render_imexd_config(template: str, *, pod_ip: str, nodes_config: str,

@@ -118,7 +118,17 @@ class NotReadyYet(ClaimError):
     the claim with a growing pause (outside its locks, so other claims, the waited-for daemon's among them,
     prepare meanwhile), as NVIDIA's compute-domain plugin retries a prepare within the kubelet's 45 s
     (``nvidia-dra-driver.md`` 4.8).
+
+    :param ref: the claim.
+    :param cause: what it waits for (names the object or file read).
+    :param ready_hint: a cheap test (a local file read, no API request, no lock) that says when another attempt
+        may succeed (the IMEX daemon's readiness record turned ready): the runner polls it during its pause and
+        tries again as soon as it says so, instead of at the pause's end. ``None``: the pause alone.
     """
+
+    def __init__(self, ref: ClaimRef | str, cause: str, *, ready_hint: Callable[[], bool] | None = None) -> None:
+        super().__init__(ref, cause)
+        self.ready_hint = ready_hint
 
 
 @dataclass(frozen=True, slots=True)

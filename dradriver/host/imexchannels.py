@@ -12,7 +12,8 @@ Facts (``nvidia-dra-driver.md`` 2.7, 4.8; ``nvidia-dra-driver-updates.md`` 2c; `
 * the ``fabric-imex-mgmt`` capability is ``/dev/nvidia-caps/nvidia-cap<minor>`` (major of ``nvidia-caps``), minor
   from the ``DeviceFileMinor:`` line of ``/proc/driver/nvidia/capabilities/fabric-imex-mgmt``;
 * a daemon claim's domain directory is ``<plugin dir>/domains/<cdUID>/`` holding ``imexd.cfg.tmpl``, a copy of the
-  packaged ``compute-domain-daemon-config.tmpl.cfg``.
+  packaged ``compute-domain-daemon-config.tmpl.cfg``, and (dradriver's daemon) its readiness record
+  (:class:`~dradriver.domain.imex.DaemonRecord`, :func:`write_readiness` / :func:`read_readiness`).
 """
 
 from __future__ import annotations
@@ -21,11 +22,14 @@ import logging
 import os
 import shutil
 import subprocess
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 from dradriver.domain.computedomains import DEFAULT_IMEX_CHANNEL_COUNT
+from dradriver.domain.imex import READINESS_FILE, DaemonRecord
 from dradriver.errors import DradriverError
 from dradriver.host.devicenodes import DeviceNodeInfo
 
@@ -44,7 +48,10 @@ __all__ = [
     "read_channel_count",
     "read_fabric_imex_mgmt_minor",
     "read_imex_node_info",
+    "read_readiness",
+    "record_readiness",
     "remove_domain_dir",
+    "write_readiness",
 ]
 
 CHANNEL_DEVICE_NAME = "nvidia-caps-imex-channels"
@@ -175,6 +182,59 @@ def ensure_domain_dir(plugin_dir: Path, cd_uid: str) -> tuple[Path, bool]:
     except OSError as exc:
         raise ImexError(f"cannot prepare IMEX domain directory {path}: {exc}") from exc
     return path, created
+
+
+def write_readiness(directory: Path, record: DaemonRecord) -> None:
+    """Replace ``<directory>/daemon-readiness.json`` with ``record`` (a temp file renamed over it: a reader sees
+    the old record or the new one, never part of one). Not synced: after a crash of the node the daemon's next
+    probe writes it again, and a record older than :data:`~dradriver.domain.imex.READINESS_MAX_AGE_S` counts for
+    nothing.
+
+    :param directory: the domain directory (``/imexd`` in the daemon's container).
+    :raises ImexError: it cannot be written (names the path).
+    """
+    target = directory / READINESS_FILE
+    temp = directory / f".{READINESS_FILE}.{os.getpid()}.tmp"
+    try:
+        temp.write_bytes(record.to_json())
+        os.chmod(temp, 0o644)
+        os.replace(temp, target)
+    except OSError as exc:
+        try:
+            temp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        raise ImexError(f"cannot write the IMEX daemon's readiness record {target}: {exc}") from exc
+
+
+def record_readiness(directory: Path, *, node_name: str, pod_uid: str, pod_ip: str, ready: bool, detail: str = "",
+                     clock: Callable[[], float] = time.time) -> str:
+    """Write a daemon's readiness record now (:func:`write_readiness`); returns ``""``, or why it could not be
+    written (the caller logs it: a record is advice to the plugin, never a reason for the daemon or its probe to
+    fail)."""
+    try:
+        write_readiness(directory, DaemonRecord(node_name, pod_uid, pod_ip, ready, clock(), detail.strip()[:200]))
+    except ImexError as exc:
+        return str(exc)
+    return ""
+
+
+def read_readiness(directory: Path) -> DaemonRecord | None:
+    """The readiness record in ``directory`` (a domain directory), or ``None`` when there is none or it cannot be
+    read or parsed (logged at debug: the caller then asks the API, as for a daemon that writes none)."""
+    path = directory / READINESS_FILE
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        log.debug("cannot read %s: %s", path, exc)
+        return None
+    try:
+        return DaemonRecord.from_json(data)
+    except ValueError as exc:
+        log.debug("%s: %s", path, exc)
+        return None
 
 
 def remove_domain_dir(plugin_dir: Path, cd_uid: str) -> bool:

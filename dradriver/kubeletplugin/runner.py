@@ -140,6 +140,8 @@ class _Work:
     error: str = ""
     retry: bool = False
     """The apply raised :class:`~dradriver.domain.ports.NotReadyYet`: retried until the deadline."""
+    ready_hint: Callable[[], bool] | None = None
+    """That error's test of when to try again (:attr:`~dradriver.domain.ports.NotReadyYet.ready_hint`)."""
     deadline: float | None = None
     """``time.monotonic()`` by which its applies must be done (the kubelet's deadline less the runner's margin)."""
 
@@ -269,6 +271,10 @@ def _pin_of(device: object) -> str | None:
 RETRY_PAUSE_S = (0.1, 2.0)
 """Default first and longest pause, seconds, between the attempts of a not-ready claim (doubling from the first;
 NVIDIA's compute-domain plugin uses 250 ms -> 3 s, ``nvidia-dra-driver.md`` 4.4)."""
+RetryHints = dict[str, Callable[[], bool] | None]
+"""Claim UID -> the ready hint of its not-ready error (:attr:`~dradriver.domain.ports.NotReadyYet.ready_hint`)."""
+HINT_POLL_S = 0.05
+"""How often, seconds, a pause polls the ready hints of the claims it waits for (a local file read each)."""
 
 
 class BatchRunner:
@@ -303,7 +309,9 @@ class BatchRunner:
         :meth:`forget_expired_aborts` (the periodic cleanup, 4.9). 0 (the GPU plugin) keeps only the in-flight
         tombstones.
     :param retry_pause_s: first and longest pause, seconds, between the attempts of a claim whose preparer raised
-        :class:`~dradriver.domain.ports.NotReadyYet` (doubling from the first).
+        :class:`~dradriver.domain.ports.NotReadyYet` (doubling from the first); a pause ends early when the ready
+        hint of a waiting claim's error (:attr:`~dradriver.domain.ports.NotReadyYet.ready_hint`, polled every
+        :data:`HINT_POLL_S`) says another attempt may succeed.
     :param clock: wall-clock seconds (Unix time) for ``abortedAt`` (tests pass their own); wall clock, not
         monotonic, because the mark must mean the same after a restart.
     """
@@ -453,7 +461,7 @@ class BatchRunner:
         fetch_budget = max(0.0, budget - self.deadline_margin_s)
         results: dict[str, ClaimResult]
         with self.metrics.in_flight("prepare") if self.metrics else contextlib.nullcontext():
-            retry: set[str] = set()
+            retry: RetryHints = {}
             items: list[tuple[ClaimRef, Claim | str]] = []
             if len(claims) == 1:  # the common case: GET and preparation in one thread, two hops fewer
                 results = await self._prepare_single(claims[0], started, began, fetch_budget, budget, retry, items)
@@ -464,19 +472,21 @@ class BatchRunner:
             loop = asyncio.get_running_loop()
             while retry:
                 # Claims whose preparer is waiting for something (an IMEX daemon's readiness): pause without any
-                # lock, then try again, until the deadline; the last attempt's error is the answer.
-                if time.monotonic() + pause >= apply_deadline:
+                # lock, then try again, until the deadline; the last attempt's error is the answer. With ready
+                # hints the pause may end early, so it is worth taking even when it would reach the deadline.
+                hints = [h for h in retry.values() if h is not None]
+                if time.monotonic() + (0.0 if hints else pause) >= apply_deadline:
                     waited = time.monotonic() - began
                     for uid in retry:
                         results[uid] = ClaimResult(error=f"{results[uid].error} (still not ready after "
                                                          f"{waited:.1f} s of retries; the kubelet retries)")
                     break
-                await asyncio.sleep(pause)
+                await self._pause(min(pause, apply_deadline - time.monotonic()), hints)
+                pause = min(longest, pause * 2)
                 again = [(ref, got) for ref, got in items if ref.uid in retry]
-                retry = set()
+                retry = {}
                 results.update(await loop.run_in_executor(self._work_pool, self._prepare_all, again, started,
                                                           apply_deadline, retry))
-                pause = min(longest, pause * 2)
         if self.metrics is not None:
             seconds = time.monotonic() - began
             for res in results.values():
@@ -485,12 +495,29 @@ class BatchRunner:
         self._changed()
         return results
 
+    async def _pause(self, seconds: float, hints: Sequence[Callable[[], bool]]) -> None:
+        """Sleep ``seconds``, or less: until one of ``hints`` says try now (each polled every :data:`HINT_POLL_S`,
+        on the event loop: a hint is a small local read; one that raises counts as "not yet")."""
+        end = time.monotonic() + max(0.0, seconds)
+        if not hints:
+            await asyncio.sleep(max(0.0, seconds))
+            return
+        while (left := end - time.monotonic()) > 0:
+            await asyncio.sleep(min(HINT_POLL_S, left))
+            for hint in hints:
+                try:
+                    if hint():
+                        return
+                except Exception:  # a hint is advice: a broken one leaves the pause as it is
+                    log.debug("ready hint failed", exc_info=True)
+
     async def _prepare_batch(self, claims: Sequence[ClaimRef], started: int, began: float, fetch_budget: float,
-                             budget: float, retry: set[str],
+                             budget: float, retry: RetryHints,
                              items: list[tuple[ClaimRef, Claim | str]]) -> dict[str, ClaimResult]:
         """Fetch every claim on the fetch pool (half of it at most), then prepare them on the work pool.
 
-        :param retry: filled with the UIDs of claims whose preparer is not ready yet (retried by the caller).
+        :param retry: filled with the UIDs of claims whose preparer is not ready yet, each with that preparer's
+            ready hint or ``None`` (retried by the caller).
         :param items: filled with the fetched claims (what a retry prepares again).
         """
         loop = asyncio.get_running_loop()
@@ -517,7 +544,7 @@ class BatchRunner:
         return results
 
     async def _prepare_single(self, ref: ClaimRef, started: int, began: float, fetch_budget: float,
-                              budget: float, retry: set[str],
+                              budget: float, retry: RetryHints,
                               items: list[tuple[ClaimRef, Claim | str]]) -> dict[str, ClaimResult]:
         """One claim: its GET and then its preparation in one fetch-pool thread, so the batch costs two thread
         hops instead of four. Same deadlines as :meth:`_prepare_batch`: a GET not answered within
@@ -586,7 +613,7 @@ class BatchRunner:
             return _claim_error(ref, exc)
 
     def _prepare_all(self, items: list[tuple[ClaimRef, Claim | str]], started: int,
-                     deadline: float | None = None, retry: set[str] | None = None) -> dict[str, ClaimResult]:
+                     deadline: float | None = None, retry: RetryHints | None = None) -> dict[str, ClaimResult]:
         """Prepare a batch chunk by chunk (:meth:`_prepare_chunk`), taking the lock per chunk.
 
         :param deadline: ``time.monotonic()`` by which side effects must be applied (sharing steps that wait,
@@ -602,7 +629,7 @@ class BatchRunner:
         return out
 
     def _prepare_chunk(self, items: list[tuple[ClaimRef, Claim | str]], started: int,
-                       deadline: float | None = None, retry: set[str] | None = None) -> dict[str, ClaimResult]:
+                       deadline: float | None = None, retry: RetryHints | None = None) -> dict[str, ClaimResult]:
         """Prepare a chunk in phases, so its durability costs O(1) syncs of the claim state.
 
         1. under one group commit: check and plan every claim, record the valid ones PREPARE_STARTED (one sync);
@@ -657,7 +684,7 @@ class BatchRunner:
                         for work in failed:
                             out[work.uid] = ClaimResult(error=work.error)
                             if work.retry and retry is not None:
-                                retry.add(work.uid)
+                                retry[work.uid] = work.ready_hint
                             self._roll_back_failed(work)
             except (OSError, DradriverError) as exc:
                 # The claim state or the CDI directory could not be made durable: no claim of the batch that
@@ -872,6 +899,7 @@ class BatchRunner:
             work.error = _claim_error(ref, exc)
         except NotReadyYet as exc:  # nothing to undo; retried until the deadline
             work.retry = True
+            work.ready_hint = exc.ready_hint
             work.error = _claim_error(ref, exc)
         except Exception as exc:
             work.error = _claim_error(ref, exc)

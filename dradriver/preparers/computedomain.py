@@ -9,7 +9,12 @@ the label ``resource.nvidia.com/computeDomain=<cdUID>`` (the domain's daemon Dae
 labelled for another domain refuses the claim: one domain per node). When the node is in an NVLink clique, the
 prepare then waits for this node's entry in the ComputeDomainClique ``<cdUID>.<cliqueID>`` (driver namespace) to be
 ``Ready``: a not-ready daemon raises :class:`~dradriver.domain.ports.NotReadyYet` and the batch runner retries with
-backoff inside the kubelet's deadline (the label stays meanwhile, so the daemon pod can be scheduled). ``Single``
+backoff inside the kubelet's deadline (the label stays meanwhile, so the daemon pod can be scheduled). This node's
+daemon's readiness record in its domain directory (:class:`~dradriver.domain.imex.DaemonRecord`, written by every
+probe of dradriver's daemon) is read before the API: a current record answers alone (a not-ready one makes a retry
+read nothing else), and it is the waiting claim's ready hint, so the runner retries within
+:data:`~dradriver.kubeletplugin.runner.HINT_POLL_S` of the probe that passed rather than at its pause's end. A daemon
+that writes no record (NVIDIA's image) is read through the API only, as before. ``Single``
 gives channel 0, ``All`` every channel of the node (count from ``/proc/driver/nvidia/params``): an ``All`` claim also
 holds ``channel-1 .. channel-<n-1>`` in the claim state, and its CDI spec is rendered by the compiled generator
 (``render_channel_spec``) as ONE CDI device ``<claimUID>-channel-0`` whose edits hold every channel's node, so
@@ -36,8 +41,10 @@ is removed once the domain is gone, by the plugin's periodic cleanup), as NVIDIA
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +68,7 @@ from dradriver.domain.computedomains import (
 )
 from dradriver.domain.configs import ConfigGroup
 from dradriver.domain.identity import DriverIdentity
+from dradriver.domain.imex import DaemonRecord
 from dradriver.domain.ports import DevicePlan, NotReadyYet, UndoRecord
 from dradriver.host import imexchannels
 from dradriver.host.imexchannels import ImexNodeInfo
@@ -154,26 +162,49 @@ class DaemonReadiness:
     :ivar entry: this node's entry in it, or ``None``.
     :ivar ready: the daemon is ready for a workload.
     :ivar seen: why not (``""`` when ready), for the claim's error.
+    :ivar local: the answer is this node's daemon's readiness record (no API read; ``entry`` is then ``None``).
     """
 
     clique: str
     entry: CliqueDaemon | None
     ready: bool
     seen: str = ""
+    local: bool = False
 
 
 class DomainLookup:
-    """ComputeDomains and cliques through the API, for both preparers.
+    """ComputeDomains and cliques through the API, and this node's daemons' readiness records, for both preparers.
 
     :param client: the plugin's API client.
     :param node_name: this node.
     :param namespace: the driver namespace (where ComputeDomainCliques live).
+    :param plugin_dir: ``<kubelet plugins dir>/compute-domain.nvidia.com`` (the domain directories, where this
+        node's daemons write their readiness records); ``None``: the API only.
+    :param clock: Unix seconds (the records' ``writtenAt`` is the node's clock).
     """
 
-    def __init__(self, client: KubeClient, node_name: str, namespace: str) -> None:
+    def __init__(self, client: KubeClient, node_name: str, namespace: str, *, plugin_dir: Path | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self.client = client
         self.node_name = node_name
         self.namespace = namespace
+        self.plugin_dir = plugin_dir
+        self.clock = clock
+
+    def local_record(self, cd_uid: str) -> DaemonRecord | None:
+        """This node's daemon's readiness record for the domain ``cd_uid`` when it speaks for the daemon now
+        (:class:`~dradriver.domain.imex.DaemonRecord`: this node's, written within
+        :data:`~dradriver.domain.imex.READINESS_MAX_AGE_S`); ``None``: no plugin directory, no record (a daemon
+        not started yet, or one that writes none, such as NVIDIA's image), or a stale one."""
+        if self.plugin_dir is None:
+            return None
+        try:
+            record = imexchannels.read_readiness(imexchannels.domain_dir(self.plugin_dir, cd_uid))
+        except imexchannels.ImexError:
+            return None
+        if record is None or record.node_name != self.node_name or not record.current(self.clock()):
+            return None
+        return record
 
     def domain(self, ref: ClaimRef, uid: str, where: str) -> Mapping[str, Any]:
         """The ComputeDomain whose UID is ``uid``.
@@ -198,8 +229,22 @@ class DomainLookup:
         copies). Reading the source spares a joining node one controller round trip (issue 14); the pod is read
         only when the entry is a member and not yet ``Ready``.
 
+        This node's daemon's readiness record (:meth:`local_record`) is read first and, when current, is the
+        answer: the probe that turns the pod Ready writes it, so a ready record spares the reads of the clique
+        and the pod, and a not-ready one spares a waiting claim any API read at all. Without a current record
+        the API decides as above.
+
         :raises dradriver.kube.errors.KubeAPIError: the API failed.
         """
+        record = self.local_record(cd_uid)
+        name = clique_object_name(cd_uid, clique_id)
+        if record is not None:
+            if record.ready:
+                return DaemonReadiness(name, None, True, local=True)
+            return DaemonReadiness(name, None, False, f"its daemon pod's probe says not ready "
+                                                      f"({record.detail or 'no detail'}; readiness record written "
+                                                      f"{max(0.0, record.age_s(self.clock())):.1f} s ago)",
+                                   local=True)
         name, entry = self.daemon_entry(cd_uid, clique_id)
         if entry is None:
             return DaemonReadiness(name, None, False, "no entry for this node")
@@ -348,15 +393,32 @@ class ChannelPreparer:
         return self.imex.channel_major
 
     # -- protocol -----------------------------------------------------------------------------------------------
+    def _record_ready(self, cd_uid: str) -> bool:
+        """The ready hint of a waiting claim: this node's daemon's readiness record says ready."""
+        record = self.lookup.local_record(cd_uid)
+        return record is not None and record.ready
+
     def apply(self, claim: ClaimRef, plan: DevicePlan, *, deadline: float | None = None) -> UndoRecord:
         uid = str(plan.details["domain"])
         where = str(plan.details["where"])
+        clique = str(plan.details["clique"])
+        hint = functools.partial(self._record_ready, uid)
+        with self._pending_lock:
+            waiting = self._pending.get(claim.uid) == uid
+        if waiting and clique and not self.host_managed:
+            # A retry of a claim that already found its domain and labelled the node: while this node's daemon
+            # says it is not ready, the answer is the same without reading the domain, the node or the clique.
+            record = self.lookup.local_record(uid)
+            if record is not None and not record.ready:
+                raise NotReadyYet(claim, f"the IMEX daemon of ComputeDomain UID {uid} on node "
+                                         f"{self.lookup.node_name} is not Ready yet (its readiness record, written "
+                                         f"{max(0.0, record.age_s(self.lookup.clock())):.1f} s ago: "
+                                         f"{record.detail or 'not ready'})", ready_hint=hint)
         obj = self.lookup.domain(claim, uid, where)
         namespace, name = _meta(obj)
         if namespace != claim.namespace:
             raise ClaimError(claim, f"{where}.domainID: ComputeDomain {namespace}/{name} (UID {uid}) is not in the "
                                     f"claim's namespace {claim.namespace!r}")
-        clique = str(plan.details["clique"])
         data: dict[str, Any] = {"domain": uid, "namespace": namespace, "name": name, "mode": plan.details["mode"],
                                 "channels": list(plan.details["channels"]), "clique": clique, "label": False}
         if self.host_managed:
@@ -384,7 +446,8 @@ class ChannelPreparer:
                     self._pending[claim.uid] = uid
                 raise NotReadyYet(claim, f"the IMEX daemon of ComputeDomain {namespace}/{name} on node "
                                          f"{self.lookup.node_name} is not Ready yet (ComputeDomainClique "
-                                         f"{self.lookup.namespace}/{found.clique}: {found.seen})")
+                                         f"{self.lookup.namespace}/{found.clique}: {found.seen})",
+                                  ready_hint=hint)
         with self._pending_lock:
             self._pending.pop(claim.uid, None)
         return UndoRecord(self.kind, 1, plan.device, data)

@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import pytest
 
 from dradriver.domain.computedomains import LABEL_COMPUTE_DOMAIN
+from dradriver.domain.imex import READINESS_FILE, READINESS_MAX_AGE_S, DaemonRecord
+from dradriver.host import imexchannels
 from dradriver.sandbox.node import SandboxNode
 from tests.cdi.helpers import validate
 from tests.computedomain.cdplugin_helpers import (
     CHANNEL_MAJOR,
     DRIVER,
+    DRIVER_NAMESPACE,
     GB200_CLIQUE,
     cd_config,
     node_label,
@@ -499,5 +503,82 @@ def test_request_metrics_are_served_on_the_http_endpoint(node: SandboxNode) -> N
                 line = (f'nvidia_dra_requests_total{{driver="compute-domain.nvidia.com",'
                         f'operation="{operation}"}} 1.0')
                 assert line in text, text[:2000]
+
+    asyncio.run(body())
+
+
+def _record(node: SandboxNode, uid: str, *, ready: bool, age_s: float = 0.0, node_name: str = "") -> None:
+    """This node's daemon's readiness record, as ``compute-domain-daemon check`` writes it."""
+    directory = imexchannels.domain_dir(cd_config(node).plugin_dir, uid)
+    directory.mkdir(parents=True, exist_ok=True)
+    imexchannels.write_readiness(directory, DaemonRecord(node_name or node.node_name, "pod-uid-1", "10.0.0.1", ready,
+                                                         time.time() - age_s, "READY" if ready else "not ready"))
+
+
+def _membership_reads(api: Any) -> list[str]:
+    return [f"{r.verb} {r.resource}" for r in api.requests
+            if r.resource in ("computedomaincliques", "pods") and r.verb in ("get", "list")]
+
+
+def test_the_daemons_readiness_record_answers_without_the_api_and_ends_the_wait(node: SandboxNode) -> None:
+    """Issue 14: a current record in the domain directory is read before the API. While it says not ready the
+    claim waits without reading the clique or the pods (its retries read nothing from the API at all: the domain
+    and the label were found by the first attempt); when it turns ready the same call succeeds, though the API's
+    entry still says NotReady (the controller's copy lags)."""
+    api = node.api
+    assert api is not None
+    uid = seed_domain(api)
+    seed_clique(api, uid, node.node_name, "NotReady")
+    ref = seed_claim(api, "wl-0", uid)
+    _record(node, uid, ready=False)
+
+    async def body() -> None:
+        async with running(cd_config(node, prepare_deadline_seconds=30)) as (_plugin, conn):
+            api.clear_requests()
+            pending = asyncio.create_task(conn.prepare([ref]))
+            while node_label(api) != uid:
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.8)  # several retries (0.1, 0.2, 0.4 s pauses)
+            assert not pending.done()
+            first = len(api.requests)
+            await asyncio.sleep(0.8)
+            claim_reads = [f"{r.verb} {r.resource}" for r in api.requests[first:]
+                           if r.resource in ("computedomains", "nodes", "computedomaincliques", "pods")]
+            assert claim_reads == []  # the plugin's other loops (slices, leases) may talk; the claim's retries not
+            _record(node, uid, ready=True)
+            got = (await pending)[ref.uid]
+            assert got.ok, got.error
+            assert _membership_reads(api) == []  # neither the clique nor the pods were read
+            assert spec_path(node, ref.uid).exists()
+        clique = api.get("ComputeDomainClique", f"{uid}.{GB200_CLIQUE}", DRIVER_NAMESPACE)
+        assert clique is not None and clique["daemons"][0]["status"] == "NotReady"
+
+    asyncio.run(body())
+
+
+@pytest.mark.parametrize("case", ["stale", "another node's", "unreadable"])
+def test_a_record_that_does_not_speak_for_the_daemon_leaves_the_answer_to_the_api(node: SandboxNode,
+                                                                                   case: str) -> None:
+    """A record older than READINESS_MAX_AGE_S (its daemon stopped probing), one naming another node, or a torn
+    one counts for nothing: the clique entry decides, and its NotReady is the claim's error."""
+    api = node.api
+    assert api is not None
+    uid = seed_domain(api)
+    seed_clique(api, uid, node.node_name, "NotReady")
+    ref = seed_claim(api, "wl-0", uid)
+    if case == "stale":
+        _record(node, uid, ready=True, age_s=READINESS_MAX_AGE_S + 5)
+    elif case == "another node's":
+        _record(node, uid, ready=True, node_name="gpu-node-2")
+    else:
+        _record(node, uid, ready=True)
+        path = imexchannels.domain_dir(cd_config(node).plugin_dir, uid) / READINESS_FILE
+        path.write_bytes(path.read_bytes()[:20])
+
+    async def body() -> None:
+        async with running(cd_config(node, prepare_deadline_seconds=2)) as (_plugin, conn):
+            got = (await conn.prepare([ref]))[ref.uid]
+            assert f"ComputeDomainClique {DRIVER_NAMESPACE}/{uid}.{GB200_CLIQUE}: status NotReady" in got.error
+            assert "get computedomaincliques" in _membership_reads(api)
 
     asyncio.run(body())

@@ -22,6 +22,7 @@ from dradriver.app.cdcontroller import ComputeDomainController
 from dradriver.domain import computedomains as cd
 from dradriver.domain import imex
 from dradriver.domain.cdtemplates import ControllerSettings, owner_of
+from dradriver.host import imexchannels
 from dradriver.kube import computedomains as kcd
 from dradriver.kube.client import open_client
 from dradriver.kube.deployments import list_pods
@@ -217,7 +218,12 @@ def test_daemons_join_with_indexes_get_ready_restart_keeps_index_and_sigterm_lea
         assert f"IMEX_NODE_CONFIG_FILE={daemon.imexd / imex.NODES_FILE}\n" in config
         assert "localhost" in daemon.hosts.read_text()
     for daemon in daemons:
+        record = imexchannels.read_readiness(daemon.imexd)  # written at the start, before nvidia-imex runs
+        assert record is not None and (record.node_name, record.pod_uid, record.pod_ip) == (
+            daemon.node, daemon.uid, daemon.ip)
         daemon.wait_ready(f"{daemon.pod} check READY")
+        record = imexchannels.read_readiness(daemon.imexd)  # the check that passed wrote it
+        assert record is not None and record.ready and record.pod_uid == daemon.uid and record.detail == "READY"
         daemon.set_ready()
     wait(lambda: all(e["status"] == cd.STATUS_READY for e in _entries(api).values()), "entries Ready")
 
@@ -241,6 +247,8 @@ def test_daemons_join_with_indexes_get_ready_restart_keeps_index_and_sigterm_lea
 
     # SIGTERM: node-2 withdraws its fields, the controller's index reservation stays; the others drop its name
     assert daemons[2].terminate() == 0
+    record = imexchannels.read_readiness(daemons[2].imexd)
+    assert record is not None and not record.ready and record.detail == "stopped"  # not Ready for 30 s after it
     assert not _entries(api)["node-2"].get("ipAddress") and _entries(api)["node-2"]["index"] == 2
     wait(lambda: f"{cd.UNUSED_SLOT_IP}\t{names[2]}" in daemons[0].hosts.read_text(), "node-2's name freed")
     daemons[0].wait_ready("node-0 READY with two members")

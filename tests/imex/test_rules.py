@@ -119,3 +119,15 @@ def test_imex_process_watchdog_restarts_and_reload_signals(tmp_path: Path) -> No
     wait_until(lambda: marks.read_text().count("start") == 2, "the second start logged")
     assert process.stop() == 0
     assert process.pid is None
+
+
+def test_the_daemon_readiness_record_round_trips_and_names_a_bad_field() -> None:
+    record = imex.DaemonRecord("node-a", "pod-uid", "10.0.0.7", True, 1000.5, "READY")
+    assert imex.DaemonRecord.from_json(record.to_json()) == record
+    assert record.current(1000.5 + imex.READINESS_MAX_AGE_S) and not record.current(1031.0)
+    assert not record.current(1000.5 - imex.READINESS_MAX_AGE_S - 1)  # a clock that went back: stale, not eternal
+    for data, field in ((b"{", "not JSON"), (b"[]", "not a JSON object"), (b'{"nodeName": 1}', "nodeName"),
+                        (record.to_json().replace(b'"ready":true', b'"ready":"yes"'), "ready"),
+                        (record.to_json().replace(b'"writtenAt":1000.5', b'"writtenAt":true'), "writtenAt")):
+        with pytest.raises(ValueError, match=field):
+            imex.DaemonRecord.from_json(data)

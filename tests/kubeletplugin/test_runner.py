@@ -19,7 +19,7 @@ from dradriver.domain.cdi import ContainerEdits, DeviceNode
 from dradriver.domain.claims import AllocationResult, Claim, ClaimError, ClaimRef, base_request_name
 from dradriver.domain.configs import ConfigGroup
 from dradriver.domain.identity import CdiKind, DriverIdentity
-from dradriver.domain.ports import DevicePlan, DevicePreparer, PartiallyApplied, UndoRecord
+from dradriver.domain.ports import DevicePlan, DevicePreparer, NotReadyYet, PartiallyApplied, UndoRecord
 from dradriver.domain.registry import DeviceRegistry
 from dradriver.errors import DradriverError
 from dradriver.host.claimstate import ClaimPhase, ClaimState
@@ -385,4 +385,56 @@ def test_partial_side_effects_of_a_failed_apply_are_undone_with_the_rest(tmp_pat
         assert n.alpha.live == set() and n.beta.live == set()
         assert n.state.get(ref.uid) is None and not n.spec(ref.uid).exists()
     finally:
+        n.state.close()
+
+
+class WaitingPreparer(FakePreparer):
+    """Raises NotReadyYet until :attr:`ready`; its error's ready hint turns it ready at the hint's third poll.
+    :attr:`events` logs attempts and hint polls in order."""
+
+    def __init__(self, kind: str, *, hinted: bool) -> None:
+        super().__init__(kind)
+        self.hinted = hinted
+        self.ready = False
+        self.events: list[str] = []
+
+    def hint(self) -> bool:
+        polls = sum(1 for e in self.events if e.startswith("hint"))
+        self.ready = polls >= 2
+        self.events.append(f"hint {self.ready}")
+        return self.ready
+
+    def apply(self, claim: ClaimRef, plan: DevicePlan) -> UndoRecord:
+        self.events.append("attempt")
+        if not self.ready:
+            raise NotReadyYet(claim, f"devices[{plan.device}]: what it waits for is not there yet",
+                              ready_hint=self.hint if self.hinted else None)
+        return super().apply(claim, plan)
+
+
+@pytest.mark.parametrize("hinted", [True, False])
+def test_a_ready_hint_ends_the_retry_pause_early(tmp_path: Path, hinted: bool) -> None:
+    """A not-ready claim whose error carries a ready hint is tried again as soon as the hint says so (polled
+    during the pause), not when the pause ends; without a hint the pause is waited out and nothing is polled."""
+    waiting = WaitingPreparer("alpha", hinted=hinted)
+    n = Node(tmp_path, waiting, FakePreparer("beta"))
+    n.runner.retry_pause_s = (1.0, 1.0) if hinted else (0.05, 0.05)
+    try:
+        ref = n.add(_claim("u-wait", "a0"))
+        if not hinted:
+            waiting.ready = False
+
+            def later() -> None:
+                waiting.ready = True
+
+            threading.Timer(0.2, later).start()
+        answer = _prepare(n, ref)
+        assert answer[ref.uid].error == ""  # type: ignore[attr-defined]
+        if hinted:
+            assert waiting.events == ["attempt", "hint False", "hint False", "hint True", "attempt"]
+        else:
+            assert set(waiting.events) == {"attempt"} and len(waiting.events) >= 2
+        assert waiting.live == {"u-wait/a0"}
+    finally:
+        n.runner.close()
         n.state.close()
