@@ -44,6 +44,9 @@ def summarise(raw: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
     for ratio in RATIOS:
         num = medians.get((ratio.scenario, ratio.numerator))
         den = medians.get((ratio.scenario, ratio.denominator))
+        if ratio.measure and num is not None and den is not None:
+            num = per[(ratio.scenario, ratio.numerator)].get(ratio.measure)
+            den = per[(ratio.scenario, ratio.denominator)].get(ratio.measure)
         if num is None or den is None or den == 0:
             continue
         if ratio.per:

@@ -71,7 +71,7 @@ def test_compute_domain_256(benchmark: Any, variant: str) -> None:
         finally:
             fleet.stop()
     result = results[0]
-    benchmark.extra_info.update({"scenario": "compute_domain_256", "variant": variant,
+    benchmark.extra_info.update({"scenario": "compute_domain_256", "variant": variant, "prepared_s": result.seconds,
                                  "figures": _figures_256(result, ours=variant == "dradriver")})
 
 
