@@ -55,6 +55,8 @@ def _figures_256(result: cdfleet.DomainResult, *, ours: bool) -> dict[str, Any]:
         f"{result.protocol}: controller writes": fig(result.controller.membership_writes
                                                      + result.controller.label_writes),
         f"{result.protocol}: NodePrepareResources calls (kubelet retries past 45 s)": fig(result.prepare_calls),
+        f"{result.protocol}: plugin readiness lookups (prepare tries)": fig(result.prepare_attempts),
+        **{f"{result.protocol}: slowest node at {stage} (s)": fig(at) for stage, at in result.stages.items()},
     }
 
 
