@@ -438,3 +438,102 @@ def test_a_ready_hint_ends_the_retry_pause_early(tmp_path: Path, hinted: bool) -
     finally:
         n.runner.close()
         n.state.close()
+
+
+class PlainPreparer(FakePreparer):
+    """A kind without side effects (as the full-GPU preparer): its undo is nothing; it notes the thread it ran on."""
+
+    side_effects = False
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(kind)
+        self.undo_threads: list[int] = []
+
+    def undo(self, claim: ClaimRef, record: UndoRecord) -> None:
+        self.undo_threads.append(threading.get_ident())
+        super().undo(claim, record)
+
+
+def _unprepare_on_a_loop(n: Node, *refs: ClaimRef) -> tuple[dict[str, str], int]:
+    """Unprepare in ``asyncio.run`` on this thread; returns the answers and the loop's thread."""
+    async def body() -> dict[str, str]:
+        return dict(await n.runner.unprepare_claims(list(refs)))
+
+    return asyncio.run(body()), threading.get_ident()
+
+
+def test_a_quick_one_claim_unprepare_runs_on_the_event_loop_and_anything_else_on_the_pool(tmp_path: Path) -> None:
+    """Issue 17: a one-claim unprepare whose records are all of preparers without side effects runs on the loop
+    (no hop to a worker and back); one holding a record with side effects, a batch, or one arriving while a
+    worker holds the runner's lock goes to the work pool. Both answer the same and leave the same state."""
+    plain, busy = PlainPreparer("alpha"), PlainPreparer("beta")
+    busy.side_effects = True
+    n = Node(tmp_path, plain, busy)
+    try:
+        quick = n.add(_claim("u-quick", "a0"))
+        mixed = n.add(_claim("u-mixed", "a1", "b1"))
+        assert all(r.error == "" for r in _prepare(n, quick, mixed).values())  # type: ignore[attr-defined]
+
+        answers, loop_thread = _unprepare_on_a_loop(n, quick)
+        assert answers == {quick.uid: ""}
+        assert plain.undo_threads == [loop_thread]  # inline
+        assert n.state.get(quick.uid) is None and not n.spec(quick.uid).exists()
+        assert n.runner.prepared_devices() == {"a1": ("team-a", "claim-u-mixed"), "b1": ("team-a", "claim-u-mixed")}
+
+        answers, loop_thread = _unprepare_on_a_loop(n, mixed)  # beta has side effects: the pool
+        assert answers == {mixed.uid: ""}
+        assert busy.undo_threads and loop_thread not in busy.undo_threads + plain.undo_threads[1:]
+        assert n.state.get(mixed.uid) is None and n.runner.prepared_devices() == {}
+
+        # the runner's lock held by a worker (a batch in progress): the unprepare waits on the pool, not the loop
+        again = n.add(_claim("u-again", "a2"))
+        assert _prepare(n, again)[again.uid].error == ""  # type: ignore[attr-defined]
+        n.runner._lock.acquire()
+        threading.Timer(0.3, n.runner._lock.release).start()
+        answers, loop_thread = _unprepare_on_a_loop(n, again)
+        assert answers == {again.uid: ""} and plain.undo_threads[-1] != loop_thread
+        assert n.state.get(again.uid) is None and not n.spec(again.uid).exists()
+    finally:
+        n.state.close()
+
+
+def test_an_unprepare_never_makes_the_loop_wait_for_another_instances_claim_state_lock(tmp_path: Path) -> None:
+    """Another plugin instance (a rolling update) holds the node's claim-state lock: the quick unprepare does not
+    block the loop on it; it goes to the pool, which waits for the lock and then unprepares."""
+    plain = PlainPreparer("alpha")
+    n = Node(tmp_path, plain, FakePreparer("beta"))
+    other = n.open_state()
+    try:
+        ref = n.add(_claim("u-1", "a0"))
+        assert _prepare(n, ref)[ref.uid].error == ""  # type: ignore[attr-defined]
+        with other.locked_now() as held:
+            assert held
+            with n.state.locked_now() as mine:
+                assert not mine  # the other instance has it
+        released = threading.Event()
+
+        def hold() -> None:
+            with other.locked():
+                released.wait(5)
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        threading.Timer(0.3, released.set).start()
+        answers, loop_thread = _unprepare_on_a_loop(n, ref)
+        holder.join()
+        assert answers == {ref.uid: ""} and plain.undo_threads[-1] != loop_thread
+        assert n.state.get(ref.uid) is None
+    finally:
+        other.close()
+        n.state.close()
+
+
+def test_fair_lock_acquire_now_takes_only_a_free_lock() -> None:
+    from dradriver.kubeletplugin.fairlock import FairLock
+
+    lock = FairLock()
+    assert lock.acquire_now()
+    assert not lock.acquire_now()  # held
+    lock.release()
+    assert lock.acquire_now()
+    lock.release()
