@@ -38,7 +38,7 @@ from dradriver.domain.registry import DeviceRegistry
 from dradriver.health.metrics import DriverMetrics, MetricsServer
 from dradriver.health.monitor import HealthMonitor
 from dradriver.host import driverfiles
-from dradriver.host.devicenodes import DeviceNodeInfo
+from dradriver.host.devicenodes import DeviceNodeInfo, EditsCache
 from dradriver.host.nvidiasmi import find_nvidia_smi
 from dradriver.kube import claims as kube_claims
 from dradriver.kube import errors as kube_errors
@@ -389,7 +389,8 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
 
         metrics = DriverMetrics(node=config.node_name, driver=identity.driver_name)
         nodes = node_info(config)
-        preparers: tuple[Any, ...] = (FullGpuPreparer(nodes), StaticMigPreparer(nodes))
+        edits_cache = EditsCache()  # the spec-level edits and each full GPU's, reused as NVIDIA's nvcdi specs are
+        preparers: tuple[Any, ...] = (FullGpuPreparer(nodes, edits_cache), StaticMigPreparer(nodes, edits_cache))
         status_writer: DeviceStatusWriter | None = None
         refresh: DeviceRefresher | None = None
         if mig_control is not None:
@@ -413,7 +414,7 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
             cdi_root=config.cdi_root, pool=config.node_name,
             preparers=(shares, *preparers), sharing=steps,
             select_configs=lambda claim, devices: configs.select_configs(claim, devices, config.feature_gates),
-            spec_edits=lambda: gpu_preparers.spec_edits(nodes, common),
+            spec_edits=lambda: edits_cache.get("spec", lambda: gpu_preparers.spec_edits(nodes, common)),
             metrics=metrics, prepare_deadline_s=float(config.prepare_deadline_seconds),
             on_prepared=status_writer.prepared if status_writer else None,
             on_unprepared=status_writer.unprepared if status_writer else None,

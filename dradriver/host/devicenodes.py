@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,9 @@ NVIDIACTL_MINOR = 255
 MODESET_MINOR = 254
 UVM_MINOR = 0
 UVM_TOOLS_MINOR = 1
+EDITS_TTL_S = 300.0
+"""How long :class:`EditsCache` reuses computed edits, seconds: NVIDIA's plugin caches its nvcdi common edits and
+its per-GPU device specs for 5 minutes (``nvidia-dra-driver.md``, CDI specs)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +132,39 @@ class DeviceNodeInfo:
             formula = 3 + 135 * parent_minor + 9 * gi + (0 if ci is None else 1 + ci)
             return formula, DEFAULT_CAP_MODE
         raise DeviceNodeError(f"no minor number for MIG capability {name}: not in {self.mig_minors}")
+
+
+class EditsCache:
+    """CDI edits computed from ``/proc`` and ``/dev`` (majors, control nodes, a full GPU's node), reused per key
+    for :data:`EDITS_TTL_S` as NVIDIA's plugin reuses its nvcdi specs: a one-claim prepare then reads neither
+    ``/proc/devices`` nor the control nodes. What fails to compute is not kept (the next claim tries again).
+    Shared by worker threads: two that miss at once both compute, and either answer is kept (they are equal).
+
+    :param ttl_s: seconds an entry is reused.
+    :param clock: monotonic seconds (tests pass their own).
+    """
+
+    def __init__(self, ttl_s: float = EDITS_TTL_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl_s = ttl_s
+        self._clock = clock
+        self._entries: dict[Hashable, tuple[float, ContainerEdits]] = {}
+
+    def get(self, key: Hashable, make: Callable[[], ContainerEdits]) -> ContainerEdits:
+        """The edits kept for ``key`` while fresh, else ``make()`` (kept from now on).
+
+        :raises DeviceNodeError: what ``make`` raises.
+        """
+        now = self._clock()
+        hit = self._entries.get(key)
+        if hit is not None and now < hit[0]:
+            return hit[1]
+        edits = make()
+        self._entries[key] = (now + self.ttl_s, edits)
+        return edits
+
+    def clear(self) -> None:
+        """Forget every entry."""
+        self._entries.clear()
 
 
 def _read_text(path: Path) -> str:

@@ -16,7 +16,7 @@ from dradriver.domain.claims import AllocationResult, Claim, ClaimRef, base_requ
 from dradriver.domain.configs import ConfigGroup
 from dradriver.domain.devices import GpuDevice, MigDevice
 from dradriver.domain.ports import DevicePlan, UndoRecord
-from dradriver.host.devicenodes import DeviceNodeInfo, control_edits, device_edits
+from dradriver.host.devicenodes import DeviceNodeInfo, EditsCache, control_edits, device_edits
 
 UNDO_VERSION = 1
 
@@ -28,8 +28,9 @@ class _ExistingDevicePreparer:
     side_effects = False
     device_type: type[GpuDevice] | type[MigDevice] = GpuDevice
 
-    def __init__(self, nodes: DeviceNodeInfo) -> None:
+    def __init__(self, nodes: DeviceNodeInfo, edits_cache: EditsCache | None = None) -> None:
         self.nodes = nodes
+        self.edits_cache = edits_cache if edits_cache is not None else EditsCache()
 
     def handles(self, device: object) -> bool:
         """True for registry entries of this preparer's device type."""
@@ -48,12 +49,17 @@ class _ExistingDevicePreparer:
         return UndoRecord(self.kind, UNDO_VERSION, plan.device, {})
 
     def edits(self, claim: ClaimRef, plan: DevicePlan, record: UndoRecord) -> ContainerEdits:
-        """The device nodes of the device (``/dev/nvidia<minor>``; MIG capability nodes).
+        """The device nodes of the device (``/dev/nvidia<minor>``; MIG capability nodes). A full GPU's come from
+        the edits cache (by UUID and minor; NVIDIA caches its per-GPU specs the same way); a MIG device's
+        capability minors are read for each claim, as NVIDIA's plugin reads them.
 
         :raises DeviceNodeError: a major or capability minor cannot be found on this host.
         """
         device = plan.entry
         assert isinstance(device, GpuDevice | MigDevice)
+        if isinstance(device, GpuDevice):
+            return self.edits_cache.get(("gpu", device.uuid, device.minor),
+                                        lambda: device_edits(device, self.nodes, self.nodes.read_majors()))
         return device_edits(device, self.nodes, self.nodes.read_majors())
 
     def undo(self, claim: ClaimRef, record: UndoRecord) -> None:
