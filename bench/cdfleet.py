@@ -32,6 +32,7 @@ emulator's request records: writes (create, update, patch, delete) per node spli
 from __future__ import annotations
 
 import math
+import os
 import random
 import tempfile
 import threading
@@ -363,11 +364,13 @@ class _DradriverDaemon:
         self.known = False
         self._stop = threading.Event()
         self._watching = False
+        self._liveness: int | None = None  # run_daemon's liveness lock, held until close()
 
     def step(self, status: str) -> bool:
         if self.known:  # joined: its entry's status is the controller's (the pod's Ready condition), nothing to send
             return True
-        if not self._watching:  # run_daemon's start: configs rendered, then the record says "starting"
+        if not self._watching:  # run_daemon's start: configs rendered, the liveness lock, the record "starting"
+            self._liveness = imexchannels.hold_daemon_lock(self.membership.settings.imexd_dir)
             cddaemon.record_readiness(self.membership.settings, False, "starting: nvidia-imex not started yet")
         self.membership.step(self.watch.take() if self._watching else cddaemon.READ)
         if not self._watching:  # as run_daemon: the watch starts from the first apply's answer
@@ -387,8 +390,11 @@ class _DradriverDaemon:
         return not self.known and self._watching and bool(self.watch.pending())
 
     def close(self) -> None:
-        """End the watch (at its next event or the end of its request)."""
+        """End the watch (at its next event or the end of its request) and drop the liveness lock."""
         self._stop.set()
+        liveness, self._liveness = self._liveness, None
+        if liveness is not None:
+            os.close(liveness)
 
     def probed(self, ready: bool) -> None:
         """What :func:`dradriver.app.cddaemon.check` writes besides its answer: the readiness record."""

@@ -37,8 +37,9 @@ domains in one pass (``reconcile_clique(clique, pods)``: one clique without its 
 ``index_applies``, ``clique_patches``, ``status_writes`` count its writes).
 
 ``check`` runs ``nvidia-imex-ctl -c <imexd>/imexd.cfg -q`` and succeeds only when it prints exactly
-``READY\\n``; with no clique it succeeds at once. Each ``check``, the start of ``run`` (after the configs, before
-anything else) and its end write the readiness record ``<imexd>/daemon-readiness.json``
+``READY\\n``; with no clique it succeeds at once. ``run`` holds the liveness lock of its domain directory
+(:func:`~dradriver.host.imexchannels.hold_daemon_lock`) while it lives. Each ``check``, the start of ``run`` (after
+the configs, before anything else) and its end write the readiness record ``<imexd>/daemon-readiness.json``
 (:class:`~dradriver.domain.imex.DaemonRecord`: ready only from a check that passed) for the compute-domain plugin
 on the same node, which reads it before the API (:func:`record_readiness`; dradriver's own: NVIDIA's plugin
 reads the clique entry's ``status`` only). In-process drivers call :func:`record_readiness` where ``check``
@@ -487,6 +488,11 @@ def run_daemon(settings: DaemonSettings, client: KubeClient, stop: threading.Eve
         stop.wait()
         return 0
     render_configs(settings)
+    try:  # held while this process lives: a ready record of ours counts only while it is held
+        liveness: int | None = imexchannels.hold_daemon_lock(settings.imexd_dir)
+    except imexchannels.ImexError as exc:
+        log.warning("%s (the plugin on this node then asks the API whether this daemon is ready)", exc)
+        liveness = None
     record_readiness(settings, False, "starting: nvidia-imex not started yet")
     env = dict(os.environ) if settings.imex_env is None else dict(settings.imex_env)
     env["DRADRIVER_HOSTS_FILE"] = str(settings.hosts_file)  # the stand-in's resolver; the real daemon's is libc's
@@ -532,6 +538,8 @@ def run_daemon(settings: DaemonSettings, client: KubeClient, stop: threading.Eve
             log.warning("cannot withdraw the clique entry: %s", exc)
         record_readiness(settings, False, "stopped")
         process.stop()
+        if liveness is not None:
+            os.close(liveness)
     return 0
 
 

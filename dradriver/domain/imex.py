@@ -27,6 +27,7 @@ __all__ = [
     "CONFIG_FILE",
     "CONFIG_TEMPLATE_FILE",
     "HOSTS_HEADER",
+    "LIVENESS_FILE",
     "NODES_FILE",
     "READINESS_FILE",
     "READINESS_MAX_AGE_S",
@@ -49,6 +50,10 @@ NODES_FILE = "nodes.cfg"
 HOSTS_HEADER = "# IMEX peers of this ComputeDomain (written by compute-domain-daemon; edits are overwritten)"
 READINESS_FILE = "daemon-readiness.json"
 """The daemon's readiness record in the domain directory (:class:`DaemonRecord`; dradriver's own, NVIDIA has none)."""
+LIVENESS_FILE = "daemon.lock"
+"""The file in the domain directory on which a running daemon holds an exclusive ``flock`` (dradriver's own): the
+kernel drops it when the daemon's process ends, however it ends, so a ``ready`` record of a daemon that was killed
+counts for nothing even while it is young."""
 READINESS_MAX_AGE_S = 30.0
 """A record older than this (seconds: three periods of the daemon pod's 10 s readiness probe, which rewrites it)
 says nothing: its daemon stopped probing, and the plugin asks the API instead."""
@@ -62,7 +67,9 @@ class DaemonRecord:
     probe every 10 s; ``nvidia-dra-driver-updates.md`` 2c) and when it stops (not ready). The compute-domain
     plugin, on the same node, reads it before the API (issue 14): a workload's channel prepare learns that its
     daemon is Ready when the probe that turns the pod Ready passes, without a read of the clique or the pod, and
-    a not-ready daemon costs the waiting claim nothing but this file.
+    a not-ready daemon costs the waiting claim nothing but this file. A ``ready`` record counts only while its
+    daemon holds the lock on :data:`LIVENESS_FILE` (a daemon killed after its last probe leaves a young ``ready``
+    record behind; its lock is gone with its process).
 
     :param node_name: the daemon's node (``NODE_NAME``).
     :param pod_uid: its pod (``POD_UID``): a new pod's record replaces an old one's.

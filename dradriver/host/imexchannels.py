@@ -13,11 +13,13 @@ Facts (``nvidia-dra-driver.md`` 2.7, 4.8; ``nvidia-dra-driver-updates.md`` 2c; `
   from the ``DeviceFileMinor:`` line of ``/proc/driver/nvidia/capabilities/fabric-imex-mgmt``;
 * a daemon claim's domain directory is ``<plugin dir>/domains/<cdUID>/`` holding ``imexd.cfg.tmpl``, a copy of the
   packaged ``compute-domain-daemon-config.tmpl.cfg``, and (dradriver's daemon) its readiness record
-  (:class:`~dradriver.domain.imex.DaemonRecord`, :func:`write_readiness` / :func:`read_readiness`).
+  (:class:`~dradriver.domain.imex.DaemonRecord`, :func:`write_readiness` / :func:`read_readiness`) and its
+  liveness lock (:func:`hold_daemon_lock` / :func:`daemon_alive`).
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import shutil
@@ -29,7 +31,7 @@ from importlib import resources
 from pathlib import Path
 
 from dradriver.domain.computedomains import DEFAULT_IMEX_CHANNEL_COUNT
-from dradriver.domain.imex import READINESS_FILE, DaemonRecord
+from dradriver.domain.imex import LIVENESS_FILE, READINESS_FILE, DaemonRecord
 from dradriver.errors import DradriverError
 from dradriver.host.devicenodes import DeviceNodeInfo
 
@@ -41,9 +43,11 @@ __all__ = [
     "TEMPLATE_NAME",
     "ImexError",
     "ImexNodeInfo",
+    "daemon_alive",
     "domain_dir",
     "domain_dirs",
     "ensure_domain_dir",
+    "hold_daemon_lock",
     "imex_ctl_ready",
     "read_channel_count",
     "read_fabric_imex_mgmt_minor",
@@ -235,6 +239,45 @@ def read_readiness(directory: Path) -> DaemonRecord | None:
     except ValueError as exc:
         log.debug("%s: %s", path, exc)
         return None
+
+
+def hold_daemon_lock(directory: Path) -> int:
+    """Take the running daemon's exclusive ``flock`` on ``<directory>/daemon.lock`` (made when missing) and return
+    its file descriptor: held until it is closed or the process ends (:data:`~dradriver.domain.imex.LIVENESS_FILE`).
+    Waits while a plugin tests the lock (a moment) or while a previous daemon of this directory still runs.
+
+    :raises ImexError: the file cannot be opened or locked (names the path).
+    """
+    path = directory / LIVENESS_FILE
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise ImexError(f"cannot open the IMEX daemon's liveness lock {path}: {exc}") from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError as exc:
+        os.close(fd)
+        raise ImexError(f"cannot lock the IMEX daemon's liveness lock {path}: {exc}") from exc
+    return fd
+
+
+def daemon_alive(directory: Path) -> bool:
+    """Whether a daemon holds the lock of :func:`hold_daemon_lock` in ``directory`` now (a shared lock cannot be
+    had); ``False`` when the file is missing or unlocked. Never waits."""
+    try:
+        fd = os.open(directory / LIVENESS_FILE, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError as exc:
+        log.debug("cannot test %s: %s", directory / LIVENESS_FILE, exc)
+        return False
+    finally:
+        os.close(fd)  # also drops the shared lock, if it was taken
+    return False
 
 
 def remove_domain_dir(plugin_dir: Path, cd_uid: str) -> bool:

@@ -195,15 +195,19 @@ class DomainLookup:
         """This node's daemon's readiness record for the domain ``cd_uid`` when it speaks for the daemon now
         (:class:`~dradriver.domain.imex.DaemonRecord`: this node's, written within
         :data:`~dradriver.domain.imex.READINESS_MAX_AGE_S`); ``None``: no plugin directory, no record (a daemon
-        not started yet, or one that writes none, such as NVIDIA's image), or a stale one."""
+        not started yet, or one that writes none, such as NVIDIA's image), a stale one, or a ``ready`` one whose
+        daemon no longer holds its liveness lock (:func:`~dradriver.host.imexchannels.daemon_alive`)."""
         if self.plugin_dir is None:
             return None
         try:
-            record = imexchannels.read_readiness(imexchannels.domain_dir(self.plugin_dir, cd_uid))
+            directory = imexchannels.domain_dir(self.plugin_dir, cd_uid)
         except imexchannels.ImexError:
             return None
+        record = imexchannels.read_readiness(directory)
         if record is None or record.node_name != self.node_name or not record.current(self.clock()):
             return None
+        if record.ready and not imexchannels.daemon_alive(directory):
+            return None  # its daemon was killed after its last probe: the API decides
         return record
 
     def domain(self, ref: ClaimRef, uid: str, where: str) -> Mapping[str, Any]:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -507,12 +509,26 @@ def test_request_metrics_are_served_on_the_http_endpoint(node: SandboxNode) -> N
     asyncio.run(body())
 
 
-def _record(node: SandboxNode, uid: str, *, ready: bool, age_s: float = 0.0, node_name: str = "") -> None:
-    """This node's daemon's readiness record, as ``compute-domain-daemon check`` writes it."""
+_LIVENESS: list[int] = []  # liveness locks the tests' daemons hold (closed after each test)
+
+
+@pytest.fixture(autouse=True)
+def _drop_liveness_locks() -> Iterator[None]:
+    yield
+    while _LIVENESS:
+        os.close(_LIVENESS.pop())
+
+
+def _record(node: SandboxNode, uid: str, *, ready: bool, age_s: float = 0.0, node_name: str = "",
+            alive: bool = True) -> None:
+    """This node's daemon's readiness record, as ``compute-domain-daemon check`` writes it; with ``alive`` its
+    daemon holds the liveness lock as ``compute-domain-daemon run`` does."""
     directory = imexchannels.domain_dir(cd_config(node).plugin_dir, uid)
     directory.mkdir(parents=True, exist_ok=True)
     imexchannels.write_readiness(directory, DaemonRecord(node_name or node.node_name, "pod-uid-1", "10.0.0.1", ready,
                                                          time.time() - age_s, "READY" if ready else "not ready"))
+    if alive and not imexchannels.daemon_alive(directory):
+        _LIVENESS.append(imexchannels.hold_daemon_lock(directory))
 
 
 def _membership_reads(api: Any) -> list[str]:
@@ -556,11 +572,12 @@ def test_the_daemons_readiness_record_answers_without_the_api_and_ends_the_wait(
     asyncio.run(body())
 
 
-@pytest.mark.parametrize("case", ["stale", "another node's", "unreadable"])
+@pytest.mark.parametrize("case", ["stale", "another node's", "unreadable", "killed daemon"])
 def test_a_record_that_does_not_speak_for_the_daemon_leaves_the_answer_to_the_api(node: SandboxNode,
                                                                                    case: str) -> None:
-    """A record older than READINESS_MAX_AGE_S (its daemon stopped probing), one naming another node, or a torn
-    one counts for nothing: the clique entry decides, and its NotReady is the claim's error."""
+    """A record older than READINESS_MAX_AGE_S (its daemon stopped probing), one naming another node, a torn one,
+    or a young ``ready`` one whose daemon no longer holds its liveness lock (killed after its last probe) counts
+    for nothing: the clique entry decides, and its NotReady is the claim's error."""
     api = node.api
     assert api is not None
     uid = seed_domain(api)
@@ -570,6 +587,8 @@ def test_a_record_that_does_not_speak_for_the_daemon_leaves_the_answer_to_the_ap
         _record(node, uid, ready=True, age_s=READINESS_MAX_AGE_S + 5)
     elif case == "another node's":
         _record(node, uid, ready=True, node_name="gpu-node-2")
+    elif case == "killed daemon":
+        _record(node, uid, ready=True, alive=False)
     else:
         _record(node, uid, ready=True)
         path = imexchannels.domain_dir(cd_config(node).plugin_dir, uid) / READINESS_FILE

@@ -224,12 +224,16 @@ def test_daemons_join_with_indexes_get_ready_restart_keeps_index_and_sigterm_lea
         daemon.wait_ready(f"{daemon.pod} check READY")
         record = imexchannels.read_readiness(daemon.imexd)  # the check that passed wrote it
         assert record is not None and record.ready and record.pod_uid == daemon.uid and record.detail == "READY"
+        assert imexchannels.daemon_alive(daemon.imexd)  # run holds its liveness lock
         daemon.set_ready()
     wait(lambda: all(e["status"] == cd.STATUS_READY for e in _entries(api).values()), "entries Ready")
 
     # node-1's pod is force-deleted (SIGKILL, its entry stays) and comes back with a new pod IP
     before = [_imex_log_count(d, "SIGUSR1 received") for d in daemons]
     daemons[1].kill()
+    record = imexchannels.read_readiness(daemons[1].imexd)
+    assert record is not None and record.ready  # its last probe's record, young: it alone would say ready...
+    wait(lambda: not imexchannels.daemon_alive(daemons[1].imexd), "the killed daemon's liveness lock gone")  # ...not
     api.delete("Pod", daemons[1].pod, NS)
     again = Daemon(env, short_dir, api, "node-1", f"{prefix}.11", "cd-daemon-1b")
     daemons.append(again)
@@ -249,6 +253,7 @@ def test_daemons_join_with_indexes_get_ready_restart_keeps_index_and_sigterm_lea
     assert daemons[2].terminate() == 0
     record = imexchannels.read_readiness(daemons[2].imexd)
     assert record is not None and not record.ready and record.detail == "stopped"  # not Ready for 30 s after it
+    assert not imexchannels.daemon_alive(daemons[2].imexd) and imexchannels.daemon_alive(daemons[0].imexd)
     assert not _entries(api)["node-2"].get("ipAddress") and _entries(api)["node-2"]["index"] == 2
     wait(lambda: f"{cd.UNUSED_SLOT_IP}\t{names[2]}" in daemons[0].hosts.read_text(), "node-2's name freed")
     daemons[0].wait_ready("node-0 READY with two members")
