@@ -1158,9 +1158,9 @@ class BatchRunner:
                     try:
                         # Unknown claims succeed; a spec of that UID (adopted or leaked) goes too.
                         cdifiles.delete_claim_spec(self.identity.cdi, self.cdi_root, ref.uid, clean_temp=False)
-                        if record is not None:
-                            for undo in reversed(list(read_payload(record.payload).undo)):
-                                self._undo(ref, undo)
+                        held = list(read_payload(record.payload).undo) if record is not None else []
+                        for undo in reversed(held):
+                            self._undo(ref, undo)
                     except Exception as exc:
                         aborts.pop(ref.uid, None)
                         if not isinstance(exc, DradriverError):
@@ -1173,7 +1173,7 @@ class BatchRunner:
                             out[ref.uid] = ""
                     else:
                         stored.append(ref)
-                        held_records[ref.uid] = list(read_payload(record.payload).undo)
+                        held_records[ref.uid] = held
                 with self.state.group_commit():
                     for ref in stored:
                         if ref.uid not in aborts:
