@@ -36,16 +36,18 @@ JSONValue = Any
 class ClaimPreparer(Protocol):
     """What the gRPC layer calls; implemented by the batch runner.
 
-    Every UID in the input gets an entry in the output; an error for one claim never fails the batch.
+    Blocking: the DRA server calls it from its worker threads, one thread per kubelet call, several calls at once;
+    a call may keep its thread until its answer (at most its deadline). Every UID in the input gets an entry in
+    the output; an error for one claim never fails the batch.
     """
 
-    async def prepare_claims(self, claims: Sequence[ClaimRef], *,
-                             deadline_s: float | None = None) -> Mapping[str, ClaimResult]:
+    def prepare_claims(self, claims: Sequence[ClaimRef], *,
+                       deadline_s: float | None = None) -> Mapping[str, ClaimResult]:
         """Prepare ``claims``; returns claim UID -> result, within ``deadline_s`` seconds (the caller's gRPC
         deadline, ``None`` when it sent none; the implementation's own default bounds it)."""
         ...
 
-    async def unprepare_claims(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
+    def unprepare_claims(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
         """Unprepare ``claims``; returns claim UID -> error string (empty on success)."""
         ...
 

@@ -455,28 +455,6 @@ class ClaimState:
                 self._release()
 
     @contextlib.contextmanager
-    def locked_now(self) -> Iterator[bool]:
-        """:meth:`locked` without waiting: yields ``True`` holding the lock as :meth:`locked` does, or ``False``
-        holding nothing when another thread of this process or another plugin instance holds it now (for a
-        caller that must not block, such as the event loop).
-
-        :raises ClaimStateError: the state is closed.
-        """
-        if not self._mutex.acquire(blocking=False):
-            yield False
-            return
-        try:
-            if not self._acquire(wait=False):
-                yield False
-                return
-            try:
-                yield True
-            finally:
-                self._release()
-        finally:
-            self._mutex.release()
-
-    @contextlib.contextmanager
     def group_commit(self) -> Iterator[ClaimState]:
         """Hold the lock and make every record written in the block durable together, at its end.
 
@@ -575,12 +553,10 @@ class ClaimState:
             f"prepared for claim {holder}",
         )
 
-    def _acquire(self, wait: bool = True) -> bool:
-        """Take the file lock (once per outermost holder) and sync the table; with ``wait=False`` give up at
-        once when another instance holds it. Returns whether it is held. The caller holds ``_mutex``."""
+    def _acquire(self) -> None:
         self._depth += 1
         if self._depth > 1:
-            return True
+            return
         if self._lock_fd < 0:
             self._depth -= 1
             raise ClaimStateError(f"claim state {self._path} is closed")
@@ -590,9 +566,6 @@ class ClaimState:
                 fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
-                if not wait:
-                    self._depth -= 1
-                    return False
                 if time.monotonic() >= deadline:
                     self._depth -= 1
                     raise ClaimStateLockError(
@@ -606,7 +579,6 @@ class ClaimState:
         except BaseException:
             self._release()
             raise
-        return True
 
     def _release(self) -> None:
         self._depth -= 1

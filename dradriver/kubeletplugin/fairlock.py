@@ -30,17 +30,6 @@ class FairLock:
             self._queue.popleft()
             self._held = True
 
-    def acquire_now(self) -> bool:
-        """Take the lock only when it is free and nobody waits for it; never blocks.
-
-        :returns: whether it was taken (then :meth:`release` it).
-        """
-        with self._cond:
-            if self._held or self._queue:
-                return False
-            self._held = True
-            return True
-
     def release(self) -> None:
         """Hand the lock to the longest waiter.
 

@@ -107,7 +107,7 @@ class StaleClaimReconciler:
                 due.append((ref, reason))
         if not due:
             return []
-        answers = await self.runner.unprepare_claims([ref for ref, _ in due])
+        answers = await asyncio.to_thread(self.runner.unprepare_claims, [ref for ref, _ in due])
         done: list[Cleanup] = []
         for ref, reason in due:
             error = answers.get(ref.uid, "no answer")

@@ -51,7 +51,6 @@ back.
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -273,9 +272,6 @@ RETRY_PAUSE_S = (0.1, 2.0)
 NVIDIA's compute-domain plugin uses 250 ms -> 3 s, ``nvidia-dra-driver.md`` 4.4)."""
 RetryHints = dict[str, Callable[[], bool] | None]
 """Claim UID -> the ready hint of its not-ready error (:attr:`~dradriver.domain.ports.NotReadyYet.ready_hint`)."""
-INLINE_UNPREPARE_MAX_CLAIMS = 256
-"""The most claims a node may hold for a one-claim unprepare to run on the event loop
-(:meth:`BatchRunner._unprepare_inline`): the views refreshed after it walk every claim, about 1 us each."""
 HINT_POLL_S = 0.05
 """How often, seconds, a pause polls the ready hints of the claims it waits for (a local file read each)."""
 
@@ -371,11 +367,11 @@ class BatchRunner:
         self.apply_workers = apply_workers
         self.prepare_deadline_s = prepare_deadline_s
         self.deadline_margin_s = min(2.0, prepare_deadline_s / 4)
-        # Claim GETs on their own bounded pool: hung GETs never delay an unprepare, which needs no API call and
-        # runs (like the prepare phases) on the work pool.
+        # Claim GETs on their own bounded pool: a hung GET never holds a DRA server thread past the fetch budget,
+        # and never delays an unprepare, which needs no API call and runs in the caller's thread.
         self._fetch_pool = concurrent.futures.ThreadPoolExecutor(fetch_workers, thread_name_prefix="claim-fetch")
         self._fetch_share = max(1, fetch_workers // 2)
-        self._work_pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="claim-work")
+        self._closed = threading.Event()
         # In-process serialisation, first come first served, taken per chunk of a batch so that a small batch
         # never waits for a large one to finish; ClaimState adds the node-wide flock.
         self._lock = FairLock()
@@ -392,6 +388,7 @@ class BatchRunner:
         allocation an aborted mark records when the claim has no STARTED record (it is between two attempts)."""
         self._in_flight: dict[str, int] = {}
         """Claim UID -> prepare calls in progress for it (to tell an unprepare that aborts one)."""
+        self._flight_lock = threading.Lock()  # prepare calls of several DRA server threads count in _in_flight
         self.preparations = 0  # claims actually prepared (not answered from state); for tests and metrics
         self._counts: tuple[int, dict[str, int]] = (0, {})
         self._prepared: dict[str, tuple[str, str]] = {}
@@ -435,9 +432,13 @@ class BatchRunner:
         return "unknown" if preparer is None else preparer.kind
 
     # ---------------------------------------------------------------------------------- prepare
-    async def prepare_claims(self, claims: Sequence[ClaimRef], *,
-                             deadline_s: float | None = None) -> Mapping[str, ClaimResult]:
+    def prepare_claims(self, claims: Sequence[ClaimRef], *,
+                       deadline_s: float | None = None) -> Mapping[str, ClaimResult]:
         """Prepare a batch; every UID gets a result (see the module docstring), within the deadline.
+
+        Blocking: called from the DRA server's worker thread (one per call), which it keeps until the answer.
+        A one-claim call fetches and prepares in one fetch-pool thread (:meth:`_prepare_single`); a batch fetches
+        on the fetch pool and prepares in the calling thread (:meth:`_prepare_batch`).
 
         :param deadline_s: seconds left of the kubelet's gRPC deadline; the answer comes before
             ``min(deadline_s, prepare_deadline_s)``. A claim whose ResourceClaim GET has not finished by then
@@ -445,34 +446,35 @@ class BatchRunner:
         """
         started = next(self._seq)
         began = time.monotonic()
-        for ref in claims:
-            self._in_flight[ref.uid] = self._in_flight.get(ref.uid, 0) + 1
-        try:
-            return await self._prepare_claims(claims, started, began, deadline_s)
-        finally:
+        with self._flight_lock:
             for ref in claims:
-                left = self._in_flight.get(ref.uid, 1) - 1
-                if left > 0:
-                    self._in_flight[ref.uid] = left
-                else:
-                    self._in_flight.pop(ref.uid, None)
-                    self._allocations.pop(ref.uid, None)
+                self._in_flight[ref.uid] = self._in_flight.get(ref.uid, 0) + 1
+        try:
+            return self._prepare_claims(claims, started, began, deadline_s)
+        finally:
+            with self._flight_lock:
+                for ref in claims:
+                    left = self._in_flight.get(ref.uid, 1) - 1
+                    if left > 0:
+                        self._in_flight[ref.uid] = left
+                    else:
+                        self._in_flight.pop(ref.uid, None)
+                        self._allocations.pop(ref.uid, None)
 
-    async def _prepare_claims(self, claims: Sequence[ClaimRef], started: int, began: float,
-                              deadline_s: float | None) -> Mapping[str, ClaimResult]:
+    def _prepare_claims(self, claims: Sequence[ClaimRef], started: int, began: float,
+                        deadline_s: float | None) -> Mapping[str, ClaimResult]:
         budget = self.prepare_deadline_s if deadline_s is None else min(deadline_s, self.prepare_deadline_s)
         fetch_budget = max(0.0, budget - self.deadline_margin_s)
         results: dict[str, ClaimResult]
         with self.metrics.in_flight("prepare") if self.metrics else contextlib.nullcontext():
             retry: RetryHints = {}
             items: list[tuple[ClaimRef, Claim | str]] = []
-            if len(claims) == 1:  # the common case: GET and preparation in one thread, two hops fewer
-                results = await self._prepare_single(claims[0], started, began, fetch_budget, budget, retry, items)
+            if len(claims) == 1:  # the common case: GET and preparation in one thread
+                results = self._prepare_single(claims[0], started, began, fetch_budget, budget, retry, items)
             else:
-                results = await self._prepare_batch(claims, started, began, fetch_budget, budget, retry, items)
+                results = self._prepare_batch(claims, started, began, fetch_budget, budget, retry, items)
             apply_deadline = began + max(0.0, budget - self.deadline_margin_s)
             pause, longest = self.retry_pause_s
-            loop = asyncio.get_running_loop()
             while retry:
                 # Claims whose preparer is waiting for something (an IMEX daemon's readiness): pause without any
                 # lock, then try again, until the deadline; the last attempt's error is the answer. With ready
@@ -484,12 +486,11 @@ class BatchRunner:
                         results[uid] = ClaimResult(error=f"{results[uid].error} (still not ready after "
                                                          f"{waited:.1f} s of retries; the kubelet retries)")
                     break
-                await self._pause(min(pause, apply_deadline - time.monotonic()), hints)
+                self._pause(min(pause, apply_deadline - time.monotonic()), hints)
                 pause = min(longest, pause * 2)
                 again = [(ref, got) for ref, got in items if ref.uid in retry]
                 retry = {}
-                results.update(await loop.run_in_executor(self._work_pool, self._prepare_all, again, started,
-                                                          apply_deadline, retry))
+                results.update(self._prepare_all(again, started, apply_deadline, retry))
         if self.metrics is not None:
             seconds = time.monotonic() - began
             for res in results.values():
@@ -498,15 +499,15 @@ class BatchRunner:
         self._changed()
         return results
 
-    async def _pause(self, seconds: float, hints: Sequence[Callable[[], bool]]) -> None:
-        """Sleep ``seconds``, or less: until one of ``hints`` says try now (each polled every :data:`HINT_POLL_S`,
-        on the event loop: a hint is a small local read; one that raises counts as "not yet")."""
+    def _pause(self, seconds: float, hints: Sequence[Callable[[], bool]]) -> None:
+        """Sleep ``seconds`` in the calling thread, or less: until one of ``hints`` says try now (each polled every
+        :data:`HINT_POLL_S`; a hint is a small local read; one that raises counts as "not yet")."""
         end = time.monotonic() + max(0.0, seconds)
         if not hints:
-            await asyncio.sleep(max(0.0, seconds))
+            self._closed.wait(max(0.0, seconds))
             return
-        while (left := end - time.monotonic()) > 0:
-            await asyncio.sleep(min(HINT_POLL_S, left))
+        while (left := end - time.monotonic()) > 0 and not self._closed.is_set():
+            self._closed.wait(min(HINT_POLL_S, left))
             for hint in hints:
                 try:
                     if hint():
@@ -514,45 +515,45 @@ class BatchRunner:
                 except Exception:  # a hint is advice: a broken one leaves the pause as it is
                     log.debug("ready hint failed", exc_info=True)
 
-    async def _prepare_batch(self, claims: Sequence[ClaimRef], started: int, began: float, fetch_budget: float,
-                             budget: float, retry: RetryHints,
-                             items: list[tuple[ClaimRef, Claim | str]]) -> dict[str, ClaimResult]:
-        """Fetch every claim on the fetch pool (half of it at most), then prepare them on the work pool.
+    def _prepare_batch(self, claims: Sequence[ClaimRef], started: int, began: float, fetch_budget: float,
+                       budget: float, retry: RetryHints,
+                       items: list[tuple[ClaimRef, Claim | str]]) -> dict[str, ClaimResult]:
+        """Fetch every claim on the fetch pool (at most half of it at a time, so that another batch's GETs
+        interleave with this one's), then prepare them in the calling thread.
 
         :param retry: filled with the UIDs of claims whose preparer is not ready yet, each with that preparer's
             ready hint or ``None`` (retried by the caller).
         :param items: filled with the fetched claims (what a retry prepares again).
         """
-        loop = asyncio.get_running_loop()
-        share = asyncio.Semaphore(self._fetch_share)
-
-        async def fetch(ref: ClaimRef) -> Claim | str:
-            async with share:
-                return await loop.run_in_executor(self._fetch_pool, self._fetch, ref)
-
-        futures = [asyncio.ensure_future(fetch(ref)) for ref in claims]
-        if futures:
-            await asyncio.wait(futures, timeout=fetch_budget)
-        fetched: list[Claim | str] = []
-        for ref, future in zip(claims, futures, strict=True):
-            if future.done():
-                fetched.append(future.result())
-            else:  # the GET goes on in its thread; its answer is dropped
-                future.cancel()
-                fetched.append(_fetch_timeout(ref, fetch_budget))
-        items.extend(zip(claims, fetched, strict=True))
+        fetched: list[Claim | str | None] = [None] * len(claims)
+        waiting = list(range(len(claims)))
+        waiting.reverse()
+        running: dict[concurrent.futures.Future[Claim | str], int] = {}
+        fetch_deadline = time.monotonic() + fetch_budget
+        while waiting or running:
+            while waiting and len(running) < self._fetch_share:
+                index = waiting.pop()
+                running[self._fetch_pool.submit(self._fetch, claims[index])] = index
+            left = fetch_deadline - time.monotonic()
+            if left <= 0:
+                break
+            done, _ = concurrent.futures.wait(running, timeout=left,
+                                              return_when=concurrent.futures.FIRST_COMPLETED)
+            for future in done:
+                fetched[running.pop(future)] = future.result()
+        for future in running:  # the GET goes on in its thread; its answer is dropped
+            future.cancel()
+        items.extend((ref, _fetch_timeout(ref, fetch_budget) if got is None else got)
+                     for ref, got in zip(claims, fetched, strict=True))
         apply_deadline = began + max(0.0, budget - self.deadline_margin_s)
-        results: dict[str, ClaimResult] = await loop.run_in_executor(self._work_pool, self._prepare_all, items,
-                                                                     started, apply_deadline, retry)
-        return results
+        return self._prepare_all(items, started, apply_deadline, retry)
 
-    async def _prepare_single(self, ref: ClaimRef, started: int, began: float, fetch_budget: float,
-                              budget: float, retry: RetryHints,
-                              items: list[tuple[ClaimRef, Claim | str]]) -> dict[str, ClaimResult]:
-        """One claim: its GET and then its preparation in one fetch-pool thread, so the batch costs two thread
-        hops instead of four. Same deadlines as :meth:`_prepare_batch`: a GET not answered within
-        ``fetch_budget`` gets the per-claim error and nothing is prepared (the thread drops its late answer);
-        a preparation that began in time is awaited to its end."""
+    def _prepare_single(self, ref: ClaimRef, started: int, began: float, fetch_budget: float,
+                        budget: float, retry: RetryHints,
+                        items: list[tuple[ClaimRef, Claim | str]]) -> dict[str, ClaimResult]:
+        """One claim: its GET and then its preparation in one fetch-pool thread, while the caller waits at most
+        ``fetch_budget`` for the GET: a GET not answered by then gets the per-claim error and nothing is prepared
+        (the thread drops its late answer); a preparation that began in time is awaited to its end."""
         guard = threading.Lock()
         phase = {"abandoned": False, "preparing": False}
         apply_deadline = began + max(0.0, budget - self.deadline_margin_s)
@@ -566,24 +567,25 @@ class BatchRunner:
             items.append((ref, fetched))
             return self._prepare_all([(ref, fetched)], started, apply_deadline, retry)
 
-        future = asyncio.get_running_loop().run_in_executor(self._fetch_pool, fetch_and_prepare)
-        done, _ = await asyncio.wait([future], timeout=fetch_budget)
-        if not done:
+        future = self._fetch_pool.submit(fetch_and_prepare)
+        try:
+            results = future.result(timeout=fetch_budget)
+        except concurrent.futures.TimeoutError:
             with guard:
                 if not phase["preparing"]:
                     phase["abandoned"] = True
                     return {ref.uid: ClaimResult(error=_fetch_timeout(ref, fetch_budget))}
-        results = await future
+            results = future.result()
         assert results is not None  # not abandoned
         return results
 
     def close(self) -> None:
-        """Stop the runner's threads (fetches in flight are abandoned; idempotent)."""
+        """Stop the runner's threads (fetches in flight are abandoned, retry pauses end; idempotent)."""
+        self._closed.set()
         self._fetch_pool.shutdown(wait=False, cancel_futures=True)
-        self._work_pool.shutdown(wait=False, cancel_futures=True)
 
     def _changed(self) -> None:
-        """After a batch, on the event loop: publish the views :meth:`_refresh_views` computed (no locking)."""
+        """After a batch: publish the views :meth:`_refresh_views` computed (no locking)."""
         if self.metrics is not None:
             claims, by_type = self._counts
             self.metrics.set_prepared(claims, by_type)
@@ -1058,15 +1060,14 @@ class BatchRunner:
         return True
 
     # -------------------------------------------------------------------------------- unprepare
-    async def unprepare_claims(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
-        """Unprepare a batch from stored state alone; returns UID -> error ("" on success). A quick one-claim
-        unprepare runs on the event loop itself (:meth:`_unprepare_inline`), anything else on the work pool."""
+    def unprepare_claims(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
+        """Unprepare a batch from stored state alone; returns UID -> error ("" on success).
+
+        Blocking: runs in the calling thread (the DRA server's worker for the call); no API call, so it never
+        waits for anything but the locks."""
         began = time.monotonic()
         with self.metrics.in_flight("unprepare") if self.metrics else contextlib.nullcontext():
-            results = self._unprepare_inline(claims)
-            if results is None:
-                results = await asyncio.get_running_loop().run_in_executor(self._work_pool, self._unprepare_all,
-                                                                           list(claims))
+            results = self._unprepare_all(list(claims))
         if self.metrics is not None:
             seconds = time.monotonic() - began
             for error in results.values():
@@ -1075,46 +1076,15 @@ class BatchRunner:
         self._changed()
         return results
 
-    def _unprepare_inline(self, claims: Sequence[ClaimRef]) -> dict[str, str] | None:
-        """Unprepare here, on the caller's thread (the event loop), without waiting for anything; ``None`` when it
-        must go to the work pool instead.
-
-        Inline only when all of these hold at once (else ``None``, and nothing was done): one claim; the runner's
-        lock and the claim state's lock are free now (:meth:`FairLock.acquire_now`, :meth:`ClaimState.locked_now`:
-        a batch in a worker or another plugin instance never makes the loop wait); the claim is prepared
-        (``PrepareCompleted``) and no prepare of it is in flight; every record it holds is of a preparer without
-        side effects (``side_effects`` False: its undo is nothing, so the work is the CDI spec's unlink and one
-        journal append, about 0.2 ms, no device, process or API call); and the node holds at most
-        :data:`INLINE_UNPREPARE_MAX_CLAIMS` claims (the views refreshed afterwards walk every claim). It spares the
-        hop to a worker thread and back, which is most of a one-claim unprepare on a busy node (issue 17:
-        1.34 -> 1.10 ms p50 in ``python -m bench vs_nvidia``)."""
-        if len(claims) != 1 or not self._lock.acquire_now():
-            return None
-        try:
-            with self.state.locked_now() as held:
-                if not held or not self._quick_to_unprepare(claims[0]):
-                    return None
-                out = self._unprepare_locked(list(claims))
-                self._refresh_views()
-                return out
-        finally:
-            self._lock.release()
-
-    def _quick_to_unprepare(self, ref: ClaimRef) -> bool:
-        """:meth:`_unprepare_inline`'s test of the claim (the caller holds both locks)."""
-        if ref.uid in self._in_flight or len(self.state) > INLINE_UNPREPARE_MAX_CLAIMS:
-            return False
-        record = self.state.get(ref.uid)
-        if record is None or record.phase is not ClaimPhase.PREPARE_COMPLETED:
-            return False
-        try:
-            undo = read_payload(record.payload).undo
-        except ValueError:
-            return False
-        return all(getattr(self._by_kind.get(r.kind), "side_effects", True) is False for r in undo)
-
     def _unprepare_all(self, claims: list[ClaimRef]) -> dict[str, str]:
-        """Unprepare a batch chunk by chunk (:meth:`_unprepare_chunk`), taking the lock per chunk."""
+        """Unprepare a batch chunk by chunk (:meth:`_unprepare_chunk`), taking the lock per chunk; a batch of one
+        chunk takes it once for the chunk and the views."""
+        if len(claims) <= self.chunk_size:
+            with self._lock:
+                try:
+                    return self._unprepare_locked(claims)
+                finally:
+                    self._refresh_views()
         out: dict[str, str] = {}
         try:
             for i in range(0, len(claims), self.chunk_size):

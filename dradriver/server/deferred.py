@@ -20,6 +20,7 @@ What the servers answer meanwhile (nothing is refused that could be answered):
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -44,11 +45,13 @@ class PluginStartError(DradriverError):
 class Readiness:
     """The plugin's start as the early servers see it: pending, attached (ready), or failed.
 
-    Create inside the running event loop; :meth:`attach` and :meth:`fail` are called from that loop.
+    Create inside the running event loop; :meth:`attach` and :meth:`fail` are called from that loop. The DRA
+    server's threads wait with :meth:`wait`, the loop's coroutines with :meth:`health_source`.
     """
 
     def __init__(self) -> None:
         self._event = asyncio.Event()
+        self._settled = threading.Event()  # the same moment as _event, for the DRA server's worker threads
         self._preparer: ClaimPreparer | None = None
         self._health: HealthSource | None = None
         self._ready: Callable[[], bool] | None = None
@@ -63,11 +66,13 @@ class Readiness:
                ready: Callable[[], bool] | None = None) -> None:
         """The plugin's parts are running: hand waiting and later calls to them."""
         self._preparer, self._health, self._ready = preparer, health_source, ready
+        self._settled.set()
         self._event.set()
 
     def fail(self, error: BaseException) -> None:
         """The start failed: waiting and later calls get ``error`` as their claims' error."""
         self._error = error
+        self._settled.set()
         self._event.set()
 
     def ready(self) -> bool:
@@ -76,17 +81,14 @@ class Readiness:
             return False
         return self._ready() if self._ready is not None else True
 
-    async def wait(self, timeout_s: float | None = None) -> ClaimPreparer:
-        """The attached preparer, once there is one.
+    def wait(self, timeout_s: float | None = None) -> ClaimPreparer:
+        """The attached preparer, once there is one (blocking: for the DRA server's worker threads).
 
         :raises PluginStartError: the start failed, or did not finish within ``timeout_s`` seconds.
         """
-        if self._preparer is None and self._error is None:
-            try:
-                await asyncio.wait_for(self._event.wait(), timeout_s)
-            except TimeoutError:
-                raise PluginStartError(f"the plugin is still starting after {timeout_s:.1f} s (the kubelet's "
-                                       "deadline); retry") from None
+        if self._preparer is None and self._error is None and not self._settled.wait(timeout_s):
+            raise PluginStartError(f"the plugin is still starting after {timeout_s:.1f} s (the kubelet's "
+                                   "deadline); retry")
         if self._preparer is None:
             raise PluginStartError(f"the plugin failed to start: {self._error}")
         return self._preparer
@@ -96,7 +98,9 @@ class Readiness:
 
         :raises PluginStartError: the start failed, or the plugin has no health source.
         """
-        await self.wait()
+        await self._event.wait()
+        if self._error is not None:
+            raise PluginStartError(f"the plugin failed to start: {self._error}")
         if self._health is None:
             raise PluginStartError("the plugin serves no device health")
         return self._health
@@ -108,19 +112,18 @@ class DeferredPreparer:
     def __init__(self, readiness: Readiness) -> None:
         self._readiness = readiness
 
-    async def prepare_claims(self, claims: Sequence[ClaimRef], *,
-                             deadline_s: float | None = None) -> Mapping[str, ClaimResult]:
+    def prepare_claims(self, claims: Sequence[ClaimRef], *,
+                       deadline_s: float | None = None) -> Mapping[str, ClaimResult]:
         """Prepare on the real runner once it is attached; the wait counts against ``deadline_s``."""
         started = time.monotonic()
-        preparer = await self._readiness.wait(deadline_s)
+        preparer = self._readiness.wait(deadline_s)
         if deadline_s is not None:
             deadline_s = max(0.0, deadline_s - (time.monotonic() - started))
-        return await preparer.prepare_claims(claims, deadline_s=deadline_s)
+        return preparer.prepare_claims(claims, deadline_s=deadline_s)
 
-    async def unprepare_claims(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
+    def unprepare_claims(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
         """Unprepare on the real runner once it is attached."""
-        preparer = await self._readiness.wait()
-        return await preparer.unprepare_claims(claims)
+        return self._readiness.wait().unprepare_claims(claims)
 
 
 class DeferredHealthSource:

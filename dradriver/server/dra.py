@@ -1,7 +1,9 @@
 """The DRA node services ``DRAPlugin`` v1 and v1beta1: protobuf <-> :class:`ClaimPreparer` calls.
 
 Thin on purpose: decode the kubelet's ``Claim`` triples into :class:`ClaimRef`, call the preparer once per
-batch, encode its per-claim results. Rules from kubelet-dra-protocol.md sections 2.4 and 7.4:
+batch, encode its per-claim results. The servicers are synchronous: they run in the DRA server's worker threads
+(``grpc.server``, see :mod:`dradriver.server.sockets`), one per call, and call the blocking preparer there.
+Rules from kubelet-dra-protocol.md sections 2.4 and 7.4:
 
 * every requested claim UID gets an entry in the response (a missing one makes the kubelet fail the
   whole batch as "skipped"), and nothing else does (an unknown key is an error for the kubelet);
@@ -84,8 +86,9 @@ def _time_remaining(context: Any) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
-async def prepare(pb2: ModuleType, preparer: ClaimPreparer, request: Any, deadline_s: float | None = None) -> Any:
-    """Serve one ``NodePrepareResources`` for the API version whose generated module is ``pb2``.
+def prepare(pb2: ModuleType, preparer: ClaimPreparer, request: Any, deadline_s: float | None = None) -> Any:
+    """Serve one ``NodePrepareResources`` for the API version whose generated module is ``pb2`` (blocking, in the
+    DRA server's worker thread for the call).
 
     :param deadline_s: seconds left of the kubelet's gRPC deadline (``None``: it sent none); the preparer
         answers within it.
@@ -96,7 +99,7 @@ async def prepare(pb2: ModuleType, preparer: ClaimPreparer, request: Any, deadli
     results: Mapping[str, ClaimResult] = {}
     if refs:
         try:
-            results = await preparer.prepare_claims(refs, deadline_s=deadline_s)
+            results = preparer.prepare_claims(refs, deadline_s=deadline_s)
         except Exception as exc:
             errors.update(_batch_error("NodePrepareResources", refs, exc))
     response = pb2.NodePrepareResourcesResponse()
@@ -125,15 +128,15 @@ async def prepare(pb2: ModuleType, preparer: ClaimPreparer, request: Any, deadli
     return response
 
 
-async def unprepare(pb2: ModuleType, preparer: ClaimPreparer, request: Any) -> Any:
-    """Serve one ``NodeUnprepareResources`` for the API version whose generated module is ``pb2``."""
+def unprepare(pb2: ModuleType, preparer: ClaimPreparer, request: Any) -> Any:
+    """Serve one ``NodeUnprepareResources`` for the API version whose generated module is ``pb2`` (blocking)."""
     request_id = next(_request_ids)
     refs, errors = decode_claims(request.claims)
     log.debug("request %d: NodeUnprepareResources %s", request_id, [str(ref) for ref in refs])
     results: Mapping[str, str] = {}
     if refs:
         try:
-            results = await preparer.unprepare_claims(refs)
+            results = preparer.unprepare_claims(refs)
         except Exception as exc:
             errors.update(_batch_error("NodeUnprepareResources", refs, exc))
     response = pb2.NodeUnprepareResourcesResponse()
@@ -167,17 +170,17 @@ class DRAPluginV1Servicer(dra_v1_pb2_grpc.DRAPluginServicer):
     def __init__(self, preparer: ClaimPreparer) -> None:
         self._preparer = preparer
 
-    async def NodePrepareResources(
+    def NodePrepareResources(
         self, request: dra_v1_pb2.NodePrepareResourcesRequest, context: Any
     ) -> dra_v1_pb2.NodePrepareResourcesResponse:
-        response: dra_v1_pb2.NodePrepareResourcesResponse = await prepare(dra_v1_pb2, self._preparer, request,
+        response: dra_v1_pb2.NodePrepareResourcesResponse = prepare(dra_v1_pb2, self._preparer, request,
                                                                           _time_remaining(context))
         return response
 
-    async def NodeUnprepareResources(
+    def NodeUnprepareResources(
         self, request: dra_v1_pb2.NodeUnprepareResourcesRequest, context: Any
     ) -> dra_v1_pb2.NodeUnprepareResourcesResponse:
-        response: dra_v1_pb2.NodeUnprepareResourcesResponse = await unprepare(
+        response: dra_v1_pb2.NodeUnprepareResourcesResponse = unprepare(
             dra_v1_pb2, self._preparer, request
         )
         return response
@@ -192,18 +195,18 @@ class DRAPluginV1Beta1Servicer(dra_v1beta1_pb2_grpc.DRAPluginServicer):
     def __init__(self, preparer: ClaimPreparer) -> None:
         self._preparer = preparer
 
-    async def NodePrepareResources(
+    def NodePrepareResources(
         self, request: dra_v1beta1_pb2.NodePrepareResourcesRequest, context: Any
     ) -> dra_v1beta1_pb2.NodePrepareResourcesResponse:
-        response: dra_v1beta1_pb2.NodePrepareResourcesResponse = await prepare(
+        response: dra_v1beta1_pb2.NodePrepareResourcesResponse = prepare(
             dra_v1beta1_pb2, self._preparer, request, _time_remaining(context)
         )
         return response
 
-    async def NodeUnprepareResources(
+    def NodeUnprepareResources(
         self, request: dra_v1beta1_pb2.NodeUnprepareResourcesRequest, context: Any
     ) -> dra_v1beta1_pb2.NodeUnprepareResourcesResponse:
-        response: dra_v1beta1_pb2.NodeUnprepareResourcesResponse = await unprepare(
+        response: dra_v1beta1_pb2.NodeUnprepareResourcesResponse = unprepare(
             dra_v1beta1_pb2, self._preparer, request
         )
         return response

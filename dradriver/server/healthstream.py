@@ -8,16 +8,20 @@ only encodes; what is healthy is decided by whatever implements :class:`HealthSo
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
+from typing import Any, Protocol, TypeVar
 
 import grpc
 
 from dradriver._proto import dra_health_v1alpha1_pb2, dra_health_v1alpha1_pb2_grpc
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 MAX_MESSAGE_CHARS = 1024
 """``DeviceHealth.message`` limit; the kubelet truncates longer text (section 3.1)."""
@@ -93,29 +97,78 @@ def encode_snapshot(
     return response
 
 
+STREAM_POLL_S = 1.0
+"""How often, seconds, a stream waiting for its next snapshot checks that the kubelet is still there and that the
+event loop still runs (a cancelled stream is also woken at once by its gRPC callback)."""
+
+
 class DRAResourceHealthServicer(dra_health_v1alpha1_pb2_grpc.DRAResourceHealthServicer):
     """``v1alpha1.DRAResourceHealth``: streams :class:`HealthSource` snapshots to the kubelet.
 
-    A failing source ends the stream with ``UNAVAILABLE``; kubelets 1.34-1.36 reopen it every 5 s.
+    The DRA server is synchronous (:mod:`dradriver.server.sockets`): a stream holds one of its worker threads,
+    which asks the event loop ``loop`` (where the source's async iterator lives) for each next snapshot and
+    sends it, so the source is read no faster than the kubelet takes the messages. The iterator is opened, read
+    and closed on ``loop``. A failing source ends the stream with ``UNAVAILABLE``; kubelets 1.34-1.36 reopen it
+    every 5 s.
     """
 
-    def __init__(self, source: HealthSource) -> None:
+    def __init__(self, source: HealthSource, loop: asyncio.AbstractEventLoop) -> None:
         self._source = source
+        self._loop = loop
 
-    async def NodeWatchResources(
+    def NodeWatchResources(
         self, request: dra_health_v1alpha1_pb2.NodeWatchResourcesRequest, context: Any
-    ) -> AsyncIterator[dra_health_v1alpha1_pb2.NodeWatchResourcesResponse]:
-        snapshots = self._source.watch()
+    ) -> Iterator[dra_health_v1alpha1_pb2.NodeWatchResourcesResponse]:
+        pending: list[concurrent.futures.Future[Any]] = []
+
+        def cancel() -> None:  # gRPC calls it when the stream ends (the kubelet left, or the server stops)
+            for future in pending:
+                future.cancel()
+
+        context.add_callback(cancel)
+        snapshots: AsyncIterator[Sequence[DeviceHealthStatus]] | None = None
         try:
-            async for snapshot in snapshots:
+            snapshots = self._on_loop(self._open(), context, pending)
+            while snapshots is not None:
+                snapshot = self._on_loop(_next(snapshots), context, pending)
+                if snapshot is None:
+                    return
                 yield encode_snapshot(snapshot)
         except Exception:
             log.exception("device health source failed; ending the kubelet's health stream")
-            await context.abort(
-                grpc.StatusCode.UNAVAILABLE, "device health source failed; see the plugin log"
-            )
+            context.abort(grpc.StatusCode.UNAVAILABLE, "device health source failed; see the plugin log")
         finally:
             aclose = getattr(snapshots, "aclose", None)
             if aclose is not None:
                 with contextlib.suppress(Exception):
-                    await aclose()
+                    asyncio.run_coroutine_threadsafe(aclose(), self._loop).result(STREAM_POLL_S)
+
+    async def _open(self) -> AsyncIterator[Sequence[DeviceHealthStatus]]:
+        return self._source.watch()
+
+    def _on_loop(self, coroutine: Coroutine[Any, Any, T], context: Any,
+                 pending: list[concurrent.futures.Future[Any]]) -> T | None:
+        """Run ``coroutine`` on the event loop and wait for it; ``None`` when the stream ended meanwhile (the
+        kubelet cancelled it, the server stopped, or the loop is gone) or the source has no more snapshots."""
+        try:
+            future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        except RuntimeError:  # the loop is closed: the plugin is going away
+            coroutine.close()
+            return None
+        pending[:] = [future]
+        try:
+            while True:
+                try:
+                    return future.result(STREAM_POLL_S)
+                except concurrent.futures.TimeoutError:
+                    if not context.is_active() or self._loop.is_closed():
+                        future.cancel()
+                        return None
+        except (concurrent.futures.CancelledError, StopAsyncIteration):
+            return None
+        finally:
+            pending.clear()
+
+
+async def _next(snapshots: AsyncIterator[T]) -> T:
+    return await anext(snapshots)

@@ -19,6 +19,8 @@ With a pod UID in :class:`PluginConfig`, both socket names carry it, so two plug
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import errno
 import logging
 import os
@@ -54,6 +56,9 @@ UNIX_PATH_MAX = 108
 
 SOCKET_MODE = 0o600
 DIRECTORY_MODE = 0o750
+DRA_WORKERS = 64
+"""Worker threads of the DRA server: kubelet calls served at once (each prepare holds one until its answer, a
+health stream for its lifetime); further calls wait in the server's queue. Threads start on demand."""
 PROBE_HOST = "[::]"
 """Interface of the ``grpc.health.v1`` TCP server (all interfaces; gRPC falls back to IPv4 if needed)."""
 
@@ -168,7 +173,8 @@ class _ExposedSocket:
 
 
 async def _serve_unix(server: Any, final: Path) -> _ExposedSocket:
-    """Bind ``server`` under a hidden name beside ``final``, chmod 0600, start, rename to ``final``."""
+    """Bind ``server`` (``grpc.aio`` or synchronous) under a hidden name beside ``final``, chmod 0600, start, rename
+    to ``final``."""
     hidden = _hidden_path(final)
     check_socket_path(hidden)
     try:
@@ -177,7 +183,9 @@ async def _serve_unix(server: Any, final: Path) -> _ExposedSocket:
         raise SocketPathError(f"cannot listen on {hidden} (for {final}): {exc}") from exc
     try:
         os.chmod(hidden, SOCKET_MODE)
-        await server.start()
+        started = server.start()
+        if started is not None:  # grpc.aio: a coroutine
+            await started
         os.rename(hidden, final)
     except BaseException:
         try:
@@ -216,7 +224,8 @@ class Servers:
 
         Order: remove the registration socket (the kubelet deregisters), stop the registration server,
         report NOT_SERVING to probes, let in-flight DRA calls finish for up to ``grace`` seconds
-        (``None``: wait for them), remove the DRA socket, stop the probe server.
+        (``None``: cancel them at once; a health stream lasts until cancelled, so it takes the whole grace),
+        remove the DRA socket, stop the probe server.
         """
         if self._stopped:
             return
@@ -229,7 +238,8 @@ class Servers:
         if self._probe is not None:
             await self._probe.enter_graceful_shutdown()
         if self._dra_server is not None:
-            await self._dra_server.stop(grace)
+            stopped = self._dra_server.stop(grace)  # a threading.Event, set when its calls are over
+            await asyncio.to_thread(stopped.wait)
         for exposed in self._sockets:
             exposed.remove()
         if self._probe_server is not None:
@@ -293,14 +303,17 @@ async def start_servers(
         dra_socket=dra_path, registration_socket=registration_path, health_port=None, registration=servicer
     )
     try:
-        dra_server = grpc.aio.server()
+        # Synchronous: each call runs in a worker thread that calls the blocking preparer directly. gRPC's
+        # asyncio server spent more CPU per call and answered later (issue 17: the event loop's hops to the
+        # runner's threads and back, and grpc.aio's own per-call cost).
+        dra_server = grpc.server(concurrent.futures.ThreadPoolExecutor(DRA_WORKERS, thread_name_prefix="dra-call"))
         dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(dra.DRAPluginV1Servicer(preparer), dra_server)
         dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(
             dra.DRAPluginV1Beta1Servicer(preparer), dra_server
         )
         if health_source is not None:
             dra_health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
-                healthstream.DRAResourceHealthServicer(health_source), dra_server
+                healthstream.DRAResourceHealthServicer(health_source, asyncio.get_running_loop()), dra_server
             )
         servers._dra_server = dra_server
         servers._sockets.append(await _serve_unix(dra_server, dra_path))

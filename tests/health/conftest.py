@@ -149,9 +149,9 @@ def services() -> Iterator[Services]:
 class NullPreparer:
     """A ClaimPreparer with no claims (the health tests only need the DRA server to exist)."""
 
-    async def prepare_claims(self, claims: Sequence[ClaimRef], *,
-                             deadline_s: float | None = None) -> Mapping[str, ClaimResult]:
+    def prepare_claims(self, claims: Sequence[ClaimRef], *,
+                       deadline_s: float | None = None) -> Mapping[str, ClaimResult]:
         return {ref.uid: ClaimResult(error="no devices in this test") for ref in claims}
 
-    async def unprepare_claims(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
+    def unprepare_claims(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
         return {ref.uid: "" for ref in claims}

@@ -6,9 +6,10 @@ check exactly what was undone, not only what the runner answered. The claim stat
 
 from __future__ import annotations
 
-import asyncio
+import concurrent.futures
 import json
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,7 +162,7 @@ def node(tmp_path: Path) -> Iterator[Node]:
 
 
 def _prepare(node: Node, *refs: ClaimRef) -> dict[str, object]:
-    return dict(asyncio.run(node.runner.prepare_claims(list(refs))))
+    return dict(node.runner.prepare_claims(list(refs)))
 
 
 def test_fake_preparers_satisfy_the_port() -> None:
@@ -196,11 +197,11 @@ def test_one_failed_apply_undoes_exactly_what_that_claim_applied(node: Node) -> 
 def test_unprepare_undoes_in_reverse_and_retries_a_failed_undo(node: Node) -> None:
     ref = node.add(_claim("u-1", "a2", "b2"))
     assert _prepare(node, ref)[ref.uid].error == ""  # type: ignore[attr-defined]
-    first = asyncio.run(node.runner.unprepare_claims([ref]))
+    first = node.runner.unprepare_claims([ref])
     assert "destroying u-1/b2 failed" in first[ref.uid]
     assert ref.uid in node.state.claims()  # kept, so the kubelet's retry undoes again
     assert node.beta.live == {"u-1/b2"} and node.alpha.live == {"u-1/a2"}  # reverse order: beta first, failed
-    second = asyncio.run(node.runner.unprepare_claims([ref]))
+    second = node.runner.unprepare_claims([ref])
     assert second == {ref.uid: ""}
     assert node.beta.live == set() and node.alpha.live == set()
     assert node.alpha.undone == ["u-1/a2"] and node.beta.undone == ["u-1/b2"]
@@ -249,7 +250,7 @@ def test_old_payload_without_undo_records_still_unprepares(node: Node) -> None:
     node.state.prepare_completed("u-old")
     assert read_payload(node.state.get("u-old").payload) == StoredPayload(str(node.spec("u-old")))  # type: ignore[union-attr]
     ref = ClaimRef("team-a", "old", "u-old")
-    assert asyncio.run(node.runner.unprepare_claims([ref])) == {ref.uid: ""}
+    assert node.runner.unprepare_claims([ref]) == {ref.uid: ""}
     assert node.state.claims() == {}
 
 
@@ -336,24 +337,22 @@ def test_a_one_claim_prepare_is_not_held_behind_a_large_batch(tmp_path: Path) ->
                for i in range(1500)]
         small = n.add(_claim("u-small", "b0"))
 
-        async def body() -> None:
-            batch = asyncio.create_task(n.runner.prepare_claims(big))
+        with concurrent.futures.ThreadPoolExecutor(1) as other_call:  # a second DRA server thread
+            batch = other_call.submit(n.runner.prepare_claims, big)
             while len(n.state) == 0:  # the large batch is under way
-                await asyncio.sleep(0.005)
-            answer = await n.runner.prepare_claims([small])
+                time.sleep(0.005)
+            answer = n.runner.prepare_claims([small])
             assert answer[small.uid].error == ""
             assert not batch.done()  # answered between two chunks of the large batch
-            answers = await batch
+            answers = batch.result(60)
             assert all(a.error == "" for a in answers.values()) and len(n.state) == 1501
-            unprepare = asyncio.create_task(n.runner.unprepare_claims(big))
+            unprepare = other_call.submit(n.runner.unprepare_claims, big)
             while len(n.state) == 1501:
-                await asyncio.sleep(0.005)
-            assert await n.runner.unprepare_claims([small]) == {small.uid: ""}
+                time.sleep(0.005)
+            assert n.runner.unprepare_claims([small]) == {small.uid: ""}
             assert not unprepare.done()
-            await unprepare
+            unprepare.result(60)
             assert len(n.state) == 0
-
-        asyncio.run(body())
     finally:
         n.runner.close()
         n.state.close()
@@ -440,10 +439,9 @@ def test_a_ready_hint_ends_the_retry_pause_early(tmp_path: Path, hinted: bool) -
         n.state.close()
 
 
-class PlainPreparer(FakePreparer):
-    """A kind without side effects (as the full-GPU preparer): its undo is nothing; it notes the thread it ran on."""
 
-    side_effects = False
+class ThreadNotingPreparer(FakePreparer):
+    """Notes the thread each undo ran on."""
 
     def __init__(self, kind: str) -> None:
         super().__init__(kind)
@@ -454,86 +452,65 @@ class PlainPreparer(FakePreparer):
         super().undo(claim, record)
 
 
-def _unprepare_on_a_loop(n: Node, *refs: ClaimRef) -> tuple[dict[str, str], int]:
-    """Unprepare in ``asyncio.run`` on this thread; returns the answers and the loop's thread."""
-    async def body() -> dict[str, str]:
-        return dict(await n.runner.unprepare_claims(list(refs)))
-
-    return asyncio.run(body()), threading.get_ident()
-
-
-def test_a_quick_one_claim_unprepare_runs_on_the_event_loop_and_anything_else_on_the_pool(tmp_path: Path) -> None:
-    """Issue 17: a one-claim unprepare whose records are all of preparers without side effects runs on the loop
-    (no hop to a worker and back); one holding a record with side effects, a batch, or one arriving while a
-    worker holds the runner's lock goes to the work pool. Both answer the same and leave the same state."""
-    plain, busy = PlainPreparer("alpha"), PlainPreparer("beta")
-    busy.side_effects = True
-    n = Node(tmp_path, plain, busy)
-    try:
-        quick = n.add(_claim("u-quick", "a0"))
-        mixed = n.add(_claim("u-mixed", "a1", "b1"))
-        assert all(r.error == "" for r in _prepare(n, quick, mixed).values())  # type: ignore[attr-defined]
-
-        answers, loop_thread = _unprepare_on_a_loop(n, quick)
-        assert answers == {quick.uid: ""}
-        assert plain.undo_threads == [loop_thread]  # inline
-        assert n.state.get(quick.uid) is None and not n.spec(quick.uid).exists()
-        assert n.runner.prepared_devices() == {"a1": ("team-a", "claim-u-mixed"), "b1": ("team-a", "claim-u-mixed")}
-
-        answers, loop_thread = _unprepare_on_a_loop(n, mixed)  # beta has side effects: the pool
-        assert answers == {mixed.uid: ""}
-        assert busy.undo_threads and loop_thread not in busy.undo_threads + plain.undo_threads[1:]
-        assert n.state.get(mixed.uid) is None and n.runner.prepared_devices() == {}
-
-        # the runner's lock held by a worker (a batch in progress): the unprepare waits on the pool, not the loop
-        again = n.add(_claim("u-again", "a2"))
-        assert _prepare(n, again)[again.uid].error == ""  # type: ignore[attr-defined]
-        n.runner._lock.acquire()
-        threading.Timer(0.3, n.runner._lock.release).start()
-        answers, loop_thread = _unprepare_on_a_loop(n, again)
-        assert answers == {again.uid: ""} and plain.undo_threads[-1] != loop_thread
-        assert n.state.get(again.uid) is None and not n.spec(again.uid).exists()
-    finally:
-        n.state.close()
-
-
-def test_an_unprepare_never_makes_the_loop_wait_for_another_instances_claim_state_lock(tmp_path: Path) -> None:
-    """Another plugin instance (a rolling update) holds the node's claim-state lock: the quick unprepare does not
-    block the loop on it; it goes to the pool, which waits for the lock and then unprepares."""
-    plain = PlainPreparer("alpha")
-    n = Node(tmp_path, plain, FakePreparer("beta"))
+def test_an_unprepare_runs_in_the_calling_thread_and_waits_for_another_instances_lock(tmp_path: Path) -> None:
+    """Issue 17: the DRA server's worker thread does the unprepare itself (no hop to another thread and back). When
+    another plugin instance (a rolling update) holds the node's claim-state lock, that thread waits for it, then
+    unprepares."""
+    noting = ThreadNotingPreparer("alpha")
+    n = Node(tmp_path, noting, FakePreparer("beta"))
     other = n.open_state()
     try:
-        ref = n.add(_claim("u-1", "a0"))
-        assert _prepare(n, ref)[ref.uid].error == ""  # type: ignore[attr-defined]
-        with other.locked_now() as held:
-            assert held
-            with n.state.locked_now() as mine:
-                assert not mine  # the other instance has it
+        first, second = n.add(_claim("u-1", "a0")), n.add(_claim("u-2", "a1"))
+        assert all(r.error == "" for r in _prepare(n, first, second).values())  # type: ignore[attr-defined]
+        assert n.runner.unprepare_claims([first]) == {first.uid: ""}
+        assert noting.undo_threads == [threading.get_ident()]
+
         released = threading.Event()
+        holding = threading.Event()
 
         def hold() -> None:
             with other.locked():
+                holding.set()
                 released.wait(5)
 
         holder = threading.Thread(target=hold)
         holder.start()
+        assert holding.wait(5)
         threading.Timer(0.3, released.set).start()
-        answers, loop_thread = _unprepare_on_a_loop(n, ref)
+        began = time.monotonic()
+        assert n.runner.unprepare_claims([second]) == {second.uid: ""}
+        assert time.monotonic() - began >= 0.25  # it waited for the other instance
         holder.join()
-        assert answers == {ref.uid: ""} and plain.undo_threads[-1] != loop_thread
-        assert n.state.get(ref.uid) is None
+        assert n.state.get(second.uid) is None and not n.spec(second.uid).exists()
+        assert n.runner.prepared_devices() == {}
     finally:
         other.close()
         n.state.close()
+        n.runner.close()
 
 
-def test_fair_lock_acquire_now_takes_only_a_free_lock() -> None:
-    from dradriver.kubeletplugin.fairlock import FairLock
+def test_concurrent_calls_of_one_claim_count_in_flight_per_call(tmp_path: Path) -> None:
+    """Several DRA server threads prepare the same claim at once (the kubelet retried before the first answer):
+    both answer the same devices, and the claim counts as in flight until the last call ends, so an unprepare
+    afterwards is not taken for one that aborted a prepare."""
+    n = Node(tmp_path, FakePreparer("alpha"), FakePreparer("beta"))
+    ref = n.add(_claim("u-twice", "a0"))
+    original = n.runner.fetch_claim
+    both = threading.Barrier(2)
 
-    lock = FairLock()
-    assert lock.acquire_now()
-    assert not lock.acquire_now()  # held
-    lock.release()
-    assert lock.acquire_now()
-    lock.release()
+    def fetch_together(r: ClaimRef) -> Claim:
+        both.wait(timeout=10)  # each call's GET waits for the other's: the two prepares overlap
+        return original(r)
+
+    n.runner.fetch_claim = fetch_together
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            answers = list(pool.map(lambda _: n.runner.prepare_claims([ref]), range(2)))
+        assert [a[ref.uid].error for a in answers] == ["", ""]
+        assert answers[0][ref.uid].devices == answers[1][ref.uid].devices
+        assert n.runner._in_flight == {} and n.runner.preparations == 1
+        assert n.runner.unprepare_claims([ref]) == {ref.uid: ""}
+        assert n.state.get(ref.uid) is None
+    finally:
+        n.runner.close()
+        n.state.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
+import threading
 
 import kubernetes_validate
 import pytest
@@ -192,20 +193,19 @@ def test_slow_prepare_finishing_after_unprepare_does_not_revive_the_claim(sandbo
         plugin = await start_plugin(sandbox.config())
         try:
             original = plugin.runner.fetch_claim
-            fetched = asyncio.Event()
-            release = asyncio.Event()
-            loop = asyncio.get_running_loop()
+            fetched = threading.Event()
+            release = threading.Event()
 
             def slow_fetch(r):  # type: ignore[no-untyped-def]
                 out = original(r)
-                loop.call_soon_threadsafe(fetched.set)
-                asyncio.run_coroutine_threadsafe(release.wait(), loop).result(timeout=10)
+                fetched.set()
+                assert release.wait(10)
                 return out
 
             plugin.runner.fetch_claim = slow_fetch
-            prepare = asyncio.create_task(plugin.runner.prepare_claims([ref]))
-            await fetched.wait()
-            assert await plugin.runner.unprepare_claims([ref]) == {ref.uid: ""}
+            prepare = asyncio.create_task(asyncio.to_thread(plugin.runner.prepare_claims, [ref]))
+            assert await asyncio.to_thread(fetched.wait, 10)
+            assert await asyncio.to_thread(plugin.runner.unprepare_claims, [ref]) == {ref.uid: ""}
             release.set()
             answer = await prepare
             assert "unprepared while this prepare was in flight" in answer[ref.uid].error

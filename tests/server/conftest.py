@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -47,7 +48,7 @@ class TablePreparer:
         failing: Mapping[str, str] | None = None,
         raise_on_prepare: Exception | None = None,
         raise_on_unprepare: Exception | None = None,
-        gate: asyncio.Event | None = None,
+        gate: threading.Event | None = None,
         omit: Sequence[str] = (),
         extra: Sequence[str] = (),
         label: str = "",
@@ -61,14 +62,14 @@ class TablePreparer:
         self.label = label
         self.prepared: list[list[ClaimRef]] = []
         self.unprepared: list[list[ClaimRef]] = []
-        self.started = asyncio.Event()
+        self.started = threading.Event()
 
-    async def prepare_claims(self, claims: Sequence[ClaimRef], *,
-                             deadline_s: float | None = None) -> Mapping[str, ClaimResult]:
+    def prepare_claims(self, claims: Sequence[ClaimRef], *,
+                       deadline_s: float | None = None) -> Mapping[str, ClaimResult]:
         self.prepared.append(list(claims))
         self.started.set()
         if self.gate is not None:
-            await self.gate.wait()
+            self.gate.wait(30)
         if self.raise_on_prepare is not None:
             raise self.raise_on_prepare
         out: dict[str, ClaimResult] = {}
@@ -94,7 +95,7 @@ class TablePreparer:
             out[uid] = ClaimResult(error="not asked for")
         return out
 
-    async def unprepare_claims(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
+    def unprepare_claims(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
         self.unprepared.append(list(claims))
         if self.raise_on_unprepare is not None:
             raise self.raise_on_unprepare

@@ -166,7 +166,7 @@ def test_liveness_fails_when_the_plugin_stops_answering(short_dir: Path) -> None
                     assert reply.status == health_pb2.HealthCheckResponse.SERVING
                 # The DRA server goes away while the probe server stays: liveness must notice.
                 assert servers._dra_server is not None
-                await servers._dra_server.stop(0)
+                await asyncio.to_thread(servers._dra_server.stop(0).wait)
                 reply = await stub.Check(health_pb2.HealthCheckRequest(service="liveness"), timeout=5)
                 assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
         finally:

@@ -111,14 +111,14 @@ def test_failing_status_callback_rolls_back_registration(short_dir: Path) -> Non
 
 def test_get_info_answers_while_a_prepare_is_in_flight(short_dir: Path) -> None:
     async def scenario() -> None:
-        gate = asyncio.Event()
+        gate = threading.Event()
         preparer = TablePreparer(gate=gate)
         config = make_config(short_dir)
         async with await start_servers(config, preparer):
             async with KubeletEmulator(config.kubelet_registrar_directory_path) as kubelet:
                 plugin = await kubelet.wait_for_plugin("gpu.nvidia.com")
                 pending = asyncio.ensure_future(plugin.prepare(claims("slow")))
-                await preparer.started.wait()
+                assert await asyncio.to_thread(preparer.started.wait, 10)
                 for _ in range(3):  # the kubelet's 1 s GetInfo deadline applies to each
                     assert (await plugin.get_info()).name == "gpu.nvidia.com"
                 assert not pending.done()
