@@ -480,13 +480,16 @@ class BatchRunner:
                 # lock, then try again, until the deadline; the last attempt's error is the answer. With ready
                 # hints the pause may end early, so it is worth taking even when it would reach the deadline.
                 hints = [h for h in retry.values() if h is not None]
-                if time.monotonic() + (0.0 if hints else pause) >= apply_deadline:
+                if self._closed.is_set() or time.monotonic() + (0.0 if hints else pause) >= apply_deadline:
                     waited = time.monotonic() - began
+                    why = "the plugin is stopping" if self._closed.is_set() else "the kubelet retries"
                     for uid in retry:
                         results[uid] = ClaimResult(error=f"{results[uid].error} (still not ready after "
-                                                         f"{waited:.1f} s of retries; the kubelet retries)")
+                                                         f"{waited:.1f} s of retries; {why})")
                     break
                 self._pause(min(pause, apply_deadline - time.monotonic()), hints)
+                if self._closed.is_set():
+                    continue  # answered above with the last error
                 pause = min(longest, pause * 2)
                 again = [(ref, got) for ref, got in items if ref.uid in retry]
                 retry = {}

@@ -514,3 +514,27 @@ def test_concurrent_calls_of_one_claim_count_in_flight_per_call(tmp_path: Path) 
     finally:
         n.runner.close()
         n.state.close()
+
+
+def test_closing_the_runner_ends_a_not_ready_prepare_at_once(tmp_path: Path) -> None:
+    """A prepare waiting between attempts for a not-ready preparer holds a DRA server thread; when the plugin stops
+    (:meth:`BatchRunner.close`) the wait ends and the claim is answered with its last error, long before its
+    deadline, instead of retrying until the deadline."""
+    waiting = WaitingPreparer("alpha", hinted=False)
+    n = Node(tmp_path, waiting, FakePreparer("beta"))
+    n.runner.retry_pause_s = (5.0, 5.0)
+    try:
+        ref = n.add(_claim("u-stop", "a0"))
+        with concurrent.futures.ThreadPoolExecutor(1) as call:
+            answer = call.submit(n.runner.prepare_claims, [ref], deadline_s=30.0)
+            while "attempt" not in waiting.events:
+                time.sleep(0.01)
+            began = time.monotonic()
+            n.runner.close()
+            error = answer.result(10)[ref.uid].error
+        assert time.monotonic() - began < 2.0
+        assert "not there yet" in error and "the plugin is stopping" in error
+        assert waiting.events == ["attempt"] and n.state.get(ref.uid) is None
+    finally:
+        n.runner.close()
+        n.state.close()
