@@ -39,10 +39,10 @@ class Harness:
         self.api_intervals: list[tuple[float, float]] = []
         fetch = self.plugin.runner.fetch_claim
 
-        def timed_fetch(ref: ClaimRef) -> Any:
+        def timed_fetch(ref: ClaimRef, timeout_s: float) -> Any:
             start = time.perf_counter()
             try:
-                return fetch(ref)
+                return fetch(ref, timeout_s)
             finally:
                 self.api_intervals.append((start, time.perf_counter()))
 

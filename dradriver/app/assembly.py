@@ -184,11 +184,13 @@ async def recover(identity: DriverIdentity, config: PluginConfig, connection: Co
 
 
 def claim_fetcher(identity: DriverIdentity, client: kube_client.KubeClient,
-                  config: PluginConfig) -> Callable[[ClaimRef], Claim]:
-    """The blocking claim GET + reduction for this plugin's driver and this node's pool."""
+                  config: PluginConfig) -> Callable[[ClaimRef, float], Claim]:
+    """The blocking claim GET + reduction for this plugin's driver and this node's pool, within a time limit
+    (:data:`dradriver.kubeletplugin.runner.FetchClaim`)."""
 
-    def fetch(ref: ClaimRef) -> Claim:
-        return kube_claims.fetch_claim(client, ref, driver=identity.driver_name, pool=config.node_name)
+    def fetch(ref: ClaimRef, timeout_s: float) -> Claim:
+        return kube_claims.fetch_claim(client, ref, driver=identity.driver_name, pool=config.node_name,
+                                       timeout_s=timeout_s)
 
     return fetch
 

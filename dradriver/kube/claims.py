@@ -23,24 +23,31 @@ def _claim_path(namespace: str, name: str) -> str:
     return f"/apis/resource.k8s.io/v1/namespaces/{quote(namespace, safe='')}/resourceclaims/{quote(name, safe='')}"
 
 
-def get_resource_claim(client: KubeClient, namespace: str, name: str) -> JSONDict:
+def get_resource_claim(client: KubeClient, namespace: str, name: str, *,
+                       timeout_s: float | None = None) -> JSONDict:
     """``GET /apis/resource.k8s.io/v1/namespaces/<namespace>/resourceclaims/<name>`` as a dict.
 
+    :param timeout_s: the whole GET's time limit, seconds, retries included (:meth:`KubeClient.call`).
     :raises errors.KubeNotFoundError: no such claim.
+    :raises errors.KubeTimeoutError: no answer within ``timeout_s``.
     :raises errors.KubeAPIError: any other failure, after retries for 429/5xx/connection errors.
     """
-    return client.call(f"GET resourceclaims {namespace}/{name}", client.raw("GET", _claim_path(namespace, name)))
+    return client.call(f"GET resourceclaims {namespace}/{name}", client.raw("GET", _claim_path(namespace, name)),
+                       timeout_s=timeout_s)
 
 
-def fetch_claim(client: KubeClient, ref: domain_claims.ClaimRef, *, driver: str, pool: str) -> domain_claims.Claim:
+def fetch_claim(client: KubeClient, ref: domain_claims.ClaimRef, *, driver: str, pool: str,
+                timeout_s: float | None = None) -> domain_claims.Claim:
     """GET the claim named by ``ref`` and reduce it to this node's allocation results for ``driver``.
 
+    :param timeout_s: the GET's time limit, seconds (``None``: the client's own timeouts per try).
     :raises dradriver.domain.claims.ClaimError: the claim is gone (404), replaced (UID mismatch), not
         allocated, or has nothing for this driver on this node.
+    :raises errors.KubeTimeoutError: no answer within ``timeout_s``.
     :raises errors.KubeAPIError: the API server could not be asked (transient; the kubelet retries).
     """
     try:
-        obj = get_resource_claim(client, ref.namespace, ref.name)
+        obj = get_resource_claim(client, ref.namespace, ref.name, timeout_s=timeout_s)
     except errors.KubeNotFoundError as exc:
         raise domain_claims.ClaimError(ref, "ResourceClaim not found in the API server (deleted?)") from exc
     return domain_claims.claim_from_object(obj, ref, driver=driver, pool=pool)

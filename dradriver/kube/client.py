@@ -38,7 +38,7 @@ import urllib3
 import yaml
 
 from dradriver.kube import errors, jsonbody
-from dradriver.kube.ratelimit import TokenBucket
+from dradriver.kube.ratelimit import RateLimitTimeout, TokenBucket
 
 log = logging.getLogger(__name__)
 
@@ -167,30 +167,54 @@ class KubeClient:
         return str(self.api_client.configuration.host)
 
     def call(self, what: str, method: Callable[..., Any], /, *args: Any, retry: bool = True,
-             **kwargs: Any) -> JSONDict:
+             timeout_s: float | None = None, **kwargs: Any) -> JSONDict:
         """Send one request through a typed API ``method`` and return the decoded JSON body.
 
         :param what: a description for errors and logs, e.g. ``GET resourceclaims default/c``.
         :param method: a bound method of :attr:`core` or :attr:`resource` (``read_namespaced_pod``, ...).
         :param retry: False sends exactly once.
+        :param timeout_s: the whole call's time limit, seconds (``None``: each try has the client's own connect and
+            read timeouts): the rate-limit wait, every try and the pauses between them end by then. Each try's
+            connect and read timeouts are cut to the time left (a read timeout bounds each wait for the server's
+            next bytes, so a server that answers in time but trickles its body could pass it by one wait), and no
+            retry starts whose pause would reach the limit.
+        :raises errors.KubeTimeoutError: ``timeout_s`` passed before an answer (the last try's error chained).
         :raises errors.KubeAPIError: the subclass for the final failure.
         """
         attempts = self.retry.attempts if retry else 1
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        request_timeout: tuple[float, float] = (self.connect_timeout_s, self.read_timeout_s)
         for attempt in range(1, attempts + 1):
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise errors.KubeTimeoutError(what, message=f"no answer within {timeout_s:.2f} s")
+                request_timeout = (min(self.connect_timeout_s, left), min(self.read_timeout_s, left))
             if self.rate_limit is not None:
-                self.rate_limit.wait()
+                try:
+                    waited = self.rate_limit.wait(None if deadline is None else request_timeout[1])
+                except RateLimitTimeout as exc:
+                    raise errors.KubeTimeoutError(what, message=str(exc)) from exc
+                if deadline is not None and waited > 0:
+                    left = max(0.001, deadline - time.monotonic())
+                    request_timeout = (min(request_timeout[0], left), min(request_timeout[1], left))
             try:
-                response = method(*args, _preload_content=False,
-                                  _request_timeout=(self.connect_timeout_s, self.read_timeout_s), **kwargs)
+                response = method(*args, _preload_content=False, _request_timeout=request_timeout, **kwargs)
                 data = response.data
                 return jsonbody.decode(data) if data else {}
             except Exception as exc:  # translated below; nothing from the library escapes
                 err = translate(what, exc)
                 if err is None:
                     raise
+                if deadline is not None and err.retryable and time.monotonic() >= deadline:
+                    raise errors.KubeTimeoutError(what, message=f"no answer within {timeout_s:.2f} s: "
+                                                               f"{err.message or err.reason}") from exc
                 if not err.retryable or attempt == attempts:
                     raise err from exc
                 delay = self.retry.delay(attempt, err.retry_after_s)
+                if deadline is not None and time.monotonic() + delay >= deadline:
+                    raise errors.KubeTimeoutError(what, message=f"no answer within {timeout_s:.2f} s "
+                                                               f"(the next retry would start later): {err}") from exc
                 log.warning("%s; retry %d/%d in %.2fs", err, attempt, attempts - 1, delay)
                 self._sleep(delay)
         raise AssertionError("unreachable")  # pragma: no cover

@@ -100,6 +100,17 @@ class KubeUnavailableError(KubeAPIError):
     retryable = True
 
 
+class KubeTimeoutError(KubeUnavailableError):
+    """No answer within the time limit the caller gave the whole call (:meth:`~dradriver.kube.client.KubeClient.call`
+    ``timeout_s``): its tries, their pauses and its rate-limit wait included. Not retried by the client (the time
+    is spent); a later call may try again."""
+
+    retryable = False
+
+    def __init__(self, what: str, *, message: str = "") -> None:
+        super().__init__(what, reason="Timeout", message=message)
+
+
 class KubeRequestInvalidError(KubeAPIError):
     """The client library refused to send the request (its model rejected the body); not retried."""
 

@@ -17,6 +17,10 @@ DEFAULT_QPS = 5.0
 DEFAULT_BURST = 10
 
 
+class RateLimitTimeout(Exception):
+    """A request's turn under the client-side rate limit comes after its deadline (:meth:`TokenBucket.wait`)."""
+
+
 class TokenBucket:
     """A thread-safe token bucket; :meth:`wait` blocks until the caller's request may go.
 
@@ -51,9 +55,20 @@ class TokenBucket:
             self._tokens -= 1.0
             return 0.0 if self._tokens >= 0 else -self._tokens / self.qps
 
-    def wait(self) -> float:
-        """Block until one request may be sent; returns the seconds waited."""
+    def wait(self, timeout_s: float | None = None) -> float:
+        """Block until one request may be sent; returns the seconds waited.
+
+        :param timeout_s: the longest the caller may wait, seconds (``None``: no limit). When its turn comes later
+            than that, the token is handed back at once and nothing is waited (as client-go's limiter refuses a
+            wait that would pass its context's deadline).
+        :raises RateLimitTimeout: the turn comes after ``timeout_s``.
+        """
         delay = self.reserve()
+        if timeout_s is not None and delay > timeout_s:
+            with self._lock:
+                self._tokens += 1.0
+            raise RateLimitTimeout(f"the client-side rate limit ({self.qps:g} requests/s, burst {self.burst}) "
+                                   f"would hold this request {delay:.2f} s, longer than the {timeout_s:.2f} s left")
         if delay > 0:
             self._sleep(delay)
         return delay

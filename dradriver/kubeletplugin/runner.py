@@ -87,8 +87,10 @@ from dradriver.kubeletplugin.fairlock import FairLock
 
 log = logging.getLogger(__name__)
 
-FetchClaim = Callable[[ClaimRef], Claim]
-"""Blocking: GET the claim and reduce it (``dradriver.kube.claims.fetch_claim`` bound to a client)."""
+FetchClaim = Callable[[ClaimRef, float], Claim]
+"""Blocking: GET the claim and reduce it, giving up after the given seconds (``dradriver.kube.claims.fetch_claim``
+bound to a client and passed ``timeout_s``); a claim-level problem raises :class:`ClaimError`, a GET that did not
+answer in time a :class:`~dradriver.errors.DradriverError`."""
 
 SelectConfigs = Callable[[Claim, Mapping[str, Any]], ConfigSelection]
 """Decode, select and validate a claim's opaque configs for its devices (``configs.select_configs``).
@@ -367,8 +369,8 @@ class BatchRunner:
         self.apply_workers = apply_workers
         self.prepare_deadline_s = prepare_deadline_s
         self.deadline_margin_s = min(2.0, prepare_deadline_s / 4)
-        # Claim GETs on their own bounded pool: a hung GET never holds a DRA server thread past the fetch budget,
-        # and never delays an unprepare, which needs no API call and runs in the caller's thread.
+        # A batch's claim GETs on their own bounded pool (each within the call's fetch budget); they never delay an
+        # unprepare, which needs no API call and runs in the caller's thread.
         self._fetch_pool = concurrent.futures.ThreadPoolExecutor(fetch_workers, thread_name_prefix="claim-fetch")
         self._fetch_share = max(1, fetch_workers // 2)
         self._closed = threading.Event()
@@ -437,8 +439,8 @@ class BatchRunner:
         """Prepare a batch; every UID gets a result (see the module docstring), within the deadline.
 
         Blocking: called from the DRA server's worker thread (one per call), which it keeps until the answer.
-        A one-claim call fetches and prepares in one fetch-pool thread (:meth:`_prepare_single`); a batch fetches
-        on the fetch pool and prepares in the calling thread (:meth:`_prepare_batch`).
+        A one-claim call fetches and prepares in that thread (:meth:`_prepare_single`); a batch fetches on the
+        fetch pool and prepares in the calling thread (:meth:`_prepare_batch`).
 
         :param deadline_s: seconds left of the kubelet's gRPC deadline; the answer comes before
             ``min(deadline_s, prepare_deadline_s)``. A claim whose ResourceClaim GET has not finished by then
@@ -469,7 +471,7 @@ class BatchRunner:
         with self.metrics.in_flight("prepare") if self.metrics else contextlib.nullcontext():
             retry: RetryHints = {}
             items: list[tuple[ClaimRef, Claim | str]] = []
-            if len(claims) == 1:  # the common case: GET and preparation in one thread
+            if len(claims) == 1:  # the common case: GET and preparation in this thread
                 results = self._prepare_single(claims[0], started, began, fetch_budget, budget, retry, items)
             else:
                 results = self._prepare_batch(claims, started, began, fetch_budget, budget, retry, items)
@@ -534,12 +536,12 @@ class BatchRunner:
         running: dict[concurrent.futures.Future[Claim | str], int] = {}
         fetch_deadline = time.monotonic() + fetch_budget
         while waiting or running:
-            while waiting and len(running) < self._fetch_share:
-                index = waiting.pop()
-                running[self._fetch_pool.submit(self._fetch, claims[index])] = index
             left = fetch_deadline - time.monotonic()
             if left <= 0:
                 break
+            while waiting and len(running) < self._fetch_share:
+                index = waiting.pop()
+                running[self._fetch_pool.submit(self._fetch, claims[index], left)] = index
             done, _ = concurrent.futures.wait(running, timeout=left,
                                               return_when=concurrent.futures.FIRST_COMPLETED)
             for future in done:
@@ -554,33 +556,14 @@ class BatchRunner:
     def _prepare_single(self, ref: ClaimRef, started: int, began: float, fetch_budget: float,
                         budget: float, retry: RetryHints,
                         items: list[tuple[ClaimRef, Claim | str]]) -> dict[str, ClaimResult]:
-        """One claim: its GET and then its preparation in one fetch-pool thread, while the caller waits at most
-        ``fetch_budget`` for the GET: a GET not answered by then gets the per-claim error and nothing is prepared
-        (the thread drops its late answer); a preparation that began in time is awaited to its end."""
-        guard = threading.Lock()
-        phase = {"abandoned": False, "preparing": False}
-        apply_deadline = began + max(0.0, budget - self.deadline_margin_s)
-
-        def fetch_and_prepare() -> dict[str, ClaimResult] | None:
-            fetched = self._fetch(ref)
-            with guard:
-                if phase["abandoned"]:
-                    return None
-                phase["preparing"] = True
-            items.append((ref, fetched))
-            return self._prepare_all([(ref, fetched)], started, apply_deadline, retry)
-
-        future = self._fetch_pool.submit(fetch_and_prepare)
-        try:
-            results = future.result(timeout=fetch_budget)
-        except concurrent.futures.TimeoutError:
-            with guard:
-                if not phase["preparing"]:
-                    phase["abandoned"] = True
-                    return {ref.uid: ClaimResult(error=_fetch_timeout(ref, fetch_budget))}
-            results = future.result()
-        assert results is not None  # not abandoned
-        return results
+        """One claim: its GET and then its preparation in the calling thread, no hand-off to another thread. The
+        GET gets ``fetch_budget`` as its time limit (:data:`FetchClaim`): one that has not answered by then is the
+        claim's per-claim error and nothing is prepared, as in a batch."""
+        fetched = self._fetch(ref, fetch_budget)
+        if isinstance(fetched, str) and time.monotonic() - began >= fetch_budget:
+            fetched = _fetch_timeout(ref, fetch_budget)
+        items.append((ref, fetched))
+        return self._prepare_all([(ref, fetched)], started, began + max(0.0, budget - self.deadline_margin_s), retry)
 
     def close(self) -> None:
         """Stop the runner's threads (fetches in flight are abandoned, retry pauses end; idempotent)."""
@@ -610,9 +593,9 @@ class BatchRunner:
         self._counts = (len(claims) - marks, by_type)
         self._prepared = devices  # replaced whole: readers on other threads see the old or the new map
 
-    def _fetch(self, ref: ClaimRef) -> Claim | str:
+    def _fetch(self, ref: ClaimRef, timeout_s: float) -> Claim | str:
         try:
-            return self.fetch_claim(ref)
+            return self.fetch_claim(ref, timeout_s)
         except ClaimError as exc:
             return str(exc)
         except DradriverError as exc:

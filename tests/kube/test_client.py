@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 from pathlib import Path
 
 import kubernetes
@@ -138,3 +139,32 @@ def test_list_items_reports_a_list_that_expired_between_pages(client: KubeClient
     with pytest.raises(errors.KubeGoneError) as first_page:  # on the first page: the server's own answer
         list(client.list_items("LIST nodes", client.core.list_node, page_size=2))
     assert "between pages" not in str(first_page.value)
+
+
+def test_a_call_with_a_time_limit_ends_by_it_when_the_server_hangs(client: KubeClient, api: ApiServerEmulator) -> None:
+    """``timeout_s`` bounds the whole call: a hung GET raises KubeTimeoutError (not retried: the time is spent)
+    at the limit, not after the client's 10 s read timeout times its retries."""
+    api.clear_requests()
+    api.hang_next(1, seconds=3, method="GET", path=f"/api/v1/nodes/{NODE}")
+    began = time.monotonic()
+    with pytest.raises(errors.KubeTimeoutError) as info:
+        client.call(f"GET nodes {NODE}", client.raw("GET", f"/api/v1/nodes/{NODE}"), timeout_s=0.5)
+    assert 0.45 <= time.monotonic() - began < 2.0
+    assert info.value.reason == "Timeout" and not info.value.retryable
+    assert "within 0.50 s" in str(info.value)
+    assert api.count("get", "nodes", name=NODE) <= 1  # no second try started after the limit
+    # within the limit, the same call answers
+    assert client.call(f"GET nodes {NODE}", client.raw("GET", f"/api/v1/nodes/{NODE}"),
+                       timeout_s=5.0)["metadata"]["name"] == NODE
+
+
+def test_a_retry_that_would_start_after_the_time_limit_is_not_tried(kubeconfig: str, api: ApiServerEmulator) -> None:
+    delays: list[float] = []
+    policy = RetryPolicy(attempts=5, initial_delay_s=1.0, max_delay_s=1.0, jitter=0.0)
+    with open_client(kubeconfig, retry=policy) as kube:
+        kube._sleep = delays.append
+        api.clear_requests()
+        api.fail_next(3, status=503, path=f"/api/v1/nodes/{NODE}")
+        with pytest.raises(errors.KubeTimeoutError, match="the next retry would start later"):
+            kube.call(f"GET nodes {NODE}", kube.raw("GET", f"/api/v1/nodes/{NODE}"), timeout_s=0.5)
+    assert delays == [] and api.count("get", "nodes", name=NODE) == 1

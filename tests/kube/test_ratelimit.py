@@ -65,3 +65,13 @@ def test_every_request_of_the_client_waits_for_the_limiter(tmp_path: Path) -> No
                 assert node["metadata"]["name"] == "node-a"
     assert clock.slept == pytest.approx([0.25, 0.25])
     assert api.count("get", "nodes", name="node-a") == 4
+
+
+def test_a_wait_past_the_callers_time_limit_is_refused_and_gives_its_token_back() -> None:
+    clock = FakeClock()
+    bucket = ratelimit.TokenBucket(2.0, 1, clock=clock, sleep=clock.sleep)
+    assert bucket.wait(timeout_s=0.1) == 0.0  # the burst's token
+    with pytest.raises(ratelimit.RateLimitTimeout, match=r"0\.50 s, longer than the 0\.10 s left"):
+        bucket.wait(timeout_s=0.1)
+    assert clock.slept == []  # nothing waited
+    assert bucket.wait(timeout_s=1.0) == pytest.approx(0.5)  # the refused turn was handed back: next in line

@@ -132,7 +132,7 @@ class Node:
                                boot_id_path=self.tmp_path / "boot_id")
 
     def make_runner(self) -> BatchRunner:
-        def fetch(ref: ClaimRef) -> Claim:
+        def fetch(ref: ClaimRef, timeout_s: float) -> Claim:
             if ref.uid not in self.claims:
                 raise ClaimError(ref, "not found")
             return self.claims[ref.uid]
@@ -498,9 +498,9 @@ def test_concurrent_calls_of_one_claim_count_in_flight_per_call(tmp_path: Path) 
     original = n.runner.fetch_claim
     both = threading.Barrier(2)
 
-    def fetch_together(r: ClaimRef) -> Claim:
+    def fetch_together(r: ClaimRef, timeout_s: float) -> Claim:
         both.wait(timeout=10)  # each call's GET waits for the other's: the two prepares overlap
-        return original(r)
+        return original(r, timeout_s)
 
     n.runner.fetch_claim = fetch_together
     try:

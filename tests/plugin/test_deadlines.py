@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -30,6 +31,28 @@ def test_hung_claim_get_is_a_per_claim_error_within_the_deadline(sandbox: Sandbo
             assert "default/hung" in error and "did not answer the ResourceClaim GET within" in error
             assert set(plugin.state.claims()) == {fine.uid}  # nothing half-prepared for the hung claim
             assert len(sandbox.cdi_specs()) == 1
+
+    asyncio.run(body())
+
+
+@pytest.mark.slow
+def test_a_one_claim_prepare_whose_get_hangs_answers_within_its_deadline(sandbox: SandboxNode) -> None:
+    """The one-claim path GETs in the DRA server's own thread, with the fetch budget as the GET's time limit: a hung
+    API server makes it the claim's error in time, and the kubelet's retry (the server answering again) prepares."""
+    api = sandbox.api
+    assert api is not None
+    hung = ref_of(set_allocation(sandbox, api.create(claim_object("hung")), [result("gpu-0")]))
+
+    async def body() -> None:
+        async with running(sandbox.config(prepare_deadline_seconds=3)) as (plugin, kubelet):
+            api.hang_next(1, seconds=8, method="GET", path=_claim_path("hung"))
+            began = time.monotonic()
+            answer = await kubelet.prepare([hung])
+            assert time.monotonic() - began < 3.0  # the budget is 3 s - its 0.75 s margin
+            error = answer[hung.uid].error
+            assert "default/hung" in error and "did not answer the ResourceClaim GET within 2.2 s" in error
+            assert plugin.state.claims() == {} and sandbox.cdi_specs() == []
+            assert (await kubelet.prepare([hung]))[hung.uid].error == ""
 
     asyncio.run(body())
 

@@ -91,10 +91,10 @@ def test_any_exception_while_fetching_stays_with_its_claim(sandbox: SandboxNode,
                     for i, name in enumerate(("first", "recursing", "third"))]
             original = plugin.runner.fetch_claim
 
-            def fetch(ref: Any) -> Any:
+            def fetch(ref: Any, timeout_s: float) -> Any:
                 if ref.name == "recursing":
                     raise RecursionError("maximum recursion depth exceeded")
-                return original(ref)
+                return original(ref, timeout_s)
 
             monkeypatch.setattr(plugin.runner, "fetch_claim", fetch)
             answer = await kubelet.prepare(refs)

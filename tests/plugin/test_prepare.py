@@ -196,8 +196,8 @@ def test_slow_prepare_finishing_after_unprepare_does_not_revive_the_claim(sandbo
             fetched = threading.Event()
             release = threading.Event()
 
-            def slow_fetch(r):  # type: ignore[no-untyped-def]
-                out = original(r)
+            def slow_fetch(r, timeout_s):  # type: ignore[no-untyped-def]
+                out = original(r, timeout_s)
                 fetched.set()
                 assert release.wait(10)
                 return out
