@@ -31,10 +31,11 @@ from dradriver.kube import events, nodes, ratelimit
 from dradriver.kube.resourceslices import PublishResult, SlicePublisher
 from dradriver.kubeletplugin.lifecycle import Lifecycle
 from dradriver.kubeletplugin.reconcile import Cleanup, StaleClaimReconciler
-from dradriver.kubeletplugin.runner import BatchRunner, RecoveryReport
+from dradriver.kubeletplugin.runner import FETCH_WORKERS, BatchRunner, RecoveryReport
 from dradriver.server import Servers, start_servers
 from dradriver.server.deferred import EarlyServers
 from dradriver.server.healthstream import HealthSource
+from dradriver.server.sockets import DRA_WORKERS
 
 log = logging.getLogger(__name__)
 
@@ -137,12 +138,19 @@ class Connection:
     node_uid: str
 
 
+KUBE_CONNECTIONS = DRA_WORKERS + FETCH_WORKERS + 8
+"""Connections a kubelet plugin's API client keeps open (:func:`~dradriver.kube.client.open_client` ``pool_size``):
+every DRA server thread (a one-claim prepare GETs from it) and every claim-fetch thread may send a request at once,
+plus the ResourceSlice watch and publisher, events and the stale-claim sweep. The library's default (5 per CPU) is
+10 on a 2-CPU node, where a burst of pod starts would open connections and throw them away after one request."""
+
+
 async def connect(lifecycle: Lifecycle, identity: DriverIdentity, config: PluginConfig) -> Connection:
     """Start step: the Kubernetes client (closed on stop) and this Node (``None`` when it cannot be read)."""
     limiter = ratelimit.rate_limiter(config.kube_api_qps, config.kube_api_burst)
     client = await lifecycle.step("Kubernetes client",
                                   lambda: kube_client.open_client(config.kubeconfig, user_agent=identity.user_agent,
-                                                                  rate_limit=limiter),
+                                                                  rate_limit=limiter, pool_size=KUBE_CONNECTIONS),
                                   lambda c: c.close())
     await asyncio.to_thread(kube_client.check_reachable, client, config.kubeconfig)
     node_obj: dict[str, Any] | None = None

@@ -274,6 +274,8 @@ RETRY_PAUSE_S = (0.1, 2.0)
 NVIDIA's compute-domain plugin uses 250 ms -> 3 s, ``nvidia-dra-driver.md`` 4.4)."""
 RetryHints = dict[str, Callable[[], bool] | None]
 """Claim UID -> the ready hint of its not-ready error (:attr:`~dradriver.domain.ports.NotReadyYet.ready_hint`)."""
+FETCH_WORKERS = 16
+"""Default threads of the runner's claim-fetch pool (a batch's ResourceClaim GETs, half of them at a time)."""
 HINT_POLL_S = 0.05
 """How often, seconds, a pause polls the ready hints of the claims it waits for (a local file read each)."""
 
@@ -332,7 +334,7 @@ class BatchRunner:
         spec_edits: Callable[[], cdi.ContainerEdits] = cdi.ContainerEdits,
         metrics: RequestMetrics | None = None,
         apply_workers: int = 8,
-        fetch_workers: int = 16,
+        fetch_workers: int = FETCH_WORKERS,
         prepare_deadline_s: float = DEFAULT_PREPARE_DEADLINE_S,
         chunk_size: int = 128,
         on_prepared: Callable[[ClaimRef, Sequence[UndoRecord]], None] | None = None,

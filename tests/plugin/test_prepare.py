@@ -7,6 +7,7 @@ emulator over HTTP and the kubelet emulator over the plugin's Unix sockets.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import stat
 import threading
@@ -243,5 +244,29 @@ def test_mig_device_claim_gets_capability_nodes(sandbox: SandboxNode) -> None:
             paths = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
             assert "/dev/nvidia0" in paths
             assert sum(p.startswith("/dev/nvidia-caps/nvidia-cap") for p in paths) == 2
+
+    asyncio.run(body())
+
+
+def test_many_one_claim_prepares_at_once_share_the_api_connections(sandbox: SandboxNode,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """The kubelet prepares many pods at once: each one-claim call GETs from its own DRA server thread. The client's
+    connection pool is sized for every thread that may GET at once, so no connection is opened, used once and
+    thrown away (urllib3's "Connection pool is full" warning), whatever the node's CPU count."""
+    assert sandbox.api is not None
+    api = sandbox.api
+    refs = [ref_of(set_allocation(sandbox, api.create(claim_object(f"burst-{i}")), [result("gpu-0", admin=True)]))
+            for i in range(32)]
+
+    async def body() -> None:
+        async with running(sandbox.config()) as (plugin, kubelet):
+            caplog.set_level(logging.WARNING, logger="urllib3")
+            # every GET answers after 0.5 s, so all 32 are in flight together
+            api.hang_next(len(refs), seconds=0.5, method="GET",
+                          path="/apis/resource.k8s.io/v1/namespaces/default/resourceclaims")
+            answers = await asyncio.gather(*(kubelet.prepare([ref]) for ref in refs))
+            assert all(answer[ref.uid].error == "" for answer, ref in zip(answers, refs, strict=True))
+            assert len(plugin.state) == len(refs)
+            assert not [r for r in caplog.records if "Connection pool is full" in r.getMessage()]
 
     asyncio.run(body())
