@@ -30,7 +30,8 @@ class LivenessServicer(grpc_health.aio.HealthServicer):
 
     Like NVIDIA's plugin (``nvidia-dra-driver.md`` 6.2): SERVING only if ``GetInfo`` answers on the registration
     socket and an empty ``NodePrepareResources`` answers on the DRA socket, each within ``timeout_s`` seconds, so
-    a wedged event loop or a lost socket fails the kubelet's liveness probe. Other registered service names
+    a wedged event loop (the registration server), a DRA server whose every worker is stuck (the empty call
+    queues) or a lost socket fails the kubelet's liveness probe. Other registered service names
     report their stored status; graceful shutdown reports NOT_SERVING.
     """
 

@@ -56,9 +56,12 @@ UNIX_PATH_MAX = 108
 
 SOCKET_MODE = 0o600
 DIRECTORY_MODE = 0o750
-DRA_WORKERS = 64
+DRA_WORKERS = 256
 """Worker threads of the DRA server: kubelet calls served at once (each prepare holds one until its answer, a
-health stream for its lifetime); further calls wait in the server's queue. Threads start on demand."""
+health stream for its lifetime); further calls wait in the server's queue. As many as the kubelet's largest usual
+``--max-pods`` (110 by default, 250 on dense nodes), so every pod of the node can have a call in flight (a
+compute-domain claim waits for its IMEX daemon for up to the prepare deadline) and the liveness probe's empty call
+still finds a free worker. Threads start on demand: an idle plugin holds a few."""
 PROBE_HOST = "[::]"
 """Interface of the ``grpc.health.v1`` TCP server (all interfaces; gRPC falls back to IPv4 if needed)."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from dradriver.sandbox.kubelet import DeviceHealthReport, KubeletEmulator, KubeletError
 from dradriver.server import start_servers
 
-from .conftest import TablePreparer, make_config, run
+from .conftest import TablePreparer, claims, make_config, run
 
 pytestmark = pytest.mark.timeout(15)
 
@@ -173,3 +174,36 @@ def test_liveness_fails_when_the_plugin_stops_answering(short_dir: Path) -> None
             await servers.stop()
 
     run(scenario())
+
+
+@pytest.mark.timeout(40)
+def test_liveness_stays_serving_while_every_pod_of_a_node_waits_in_a_prepare(short_dir: Path) -> None:
+    """Each NodePrepareResources holds a DRA server thread until its answer (a compute-domain claim may wait for its
+    IMEX daemon for most of the kubelet's deadline). With a call in flight for each of 120 pods (more than the
+    kubelet's default 110 pods a node), the liveness probe's empty call still gets a worker, so waiting claims never
+    get the plugin restarted; released, every call answers."""
+
+    async def scenario() -> None:
+        config = make_config(short_dir, healthcheck_port=0)
+        gate = threading.Event()
+        preparer = TablePreparer(gate=gate)
+        servers = await start_servers(config, preparer)
+        try:
+            async with KubeletEmulator(config.kubelet_registrar_directory_path) as kubelet:
+                plugin = await kubelet.wait_for_plugin("gpu.nvidia.com")
+                pending = [asyncio.ensure_future(plugin.prepare(claims(f"pod-{i}"))) for i in range(120)]
+                while len(preparer.prepared) < len(pending):
+                    await asyncio.sleep(0.02)
+                async with grpc.aio.insecure_channel(f"127.0.0.1:{servers.health_port}") as channel:
+                    stub = health_pb2_grpc.HealthStub(channel)
+                    reply = await stub.Check(health_pb2.HealthCheckRequest(service="liveness"), timeout=5)
+                    assert reply.status == health_pb2.HealthCheckResponse.SERVING
+                assert not any(p.done() for p in pending)
+                gate.set()
+                answers = await asyncio.gather(*pending)
+                assert all(answer[f"pod-{i}"].ok for i, answer in enumerate(answers))
+        finally:
+            gate.set()
+            await servers.stop()
+
+    run(scenario(), timeout=30)
