@@ -38,6 +38,10 @@ __all__ = ["DeferredHealthSource", "DeferredPreparer", "EarlyServers", "PluginSt
            "start_early"]
 
 
+KUBELET_CALL_TIMEOUT_S = 45.0
+"""The kubelet's deadline for each DRA call, seconds (``defaultClientCallTimeout``, kubelet-dra-protocol.md 4)."""
+
+
 class PluginStartError(DradriverError):
     """The plugin's start failed after its sockets were served; the message names the cause."""
 
@@ -122,8 +126,10 @@ class DeferredPreparer:
         return preparer.prepare_claims(claims, deadline_s=deadline_s)
 
     def unprepare_claims(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
-        """Unprepare on the real runner once it is attached."""
-        return self._readiness.wait().unprepare_claims(claims)
+        """Unprepare on the real runner once it is attached, waiting for it at most
+        :data:`KUBELET_CALL_TIMEOUT_S` (after that the kubelet has given up on the call, and the DRA server's
+        thread is free again; the kubelet retries)."""
+        return self._readiness.wait(KUBELET_CALL_TIMEOUT_S).unprepare_claims(claims)
 
 
 class DeferredHealthSource:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from dradriver.app import run_plugin, start_plugin
 from dradriver.errors import DradriverError
 from dradriver.sandbox.kubelet import KubeletEmulator
@@ -71,5 +73,27 @@ def test_a_failed_start_answers_waiting_claims_with_its_error(sandbox: SandboxNo
             assert "the plugin failed to start" in answer[ref.uid].error
             assert failure in answer[ref.uid].error
         assert not config.registration_socket.exists() and not config.dra_socket.exists()
+
+    asyncio.run(body())
+
+
+def test_an_unprepare_waits_for_the_start_at_most_the_kubelets_deadline(sandbox: SandboxNode,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unprepare sent while the plugin's parts are still starting waits for them, but no longer than the kubelet
+    waits for its answer (45 s; shortened here): then it is the claim's error and the DRA server's thread is free."""
+    monkeypatch.setattr(deferred, "KUBELET_CALL_TIMEOUT_S", 0.3)
+    assert sandbox.api is not None
+    config = sandbox.config()
+    ref = ref_of(set_allocation(sandbox, sandbox.api.create(claim_object("late")), [result("gpu-0")]))
+
+    async def body() -> None:
+        early = await deferred.start_early(config)
+        try:
+            async with KubeletEmulator(config.kubelet_registrar_directory_path) as kubelet:
+                connection = await kubelet.wait_for_plugin("gpu.nvidia.com", timeout=10)
+                answer = await asyncio.wait_for(connection.unprepare([ref]), 10)
+                assert "default/late" in answer[ref.uid] and "still starting after 0.3 s" in answer[ref.uid]
+        finally:
+            await early.servers.stop()
 
     asyncio.run(body())
