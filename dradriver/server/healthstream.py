@@ -161,6 +161,8 @@ class DRAResourceHealthServicer(dra_health_v1alpha1_pb2_grpc.DRAResourceHealthSe
                 try:
                     return future.result(STREAM_POLL_S)
                 except concurrent.futures.TimeoutError:
+                    if future.done():  # the source itself raised TimeoutError: a failure, not our wait
+                        raise
                     if not context.is_active() or self._loop.is_closed():
                         future.cancel()
                         return None

@@ -105,11 +105,14 @@ def test_health_stream_unimplemented_without_a_source(short_dir: Path) -> None:
     run(scenario())
 
 
-def test_failing_source_ends_the_stream_with_unavailable(short_dir: Path) -> None:
+@pytest.mark.parametrize("failure", [RuntimeError("NVML event set lost"), TimeoutError("NVML event wait")])
+def test_failing_source_ends_the_stream_with_unavailable(short_dir: Path, failure: Exception) -> None:
+    """Any exception of the source ends the stream, a TimeoutError too (not taken for the stream's own wait)."""
+
     class Broken:
         async def watch(self) -> AsyncIterator[Sequence[Status]]:
             yield [Status("node-a", "gpu-0", "Healthy")]
-            raise RuntimeError("NVML event set lost")
+            raise failure
 
     async def scenario() -> None:
         config = make_config(short_dir)
