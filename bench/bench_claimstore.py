@@ -146,7 +146,9 @@ def test_pair_journal(benchmark: Any, variant: str, claims: int, workdir: Path,
 def test_pair_whole_file(benchmark: Any, claims: int, workdir: Path, request: pytest.FixtureRequest) -> None:
     checkpoint = WholeFileCheckpoint(workdir / "checkpoint.json")
     for i in range(claims):
-        checkpoint.put(*_claim(i)[:1], "PrepareCompleted", *_claim(i)[1:], write=False)
+        each_uid, each_namespace, each_name, each_devices, each_payload = _claim(i)
+        checkpoint.put(each_uid, "PrepareCompleted", each_namespace, each_name, each_devices, each_payload,
+                       write=False)
     checkpoint._write()
     _info(benchmark, "whole_file", claims, request.node.callspec.params["workdir"])
     uid, namespace, name, devices, payload = _claim(10_000_000)
