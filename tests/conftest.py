@@ -10,7 +10,11 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from dradriver.commands import _grpcenv
 from tests.factories import DEVICE_CLASS
+
+# The gRPC settings the entry points start with, before anything imports grpc: tests serve gRPC as production does.
+_grpcenv.apply_defaults()
 
 if TYPE_CHECKING:
     from dradriver.nvml.session import NvmlSession
