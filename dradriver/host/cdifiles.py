@@ -30,7 +30,7 @@ def sync_directory(directory: Path | str) -> None:
         os.close(dir_fd)
 
 
-def write_file_atomically(path: Path, data: bytes, *, mode: int = SPEC_FILE_MODE, sync_dir: bool = True,
+def write_file_atomically(path: Path | str, data: bytes, *, mode: int = SPEC_FILE_MODE, sync_dir: bool = True,
                           durable: bool = False) -> None:
     """Replace ``path`` with ``data`` so readers see the old file or the whole new one, never a part.
 
@@ -43,8 +43,8 @@ def write_file_atomically(path: Path, data: bytes, *, mode: int = SPEC_FILE_MODE
 
     :raises OSError: the directory is missing or not writable, or the disk is full.
     """
-    directory = str(path.parent)
-    tmp = os.path.join(directory, f".{path.name}.tmp-{secrets.token_hex(6)}")
+    directory, name = os.path.split(os.fspath(path))
+    tmp = os.path.join(directory, f".{name}.tmp-{secrets.token_hex(6)}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
     try:
         try:
@@ -111,18 +111,31 @@ def write_claim_spec(
 
     :raises CdiSpecError: the content cannot be built, or the file cannot be written.
     """
-    path = Path(kind.spec_path(cdi_root, claim_uid))
+    path = _claim_spec_file(kind, cdi_root, claim_uid)
     try:
         if clean_temp:
             remove_stale_temp_files(kind, cdi_root, claim_uid)
         write_file_atomically(path, data, sync_dir=sync_dir, durable=durable)
-        _unlink(path.with_suffix(".yaml"))
+        _unlink(_yaml_twin(path))
     except OSError as exc:
         raise CdiSpecError(f"claim {claim_uid}: cannot write CDI spec {path}: {exc}") from exc
-    return path
+    return Path(path)
 
 
-def _unlink(path: Path) -> bool:
+def _claim_spec_file(kind: CdiKind, cdi_root: Path | str, claim_uid: str) -> str:
+    """:meth:`CdiKind.spec_path` as a string (a per-claim path: built without pathlib on the claim path).
+
+    :raises CdiSpecError: the claim UID is not usable in names.
+    """
+    return os.path.join(os.fspath(cdi_root), kind.spec_name(claim_uid))
+
+
+def _yaml_twin(path: str) -> str:
+    """``<name>.yaml`` beside ``<name>.json``: where NVIDIA's plugin writes the same claim's spec."""
+    return path[:-len(".json")] + ".yaml"
+
+
+def _unlink(path: str) -> bool:
     try:
         os.unlink(path)
     except FileNotFoundError:
@@ -138,10 +151,10 @@ def delete_claim_spec(kind: CdiKind, cdi_root: Path | str, claim_uid: str, *, cl
 
     :raises CdiSpecError: the file exists but cannot be removed.
     """
-    path = Path(kind.spec_path(cdi_root, claim_uid))
+    path = _claim_spec_file(kind, cdi_root, claim_uid)
     try:
         found = _unlink(path)
-        found = _unlink(path.with_suffix(".yaml")) or found
+        found = _unlink(_yaml_twin(path)) or found
         if clean_temp:
             remove_stale_temp_files(kind, cdi_root, claim_uid)
     except OSError as exc:

@@ -351,6 +351,7 @@ class BatchRunner:
         self.state = state
         self.fetch_claim = fetch_claim
         self.cdi_root = cdi_root
+        self._cdi_dir = str(Path(cdi_root))  # normalised as Path joins it: payloads keep the same spec string
         self.pool = pool
         self.preparers = tuple(preparers)
         self.sharing = {s.strategy: s for s in sharing}
@@ -429,6 +430,11 @@ class BatchRunner:
     def spec_path(self, uid: str) -> Path:
         """This plugin's CDI spec file for claim ``uid``."""
         return self.identity.cdi.spec_path(self.cdi_root, uid)
+
+    def _spec_file(self, uid: str) -> str:
+        """:meth:`spec_path` as the string the claim's payload stores (built without pathlib: once per claim
+        record written)."""
+        return os.path.join(self._cdi_dir, self.identity.cdi.spec_name(uid))
 
     def _device_kind(self, name: str) -> str:
         device = self.registry.get(name)
@@ -672,7 +678,7 @@ class BatchRunner:
                             if not work.error:
                                 pins = {p.device: pin for p in work.plans if (pin := _pin_of(p.entry))}
                                 self.state.prepare_completed(work.uid, payload=_payload(
-                                    self.spec_path(work.uid), work.applied, pins, _shares_of(work.held)))
+                                    self._spec_file(work.uid), work.applied, pins, _shares_of(work.held)))
                                 done.append(work)
                         for work in failed:
                             out[work.uid] = ClaimResult(error=work.error)
@@ -736,7 +742,7 @@ class BatchRunner:
         work = self._plan(claim)
         work.stale = stale
         self.state.prepare_started(ref.uid, namespace=ref.namespace, name=ref.name, devices=work.held,
-                                   payload=_payload(self.spec_path(ref.uid), stale + self._planned(work),
+                                   payload=_payload(self._spec_file(ref.uid), stale + self._planned(work),
                                                     shares=_shares_of(work.held), allocation=digest))
         return work
 
@@ -864,7 +870,7 @@ class BatchRunner:
             for work in effectful:
                 self.state.prepare_started(work.uid, namespace=work.claim.ref.namespace, name=work.claim.ref.name,
                                            devices=work.held,
-                                           payload=_payload(self.spec_path(work.uid), work.stale + work.applied,
+                                           payload=_payload(self._spec_file(work.uid), work.stale + work.applied,
                                                             shares=_shares_of(work.held)))
 
     def _apply_one(self, work: _Work) -> None:
@@ -928,7 +934,7 @@ class BatchRunner:
             if left:
                 ref = work.claim.ref
                 self.state.prepare_started(ref.uid, namespace=ref.namespace, name=ref.name, devices=work.held,
-                                           payload=_payload(self.spec_path(ref.uid), left,
+                                           payload=_payload(self._spec_file(ref.uid), left,
                                                             shares=_shares_of(work.held)))
                 log.error("claim %s: %d undo record(s) kept for the next unprepare or start", ref, len(left))
             else:
@@ -1139,7 +1145,7 @@ class BatchRunner:
                     for uid, (ref, allocation) in aborts.items():
                         # The STARTED record (or none, between two attempts) becomes the aborted mark.
                         self.state.prepare_started(uid, namespace=ref.namespace, name=ref.name, devices=[],
-                                                   payload=_payload(self.spec_path(uid), [],
+                                                   payload=_payload(self._spec_file(uid), [],
                                                                     aborted_at=self.clock(),
                                                                     allocation=allocation))
                         log.warning("claim %s: unprepared while its prepare was in progress; a prepare of the "
