@@ -18,6 +18,12 @@ gRPC over the plugin's Unix sockets), in alternating runs. Each run measures, fo
   than its empty call plus its GET, nor an unprepare less than its empty call; the report gives the ratio that
   floor alone implies (the report's ``floors``: ``prepare_floor_ratio``, ``unprepare_floor_ratio``).
 
+Where the files go, as on a node: each plugin's CDI root (``--cdi-root``, ``/var/run/cdi`` in both charts) is on
+a tmpfs (``/dev/shm``; ``/var/run`` is the tmpfs ``/run`` on every systemd host), its plugin directory with the
+claim state or checkpoint (``/var/lib/kubelet/plugins/...``) on the disk that holds the system temp directory.
+``--cdi-fs disk`` puts the CDI roots on that disk too (the placement of the runs before 2026-12-04 session 3);
+without a tmpfs at ``/dev/shm`` the disk is used and the report says so.
+
 Ratios are dradriver / NVIDIA (lower is better). Without NVIDIA's binary (or its mock NVML) only dradriver's
 figures are reported and the report says the peer was not run; the memory row is then given as a ratio to a bare
 interpreter's RSS measured in the same run. Targets are issue 17's.
@@ -114,11 +120,39 @@ def bare_interpreter_rss_mib() -> float:
     return int(out) / 1024
 
 
-def dradriver_side(node: Any) -> Side:
-    """dradriver's plugin as a process (the ``gpu-kubelet-plugin`` console script) on ``node``."""
+TMPFS = Path("/dev/shm")
+
+
+def cdi_base(fs: str) -> tuple[Path | None, str]:
+    """Where the runs' CDI roots are made: ``(directory, placement)``; directory ``None`` means the system temp
+    directory (the disk). ``fs`` is ``"tmpfs"`` (as ``/var/run/cdi`` on a node) or ``"disk"``."""
+    if fs == "disk":
+        return None, "disk (system temp directory)"
+    if TMPFS.is_dir() and os.access(TMPFS, os.W_OK) and _fs_type(TMPFS) == "tmpfs":
+        return TMPFS, f"tmpfs ({TMPFS})"
+    return None, f"disk (system temp directory; no writable tmpfs at {TMPFS})"
+
+
+def _fs_type(path: Path) -> str:
+    """The file system type of the mount holding ``path`` (``/proc/self/mounts``; longest mount point wins)."""
+    best, kind = "", ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/mounts").read_text().splitlines():
+            fields = line.split()
+            if len(fields) > 2 and (str(path) + "/").startswith(fields[1].rstrip("/") + "/") \
+                    and len(fields[1]) >= len(best):
+                best, kind = fields[1], fields[2]
+    return kind
+
+
+def dradriver_side(node: Any, cdi_root: Path | None = None) -> Side:
+    """dradriver's plugin as a process (the ``gpu-kubelet-plugin`` console script) on ``node``; its CDI root is
+    ``cdi_root`` (default: the sandbox node's)."""
     from dradriver.sandbox.cluster import plugin_environment
 
-    config = node.config(log_level="error")
+    if cdi_root is not None:
+        cdi_root.mkdir(parents=True, exist_ok=True)
+    config = node.config(log_level="error", **({"cdi_root": cdi_root} if cdi_root is not None else {}))
     env = dict(os.environ)
     env.update(plugin_environment(config))
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
@@ -130,10 +164,11 @@ def dradriver_side(node: Any) -> Side:
 
 
 
-def nvidia_side(node: Any, binary: Path, mock_dir: Path, work: Path) -> Side:
+def nvidia_side(node: Any, binary: Path, mock_dir: Path, work: Path, cdi_root: Path | None = None) -> Side:
     """NVIDIA's ``gpu-kubelet-plugin`` on ``node`` with NVIDIA's mock NVML (``peers/README.md``): a fake driver
     root with the mock library, an empty ``libcuda.so.<version>`` and ``nvidia-smi``, its own CDI, registrar and
-    plugin directories, a ``proc/devices`` file, the sandbox's kubeconfig, and raised client rate limits."""
+    plugin directories (the CDI root ``cdi_root``, default under ``work``), a ``proc/devices`` file, the sandbox's
+    kubeconfig, and raised client rate limits."""
     root = work / "nvidia-driver-root"
     lib = root / "usr" / "lib" / "x86_64-linux-gnu"
     lib.mkdir(parents=True, exist_ok=True)
@@ -159,7 +194,7 @@ def nvidia_side(node: Any, binary: Path, mock_dir: Path, work: Path) -> Side:
     hook.chmod(0o755)
     registrar = work / "nvidia-registry"
     plugins = work / "nvidia-plugins"
-    cdi = work / "nvidia-cdi"
+    cdi = cdi_root if cdi_root is not None else work / "nvidia-cdi"
     for d in (registrar, plugins, cdi):
         d.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
@@ -326,10 +361,12 @@ async def _pairs(emulator_cls: Any, registrar: Path,
 
 
 def run(*, nvidia_plugin: Path | None, nvidia_mock_nvml: Path | None, rounds: int = 3,
-        claims: int = 600) -> dict[str, Any]:
-    """Alternate ``rounds`` runs of each plugin; return the report (see :func:`report_shape`).
+        claims: int = 600, cdi_fs: str = "tmpfs") -> dict[str, Any]:
+    """Alternate ``rounds`` runs of each plugin; return the report (see :func:`build_report`; ``cdi_root`` says
+    where the CDI roots were).
 
-    ``nvidia_plugin``/``nvidia_mock_nvml`` ``None`` or missing: only dradriver runs.
+    ``nvidia_plugin``/``nvidia_mock_nvml`` ``None`` or missing: only dradriver runs. ``cdi_fs``: see
+    :func:`cdi_base`.
     """
     from dradriver.sandbox.node import SandboxNode
 
@@ -339,11 +376,13 @@ def run(*, nvidia_plugin: Path | None, nvidia_mock_nvml: Path | None, rounds: in
     elif nvidia_mock_nvml is None or not (nvidia_mock_nvml / "libnvidia-ml.so.1").exists():
         peer_reason = f"NVIDIA's mock NVML not found ({nvidia_mock_nvml})"
     samples: dict[str, list[dict[str, float]]] = {"dradriver": [], "nvidia": []}
-    with SandboxNode(profile=DRADRIVER_PROFILE) as node, tempfile.TemporaryDirectory(prefix="vs-nvidia-") as tmp:
-        sides = [dradriver_side(node)]
+    base, placement = cdi_base(cdi_fs)
+    with SandboxNode(profile=DRADRIVER_PROFILE) as node, tempfile.TemporaryDirectory(prefix="vs-nvidia-") as tmp, \
+            tempfile.TemporaryDirectory(prefix="vs-nvidia-cdi-", dir=base) as cdi:
+        sides = [dradriver_side(node, Path(cdi) / "dradriver")]
         if not peer_reason:
             assert nvidia_plugin is not None and nvidia_mock_nvml is not None
-            sides.append(nvidia_side(node, nvidia_plugin, nvidia_mock_nvml, Path(tmp)))
+            sides.append(nvidia_side(node, nvidia_plugin, nvidia_mock_nvml, Path(tmp), Path(cdi) / "nvidia"))
         bare = bare_interpreter_rss_mib()
         load_before = os.getloadavg()[0]
         for r in range(rounds):
@@ -359,6 +398,7 @@ def run(*, nvidia_plugin: Path | None, nvidia_mock_nvml: Path | None, rounds: in
                     break
     report = build_report(samples, bare_rss_mib=bare, peer_reason=peer_reason, claims=claims, rounds=rounds)
     report["load_average"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+    report["cdi_root"] = placement
     report["samples"] = samples
     return report
 
@@ -447,7 +487,8 @@ def format_report(report: dict[str, Any]) -> str:
     load = report.get("load_average")
     lines.append(f"bare interpreter RSS: {report['bare_interpreter_rss_mib']} MiB; {report['rounds']} alternating "
                  f"runs, {report['claims']} one-claim pairs per run"
-                 + (f"; 1-min load average {load[0]} before, {load[1]} after" if load else ""))
+                 + (f"; 1-min load average {load[0]} before, {load[1]} after" if load else "")
+                 + (f"; CDI roots on {report['cdi_root']}" if report.get("cdi_root") else ""))
     return "\n".join(lines)
 
 
@@ -458,10 +499,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nvidia-mock-nvml", type=Path, default=DEFAULT_NVIDIA_MOCK_NVML)
     parser.add_argument("--rounds", type=int, default=3, help="runs of each plugin, alternating")
     parser.add_argument("--claims", type=int, default=600, help="one-claim prepare+unprepare pairs per run")
+    parser.add_argument("--cdi-fs", choices=("tmpfs", "disk"), default="tmpfs",
+                        help="where both plugins' CDI roots go: tmpfs as /var/run/cdi on a node (default), or disk")
     parser.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     args = parser.parse_args(argv)
     report = run(nvidia_plugin=args.nvidia_plugin, nvidia_mock_nvml=args.nvidia_mock_nvml, rounds=args.rounds,
-                 claims=args.claims)
+                 claims=args.claims, cdi_fs=args.cdi_fs)
     print(format_report(report))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
