@@ -40,3 +40,47 @@ def test_a_process_that_imported_kubernetes_is_left_alone() -> None:
 
     assert defer_kubernetes_subpackages() is False
     assert not is_deferred()
+
+
+_CONFIG_PROBE = """
+import json, sys
+from dradriver.kube.lazyimport import defer_kubernetes_subpackages
+defer_kubernetes_subpackages()
+from dradriver.kube import client, errors
+HEAVY = ("kubernetes.config.kube_config", "oauthlib", "requests_oauthlib", "requests")
+try:
+    client.open_client("")  # in-cluster: no KUBERNETES_SERVICE_HOST here, so the library's own error
+    in_cluster = "opened"
+except errors.KubeAPIError as exc:
+    in_cluster = exc.reason
+after_in_cluster = sorted(m for m in HEAVY if m in sys.modules)
+opened = client.open_client(sys.argv[1])  # a kubeconfig file: kube_config is imported now, and works
+import kubernetes
+print(json.dumps({"in_cluster": in_cluster, "after_in_cluster": after_in_cluster, "host": opened.host,
+                  "after_kubeconfig": sorted(m for m in HEAVY if m in sys.modules),
+                  "load_config": kubernetes.config.load_config.__module__,
+                  "exception": kubernetes.config.ConfigException.__module__}))
+"""
+
+_KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "http://127.0.0.1:6443"}}]
+users: [{name: u, user: {token: abc}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+"""
+
+
+def test_in_cluster_config_needs_no_kubeconfig_auth_libraries(tmp_path: Path) -> None:
+    """The DaemonSet's in-cluster load imports ``incluster_config`` only; a kubeconfig file still loads (and
+    brings ``kube_config`` with its OAuth libraries) through the same deferred ``kubernetes.config``."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(_KUBECONFIG)
+    out = subprocess.run([sys.executable, "-c", _CONFIG_PROBE, str(kubeconfig)], cwd=REPO, capture_output=True,
+                         text=True, timeout=120, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+                         check=True).stdout
+    seen = json.loads(out.splitlines()[-1])
+    assert seen == {"in_cluster": "ConfigInvalid", "after_in_cluster": [], "host": "http://127.0.0.1:6443",
+                    "after_kubeconfig": ["kubernetes.config.kube_config", "oauthlib", "requests",
+                                         "requests_oauthlib"],
+                    "load_config": "kubernetes.config", "exception": "kubernetes.config.config_exception"}
