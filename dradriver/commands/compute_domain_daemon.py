@@ -95,7 +95,9 @@ def run(args: argparse.Namespace) -> int:
 
     from dradriver.domain.featuregates import FeatureGateError, parse_feature_gates
     from dradriver.errors import DradriverError
+    from dradriver.kube.lazyimport import defer_kubernetes_subpackages
 
+    defer_kubernetes_subpackages()  # the client's unused subpackages are not imported (start-up time, memory)
     try:
         gates = parse_feature_gates(args.feature_gates, where="--feature-gates (env FEATURE_GATES)")
         _entrypoint.start_logging(PROG, args, gates)

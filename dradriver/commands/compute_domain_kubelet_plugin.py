@@ -41,7 +41,9 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from dradriver.errors import DradriverError
+    from dradriver.kube.lazyimport import defer_kubernetes_subpackages
 
+    defer_kubernetes_subpackages()  # the client's unused subpackages are not imported (start-up time, memory)
     try:
         cfg = config.compute_domain_config_from_args(args)
         _entrypoint.start_logging(PROG, args, cfg.feature_gates)

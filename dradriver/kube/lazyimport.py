@@ -9,7 +9,8 @@ driver never calls (it uses ``client`` and ``config`` only, :mod:`dradriver.kube
 subpackage is then imported on first use, by an ``import kubernetes.<name>`` or by the attribute access
 ``kubernetes.<name>`` (a module ``__getattr__``, PEP 562), so code written against the eager package behaves
 the same. ``__version__`` comes from the installed distribution's metadata. Only the commands that run a
-long-lived component call it, first thing; a process that imported ``kubernetes`` already is left alone.
+long-lived component call it, first thing (the two kubelet plugins, the compute-domain daemon and controller); a
+process that imported ``kubernetes`` already is left alone.
 
 ``kubernetes.config`` is deferred the same way, one level down: its ``__init__`` imports ``kube_config``, which
 imports ``oauthlib``, ``requests_oauthlib`` (with ``requests``) and ``google.auth`` for kubeconfig auth providers
