@@ -122,6 +122,11 @@ def config_from_args(args: argparse.Namespace) -> Any:
         raise FlagError("--imex-mode (env IMEX_MODE) hostManaged needs the feature gate HostManagedIMEXDaemon")
     if args.max_nodes_per_imex_domain <= 0:
         raise FlagError("--max-nodes-per-imex-domain (env MAX_NODES_PER_IMEX_DOMAIN) must be positive")
+    for flag, env, value in (("--image-name", "IMAGE_NAME", args.image_name),
+                             ("--log-verbosity-cd-daemon", "LOG_VERBOSITY_CD_DAEMON", args.log_verbosity_cd_daemon)):
+        if value is None or value == "":  # required by NVIDIA's controller too: the IMEX daemon pods need both
+            raise FlagError(f"{flag} (env {env}) is required: the IMEX daemon pods' "
+                            f"{'image' if flag == '--image-name' else 'LOG_VERBOSITY'}")
     if args.log_verbosity_cd_daemon < 0:
         raise FlagError("--log-verbosity-cd-daemon (env LOG_VERBOSITY_CD_DAEMON) must not be negative")
     settings = ControllerSettings(namespace=args.namespace, image=args.image_name,
@@ -168,7 +173,9 @@ def run(args: argparse.Namespace) -> int:
     import threading
 
     from dradriver.errors import DradriverError
+    from dradriver.kube.lazyimport import defer_kubernetes_subpackages
 
+    defer_kubernetes_subpackages()  # the client's unused subpackages are not imported (start-up time, memory)
     try:
         cfg = config_from_args(args)
         _entrypoint.start_logging(PROG, args, cfg.settings.feature_gates)

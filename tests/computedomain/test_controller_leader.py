@@ -205,3 +205,19 @@ def test_bad_flags_exit_2_with_one_line(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "dradriver", "compute-domain-controller"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2 and "needs the feature gate HostManagedIMEXDaemon" in proc.stderr
+
+
+@pytest.mark.parametrize(("missing", "flag"), [("IMAGE_NAME", "--image-name"),
+                                               ("LOG_VERBOSITY_CD_DAEMON", "--log-verbosity-cd-daemon")])
+def test_required_daemon_flags_exit_2_with_one_line(missing: str, flag: str) -> None:
+    """NVIDIA's controller requires both (the IMEX daemon pods' image and LOG_VERBOSITY): a missing one is a flag
+    error naming the flag and its environment twin, not a traceback or a DaemonSet with no image."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "POD_NAME": "p", "IMAGE_NAME": IMAGE,
+           "LOG_VERBOSITY_CD_DAEMON": "4"}
+    env.pop(missing)
+    proc = subprocess.run([sys.executable, "-m", "dradriver", "compute-domain-controller"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [f"compute-domain-controller: {flag} (env {missing}) is required: "
+                                                f"the IMEX daemon pods' "
+                                                f"{'image' if missing == 'IMAGE_NAME' else 'LOG_VERBOSITY'}"]
