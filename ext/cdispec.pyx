@@ -6,7 +6,7 @@ whose module docstring documents the input shapes and rules. No dict is built pe
 as-is when they are printable ASCII and escaped exactly like :func:`json.dumps` (``ensure_ascii``) otherwise.
 """
 
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.mem cimport PyMem_Free, PyMem_Realloc
 from libc.string cimport memcpy, strlen
 
@@ -738,12 +738,64 @@ cdef object _final_version(object version, Needs* nd, bint class_dot, bint digit
     return version
 
 
+# The last spec-level edits record rendered, if it is built of tuples, strings, ints and None only (so the
+# fragment cannot go stale): (record, fragment, needs bits). Keeping the record alive makes its identity a safe key.
+# A plugin passes the same spec-level record for every claim spec, so each renders only its devices.
+cdef object _common_cache = None
+
+
+cdef bint _frozen(object value):
+    """True when ``value`` is None, a str, an int or a tuple of such (recursively)."""
+    if value is None or isinstance(value, (str, int)):
+        return True
+    if type(value) is not tuple:
+        return False
+    for item in <tuple>value:
+        if not _frozen(item):
+            return False
+    return True
+
+
+cdef inline int _needs_bits(Needs* nd):
+    return (nd.annotations | (nd.gids << 1) | (nd.host_path << 2) | (nd.mount_type << 3)
+            | (nd.net_devices << 4))
+
+
+cdef inline void _add_needs(Needs* nd, int bits):
+    nd.annotations = nd.annotations or (bits & 1) != 0
+    nd.gids = nd.gids or (bits & 2) != 0
+    nd.host_path = nd.host_path or (bits & 4) != 0
+    nd.mount_type = nd.mount_type or (bits & 8) != 0
+    nd.net_devices = nd.net_devices or (bits & 16) != 0
+
+
 cdef int put_common(Buf* b, object common, Needs* nd) except -1:
+    global _common_cache
+    cdef Buf cb
+    cdef Needs cn
+    cdef bytes fragment
+    cdef tuple cached = _common_cache
     lit(b, b',"containerEdits":')
     if common is None:
         lit(b, b'{}')
+    elif cached is not None and cached[0] is common:
+        fragment = <bytes>cached[1]
+        put(b, PyBytes_AS_STRING(fragment), PyBytes_GET_SIZE(fragment))
+        _add_needs(nd, <int>cached[2])
     else:
-        put_edits(b, common, -1, nd)
+        cb.p = NULL
+        cb.n = 0
+        cb.cap = 0
+        cn.annotations = cn.gids = cn.host_path = cn.mount_type = cn.net_devices = False
+        try:
+            put_edits(&cb, common, -1, &cn)
+            fragment = PyBytes_FromStringAndSize(cb.p, cb.n)
+        finally:
+            PyMem_Free(cb.p)
+        put(b, PyBytes_AS_STRING(fragment), PyBytes_GET_SIZE(fragment))
+        _add_needs(nd, _needs_bits(&cn))
+        if _frozen(common):
+            _common_cache = (common, fragment, _needs_bits(&cn))
     return putc(b, b'}')
 
 

@@ -374,10 +374,38 @@ def _finish(
     return json.dumps(spec, separators=(",", ":")).encode("ascii")
 
 
+# The last spec-level edits record rendered, if built of tuples, strings, ints and None only (so its rendering
+# cannot go stale): (record, its containerEdits dict, the needs it raised). Keeping the record alive makes its
+# identity a safe key; a plugin passes the same spec-level record for every claim spec.
+_common_cache: tuple[object, dict[str, Any], tuple[bool, ...]] | None = None
+
+
+def _frozen(value: object) -> bool:
+    """True when ``value`` is None, a str, an int or a tuple of such (recursively)."""
+    if value is None or isinstance(value, str | int):
+        return True
+    return type(value) is tuple and all(_frozen(item) for item in value)
+
+
 def _common(common: object, needs: _Needs) -> dict[str, Any]:
+    global _common_cache
     if common is None:
         return {}
-    return _edits(common, "containerEdits", needs)
+    cached = _common_cache
+    if cached is not None and cached[0] is common:
+        for slot, raised in zip(_Needs.__slots__, cached[2], strict=True):
+            if raised:
+                setattr(needs, slot, True)
+        return cached[1]
+    own = _Needs()
+    edits = _edits(common, "containerEdits", own)
+    raised_now = tuple(bool(getattr(own, slot)) for slot in _Needs.__slots__)
+    for slot, raised in zip(_Needs.__slots__, raised_now, strict=True):
+        if raised:
+            setattr(needs, slot, True)
+    if _frozen(common):
+        _common_cache = (common, edits, raised_now)
+    return edits
 
 
 def render_spec(

@@ -169,6 +169,22 @@ class ContainerEdits:
         )
 
 
+# The last spec-level edits rendered and their record: a plugin renders every claim spec with the same
+# ContainerEdits object (immutable: frozen dataclasses of tuples), so its record is built once and the renderer
+# sees the same record object each time, which lets it reuse that part of the JSON.
+_spec_record: tuple[ContainerEdits, tuple[object, ...]] | None = None
+
+
+def _spec_edits_record(edits: ContainerEdits) -> tuple[object, ...]:
+    global _spec_record
+    cached = _spec_record
+    if cached is not None and cached[0] is edits:
+        return cached[1]
+    record = edits.record()
+    _spec_record = (edits, record)
+    return record
+
+
 def render_claim_spec(
     kind: CdiKind,
     claim_uid: str,
@@ -188,7 +204,7 @@ def render_claim_spec(
         check_claim_uid(claim_uid)
         records = [(kind.device_name(claim_uid, name), edits.record()) for name, edits in devices]
         renderer = _native.load("cdispec")
-        data: bytes = renderer.render_spec(kind.kind, records, spec_edits.record())
+        data: bytes = renderer.render_spec(kind.kind, records, _spec_edits_record(spec_edits))
         return data
     except CdiSpecError:
         raise
