@@ -7,17 +7,31 @@ exception that is not a decoding error. :func:`decode` uses ``json.loads`` (C, f
 runs out of stack, an iterative decoder that gives the same result for any depth up to
 :data:`MAX_DEPTH`, the limit of Go's ``encoding/json`` that the API server decodes with; deeper input is
 a :class:`json.JSONDecodeError` like any other malformed body.
+
+``json.loads`` is not even tried on a body that may nest deeper than :data:`LOADS_DEPTH`: running the
+interpreter into its recursion limit is not harmless, since a garbage collection that happens at that depth
+runs other objects' finalizers (``weakref.finalize``, ``__del__``) with no stack left, and they fail with a
+``RecursionError`` of their own that is reported as unraisable. The depth is bounded from the brackets alone
+(brackets inside strings can only make the bound wrong in a way the ``RecursionError`` fallback still covers).
 """
 
 from __future__ import annotations
 
 import json
 import re
+from itertools import accumulate
 from json.decoder import scanstring  # type: ignore[attr-defined]  # public, not in typeshed
 from typing import Any
 
 MAX_DEPTH = 10_000
 """Deepest nesting of arrays and objects decoded (Go ``encoding/json``: ``maxNestingDepth``)."""
+
+LOADS_DEPTH = 200
+"""Deepest nesting handed to ``json.loads`` (C, one native frame per level): far below the default recursion
+limit of 1,000 even on a deep stack. API objects nest about 10 levels (a ResourceSlice list about 12)."""
+
+_NOT_BRACKETS = bytes(c for c in range(256) if c not in b"{}[]")
+_STEP = {ord("{"): 1, ord("["): 1, ord("}"): -1, ord("]"): -1}
 
 _WS = re.compile(r"[ \t\n\r]*")
 _NUMBER = re.compile(r"(-?(?:0|[1-9]\d*))(\.\d+)?([eE][-+]?\d+)?")
@@ -31,12 +45,27 @@ def decode(data: bytes | str, *, max_depth: int = MAX_DEPTH) -> Any:
     :raises json.JSONDecodeError: not JSON, or nested deeper than ``max_depth``.
     :raises UnicodeDecodeError: bytes that are not UTF-8 (a ``ValueError``).
     """
-    try:
-        return json.loads(data)
-    except RecursionError:
-        pass
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
+    if nesting_bound(raw) <= LOADS_DEPTH:
+        try:
+            return json.loads(data)
+        except RecursionError:
+            pass
     text = data.decode("utf-8") if isinstance(data, bytes | bytearray) else data
     return _decode_iteratively(text.removeprefix("\ufeff"), max_depth)
+
+
+def nesting_bound(raw: bytes) -> int:
+    """The deepest nesting of ``[``/``{`` in ``raw`` counted from its brackets alone (strings not excluded).
+
+    Cost: one C pass (``bytes.translate``) when the body has at most :data:`LOADS_DEPTH` opening brackets,
+    as every single API object has; otherwise one pass over its brackets.
+    """
+    brackets = raw.translate(None, _NOT_BRACKETS)
+    opening = brackets.count(b"{") + brackets.count(b"[")
+    if opening <= LOADS_DEPTH:
+        return opening
+    return max(accumulate(map(_STEP.__getitem__, brackets)), default=0)
 
 
 def _skip(text: str, pos: int) -> int:
