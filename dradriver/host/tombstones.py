@@ -6,9 +6,9 @@ claim to the new instance while a Prepare of the same claim is still in flight i
 ResourceClaim GET, or between two attempts of a preparer that is not ready yet (the compute-domain channel waiting
 for its IMEX daemon), when no claim record exists. A prepare that began before an unprepare of its claim must never
 complete afterwards (it would hold the claim's devices, CDI spec and node label for a claim the kubelet has
-forgotten). Kubernetes' DRA kubelet plugin helper serialises a claim's calls in one process only, so the knowledge
-"this UID was unprepared at time T" must be shared by the instances: on disk, changed and read only under the
-claim state's node-wide ``flock`` (:meth:`dradriver.host.claimstate.ClaimState.locked`).
+forgotten). A guard in one process's memory cannot see the other instance's calls, so the knowledge "this UID was
+unprepared at time T" is shared by the instances: on disk, changed and read only under the claim state's node-wide
+``flock`` (:meth:`dradriver.host.claimstate.ClaimState.locked`).
 
 Each tombstone is a claim UID and a ``CLOCK_MONOTONIC`` stamp in nanoseconds. That clock is one clock for every
 process of a boot (Linux ``clock_gettime(2)``; Kubernetes gives pods no time namespace), so a stamp written by one
