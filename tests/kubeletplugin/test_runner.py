@@ -647,3 +647,20 @@ def test_a_prepare_call_older_than_the_remembered_unprepares_is_refused(tmp_path
     finally:
         n.runner.close()
         n.state.close()
+
+
+def test_an_unprepare_whose_tombstones_cannot_be_written_answers_every_claim_and_keeps_it(node: Node) -> None:
+    """The tombstones come before any side effect of an unprepare: when they cannot be written, every claim of the
+    batch gets an error naming the file and stays prepared (spec, record, side effects), for the kubelet's retry."""
+    refs = [node.add(_claim("u-keep-1", "a0")), node.add(_claim("u-keep-2", "a1"))]
+    assert all(r.error == "" for r in _prepare(node, *refs).values())  # type: ignore[attr-defined]
+    (node.tmp_path / "claims.state.unprepared").mkdir()  # no file can be opened there
+    answers = node.runner.unprepare_claims(refs)
+    assert set(answers) == {r.uid for r in refs}
+    assert all("unprepare failed" in e and "claims.state.unprepared" in e for e in answers.values())
+    for ref in refs:
+        assert node.state.get(ref.uid) is not None and node.spec(ref.uid).exists()
+    assert node.alpha.live == {"u-keep-1/a0", "u-keep-2/a1"}
+    (node.tmp_path / "claims.state.unprepared").rmdir()
+    assert node.runner.unprepare_claims(refs) == {r.uid: "" for r in refs}
+    assert node.alpha.live == set() and node.state.claims() == {}
