@@ -562,6 +562,7 @@ class ClaimState:
         :raises ClaimStateError: the tombstones could not be written (nothing was unprepared: answer an error).
         """
         with self.locked():
+            self._read_tombstones()
             try:
                 return self._tombstones.add(uids)
             except OSError as exc:
@@ -576,14 +577,19 @@ class ClaimState:
         :raises ClaimStateError: the tombstone file could not be read.
         """
         with self.locked():
-            if not self._tombstones_read:
-                try:
-                    self._tombstones.sync()
-                except OSError as exc:
-                    raise ClaimStateError(f"cannot read unprepare tombstones {self._tombstones.path}: "
-                                          f"{errno.errorcode.get(exc.errno or 0, '')} {exc}") from exc
-                self._tombstones_read = True
+            self._read_tombstones()
             return self._tombstones.stamp(uid)
+
+    def _read_tombstones(self) -> None:
+        """Read the tombstones other instances wrote, once per hold of the lock (the caller holds it)."""
+        if self._tombstones_read:
+            return
+        try:
+            self._tombstones.sync()
+        except OSError as exc:
+            raise ClaimStateError(f"cannot read unprepare tombstones {self._tombstones.path}: "
+                                  f"{errno.errorcode.get(exc.errno or 0, '')} {exc}") from exc
+        self._tombstones_read = True
 
     def monotonic_ns(self) -> int:
         """Now on the tombstones' clock (``CLOCK_MONOTONIC``, nanoseconds): a prepare call's start, to compare with

@@ -117,15 +117,15 @@ class Tombstones:
         return stamp
 
     def add(self, uids: Sequence[str]) -> int:
-        """Append one tombstone per UID, all with the stamp now; returns that stamp.
+        """Append one tombstone per UID, all with the stamp now; returns that stamp. Call :meth:`sync` first (in the
+        same hold of the lock).
 
         :raises OSError: the file cannot be written (nothing is kept in memory then).
         """
-        self.sync()
         if self._fd < 0:
             self._rewrite()
         now = self.clock_ns()
-        data = "".join(json.dumps([now, uid]) + "\n" for uid in uids).encode()
+        data = "".join(f"[{now}, {json.dumps(uid)}]\n" for uid in uids).encode()
         try:
             view = memoryview(data)
             while view:
