@@ -55,6 +55,12 @@ Contracts
   invalidated, keeping the old file as ``<file>.boot-<UTC timestamp>``;
   a newer format version raises :class:`ClaimStateVersionError`; an older known version is read and
   rewritten in the current version.
+- **Unprepare tombstones** (:mod:`dradriver.host.tombstones`, the file ``<journal>.unprepared``):
+  :meth:`ClaimState.note_unprepared` stamps claim UIDs as unprepared now (``CLOCK_MONOTONIC``, one clock for every
+  instance of a boot) and :meth:`ClaimState.unprepared_at` reads the stamp back, both under the node-wide lock, so
+  a prepare call that began before an unprepare of its claim, in any instance, can tell it lost (the runner's
+  guard, :meth:`dradriver.kubeletplugin.runner.BatchRunner.prepare_claims`). Kept beside the journal, not in it:
+  the journal's format is unchanged, and an older release ignores the file.
 """
 
 from __future__ import annotations
@@ -83,6 +89,7 @@ from dradriver._native.claimstore_py import (
     ClaimUnknownError,
 )
 from dradriver.domain.claims import ClaimRef, PreparedDevice
+from dradriver.host.tombstones import Tombstones, remove_temp_files
 
 if TYPE_CHECKING:
     from dradriver._native import claimstore
@@ -110,6 +117,9 @@ BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
 DEFAULT_COMPACT_MIN_BYTES = 1 << 20
 DEFAULT_COMPACT_RATIO = 2.0
 DEFAULT_LOCK_TIMEOUT = 10.0
+DEFAULT_TOMBSTONE_TTL_S = 300.0
+"""How long, seconds, an unprepare tombstone is kept: far longer than any prepare call (the kubelet gives up after
+45 s, ``kubelet-dra-protocol.md``); a call that has run longer is refused (:attr:`ClaimState.tombstone_ttl_ns`)."""
 _LOCK_POLL = 0.005
 
 
@@ -280,7 +290,7 @@ class ClaimState:
 
     def __init__(self, *, path: Path, lock_path: Path, boot_id: str, backend: _native.ClaimstoreModule,
                  compact_min_bytes: int, compact_ratio: float, lock_timeout: float,
-                 on_problem: Callable[[ClaimStateProblem], None] | None) -> None:
+                 on_problem: Callable[[ClaimStateProblem], None] | None, tombstones: Tombstones) -> None:
         self._path = path
         self._lock_path = lock_path
         self._boot_id = boot_id
@@ -301,6 +311,8 @@ class ClaimState:
         self.compaction_failures = 0
         self._problems: list[ClaimStateProblem] = []
         self._compactions = 0
+        self._tombstones = tombstones
+        self._tombstones_read = False  # read in this hold of the lock (reset when it is released)
 
     # ---- construction -----------------------------------------------------------------------
 
@@ -317,6 +329,8 @@ class ClaimState:
         lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
         on_problem: Callable[[ClaimStateProblem], None] | None = None,
         backend: _native.ClaimstoreModule | None = None,
+        tombstone_ttl_s: float = DEFAULT_TOMBSTONE_TTL_S,
+        clock_ns: Callable[[], int] = time.monotonic_ns,
     ) -> ClaimState:
         """Open (creating if absent) the claim state at ``path`` and recover it (see the module docstring).
 
@@ -330,21 +344,26 @@ class ClaimState:
         :param lock_timeout: seconds to wait for the node-wide lock.
         :param on_problem: called with each :class:`ClaimStateProblem` (for logs and Kubernetes Events).
         :param backend: the native module; default ``dradriver._native.load("claimstore")``.
+        :param tombstone_ttl_s: how long, seconds, an unprepare tombstone is kept (:meth:`note_unprepared`).
+        :param clock_ns: ``CLOCK_MONOTONIC`` in nanoseconds for the tombstones (tests pass their own).
         :raises ClaimStateVersionError: the file was written in a newer format version.
         :raises ClaimStateCorruptError: damage found and ``strict`` (the state is recovered regardless).
         :raises ClaimStateLockError: the lock was not acquired in time.
         :raises OSError: the directory or files cannot be created or read.
         """
         path = Path(path)
+        boot_id = read_boot_id(Path(boot_id_path))
         state = cls(
             path=path,
             lock_path=Path(lock_path) if lock_path is not None else path.parent / "serialize.lock",
-            boot_id=read_boot_id(Path(boot_id_path)),
+            boot_id=boot_id,
             backend=backend if backend is not None else _native.load("claimstore"),
             compact_min_bytes=compact_min_bytes,
             compact_ratio=compact_ratio,
             lock_timeout=lock_timeout,
             on_problem=on_problem,
+            tombstones=Tombstones(path.with_name(path.name + ".unprepared"), boot_id, int(tombstone_ttl_s * 1e9),
+                                  clock_ns),
         )
         path.parent.mkdir(parents=True, exist_ok=True)
         state._lock_fd = os.open(state._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -370,8 +389,9 @@ class ClaimState:
         return state
 
     def close(self) -> None:
-        """Close the journal and lock descriptors (idempotent)."""
+        """Close the journal, tombstone and lock descriptors (idempotent)."""
         with self._mutex:
+            self._tombstones.close()
             for attr in ("_fd", "_lock_fd"):
                 fd = getattr(self, attr)
                 if fd >= 0:
@@ -534,6 +554,54 @@ class ClaimState:
             self._append(frame)
             return True
 
+    def note_unprepared(self, uids: Sequence[str]) -> int:
+        """Leave an unprepare tombstone for each claim UID, stamped now, for every instance on the node to see; returns
+        the stamp (``CLOCK_MONOTONIC`` ns, :meth:`monotonic_ns`). Call it before the unprepare's side effects: a
+        prepare call of one of these claims that began earlier, in any instance, then refuses to go on.
+
+        :raises ClaimStateError: the tombstones could not be written (nothing was unprepared: answer an error).
+        """
+        with self.locked():
+            self._read_tombstones()
+            try:
+                return self._tombstones.add(uids)
+            except OSError as exc:
+                raise ClaimStateError(f"cannot write unprepare tombstones {self._tombstones.path}: "
+                                      f"{errno.errorcode.get(exc.errno or 0, '')} {exc}") from exc
+
+    def unprepared_at(self, uid: str) -> int | None:
+        """When claim ``uid`` was last unprepared on this node, by any instance, within the tombstone TTL
+        (``CLOCK_MONOTONIC`` ns, comparable with :meth:`monotonic_ns`), or ``None``. Holds the lock; the file is read
+        once per hold of it, so a check made inside :meth:`locked` stays true until that block ends.
+
+        :raises ClaimStateError: the tombstone file could not be read.
+        """
+        with self.locked():
+            self._read_tombstones()
+            return self._tombstones.stamp(uid)
+
+    def _read_tombstones(self) -> None:
+        """Read the tombstones other instances wrote, once per hold of the lock (the caller holds it)."""
+        if self._tombstones_read:
+            return
+        try:
+            self._tombstones.sync()
+        except OSError as exc:
+            raise ClaimStateError(f"cannot read unprepare tombstones {self._tombstones.path}: "
+                                  f"{errno.errorcode.get(exc.errno or 0, '')} {exc}") from exc
+        self._tombstones_read = True
+
+    def monotonic_ns(self) -> int:
+        """Now on the tombstones' clock (``CLOCK_MONOTONIC``, nanoseconds): a prepare call's start, to compare with
+        :meth:`unprepared_at`."""
+        return self._tombstones.clock_ns()
+
+    @property
+    def tombstone_ttl_ns(self) -> int:
+        """How long a tombstone is kept, nanoseconds: a prepare call older than this cannot be told apart from one
+        that lost to an unprepare."""
+        return self._tombstones.ttl_ns
+
     def compact(self) -> None:
         """Rewrite the journal as a snapshot of the live records now (normally automatic)."""
         with self.locked():
@@ -582,6 +650,8 @@ class ClaimState:
 
     def _release(self) -> None:
         self._depth -= 1
+        if self._depth == 0:
+            self._tombstones_read = False
         if self._depth == 0 and self._lock_fd >= 0:
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
@@ -622,7 +692,7 @@ class ClaimState:
     def _load(self) -> list[ClaimStateProblem]:
         """Read the whole file into a fresh table, recovering as the module docstring says."""
         be = self._backend
-        self._remove_temp_files()
+        remove_temp_files(self._path)  # from a crashed compaction (we hold the lock: none is in progress)
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
@@ -729,15 +799,6 @@ class ClaimState:
 
     def _temp_prefix(self) -> str:
         return f".{self._path.name}.tmp-"
-
-    def _remove_temp_files(self) -> None:
-        """Remove temporary files a crashed compaction left (we hold the lock: none is in progress)."""
-        prefix = self._temp_prefix()
-        with contextlib.suppress(FileNotFoundError):
-            for entry in os.scandir(self._path.parent):
-                if entry.name.startswith(prefix):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(entry.path)
 
     def _write_journal(self) -> None:
         """Atomically replace the journal with header + snapshot of the table: temp, fsync, rename, fsync dir.

@@ -26,7 +26,11 @@ Unprepare works from the stored claim state alone (the ResourceClaim may be gone
 the stored records in reverse order, then forget the claim. Unknown claims succeed. A failed undo keeps the
 claim recorded and answers an error, so the kubelet's retry undoes again (undo is idempotent). A prepare that
 was in flight when the same claim UID was unprepared is refused, so a slow prepare never brings an unprepared
-claim back.
+claim back: each unprepare leaves a tombstone in the claim state (:meth:`ClaimState.note_unprepared`, on disk under
+the node-wide lock), and each attempt of a prepare call checks it under the same lock, held until the claim is
+recorded PREPARE_COMPLETED. So the guard holds across plugin instances (the old and the new pod of a rolling update)
+and between a waiting prepare's attempts, when the claim has no record; a Prepare the kubelet sends after the
+Unprepare was answered began later than the tombstone and is served.
 
 A preparer that waits for something outside the node's control (the compute-domain channel preparer, for this
 node's IMEX daemon to be Ready) raises :class:`~dradriver.domain.ports.NotReadyYet`: the claim is rolled back like
@@ -55,7 +59,6 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import hashlib
-import itertools
 import json
 import logging
 import os
@@ -383,8 +386,6 @@ class BatchRunner:
         self.chunk_size = chunk_size
         self.on_prepared = on_prepared
         self.on_unprepared = on_unprepared
-        self._seq = itertools.count(1)
-        self._unprepared_at: dict[str, int] = {}
         self.aborted_ttl_s = aborted_ttl_s
         self.retry_pause_s = retry_pause_s
         self.clock = clock
@@ -454,7 +455,7 @@ class BatchRunner:
             ``min(deadline_s, prepare_deadline_s)``. A claim whose ResourceClaim GET has not finished by then
             (a hung API server) gets a per-claim error and nothing is prepared for it; the kubelet retries.
         """
-        started = next(self._seq)
+        started = self.state.monotonic_ns()  # compared with unprepare tombstones (ClaimState.unprepared_at)
         began = time.monotonic()
         with self._flight_lock:
             for ref in claims:
@@ -711,15 +712,20 @@ class BatchRunner:
             log.exception("claim %s: prepare/unprepare hook failed", ref)
 
     def _start_one(self, claim: Claim, started: int) -> ClaimResult | _Work:
-        """Phase 1 for one claim: the stored answer of a completed claim, or its plans, recorded STARTED."""
+        """Phase 1 for one claim: the stored answer of a completed claim, or its plans, recorded STARTED.
+
+        :param started: the prepare call's start (:meth:`ClaimState.monotonic_ns`); the call lost to an unprepare
+            of the claim, by any instance, whose tombstone is later (the state lock is held from here until the
+            claim is recorded PREPARE_COMPLETED, so no unprepare comes between).
+        """
         ref = claim.ref
-        if self._unprepared_at.get(ref.uid, 0) > started:
-            raise ClaimError(ref, "the claim was unprepared while this prepare was in flight; not preparing it")
         record = self.state.get(ref.uid)
         digest = ""
         if self.aborted_ttl_s > 0:
             digest = allocation_digest(claim)
             self._allocations[ref.uid] = digest
+        self._refuse_if_unprepared(ref, record, started, digest)
+        if self.aborted_ttl_s > 0:
             mark = aborted_mark(record) if record is not None else None
             if mark is not None:
                 assert mark.aborted_at is not None
@@ -745,6 +751,34 @@ class BatchRunner:
                                    payload=_payload(self._spec_file(ref.uid), stale + self._planned(work),
                                                     shares=_shares_of(work.held), allocation=digest))
         return work
+
+    def _refuse_if_unprepared(self, ref: ClaimRef, record: ClaimRecord | None, started: int, digest: str) -> None:
+        """Refuse a prepare call that lost to an unprepare of its claim (state lock held by the caller).
+
+        The loser drops what its earlier attempts kept for the next one (the preparers' ``unprepared_unknown``,
+        e.g. the compute-domain node label), unless the claim has a record again (a Prepare the kubelet sent after
+        the Unprepare, answered meanwhile, owns what exists now). With ``aborted_ttl_s`` it also leaves the
+        aborted-prepare mark the unpreparing instance could not write, not knowing the prepare was in flight.
+
+        :raises ClaimError: the claim was unprepared after the call began, or the call is older than the tombstones
+            kept (it cannot tell).
+        """
+        unprepared = self.state.unprepared_at(ref.uid)
+        if unprepared is not None and unprepared > started:
+            if record is None or aborted_mark(record) is not None:
+                self._unprepared_unknown(ref)
+            if self.aborted_ttl_s > 0 and record is None:
+                self.state.prepare_started(ref.uid, namespace=ref.namespace, name=ref.name, devices=[],
+                                           payload=_payload(self._spec_file(ref.uid), [], aborted_at=self.clock(),
+                                                            allocation=digest))
+                log.warning("claim %s: unprepared by another plugin instance while this prepare was in progress; a "
+                            "prepare of the same allocation is refused for %.0f s (PrepareAborted)", ref,
+                            self.aborted_ttl_s)
+            raise ClaimError(ref, "the claim was unprepared while this prepare was in flight; not preparing it")
+        age = self.state.monotonic_ns() - started
+        if age > self.state.tombstone_ttl_ns:
+            raise ClaimError(ref, f"this prepare call has run for {age / 1e9:.0f} s, longer than unprepares are "
+                                  "remembered; not preparing it (the kubelet retries)")
 
     def _planned(self, work: _Work) -> list[UndoRecord]:
         """Write-ahead records of the sharing steps that can say before applying what they will change
@@ -1105,9 +1139,10 @@ class BatchRunner:
         aborts: dict[str, tuple[ClaimRef, str]] = {}
         try:
             with self.state.locked():
+                # First, the tombstones: from now on no prepare call of these claims that began earlier, in this
+                # instance or another, goes on (see _refuse_if_unprepared).
+                self.state.note_unprepared([ref.uid for ref in claims])
                 for ref in claims:
-                    self._unprepared_at.pop(ref.uid, None)
-                    self._unprepared_at[ref.uid] = next(self._seq)  # newest last: eviction keeps recent ones
                     record = self.state.get(ref.uid)
                     if self.aborted_ttl_s > 0 and record is not None and aborted_mark(record) is not None:
                         out[ref.uid] = ""  # NVIDIA: unpreparing a PrepareAborted claim is a no-op (mark kept)
@@ -1160,14 +1195,13 @@ class BatchRunner:
                 out[ref.uid] = f"claim {ref}: unprepare failed: {exc}"
             for uid, (ref, _) in aborts.items():
                 out[uid] = f"claim {ref}: unprepare failed: {exc}"
+            for ref in claims:  # not reached (the lock or the tombstones failed): the kubelet retries
+                out.setdefault(ref.uid, f"claim {ref}: unprepare failed: {exc}")
             stored = []
         for ref in stored:
             log.info("unprepared claim %s", ref)
             out[ref.uid] = ""
             self._tell(self.on_unprepared, ref, held_records.get(ref.uid, []))
-        if len(self._unprepared_at) > 4096:  # keep only recent tombstones
-            for uid in list(itertools.islice(self._unprepared_at, len(self._unprepared_at) - 2048)):
-                del self._unprepared_at[uid]
         return out
 
     def _unprepared_unknown(self, ref: ClaimRef) -> None:

@@ -1,7 +1,8 @@
 """Subprocess body for the crash and two-instance tests: drives a ClaimState and acknowledges each operation.
 
 Run as ``python worker.py MODE STATE_DIR BOOT_ID_FILE IMPL SEED [COUNT]``; prints ``ACK <n>`` (flushed) after
-operation ``n`` returned, i.e. after its record is on disk.
+operation ``n`` returned, i.e. after its record is on disk. Mode ``tombstones`` instead leaves the unprepare tombstone
+of claim ``u-<n>`` as operation ``n``, with a tombstone TTL of SEED seconds.
 """
 
 from __future__ import annotations
@@ -65,6 +66,14 @@ def main(argv: list[str]) -> int:
     mode, state_dir, boot_id_file, impl, seed = argv[:5]
     count = int(argv[5]) if len(argv) > 5 else 1_000_000
     backend = importlib.import_module("dradriver._native.claimstore" + ("_py" if impl == "py" else ""))
+    if mode == "tombstones":
+        with ClaimState.open(Path(state_dir) / "claims.state", boot_id_path=Path(boot_id_file), backend=backend,
+                             tombstone_ttl_s=float(seed)) as state:
+            for n in range(1, count + 1):
+                state.note_unprepared([f"u-{n}"])
+                sys.stdout.write(f"ACK {n}\n")
+                sys.stdout.flush()
+        return 0
     pool = f"pool-{seed}" if mode == "churn" else "node-a"
     prefix = f"w{seed}-" if mode == "churn" else ""
     state = ClaimState.open(

@@ -280,3 +280,54 @@ def test_sigkill_in_the_middle_of_a_channel_prepare_then_restart(node: SandboxNo
 
     asyncio.run(kill_while_waiting())
     asyncio.run(restart_and_prepare())
+
+
+def test_a_prepare_waiting_in_the_old_instance_loses_to_the_unprepare_the_new_instance_answered(
+        node: SandboxNode) -> None:
+    """Rolling update (issue 32): two plugin instances on one node share the claim state. The old one's prepare waits
+    for the domain's IMEX daemon (between attempts no claim record exists) when the kubelet's Unprepare of that claim
+    is answered by the new one. Once the daemon is Ready the old one's next attempt must not complete: no
+    PREPARE_COMPLETED record, no CDI spec, no node label, and the next claim for channel 0 is prepared."""
+    api = node.api
+    assert api is not None
+    uid = seed_domain(api)
+    seed_clique(api, uid, node.node_name, "NotReady")
+    ref = seed_claim(api, "wl-0", uid)
+    old_config, new_config = cd_config(node, pod_uid="old-pod"), cd_config(node, pod_uid="new-pod")
+
+    async def body() -> None:
+        old = await start_compute_domain_plugin(old_config)
+        new = await start_compute_domain_plugin(new_config)
+        try:
+            async with KubeletEmulator(old_config.kubelet_registrar_directory_path) as kubelet:
+                while len(kubelet.instances(DRIVER)) < 2:
+                    await kubelet.wait_for_plugin(DRIVER, timeout=10)
+                    await asyncio.sleep(0.05)
+                by_socket = {c.endpoint: c for c in kubelet.instances(DRIVER)}
+                old_conn, new_conn = by_socket[str(old_config.dra_socket)], by_socket[str(new_config.dra_socket)]
+                pending = asyncio.create_task(old_conn.prepare([ref]))
+                while node_label(api) != uid:  # the old instance's first attempt labelled the node and waits
+                    await asyncio.sleep(0.02)
+                assert old.state.get(ref.uid) is None  # between attempts: no record
+                assert (await new_conn.unprepare([ref]))[ref.uid] == ""
+                seed_clique(api, uid, node.node_name, "Ready")  # the old instance's next attempt would succeed
+                got = (await pending)[ref.uid]
+                assert "unprepared while this prepare was in flight" in got.error
+                for plugin in (old, new):
+                    plugin.state.refresh()
+                    _assert_aborted_mark(plugin.state.get(ref.uid))  # left by the old one: PrepareAborted, as in one
+                    assert plugin.state.holder(node.node_name, "channel-0") is None
+                assert not spec_path(node, ref.uid).exists()
+                assert node_label(api) is None
+                late = (await new_conn.prepare([ref]))[ref.uid]
+                assert "stale prepare" in late.error and "PrepareAborted" in late.error
+                nxt = seed_claim(api, "wl-1", uid)
+                answer = (await new_conn.prepare([nxt]))[nxt.uid]
+                assert answer.ok, answer.error
+                assert new.state.holder(node.node_name, "channel-0") == nxt.uid and spec_path(node, nxt.uid).exists()
+                assert (await new_conn.unprepare([nxt]))[nxt.uid] == ""
+        finally:
+            await new.stop()
+            await old.stop()
+
+    asyncio.run(body())

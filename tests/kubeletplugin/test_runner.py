@@ -7,17 +7,18 @@ check exactly what was undone, not only what the runner answered. The claim stat
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from dradriver.domain.cdi import ContainerEdits, DeviceNode
-from dradriver.domain.claims import AllocationResult, Claim, ClaimError, ClaimRef, base_request_name
+from dradriver.domain.claims import AllocationResult, Claim, ClaimError, ClaimRef, ClaimResult, base_request_name
 from dradriver.domain.configs import ConfigGroup
 from dradriver.domain.identity import CdiKind, DriverIdentity
 from dradriver.domain.ports import DevicePlan, DevicePreparer, NotReadyYet, PartiallyApplied, UndoRecord
@@ -231,7 +232,7 @@ def test_start_up_undoes_half_prepared_claims_and_sweeps_orphans(node: Node) -> 
     node.runner._write_spec = die  # type: ignore[method-assign]
     node.runner._undo_applied = die  # type: ignore[method-assign]
     with pytest.raises(RuntimeError):
-        node.runner._prepare_all([(ref, node.claims[ref.uid])], 0)
+        node.runner._prepare_all([(ref, node.claims[ref.uid])], node.state.monotonic_ns())
     stored = node.state.get(ref.uid)
     assert stored is not None and stored.phase is ClaimPhase.PREPARE_STARTED
     assert [r.data["thing"] for r in read_payload(stored.payload).undo] == ["u-crash/a3"]
@@ -516,6 +517,18 @@ def test_concurrent_calls_of_one_claim_count_in_flight_per_call(tmp_path: Path) 
         n.state.close()
 
 
+@contextlib.contextmanager
+def _waiting_prepare(runner: BatchRunner, waiting: WaitingPreparer, ref: ClaimRef, *,
+                     deadline_s: float) -> Iterator[concurrent.futures.Future[Mapping[str, ClaimResult]]]:
+    """A prepare call of ``ref`` in another thread, yielded once its first attempt found ``waiting`` not ready (the
+    call then pauses before its next attempt)."""
+    with concurrent.futures.ThreadPoolExecutor(1) as call:
+        answer = call.submit(runner.prepare_claims, [ref], deadline_s=deadline_s)
+        while "attempt" not in waiting.events:
+            time.sleep(0.01)
+        yield answer
+
+
 def test_closing_the_runner_ends_a_not_ready_prepare_at_once(tmp_path: Path) -> None:
     """A prepare waiting between attempts for a not-ready preparer holds a DRA server thread; when the plugin stops
     (:meth:`BatchRunner.close`) the wait ends and the claim is answered with its last error, long before its
@@ -525,10 +538,7 @@ def test_closing_the_runner_ends_a_not_ready_prepare_at_once(tmp_path: Path) -> 
     n.runner.retry_pause_s = (5.0, 5.0)
     try:
         ref = n.add(_claim("u-stop", "a0"))
-        with concurrent.futures.ThreadPoolExecutor(1) as call:
-            answer = call.submit(n.runner.prepare_claims, [ref], deadline_s=30.0)
-            while "attempt" not in waiting.events:
-                time.sleep(0.01)
+        with _waiting_prepare(n.runner, waiting, ref, deadline_s=30.0) as answer:
             began = time.monotonic()
             n.runner.close()
             error = answer.result(10)[ref.uid].error
@@ -538,3 +548,119 @@ def test_closing_the_runner_ends_a_not_ready_prepare_at_once(tmp_path: Path) -> 
     finally:
         n.runner.close()
         n.state.close()
+
+
+def _second_instance(n: Node, *preparers: FakePreparer) -> BatchRunner:
+    """Another plugin instance on the node of ``n`` (a rolling update): its own claim-state object on the same files
+    and lock, its own runner."""
+    return BatchRunner(identity=IDENTITY, registry=n.registry, state=n.open_state(),
+                       fetch_claim=lambda ref, _timeout: n.claims[ref.uid], cdi_root=n.cdi_root, pool=POOL,
+                       preparers=preparers)
+
+
+def test_an_unprepare_by_another_instance_between_a_waiting_prepares_attempts_wins(tmp_path: Path) -> None:
+    """Issue 32: instance A's prepare waits between attempts of a not-ready preparer (no claim record exists then)
+    when instance B answers the kubelet's unprepare of that claim. A's next attempt, ready now, must refuse: nothing
+    applied, no record, no spec, the device free for the next claim; a Prepare the kubelet sends after the
+    Unprepare (same claim UID) is served as usual."""
+    waiting = WaitingPreparer("alpha", hinted=False)
+    a = Node(tmp_path, waiting, FakePreparer("beta"))
+    a.runner.retry_pause_s = (0.2, 0.2)
+    b = _second_instance(a, FakePreparer("alpha"), FakePreparer("beta"))
+    try:
+        ref = a.add(_claim("u-wait", "a0"))
+        with _waiting_prepare(a.runner, waiting, ref, deadline_s=20.0) as answer:
+            assert a.state.get(ref.uid) is None  # between attempts
+            assert b.unprepare_claims([ref]) == {ref.uid: ""}
+            waiting.ready = True
+            error = answer.result(10)[ref.uid].error
+        assert "unprepared while this prepare was in flight" in error
+        assert waiting.events == ["attempt"]  # the next attempt refused before applying anything
+        assert waiting.live == set() and a.state.get(ref.uid) is None and not a.spec(ref.uid).exists()
+        b.state.refresh()
+        assert b.state.holder(POOL, "a0") is None
+        # the kubelet prepares the same claim UID again after the unprepare: a new call, served
+        assert a.runner.prepare_claims([ref])[ref.uid].error == ""
+        assert waiting.live == {"u-wait/a0"} and a.spec(ref.uid).exists()
+        assert a.runner.unprepare_claims([ref]) == {ref.uid: ""}
+        nxt = a.add(_claim("u-next", "a0"))
+        assert b.prepare_claims([nxt])[nxt.uid].error == ""
+    finally:
+        a.runner.close()
+        b.close()
+        b.state.close()
+        a.state.close()
+
+
+def test_a_prepare_whose_claim_get_outlasts_an_unprepare_by_another_instance_is_refused(tmp_path: Path) -> None:
+    """Instance A's prepare call is still reading its ResourceClaim when instance B answers the unprepare of that
+    claim (no record exists in either): A must not prepare it afterwards."""
+    a = Node(tmp_path, FakePreparer("alpha"), FakePreparer("beta"))
+    b = _second_instance(a, FakePreparer("alpha"), FakePreparer("beta"))
+    ref = a.add(_claim("u-get", "a1"))
+    unprepared = threading.Event()
+    original = a.runner.fetch_claim
+
+    def slow_get(r: ClaimRef, timeout_s: float) -> Claim:
+        assert unprepared.wait(10)
+        return original(r, timeout_s)
+
+    a.runner.fetch_claim = slow_get
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as call:
+            answer = call.submit(a.runner.prepare_claims, [ref])
+            time.sleep(0.05)
+            assert b.unprepare_claims([ref]) == {ref.uid: ""}
+            unprepared.set()
+            error = answer.result(10)[ref.uid].error
+        assert "unprepared while this prepare was in flight" in error
+        assert a.alpha.live == set() and a.state.get(ref.uid) is None and not a.spec(ref.uid).exists()
+    finally:
+        a.runner.close()
+        b.close()
+        b.state.close()
+        a.state.close()
+
+
+def test_a_prepare_call_older_than_the_remembered_unprepares_is_refused(tmp_path: Path) -> None:
+    """Unprepare tombstones are kept for a TTL; a prepare call that has run longer than that cannot tell whether it
+    lost to an unprepare, and refuses (the kubelet gave up on it long before)."""
+    n = Node(tmp_path, FakePreparer("alpha"), FakePreparer("beta"))
+    now = [10**12]
+    n.state.close()
+    n.state = ClaimState.open(tmp_path / "claims.state", lock_path=tmp_path / "lock", boot_id_path=tmp_path / "boot_id",
+                              tombstone_ttl_s=60.0, clock_ns=lambda: now[0])
+    n.runner = n.make_runner()
+    ref = n.add(_claim("u-old", "a2"))
+    original = n.runner.fetch_claim
+
+    def get_for_a_minute(r: ClaimRef, timeout_s: float) -> Claim:
+        now[0] += 61 * 10**9
+        return original(r, timeout_s)
+
+    n.runner.fetch_claim = get_for_a_minute
+    try:
+        error = n.runner.prepare_claims([ref])[ref.uid].error
+        assert "this prepare call has run for 61 s" in error and n.state.get(ref.uid) is None
+        n.runner.fetch_claim = original
+        assert n.runner.prepare_claims([ref])[ref.uid].error == ""
+    finally:
+        n.runner.close()
+        n.state.close()
+
+
+def test_an_unprepare_whose_tombstones_cannot_be_written_answers_every_claim_and_keeps_it(node: Node) -> None:
+    """The tombstones come before any side effect of an unprepare: when they cannot be written, every claim of the
+    batch gets an error naming the file and stays prepared (spec, record, side effects), for the kubelet's retry."""
+    refs = [node.add(_claim("u-keep-1", "a0")), node.add(_claim("u-keep-2", "a1"))]
+    assert all(r.error == "" for r in _prepare(node, *refs).values())  # type: ignore[attr-defined]
+    (node.tmp_path / "claims.state.unprepared").mkdir()  # no file can be opened there
+    answers = node.runner.unprepare_claims(refs)
+    assert set(answers) == {r.uid for r in refs}
+    assert all("unprepare failed" in e and "claims.state.unprepared" in e for e in answers.values())
+    for ref in refs:
+        assert node.state.get(ref.uid) is not None and node.spec(ref.uid).exists()
+    assert node.alpha.live == {"u-keep-1/a0", "u-keep-2/a1"}
+    (node.tmp_path / "claims.state.unprepared").rmdir()
+    assert node.runner.unprepare_claims(refs) == {r.uid: "" for r in refs}
+    assert node.alpha.live == set() and node.state.claims() == {}
