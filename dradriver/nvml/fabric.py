@@ -29,9 +29,7 @@ from dradriver.domain.computedomains import format_clique_id
 from dradriver.domain.devices import (
     FABRIC_REGISTRATION_FAILED,
     FABRIC_STATE_COMPLETED,
-    FABRIC_STATE_IN_PROGRESS,
     FABRIC_STATE_NAMES,
-    FABRIC_STATE_NOT_STARTED,
     FABRIC_STATE_NOT_SUPPORTED,
     FABRIC_UNHEALTHY,
     FabricFault,
@@ -41,13 +39,8 @@ from dradriver.errors import DradriverError
 from dradriver.nvml.discovery import read_fabric_info
 from dradriver.nvml.session import NvmlSession
 
-__all__ = ["STATE_NAMES", "FabricError", "FabricPendingError", "GpuFabric", "NodeFabric", "assess_node",
+__all__ = ["FabricError", "FabricPendingError", "GpuFabric", "NodeFabric", "assess_node",
            "clique_id", "clique_id_of", "gpu_minors", "read_node_fabric"]
-
-STATE_NOT_SUPPORTED, STATE_NOT_STARTED, STATE_IN_PROGRESS, STATE_COMPLETED = (
-    FABRIC_STATE_NOT_SUPPORTED, FABRIC_STATE_NOT_STARTED, FABRIC_STATE_IN_PROGRESS, FABRIC_STATE_COMPLETED)
-STATE_NAMES = FABRIC_STATE_NAMES
-"""``nvmlGpuFabricState_t`` values (``gpu-facts.md`` 4.2)."""
 
 
 class FabricError(DradriverError):
@@ -55,8 +48,9 @@ class FabricError(DradriverError):
 
 
 class FabricPendingError(FabricError):
-    """Strict mode: a GPU's fabric registration has not finished yet (state ``NOT_STARTED`` or ``IN_PROGRESS``); the
-    message names the GPU (index and UUID) and the state. Wait and read again: the fabric manager finishes it."""
+    """A GPU's fabric registration has not finished yet (state ``NOT_STARTED`` or ``IN_PROGRESS``; strict mode, or
+    legacy mode when it makes the GPUs disagree); the message names each such GPU (index and UUID) and its state.
+    Wait and read again: the fabric manager finishes it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,20 +116,25 @@ def _cluster_bytes(text: str) -> bytes:
     return bytes.fromhex(text.replace("-", ""))
 
 
+def _registering(gpu: GpuFabric) -> str:
+    assert gpu.fabric is not None
+    state = FABRIC_STATE_NAMES.get(gpu.fabric.state, str(gpu.fabric.state))
+    return (f"{gpu.where}: NVLink fabric registration state is {state}, not COMPLETED (the fabric manager has not "
+            "registered the GPU yet)")
+
+
 def clique_id_of(gpu: GpuFabric, *, strict: bool = True) -> str:
     """One GPU's clique ID (``""``: in no clique) under the module's rules.
 
     :raises FabricPendingError: strict mode and the GPU's registration has not finished.
     """
     fabric = gpu.fabric
-    if fabric is None or fabric.state == STATE_NOT_SUPPORTED:
+    if fabric is None or fabric.state == FABRIC_STATE_NOT_SUPPORTED:
         return ""
-    if fabric.state != STATE_COMPLETED:
+    if fabric.state != FABRIC_STATE_COMPLETED:
         if not strict:
             return ""
-        state = STATE_NAMES.get(fabric.state, str(fabric.state))
-        raise FabricPendingError(f"{gpu.where}: NVLink fabric registration state is {state}, not COMPLETED (the "
-                                 "fabric manager has not registered the GPU yet)")
+        raise FabricPendingError(_registering(gpu))
     if fabric.status != 0:
         return ""
     return format_clique_id(_cluster_bytes(fabric.cluster_uuid), fabric.clique_id)
@@ -154,14 +153,11 @@ def assess_node(gpus: Sequence[GpuFabric], *, strict: bool = True) -> NodeFabric
     faults: list[tuple[GpuFabric, FabricFault]] = []
     pending: list[str] = []
     for gpu in gpus:
-        try:
-            cid = clique_id_of(gpu, strict=strict)
-        except FabricPendingError as exc:
-            pending.append(str(exc))
-            continue
-        if gpu.fabric is not None and gpu.fabric.registering:  # legacy mode: in no clique for now
-            pending.append(f"{gpu.where}: NVLink fabric registration state is "
-                           f"{STATE_NAMES.get(gpu.fabric.state, str(gpu.fabric.state))}, not COMPLETED")
+        if gpu.fabric is not None and gpu.fabric.registering:
+            pending.append(_registering(gpu))
+            if strict:
+                continue  # legacy mode: in no clique for now
+        cid = clique_id_of(gpu, strict=strict)
         fault = gpu.fabric.fault if gpu.fabric is not None else None
         if fault is not None:
             faults.append((gpu, fault))
