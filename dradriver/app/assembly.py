@@ -84,11 +84,11 @@ def ensure_dir(path: os.PathLike[str] | str, mode: int) -> None:
 
 
 def report_event(identity: DriverIdentity, client: kube_client.KubeClient, config: PluginConfig, node_uid: str,
-                 reason: str, message: str) -> None:
-    """A Warning Event about this Node (best effort: a failure is logged)."""
+                 reason: str, message: str, *, type_: str = "Warning") -> None:
+    """An Event about this Node, ``Warning`` unless ``type_`` is ``Normal`` (best effort: a failure is logged)."""
     try:
         events.create_event(client, events.node_ref(config.node_name, node_uid), reason=reason, message=message,
-                            component=identity.component, host=config.node_name)
+                            type_=type_, component=identity.component, host=config.node_name)
     except kube_errors.KubeAPIError as exc:
         log.warning("could not record Event %s: %s", reason, exc)
 

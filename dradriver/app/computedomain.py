@@ -1,14 +1,20 @@
 """The ``compute-domain.nvidia.com`` kubelet plugin (``dradriver compute-domain-kubelet-plugin``): its composition.
 
-Steps, in order (stopped in reverse): compiled hot paths -> plugin and CDI directories -> NVML session -> the
-node's clique ID from fabric info (strict rules with the gate ``CrashOnNVLinkFabricErrors``: a registration still
-in progress stops the start-up) -> IMEX facts (channel major and count, ``fabric-imex-mgmt`` minor) -> the base CDI
-spec ``k8s.compute-domain.nvidia.com-device_base.json`` (device ``all``) -> Kubernetes client and this Node ->
-``nvidia.com/gpu.clique`` node label (``--gpu-clique-label-enabled``) -> claim state -> batch runner with the IMEX
-channel and daemon preparers, and crash convergence -> gRPC servers -> ResourceSlice publisher (pool = node name:
+Steps, in order (stopped in reverse): compiled hot paths -> plugin and CDI directories -> NVML session ->
+Kubernetes client and this Node -> the node's fabric (:func:`wait_for_fabric`: clique ID and fabric health from
+fabric info, :mod:`dradriver.nvml.fabric`; while a GPU's registration is still in progress, strict mode with the
+gate ``CrashOnNVLinkFabricErrors``, the plugin serves its sockets early, answers the ``readiness`` probe
+NOT_SERVING, logs the state, records a ``FabricRegistrationPending`` Event on the Node and reads again with a
+back-off of 1 s doubling to 30 s until the fabric manager is done; NVIDIA's plugin exits and crash-loops, its
+#1264) -> IMEX facts (channel major and count, ``fabric-imex-mgmt`` minor) -> the base CDI spec
+``k8s.compute-domain.nvidia.com-device_base.json`` (device ``all``) -> ``nvidia.com/gpu.clique`` node label
+(``--gpu-clique-label-enabled``) -> claim state -> batch runner with the IMEX channel and daemon preparers, and
+crash convergence -> gRPC servers (or the early ones attached) -> ResourceSlice publisher (pool = node name:
 ``channel-0`` and, driver-managed, ``daemon-0``; with ``--imex-isolation channel`` every channel of the node, in
-slices of at most 128 devices) -> the 10-minute loop (clique re-read and label
-refresh, domain directories of vanished ComputeDomains removed) -> stale-claim cleanup.
+slices of at most 128 devices) -> the fabric check every 30 s (clique re-read; a faulty fabric, registration
+failed or health summary UNHEALTHY, taints every device ``compute-domain.nvidia.com/fabric-unhealthy`` NoSchedule
+with a ``FabricUnhealthy`` Event, so no new ComputeDomain lands on the node, NVIDIA's #626) and the 10-minute
+loop (label refresh, domain directories of vanished ComputeDomains removed) -> stale-claim cleanup.
 
 Facts: ``nvidia-dra-driver.md`` 1.2, 2.7, 4.8, 4.9, 5.2, 7.2; ``nvidia-dra-driver-updates.md`` 2c.
 """
@@ -29,6 +35,7 @@ from dradriver.app.gpu import driver_edits, node_info, nvml_library
 from dradriver.config import CHANNEL_NEEDS_HOST_MANAGED, PluginConfig
 from dradriver.domain import cdi
 from dradriver.domain.computedomains import NODE_CLIQUE_LABEL, plugin_resource_slices
+from dradriver.domain.faults import DeviceTaint, Effect, FaultKind
 from dradriver.domain.featuregates import CRASH_ON_NVLINK_FABRIC_ERRORS, HOST_MANAGED_IMEX_DAEMON
 from dradriver.domain.identity import COMPUTE_DOMAIN_DRIVER, DriverIdentity
 from dradriver.domain.registry import DeviceRegistry
@@ -49,13 +56,24 @@ from dradriver.preparers.computedomain import (
     DomainLookup,
     channel_devices,
 )
+from dradriver.preparers.mps import Backoff
+from dradriver.server import deferred
+from dradriver.server.deferred import EarlyServers
 
 log = logging.getLogger(__name__)
 
 BASE_SPEC_NAME = "k8s.compute-domain.nvidia.com-device_base.json"
 """The base spec's file (NVIDIA writes ``..._base.yaml``; dradriver's specs are JSON, ``cdi.md`` 2.5)."""
 REFRESH_PERIOD_S = 600.0
-"""Clique re-read and domain-directory cleanup period (NVIDIA: 10 minutes)."""
+"""Clique-label refresh and domain-directory cleanup period (NVIDIA: 10 minutes, with the clique re-read)."""
+FABRIC_CHECK_PERIOD_S = 30.0
+"""Fabric re-read period (clique ID and fabric health; dradriver's own: NVIDIA re-reads the clique every 10 minutes
+and never the health)."""
+FABRIC_WAIT_BACKOFF = Backoff(initial_s=1.0, max_s=30.0, jitter=0.1)
+"""Delays between fabric reads while a GPU's registration is in progress at start: 1 s doubling to 30 s."""
+FABRIC_TAINT = FaultKind.FABRIC_UNHEALTHY.value
+"""Name part of the taint key on the plugin's devices when the node's fabric is faulty
+(``compute-domain.nvidia.com/fabric-unhealthy``, the GPU plugin's ``gpu.nvidia.com/fabric-unhealthy``)."""
 ABORTED_TTL_S = 90.0
 """How long an aborted prepare is remembered (NVIDIA: 2 x the kubelet's 45 s)."""
 DNS_NAMES_MIN_DRIVER = "570.158.01"
@@ -69,26 +87,66 @@ class ComputeDomainPlugin(assembly.KubeletPlugin):
     session: NvmlSession | None = None
     imex: ImexNodeInfo | None = None
     clique_id: str = ""
-    """This node's clique ID (``""``: in no clique), re-read every 10 minutes."""
+    """This node's clique ID (``""``: in no clique), re-read every 30 seconds."""
+    node_fabric: fabric.NodeFabric = field(default_factory=lambda: fabric.NodeFabric(""))
+    """This node's fabric as last read (clique ID and faulty GPUs)."""
     refresh_task: asyncio.Task[Any] | None = None
     _clique_holder: list[str] = field(default_factory=lambda: [""])
 
-    def refresh(self) -> None:
-        """Re-read the clique ID (a failure is logged; the last value stays), refresh the clique label, and remove
-        the domain directories of ComputeDomains that are gone. Blocking."""
+    def fabric_taints(self) -> list[dict[str, str]]:
+        """The taints of every device of this node: ``<domain>/fabric-unhealthy`` NoSchedule with the reason
+        (``registration-failed`` or ``unhealthy``) while the fabric is faulty, else none."""
+        if self.node_fabric.healthy:
+            return []
+        taint = DeviceTaint(self.identity.taint_key(FABRIC_TAINT), self.node_fabric.reason, Effect.NO_SCHEDULE)
+        return [taint.to_api()]
+
+    def check_fabric(self) -> fabric.NodeFabric:
+        """Re-read the node's fabric and apply it (:meth:`apply_fabric`); a failure, or a registration in progress
+        again, is logged and the last reading stays. Blocking; returns the reading in force."""
         assert self.session is not None
         try:
-            now = fabric.clique_id(fabric.read_node_fabric(self.session),
-                                   strict=self.config.feature_gates[CRASH_ON_NVLINK_FABRIC_ERRORS])
+            now = fabric.assess_node(fabric.read_node_fabric(self.session),
+                                     strict=self.config.feature_gates[CRASH_ON_NVLINK_FABRIC_ERRORS])
         except DradriverError as exc:
-            log.error("cannot re-read this node's NVLink clique: %s", exc)
-            now = self.clique_id
-        if now != self.clique_id:
-            log.warning("this node's NVLink clique changed from %r to %r", self.clique_id, now)
-            self.clique_id = now
-            self._clique_holder[0] = now
+            log.error("cannot re-read this node's NVLink fabric (keeping clique %r): %s", self.clique_id, exc)
+            return self.node_fabric
+        self.apply_fabric(now)
+        return now
+
+    def apply_fabric(self, now: fabric.NodeFabric) -> None:
+        """Take a new fabric reading: a changed clique ID goes to the preparers and the node label; a fabric that
+        turns faulty (or changes its fault) is logged and recorded as a ``FabricUnhealthy`` Warning Event, one that
+        recovers as a ``FabricHealthy`` Normal Event; the devices' taints follow (republished)."""
+        before = self.node_fabric
+        self.node_fabric = now
+        if now.clique_id != self.clique_id:
+            log.warning("this node's NVLink clique changed from %r to %r", self.clique_id, now.clique_id)
+            self.clique_id = now.clique_id
+            self._clique_holder[0] = now.clique_id
+            if self.config.gpu_clique_label_enabled:
+                set_clique_label(self.client, self.config.node_name, now.clique_id)
+        if now.message != before.message:
+            if not now.healthy:
+                message = (f"NVLink fabric of node {self.config.node_name} is faulty: {now.message}; its "
+                           f"{self.identity.driver_name} devices are tainted {self.identity.taint_key(FABRIC_TAINT)}="
+                           f"{now.reason}:NoSchedule")
+                log.error("%s", message)
+                assembly.report_event(self.identity, self.client, self.config, self.node_uid, "FabricUnhealthy",
+                                      message)
+            else:
+                message = f"NVLink fabric of node {self.config.node_name} is healthy again; taints removed"
+                log.info("%s", message)
+                assembly.report_event(self.identity, self.client, self.config, self.node_uid, "FabricHealthy",
+                                      message, type_="Normal")
+            self.republish()
+
+    def refresh(self) -> None:
+        """Re-read the fabric (:meth:`check_fabric`), refresh the clique label, and remove the domain directories of
+        ComputeDomains that are gone. Blocking."""
+        self.check_fabric()
         if self.config.gpu_clique_label_enabled:
-            set_clique_label(self.client, self.config.node_name, now)
+            set_clique_label(self.client, self.config.node_name, self.clique_id)
         remove_vanished_domain_dirs(self.client, self.config, self.runner)
 
 
@@ -178,16 +236,72 @@ def base_spec(config: PluginConfig, identity: DriverIdentity, session: NvmlSessi
     return data
 
 
+async def wait_for_fabric(config: PluginConfig, identity: DriverIdentity, session: NvmlSession,
+                          connection: assembly.Connection, *, backoff: Backoff = FABRIC_WAIT_BACKOFF,
+                          ) -> tuple[fabric.NodeFabric, EarlyServers | None]:
+    """Start step: read the node's fabric; while a GPU's registration is in progress (strict mode,
+    :class:`~dradriver.nvml.fabric.FabricPendingError`), read again after each of ``backoff``'s delays.
+
+    While it waits: the plugin's sockets are served early (:func:`~dradriver.server.deferred.start_early`), so the
+    ``readiness`` probe answers NOT_SERVING and claims wait (a claim that waits past the kubelet's deadline gets an
+    error that names the registration); each read logs the GPUs' states; a ``FabricRegistrationPending`` Warning
+    Event on the Node names them (again when they change). Cancelled (the plugin is stopped), the early servers stop.
+
+    :returns: the reading, and the early servers when it waited (``None`` otherwise: serve as usual).
+    :raises dradriver.nvml.fabric.FabricError: GPUs disagree on the clique.
+    :raises dradriver.nvml.errors.NvmlError: fabric info cannot be read.
+    """
+    strict = config.feature_gates[CRASH_ON_NVLINK_FABRIC_ERRORS]
+    early: EarlyServers | None = None
+    delays = iter(backoff.delays())
+    reported = ""
+    started = time.monotonic()
+    try:
+        while True:
+            gpus = await asyncio.to_thread(fabric.read_node_fabric, session)
+            try:
+                node = fabric.assess_node(gpus, strict=strict)
+            except fabric.FabricPendingError as exc:
+                delay = next(delays)
+                if early is None:
+                    early = await deferred.start_early(config, health_stream=False)
+                early.readiness.waiting_for = f"NVLink fabric registration ({exc})"
+                log.warning("waiting for NVLink fabric registration, not ready meanwhile: %s; reading again in %.1f s",
+                            exc, delay)
+                if str(exc) != reported:
+                    reported = str(exc)
+                    await asyncio.to_thread(
+                        assembly.report_event, identity, connection.client, config, connection.node_uid,
+                        "FabricRegistrationPending", f"{identity.driver_name} kubelet plugin waits for the NVLink "
+                        f"fabric manager to register this node's GPUs (not ready meanwhile): {exc}")
+                await asyncio.sleep(delay)
+                continue
+            log.info("NVLink clique of node %s: %s (%d GPU(s), %s mode)%s", config.node_name,
+                     node.clique_id or "none (not MNNVL)", len(gpus), "strict" if strict else "legacy",
+                     f"; fabric registration done after {time.monotonic() - started:.1f} s" if early else "")
+            if early is not None:
+                early.readiness.waiting_for = ""
+            return node, early
+    except BaseException as exc:
+        if early is not None:
+            early.readiness.fail(exc)
+            await early.servers.stop(grace=1.0)
+        raise
+
+
 async def start_compute_domain_plugin(config: PluginConfig, identity: DriverIdentity = COMPUTE_DOMAIN_DRIVER, *,
-                                      clock: Callable[[], float] = time.time) -> ComputeDomainPlugin:
+                                      clock: Callable[[], float] = time.time,
+                                      fabric_wait: Backoff = FABRIC_WAIT_BACKOFF) -> ComputeDomainPlugin:
     """Start every part of the compute-domain kubelet plugin and return it running.
 
     :param clock: wall-clock seconds (Unix time) of the aborted-prepare marks and their 90 s TTL, which survive a
         restart in the claim state (tests pass their own).
+    :param fabric_wait: delays between fabric reads while a registration is in progress (:func:`wait_for_fabric`).
 
-    :raises dradriver.errors.DradriverError: a part cannot start: no NVML, a fabric registration not completed or a
-        fabric error (strict mode), GPUs disagreeing on the clique, no API access, a socket in use, a driver too old
-        for DNS-named IMEX daemons, ``--imex-mode hostManaged`` without the gate; nothing is left running.
+    :raises dradriver.errors.DradriverError: a part cannot start: no NVML, GPUs disagreeing on the clique, no API
+        access, a socket in use, a driver too old for DNS-named IMEX daemons, ``--imex-mode hostManaged`` without
+        the gate; nothing is left running. A fabric registration in progress is waited out (:func:`wait_for_fabric`),
+        a faulty fabric taints the devices.
     """
     if config.driver_name != identity.driver_name:
         config = dataclasses.replace(config, driver_name=identity.driver_name)
@@ -204,12 +318,11 @@ async def start_compute_domain_plugin(config: PluginConfig, identity: DriverIden
     assembly.ensure_dir(config.cdi_root, 0o755)
     session = await life.step("NVML session", lambda: open_session(nvml_library(config), config.mock_profile),
                               lambda s: s.close())
+    early: EarlyServers | None = None
     try:
-        strict = config.feature_gates[CRASH_ON_NVLINK_FABRIC_ERRORS]
-        gpus = await asyncio.to_thread(fabric.read_node_fabric, session)
-        clique = fabric.clique_id(gpus, strict=strict)
-        log.info("NVLink clique of node %s: %s (%d GPU(s), %s mode)", config.node_name, clique or "none (not MNNVL)",
-                 len(gpus), "strict" if strict else "legacy")
+        connection = await assembly.connect(life, identity, config)
+        node_fabric, early = await wait_for_fabric(config, identity, session, connection, backoff=fabric_wait)
+        clique = node_fabric.clique_id
         version = session.driver_version()
         check_driver_version(version, config)
         imex = imexchannels.read_imex_node_info(config.proc_root, config.proc_devices_path)
@@ -217,7 +330,6 @@ async def start_compute_domain_plugin(config: PluginConfig, identity: DriverIden
         spec = await asyncio.to_thread(base_spec, config, identity, session, imex, common)
         # Kept when the plugin stops: containers of prepared daemon claims may start while it is being upgraded.
         cdifiles.write_file_atomically(config.cdi_root / BASE_SPEC_NAME, spec)
-        connection = await assembly.connect(life, identity, config)
         if config.gpu_clique_label_enabled:
             await asyncio.to_thread(set_clique_label, connection.client, config.node_name, clique)
             life.on_stop("nvidia.com/gpu.clique label",
@@ -255,19 +367,32 @@ async def start_compute_domain_plugin(config: PluginConfig, identity: DriverIden
         recovery = await assembly.recover(identity, config, connection, runner, problems)
         publisher = assembly.make_publisher(identity, config, connection)
         await assembly.serve_metrics_step(life, config, metrics)  # the chart's :8081 (request metrics)
-        servers = await assembly.serve(life, config, runner, publisher=publisher)
-        slices = plugin_resource_slices(config.node_name, identity.driver_name, daemon=not host_managed,
-                                        channels=imex.channel_count if channel_isolation else 1)
+        if early is None:
+            servers = await assembly.serve(life, config, runner, publisher=publisher)
+        else:
+            servers = await assembly.attach_early(life, early, runner, publisher=publisher)
+        plugin_ref: list[ComputeDomainPlugin] = []
+
+        def desired() -> list[dict[str, Any]]:
+            return plugin_resource_slices(config.node_name, identity.driver_name, daemon=not host_managed,
+                                          channels=imex.channel_count if channel_isolation else 1,
+                                          taints=plugin_ref[0].fabric_taints() if plugin_ref else ())
+
         plugin = ComputeDomainPlugin(identity=identity, config=config, lifecycle=life, client=connection.client,
                                      node_uid=connection.node_uid, state=state, state_problems=problems,
                                      runner=runner, recovery=recovery, publisher=publisher, servers=servers,
-                                     desired=lambda: list(slices), session=session, imex=imex, clique_id=clique,
+                                     desired=desired, session=session, imex=imex, clique_id=clique,
                                      _clique_holder=holder)
+        plugin_ref.append(plugin)
+        await asyncio.to_thread(plugin.apply_fabric, node_fabric)  # a faulty fabric: logged, Event, taints
         await assembly.run_publisher(life, publisher)
         plugin.republish()
         plugin.refresh_task = await _run_refresh(life, plugin)
         plugin.reconciler = await assembly.run_stale_claim_cleanup(life, identity, config, connection, runner)
-    except BaseException:
+    except BaseException as exc:
+        if early is not None and not early.readiness.attached:
+            early.readiness.fail(exc)
+            await early.servers.stop(grace=1.0)  # the waiting calls are answered with the failure
         await life.stop(1.0)
         raise
     log.info("kubelet plugin for %s on node %s serving at %s (clique %s, IMEX %s)", identity.driver_name,
@@ -291,21 +416,35 @@ def imexchannels_binary(config: PluginConfig) -> Any:
 
 async def _run_refresh(life: Lifecycle, plugin: ComputeDomainPlugin) -> asyncio.Task[Any]:
     async def loop() -> None:
+        last_refresh = time.monotonic()
         while True:
-            await asyncio.sleep(REFRESH_PERIOD_S)
-            await asyncio.to_thread(plugin.refresh)
+            await asyncio.sleep(FABRIC_CHECK_PERIOD_S)
+            if time.monotonic() - last_refresh >= REFRESH_PERIOD_S:
+                last_refresh = time.monotonic()
+                await asyncio.to_thread(plugin.refresh)
+            else:
+                await asyncio.to_thread(plugin.check_fabric)
 
     def start() -> asyncio.Task[Any]:
         task = asyncio.create_task(loop(), name="compute-domain-refresh")
         task.add_done_callback(assembly.report_task_end)
         return task
 
-    return await life.step("clique refresh", start, lambda task: assembly.cancel_tasks([task]))
+    return await life.step("fabric check and clique refresh", start, lambda task: assembly.cancel_tasks([task]))
 
 
 async def run_compute_domain_plugin(config: PluginConfig, stop: asyncio.Event) -> None:
-    """Start the plugin, wait for ``stop``, then stop it."""
-    plugin = await start_compute_domain_plugin(config)
+    """Start the plugin, wait for ``stop``, then stop it. A ``stop`` during the start (while it waits for the
+    NVLink fabric registration) ends the start: nothing is left running."""
+    starting = asyncio.create_task(start_compute_domain_plugin(config), name="compute-domain-start")
+    stopping = asyncio.create_task(stop.wait(), name="compute-domain-stop")
+    await asyncio.wait((starting, stopping), return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if not starting.done():
+        log.info("stopped while starting")
+        await assembly.cancel_tasks([starting])
+        return
+    plugin = starting.result()
     try:
         await stop.wait()
     finally:

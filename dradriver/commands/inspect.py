@@ -6,7 +6,8 @@ stream (``-o yaml``, default) or a JSON list (``-o json``), each with the ``meta
 plugin gives it (``<index>-gpu.nvidia.com-<node>-``; the API server appends five random characters).
 ``-o table`` prints one line per published device instead: NODE, DEVICE, GPU (minor number of the physical
 GPU), MIG (profile, ``-`` for a full GPU), MEMORY, UUID, HEALTH (``Healthy``, ``Unhealthy`` or ``Unknown`` from one
-health poll, as the plugin's health monitor judges it); ``-o wide`` adds PRODUCT, PCI-BUS-ID, SLICE and TAINTS.
+health poll, as the plugin's health monitor judges it); ``-o wide`` adds PRODUCT, PCI-BUS-ID, SLICE and TAINTS
+(``key`` or ``key=value``, e.g. ``gpu.nvidia.com/fabric-unhealthy=registration-failed``).
 GPUs left out by discovery and other warnings go to stderr and, in YAML, also into comments at the top.
 Exit status: 0 on success, 1 when NVML cannot be loaded or initialised.
 """
@@ -70,7 +71,8 @@ def device_rows(inventory: Any, node: str, slices: list[dict[str, Any]], health:
                 wide: bool) -> list[tuple[str, ...]]:
     """The ``table``/``wide`` rows, header first: one per published device, in slice order.
 
-    :param health: device name -> (health word, taint keys joined by ``,``), from :func:`poll_health`.
+    :param health: device name -> (health word, taints as ``key`` or ``key=value`` joined by ``,``), from
+        :func:`poll_health`.
     """
     from dradriver.domain.devices import MigDevice
 
@@ -100,7 +102,8 @@ def format_table(rows: list[tuple[str, ...]]) -> str:
 
 
 def poll_health(inventory: Any, session: Any, node: str) -> dict[str, tuple[str, str]]:
-    """One poll by the plugin's health monitor (no event thread): device name -> (health, taint keys).
+    """One poll by the plugin's health monitor (no event thread): device name -> (health, taints as ``key`` or
+    ``key=value`` joined by ``,``).
 
     A device whose GPU cannot be polled stays ``Unknown``.
     """
@@ -111,7 +114,8 @@ def poll_health(inventory: Any, session: Any, node: str) -> dict[str, tuple[str,
         if monitor.poll_now() is None:
             return {}
         monitor.flush()
-        return {view.name: (view.health, ",".join(key for key, _, _ in view.taints)) for view in monitor.devices()}
+        return {view.name: (view.health, ",".join(f"{key}={value}" if value else key for key, value, _ in view.taints))
+                for view in monitor.devices()}
     finally:
         monitor.stop()
 

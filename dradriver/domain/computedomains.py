@@ -14,7 +14,7 @@ kubernetes-sigs/dra-driver-nvidia-gpu#1448, sentinel ``127.0.0.2`` for unused sl
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -414,10 +414,12 @@ def choose_channel(taken: Iterable[int], count: int = DEFAULT_IMEX_CHANNEL_COUNT
 
 
 def plugin_resource_slices(node_name: str, driver: str, *, daemon: bool, channels: int = 1,
-                           api_version: str = "resource.k8s.io/v1", generation: int = 1) -> list[dict[str, Any]]:
+                           api_version: str = "resource.k8s.io/v1", generation: int = 1,
+                           taints: Sequence[Mapping[str, str]] = ()) -> list[dict[str, Any]]:
     """The compute-domain kubelet plugin's ResourceSlices, one pool named after the node: devices
     ``channel-0 .. channel-<channels-1>`` (``type=channel``, ``id=<n>``) and, unless ``daemon`` is False
     (host-managed IMEX), ``daemon-0`` (``type=daemon``, ``id=0``); no capacities (``nvidia-dra-driver.md`` 2.7).
+    Every device carries ``taints`` (``resource.k8s.io/v1`` DeviceTaint dicts; the node's NVLink fabric is faulty).
 
     NVIDIA publishes ``channel-0`` only (``channels=1``, one slice); ``IMEX_ISOLATION=channel`` publishes every
     channel of the node (2048 by default), cut into slices of at most :data:`MAX_DEVICES_PER_SLICE` devices
@@ -427,10 +429,14 @@ def plugin_resource_slices(node_name: str, driver: str, *, daemon: bool, channel
     """
     if channels < 1:
         raise ComputeDomainError(f"the node publishes at least channel 0, not {channels} channels")
-    devices = [{"name": f"channel-{n}", "attributes": {"type": {"string": "channel"}, "id": {"int": n}}}
-               for n in range(channels)]
+    devices: list[dict[str, Any]] = [
+        {"name": f"channel-{n}", "attributes": {"type": {"string": "channel"}, "id": {"int": n}}}
+        for n in range(channels)]
     if daemon:
         devices.append({"name": "daemon-0", "attributes": {"type": {"string": "daemon"}, "id": {"int": 0}}})
+    if taints:
+        for device in devices:
+            device["taints"] = [dict(t) for t in taints]
     chunks = [devices[i:i + MAX_DEVICES_PER_SLICE] for i in range(0, len(devices), MAX_DEVICES_PER_SLICE)]
     return [{"apiVersion": api_version, "kind": "ResourceSlice",
              "metadata": {"generateName": f"{node_name}-{driver}-"},

@@ -66,6 +66,53 @@ class Clique:
         return f"{self.cluster_uuid}.{self.clique_id}"
 
 
+FABRIC_STATE_NOT_SUPPORTED, FABRIC_STATE_NOT_STARTED, FABRIC_STATE_IN_PROGRESS, FABRIC_STATE_COMPLETED = 0, 1, 2, 3
+"""``nvmlGpuFabricState_t`` values (nvml.h ``NVML_GPU_FABRIC_STATE_*``)."""
+FABRIC_STATE_NAMES = {FABRIC_STATE_NOT_SUPPORTED: "NOT_SUPPORTED", FABRIC_STATE_NOT_STARTED: "NOT_STARTED",
+                      FABRIC_STATE_IN_PROGRESS: "IN_PROGRESS", FABRIC_STATE_COMPLETED: "COMPLETED"}
+FABRIC_HEALTH_UNHEALTHY = 2
+"""``nvmlGpuFabricInfo_v3_t.healthSummary`` value ``NVML_GPU_FABRIC_HEALTH_SUMMARY_UNHEALTHY`` (nvml.h: 0 not
+supported, 1 healthy, 2 unhealthy, 3 limited capacity)."""
+FABRIC_REGISTRATION_FAILED = "registration-failed"
+""":attr:`FabricFault.reason` of a GPU whose registration completed with an error status."""
+FABRIC_UNHEALTHY = "unhealthy"
+""":attr:`FabricFault.reason` of a GPU whose fabric health summary is UNHEALTHY."""
+
+_HEALTH_MASK_FIELDS = (
+    # (shift, width, {value: what it means when it is a problem}): nvml.h NVML_GPU_FABRIC_HEALTH_MASK_*
+    (0, 2, {1: "degraded bandwidth"}),
+    (2, 2, {1: "route recovery in progress"}),
+    (4, 2, {1: "route unhealthy"}),
+    (6, 2, {1: "access-timeout recovery in progress"}),
+    (8, 4, {2: "incorrect configuration: bad system GUID", 3: "incorrect configuration: bad chassis serial number",
+            4: "incorrect configuration: no partition", 5: "incorrect configuration: insufficient NVLinks"}),
+)
+
+
+def describe_health_mask(mask: int) -> list[str]:
+    """The problems a fabric ``healthMask`` reports (nvml.h ``NVML_GPU_FABRIC_HEALTH_MASK_*`` fields: degraded
+    bandwidth, route recovery, route unhealthy, access-timeout recovery, incorrect configuration), in that order;
+    empty when every field says "not supported" or "fine" (0xAA, 0x1AA on a healthy GB200/GB300)."""
+    found: list[str] = []
+    for shift, width, problems in _HEALTH_MASK_FIELDS:
+        value = (mask >> shift) & ((1 << width) - 1)
+        if value in problems:
+            found.append(problems[value])
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class FabricFault:
+    """Why a GPU's NVLink fabric is not usable.
+
+    :param reason: :data:`FABRIC_REGISTRATION_FAILED` or :data:`FABRIC_UNHEALTHY` (a DRA taint value).
+    :param message: one line for people, without the GPU's name.
+    """
+
+    reason: str
+    message: str
+
+
 @dataclass(frozen=True, slots=True)
 class FabricInfo:
     """GPU fabric state (``nvmlGpuFabricInfo`` v1-v3).
@@ -87,6 +134,28 @@ class FabricInfo:
         if self.state == 0 or set(self.cluster_uuid.replace("-", "")) <= {"0"}:
             return None
         return Clique(self.cluster_uuid, self.clique_id)
+
+    @property
+    def registering(self) -> bool:
+        """The fabric manager has not finished registering the GPU (state NOT_STARTED or IN_PROGRESS): a passing
+        state at boot, or until the fabric manager runs (NVIDIA's #1264)."""
+        return self.state in (FABRIC_STATE_NOT_STARTED, FABRIC_STATE_IN_PROGRESS)
+
+    @property
+    def fault(self) -> FabricFault | None:
+        """Why the GPU's fabric is not usable, or ``None``: registration completed with a status other than
+        ``NVML_SUCCESS`` (registration failed), or health summary UNHEALTHY (``nvidia-smi -q``: Fabric / Health /
+        Summary; NVIDIA's #626). A GPU still registering, or without fabric support, has no fault."""
+        if self.state != FABRIC_STATE_COMPLETED:
+            return None
+        if self.status != 0:
+            return FabricFault(FABRIC_REGISTRATION_FAILED,
+                               f"NVLink fabric registration failed (status: NVML error {self.status})")
+        if self.health_summary == FABRIC_HEALTH_UNHEALTHY:
+            problems = ", ".join(describe_health_mask(self.health_mask))
+            return FabricFault(FABRIC_UNHEALTHY, f"NVLink fabric health summary UNHEALTHY (health mask "
+                                                 f"{self.health_mask:#x}{': ' + problems if problems else ''})")
+        return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,9 @@ fatal one never hides it:
 * ``gpu.nvidia.com/ecc-dbe``, NoSchedule: rising volatile double-bit ECC count;
 * ``gpu.nvidia.com/retired-pages-pending`` and ``gpu.nvidia.com/row-remap-failure``, NoSchedule: memory
   that needs a reset or failed remapping;
-* ``gpu.nvidia.com/fabric-unhealthy``, NoSchedule: NVLink fabric health summary unhealthy.
+* ``gpu.nvidia.com/fabric-unhealthy``, NoSchedule: the GPU's NVLink fabric is faulty (``nvmlDeviceGetGpuFabricInfoV``),
+  value ``unhealthy`` (health summary UNHEALTHY, NVIDIA's #626) or ``registration-failed`` (registration completed
+  with an error status); a GPU whose registration is still in progress is not tainted.
 
 NVIDIA's driver keeps informational Xids on ``gpu.nvidia.com/xid`` too, where a later one overwrites a
 fatal taint; here they have their own key. The device's health (health stream, message) follows its most
@@ -116,6 +118,8 @@ class HealthEvent:
     ci_id: int | None = None
     detail: str = ""
     recovery_action: int | None = None
+    value: str = ""
+    """The taint's value for a fault other than an Xid (e.g. ``registration-failed`` for ``fabric-unhealthy``)."""
 
     @property
     def mig_scoped(self) -> bool:
@@ -222,8 +226,8 @@ def classify(event: HealthEvent, ignored_xids: Iterable[int] = DEFAULT_IGNORED_X
             return DeviceTaint(f"{taint_domain}/{XID_INFORMATIONAL}", str(xid), Effect.NONE)
         return DeviceTaint(key, str(xid), Effect.NO_SCHEDULE)
     if event.kind.value in INFORMATIONAL_KINDS:
-        return DeviceTaint(key, "", Effect.NONE)
-    return DeviceTaint(key, "", Effect.NO_SCHEDULE)
+        return DeviceTaint(key, event.value, Effect.NONE)
+    return DeviceTaint(key, event.value, Effect.NO_SCHEDULE)
 
 
 def describe(event: HealthEvent) -> str:
@@ -234,7 +238,7 @@ def describe(event: HealthEvent) -> str:
         FaultKind.GPU_LOST: "GPU is lost (fell off the bus)",
         FaultKind.RETIRED_PAGES_PENDING: "pages pending retirement (reset needed)",
         FaultKind.ROW_REMAP_FAILURE: "row remapping failed",
-        FaultKind.FABRIC_UNHEALTHY: "NVLink fabric unhealthy",
+        FaultKind.FABRIC_UNHEALTHY: "NVLink fabric fault",
         FaultKind.UNMONITORED: "health events cannot be monitored",
     }[event.kind]
     scope = f" on GPU instance {event.gi_id} compute instance {event.ci_id}" if event.mig_scoped else ""

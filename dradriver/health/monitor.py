@@ -6,9 +6,9 @@ One :class:`HealthMonitor` per node ties together
   unmonitored GPUs),
 * the Cython poller (:class:`dradriver.nvml.poller.PollLoop`) for what has no event: pages pending
   retirement (``NVML_FI_DEV_RETIRED_PENDING``), row-remap failure (``NVML_FI_DEV_REMAPPED_FAILURE``), a
-  rising volatile double-bit ECC counter, GPU_IS_LOST answers, and on NVL72 nodes the fabric
-  ``healthSummary`` (``nvmlDeviceGetGpuFabricInfoV`` v3); a GPU that answers with none of those is reported
-  to the tracker as recovered,
+  rising volatile double-bit ECC counter, GPU_IS_LOST answers, and on GPUs with NVLink fabric support the
+  fabric info (``nvmlDeviceGetGpuFabricInfoV`` v3: a registration that failed, a ``healthSummary`` UNHEALTHY,
+  NVIDIA's #626); a GPU that answers with none of those is reported to the tracker as recovered,
 * the pure :class:`dradriver.domain.faults.HealthTracker` (classification, MIG scoping, quiet period).
 
 Outputs:
@@ -38,7 +38,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from dradriver.domain.devices import GpuDevice, NodeInventory
+from dradriver.domain.devices import FABRIC_STATE_NOT_SUPPORTED, GpuDevice, NodeInventory
 from dradriver.domain.faults import (
     DEFAULT_IGNORED_XIDS,
     TAINT_DOMAIN,
@@ -58,9 +58,6 @@ log = logging.getLogger(__name__)
 
 TaintMap = dict[str, list[dict[str, str]]]
 """Device name -> ``resource.k8s.io/v1`` DeviceTaint dicts (``key``, ``value``?, ``effect``)."""
-
-FABRIC_HEALTH_UNHEALTHY = 2
-"""``nvmlGpuFabricInfo_v3_t.healthSummary`` value ``NVML_GPU_FABRIC_HEALTH_SUMMARY_UNHEALTHY``."""
 
 HEALTHY, UNHEALTHY, UNKNOWN = "Healthy", "Unhealthy", "Unknown"
 
@@ -333,7 +330,9 @@ class HealthMonitor:
         return loop.latest if loop is not None else None
 
     def _fabric_fault(self, gpu: GpuDevice, now: float) -> HealthEvent | None:
-        if self.session is None or gpu.fabric is None or gpu.fabric.clique is None:
+        """A fabric fault of a GPU with fabric support (:attr:`~dradriver.domain.devices.FabricInfo.fault`:
+        registration failed, or health summary UNHEALTHY), read now; a GPU still registering has none."""
+        if self.session is None or gpu.fabric is None or gpu.fabric.state == FABRIC_STATE_NOT_SUPPORTED:
             return None
         try:
             info = read_fabric(self.session, gpu.uuid)
@@ -342,14 +341,10 @@ class HealthMonitor:
             if isinstance(exc, nvml_errors.NvmlGpuIsLost):
                 return HealthEvent(gpu.uuid, FaultKind.GPU_LOST, time=now, detail=str(exc))
             return None
-        if info is not None and info.health_summary == FABRIC_HEALTH_UNHEALTHY:
-            return HealthEvent(
-                gpu.uuid,
-                FaultKind.FABRIC_UNHEALTHY,
-                time=now,
-                detail=f"fabric health summary {info.health_summary}, health mask {info.health_mask:#x}",
-            )
-        return None
+        fault = info.fault if info is not None else None
+        if fault is None:
+            return None
+        return HealthEvent(gpu.uuid, FaultKind.FABRIC_UNHEALTHY, time=now, detail=fault.message, value=fault.reason)
 
     def _faults_in(self, sample: Sample, gpu: GpuDevice, now: float) -> list[HealthEvent]:
         uuid = gpu.uuid

@@ -60,6 +60,8 @@ class Readiness:
         self._health: HealthSource | None = None
         self._ready: Callable[[], bool] | None = None
         self._error: BaseException | None = None
+        self.waiting_for = ""
+        """What the start waits for now (e.g. NVLink fabric registration), for the calls that time out; ``""``."""
 
     @property
     def attached(self) -> bool:
@@ -91,8 +93,9 @@ class Readiness:
         :raises PluginStartError: the start failed, or did not finish within ``timeout_s`` seconds.
         """
         if self._preparer is None and self._error is None and not self._settled.wait(timeout_s):
+            waiting = f", waiting for {self.waiting_for}" if self.waiting_for else ""
             raise PluginStartError(f"the plugin is still starting after {timeout_s:.1f} s (the kubelet's "
-                                   "deadline); retry")
+                                   f"deadline){waiting}; retry")
         if self._preparer is None:
             raise PluginStartError(f"the plugin failed to start: {self._error}")
         return self._preparer
@@ -162,13 +165,14 @@ class EarlyServers:
         self.readiness = readiness
 
 
-async def start_early(config: PluginConfig) -> EarlyServers:
+async def start_early(config: PluginConfig, *, health_stream: bool = True) -> EarlyServers:
     """Serve the DRA socket, the probe and the registration socket now, over a pending :class:`Readiness`.
 
-    The servers advertise the health stream (the GPU plugin always serves one). Same errors as
-    :func:`~dradriver.server.sockets.start_servers`.
+    :param health_stream: advertise the health stream (the GPU plugin always serves one; the compute-domain
+        plugin none). Same errors as :func:`~dradriver.server.sockets.start_servers`.
     """
     readiness = Readiness()
-    servers = await start_servers(config, DeferredPreparer(readiness), health_source=DeferredHealthSource(readiness),
+    servers = await start_servers(config, DeferredPreparer(readiness),
+                                  health_source=DeferredHealthSource(readiness) if health_stream else None,
                                   ready=readiness.ready)
     return EarlyServers(servers, readiness)

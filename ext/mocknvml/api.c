@@ -852,13 +852,22 @@ nvmlReturn_t nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t computeInstance
 /* ---------------------------------------------------------------------------------------------------------
  * Fabric
  */
+/* What the fabric manager assigns at registration: until the state is COMPLETED the GPU has no cluster UUID and no
+ * clique ID yet (all zeros; nvidia-smi prints N/A), so a GPU that finishes registering at run time reports the
+ * profile's values from then on. */
+static void fabric_identity(const mock_gpu *g, unsigned char *uuid, unsigned *cliqueId) {
+    int registered = g->v.fabricState == NVML_GPU_FABRIC_STATE_COMPLETED;
+    if (registered) memcpy(uuid, g->clusterUuid, NVML_GPU_FABRIC_UUID_LEN);
+    else memset(uuid, 0, NVML_GPU_FABRIC_UUID_LEN);
+    *cliqueId = registered ? (unsigned)g->v.fabricCliqueId : 0;
+}
+
 nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t device, nvmlGpuFabricInfo_t *gpuFabricInfo) {
     DEV_ENTER(device, r, 0);
     if (!gpuFabricInfo) RET(NVML_ERROR_INVALID_ARGUMENT);
     if (!r.g->hasFabric) RET(NVML_ERROR_NOT_SUPPORTED);
-    memcpy(gpuFabricInfo->clusterUuid, r.g->clusterUuid, NVML_GPU_FABRIC_UUID_LEN);
+    fabric_identity(r.g, gpuFabricInfo->clusterUuid, &gpuFabricInfo->cliqueId);
     gpuFabricInfo->status = (nvmlReturn_t)r.g->v.fabricStatus;
-    gpuFabricInfo->cliqueId = (unsigned)r.g->v.fabricCliqueId;
     gpuFabricInfo->state = (nvmlGpuFabricState_t)r.g->v.fabricState;
     RET(NVML_SUCCESS);
 }
@@ -871,15 +880,13 @@ nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, nvmlGpuFabricInfoV
     if (!r.g->hasFabric) RET(NVML_ERROR_NOT_SUPPORTED);
     if (version == nvmlGpuFabricInfo_v2) {
         nvmlGpuFabricInfo_v2_t *v2 = (nvmlGpuFabricInfo_v2_t *)gpuFabricInfo;
-        memcpy(v2->clusterUuid, r.g->clusterUuid, NVML_GPU_FABRIC_UUID_LEN);
+        fabric_identity(r.g, v2->clusterUuid, &v2->cliqueId);
         v2->status = (nvmlReturn_t)r.g->v.fabricStatus;
-        v2->cliqueId = (unsigned)r.g->v.fabricCliqueId;
         v2->state = (nvmlGpuFabricState_t)r.g->v.fabricState;
         v2->healthMask = (unsigned)r.g->v.fabricHealthMask;
     } else {
-        memcpy(gpuFabricInfo->clusterUuid, r.g->clusterUuid, NVML_GPU_FABRIC_UUID_LEN);
+        fabric_identity(r.g, gpuFabricInfo->clusterUuid, &gpuFabricInfo->cliqueId);
         gpuFabricInfo->status = (nvmlReturn_t)r.g->v.fabricStatus;
-        gpuFabricInfo->cliqueId = (unsigned)r.g->v.fabricCliqueId;
         gpuFabricInfo->state = (nvmlGpuFabricState_t)r.g->v.fabricState;
         gpuFabricInfo->healthMask = (unsigned)r.g->v.fabricHealthMask;
         gpuFabricInfo->healthSummary = (unsigned char)r.g->v.fabricHealthSummary;

@@ -189,9 +189,13 @@ def test_slices_carry_the_plugins_generate_name(capsys: pytest.CaptureFixture[st
 
 
 def _table(out: str) -> list[dict[str, str]]:
+    """The rows of ``-o table``/``-o wide`` by column name, cut at the header's column starts (cells may hold
+    spaces: ``NVIDIA GB200``)."""
     header, *lines = out.splitlines()
     names = header.split()
-    return [dict(zip(names, line.split(), strict=True)) for line in lines]
+    starts = [header.index(n) for n in names]
+    ends = [*starts[1:], None]
+    return [{n: line[a:b].strip() for n, a, b in zip(names, starts, ends, strict=True)} for line in lines]
 
 
 def test_table_has_one_row_per_published_device(capsys: pytest.CaptureFixture[str]) -> None:
@@ -225,12 +229,7 @@ def test_wide_reports_an_unhealthy_gpu_with_its_taint(capsys: pytest.CaptureFixt
     assert rc == 0, err
     assert out.splitlines()[0].split() == ["NODE", "DEVICE", "GPU", "MIG", "MEMORY", "UUID", "HEALTH", "PRODUCT",
                                            "PCI-BUS-ID", "SLICE", "TAINTS"]
-    header = out.splitlines()[0]
-    starts = [header.index(n) for n in ("HEALTH", "PRODUCT", "PCI-BUS-ID", "SLICE", "TAINTS")]
-    rows = {}
-    for line in out.splitlines()[1:]:
-        name = line.split()[1]
-        rows[name] = [line[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)]
+    rows = {r["DEVICE"]: [r[n] for n in ("HEALTH", "PRODUCT", "PCI-BUS-ID", "SLICE", "TAINTS")] for r in _table(out)}
     data = mock.load_profile(profile)
     sick = mock.resolved_gpus(data)[1]
     sick_name = f"gpu-{sick.get('minor', 1)}"
@@ -239,3 +238,26 @@ def test_wide_reports_an_unhealthy_gpu_with_its_taint(capsys: pytest.CaptureFixt
     assert product == sick["name"] and bus_id.lower() == dra_bus_id(sick["pciBusId"])
     assert slice_name == "00000-gpu.nvidia.com-n1-"
     assert all(r[0] == "Healthy" and r[4] == "-" for n, r in rows.items() if n != sick_name)
+
+
+@pytest.mark.parametrize("profile, gpu, value", [
+    ("gb200-nvl72-fabric-failed", None, "registration-failed"),  # state COMPLETED, status NVML_ERROR_UNKNOWN
+    ("unhealthy-summary", 2, "unhealthy"),  # health summary UNHEALTHY (2) on GPU 2 of the GB200 tray
+])
+def test_wide_reports_a_faulty_nvlink_fabric_as_unhealthy_with_its_taint(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, profile: str, gpu: int | None, value: str) -> None:
+    if profile == "unhealthy-summary":
+        def edit(data: dict[str, Any]) -> None:
+            data["gpus"][2]["fabric"]["healthSummary"] = 2
+            data["gpus"][2]["fabric"]["healthMask"] = 0x9A  # route unhealthy
+
+        profile = write_profile(tmp_path, "gb200-nvl72-node", edit)
+    rc, out, err = inspect(capsys, "--mock-profile", profile, "--node-name", "n1", "-o", "wide")
+    assert rc == 0, err
+    rows = {row["DEVICE"]: row for row in _table(out)}
+    sick = {f"gpu-{g}" for g in range(4)} if gpu is None else {f"gpu-{gpu}"}
+    for name, row in rows.items():
+        if name in sick:
+            assert (row["HEALTH"], row["TAINTS"]) == ("Unhealthy", f"gpu.nvidia.com/fabric-unhealthy={value}")
+        else:
+            assert (row["HEALTH"], row["TAINTS"]) == ("Healthy", "-")

@@ -13,6 +13,7 @@ from dradriver.app.cdcontroller import ControllerConfig
 from dradriver.commands import compute_domain_controller
 from dradriver.config import add_flags
 from dradriver.domain.computedomains import CHANNEL_DEVICE_CLASS, DAEMON_DEVICE_CLASS, DAEMON_SERVICE_ACCOUNT
+from dradriver.server.probe import READINESS_SERVICE
 from tests.deploy.manifests import container, find, one, render
 
 OVERLAY = "overlays/compute-domains"
@@ -143,6 +144,8 @@ def test_the_compute_domain_plugin_runs_beside_the_gpu_plugin() -> None:
                     "IMEX_ISOLATION", "IMEX_HOST_SOCKET_PATH", "FEATURE_GATES", "KUBECONFIG"}
     assert nvidia_names <= set(env)
     assert env["HEALTHCHECK_PORT"]["value"] == "51515" and env["HTTP_ENDPOINT"]["value"] == ":8081"
+    # not ready while the NVLink fabric registration is waited out, then until the slices are published
+    assert ctr["readinessProbe"]["grpc"] == {"port": 51515, "service": READINESS_SERVICE}
     assert ctr["image"] == container(ds, "gpus")["image"]
     gpus_mounts = {m["mountPath"] for m in container(ds, "gpus")["volumeMounts"]}
     assert {m["mountPath"] for m in ctr["volumeMounts"]} <= gpus_mounts

@@ -190,11 +190,37 @@ def test_unhealthy_nvlink_fabric_taints_the_gpu_until_it_recovers(mock_node: Any
     service.poll_now()
     update = log.wait_for(bool, "a taint update")
     [name] = node.names_of(1)
-    assert update == {name: [{"key": "gpu.nvidia.com/fabric-unhealthy", "effect": "NoSchedule"}]}
-    assert "fabric health summary 2" in {s.device_name: s for s in service.snapshot()}[name].message
+    assert update == {name: [{"key": "gpu.nvidia.com/fabric-unhealthy", "value": "unhealthy", "effect": "NoSchedule"}]}
+    assert "NVLink fabric health summary UNHEALTHY (health mask 0xaa)" in {
+        s.device_name: s for s in service.snapshot()}[name].message
     node.control("set 1 fabric.healthSummary 1")
     service.poll_now()
     assert log.wait_for(lambda t: t == {}, "the fabric taint to go") == {}
+
+
+def test_failed_fabric_registration_taints_the_gpu_and_reaches_the_health_stream(mock_node: Any,
+                                                                                  services: Services) -> None:
+    node: MockNode = mock_node("gb200-nvl72-node")
+    log = TaintLog()
+    service = services(node, log)
+    service.start()
+    node.control("set 0 fabric.state 2")  # registering again (IN_PROGRESS): passing, not a fault
+    node.control("set 3 fabric.status 999")  # registration completed with NVML_ERROR_UNKNOWN
+    node.control("set 3 fabric.healthMask 16")  # route unhealthy
+    service.poll_now()
+    update = log.wait_for(bool, "a taint update")
+    [name] = node.names_of(3)
+    assert update == {name: [{"key": "gpu.nvidia.com/fabric-unhealthy", "value": "registration-failed",
+                              "effect": "NoSchedule"}]}
+    status = {s.device_name: s for s in service.snapshot()}
+    assert status[name].health == "Unhealthy"
+    assert "NVLink fabric registration failed (status: NVML error 999)" in status[name].message
+    assert {s.health for n, s in status.items() if n != name} == {"Healthy"}
+    node.control("set 3 fabric.status 0")
+    node.control("set 3 fabric.healthSummary 2")  # registered now, but the fabric is unhealthy: the value follows
+    service.poll_now()
+    update = log.wait_for(lambda t: t.get(name, [{}])[0].get("value") == "unhealthy", "the value to change")
+    assert "route unhealthy" in {s.device_name: s for s in service.snapshot()}[name].message
 
 
 @pytest.mark.parametrize("xid", [95, 119])

@@ -64,7 +64,20 @@ def test_the_two_racks_are_different_cliques(nvml: Callable[[str | Path], Any], 
 def test_fabric_state_and_status_can_be_replaced_per_tray(nvml: Callable[[str | Path], Any], tmp_path: Path) -> None:
     path = mock.rack_node_profile("gb200-nvl72-rack-a", 1, tmp_path, fabric_state=mock.FABRIC_STATE_IN_PROGRESS)
     info = _fabric(nvml(path), 3)
-    assert info.state == mock.FABRIC_STATE_IN_PROGRESS and info.cliqueId == RACK_A[1]
+    assert info.state == mock.FABRIC_STATE_IN_PROGRESS
+    assert (info.cliqueId, bytes(info.clusterUuid)) == (0, bytes(16))  # assigned once the registration completes
+
+
+def test_a_gpu_that_finishes_registering_reports_its_cluster_and_clique(
+        nvml: Callable[[str | Path], Any], tmp_path: Path) -> None:
+    path = mock.rack_node_profile("gb200-nvl72-rack-a", 1, tmp_path, fabric_state=mock.FABRIC_STATE_IN_PROGRESS)
+    pynvml = nvml(path)
+    assert (_fabric(pynvml, 0).cliqueId, bytes(_fabric(pynvml, 0).clusterUuid)) == (0, bytes(16))
+    lib = ctypes.CDLL(str(mock.library_path()))
+    assert lib.mocknvml_control(b"set 0 fabric.state 3") == 0  # what the fabric manager does at run time
+    info = _fabric(pynvml, 0)
+    assert bytes(info.clusterUuid) == bytes.fromhex(RACK_A[0].replace("-", ""))
+    assert (info.cliqueId, info.state) == (RACK_A[1], mock.FABRIC_STATE_COMPLETED)
 
 
 @pytest.mark.parametrize(("name", "state", "status"), [
@@ -73,7 +86,7 @@ def test_bundled_fabric_variants(nvml: Callable[[str | Path], Any], name: str, s
     pynvml = nvml(name)
     for index in range(4):
         info = _fabric(pynvml, index)
-        assert (info.state, info.status, info.cliqueId) == (state, status, RACK_A[1])
+        assert (info.state, info.status, info.cliqueId) == (state, status, RACK_A[1] if state == 3 else 0)
 
 
 def test_rack_node_profile_rejects_bad_input(tmp_path: Path) -> None:
