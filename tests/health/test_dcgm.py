@@ -138,7 +138,9 @@ def _pod_resources() -> Any:
 def test_holders_keep_this_drivers_devices_of_this_pool() -> None:
     found = holders(_pod_resources(), driver="gpu.nvidia.com", pool="n1")
     assert set(found) == {"gpu-1"}
-    assert found["gpu-1"] == DeviceHolder("trainer-0", "team-a", "cuda", "trainer-0-gpu", "team-a")
+    assert found["gpu-1"] == (DeviceHolder("trainer-0", "team-a", "cuda", "trainer-0-gpu", "team-a", "n1"),)
+    every_pool = holders(_pod_resources(), driver="gpu.nvidia.com", pool=None)
+    assert {d: [h.pool for h in held] for d, held in every_pool.items()} == {"gpu-1": ["n1"], "gpu-0": ["other-node"]}
 
 
 def test_pod_resources_attribution_in_the_exporter(mock_node: Any, services: Services, short_dir: Path) -> None:
