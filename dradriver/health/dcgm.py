@@ -149,7 +149,7 @@ class DcgmCollector(Collector):
     start is labelled and attributed at the next scrape.
 
     :param node: the ``Hostname`` label and the DRA pool name.
-    :param claim_of: device name -> ``(namespace, claim name)`` of the prepared claim holding it (the kubelet
+    :param claim_of: device name -> ``(namespace, claim name)`` of each prepared claim holding it (the kubelet
         plugin).
     :param holders: the PodResources view of who holds which device (``dradriver exporter``); it wins over
         ``claim_of`` and adds ``pod``, ``namespace``, ``container``. With neither, no attribution labels.

@@ -48,8 +48,9 @@ PREPARE_ERROR_TYPES = ("lock_acquire", "prepare_devices", "publish_resources")
 UNPREPARE_ERROR_TYPES = ("lock_acquire", "unprepare_devices", "publish_resources")
 OUTCOMES = ("success", "error")
 
-ClaimLookup = Callable[[str], "tuple[str, str] | None"]
-"""Device name -> ``(namespace, claim name)`` of the prepared claim holding it, or ``None``."""
+ClaimLookup = Callable[[str], "Sequence[tuple[str, str]] | None"]
+"""Device name -> ``(namespace, claim name)`` of every prepared claim holding it (several with admin access or
+consumable shares), or ``None``."""
 
 
 def nvml_error_name(code: int) -> str:
@@ -355,13 +356,13 @@ class ClaimHolder:
 def holders_of(name: str, held: Mapping[str, Sequence[DeviceHolder]] | None,
                claim_of: ClaimLookup | None) -> Sequence[DeviceHolder]:
     """Who device ``name``'s series are attributed to: every container the PodResources view ``held`` lists
-    for it, else the prepared claim ``claim_of`` names, else nobody (one unattributed series)."""
+    for it, else every prepared claim ``claim_of`` names, else nobody (one unattributed series)."""
     if held:
         found = held.get(name)
         if found:
             return found
-    owner = claim_of(name) if claim_of is not None and name else None
-    return (ClaimHolder(owner[0], owner[1]),) if owner is not None else ()
+    owners = claim_of(name) if claim_of is not None and name else None
+    return tuple(ClaimHolder(namespace, claim) for namespace, claim in owners or ())
 
 
 T = TypeVar("T")
@@ -424,7 +425,8 @@ class DeviceCollector(Collector):
     :param source: the health service (sample, inventory, health, Xids); its device set is followed
         (:class:`InventoryView`).
     :param node: value of the ``node`` label.
-    :param claim_of: device name -> ``(namespace, claim)`` for prepared devices (the kubelet plugin).
+    :param claim_of: device name -> ``(namespace, claim)`` of each prepared claim holding it (the kubelet
+        plugin).
     :param holders: the PodResources view, called once per scrape (``dradriver exporter``); wins over
         ``claim_of``.
     """
@@ -571,7 +573,7 @@ def exporter_registry(source: DeviceSource, *, node: str, process_metrics: bool 
 
     :param dcgm_compatible: device series under dcgm-exporter's ``DCGM_FI_*`` names, units and labels
         (:class:`dradriver.health.dcgm.DcgmCollector`) instead of the ``dradriver_*`` ones.
-    :param claim_of: device name -> ``(namespace, claim)`` of prepared devices (attribution labels).
+    :param claim_of: device name -> ``(namespace, claim)`` of each prepared claim holding it (attribution).
     :param holders: the kubelet's PodResources view (:data:`HolderLookup`), in both naming modes: ``pod``,
         ``namespace``, ``container`` and the claim labels, one series per container using a device.
     """

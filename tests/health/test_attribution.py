@@ -126,6 +126,24 @@ def test_a_dynamic_mig_device_created_after_start_carries_its_claim(mig_node: Sa
     asyncio.run(body())
 
 
+@MODES
+def test_a_device_two_claims_hold_has_a_series_per_claim_in_the_plugin(sandbox: SandboxNode, dcgm: bool) -> None:
+    async def body() -> list[dict[str, str]]:
+        assert sandbox.api is not None
+        async with running(sandbox.config(dcgm_compatible=dcgm)) as (plugin, kubelet):
+            owner = set_allocation(sandbox, sandbox.api.create(claim_object("owner")), [result("gpu-2")])
+            monitor = set_allocation(sandbox, sandbox.api.create(claim_object("monitor")),
+                                     [result("gpu-2", admin=True)])  # admin access shares the device
+            answer = await kubelet.prepare([ref_of(owner), ref_of(monitor)])
+            assert [a.error for a in answer.values()] == ["", ""]
+            assert plugin.metrics is not None
+            return _memory_series(_scrape(plugin.metrics.registry, dcgm), dcgm, "gpu-2")
+
+    series = asyncio.run(body())
+    assert sorted(_holders(dcgm, labels) for labels in series) == [("", "", "default", "monitor"),
+                                                                    ("", "", "default", "owner")]
+
+
 def _two_pods(device: str, pool: str) -> Any:
     """Two pods (one container each) using ``device`` through one shared claim."""
     return encode_response([

@@ -108,7 +108,7 @@ def test_prepared_devices_carry_dra_attribution(mock_node: Any, services: Servic
     service = services(node, TaintLog())
     service.start()
     mig = node.inventory.migs[0]
-    claims = {"gpu-3": ("team-a", "training"), mig.name: ("team-b", "notebook")}
+    claims = {"gpu-3": [("team-a", "training")], mig.name: [("team-b", "notebook")]}
     metrics = DriverMetrics(node="node-a", process_metrics=False)
     metrics.attach_devices(service, claim_of=claims.get, dcgm_compatible=True)
     families = _parse(exposition(metrics.registry).decode())
