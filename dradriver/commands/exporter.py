@@ -15,6 +15,7 @@ dcgm-exporter's ``DCGM_FI_*`` names, units and labels instead (see :mod:`dradriv
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import signal
@@ -169,17 +170,27 @@ class DeviceFollower:
         self._thread = threading.Thread(target=self._run, name="device-follower", daemon=True)
 
     @staticmethod
-    def device_set(inventory: Any) -> tuple[object, ...]:
-        """What a change is judged on: each GPU's UUID and MIG mode, each MIG device's UUID."""
-        return (tuple((g.uuid, g.mig_enabled) for g in inventory.gpus), tuple(m.uuid for m in inventory.migs))
+    def device_set(inventory: Any) -> tuple[frozenset[object], ...]:
+        """What a change is judged on: each GPU's UUID and MIG mode, each MIG device's UUID (in any order)."""
+        return frozenset((g.uuid, g.mig_enabled) for g in inventory.gpus), frozenset(m.uuid for m in inventory.migs)
 
     def refresh(self) -> bool:
-        """Re-read now (this thread); True when the snapshot was replaced."""
+        """Re-read now (this thread); True when the snapshot was replaced.
+
+        A GPU of the last snapshot that the re-read leaves out (fallen off the bus, a failing query) stays, with
+        its MIG devices: its health series (``gpu-lost``) must not vanish with it.
+        """
         from dradriver.nvml.discovery import discover
 
         self.session.forget_mig_handles()
         inventory = discover(self.session, sysfs_root=self.sysfs_root)
-        if self.device_set(inventory) == self.device_set(self.registry.snapshot):
+        last = self.registry.snapshot
+        kept = {g.uuid for g in last.gpus} - {g.uuid for g in inventory.gpus}
+        if kept:
+            inventory = dataclasses.replace(
+                inventory, gpus=(*inventory.gpus, *(g for g in last.gpus if g.uuid in kept)),
+                migs=(*inventory.migs, *(m for m in last.migs if m.parent.uuid in kept)))
+        if self.device_set(inventory) == self.device_set(last):
             return False
         self.log.info("device set changed: %d GPU(s), %d MIG device(s)", len(inventory.gpus), len(inventory.migs))
         self.registry.replace(inventory)

@@ -256,3 +256,22 @@ def test_exporter_without_a_node_name_attributes_the_pool_the_kubelet_lists(
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 1, said  # once per change, not at every scrape
     assert "pool(s) sandbox-node, none of node 'build-host'" in said[0] and "--node-name" in said[0]
+
+
+def test_the_exporter_keeps_a_gpu_that_falls_off_the_bus_while_following_mig_changes(mock_node: Any) -> None:
+    from dradriver.commands.exporter import DeviceFollower
+    from dradriver.domain.registry import DeviceRegistry
+
+    node: MockNode = mock_node("dgx-a100")
+    devices: DeviceRegistry[Any] = DeviceRegistry(node.inventory, lambda inv: {d.name: d for d in inv.allocatable()})
+    follower = DeviceFollower(node.session, devices, sysfs_root=Path("/nonexistent"), interval_s=3600,
+                              log=logging.getLogger("test"))
+    assert follower.refresh() is False  # nothing changed: the snapshot (and the poller) stay
+    lost = node.inventory.gpus[0]  # a MIG-mode GPU with MIG devices
+    assert any(m.parent.uuid == lost.uuid for m in node.inventory.migs)
+    node.set_lost(0, True)
+    try:
+        assert follower.refresh() is False  # the lost GPU and its MIG devices stay (their health series too)
+    finally:
+        node.set_lost(0, False)
+    assert devices.snapshot is node.inventory
