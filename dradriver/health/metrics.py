@@ -20,7 +20,6 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
@@ -32,6 +31,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from dradriver.domain.devices import NodeInventory
+from dradriver.domain.holders import DeviceHolder
 from dradriver.domain.identity import GPU_DRIVER
 from dradriver.nvml import errors as nvml_errors
 from dradriver.nvml.poller import Sample
@@ -318,39 +318,8 @@ class DeviceSource(Protocol):
     def nvml_errors(self) -> dict[int, int]: ...
 
 
-class DeviceHolder(Protocol):
-    """A pod container and the ResourceClaim through which it holds a device, as the kubelet's PodResources says
-    (:class:`dradriver.server.podresources.DeviceHolder`); ``pod`` and ``container`` are empty when only the
-    claim is known (the kubelet plugin's own prepared claims)."""
-
-    @property
-    def pod(self) -> str: ...
-    @property
-    def namespace(self) -> str: ...
-    @property
-    def container(self) -> str: ...
-    @property
-    def claim_name(self) -> str: ...
-    @property
-    def claim_namespace(self) -> str: ...
-    @property
-    def pool(self) -> str: ...
-
-
 HolderLookup = Callable[[], Mapping[str, Sequence[DeviceHolder]]]
 """Called once per scrape: device name -> every container holding it, for the devices in use on this node."""
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimHolder:
-    """A :class:`DeviceHolder` known by its claim only (no pod, no container)."""
-
-    claim_namespace: str
-    claim_name: str
-    pool: str = ""
-    pod: str = ""
-    namespace: str = ""
-    container: str = ""
 
 
 def holders_of(name: str, held: Mapping[str, Sequence[DeviceHolder]] | None,
@@ -362,7 +331,7 @@ def holders_of(name: str, held: Mapping[str, Sequence[DeviceHolder]] | None,
         if found:
             return found
     owners = claim_of(name) if claim_of is not None and name else None
-    return tuple(ClaimHolder(namespace, claim) for namespace, claim in owners or ())
+    return tuple(DeviceHolder.of_claim(namespace, claim) for namespace, claim in owners or ())
 
 
 T = TypeVar("T")

@@ -12,12 +12,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
 from dradriver._proto import podresources_v1_pb2, podresources_v1_pb2_grpc
+from dradriver.domain.holders import DeviceHolder
 from dradriver.errors import DradriverError
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
@@ -26,21 +26,6 @@ DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
 class PodResourcesError(DradriverError):
     """The PodResources socket did not answer (missing, refused, timed out); the message names the socket."""
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceHolder:
-    """One pod container and the ResourceClaim through which it holds a DRA device.
-
-    :param pool: the ResourceSlice pool the device is listed in (for ``gpu.nvidia.com``: the node's name).
-    """
-
-    pod: str
-    namespace: str
-    container: str
-    claim_name: str
-    claim_namespace: str
-    pool: str = ""
 
 
 def holders(response: Any, *, driver: str, pool: str | None) -> dict[str, tuple[DeviceHolder, ...]]:

@@ -13,9 +13,7 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +28,8 @@ from dradriver.health.metrics import exporter_registry
 from dradriver.sandbox.node import SandboxNode
 from dradriver.sandbox.podresources import PodResourcesServer
 from dradriver.server.podresources import encode_response
-from tests import factories
 from tests.plugin.conftest import claim_object, ref_of, result, running, set_allocation, wait_for
+from tests.plugin.test_dynamic_mig import mig_node  # noqa: F401 (fixture: a DGX H100 sandbox with MIG state)
 
 from .conftest import MockNode, Services
 
@@ -72,34 +70,15 @@ def _holders(dcgm: bool, labels: dict[str, str]) -> tuple[str, str, str, str]:
     return labels["pod"], labels["container"], labels["namespace"], labels["claim"]
 
 
-@pytest.fixture
-def mig_node() -> Iterator[SandboxNode]:
-    """A DGX H100 sandbox (MIG off) whose mock NVML keeps its MIG state in a file other processes share."""
-    with SandboxNode(profile="dgx-h100", mig_state=True) as node:
-        assert node.api is not None
-        node.api.create(factories.DEVICE_CLASS)
-        yield node
-
-
 def _claim(node: SandboxNode, name: str, device: str) -> Any:
     """A claim in ``default`` allocated ``device`` of this node, as the kubelet references it."""
     assert node.api is not None
     return ref_of(set_allocation(node, node.api.create(claim_object(name)), [result(device, pool=node.node_name)]))
 
 
-async def _until(what: str, check: Callable[[], Any], timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not seen within {timeout:g} s")
-        await asyncio.sleep(0.05)
-
-
 @MODES
-def test_a_dynamic_mig_device_created_after_start_carries_its_claim(mig_node: SandboxNode, dcgm: bool) -> None:
+def test_a_dynamic_mig_device_created_after_start_carries_its_claim(
+        mig_node: SandboxNode, dcgm: bool) -> None:  # noqa: F811 (the imported fixture)
     async def body() -> None:
         config = mig_node.config(feature_gates=GATES, dcgm_compatible=dcgm)
         async with running(config) as (plugin, kubelet):
@@ -111,8 +90,8 @@ def test_a_dynamic_mig_device_created_after_start_carries_its_claim(mig_node: Sa
             await wait_for(lambda: [m.name for m in plugin.inventory.migs] == [PLACEMENT])
             [mig] = plugin.inventory.migs
             registry = plugin.metrics.registry
-            [series] = await _until("the MIG device's memory series",
-                                    lambda: _memory_series(_scrape(registry, dcgm), dcgm, PLACEMENT))
+            await wait_for(lambda: _memory_series(_scrape(registry, dcgm), dcgm, PLACEMENT), timeout=20)
+            [series] = _memory_series(_scrape(registry, dcgm), dcgm, PLACEMENT)
             assert _holders(dcgm, series)[2:] == ("default", "one-g")
             if dcgm:
                 assert (series["dra_mig_device_uuid"], series["GPU_I_ID"]) == (mig.uuid, str(mig.gi_id))
@@ -188,8 +167,8 @@ def _get(url: str) -> str:
 
 
 @MODES
-def test_the_exporter_attributes_a_dynamic_mig_device_to_every_pod_using_it(mig_node: SandboxNode, short_dir: Path,
-                                                                           dcgm: bool) -> None:
+def test_the_exporter_attributes_a_dynamic_mig_device_to_every_pod_using_it(
+        mig_node: SandboxNode, short_dir: Path, dcgm: bool) -> None:  # noqa: F811 (the imported fixture)
     sock = short_dir / "kubelet.sock"
     port = _free_port()
     served = PodResourcesServer(sock, lambda: _two_pods(PLACEMENT, mig_node.node_name)).start()
@@ -209,14 +188,14 @@ def test_the_exporter_attributes_a_dynamic_mig_device_to_every_pod_using_it(mig_
             except OSError:
                 return False
 
-        await _until("the exporter serving", serving)
+        await wait_for(serving, timeout=30)
         assert _memory_series(_families(_get(url)), dcgm, PLACEMENT) == []
         async with running(mig_node.config(feature_gates=GATES)) as (_plugin, kubelet):
             ref = _claim(mig_node, "shared-gpu", PLACEMENT)
             answer = await kubelet.prepare([ref])
             assert answer[ref.uid].error == ""
-            return list(await _until("the dynamic MIG device in the exporter's series",
-                                     lambda: _memory_series(_families(_get(url)), dcgm, PLACEMENT)))
+            await wait_for(lambda: _memory_series(_families(_get(url)), dcgm, PLACEMENT), timeout=20)
+            return _memory_series(_families(_get(url)), dcgm, PLACEMENT)
 
     try:
         series = asyncio.run(body())

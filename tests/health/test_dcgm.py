@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from dradriver.domain.holders import DeviceHolder
 from dradriver.health.dcgm import (
     BASE_LABELS,
     DRA_LABELS,
@@ -25,7 +26,7 @@ from dradriver.health.dcgm import (
 )
 from dradriver.health.metrics import DriverMetrics, exporter_registry
 from dradriver.sandbox.podresources import PodResourcesServer
-from dradriver.server.podresources import DeviceHolder, PodResourcesError, encode_response, holders, list_holders
+from dradriver.server.podresources import PodResourcesError, encode_response, holders, list_holders
 
 from .conftest import MockNode, Services, TaintLog
 
