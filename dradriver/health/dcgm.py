@@ -37,7 +37,8 @@ from prometheus_client.utils import floatToGoString
 from dradriver.domain.devices import GpuDevice, MigDevice, NodeInventory
 from dradriver.domain.holders import DeviceHolder
 from dradriver.domain.identity import GPU_DRIVER
-from dradriver.health.metrics import ClaimLookup, DeviceSource, HolderLookup, InventoryView, holders_of
+from dradriver.health.attribution import ClaimLookup, HolderLookup, InventoryView, holders_of
+from dradriver.health.metrics import DeviceSource
 
 _MIB = float(1 << 20)
 
@@ -146,7 +147,7 @@ class DcgmCollector(Collector):
 
     A device several pod containers use has one series per container (``pod``, ``namespace``, ``container``),
     as dcgm-exporter writes them for a shared GPU (NVIDIA/dcgm-exporter PR #432); the device set follows the
-    source's (:class:`~dradriver.health.metrics.InventoryView`), so a dynamic-MIG instance created after the
+    source's (:class:`~dradriver.health.attribution.InventoryView`), so a dynamic-MIG instance created after the
     start is labelled and attributed at the next scrape.
 
     :param node: the ``Hostname`` label and the DRA pool name.

@@ -20,7 +20,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Protocol
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
@@ -33,6 +33,7 @@ from prometheus_client.registry import Collector
 from dradriver.domain.devices import NodeInventory
 from dradriver.domain.holders import DeviceHolder
 from dradriver.domain.identity import GPU_DRIVER
+from dradriver.health.attribution import ClaimLookup, HolderLookup, InventoryView, holders_of
 from dradriver.nvml import errors as nvml_errors
 from dradriver.nvml.poller import Sample
 
@@ -47,11 +48,6 @@ DEVICE_TYPES = ("gpu", "mig", "vfio", "unknown")
 PREPARE_ERROR_TYPES = ("lock_acquire", "prepare_devices", "publish_resources")
 UNPREPARE_ERROR_TYPES = ("lock_acquire", "unprepare_devices", "publish_resources")
 OUTCOMES = ("success", "error")
-
-ClaimLookup = Callable[[str], "Sequence[tuple[str, str]] | None"]
-"""Device name -> ``(namespace, claim name)`` of every prepared claim holding it (several with admin access or
-consumable shares), or ``None``."""
-
 
 def nvml_error_name(code: int) -> str:
     """The ``nvmlReturn_t`` enumerator name for a code (``NVML_ERROR_GPU_IS_LOST``), ``"UNKNOWN"`` if new."""
@@ -318,48 +314,6 @@ class DeviceSource(Protocol):
     def nvml_errors(self) -> dict[int, int]: ...
 
 
-HolderLookup = Callable[[], Mapping[str, Sequence[DeviceHolder]]]
-"""Called once per scrape: device name -> every container holding it, for the devices in use on this node."""
-
-
-def holders_of(name: str, held: Mapping[str, Sequence[DeviceHolder]] | None,
-               claim_of: ClaimLookup | None) -> Sequence[DeviceHolder]:
-    """Who device ``name``'s series are attributed to: every container the PodResources view ``held`` lists
-    for it, else every prepared claim ``claim_of`` names, else nobody (one unattributed series)."""
-    if held:
-        found = held.get(name)
-        if found:
-            return found
-    owners = claim_of(name) if claim_of is not None and name else None
-    return tuple(DeviceHolder.of_claim(namespace, claim) for namespace, claim in owners or ())
-
-
-T = TypeVar("T")
-
-
-class InventoryView(Generic[T]):
-    """What a collector derives from its source's device set (labels by UUID), rebuilt when the set changes.
-
-    The source (the health monitor) replaces its ``inventory`` as a subscriber of the plugin's
-    :class:`~dradriver.domain.registry.DeviceRegistry` (dynamic MIG creating or destroying MIG devices) or of
-    the exporter's re-discovery, so a device created after the collectors started is labelled and attributed
-    at the next scrape. Thread-safe: concurrent scrapes each see one consistent ``(inventory, derived)`` pair.
-    """
-
-    def __init__(self, source: DeviceSource, derive: Callable[[NodeInventory], T]) -> None:
-        self._source = source
-        self._derive = derive
-        self._current: tuple[NodeInventory, T] | None = None
-
-    def get(self) -> T:
-        """What ``derive`` made of the source's current inventory."""
-        inventory = self._source.inventory
-        current = self._current
-        if current is None or current[0] is not inventory:
-            current = self._current = (inventory, self._derive(inventory))
-        return current[1]
-
-
 _LABELS = ("uuid", "device", "node", "namespace", "claim", "pod", "container")
 
 LabelSets = Mapping[str, Sequence[tuple[str, ...]]]
@@ -392,7 +346,7 @@ class DeviceCollector(Collector):
     series per container, as dcgm-exporter writes them; a device nobody holds, one with those labels empty.
 
     :param source: the health service (sample, inventory, health, Xids); its device set is followed
-        (:class:`InventoryView`).
+        (:class:`~dradriver.health.attribution.InventoryView`).
     :param node: value of the ``node`` label.
     :param claim_of: device name -> ``(namespace, claim)`` of each prepared claim holding it (the kubelet
         plugin).
