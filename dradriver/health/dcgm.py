@@ -183,15 +183,10 @@ class DcgmCollector(Collector):
                 "device": f"nvidia{gpu.minor}", "modelName": gpu.product_name, "Hostname": self.node,
                 "DCGM_FI_DRIVER_VERSION": version}
 
-    def label_sets(self, uuid: str, held: Mapping[str, Sequence[DeviceHolder]] | None = None
-                   ) -> list[dict[str, str]]:
-        """The label sets of one GPU or MIG device's series: one per holder (:func:`holders_of`) with the
-        attribution labels, or one without them when nobody holds it.
-
-        :param held: this scrape's PodResources view (:attr:`holders` called once per scrape).
-        :raises KeyError: ``uuid`` is not a device of the source's current inventory.
-        """
-        entity = self._entities.get()[uuid]
+    def _label_sets(self, entity: _Entity, held: Mapping[str, Sequence[DeviceHolder]] | None
+                    ) -> list[dict[str, str]]:
+        """One label set per holder of the device (:func:`holders_of`) with the attribution labels, or one
+        without them when nobody holds it; ``held`` is this scrape's PodResources view."""
         return [self._attributed(entity, h) for h in holders_of(entity.name, held, self.claim_of)] or [
             dict(entity.labels)]
 
@@ -209,7 +204,7 @@ class DcgmCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         sample = self.source.latest_sample()
         held = self.holders() if self.holders is not None else None
-        labels = {uuid: self.label_sets(uuid, held) for uuid in self._entities.get()}
+        labels = {uuid: self._label_sets(entity, held) for uuid, entity in self._entities.get().items()}
         if sample is not None:
             fields = set(sample.fields)
             rows = [u for u in sample.devices if u in labels]
