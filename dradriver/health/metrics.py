@@ -314,7 +314,10 @@ class DeviceSource(Protocol):
     def nvml_errors(self) -> dict[int, int]: ...
 
 
-_LABELS = ("uuid", "device", "node", "namespace", "claim", "pod", "container")
+_LABELS = ("uuid", "device", "node", "namespace", "claim")
+POD_LABELS = ("pod", "container")
+"""Added to every device series where the users come from the kubelet's PodResources (``dradriver exporter``);
+the kubelet plugin knows claims, not pods, and leaves them out."""
 
 LabelSets = Mapping[str, Sequence[tuple[str, ...]]]
 """Device UUID -> the label values of each of its series (one per holder; one unattributed when none)."""
@@ -341,9 +344,10 @@ _GAUGES: tuple[tuple[str, str, str, float], ...] = (
 class DeviceCollector(Collector):
     """Device series from the newest poll sample; never calls NVML.
 
-    Each device's series carry ``namespace`` and ``claim`` of the ResourceClaim holding it and ``pod`` and
-    ``container`` of the pod container using it (:func:`holders_of`); a device several containers use has one
-    series per container, as dcgm-exporter writes them; a device nobody holds, one with those labels empty.
+    Each device's series carry ``namespace`` and ``claim`` of the ResourceClaim holding it and, with
+    ``holders``, ``pod`` and ``container`` of the pod container using it (:func:`holders_of`); a device several
+    users hold has one series per user, as dcgm-exporter writes them; a device nobody holds, one with those
+    labels empty.
 
     :param source: the health service (sample, inventory, health, Xids); its device set is followed
         (:class:`~dradriver.health.attribution.InventoryView`).
@@ -360,14 +364,19 @@ class DeviceCollector(Collector):
         self.node = node
         self.claim_of = claim_of
         self.holders = holders
+        self.labels = _LABELS + POD_LABELS if holders is not None else _LABELS
+        """The label names of every device series (then each family's own)."""
         self._names = InventoryView(source, _device_names)
 
     def _label_sets(self, uuid: str, name: str, held: Mapping[str, Sequence[DeviceHolder]] | None
                     ) -> list[tuple[str, ...]]:
         found = holders_of(name, held, self.claim_of)
+        pods = self.holders is not None
         if not found:
-            return [(uuid, name, self.node, "", "", "", "")]
-        return [(uuid, name, self.node, h.claim_namespace, h.claim_name, h.pod, h.container) for h in found]
+            return [(uuid, name, self.node, "", "", "", "") if pods else (uuid, name, self.node, "", "")]
+        if pods:
+            return [(uuid, name, self.node, h.claim_namespace, h.claim_name, h.pod, h.container) for h in found]
+        return [(uuid, name, self.node, h.claim_namespace, h.claim_name) for h in found]
 
     def collect(self) -> Iterator[Metric]:
         sample = self.source.latest_sample()
@@ -383,7 +392,7 @@ class DeviceCollector(Collector):
         for field_name, metric, help_text, scale in _GAUGES:
             if field_name not in fields:
                 continue
-            family = GaugeMetricFamily(metric, help_text, labels=_LABELS)
+            family = GaugeMetricFamily(metric, help_text, labels=self.labels)
             for uuid in rows:
                 value = sample.get(uuid, field_name)
                 if value is not None:
@@ -391,7 +400,7 @@ class DeviceCollector(Collector):
             yield family
         if "energy_millijoules" in fields:
             energy = CounterMetricFamily(
-                "dradriver_gpu_energy_consumption_joules", "Energy used since the driver loaded.", labels=_LABELS
+                "dradriver_gpu_energy_consumption_joules", "Energy used since the driver loaded.", labels=self.labels
             )
             for uuid in rows:
                 value = sample.get(uuid, "energy_millijoules")
@@ -400,7 +409,7 @@ class DeviceCollector(Collector):
             yield energy
         ecc = CounterMetricFamily(
             "dradriver_gpu_ecc_errors", "ECC errors (volatile: since driver load; aggregate: lifetime).",
-            labels=(*_LABELS, "error", "counter"),
+            labels=(*self.labels, "error", "counter"),
         )  # fmt: skip
         for field_name, error, counter in (
             ("ecc_sbe_volatile_total", "corrected", "volatile"),
@@ -415,7 +424,7 @@ class DeviceCollector(Collector):
                         _add(ecc, labels[uuid], value, error, counter)
         yield ecc
         retired = GaugeMetricFamily(
-            "dradriver_gpu_retired_pages", "Framebuffer pages retired, by cause.", labels=(*_LABELS, "cause")
+            "dradriver_gpu_retired_pages", "Framebuffer pages retired, by cause.", labels=(*self.labels, "cause")
         )
         for field_name, cause in (("retired_pages_sbe", "single_bit_ecc"), ("retired_pages_dbe", "double_bit_ecc")):
             if field_name in fields:
@@ -425,7 +434,7 @@ class DeviceCollector(Collector):
                         _add(retired, labels[uuid], value, cause)
         yield retired
         remapped = GaugeMetricFamily(
-            "dradriver_gpu_remapped_rows", "Memory rows remapped, by error type.", labels=(*_LABELS, "error")
+            "dradriver_gpu_remapped_rows", "Memory rows remapped, by error type.", labels=(*self.labels, "error")
         )
         remap_fields = (("remapped_rows_correctable", "corrected"), ("remapped_rows_uncorrectable", "uncorrected"))
         for field_name, error in remap_fields:
@@ -446,9 +455,9 @@ class DeviceCollector(Collector):
                         ) -> Iterator[Metric]:
         xids = self.source.xid_stats()
         last = GaugeMetricFamily(
-            "dradriver_gpu_last_xid", "Most recent Xid reported for the device (0: none).", labels=_LABELS
+            "dradriver_gpu_last_xid", "Most recent Xid reported for the device (0: none).", labels=self.labels
         )
-        count = CounterMetricFamily("dradriver_gpu_xid_errors", "Xid errors by Xid.", labels=(*_LABELS, "xid"))
+        count = CounterMetricFamily("dradriver_gpu_xid_errors", "Xid errors by Xid.", labels=(*self.labels, "xid"))
         for uuid, label_sets in labels.items():
             stats = xids.get(uuid)
             _add(last, label_sets, stats.last if stats is not None else 0)
@@ -459,11 +468,11 @@ class DeviceCollector(Collector):
         yield count
         health = GaugeMetricFamily(
             "dradriver_device_health", "1 for the published device's current health state.",
-            labels=(*_LABELS, "state"),
+            labels=(*self.labels, "state"),
         )  # fmt: skip
         taints = GaugeMetricFamily(
             "dradriver_device_taint", "1 for each DRA device taint on a published device.",
-            labels=(*_LABELS, "key", "value", "effect"),
+            labels=(*self.labels, "key", "value", "effect"),
         )  # fmt: skip
         for view in self.source.devices():
             # a published device without a UUID (a dynamic-MIG placement with no instance) is labelled by name

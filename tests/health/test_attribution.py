@@ -67,7 +67,7 @@ def _holders(dcgm: bool, labels: dict[str, str]) -> tuple[str, str, str, str]:
     if dcgm:
         return (labels.get("pod", ""), labels.get("container", ""), labels["dra_claim_namespace"],
                 labels["dra_claim_name"])
-    return labels["pod"], labels["container"], labels["namespace"], labels["claim"]
+    return labels.get("pod", ""), labels.get("container", ""), labels["namespace"], labels["claim"]
 
 
 def _claim(node: SandboxNode, name: str, device: str) -> Any:
@@ -121,6 +121,7 @@ def test_a_device_two_claims_hold_has_a_series_per_claim_in_the_plugin(sandbox: 
     series = asyncio.run(body())
     assert sorted(_holders(dcgm, labels) for labels in series) == [("", "", "default", "monitor"),
                                                                     ("", "", "default", "owner")]
+    assert not any("pod" in labels for labels in series)  # the plugin knows claims, not pods
 
 
 def _two_pods(device: str, pool: str) -> Any:

@@ -22,7 +22,7 @@ from .conftest import MockNode, Services, TaintLog
 
 pytestmark = pytest.mark.timeout(30)
 
-DEVICE_LABELS = {"uuid", "device", "node", "namespace", "claim", "pod", "container"}
+DEVICE_LABELS = {"uuid", "device", "node", "namespace", "claim"}  # the plugin: no pod, container
 
 
 def _families(text: str) -> dict[str, Any]:
