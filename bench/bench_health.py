@@ -84,7 +84,7 @@ def test_cycle_build(benchmark: Any, service: HealthMonitor) -> None:
 def test_scrape(benchmark: Any, service: HealthMonitor) -> None:
     service.poll_now()
     metrics = DriverMetrics(node="node-bench")
-    metrics.attach_devices(service, claim_of=lambda name: ("default", f"claim-{name}") if "mig" in name else None)
+    metrics.attach_devices(service, claim_of=lambda name: [("default", f"claim-{name}")] if "mig" in name else None)
     _info(benchmark, SCRAPE, "generate_latest", service)
     body = benchmark(generate_latest, metrics.registry)
     benchmark.extra_info.update(bytes=len(body), lines=body.count(b"\n"))

@@ -4,17 +4,23 @@ Discovers the node's GPUs and MIG devices through NVML (the system library, ``--
 bundled mock with ``--mock-profile NAME``), polls them every ``--poll-interval`` seconds with the compiled
 poller, watches NVML events (Xid, ECC, GPU lost), and serves Prometheus metrics on ``--http-endpoint`` at
 ``--metrics-path`` until SIGINT or SIGTERM. Scrapes are answered from the latest poll; they never wait on
-NVML. Metric names: ``docs/metrics.md``; ``--dcgm-compatible`` serves dcgm-exporter's ``DCGM_FI_*``
-names, units and labels instead (see :mod:`dradriver.health.dcgm`). Exit status 0 after a signal, 1 when
-NVML cannot be used or the endpoint cannot be served, 2 for bad flags.
+NVML. The devices are re-read every poll interval, so MIG devices another NVML client creates (the kubelet
+plugin's dynamic MIG) are followed; the kubelet's PodResources (``--pod-resources-socket``) attributes each
+device to every pod container using it. Metric names: ``docs/metrics.md``; ``--dcgm-compatible`` serves
+dcgm-exporter's ``DCGM_FI_*`` names, units and labels instead (see :mod:`dradriver.health.dcgm`). Exit status
+0 after a signal, 1 when NVML cannot be used or the endpoint cannot be served, 2 for bad flags (a
+``--pod-resources-socket`` that is not a socket among them).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
+import os
 import signal
 import socket
+import stat
 import sys
 import threading
 from pathlib import Path
@@ -52,9 +58,10 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--pod-resources-socket",
-        default=_env("DRADRIVER_POD_RESOURCES_SOCKET", "/var/lib/kubelet/pod-resources/kubelet.sock"),
-        help="the kubelet's PodResources socket; with --dcgm-compatible, each scrape asks it which pod, container "
-             "and ResourceClaim hold each device (pod, namespace, container, dra_* labels) "
+        default=_env("DRADRIVER_POD_RESOURCES_SOCKET", ""),
+        help="the kubelet's PodResources socket (default /var/lib/kubelet/pod-resources/kubelet.sock, skipped "
+             "while it does not exist; one given here must exist): each scrape asks it which pods, containers "
+             "and ResourceClaims hold each device (pod, namespace, container, claim / dra_* labels) "
              "[env DRADRIVER_POD_RESOURCES_SOCKET]",
     )
     parser.add_argument(
@@ -67,8 +74,6 @@ def register(subparsers: Any) -> None:
 
 
 def _env(name: str, default: str) -> str:
-    import os
-
     return os.environ.get(name) or default
 
 
@@ -83,32 +88,135 @@ def _xids(text: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def holder_lookup(socket_path: str, node: str, log: logging.Logger) -> Any:
-    """A per-scrape PodResources lookup for ``node``'s ``gpu.nvidia.com`` devices: an unreachable socket is
-    logged once per change of the error and reads as "nothing held"."""
+def pod_resources_socket(path: str) -> str:
+    """The PodResources socket to ask: ``path`` when given (it must be a socket: a typo would otherwise
+    silently attribute nothing), else the kubelet's default (asked only while it exists, as dcgm-exporter does).
+
+    :raises FlagError: ``path`` is given and is not an existing Unix socket.
+    """
+    from dradriver.server.podresources import DEFAULT_SOCKET
+
+    if not path:
+        return DEFAULT_SOCKET
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise FlagError(f"--pod-resources-socket {path}: {exc.strerror or exc} (the kubelet serves PodResources "
+                        f"at {DEFAULT_SOCKET}; mount its directory into the exporter)") from exc
+    if not stat.S_ISSOCK(mode):
+        raise FlagError(f"--pod-resources-socket {path}: not a Unix socket")
+    return path
+
+
+def holder_lookup(socket_path: str, node: str | None, log: logging.Logger) -> Any:
+    """A per-scrape PodResources lookup of the ``gpu.nvidia.com`` devices held on this node.
+
+    :param node: the ``--node-name``: only devices of that pool are attributed, and pods holding devices of
+        other pools only are reported (once per change) as the likely cause of missing attribution; ``None``:
+        every pool (a kubelet lists only its own node's pods, and the GPU driver's pool is its node's name).
+
+    A missing socket, or one that does not answer, reads as "nothing held" and is logged once per change.
+    """
     from dradriver.domain.identity import GPU_DRIVER
     from dradriver.server.podresources import PodResourcesError, list_holders
 
-    last_error = [""]
+    last_problem = [""]
+
+    def say(problem: str) -> None:
+        if problem and problem != last_problem[0]:
+            log.warning("no pod attribution: %s", problem)
+        last_problem[0] = problem
 
     def lookup() -> Any:
-        try:
-            found = list_holders(socket_path, driver=GPU_DRIVER.driver_name, pool=node)
-        except PodResourcesError as exc:
-            if str(exc) != last_error[0]:
-                last_error[0] = str(exc)
-                log.warning("no pod attribution: %s", exc)
+        if not os.path.exists(socket_path):
+            say(f"no kubelet PodResources socket at {socket_path}")
             return {}
-        last_error[0] = ""
-        return found
+        try:
+            found = list_holders(socket_path, driver=GPU_DRIVER.driver_name, pool=None)
+        except PodResourcesError as exc:
+            say(str(exc))
+            return {}
+        if node is None:
+            say("")
+            return found
+        mine = {device: kept for device, held in found.items() if (kept := [h for h in held if h.pool == node])}
+        others = sorted({h.pool for held in found.values() for h in held} - {node})
+        if others and not mine:
+            say(f"PodResources on {socket_path} lists {GPU_DRIVER.driver_name} devices of pool(s) "
+                f"{', '.join(others)}, none of node {node!r}: set --node-name (NODE_NAME) to this node's name, "
+                "or leave it unset to attribute every pool the kubelet lists")
+        else:
+            say("")
+        return mine
 
     return lookup
+
+
+class DeviceFollower:
+    """Re-reads the node's devices every ``interval_s`` seconds and replaces ``registry``'s snapshot when the
+    set changed: MIG devices another NVML client created or destroyed (the kubelet plugin's dynamic MIG,
+    ``nvidia-smi mig``) get their series, labels and pod attribution at the next scrape.
+
+    The health monitor subscribes to the registry (as in the kubelet plugin), and the collectors follow the
+    monitor's inventory. A failed re-read is logged and the last snapshot kept.
+    """
+
+    def __init__(self, session: Any, registry: Any, *, sysfs_root: Path, interval_s: float,
+                 log: logging.Logger) -> None:
+        self.session, self.registry, self.sysfs_root = session, registry, sysfs_root
+        self.interval_s = interval_s
+        self.log = log
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="device-follower", daemon=True)
+
+    @staticmethod
+    def device_set(inventory: Any) -> tuple[frozenset[object], ...]:
+        """What a change is judged on: each GPU's UUID and MIG mode, each MIG device's UUID (in any order)."""
+        return frozenset((g.uuid, g.mig_enabled) for g in inventory.gpus), frozenset(m.uuid for m in inventory.migs)
+
+    def refresh(self) -> bool:
+        """Re-read now (this thread); True when the snapshot was replaced.
+
+        A GPU of the last snapshot that the re-read leaves out (fallen off the bus, a failing query) stays, with
+        its MIG devices: its health series (``gpu-lost``) must not vanish with it.
+        """
+        from dradriver.nvml.discovery import discover
+
+        self.session.forget_mig_handles()
+        inventory = discover(self.session, sysfs_root=self.sysfs_root)
+        last = self.registry.snapshot
+        kept = {g.uuid for g in last.gpus} - {g.uuid for g in inventory.gpus}
+        if kept:
+            inventory = dataclasses.replace(
+                inventory, gpus=(*inventory.gpus, *(g for g in last.gpus if g.uuid in kept)),
+                migs=(*inventory.migs, *(m for m in last.migs if m.parent.uuid in kept)))
+        if self.device_set(inventory) == self.device_set(last):
+            return False
+        self.log.info("device set changed: %d GPU(s), %d MIG device(s)", len(inventory.gpus), len(inventory.migs))
+        self.registry.replace(inventory)
+        return True
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.refresh()
+            except Exception as exc:  # the next interval tries again; the last snapshot stays
+                self.log.warning("re-reading devices failed: %s", exc)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run until SIGINT/SIGTERM; returns the exit status."""
     from dradriver import logs
     from dradriver.domain.faults import DEFAULT_IGNORED_XIDS
+    from dradriver.domain.registry import DeviceRegistry
     from dradriver.errors import DradriverError
     from dradriver.health.metrics import MetricsEndpointError, exporter_registry, parse_endpoint, serve_metrics
     from dradriver.health.monitor import HealthMonitor
@@ -123,9 +231,13 @@ def run(args: argparse.Namespace) -> int:
         parse_endpoint(args.http_endpoint)
         if not args.poll_interval > 0:
             raise FlagError(f"--poll-interval must be positive, got {args.poll_interval:g}")
+        pod_socket = pod_resources_socket(args.pod_resources_socket)
     except (FlagError, MetricsEndpointError) as exc:
         print(f"dradriver exporter: error: {exc}", file=sys.stderr)
         return 2
+    if not args.node_name:
+        log.info("--node-name not set: Hostname/node label %r; pods are attributed whatever pool the kubelet lists "
+                 "their %s devices in", node, "gpu.nvidia.com")
 
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -137,9 +249,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"dradriver exporter: error: {exc}", file=sys.stderr)
         return 1
     try:
-        inventory = discover(session, sysfs_root=Path(args.sysfs_root or "/sys"))
+        sysfs_root = Path(args.sysfs_root or "/sys")
+        inventory = discover(session, sysfs_root=sysfs_root)
         for failure in inventory.failures:
             log.warning("GPU index %d left out: %s", failure.index, failure.reason)
+        devices: DeviceRegistry[Any] = DeviceRegistry(inventory, lambda inv: {d.name: d for d in inv.allocatable()})
         service = HealthMonitor(
             inventory,
             pool_name=node,
@@ -147,9 +261,11 @@ def run(args: argparse.Namespace) -> int:
             ignored_xids=ignored,
             poll_interval_s=args.poll_interval,
         )
+        devices.subscribe(service.replace_inventory)
+        follower = DeviceFollower(session, devices, sysfs_root=sysfs_root, interval_s=args.poll_interval, log=log)
         service.start()
         try:
-            holders = holder_lookup(args.pod_resources_socket, node, log) if args.dcgm_compatible else None
+            holders = holder_lookup(pod_socket, args.node_name or None, log)
             registry = exporter_registry(service, node=node, dcgm_compatible=args.dcgm_compatible,
                                          holders=holders)
             server = serve_metrics(registry, args.http_endpoint, args.metrics_path,
@@ -158,6 +274,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"dradriver exporter: error: cannot serve metrics on {args.http_endpoint}: {exc}", file=sys.stderr)
             service.stop()
             return 1
+        follower.start()
         log.info(
             "serving metrics of %d GPU(s) and %d MIG device(s) at %s", len(inventory.gpus), len(inventory.migs),
             server.url,
@@ -165,6 +282,7 @@ def run(args: argparse.Namespace) -> int:
         while not stop.wait(1.0):
             pass
         log.info("stopping")
+        follower.stop()
         server.stop()
         service.stop()
     except DradriverError as exc:

@@ -13,10 +13,11 @@ units (MHz, MiB, percent, W, mJ, Celsius), with its Prometheus types (a dcgm-exp
 * ``Hostname`` -- the node name; ``DCGM_FI_DRIVER_VERSION`` -- the driver version (a ``label`` counter in
   dcgm-exporter's csv);
 * on a device of a prepared claim, the DRA attribution labels dcgm-exporter >= 4.6 adds from the kubelet's
-  PodResources and the ``gpu.nvidia.com`` ResourceSlices (``nvidia-dra-driver-updates.md`` section 3):
+  PodResources and the ``gpu.nvidia.com`` ResourceSlices (NVIDIA/dcgm-exporter ``internal/pkg/transformation/dra.go``):
   ``dra_claim_name``, ``dra_claim_namespace``, ``dra_device_name``, ``dra_driver_name``, ``dra_pool_name``,
   and for a MIG device ``dra_mig_device_uuid`` and ``dra_mig_profile``; where the holder comes from the
-  kubelet's PodResources (``dradriver exporter``), also ``pod``, ``namespace`` and ``container``.
+  kubelet's PodResources (``dradriver exporter``), also ``pod``, ``namespace`` and ``container``, one series per
+  container using the device (dcgm-exporter's series per pod of a shared GPU).
 
 Series NVML answers NOT_SUPPORTED for (on MIG handles: everything but memory) are left out, never written
 as 0, as dcgm-exporter leaves out blank fields. ``DCGM_FI_DEV_XID_ERRORS`` is the last Xid seen (0: none), a
@@ -25,18 +26,19 @@ gauge as in dcgm-exporter. ``docs/metrics.md`` lists every series and its NVML s
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from dradriver.domain.devices import GpuDevice, MigDevice
+from dradriver.domain.devices import GpuDevice, MigDevice, NodeInventory
+from dradriver.domain.holders import DeviceHolder
 from dradriver.domain.identity import GPU_DRIVER
-from dradriver.health.metrics import ClaimLookup, DeviceSource
+from dradriver.health.attribution import ClaimLookup, HolderLookup, InventoryView, holders_of
+from dradriver.health.metrics import DeviceSource
 
 _MIB = float(1 << 20)
 
@@ -132,38 +134,24 @@ def nvml_bus_id(pci_bus_id: str) -> str:
     return f"{int(domain, 16):08X}:{bus.upper()}:{device_function.upper()}"
 
 
-class DeviceHolder(Protocol):
-    """Who holds a device, as the kubelet's PodResources says
-    (:class:`dradriver.server.podresources.DeviceHolder`)."""
-
-    @property
-    def pod(self) -> str: ...
-    @property
-    def namespace(self) -> str: ...
-    @property
-    def container(self) -> str: ...
-    @property
-    def claim_name(self) -> str: ...
-    @property
-    def claim_namespace(self) -> str: ...
-
-
-HolderLookup = Callable[[], Mapping[str, DeviceHolder]]
-"""Called once per scrape: device name -> holder for the devices in use on this node."""
-
-
 @dataclass(frozen=True, slots=True)
 class _Entity:
     uuid: str
     name: str
     labels: dict[str, str]
+    mig: MigDevice | None = None
 
 
 class DcgmCollector(Collector):
     """``DCGM_FI_*`` series from the newest poll sample of ``source``; never calls NVML.
 
+    A device several pod containers use has one series per container (``pod``, ``namespace``, ``container``),
+    as dcgm-exporter writes them for a shared GPU (NVIDIA/dcgm-exporter PR #432); the device set follows the
+    source's (:class:`~dradriver.health.attribution.InventoryView`), so a dynamic-MIG instance created after the
+    start is labelled and attributed at the next scrape.
+
     :param node: the ``Hostname`` label and the DRA pool name.
-    :param claim_of: device name -> ``(namespace, claim name)`` of the prepared claim holding it (the kubelet
+    :param claim_of: device name -> ``(namespace, claim name)`` of each prepared claim holding it (the kubelet
         plugin).
     :param holders: the PodResources view of who holds which device (``dradriver exporter``); it wins over
         ``claim_of`` and adds ``pod``, ``namespace``, ``container``. With neither, no attribution labels.
@@ -176,50 +164,47 @@ class DcgmCollector(Collector):
         self.claim_of = claim_of
         self.holders = holders
         self.driver = driver
-        inv = source.inventory
-        version = inv.versions.driver or ""
-        self._entities: dict[str, _Entity] = {}
-        for gpu in inv.gpus:
-            self._entities[gpu.uuid] = _Entity(gpu.uuid, gpu.name, self._base(gpu, version))
-        for mig in inv.migs:
+        self._entities = InventoryView(source, self._derive)
+
+    def _derive(self, inventory: NodeInventory) -> dict[str, _Entity]:
+        version = inventory.versions.driver or ""
+        entities: dict[str, _Entity] = {}
+        for gpu in inventory.gpus:
+            entities[gpu.uuid] = _Entity(gpu.uuid, gpu.name, self._base(gpu, version))
+        for mig in inventory.migs:
             labels = self._base(mig.parent, version)
             labels = {**{k: labels[k] for k in BASE_LABELS}, "GPU_I_PROFILE": mig.profile,
                       "GPU_I_ID": str(mig.gi_id), **{k: labels[k] for k in NODE_LABELS}}
-            self._entities[mig.uuid] = _Entity(mig.uuid, mig.name, labels)
-        self._migs: dict[str, MigDevice] = {m.uuid: m for m in inv.migs}
+            entities[mig.uuid] = _Entity(mig.uuid, mig.name, labels, mig)
+        return entities
 
     def _base(self, gpu: GpuDevice, version: str) -> dict[str, str]:
         return {"gpu": str(gpu.index), "UUID": gpu.uuid, "pci_bus_id": nvml_bus_id(gpu.pci_bus_id),
                 "device": f"nvidia{gpu.minor}", "modelName": gpu.product_name, "Hostname": self.node,
                 "DCGM_FI_DRIVER_VERSION": version}
 
-    def labels(self, uuid: str, holders: Mapping[str, DeviceHolder] | None = None) -> dict[str, str]:
-        """The label set of one GPU or MIG device (attribution labels included when its claim is prepared).
+    def _label_sets(self, entity: _Entity, held: Mapping[str, Sequence[DeviceHolder]] | None
+                    ) -> list[dict[str, str]]:
+        """One label set per holder of the device (:func:`holders_of`) with the attribution labels, or one
+        without them when nobody holds it; ``held`` is this scrape's PodResources view."""
+        return [self._attributed(entity, h) for h in holders_of(entity.name, held, self.claim_of)] or [
+            dict(entity.labels)]
 
-        :param holders: this scrape's PodResources view (:attr:`holders` called once per scrape).
-        """
-        entity = self._entities[uuid]
-        holder = holders.get(entity.name) if holders else None
-        pod_labels: dict[str, str] = {}
-        if holder is not None:
-            owner: tuple[str, str] | None = (holder.claim_namespace, holder.claim_name)
-            pod_labels = {"pod": holder.pod, "namespace": holder.namespace, "container": holder.container}
-        else:
-            owner = self.claim_of(entity.name) if self.claim_of is not None else None
-        if owner is None:
-            return dict(entity.labels)
-        namespace, claim = owner
-        out = {**entity.labels, **pod_labels, "dra_claim_name": claim, "dra_claim_namespace": namespace,
-               "dra_device_name": entity.name, "dra_driver_name": self.driver, "dra_pool_name": self.node}
-        mig = self._migs.get(uuid)
-        if mig is not None:
-            out.update({"dra_mig_device_uuid": mig.uuid, "dra_mig_profile": mig.profile})
+    def _attributed(self, entity: _Entity, holder: DeviceHolder) -> dict[str, str]:
+        out = dict(entity.labels)
+        if holder.pod:
+            out.update({"pod": holder.pod, "namespace": holder.namespace, "container": holder.container})
+        out.update({"dra_claim_name": holder.claim_name, "dra_claim_namespace": holder.claim_namespace,
+                    "dra_device_name": entity.name, "dra_driver_name": self.driver,
+                    "dra_pool_name": holder.pool or self.node})
+        if entity.mig is not None:
+            out.update({"dra_mig_device_uuid": entity.mig.uuid, "dra_mig_profile": entity.mig.profile})
         return out
 
     def collect(self) -> Iterator[Metric]:
         sample = self.source.latest_sample()
-        holders = self.holders() if self.holders is not None else None
-        labels = {uuid: self.labels(uuid, holders) for uuid in self._entities}
+        held = self.holders() if self.holders is not None else None
+        labels = {uuid: self._label_sets(entity, held) for uuid, entity in self._entities.get().items()}
         if sample is not None:
             fields = set(sample.fields)
             rows = [u for u in sample.devices if u in labels]
@@ -230,15 +215,17 @@ class DcgmCollector(Collector):
                 for uuid in rows:
                     value = sample.get(uuid, field_name)
                     if value is not None:
-                        family.add_sample(metric, labels[uuid], value * scale)
+                        for label_set in labels[uuid]:
+                            family.add_sample(metric, label_set, value * scale)
                 if family.samples:
                     yield family
         yield self._xids(labels)
 
-    def _xids(self, labels: Mapping[str, dict[str, str]]) -> Metric:
+    def _xids(self, labels: Mapping[str, Sequence[dict[str, str]]]) -> Metric:
         xids = self.source.xid_stats()
         family = GaugeMetricFamily(XID_METRIC, "Value of the last XID error encountered.")
-        for uuid, label_set in labels.items():
+        for uuid, label_sets in labels.items():
             stats = xids.get(uuid)
-            family.add_sample(XID_METRIC, label_set, float(stats.last if stats is not None else 0))
+            for label_set in label_sets:
+                family.add_sample(XID_METRIC, label_set, float(stats.last if stats is not None else 0))
         return family

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
@@ -31,7 +31,9 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from dradriver.domain.devices import NodeInventory
+from dradriver.domain.holders import DeviceHolder
 from dradriver.domain.identity import GPU_DRIVER
+from dradriver.health.attribution import ClaimLookup, HolderLookup, InventoryView, holders_of
 from dradriver.nvml import errors as nvml_errors
 from dradriver.nvml.poller import Sample
 
@@ -46,10 +48,6 @@ DEVICE_TYPES = ("gpu", "mig", "vfio", "unknown")
 PREPARE_ERROR_TYPES = ("lock_acquire", "prepare_devices", "publish_resources")
 UNPREPARE_ERROR_TYPES = ("lock_acquire", "unprepare_devices", "publish_resources")
 OUTCOMES = ("success", "error")
-
-ClaimLookup = Callable[[str], "tuple[str, str] | None"]
-"""Device name -> ``(namespace, claim name)`` of the prepared claim holding it, or ``None``."""
-
 
 def nvml_error_name(code: int) -> str:
     """The ``nvmlReturn_t`` enumerator name for a code (``NVML_ERROR_GPU_IS_LOST``), ``"UNKNOWN"`` if new."""
@@ -270,16 +268,24 @@ class DriverMetrics:
         :param dcgm_compatible: a :class:`dradriver.health.dcgm.DcgmCollector` (dcgm-exporter's names, units
             and labels, ``dra_*`` attribution from ``claim_of``) instead of a :class:`DeviceCollector`.
         """
-        collector: Collector
-        if dcgm_compatible:
-            from dradriver.health.dcgm import DcgmCollector  # imports this module's types
-
-            collector = DcgmCollector(source, node=self.node, claim_of=claim_of, driver=self.driver)
-        else:
-            collector = DeviceCollector(source, node=self.node, claim_of=claim_of)
+        collector = device_collector(source, node=self.node, claim_of=claim_of, dcgm_compatible=dcgm_compatible,
+                                     driver=self.driver)
         self.registry.register(collector)
         self.nvml_errors.add_source(source.nvml_errors)
         return collector
+
+
+def device_collector(source: DeviceSource, *, node: str, claim_of: ClaimLookup | None = None,
+                     holders: HolderLookup | None = None, dcgm_compatible: bool = False,
+                     driver: str = GPU_DRIVER.driver_name) -> Collector:
+    """The device collector of one naming mode: :class:`DeviceCollector` (``dradriver_*``) or, with
+    ``dcgm_compatible``, :class:`dradriver.health.dcgm.DcgmCollector` (``DCGM_FI_*``); both attribute the same
+    way (:func:`holders_of`)."""
+    if dcgm_compatible:
+        from dradriver.health.dcgm import DcgmCollector  # imports this module's types
+
+        return DcgmCollector(source, node=node, claim_of=claim_of, holders=holders, driver=driver)
+    return DeviceCollector(source, node=node, claim_of=claim_of, holders=holders)
 
 
 # -- device metrics ----------------------------------------------------------------------------------------
@@ -309,6 +315,12 @@ class DeviceSource(Protocol):
 
 
 _LABELS = ("uuid", "device", "node", "namespace", "claim")
+POD_LABELS = ("pod", "container")
+"""Added to every device series where the users come from the kubelet's PodResources (``dradriver exporter``);
+the kubelet plugin knows claims, not pods, and leaves them out."""
+
+LabelSets = Mapping[str, Sequence[tuple[str, ...]]]
+"""Device UUID -> the label values of each of its series (one per holder; one unattributed when none)."""
 
 # (poller field, metric name, help, factor to the base unit)
 _GAUGES: tuple[tuple[str, str, str, float], ...] = (
@@ -332,56 +344,72 @@ _GAUGES: tuple[tuple[str, str, str, float], ...] = (
 class DeviceCollector(Collector):
     """Device series from the newest poll sample; never calls NVML.
 
-    :param source: the health service (sample, inventory, health, Xids).
+    Each device's series carry ``namespace`` and ``claim`` of the ResourceClaim holding it and, with
+    ``holders``, ``pod`` and ``container`` of the pod container using it (:func:`holders_of`); a device several
+    users hold has one series per user, as dcgm-exporter writes them; a device nobody holds, one with those
+    labels empty.
+
+    :param source: the health service (sample, inventory, health, Xids); its device set is followed
+        (:class:`~dradriver.health.attribution.InventoryView`).
     :param node: value of the ``node`` label.
-    :param claim_of: device name -> ``(namespace, claim)`` for prepared devices.
+    :param claim_of: device name -> ``(namespace, claim)`` of each prepared claim holding it (the kubelet
+        plugin).
+    :param holders: the PodResources view, called once per scrape (``dradriver exporter``); wins over
+        ``claim_of``.
     """
 
-    def __init__(self, source: DeviceSource, *, node: str, claim_of: ClaimLookup | None = None) -> None:
+    def __init__(self, source: DeviceSource, *, node: str, claim_of: ClaimLookup | None = None,
+                 holders: HolderLookup | None = None) -> None:
         self.source = source
         self.node = node
         self.claim_of = claim_of
-        inv = source.inventory
-        self._names: dict[str, str] = {g.uuid: g.name for g in inv.gpus}
-        self._names.update({m.uuid: m.name for m in inv.migs})
+        self.holders = holders
+        self.labels = _LABELS + POD_LABELS if holders is not None else _LABELS
+        """The label names of every device series (then each family's own)."""
+        self._names = InventoryView(source, _device_names)
 
-    def _labels(self, uuid: str) -> tuple[str, str, str, str, str]:
-        name = self._names.get(uuid, "")
-        owner = self.claim_of(name) if self.claim_of is not None and name else None
-        namespace, claim = owner if owner is not None else ("", "")
-        return uuid, name, self.node, namespace, claim
+    def _label_sets(self, uuid: str, name: str, held: Mapping[str, Sequence[DeviceHolder]] | None
+                    ) -> list[tuple[str, ...]]:
+        found = holders_of(name, held, self.claim_of)
+        pods = self.holders is not None
+        if not found:
+            return [(uuid, name, self.node, "", "", "", "") if pods else (uuid, name, self.node, "", "")]
+        if pods:
+            return [(uuid, name, self.node, h.claim_namespace, h.claim_name, h.pod, h.container) for h in found]
+        return [(uuid, name, self.node, h.claim_namespace, h.claim_name) for h in found]
 
     def collect(self) -> Iterator[Metric]:
         sample = self.source.latest_sample()
-        labels = {uuid: self._labels(uuid) for uuid in self._names}
+        held = self.holders() if self.holders is not None else None
+        labels = {uuid: self._label_sets(uuid, name, held) for uuid, name in self._names.get().items()}
         if sample is not None:
             yield from self._sample_metrics(sample, labels)
-        yield from self._health_metrics(labels)
+        yield from self._health_metrics(labels, held)
 
-    def _sample_metrics(self, sample: Sample, labels: Mapping[str, tuple[str, ...]]) -> Iterator[Metric]:
+    def _sample_metrics(self, sample: Sample, labels: LabelSets) -> Iterator[Metric]:
         fields = set(sample.fields)
         rows = [u for u in sample.devices if u in labels]
         for field_name, metric, help_text, scale in _GAUGES:
             if field_name not in fields:
                 continue
-            family = GaugeMetricFamily(metric, help_text, labels=_LABELS)
+            family = GaugeMetricFamily(metric, help_text, labels=self.labels)
             for uuid in rows:
                 value = sample.get(uuid, field_name)
                 if value is not None:
-                    family.add_metric(labels[uuid], value * scale)
+                    _add(family, labels[uuid], value * scale)
             yield family
         if "energy_millijoules" in fields:
             energy = CounterMetricFamily(
-                "dradriver_gpu_energy_consumption_joules", "Energy used since the driver loaded.", labels=_LABELS
+                "dradriver_gpu_energy_consumption_joules", "Energy used since the driver loaded.", labels=self.labels
             )
             for uuid in rows:
                 value = sample.get(uuid, "energy_millijoules")
                 if value is not None:
-                    energy.add_metric(labels[uuid], value / 1000.0)
+                    _add(energy, labels[uuid], value / 1000.0)
             yield energy
         ecc = CounterMetricFamily(
             "dradriver_gpu_ecc_errors", "ECC errors (volatile: since driver load; aggregate: lifetime).",
-            labels=(*_LABELS, "error", "counter"),
+            labels=(*self.labels, "error", "counter"),
         )  # fmt: skip
         for field_name, error, counter in (
             ("ecc_sbe_volatile_total", "corrected", "volatile"),
@@ -393,20 +421,20 @@ class DeviceCollector(Collector):
                 for uuid in rows:
                     value = sample.get(uuid, field_name)
                     if value is not None:
-                        ecc.add_metric((*labels[uuid], error, counter), value)
+                        _add(ecc, labels[uuid], value, error, counter)
         yield ecc
         retired = GaugeMetricFamily(
-            "dradriver_gpu_retired_pages", "Framebuffer pages retired, by cause.", labels=(*_LABELS, "cause")
+            "dradriver_gpu_retired_pages", "Framebuffer pages retired, by cause.", labels=(*self.labels, "cause")
         )
         for field_name, cause in (("retired_pages_sbe", "single_bit_ecc"), ("retired_pages_dbe", "double_bit_ecc")):
             if field_name in fields:
                 for uuid in rows:
                     value = sample.get(uuid, field_name)
                     if value is not None:
-                        retired.add_metric((*labels[uuid], cause), value)
+                        _add(retired, labels[uuid], value, cause)
         yield retired
         remapped = GaugeMetricFamily(
-            "dradriver_gpu_remapped_rows", "Memory rows remapped, by error type.", labels=(*_LABELS, "error")
+            "dradriver_gpu_remapped_rows", "Memory rows remapped, by error type.", labels=(*self.labels, "error")
         )
         remap_fields = (("remapped_rows_correctable", "corrected"), ("remapped_rows_uncorrectable", "uncorrected"))
         for field_name, error in remap_fields:
@@ -414,7 +442,7 @@ class DeviceCollector(Collector):
                 for uuid in rows:
                     value = sample.get(uuid, field_name)
                     if value is not None:
-                        remapped.add_metric((*labels[uuid], error), value)
+                        _add(remapped, labels[uuid], value, error)
         yield remapped
         stamp = GaugeMetricFamily(
             "dradriver_nvml_sample_timestamp_seconds", "Unix time of the poll these readings come from.",
@@ -423,59 +451,70 @@ class DeviceCollector(Collector):
         stamp.add_metric((self.node,), time.time() - (time.monotonic() - sample.timestamp))
         yield stamp
 
-    def _health_metrics(self, labels: Mapping[str, tuple[str, ...]]) -> Iterator[Metric]:
+    def _health_metrics(self, labels: LabelSets, held: Mapping[str, Sequence[DeviceHolder]] | None
+                        ) -> Iterator[Metric]:
         xids = self.source.xid_stats()
         last = GaugeMetricFamily(
-            "dradriver_gpu_last_xid", "Most recent Xid reported for the device (0: none).", labels=_LABELS
+            "dradriver_gpu_last_xid", "Most recent Xid reported for the device (0: none).", labels=self.labels
         )
-        count = CounterMetricFamily("dradriver_gpu_xid_errors", "Xid errors by Xid.", labels=(*_LABELS, "xid"))
-        for uuid in labels:
+        count = CounterMetricFamily("dradriver_gpu_xid_errors", "Xid errors by Xid.", labels=(*self.labels, "xid"))
+        for uuid, label_sets in labels.items():
             stats = xids.get(uuid)
-            last.add_metric(labels[uuid], stats.last if stats is not None else 0)
+            _add(last, label_sets, stats.last if stats is not None else 0)
             if stats is not None:
                 for xid, n in sorted(stats.counts.items()):
-                    count.add_metric((*labels[uuid], str(xid)), n)
+                    _add(count, label_sets, n, str(xid))
         yield last
         yield count
         health = GaugeMetricFamily(
             "dradriver_device_health", "1 for the published device's current health state.",
-            labels=(*_LABELS, "state"),
+            labels=(*self.labels, "state"),
         )  # fmt: skip
         taints = GaugeMetricFamily(
             "dradriver_device_taint", "1 for each DRA device taint on a published device.",
-            labels=(*_LABELS, "key", "value", "effect"),
+            labels=(*self.labels, "key", "value", "effect"),
         )  # fmt: skip
         for view in self.source.devices():
-            base = labels.get(view.uuid) or (view.uuid, view.name, self.node, "", "")
+            # a published device without a UUID (a dynamic-MIG placement with no instance) is labelled by name
+            label_sets = labels.get(view.uuid) or self._label_sets(view.uuid, view.name, held)
             for state in ("Healthy", "Unhealthy", "Unknown"):
-                health.add_metric((*base, state.lower()), 1.0 if view.health == state else 0.0)
+                _add(health, label_sets, 1.0 if view.health == state else 0.0, state.lower())
             for key, value, effect in view.taints:
-                taints.add_metric((*base, key, value, effect), 1.0)
+                _add(taints, label_sets, 1.0, key, value, effect)
         yield health
         yield taints
 
 
+def _device_names(inventory: NodeInventory) -> dict[str, str]:
+    """GPU and MIG device UUID -> DRA device name (a dynamic-MIG instance's is its placement's name)."""
+    names = {g.uuid: g.name for g in inventory.gpus}
+    names.update({m.uuid: m.name for m in inventory.migs})
+    return names
+
+
+def _add(family: Metric, label_sets: Sequence[tuple[str, ...]], value: float, *extra: str) -> None:
+    """One sample of ``family`` per label set of a device (``extra``: the family's own labels after them)."""
+    for label_values in label_sets:
+        family.add_metric((*label_values, *extra), value)  # type: ignore[attr-defined]
+
+
 def exporter_registry(source: DeviceSource, *, node: str, process_metrics: bool = True,
                       dcgm_compatible: bool = False, claim_of: ClaimLookup | None = None,
-                      holders: Any = None) -> CollectorRegistry:
+                      holders: HolderLookup | None = None) -> CollectorRegistry:
     """A registry with the device collector and NVML error counts only (``dradriver exporter``).
 
     :param dcgm_compatible: device series under dcgm-exporter's ``DCGM_FI_*`` names, units and labels
         (:class:`dradriver.health.dcgm.DcgmCollector`) instead of the ``dradriver_*`` ones.
-    :param claim_of: device name -> ``(namespace, claim)`` of prepared devices (attribution labels).
-    :param holders: with ``dcgm_compatible``, a :data:`dradriver.health.dcgm.HolderLookup` (the kubelet's
-        PodResources view: ``pod``, ``namespace``, ``container`` and ``dra_*`` labels).
+    :param claim_of: device name -> ``(namespace, claim)`` of each prepared claim holding it (attribution).
+    :param holders: the kubelet's PodResources view (:data:`HolderLookup`), in both naming modes: ``pod``,
+        ``namespace``, ``container`` and the claim labels, one series per container using a device.
     """
     registry = CollectorRegistry()
     if process_metrics:
         ProcessCollector(registry=registry)
         PlatformCollector(registry=registry)
-    if dcgm_compatible:
-        from dradriver.health.dcgm import DcgmCollector  # imports this module's types
-
-        registry.register(DcgmCollector(source, node=node, claim_of=claim_of, holders=holders))
-    else:
-        registry.register(DeviceCollector(source, node=node, claim_of=claim_of))
+    registry.register(device_collector(source, node=node, claim_of=claim_of, holders=holders,
+                                       dcgm_compatible=dcgm_compatible))
     errors = NvmlErrorCollector()
     errors.add_source(source.nvml_errors)
     registry.register(errors)

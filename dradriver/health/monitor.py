@@ -187,14 +187,48 @@ class HealthMonitor:
         """Device-registry subscriber: health, snapshots and metrics follow the new device set at once.
 
         Devices that stay keep their health; new ones start healthy; gone ones leave the health stream. The
-        NVML event set and the poller keep the GPUs they were opened for until the monitor restarts (devices
-        added at run time by dynamic MIG are MIG devices of those GPUs, whose GPU-wide faults they inherit).
+        poller is reopened for the new device set; the NVML event set keeps the GPUs it was opened for until the
+        monitor restarts (devices added at run time by dynamic MIG are MIG devices of those GPUs, whose GPU-wide
+        faults they inherit).
         """
         with self._lock:
+            polled = self.device_uuids
             self.inventory = inventory
             self.tracker.replace_inventory(inventory)
             self._index(inventory)
             self._changed_locked(time.monotonic())
+        if self.device_uuids != polled:
+            self._repoll()
+
+    def _repoll(self) -> None:
+        """The poller samples the UUIDs it was opened for: open one for the new set and poll it (this thread)
+        before it replaces the old one, so a MIG device created at run time has readings (and metrics) at once
+        and a scrape meanwhile still reads the old sample."""
+        if self._worker is None:  # not started: start() opens the poller for the current set
+            with self._poll_lock:
+                loop, self.poll_loop = self.poll_loop, None
+            if loop is not None:
+                loop.stop()
+            return
+        try:
+            fresh = PollLoop(self.device_uuids, interval_s=self.poll_interval_s)
+        except nvml_errors.NvmlError as exc:
+            self._count_error(exc.code)
+            log.error("cannot reopen the NVML poller for the new device set: %s", exc)
+            return
+        try:
+            sample = fresh.poll_once()
+        except Exception as exc:
+            log.error("NVML poll failed: %s", exc)
+            fresh.stop()
+            return
+        with self._poll_lock:
+            loop, self.poll_loop = self.poll_loop, fresh
+            self._poller_errors_seen = {}
+            self._collect_errors(fresh.errors_by_code, self._poller_errors_seen)
+        if loop is not None:
+            loop.stop()
+        self._apply_sample(sample)
 
     # -- lifecycle -------------------------------------------------------------------------------------------
 

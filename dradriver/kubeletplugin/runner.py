@@ -397,7 +397,7 @@ class BatchRunner:
         self._flight_lock = threading.Lock()  # prepare calls of several DRA server threads count in _in_flight
         self.preparations = 0  # claims actually prepared (not answered from state); for tests and metrics
         self._counts: tuple[int, dict[str, int]] = (0, {})
-        self._prepared: dict[str, tuple[str, str]] = {}
+        self._prepared: dict[str, tuple[tuple[str, str], ...]] = {}
 
     # ---------------------------------------------------------------------------------- helpers
     def preparer_for(self, device: object) -> DevicePreparer | None:
@@ -589,7 +589,7 @@ class BatchRunner:
         """In the worker thread, with the state at hand: device -> claim map and counts for metrics."""
         claims = self.state.claims()
         by_type: dict[str, int] = {}
-        devices: dict[str, tuple[str, str]] = {}
+        devices: dict[str, tuple[tuple[str, str], ...]] = {}
         marks = 0
         for record in claims.values():
             if not record.devices and record.phase is ClaimPhase.PREPARE_STARTED:
@@ -597,8 +597,9 @@ class BatchRunner:
             for dev in record.devices:
                 kind = self._device_kind(dev.device)
                 by_type[kind] = by_type.get(kind, 0) + 1
-                if record.phase is ClaimPhase.PREPARE_COMPLETED:
-                    devices.setdefault(dev.device, (record.namespace, record.name))
+                owner = (record.namespace, record.name)
+                if record.phase is ClaimPhase.PREPARE_COMPLETED and owner not in devices.get(dev.device, ()):
+                    devices[dev.device] = (*devices.get(dev.device, ()), owner)  # admin access, shares: several
         self._counts = (len(claims) - marks, by_type)
         self._prepared = devices  # replaced whole: readers on other threads see the old or the new map
 
@@ -1406,8 +1407,9 @@ class BatchRunner:
                   uid, ", ".join(devices))
         return True
 
-    def prepared_devices(self) -> dict[str, tuple[str, str]]:
-        """DRA device name -> (claim namespace, claim name) for every completed claim (metrics labels).
+    def prepared_devices(self) -> dict[str, tuple[tuple[str, str], ...]]:
+        """DRA device name -> ``(claim namespace, claim name)`` of every completed claim holding it (metrics
+        labels: one series per claim).
 
         A snapshot taken after the last batch; safe to call from any thread, never waits on the claim state.
         """

@@ -4,19 +4,20 @@
 ``k8s.io/kubelet/pkg/apis/podresources/v1``; ``protos/podresources_v1.proto``). Every container's
 ``dynamic_resources`` name the claim (``claim_name``, ``claim_namespace``) and its devices
 (``driver_name``, ``pool_name``, ``device_name``). dcgm-exporter reads the same call to attribute GPUs to pods
-(``pod``, ``namespace``, ``container`` and the ``dra_*`` labels, ``nvidia-dra-driver-updates.md`` section 3);
-``dradriver exporter --dcgm-compatible`` does too, so its series carry the same labels.
+(``pod``, ``namespace``, ``container`` and the ``dra_*`` labels; NVIDIA/dcgm-exporter
+``internal/pkg/transformation/kubernetes.go`` and ``dra.go``);
+``dradriver exporter`` does too (both naming modes), so its series carry the same labels.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
 from dradriver._proto import podresources_v1_pb2, podresources_v1_pb2_grpc
+from dradriver.domain.holders import DeviceHolder
 from dradriver.errors import DradriverError
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
@@ -27,36 +28,36 @@ class PodResourcesError(DradriverError):
     """The PodResources socket did not answer (missing, refused, timed out); the message names the socket."""
 
 
-@dataclass(frozen=True, slots=True)
-class DeviceHolder:
-    """The pod container and ResourceClaim that hold one DRA device."""
+def holders(response: Any, *, driver: str, pool: str | None) -> dict[str, tuple[DeviceHolder, ...]]:
+    """Device name -> every container holding it, for the devices of ``driver`` in a ``ListPodResourcesResponse``.
 
-    pod: str
-    namespace: str
-    container: str
-    claim_name: str
-    claim_namespace: str
+    A device several containers use (one claim referenced by two pods or containers, or several claims sharing
+    it) lists each of them once, in the order the kubelet listed them: dcgm-exporter writes one series per
+    pod/container using a device (its ``toDeviceToSharingPods``, NVIDIA/dcgm-exporter PR #432), and so do the
+    collectors fed from this map.
 
-
-def holders(response: Any, *, driver: str, pool: str) -> dict[str, DeviceHolder]:
-    """Device name -> holder, for the devices of ``driver`` in ``pool`` in a ``ListPodResourcesResponse``.
-
-    A device shared by several containers (one claim referenced by each) keeps the first container listed.
+    :param pool: keep only devices of this pool (the node's name); ``None`` keeps every pool (a kubelet lists
+        only its own node's pods, so a node-local driver's devices are this node's whatever the pool is called).
     """
-    out: dict[str, DeviceHolder] = {}
+    out: dict[str, list[DeviceHolder]] = {}
     for pod in response.pod_resources:
         for container in pod.containers:
             for dynamic in container.dynamic_resources:
                 for resource in dynamic.claim_resources:
-                    if resource.driver_name != driver or resource.pool_name != pool or not resource.device_name:
+                    if resource.driver_name != driver or not resource.device_name:
                         continue
-                    out.setdefault(resource.device_name, DeviceHolder(
-                        pod.name, pod.namespace, container.name, dynamic.claim_name,
-                        dynamic.claim_namespace or pod.namespace))
-    return out
+                    if pool is not None and resource.pool_name != pool:
+                        continue
+                    holder = DeviceHolder(pod.name, pod.namespace, container.name, dynamic.claim_name,
+                                          dynamic.claim_namespace or pod.namespace, resource.pool_name)
+                    listed = out.setdefault(resource.device_name, [])
+                    if holder not in listed:
+                        listed.append(holder)
+    return {device: tuple(found) for device, found in out.items()}
 
 
-def list_holders(socket_path: str, *, driver: str, pool: str, timeout_s: float = 5.0) -> dict[str, DeviceHolder]:
+def list_holders(socket_path: str, *, driver: str, pool: str | None,
+                 timeout_s: float = 5.0) -> dict[str, tuple[DeviceHolder, ...]]:
     """Call ``List`` once and return :func:`holders` of its answer.
 
     :raises PodResourcesError: the socket did not answer within ``timeout_s`` seconds.

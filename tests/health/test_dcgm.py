@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from dradriver.domain.holders import DeviceHolder
 from dradriver.health.dcgm import (
     BASE_LABELS,
     DRA_LABELS,
@@ -25,7 +26,7 @@ from dradriver.health.dcgm import (
 )
 from dradriver.health.metrics import DriverMetrics, exporter_registry
 from dradriver.sandbox.podresources import PodResourcesServer
-from dradriver.server.podresources import DeviceHolder, PodResourcesError, encode_response, holders, list_holders
+from dradriver.server.podresources import PodResourcesError, encode_response, holders, list_holders
 
 from .conftest import MockNode, Services, TaintLog
 
@@ -108,7 +109,7 @@ def test_prepared_devices_carry_dra_attribution(mock_node: Any, services: Servic
     service = services(node, TaintLog())
     service.start()
     mig = node.inventory.migs[0]
-    claims = {"gpu-3": ("team-a", "training"), mig.name: ("team-b", "notebook")}
+    claims = {"gpu-3": [("team-a", "training")], mig.name: [("team-b", "notebook")]}
     metrics = DriverMetrics(node="node-a", process_metrics=False)
     metrics.attach_devices(service, claim_of=claims.get, dcgm_compatible=True)
     families = _parse(exposition(metrics.registry).decode())
@@ -138,7 +139,9 @@ def _pod_resources() -> Any:
 def test_holders_keep_this_drivers_devices_of_this_pool() -> None:
     found = holders(_pod_resources(), driver="gpu.nvidia.com", pool="n1")
     assert set(found) == {"gpu-1"}
-    assert found["gpu-1"] == DeviceHolder("trainer-0", "team-a", "cuda", "trainer-0-gpu", "team-a")
+    assert found["gpu-1"] == (DeviceHolder("trainer-0", "team-a", "cuda", "trainer-0-gpu", "team-a", "n1"),)
+    every_pool = holders(_pod_resources(), driver="gpu.nvidia.com", pool=None)
+    assert {d: [h.pool for h in held] for d, held in every_pool.items()} == {"gpu-1": ["n1"], "gpu-0": ["other-node"]}
 
 
 def test_pod_resources_attribution_in_the_exporter(mock_node: Any, services: Services, short_dir: Path) -> None:

@@ -22,7 +22,7 @@ from .conftest import MockNode, Services, TaintLog
 
 pytestmark = pytest.mark.timeout(30)
 
-DEVICE_LABELS = {"uuid", "device", "node", "namespace", "claim"}
+DEVICE_LABELS = {"uuid", "device", "node", "namespace", "claim"}  # the plugin: no pod, container
 
 
 def _families(text: str) -> dict[str, Any]:
@@ -46,7 +46,7 @@ def test_device_metrics_show_readings_xid_and_health(mock_node: Any, services: S
     service = services(node, log)
     service.start()
     mig = node.inventory.migs[0]
-    claims = {"gpu-3": ("team-a", "training"), mig.name: ("team-b", "notebook")}
+    claims = {"gpu-3": [("team-a", "training")], mig.name: [("team-b", "notebook")]}
     metrics = DriverMetrics(node="node-a")
     metrics.attach_devices(service, claim_of=claims.get)
     node.xid(2, 79)

@@ -146,6 +146,6 @@ def test_the_emulated_kubelet_serves_pod_resources(sandbox: SandboxNode, capsys:
 
     found = asyncio.run(body())
     assert set(found) == {device}
-    holder = found[device]
+    [holder] = found[device]
     assert (holder.pod, holder.namespace, holder.container, holder.claim_name) == (
         "dra-gpu-pod", "default", "cuda", "dra-gpu-pod-gpu")
