@@ -26,9 +26,10 @@ finalizer. Host-managed IMEX mode: finalizer, workload template and status ``Rea
 Membership (issue 14; README "Membership, elastic domains, node failure"): watches on the cliques and the daemon
 pods of the driver namespace mark the owning domain; a worker runs one pass per burst of marks
 (:meth:`ComputeDomainController.reconcile_membership`, ``coalesce_s``). Per clique a pass sends at most one JSON
-patch (:func:`membership_operations`: remove the items of nodes without a daemon pod; clear the daemon-owned
-fields of nodes that stopped answering -- Lease in ``kube-node-lease`` older than ``node_grace_s`` or Node
-``Ready`` False/Unknown -- keeping their ``index``) and at most one server-side apply under
+patch (:func:`membership_operations`: remove the items of nodes without a daemon pod in that clique -- by the pod
+label ``resource.nvidia.com/computeDomain.cliqueID``, so a node moved to another clique leaves the old one; clear
+the daemon-owned fields of nodes that stopped answering -- Lease in ``kube-node-lease`` older than
+``node_grace_s`` or Node ``Ready`` False/Unknown -- keeping their ``index``) and at most one server-side apply under
 :data:`CONTROLLER_FIELD_MANAGER` of ``{nodeName, index, status}`` for every item
 (:func:`~dradriver.domain.imex.assign_indexes`: lowest free, never moved; :func:`entry_statuses`: a member's
 ``status`` mirrors its daemon pod's Ready condition, so a daemon writes its entry once per pod), then the domain's
@@ -79,6 +80,8 @@ from dradriver.domain.computedomains import (
     ComputeDomain,
     ComputeDomainError,
     choose_channel,
+    clique_member_nodes,
+    clique_of,
     daemon_object_name,
     domain_channel,
     global_status,
@@ -248,8 +251,8 @@ def entry_statuses(items: Iterable[CliqueDaemon], pods: Iterable[Mapping[str, An
 def membership_operations(clique: Mapping[str, Any], *, keep_nodes: set[str],
                           failed_nodes: set[str]) -> list[dict[str, Any]]:
     """The RFC 6902 operations that bring a clique's ``daemons`` in line with the nodes: an item whose node runs
-    no daemon pod of the domain (not in ``keep_nodes``) is removed, reservation and all; an item on a node that
-    stopped answering (in ``failed_nodes``) loses its daemon-owned fields (``ipAddress``, ``cliqueID``,
+    no daemon pod of the domain in this clique (not in ``keep_nodes``) is removed, reservation and all; an item on
+    a node that stopped answering (in ``failed_nodes``) loses its daemon-owned fields (``ipAddress``, ``cliqueID``,
     ``status``) and keeps ``nodeName`` and ``index``, so peers drop it from their mapping and the node gets the
     same index and DNS name when its daemon re-applies. Each touched item is guarded by a ``test`` of its
     ``nodeName`` (a list changed meanwhile fails the patch instead of touching another item); removals come
@@ -867,16 +870,20 @@ class ComputeDomainController:
         """``clique`` after this pass's writes (:func:`membership_operations` as one JSON patch, then the missing
         indexes as one apply); ``None`` when it changed meanwhile or went away (its domain is marked again).
 
-        An item whose node is missing from the pass's pod list is removed only when a fresh list of the domain's
-        pods confirms it (the pass's list may predate a pod that wrote its entry since; NVIDIA post-#1453)."""
+        The items kept are those of nodes running a daemon pod of the domain in this clique
+        (:func:`~dradriver.domain.computedomains.clique_member_nodes`: matched by domain and clique, so a node moved
+        to another clique leaves this one, index reservation included). An item whose node is missing from the
+        pass's pod list is removed only when a fresh list of the domain's pods confirms it (the pass's list may
+        predate a pod that wrote its entry since; NVIDIA post-#1453)."""
         uid = owner_of(clique)
         ns = str(clique["metadata"].get("namespace") or self.settings.namespace)
         name = str(clique["metadata"]["name"])
-        nodes = {str((p.get("spec") or {}).get("nodeName") or "") for p in pods}
+        clique_id = clique_of(clique)
+        nodes = clique_member_nodes(pods, clique_id)
         daemons = list(clique.get("daemons") or [])
         if any(d.get("nodeName") not in nodes for d in daemons):
             fresh = list_pods(self.client, self.settings.namespace, _uid_selector(uid))
-            nodes |= {str((p.get("spec") or {}).get("nodeName") or "") for p in fresh if owner_of(p) == uid}
+            nodes |= clique_member_nodes((p for p in fresh if owner_of(p) == uid), clique_id)
         failed = set(self.failed_nodes()) if any(d.get("ipAddress") for d in daemons) else set()
         ops = membership_operations(clique, keep_nodes=nodes, failed_nodes=failed)
         if ops:
@@ -889,8 +896,8 @@ class ComputeDomainController:
             removed = sum(1 for op in ops if op["op"] == "remove" and op["path"].count("/") == 2)
             cleared = sorted({d.get("nodeName") for d in daemons if d.get("nodeName") in failed and d.get("ipAddress")
                               and d.get("nodeName") in nodes})
-            log.info("ComputeDomainClique %s/%s: removed %d entries of nodes without a daemon pod; cleared the "
-                     "entries of nodes not answering: %s", ns, name, removed, cleared or "none")
+            log.info("ComputeDomainClique %s/%s: removed %d entries of nodes without a daemon pod in this clique; "
+                     "cleared the entries of nodes not answering: %s", ns, name, removed, cleared or "none")
             clique = out
         items = [CliqueDaemon.from_entry(d) for d in clique.get("daemons") or ()]
         assigned = assign_indexes(items, self.settings.max_nodes_per_imex_domain)
