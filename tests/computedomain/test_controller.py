@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import re
 import urllib.parse
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import kubernetes
@@ -464,3 +465,26 @@ def test_a_controller_allowed_only_its_namespaces_still_reconciles_and_deletes(
     assert api.objects("DaemonSet") == [] and api.objects("ComputeDomainClique") == []
     warned = [r.getMessage() for r in caplog.records if "in every namespace is forbidden" in r.getMessage()]
     assert len(warned) == 2 and all(f"searching only namespaces {DRIVER_NS}" in m for m in warned)
+
+
+def test_a_daemon_pod_stuck_on_a_node_not_answering_does_not_hold_the_finalizer(
+        api: ApiServerEmulator, client: KubeClient, caplog: pytest.LogCaptureFixture) -> None:
+    """A daemon pod being deleted on a node whose kubelet stopped answering (Lease not renewed) can end only when
+    the node returns or is removed: the domain's deletion does not wait for it, and says so."""
+    caplog.set_level(logging.WARNING, logger=cdcontroller.__name__)
+    stale = (datetime.now(UTC) - timedelta(minutes=10)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    api.create({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": "node-b", "namespace": "kube-node-lease"},
+                "spec": {"holderIdentity": "node-b", "leaseDurationSeconds": 40, "renewTime": stale}})
+    controller = _controller(client)
+    uid = _create(client, compute_domain("cd13", num_nodes=1))["metadata"]["uid"]
+    controller.reconcile(("default", "cd13"))
+    ds = api.get("DaemonSet", daemon_object_name(uid), DRIVER_NS)
+    assert ds is not None
+    pod = _owned_pod(api, ds, "node-b", "10.0.0.2")
+    client.custom.delete_namespaced_custom_object(GROUP, VERSION, "default", "computedomains", "cd13")
+    controller.reconcile(("default", "cd13"))
+    assert _cd(api, "cd13") is None
+    stuck = api.get("Pod", pod["metadata"]["name"], DRIVER_NS)
+    assert stuck is not None and stuck["metadata"].get("deletionTimestamp")  # still there: its kubelet is away
+    assert any("which stopped answering; not waiting for it" in r.getMessage() for r in caplog.records)
