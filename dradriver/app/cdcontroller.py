@@ -18,17 +18,32 @@ stale sweep (at start and every 10 min).
 Driver-managed reconcile: finalizer ``resource.nvidia.com/computeDomain`` on the domain; the daemon
 ResourceClaimTemplate and DaemonSet ``computedomain-daemon-<cdUID>`` in the driver namespace; the workload
 ResourceClaimTemplate in the domain's namespace; the global status. Deletion, in NVIDIA's order: the workload
-template, the DaemonSet and the daemon template, the domain's node labels, (dradriver: the domain's
-ComputeDomainCliques, which NVIDIA leaves to the garbage collector through the daemon pods' owner references),
-the finalizers of the templates and the DaemonSet, a check that they are gone (else retry), then the domain's
-finalizer. Host-managed IMEX mode: finalizer, workload template and status ``Ready`` only.
+template, the DaemonSets and daemon templates (found by the domain's label in every namespace), the domain's node
+labels, the finalizers of the templates and the DaemonSets, a check that they are gone (else retry); then
+(dradriver) a wait until no daemon pod of the domain is left in any namespace -- the garbage collector deletes a
+DaemonSet's pods after it, and each lasts until its kubelet has stopped its containers; a pod being deleted on a
+node that stopped answering is not waited for -- and the domain's ComputeDomainCliques (which NVIDIA leaves to the
+garbage collector through the daemon pods' owner references; deleted after the pods, so a daemon still stopping
+cannot write one back); then the domain's finalizer. NVIDIA releases the finalizer as soon as the DaemonSet is
+gone, while its IMEX daemons may still run. Host-managed IMEX mode: finalizer, workload template and status
+``Ready`` only.
+
+One install per cluster: DaemonSets, daemon templates and cliques of a live domain in a namespace that is neither
+the driver namespace nor an ``--additional-namespaces`` one were left by an install in another namespace (a
+reinstall into a new namespace); the stale sweep (which runs before the first reconcile) deletes them, so exactly one
+DaemonSet -- the driver namespace's -- serves each domain and the old namespace holds nothing of ours (NVIDIA leaves
+them, and each domain gets a second DaemonSet). With ``--additional-namespaces`` naming the old namespace its
+DaemonSets are kept and used instead (NVIDIA's behaviour). These cluster-wide lists need RBAC to list DaemonSets,
+pods and cliques in every namespace; where only the driver and additional namespaces are allowed (NVIDIA's Helm
+chart) the controller searches those, with a warning.
 
 Membership (issue 14; README "Membership, elastic domains, node failure"): watches on the cliques and the daemon
 pods of the driver namespace mark the owning domain; a worker runs one pass per burst of marks
 (:meth:`ComputeDomainController.reconcile_membership`, ``coalesce_s``). Per clique a pass sends at most one JSON
-patch (:func:`membership_operations`: remove the items of nodes without a daemon pod; clear the daemon-owned
-fields of nodes that stopped answering -- Lease in ``kube-node-lease`` older than ``node_grace_s`` or Node
-``Ready`` False/Unknown -- keeping their ``index``) and at most one server-side apply under
+patch (:func:`membership_operations`: remove the items of nodes without a daemon pod in that clique -- by the pod
+label ``resource.nvidia.com/computeDomain.cliqueID``, so a node moved to another clique leaves the old one; clear
+the daemon-owned fields of nodes that stopped answering -- Lease in ``kube-node-lease`` older than
+``node_grace_s`` or Node ``Ready`` False/Unknown -- keeping their ``index``) and at most one server-side apply under
 :data:`CONTROLLER_FIELD_MANAGER` of ``{nodeName, index, status}`` for every item
 (:func:`~dradriver.domain.imex.assign_indexes`: lowest free, never moved; :func:`entry_statuses`: a member's
 ``status`` mirrors its daemon pod's Ready condition, so a daemon writes its entry once per pod), then the domain's
@@ -44,9 +59,10 @@ condition); with the gate ComputeDomainCliques off the daemons write ``status.no
 keeps the entries whose IP is still a daemon pod's. ``status.status`` = :func:`~dradriver.domain.computedomains.
 global_status`. Written only when it changed.
 
-Stale sweep: DaemonSets, ResourceClaimTemplates, node labels and cliques labelled with a domain UID no
-ComputeDomain has any more are deleted (finalizers removed) or unlabelled. The objects are listed before the
-domains, so an object made for a domain created during the sweep is never taken for stale.
+Stale sweep: DaemonSets, ResourceClaimTemplates, node labels and cliques (in every namespace) labelled with a domain
+UID no ComputeDomain has any more are deleted (finalizers removed) or unlabelled, and so are a live domain's objects
+left by an install in another namespace (above). The objects are listed before the domains, so an object made for a
+domain created during the sweep is never taken for stale.
 """
 
 from __future__ import annotations
@@ -79,6 +95,8 @@ from dradriver.domain.computedomains import (
     ComputeDomain,
     ComputeDomainError,
     choose_channel,
+    clique_member_nodes,
+    clique_of,
     daemon_object_name,
     domain_channel,
     global_status,
@@ -248,8 +266,8 @@ def entry_statuses(items: Iterable[CliqueDaemon], pods: Iterable[Mapping[str, An
 def membership_operations(clique: Mapping[str, Any], *, keep_nodes: set[str],
                           failed_nodes: set[str]) -> list[dict[str, Any]]:
     """The RFC 6902 operations that bring a clique's ``daemons`` in line with the nodes: an item whose node runs
-    no daemon pod of the domain (not in ``keep_nodes``) is removed, reservation and all; an item on a node that
-    stopped answering (in ``failed_nodes``) loses its daemon-owned fields (``ipAddress``, ``cliqueID``,
+    no daemon pod of the domain in this clique (not in ``keep_nodes``) is removed, reservation and all; an item on
+    a node that stopped answering (in ``failed_nodes``) loses its daemon-owned fields (``ipAddress``, ``cliqueID``,
     ``status``) and keeps ``nodeName`` and ``index``, so peers drop it from their mapping and the node gets the
     same index and DNS name when its daemon re-applies. Each touched item is guarded by a ``test`` of its
     ``nodeName`` (a list changed meanwhile fails the patch instead of touching another item); removals come
@@ -288,7 +306,8 @@ class ComputeDomainController:
     :param settings: the controller's flags that shape the objects (:class:`~dradriver.domain.cdtemplates.
         ControllerSettings`).
     :param additional_namespaces: more namespaces whose DaemonSets and daemon templates are the controller's
-        (``--additional-namespaces``: swept there; created only in the driver namespace).
+        (``--additional-namespaces``: used and swept there, never retired as another install's; created only in
+        the driver namespace).
     :param resync_s: full re-list period (seconds; NVIDIA's informer resync, 10 min).
     :param status_period_s: full membership and status resync period (seconds; default 60; NVIDIA polls every
         2 s): between two, membership is event-driven (clique and daemon pod watches).
@@ -321,6 +340,8 @@ class ComputeDomainController:
     _keys: dict[str, Key] = field(default_factory=dict)  # CD uid -> (namespace, name), from the CD watch
     _ds_ready: dict[str, int] = field(default_factory=dict)  # CD uid -> its DaemonSet's last numberReady seen
     _dirty: set[str] = field(default_factory=set)  # CD uids whose membership changed since the last pass
+    _deleting: dict[str, Key] = field(default_factory=dict)  # CD uid -> key: being deleted, waiting for its pods
+    _narrowed: set[str] = field(default_factory=set)  # kinds RBAC lets this controller list only per namespace
     _dirty_cond: threading.Condition = field(default_factory=threading.Condition)
     _failed: tuple[float, frozenset[str]] = (float("-inf"), frozenset())  # (checked at, unresponsive nodes)
     _channel_lock: threading.Lock = field(default_factory=threading.Lock)  # one channel assignment at a time
@@ -463,7 +484,10 @@ class ComputeDomainController:
                         raise errors.KubeGoneError(f"WATCH {what}", reason="Expired",
                                                    message=str(obj.get("message") or ""))
                     rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
-                    self.mark(owner_of(obj))
+                    uid = owner_of(obj)
+                    self.mark(uid)
+                    if what == "pods" and event.get("type") == "DELETED" and uid in self._deleting:
+                        self.queue.add(self._deleting[uid])  # a deleted domain waits for its daemon pods
             except errors.KubeGoneError:
                 rv = ""
             except errors.KubeAPIError as exc:
@@ -767,34 +791,104 @@ class ComputeDomainController:
         return obj if obj is not None and owner_of(obj) == uid else None
 
     def _delete(self, obj: JSONDict, cd: ComputeDomain) -> None:
+        """A ComputeDomain being deleted: remove what it has, then its finalizer (module docstring, "Deletion").
+
+        Its DaemonSets and daemon templates are found by their label in every namespace (also those an earlier
+        install in another namespace left); the finalizer stays while a daemon pod of the domain exists anywhere (a
+        DaemonSet's pods go after it: the garbage collector deletes them, each ends when its kubelet has stopped its
+        containers), except a pod being deleted on a node that stopped answering (it can end only when the node
+        comes back or is removed).
+
+        :raises ReconcileRetry: an object or a daemon pod is still there (the pods watch queues the domain again
+            when one of its pods in the driver namespace goes).
+        """
         if FINALIZER not in cd.finalizers:
             return
-        ns = self.settings.namespace
         targets: list[tuple[cdobjects.ObjectKind, str, str]] = [(RESOURCE_CLAIM_TEMPLATES, cd.namespace,
                                                                  cd.template_name)]
         if not self.settings.host_managed:
-            targets += [(DAEMON_SETS, self._daemon_namespace(DAEMON_SETS, cd.uid), daemon_object_name(cd.uid)),
-                        (RESOURCE_CLAIM_TEMPLATES, self._daemon_namespace(RESOURCE_CLAIM_TEMPLATES, cd.uid),
-                         daemon_object_name(cd.uid))]
+            targets += [(kind, o["metadata"]["namespace"], o["metadata"]["name"])
+                        for kind, o in self._daemon_objects(cd.uid)]
         for kind, namespace, name in targets:
             if self._owned(kind, namespace, name, cd.uid) is not None:
                 cdobjects.delete(self.client, kind, namespace, name)
         if not self.settings.host_managed:
             self._unlabel_nodes(cd.uid)
-            for clique in kcd.list_cliques(self.client, ns, _uid_selector(cd.uid)):
-                kcd.delete_clique(self.client, ns, clique["metadata"]["name"])
         for kind, namespace, name in targets:
             if self._owned(kind, namespace, name, cd.uid) is not None:
                 cdobjects.remove_finalizer(self.client, kind, namespace, name, FINALIZER)
         for kind, namespace, name in targets:
             if self._owned(kind, namespace, name, cd.uid) is not None:
                 raise ReconcileRetry(f"{kind.plural} {namespace}/{name} still exists")
+        if not self.settings.host_managed:
+            self._wait_for_daemon_pods(cd)
+            for clique in self._list_everywhere(None, _uid_selector(cd.uid)):
+                kcd.delete_clique(self.client, clique["metadata"]["namespace"], clique["metadata"]["name"])
         obj["metadata"]["finalizers"] = [f for f in cd.finalizers if f != FINALIZER]
         try:
             kcd.update_compute_domain(self.client, obj)
         except errors.KubeNotFoundError:
             return
+        finally:
+            self._deleting.pop(cd.uid, None)
         log.info("ComputeDomain %s/%s (uid %s): cleaned up, finalizer removed", cd.namespace, cd.name, cd.uid)
+
+    def _wait_for_daemon_pods(self, cd: ComputeDomain) -> None:
+        """Return once no daemon pod of ``cd`` is left in any namespace but pods being deleted on nodes that stopped
+        answering; else remember the domain for the pods watch and raise :class:`ReconcileRetry` naming them."""
+        pods = self._list_everywhere(PODS, _uid_selector(cd.uid))
+        stuck = (self.failed_nodes() if any((p.get("metadata") or {}).get("deletionTimestamp") for p in pods)
+                 else frozenset())
+        left = [p for p in pods if not ((p.get("metadata") or {}).get("deletionTimestamp")
+                                        and (p.get("spec") or {}).get("nodeName") in stuck)]
+        if not left:
+            for pod in pods:
+                log.warning("ComputeDomain %s/%s (uid %s): daemon pod %s/%s is being deleted on node %s, which "
+                            "stopped answering; not waiting for it", cd.namespace, cd.name, cd.uid,
+                            pod["metadata"]["namespace"], pod["metadata"]["name"], pod["spec"].get("nodeName"))
+            return
+        self._deleting[cd.uid] = (cd.namespace, cd.name)
+        names = [f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in left]
+        raise ReconcileRetry(f"{len(left)} daemon pod(s) of the domain still exist ({', '.join(names[:5])}"
+                             f"{', ...' if len(names) > 5 else ''}): its finalizer stays until they are gone")
+
+    def _daemon_objects(self, uid: str) -> list[tuple[cdobjects.ObjectKind, JSONDict]]:
+        """The DaemonSets and daemon ResourceClaimTemplates (``computedomain-daemon-<uid>``) labelled with the domain
+        ``uid``, in every namespace: the driver namespace's, an additional namespace's, and those an install in
+        another namespace made."""
+        selector = _uid_selector(uid)
+        name = daemon_object_name(uid)
+        return [*((DAEMON_SETS, o) for o in self._list_everywhere(DAEMON_SETS, selector)),
+                *((RESOURCE_CLAIM_TEMPLATES, o) for o in cdobjects.list_objects(self.client, RESOURCE_CLAIM_TEMPLATES,
+                                                                                "", selector)
+                  if o["metadata"]["name"] == name)]
+
+    def _list_everywhere(self, kind: cdobjects.ObjectKind | None, selector: str) -> list[JSONDict]:
+        """The objects of ``kind`` (``None``: ComputeDomainCliques) matching ``selector`` in every namespace; where
+        RBAC allows them only in the driver and additional namespaces (NVIDIA's Helm chart grants the controller
+        DaemonSets and cliques there only), in those, with one warning per kind: then objects an install in another
+        namespace left are not found.
+
+        :raises errors.KubeAPIError: a list failed.
+        """
+        plural = kind.plural if kind is not None else "computedomaincliques"
+        if plural not in self._narrowed:
+            try:
+                if kind is None:
+                    return kcd.list_cliques(self.client, "", selector)
+                return cdobjects.list_objects(self.client, kind, "", selector)
+            except errors.KubeForbiddenError as exc:
+                self._narrowed.add(plural)
+                log.warning("listing %s in every namespace is forbidden (%s): searching only namespaces %s, so what "
+                            "an install in another namespace left for a ComputeDomain is not found (grant list on "
+                            "%s cluster-wide)", plural, exc, ", ".join(self._managed_namespaces()), plural)
+        return [o for ns in self._managed_namespaces()
+                for o in (kcd.list_cliques(self.client, ns, selector) if kind is None
+                          else cdobjects.list_objects(self.client, kind, ns, selector))]
+
+    def _managed_namespaces(self) -> tuple[str, ...]:
+        """The driver namespace, then the additional namespaces (``--additional-namespaces``)."""
+        return (self.settings.namespace, *(ns for ns in self.additional_namespaces if ns != self.settings.namespace))
 
     def _unlabel_nodes(self, uid: str) -> None:
         for node in cdobjects.list_nodes(self.client, _uid_selector(uid)):
@@ -867,16 +961,20 @@ class ComputeDomainController:
         """``clique`` after this pass's writes (:func:`membership_operations` as one JSON patch, then the missing
         indexes as one apply); ``None`` when it changed meanwhile or went away (its domain is marked again).
 
-        An item whose node is missing from the pass's pod list is removed only when a fresh list of the domain's
-        pods confirms it (the pass's list may predate a pod that wrote its entry since; NVIDIA post-#1453)."""
+        The items kept are those of nodes running a daemon pod of the domain in this clique
+        (:func:`~dradriver.domain.computedomains.clique_member_nodes`: matched by domain and clique, so a node moved
+        to another clique leaves this one, index reservation included). An item whose node is missing from the
+        pass's pod list is removed only when a fresh list of the domain's pods confirms it (the pass's list may
+        predate a pod that wrote its entry since; NVIDIA post-#1453)."""
         uid = owner_of(clique)
         ns = str(clique["metadata"].get("namespace") or self.settings.namespace)
         name = str(clique["metadata"]["name"])
-        nodes = {str((p.get("spec") or {}).get("nodeName") or "") for p in pods}
+        clique_id = clique_of(clique)
+        nodes = clique_member_nodes(pods, clique_id)
         daemons = list(clique.get("daemons") or [])
         if any(d.get("nodeName") not in nodes for d in daemons):
             fresh = list_pods(self.client, self.settings.namespace, _uid_selector(uid))
-            nodes |= {str((p.get("spec") or {}).get("nodeName") or "") for p in fresh if owner_of(p) == uid}
+            nodes |= clique_member_nodes((p for p in fresh if owner_of(p) == uid), clique_id)
         failed = set(self.failed_nodes()) if any(d.get("ipAddress") for d in daemons) else set()
         ops = membership_operations(clique, keep_nodes=nodes, failed_nodes=failed)
         if ops:
@@ -889,8 +987,8 @@ class ComputeDomainController:
             removed = sum(1 for op in ops if op["op"] == "remove" and op["path"].count("/") == 2)
             cleared = sorted({d.get("nodeName") for d in daemons if d.get("nodeName") in failed and d.get("ipAddress")
                               and d.get("nodeName") in nodes})
-            log.info("ComputeDomainClique %s/%s: removed %d entries of nodes without a daemon pod; cleared the "
-                     "entries of nodes not answering: %s", ns, name, removed, cleared or "none")
+            log.info("ComputeDomainClique %s/%s: removed %d entries of nodes without a daemon pod in this clique; "
+                     "cleared the entries of nodes not answering: %s", ns, name, removed, cleared or "none")
             clique = out
         items = [CliqueDaemon.from_entry(d) for d in clique.get("daemons") or ()]
         assigned = assign_indexes(items, self.settings.max_nodes_per_imex_domain)
@@ -920,25 +1018,33 @@ class ComputeDomainController:
 
     # -- stale sweep --------------------------------------------------------------------------------------------
     def sweep(self) -> None:
-        """Delete or unlabel what belongs to ComputeDomains that no longer exist (module docstring)."""
+        """Delete or unlabel what belongs to ComputeDomains that no longer exist, and retire what an install in
+        another namespace left for live ones (module docstring, "Stale sweep").
+
+        :raises errors.KubeAPIError: a list failed.
+        """
         ns = self.settings.namespace
-        stale: list[tuple[cdobjects.ObjectKind, JSONDict]] = []
-        for namespace in (ns, *self.additional_namespaces):
-            stale += [(DAEMON_SETS, o) for o in cdobjects.list_objects(self.client, DAEMON_SETS, namespace,
-                                                                        LABEL_COMPUTE_DOMAIN)]
-        stale += [(RESOURCE_CLAIM_TEMPLATES, o) for o in cdobjects.list_objects(self.client, RESOURCE_CLAIM_TEMPLATES,
+        managed = set(self._managed_namespaces())
+        found = [(DAEMON_SETS, o) for o in self._list_everywhere(DAEMON_SETS, LABEL_COMPUTE_DOMAIN)]
+        found += [(RESOURCE_CLAIM_TEMPLATES, o) for o in cdobjects.list_objects(self.client, RESOURCE_CLAIM_TEMPLATES,
                                                                                 "", LABEL_COMPUTE_DOMAIN)]
         nodes = cdobjects.list_nodes(self.client, LABEL_COMPUTE_DOMAIN)
-        cliques = kcd.list_cliques(self.client, ns, LABEL_COMPUTE_DOMAIN)
+        cliques = self._list_everywhere(None, LABEL_COMPUTE_DOMAIN)
         live = {str((o.get("metadata") or {}).get("uid", "")) for o in
                 kcd.list_compute_domains(self.client).get("items") or ()}
-        for kind, obj in stale:
+        for kind, obj in found:
             uid = owner_of(obj)
-            if uid in live:
-                continue
             meta = obj["metadata"]
-            log.info("stale sweep: %s %s/%s of gone ComputeDomain uid %s", kind.plural, meta["namespace"],
-                     meta["name"], uid)
+            if uid in live and not self._left_by_another_install(kind, obj, managed):
+                continue
+            if uid in live:
+                log.warning("stale sweep: %s %s/%s of live ComputeDomain uid %s was made by an install in namespace "
+                            "%s (not the driver namespace %s, not in --additional-namespaces): deleting it, the "
+                            "domain gets its own in %s", kind.plural, meta["namespace"], meta["name"], uid,
+                            meta["namespace"], ns, ns)
+            else:
+                log.info("stale sweep: %s %s/%s of gone ComputeDomain uid %s", kind.plural, meta["namespace"],
+                         meta["name"], uid)
             cdobjects.delete(self.client, kind, meta["namespace"], meta["name"])
             cdobjects.remove_finalizer(self.client, kind, meta["namespace"], meta["name"], FINALIZER)
         for node in nodes:
@@ -947,9 +1053,21 @@ class ComputeDomainController:
                 log.info("stale sweep: node %s label of gone ComputeDomain uid %s", node["metadata"]["name"], uid)
                 kcd.set_node_label(self.client, node["metadata"]["name"], LABEL_COMPUTE_DOMAIN, None, only_if=uid)
         for clique in cliques:
-            if owner_of(clique) not in live:
-                log.info("stale sweep: ComputeDomainClique %s/%s", ns, clique["metadata"]["name"])
-                kcd.delete_clique(self.client, ns, clique["metadata"]["name"])
+            meta = clique["metadata"]
+            if owner_of(clique) not in live or meta["namespace"] not in managed:
+                log.info("stale sweep: ComputeDomainClique %s/%s (%s)", meta["namespace"], meta["name"],
+                         "gone ComputeDomain" if owner_of(clique) not in live else "left by another install")
+                kcd.delete_clique(self.client, meta["namespace"], meta["name"])
+
+    @staticmethod
+    def _left_by_another_install(kind: cdobjects.ObjectKind, obj: Mapping[str, Any], managed: set[str]) -> bool:
+        """A live domain's DaemonSet or daemon template in a namespace this controller does not manage (neither the
+        driver namespace nor an additional one): an earlier install's, whose controller is gone. A workload template
+        lives in its domain's own namespace and is never one."""
+        meta = obj.get("metadata") or {}
+        if meta.get("namespace") in managed:
+            return False
+        return kind is DAEMON_SETS or meta.get("name") == daemon_object_name(owner_of(obj))
 
 
 @dataclass(frozen=True, slots=True)

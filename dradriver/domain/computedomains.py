@@ -53,7 +53,9 @@ __all__ = [
     "DaemonConfig",
     "choose_channel",
     "choose_index",
+    "clique_member_nodes",
     "clique_object_name",
+    "clique_of",
     "daemon_object_name",
     "dns_hash",
     "dns_name",
@@ -358,6 +360,34 @@ def unresponsive_nodes(leases: Iterable[Mapping[str, Any]], nodes: Iterable[Mapp
         for cond in (node.get("status") or {}).get("conditions") or ():
             if cond.get("type") == "Ready" and cond.get("status") in ("False", "Unknown") and name:
                 out.add(name)
+    return out
+
+
+def clique_of(clique: Mapping[str, Any]) -> str:
+    """The clique ID of a ComputeDomainClique object: its label :data:`LABEL_CLIQUE_ID`, else the part of its name
+    ``<cdUID>.<cliqueID>`` after the CD UID (a clique ID holds a dot itself: ``<clusterUUID>.<cliqueId>``)."""
+    meta = clique.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    if LABEL_CLIQUE_ID in labels:
+        return str(labels[LABEL_CLIQUE_ID])
+    return str(meta.get("name") or "").partition(".")[2]
+
+
+def clique_member_nodes(pods: Iterable[Mapping[str, Any]], clique_id: str) -> set[str]:
+    """``spec.nodeName`` of the daemon pods (of one domain) that belong to the clique ``clique_id``: the pod's label
+    :data:`LABEL_CLIQUE_ID` is ``clique_id``, or the pod has no such label yet (its daemon labels its pod before it
+    writes an entry, so where it belongs is not known yet and its node's entry is kept until it is).
+
+    The nodes whose entries a ComputeDomainClique keeps: an entry is matched by domain (the pods given) and clique,
+    not by node alone, so a node moved to another NVLink clique (a tray moved between racks, a fabric re-registered
+    under another clique) leaves the old clique's entry and index reservation, and the old clique's peers drop its
+    address (NVIDIA PR #1453: "clique cleanup matches daemon pods by CD UID and clique label")."""
+    out: set[str] = set()
+    for pod in pods:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        node = str((pod.get("spec") or {}).get("nodeName") or "")
+        if node and (LABEL_CLIQUE_ID not in labels or str(labels[LABEL_CLIQUE_ID]) == clique_id):
+            out.add(node)
     return out
 
 

@@ -153,10 +153,14 @@ def iterate_compute_domains(client: KubeClient, page_size: int = LIST_PAGE_SIZE)
 
 
 def list_cliques(client: KubeClient, namespace: str, label_selector: str = "") -> list[JSONDict]:
-    """ComputeDomainCliques of ``namespace`` matching ``label_selector``.
+    """ComputeDomainCliques of ``namespace`` (every namespace when empty) matching ``label_selector``.
 
     :raises errors.KubeAPIError: after retries.
     """
+    if not namespace:
+        return list(client.list_items(f"LIST computedomaincliques {label_selector}",
+                                      client.custom.list_cluster_custom_object, API_GROUP, API_VERSION,
+                                      CLIQUE_PLURAL, label_selector=label_selector))
     return list(client.list_items(f"LIST computedomaincliques {namespace} {label_selector}",
                                   client.custom.list_namespaced_custom_object, API_GROUP, API_VERSION, namespace,
                                   CLIQUE_PLURAL, label_selector=label_selector))

@@ -4,8 +4,10 @@ clique objects, deletion in NVIDIA's order leaving nothing behind, the stale swe
 
 from __future__ import annotations
 
+import logging
 import re
 import urllib.parse
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import kubernetes
@@ -23,6 +25,7 @@ from dradriver.domain.computedomains import FINALIZER, LABEL_COMPUTE_DOMAIN, Com
 from dradriver.domain.featuregates import DEFAULT_GATES
 from dradriver.kube.client import KubeClient
 from dradriver.sandbox.apiserver import ApiServerEmulator
+from dradriver.sandbox.workloads import FINALIZER as KUBELET  # the container runtime's: a kubelet's graceful stop
 from tests.computedomain.controller_helpers import (
     DRIVER_NS,
     GROUP,
@@ -56,6 +59,31 @@ def _status(api: ApiServerEmulator, name: str) -> dict[str, Any]:
     cd = _cd(api, name)
     assert cd is not None
     return dict(cd.get("status") or {})
+
+
+def _owned_pod(api: ApiServerEmulator, ds: dict[str, Any], node: str, ip: str, *,
+               kubelet: bool = True) -> dict[str, Any]:
+    """A daemon pod of ``ds`` on ``node`` as the DaemonSet controller makes it (owned by the DaemonSet), running
+    under its kubelet when ``kubelet``: the kubelet's finalizer stands for graceful termination (the pod stays, being
+    deleted, until its containers have stopped)."""
+    meta = ds["metadata"]
+    pod = daemon_pod(api, meta["labels"][LABEL_COMPUTE_DOMAIN], node, ip)
+    pod["metadata"]["namespace"] = meta["namespace"]
+    pod["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": meta["name"],
+                                           "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}]
+    pod["metadata"]["finalizers"] = [KUBELET] if kubelet else []
+    api.delete("Pod", pod["metadata"]["name"], DRIVER_NS)
+    for key in ("uid", "resourceVersion", "creationTimestamp"):
+        pod["metadata"].pop(key, None)
+    return api.create(pod)
+
+
+def _containers_stopped(api: ApiServerEmulator, pod: dict[str, Any]) -> None:
+    """The kubelet has stopped the pod's containers: its finalizer goes, and with it the pod being deleted."""
+    stored = api.get("Pod", pod["metadata"]["name"], pod["metadata"]["namespace"])
+    assert stored is not None and stored["metadata"].get("deletionTimestamp")
+    stored["metadata"]["finalizers"] = []
+    api.update(stored)
 
 
 def test_a_new_domain_gets_its_finalizer_templates_and_daemonset(api: ApiServerEmulator, client: KubeClient) -> None:
@@ -155,7 +183,7 @@ def test_deletion_leaves_nothing_while_claims_still_exist(api: ApiServerEmulator
     controller = _controller(client)
     with running(controller):
         uid = _create(client, compute_domain("cd3", num_nodes=1, template="cd3-channel"))["metadata"]["uid"]
-        wait_for(lambda: api.get("DaemonSet", daemon_object_name(uid), DRIVER_NS), "the DaemonSet")
+        ds = wait_for(lambda: api.get("DaemonSet", daemon_object_name(uid), DRIVER_NS), "the DaemonSet")
         wait_for(lambda: api.get("ResourceClaimTemplate", "cd3-channel", "default"), "the workload template")
         # what the plugin and the daemons add meanwhile: node labels, a clique, a workload claim in use
         for node in ("node-a", "node-b"):
@@ -167,7 +195,7 @@ def test_deletion_leaves_nothing_while_claims_still_exist(api: ApiServerEmulator
         assert other is not None
         other["metadata"]["labels"][LABEL_COMPUTE_DOMAIN] = "another-domain"
         api.update(other)
-        daemon_pod(api, uid, "node-a", "10.0.0.1")
+        _owned_pod(api, ds, "node-a", "10.0.0.1", kubelet=False)  # goes with its DaemonSet
         api.create(clique_object(uid, [entry("node-a", "10.0.0.1", 0)]))
         claim = api.create({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
                             "metadata": {"name": "worker-0-channel", "namespace": "default"},
@@ -177,7 +205,7 @@ def test_deletion_leaves_nothing_while_claims_still_exist(api: ApiServerEmulator
         wait_for(lambda: _cd(api, "cd3") is None, "the ComputeDomain to go")
     assert api.objects("DaemonSet") == []
     assert api.objects("ResourceClaimTemplate") == []
-    assert api.objects("ComputeDomainClique") == []
+    assert api.objects("ComputeDomainClique") == [] and api.objects("Pod") == []
     labels = {n["metadata"]["name"]: n["metadata"]["labels"].get(LABEL_COMPUTE_DOMAIN) for n in api.objects("Node")}
     assert labels == {"node-a": None, "node-b": None, "node-c": "another-domain"}
     assert api.get("ResourceClaim", claim["metadata"]["name"], "default") is not None  # claims are not ours
@@ -359,3 +387,104 @@ def test_the_full_resync_walks_the_domains_a_batch_at_a_time(api: ApiServerEmula
     assert api.count("list", "computedomains") == 3
     assert all("limit=2" in r.query for r in api.requests if r.verb == "list" and r.resource == "computedomains")
     assert all("limit=500" in r.query for r in api.requests if r.verb == "list" and r.resource != "computedomains")
+
+
+def test_the_finalizer_stays_until_the_daemon_pods_are_gone(api: ApiServerEmulator, client: KubeClient,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    """Deleting the domain deletes its DaemonSet; the garbage collector then deletes the daemon pods, which stay
+    while their kubelet stops the containers. The domain keeps its finalizer (and its clique) until they are gone."""
+    caplog.set_level(logging.WARNING, logger=cdcontroller.__name__)
+    controller = _controller(client)
+    with running(controller):
+        uid = _create(client, compute_domain("cd10", num_nodes=1))["metadata"]["uid"]
+        ds = wait_for(lambda: api.get("DaemonSet", daemon_object_name(uid), DRIVER_NS), "the DaemonSet")
+        pod = _owned_pod(api, ds, "node-a", "10.0.0.1")
+        api.create(clique_object(uid, [entry("node-a", "10.0.0.1", 0)]))
+        client.custom.delete_namespaced_custom_object(GROUP, VERSION, "default", "computedomains", "cd10")
+        wait_for(lambda: any("daemon pod(s) of the domain still exist" in r.getMessage() for r in caplog.records),
+                 "the controller waiting for the daemon pod")
+        assert api.get("DaemonSet", daemon_object_name(uid), DRIVER_NS) is None
+        stored = _cd(api, "cd10")
+        assert stored is not None and stored["metadata"]["finalizers"] == [FINALIZER]
+        assert len(api.objects("ComputeDomainClique")) == 1  # a terminating daemon may still write its entry
+        _containers_stopped(api, pod)
+        wait_for(lambda: _cd(api, "cd10") is None, "the ComputeDomain to go once its daemon pod is gone")
+    assert api.objects("Pod") == [] and api.objects("ComputeDomainClique") == []
+
+
+def test_a_reinstall_in_another_namespace_retires_the_old_installs_objects(api: ApiServerEmulator,
+                                                                           client: KubeClient) -> None:
+    """An install in ``old-install`` made a live domain's DaemonSet, daemon template and clique, then went away;
+    the install in the driver namespace (no ``--additional-namespaces``) deletes them, so exactly one DaemonSet
+    serves the domain, and nothing of the old install is left."""
+    api.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "old-install"},
+                "status": {"phase": "Active"}})
+    uid = _create(client, compute_domain("cd11", num_nodes=1, template="cd11-channel"))["metadata"]["uid"]
+    ComputeDomainController(client, settings(namespace="old-install")).reconcile(("default", "cd11"))
+    old_ds = api.get("DaemonSet", daemon_object_name(uid), "old-install")
+    assert old_ds is not None and api.get("ResourceClaimTemplate", daemon_object_name(uid), "old-install")
+    pod = _owned_pod(api, old_ds, "node-a", "10.0.0.1")
+    clique = clique_object(uid, [entry("node-a", "10.0.0.1", 0)])
+    clique["metadata"]["namespace"] = "old-install"
+    api.create(clique)
+    workload = api.get("ResourceClaimTemplate", "cd11-channel", "default")
+    assert workload is not None
+
+    def labelled(kind: str) -> list[tuple[str, str]]:
+        return sorted((o["metadata"]["namespace"], o["metadata"]["name"]) for o in api.objects(kind)
+                      if (o["metadata"].get("labels") or {}).get(LABEL_COMPUTE_DOMAIN) == uid)
+
+    with running(_controller(client)):
+        wait_for(lambda: labelled("DaemonSet") == [(DRIVER_NS, daemon_object_name(uid))], "one DaemonSet")
+        wait_for(lambda: labelled("ComputeDomainClique") == [], "the old install's clique deleted")
+        assert labelled("ResourceClaimTemplate") == [("default", "cd11-channel"),
+                                                     (DRIVER_NS, daemon_object_name(uid))]
+        kept = api.get("ResourceClaimTemplate", "cd11-channel", "default")
+        assert kept is not None and kept["metadata"]["uid"] == workload["metadata"]["uid"]  # the user's, kept
+        _containers_stopped(api, pod)  # the garbage collector deleted the old DaemonSet's pod
+        client.custom.delete_namespaced_custom_object(GROUP, VERSION, "default", "computedomains", "cd11")
+        wait_for(lambda: _cd(api, "cd11") is None, "the ComputeDomain to go")
+    assert [labelled(k) for k in ("DaemonSet", "ResourceClaimTemplate", "ComputeDomainClique", "Pod")] == [[]] * 4
+
+
+def test_a_controller_allowed_only_its_namespaces_still_reconciles_and_deletes(
+        api: ApiServerEmulator, client: KubeClient, caplog: pytest.LogCaptureFixture) -> None:
+    """Under RBAC that grants DaemonSets and cliques in the driver namespace only (NVIDIA's Helm chart), the
+    cluster-wide lists are refused (403): the controller says so once and works on its namespaces."""
+    caplog.set_level(logging.WARNING, logger=cdcontroller.__name__)
+    for path in ("/apis/apps/v1/daemonsets", f"/apis/{GROUP}/{VERSION}/computedomaincliques"):
+        api.fail_next(1000, status=403, method="GET", path=path)
+    controller = _controller(client)
+    uid = _create(client, compute_domain("cd12", template="cd12-channel"))["metadata"]["uid"]
+    controller.sweep()
+    controller.reconcile(("default", "cd12"))
+    api.create(clique_object(uid, [entry("node-a", "10.0.0.1", 0)]))
+    client.custom.delete_namespaced_custom_object(GROUP, VERSION, "default", "computedomains", "cd12")
+    controller.reconcile(("default", "cd12"))
+    assert _cd(api, "cd12") is None
+    assert api.objects("DaemonSet") == [] and api.objects("ComputeDomainClique") == []
+    warned = [r.getMessage() for r in caplog.records if "in every namespace is forbidden" in r.getMessage()]
+    assert len(warned) == 2 and all(f"searching only namespaces {DRIVER_NS}" in m for m in warned)
+
+
+def test_a_daemon_pod_stuck_on_a_node_not_answering_does_not_hold_the_finalizer(
+        api: ApiServerEmulator, client: KubeClient, caplog: pytest.LogCaptureFixture) -> None:
+    """A daemon pod being deleted on a node whose kubelet stopped answering (Lease not renewed) can end only when
+    the node returns or is removed: the domain's deletion does not wait for it, and says so."""
+    caplog.set_level(logging.WARNING, logger=cdcontroller.__name__)
+    stale = (datetime.now(UTC) - timedelta(minutes=10)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    api.create({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": "node-b", "namespace": "kube-node-lease"},
+                "spec": {"holderIdentity": "node-b", "leaseDurationSeconds": 40, "renewTime": stale}})
+    controller = _controller(client)
+    uid = _create(client, compute_domain("cd13", num_nodes=1))["metadata"]["uid"]
+    controller.reconcile(("default", "cd13"))
+    ds = api.get("DaemonSet", daemon_object_name(uid), DRIVER_NS)
+    assert ds is not None
+    pod = _owned_pod(api, ds, "node-b", "10.0.0.2")
+    client.custom.delete_namespaced_custom_object(GROUP, VERSION, "default", "computedomains", "cd13")
+    controller.reconcile(("default", "cd13"))
+    assert _cd(api, "cd13") is None
+    stuck = api.get("Pod", pod["metadata"]["name"], DRIVER_NS)
+    assert stuck is not None and stuck["metadata"].get("deletionTimestamp")  # still there: its kubelet is away
+    assert any("which stopped answering; not waiting for it" in r.getMessage() for r in caplog.records)

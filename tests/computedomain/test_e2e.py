@@ -17,8 +17,9 @@ import pytest
 import yaml
 
 from dradriver.domain import computedomains as cd
+from dradriver.nvml import mock
 from dradriver.sandbox import cddemo
-from dradriver.sandbox.multinode import EmulatedNode, MultiNodeCluster
+from dradriver.sandbox.multinode import RACK_PROFILES, EmulatedNode, MultiNodeCluster
 from dradriver.sandbox.workloads import pids_with_marker
 
 pytestmark = pytest.mark.slow
@@ -279,3 +280,68 @@ def test_plugin_sigkilled_while_a_channel_prepare_waits_for_the_daemon(world: Mu
         release.touch()
         fake.unlink(missing_ok=True)
         real.rename(fake)
+
+
+CLIQUE_A = "abc9829a-d4c8-491c-8da5-ad28fb34876b.2"
+
+
+@contextlib.contextmanager
+def _moved(c: MultiNodeCluster, name: str, rack: int, tray: int) -> Iterator[EmulatedNode]:
+    """Node ``name`` moved into rack ``rack`` as its tray ``tray`` (another NVLink clique): its plugin restarts on
+    that rack's fabric; moved back at the end."""
+    node = c.node(name)
+    before = node.profile
+    c.stop_plugin(name)
+    node.profile = mock.rack_node_profile(RACK_PROFILES[rack], tray, node.root / "nvml")
+    c.start_plugin(name)
+    c.wait_for_plugin(name, timeout_s=WAIT_S)
+    try:
+        yield node
+    finally:
+        c.stop_plugin(name)
+        node.profile = before
+        c.start_plugin(name)
+        c.wait_for_plugin(name, timeout_s=WAIT_S)
+
+
+def test_a_node_moved_to_another_rack_leaves_its_old_clique(world: MultiNodeCluster) -> None:
+    """rack1-node01 of a Ready two-node domain is moved to rack 2 (its tray rebooted there: the plugin restarts on
+    the new fabric and the node's daemon pod is recreated). Its entry leaves the rack-1 clique, so the daemon left
+    there maps the moved node's name to no address; the moved node's daemon joins the rack-2 clique."""
+    uid = _two_node_domain(world, "mover", rack=1)
+    world.wait_for("the domain Ready", lambda: _ready(world, "mover"), timeout_s=WAIT_S)
+    victim, peer = "rack1-node01", "rack1-node00"
+    clique_a = cd.clique_object_name(uid, CLIQUE_A)
+    index = {d["nodeName"]: d["index"] for d in (world.api.get(cd.CLIQUE_KIND, clique_a, world.namespace) or {})
+             ["daemons"]}
+    moved_name = cd.dns_name(uid, index[victim])
+    with _moved(world, victim, rack=2, tray=9):
+        old = _daemon_pods(world, uid)[victim]
+        world.force_delete_pod(old["metadata"]["name"], world.namespace)  # the reboot: a new daemon pod
+        world.wait_for("a new daemon Pod on the moved node",
+                       lambda: victim in _daemon_pods(world, uid)
+                       and _daemon_pods(world, uid)[victim]["metadata"]["uid"] != old["metadata"]["uid"],
+                       timeout_s=WAIT_S)
+
+        def in_new_clique() -> bool:
+            pod = _daemon_pods(world, uid).get(victim) or {}
+            return str(((pod.get("metadata") or {}).get("labels") or {}).get(cd.LABEL_CLIQUE_ID, "")).endswith(".7")
+
+        world.wait_for("the moved node's daemon in the rack-2 clique", in_new_clique, timeout_s=WAIT_S)
+        world.wait_for("the moved node gone from the rack-1 clique",
+                       lambda: victim not in {d["nodeName"] for d in (world.api.get(cd.CLIQUE_KIND, clique_a,
+                                                                                    world.namespace) or {})
+                                              .get("daemons") or ()}, timeout_s=WAIT_S)
+        peer_pod = _daemon_pods(world, uid)[peer]
+
+        def peer_dropped_it() -> bool:
+            hosts = (_pod_dir(world.nodes[peer], peer_pod) / "hosts").read_text().splitlines()
+            return any(line.split()[1:] == [moved_name] and line.split()[0] == cd.UNUSED_SLOT_IP for line in hosts)
+
+        world.wait_for("the rack-1 peer maps the moved node's name to no address", peer_dropped_it, timeout_s=WAIT_S)
+        def new_index() -> list[Any]:
+            return [d.get("index") for c in world.api.objects(cd.CLIQUE_KIND, world.namespace)
+                    if (c["metadata"].get("labels") or {}).get(cd.LABEL_COMPUTE_DOMAIN) == uid
+                    and c["metadata"]["name"] != clique_a for d in c.get("daemons") or () if d["nodeName"] == victim]
+
+        world.wait_for("the moved node's entry in the rack-2 clique", lambda: new_index() == [0], timeout_s=WAIT_S)

@@ -14,8 +14,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from dradriver.app.cdcontroller import ComputeDomainController
-from dradriver.app.cddaemon import DaemonSettings, Membership
+from dradriver.app.cddaemon import DaemonSettings, Membership, withdraw_entry
 from dradriver.domain.computedomains import (
     LABEL_COMPUTE_DOMAIN,
     STATUS_NOT_READY,
@@ -56,22 +58,22 @@ def _create(client: KubeClient, name: str) -> str:
 
 
 def _daemon(api: ApiServerEmulator, client: KubeClient, uid: str, node: str, tmp_path: Path, *,
-            ready: bool = True) -> Membership:
-    """A daemon pod of ``uid`` on ``node`` (a fresh pod: new UID and IP, as after a restart; Ready or not) and
-    its membership."""
+            ready: bool = True, clique: str = CLIQUE) -> Membership:
+    """A daemon pod of ``uid`` on ``node`` in ``clique`` (a fresh pod: new UID and IP, as after a restart; Ready or
+    not) and its membership."""
     name = f"computedomain-daemon-{uid[:8]}-{node}"
     if api.get("Pod", name, DRIVER_NS) is not None:
         api.delete("Pod", name, DRIVER_NS)
     ip = f"10.{NODES.index(node) + 1}.{secrets.randbelow(250) + 1}.{secrets.randbelow(250) + 1}"
-    pod = daemon_pod(api, uid, node, ip, ready=ready)
-    config = DaemonSettings(clique_id=CLIQUE, cd_uid=uid, cd_name="", cd_namespace="default", node_name=node,
+    pod = daemon_pod(api, uid, node, ip, ready=ready, clique=clique)
+    config = DaemonSettings(clique_id=clique, cd_uid=uid, cd_name="", cd_namespace="default", node_name=node,
                             pod_ip=ip, pod_uid=pod["metadata"]["uid"], pod_name=name, pod_namespace=DRIVER_NS,
                             max_nodes=4, imexd_dir=tmp_path)
     return Membership(client, config)
 
 
-def _clique(api: ApiServerEmulator, uid: str) -> dict[str, Any] | None:
-    return api.get("ComputeDomainClique", clique_object_name(uid, CLIQUE), DRIVER_NS)
+def _clique(api: ApiServerEmulator, uid: str, clique: str = CLIQUE) -> dict[str, Any] | None:
+    return api.get("ComputeDomainClique", clique_object_name(uid, clique), DRIVER_NS)
 
 
 def _status(api: ApiServerEmulator, name: str) -> dict[str, Any]:
@@ -83,8 +85,8 @@ def _gone(api: ApiServerEmulator, kind: str, name: str, namespace: str) -> bool:
     return api.get(kind, name, namespace) is None
 
 
-def _indexes(api: ApiServerEmulator, uid: str) -> dict[str, int]:
-    clique = _clique(api, uid) or {}
+def _indexes(api: ApiServerEmulator, uid: str, clique_id: str = CLIQUE) -> dict[str, int]:
+    clique = _clique(api, uid, clique_id) or {}
     return {d["nodeName"]: d["index"] for d in clique.get("daemons") or () if "index" in d}
 
 
@@ -187,6 +189,43 @@ def test_churn_leaves_nothing_behind_and_never_gives_an_index_twice(api: ApiServ
         left = [o for kind in ("DaemonSet", "ResourceClaimTemplate", "ComputeDomainClique")
                 for o in api.objects(kind) if LABEL_COMPUTE_DOMAIN in ((o.get("metadata") or {}).get("labels") or {})]
         assert left == []
+
+
+OTHER_CLIQUE = "abc9829a-0000-4000-8000-000000000001.7"
+"""A second NVLink clique (another rack of the same cluster)."""
+
+
+@pytest.mark.parametrize("withdrew", [False, True], ids=["node-rebooted", "daemon-stopped-cleanly"])
+def test_a_node_moved_to_another_clique_leaves_the_old_clique_and_its_peers(api: ApiServerEmulator,
+                                                                           client: KubeClient, tmp_path: Path,
+                                                                           withdrew: bool) -> None:
+    """node-b is moved to another rack: its new daemon pod is in another clique. The old clique drops node-b's
+    entry (its address, or only the index reservation a clean stop leaves), so the old peers map node-b's former
+    index to no address; node-b joins the new clique with an index there, and the domain lists it there once."""
+    with running(_controller(client)):
+        uid = _create(client, "cdm")
+        daemons = [_daemon(api, client, uid, node, tmp_path) for node in NODES]
+        wait_for(lambda: _ready(api, "cdm", uid, daemons), "cdm Ready")
+        b_name = dns_name(uid, _indexes(api, uid)["node-b"])
+        if withdrew:  # the old daemon stopped cleanly first: only the controller's index reservation stays
+            withdraw_entry(client, daemons[1].settings)
+        moved = _daemon(api, client, uid, "node-b", tmp_path, clique=OTHER_CLIQUE)  # the old pod is gone
+        peers = [daemons[0], daemons[2]]
+
+        def moved_over() -> bool:
+            _converge([*peers, moved])
+            old = _clique(api, uid) or {}
+            return ("node-b" not in {d["nodeName"] for d in old.get("daemons") or ()}
+                    and _indexes(api, uid, OTHER_CLIQUE).get("node-b") == 0
+                    and all(m.mapping is not None and m.mapping[b_name] == UNUSED_SLOT_IP for m in peers))
+
+        wait_for(moved_over, "node-b out of the old clique and in the new one")
+        assert sorted(_indexes(api, uid).items()) == [("node-a", 0), ("node-c", 2)]  # the others keep theirs
+        assert moved.mapping is not None and moved.mapping[dns_name(uid, 0)] == moved.settings.pod_ip
+        wanted = [("node-a", CLIQUE, 0), ("node-b", OTHER_CLIQUE, 0), ("node-c", CLIQUE, 2)]
+        wait_for(lambda: [(n["name"], n["cliqueID"], n["index"]) for n in _status(api, "cdm").get("nodes") or ()]
+                 == wanted and _status(api, "cdm").get("status") == STATUS_READY,
+                 "cdm Ready, listing node-b once, in its new clique")
 
 
 def _lease(api: ApiServerEmulator, node: str, age_s: float) -> None:

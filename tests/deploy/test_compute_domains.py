@@ -97,7 +97,11 @@ def test_controller_runs_two_replicas_unprivileged_as_its_service_account() -> N
 def test_controller_rbac_is_least_privilege() -> None:
     assert _rules("ClusterRole", CONTROLLER) == {
         ("resource.nvidia.com", "computedomains", ("get", "list", "update", "watch")),
-        ("resource.nvidia.com", "computedomains/status", ("update",)),
+        ("resource.nvidia.com", "computedomains/status", ("patch", "update")),  # the status is a merge patch
+        # an earlier install's objects in another namespace, and the daemon pods a deleted domain waits for
+        ("apps", "daemonsets", ("delete", "get", "list", "update")),
+        ("", "pods", ("list",)),
+        ("resource.nvidia.com", "computedomaincliques", ("delete", "list")),
         ("resource.k8s.io", "resourceclaimtemplates", ("create", "delete", "get", "list", "update", "watch")),
         ("", "nodes", ("get", "list", "patch")),
         ("coordination.k8s.io", "leases", ("list",)),  # the kubelets' heartbeats in kube-node-lease
