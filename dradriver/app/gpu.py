@@ -393,18 +393,25 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
         preparers: tuple[Any, ...] = (FullGpuPreparer(nodes, edits_cache), StaticMigPreparer(nodes, edits_cache))
         status_writer: DeviceStatusWriter | None = None
         refresh: DeviceRefresher | None = None
+        # Every kind that may have written an undo record is registered: with its gate off a part only undoes
+        # (claims prepared while the gate was on are unprepared by the kind stored with them).
+        undo_only: list[Any] = []
         if mig_control is not None:
             refresh = DeviceRefresher(session, config, registry, mig_control)
             life.on_stop("device refresher", refresh.close)
             preparers += (DynamicMigPreparer(mig_control, nodes, lambda: registry.snapshot.gpus, on_change=refresh),)
             status_writer = DeviceStatusWriter(connection.client, driver=identity.driver_name, pool=config.node_name)
             life.on_stop("device status writer", status_writer.close)
+        else:
+            undo_only.append(DynamicMigPreparer(MigControl(session), nodes, lambda: registry.snapshot.gpus))
         steps: list[SharingStep] = list(default_steps(session,
                                                       lambda: find_nvidia_smi(config.container_driver_root)))
         daemons = None
         if config.feature_gates.mps_support:
             daemons = control_daemons(config, connection.client, session)
             steps.append(MpsSharing(daemons))
+        else:
+            undo_only.append(MpsSharing(control_daemons(config, connection.client, session)))
         shares = SharedDevicePreparer(config.consumable_shares, nodes,
                                       ShareDaemons(control_daemons(config, connection.client, session, shares=True)),
                                       stored_records=lambda: all_undo_records(state))
@@ -412,7 +419,7 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
             identity=identity, registry=registry, state=state,
             fetch_claim=assembly.claim_fetcher(identity, connection.client, config),
             cdi_root=config.cdi_root, pool=config.node_name,
-            preparers=(shares, *preparers), sharing=steps,
+            preparers=(shares, *preparers), sharing=steps, undo_only=undo_only,
             select_configs=lambda claim, devices: configs.select_configs(claim, devices, config.feature_gates),
             spec_edits=lambda: edits_cache.get("spec", lambda: gpu_preparers.spec_edits(nodes, common)),
             metrics=metrics, prepare_deadline_s=float(config.prepare_deadline_seconds),

@@ -28,6 +28,11 @@ claim recorded and answers an error, so the kubelet's retry undoes again (undo i
 was in flight when the same claim UID was unprepared is refused, so a slow prepare never brings an unprepared
 claim back.
 
+Each record is undone by the part of the kind stored with it, whatever the feature gates say now (the parts of
+features turned off are registered ``undo_only``), once the record says this release can read it
+(:meth:`~dradriver.domain.ports.UndoRecord.check_readable`: records carry facts, and a newer writer's record is
+undone unless it declares a newer reader).
+
 A preparer that waits for something outside the node's control (the compute-domain channel preparer, for this
 node's IMEX daemon to be Ready) raises :class:`~dradriver.domain.ports.NotReadyYet`: the claim is rolled back like
 any failure (nothing of that attempt is undone) and retried with a doubling pause, outside the locks, until the
@@ -71,6 +76,7 @@ from dradriver.domain.claims import AllocationResult, Claim, ClaimError, ClaimRe
 from dradriver.domain.configs import ConfigGroup, ConfigSelection
 from dradriver.domain.identity import DriverIdentity
 from dradriver.domain.ports import (
+    UNDO_LAYOUT,
     DevicePlan,
     DevicePreparer,
     NotReadyYet,
@@ -291,6 +297,10 @@ class BatchRunner:
     :param pool: this node's pool name (the node name).
     :param preparers: one per device kind; the first whose ``handles(device)`` is true prepares a device.
     :param sharing: sharing steps by strategy (``None`` = exclusive use).
+    :param undo_only: preparers and sharing steps of features turned off now (their feature gate or flag): they
+        undo the records of their kind that claims prepared while the feature was on still hold, and nothing
+        else (no prepare, no start-up sweep). Teardown follows the kind stored with each record, never the
+        current gates, so every kind that ever wrote a record must be in ``preparers``, ``sharing`` or here.
     :param select_configs: the plugin's config selection; ``None``: the plugin takes no configs (every
         device gets no config group, and no sharing step runs).
     :param spec_edits: the spec-level CDI edits (called once per spec written; e.g. control nodes and the
@@ -330,6 +340,7 @@ class BatchRunner:
         pool: str,
         preparers: Sequence[DevicePreparer],
         sharing: Sequence[SharingStep] = (),
+        undo_only: Sequence[DevicePreparer | SharingStep] = (),
         select_configs: SelectConfigs | None = None,
         spec_edits: Callable[[], cdi.ContainerEdits] = cdi.ContainerEdits,
         metrics: RequestMetrics | None = None,
@@ -343,7 +354,7 @@ class BatchRunner:
         retry_pause_s: tuple[float, float] = RETRY_PAUSE_S,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        kinds = [p.kind for p in preparers] + [s.kind for s in sharing]
+        kinds = [p.kind for p in preparers] + [s.kind for s in sharing] + [u.kind for u in undo_only]
         if len(set(kinds)) != len(kinds):
             raise ValueError(f"preparer and sharing-step kinds must be unique: {kinds}")
         self.identity = identity
@@ -358,7 +369,8 @@ class BatchRunner:
         self._device_kinds: dict[str, DevicePreparer] = {p.kind: p for p in preparers}
         self._by_kind: dict[str, DevicePreparer | SharingStep] = dict(self._device_kinds)
         self._by_kind.update({s.kind: s for s in sharing})
-        for step in sharing:
+        self._by_kind.update({u.kind: u for u in undo_only})
+        for step in (*sharing, *undo_only):
             # kinds an older release wrote for what this step now undoes (records must stay undoable)
             for alias in getattr(step, "undo_kinds", ()):
                 self._by_kind.setdefault(alias, step)
@@ -904,9 +916,12 @@ class BatchRunner:
             work.error = _claim_error(ref, exc)
 
     def _undo(self, ref: ClaimRef, record: UndoRecord) -> None:
+        """Undo one stored record with the part of its stored kind (whatever the feature gates say now), once the
+        record says this release can read it (:meth:`~dradriver.domain.ports.UndoRecord.check_readable`)."""
         part = self._by_kind.get(record.kind)
         if part is None:
             raise DradriverError(f"claim {ref}: no preparer of kind {record.kind!r} to undo {record.target!r}")
+        record.check_readable(getattr(part, "undo_layout", UNDO_LAYOUT))
         part.undo(ref, record)
 
     def _undo_applied(self, work: _Work) -> None:
@@ -999,11 +1014,21 @@ class BatchRunner:
         pins = read_payload(record.payload).pins
         for name, pinned in sorted(pins.items()):
             device = self.registry.get(name)
-            now = _pin_of(device) if device is not None else None
+            now = self._pin_now(device) if device is not None else None
             if now != pinned:
                 seen = f"is now {now}" if now else "is no longer on this node"
                 raise ClaimError(record.ref, f"device {name!r} was {pinned} when the claim was prepared and {seen}; "
                                              "not handing the claim another device (unprepare it and prepare again)")
+
+    def _pin_now(self, device: object) -> str | None:
+        """The physical identity of a registry entry now: its own UUID, or for an entry that has none (a dynamic-MIG
+        placement that a static MIG claim of before the ``DynamicMIG`` gate names) the one its preparer finds
+        there (``identity_now(device)``: the MIG UUID of the instance on the placement)."""
+        pin = _pin_of(device)
+        if pin is None:
+            identity_now = getattr(self.preparer_for(device), "identity_now", None)
+            pin = identity_now(device) if callable(identity_now) else None
+        return pin
 
     def spec_valid(self, record: ClaimRecord) -> bool:
         """True when the claim's CDI spec file parses, has this plugin's kind and names exactly the claim devices the
@@ -1306,7 +1331,10 @@ class BatchRunner:
                     log.error("claim %s: unreadable undo records: %s", record.ref, exc)
             sweepers: list[DevicePreparer | SharingStep] = [*self.preparers, *self.sharing.values()]
             for part in sweepers:
-                for what in part.sweep(known_records.get(part.kind, [])):
+                # A part whose side effects another kind's records may own too (a static MIG claim's instance on
+                # a GPU dynamic MIG now manages) sees those records as well: it never removes what a claim holds.
+                owned = [r for k in (part.kind, *getattr(part, "owner_kinds", ())) for r in known_records.get(k, [])]
+                for what in part.sweep(owned):
                     swept.append(f"{part.kind}:{what}")
                     log.warning("removed %s %s that no prepared claim owns", part.kind, what)
             temps = cdifiles.remove_stale_temp_files(self.identity.cdi, self.cdi_root)  # once, so prepares stay O(1)
