@@ -295,7 +295,9 @@ class BatchRunner:
     :param fetch_claim: blocking claim GET + reduction; raises :class:`ClaimError` for a claim-level problem.
     :param cdi_root: directory for the per-claim CDI specs.
     :param pool: this node's pool name (the node name).
-    :param preparers: one per device kind; the first whose ``handles(device)`` is true prepares a device.
+    :param preparers: one per device kind; the first whose ``handles(device)`` is true prepares a device. A
+        preparer with ``check_claim(claim, plans)`` is shown all its plans of a claim before anything is applied
+        (rules over several devices of one claim; raises :class:`ClaimError`).
     :param sharing: sharing steps by strategy (``None`` = exclusive use).
     :param undo_only: preparers and sharing steps of features turned off now (their feature gate or flag): they
         undo the records of their kind that claims prepared while the feature was on still hold, and nothing
@@ -816,6 +818,10 @@ class BatchRunner:
                     raise ClaimError(ref, f"{group.entry.parameters_at}.sharing.strategy: "
                                           f"{group.plan.strategy!r} is not implemented by this plugin")
         plans = [preparers[n].plan(claim, entries[n], results[n], group_of.get(n)) for n in order]
+        for preparer in dict.fromkeys(preparers.values()):  # rules over a claim's devices of one kind
+            check_claim = getattr(preparer, "check_claim", None)
+            if callable(check_claim):
+                check_claim(claim, [p for p in plans if p.kind == preparer.kind])
         for plan in plans:
             if not plan.shared and not plan.admin_access:
                 self._refuse_if_shared(ref, plan)
