@@ -153,9 +153,12 @@ class DeviceRefresher:
     RETRY_DELAY_S = 0.05
 
     def __init__(self, session: NvmlSession, config: PluginConfig, registry: DeviceRegistry[NodeInventory],
-                 mig_control: MigControl | None = None) -> None:
+                 mig_control: MigControl | None = None, *, placements: bool = True) -> None:
         self.session, self.config, self.registry = session, config, registry
         self.mig_control = mig_control
+        self.with_placements = placements
+        """False with the ``DynamicMIG`` gate off (a claim of before the gate was turned off destroyed its
+        instance): the devices are re-read as discovered, without placements."""
         self._lock = threading.Lock()
         self._stale = False
         self._thread: threading.Thread | None = None
@@ -191,6 +194,10 @@ class DeviceRefresher:
         a refresh costs a plain discovery, not ~20 NVML profile queries per GPU.
         """
         inventory = self._discover()
+        if not self.with_placements:
+            self.registry.replace(inventory)
+            self.refreshes += 1
+            return
         cache = self._placements
         if cache is None:
             cache = self._placements = {}
@@ -403,7 +410,10 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
             status_writer = DeviceStatusWriter(connection.client, driver=identity.driver_name, pool=config.node_name)
             life.on_stop("device status writer", status_writer.close)
         else:
-            undo_only.append(DynamicMigPreparer(MigControl(session), nodes, lambda: registry.snapshot.gpus))
+            reread = DeviceRefresher(session, config, registry, placements=False)
+            life.on_stop("device refresher", reread.close)
+            undo_only.append(DynamicMigPreparer(MigControl(session), nodes, lambda: registry.snapshot.gpus,
+                                                on_change=reread))
         steps: list[SharingStep] = list(default_steps(session,
                                                       lambda: find_nvidia_smi(config.container_driver_root)))
         daemons = None

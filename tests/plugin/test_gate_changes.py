@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import asyncio
 
+from dradriver.domain.devices import MigDevice
 from dradriver.domain.migplacements import MigPlacement
 from dradriver.sandbox.node import SandboxNode
-from tests.plugin.conftest import running
+from tests.plugin.conftest import running, wait_for
 from tests.plugin.test_dynamic_mig import GATES, ONE_G, THREE_G, _create_out_of_band, claim_for, mig_mode, state_lines
 
 
@@ -23,11 +24,15 @@ def test_dynamic_claims_are_unprepared_after_the_dynamic_mig_gate_is_turned_off(
         async with running(mig_node.config()) as (plugin, kubelet):  # DynamicMIG off now
             assert plugin.registry is not None
             assert not any(isinstance(d, MigPlacement) for d in plugin.registry.devices.values())
+            assert isinstance(plugin.registry.get(device), MigDevice)  # the claim's instance, read as a static one
             assert len(state_lines(mig_node, "gi")) == 1 and not plugin.recovery.swept
             # the claim's stored kind (dynamic-mig) undoes it: the instance goes, MIG mode with it (Hopper)
             assert await kubelet.unprepare([ref]) == {ref.uid: ""}
             assert state_lines(mig_node, "gi") == [] and mig_mode(mig_node, 1) == (0, 0)
             assert plugin.state.get(ref.uid) is None
+            # the devices are read again: the destroyed instance is no longer published, the whole GPU is back
+            await wait_for(lambda: plugin.registry is not None and plugin.registry.get(device) is None
+                           and plugin.registry.get("gpu-1") is not None)
 
     asyncio.run(body())
 
