@@ -10,6 +10,7 @@ import asyncio
 import json
 from typing import Any
 
+from dradriver.domain.claims import ClaimRef
 from dradriver.nvml import settings
 from dradriver.sandbox.node import SandboxNode
 from tests.configs.test_plugin import allocate
@@ -35,15 +36,24 @@ def as_a_newer_release_writes(payload: str, *, reader: int | None = None) -> str
     return json.dumps(doc)
 
 
+async def prepared_by_a_newer_release(sandbox: SandboxNode, name: str, *,
+                                      reader: int | None = None) -> tuple[ClaimRef, str]:
+    """Prepare a claim time-slicing ``gpu-0`` (``Long``; the GPU was ``EXCLUSIVE_PROCESS`` before) and rewrite its
+    stored payload as a newer release would have written it; the plugin is stopped after. Returns the claim and
+    the GPU's UUID."""
+    async with running(sandbox.config(feature_gates=GATE_ON)) as (plugin, kubelet):
+        gpu0 = uuid_of(plugin, "gpu-0")
+        settings.set_compute_mode(session_of(plugin), gpu0, settings.ComputeMode.EXCLUSIVE_PROCESS)
+        ref = ref_of(allocate(sandbox, name, [result("gpu-0")], [time_slicing("Long")]))
+        assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+        newer = as_a_newer_release_writes(plugin_payload(plugin, ref.uid), reader=reader)
+        plugin.state.prepare_completed(ref.uid, payload=newer)
+    return ref, gpu0
+
+
 def test_a_newer_releases_records_are_undone_from_their_facts(sandbox: SandboxNode) -> None:
     async def body() -> None:
-        async with running(sandbox.config(feature_gates=GATE_ON)) as (plugin, kubelet):
-            nvml = session_of(plugin)
-            gpu0 = uuid_of(plugin, "gpu-0")
-            settings.set_compute_mode(nvml, gpu0, settings.ComputeMode.EXCLUSIVE_PROCESS)
-            ref = ref_of(allocate(sandbox, "newer", [result("gpu-0")], [time_slicing("Long")]))
-            assert (await kubelet.prepare([ref]))[ref.uid].error == ""
-            plugin.state.prepare_completed(ref.uid, payload=as_a_newer_release_writes(plugin_payload(plugin, ref.uid)))
+        ref, gpu0 = await prepared_by_a_newer_release(sandbox, "newer")
         async with running(sandbox.config(feature_gates=GATE_ON)) as (plugin, kubelet):
             nvml = session_of(plugin)
             assert settings.compute_timeslice(nvml, gpu0) == 3
@@ -57,12 +67,7 @@ def test_a_newer_releases_records_are_undone_from_their_facts(sandbox: SandboxNo
 
 def test_a_record_that_needs_a_newer_reader_keeps_the_claim_and_says_what_to_do(sandbox: SandboxNode) -> None:
     async def body() -> None:
-        async with running(sandbox.config(feature_gates=GATE_ON)) as (plugin, kubelet):
-            gpu0 = uuid_of(plugin, "gpu-0")
-            ref = ref_of(allocate(sandbox, "newest", [result("gpu-0")], [time_slicing("Long")]))
-            assert (await kubelet.prepare([ref]))[ref.uid].error == ""
-            newer = as_a_newer_release_writes(plugin_payload(plugin, ref.uid), reader=2)
-            plugin.state.prepare_completed(ref.uid, payload=newer)
+        ref, gpu0 = await prepared_by_a_newer_release(sandbox, "newest", reader=2)
         async with running(sandbox.config(feature_gates=GATE_ON)) as (plugin, kubelet):
             error = (await kubelet.unprepare([ref]))[ref.uid]
             assert "'timeslicing' undo record of 'gpu-0' (layout 2) needs a reader of layout 2 or newer" in error
