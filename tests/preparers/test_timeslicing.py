@@ -88,3 +88,6 @@ def test_a_record_declaring_a_newer_reader_is_refused_with_what_to_do() -> None:
     with pytest.raises(UndoRecordTooNew, match=r"needs a reader of layout 2 or newer.*Run that release"):
         record.check_readable()
     record.check_readable(2)
+    # what this release writes stays what older releases read: no "reader" key while it is 1
+    assert UndoRecord("timeslicing", 1, "gpu-0", {"gpus": []}).to_json() == {
+        "kind": "timeslicing", "v": 1, "target": "gpu-0", "data": {"gpus": []}}
