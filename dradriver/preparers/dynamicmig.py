@@ -272,13 +272,13 @@ class DynamicMigPreparer:
         """The parent's device node plus the GI and CI access capability nodes, from the record alone.
 
         :raises DeviceNodeError: a major or capability minor cannot be found.
-        :raises DradriverError: the record has no compute instance.
+        :raises DradriverError: the record has no compute instance, or lacks a fact (parent minor, GI id).
         """
-        data = record.data
-        if data.get("ciId") is None:
+        ci_id = record.fact("ciId", int, None)
+        if ci_id is None:
             raise DradriverError(f"device {plan.device!r}: no compute instance recorded")
-        return mig_instance_edits(self.nodes, self.nodes.read_majors(), int(data["parentMinor"]), int(data["giId"]),
-                                  int(data["ciId"]))
+        return mig_instance_edits(self.nodes, self.nodes.read_majors(), record.fact("parentMinor", int),
+                                  record.fact("giId", int), ci_id)
 
     # -- undo -------------------------------------------------------------------------------------------------
 
