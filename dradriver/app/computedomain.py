@@ -352,13 +352,15 @@ async def start_compute_domain_plugin(config: PluginConfig, identity: DriverIden
         preparers: list[Any] = [ChannelPreparer(lookup, identity, imex, current_clique, host_managed=host_managed,
                                                 imex_ctl=imex_ctl,
                                                 held_channels=held_channels if channel_isolation else None)]
+        daemons = DaemonPreparer(lookup, identity, imex, current_clique, config.plugin_dir)
         if not host_managed:
-            preparers.append(DaemonPreparer(lookup, identity, imex, current_clique, config.plugin_dir))
+            preparers.append(daemons)
         metrics = DriverMetrics(node=config.node_name, driver=identity.driver_name)
         runner = BatchRunner(
             identity=identity, registry=registry, state=state,
             fetch_claim=assembly.claim_fetcher(identity, connection.client, config),
             cdi_root=config.cdi_root, pool=config.node_name, preparers=preparers,
+            undo_only=[daemons] if host_managed else [],  # daemon claims of before a switch to host-managed
             prepare_deadline_s=float(config.prepare_deadline_seconds), aborted_ttl_s=ABORTED_TTL_S, clock=clock,
             metrics=metrics,
         )

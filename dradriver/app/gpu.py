@@ -153,9 +153,12 @@ class DeviceRefresher:
     RETRY_DELAY_S = 0.05
 
     def __init__(self, session: NvmlSession, config: PluginConfig, registry: DeviceRegistry[NodeInventory],
-                 mig_control: MigControl | None = None) -> None:
+                 mig_control: MigControl | None = None, *, placements: bool = True) -> None:
         self.session, self.config, self.registry = session, config, registry
         self.mig_control = mig_control
+        self.with_placements = placements
+        """False with the ``DynamicMIG`` gate off (a claim of before the gate was turned off destroyed its
+        instance): the devices are re-read as discovered, without placements."""
         self._lock = threading.Lock()
         self._stale = False
         self._thread: threading.Thread | None = None
@@ -191,6 +194,10 @@ class DeviceRefresher:
         a refresh costs a plain discovery, not ~20 NVML profile queries per GPU.
         """
         inventory = self._discover()
+        if not self.with_placements:
+            self.registry.replace(inventory)
+            self.refreshes += 1
+            return
         cache = self._placements
         if cache is None:
             cache = self._placements = {}
@@ -393,18 +400,28 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
         preparers: tuple[Any, ...] = (FullGpuPreparer(nodes, edits_cache), StaticMigPreparer(nodes, edits_cache))
         status_writer: DeviceStatusWriter | None = None
         refresh: DeviceRefresher | None = None
+        # Every kind that may have written an undo record is registered: with its gate off a part only undoes
+        # (claims prepared while the gate was on are unprepared by the kind stored with them).
+        undo_only: list[Any] = []
         if mig_control is not None:
             refresh = DeviceRefresher(session, config, registry, mig_control)
             life.on_stop("device refresher", refresh.close)
             preparers += (DynamicMigPreparer(mig_control, nodes, lambda: registry.snapshot.gpus, on_change=refresh),)
             status_writer = DeviceStatusWriter(connection.client, driver=identity.driver_name, pool=config.node_name)
             life.on_stop("device status writer", status_writer.close)
+        else:
+            reread = DeviceRefresher(session, config, registry, placements=False)
+            life.on_stop("device refresher", reread.close)
+            undo_only.append(DynamicMigPreparer(MigControl(session), nodes, lambda: registry.snapshot.gpus,
+                                                on_change=reread))
         steps: list[SharingStep] = list(default_steps(session,
                                                       lambda: find_nvidia_smi(config.container_driver_root)))
         daemons = None
         if config.feature_gates.mps_support:
             daemons = control_daemons(config, connection.client, session)
             steps.append(MpsSharing(daemons))
+        else:
+            undo_only.append(MpsSharing(control_daemons(config, connection.client, session)))
         shares = SharedDevicePreparer(config.consumable_shares, nodes,
                                       ShareDaemons(control_daemons(config, connection.client, session, shares=True)),
                                       stored_records=lambda: all_undo_records(state))
@@ -412,7 +429,7 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
             identity=identity, registry=registry, state=state,
             fetch_claim=assembly.claim_fetcher(identity, connection.client, config),
             cdi_root=config.cdi_root, pool=config.node_name,
-            preparers=(shares, *preparers), sharing=steps,
+            preparers=(shares, *preparers), sharing=steps, undo_only=undo_only,
             select_configs=lambda claim, devices: configs.select_configs(claim, devices, config.feature_gates),
             spec_edits=lambda: edits_cache.get("spec", lambda: gpu_preparers.spec_edits(nodes, common)),
             metrics=metrics, prepare_deadline_s=float(config.prepare_deadline_seconds),

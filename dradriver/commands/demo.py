@@ -26,7 +26,8 @@ def register(subparsers: Any) -> None:
                         default="basic",
                         help="basic: the seed examples (default); sharing: time-slicing, consumable GPU shares "
                              "enforced through MPS, and an MPS claim, on an H200 node; time-slicing: one GPU "
-                             "time-sliced between two claims, settings read back via NVML; dynamic-mig: MIG devices "
+                             "time-sliced by its claim, which admin-access claims never change, settings read back "
+                             "via NVML; dynamic-mig: MIG devices "
                              "created at prepare and destroyed at unprepare on an H200 node (DynamicMIG gate); "
                              "compute-domain: a ComputeDomain across two nodes of one of two emulated NVL72 racks, "
                              "IMEX daemons and channels, deletion leaving nothing behind")

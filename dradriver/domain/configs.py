@@ -23,7 +23,8 @@ devices it publishes, ``GpuConfig`` and ``MigDeviceConfig`` (reference ``nvidia-
   sub-request results ``r/<sub>`` (DRA ``firstAvailable``). Results are grouped by winning config; each group
   is normalised and validated once and turned into a :class:`SharingPlan` (the checks NVIDIA makes when it
   applies a config: TimeSlicing with ``mpsConfig``, MPS with ``timeSlicingConfig``, pinned-memory limits and
-  device keys, ``multiUser`` compute capability).
+  device keys, ``multiUser`` compute capability); a sharing strategy selected by an admin-access result is
+  refused at ``...sharing.strategy`` (an admin claim never changes the device, :func:`refuse_admin_sharing`).
 
 The gates come from ``--feature-gates`` (:mod:`dradriver.domain.featuregates`); both sharing gates are off by
 default, as in NVIDIA's driver, and a config selecting a strategy whose gate is off is rejected with NVIDIA's
@@ -548,6 +549,34 @@ def _names_request(requests: tuple[str, ...], request: str) -> bool:
     return request in requests or base_request_name(request) in requests
 
 
+def refuse_admin_sharing(claim: Claim, entry: ConfigEntry, plan: SharingPlan, results: Sequence[int]) -> None:
+    """Refuse a sharing config that selects a strategy for an admin-access result.
+
+    An admin-access request observes a device that another claim may own (the scheduler and the plugin let it
+    overlap, ``nvidia-dra-driver.md`` 4.2); it never changes the device. A time-slice, a compute mode or an MPS
+    control daemon is a setting of the whole device, so applying an admin claim's sharing config would change the
+    owner's setting, start a second daemon, and reset the owner's GPU at the admin claim's unprepare. As NVIDIA
+    does since kubernetes-sigs/dra-driver-nvidia-gpu#1280 (PR #1320), such a config is refused, whether it comes
+    from the claim or from its DeviceClass; a config without ``sharing`` still applies.
+
+    :param results: indices into ``claim.results`` of the results that selected ``entry``.
+    :raises DeviceConfigError: at ``<parameters>.sharing.strategy``, naming the admin-access result and request.
+    """
+    if plan.strategy is None:
+        return
+    admin = [r for r in results if claim.results[r].admin_access]
+    if not admin:
+        return
+    first = claim.results[admin[0]]
+    origin = " (from the DeviceClass)" if entry.source == "FromClass" else ""
+    raise DeviceConfigError(
+        f"{entry.parameters_at}.sharing.strategy",
+        f"{_q(plan.strategy)}{origin} cannot apply to status.allocation.devices.results[{admin[0]}] (request "
+        f"{_q(first.request)}, device {_q(first.device)}): it has adminAccess, and an admin-access claim never "
+        "changes the device another claim may own (the time-slice, compute mode and MPS daemon are per device); "
+        "use a config without sharing for admin-access requests")
+
+
 def select_configs(claim: Claim, devices: Mapping[str, GpuDevice | MigDevice],
                    gates: FeatureGates = DEFAULT_GATES) -> ConfigSelection:
     """Decode, select, normalise and validate the configs of ``claim`` (module docstring; reference 3.6).
@@ -556,8 +585,9 @@ def select_configs(claim: Claim, devices: Mapping[str, GpuDevice | MigDevice],
         reports missing devices first).
     :raises ClaimError: naming the claim and the config's field path: a decoding error (for any of our
         configs, used or not, as NVIDIA decodes them all), a config naming a request whose device is of the
-        other type ("cannot apply GpuConfig to device \"gpu-0-mig-1g10gb-19-0\" of type \"mig\""), or a
-        validation/plan error of a config that some result selected.
+        other type ("cannot apply GpuConfig to device \"gpu-0-mig-1g10gb-19-0\" of type \"mig\""), a
+        validation/plan error of a config that some result selected, or a sharing config selected by an
+        admin-access result (:func:`refuse_admin_sharing`).
     """
     try:
         entries = decode_entries(claim)
@@ -592,6 +622,7 @@ def select_configs(claim: Claim, devices: Mapping[str, GpuDevice | MigDevice],
             config = normalize(entry.config, gates)
             validate(config, gates, entry.parameters_at)
             plan = plan_sharing(config, [devices[n] for n in names], entry.parameters_at)
+            refuse_admin_sharing(claim, entry, plan, results)
         except DeviceConfigError as exc:
             raise ClaimError(claim.ref, str(exc)) from None
         position[e] = len(groups)

@@ -28,6 +28,7 @@ from typing import Any, Protocol, runtime_checkable
 from dradriver.domain.cdi import ContainerEdits
 from dradriver.domain.claims import AllocationResult, Claim, ClaimError, ClaimRef, ClaimResult
 from dradriver.domain.configs import ConfigGroup
+from dradriver.errors import DradriverError
 
 JSONValue = Any
 """A value ``json.dumps`` accepts (undo records are stored as JSON inside the claim state)."""
@@ -52,32 +53,65 @@ class ClaimPreparer(Protocol):
         ...
 
 
+UNDO_LAYOUT = 1
+"""The undo-record layout every preparer and sharing step of this release reads (:attr:`UndoRecord.reader`)."""
+
+
+class UndoRecordTooNew(DradriverError):
+    """An undo record says it can only be undone by a newer release than this one (:meth:`UndoRecord.check_readable`).
+
+    The claim stays prepared; the message names the record's kind, target, layouts and facts and what to do (run
+    the release that prepared it, or a newer one, to unprepare the claim)."""
+
+
+class UndoRecordFactError(DradriverError):
+    """A fact an undo needs is missing from its record or of the wrong type (:meth:`UndoRecord.fact`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class UndoRecord:
     """How to undo what one :meth:`DevicePreparer.apply` or :meth:`SharingStep.apply` did.
 
-    Stored as JSON inside the claim's claim-state record, so it must survive a process restart and a plugin
-    upgrade: ``version`` is the record layout of ``kind``; an ``undo`` must accept every version it ever wrote.
+    Stored as JSON inside the claim's claim-state record, so it must survive a process restart, a plugin upgrade
+    and a downgrade. A record holds the undo's *facts* (what was changed, on which device, the value to restore),
+    never instructions for one release's code, and carries two numbers:
+
+    * ``version`` (``"v"``): the layout the writer wrote; informational, a reader never refuses a record for it;
+    * ``reader`` (``"reader"``, written only when above 1): the oldest reader layout that undoes the record
+      correctly from the facts it knows. A writer that only adds facts keeps ``reader`` (an older reader ignores
+      what it does not know and still undoes what the record changed); a writer whose facts change meaning raises
+      it, and an older release then answers the unprepare with :class:`UndoRecordTooNew` (what to do) instead
+      of undoing the wrong thing.
+
+    A reader of layout ``L`` undoes every record with ``reader <= L`` (:meth:`check_readable`, called by the batch
+    runner for every undo), reads its facts with :meth:`fact` (a missing or mistyped fact is a clear error, never
+    a guess) and ignores data fields it does not know.
 
     :param kind: the preparer's or sharing step's :attr:`~DevicePreparer.kind` that wrote it.
-    :param version: layout version of ``data`` (starts at 1).
+    :param version: layout of ``data`` the writer wrote (starts at 1).
     :param target: what the record is about: a DRA device name, or a config group's devices joined by ``,``.
-    :param data: the kind's own JSON object (e.g. GPU-instance and compute-instance IDs); ``{}`` when the
-        apply had no side effect.
+    :param data: the kind's own JSON object of facts (e.g. GPU-instance and compute-instance IDs); ``{}`` when
+        the apply had no side effect.
+    :param reader: the oldest reader layout that can undo it (1 unless a writer says otherwise).
     """
 
     kind: str
     version: int
     target: str
     data: Mapping[str, JSONValue] = field(default_factory=dict)
+    reader: int = 1
 
     def to_json(self) -> dict[str, JSONValue]:
-        """The stored form ``{"kind", "v", "target", "data"}``."""
-        return {"kind": self.kind, "v": self.version, "target": self.target, "data": dict(self.data)}
+        """The stored form ``{"kind", "v", "target", "data"}``, plus ``"reader"`` when it is above 1."""
+        out: dict[str, JSONValue] = {"kind": self.kind, "v": self.version, "target": self.target,
+                                     "data": dict(self.data)}
+        if self.reader > 1:
+            out["reader"] = self.reader
+        return out
 
     @classmethod
     def from_json(cls, raw: Mapping[str, JSONValue]) -> UndoRecord:
-        """Inverse of :meth:`to_json`.
+        """Inverse of :meth:`to_json`; keys it does not know are ignored (a newer writer's).
 
         :raises ValueError: a field is missing or of the wrong type.
         """
@@ -85,10 +119,46 @@ class UndoRecord:
             kind, version, target, data = raw["kind"], raw["v"], raw["target"], raw.get("data", {})
         except (KeyError, TypeError) as exc:
             raise ValueError(f"undo record {raw!r}: missing field {exc}") from None
+        reader = raw.get("reader", 1)
         if not isinstance(kind, str) or not isinstance(version, int) or not isinstance(target, str) \
-                or not isinstance(data, Mapping):
+                or not isinstance(data, Mapping) or not isinstance(reader, int) or isinstance(reader, bool):
             raise ValueError(f"undo record {raw!r}: wrong field types")
-        return cls(kind, version, target, dict(data))
+        return cls(kind, version, target, dict(data), max(1, reader))
+
+    def check_readable(self, layout: int = UNDO_LAYOUT) -> None:
+        """Refuse a record a reader of ``layout`` cannot undo correctly (``reader > layout``).
+
+        :raises UndoRecordTooNew: naming the kind, target, both layouts, the record's facts and what to do.
+        """
+        if self.reader <= layout:
+            return
+        raise UndoRecordTooNew(f"the {self.kind!r} undo record of {self.target!r} (layout {self.version}) "
+                               f"needs a reader of layout {self.reader} or newer, and this plugin reads "
+                               f"layout {layout}: a newer release prepared the claim and changed what the "
+                               "record means. Run that release (or a newer one) to unprepare the claim; "
+                               "the claim stays prepared until then. What the record says was changed: "
+                               f"{dict(self.data)}")
+
+    def fact(self, name: str, kind: type | tuple[type, ...], default: JSONValue = ...,
+             of: Mapping[str, JSONValue] | None = None) -> Any:
+        """The fact ``name`` of :attr:`data`, checked to be of ``kind`` (``bool`` is never taken for ``int``).
+
+        :param default: returned when the fact is absent (or ``None``); without it an absent fact is an error.
+        :param of: read it from this nested object of the record (an entry of a list fact) instead of ``data``.
+        :raises UndoRecordFactError: the fact is missing (and has no default) or of another type.
+        """
+        value = (self.data if of is None else of).get(name)
+        if value is None:
+            if default is not ...:
+                return default
+            raise UndoRecordFactError(f"the {self.kind!r} undo record of {self.target!r} (layout "
+                                      f"{self.version}) lacks the fact {name!r} its undo needs; record data: "
+                                      f"{dict(self.data)}")
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            raise UndoRecordFactError(f"the {self.kind!r} undo record of {self.target!r}: fact {name!r} is "
+                                      f"{value!r}, not of type {'/'.join(k.__name__ for k in kinds)}")
+        return value
 
 
 class PartiallyApplied(ClaimError):

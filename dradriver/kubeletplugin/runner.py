@@ -32,6 +32,11 @@ recorded PREPARE_COMPLETED. So the guard holds across plugin instances (the old 
 and between a waiting prepare's attempts, when the claim has no record; a Prepare the kubelet sends after the
 Unprepare was answered began later than the tombstone and is served.
 
+Each record is undone by the part of the kind stored with it, whatever the feature gates say now (the parts of
+features turned off are registered ``undo_only``), once the record says this release can read it
+(:meth:`~dradriver.domain.ports.UndoRecord.check_readable`: records carry facts, and a newer writer's record is
+undone unless it declares a newer reader).
+
 A preparer that waits for something outside the node's control (the compute-domain channel preparer, for this
 node's IMEX daemon to be Ready) raises :class:`~dradriver.domain.ports.NotReadyYet`: the claim is rolled back like
 any failure (nothing of that attempt is undone) and retried with a doubling pause, outside the locks, until the
@@ -74,6 +79,7 @@ from dradriver.domain.claims import AllocationResult, Claim, ClaimError, ClaimRe
 from dradriver.domain.configs import ConfigGroup, ConfigSelection
 from dradriver.domain.identity import DriverIdentity
 from dradriver.domain.ports import (
+    UNDO_LAYOUT,
     DevicePlan,
     DevicePreparer,
     NotReadyYet,
@@ -292,8 +298,14 @@ class BatchRunner:
     :param fetch_claim: blocking claim GET + reduction; raises :class:`ClaimError` for a claim-level problem.
     :param cdi_root: directory for the per-claim CDI specs.
     :param pool: this node's pool name (the node name).
-    :param preparers: one per device kind; the first whose ``handles(device)`` is true prepares a device.
+    :param preparers: one per device kind; the first whose ``handles(device)`` is true prepares a device. A
+        preparer with ``check_claim(claim, plans)`` is shown all its plans of a claim before anything is applied
+        (rules over several devices of one claim; raises :class:`ClaimError`).
     :param sharing: sharing steps by strategy (``None`` = exclusive use).
+    :param undo_only: preparers and sharing steps of features turned off now (their feature gate or flag): they
+        undo the records of their kind that claims prepared while the feature was on still hold, and nothing
+        else (no prepare, no start-up sweep). Teardown follows the kind stored with each record, never the
+        current gates, so every kind that ever wrote a record must be in ``preparers``, ``sharing`` or here.
     :param select_configs: the plugin's config selection; ``None``: the plugin takes no configs (every
         device gets no config group, and no sharing step runs).
     :param spec_edits: the spec-level CDI edits (called once per spec written; e.g. control nodes and the
@@ -333,6 +345,7 @@ class BatchRunner:
         pool: str,
         preparers: Sequence[DevicePreparer],
         sharing: Sequence[SharingStep] = (),
+        undo_only: Sequence[DevicePreparer | SharingStep] = (),
         select_configs: SelectConfigs | None = None,
         spec_edits: Callable[[], cdi.ContainerEdits] = cdi.ContainerEdits,
         metrics: RequestMetrics | None = None,
@@ -346,7 +359,7 @@ class BatchRunner:
         retry_pause_s: tuple[float, float] = RETRY_PAUSE_S,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        kinds = [p.kind for p in preparers] + [s.kind for s in sharing]
+        kinds = [p.kind for p in preparers] + [s.kind for s in sharing] + [u.kind for u in undo_only]
         if len(set(kinds)) != len(kinds):
             raise ValueError(f"preparer and sharing-step kinds must be unique: {kinds}")
         self.identity = identity
@@ -361,7 +374,8 @@ class BatchRunner:
         self._device_kinds: dict[str, DevicePreparer] = {p.kind: p for p in preparers}
         self._by_kind: dict[str, DevicePreparer | SharingStep] = dict(self._device_kinds)
         self._by_kind.update({s.kind: s for s in sharing})
-        for step in sharing:
+        self._by_kind.update({u.kind: u for u in undo_only})
+        for step in (*sharing, *undo_only):
             # kinds an older release wrote for what this step now undoes (records must stay undoable)
             for alias in getattr(step, "undo_kinds", ()):
                 self._by_kind.setdefault(alias, step)
@@ -839,6 +853,10 @@ class BatchRunner:
                     raise ClaimError(ref, f"{group.entry.parameters_at}.sharing.strategy: "
                                           f"{group.plan.strategy!r} is not implemented by this plugin")
         plans = [preparers[n].plan(claim, entries[n], results[n], group_of.get(n)) for n in order]
+        for preparer in dict.fromkeys(preparers.values()):  # rules over a claim's devices of one kind
+            check_claim = getattr(preparer, "check_claim", None)
+            if callable(check_claim):
+                check_claim(claim, [p for p in plans if p.kind == preparer.kind])
         for plan in plans:
             if not plan.shared and not plan.admin_access:
                 self._refuse_if_shared(ref, plan)
@@ -939,9 +957,12 @@ class BatchRunner:
             work.error = _claim_error(ref, exc)
 
     def _undo(self, ref: ClaimRef, record: UndoRecord) -> None:
+        """Undo one stored record with the part of its stored kind (whatever the feature gates say now), once the
+        record says this release can read it (:meth:`~dradriver.domain.ports.UndoRecord.check_readable`)."""
         part = self._by_kind.get(record.kind)
         if part is None:
             raise DradriverError(f"claim {ref}: no preparer of kind {record.kind!r} to undo {record.target!r}")
+        record.check_readable(getattr(part, "undo_layout", UNDO_LAYOUT))
         part.undo(ref, record)
 
     def _undo_applied(self, work: _Work) -> None:
@@ -1034,11 +1055,21 @@ class BatchRunner:
         pins = read_payload(record.payload).pins
         for name, pinned in sorted(pins.items()):
             device = self.registry.get(name)
-            now = _pin_of(device) if device is not None else None
+            now = self._pin_now(device) if device is not None else None
             if now != pinned:
                 seen = f"is now {now}" if now else "is no longer on this node"
                 raise ClaimError(record.ref, f"device {name!r} was {pinned} when the claim was prepared and {seen}; "
                                              "not handing the claim another device (unprepare it and prepare again)")
+
+    def _pin_now(self, device: object) -> str | None:
+        """The physical identity of a registry entry now: its own UUID, or for an entry that has none (a dynamic-MIG
+        placement that a static MIG claim of before the ``DynamicMIG`` gate names) the one its preparer finds
+        there (``identity_now(device)``: the MIG UUID of the instance on the placement)."""
+        pin = _pin_of(device)
+        if pin is None:
+            identity_now = getattr(self.preparer_for(device), "identity_now", None)
+            pin = identity_now(device) if callable(identity_now) else None
+        return pin
 
     def spec_valid(self, record: ClaimRecord) -> bool:
         """True when the claim's CDI spec file parses, has this plugin's kind and names exactly the claim devices the
@@ -1341,7 +1372,10 @@ class BatchRunner:
                     log.error("claim %s: unreadable undo records: %s", record.ref, exc)
             sweepers: list[DevicePreparer | SharingStep] = [*self.preparers, *self.sharing.values()]
             for part in sweepers:
-                for what in part.sweep(known_records.get(part.kind, [])):
+                # A part whose side effects another kind's records may own too (a static MIG claim's instance on
+                # a GPU dynamic MIG now manages) sees those records as well: it never removes what a claim holds.
+                owned = [r for k in (part.kind, *getattr(part, "owner_kinds", ())) for r in known_records.get(k, [])]
+                for what in part.sweep(owned):
                     swept.append(f"{part.kind}:{what}")
                     log.warning("removed %s %s that no prepared claim owns", part.kind, what)
             temps = cdifiles.remove_stale_temp_files(self.identity.cdi, self.cdi_root)  # once, so prepares stay O(1)

@@ -36,13 +36,14 @@ from dradriver.domain.cdi import ContainerEdits
 from dradriver.domain.claims import AllocationResult, Claim, ClaimError, ClaimRef, base_request_name
 from dradriver.domain.configs import ConfigGroup
 from dradriver.domain.devices import GpuDevice
-from dradriver.domain.migplacements import MigPlacement
+from dradriver.domain.migplacements import MigPlacement, parse_placement_device_name
 from dradriver.domain.ports import DevicePlan, PartiallyApplied, UndoRecord
 from dradriver.errors import DradriverError
 from dradriver.host.devicenodes import DeviceNodeInfo, mig_instance_edits
 from dradriver.nvml.discovery import is_dynamic_mig_capable
 from dradriver.nvml.errors import NvmlError, NvmlGpuIsLost, NvmlInUse
 from dradriver.nvml.mig import MigControl, MigInstance, MigModeError
+from dradriver.preparers.gpu import StaticMigPreparer
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,10 @@ class DynamicMigPreparer:
 
     kind = KIND
     side_effects = True
+    owner_kinds = (StaticMigPreparer.kind,)
+    """Other record kinds whose MIG instances this preparer's sweep and placement checks treat as owned: a static
+    MIG claim prepared before the ``DynamicMIG`` gate was turned on holds an instance on a GPU dynamic MIG now
+    manages (:meth:`sweep`)."""
 
     def __init__(self, control: MigControl, nodes: DeviceNodeInfo, gpus: Callable[[], Sequence[GpuDevice]],
                  on_change: Callable[[], None] | None = None) -> None:
@@ -114,6 +119,20 @@ class DynamicMigPreparer:
                           admin_access=False, results=tuple(results), group=group,
                           details={"profile": device.profile, "giProfileId": device.gi_profile_id,
                                    "start": device.placement_start, "size": device.placement_size})
+
+    def identity_now(self, device: object) -> str | None:
+        """The MIG UUID of the instance that exists on the placement ``device`` now (``None``: none, or NVML cannot
+        tell): the batch runner checks a static MIG claim's pinned MIG UUID against it once its device name
+        resolves to a placement (the ``DynamicMIG`` gate turned on while the claim was prepared)."""
+        if not isinstance(device, MigPlacement):
+            return None
+        try:
+            live = self.control.instances(device.parent)
+        except NvmlError as exc:
+            log.warning("GPU %s: cannot read its MIG instances: %s", device.parent.uuid, exc)
+            return None
+        return next((i.mig_uuid for i in live if i.mig_uuid and i.gi_profile_id == device.gi_profile_id
+                     and i.placement_start == device.placement_start), None)
 
     # -- apply ------------------------------------------------------------------------------------------------
 
@@ -253,27 +272,31 @@ class DynamicMigPreparer:
         """The parent's device node plus the GI and CI access capability nodes, from the record alone.
 
         :raises DeviceNodeError: a major or capability minor cannot be found.
-        :raises DradriverError: the record has no compute instance.
+        :raises DradriverError: the record has no compute instance, or lacks a fact (parent minor, GI id).
         """
-        data = record.data
-        if data.get("ciId") is None:
+        ci_id = record.fact("ciId", int, None)
+        if ci_id is None:
             raise DradriverError(f"device {plan.device!r}: no compute instance recorded")
-        return mig_instance_edits(self.nodes, self.nodes.read_majors(), int(data["parentMinor"]), int(data["giId"]),
-                                  int(data["ciId"]))
+        return mig_instance_edits(self.nodes, self.nodes.read_majors(), record.fact("parentMinor", int),
+                                  record.fact("giId", int), ci_id)
 
     # -- undo -------------------------------------------------------------------------------------------------
 
     def undo(self, claim: ClaimRef, record: UndoRecord) -> None:
         """Destroy the recorded compute instance, then its GPU instance; turn MIG mode off on Hopper and newer
         when it was the GPU's last instance. Idempotent: what is gone, or a GI id now used at another placement,
-        counts as done.
+        counts as done. Works from the record's facts (parent UUID, GI and CI ids, GI profile and placement
+        start), whatever the ``DynamicMIG`` gate says now: with the gate off this preparer is registered to undo
+        only (:class:`~dradriver.kubeletplugin.runner.BatchRunner` ``undo_only``).
 
         :raises MigInUseError: processes run on the MIG device (the kubelet retries the unprepare).
         :raises NvmlError: a destroy failed otherwise.
+        :raises UndoRecordFactError: the record lacks a fact the undo needs.
         """
         data = record.data
-        uuid, gi_id = str(data["parentUUID"]), int(data["giId"])
-        ci_id = data.get("ciId")
+        uuid, gi_id = record.fact("parentUUID", str), record.fact("giId", int)
+        ci_id = record.fact("ciId", int, None)
+        start, profile_id = record.fact("placementStart", int), record.fact("giProfileId", int)
         gpu = self._gpu(uuid)
         if gpu is None:
             log.warning("claim %s: GPU %s of %s is gone; nothing to destroy", claim, uuid, record.target)
@@ -286,8 +309,7 @@ class DynamicMigPreparer:
                         record.target)
             self._forget(uuid, gi_id)
             return
-        mine = [i for i in live if i.gi_id == gi_id and i.placement_start == int(data["placementStart"])
-                and i.gi_profile_id == int(data["giProfileId"])]
+        mine = [i for i in live if i.gi_id == gi_id and i.placement_start == start and i.gi_profile_id == profile_id]
         if not mine:
             self._forget(uuid, gi_id)
             self._disable_quietly(gpu)
@@ -298,7 +320,7 @@ class DynamicMigPreparer:
                                 f"{uuid}) is in use by {procs} process(es); it is destroyed when they exit and the "
                                 "kubelet retries the unprepare")
         try:
-            self.control.destroy(gpu, gi_id, int(ci_id) if ci_id is not None else None)
+            self.control.destroy(gpu, gi_id, ci_id)
         except NvmlInUse as exc:
             raise MigInUseError(f"MIG device {data.get('migUUID') or record.target} (GPU instance {gi_id} on GPU "
                                 f"{uuid}) is in use: {exc}; the kubelet retries the unprepare") from exc
@@ -317,25 +339,45 @@ class DynamicMigPreparer:
     def sweep(self, known: Sequence[UndoRecord]) -> list[str]:
         """At start: destroy every instance on a dynamic-MIG GPU that no stored record owns, skipping any GPU where
         a process runs; turn MIG mode off on Hopper-and-newer GPUs left without instances. Returns what it
-        destroyed (``<GPU UUID>/gi<id>``)."""
+        destroyed (``<GPU UUID>/gi<id>``).
+
+        :param known: the stored records of this kind and of :attr:`owner_kinds`. A static MIG record owns the
+            instance it names: by parent UUID and GI id when it carries them, else (a record of an older release)
+            by the parent's minor, GI profile and placement start its device name says
+            (:func:`~dradriver.domain.migplacements.parse_placement_device_name`). Owned instances are never
+            destroyed, and a dynamic claim whose placement overlaps one is refused (:meth:`apply`).
+        """
+        by_placement: dict[tuple[int, int, int], str] = {}
         with self._owned_lock:
-            self._owned = {(str(r.data["parentUUID"]), int(r.data["giId"])): r.target for r in known
-                           if "parentUUID" in r.data and "giId" in r.data}
+            self._owned = {}
+            for record in known:
+                uuid, gi_id = record.data.get("parentUUID"), record.data.get("giId")
+                if isinstance(uuid, str) and isinstance(gi_id, int) and not isinstance(gi_id, bool):
+                    self._owned[(uuid, gi_id)] = record.target
+                elif record.kind != self.kind and (name := parse_placement_device_name(record.target)):
+                    by_placement[(name.parent_minor, name.gi_profile_id, name.start)] = record.target
             owned = dict(self._owned)
         removed: list[str] = []
         for gpu in self.gpus():
             if not is_dynamic_mig_capable(gpu):
                 continue
             try:
-                removed.extend(self._sweep_gpu(gpu, owned))
+                removed.extend(self._sweep_gpu(gpu, owned, by_placement))
             except NvmlError as exc:
                 log.error("GPU %s: cleaning up MIG instances failed: %s", gpu.uuid, exc)
         if removed:
             self._changed()
         return removed
 
-    def _sweep_gpu(self, gpu: GpuDevice, owned: dict[tuple[str, int], str]) -> list[str]:
+    def _sweep_gpu(self, gpu: GpuDevice, owned: dict[tuple[str, int], str],
+                   by_placement: dict[tuple[int, int, int], str]) -> list[str]:
         instances = self.control.instances(gpu)
+        for inst in instances:  # a static claim's instance named by its device name only: owned from now on
+            target = by_placement.get((gpu.minor, inst.gi_profile_id, inst.placement_start))
+            if target is not None:
+                owned[(gpu.uuid, inst.gi_id)] = target
+                with self._owned_lock:
+                    self._owned[(gpu.uuid, inst.gi_id)] = target
         strays: dict[int, list[MigInstance]] = {}
         for inst in instances:
             if (gpu.uuid, inst.gi_id) not in owned:

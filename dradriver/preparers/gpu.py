@@ -3,8 +3,9 @@ exist (``gpu-<minor>-mig-<profile>-<giProfileId>-<start>``).
 
 Preparing one of them has no side effect: the device exists, and giving it to a container is the CDI spec's
 device nodes (``cdi.md`` 5.1; ``gpu-facts.md`` 3.2 and 5): ``/dev/nvidia<minor>`` for a GPU, plus the GPU-instance
-and compute-instance access capability nodes for a MIG device. Their undo records (``{}`` data, version 1)
-are stored so every prepared device has one, and undoing them does nothing.
+and compute-instance access capability nodes for a MIG device. Their undo records (version 1) are stored so every
+prepared device has one, and undoing them does nothing; a MIG device's record names the instance the claim holds
+(its facts), so that instance stays owned whatever the feature gates say later.
 """
 
 from __future__ import annotations
@@ -45,8 +46,18 @@ class _ExistingDevicePreparer:
                           admin_access=all(r.admin_access for r in results), results=tuple(results), group=group)
 
     def apply(self, claim: ClaimRef, plan: DevicePlan) -> UndoRecord:
-        """Nothing to do: the device exists. Returns the (empty) undo record."""
-        return UndoRecord(self.kind, UNDO_VERSION, plan.device, {})
+        """Nothing to do: the device exists. Returns its undo record: ``{}`` for a full GPU; for a MIG device the
+        instance the claim holds (``parentUUID``, ``giId``, ``ciId``, ``migUUID``, ``giProfileId``,
+        ``placementStart``, ``placementSize``), facts other parts read to keep it (the dynamic-MIG sweep after the
+        ``DynamicMIG`` gate is turned on); undoing it changes nothing."""
+        device = plan.entry
+        if not isinstance(device, MigDevice):
+            return UndoRecord(self.kind, UNDO_VERSION, plan.device, {})
+        return UndoRecord(self.kind, UNDO_VERSION, plan.device, {
+            "parentUUID": device.parent.uuid, "giId": device.gi_id, "ciId": device.ci_id, "migUUID": device.uuid,
+            "giProfileId": device.gi_profile_id, "placementStart": device.placement_start,
+            "placementSize": device.placement_size,
+        })
 
     def edits(self, claim: ClaimRef, plan: DevicePlan, record: UndoRecord) -> ContainerEdits:
         """The device nodes of the device (``/dev/nvidia<minor>``; MIG capability nodes). A full GPU's come from
@@ -63,7 +74,7 @@ class _ExistingDevicePreparer:
         return device_edits(device, self.nodes, self.nodes.read_majors())
 
     def undo(self, claim: ClaimRef, record: UndoRecord) -> None:
-        """Nothing to undo (any version: the record carries no data)."""
+        """Nothing to undo (any version: the device existed before the claim and stays)."""
 
     def sweep(self, known: Sequence[UndoRecord]) -> list[str]:
         """Nothing can be left behind by a crash."""

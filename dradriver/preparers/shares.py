@@ -22,6 +22,9 @@ KEP-5075). NVIDIA's driver stops there: it enforces nothing on the node and refu
   ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` and ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``;
 * **undo**: the claim stops being a user; the last user stops the daemon.
 
+A claim's MPS shares must be on one device (:meth:`SharedDevicePreparer.check_claim`): a container talks to one MPS
+control daemon, through one pipe directory at ``/tmp/nvidia-mps``.
+
 Ownership lives in the claim state: each share's undo record names its daemon and claim, so the users of a
 daemon are exactly the stored claims whose records name it. The preparer keeps that relation in memory, loaded
 from the claim state before its first apply or undo (so a crash's half-prepared claims, undone at start, never
@@ -175,6 +178,33 @@ class SharedDevicePreparer:
                           details={"uuid": device.uuid, "daemon": "" if time_sliced else daemon_id(device.uuid),
                                    "limits": {} if time_sliced else limits.to_json(),
                                    "config": config_fingerprint(group)})
+
+    def check_claim(self, claim: Claim, plans: Sequence[DevicePlan]) -> None:
+        """Refuse a claim whose MPS shares are on more than one device (called by the batch runner with all the
+        claim's share plans, before anything is applied). Pure.
+
+        A container talks to one MPS control daemon: one ``CUDA_MPS_PIPE_DIRECTORY``, one pipe directory
+        bind-mounted at :data:`PIPE_DIRECTORY`. Each device's shares run under that device's daemon, so shares of two
+        devices would give the claim's containers two pipe mounts at the same path, and their CUDA clients would
+        reach one daemon only. Time-sliced shares (no daemon) are not counted.
+
+        :raises ClaimError: naming the results, requests and devices, and the reason.
+        """
+        served = [p for p in plans if p.shared and p.details.get("daemon")]
+        if len(served) < 2:
+            return
+        index = {id(r): i for i, r in enumerate(claim.results)}
+
+        def named(plan: DevicePlan) -> str:
+            result = next(r for r in plan.results if not r.admin_access)
+            return f'results[{index.get(id(result), "?")}] (request "{result.request}", device "{plan.device}")'
+
+        raise ClaimError(claim.ref, f"status.allocation.devices.{named(served[0])} and {named(served[1])}: MPS "
+                                    f"shares of {len(served)} devices in one claim; a container talks to one MPS "
+                                    "control daemon (one CUDA_MPS_PIPE_DIRECTORY, its pipe mounted at "
+                                    f"{PIPE_DIRECTORY}) and each device's shares run under that device's daemon, so "
+                                    "a claim may hold MPS shares of one device only: ask for one device per claim "
+                                    "(count 1) and use one claim per GPU")
 
     def _spec(self, device: GpuDevice | MigDevice, daemon: str) -> MpsDaemonSpec:
         gpu = device if isinstance(device, GpuDevice) else device.parent

@@ -72,6 +72,10 @@ class TimeSlicing:
     in the middle is undone at the next start. A failure part-way raises
     :class:`~dradriver.domain.ports.PartiallyApplied` holding the GPUs already changed, which the runner undoes.
 
+    The undo reads the record's facts only (the GPUs, each one's compute mode before and whether its time-slice
+    was set), never its layout version, and ignores facts it does not know: a record a newer release wrote with
+    more facts is undone the same (:class:`~dradriver.domain.ports.UndoRecord`).
+
     Undo, per GPU (newest first), unless another PREPARE_COMPLETED claim still has a time-slicing record for that
     GPU: compute mode back to the recorded one (NVML) and time-slice back to 0 (Default), as NVIDIA resets it.
     While another claim still shares the GPU its own interval is put back if it differs (NVIDIA leaves the last
@@ -181,25 +185,24 @@ class TimeSlicing:
         """
         if record.kind != self.kind:
             return  # a MIG-only record of an older release: nothing was set
-        if record.version != UNDO_VERSION:
-            raise DradriverError(f"claim {claim}: time-slicing undo record version {record.version} is not known")
-        entries = [e for e in record.data.get("gpus", ()) if isinstance(e, Mapping)]
-        if not entries:
+        gpus = [e for e in record.fact("gpus", list, []) if isinstance(e, Mapping)]
+        if not gpus:
             return
         shared = self._shared(claim)
         tool = self._tool()
         failures: list[DradriverError] = []
-        for entry in reversed(entries):
-            uuid = str(entry["uuid"])
+        for gpu in reversed(gpus):
+            uuid = str(record.fact("uuid", str, of=gpu))
             try:
                 if uuid in shared:
                     if shared[uuid] != record.data.get("timeslice"):
                         self._tolerant(uuid, tool.set_timeslice, uuid, shared[uuid])
                     log.info("claim %s: GPU %s still time-sliced by another claim; settings kept", claim, uuid)
                     continue
-                if "computeMode" in entry:  # absent in a write-ahead record: the mode before is not known
-                    self._tolerant(uuid, self._restore_compute_mode, uuid, int(entry["computeMode"]))
-                if entry.get("timesliceSet", True):  # when absent, resetting is the safe side
+                mode = record.fact("computeMode", int, None, of=gpu)  # absent in a write-ahead record: not known
+                if mode is not None:
+                    self._tolerant(uuid, self._restore_compute_mode, uuid, mode)
+                if record.fact("timesliceSet", bool, True, of=gpu):  # when absent, resetting is the safe side
                     self._tolerant(uuid, tool.set_timeslice, uuid, 0)
             except DradriverError as exc:  # try every GPU, then fail (the runner retries the whole undo)
                 failures.append(exc)

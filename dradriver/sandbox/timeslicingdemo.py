@@ -1,18 +1,18 @@
-"""``dradriver demo --scenario time-slicing``: one GPU time-sliced between two claims, settings read via NVML.
+"""``dradriver demo --scenario time-slicing``: a GPU time-sliced by its claim, watched by admin-access claims that
+never change it; settings read via NVML.
 
 The plugin runs with the sharing gates on (:data:`SHARING_GATES`). Steps after the ResourceSlice (steps 1-2 of
 :mod:`dradriver.sandbox.demo`):
 
-3. one GPU time-sliced between two claims (:func:`time_slicing_scene`): two ResourceClaims with a ``GpuConfig``
-   ``TimeSlicing`` config, both allocated the same GPU by the scheduler emulator (admin-access requests, which
-   may share a device; consumable shares allocate one GPU to several claims the same way); each prepare is
-   followed by the GPU's compute mode and time-slice read back through NVML; unprepare of the first claim keeps
-   the second's interval, unprepare of the last resets it to Default;
+3. one GPU time-sliced by a claim, and watched (:func:`time_slicing_scene`): a ResourceClaim with a ``GpuConfig``
+   ``TimeSlicing`` config (``Long``) is prepared and the GPU's compute mode and time-slice are read back through
+   NVML; an admin-access claim on the same GPU that carries a sharing config of its own is refused with the
+   config's field path (an admin claim never changes a device another claim owns, NVIDIA's
+   kubernetes-sigs/dra-driver-nvidia-gpu#1280); one without a sharing config is prepared and unprepared, and the
+   owner's time-slice stays; unprepare of the owner resets it to Default;
 4. tear down and check that nothing is left.
 
-:func:`show_time_slicing` is the reusable part: given claims already allocated to one GPU, it prepares them,
-shows what NVML reports, unprepares them and checks the reset, raising :class:`~dradriver.sandbox.demo.DemoError`
-when the node does not do what the driver promises.
+Several claims time-slicing one GPU are consumable shares (``dradriver demo --scenario sharing``).
 """
 
 from __future__ import annotations
@@ -29,24 +29,29 @@ from dradriver.sandbox.demo import DemoError, DemoRun, Narrator, _manifests, _pr
 SHARING_GATES = FeatureGates({TIME_SLICING_SETTINGS: True})
 """The gates the sharing scenario runs the plugin with."""
 
-def time_sliced_claim(name: str, uuid: str, interval: str, *, namespace: str = "default") -> dict[str, Any]:
-    """A ResourceClaim for the GPU with ``uuid`` (CEL on the published ``uuid`` attribute), admin access, and a
-    ``GpuConfig`` asking for ``TimeSlicing`` with ``interval`` (``Default|Short|Medium|Long``)."""
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"devices": {
-            "requests": [{"name": "gpu", "exactly": {
-                "deviceClassName": "gpu.nvidia.com", "adminAccess": True,
-                "selectors": [{"cel": {"expression": f'device.attributes["gpu.nvidia.com"].uuid == "{uuid}"'}}],
-            }}],
-            "config": [{"requests": ["gpu"], "opaque": {"driver": "gpu.nvidia.com", "parameters": {
-                "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
-                "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": interval}},
-            }}}],
-        }},
+
+def time_sliced_claim(name: str, uuid: str, interval: str | None, *, admin: bool = False,
+                      namespace: str = "default") -> dict[str, Any]:
+    """A ResourceClaim for the GPU with ``uuid`` (CEL on the published ``uuid`` attribute) with a ``GpuConfig``
+    asking for ``TimeSlicing`` with ``interval`` (``Default|Short|Medium|Long``; ``None``: no config), and with
+    ``admin``, ``adminAccess``."""
+    exactly: dict[str, Any] = {
+        "deviceClassName": "gpu.nvidia.com",
+        "selectors": [{"cel": {"expression": f'device.attributes["gpu.nvidia.com"].uuid == "{uuid}"'}}],
     }
+    if admin:
+        exactly["adminAccess"] = True
+    devices: dict[str, Any] = {"requests": [{"name": "gpu", "exactly": exactly}]}
+    if interval is not None:
+        devices["config"] = [{"requests": ["gpu"], "opaque": {"driver": "gpu.nvidia.com", "parameters": {
+            "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+            "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": interval}},
+        }}}]
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace}, "spec": {"devices": devices}}
+
+
+NAMES = {0: "Default", 1: "Short", 2: "Medium", 3: "Long"}
 
 
 def _settings(run: DemoRun, uuid: str) -> tuple[settings.ComputeMode, int]:
@@ -56,65 +61,69 @@ def _settings(run: DemoRun, uuid: str) -> tuple[settings.ComputeMode, int]:
     return settings.compute_mode(session, uuid), settings.compute_timeslice(session, uuid)
 
 
-async def show_time_slicing(run: DemoRun, narrator: Narrator, claims: list[dict[str, Any]], gpu: GpuDevice) -> None:
-    """Prepare ``claims`` (allocated to ``gpu``, each with a TimeSlicing config) one by one, show the GPU's
-    compute mode and time-slice after each, then unprepare them in order and show the settings again.
+def _show(run: DemoRun, narrator: Narrator, gpu: GpuDevice, claim: dict[str, Any], what: str, want: int) -> None:
+    """Say what NVML reports for ``gpu`` after ``what`` happened to ``claim``.
 
-    :raises DemoError: a prepare or unprepare failed, or NVML does not report what the claims asked for.
+    :raises DemoError: the time-slice is not ``want``, or the compute mode not DEFAULT while it is set.
     """
-    names = {0: "Default", 1: "Short", 2: "Medium", 3: "Long"}
-    wanted: list[int] = []
-    for claim in claims:
-        interval = claim["spec"]["devices"]["config"][0]["opaque"]["parameters"]["sharing"]["timeSlicingConfig"][
-            "interval"]
-        await _prepare(run.connection, claim)
-        wanted.append(TIME_SLICE_INTERVALS[interval])
-        mode, slice_ = _settings(run, gpu.uuid)
-        narrator.say(f"prepared {claim['metadata']['name']} ({interval}): NVML reports {gpu.name} compute mode "
-                     f"{mode.name}, time-slice {names[slice_]} ({slice_})",
-                     claim=claim["metadata"]["name"], compute_mode=mode.name, timeslice=slice_)
-        if mode is not settings.ComputeMode.DEFAULT or slice_ != wanted[-1]:
-            raise DemoError(f"after preparing {claim['metadata']['name']}, {gpu.name} reports compute mode "
-                            f"{mode.name} and time-slice {slice_}, expected DEFAULT and {wanted[-1]}")
-    for k, claim in enumerate(claims):
-        errors = await run.connection.unprepare([_ref(claim)])
-        if any(errors.values()):
-            raise DemoError(f"NodeUnprepareResources failed: {errors}")
-        _, slice_ = _settings(run, gpu.uuid)
-        left = len(claims) - k - 1
-        expected = wanted[-1] if left else 0
-        narrator.say(f"unprepared {claim['metadata']['name']}: time-slice {names[slice_]} ({slice_})"
-                     + (f", kept for the {left} claim(s) still on {gpu.name}" if left else ", reset: no claim left"),
-                     claim=claim["metadata"]["name"], timeslice=slice_)
-        if slice_ != expected:
-            raise DemoError(f"after unpreparing {claim['metadata']['name']}, {gpu.name} reports time-slice "
-                            f"{slice_}, expected {expected}")
+    mode, slice_ = _settings(run, gpu.uuid)
+    narrator.say(f"{what} {claim['metadata']['name']}: NVML reports {gpu.name} compute mode {mode.name}, "
+                 f"time-slice {NAMES.get(slice_, slice_)} ({slice_})",
+                 claim=claim["metadata"]["name"], compute_mode=mode.name, timeslice=slice_)
+    if slice_ != want or (want and mode is not settings.ComputeMode.DEFAULT):
+        raise DemoError(f"after {what} {claim['metadata']['name']}, {gpu.name} reports compute mode {mode.name} "
+                        f"and time-slice {slice_}, expected {NAMES[want]} ({want})")
+
+
+async def _unprepare(run: DemoRun, claim: dict[str, Any]) -> None:
+    errors = await run.connection.unprepare([_ref(claim)])
+    if any(errors.values()):
+        raise DemoError(f"NodeUnprepareResources failed: {errors}")
 
 
 async def time_slicing_scene(run: DemoRun, narrator: Narrator, number: int) -> list[dict[str, Any]]:
-    """Step ``number``: one GPU time-sliced between two claims (module docstring); returns the claims, for the
-    teardown."""
+    """Step ``number``: one GPU time-sliced by its claim and watched by admin-access claims (module docstring);
+    returns the claims, for the teardown.
+
+    :raises DemoError: an allocation, prepare or unprepare did not do what the driver promises.
+    """
     api = run.sandbox.api
     assert api is not None
     gpu = next((g for g in run.plugin.inventory.gpus if not g.mig_enabled), None)
     if gpu is None:
         raise DemoError("the profile has no GPU without MIG to time-slice")
-    narrator.step(number, f"One GPU ({gpu.name}) time-sliced between two claims")
+    narrator.step(number, f"One GPU ({gpu.name}) time-sliced by its claim; admin-access claims never change it")
     for obj in _manifests("deviceclasses.yaml"):
         if api.get(obj["kind"], obj["metadata"]["name"], None) is None:
             api.create(obj)
-    created = [api.create(time_sliced_claim(name, gpu.uuid, interval))
-               for name, interval in (("time-sliced-a", "Short"), ("time-sliced-b", "Long"))]
-    allocated = scheduler.allocate(api, [("default", c["metadata"]["name"]) for c in created],
-                                   node_name=run.sandbox.node_name)
-    devices = {r["device"] for c in allocated for r in c["status"]["allocation"]["devices"]["results"]}
-    if devices != {gpu.name}:
-        raise DemoError(f"the two claims were allocated {sorted(devices)}, expected {gpu.name} for both")
-    narrator.say(f"claims {', '.join(c['metadata']['name'] for c in allocated)} allocated {gpu.name} "
-                 f"({gpu.uuid}), each with a GpuConfig TimeSlicing config")
-    await show_time_slicing(run, narrator, allocated, gpu)
+    long = TIME_SLICE_INTERVALS["Long"]
+    claims: list[dict[str, Any]] = []
+    for name, interval, admin in (("time-sliced", "Long", False), ("monitor-with-sharing", "Short", True),
+                                  ("monitor", None, True)):
+        api.create(time_sliced_claim(name, gpu.uuid, interval, admin=admin))
+        [allocated] = scheduler.allocate(api, [("default", name)], node_name=run.sandbox.node_name)
+        devices = {r["device"] for r in allocated["status"]["allocation"]["devices"]["results"]}
+        if devices != {gpu.name}:
+            raise DemoError(f"claim {name} was allocated {sorted(devices)}, expected {gpu.name}")
+        claims.append(allocated)
+    owner, refused, monitor = claims
+    await _prepare(run.connection, owner)
+    _show(run, narrator, gpu, owner, "prepared", long)
+    ref = _ref(refused)
+    error = (await run.connection.prepare([ref]))[ref.uid].error
+    if "adminAccess" not in error:
+        raise DemoError(f"the admin-access claim with a sharing config was not refused: {error or 'prepared'}")
+    narrator.say(f"refused {refused['metadata']['name']} (adminAccess, TimeSlicing Short): "
+                 f"{error.split(': ', 1)[-1]}", claim=refused["metadata"]["name"], refused=True)
+    _show(run, narrator, gpu, refused, "refused", long)
+    await _prepare(run.connection, monitor)
+    _show(run, narrator, gpu, monitor, "prepared", long)
+    await _unprepare(run, monitor)
+    _show(run, narrator, gpu, monitor, "unprepared", long)
+    await _unprepare(run, owner)
+    _show(run, narrator, gpu, owner, "unprepared", 0)
     narrator.done()
-    return allocated
+    return claims
 
 
 async def run_sharing(run: DemoRun, narrator: Narrator) -> None:

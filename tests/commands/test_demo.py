@@ -106,7 +106,7 @@ def test_sharing_demo_shows_each_containers_mps_limits() -> None:
     assert report["steps"][5]["details"][-1]["text"] == "CDI specs: 0, MPS control daemons: 0, daemon directories: 0"
 
 
-def test_sharing_scenario_time_slices_one_gpu_between_two_claims() -> None:
+def test_time_slicing_scenario_keeps_the_owners_setting_against_admin_access_claims() -> None:
     import asyncio
 
     from dradriver.sandbox.demo import Narrator, demo
@@ -116,10 +116,12 @@ def test_sharing_scenario_time_slices_one_gpu_between_two_claims() -> None:
     assert [s["step"] for s in narrator.steps] == [1, 2, 3, 4]
     details = [d for d in narrator.steps[2]["details"] if "timeslice" in d]
     assert [(d["claim"], d["timeslice"]) for d in details] == [
-        ("time-sliced-a", 1), ("time-sliced-b", 3),   # prepared: last writer's interval
-        ("time-sliced-a", 3), ("time-sliced-b", 0),   # unprepared: kept while a claim is left, then reset
+        ("time-sliced", 3),            # prepared: Long
+        ("monitor-with-sharing", 3),   # an admin claim's sharing config is refused: the owner's setting stays
+        ("monitor", 3), ("monitor", 3),  # an admin claim without one watches, and leaves it as it was
+        ("time-sliced", 0),            # the owner's unprepare resets it
     ]
-    assert {d["compute_mode"] for d in details if "compute_mode" in d} == {"DEFAULT"}
+    assert [d["claim"] for d in narrator.steps[2]["details"] if d.get("refused")] == ["monitor-with-sharing"]
 
 
 def test_unknown_scenario_is_refused() -> None:

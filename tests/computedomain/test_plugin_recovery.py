@@ -213,6 +213,27 @@ def test_host_managed_mode_gives_the_allocated_channel_after_imex_ctl_says_ready
     asyncio.run(body())
 
 
+def test_a_daemon_claim_is_unprepared_after_a_restart_in_host_managed_mode(node: SandboxNode) -> None:
+    """The IMEX mode changed with a daemon claim prepared: its unprepare follows the kind stored with it (the daemon
+    preparer prepares nothing in host-managed mode, yet still undoes what it recorded)."""
+    api = node.api
+    assert api is not None
+    daemon = seed_claim(api, "daemon", seed_domain(api), namespace=DRIVER_NAMESPACE, kind="daemon")
+    base = cd_config(node)
+    host_managed = replace(base, imex_mode="hostManaged", imex_host_socket_path="/run/imex/ctl.sock",
+                           feature_gates=base.feature_gates.with_gates(**{HOST_MANAGED_IMEX_DAEMON: True}))
+
+    async def body() -> None:
+        async with running(base) as (_plugin, conn):
+            got = (await conn.prepare([daemon]))[daemon.uid]
+            assert got.ok, got.error
+        async with running(host_managed) as (plugin, conn):
+            assert (await conn.unprepare([daemon]))[daemon.uid] == ""
+            assert plugin.state.get(daemon.uid) is None
+
+    asyncio.run(body())
+
+
 def _plugin_env(node: SandboxNode) -> dict[str, str]:
     config = cd_config(node)
     env = dict(os.environ)

@@ -184,3 +184,38 @@ def test_malformed_entries(bad: dict[str, Any], message: str) -> None:
 def test_claim_reduction_rejects_non_opaque_and_unknown_sources(bad: dict[str, Any], message: str) -> None:
     with pytest.raises(ClaimError, match=message):
         claim_from_object(claim_object([("gpu", GPU0.name)], [bad]), REF, driver=DRIVER, pool=POOL)
+
+
+def _admin(c: dict[str, Any], *indices: int) -> Any:
+    for index in indices:
+        c["status"]["allocation"]["devices"]["results"][index]["adminAccess"] = True
+    return claim_from_object(c, REF, driver=DRIVER, pool=POOL)
+
+
+@pytest.mark.parametrize("sharing", [
+    {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
+    {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}},
+])
+def test_a_sharing_config_for_an_admin_access_result_is_refused_with_its_field_path(sharing: dict[str, Any]) -> None:
+    c = _admin(claim_object([("gpu", GPU0.name)], [entry(params(sharing=sharing))]), 0)
+    with pytest.raises(ClaimError) as caught:
+        configs.select_configs(c, DEVICES, ALL_ON)
+    message = str(caught.value)
+    assert "status.allocation.devices.config[0].opaque.parameters.sharing.strategy:" in message
+    assert f"status.allocation.devices.results[0] (request \"gpu\", device \"{GPU0.name}\"): it has adminAccess" \
+        in message
+
+
+def test_a_class_sharing_config_reaching_an_admin_access_result_is_refused_and_says_so() -> None:
+    c = _admin(claim_object([("watch", GPU0.name), ("work", GPU1.name)],
+                            [entry(ts("Long"), source="FromClass", requests=["watch", "work"])]), 0)
+    with pytest.raises(ClaimError, match=r'"TimeSlicing" \(from the DeviceClass\) cannot apply to '
+                                         r'status.allocation.devices.results\[0\] \(request "watch"'):
+        configs.select_configs(c, DEVICES, ALL_ON)
+
+
+def test_admin_access_results_take_configs_without_sharing() -> None:
+    c = _admin(claim_object([("watch", GPU0.name), ("work", GPU1.name)],
+                            [entry(params(), requests=["watch"]), entry(ts("Long"), requests=["work"])]), 0)
+    selection = configs.select_configs(c, DEVICES, ALL_ON)
+    assert selection.device_configs() == {GPU0.name: GpuConfig(), GPU1.name: gpu_ts("Long")}

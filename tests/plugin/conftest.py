@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
+
+import pytest
 
 from dradriver.app import GpuPlugin, start_plugin
 from dradriver.config import PluginConfig
 from dradriver.domain.claims import ClaimRef
 from dradriver.sandbox.kubelet import KubeletEmulator, PluginConnection
 from dradriver.sandbox.node import SandboxNode
+from tests import factories
 
 SEED_SELECTOR = "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0"
 
@@ -75,3 +78,12 @@ async def wait_for(predicate: Any, timeout: float = 10.0) -> None:
         if loop.time() > deadline:
             raise AssertionError("condition not met in time")
         await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+def mig_node() -> Iterator[SandboxNode]:
+    """A DGX H100 sandbox (MIG off everywhere) whose mock NVML keeps MIG state and capability files."""
+    with SandboxNode(profile="dgx-h100", mig_state=True) as node:
+        assert node.api is not None
+        node.api.create(factories.DEVICE_CLASS)
+        yield node

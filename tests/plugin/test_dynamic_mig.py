@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,15 +30,6 @@ from tests.plugin.conftest import claim_object, ref_of, result, running, set_all
 GATES = fg.parse_feature_gates("DynamicMIG=true")
 ONE_G = "gpu-{m}-mig-1g10gb-19-{s}"  # H100 1g.10gb, GI profile ID 19 (gpu-facts.md 2.6)
 THREE_G = "gpu-{m}-mig-3g40gb-9-{s}"
-
-
-@pytest.fixture
-def mig_node() -> Iterator[SandboxNode]:
-    """A DGX H100 sandbox (MIG off everywhere) whose mock NVML keeps MIG state and capability files."""
-    with SandboxNode(profile="dgx-h100", mig_state=True) as node:
-        assert node.api is not None
-        node.api.create(factories.DEVICE_CLASS)
-        yield node
 
 
 def _lib() -> ctypes.CDLL:

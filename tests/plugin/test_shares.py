@@ -314,3 +314,35 @@ def test_restarted_without_consumable_shares_the_share_is_kept_until_unprepared(
             assert await kubelet.unprepare([whole]) == {whole.uid: ""}
 
     asyncio.run(body())
+
+
+def test_mps_shares_of_two_gpus_in_one_claim_are_refused_with_the_reason(node: SandboxNode) -> None:
+    """A container talks to one MPS control daemon (one ``CUDA_MPS_PIPE_DIRECTORY``, one pipe mount at
+    ``/tmp/nvidia-mps``): a claim whose request got shares of two GPUs would get two daemons and two pipe mounts at
+    the same container path. It is refused before anything starts; one share per claim works as before."""
+    async def body() -> None:
+        assert node.api is not None
+        async with running(node.shares_config()) as (plugin, kubelet):
+            await wait_for(lambda: bool(node.api and node.api.objects("ResourceSlice")))
+            node.api.create(share_claim("two-gpus"))
+            stored = node.api.get("ResourceClaim", "two-gpus", "default")
+            assert stored is not None
+            stored["status"] = {"allocation": {"devices": {"results": [
+                {"request": "gpu", "driver": "gpu.nvidia.com", "pool": node.node_name, "device": device,
+                 "shareID": share, "consumedCapacity": {"memory": "10Gi"}}
+                for device, share in (("gpu-0", "5b3c1d2e-0000-4000-8000-000000000001"),
+                                      ("gpu-1", "5b3c1d2e-0000-4000-8000-000000000002"))]}}}
+            ref = ref_of(node.api.update(stored, subresource="status"))
+            error = (await kubelet.prepare([ref]))[ref.uid].error
+            assert f"claim default/two-gpus (uid {ref.uid})" in error
+            assert ('status.allocation.devices.results[0] (request "gpu", device "gpu-0") and results[1] (request '
+                    '"gpu", device "gpu-1"): MPS shares of 2 devices in one claim') in error, error
+            assert "a container talks to one MPS control daemon" in error
+            assert daemons(node) == [] and len(plugin.state) == 0 and node.cdi_specs() == []
+            [one] = allocate(node, share_claim("one-gpu"))
+            single = ref_of(one)
+            assert (await kubelet.prepare([single]))[single.uid].error == ""
+            assert len(daemons(node)) == 1
+            assert await kubelet.unprepare([single]) == {single.uid: ""}
+
+    asyncio.run(body())

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,10 +19,13 @@ from dradriver.kubeletplugin.runner import read_payload
 from dradriver.nvml import settings
 from dradriver.nvml.session import NvmlSession
 from dradriver.sandbox.node import SandboxNode
+from dradriver.sandbox.profiles import h200_node
 from tests.configs.helpers import entry, params
 from tests.configs.test_plugin import allocate
 from tests.factories import DEVICE_CLASS
 from tests.plugin.conftest import ref_of, result, running, wait_for
+from tests.plugin.test_shares import allocate as allocate_shares
+from tests.plugin.test_shares import share_claim
 
 GATE_ON = FeatureGates({"TimeSlicingSettings": True})
 PARAMS_AT = "status.allocation.devices.config[0].opaque.parameters"
@@ -102,24 +107,34 @@ def test_omitted_interval_is_default_and_empty_config_too(sandbox: SandboxNode) 
     asyncio.run(body())
 
 
-def test_gpu_shared_by_two_claims_keeps_its_setting_until_the_last_leaves(sandbox: SandboxNode) -> None:
-    async def body() -> None:
-        async with running(sandbox.config(feature_gates=GATE_ON)) as (plugin, kubelet):
-            nvml = session_of(plugin)
-            gpu5 = uuid_of(plugin, "gpu-5")
-            # two claims on one GPU (admin access lets both hold it, as consumable shares will)
-            first = ref_of(allocate(sandbox, "first", [result("gpu-5", admin=True)], [time_slicing("Short")]))
-            second = ref_of(allocate(sandbox, "second", [result("gpu-5", admin=True)], [time_slicing("Medium")]))
-            assert (await kubelet.prepare([first]))[first.uid].error == ""
-            assert settings.compute_timeslice(nvml, gpu5) == 1
-            assert (await kubelet.prepare([second]))[second.uid].error == ""
-            assert settings.compute_timeslice(nvml, gpu5) == 2  # last writer, as in NVIDIA's driver
-            assert (await kubelet.unprepare([second]))[second.uid] == ""
-            assert settings.compute_timeslice(nvml, gpu5) == 1  # the remaining claim's interval is put back
-            assert (await kubelet.unprepare([first]))[first.uid] == ""
-            assert settings.compute_timeslice(nvml, gpu5) == 0
+def test_gpu_shared_by_two_claims_keeps_its_setting_until_the_last_leaves(tmp_path: Path) -> None:
+    """Two consumable shares of one GPU, both time-sliced (shares of a device have equal configs): the first
+    unprepare keeps the setting the other claim still uses, the last resets it. (Admin-access claims, which also
+    overlap, never change the device: their sharing configs are refused, ``tests/plugin/test_admin_access.py``.)"""
+    sliced = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+              "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Medium"}}}
 
-    asyncio.run(body())
+    async def body(node: SandboxNode) -> None:
+        config = node.shares_config()
+        config = dataclasses.replace(config, feature_gates=config.feature_gates.with_gates(TimeSlicingSettings=True))
+        async with running(config) as (plugin, kubelet):
+            await wait_for(lambda: bool(node.api and node.api.objects("ResourceSlice")))
+            claims = allocate_shares(node, share_claim("first", config=sliced), share_claim("second", config=sliced))
+            assert {c["status"]["allocation"]["devices"]["results"][0]["device"] for c in claims} == {"gpu-0"}
+            first, second = (ref_of(c) for c in claims)
+            nvml, gpu0 = session_of(plugin), uuid_of(plugin, "gpu-0")
+            assert (await kubelet.prepare([first]))[first.uid].error == ""
+            assert (await kubelet.prepare([second]))[second.uid].error == ""
+            assert settings.compute_timeslice(nvml, gpu0) == 2
+            assert (await kubelet.unprepare([second]))[second.uid] == ""
+            assert settings.compute_timeslice(nvml, gpu0) == 2  # the remaining claim still time-slices it
+            assert (await kubelet.unprepare([first]))[first.uid] == ""
+            assert settings.compute_timeslice(nvml, gpu0) == 0
+
+    with SandboxNode(profile=h200_node(tmp_path, gpus=2)) as node:
+        assert node.api is not None
+        node.api.create(DEVICE_CLASS)
+        asyncio.run(body(node))
 
 
 def test_failure_on_a_later_gpu_undoes_the_earlier_ones(sandbox: SandboxNode) -> None:

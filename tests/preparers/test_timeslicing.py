@@ -1,5 +1,5 @@
 """The time-slicing step's undo edge cases against the mock NVML and the sandbox's ``nvidia-smi``: records of an
-older release, GPUs that fell off the bus, unknown record versions."""
+older release, GPUs that fell off the bus, records of a newer release."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import pynvml
 import pytest
 
 from dradriver.domain.claims import ClaimRef
-from dradriver.domain.ports import SharingStep, UndoRecord
-from dradriver.errors import DradriverError
+from dradriver.domain.ports import SharingStep, UndoRecord, UndoRecordFactError, UndoRecordTooNew
 from dradriver.host.nvidiasmi import find_nvidia_smi
 from dradriver.nvml import settings
 from dradriver.nvml.session import NvmlSession, open_session
@@ -64,7 +63,31 @@ def test_lost_gpu_counts_as_reset_and_others_are_still_reset(
     ts.undo(REF, record)  # idempotent
 
 
-def test_unknown_record_version_is_refused(step: tuple[SandboxNode, NvmlSession, TimeSlicing]) -> None:
+def test_a_newer_layout_with_more_facts_is_undone_from_the_facts_it_knows(
+        step: tuple[SandboxNode, NvmlSession, TimeSlicing]) -> None:
+    node, session, ts = step
+    uuid = _uuid(session, 0)
+    find_nvidia_smi(node.driver_root).set_timeslice(uuid, 2)
+    record = UndoRecord.from_json({"kind": "timeslicing", "v": 9, "target": "gpu-0", "unknownKey": True, "data": {
+        "gpus": [{"uuid": uuid, "computeMode": 0, "timesliceSet": True, "newFact": "x"}], "timeslice": 2,
+        "anotherNewFact": [1, 2]}})
+    ts.undo(REF, record)
+    assert settings.compute_timeslice(session, uuid) == 0
+
+
+def test_a_record_without_a_fact_its_undo_needs_is_a_clear_error(
+        step: tuple[SandboxNode, NvmlSession, TimeSlicing]) -> None:
     _, _, ts = step
-    with pytest.raises(DradriverError, match="version 9"):
-        ts.undo(REF, UndoRecord("timeslicing", 9, "gpu-0", {"gpus": []}))
+    with pytest.raises(UndoRecordFactError, match="lacks the fact 'uuid' its undo needs"):
+        ts.undo(REF, UndoRecord("timeslicing", 2, "gpu-0", {"gpus": [{"gpuUUID": "GPU-1"}], "timeslice": 2}))
+
+
+def test_a_record_declaring_a_newer_reader_is_refused_with_what_to_do() -> None:
+    record = UndoRecord.from_json({"kind": "timeslicing", "v": 3, "reader": 2, "target": "gpu-0", "data": {}})
+    assert record.to_json()["reader"] == 2
+    with pytest.raises(UndoRecordTooNew, match=r"needs a reader of layout 2 or newer.*Run that release"):
+        record.check_readable()
+    record.check_readable(2)
+    # what this release writes stays what older releases read: no "reader" key while it is 1
+    assert UndoRecord("timeslicing", 1, "gpu-0", {"gpus": []}).to_json() == {
+        "kind": "timeslicing", "v": 1, "target": "gpu-0", "data": {"gpus": []}}
