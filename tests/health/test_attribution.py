@@ -29,7 +29,7 @@ from dradriver.sandbox.node import SandboxNode
 from dradriver.sandbox.podresources import PodResourcesServer
 from dradriver.server.podresources import encode_response
 from tests.plugin.conftest import claim_object, ref_of, result, running, set_allocation, wait_for
-from tests.plugin.test_dynamic_mig import mig_node  # noqa: F401 (fixture: a DGX H100 sandbox with MIG state)
+from tests.plugin.conftest import mig_node  # noqa: F401 (fixture: a DGX H100 sandbox with MIG state)
 
 from .conftest import MockNode, Services
 
