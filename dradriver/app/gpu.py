@@ -389,7 +389,7 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
 
         metrics = DriverMetrics(node=config.node_name, driver=identity.driver_name)
         nodes = node_info(config)
-        edits_cache = EditsCache()  # the spec-level edits and each full GPU's, reused as NVIDIA's nvcdi specs are
+        edits_cache = EditsCache(nodes)  # the spec-level and each full GPU's edits, while /proc/devices is unchanged
         preparers: tuple[Any, ...] = (FullGpuPreparer(nodes, edits_cache), StaticMigPreparer(nodes, edits_cache))
         status_writer: DeviceStatusWriter | None = None
         refresh: DeviceRefresher | None = None
@@ -414,7 +414,8 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
             cdi_root=config.cdi_root, pool=config.node_name,
             preparers=(shares, *preparers), sharing=steps,
             select_configs=lambda claim, devices: configs.select_configs(claim, devices, config.feature_gates),
-            spec_edits=lambda: edits_cache.get("spec", lambda: gpu_preparers.spec_edits(nodes, common)),
+            spec_edits=lambda: edits_cache.get(("spec", registry.snapshot.versions.driver),
+                                                lambda: gpu_preparers.spec_edits(nodes, common)),
             metrics=metrics, prepare_deadline_s=float(config.prepare_deadline_seconds),
             on_prepared=status_writer.prepared if status_writer else None,
             on_unprepared=status_writer.unprepared if status_writer else None,
