@@ -317,6 +317,10 @@ class BatchRunner:
         :data:`HINT_POLL_S`) says another attempt may succeed.
     :param clock: wall-clock seconds (Unix time) for ``abortedAt`` (tests pass their own); wall clock, not
         monotonic, because the mark must mean the same after a restart.
+    :param driver_unavailable: why the device driver cannot be used now (``""`` when it can; the GPU plugin: the
+        NVML session's reason). While it says why, an unprepare whose undo fails still succeeds: the spec is
+        deleted, the devices are released, and the records not undone are kept with the claim (a PREPARE_STARTED
+        record without devices) until :meth:`resume_undo`; start-up sweeps that fail are run there too.
     """
 
     def __init__(
@@ -342,6 +346,7 @@ class BatchRunner:
         aborted_ttl_s: float = 0.0,
         retry_pause_s: tuple[float, float] = RETRY_PAUSE_S,
         clock: Callable[[], float] = time.time,
+        driver_unavailable: Callable[[], str] | None = None,
     ) -> None:
         kinds = [p.kind for p in preparers] + [s.kind for s in sharing]
         if len(set(kinds)) != len(kinds):
@@ -388,6 +393,9 @@ class BatchRunner:
         self.aborted_ttl_s = aborted_ttl_s
         self.retry_pause_s = retry_pause_s
         self.clock = clock
+        self.driver_unavailable = driver_unavailable
+        self._deferred_sweeps: list[DevicePreparer | SharingStep] = []
+        """Parts whose start-up sweep failed while the driver was unavailable (run by :meth:`resume_undo`)."""
         self._allocations: dict[str, str] = {}
         """Claim UID -> :func:`allocation_digest` of claims with a prepare in flight (with ``aborted_ttl_s``): the
         allocation an aborted mark records when the claim has no STARTED record (it is between two attempts)."""
@@ -1103,6 +1111,7 @@ class BatchRunner:
         held_records: dict[str, list[UndoRecord]] = {}
         stored: list[ClaimRef] = []
         aborts: dict[str, tuple[ClaimRef, str]] = {}
+        kept: dict[str, list[UndoRecord]] = {}
         try:
             with self.state.locked():
                 for ref in claims:
@@ -1123,8 +1132,9 @@ class BatchRunner:
                         # Unknown claims succeed; a spec of that UID (adopted or leaked) goes too.
                         cdifiles.delete_claim_spec(self.identity.cdi, self.cdi_root, ref.uid, clean_temp=False)
                         held = list(read_payload(record.payload).undo) if record is not None else []
-                        for undo in reversed(held):
-                            self._undo(ref, undo)
+                        left = self._undo_or_keep(ref, held)
+                        if left:
+                            kept[ref.uid] = left
                     except Exception as exc:
                         aborts.pop(ref.uid, None)
                         if not isinstance(exc, DradriverError):
@@ -1140,7 +1150,11 @@ class BatchRunner:
                         held_records[ref.uid] = held
                 with self.state.group_commit():
                     for ref in stored:
-                        if ref.uid not in aborts:
+                        if ref.uid in kept and ref.uid not in aborts:
+                            # released, and kept only for the undo the driver's return allows (resume_undo)
+                            self.state.prepare_started(ref.uid, namespace=ref.namespace, name=ref.name, devices=[],
+                                                       payload=_payload(self._spec_file(ref.uid), kept[ref.uid]))
+                        elif ref.uid not in aborts:
                             self.state.remove(ref.uid)
                     for uid, (ref, allocation) in aborts.items():
                         # The STARTED record (or none, between two attempts) becomes the aborted mark.
@@ -1180,6 +1194,81 @@ class BatchRunner:
                     hook(ref)
                 except Exception as exc:
                     log.warning("claim %s: %s cleanup after an unprepare failed: %s", ref, preparer.kind, exc)
+
+    def _undo_or_keep(self, ref: ClaimRef, records: Sequence[UndoRecord]) -> list[UndoRecord]:
+        """Undo ``records`` newest first; the records left (in stored order) when an undo fails while the device
+        driver is unavailable (:attr:`driver_unavailable`): that one and every older one, kept for
+        :meth:`resume_undo`.
+
+        :raises Exception: what the failing undo raised, when the driver is available.
+        """
+        for i in range(len(records) - 1, -1, -1):
+            try:
+                self._undo(ref, records[i])
+            except Exception as exc:
+                why = self.driver_unavailable() if self.driver_unavailable is not None else ""
+                if not why:
+                    raise
+                log.warning("claim %s: undo of %s %s kept until the NVIDIA driver is available (%s): %s", ref,
+                            records[i].kind, records[i].target, why, exc)
+                return list(records[:i + 1])
+        return []
+
+    def resume_undo(self) -> tuple[list[str], list[str]]:
+        """Blocking, once the device driver is available again: undo the records kept by unprepares while it was
+        not (claims recorded PREPARE_STARTED without devices, not aborted marks) and forget those claims, then run
+        the start-up sweeps that failed meanwhile. An undo that fails again keeps its claim's records (the next
+        call, the kubelet's or the stale-claim cleanup's unprepare tries again).
+
+        :returns: (claim UIDs whose records were undone, ``kind:what`` of what the sweeps removed).
+        """
+        done: list[str] = []
+        swept: list[str] = []
+        with self._lock, self.state.locked():
+            for uid, record in list(self.state.claims().items()):
+                if record.phase is not ClaimPhase.PREPARE_STARTED or record.devices or aborted_mark(record):
+                    continue
+                try:
+                    records = list(read_payload(record.payload).undo)
+                    for undo in reversed(records):
+                        self._undo(record.ref, undo)
+                except Exception as exc:
+                    log.error("claim %s: kept undo failed again: %s", record.ref, exc)
+                    continue
+                self.state.remove(uid)
+                done.append(uid)
+                log.info("claim %s: undo kept while the driver was unavailable done", record.ref)
+            parts, self._deferred_sweeps = self._deferred_sweeps, []
+            if parts:
+                swept = self._sweep(parts)
+            self._refresh_views()
+        return done, swept
+
+    def _sweep(self, parts: Sequence[DevicePreparer | SharingStep]) -> list[str]:
+        """Let each of ``parts`` sweep what no stored record knows (state lock held); ``kind:what`` of each thing
+        removed. A sweep that fails while the device driver is unavailable waits for :meth:`resume_undo`."""
+        known: dict[str, list[UndoRecord]] = {}
+        for record in self.state.claims().values():
+            try:
+                for undo in list(read_payload(record.payload).undo):
+                    known.setdefault(undo.kind, []).append(undo)
+            except ValueError as exc:
+                log.error("claim %s: unreadable undo records: %s", record.ref, exc)
+        swept: list[str] = []
+        for part in parts:
+            try:
+                removed = part.sweep(known.get(part.kind, []))
+            except Exception as exc:
+                why = self.driver_unavailable() if self.driver_unavailable is not None else ""
+                if not why:
+                    raise
+                log.warning("%s sweep waits for the NVIDIA driver (%s): %s", part.kind, why, exc)
+                self._deferred_sweeps.append(part)
+                continue
+            for what in removed:
+                swept.append(f"{part.kind}:{what}")
+                log.warning("removed %s %s that no prepared claim owns", part.kind, what)
+        return swept
 
     def _forget_expired_aborts(self, keep: set[str] | frozenset[str] = frozenset()) -> list[str]:
         """Delete the aborted marks older than ``aborted_ttl_s`` (state lock held by the caller); their UIDs."""
@@ -1297,18 +1386,7 @@ class BatchRunner:
                 self._roll_back(uid)
                 rolled_back.append(uid)
                 log.warning("rolled back claim %s left half-prepared by an earlier run", record.ref)
-            known_records: dict[str, list[UndoRecord]] = {}
-            for record in self.state.claims().values():
-                try:
-                    for undo in list(read_payload(record.payload).undo):
-                        known_records.setdefault(undo.kind, []).append(undo)
-                except ValueError as exc:
-                    log.error("claim %s: unreadable undo records: %s", record.ref, exc)
-            sweepers: list[DevicePreparer | SharingStep] = [*self.preparers, *self.sharing.values()]
-            for part in sweepers:
-                for what in part.sweep(known_records.get(part.kind, [])):
-                    swept.append(f"{part.kind}:{what}")
-                    log.warning("removed %s %s that no prepared claim owns", part.kind, what)
+            swept = self._sweep([*self.preparers, *self.sharing.values()])
             temps = cdifiles.remove_stale_temp_files(self.identity.cdi, self.cdi_root)  # once, so prepares stay O(1)
             if temps:
                 log.warning("removed %d temporary CDI file(s) a crashed write left behind", temps)

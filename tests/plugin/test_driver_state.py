@@ -5,10 +5,24 @@ sockets, the API emulator over HTTP)."""
 from __future__ import annotations
 
 import asyncio
+import json
+import shutil
+from pathlib import Path
 
+import pytest
+
+from dradriver.app import driverstate, start_plugin
+from dradriver.domain.identity import GPU_DRIVER
+from dradriver.kubeletplugin.runner import read_payload
+from dradriver.nvml import mock, settings
 from dradriver.sandbox import scheduler
+from dradriver.sandbox.kubelet import KubeletEmulator
 from dradriver.sandbox.node import SandboxNode
-from tests.plugin.conftest import SEED_SELECTOR, claim_object, ref_of, running
+from tests.configs.test_plugin import allocate
+from tests.factories import write_profile
+from tests.plugin.conftest import SEED_SELECTOR, claim_object, ref_of, result, running, wait_for
+from tests.plugin.test_readiness import NOT_SERVING, SERVING, _status
+from tests.plugin.test_timeslicing import GATE_ON, time_slicing
 
 
 def test_a_prepare_after_nvidia_uvm_is_unloaded_fails_instead_of_reusing_its_device_numbers(
@@ -39,4 +53,102 @@ def test_a_prepare_after_nvidia_uvm_is_unloaded_fails_instead_of_reusing_its_dev
             spec = plugin.runner.spec_path(again.uid).read_text()
             assert '"major":506' in spec.replace(" ", ""), spec
 
+    asyncio.run(body())
+
+
+def _driver_loaded(profile: Path, loaded: bool) -> None:
+    """Load or unload the NVIDIA driver of the mock node: the mock's profile makes every ``nvmlInit`` return
+    ``NVML_ERROR_DRIVER_NOT_LOADED`` (9) while ``faults.initReturn`` says so (``ext/mocknvml/README.md``)."""
+    data = json.loads(profile.read_text())
+    faults = data.setdefault("faults", {})
+    if loaded:
+        faults.pop("initReturn", None)
+    else:
+        faults["initReturn"] = 9
+    profile.write_text(json.dumps(data))
+
+
+def test_a_plugin_started_without_the_driver_unprepares_refuses_prepares_and_picks_the_driver_up(
+        sandbox: SandboxNode, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A driver upgrade: a time-sliced claim was prepared, the plugin restarts while the kernel module is not
+    loaded. It registers, answers the kubelet's Unprepare from its claim state (spec deleted, devices released; the
+    time-slice reset, which needs NVML, kept), refuses Prepare per claim naming the reason with readiness
+    NOT_SERVING, and once the driver is loaded again undoes what it kept and prepares, without a restart."""
+    monkeypatch.setattr(driverstate, "RETRY_PERIOD_S", 0.1)
+    api = sandbox.api
+    assert api is not None
+    profile = Path(write_profile(tmp_path, "dgx-h100", name="node"))
+    config = sandbox.config(feature_gates=GATE_ON, mock_profile=str(profile), healthcheck_port=0)
+
+    async def body() -> None:
+        async with running(config) as (plugin, kubelet):
+            assert plugin.session is not None and plugin.registry is not None
+            gpu0 = getattr(plugin.registry.get("gpu-0"), "uuid", "")
+            ref = ref_of(allocate(sandbox, "sliced", [result("gpu-0")], [time_slicing("Long")]))
+            assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+            assert settings.compute_timeslice(plugin.session, gpu0) == 3
+        spec = GPU_DRIVER.cdi.spec_path(sandbox.cdi_root, ref.uid)
+        assert spec.exists()
+
+        _driver_loaded(profile, False)
+        plugin = await start_plugin(config)  # starts: no exit, no crash loop
+        try:
+            assert plugin.driver is not None and "Driver Not Loaded" in plugin.driver.reason()
+            port = plugin.servers.health_port
+            assert port is not None
+            events = [e for e in api.objects("Event") if e.get("reason") == "NvidiaDriverUnavailable"]
+            assert events and "Driver Not Loaded" in events[0]["message"], events
+            async with KubeletEmulator(config.kubelet_registrar_directory_path) as kubelet:
+                connection = await kubelet.wait_for_plugin("gpu.nvidia.com", timeout=10)
+                assert await _status(port, "readiness") == NOT_SERVING
+                assert await _status(port, "liveness") == SERVING
+                other = ref_of(allocate(sandbox, "waiting", [result("gpu-1")], []))
+                error = (await connection.prepare([other]))[other.uid].error
+                assert other.uid in error and "NVIDIA driver is not available" in error, error
+                assert "Driver Not Loaded" in error, error
+                assert plugin.state.get(other.uid) is None
+
+                assert await connection.unprepare([ref]) == {ref.uid: ""}
+                assert not spec.exists()
+                kept = plugin.state.get(ref.uid)
+                assert kept is not None and kept.devices == ()  # gpu-0 released
+                assert [r.kind for r in read_payload(kept.payload).undo] == ["gpu", "timeslicing"]
+
+                _driver_loaded(profile, True)  # the upgrade is done: the module is loaded
+                await wait_for(lambda: plugin.driver is not None and not plugin.driver.reason(), timeout=30)
+                assert plugin.state.get(ref.uid) is None  # the kept undo ran
+                assert plugin.session is not None and plugin.session.available
+                assert settings.compute_timeslice(plugin.session, gpu0) == 0
+                await wait_for(lambda: plugin.publisher.in_sync, timeout=30)
+                assert await _status(port, "readiness") == SERVING
+                answer = (await connection.prepare([other]))[other.uid]
+                assert answer.error == "" and [d.device_name for d in answer.devices] == ["gpu-1"]
+                assert await connection.unprepare([other]) == {other.uid: ""}
+        finally:
+            await plugin.stop()
+
+    asyncio.run(body())
+
+
+def test_a_plugin_starts_when_the_driver_root_has_no_nvml_library(sandbox: SandboxNode, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A driver container that has not populated the driver root yet: ``--nvml-library`` names a file that does
+    not exist. The plugin serves, not ready, and loads the library once it appears."""
+    monkeypatch.setattr(driverstate, "RETRY_PERIOD_S", 0.1)
+    library = tmp_path / "driver" / "libnvidia-ml.so.1"
+    config = sandbox.config(mock_profile="", nvml_library=str(library))
+
+    async def body() -> None:
+        plugin = await start_plugin(config)
+        try:
+            assert plugin.driver is not None and f"NVML library {library} does not exist" in plugin.driver.reason()
+            assert plugin.registry is not None and not plugin.registry.snapshot.gpus
+            library.parent.mkdir()
+            shutil.copyfile(mock.library_path(), library)
+            await wait_for(lambda: plugin.driver is not None and not plugin.driver.reason(), timeout=30)
+            assert len(plugin.registry.snapshot.gpus) == 8
+        finally:
+            await plugin.stop()
+
+    monkeypatch.setenv(mock.PROFILE_ENV, str(mock.profile_path("dgx-h100")))
     asyncio.run(body())
