@@ -62,7 +62,7 @@ from dradriver.preparers.dynamicmig import DynamicMigPreparer, identity_of
 from dradriver.preparers.gpu import FullGpuPreparer, StaticMigPreparer
 from dradriver.preparers.mps import ControlDaemons, MpsSharing
 from dradriver.preparers.shares import ShareDaemons, SharedDevicePreparer
-from dradriver.preparers.sharing import default_steps
+from dradriver.preparers.sharing import TimeSlicing, default_steps
 from dradriver.server.deferred import EarlyServers
 
 log = logging.getLogger(__name__)
@@ -158,6 +158,15 @@ def read_driver(session: NvmlSession, config: PluginConfig) -> tuple[NodeInvento
         log.info("DynamicMIG: %d MIG placement(s) on %d GPU(s)", len(inventory.placements),
                  len({p.parent.uuid for p in inventory.placements}))
     return inventory, driver_edits(config, inventory.versions.driver)
+
+
+def devices_unknown(session: NvmlSession, registry: DeviceRegistry[NodeInventory]) -> str:
+    """Why the device registry does not hold the driver's devices now (``""`` when it does): NVML is not
+    available, or a driver that came back is available but its devices are not read yet (the registry's snapshot
+    has no driver version until they are)."""
+    if not session.available:
+        return session.unavailable_reason or "NVML session closed"
+    return "" if registry.snapshot.versions.driver else "the NVIDIA driver's devices are not read yet"
 
 
 class DeviceRefresher:
@@ -449,7 +458,8 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
             metrics=metrics, prepare_deadline_s=float(config.prepare_deadline_seconds),
             on_prepared=status_writer.prepared if status_writer else None,
             on_unprepared=status_writer.unprepared if status_writer else None,
-            driver_unavailable=lambda: session.unavailable_reason,
+            driver_unavailable=lambda: devices_unknown(session, registry),
+            driver_kinds=(DYNAMIC_MIG_KIND, TimeSlicing.kind),
         )
         life.on_stop("batch runner", runner.close)
         recovery = await assembly.recover(identity, config, connection, runner, problems)

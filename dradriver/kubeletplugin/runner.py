@@ -61,7 +61,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -320,7 +320,11 @@ class BatchRunner:
     :param driver_unavailable: why the device driver cannot be used now (``""`` when it can; the GPU plugin: the
         NVML session's reason). While it says why, an unprepare whose undo fails still succeeds: the spec is
         deleted, the devices are released, and the records not undone are kept with the claim (a PREPARE_STARTED
-        record without devices) until :meth:`resume_undo`; start-up sweeps that fail are run there too.
+        record without devices) until :meth:`resume_undo`; a start-up sweep that fails is logged, and every part
+        sweeps again there.
+    :param driver_kinds: record kinds whose undo acts on devices through the driver and finds them in the device
+        registry (dynamic MIG instances, time-slice settings): while the driver is unavailable the registry holds
+        no device, so such an undo would take its device for gone; their records are kept without being tried.
     """
 
     def __init__(
@@ -347,6 +351,7 @@ class BatchRunner:
         retry_pause_s: tuple[float, float] = RETRY_PAUSE_S,
         clock: Callable[[], float] = time.time,
         driver_unavailable: Callable[[], str] | None = None,
+        driver_kinds: Collection[str] = (),
     ) -> None:
         kinds = [p.kind for p in preparers] + [s.kind for s in sharing]
         if len(set(kinds)) != len(kinds):
@@ -394,8 +399,7 @@ class BatchRunner:
         self.retry_pause_s = retry_pause_s
         self.clock = clock
         self.driver_unavailable = driver_unavailable
-        self._deferred_sweeps: list[DevicePreparer | SharingStep] = []
-        """Parts whose start-up sweep failed while the driver was unavailable (run by :meth:`resume_undo`)."""
+        self.driver_kinds = frozenset(driver_kinds)
         self._allocations: dict[str, str] = {}
         """Claim UID -> :func:`allocation_digest` of claims with a prepare in flight (with ``aborted_ttl_s``): the
         allocation an aborted mark records when the claim has no STARTED record (it is between two attempts)."""
@@ -1196,29 +1200,35 @@ class BatchRunner:
                     log.warning("claim %s: %s cleanup after an unprepare failed: %s", ref, preparer.kind, exc)
 
     def _undo_or_keep(self, ref: ClaimRef, records: Sequence[UndoRecord]) -> list[UndoRecord]:
-        """Undo ``records`` newest first; the records left (in stored order) when an undo fails while the device
-        driver is unavailable (:attr:`driver_unavailable`): that one and every older one, kept for
-        :meth:`resume_undo`.
+        """Undo ``records`` newest first; while the device driver is unavailable (:attr:`driver_unavailable`), the
+        records left (in stored order) from the first one of :attr:`driver_kinds` or whose undo fails: that one and
+        every older one, kept for :meth:`resume_undo`.
 
         :raises Exception: what the failing undo raised, when the driver is available.
         """
         for i in range(len(records) - 1, -1, -1):
-            try:
-                self._undo(ref, records[i])
-            except Exception as exc:
-                why = self.driver_unavailable() if self.driver_unavailable is not None else ""
-                if not why:
-                    raise
-                log.warning("claim %s: undo of %s %s kept until the NVIDIA driver is available (%s): %s", ref,
-                            records[i].kind, records[i].target, why, exc)
-                return list(records[:i + 1])
+            why = self.driver_unavailable() if self.driver_unavailable is not None else ""
+            failure: Exception | str = "needs the driver's devices"
+            if not why or records[i].kind not in self.driver_kinds:
+                try:
+                    self._undo(ref, records[i])
+                    continue
+                except Exception as exc:
+                    why = self.driver_unavailable() if self.driver_unavailable is not None else ""
+                    if not why:
+                        raise
+                    failure = exc
+            log.warning("claim %s: undo of %s %s kept until the NVIDIA driver is available (%s): %s", ref,
+                        records[i].kind, records[i].target, why, failure)
+            return list(records[:i + 1])
         return []
 
     def resume_undo(self) -> tuple[list[str], list[str]]:
-        """Blocking, once the device driver is available again: undo the records kept by unprepares while it was
-        not (claims recorded PREPARE_STARTED without devices, not aborted marks) and forget those claims, then run
-        the start-up sweeps that failed meanwhile. An undo that fails again keeps its claim's records (the next
-        call, the kubelet's or the stale-claim cleanup's unprepare tries again).
+        """Blocking, once the device driver is available again (before prepares are served): undo the records kept
+        by unprepares while it was not (claims recorded PREPARE_STARTED without devices, not aborted marks) and
+        forget those claims, then let every preparer and sharing step sweep what no stored record knows, as at start
+        (the start-up sweep ran without the driver's devices). An undo that fails again keeps its claim's records
+        (the next call, the kubelet's or the stale-claim cleanup's unprepare tries again).
 
         :returns: (claim UIDs whose records were undone, ``kind:what`` of what the sweeps removed).
         """
@@ -1238,15 +1248,14 @@ class BatchRunner:
                 self.state.remove(uid)
                 done.append(uid)
                 log.info("claim %s: undo kept while the driver was unavailable done", record.ref)
-            parts, self._deferred_sweeps = self._deferred_sweeps, []
-            if parts:
-                swept = self._sweep(parts)
+            swept = self._sweep([*self.preparers, *self.sharing.values()])
             self._refresh_views()
         return done, swept
 
     def _sweep(self, parts: Sequence[DevicePreparer | SharingStep]) -> list[str]:
         """Let each of ``parts`` sweep what no stored record knows (state lock held); ``kind:what`` of each thing
-        removed. A sweep that fails while the device driver is unavailable waits for :meth:`resume_undo`."""
+        removed. A sweep that fails while the device driver is unavailable is logged (:meth:`resume_undo` sweeps
+        again)."""
         known: dict[str, list[UndoRecord]] = {}
         for record in self.state.claims().values():
             try:
@@ -1263,7 +1272,6 @@ class BatchRunner:
                 if not why:
                     raise
                 log.warning("%s sweep waits for the NVIDIA driver (%s): %s", part.kind, why, exc)
-                self._deferred_sweeps.append(part)
                 continue
             for what in removed:
                 swept.append(f"{part.kind}:{what}")

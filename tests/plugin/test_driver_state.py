@@ -19,8 +19,10 @@ from dradriver.sandbox import scheduler
 from dradriver.sandbox.kubelet import KubeletEmulator
 from dradriver.sandbox.node import SandboxNode
 from tests.configs.test_plugin import allocate
-from tests.factories import write_profile
+from tests.factories import DEVICE_CLASS, write_profile
 from tests.plugin.conftest import SEED_SELECTOR, claim_object, ref_of, result, running, wait_for
+from tests.plugin.test_dynamic_mig import GATES as MIG_GATES
+from tests.plugin.test_dynamic_mig import ONE_G, _create_out_of_band, claim_for, state_lines
 from tests.plugin.test_readiness import NOT_SERVING, SERVING, _status
 from tests.plugin.test_timeslicing import GATE_ON, time_slicing
 
@@ -152,3 +154,43 @@ def test_a_plugin_starts_when_the_driver_root_has_no_nvml_library(sandbox: Sandb
 
     monkeypatch.setenv(mock.PROFILE_ENV, str(mock.profile_path("dgx-h100")))
     asyncio.run(body())
+
+
+def test_dynamic_mig_undo_and_sweep_wait_for_the_driver_and_run_once_it_is_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dynamic-MIG claim unprepared while the driver is not loaded: its spec goes and its placement is released at
+    once; its GPU instance is destroyed when the driver is back, and the start-up sweep, which saw no devices, runs
+    then too (a stray instance no claim owns is destroyed)."""
+    monkeypatch.setattr(driverstate, "RETRY_PERIOD_S", 0.1)
+    with SandboxNode(profile="dgx-h100", mig_state=True) as node:
+        api = node.api
+        assert api is not None
+        api.create(DEVICE_CLASS)
+        profile = Path(write_profile(tmp_path, "dgx-h100", name="node"))
+        config = node.config(feature_gates=MIG_GATES, mock_profile=str(profile))
+
+        async def body() -> None:
+            async with running(config) as (_plugin, kubelet):
+                ref = claim_for(node, "one-g", ONE_G.format(m=0, s=3))
+                assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+            _create_out_of_band(1, 19, 0, 1)  # a stray instance of another NVML client
+            assert len(state_lines(node, "gi")) == 2
+            _driver_loaded(profile, False)
+            plugin = await start_plugin(config)
+            try:
+                async with KubeletEmulator(config.kubelet_registrar_directory_path) as kubelet:
+                    connection = await kubelet.wait_for_plugin("gpu.nvidia.com", timeout=10)
+                    assert await connection.unprepare([ref]) == {ref.uid: ""}
+                    assert not GPU_DRIVER.cdi.spec_path(node.cdi_root, ref.uid).exists()
+                    kept = plugin.state.get(ref.uid)
+                    assert kept is not None and kept.devices == ()
+                    assert [r.kind for r in read_payload(kept.payload).undo] == ["dynamic-mig"]
+                    assert len(state_lines(node, "gi")) == 2  # nothing could be destroyed without the driver
+                    _driver_loaded(profile, True)
+                    await wait_for(lambda: plugin.driver is not None and not plugin.driver.reason(), timeout=30)
+                    assert state_lines(node, "gi") == []
+                    assert plugin.state.get(ref.uid) is None
+            finally:
+                await plugin.stop()
+
+        asyncio.run(body())
