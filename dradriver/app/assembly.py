@@ -21,6 +21,7 @@ from typing import Any
 from dradriver.config import PluginConfig
 from dradriver.domain.claims import Claim, ClaimRef
 from dradriver.domain.identity import DriverIdentity
+from dradriver.domain.ports import ClaimPreparer
 from dradriver.errors import FlagError
 from dradriver.health.metrics import DriverMetrics, MetricsServer, serve_metrics
 from dradriver.host.claimstate import ClaimState, ClaimStateCorruptError, ClaimStateProblem, ProblemKind
@@ -217,25 +218,35 @@ def make_publisher(identity: DriverIdentity, config: PluginConfig, connection: C
                           node_uid=connection.node_uid, on_error=publish_error, on_publish=on_publish)
 
 
-async def serve(lifecycle: Lifecycle, config: PluginConfig, runner: BatchRunner, *,
-                health_source: HealthSource | None = None, publisher: SlicePublisher | None = None) -> Servers:
+async def serve(lifecycle: Lifecycle, config: PluginConfig, runner: ClaimPreparer, *,
+                health_source: HealthSource | None = None, publisher: SlicePublisher | None = None,
+                ready: Callable[[], bool] | None = None) -> Servers:
     """Start step: the DRA socket, the probe and the registration socket; on stop, in-flight calls get the
-    lifecycle's ``grace_s``. The probe's ``readiness`` service follows ``publisher.in_sync``."""
-    ready = (lambda: publisher.in_sync) if publisher is not None else None
+    lifecycle's ``grace_s``. The probe's ``readiness`` service follows ``publisher.in_sync`` (and ``ready()``)."""
+    ready = _readiness(publisher, ready)
     return await lifecycle.step("gRPC servers",
                                 lambda: start_servers(config, runner, health_source=health_source, ready=ready),
                                 lambda servers: servers.stop(grace=lifecycle.grace_s))
 
 
-async def attach_early(lifecycle: Lifecycle, early: EarlyServers, runner: BatchRunner, *,
-                       health_source: HealthSource | None = None, publisher: SlicePublisher | None = None) -> Servers:
+def _readiness(publisher: SlicePublisher | None, ready: Callable[[], bool] | None) -> Callable[[], bool] | None:
+    """The probe's ``readiness`` verdict: ``ready()`` (when given) and the publisher in sync (when there is one)."""
+    if publisher is None:
+        return ready
+    if ready is None:
+        return lambda: publisher.in_sync
+    return lambda: ready() and publisher.in_sync
+
+
+async def attach_early(lifecycle: Lifecycle, early: EarlyServers, runner: ClaimPreparer, *,
+                       health_source: HealthSource | None = None, publisher: SlicePublisher | None = None,
+                       ready: Callable[[], bool] | None = None) -> Servers:
     """Start step for servers already serving (:func:`dradriver.server.deferred.start_early`): hand the calls
-    waiting on them to ``runner`` and ``health_source``; the probe's ``readiness`` follows ``publisher.in_sync``.
-    Stopped at the same place in the order as :func:`serve`'s servers."""
+    waiting on them to ``runner`` and ``health_source``; the probe's ``readiness`` follows ``publisher.in_sync``
+    (and ``ready()``). Stopped at the same place in the order as :func:`serve`'s servers."""
 
     def attach() -> Servers:
-        early.readiness.attach(runner, health_source=health_source,
-                               ready=(lambda: publisher.in_sync) if publisher is not None else None)
+        early.readiness.attach(runner, health_source=health_source, ready=_readiness(publisher, ready))
         return early.servers
 
     return await lifecycle.step("gRPC servers (served early)", attach,

@@ -1,12 +1,16 @@
 """The ``gpu.nvidia.com`` kubelet plugin (``dradriver gpu-kubelet-plugin``): its composition, nothing else.
 
-Steps, in order (stopped in reverse): compiled hot paths -> plugin and CDI directories -> NVML session ->
-device discovery into the device registry -> the driver's user space for CDI specs -> Kubernetes client and
-this Node -> device-plugin guard -> claim state -> batch runner with the consumable-share (when
+Steps, in order (stopped in reverse): compiled hot paths -> Kubernetes client and this Node (a bad kubeconfig
+fails here, before anything on the host is touched) -> plugin and CDI directories -> NVML session -> device
+discovery into the device registry -> the driver's user space for CDI specs -> device-plugin guard -> claim
+state -> batch runner with the consumable-share (when
 ``--consumable-shares`` is on), full-GPU and static-MIG preparers (and, with the ``DynamicMIG`` gate, the
 dynamic-MIG preparer over every eligible GPU's placements) and the sharing steps (MPS control daemons with the
 ``MPSSupport`` gate), and crash convergence -> health monitor -> metrics endpoint -> gRPC servers ->
-ResourceSlice publisher. The ``gpu-kubelet-plugin`` command serves the gRPC sockets first instead
+ResourceSlice publisher -> NVIDIA driver watch. Without a usable driver (not loaded, no ``libnvidia-ml.so.1``)
+the plugin starts all the same with no devices: it unprepares, refuses prepares with the reason, and reads the
+devices once the driver is back (:mod:`dradriver.app.driverstate`). The ``gpu-kubelet-plugin`` command serves the
+gRPC sockets first instead
 (:mod:`dradriver.server.deferred`, ``start_plugin(early=...)``): the kubelet registers the plugin within
 ~0.2 s of process start and claims it sends meanwhile wait until the runner is attached at the servers' place.
 """
@@ -26,10 +30,11 @@ from typing import Any
 
 from dradriver import _native
 from dradriver.app import assembly
+from dradriver.app.driverstate import DriverGate, DriverWatch
 from dradriver.config import PluginConfig
 from dradriver.domain import cdi, configs, mps, partitions, resourceslices
 from dradriver.domain.claims import ClaimRef
-from dradriver.domain.devices import DeviceIndex, NodeInventory
+from dradriver.domain.devices import DeviceIndex, DriverVersions, NodeInventory
 from dradriver.domain.faults import DEFAULT_IGNORED_XIDS
 from dradriver.domain.identity import GPU_DRIVER, DriverIdentity
 from dradriver.domain.migplacements import MigPlacement, dynamic_index
@@ -50,14 +55,14 @@ from dradriver.kubeletplugin.runner import BatchRunner, all_undo_records
 from dradriver.nvml import discovery
 from dradriver.nvml import settings as nvml_settings
 from dradriver.nvml.mig import MigControl
-from dradriver.nvml.session import NvmlSession, open_session
+from dradriver.nvml.session import NvmlSession, open_session_or_absent
 from dradriver.preparers import gpu as gpu_preparers
 from dradriver.preparers.dynamicmig import KIND as DYNAMIC_MIG_KIND
 from dradriver.preparers.dynamicmig import DynamicMigPreparer, identity_of
 from dradriver.preparers.gpu import FullGpuPreparer, StaticMigPreparer
 from dradriver.preparers.mps import ControlDaemons, MpsSharing
 from dradriver.preparers.shares import ShareDaemons, SharedDevicePreparer
-from dradriver.preparers.sharing import default_steps
+from dradriver.preparers.sharing import TimeSlicing, default_steps
 from dradriver.server.deferred import EarlyServers
 
 log = logging.getLogger(__name__)
@@ -79,6 +84,8 @@ class GpuPlugin(assembly.KubeletPlugin):
     """With the ``DynamicMIG`` gate: publishes MIG identities in ``status.devices``."""
     mps_daemons: ControlDaemons | None = None
     """The MPS control daemons of the ``MPS`` sharing step (``None`` without the MPSSupport gate)."""
+    driver: DriverWatch | None = None
+    """Whether the NVIDIA driver can be used now, and why not (:mod:`dradriver.app.driverstate`)."""
 
     @property
     def inventory(self) -> NodeInventory:
@@ -137,6 +144,29 @@ def driver_edits(config: PluginConfig, driver_version: str) -> cdi.ContainerEdit
              files.count(), config.container_driver_root, config.nvidia_driver_root)
     return driverfiles.driver_edits(files, host_root=str(config.nvidia_driver_root),
                                     hook_path=config.nvidia_cdi_hook_path)
+
+
+def read_driver(session: NvmlSession, config: PluginConfig) -> tuple[NodeInventory, cdi.ContainerEdits]:
+    """What the plugin needs from an available driver: this node's devices (:func:`discover`) and the spec-level
+    edits of the driver's user space (:func:`driver_edits`), at start or when a driver that was absent is back.
+
+    :raises driverfiles.DriverFilesError: the driver root does not hold the driver NVML reports.
+    :raises dradriver.nvml.errors.NvmlError: discovery failed.
+    """
+    inventory = discover(session, config)
+    if config.feature_gates.dynamic_mig:  # the gate on: every eligible GPU offers its placements
+        log.info("DynamicMIG: %d MIG placement(s) on %d GPU(s)", len(inventory.placements),
+                 len({p.parent.uuid for p in inventory.placements}))
+    return inventory, driver_edits(config, inventory.versions.driver)
+
+
+def devices_unknown(session: NvmlSession, registry: DeviceRegistry[NodeInventory]) -> str:
+    """Why the device registry does not hold the driver's devices now (``""`` when it does): NVML is not
+    available, or a driver that came back is available but its devices are not read yet (the registry's snapshot
+    has no driver version until they are)."""
+    if not session.available:
+        return session.unavailable_reason or "NVML session closed"
+    return "" if registry.snapshot.versions.driver else "the NVIDIA driver's devices are not read yet"
 
 
 class DeviceRefresher:
@@ -362,29 +392,38 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
     :param early: servers already serving this config's sockets (:func:`dradriver.server.deferred.start_early`):
         the claims waiting on them are handed to the runner where the servers would otherwise start. On a
         failed start they are left to the caller (:func:`run_plugin` fails and stops them).
-    :raises dradriver.errors.DradriverError: a part cannot start (no NVML library, no API access, socket in
-        use by a live plugin, unreadable newer claim-state format); nothing is left running.
+    :raises dradriver.errors.DradriverError: a part cannot start (no API access, socket in use by a live plugin,
+        unreadable newer claim-state format, an ``nvmlInit`` failure other than the driver's absence); nothing is
+        left running. A driver that is absent is no error (see the module docstring).
     """
     if config.driver_name != identity.driver_name:  # sockets, plugin directory and lock follow the identity
         config = dataclasses.replace(config, driver_name=identity.driver_name)
     implementations = _native.load_all()  # a missing compiled module fails here, loudly, not at first use
     log.info("hot paths: %s", ", ".join(f"{k}={v}" for k, v in implementations.items()))
     life = Lifecycle(identity.driver_name)
-    assembly.ensure_dir(config.plugin_dir, 0o750)
-    assembly.ensure_dir(config.cdi_root, 0o755)
-    session = await life.step("NVML session", lambda: open_session(nvml_library(config), config.mock_profile),
-                              lambda s: s.close())
+    # Validate, then touch the host: the kubeconfig is loaded and the API server reached before any directory
+    # is created (a bad kubeconfig leaves nothing behind).
     try:
+        connection = await assembly.connect(life, identity, config)
+        assembly.ensure_dir(config.plugin_dir, 0o750)
+        assembly.ensure_dir(config.cdi_root, 0o755)
+        session = await life.step("NVML session",
+                                  lambda: open_session_or_absent(nvml_library(config), config.mock_profile),
+                                  lambda s: s.close())
         dynamic_mig = config.feature_gates.dynamic_mig
         mig_control = MigControl(session) if dynamic_mig else None
-        inventory = discover(session, config)
-        if dynamic_mig:  # the gate on: every eligible GPU offers its placements
-            log.info("DynamicMIG: %d MIG placement(s) on %d GPU(s)", len(inventory.placements),
-                     len({p.parent.uuid for p in inventory.placements}))
+        if session.available:
+            inventory, driver_files = await asyncio.to_thread(read_driver, session, config)
+        else:  # no devices and no driver files until the driver is back (DriverWatch)
+            log.error("NVIDIA driver not available: %s; unprepares are served, prepares wait for the driver",
+                      session.unavailable_reason)
+            await asyncio.to_thread(assembly.report_event, identity, connection.client, config, connection.node_uid,
+                                    "NvidiaDriverUnavailable", f"NVIDIA driver not available: "
+                                    f"{session.unavailable_reason}; claims are unprepared, prepares wait for it")
+            inventory, driver_files = NodeInventory(versions=DriverVersions("", 0), gpus=()), cdi.ContainerEdits()
         registry: DeviceRegistry[NodeInventory] = DeviceRegistry(
             inventory, dynamic_index if dynamic_mig else (lambda inv: DeviceIndex.build(inv).by_name))
-        common = await asyncio.to_thread(driver_edits, config, registry.snapshot.versions.driver)
-        connection = await assembly.connect(life, identity, config)
+        common = [driver_files]  # replaced when a driver that was absent comes back
         verdict = guard.check_device_plugin(config, connection.node)
         if verdict.refuse:
             log.error("%s", verdict.reason)
@@ -396,7 +435,7 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
 
         metrics = DriverMetrics(node=config.node_name, driver=identity.driver_name)
         nodes = node_info(config)
-        edits_cache = EditsCache()  # the spec-level edits and each full GPU's, reused as NVIDIA's nvcdi specs are
+        edits_cache = EditsCache(nodes)  # the spec-level and each full GPU's edits, while /proc/devices is unchanged
         preparers: tuple[Any, ...] = (FullGpuPreparer(nodes, edits_cache), StaticMigPreparer(nodes, edits_cache))
         status_writer: DeviceStatusWriter | None = None
         refresh: DeviceRefresher | None = None
@@ -431,10 +470,13 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
             cdi_root=config.cdi_root, pool=config.node_name,
             preparers=(shares, *preparers), sharing=steps, undo_only=undo_only,
             select_configs=lambda claim, devices: configs.select_configs(claim, devices, config.feature_gates),
-            spec_edits=lambda: edits_cache.get("spec", lambda: gpu_preparers.spec_edits(nodes, common)),
+            spec_edits=lambda: edits_cache.get(("spec", registry.snapshot.versions.driver),
+                                                lambda: gpu_preparers.spec_edits(nodes, common[0])),
             metrics=metrics, prepare_deadline_s=float(config.prepare_deadline_seconds),
             on_prepared=status_writer.prepared if status_writer else None,
             on_unprepared=status_writer.unprepared if status_writer else None,
+            driver_unavailable=lambda: devices_unknown(session, registry),
+            driver_kinds=(DYNAMIC_MIG_KIND, TimeSlicing.kind),
         )
         life.on_stop("batch runner", runner.close)
         recovery = await assembly.recover(identity, config, connection, runner, problems)
@@ -458,13 +500,29 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
         registry.subscribe(health.replace_inventory)
         metrics.attach_devices(health, claim_of=lambda device: runner.prepared_devices().get(device),
                                dcgm_compatible=config.dcgm_compatible)
-        await life.step("health monitor", lambda: asyncio.to_thread(health.start),
-                        lambda _: asyncio.to_thread(health.stop))
+        if session.available:
+            await life.step("health monitor", lambda: asyncio.to_thread(health.start),
+                            lambda _: asyncio.to_thread(health.stop))
+        else:  # started by the driver's return
+            life.on_stop("health monitor", lambda: asyncio.to_thread(health.stop))
+
+        def driver_back() -> None:
+            inventory, common[0] = read_driver(session, config)
+            registry.replace(inventory)  # the health monitor, the publisher (below) and the refresher follow
+            health.start()
+            undone, swept = runner.resume_undo()
+            log.info("NVIDIA driver %s back: %d GPU(s); %d kept undo(s) done%s", inventory.versions.driver,
+                     len(inventory.gpus), len(undone), f", swept {', '.join(swept)}" if swept else "")
+
+        watch = DriverWatch(session, library=lambda: nvml_library(config), arrive=driver_back)
+        gate = DriverGate(runner, watch.reason)
         metrics_server = await assembly.serve_metrics_step(life, config, metrics)
         if early is None:
-            servers = await assembly.serve(life, config, runner, health_source=health, publisher=publisher)
+            servers = await assembly.serve(life, config, gate, health_source=health, publisher=publisher,
+                                           ready=lambda: not watch.reason())
         else:
-            servers = await assembly.attach_early(life, early, runner, health_source=health, publisher=publisher)
+            servers = await assembly.attach_early(life, early, gate, health_source=health, publisher=publisher,
+                                                  ready=lambda: not watch.reason())
 
         def desired() -> list[dict[str, Any]]:
             inventory = registry.snapshot
@@ -495,7 +553,11 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
 
         registry.subscribe(republish_if_changed)
         await assembly.run_publisher(life, publisher)
-        plugin.republish()
+        if session.available:
+            plugin.republish()
+        # else: the node's ResourceSlices stay as the last run published them until the driver's devices are read
+        await life.step("NVIDIA driver watch", watch.start, lambda _: asyncio.to_thread(watch.stop))
+        plugin.driver = watch
         plugin.reconciler = await assembly.run_stale_claim_cleanup(life, identity, config, connection, runner,
                                                                    count=metrics.count_stale_claim)
     except BaseException:

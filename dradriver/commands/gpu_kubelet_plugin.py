@@ -61,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
         import gc
         import importlib
 
+        from dradriver.kube.kubeconfig import check_kubeconfig
+
         # Registration and the DRA socket first (claims wait for the rest: dradriver.server.deferred), then
         # the plugin's parts, imported on a worker thread so the event loop keeps answering the kubelet.
         from dradriver.server import deferred
@@ -68,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
         stop = asyncio.Event()
         _entrypoint.stop_on_signals(stop)
         loop = asyncio.get_running_loop()
+        check_kubeconfig(cfg.kubeconfig)  # validate, then touch the host (sockets, directories)
         early = await deferred.start_early(cfg)
         # Start-up allocates the modules' objects, nearly all of which live as long as the process: the
         # cyclic collector only slows that down (~10 %). Collected once the plugin runs, and what is left

@@ -136,30 +136,52 @@ class DeviceNodeInfo:
 
 class EditsCache:
     """CDI edits computed from ``/proc`` and ``/dev`` (majors, control nodes, a full GPU's node), reused per key
-    for :data:`EDITS_TTL_S` as NVIDIA's plugin reuses its nvcdi specs: a one-claim prepare then reads neither
-    ``/proc/devices`` nor the control nodes. What fails to compute is not kept (the next claim tries again).
-    Shared by worker threads: two that miss at once both compute, and either answer is kept (they are equal).
+    as NVIDIA's plugin reuses its nvcdi specs, while what they were computed from is unchanged.
 
-    :param ttl_s: seconds an entry is reused.
+    An entry is valid while the text of ``nodes.proc_devices`` (the character-device majors: ``nvidia``,
+    ``nvidia-uvm``, ``nvidia-caps``) is the text it was computed with, and for at most :data:`EDITS_TTL_S`
+    (the node modes ``stat`` gave). So a one-claim prepare reads ``/proc/devices`` (one small read of procfs)
+    but stats no control node; once a driver module is unloaded or reloaded (``nvidia-uvm`` gone from
+    ``/proc/devices``, or a new major) the edits are computed again, and fail as they would on a fresh node,
+    instead of handing containers nodes that no longer exist. The caller's key carries the other sources (a
+    GPU's UUID and minor, the driver version of the spec-level edits). What fails to compute is not kept (the
+    next claim tries again). Shared by worker threads: two that miss at once both compute, and either answer is
+    kept (they are equal).
+
+    :param nodes: where the majors are read; ``None``: entries are checked against nothing but their age.
+    :param ttl_s: seconds an entry is reused at most.
     :param clock: monotonic seconds (tests pass their own).
     """
 
-    def __init__(self, ttl_s: float = EDITS_TTL_S, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, nodes: DeviceNodeInfo | None = None, *, ttl_s: float = EDITS_TTL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.nodes = nodes
         self.ttl_s = ttl_s
         self._clock = clock
-        self._entries: dict[Hashable, tuple[float, ContainerEdits]] = {}
+        self._entries: dict[Hashable, tuple[float, str, ContainerEdits]] = {}
+
+    def _basis(self) -> str:
+        """What the entries depend on beside their key: the text of ``/proc/devices`` (``""`` when absent)."""
+        if self.nodes is None:
+            return ""
+        try:
+            return _read_text(self.nodes.proc_devices)
+        except FileNotFoundError:
+            return ""
 
     def get(self, key: Hashable, make: Callable[[], ContainerEdits]) -> ContainerEdits:
-        """The edits kept for ``key`` while fresh, else ``make()`` (kept from now on).
+        """The edits kept for ``key`` while fresh and computed from today's majors, else ``make()`` (kept from
+        now on with today's majors).
 
         :raises DeviceNodeError: what ``make`` raises.
         """
         now = self._clock()
+        basis = self._basis()
         hit = self._entries.get(key)
-        if hit is not None and now < hit[0]:
-            return hit[1]
+        if hit is not None and now < hit[0] and hit[1] == basis:
+            return hit[2]
         edits = make()
-        self._entries[key] = (now + self.ttl_s, edits)
+        self._entries[key] = (now + self.ttl_s, basis, edits)
         return edits
 
     def clear(self) -> None:

@@ -38,6 +38,7 @@ import urllib3
 import yaml
 
 from dradriver.kube import errors, jsonbody
+from dradriver.kube.kubeconfig import KUBECONFIG_HINT, config_error
 from dradriver.kube.ratelimit import RateLimitTimeout, TokenBucket
 
 log = logging.getLogger(__name__)
@@ -312,10 +313,6 @@ def translate(what: str, exc: BaseException) -> errors.KubeAPIError | None:
     return None
 
 
-KUBECONFIG_HINT = "pass the cluster's kubeconfig with --kubeconfig or KUBECONFIG"
-"""The advice every kubeconfig or connection failure at start-up ends with."""
-
-
 def check_reachable(client: KubeClient, kubeconfig: str) -> None:
     """``GET /version`` once, without retries: the API server answers at all.
 
@@ -367,14 +364,7 @@ def open_client(kubeconfig: str = "", *, user_agent: str = "dradriver", connect_
             KeyError, IndexError) as exc:
         # The library reads the file with yaml.safe_load and then indexes into whatever it got: invalid YAML,
         # or a document of the wrong shape, ends here as one line (YAML errors span several).
-        source = f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster service account"
-        kind = "invalid YAML: " if isinstance(exc, yaml.YAMLError) else ""
-        if isinstance(exc, OSError) and exc.strerror:
-            message = f"cannot read it: {exc.strerror}"
-        else:
-            message = kind + " ".join(str(exc).split())
-        raise errors.KubeAPIError(f"load {source}", reason="ConfigInvalid",
-                                  message=f"{message}; {KUBECONFIG_HINT}") from exc
+        raise config_error(kubeconfig, exc) from exc
     cfg.retries = False
     if pool_size is not None:
         cfg.connection_pool_maxsize = max(1, pool_size)

@@ -69,7 +69,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -332,6 +332,14 @@ class BatchRunner:
         :data:`HINT_POLL_S`) says another attempt may succeed.
     :param clock: wall-clock seconds (Unix time) for ``abortedAt`` (tests pass their own); wall clock, not
         monotonic, because the mark must mean the same after a restart.
+    :param driver_unavailable: why the device driver cannot be used now (``""`` when it can; the GPU plugin: the
+        NVML session's reason). While it says why, an unprepare whose undo fails still succeeds: the spec is
+        deleted, the devices are released, and the records not undone are kept with the claim (a PREPARE_STARTED
+        record without devices) until :meth:`resume_undo`; a start-up sweep that fails is logged, and every part
+        sweeps again there.
+    :param driver_kinds: record kinds whose undo acts on devices through the driver and finds them in the device
+        registry (dynamic MIG instances, time-slice settings): while the driver is unavailable the registry holds
+        no device, so such an undo would take its device for gone; their records are kept without being tried.
     """
 
     def __init__(
@@ -358,6 +366,8 @@ class BatchRunner:
         aborted_ttl_s: float = 0.0,
         retry_pause_s: tuple[float, float] = RETRY_PAUSE_S,
         clock: Callable[[], float] = time.time,
+        driver_unavailable: Callable[[], str] | None = None,
+        driver_kinds: Collection[str] = (),
     ) -> None:
         kinds = [p.kind for p in preparers] + [s.kind for s in sharing] + [u.kind for u in undo_only]
         if len(set(kinds)) != len(kinds):
@@ -403,6 +413,8 @@ class BatchRunner:
         self.aborted_ttl_s = aborted_ttl_s
         self.retry_pause_s = retry_pause_s
         self.clock = clock
+        self.driver_unavailable = driver_unavailable
+        self.driver_kinds = frozenset(driver_kinds)
         self._allocations: dict[str, str] = {}
         """Claim UID -> :func:`allocation_digest` of claims with a prepare in flight (with ``aborted_ttl_s``): the
         allocation an aborted mark records when the claim has no STARTED record (it is between two attempts)."""
@@ -1169,6 +1181,7 @@ class BatchRunner:
         held_records: dict[str, list[UndoRecord]] = {}
         stored: list[ClaimRef] = []
         aborts: dict[str, tuple[ClaimRef, str]] = {}
+        kept: dict[str, list[UndoRecord]] = {}
         try:
             with self.state.locked():
                 # First, the tombstones: from now on no prepare call of these claims that began earlier, in this
@@ -1190,8 +1203,9 @@ class BatchRunner:
                         # Unknown claims succeed; a spec of that UID (adopted or leaked) goes too.
                         cdifiles.delete_claim_spec(self.identity.cdi, self.cdi_root, ref.uid, clean_temp=False)
                         held = list(read_payload(record.payload).undo) if record is not None else []
-                        for undo in reversed(held):
-                            self._undo(ref, undo)
+                        left = self._undo_or_keep(ref, held)
+                        if left:
+                            kept[ref.uid] = left
                     except Exception as exc:
                         aborts.pop(ref.uid, None)
                         if not isinstance(exc, DradriverError):
@@ -1207,7 +1221,11 @@ class BatchRunner:
                         held_records[ref.uid] = held
                 with self.state.group_commit():
                     for ref in stored:
-                        if ref.uid not in aborts:
+                        if ref.uid in kept and ref.uid not in aborts:
+                            # released, and kept only for the undo the driver's return allows (resume_undo)
+                            self.state.prepare_started(ref.uid, namespace=ref.namespace, name=ref.name, devices=[],
+                                                       payload=_payload(self._spec_file(ref.uid), kept[ref.uid]))
+                        elif ref.uid not in aborts:
                             self.state.remove(ref.uid)
                     for uid, (ref, allocation) in aborts.items():
                         # The STARTED record (or none, between two attempts) becomes the aborted mark.
@@ -1246,6 +1264,88 @@ class BatchRunner:
                     hook(ref)
                 except Exception as exc:
                     log.warning("claim %s: %s cleanup after an unprepare failed: %s", ref, preparer.kind, exc)
+
+    def _undo_or_keep(self, ref: ClaimRef, records: Sequence[UndoRecord]) -> list[UndoRecord]:
+        """Undo ``records`` newest first; while the device driver is unavailable (:attr:`driver_unavailable`), the
+        records left (in stored order) from the first one of :attr:`driver_kinds` or whose undo fails: that one and
+        every older one, kept for :meth:`resume_undo`.
+
+        :raises Exception: what the failing undo raised, when the driver is available.
+        """
+        for i in range(len(records) - 1, -1, -1):
+            why = self.driver_unavailable() if self.driver_unavailable is not None else ""
+            failure: Exception | str = "needs the driver's devices"
+            if not why or records[i].kind not in self.driver_kinds:
+                try:
+                    self._undo(ref, records[i])
+                    continue
+                except Exception as exc:
+                    why = self.driver_unavailable() if self.driver_unavailable is not None else ""
+                    if not why:
+                        raise
+                    failure = exc
+            log.warning("claim %s: undo of %s %s kept until the NVIDIA driver is available (%s): %s", ref,
+                        records[i].kind, records[i].target, why, failure)
+            return list(records[:i + 1])
+        return []
+
+    def resume_undo(self) -> tuple[list[str], list[str]]:
+        """Blocking, once the device driver is available again (before prepares are served): undo the records kept
+        by unprepares while it was not (claims recorded PREPARE_STARTED without devices, not aborted marks) and
+        forget those claims, then let every preparer and sharing step sweep what no stored record knows, as at start
+        (the start-up sweep ran without the driver's devices). An undo that fails again keeps its claim's records
+        (the next call, the kubelet's or the stale-claim cleanup's unprepare tries again).
+
+        :returns: (claim UIDs whose records were undone, ``kind:what`` of what the sweeps removed).
+        """
+        done: list[str] = []
+        swept: list[str] = []
+        with self._lock, self.state.locked():
+            for uid, record in list(self.state.claims().items()):
+                if record.phase is not ClaimPhase.PREPARE_STARTED or record.devices or aborted_mark(record):
+                    continue
+                try:
+                    records = list(read_payload(record.payload).undo)
+                    for undo in reversed(records):
+                        self._undo(record.ref, undo)
+                except Exception as exc:
+                    log.error("claim %s: kept undo failed again: %s", record.ref, exc)
+                    continue
+                self.state.remove(uid)
+                done.append(uid)
+                log.info("claim %s: undo kept while the driver was unavailable done", record.ref)
+            swept = self._sweep([*self.preparers, *self.sharing.values()])
+            self._refresh_views()
+        return done, swept
+
+    def _sweep(self, parts: Sequence[DevicePreparer | SharingStep]) -> list[str]:
+        """Let each of ``parts`` sweep what no stored record knows (state lock held); ``kind:what`` of each thing
+        removed. A sweep that fails while the device driver is unavailable is logged (:meth:`resume_undo` sweeps
+        again)."""
+        known: dict[str, list[UndoRecord]] = {}
+        for record in self.state.claims().values():
+            try:
+                for undo in list(read_payload(record.payload).undo):
+                    known.setdefault(undo.kind, []).append(undo)
+            except ValueError as exc:
+                log.error("claim %s: unreadable undo records: %s", record.ref, exc)
+        swept: list[str] = []
+        for part in parts:
+            # A part whose side effects another kind's records may own too (a static MIG claim's instance on a
+            # GPU dynamic MIG now manages) sees those records as well: it never removes what a claim holds.
+            owned = [r for k in (part.kind, *getattr(part, "owner_kinds", ())) for r in known.get(k, [])]
+            try:
+                removed = part.sweep(owned)
+            except Exception as exc:
+                why = self.driver_unavailable() if self.driver_unavailable is not None else ""
+                if not why:
+                    raise
+                log.warning("%s sweep waits for the NVIDIA driver (%s): %s", part.kind, why, exc)
+                continue
+            for what in removed:
+                swept.append(f"{part.kind}:{what}")
+                log.warning("removed %s %s that no prepared claim owns", part.kind, what)
+        return swept
 
     def _forget_expired_aborts(self, keep: set[str] | frozenset[str] = frozenset()) -> list[str]:
         """Delete the aborted marks older than ``aborted_ttl_s`` (state lock held by the caller); their UIDs."""
@@ -1363,21 +1463,7 @@ class BatchRunner:
                 self._roll_back(uid)
                 rolled_back.append(uid)
                 log.warning("rolled back claim %s left half-prepared by an earlier run", record.ref)
-            known_records: dict[str, list[UndoRecord]] = {}
-            for record in self.state.claims().values():
-                try:
-                    for undo in list(read_payload(record.payload).undo):
-                        known_records.setdefault(undo.kind, []).append(undo)
-                except ValueError as exc:
-                    log.error("claim %s: unreadable undo records: %s", record.ref, exc)
-            sweepers: list[DevicePreparer | SharingStep] = [*self.preparers, *self.sharing.values()]
-            for part in sweepers:
-                # A part whose side effects another kind's records may own too (a static MIG claim's instance on
-                # a GPU dynamic MIG now manages) sees those records as well: it never removes what a claim holds.
-                owned = [r for k in (part.kind, *getattr(part, "owner_kinds", ())) for r in known_records.get(k, [])]
-                for what in part.sweep(owned):
-                    swept.append(f"{part.kind}:{what}")
-                    log.warning("removed %s %s that no prepared claim owns", part.kind, what)
+            swept = self._sweep([*self.preparers, *self.sharing.values()])
             temps = cdifiles.remove_stale_temp_files(self.identity.cdi, self.cdi_root)  # once, so prepares stay O(1)
             if temps:
                 log.warning("removed %d temporary CDI file(s) a crashed write left behind", temps)

@@ -261,3 +261,9 @@ class NvmlUnknownError(NvmlError):
 
 
 # --- END GENERATED ---
+
+
+class NvmlUnavailable(NvmlUninitialized):
+    """NVML is not initialised because the NVIDIA driver is not available now (no ``libnvidia-ml.so.1``, the kernel
+    module not loaded, or a user space of another version than the module): raised by every call of a session that
+    started without the driver (:func:`dradriver.nvml.session.open_session_or_absent`); the message says why."""

@@ -16,6 +16,12 @@ session is open (the old file stays mapped), and raises :class:`NvmlError` while
 
 The mock re-reads its profile at every ``nvmlInit``, so tests switch profiles by closing the session,
 opening another with the new ``mock_profile``.
+
+A node whose driver is not available now (a driver upgrade in progress, a reboot into a module that does not load,
+a driver container that has not populated the driver root yet) gets a session that is not initialised, with the
+reason (:func:`open_session_or_absent`): every call raises :class:`~dradriver.nvml.errors.NvmlUnavailable` naming
+it, and :meth:`NvmlSession.init` tries ``nvmlInit`` again. The session is the one place that says whether NVML can
+be used and why not; the parts of a plugin keep the same session object across the driver's absence.
 """
 
 from __future__ import annotations
@@ -32,10 +38,13 @@ from typing import Any, TypeVar
 import pynvml
 
 from dradriver.nvml.errors import (
+    NvmlDriverNotLoaded,
     NvmlError,
     NvmlFunctionNotFound,
     NvmlLibraryNotFound,
+    NvmlLibRmVersionMismatch,
     NvmlNotSupported,
+    NvmlUnavailable,
     NvmlUninitialized,
     from_pynvml,
 )
@@ -45,6 +54,12 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 SYSTEM_LIBRARY = "libnvidia-ml.so.1"
+
+DRIVER_ABSENT: tuple[type[NvmlError], ...] = (NvmlLibraryNotFound, NvmlDriverNotLoaded, NvmlLibRmVersionMismatch)
+"""``nvmlInit`` failures meaning the NVIDIA driver is not available now, and may come back without a restart: no
+``libnvidia-ml.so.1`` (``NVML_ERROR_LIBRARY_NOT_FOUND``), no kernel module (``NVML_ERROR_DRIVER_NOT_LOADED``), or a
+user space of another version than the loaded module, as in the middle of an upgrade
+(``NVML_ERROR_LIB_RM_VERSION_MISMATCH``); ``nvmlReturn_t`` in NVIDIA's ``nvml.h``."""
 
 _lock = threading.Lock()
 _open_sessions = 0
@@ -103,13 +118,19 @@ class NvmlSession:
     cached for the life of the session and dropped at :meth:`close` (they are invalid after
     ``nvmlShutdown``).
 
+    A session made by :func:`open_session_or_absent` on a node without a usable driver is not initialised:
+    :attr:`available` is False, :attr:`unavailable_reason` says why, every call raises
+    :class:`~dradriver.nvml.errors.NvmlUnavailable`, and :meth:`init` tries again.
+
     :ivar library: the file loaded, or ``"libnvidia-ml.so.1"`` for the system library.
     :ivar mock_profile: profile path when the bundled mock is in use, else ``None``.
     """
 
-    def __init__(self, library: str, mock_profile: str | None = None) -> None:
+    def __init__(self, library: str, mock_profile: str | None = None, *, unavailable: str = "") -> None:
         self.library = library
         self.mock_profile = mock_profile
+        self._unavailable = unavailable
+        self._init_lock = threading.Lock()
         self._closed = False
         self._handles: dict[int, Any] = {}
         self._handles_by_uuid: dict[str, Any] = {}
@@ -122,12 +143,45 @@ class NvmlSession:
         """Whether :meth:`close` has run."""
         return self._closed
 
+    @property
+    def available(self) -> bool:
+        """NVML is initialised and the session is open."""
+        return not self._unavailable and not self._closed
+
+    @property
+    def unavailable_reason(self) -> str:
+        """Why NVML cannot be used now (the ``nvmlInit`` failure), ``""`` when it can."""
+        return self._unavailable
+
+    def init(self, library_path: str = "") -> bool:
+        """Try ``nvmlInit`` again on a session that started without the driver; True once NVML is initialised.
+
+        :param library_path: the library to load now (the driver root's ``libnvidia-ml.so.1`` may have appeared
+            since the last try); ignored with a mock profile.
+        :returns: :attr:`available` (False: :attr:`unavailable_reason` holds the newest failure).
+        :raises NvmlError: ``nvmlInit`` failed for another reason than the driver's absence (:data:`DRIVER_ABSENT`).
+        """
+        with self._init_lock:
+            if self._closed or not self._unavailable:
+                return self.available
+            try:
+                self.library, self.mock_profile = _initialise(library_path, self.mock_profile or "")
+            except DRIVER_ABSENT as exc:
+                self._unavailable = str(exc)
+                return False
+            self._unavailable = ""
+        log.info("NVML initialised from %s", self.library)
+        return True
+
     def close(self) -> None:
-        """Drop cached handles and call ``nvmlShutdown`` once; later calls do nothing."""
+        """Drop cached handles and call ``nvmlShutdown`` once (when NVML was initialised); later calls do nothing."""
         global _open_sessions, _active_profile
-        if self._closed:
-            return
-        self._closed = True
+        with self._init_lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._unavailable:
+                return
         self._handles.clear()
         self._handles_by_uuid.clear()
         self._mig_handles.clear()
@@ -159,6 +213,8 @@ class NvmlSession:
         """
         if self._closed:
             raise NvmlUninitialized(f"{context or fn.__name__}: NVML session is closed")
+        if self._unavailable:
+            raise NvmlUnavailable(f"{context or fn.__name__}: {self._unavailable}")
         try:
             return fn(*args)
         except pynvml.NVMLError as exc:
@@ -240,15 +296,9 @@ class NvmlSession:
         self._mig_handles.clear()
 
 
-def open_session(library_path: str = "", mock_profile: str = "") -> NvmlSession:
-    """Load NVML (see the module docstring for the choice), call ``nvmlInit`` and return the session.
-
-    :param library_path: explicit ``libnvidia-ml.so.1`` to load; ignored when ``mock_profile`` is given.
-    :param mock_profile: bundled mock profile name (``dgx-a100``) or path of a profile file.
-    :raises NvmlLibraryNotFound: no library at the path, or no system library.
-    :raises dradriver.nvml.mock.MockNvmlError: unknown profile or mock library not built.
-    :raises NvmlError: ``nvmlInit`` failed (e.g. ``NvmlDriverNotLoaded``); the message says so.
-    """
+def _initialise(library_path: str, mock_profile: str) -> tuple[str, str | None]:
+    """Load the library (:func:`open_session`'s choice), call ``nvmlInit`` and count the session; returns the
+    library loaded and the mock profile path (``None`` without the mock)."""
     global _open_sessions, _active_profile
     profile: str | None = None
     with _lock:
@@ -278,4 +328,31 @@ def open_session(library_path: str = "", mock_profile: str = "") -> NvmlSession:
         if _open_sessions == 1:
             _active_profile = profile
     log.debug("NVML initialised from %s", lib)
+    return lib, profile
+
+
+def open_session(library_path: str = "", mock_profile: str = "") -> NvmlSession:
+    """Load NVML (see the module docstring for the choice), call ``nvmlInit`` and return the session.
+
+    :param library_path: explicit ``libnvidia-ml.so.1`` to load; ignored when ``mock_profile`` is given.
+    :param mock_profile: bundled mock profile name (``dgx-a100``) or path of a profile file.
+    :raises NvmlLibraryNotFound: no library at the path, or no system library.
+    :raises dradriver.nvml.mock.MockNvmlError: unknown profile or mock library not built.
+    :raises NvmlError: ``nvmlInit`` failed (e.g. ``NvmlDriverNotLoaded``); the message says so.
+    """
+    lib, profile = _initialise(library_path, mock_profile)
     return NvmlSession(lib, profile)
+
+
+def open_session_or_absent(library_path: str = "", mock_profile: str = "") -> NvmlSession:
+    """:func:`open_session`, or, when the driver is not available now (:data:`DRIVER_ABSENT`), a session that is not
+    initialised and says why (:attr:`NvmlSession.unavailable_reason`; :meth:`NvmlSession.init` tries again).
+
+    :raises dradriver.nvml.mock.MockNvmlError: unknown profile or mock library not built.
+    :raises NvmlError: ``nvmlInit`` failed for another reason.
+    """
+    try:
+        return open_session(library_path, mock_profile)
+    except DRIVER_ABSENT as exc:
+        log.warning("NVML not available: %s", exc)
+        return NvmlSession(library_path or SYSTEM_LIBRARY, mock_profile or None, unavailable=str(exc))

@@ -31,7 +31,7 @@ class _ExistingDevicePreparer:
 
     def __init__(self, nodes: DeviceNodeInfo, edits_cache: EditsCache | None = None) -> None:
         self.nodes = nodes
-        self.edits_cache = edits_cache if edits_cache is not None else EditsCache()
+        self.edits_cache = edits_cache if edits_cache is not None else EditsCache(nodes)
 
     def handles(self, device: object) -> bool:
         """True for registry entries of this preparer's device type."""

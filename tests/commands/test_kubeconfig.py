@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from dradriver.sandbox.node import SandboxNode
 
@@ -96,3 +97,50 @@ def test_unreachable_cluster_is_one_line_naming_the_url(sandbox: SandboxNode, tm
         line = _one_line_naming(_start_plugin(_env(sandbox, kubeconfig)), f"http://127.0.0.1:{port}")
     assert "cannot reach the Kubernetes API server" in line and str(kubeconfig) in line
     assert "Connection refused" in line
+
+
+@pytest.mark.parametrize("case", ["missing", "invalid-yaml", "no-such-context", "no-such-cluster"])
+def test_a_start_that_fails_on_the_kubeconfig_touches_nothing_on_the_host(sandbox: SandboxNode, tmp_path: Path,
+                                                                         case: str) -> None:
+    """Validate, then touch the host: a kubeconfig that cannot work fails the start before any socket, plugin
+    directory or CDI directory is created (the kubelet never sees a plugin that is about to exit)."""
+    path = tmp_path / "kubeconfig"
+    good = Path(sandbox.kubeconfig).read_text()
+    if case == "invalid-yaml":
+        path.write_text("apiVersion: v1\nclusters: [\n  - cluster: {server: https://x\n")
+    elif case == "no-such-context":
+        data = yaml.safe_load(good)
+        data["current-context"] = "elsewhere"
+        path.write_text(yaml.safe_dump(data))
+    elif case == "no-such-cluster":
+        data = yaml.safe_load(good)
+        data["clusters"][0]["name"] = "renamed"
+        path.write_text(yaml.safe_dump(data))
+    env = _env(sandbox, path)
+    cdi_root = tmp_path / "cdi-not-yet"
+    env["CDI_ROOT"] = str(cdi_root)
+    registry = Path(env["KUBELET_REGISTRAR_DIRECTORY_PATH"])
+    plugins = Path(env["KUBELET_PLUGINS_DIRECTORY_PATH"])
+    line = _one_line_naming(_start_plugin(env), str(path))
+    assert "cannot start the kubelet plugin" in line
+    assert not cdi_root.exists()
+    assert list(registry.iterdir()) == [] and list(plugins.iterdir()) == [], (list(registry.iterdir()),
+                                                                               list(plugins.iterdir()))
+
+
+def test_start_plugin_loads_the_kubeconfig_before_creating_its_directories(sandbox: SandboxNode,
+                                                                           tmp_path: Path) -> None:
+    """The composition (``start_plugin``, as the sandbox and the demo run it) connects first: a kubeconfig that
+    cannot be loaded creates neither the plugin directory nor the CDI root."""
+    import asyncio
+
+    from dradriver.app import start_plugin
+    from dradriver.errors import DradriverError
+
+    bad = tmp_path / "kubeconfig"
+    bad.write_text("apiVersion: v1\n\tkind: Config\n")
+    config = sandbox.config(kubeconfig=str(bad), cdi_root=tmp_path / "cdi",
+                            kubelet_plugins_directory_path=tmp_path / "plugins")
+    with pytest.raises(DradriverError, match="invalid YAML"):
+        asyncio.run(start_plugin(config))
+    assert not (tmp_path / "cdi").exists() and not (tmp_path / "plugins").exists()

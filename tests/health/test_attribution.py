@@ -28,8 +28,15 @@ from dradriver.health.metrics import exporter_registry
 from dradriver.sandbox.node import SandboxNode
 from dradriver.sandbox.podresources import PodResourcesServer
 from dradriver.server.podresources import encode_response
-from tests.plugin.conftest import claim_object, ref_of, result, running, set_allocation, wait_for
-from tests.plugin.conftest import mig_node  # noqa: F401 (fixture: a DGX H100 sandbox with MIG state)
+from tests.plugin.conftest import (
+    claim_object,
+    mig_node,  # noqa: F401 (fixture: a DGX H100 sandbox with MIG state)
+    ref_of,
+    result,
+    running,
+    set_allocation,
+    wait_for,
+)
 
 from .conftest import MockNode, Services
 

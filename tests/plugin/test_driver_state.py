@@ -1,0 +1,196 @@
+"""The plugin and the NVIDIA driver's state: a driver that is not loaded at start, comes back, or loses a module
+while the plugin runs (the real plugin over the mock ``libnvidia-ml.so.1``, the kubelet emulator over its Unix
+sockets, the API emulator over HTTP)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from dradriver.app import driverstate, start_plugin
+from dradriver.domain.identity import GPU_DRIVER
+from dradriver.kubeletplugin.runner import read_payload
+from dradriver.nvml import mock, settings
+from dradriver.sandbox import scheduler
+from dradriver.sandbox.kubelet import KubeletEmulator
+from dradriver.sandbox.node import SandboxNode
+from tests.configs.test_plugin import allocate
+from tests.factories import DEVICE_CLASS, write_profile
+from tests.plugin.conftest import SEED_SELECTOR, claim_object, ref_of, result, running, wait_for
+from tests.plugin.test_dynamic_mig import GATES as MIG_GATES
+from tests.plugin.test_dynamic_mig import ONE_G, _create_out_of_band, claim_for, state_lines
+from tests.plugin.test_readiness import NOT_SERVING, SERVING, _status
+from tests.plugin.test_timeslicing import GATE_ON, time_slicing
+
+
+def test_a_prepare_after_nvidia_uvm_is_unloaded_fails_instead_of_reusing_its_device_numbers(
+        sandbox: SandboxNode) -> None:
+    """The spec-level edits are reused only while ``/proc/devices`` is what they were computed from: with
+    ``nvidia-uvm`` gone the next prepare fails cleanly, as on a fresh node, instead of giving containers
+    ``/dev/nvidia-uvm`` numbers of a module that is not loaded."""
+    api = sandbox.api
+    assert api is not None
+    proc_devices = sandbox.root / "proc" / "devices"
+    loaded = proc_devices.read_text()
+
+    async def body() -> None:
+        async with running(sandbox.config()) as (plugin, kubelet):
+            refs = []
+            for name in ("before", "after", "again"):
+                api.create(claim_object(name, selector=SEED_SELECTOR))
+                [claim] = scheduler.allocate(api, [("default", name)], node_name=sandbox.node_name)
+                refs.append(ref_of(claim))
+            before, after, again = refs
+            assert (await kubelet.prepare([before]))[before.uid].error == ""
+            proc_devices.write_text(loaded.replace("508 nvidia-uvm\n", ""))  # the module was unloaded
+            error = (await kubelet.prepare([after]))[after.uid].error
+            assert after.uid in error and "nvidia-uvm" in error, error
+            assert plugin.state.get(after.uid) is None
+            proc_devices.write_text(loaded.replace("508 nvidia-uvm", "506 nvidia-uvm"))  # loaded again
+            assert (await kubelet.prepare([again]))[again.uid].error == ""
+            spec = plugin.runner.spec_path(again.uid).read_text()
+            assert '"major":506' in spec.replace(" ", ""), spec
+
+    asyncio.run(body())
+
+
+def _driver_loaded(profile: Path, loaded: bool) -> None:
+    """Load or unload the NVIDIA driver of the mock node: the mock's profile makes every ``nvmlInit`` return
+    ``NVML_ERROR_DRIVER_NOT_LOADED`` (9) while ``faults.initReturn`` says so (``ext/mocknvml/README.md``)."""
+    data = json.loads(profile.read_text())
+    faults = data.setdefault("faults", {})
+    if loaded:
+        faults.pop("initReturn", None)
+    else:
+        faults["initReturn"] = 9
+    profile.write_text(json.dumps(data))
+
+
+def test_a_plugin_started_without_the_driver_unprepares_refuses_prepares_and_picks_the_driver_up(
+        sandbox: SandboxNode, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A driver upgrade: a time-sliced claim was prepared, the plugin restarts while the kernel module is not
+    loaded. It registers, answers the kubelet's Unprepare from its claim state (spec deleted, devices released; the
+    time-slice reset, which needs NVML, kept), refuses Prepare per claim naming the reason with readiness
+    NOT_SERVING, and once the driver is loaded again undoes what it kept and prepares, without a restart."""
+    monkeypatch.setattr(driverstate, "RETRY_PERIOD_S", 0.1)
+    api = sandbox.api
+    assert api is not None
+    profile = Path(write_profile(tmp_path, "dgx-h100", name="node"))
+    config = sandbox.config(feature_gates=GATE_ON, mock_profile=str(profile), healthcheck_port=0)
+
+    async def body() -> None:
+        async with running(config) as (plugin, kubelet):
+            assert plugin.session is not None and plugin.registry is not None
+            gpu0 = getattr(plugin.registry.get("gpu-0"), "uuid", "")
+            ref = ref_of(allocate(sandbox, "sliced", [result("gpu-0")], [time_slicing("Long")]))
+            assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+            assert settings.compute_timeslice(plugin.session, gpu0) == 3
+        spec = GPU_DRIVER.cdi.spec_path(sandbox.cdi_root, ref.uid)
+        assert spec.exists()
+
+        _driver_loaded(profile, False)
+        plugin = await start_plugin(config)  # starts: no exit, no crash loop
+        try:
+            assert plugin.driver is not None and "Driver Not Loaded" in plugin.driver.reason()
+            port = plugin.servers.health_port
+            assert port is not None
+            events = [e for e in api.objects("Event") if e.get("reason") == "NvidiaDriverUnavailable"]
+            assert events and "Driver Not Loaded" in events[0]["message"], events
+            async with KubeletEmulator(config.kubelet_registrar_directory_path) as kubelet:
+                connection = await kubelet.wait_for_plugin("gpu.nvidia.com", timeout=10)
+                assert await _status(port, "readiness") == NOT_SERVING
+                assert await _status(port, "liveness") == SERVING
+                other = ref_of(allocate(sandbox, "waiting", [result("gpu-1")], []))
+                error = (await connection.prepare([other]))[other.uid].error
+                assert other.uid in error and "NVIDIA driver is not available" in error, error
+                assert "Driver Not Loaded" in error, error
+                assert plugin.state.get(other.uid) is None
+
+                assert await connection.unprepare([ref]) == {ref.uid: ""}
+                assert not spec.exists()
+                kept = plugin.state.get(ref.uid)
+                assert kept is not None and kept.devices == ()  # gpu-0 released
+                assert [r.kind for r in read_payload(kept.payload).undo] == ["gpu", "timeslicing"]
+
+                _driver_loaded(profile, True)  # the upgrade is done: the module is loaded
+                await wait_for(lambda: plugin.driver is not None and not plugin.driver.reason(), timeout=30)
+                assert plugin.state.get(ref.uid) is None  # the kept undo ran
+                assert plugin.session is not None and plugin.session.available
+                assert settings.compute_timeslice(plugin.session, gpu0) == 0
+                await wait_for(lambda: plugin.publisher.in_sync, timeout=30)
+                assert await _status(port, "readiness") == SERVING
+                answer = (await connection.prepare([other]))[other.uid]
+                assert answer.error == "" and [d.device_name for d in answer.devices] == ["gpu-1"]
+                assert await connection.unprepare([other]) == {other.uid: ""}
+        finally:
+            await plugin.stop()
+
+    asyncio.run(body())
+
+
+def test_a_plugin_starts_when_the_driver_root_has_no_nvml_library(sandbox: SandboxNode, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A driver container that has not populated the driver root yet: ``--nvml-library`` names a file that does
+    not exist. The plugin serves, not ready, and loads the library once it appears."""
+    monkeypatch.setattr(driverstate, "RETRY_PERIOD_S", 0.1)
+    library = tmp_path / "driver" / "libnvidia-ml.so.1"
+    config = sandbox.config(mock_profile="", nvml_library=str(library))
+
+    async def body() -> None:
+        plugin = await start_plugin(config)
+        try:
+            assert plugin.driver is not None and f"NVML library {library} does not exist" in plugin.driver.reason()
+            assert plugin.registry is not None and not plugin.registry.snapshot.gpus
+            library.parent.mkdir()
+            # the driver's SONAME link appears (to the mock: one library mapped in this process, as on a node)
+            library.symlink_to(mock.library_path())
+            await wait_for(lambda: plugin.driver is not None and not plugin.driver.reason(), timeout=30)
+            assert len(plugin.registry.snapshot.gpus) == 8
+        finally:
+            await plugin.stop()
+
+    monkeypatch.setenv(mock.PROFILE_ENV, str(mock.profile_path("dgx-h100")))
+    asyncio.run(body())
+
+
+def test_dynamic_mig_undo_and_sweep_wait_for_the_driver_and_run_once_it_is_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dynamic-MIG claim unprepared while the driver is not loaded: its spec goes and its placement is released at
+    once; its GPU instance is destroyed when the driver is back, and the start-up sweep, which saw no devices, runs
+    then too (a stray instance no claim owns is destroyed)."""
+    monkeypatch.setattr(driverstate, "RETRY_PERIOD_S", 0.1)
+    with SandboxNode(profile="dgx-h100", mig_state=True) as node:
+        api = node.api
+        assert api is not None
+        api.create(DEVICE_CLASS)
+        profile = Path(write_profile(tmp_path, "dgx-h100", name="node"))
+        config = node.config(feature_gates=MIG_GATES, mock_profile=str(profile))
+
+        async def body() -> None:
+            async with running(config) as (_plugin, kubelet):
+                ref = claim_for(node, "one-g", ONE_G.format(m=0, s=3))
+                assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+            _create_out_of_band(1, 19, 0, 1)  # a stray instance of another NVML client
+            assert len(state_lines(node, "gi")) == 2
+            _driver_loaded(profile, False)
+            plugin = await start_plugin(config)
+            try:
+                async with KubeletEmulator(config.kubelet_registrar_directory_path) as kubelet:
+                    connection = await kubelet.wait_for_plugin("gpu.nvidia.com", timeout=10)
+                    assert await connection.unprepare([ref]) == {ref.uid: ""}
+                    assert not GPU_DRIVER.cdi.spec_path(node.cdi_root, ref.uid).exists()
+                    kept = plugin.state.get(ref.uid)
+                    assert kept is not None and kept.devices == ()
+                    assert [r.kind for r in read_payload(kept.payload).undo] == ["dynamic-mig"]
+                    assert len(state_lines(node, "gi")) == 2  # nothing could be destroyed without the driver
+                    _driver_loaded(profile, True)
+                    await wait_for(lambda: plugin.driver is not None and not plugin.driver.reason(), timeout=30)
+                    assert state_lines(node, "gi") == []
+                    assert plugin.state.get(ref.uid) is None
+            finally:
+                await plugin.stop()
+
+        asyncio.run(body())
