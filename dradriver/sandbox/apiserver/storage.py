@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from dradriver.sandbox.apiserver import crds, resources
+from dradriver.sandbox.apiserver import crds, resources, webhooks
 from dradriver.sandbox.apiserver.admission import admit
 from dradriver.sandbox.apiserver.errors import JSONDict, already_exists, bad_request, conflict, not_found
 from dradriver.sandbox.apiserver.resources import ResourceType
@@ -44,6 +44,8 @@ class Storage:
         self.closing = False
         self._schema_version = schema_version
         self._seeding = False
+        self.webhook_routes: webhooks.ServiceRoutes = {}
+        """Where the webhooks of ValidatingWebhookConfigurations that name a Service listen (:mod:`.webhooks`)."""
 
     @contextmanager
     def seeding(self) -> Iterator[None]:
@@ -90,6 +92,11 @@ class Storage:
     def _admit(self, rt: ResourceType, obj: JSONDict, old: JSONDict | None) -> None:
         admit(rt, obj, old, schema_version=None if self._seeding else self._schema_version,
               custom_schema=not self._seeding)
+        if not self._seeding:
+            configs = [o for (t, _, _), o in self.objects.items() if t.kind == "ValidatingWebhookConfiguration"]
+            if configs:
+                webhooks.run_validating_webhooks(configs, rt, "CREATE" if old is None else "UPDATE", obj, old,
+                                                 self.webhook_routes)
 
     def _structure(self, rt: ResourceType, obj: JSONDict) -> None:
         """A custom resource with a CRD schema: prune undeclared fields (not while seeding), apply defaults."""
