@@ -222,7 +222,6 @@ def test_other_drivers_configs_are_not_looked_at(setup: Setup) -> None:
 
 
 def test_a_webhook_that_cannot_be_reached_fails_the_write_unless_its_policy_is_ignore(setup: Setup) -> None:
-    api = setup.api
     [configuration] = [o for o in yaml.safe_load_all(MANIFEST.read_text())
                        if o["kind"] == "ValidatingWebhookConfiguration"]
     hook = configuration["webhooks"][0]

@@ -35,6 +35,7 @@ from dradriver.sandbox.apiserver.errors import ApiStatusError, JSONDict
 from dradriver.sandbox.apiserver.resources import ResourceType
 
 CONFIG_GROUP = "admissionregistration.k8s.io"
+CONFIG_KIND = "ValidatingWebhookConfiguration"
 DEFAULT_TIMEOUT_S = 10
 
 #: ``(namespace, name)`` of a Service -> ``(host, port)`` where its webhook listens (set by tests).
