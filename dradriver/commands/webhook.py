@@ -31,8 +31,8 @@ FLAGS: tuple[config.Flag, ...] = (
     config.Flag("--tls-private-key-file", "TLS_PRIVATE_KEY_FILE", None, "PEM file with the private key of "
                 "--tls-cert-file (required; reloaded when it changes).", "path"),
     config.Flag("--port", "WEBHOOK_PORT", 443, "Secure port the webhook listens on (all addresses).", "int"),
-    config.Flag("--bind-address", "WEBHOOK_BIND_ADDRESS", "", "Address to listen on; empty means every IPv4 "
-                "address (dradriver; NVIDIA's listens on every address)."),
+    config.Flag("--bind-address", "WEBHOOK_BIND_ADDRESS", "", "Address to listen on; empty means every IPv6 and "
+                "IPv4 address, as NVIDIA's (dradriver's flag)."),
     _SHARED["feature_gates"], _SHARED["log_level"], _SHARED["log_format"],
 )
 
@@ -77,14 +77,18 @@ def run(args: argparse.Namespace) -> int:
     log = logging.getLogger("dradriver.webhook")
     try:
         certificates = CertificateFiles(Path(args.tls_cert_file), Path(args.tls_private_key_file))
-        server = WebhookServer((args.bind_address or "0.0.0.0", args.port), certificates, gates)
+        if args.bind_address:
+            server = WebhookServer((args.bind_address, args.port), certificates, gates)
+        else:
+            server = WebhookServer.on_every_address(args.port, certificates, gates)
     except (OSError, ssl.SSLError) as exc:
         log.error("cannot start the webhook: %s", exc)
         return 1
     stop = threading.Event()
     _entrypoint.stop_on_signals(stop)
-    host, port = server.server_address[:2]
-    log.info("serving the admission webhook on https://%s:%d (feature gates: %s)", host, port,
+    host, port = str(server.server_address[0]), int(server.server_address[1])
+    shown = f"[{host}]" if ":" in host else host
+    log.info("serving the admission webhook on https://%s:%d (feature gates: %s)", shown, port,
              args.feature_gates or "defaults")
     serve(server, stop)
     log.info("stopped")

@@ -14,10 +14,12 @@ written, the key not yet) keeps the previous context and is tried again at the n
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import socket
+import socketserver
 import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -90,6 +92,28 @@ class WebhookServer(ThreadingHTTPServer):
         self.certificates = certificates
         self.gates = gates
         super().__init__(address, _Handler)
+
+    def server_bind(self) -> None:
+        """Bind; ``::`` also takes IPv4 (dual stack, as Go's ``:port``). No reverse lookup of the address (the
+        library's ``getfqdn`` would ask DNS at start)."""
+        if self.address_family == socket.AF_INET6:
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = str(self.server_address[0]), int(self.server_address[1])
+
+    @classmethod
+    def on_every_address(cls, port: int, certificates: CertificateFiles, gates: FeatureGates) -> WebhookServer:
+        """Listen on ``port`` of every IPv6 and IPv4 address, or of every IPv4 address on a host without IPv6.
+
+        :raises OSError: the port cannot be bound.
+        """
+        if socket.has_ipv6:
+            try:
+                return cls(("::", port), certificates, gates)
+            except OSError as exc:
+                if exc.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
+                    raise
+        return cls(("0.0.0.0", port), certificates, gates)
 
     def get_request(self) -> tuple[socket.socket, Any]:
         """Accept and wrap in TLS; the handshake runs on the connection's own thread (:meth:`_Handler.setup`)."""

@@ -11,6 +11,8 @@ import base64
 import copy
 import json
 import shutil
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -144,8 +146,11 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
 # --- through the API emulator (resource.k8s.io/v1) ---------------------------------------------------------------
 
 
-def test_readyz_answers_ok_over_https(setup: Setup) -> None:
-    assert readyz(setup.port, setup.cert.context()) == "ok"
+def test_readyz_answers_ok_over_https_on_ipv4_and_ipv6(setup: Setup) -> None:
+    """Without --bind-address the webhook listens on every address of both families, as NVIDIA's ``:<port>``
+    (an IPv6-only cluster reaches it at the pod's IPv6 address)."""
+    for host in ("127.0.0.1", "[::1]"):
+        assert readyz(setup.port, setup.cert.context(), host) == "ok"
 
 
 def test_a_claim_and_a_template_with_valid_gpu_configs_are_created(setup: Setup) -> None:
@@ -330,3 +335,17 @@ def test_a_rotated_certificate_is_served_to_the_next_connection(tmp_path: Path) 
         assert readyz(port, new.context()) == "ok"
         with pytest.raises(urllib.error.URLError):
             readyz(port, old.context())
+
+
+@pytest.mark.parametrize(("args", "code", "problem"), [
+    ([], 2, "webhook: --tls-cert-file (env TLS_CERT_FILE) is required"),
+    (["--tls-cert-file=/c"], 2, "webhook: --tls-private-key-file (env TLS_PRIVATE_KEY_FILE) is required"),
+    (["--tls-cert-file=/c", "--tls-private-key-file=/k", "--port=70000"], 2,
+     "webhook: --port (env WEBHOOK_PORT) 70000 is not a TCP port"),
+    (["--tls-cert-file=/nonexistent/tls.crt", "--tls-private-key-file=/nonexistent/tls.key"], 1,
+     "cannot start the webhook: [Errno 2] No such file or directory: '/nonexistent/tls.crt'"),
+])
+def test_the_webhook_does_not_start_without_a_certificate_it_can_load(args: list[str], code: int, problem: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "dradriver", "webhook", *args], env=webhook_env(),
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == code and problem in proc.stderr, proc.stderr

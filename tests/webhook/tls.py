@@ -36,10 +36,10 @@ class Certificate:
 
 def make_certificate(directory: Path, names: Sequence[str] = (SERVICE_NAME, "localhost"), *,
                      stem: str = "tls") -> Certificate:
-    """A self-signed RSA certificate for ``names`` and 127.0.0.1, valid one day, made with ``openssl req``."""
+    """A self-signed RSA certificate for ``names``, 127.0.0.1 and ::1, valid one day, made with ``openssl req``."""
     directory.mkdir(parents=True, exist_ok=True)
     cert, key = directory / f"{stem}.crt", directory / f"{stem}.key"
-    san = ",".join([*(f"DNS:{n}" for n in names), "IP:127.0.0.1"])
+    san = ",".join([*(f"DNS:{n}" for n in names), "IP:127.0.0.1", "IP:::1"])
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
                     str(cert), "-days", "1", "-subj", f"/CN={names[0]}", "-addext", f"subjectAltName={san}"],
                    check=True, capture_output=True, timeout=60)
@@ -52,8 +52,8 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def readyz(port: int, context: ssl.SSLContext) -> str:
-    with urllib.request.urlopen(f"https://localhost:{port}/readyz", context=context, timeout=5) as answer:
+def readyz(port: int, context: ssl.SSLContext, host: str = "localhost") -> str:
+    with urllib.request.urlopen(f"https://{host}:{port}/readyz", context=context, timeout=5) as answer:
         return str(answer.read().decode())
 
 
