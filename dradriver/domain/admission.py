@@ -67,6 +67,9 @@ SPEC_PATHS = {"resourceclaims": "spec", "resourceclaimtemplates": "spec.spec"}
 CD_CHANNEL_CONFIG = "ComputeDomainChannelConfig"
 CD_DAEMON_CONFIG = "ComputeDomainDaemonConfig"
 
+UNCHECKED_OPERATIONS = ("DELETE", "CONNECT")
+"""Operations with no new object to check: allowed, should a configuration's rules send them."""
+
 REASON_INVALID = "Invalid"
 REASON_BAD_REQUEST = "BadRequest"
 
@@ -128,7 +131,13 @@ def answer_review(review: Mapping[str, Any], gates: FeatureGates = DEFAULT_GATES
 def admit_claim_parameters(request: Mapping[str, Any], gates: FeatureGates = DEFAULT_GATES) -> Verdict:
     """Validate the opaque configs of the ResourceClaim or ResourceClaimTemplate in an AdmissionReview request.
 
-    :param request: the review's ``request`` (``resource``: group, version, resource; ``object``).
+    An UPDATE that leaves the spec as it was (a finalizer added by the scheduler or removed at deletion, a
+    label) is allowed without a check: a claim stored before the webhook ran, or before the gates changed, must
+    stay writable, or it could neither be allocated nor deleted (NVIDIA's webhook checks every UPDATE). DELETE and
+    CONNECT are allowed.
+
+    :param request: the review's ``request`` (``resource``: group, version, resource; ``operation``; ``object``;
+        ``oldObject`` on UPDATE).
     :param gates: the feature gates the kubelet plugin runs with (they decide which sharing strategies pass).
     :returns: allowed, or refused with every failing config's error (module docstring).
     """
@@ -139,15 +148,23 @@ def admit_claim_parameters(request: Mapping[str, Any], gates: FeatureGates = DEF
     if group != RESOURCE_GROUP or version not in SERVED_VERSIONS or spec_path is None:
         return Verdict(False, "expected resource to be one of the supported versions for resourceclaims or "
                               f"resourceclaimtemplates, got {group}/{version}, Resource={plural}", REASON_BAD_REQUEST)
-    spec: object = request.get("object")
-    for part in spec_path.split("."):
-        spec = spec.get(part) if isinstance(spec, Mapping) else None
+    if request.get("operation") in UNCHECKED_OPERATIONS:
+        return Verdict(True)
+    spec = _spec_at(request.get("object"), spec_path)
+    if request.get("operation") == "UPDATE" and spec == _spec_at(request.get("oldObject"), spec_path):
+        return Verdict(True)  # a metadata write (finalizers, labels) of an object admitted before
     if not isinstance(spec, Mapping):
         return Verdict(False, f"{spec_path}: the {plural[:-1]} in the request has no spec", REASON_BAD_REQUEST)
     errors = config_errors(spec, spec_path, gates)
     if not errors:
         return Verdict(True)
     return Verdict(False, f"{len(errors)} configs failed to validate: {'; '.join(errors)}", REASON_INVALID)
+
+
+def _spec_at(obj: object, spec_path: str) -> object:
+    for part in spec_path.split("."):
+        obj = obj.get(part) if isinstance(obj, Mapping) else None
+    return obj
 
 
 def config_errors(spec: Mapping[str, Any], spec_path: str = "spec",

@@ -248,6 +248,18 @@ def test_a_webhook_that_cannot_be_reached_fails_the_write_unless_its_policy_is_i
         admission.delete_validating_webhook_configuration("unreachable")
 
 
+def test_a_claim_stored_before_the_webhook_stays_writable_and_deletable(setup: Setup) -> None:
+    """A claim whose config the webhook would refuse (stored before it ran, or before the gates changed) still
+    takes metadata writes: the scheduler's finalizer, its removal at deletion."""
+    bad = claim("before", claim_spec(opaque(gpu_config(sharing={"strategy": "MPS"}))))
+    setup.api.create(bad | {"metadata": {"name": "before", "namespace": NS}})  # in-process: no admission
+    resource = kubernetes.client.ResourceV1Api(setup.client)
+    resource.patch_namespaced_resource_claim("before", NS, {"metadata": {"finalizers": ["example.com/hold"]}})
+    resource.delete_namespaced_resource_claim("before", NS)
+    resource.patch_namespaced_resource_claim("before", NS, {"metadata": {"finalizers": None}})
+    assert setup.api.get("ResourceClaim", "before", NS) is None
+
+
 # --- every served version, straight over HTTPS -------------------------------------------------------------------
 
 
