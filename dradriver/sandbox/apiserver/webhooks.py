@@ -16,7 +16,8 @@ webhook's ``clientConfig.caBundle``:
   webhook's status code when it is 400 or more, else 400; its reason; the message ``admission webhook "<name>"
   denied the request: <message>``.
 
-Not evaluated: ``namespaceSelector``, ``objectSelector``, ``matchConditions``, ``matchPolicy`` (the emulator
+The call is made while the write holds the emulator's storage lock, so writes are admitted one at a time and a
+webhook must not call the emulator back (it would wait for the lock until its own timeout). Not evaluated: ``namespaceSelector``, ``objectSelector``, ``matchConditions``, ``matchPolicy`` (the emulator
 serves one version per resource), ``scope``. The ValidatingWebhookConfiguration objects themselves are never
 sent to webhooks, as in the API server.
 """
