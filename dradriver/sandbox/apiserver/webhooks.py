@@ -17,7 +17,9 @@ webhook's ``clientConfig.caBundle``:
   denied the request: <message>``.
 
 The call is made while the write holds the emulator's storage lock, so writes are admitted one at a time and a
-webhook must not call the emulator back (it would wait for the lock until its own timeout). Not evaluated: ``namespaceSelector``, ``objectSelector``, ``matchConditions``, ``matchPolicy`` (the emulator
+webhook must not call the emulator back (it would wait for the lock until its own timeout).
+
+Not evaluated: ``namespaceSelector``, ``objectSelector``, ``matchConditions``, ``matchPolicy`` (the emulator
 serves one version per resource), ``scope``. The ValidatingWebhookConfiguration objects themselves are never
 sent to webhooks, as in the API server.
 """
