@@ -272,8 +272,9 @@ def refuse_sharing_for_admin_access(request: str, config: DeviceConfig, where: s
     """The rule: a config that sets a GPU sharing strategy must not apply to a request with admin access.
 
     Admin access (KEP-5018) gives a device that other claims may be using, for monitoring; time-slicing or an MPS
-    control daemon would change how those claims' workloads run, so the two cannot be combined. One rule for the
-    webhook (at admission) and the kubelet plugin (at Prepare).
+    control daemon would change how those claims' workloads run, so the two cannot be combined (NVIDIA refuses it
+    at Prepare since kubernetes-sigs/dra-driver-nvidia-gpu#1280). This is the admission side, before allocation:
+    it names the request, where the plugin's Prepare names the allocation result and device.
 
     :param request: the admin-access request's name.
     :param config: the decoded config that applies to it.
@@ -284,6 +285,6 @@ def refuse_sharing_for_admin_access(request: str, config: DeviceConfig, where: s
     if strategy:
         raise DeviceConfigError(
             f"{where}.sharing.strategy",
-            f"sharing strategy {strategy!r} applies to request {request!r}, which has adminAccess: true; admin "
-            "access gives a device other claims may be using, whose sharing settings it must not change (remove "
-            "the sharing or name other requests in this config's requests)")
+            f"{json.dumps(strategy)} cannot apply to request {json.dumps(request)}: it has adminAccess, and an "
+            "admin-access claim never changes the device another claim may own (the time-slice, compute mode and "
+            "MPS daemon are per device); use a config without sharing for admin-access requests")
