@@ -1,5 +1,5 @@
 """NVIDIA's chart (dra-driver-nvidia-gpu v0.5.0-dev) rendered from its facts: the kubelet plugin's ``gpus`` and
-``compute-domains`` containers and the compute-domain controller's container.
+``compute-domains`` containers, the compute-domain controller's container and the optional webhook's container.
 
 Helm is not installed here and NVIDIA's templates are not ours to copy; this renders what
 ``../shared/reference/nvidia-image-contract.md`` and ``nvidia-dra-driver.md`` 9 say the templates produce
@@ -39,6 +39,7 @@ DEFAULTS: dict[str, Any] = {
         "metrics": {"enabled": True, "httpEndpoint": ":8080", "metricsPath": "/metrics", "profilePath": ""},
     },
     "chartName": "nvidia-dra-driver-gpu",
+    "webhook": {"enabled": False, "containerPort": 443},
     "kubeletPlugin": {
         "metrics": {"enabled": True, "gpuHttpEndpoint": ":8080", "computeDomainHttpEndpoint": ":8081",
                     "metricsPath": "/metrics"},
@@ -252,6 +253,29 @@ def controller_container(v: Mapping[str, Any], release_namespace: str) -> dict[s
         "imagePullPolicy": v["image"]["pullPolicy"],
         "command": ["compute-domain-controller", "-v", "$(LOG_VERBOSITY)"],
         "env": list(env),
+    }
+
+
+def webhook_container(v: Mapping[str, Any]) -> dict[str, Any]:
+    """The webhook Deployment's container (``webhook.enabled``; NVIDIA's ``templates/webhook-deployment.yaml``):
+    ``command: [webhook]`` with the TLS files of the Secret mounted at ``/cert`` and ``--port`` from
+    ``webhook.containerPort``, ``FEATURE_GATES`` when gates are set, HTTPS probes on ``/readyz``."""
+    port = int(v["webhook"]["containerPort"])
+    env = _Env()
+    if v["featureGates"]:
+        env.put("FEATURE_GATES", _gates(v))
+    probe = {"httpGet": {"path": "/readyz", "port": "webhook", "scheme": "HTTPS"}}
+    return {
+        "name": "webhook",
+        "image": full_image(v),
+        "imagePullPolicy": v["image"]["pullPolicy"],
+        "command": ["webhook"],
+        "args": ["--tls-cert-file=/cert/tls.crt", "--tls-private-key-file=/cert/tls.key", f"--port={port}"],
+        "env": list(env),
+        "ports": [{"name": "webhook", "containerPort": port}],
+        "livenessProbe": {**probe, "failureThreshold": 5},
+        "readinessProbe": {**probe, "failureThreshold": 3},
+        "volumeMounts": [{"name": "cert", "mountPath": "/cert", "readOnly": True}],
     }
 
 

@@ -1,8 +1,9 @@
 """NVIDIA's chart with dradriver's image: each container's exact command line, run against the sandbox.
 
 The ``gpus`` and ``compute-domains`` containers of the kubelet-plugin DaemonSet, the compute-domain controller's
-container, and the IMEX daemon container of the DaemonSet that controller creates (taken from the API after the
-controller reconciled a ComputeDomain, i.e. what dradriver's controller really makes).
+container, the IMEX daemon container of the DaemonSet that controller creates (taken from the API after the
+controller reconciled a ComputeDomain, i.e. what dradriver's controller really makes), and the optional admission
+webhook's container (``webhook.enabled``; its Secret at ``/cert`` is a certificate the test makes).
 
 :mod:`tests.deploy.chart` renders the chart's containers from the chart's facts with
 ``deploy/helm/values-dradriver.yaml`` merged over NVIDIA's defaults, for a host-installed driver
@@ -46,7 +47,7 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dradriver import config
-from dradriver.commands import compute_domain_controller, compute_domain_daemon
+from dradriver.commands import compute_domain_controller, compute_domain_daemon, webhook
 from dradriver.domain import computedomains as cds
 from dradriver.domain.identity import COMPUTE_DOMAIN_DRIVER
 from dradriver.nvml import mock
@@ -54,6 +55,7 @@ from dradriver.sandbox.kubelet import SyncKubeletEmulator
 from dradriver.sandbox.node import SandboxNode
 from tests.computedomain.cdplugin_helpers import write_imex_proc
 from tests.plugin.conftest import claim_object, ref_of, result, set_allocation
+from tests.webhook.tls import make_certificate, running_webhook
 
 from . import chart
 
@@ -171,7 +173,8 @@ def _flag_envs(flags: tuple[config.Flag, ...]) -> set[str]:
     (chart.gpus_container, config.PLUGIN_FLAGS),
     (chart.compute_domains_container, config.COMPUTE_DOMAIN_PLUGIN_FLAGS),
     (lambda v: chart.controller_container(v, NAMESPACE), compute_domain_controller.FLAGS),
-], ids=["gpus", "compute-domains", "controller"])
+    (chart.webhook_container, webhook.FLAGS),
+], ids=["gpus", "compute-domains", "controller", "webhook"])
 def test_every_variable_the_chart_sets_is_a_flag_twin_of_its_binary(render: Any,
                                                                      flags: tuple[config.Flag, ...]) -> None:
     operator = {"featureGates": {"MPSSupport": True}, "nvidiaCDIHookPath": "/usr/local/bin/nvidia-cdi-hook",
@@ -479,3 +482,36 @@ def test_chart_values_dradriver_refuses_stop_at_start_naming_the_value(sandbox: 
     proc = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert named in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_chart_webhook_command_line_serves_https_and_refuses_a_config_prepare_would(tmp_path: Path) -> None:
+    """``webhook.enabled: true`` with the values file: the chart's exact command line and environment (its gates
+    included) start dradriver's ``webhook``; the Secret mounted at ``/cert`` is the test's certificate."""
+    port = _free_port()
+    values = chart.values(yaml.safe_load(VALUES_FILE.read_text()), {"webhook": {"enabled": True,
+                                                                               "containerPort": port}})
+    container = chart.webhook_container(values)
+    env = chart.container_env(container, {})
+    assert env["FEATURE_GATES"].startswith("ComputeDomainCliques=true,")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _console_script(bin_dir, "webhook")
+    env.update({"PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin", "PYTHONPATH": str(REPO)})
+    cert = make_certificate(tmp_path / "cert")
+    argv = [*container["command"], *(a.replace("=/cert/", f"={tmp_path / 'cert'}/") for a in container["args"])]
+    assert argv[0] == "webhook" and argv[-1] == f"--port={port}"
+    log = tmp_path / "webhook.log"
+    with running_webhook(argv, env, port, cert.context(), log):
+        review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+            "uid": "3c1f", "resource": {"group": "resource.k8s.io", "version": "v1", "resource": "resourceclaims"},
+            "object": {"spec": {"devices": {"config": [{"opaque": {"driver": "gpu.nvidia.com", "parameters": {
+                "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+                "sharing": {"strategy": "MPS"}}}}]}}}}}
+        request = urllib.request.Request(f"https://localhost:{port}/validate-resource-claim-parameters",
+                                         data=json.dumps(review).encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, context=cert.context(), timeout=10) as answer:
+            response = json.loads(answer.read())["response"]
+    assert response["uid"] == "3c1f" and response["allowed"] is False
+    assert '"MPSSupport" feature gate is not enabled' in response["status"]["message"]
+    _klog_clean(log.read_text())

@@ -1,4 +1,4 @@
-"""``deploy/helm/README.md``'s flag tables against the code: for each of NVIDIA's four binaries, every flag (and
+"""``deploy/helm/README.md``'s flag tables against the code: for each of NVIDIA's five binaries, every flag (and
 alias) and environment variable dradriver's entry point defines appears in that binary's section, and every flag
 the section's table names in its first column is one the entry point defines (so the table neither forgets a flag
 nor promises one the code lacks)."""
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from dradriver import config
-from dradriver.commands import compute_domain_controller, compute_domain_daemon
+from dradriver.commands import compute_domain_controller, compute_domain_daemon, webhook
 
 README = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "README.md"
 SECTIONS = {
@@ -19,6 +19,7 @@ SECTIONS = {
     "compute-domain-kubelet-plugin": config.COMPUTE_DOMAIN_PLUGIN_FLAGS,
     "compute-domain-controller": compute_domain_controller.FLAGS,
     "compute-domain-daemon": compute_domain_daemon.DAEMON_FLAGS,
+    "webhook": webhook.FLAGS,
 }
 #: argparse's own options, in every table.
 BUILTIN = {"--help", "--version"}

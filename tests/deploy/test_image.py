@@ -24,7 +24,7 @@ DOCKERFILE = REPO / "deploy" / "container" / "Dockerfile"
 
 #: The executables NVIDIA's chart (and the DaemonSet of dradriver's compute-domain controller) run by name.
 CHART_EXECUTABLES = ("gpu-kubelet-plugin", "compute-domain-kubelet-plugin", "compute-domain-controller",
-                     "compute-domain-daemon")
+                     "compute-domain-daemon", "webhook")
 
 
 def test_every_executable_the_chart_runs_is_a_console_script() -> None:

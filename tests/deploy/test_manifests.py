@@ -101,6 +101,7 @@ def test_cluster_scoped_objects_carry_no_namespace() -> None:
         "PriorityClass",
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
+        "ValidatingWebhookConfiguration",
     }
     for target in TARGETS:
         for obj in render(target):

@@ -17,7 +17,8 @@ What it serves (paths and shapes as ``kube-apiserver`` 1.34 serves them):
   ``kubectl get`` shows for ResourceSlices, ResourceClaims, Pods and Events;
 * core ``v1``: ``namespaces``, ``nodes``, ``pods``, ``events``, ``configmaps``; ``events.k8s.io/v1``
   ``events``; ``resource.k8s.io/v1`` ``resourceslices``, ``deviceclasses``, ``resourceclaims``,
-  ``resourceclaimtemplates``;
+  ``resourceclaimtemplates``; ``admissionregistration.k8s.io/v1`` ``validatingwebhookconfigurations``, whose
+  webhooks are called over HTTPS on every matching create and update (:mod:`.webhooks`);
 * verbs: get, list (``labelSelector``, ``fieldSelector``), watch (``resourceVersion``, ``timeoutSeconds``;
   410 ``Expired`` when the history no longer reaches back), create (``generateName``), update (409 on a stale
   ``metadata.resourceVersion``), patch (JSON merge patch, strategic merge patch treated as merge patch, JSON

@@ -227,6 +227,12 @@ class ApiServerEmulator:
         with self._state.records_lock:
             self._state.records.clear()
 
+    def route_service(self, namespace: str, name: str, host: str, port: int) -> None:
+        """Reach Service ``namespace/name`` at ``host:port`` when a ValidatingWebhookConfiguration's
+        ``clientConfig.service`` names it (the emulator runs no Services; :mod:`.webhooks`)."""
+        with self._lock:
+            self._storage.webhook_routes[(namespace, name)] = (host, port)
+
     # --------------------------------------------------------------------------- in-process helpers
     def resource_type(self, kind: str, api_version: str | None = None) -> ResourceType:
         """Find a resource by kind (``"ResourceSlice"``), plural (``"resourceslices"``), ``plural.group``

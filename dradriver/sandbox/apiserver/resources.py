@@ -159,6 +159,8 @@ RESOURCE_TYPES: tuple[ResourceType, ...] = (
     ResourceType("apps", "v1", "deployments", "deployment", "Deployment", True, status=True, short_names=("deploy",)),
     ResourceType("apps", "v1", "daemonsets", "daemonset", "DaemonSet", True, status=True, short_names=("ds",)),
     ResourceType("coordination.k8s.io", "v1", "leases", "lease", "Lease", True),
+    ResourceType("admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations",
+                 "validatingwebhookconfiguration", "ValidatingWebhookConfiguration", False),
     ResourceType("apiextensions.k8s.io", "v1", "customresourcedefinitions", "customresourcedefinition",
                  "CustomResourceDefinition", False, status=True, short_names=("crd", "crds")),
     ResourceType("resource.nvidia.com", "v1beta1", "computedomains", "computedomain", "ComputeDomain", True,

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from dradriver.sandbox.apiserver import crds, resources
+from dradriver.sandbox.apiserver import crds, resources, webhooks
 from dradriver.sandbox.apiserver.admission import admit
 from dradriver.sandbox.apiserver.errors import JSONDict, already_exists, bad_request, conflict, not_found
 from dradriver.sandbox.apiserver.resources import ResourceType
@@ -44,6 +44,10 @@ class Storage:
         self.closing = False
         self._schema_version = schema_version
         self._seeding = False
+        self.webhook_routes: webhooks.ServiceRoutes = {}
+        """Where the webhooks of ValidatingWebhookConfigurations that name a Service listen (:mod:`.webhooks`)."""
+        self._webhook_configs: dict[str, JSONDict] = {}
+        """The stored ValidatingWebhookConfigurations by name (kept by :meth:`_record`: no scan per write)."""
 
     @contextmanager
     def seeding(self) -> Iterator[None]:
@@ -61,6 +65,12 @@ class Storage:
 
     def _record(self, rt: ResourceType, type_: str, obj: JSONDict, old: JSONDict | None = None) -> None:
         self.log.append(rt, type_, obj, old)
+        if rt.kind == webhooks.CONFIG_KIND and rt.group == webhooks.CONFIG_GROUP:
+            name = str(obj["metadata"].get("name", ""))
+            if type_ == "DELETED":
+                self._webhook_configs.pop(name, None)
+            else:
+                self._webhook_configs[name] = obj
         for key in (_wake_key(rt), _wake_key(rt, str(obj["metadata"].get("name", "")))):
             waiting = self._changed.get(key)
             if waiting is not None:
@@ -90,6 +100,9 @@ class Storage:
     def _admit(self, rt: ResourceType, obj: JSONDict, old: JSONDict | None) -> None:
         admit(rt, obj, old, schema_version=None if self._seeding else self._schema_version,
               custom_schema=not self._seeding)
+        if not self._seeding and self._webhook_configs:
+            webhooks.run_validating_webhooks(list(self._webhook_configs.values()), rt,
+                                             "CREATE" if old is None else "UPDATE", obj, old, self.webhook_routes)
 
     def _structure(self, rt: ResourceType, obj: JSONDict) -> None:
         """A custom resource with a CRD schema: prune undeclared fields (not while seeding), apply defaults."""
