@@ -283,8 +283,4 @@ def refuse_sharing_for_admin_access(request: str, config: DeviceConfig, where: s
     """
     strategy = config.sharing.strategy if config.sharing is not None else ""
     if strategy:
-        raise DeviceConfigError(
-            f"{where}.sharing.strategy",
-            f"{json.dumps(strategy)} cannot apply to request {json.dumps(request)}: it has adminAccess, and an "
-            "admin-access claim never changes the device another claim may own (the time-slice, compute mode and "
-            "MPS daemon are per device); use a config without sharing for admin-access requests")
+        raise configs.admin_sharing_refusal(where, json.dumps(strategy), f"request {json.dumps(request)}")

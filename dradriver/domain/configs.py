@@ -569,12 +569,24 @@ def refuse_admin_sharing(claim: Claim, entry: ConfigEntry, plan: SharingPlan, re
         return
     first = claim.results[admin[0]]
     origin = " (from the DeviceClass)" if entry.source == "FromClass" else ""
-    raise DeviceConfigError(
-        f"{entry.parameters_at}.sharing.strategy",
-        f"{_q(plan.strategy)}{origin} cannot apply to status.allocation.devices.results[{admin[0]}] (request "
-        f"{_q(first.request)}, device {_q(first.device)}): it has adminAccess, and an admin-access claim never "
-        "changes the device another claim may own (the time-slice, compute mode and MPS daemon are per device); "
-        "use a config without sharing for admin-access requests")
+    raise admin_sharing_refusal(
+        entry.parameters_at, f"{_q(plan.strategy)}{origin}",
+        f"status.allocation.devices.results[{admin[0]}] (request {_q(first.request)}, device {_q(first.device)})")
+
+
+def admin_sharing_refusal(parameters_at: str, strategy: str, target: str) -> DeviceConfigError:
+    """The one wording of the admin-access rule (:func:`refuse_admin_sharing`), at Prepare and at admission.
+
+    :param parameters_at: the field path of the config's parameters; the error is at its ``.sharing.strategy``.
+    :param strategy: the strategy as quoted in the message (with where the config came from, if not the claim).
+    :param target: what it cannot apply to: an allocation result and its device (Prepare) or a request
+        (admission, before allocation).
+    """
+    return DeviceConfigError(
+        f"{parameters_at}.sharing.strategy",
+        f"{strategy} cannot apply to {target}: it has adminAccess, and an admin-access claim never changes the "
+        "device another claim may own (the time-slice, compute mode and MPS daemon are per device); use a config "
+        "without sharing for admin-access requests")
 
 
 def select_configs(claim: Claim, devices: Mapping[str, GpuDevice | MigDevice],
