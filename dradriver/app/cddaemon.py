@@ -21,7 +21,13 @@ run|check``).
    (:mod:`dradriver.app.cdcontroller`: ``status`` mirrors this pod's Ready condition, i.e. the probe's
    ``check``);
    rewrite the hosts file with the name -> IP mapping of the same-clique daemons (an entry without IP or index
-   maps to the unused-slot IP); start ``nvidia-imex`` once, and send it SIGUSR1 only when the mapping changes;
+   maps to the unused-slot IP); start ``nvidia-imex`` once, send it SIGUSR1 when the peers' addresses change
+   (only once it has installed its handler: before that SIGUSR1 kills it), and restart it when this daemon's own
+   name changes (its index assigned after the start, or changed: nvidia-imex reads its own identity at start
+   only); an ``nvidia-imex`` that keeps exiting is started again with a back-off (1 s doubling to 60 s), and each
+   exit's cause (its last ``ERROR`` line) goes into the readiness record, the process record the probe reads,
+   a condition of its clique entry (``IMEXDaemonRunning`` False/``IMEXDaemonFailed``, which the controller copies
+   into ``ComputeDomain.status.nodes[]``) and a Warning Event about the ComputeDomain (:class:`ImexReporter`);
 5. on SIGTERM: withdraw its fields (an apply without the item, only if the entry still has this pod's IP),
    stop ``nvidia-imex``. The controller's index reservation stays until the node runs no daemon pod.
 
@@ -36,14 +42,17 @@ reconcile_membership(uids=None)`` assigns indexes, clears failed nodes and aggre
 domains in one pass (``reconcile_clique(clique, pods)``: one clique without its domain's status;
 ``index_applies``, ``clique_patches``, ``status_writes`` count its writes).
 
-``check`` runs ``nvidia-imex-ctl -c <imexd>/imexd.cfg -q`` and succeeds only when it prints exactly
-``READY\\n``; with no clique it succeeds at once. ``run`` holds the liveness lock of its domain directory
-(:func:`~dradriver.host.imexchannels.hold_daemon_lock`) while it lives. Each ``check``, the start of ``run`` (after
-the configs, before anything else) and its end write the readiness record ``<imexd>/daemon-readiness.json``
-(:class:`~dradriver.domain.imex.DaemonRecord`: ready only from a check that passed) for the compute-domain plugin
-on the same node, which reads it before the API (:func:`record_readiness`; dradriver's own: NVIDIA's plugin
-reads the clique entry's ``status`` only). In-process drivers call :func:`record_readiness` where ``check``
-would run.
+``check`` succeeds only when this pod's own ``nvidia-imex`` (the PID in its process record
+``<imexd>/nvidia-imex.json``) runs and itself listens on the command port, and ``nvidia-imex-ctl -c
+<imexd>/imexd.cfg -q`` prints exactly ``READY\\n`` (:func:`~dradriver.host.imexprocess.check_own_daemon`: another
+daemon on the same address, such as a host ``nvidia-imex.service``, cannot answer for it); while ``nvidia-imex`` is
+down it fails with the whole cause of its last exit; with no clique it succeeds at once. ``run`` holds the liveness
+lock of its domain directory (:func:`~dradriver.host.imexchannels.hold_daemon_lock`) while it lives. Each ``check``,
+the start of ``run`` (after the configs, before anything else), each exit of ``nvidia-imex`` and its end write the
+readiness record ``<imexd>/daemon-readiness.json`` (:class:`~dradriver.domain.imex.DaemonRecord`: ready only from a
+check that passed) for the compute-domain plugin on the same node, which reads it before the API
+(:func:`record_readiness`; dradriver's own: NVIDIA's plugin reads the clique entry's ``status`` only). In-process
+drivers call :func:`record_readiness` where ``check`` would run.
 
 Differences from NVIDIA: NVIDIA's daemon inserts its entry (and picks its index) by read-modify-write of the
 shared clique with conflict retries (ksigs#816: minutes of convergence from conflicts; #1418: index swaps);
@@ -51,8 +60,11 @@ here each daemon applies only its own fields, once, and the controller alone ass
 daemon pod's Ready condition into its entry (NVIDIA's daemon writes its entry again at every status flip). The
 clique is watched as NVIDIA's informer watches it (its events acted on at once), with a plain GET as the
 resync (60 s; NVIDIA's informer resync 4 min) and as the fallback poll while the watch is down; the own Pod is
-not read at all; only the default gate settings
-(ComputeDomainCliques and IMEXDaemonsWithDNSNames on) are implemented: the status-nodes and IP-list modes are not.
+not read at all; NVIDIA's daemon sends SIGUSR1 also to a process that has not installed its handler yet (which
+kills it), never restarts it for an index change, restarts a failing one every second forever and reports its
+failure in the container log only; its probe asks whatever answers on the pod's command address. Only the
+default gate settings (ComputeDomainCliques and IMEXDaemonsWithDNSNames on) are implemented: the status-nodes and
+IP-list modes are not.
 """
 
 from __future__ import annotations
