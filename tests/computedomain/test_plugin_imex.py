@@ -17,6 +17,8 @@ from dradriver.errors import FlagError
 from dradriver.host import imexchannels
 from dradriver.sandbox.node import SandboxNode
 from tests.computedomain.cdplugin_helpers import (
+    DRIVER_NAMESPACE,
+    GB200_CLIQUE,
     cd_config,
     running,
     seed_claim,
@@ -94,5 +96,30 @@ def test_a_waiting_prepare_reports_the_daemons_whole_failure(node: SandboxNode) 
         async with running(cd_config(node, prepare_deadline_seconds=1)) as (_plugin, conn):
             got = (await conn.prepare([ref]))[ref.uid]
             assert not got.ok and reason in got.error
+
+    asyncio.run(body())
+
+
+def test_without_a_readiness_record_the_prepare_error_carries_the_entrys_failure_condition(node: SandboxNode) -> None:
+    """A daemon that writes no readiness record (NVIDIA's image, or another host's view): the clique entry's
+    condition, which the daemon writes and the controller copies into the domain's status, is in the error."""
+    api = node.api
+    assert api is not None
+    uid = seed_domain(api)
+    seed_clique(api, uid, node.node_name, "NotReady")
+    clique = api.get("ComputeDomainClique", f"{uid}.{GB200_CLIQUE}", DRIVER_NAMESPACE)
+    assert clique is not None
+    message = ("nvidia-imex (pid 9) exited with status 1 after 0.1 s (3 failure(s) in a row; next start in 4 s): "
+               "cannot start an IMEX session: the fabric-imex-mgmt capability /dev/nvidia-caps/nvidia-cap1 is in "
+               "use by another IMEX daemon (pid 1234); one nvidia-imex runs per node")
+    clique["daemons"][0]["conditions"] = [{"type": "IMEXDaemonRunning", "status": "False", "reason": "IMEXDaemonFailed",
+                                           "message": message, "lastTransitionTime": "2026-12-04T21:00:00Z"}]
+    api.update(clique)
+    ref = seed_claim(api, "wl-0", uid)
+
+    async def body() -> None:
+        async with running(cd_config(node, prepare_deadline_seconds=1)) as (_plugin, conn):
+            got = (await conn.prepare([ref]))[ref.uid]
+            assert not got.ok and f"is not Ready; IMEXDaemonFailed: {message}" in got.error
 
     asyncio.run(body())
