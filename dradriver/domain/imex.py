@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from dradriver.domain.computedomains import (
     DNS_NAME_PREFIX,
@@ -105,12 +106,7 @@ class DaemonRecord:
 
         :raises ValueError: not such an object (names the field).
         """
-        try:
-            obj = json.loads(data)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ValueError(f"not JSON: {exc}") from None
-        if not isinstance(obj, dict):
-            raise ValueError("not a JSON object")
+        obj = _json_object(data)
         for key, kind in (("nodeName", str), ("podUID", str), ("podIP", str), ("ready", bool)):
             if not isinstance(obj.get(key), kind):
                 raise ValueError(f"{key}: missing or not a {kind.__name__}")
@@ -159,16 +155,22 @@ class ImexProcessRecord:
 
         :raises ValueError: not such an object (names the field).
         """
-        try:
-            obj = json.loads(data)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ValueError(f"not JSON: {exc}") from None
-        if not isinstance(obj, dict):
-            raise ValueError("not a JSON object")
+        obj = _json_object(data)
         for key, kinds in (("podUID", (str,)), ("pid", (int,)), ("failure", (str,)), ("writtenAt", (int, float))):
             if isinstance(obj.get(key), bool) or not isinstance(obj.get(key), kinds):
                 raise ValueError(f"{key}: missing or not a {kinds[0].__name__}")
         return cls(obj["podUID"], obj["pid"], obj["failure"], float(obj["writtenAt"]))
+
+
+def _json_object(data: bytes | str) -> dict[str, Any]:
+    """One JSON object. :raises ValueError: not JSON, or not an object."""
+    try:
+        obj = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ValueError("not a JSON object")
+    return obj
 
 
 def own_name(mapping: Mapping[str, str], ip: str) -> str | None:

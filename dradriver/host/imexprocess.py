@@ -354,11 +354,7 @@ class ImexProcess:
             proc = self._proc
         if proc is None:
             return None
-        if proc.poll() is None:
-            try:
-                os.kill(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+        _sigterm(proc)
         try:
             code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -367,13 +363,18 @@ class ImexProcess:
         return code
 
 
-def _terminate(proc: subprocess.Popen[bytes], timeout_s: float) -> int:
-    """``SIGTERM``, wait up to ``timeout_s``, then ``SIGKILL``; returns the exit status."""
+def _sigterm(proc: subprocess.Popen[bytes]) -> None:
+    """``SIGTERM`` to ``proc`` unless it has ended."""
     if proc.poll() is None:
         try:
             os.kill(proc.pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
+
+
+def _terminate(proc: subprocess.Popen[bytes], timeout_s: float) -> int:
+    """``SIGTERM``, wait up to ``timeout_s``, then ``SIGKILL``; returns the exit status."""
+    _sigterm(proc)
     try:
         return proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:

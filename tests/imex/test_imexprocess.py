@@ -75,7 +75,7 @@ def test_an_imex_that_keeps_failing_is_restarted_with_a_growing_back_off_and_its
     recovered = threading.Event()
     process = ImexProcess([str(bin_dir / "nvidia-imex"), "-c", str(pod.config)],
                           env={**os.environ, "DRADRIVER_HOSTS_FILE": str(pod.hosts), SESSION_ENV: str(session)},
-                          watchdog_interval_s=0.05, backoff_max_s=0.4, stable_s=1.0, on_exit=exits.append,
+                          watchdog_interval_s=0.05, backoff_max_s=0.4, stable_s=5.0, on_exit=exits.append,
                           on_recovered=recovered.set)
     try:
         process.ensure_started()
