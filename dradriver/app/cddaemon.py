@@ -550,6 +550,7 @@ class ImexReporter:
         self._since = ""
         self._pid = 0
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="imex-report")
+        self._closed = False
 
     def write_process(self, pid: int, failure: str) -> None:
         """Write the process record now (a failure to write is logged)."""
@@ -575,7 +576,7 @@ class ImexReporter:
         self._cause = exited.cause
         if exited.failures == 1 or not self._since:
             self._since = _now_rfc3339()
-        self._pool.submit(self._publish, "False", cd.REASON_IMEX_FAILED, reason, "Warning" if tell else "")
+        self._submit("False", cd.REASON_IMEX_FAILED, reason, "Warning" if tell else "")
 
     def recovered(self) -> None:
         """A process started after failures has run long enough (``on_recovered``)."""
@@ -583,7 +584,15 @@ class ImexReporter:
         self._since = _now_rfc3339()
         self.write_process(self._pid, "")
         message = f"nvidia-imex runs again (pid {self._pid}); it had failed: {failure}"
-        self._pool.submit(self._publish, "True", cd.REASON_IMEX_RUNNING, message, "Normal")
+        self._submit("True", cd.REASON_IMEX_RUNNING, message, "Normal")
+
+    def _submit(self, status: str, reason: str, message: str, event_type: str) -> None:
+        if self._closed:
+            return
+        try:
+            self._pool.submit(self._publish, status, reason, message, event_type)
+        except RuntimeError:  # closed meanwhile
+            pass
 
     def _publish(self, status: str, reason: str, message: str, event_type: str) -> None:
         self.membership.report([cd.DaemonCondition(cd.IMEX_DAEMON_CONDITION, status, reason, message, self._since)])
@@ -602,7 +611,8 @@ class ImexReporter:
                         self.settings.cd_name, exc)
 
     def close(self) -> None:
-        """Finish the reports in flight."""
+        """Finish the reports in flight; later ones are not sent (the local records still are)."""
+        self._closed = True
         self._pool.shutdown(wait=True)
 
 
@@ -687,13 +697,13 @@ def run_daemon(settings: DaemonSettings, client: KubeClient, stop: threading.Eve
             else:
                 observed = watch.wait(stop)
     finally:
+        reporter.close()  # no report after the withdrawal (it would apply the entry again)
         try:
             withdraw_entry(client, settings)
         except kube_errors.KubeAPIError as exc:
             log.warning("cannot withdraw the clique entry: %s", exc)
         record_readiness(settings, False, "stopped")
         process.stop()
-        reporter.close()
         reporter.write_process(0, "stopped")
         if liveness is not None:
             os.close(liveness)
