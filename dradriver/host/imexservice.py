@@ -1,11 +1,12 @@
 """A host ``nvidia-imex`` systemd service, seen from the compute-domain plugin's mount of the driver root.
 
 The IMEX package registers ``nvidia-imex.service`` (NVIDIA IMEX guide, "Getting Started with IMEX": "register the
-service as a systemd service called nvidia-imex"), and some OS images enable it (Azure's GB200 images, AWS
-ParallelCluster; Bottlerocket ships it inactive). The driver serves one IMEX daemon per node, so while it runs the
-IMEX daemon pods of driver-managed ComputeDomains cannot start; NVIDIA's ComputeDomain prerequisites tell the
-operator to disable it (NVIDIA/cloud-native-docs#400, #502) or to run the driver host-managed
-(kubernetes-sigs/dra-driver-nvidia-gpu#1236).
+service as a systemd service called nvidia-imex"); GB200 VM images with the IMEX packages preinstalled ship it
+(Crusoe's "Setting up IMEX" guide runs ``systemctl enable nvidia-imex``; AWS ParallelCluster installs and configures
+it), while Bottlerocket ships it inactive (bottlerocket-os/bottlerocket-kernel-kit#428). The driver serves one IMEX
+daemon per node, so while it runs the IMEX daemon pods of driver-managed ComputeDomains cannot start; NVIDIA's
+ComputeDomain prerequisites tell the operator to disable it (NVIDIA/cloud-native-docs#400, #502) or to run the
+driver host-managed (kubernetes-sigs/dra-driver-nvidia-gpu#1236).
 
 Where it is seen: with pre-installed drivers the driver root (``NVIDIA_DRIVER_ROOT`` ``/``, mounted read-only and
 recursively at ``DRIVER_ROOT_CTR_PATH`` ``/driver-root``) is the host's root, which holds systemd's files:
