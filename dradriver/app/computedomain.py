@@ -1,7 +1,6 @@
 """The ``compute-domain.nvidia.com`` kubelet plugin (``dradriver compute-domain-kubelet-plugin``): its composition.
 
-Steps, in order (stopped in reverse): driver-managed IMEX refused beside a running host ``nvidia-imex.service``
-(:func:`refuse_beside_host_imex`) -> compiled hot paths -> plugin and CDI directories -> NVML session -> the
+Steps, in order (stopped in reverse): compiled hot paths -> plugin and CDI directories -> NVML session -> the
 node's clique ID from fabric info (strict rules with the gate ``CrashOnNVLinkFabricErrors``: a registration still
 in progress stops the start-up) -> IMEX facts (channel major and count, ``fabric-imex-mgmt`` minor) -> the base CDI
 spec ``k8s.compute-domain.nvidia.com-device_base.json`` (device ``all``) -> Kubernetes client and this Node ->
@@ -214,8 +213,7 @@ async def start_compute_domain_plugin(config: PluginConfig, identity: DriverIden
 
     :raises dradriver.errors.DradriverError: a part cannot start: no NVML, a fabric registration not completed or a
         fabric error (strict mode), GPUs disagreeing on the clique, no API access, a socket in use, a driver too old
-        for DNS-named IMEX daemons, ``--imex-mode hostManaged`` without the gate, driver-managed IMEX beside a
-        running host ``nvidia-imex.service`` (:func:`refuse_beside_host_imex`); nothing is left running.
+        for DNS-named IMEX daemons, ``--imex-mode hostManaged`` without the gate; nothing is left running.
     """
     if config.driver_name != identity.driver_name:
         config = dataclasses.replace(config, driver_name=identity.driver_name)
@@ -225,7 +223,7 @@ async def start_compute_domain_plugin(config: PluginConfig, identity: DriverIden
         raise FlagError(CHANNEL_NEEDS_HOST_MANAGED)
     if host_managed and not config.feature_gates[HOST_MANAGED_IMEX_DAEMON]:
         raise FlagError("--imex-mode hostManaged needs the feature gate HostManagedIMEXDaemon")
-    refuse_beside_host_imex(config)
+    refuse_beside_host_imex(config)  # FlagError before anything on the host is touched
     implementations = _native.load_all()
     log.info("hot paths: %s", ", ".join(f"{k}={v}" for k, v in implementations.items()))
     life = Lifecycle(identity.driver_name)
