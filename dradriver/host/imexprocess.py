@@ -261,11 +261,9 @@ class ImexProcess:
         deadline = time.monotonic() + self.handler_wait_s
         while True:
             handled = signal_handled(proc.pid, signal.SIGUSR1, self.proc_root)
-            if handled or proc.poll() is not None:
-                break
+            if handled is not False or proc.poll() is not None:
+                break  # handled, or gone (the watchdog's), or no procfs to tell (signalled as NVIDIA's does)
             if time.monotonic() >= deadline:
-                if handled is None:
-                    break  # no procfs: nothing to wait for any longer
                 log.warning("nvidia-imex (pid %d) has installed no SIGUSR1 handler after %.1f s: restarting it "
                             "instead of signalling it", proc.pid, self.handler_wait_s)
                 self.restart("it did not become ready for SIGUSR1")

@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -61,6 +62,22 @@ def test_sigusr1_right_after_a_fresh_start_waits_for_the_handler_instead_of_kill
         assert process.last_exit is None  # not killed by SIGUSR1's default action (status -10)
     finally:
         assert process.stop(timeout_s=10) == 0
+
+
+def test_a_process_that_never_handles_sigusr1_is_restarted_instead_of_killed(tmp_path: Path) -> None:
+    script = tmp_path / "no-handler.py"
+    script.write_text("import time\nwhile True: time.sleep(0.05)\n")
+    exits: list[ImexExit] = []
+    process = ImexProcess([sys.executable, "-S", str(script)], watchdog_interval_s=0.05, handler_wait_s=0.3,
+                          on_exit=exits.append)
+    try:
+        process.ensure_started()
+        first = process.pid
+        assert process.reload() is False
+        assert process.pid not in (None, first) and process.restarts == 1 and process.reloads == 0
+        assert not exits  # a restart asked for is no failure; nothing died of SIGUSR1's default action
+    finally:
+        process.stop(timeout_s=10)
 
 
 def test_an_imex_that_keeps_failing_is_restarted_with_a_growing_back_off_and_its_cause_reported(
