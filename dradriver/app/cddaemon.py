@@ -21,7 +21,13 @@ run|check``).
    (:mod:`dradriver.app.cdcontroller`: ``status`` mirrors this pod's Ready condition, i.e. the probe's
    ``check``);
    rewrite the hosts file with the name -> IP mapping of the same-clique daemons (an entry without IP or index
-   maps to the unused-slot IP); start ``nvidia-imex`` once, and send it SIGUSR1 only when the mapping changes;
+   maps to the unused-slot IP); start ``nvidia-imex`` once, send it SIGUSR1 when the peers' addresses change
+   (only once it has installed its handler: before that SIGUSR1 kills it), and restart it when this daemon's own
+   name changes (its index assigned after the start, or changed: nvidia-imex reads its own identity at start
+   only); an ``nvidia-imex`` that keeps exiting is started again with a back-off (1 s doubling to 60 s), and each
+   exit's cause (its last ``ERROR`` line) goes into the readiness record, the process record the probe reads,
+   a condition of its clique entry (``IMEXDaemonRunning`` False/``IMEXDaemonFailed``, which the controller copies
+   into ``ComputeDomain.status.nodes[]``) and a Warning Event about the ComputeDomain (:class:`ImexReporter`);
 5. on SIGTERM: withdraw its fields (an apply without the item, only if the entry still has this pod's IP),
    stop ``nvidia-imex``. The controller's index reservation stays until the node runs no daemon pod.
 
@@ -36,14 +42,17 @@ reconcile_membership(uids=None)`` assigns indexes, clears failed nodes and aggre
 domains in one pass (``reconcile_clique(clique, pods)``: one clique without its domain's status;
 ``index_applies``, ``clique_patches``, ``status_writes`` count its writes).
 
-``check`` runs ``nvidia-imex-ctl -c <imexd>/imexd.cfg -q`` and succeeds only when it prints exactly
-``READY\\n``; with no clique it succeeds at once. ``run`` holds the liveness lock of its domain directory
-(:func:`~dradriver.host.imexchannels.hold_daemon_lock`) while it lives. Each ``check``, the start of ``run`` (after
-the configs, before anything else) and its end write the readiness record ``<imexd>/daemon-readiness.json``
-(:class:`~dradriver.domain.imex.DaemonRecord`: ready only from a check that passed) for the compute-domain plugin
-on the same node, which reads it before the API (:func:`record_readiness`; dradriver's own: NVIDIA's plugin
-reads the clique entry's ``status`` only). In-process drivers call :func:`record_readiness` where ``check``
-would run.
+``check`` succeeds only when this pod's own ``nvidia-imex`` (the PID in its process record
+``<imexd>/nvidia-imex.json``) runs and itself listens on the command port, and ``nvidia-imex-ctl -c
+<imexd>/imexd.cfg -q`` prints exactly ``READY\\n`` (:func:`~dradriver.host.imexprocess.check_own_daemon`: another
+daemon on the same address, such as a host ``nvidia-imex.service``, cannot answer for it); while ``nvidia-imex`` is
+down it fails with the whole cause of its last exit; with no clique it succeeds at once. ``run`` holds the liveness
+lock of its domain directory (:func:`~dradriver.host.imexchannels.hold_daemon_lock`) while it lives. Each ``check``,
+the start of ``run`` (after the configs, before anything else), each exit of ``nvidia-imex`` and its end write the
+readiness record ``<imexd>/daemon-readiness.json`` (:class:`~dradriver.domain.imex.DaemonRecord`: ready only from a
+check that passed) for the compute-domain plugin on the same node, which reads it before the API
+(:func:`record_readiness`; dradriver's own: NVIDIA's plugin reads the clique entry's ``status`` only). In-process
+drivers call :func:`record_readiness` where ``check`` would run.
 
 Differences from NVIDIA: NVIDIA's daemon inserts its entry (and picks its index) by read-modify-write of the
 shared clique with conflict retries (ksigs#816: minutes of convergence from conflicts; #1418: index swaps);
@@ -51,18 +60,23 @@ here each daemon applies only its own fields, once, and the controller alone ass
 daemon pod's Ready condition into its entry (NVIDIA's daemon writes its entry again at every status flip). The
 clique is watched as NVIDIA's informer watches it (its events acted on at once), with a plain GET as the
 resync (60 s; NVIDIA's informer resync 4 min) and as the fallback poll while the watch is down; the own Pod is
-not read at all; only the default gate settings
-(ComputeDomainCliques and IMEXDaemonsWithDNSNames on) are implemented: the status-nodes and IP-list modes are not.
+not read at all; NVIDIA's daemon sends SIGUSR1 also to a process that has not installed its handler yet (which
+kills it), never restarts it for an index change, restarts a failing one every second forever and reports its
+failure in the container log only; its probe asks whatever answers on the pod's command address. Only the
+default gate settings (ComputeDomainCliques and IMEXDaemonsWithDNSNames on) are implemented: the status-nodes and
+IP-list modes are not.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -71,15 +85,25 @@ from dradriver.domain import imex
 from dradriver.domain.computedomains import CliqueDaemon
 from dradriver.errors import DradriverError
 from dradriver.host import imexchannels
-from dradriver.host.imexprocess import ImexProcess, query_ready, write_config_file, write_hosts_file
+from dradriver.host.imexprocess import (
+    BACKOFF_MAX_S,
+    STABLE_S,
+    WATCHDOG_INTERVAL_S,
+    ImexExit,
+    ImexProcess,
+    check_own_daemon,
+    write_config_file,
+    write_hosts_file,
+)
 from dradriver.kube import computedomains as kube_cd
 from dradriver.kube import errors as kube_errors
-from dradriver.kube import pods
+from dradriver.kube import events, pods
 from dradriver.kube.client import JSONDict, KubeClient
 
 __all__ = ["CDI_HINT", "DAEMON_FIELD_MANAGER_PREFIX", "READ", "CliqueWatch", "DaemonError", "DaemonSettings",
-           "Membership", "apply_entry", "check", "clique_daemons", "entry_body", "entry_current", "field_manager",
-           "peer_mapping", "read_clique", "record_readiness", "render_configs", "run_daemon", "withdraw_entry"]
+           "ImexReporter", "Membership", "apply_entry", "check", "clique_daemons", "entry_body", "entry_current",
+           "field_manager", "peer_mapping", "read_clique", "record_readiness", "render_configs", "run_daemon",
+           "withdraw_entry"]
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +150,9 @@ class DaemonSettings:
     watch: bool = True
     watch_timeout_s: float = 300.0
     imex_env: dict[str, str] | None = field(default=None)
+    imex_watchdog_s: float = WATCHDOG_INTERVAL_S
+    imex_backoff_max_s: float = BACKOFF_MAX_S
+    imex_stable_s: float = STABLE_S
 
     @property
     def config_path(self) -> Path:
@@ -162,11 +189,13 @@ def _owner(settings: DaemonSettings) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "name": settings.pod_name, "uid": settings.pod_uid}
 
 
-def entry_body(settings: DaemonSettings, member: bool = True) -> dict[str, Any]:
+def entry_body(settings: DaemonSettings, member: bool = True,
+               conditions: Sequence[cd.DaemonCondition] = ()) -> dict[str, Any]:
     """The apply body of this daemon: the clique's name, labels (NVIDIA 7.1), its Pod as an owner reference,
     and its own ``daemons`` item ``{nodeName, ipAddress, cliqueID}`` (no ``index``, no ``status``: the
-    controller's); ``member`` False: no item (the daemon withdraws, keeping its owner reference until its Pod is
-    gone)."""
+    controller's) with its ``conditions`` when it has any (:class:`~dradriver.domain.computedomains.
+    DaemonCondition`: why its ``nvidia-imex`` does not run); ``member`` False: no item (the daemon withdraws,
+    keeping its owner reference until its Pod is gone)."""
     body: dict[str, Any] = {
         "apiVersion": cd.API_GROUP_VERSION, "kind": cd.CLIQUE_KIND,
         "metadata": {"name": settings.clique_name, "namespace": settings.pod_namespace,
@@ -174,8 +203,11 @@ def entry_body(settings: DaemonSettings, member: bool = True) -> dict[str, Any]:
                      "ownerReferences": [_owner(settings)]},
         "daemons": []}
     if member:
-        body["daemons"] = [{"nodeName": settings.node_name, "ipAddress": settings.pod_ip,
-                            "cliqueID": settings.clique_id}]
+        item: dict[str, Any] = {"nodeName": settings.node_name, "ipAddress": settings.pod_ip,
+                                "cliqueID": settings.clique_id}
+        if conditions:
+            item["conditions"] = [c.to_json() for c in conditions]
+        body["daemons"] = [item]
     return body
 
 
@@ -193,16 +225,18 @@ def read_clique(client: KubeClient, settings: DaemonSettings) -> JSONDict | None
     return kube_cd.get_clique(client, settings.pod_namespace, settings.clique_name)
 
 
-def entry_current(obj: Mapping[str, Any] | None, settings: DaemonSettings) -> bool:
-    """Whether ``obj`` (the clique as read) already holds this daemon's entry with this pod IP and clique ID,
-    and its Pod as an owner: then :func:`apply_entry` would change nothing and is not sent."""
+def entry_current(obj: Mapping[str, Any] | None, settings: DaemonSettings,
+                  conditions: Sequence[cd.DaemonCondition] = ()) -> bool:
+    """Whether ``obj`` (the clique as read) already holds this daemon's entry with this pod IP, clique ID and
+    ``conditions``, and its Pod as an owner: then :func:`apply_entry` would change nothing and is not sent."""
     if obj is None:
         return False
     owners = (obj.get("metadata") or {}).get("ownerReferences") or ()
     if not any(o.get("uid") == settings.pod_uid for o in owners):
         return False
     return any(d.node_name == settings.node_name and d.ip_address == settings.pod_ip
-               and d.clique_id == settings.clique_id for d in clique_daemons(obj))
+               and d.clique_id == settings.clique_id and d.conditions == tuple(conditions)
+               for d in clique_daemons(obj))
 
 
 def apply_entry(client: KubeClient, settings: DaemonSettings) -> list[CliqueDaemon]:
@@ -218,10 +252,12 @@ def apply_entry(client: KubeClient, settings: DaemonSettings) -> list[CliqueDaem
     return clique_daemons(_apply(client, settings))
 
 
-def _apply(client: KubeClient, settings: DaemonSettings) -> JSONDict | None:
+def _apply(client: KubeClient, settings: DaemonSettings,
+           conditions: Sequence[cd.DaemonCondition] = ()) -> JSONDict | None:
     """:func:`apply_entry`'s request; returns the clique as the apply answered it."""
-    return kube_cd.apply_clique(client, settings.pod_namespace, settings.clique_name, entry_body(settings),
-                                field_manager=field_manager(settings), force=True)
+    return kube_cd.apply_clique(client, settings.pod_namespace, settings.clique_name,
+                                entry_body(settings, conditions=conditions), field_manager=field_manager(settings),
+                                force=True)
 
 
 def withdraw_entry(client: KubeClient, settings: DaemonSettings) -> bool:
@@ -289,6 +325,23 @@ class Membership:
     applied: int = 0
     reads: int = 0
     clique: JSONDict | None = None
+    conditions: tuple[cd.DaemonCondition, ...] = ()
+    """This daemon's conditions, part of every apply of its entry (:meth:`report` sets them)."""
+
+    def report(self, conditions: Sequence[cd.DaemonCondition]) -> None:
+        """Set this daemon's entry's conditions and apply the entry now (a failed apply is logged; the next
+        :meth:`step` applies them again, as its entry then differs).
+
+        Called from the daemon's reporter thread while :meth:`step` runs in the main loop: both send the whole
+        item (an apply is idempotent), the newest conditions win.
+        """
+        self.conditions = tuple(conditions)
+        try:
+            _apply(self.client, self.settings, self.conditions)
+            self.applied += 1
+        except kube_errors.KubeAPIError as exc:
+            log.warning("cannot write the condition of node %s into clique %s/%s: %s", self.settings.node_name,
+                        self.settings.pod_namespace, self.settings.clique_name, exc)
 
     @property
     def resource_version(self) -> str:
@@ -314,11 +367,11 @@ class Membership:
             seen, new_rv = _rv(self.clique), _rv(obj) if obj is not None else None
             if seen is not None and new_rv is not None and new_rv < seen:
                 obj = self.clique  # a stale event: the apply's answer is newer
-        if entry_current(obj, self.settings):
+        if entry_current(obj, self.settings, self.conditions):
             self.clique = obj
             daemons = clique_daemons(obj)
         else:
-            self.clique = _apply(self.client, self.settings)
+            self.clique = _apply(self.client, self.settings, self.conditions)
             daemons = clique_daemons(self.clique)
             self.applied += 1
             mine = next((d for d in daemons if d.node_name == self.settings.node_name), None)
@@ -475,8 +528,105 @@ def render_configs(settings: DaemonSettings) -> None:
     write_config_file(nodes_path, imex.render_nodes_config(settings.cd_uid, settings.max_nodes))
 
 
+class ImexReporter:
+    """Makes what happens to this daemon's ``nvidia-imex`` visible (issue: the reason was only in the container's
+    log): its callbacks from :class:`~dradriver.host.imexprocess.ImexProcess` write the process record (what the
+    probe asks first, :func:`~dradriver.host.imexprocess.check_own_daemon`) and the readiness record (what the
+    plugin's waiting workload prepare reports) at once, and, on a worker thread of their own (API requests never
+    hold the watchdog up), the entry's condition (:class:`~dradriver.domain.computedomains.DaemonCondition`, which
+    the controller copies into ``ComputeDomain.status.nodes[]``) and an Event about the ComputeDomain:
+    ``Warning IMEXDaemonFailed`` at the first exit of a failure streak, when the cause changes and at the 2nd, 4th,
+    8th ... exit; ``Normal IMEXDaemonRunning`` when it runs again.
+
+    :param events: Events written so far.
+    """
+
+    def __init__(self, client: KubeClient, settings: DaemonSettings, membership: Membership,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.client, self.settings, self.membership, self.clock = client, settings, membership, clock
+        self.events = 0
+        self._failure = ""
+        self._cause = ""
+        self._since = ""
+        self._pid = 0
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="imex-report")
+        self._closed = False
+
+    def write_process(self, pid: int, failure: str) -> None:
+        """Write the process record now (a failure to write is logged)."""
+        try:
+            imexchannels.write_process_record(self.settings.imexd_dir, imex.ImexProcessRecord(
+                self.settings.pod_uid, pid, failure, self.clock()))
+        except imexchannels.ImexError as exc:
+            log.warning("%s", exc)
+
+    def started(self, pid: int) -> None:
+        """A process started (``on_start``; the process's lock is held: local files only)."""
+        self._pid = pid
+        self.write_process(pid, self._failure)
+
+    def exited(self, exited: ImexExit) -> None:
+        """An unexpected exit (``on_exit``)."""
+        reason = exited.reason()
+        self._pid = 0
+        self._failure = reason
+        self.write_process(0, reason)
+        record_readiness(self.settings, False, reason, self.clock)
+        tell = exited.failures == 1 or exited.cause != self._cause or exited.failures & (exited.failures - 1) == 0
+        self._cause = exited.cause
+        if exited.failures == 1 or not self._since:
+            self._since = _now_rfc3339()
+        self._submit("False", cd.REASON_IMEX_FAILED, reason, "Warning" if tell else "")
+
+    def recovered(self) -> None:
+        """A process started after failures has run long enough (``on_recovered``)."""
+        failure, self._failure, self._cause = self._failure, "", ""
+        self._since = _now_rfc3339()
+        self.write_process(self._pid, "")
+        message = f"nvidia-imex runs again (pid {self._pid}); it had failed: {failure}"
+        self._submit("True", cd.REASON_IMEX_RUNNING, message, "Normal")
+
+    def _submit(self, status: str, reason: str, message: str, event_type: str) -> None:
+        if self._closed:
+            return
+        try:
+            self._pool.submit(self._publish, status, reason, message, event_type)
+        except RuntimeError:  # closed meanwhile
+            pass
+
+    def _publish(self, status: str, reason: str, message: str, event_type: str) -> None:
+        self.membership.report([cd.DaemonCondition(cd.IMEX_DAEMON_CONDITION, status, reason, message, self._since)])
+        if not event_type:
+            return
+        about = events.ObjectRef(kind=cd.COMPUTE_DOMAIN_KIND, name=self.settings.cd_name,
+                                 namespace=self.settings.cd_namespace, uid=self.settings.cd_uid,
+                                 api_version=cd.API_GROUP_VERSION)
+        try:
+            events.create_event(self.client, about, reason=reason, type_=event_type,
+                                message=f"IMEX daemon on node {self.settings.node_name}: {message}",
+                                component="compute-domain-daemon", host=self.settings.node_name)
+            self.events += 1
+        except kube_errors.KubeAPIError as exc:
+            log.warning("cannot record an Event about ComputeDomain %s/%s: %s", self.settings.cd_namespace,
+                        self.settings.cd_name, exc)
+
+    def close(self) -> None:
+        """Finish the reports in flight; later ones are not sent (the local records still are)."""
+        self._closed = True
+        self._pool.shutdown(wait=True)
+
+
+def _now_rfc3339() -> str:
+    return datetime.now(tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def run_daemon(settings: DaemonSettings, client: KubeClient, stop: threading.Event) -> int:
     """Run until ``stop`` is set; returns the exit status (0 after a clean stop).
+
+    ``nvidia-imex`` is started once; a change of the peers' addresses gets ``SIGUSR1``
+    (:meth:`~dradriver.host.imexprocess.ImexProcess.reload`), a change of this daemon's own DNS name (its index:
+    assigned after the start, or changed) a restart (nvidia-imex reads its own node identity at start only,
+    :func:`~dradriver.domain.imex.own_name`). Its failures are reported by :class:`ImexReporter`.
 
     :raises DaemonError: bad settings (:meth:`DaemonSettings.validate`), missing template, no free index.
     :raises dradriver.kube.errors.KubeAPIError: labelling the own Pod failed.
@@ -496,8 +646,19 @@ def run_daemon(settings: DaemonSettings, client: KubeClient, stop: threading.Eve
     record_readiness(settings, False, "starting: nvidia-imex not started yet")
     env = dict(os.environ) if settings.imex_env is None else dict(settings.imex_env)
     env["DRADRIVER_HOSTS_FILE"] = str(settings.hosts_file)  # the stand-in's resolver; the real daemon's is libc's
-    process = ImexProcess([settings.imex_binary, "-c", str(settings.config_path)], env=env)
     membership = Membership(client, settings)
+    reporter = ImexReporter(client, settings, membership)
+    reporter.write_process(0, "")  # a record an earlier pod left says nothing about this one's process
+    names: dict[str, str | None] = {"hosts": None, "process": None}  # own DNS name: in the hosts file, at start
+
+    def on_start(pid: int) -> None:
+        names["process"] = names["hosts"]
+        reporter.started(pid)
+
+    process = ImexProcess([settings.imex_binary, "-c", str(settings.config_path)], env=env, on_start=on_start,
+                          on_exit=reporter.exited, on_recovered=reporter.recovered,
+                          watchdog_interval_s=settings.imex_watchdog_s, backoff_max_s=settings.imex_backoff_max_s,
+                          stable_s=settings.imex_stable_s)
     watch = CliqueWatch(client, settings) if settings.watch else None
     observed: JSONDict | _Read | None = READ
     started = False
@@ -518,9 +679,13 @@ def run_daemon(settings: DaemonSettings, client: KubeClient, stop: threading.Eve
             if write_hosts_file(settings.hosts_file, imex.render_hosts(current, new)):
                 log.info("wrote %s: %d of %d IMEX peer names in use", settings.hosts_file,
                          sum(ip != cd.UNUSED_SLOT_IP for ip in new.values()), len(new))
+            names["hosts"] = imex.own_name(new, settings.pod_ip)
             if not started:
                 process.ensure_started()  # once; the watchdog restarts it after an unexpected exit
                 started = True
+            elif names["hosts"] != names["process"] and process.pid is not None:
+                process.restart(f"this daemon's IMEX node name changed from {names['process']!r} to "
+                                f"{names['hosts']!r} (its index); nvidia-imex reads it at start only")
             elif changed and before is not None:
                 change = imex.membership_change(before, new)
                 log.info("IMEX peers changed (added %s, removed %s, moved %s)", list(change.added),
@@ -532,12 +697,14 @@ def run_daemon(settings: DaemonSettings, client: KubeClient, stop: threading.Eve
             else:
                 observed = watch.wait(stop)
     finally:
+        reporter.close()  # no report after the withdrawal (it would apply the entry again)
         try:
             withdraw_entry(client, settings)
         except kube_errors.KubeAPIError as exc:
             log.warning("cannot withdraw the clique entry: %s", exc)
         record_readiness(settings, False, "stopped")
         process.stop()
+        reporter.write_process(0, "stopped")
         if liveness is not None:
             os.close(liveness)
     return 0
@@ -555,14 +722,15 @@ def record_readiness(settings: DaemonSettings, ready: bool, detail: str = "",
 
 
 def check(settings: DaemonSettings, timeout_s: float = 10.0) -> tuple[bool, str]:
-    """The probe: ``nvidia-imex-ctl -c <imexd.cfg> -q`` must print exactly ``READY\\n``
-    (:func:`~dradriver.host.imexprocess.query_ready`); no clique: success. The answer is also written as the
-    readiness record (:func:`record_readiness`).
+    """The probe: this pod's own ``nvidia-imex`` runs and ``nvidia-imex-ctl -c <imexd.cfg> -q`` prints exactly
+    ``READY\\n`` (:func:`~dradriver.host.imexprocess.check_own_daemon`); no clique: success. The answer is also
+    written as the readiness record (:func:`record_readiness`).
 
-    :returns: (ok, what was printed or why it failed).
+    :returns: (ok, what was printed or why it failed: while ``nvidia-imex`` is down, the whole cause).
     """
     if not settings.clique_id:
         return True, "no clique: nothing to check"
-    ok, output = query_ready(settings.imex_ctl_binary, settings.config_path, timeout_s)
+    ok, output = check_own_daemon(settings.imexd_dir, settings.imex_ctl_binary, settings.config_path,
+                                  pod_uid=settings.pod_uid, timeout_s=timeout_s)
     record_readiness(settings, ok, output.strip())
     return ok, output

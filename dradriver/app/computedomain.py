@@ -41,7 +41,7 @@ from dradriver.domain.identity import COMPUTE_DOMAIN_DRIVER, DriverIdentity
 from dradriver.domain.registry import DeviceRegistry
 from dradriver.errors import DradriverError, FlagError
 from dradriver.health.metrics import DriverMetrics
-from dradriver.host import cdifiles, devicenodes, imexchannels
+from dradriver.host import cdifiles, devicenodes, imexchannels, imexservice
 from dradriver.host.imexchannels import ImexNodeInfo
 from dradriver.kube import computedomains as kube_cd
 from dradriver.kube import errors as kube_errors
@@ -198,6 +198,32 @@ def check_driver_version(version: str, config: PluginConfig) -> None:
                         "names (gate IMEXDaemonsWithDNSNames) need")
 
 
+def refuse_beside_host_imex(config: PluginConfig) -> None:
+    """Driver-managed IMEX on a node whose host runs ``nvidia-imex.service`` cannot work: the host's daemon holds
+    the node's only IMEX session, so each daemon pod's ``nvidia-imex`` fails to start, and a probe that asked any
+    daemon on the node would find the host's READY (:mod:`dradriver.host.imexservice`). Checked at start, before
+    anything on the host is touched; an enabled but stopped service (it starts at the next boot) is a warning.
+
+    :raises FlagError: the service runs (names it, the file that says so, and both ways out).
+    """
+    if config.imex_mode != "driverManaged":
+        return
+    found = imexservice.find_host_imex_service(config.container_driver_root)
+    if found is None:
+        return
+    unit = imexservice.IMEX_SERVICE
+    if found.active:
+        raise FlagError(
+            f"the host runs {unit} (systemd: {found.evidence} under the driver root {config.container_driver_root}): "
+            "it holds this node's only IMEX session, so the IMEX daemons of ComputeDomains cannot start with "
+            "--imex-mode (env IMEX_MODE) driverManaged. Either stop and disable it on the host (systemctl disable "
+            f"--now {unit}), or let it serve IMEX: IMEX_MODE=hostManaged with the feature gate "
+            "HostManagedIMEXDaemon=true (chart: resources.computeDomains.imex.mode: hostManaged)")
+    log.warning("%s is enabled on the host (%s) but not running: it will take this node's IMEX session at the next "
+                "boot, and driver-managed ComputeDomains will then fail here; disable it (systemctl disable %s) or "
+                "use IMEX_MODE=hostManaged", unit, ", ".join(found.enabled), unit)
+
+
 def _version_tuple(text: str) -> tuple[int, ...]:
     """``570.158.01`` -> ``(570, 158, 1)``; :raises ValueError: not dotted integers."""
     return tuple(int(part) for part in text.strip().split("."))
@@ -311,6 +337,7 @@ async def start_compute_domain_plugin(config: PluginConfig, identity: DriverIden
         raise FlagError(CHANNEL_NEEDS_HOST_MANAGED)
     if host_managed and not config.feature_gates[HOST_MANAGED_IMEX_DAEMON]:
         raise FlagError("--imex-mode hostManaged needs the feature gate HostManagedIMEXDaemon")
+    refuse_beside_host_imex(config)  # FlagError before anything on the host is touched
     implementations = _native.load_all()
     log.info("hot paths: %s", ", ".join(f"{k}={v}" for k, v in implementations.items()))
     life = Lifecycle(identity.driver_name)

@@ -113,9 +113,11 @@ def run(args: argparse.Namespace) -> int:
             return 0
         from dradriver.domain.imex import CONFIG_FILE
         from dradriver.host.imexchannels import record_readiness
-        from dradriver.host.imexprocess import query_ready
+        from dradriver.host.imexprocess import check_own_daemon
 
-        ok, detail = query_ready("nvidia-imex-ctl", Path(args.imexd_dir) / CONFIG_FILE)
+        # This pod's own nvidia-imex, not whatever answers on its address (a host nvidia-imex.service).
+        ok, detail = check_own_daemon(Path(args.imexd_dir), "nvidia-imex-ctl", Path(args.imexd_dir) / CONFIG_FILE,
+                                      pod_uid=args.pod_uid)
         problem = record_readiness(Path(args.imexd_dir), node_name=args.node_name, pod_uid=args.pod_uid,
                                    pod_ip=args.pod_ip, ready=ok, detail=detail)  # for the plugin on this node
         if problem:

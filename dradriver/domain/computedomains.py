@@ -39,10 +39,13 @@ __all__ = [
     "DEFAULT_MAX_NODES_PER_IMEX_DOMAIN",
     "DNS_NAME_PREFIX",
     "FINALIZER",
+    "IMEX_DAEMON_CONDITION",
     "LABEL_CLIQUE_ID",
     "LABEL_COMPUTE_DOMAIN",
     "LABEL_TARGET",
     "NODE_CLIQUE_LABEL",
+    "REASON_IMEX_FAILED",
+    "REASON_IMEX_RUNNING",
     "STATUS_NOT_READY",
     "STATUS_READY",
     "UNUSED_SLOT_IP",
@@ -50,6 +53,7 @@ __all__ = [
     "CliqueDaemon",
     "ComputeDomain",
     "ComputeDomainError",
+    "DaemonCondition",
     "DaemonConfig",
     "choose_channel",
     "choose_index",
@@ -220,12 +224,54 @@ def parse_daemon_config(raw: Mapping[str, Any], where: str = "config") -> Daemon
 # -- objects -------------------------------------------------------------------------------------------------------
 
 
+IMEX_DAEMON_CONDITION = "IMEXDaemonRunning"
+"""The condition type of a daemon entry saying whether its ``nvidia-imex`` runs (dradriver's own)."""
+REASON_IMEX_FAILED = "IMEXDaemonFailed"
+"""Condition reason (and Event reason) of a daemon whose ``nvidia-imex`` keeps exiting."""
+REASON_IMEX_RUNNING = "IMEXDaemonRunning"
+"""Condition reason (and Event reason) of a daemon whose ``nvidia-imex`` runs again after failures."""
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonCondition:
+    """A condition of one daemon entry (the shape of ``metav1.Condition`` without ``observedGeneration``): written
+    by the daemon into its clique entry and copied by the controller into ``ComputeDomain.status.nodes[]``, so
+    ``kubectl describe computedomain`` shows why a node's daemon is not ready (dradriver's own: NVIDIA's entries
+    carry ``status`` only).
+
+    :param type: :data:`IMEX_DAEMON_CONDITION`.
+    :param status: ``"True"`` or ``"False"``.
+    :param reason: UpperCamelCase, e.g. :data:`REASON_IMEX_FAILED`.
+    :param message: the whole cause (``nvidia-imex``'s own error line), never cut.
+    :param last_transition_time: RFC 3339, when ``status`` last changed.
+    """
+
+    type: str
+    status: str
+    reason: str
+    message: str
+    last_transition_time: str
+
+    def to_json(self) -> dict[str, str]:
+        """The item of a ``conditions`` list."""
+        return {"type": self.type, "status": self.status, "reason": self.reason, "message": self.message,
+                "lastTransitionTime": self.last_transition_time}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> DaemonCondition:
+        """From a ``conditions`` item (missing keys read as ``""``)."""
+        return cls(type=str(raw.get("type") or ""), status=str(raw.get("status") or ""),
+                   reason=str(raw.get("reason") or ""), message=str(raw.get("message") or ""),
+                   last_transition_time=str(raw.get("lastTransitionTime") or ""))
+
+
 @dataclass(frozen=True, slots=True)
 class CliqueDaemon:
     """One IMEX daemon's membership entry: ``ComputeDomainClique.daemons[]`` (list-map key ``nodeName``) or
     ``ComputeDomain.status.nodes[]`` (key ``name``).
 
     :param index: the slot, ``0 .. maxNodesPerIMEXDomain-1``; ``-1`` for a daemon on a node in no clique.
+    :param conditions: the daemon's own report (:class:`DaemonCondition`; empty: none written).
     """
 
     node_name: str
@@ -233,6 +279,7 @@ class CliqueDaemon:
     clique_id: str
     index: int
     status: str = STATUS_NOT_READY
+    conditions: tuple[DaemonCondition, ...] = ()
 
     @property
     def member(self) -> bool:
@@ -242,20 +289,28 @@ class CliqueDaemon:
 
     def to_clique_entry(self) -> dict[str, Any]:
         """The ``daemons[]`` item of a ComputeDomainClique."""
-        return {"nodeName": self.node_name, "ipAddress": self.ip_address, "cliqueID": self.clique_id,
-                "index": self.index, "status": self.status}
+        entry: dict[str, Any] = {"nodeName": self.node_name, "ipAddress": self.ip_address,
+                                 "cliqueID": self.clique_id, "index": self.index, "status": self.status}
+        if self.conditions:
+            entry["conditions"] = [c.to_json() for c in self.conditions]
+        return entry
 
     def to_status_node(self) -> dict[str, Any]:
         """The ``status.nodes[]`` item of a ComputeDomain."""
-        return {"name": self.node_name, "ipAddress": self.ip_address, "cliqueID": self.clique_id,
-                "index": self.index, "status": self.status}
+        node: dict[str, Any] = {"name": self.node_name, "ipAddress": self.ip_address, "cliqueID": self.clique_id,
+                                "index": self.index, "status": self.status}
+        if self.conditions:
+            node["conditions"] = [c.to_json() for c in self.conditions]
+        return node
 
     @classmethod
     def from_entry(cls, raw: Mapping[str, Any]) -> CliqueDaemon:
         """From either item shape (``nodeName`` or ``name``)."""
         return cls(node_name=str(raw.get("nodeName") or raw.get("name") or ""),
                    ip_address=str(raw.get("ipAddress") or ""), clique_id=str(raw.get("cliqueID") or ""),
-                   index=int(raw.get("index", -1)), status=str(raw.get("status") or STATUS_NOT_READY))
+                   index=int(raw.get("index", -1)), status=str(raw.get("status") or STATUS_NOT_READY),
+                   conditions=tuple(DaemonCondition.from_json(c) for c in raw.get("conditions") or ()
+                                    if isinstance(c, Mapping)))
 
 
 @dataclass(frozen=True, slots=True)

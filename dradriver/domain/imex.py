@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from dradriver.domain.computedomains import (
     DNS_NAME_PREFIX,
@@ -29,13 +30,16 @@ __all__ = [
     "HOSTS_HEADER",
     "LIVENESS_FILE",
     "NODES_FILE",
+    "PROCESS_FILE",
     "READINESS_FILE",
     "READINESS_MAX_AGE_S",
     "DaemonRecord",
+    "ImexProcessRecord",
     "MembershipChange",
     "assign_indexes",
     "dns_mapping",
     "membership_change",
+    "own_name",
     "remove_entry",
     "render_hosts",
     "render_imexd_config",
@@ -54,6 +58,9 @@ LIVENESS_FILE = "daemon.lock"
 """The file in the domain directory on which a running daemon holds an exclusive ``flock`` (dradriver's own): the
 kernel drops it when the daemon's process ends, however it ends, so a ``ready`` record of a daemon that was killed
 counts for nothing even while it is young."""
+PROCESS_FILE = "nvidia-imex.json"
+"""The daemon's record of its own ``nvidia-imex`` process in the domain directory (:class:`ImexProcessRecord`;
+dradriver's own)."""
 READINESS_MAX_AGE_S = 30.0
 """A record older than this (seconds: three periods of the daemon pod's 10 s readiness probe, which rewrites it)
 says nothing: its daemon stopped probing, and the plugin asks the API instead."""
@@ -99,12 +106,7 @@ class DaemonRecord:
 
         :raises ValueError: not such an object (names the field).
         """
-        try:
-            obj = json.loads(data)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ValueError(f"not JSON: {exc}") from None
-        if not isinstance(obj, dict):
-            raise ValueError("not a JSON object")
+        obj = _json_object(data)
         for key, kind in (("nodeName", str), ("podUID", str), ("podIP", str), ("ready", bool)):
             if not isinstance(obj.get(key), kind):
                 raise ValueError(f"{key}: missing or not a {kind.__name__}")
@@ -122,6 +124,60 @@ class DaemonRecord:
         """Whether it still speaks for its daemon: written within ``max_age_s`` of ``now_s`` (either way: a clock
         that jumped makes it stale, not eternal)."""
         return abs(self.age_s(now_s)) <= max_age_s
+
+
+@dataclass(frozen=True, slots=True)
+class ImexProcessRecord:
+    """The ``nvidia-imex`` process a daemon started, written by ``compute-domain-daemon run`` into its domain
+    directory at each start and exit of the process, read by its probe (``compute-domain-daemon check``) so that
+    the probe asks only this pod's own ``nvidia-imex`` (another daemon answering on the same address, such as a
+    host ``nvidia-imex.service``, does not make the pod Ready) and reports why it is down.
+
+    :param pod_uid: the daemon's pod (``POD_UID``).
+    :param pid: the running process (0: none runs now).
+    :param failure: why it does not run (the whole cause, e.g. its last ``ERROR`` line); ``""``: nothing failed.
+    :param written_s: when, Unix seconds.
+    """
+
+    pod_uid: str
+    pid: int
+    failure: str
+    written_s: float
+
+    def to_json(self) -> bytes:
+        """The file's content (keys ``podUID``, ``pid``, ``failure``, ``writtenAt``)."""
+        return json.dumps({"podUID": self.pod_uid, "pid": self.pid, "failure": self.failure,
+                           "writtenAt": self.written_s}, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> ImexProcessRecord:
+        """Parse :meth:`to_json`'s output.
+
+        :raises ValueError: not such an object (names the field).
+        """
+        obj = _json_object(data)
+        for key, kinds in (("podUID", (str,)), ("pid", (int,)), ("failure", (str,)), ("writtenAt", (int, float))):
+            if isinstance(obj.get(key), bool) or not isinstance(obj.get(key), kinds):
+                raise ValueError(f"{key}: missing or not a {kinds[0].__name__}")
+        return cls(obj["podUID"], obj["pid"], obj["failure"], float(obj["writtenAt"]))
+
+
+def _json_object(data: bytes | str) -> dict[str, Any]:
+    """One JSON object. :raises ValueError: not JSON, or not an object."""
+    try:
+        obj = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ValueError("not a JSON object")
+    return obj
+
+
+def own_name(mapping: Mapping[str, str], ip: str) -> str | None:
+    """The DNS name (slot) that ``mapping`` (:func:`dns_mapping`) gives the daemon at ``ip``: the first one mapped
+    to it, ``None`` when none is (its index is not assigned yet). ``nvidia-imex`` learns its own node identity at
+    start only: a change of this name needs a restart, ``SIGUSR1`` does not apply it."""
+    return next((name for name, address in mapping.items() if address == ip), None)
 
 
 def render_imexd_config(template: str, *, pod_ip: str, nodes_config: str,

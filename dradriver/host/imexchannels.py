@@ -24,6 +24,7 @@ import logging
 import os
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from importlib import resources
 from pathlib import Path
 
 from dradriver.domain.computedomains import DEFAULT_IMEX_CHANNEL_COUNT
-from dradriver.domain.imex import LIVENESS_FILE, READINESS_FILE, DaemonRecord
+from dradriver.domain.imex import LIVENESS_FILE, PROCESS_FILE, READINESS_FILE, DaemonRecord, ImexProcessRecord
 from dradriver.errors import DradriverError
 from dradriver.host.devicenodes import DeviceNodeInfo
 
@@ -52,9 +53,11 @@ __all__ = [
     "read_channel_count",
     "read_fabric_imex_mgmt_minor",
     "read_imex_node_info",
+    "read_process_record",
     "read_readiness",
     "record_readiness",
     "remove_domain_dir",
+    "write_process_record",
     "write_readiness",
 ]
 
@@ -189,18 +192,47 @@ def ensure_domain_dir(plugin_dir: Path, cd_uid: str) -> tuple[Path, bool]:
 
 
 def write_readiness(directory: Path, record: DaemonRecord) -> None:
-    """Replace ``<directory>/daemon-readiness.json`` with ``record`` (a temp file renamed over it: a reader sees
-    the old record or the new one, never part of one). Not synced: after a crash of the node the daemon's next
-    probe writes it again, and a record older than :data:`~dradriver.domain.imex.READINESS_MAX_AGE_S` counts for
-    nothing.
+    """Replace ``<directory>/daemon-readiness.json`` with ``record`` (:func:`_replace_file`). Not synced: after a
+    crash of the node the daemon's next probe writes it again, and a record older than
+    :data:`~dradriver.domain.imex.READINESS_MAX_AGE_S` counts for nothing.
 
     :param directory: the domain directory (``/imexd`` in the daemon's container).
     :raises ImexError: it cannot be written (names the path).
     """
-    target = directory / READINESS_FILE
-    temp = directory / f".{READINESS_FILE}.{os.getpid()}.tmp"
+    _replace_file(directory / READINESS_FILE, record.to_json(), "readiness record")
+
+
+def write_process_record(directory: Path, record: ImexProcessRecord) -> None:
+    """Replace ``<directory>/nvidia-imex.json`` (:class:`~dradriver.domain.imex.ImexProcessRecord`) with
+    ``record`` (:func:`_replace_file`).
+
+    :raises ImexError: it cannot be written (names the path).
+    """
+    _replace_file(directory / PROCESS_FILE, record.to_json(), "process record")
+
+
+def read_process_record(directory: Path) -> ImexProcessRecord | None:
+    """The daemon's record of its ``nvidia-imex`` in ``directory``, or ``None`` when there is none or it cannot
+    be read or parsed (logged at debug)."""
+    path = directory / PROCESS_FILE
     try:
-        temp.write_bytes(record.to_json())
+        return ImexProcessRecord.from_json(path.read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.debug("%s: %s", path, exc)
+        return None
+
+
+def _replace_file(target: Path, data: bytes, what: str) -> None:
+    """Replace ``target`` with ``data`` (mode 0644) through a temp file renamed over it: a reader sees the old
+    content or the new one, never part of one.
+
+    :raises ImexError: it cannot be written (names ``what`` and the path).
+    """
+    temp = target.parent / f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp"
+    try:
+        temp.write_bytes(data)
         os.chmod(temp, 0o644)
         os.replace(temp, target)
     except OSError as exc:
@@ -208,7 +240,7 @@ def write_readiness(directory: Path, record: DaemonRecord) -> None:
             temp.unlink(missing_ok=True)
         except OSError:
             pass
-        raise ImexError(f"cannot write the IMEX daemon's readiness record {target}: {exc}") from exc
+        raise ImexError(f"cannot write the IMEX daemon's {what} {target}: {exc}") from exc
 
 
 def record_readiness(directory: Path, *, node_name: str, pod_uid: str, pod_ip: str, ready: bool, detail: str = "",
@@ -217,7 +249,7 @@ def record_readiness(directory: Path, *, node_name: str, pod_uid: str, pod_ip: s
     written (the caller logs it: a record is advice to the plugin, never a reason for the daemon or its probe to
     fail)."""
     try:
-        write_readiness(directory, DaemonRecord(node_name, pod_uid, pod_ip, ready, clock(), detail.strip()[:200]))
+        write_readiness(directory, DaemonRecord(node_name, pod_uid, pod_ip, ready, clock(), detail.strip()))
     except ImexError as exc:
         return str(exc)
     return ""

@@ -56,6 +56,7 @@ from dradriver.domain.claims import AllocationResult, Claim, ClaimError, ClaimRe
 from dradriver.domain.computedomains import (
     ALLOCATION_ALL,
     ANNOTATION_IMEX_CHANNEL,
+    IMEX_DAEMON_CONDITION,
     LABEL_COMPUTE_DOMAIN,
     STATUS_READY,
     CliqueDaemon,
@@ -261,8 +262,10 @@ class DomainLookup:
                          field_selector=f"spec.nodeName={self.node_name}")
         if (self.node_name, entry.ip_address) in ready_daemons(pods):
             return DaemonReadiness(name, entry, True)
+        failed = [c for c in entry.conditions if c.type == IMEX_DAEMON_CONDITION and c.status == "False"]
+        why = f"; {failed[0].reason}: {failed[0].message}" if failed else ""  # the daemon's own report, whole
         return DaemonReadiness(name, entry, False, f"status {entry.status or 'not set yet'}, and its daemon pod "
-                                                   f"({entry.ip_address}) is not Ready")
+                                                   f"({entry.ip_address}) is not Ready{why}")
 
     def daemon_entry(self, cd_uid: str, clique_id: str) -> tuple[str, CliqueDaemon | None]:
         """(clique object name, this node's daemon entry or ``None``)."""

@@ -35,7 +35,9 @@ driver relies on:
   prepared, with the CDI environment (``CLIQUE_ID``, ``COMPUTE_DOMAIN_*``), ``valueFrom.fieldRef`` variables
   (``NODE_NAME``, ``POD_IP``, ``POD_NAME``, ``POD_NAMESPACE``, ``POD_UID``), ``$(VAR)`` expansion, each CDI mount's
   container path mapped to its host path (``/imexd`` to the daemon claim's domain directory, also passed as
-  ``DRADRIVER_IMEXD_DIR``), a hosts file of the Pod's own (``DRADRIVER_HOSTS_FILE``), and ``PATH`` starting with
+  ``DRADRIVER_IMEXD_DIR``), a hosts file of the Pod's own (``DRADRIVER_HOSTS_FILE``), the node's
+  ``fabric-imex-mgmt`` capability when the CDI edits give the device (``DRADRIVER_FABRIC_IMEX_MGMT``: one
+  ``nvidia-imex`` per node holds the IMEX session, :func:`fabric_imex_mgmt`), and ``PATH`` starting with
   the node's ``bin/``: ``compute-domain-daemon`` (this checkout's ``dradriver compute-domain-daemon``),
   ``nvidia-imex`` and ``nvidia-imex-ctl`` (the stand-ins). Exec probes (``compute-domain-daemon check``) drive the
   Pod's ``Ready`` condition. Other Pods (a user's workload) run no process: once their claims are prepared they
@@ -345,6 +347,21 @@ FABRIC_IMEX_MGMT_MINOR = 1
 """Minor of the ``fabric-imex-mgmt`` capability on the emulated nodes (inferred: no capture gives the number)."""
 
 
+FABRIC_IMEX_MGMT_PREFIX = "/dev/nvidia-caps/nvidia-cap"
+IMEX_SESSION_ENV = "DRADRIVER_FABRIC_IMEX_MGMT"
+"""Where the ``nvidia-imex`` stand-in takes its node's one IMEX session (its docstring)."""
+IMEX_UNIT_INVOCATION = Path("run") / "systemd" / "units" / "invocation:nvidia-imex.service"
+"""The link systemd keeps while ``nvidia-imex.service`` is active (:mod:`dradriver.host.imexservice`)."""
+
+
+def fabric_imex_mgmt(node: EmulatedNode) -> Path:
+    """Node ``node``'s ``fabric-imex-mgmt`` capability device (``<root>/dev/nvidia-caps/nvidia-cap<minor>``): every
+    ``nvidia-imex`` of the node, the host's and each daemon pod's, opens it, and only one holds it at a time."""
+    path = node.root / f"dev{FABRIC_IMEX_MGMT_PREFIX[4:]}{FABRIC_IMEX_MGMT_MINOR}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def _write_imex_proc(proc: Path) -> None:
     """What the NVIDIA driver shows about IMEX under ``/proc``: ``driver/nvidia/params`` with the channel count and
     ``driver/nvidia/capabilities/fabric-imex-mgmt`` with the capability's device minor."""
@@ -418,6 +435,9 @@ class NodeRuntime(Workloads):
         imexd = dict(edits.mounts).get("/imexd")
         if imexd:
             env["DRADRIVER_IMEXD_DIR"] = imexd
+        for device in edits.device_nodes:  # the fabric-imex-mgmt capability: the node's one IMEX session
+            if str(device.get("path", "")).startswith(FABRIC_IMEX_MGMT_PREFIX):
+                env[IMEX_SESSION_ENV] = str(fabric_imex_mgmt(self.node))
         for item in container.get("env") or []:
             ref = ((item.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
             if ref in fields:
@@ -573,7 +593,9 @@ class MultiNodeCluster:
         """Host-managed IMEX: start on each node the host's ``nvidia-imex`` (the stand-in of the node's driver
         root, as the host's ``nvidia-imex.service`` would run it) with ``<root>/host-imex/config.cfg`` (peers on
         ``<node ip>:50000``, command service on its Unix socket, :meth:`host_imex_socket`) and a static
-        ``nodes_config.cfg`` listing every node of its rack (one NVL72 rack, one clique: the operator's file);
+        ``nodes_config.cfg`` listing every node of its rack (one NVL72 rack, one clique: the operator's file),
+        holding the node's IMEX session (:func:`fabric_imex_mgmt`) and marked active as systemd marks the unit
+        (:data:`IMEX_UNIT_INVOCATION` in the driver root, which a driver-managed plugin refuses to start beside);
         wait until each answers ``nvidia-imex-ctl -q`` with ``READY``.
 
         :raises MultiNodeError: not a host-managed cluster, a daemon exited, or not ready in ``timeout_s``.
@@ -593,9 +615,14 @@ class MultiNodeCluster:
                 f"IMEX_NODE_CONFIG_FILE={conf / 'nodes_config.cfg'}\nLOG_FILE_NAME={conf / 'nvidia-imex.log'}\n")
             binary = node.sandbox.driver_root / "usr" / "bin" / "nvidia-imex"
             node.host_imex = subprocess.Popen([str(binary), "-c", str(conf / "config.cfg")],
-                                              env={**os.environ, "DRADRIVER_HOSTS_FILE": str(conf / "hosts")},
+                                              env={**os.environ, "DRADRIVER_HOSTS_FILE": str(conf / "hosts"),
+                                                   IMEX_SESSION_ENV: str(fabric_imex_mgmt(node))},
                                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                               stderr=subprocess.DEVNULL, start_new_session=True)
+            link = node.sandbox.driver_root / IMEX_UNIT_INVOCATION  # as systemd marks the active unit
+            link.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                os.symlink(f"{node.host_imex.pid:032x}", link)
             self.say(f"node {node.name}: host nvidia-imex started (pid {node.host_imex.pid}), nodes.cfg: rack "
                      f"{node.rack}")
         for node in self.nodes.values():
@@ -1264,6 +1291,7 @@ class MultiNodeCluster:
                 except subprocess.TimeoutExpired:
                     node.host_imex.kill()
                     node.host_imex.wait(timeout=10)
+            (node.sandbox.driver_root / IMEX_UNIT_INVOCATION).unlink(missing_ok=True)
         self._executor.shutdown(wait=False, cancel_futures=True)
         for node in reversed(list(self.nodes.values())):
             if node.kubelet is not None:

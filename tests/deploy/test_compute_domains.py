@@ -129,6 +129,7 @@ def test_the_daemons_service_account_is_the_one_the_daemonsets_name() -> None:
     assert _rules("ClusterRole", "dradriver-compute-domain-daemon") == {
         ("resource.nvidia.com", "computedomains", ("get",)),
         ("resource.nvidia.com", "computedomains/status", ("get", "update")),
+        ("", "events", ("create",)),  # IMEXDaemonFailed / IMEXDaemonRunning about its ComputeDomain
     }
     for kind in ("RoleBinding", "ClusterRoleBinding"):
         binding = one(objs, kind, "dradriver-compute-domain-daemon")

@@ -49,8 +49,8 @@ class ImexNode:
         self.nodes.write_text("".join(f"{n}\n" for n in nodes))
         self.hosts.write_text("127.0.0.1\tlocalhost\n" + "".join(f"{ip}\t{n}\n" for n, ip in hosts.items()))
 
-    def start(self) -> None:
-        env = {**os.environ, "DRADRIVER_HOSTS_FILE": str(self.hosts)}
+    def start(self, **extra_env: str) -> None:
+        env = {**os.environ, "DRADRIVER_HOSTS_FILE": str(self.hosts), **extra_env}
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen([str(self.bin_dir / "nvidia-imex"), "-c", str(self.config)], env=env,
                                          stdout=log, stderr=log)

@@ -50,4 +50,4 @@ def test_check_without_a_clique_succeeds_and_with_one_needs_the_daemon(tmp_path:
     assert compute_domain_daemon.main(["--cliqueid", "", "check"]) == 0
     code = compute_domain_daemon.main(["--cliqueid", "u.1", "--imexd-dir", str(tmp_path), "check"])
     assert code == 1
-    assert "nvidia-imex-ctl" in capsys.readouterr().err
+    assert "this pod's nvidia-imex has not been started yet" in capsys.readouterr().err  # before nvidia-imex-ctl

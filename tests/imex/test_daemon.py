@@ -312,7 +312,7 @@ def test_concurrent_joins_get_distinct_indexes_and_a_crashed_imex_is_restarted(
     wait(lambda: len(_children(daemons[0].proc.pid)) == 1, "nvidia-imex under the daemon")
     (imex_pid,) = _children(daemons[0].proc.pid)
     os.kill(imex_pid, signal.SIGKILL)
-    wait(lambda: "exited unexpectedly" in daemons[0].log(), "the watchdog noticing")
+    wait(lambda: f"nvidia-imex (pid {imex_pid}) was killed by SIGKILL" in daemons[0].log(), "the watchdog noticing")
     wait(lambda: _children(daemons[0].proc.pid) not in ([], [imex_pid]), "a new nvidia-imex")
     for daemon in daemons:
         daemon.wait_ready(f"{daemon.pod} READY after the restart")

@@ -24,7 +24,20 @@ Command Service"; ``nvidia-dra-driver.md`` 7.4, ``nvidia-dra-driver-updates.md``
   reused pod IP (another domain's DNS names) is refused, and both sides log why. Accepted connections stay open;
   a closed one is retried with exponential backoff (0.05 s doubling to 1 s).
 * ``SIGUSR1`` re-reads ``nodes.cfg`` and the hosts file: peers no longer listed are dropped (their connections
-  closed), new ones connected, changed addresses reconnected. ``SIGTERM``/``SIGINT`` end the daemon (exit 0).
+  closed), new ones connected, changed addresses reconnected. The daemon's own entry (its node index and name)
+  is fixed at start, as the real daemon reads its node configuration at start only: when after a ``SIGUSR1``
+  another entry resolves to its address, it logs an ``ERROR`` and keeps its start-up identity (peers that ask
+  for the new name are refused) until it is restarted. ``SIGTERM``/``SIGINT`` end the daemon (exit 0).
+* Signal handlers are installed once the event loop runs, some tens of milliseconds after ``exec``: a ``SIGUSR1``
+  before that takes the default action (``signal(7)``: terminate), exit status -10, as a real ``nvidia-imex``
+  signalled before it installed its handler.
+* The IMEX session: the real daemon opens the driver's ``fabric-imex-mgmt`` capability device and the driver
+  serves one IMEX daemon per node (a host ``nvidia-imex.service`` and a daemon pod's ``nvidia-imex`` cannot both
+  run: NVIDIA's ComputeDomain prerequisites say to disable the host service). The stand-in takes an exclusive
+  ``flock`` on the file named by env ``DRADRIVER_FABRIC_IMEX_MGMT`` (the sandbox passes the node's
+  ``dev/nvidia-caps/nvidia-cap<minor>``; unset: no session is taken) and writes its PID into it; when another
+  process holds it, the daemon logs an ``ERROR`` naming the holder's PID and exits 1 before it listens. The log
+  wording is the stand-in's own (NVIDIA's text is not public).
 * Command service (``nvidia-imex-ctl``): a client sends one line (``Q``: query, ``N``: node status) and gets one
   JSON line ``{"state", "domain", "nodes": [...]}``. ``state`` is ``READY`` when every live peer is connected in
   both directions (no live peer: ``READY`` at once), else ``WAITING_FOR_PEERS`` (also while no entry resolves
@@ -127,6 +140,7 @@ class Imex:
         log_file = config.get("LOG_FILE_NAME", "")
         self.log_out = open(log_file, "a", encoding="utf-8") if log_file else sys.stderr
         self.own_name: str | None = None
+        self.loaded = False  # the start-up load fixed own_name
         self.entries: list[str] = []
         self.peers: dict[str, Peer] = {}
         self.stopping = False
@@ -153,10 +167,15 @@ class Imex:
                 own = own or entry
             elif address != UNUSED_SLOT_IP:
                 wanted[entry] = address
-        if own != self.own_name:
+        if not self.loaded:
             self.log("INFO", f"this node is {own!r} in {self.nodes_file}" if own else
                      f"no entry of {self.nodes_file} resolves to this node's address {self.ip}")
-        self.own_name = own
+            self.own_name, self.loaded = own, True
+        elif own != self.own_name:
+            self.log("ERROR", f"this node's entry in {self.nodes_file} changed from {self.own_name!r} to {own!r}: "
+                              "the node identity is read at start only; restart nvidia-imex to apply it")
+        if self.own_name is not None:
+            wanted.pop(self.own_name, None)
         for name in list(self.peers):
             peer = self.peers[name]
             if wanted.get(name) != peer.ip:
@@ -343,6 +362,29 @@ class Imex:
         self._ready_log()
 
 
+def take_session(path: str, log: Any) -> int | None:
+    """The IMEX session (module docstring): an exclusive ``flock`` on ``path``, held while the process lives;
+    returns the open descriptor, or ``None`` after logging why it cannot be had."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:
+        log("ERROR", f"cannot open the fabric-imex-mgmt capability {path}: {exc}")
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        log("ERROR", f"cannot start an IMEX session: the fabric-imex-mgmt capability {path} is in use by another "
+                     f"IMEX daemon (pid {holder}); one nvidia-imex runs per node")
+        return None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
 def main(argv: list[str]) -> int:
     config_path = "/etc/nvidia-imex/config.cfg"
     args = list(argv)
@@ -364,8 +406,13 @@ def main(argv: list[str]) -> int:
         print(f"nvidia-imex: cannot read config file {config_path}: {exc}", file=sys.stderr)
         return 1
 
+    session = os.environ.get("DRADRIVER_FABRIC_IMEX_MGMT", "")
+
     async def run() -> int:
-        return await Imex(config).run()
+        imex = Imex(config)
+        if session and take_session(session, imex.log) is None:
+            return 1
+        return await imex.run()
 
     return asyncio.run(run())
 
