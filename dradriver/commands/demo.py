@@ -40,7 +40,8 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """0 when every step did what the driver promises; 1 with a clear message otherwise."""
+    """0 when every step did what the driver promises; 1 with a clear message otherwise; 2 for flags that do not
+    fit (a ``--node-name`` that is not a Node name, ``--tenants`` without the compute-domain scenario)."""
     import asyncio
     import json
     import logging
@@ -48,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from dradriver import logs
+    from dradriver.commands._options import node_name_error
     from dradriver.errors import DradriverError
     from dradriver.sandbox.demo import DemoRun, Narrator, demo
     from dradriver.sandbox.sharing_demo import sharing_demo
@@ -83,6 +85,10 @@ def run(args: argparse.Namespace) -> int:
         args.profile = "dgx-h200" if args.scenario == "dynamic-mig" else "gb200-nvl72-node"
     if args.serve and args.scenario in ("sharing", "dynamic-mig", "compute-domain"):
         print(f"dradriver demo: --serve does not run the {args.scenario} scenario", file=sys.stderr)
+        return 2
+    error = node_name_error("dradriver demo", args.node_name)
+    if error:
+        print(error, file=sys.stderr)
         return 2
     if args.tenants != 1 and args.scenario != "compute-domain":
         print(f"dradriver demo: --tenants applies to --scenario compute-domain, not {args.scenario}", file=sys.stderr)

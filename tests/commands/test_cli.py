@@ -154,3 +154,15 @@ def test_a_broken_pipe_elsewhere_is_not_taken_for_a_closed_stdout() -> None:
 
     with pytest.raises(BrokenPipeError):
         exit_quietly_on_closed_stdout(body)
+
+
+@pytest.mark.parametrize("command", ["sandbox", "demo", "inspect"])
+def test_a_bad_node_name_is_one_line_naming_the_flag_and_the_rule(command: str) -> None:
+    """Refused before anything starts (no node laid out, no API emulator), with the API server's rule."""
+    proc = subprocess.run([sys.executable, "-m", "dradriver", command, "--node-name", "Bad_Name!"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == ""
+    [line] = proc.stderr.splitlines()
+    assert line.startswith(f"dradriver {command}: --node-name 'Bad_Name!' is not a valid Node name: a lowercase "
+                           "RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.'"), line
