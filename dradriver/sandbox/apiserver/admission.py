@@ -1,5 +1,6 @@
-"""Admission: the metadata checks every write passes, the ResourceSlice and ResourceClaim validation subsets,
-and (optionally) the OpenAPI schema check with ``kubernetes_validate``."""
+"""Admission: the metadata checks every write passes, the ResourceSlice and ResourceClaim validation subsets, a
+Pod's claim references (:mod:`dradriver.domain.pods`), and (optionally) the OpenAPI schema check with
+``kubernetes_validate``."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import re
 from collections.abc import Callable
 
 from dradriver.domain.names import dns_label_problems, dns_subdomain_problems
+from dradriver.domain.pods import claim_reference_problems
 from dradriver.sandbox.apiserver import crds
 from dradriver.sandbox.apiserver.errors import Cause, JSONDict, invalid
 from dradriver.sandbox.apiserver.resources import ResourceType
@@ -160,6 +162,7 @@ def validate_resource_claim(obj: JSONDict, old: JSONDict | None) -> list[Cause]:
 
 
 KIND_VALIDATORS: dict[str, Callable[[JSONDict, JSONDict | None], list[Cause]]] = {
+    "Pod": lambda obj, old: claim_reference_problems(obj.get("spec") or {}),
     "ResourceSlice": validate_resource_slice,
     "ResourceClaim": validate_resource_claim,
     crds.CRD_KIND: lambda obj, old: crds.validate_crd(obj),
