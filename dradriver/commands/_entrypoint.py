@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import select
 import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from dradriver import __version__, config, logs
 from dradriver.domain.featuregates import FeatureGates
@@ -43,6 +45,54 @@ def stop_on_signals(stop: asyncio.Event | threading.Event) -> None:
     else:
         for sig in STOP_SIGNALS:
             signal.signal(sig, lambda *_: stop.set())
+
+
+INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+"""The signals that end a command run to completion (``demo``) early, its cleanup done: Ctrl-C and ``kill``."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """One of :data:`INTERRUPT_SIGNALS` arrived (:func:`interrupted_by_signals`). A :class:`KeyboardInterrupt`, so
+    no ``except Exception`` on the way swallows it and asyncio lets it out of the event loop.
+
+    :param signum: the signal's number.
+    """
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
+
+    @property
+    def exit_status(self) -> int:
+        """``128 + signum``: 130 for SIGINT, 143 for SIGTERM, what a shell reports for a process the signal ended."""
+        return 128 + self.signum
+
+
+@contextlib.contextmanager
+def interrupted_by_signals(signals: Sequence[int] = INTERRUPT_SIGNALS) -> Iterator[None]:
+    """Inside, the first of ``signals`` raises :class:`Interrupted` in the main thread, wherever it is (a wait, the
+    event loop of ``asyncio.run``, whose tasks are then cancelled and their cleanup awaited); later ones are
+    ignored so the cleanup that the exception unwinds through is not cut short. The previous handlers are back
+    on exit.
+
+    A signal the process inherited as ignored (SIGINT of a job a non-interactive shell started with ``&``) is
+    caught too, as Go's ``signal.Notify`` does: a command that says "Ctrl-C stops it" is stopped by it.
+    Main thread only (``signal.signal``).
+    """
+    fired: list[int] = []
+
+    def interrupt(signum: int, _frame: Any) -> None:
+        if fired:
+            return
+        fired.append(signum)
+        raise Interrupted(signum)
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def stdout_closed() -> bool:
