@@ -39,20 +39,20 @@ DNS_LABEL_RULE = (
 def dns_subdomain_problems(value: str) -> list[str]:
     """Why ``value`` is not a lowercase RFC 1123 subdomain (a Node's name), in the API server's words; empty
     when it is one."""
-    problems = []
-    if len(value) > DNS_SUBDOMAIN_MAX_LENGTH:
-        problems.append(f"must be no more than {DNS_SUBDOMAIN_MAX_LENGTH} characters")
-    if not _SUBDOMAIN.fullmatch(value):
-        problems.append(DNS_SUBDOMAIN_RULE)
-    return problems
+    return _problems(value, DNS_SUBDOMAIN_MAX_LENGTH, _SUBDOMAIN, DNS_SUBDOMAIN_RULE)
 
 
 def dns_label_problems(value: str) -> list[str]:
     """Why ``value`` is not a lowercase RFC 1123 label (a device or request name), in the API server's words;
     empty when it is one."""
+    return _problems(value, DNS_LABEL_MAX_LENGTH, _LABEL, DNS_LABEL_RULE)
+
+
+def _problems(value: str, max_length: int, pattern: re.Pattern[str], rule: str) -> list[str]:
+    """apimachinery's order: the length (``MaxLenError``), then the pattern (``RegexError``)."""
     problems = []
-    if len(value) > DNS_LABEL_MAX_LENGTH:
-        problems.append(f"must be no more than {DNS_LABEL_MAX_LENGTH} characters")
-    if not _LABEL.fullmatch(value):
-        problems.append(DNS_LABEL_RULE)
+    if len(value) > max_length:
+        problems.append(f"must be no more than {max_length} characters")
+    if not pattern.fullmatch(value):
+        problems.append(rule)
     return problems
