@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from dradriver import __version__, commands
+from dradriver.commands._entrypoint import exit_quietly_on_closed_stdout
 from dradriver.errors import DradriverError
 
 # reST inline markup found in docstrings: roles (:class:`~a.b.C`, :func:`text <target>`), ``literals``,
@@ -90,8 +91,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), run the chosen command and return its exit code.
 
     A malformed environment twin of a flag (read while the parsers are built) ends with status 2 and one line;
-    an unknown flag exits with status 2 and the usage of the subcommand it was given to.
+    an unknown flag exits with status 2 and the usage of the subcommand it was given to; a reader of standard
+    output that goes away (``dradriver inspect | head -1``) ends any command quietly with status 141
+    (:func:`~dradriver.commands._entrypoint.exit_quietly_on_closed_stdout`).
     """
+    return exit_quietly_on_closed_stdout(lambda: _run(argv))
+
+
+def _run(argv: Sequence[str] | None) -> int:
     try:
         parser = build_parser()
     except DradriverError as exc:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from dradriver.domain.featuregates import FeatureGateError, FeatureGates, parse_feature_gates
 from dradriver.domain.identity import COMPUTE_DOMAIN_DRIVER, GPU_DRIVER
+from dradriver.domain.names import dns_subdomain_problems
 from dradriver.domain.quantity import QuantityError, parse_quantity
 from dradriver.domain.shares import ShareMode, ShareModeError, parse_share_mode
 from dradriver.errors import FlagError
@@ -559,6 +560,9 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
     """
     if not args.node_name:
         raise FlagError("--node-name (env NODE_NAME) is required")
+    if problems := dns_subdomain_problems(args.node_name):
+        raise FlagError(f"--node-name (env NODE_NAME) {args.node_name!r} is not a valid Node name: "
+                        + "; ".join(problems))
     gates = _gates(args.feature_gates)
     hook_path = args.nvidia_cdi_hook_path or DEFAULT_CDI_HOOK_PATH
     try:

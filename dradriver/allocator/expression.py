@@ -21,6 +21,7 @@ runtime cost limit.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
@@ -505,7 +506,18 @@ def _ne(a: Any, b: Any) -> Any:
     return celtypes.BoolType(not result)
 
 
+def _index(container: Any, key: Any) -> Any:
+    """``container[key]``; through :func:`_guard` an error operand is the result (celpy reports it as a type
+    mismatch of ``_[_]`` naming its own classes, hiding the error that came first, e.g.
+    ``no such member in mapping: 'atributes'``)."""
+    try:
+        return operator.getitem(container, key)
+    except TypeError:
+        raise _overload("_[_]", container, key) from None
+
+
 _IMPLEMENTATIONS: dict[str, Callable[..., Any]] = {
+    "_[_]": _index,
     "quantity": _quantity,
     "isQuantity": _is_quantity,
     "semver": _semver,
@@ -706,6 +718,49 @@ def _check_functions(expression: str, tree: lark.Tree) -> None:
             )
 
 
+DEVICE_FIELDS = ("driver", "attributes", "capacity", "allowMultipleAllocations")
+"""The fields of the ``device`` variable (``k8s.io/dynamic-resource-allocation/cel/compile.go``)."""
+
+_COMPREHENSIONS = frozenset({"all", "exists", "exists_one", "map", "filter", "bind"})
+# Identifiers CEL itself declares (type denotations), beside the device variable and the library namespaces.
+_DECLARED = frozenset({"device", "sets", "cel", "int", "uint", "double", "bool", "string", "bytes", "list", "map",
+                       "null_type", "type", "dyn"})
+
+
+def _bare_ident(tree: Any) -> str | None:
+    """The identifier if ``tree`` is only a bare identifier, at any depth of one-child nodes."""
+    while isinstance(tree, lark.Tree) and tree.data != "ident" and len(tree.children) == 1:
+        tree = tree.children[0]
+    if isinstance(tree, lark.Tree) and tree.data == "ident":
+        return str(tree.children[0])
+    return None
+
+
+def _check_references(expression: str, tree: lark.Tree) -> None:
+    """Refuse what the API server's type check refuses when the claim is created: a variable that is not
+    declared (``devise``) and a field the ``device`` variable does not have (``device.atributes``), with the
+    position of the name, as cel-go words them (``undeclared reference to 'devise'``, ``undefined field
+    'atributes'``). A comprehension's or ``cel.bind``'s variable is declared inside the whole expression."""
+    bound: set[str] = set()
+    for node in tree.iter_subtrees():
+        method = node.children[1] if node.data == "member_dot_arg" and len(node.children) > 2 else None
+        if isinstance(method, lark.Token) and method.value in _COMPREHENSIONS:
+            args = node.children[2].children if isinstance(node.children[2], lark.Tree) else []
+            if args and (name := _bare_ident(args[0])):
+                bound.add(name)
+    for node in tree.iter_subtrees_topdown():
+        if node.data == "ident":
+            token = node.children[0]
+            if isinstance(token, lark.Token) and token.value not in _DECLARED | bound:
+                raise CelCompileError(expression, token.line or 1, token.column or 1,
+                                      f"undeclared reference to '{token.value}' (the variable is 'device')")
+        elif node.data == "member_dot" and _bare_ident(node.children[0]) == "device" and "device" not in bound:
+            field_token = node.children[1]
+            if isinstance(field_token, lark.Token) and field_token.value not in DEVICE_FIELDS:
+                raise CelCompileError(expression, field_token.line or 1, field_token.column or 1,
+                                      f"undefined field '{field_token.value}' (device has {', '.join(DEVICE_FIELDS)})")
+
+
 @dataclass(frozen=True)
 class Outcome:
     """Result of evaluating a selector on one device: ``matched`` or an ``error`` text (never both)."""
@@ -718,7 +773,8 @@ class Selector:
     """A compiled CEL device selector.
 
     :param expression: CEL source; must evaluate to a bool.
-    :raises CelCompileError: syntax error or unknown function, with line/column and caret.
+    :raises CelCompileError: syntax error, unknown function, undeclared variable or a field ``device`` does not
+        have, with line/column and caret.
     """
 
     def __init__(self, expression: str) -> None:
@@ -729,6 +785,7 @@ class Selector:
         except CELParseError as exc:
             raise CelCompileError(expression, exc.line or 1, exc.column or 1, "syntax error") from None
         _check_functions(expression, self.tree)
+        _check_references(expression, self.tree)
         _rewrite_bind(self.tree)
         self._program = environment.program(self.tree, LIBRARY)
 
@@ -769,7 +826,8 @@ def error_text(error: CELEvalError) -> str:
     if message.startswith("undeclared reference to"):
         message = message.split(" (in activation", 1)[0]
     if message == "no such key" and len(error.args) > 2 and error.args[2]:
-        message = f"no such key: {error.args[2][0]!r}"
+        key = error.args[2][0]  # cel-go's wording: the key as text (``no such key: atributes``)
+        message = f"no such key: {key if isinstance(key, str) else format_value(key)}"
     if message == "no such overload" and len(error.args) > 2 and error.args[2]:
         message = f"no such overload: {error.args[2][0]}"
     return message

@@ -56,6 +56,7 @@ from dradriver.allocator.resources import (
 )
 from dradriver.allocator.wording import describe, rejection
 from dradriver.allocator.workloads import NOT_EXPANDED, expand, group_kind, is_workload
+from dradriver.domain.pods import claim_reference_problems
 
 ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
 
@@ -125,8 +126,10 @@ def load(texts: Iterable[str], sources: Sequence[str] | None = None) -> Inputs:
     """Parse multi-document YAML texts (any mix of the kinds in the module docstring).
 
     :param sources: a name per text for messages (file names); default ``<input N>``.
-    :raises InputError: YAML syntax errors (source, line and column), an empty input, a retired API version,
-        malformed objects (object and field named), invalid CEL (line, column and caret).
+    :raises InputError: YAML syntax errors (source, line and column), an empty input, an input with nothing to
+        allocate (no claim, template, Pod or workload that runs a Pod), a retired API version, malformed
+        objects (object and field named), a Pod the API server would refuse (a container naming a claim the Pod
+        does not declare), invalid CEL (line, column and caret).
     """
     texts = list(texts)
     names = list(sources) if sources is not None else [f"<input {i + 1}>" for i in range(len(texts))]
@@ -135,7 +138,22 @@ def load(texts: Iterable[str], sources: Sequence[str] | None = None) -> Inputs:
         objects.extend((obj, source) for obj in _flatten(_parse_yaml(text, source), source))
     if not objects:
         raise InputError(f"no Kubernetes objects in {', '.join(names) or 'the input'} (empty input)")
-    return _read(objects)
+    inputs = _read(objects)
+    if not inputs.claims and not inputs.pods:
+        raise InputError(_nothing_to_allocate(names, [obj for obj, _ in objects], inputs.notes))
+    return inputs
+
+
+def _nothing_to_allocate(names: Sequence[str], objects: list[dict[str, Any]], notes: list[str]) -> str:
+    """``nothing to allocate in a.yaml: no ResourceClaim, ResourceClaimTemplate, Pod or workload (read: 1
+    ResourceSlice, 2 DeviceClass)``, with what workloads became when they run no Pod."""
+    counts: dict[str, int] = {}
+    for obj in objects:
+        counts[str(obj.get("kind") or "<no kind>")] = counts.get(str(obj.get("kind") or "<no kind>"), 0) + 1
+    read = ", ".join(f"{n} {kind}" for kind, n in counts.items())
+    became = f"; {'; '.join(notes)}" if notes else ""
+    return (f"nothing to allocate in {', '.join(names) or 'the input'}: no ResourceClaim, ResourceClaimTemplate, "
+            f"Pod or workload (read: {read}){became}")
 
 
 def load_objects(objects: Iterable[dict[str, Any]], source: str = "<objects>") -> Inputs:
@@ -153,7 +171,7 @@ def load_objects(objects: Iterable[dict[str, Any]], source: str = "<objects>") -
 
 def _read(objects: list[tuple[dict[str, Any], str]]) -> Inputs:
     inputs = Inputs()
-    raw_claims: list[dict[str, Any]] = []
+    raw_claims: list[tuple[dict[str, Any], str]] = []
     owners = _controllers(obj for obj, _ in objects)
     for original, source in objects:
         try:
@@ -169,10 +187,14 @@ def _read(objects: list[tuple[dict[str, Any], str]]) -> Inputs:
             inputs.classes[device_class.name] = device_class
             inputs.raw_classes.append(obj)
         elif kind == "ResourceClaim" and is_resource:
-            raw_claims.append(obj)
+            raw_claims.append((obj, source))
         elif kind == "ResourceClaimTemplate" and is_resource:
             inputs.templates.append(obj)
         elif kind == "Pod" and obj.get("apiVersion") == "v1":
+            problems = claim_reference_problems(as_mapping(obj.get("spec")))
+            if problems:  # what the API server answers to kubectl apply
+                raise InputError(f"{source}: Pod {_name_of(obj)} is invalid: "
+                                 + ", ".join(f"{field}: {message}" for _, field, message in problems))
             inputs.pods.append(obj)
         elif kind == "Node" and obj.get("apiVersion") == "v1":
             node = parse_node(obj)
@@ -189,7 +211,10 @@ def _read(objects: list[tuple[dict[str, Any], str]]) -> Inputs:
                 "the input (ownerReferences)"
             )
         elif is_workload(obj):
-            expansion = expand(obj)
+            try:
+                expansion = expand(obj)
+            except InputError as exc:
+                raise InputError(f"{source}: {exc}") from None
             inputs.pods.extend(expansion.pods)
             inputs.notes.extend(expansion.notes)
         else:
@@ -198,7 +223,11 @@ def _read(objects: list[tuple[dict[str, Any], str]]) -> Inputs:
                 f"{source}: ignored {obj.get('apiVersion', '<no apiVersion>')} {kind or '<no kind>'} "
                 f"{_name_of(obj)}: {reason}"
             )
-    inputs.claims = [parse_claim(c) for c in raw_claims]
+    for obj, source in raw_claims:
+        try:
+            inputs.claims.append(parse_claim(obj))
+        except InputError as exc:
+            raise InputError(f"{source}: {exc}") from None
     inputs.claims.extend(_instantiate(inputs))
     return inputs
 

@@ -28,6 +28,7 @@ from typing import Any
 from dradriver.allocator.conversion import as_mapping
 from dradriver.allocator.naming import generated_name, pod_template_hash
 from dradriver.allocator.resources import InputError
+from dradriver.domain.pods import claim_reference_problems
 
 WORKLOAD_KINDS = {
     ("apps", "Deployment"),
@@ -84,9 +85,16 @@ def _count(spec: dict[str, Any], key: str, default: int, where: str) -> int:
 
 
 def _template(spec: dict[str, Any], where: str) -> dict[str, Any]:
+    """The pod template at ``<where>.template``, refused as the API server refuses the workload when its
+    containers name a claim the template does not declare (:func:`dradriver.domain.pods.claim_reference_problems`).
+    """
     template = spec.get("template")
     if not isinstance(template, dict) or not isinstance(template.get("spec"), dict):
         raise InputError(f"{where}.template.spec: required (the pod template)")
+    what, _, path = where.rpartition(": ")
+    problems = claim_reference_problems(template["spec"], f"{path}.template.spec")
+    if problems:
+        raise InputError(f"{what} is invalid: " + ", ".join(f"{field}: {message}" for _, field, message in problems))
     return template
 
 

@@ -18,3 +18,15 @@ def add_output_alias(parser: argparse.ArgumentParser) -> None:
                                 default=argparse.SUPPRESS, help="log output format; the same as --log-format")
             return
     raise ValueError(f"{parser.prog}: no --log-format option to alias with -o")
+
+
+def node_name_error(prog: str, value: str) -> str | None:
+    """The one line ``prog`` prints for a ``--node-name`` that the API server would refuse as a Node's name
+    (an RFC 1123 subdomain, :func:`dradriver.domain.names.dns_subdomain_problems`), or ``None`` when it is
+    valid: ``dradriver sandbox: --node-name 'Bad_Name!' is not a valid Node name: a lowercase RFC 1123 ...``."""
+    from dradriver.domain.names import dns_subdomain_problems
+
+    problems = dns_subdomain_problems(value)
+    if not problems:
+        return None
+    return f"{prog}: --node-name {value!r} is not a valid Node name: {'; '.join(problems)}"

@@ -9,7 +9,9 @@ then the scheduled Pods (``spec.nodeName``, ``status.resourceClaimStatuses``,
 ``status.extendedResourceClaimStatus``), as a YAML stream or with ``-o json`` one ``v1``
 ``List``. Objects it does not use are named on stderr (``warning: ...``).
 Exit code 0 when every claim is allocated and every Pod scheduled, 1 when some cannot be ("cannot allocate
-claim ns/name: ..." or "cannot schedule pod ns/name: ..." on stderr), 2 on invalid or empty input.
+claim ns/name: ..." or "cannot schedule pod ns/name: ..." on stderr), 2 on invalid input (a Pod the API server
+would refuse, invalid CEL, with the file and the field) or nothing to allocate (no claim, template, Pod or
+workload in the files).
 """
 
 from __future__ import annotations

@@ -72,18 +72,22 @@ def register(subparsers: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The ``compute-domain-daemon`` console script; returns the exit status."""
+    """The ``compute-domain-daemon`` console script; returns the exit status (141, quietly, when its standard
+    output is closed: :func:`~dradriver.commands._entrypoint.exit_quietly_on_closed_stdout`)."""
     import sys
 
     from dradriver.errors import DradriverError
 
-    try:
-        parser = _entrypoint.build_parser(PROG, DESCRIPTION, DAEMON_FLAGS)
-    except DradriverError as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return 2
-    _add_subcommands(parser)
-    return run(parser.parse_args(argv))
+    def body() -> int:
+        try:
+            parser = _entrypoint.build_parser(PROG, DESCRIPTION, DAEMON_FLAGS)
+        except DradriverError as exc:
+            print(f"{PROG}: {exc}", file=sys.stderr)
+            return 2
+        _add_subcommands(parser)
+        return run(parser.parse_args(argv))
+
+    return _entrypoint.exit_quietly_on_closed_stdout(body)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 
@@ -41,7 +42,11 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """0 when every step did what the driver promises; 1 with a clear message otherwise."""
+    """0 when every step did what the driver promises (with ``--serve``: until Ctrl-C or SIGTERM); 1 with a clear
+    message otherwise; 2 for flags that do not fit (a ``--node-name`` that is not a Node name, ``--tenants``
+    without the compute-domain scenario); 130 (Ctrl-C) or 143 (SIGTERM) when a scenario is interrupted, after its
+    cleanup (plugins, controllers, daemons and emulators stopped, node directories removed), with one line
+    saying so."""
     import asyncio
     import json
     import logging
@@ -49,9 +54,10 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from dradriver import logs
+    from dradriver.commands._entrypoint import Interrupted, interrupted_by_signals
+    from dradriver.commands._options import node_name_error
     from dradriver.errors import DradriverError
-    from dradriver.sandbox.demo import DemoRun, Narrator, demo
-    from dradriver.sandbox.sharing_demo import sharing_demo
+    from dradriver.sandbox.demo import DemoRun, Narrator
 
     logs.configure("warning", "text")
     logging.getLogger("dradriver").setLevel(logging.ERROR)
@@ -85,27 +91,23 @@ def run(args: argparse.Namespace) -> int:
     if args.serve and args.scenario in ("sharing", "dynamic-mig", "compute-domain"):
         print(f"dradriver demo: --serve does not run the {args.scenario} scenario", file=sys.stderr)
         return 2
+    error = node_name_error("dradriver demo", args.node_name)
+    if error:
+        print(error, file=sys.stderr)
+        return 2
     if args.tenants != 1 and args.scenario != "compute-domain":
         print(f"dradriver demo: --tenants applies to --scenario compute-domain, not {args.scenario}", file=sys.stderr)
         return 2
     try:
-        if args.scenario == "dynamic-mig":
-            from dradriver.sandbox import demo_mig
-
-            asyncio.run(demo_mig.demo(profile=args.profile, node_name=args.node_name, narrator=narrator))
-        elif args.scenario == "compute-domain" and args.tenants != 1:
-            from dradriver.sandbox import cdtenantsdemo
-
-            cdtenantsdemo.run(narrator, args.tenants)
-        elif args.scenario == "compute-domain":
-            from dradriver.sandbox import cddemo
-
-            cddemo.run(narrator)
-        elif args.scenario == "sharing":
-            asyncio.run(sharing_demo(narrator))
-        else:
-            asyncio.run(demo(profile=args.profile, node_name=args.node_name, narrator=narrator,
-                             serve=serve if args.serve else None, scenario=args.scenario))
+        with interrupted_by_signals():  # Ctrl-C or kill: the scenario's cleanup runs as the exception unwinds
+            _run_scenario(args, narrator, serve)
+    except Interrupted as exc:
+        step = f" in step {narrator.steps[-1]['step']} ({narrator.steps[-1]['title']})" if narrator.steps else ""
+        if args.output == "json" and not args.serve:
+            print(json.dumps({"ok": False, "interrupted": str(exc), "steps": narrator.steps}), flush=True)
+        print(f"\ndradriver demo: interrupted by {exc}{step}; everything it started is stopped and removed",
+              file=sys.stderr)
+        return exc.exit_status
     except DradriverError as exc:
         if args.output == "json" and not args.serve:
             print(json.dumps({"ok": False, "error": str(exc), "steps": narrator.steps}))
@@ -120,3 +122,33 @@ def run(args: argparse.Namespace) -> int:
         note = f" ({len(skipped)} part(s) skipped, not in this build: {'; '.join(skipped)})" if skipped else ""
         print(f"\ndemo finished in {narrator.total_seconds:.2f} s: every step succeeded{note}")
     return 0
+
+
+def _run_scenario(args: argparse.Namespace, narrator: Any, serve: Callable[[Any], Awaitable[None]]) -> None:
+    """Run the scenario ``args`` name to its end (or, with ``--serve``, until interrupted).
+
+    :raises dradriver.errors.DradriverError: a step did not do what the driver promises.
+    """
+    import asyncio
+
+    if args.scenario == "dynamic-mig":
+        from dradriver.sandbox import demo_mig
+
+        asyncio.run(demo_mig.demo(profile=args.profile, node_name=args.node_name, narrator=narrator))
+    elif args.scenario == "compute-domain" and args.tenants != 1:
+        from dradriver.sandbox import cdtenantsdemo
+
+        cdtenantsdemo.run(narrator, args.tenants)
+    elif args.scenario == "compute-domain":
+        from dradriver.sandbox import cddemo
+
+        cddemo.run(narrator)
+    elif args.scenario == "sharing":
+        from dradriver.sandbox.sharing_demo import sharing_demo
+
+        asyncio.run(sharing_demo(narrator))
+    else:
+        from dradriver.sandbox.demo import demo
+
+        asyncio.run(demo(profile=args.profile, node_name=args.node_name, narrator=narrator,
+                         serve=serve if args.serve else None, scenario=args.scenario))

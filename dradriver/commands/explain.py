@@ -8,7 +8,8 @@ line per Pod: scheduled where, or pending and why (an extended resource such as 
 DeviceClass maps and no device plugin offers). Unused objects and what workloads became come first.
 With ``-o json`` the same text comes as a list of lines in one JSON object, beside the allocated claims and
 the failures (``{"allocatable", "claims", "failures", "explanation"}``).
-Exit code 0 when every claim can be allocated, 1 when some cannot, 2 on invalid input.
+Exit code 0 when every claim can be allocated, 1 when some cannot, 2 on invalid input or nothing to explain
+(the same cases as ``dradriver allocate``).
 """
 
 from __future__ import annotations

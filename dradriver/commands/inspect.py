@@ -9,7 +9,8 @@ GPU), MIG (profile, ``-`` for a full GPU), MEMORY, UUID, HEALTH (``Healthy``, ``
 health poll, as the plugin's health monitor judges it); ``-o wide`` adds PRODUCT, PCI-BUS-ID, SLICE and TAINTS
 (``key`` or ``key=value``, e.g. ``gpu.nvidia.com/fabric-unhealthy=registration-failed``).
 GPUs left out by discovery and other warnings go to stderr and, in YAML, also into comments at the top.
-Exit status: 0 on success, 1 when NVML cannot be loaded or initialised.
+Exit status: 0 on success, 1 when NVML cannot be loaded or initialised, 2 for a ``--node-name`` that is not a
+Node name (an RFC 1123 subdomain).
 """
 
 from __future__ import annotations
@@ -125,13 +126,18 @@ def run(args: argparse.Namespace) -> int:
     import yaml
 
     from dradriver import _native
+    from dradriver.commands._options import node_name_error
     from dradriver.domain.resourceslices import ResourceSliceError, build
     from dradriver.errors import DradriverError
     from dradriver.kube.resourceslices import slice_generate_name
     from dradriver.nvml.discovery import discover
     from dradriver.nvml.session import open_session
 
-    node = args.node_name or socket.gethostname()
+    error = node_name_error("dradriver inspect", args.node_name) if args.node_name else None
+    if error:
+        print(error, file=sys.stderr)
+        return 2
+    node = args.node_name or socket.gethostname().strip().lower()  # the kubelet's default Node name
     health: dict[str, tuple[str, str]] = {}
     try:
         _native.load_all()  # the hot paths must be there (or twins asked for): a loud error, not a slow path

@@ -27,18 +27,23 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Serve until interrupted; 0 on Ctrl-C/SIGTERM, 1 (as ``inspect`` and ``demo``) for an unknown ``--profile``
-    or a node that cannot be laid out."""
+    or a node that cannot be laid out, 2 for a ``--node-name`` that is not a Node name."""
     import asyncio
     import signal
     import sys
 
     from dradriver import logs
+    from dradriver.commands._options import node_name_error
     from dradriver.errors import DradriverError
     from dradriver.nvml import mock
     from dradriver.sandbox.cluster import ClusterEmulator, describe, dump, plugin_environment, write_env_file
     from dradriver.sandbox.node import SandboxNode
 
     logs.configure("warning", "text")
+    error = node_name_error("dradriver sandbox", args.node_name)
+    if error:
+        print(error, file=sys.stderr)
+        return 2
     try:
         mock.load_profile(args.profile)  # before anything starts: the same error as --mock-profile elsewhere
     except mock.MockNvmlError as exc:

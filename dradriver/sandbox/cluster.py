@@ -223,10 +223,12 @@ class ClusterEmulator:
                 continue
             refs = [ClaimRef(c["metadata"]["namespace"], c["metadata"]["name"], c["metadata"]["uid"]) for c in claims]
             in_use.update(r.uid for r in refs)
+            # As the kubelet's claim cache: a claim another pod already had prepared is not prepared again,
+            # and this pod runs once every claim it uses is prepared, whichever pod's turn prepared it.
             todo = [r for r in refs if r.uid not in self.prepared]
-            if not todo or self._plugin is None:
+            if todo and self._plugin is None:
                 continue
-            answer = await self._plugin.prepare(todo)
+            answer = await self._plugin.prepare(todo) if todo and self._plugin else {}
             failures: list[str] = []
             for ref in todo:
                 res = answer[ref.uid]

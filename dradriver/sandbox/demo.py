@@ -58,7 +58,8 @@ class DemoError(DradriverError):
 
 @dataclass
 class Narrator:
-    """Prints progress for people (text) or collects it for machines (``--output json``)."""
+    """Prints progress for people (text, each line as it happens) or collects it for machines
+    (``--output json``)."""
 
     output: str = "text"
     stream: TextIO = field(default_factory=lambda: sys.stdout)
@@ -69,19 +70,20 @@ class Narrator:
         self.steps.append({"step": number, "title": title, "details": [], "seconds": 0.0})
         self._step_started = time.monotonic()
         if self.output == "text":
-            print(f"\n== {number}. {title}", file=self.stream)
+            print(f"\n== {number}. {title}", file=self.stream, flush=True)
 
     def done(self) -> None:
         seconds = time.monotonic() - self._step_started
         self.steps[-1]["seconds"] = round(seconds, 3)
         if self.output == "text":
-            print(f"   ({seconds * 1000:.0f} ms)", file=self.stream)
+            print(f"   ({seconds * 1000:.0f} ms)", file=self.stream, flush=True)
 
     def say(self, text: str, **data: Any) -> None:
         self.steps[-1]["details"].append({"text": text, **data})
         if self.output == "text":
             for line in text.splitlines():
                 print(f"   {line}", file=self.stream)
+            self.stream.flush()  # progress shows as it happens, also through a pipe (``dradriver demo | tee``)
 
     @property
     def total_seconds(self) -> float:

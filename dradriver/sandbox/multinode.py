@@ -1278,6 +1278,10 @@ class MultiNodeCluster:
         for name in list(self.killed):  # frozen processes cannot act on SIGTERM
             with contextlib.suppress(MultiNodeError):
                 self.heal_node(name)
+        for node in self.nodes.values():  # every plugin told at once (each takes a while), then each waited for
+            if node.plugin is not None and node.plugin.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    node.plugin.send_signal(signal.SIGTERM)
         for node in self.nodes.values():
             if node.runtime is not None:
                 node.runtime.stop()

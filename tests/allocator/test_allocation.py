@@ -354,8 +354,8 @@ def test_invalid_cel_is_reported_with_a_caret(capsys: pytest.CaptureFixture[str]
         sys.stdin = sys.__stdin__
     err = capsys.readouterr().err
     assert err.splitlines() == [
-        "dradriver allocate: ResourceClaim default/c: spec.devices.requests[0].exactly.selectors[0].cel.expression: "
-        "invalid CEL: syntax error at line 1, column 42",
+        "dradriver allocate: <stdin>: ResourceClaim default/c: spec.devices.requests[0].exactly.selectors[0]."
+        "cel.expression: invalid CEL: syntax error at line 1, column 42",
         "  | device.capacity['gpu.nvidia.com'].memory >=",
         "  |                                          ^",
     ]
@@ -409,3 +409,51 @@ def test_parsed_objects_allocate_as_their_yaml_does_and_are_not_changed() -> Non
     assert yaml.safe_dump_all(listed) == before  # read, not changed
     with pytest.raises(InputError, match=r"no Kubernetes objects in the API emulator \(empty input\)"):
         load_objects([{"apiVersion": "v1", "kind": "List", "items": []}], "the API emulator")
+
+
+def _pod(claims: list[dict[str, Any]], *refs: dict[str, Any]) -> str:
+    return yaml.safe_dump({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "default"},
+                           "spec": {"resourceClaims": claims,
+                                    "containers": [{"name": "c", "image": "x", "resources": {"claims": list(refs)}}]}})
+
+
+def test_a_container_naming_an_undeclared_claim_is_refused_as_the_api_server_refuses_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pod = tmp_path / "pod.yaml"
+    pod.write_text(claim("one", request("gpu")) + "---\n"
+                   + _pod([{"name": "gpu", "resourceClaimName": "one"}], {"name": "gpux"}))
+    files = [str(FIXTURES / "deviceclasses.yaml"), str(FIXTURES / "h100.yaml"), str(pod)]
+    for command in ("explain", "allocate"):
+        assert main([command, *files]) == 2
+        out, err = capsys.readouterr()
+        assert out == ""
+        assert err == (f"dradriver {command}: {pod}: Pod default/p is invalid: spec.containers[0].resources.claims[0]: "
+                       'Not found: "gpux": must be one of the names in pod.spec.resourceClaims: gpu\n')
+    with pytest.raises(InputError, match=r'claims\[0\]: Not found: "gpu": must be one of the names in '
+                                         r"pod.spec.resourceClaims which is empty$"):
+        load([*fixture("h100"), _pod([], {"name": "gpu"})])
+    with pytest.raises(InputError, match=r'claims\[1\]: Duplicate value: "gpu"$'):
+        load([*fixture("h100"), _pod([{"name": "gpu", "resourceClaimName": "one"}], {"name": "gpu"}, {"name": "gpu"})])
+    deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d", "namespace": "default"},
+                  "spec": {"template": {"spec": {"containers": [
+                      {"name": "c", "image": "x", "resources": {"claims": [{"name": "gpu"}]}}]}}}}
+    with pytest.raises(InputError) as info:
+        load([*fixture("h100"), yaml.safe_dump(deployment)], ["classes.yaml", "h100.yaml", "deploy.yaml"])
+    assert str(info.value) == ("deploy.yaml: Deployment default/d is invalid: spec.template.spec.containers[0]."
+                               'resources.claims[0]: Not found: "gpu": must be one of the names in '
+                               "pod.spec.resourceClaims which is empty")
+
+
+def test_a_cel_typo_is_refused_with_the_claim_field_and_position(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    typo = tmp_path / "typo.yaml"
+    typo.write_text(claim("typo", request("gpu", "gpu.nvidia.com",
+                                          "device.atributes['gpu.nvidia.com'].productName == 'x'")))
+    for command in ("explain", "allocate"):
+        assert main([command, str(FIXTURES / "deviceclasses.yaml"), str(FIXTURES / "h100.yaml"), str(typo)]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and "celpy" not in err and "overload" not in err
+        assert err.splitlines()[0] == (
+            f"dradriver {command}: {typo}: ResourceClaim default/typo: spec.devices.requests[0].exactly.selectors[0]."
+            "cel.expression: invalid CEL: undefined field 'atributes' (device has driver, attributes, capacity, "
+            "allowMultipleAllocations) at line 1, column 8")

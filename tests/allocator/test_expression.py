@@ -121,3 +121,48 @@ def test_unknown_function_points_at_the_call() -> None:
         "  | device.capacity['gpu.nvidia.com'].memory.greaterThan(quantity('1'))",
         "  |                                          ^",
     ]
+
+
+@pytest.mark.parametrize(
+    ("expression", "first_line"),
+    [
+        ("device.atributes['gpu.nvidia.com'].productName == 'x'",
+         "undefined field 'atributes' (device has driver, attributes, capacity, allowMultipleAllocations) at line "
+         "1, column 8"),
+        ("devise.attributes['gpu.nvidia.com'].productName == 'x'",
+         "undeclared reference to 'devise' (the variable is 'device') at line 1, column 1"),
+        ("device.driver == 'gpu.nvidia.com' &&\n  device.capcity['gpu.nvidia.com'].memory.isGreaterThan(quantity('1'))",
+         "undefined field 'capcity' (device has driver, attributes, capacity, allowMultipleAllocations) at line 2, "
+         "column 10"),
+    ],
+)
+def test_a_typo_in_the_device_variable_is_a_compile_error_at_its_position(expression: str, first_line: str) -> None:
+    """What the API server's type check refuses when the claim is created, not a celpy overload error per device."""
+    with pytest.raises(CelCompileError) as info:
+        Selector(expression)
+    lines = str(info.value).splitlines()
+    assert lines[0] == first_line
+    assert lines[2].index("^") - 4 == info.value.column - 1  # the caret under the misspelt name
+
+
+@pytest.mark.parametrize("expression", [
+    "[1, 2].exists(x, x > 1) && device.driver != ''",
+    "device.attributes['gpu.nvidia.com'].exists(name, name != '')",
+    "cel.bind(v, device.driver, v == 'gpu.nvidia.com')",
+    "type(device.driver) == string && device.allowMultipleAllocations == false",
+])
+def test_declared_names_and_comprehension_variables_compile(l4: object, expression: str) -> None:
+    assert Selector(expression).evaluate(l4).matched  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("expression", "error"),
+    [
+        ("device['atributes']['gpu.nvidia.com'].productName == 'x'", "no such key: atributes"),
+        ("device.attributes['gpu.nvidia.com'].productName['x'] == 'y'", "no such overload: _[_](string, string)"),
+    ],
+)
+def test_an_error_under_an_index_is_the_first_error_not_celpy_internals(l4: object, expression: str,
+                                                                         error: str) -> None:
+    outcome = Selector(expression).evaluate(l4)  # type: ignore[arg-type]
+    assert (outcome.matched, outcome.error) == (False, error)

@@ -280,15 +280,18 @@ def test_every_object_is_used_or_named_and_empty_input_is_an_error(tmp_path: Pat
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings", "namespace": "default"}},
         {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "agent"}, "spec": {}},
     ]
-    inputs = load([*fixture("h100"), docs(*extra)], ["classes.yaml", "h100.yaml", "extra.yaml"])
+    gpu = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+           "metadata": {"name": "gpu", "namespace": "default"},
+           "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}
+    inputs = load([*fixture("h100"), docs(*extra, gpu)], ["classes.yaml", "h100.yaml", "extra.yaml"])
     assert inputs.warnings == [
         "extra.yaml: ignored v1 ConfigMap default/settings: a kind the simulator does not read",
         "extra.yaml: ignored apps/v1 DaemonSet agent: one Pod per node: write a Pod with spec.nodeName for the node "
         "you ask about",
     ]
     path = tmp_path / "extra.yaml"
-    path.write_text(docs(*extra))
-    assert main(["allocate", str(FIXTURES / "deviceclasses.yaml"), str(path)]) == 0
+    path.write_text(docs(*extra, gpu))
+    assert main(["allocate", str(FIXTURES / "deviceclasses.yaml"), str(FIXTURES / "h100.yaml"), str(path)]) == 0
     err = capsys.readouterr().err
     assert f"warning: {path}: ignored v1 ConfigMap default/settings" in err
     empty = tmp_path / "empty.yaml"
@@ -296,6 +299,25 @@ def test_every_object_is_used_or_named_and_empty_input_is_an_error(tmp_path: Pat
     for command in ("allocate", "explain"):
         assert main([command, str(empty)]) == 2
         assert capsys.readouterr().err == f"dradriver {command}: no Kubernetes objects in {empty} (empty input)\n"
+
+
+def test_nothing_to_allocate_is_an_error_naming_the_files_and_what_was_read(tmp_path: Path, capsys: Any) -> None:
+    """Slices and classes alone (or objects the simulator does not use) leave nothing to explain or allocate:
+    one line and status 2, never a blank answer with status 0."""
+    unused = tmp_path / "unused.yaml"
+    unused.write_text(docs({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings"}}))
+    files = [str(FIXTURES / "deviceclasses.yaml"), str(FIXTURES / "h100.yaml"), str(unused)]
+    for command in ("allocate", "explain"):
+        for output in ([], ["-o", "json"]):
+            assert main([command, *output, *files]) == 2
+            out, err = capsys.readouterr()
+            assert out == ""
+            assert err.splitlines()[-1] == (
+                f"dradriver {command}: nothing to allocate in {', '.join(files)}: no ResourceClaim, "
+                "ResourceClaimTemplate, Pod or workload (read: 2 DeviceClass, 1 ResourceSlice, 1 ConfigMap)")
+    with pytest.raises(InputError, match=r"no ResourceClaim.*\(read: 1 Deployment\); Deployment default/idle: 0 "):
+        load([docs({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "idle"},
+                    "spec": {"replicas": 0, "template": {"spec": {"containers": [{"name": "c", "image": "x"}]}}}})])
 
 
 def test_yaml_error_names_the_file_and_line(tmp_path: Path, capsys: Any) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -111,3 +112,57 @@ def test_sandbox_refuses_an_unknown_profile_up_front() -> None:
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("dradriver sandbox: error: unknown mock NVML profile 'dgx-z900'")
     assert "dgx-h100" in lines[0]
+
+
+def _with_closed_stdout(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` with standard output a pipe whose reader is already gone (``... | head -1`` once head exits)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        return subprocess.run(argv, cwd=REPO, stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120,
+                              check=False)
+    finally:
+        os.close(write_end)
+
+
+@pytest.mark.parametrize("argv", [
+    ["inspect", "--mock-profile", "dgx-h100"],
+    ["inspect", "--mock-profile", "dgx-h100", "-o", "json"],
+    ["feature-gates"],
+    ["mock-profiles"],
+], ids=lambda argv: " ".join(argv))
+def test_a_closed_stdout_ends_a_command_quietly(argv: list[str]) -> None:
+    proc = _with_closed_stdout([sys.executable, "-m", "dradriver", *argv])
+    assert proc.stderr == "", proc.stderr
+    assert proc.returncode == 141  # 128 + SIGPIPE, what a shell reports for `yes | head -1`
+
+
+def test_a_closed_stdout_ends_a_console_script_quietly() -> None:
+    """NVIDIA-named executables (``gpu-kubelet-plugin`` ...) run through ``console_main``: a component that
+    writes to a closed stdout ends as quietly as a ``dradriver`` subcommand."""
+    code = ("import sys; from dradriver.commands._entrypoint import console_main; "
+            "sys.exit(console_main('gpu-kubelet-plugin', 'x', (), lambda args: print('line\\n' * 20000) or 0, []))")
+    proc = _with_closed_stdout([sys.executable, "-c", code])
+    assert (proc.returncode, proc.stderr) == (141, "")
+
+
+def test_a_broken_pipe_elsewhere_is_not_taken_for_a_closed_stdout() -> None:
+    from dradriver.commands._entrypoint import exit_quietly_on_closed_stdout
+
+    def body() -> int:
+        raise BrokenPipeError(32, "Broken pipe")  # e.g. a child's stdin or a socket, stdout is fine
+
+    with pytest.raises(BrokenPipeError):
+        exit_quietly_on_closed_stdout(body)
+
+
+@pytest.mark.parametrize("command", ["sandbox", "demo", "inspect"])
+def test_a_bad_node_name_is_one_line_naming_the_flag_and_the_rule(command: str) -> None:
+    """Refused before anything starts (no node laid out, no API emulator), with the API server's rule."""
+    proc = subprocess.run([sys.executable, "-m", "dradriver", command, "--node-name", "Bad_Name!"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == ""
+    [line] = proc.stderr.splitlines()
+    assert line.startswith(f"dradriver {command}: --node-name 'Bad_Name!' is not a valid Node name: a lowercase "
+                           "RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.'"), line

@@ -256,3 +256,10 @@ def test_dradriver_cli_reports_disagreeing_twins_in_one_line(monkeypatch: pytest
     assert cli.main(["mock-profiles"]) == 2
     assert capsys.readouterr().err == ("dradriver: --nvidia-driver-root: NVIDIA_DRIVER_ROOT='/' and "
                                        "HOST_DRIVER_ROOT='/run/nvidia/driver' disagree; set one of them\n")
+
+
+@pytest.mark.parametrize("name", ["Bad_Name!", "gpu-node-1.", "a" * 254])
+def test_a_node_name_the_api_server_would_refuse_is_a_flag_error(name: str) -> None:
+    with pytest.raises(FlagError, match=r"^--node-name \(env NODE_NAME\) '.*' is not a valid Node name: "):
+        _config(["--node-name", name])
+    assert _config(["--node-name", "gpu-node-1.example.com"]).node_name == "gpu-node-1.example.com"

@@ -102,6 +102,24 @@ def test_invalid_slice_is_422_naming_the_field(k8s: Any) -> None:
     assert status["details"]["causes"][0]["field"] == "spec.devices[0].attributes[driverVersion].version"
 
 
+def test_a_pod_naming_an_undeclared_claim_is_422_in_the_api_servers_words(k8s: Any) -> None:
+    """``kubectl apply`` of a Pod whose container names a claim the Pod does not declare is refused, as by
+    kube-apiserver's ``validateResourceClaimNames``."""
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "default"},
+           "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": "c"}],
+                    "containers": [{"name": "c", "image": "x", "resources": {"claims": [{"name": "gpux"}]}}]}}
+    with pytest.raises(kubernetes.client.ApiException) as info:
+        kubernetes.client.CoreV1Api(k8s).create_namespaced_pod("default", pod)
+    status = _status(info.value)
+    assert info.value.status == 422 and status["reason"] == "Invalid"
+    assert status["message"] == ('Pod "p" is invalid: spec.containers[0].resources.claims[0]: Not found: "gpux": '
+                                 "must be one of the names in pod.spec.resourceClaims: gpu")
+    assert status["details"]["causes"] == [{"reason": "FieldValueNotFound",
+                                            "field": "spec.containers[0].resources.claims[0]",
+                                            "message": 'Not found: "gpux": must be one of the names in '
+                                                       "pod.spec.resourceClaims: gpu"}]
+
+
 def test_field_and_label_selectors(k8s: Any, api: ApiServerEmulator) -> None:
     res: Any = kubernetes.client.ResourceV1Api(k8s)
     res.create_resource_slice(_slice(NODE, name="a"))

@@ -1,17 +1,18 @@
-"""Admission: the metadata checks every write passes, the ResourceSlice and ResourceClaim validation subsets,
-and (optionally) the OpenAPI schema check with ``kubernetes_validate``."""
+"""Admission: the metadata checks every write passes, the ResourceSlice and ResourceClaim validation subsets, a
+Pod's claim references (:mod:`dradriver.domain.pods`), and (optionally) the OpenAPI schema check with
+``kubernetes_validate``."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
 
+from dradriver.domain.names import dns_label_problems, dns_subdomain_problems
+from dradriver.domain.pods import claim_reference_problems
 from dradriver.sandbox.apiserver import crds
 from dradriver.sandbox.apiserver.errors import Cause, JSONDict, invalid
 from dradriver.sandbox.apiserver.resources import ResourceType
 
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 # semver 2.0.0, the regular expression the API server applies to DeviceAttribute.version.
 _SEMVER = re.compile(
     r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
@@ -29,16 +30,9 @@ def validate_metadata(obj: JSONDict) -> list[Cause]:
         causes.append(
             ("FieldValueRequired", "metadata.name", "Required value: name or generateName is required")
         )
-    elif len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
-        causes.append(
-            (
-                "FieldValueInvalid",
-                "metadata.name",
-                f'Invalid value: "{name}": a lowercase RFC 1123 subdomain must consist of lower case '
-                "alphanumeric characters, '-' or '.', and must start and end with an alphanumeric "
-                "character",
-            )
-        )
+    else:
+        causes.extend(("FieldValueInvalid", "metadata.name", f'Invalid value: "{name}": {problem}')
+                      for problem in dns_subdomain_problems(name))
     for key, value in (meta.get("labels") or {}).items():
         if not isinstance(value, str) or len(value) > 63:
             causes.append(
@@ -108,8 +102,12 @@ def validate_resource_slice(obj: JSONDict, old: JSONDict | None) -> list[Cause]:
 def _validate_device(where: str, dev: object, seen: set[str]) -> list[Cause]:
     causes: list[Cause] = []
     name = dev.get("name", "") if isinstance(dev, dict) else ""
-    if not name or len(name) > 63 or not _DNS_LABEL.match(name):
-        causes.append(("FieldValueInvalid", f"{where}.name", f'Invalid value: "{name}": must be a DNS label'))
+    problems = dns_label_problems(name) if name else []
+    if not name:
+        causes.append(("FieldValueRequired", f"{where}.name", "Required value"))
+    elif problems:
+        causes.extend(("FieldValueInvalid", f"{where}.name", f'Invalid value: "{name}": {problem}')
+                      for problem in problems)
     elif name in seen:
         causes.append(("FieldValueDuplicate", f"{where}.name", f'Duplicate value: "{name}"'))
     seen.add(name)
@@ -164,6 +162,7 @@ def validate_resource_claim(obj: JSONDict, old: JSONDict | None) -> list[Cause]:
 
 
 KIND_VALIDATORS: dict[str, Callable[[JSONDict, JSONDict | None], list[Cause]]] = {
+    "Pod": lambda obj, old: claim_reference_problems(obj.get("spec") or {}),
     "ResourceSlice": validate_resource_slice,
     "ResourceClaim": validate_resource_claim,
     crds.CRD_KIND: lambda obj, old: crds.validate_crd(obj),

@@ -46,9 +46,11 @@ class ApiServerEmulator:
         self._types: list[ResourceType] = list(RESOURCE_TYPES)
         self._storage = Storage(schema_version=schema_version, types=self._types)
         self._lock = self._storage.lock
-        self._state = ServerState(self._types, self._storage, lambda: f"{self._host}:{self.port}")
+        # the address a request was served on: kept after stop, for a request a connection thread is still serving
+        self._state = ServerState(self._types, self._storage, lambda: self._address)
         self._host = host
         self._port = port
+        self._address = f"{host}:{port}"
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         for ns in ("default", "kube-system"):
@@ -75,6 +77,7 @@ class ApiServerEmulator:
         server = _Server((self._host, self._port), Handler)
         server.daemon_threads = True
         self._server = server
+        self._address = f"{self._host}:{server.server_address[1]}"
         self._thread = threading.Thread(
             target=server.serve_forever, kwargs={"poll_interval": 0.02}, name="apiserver-emulator", daemon=True
         )
