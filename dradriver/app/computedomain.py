@@ -485,18 +485,14 @@ async def start_compute_domain_plugin(config: PluginConfig, identity: DriverIden
                                      desired=desired, session=session, imex=imex, _clique_holder=holder)
         part = DriverPart(registry, (channels, daemons), fabric_wait)
         arrive, cancel_arrival = on_loop(asyncio.get_running_loop(), lambda: read_driver_part(plugin, connection, part))
-        plugin.driver = DriverWatch(session, library=lambda: nvml_library(config), arrive=arrive)
+        plugin.driver = DriverWatch(session, library=lambda: nvml_library(config), arrive=arrive,
+                                    interrupt=cancel_arrival)
         plugin_ref.append(plugin)
         await assembly.run_publisher(life, publisher)
         if session.available:  # else the node's ResourceSlices stay as the last run published them until it is
             await read_driver_part(plugin, connection, part)
         watch = plugin.driver
-
-        async def stop_watch(_: None) -> None:
-            cancel_arrival()
-            await asyncio.to_thread(watch.stop)
-
-        await life.step("NVIDIA driver watch", watch.start, stop_watch)
+        await life.step("NVIDIA driver watch", watch.start, lambda _: asyncio.to_thread(watch.stop))
         plugin.refresh_task = await _run_refresh(life, plugin)
         plugin.reconciler = await assembly.run_stale_claim_cleanup(life, identity, config, connection, runner)
     except BaseException:

@@ -50,13 +50,16 @@ class DriverWatch:
     :param arrive: blocking, run once NVML is initialised (discovery, driver files, publication, health, kept
         undo); an exception is logged and the next try runs it again.
     :param period_s: seconds between tries (``None``: :data:`RETRY_PERIOD_S`).
+    :param interrupt: ends an :attr:`arrive` in progress at :meth:`stop` (the compute-domain plugin's wait for the
+        NVLink fabric registration); ``None``: stop waits for it.
     """
 
     def __init__(self, session: NvmlSession, *, library: Callable[[], str], arrive: Callable[[], None],
-                 period_s: float | None = None) -> None:
+                 period_s: float | None = None, interrupt: Callable[[], None] | None = None) -> None:
         self.session = session
         self.library = library
         self.arrive = arrive
+        self.interrupt = interrupt
         self.period_s = RETRY_PERIOD_S if period_s is None else period_s
         self._reason = session.unavailable_reason if not session.available else ""
         self._stop = threading.Event()
@@ -83,8 +86,10 @@ class DriverWatch:
             self._thread.start()
 
     def stop(self) -> None:
-        """End the background tries (waits for one in progress)."""
+        """End the background tries (waits for one in progress, interrupted when :attr:`interrupt` is given)."""
         self._stop.set()
+        if self.interrupt is not None:
+            self.interrupt()
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
@@ -111,6 +116,9 @@ class DriverWatch:
         try:
             self.arrive()
         except Exception as exc:
+            if self._stop.is_set():  # interrupted by stop()
+                log.info("NVIDIA driver watch stopped while the driver's devices were read: %s", exc)
+                return False
             self._reason = f"the NVIDIA driver is back but its devices cannot be used yet: {exc}"
             log.error("%s; trying again in %.0f s", self._reason, self.period_s)
             return False

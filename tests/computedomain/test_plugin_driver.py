@@ -18,7 +18,7 @@ from dradriver.sandbox.kubelet import KubeletEmulator
 from dradriver.sandbox.node import SandboxNode
 from tests.commands.test_kubeconfig import _env
 from tests.computedomain import cdplugin_helpers as cd
-from tests.computedomain.test_plugin_fabric import NOT_SERVING, SERVING, _probe, node_clique_label
+from tests.computedomain.test_plugin_fabric import FAST, NOT_SERVING, SERVING, _events, _probe, node_clique_label
 from tests.factories import write_profile
 from tests.plugin.test_driver_state import _driver_loaded
 
@@ -126,3 +126,50 @@ def test_start_compute_domain_plugin_connects_before_creating_its_directories(sa
     with pytest.raises(DradriverError, match="invalid YAML"):
         asyncio.run(start_compute_domain_plugin(config))
     assert not (tmp_path / "cdi").exists() and not (tmp_path / "plugins").exists()
+
+
+def test_a_driver_back_while_the_fabric_registers_waits_for_the_fabric_and_a_stop_ends_the_wait(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver comes back before the fabric manager registered GPU 2: the plugin, still serving, waits for the
+    registration (``FabricRegistrationPending`` Event, prepares refused naming it); a stop meanwhile ends the wait at
+    once instead of the driver watch's thread outliving the plugin."""
+    monkeypatch.setattr(driverstate, "RETRY_PERIOD_S", 0.1)
+
+    def registering(data: dict[str, object]) -> None:
+        gpus = data["gpus"]
+        assert isinstance(gpus, list)
+        gpus[2]["fabric"].update(state=2)  # IN_PROGRESS
+
+    with SandboxNode(profile="gb200-nvl72-node") as node:
+        cd.write_imex_proc(node)
+        api = node.api
+        assert api is not None
+        profile = Path(write_profile(tmp_path, "gb200-nvl72-node", registering, name="node"))
+        _driver_loaded(profile, False)
+        config = cd.cd_config(node, mock_profile=str(profile))
+
+        async def body() -> None:
+            plugin = await start_compute_domain_plugin(config, fabric_wait=FAST)
+            stopped = False
+            try:
+                assert plugin.driver is not None and "Driver Not Loaded" in plugin.driver.reason()
+                _driver_loaded(profile, True)
+                await cd.wait_for(lambda: bool(plugin.fabric_pending), timeout=30)
+                assert "GPU 2 (GPU-" in plugin.fabric_pending and not plugin.driver_read
+                await cd.wait_for(lambda: bool(_events(node, "FabricRegistrationPending")), timeout=10)
+                async with KubeletEmulator(config.kubelet_registrar_directory_path) as emulator:
+                    connection = await emulator.wait_for_plugin(cd.DRIVER, timeout=10)
+                    ref = cd.seed_claim(api, "wl-0", cd.seed_domain(api))
+                    error = (await connection.prepare([ref]))[ref.uid].error
+                    assert "waiting for NVLink fabric registration (GPU 2 (GPU-" in error, error
+                loop = asyncio.get_running_loop()
+                began = loop.time()
+                await plugin.stop()
+                stopped = True
+                assert loop.time() - began < 5.0
+                assert not config.registration_socket.exists() and not config.dra_socket.exists()
+            finally:
+                if not stopped:
+                    await plugin.stop()
+
+        asyncio.run(body())
