@@ -466,7 +466,7 @@ async def start_compute_domain_plugin(config: PluginConfig, identity: DriverIden
         plugin_ref: list[ComputeDomainPlugin] = []
 
         def refusal() -> str:
-            return plugin_ref[0].refusal() if plugin_ref else "starting"
+            return plugin_ref[0].refusal() if plugin_ref else "the plugin is starting"
 
         # Served before the driver's part is read: the kubelet's unprepares are answered from the claim state while
         # the driver is absent or the fabric registration is in progress; prepares are refused with the reason.
@@ -489,7 +489,7 @@ async def start_compute_domain_plugin(config: PluginConfig, identity: DriverIden
                                     interrupt=cancel_arrival)
         plugin_ref.append(plugin)
         await assembly.run_publisher(life, publisher)
-        if session.available:  # else the node's ResourceSlices stay as the last run published them until it is
+        if session.available:  # else the ResourceSlices the last run published stay until the driver is back
             await read_driver_part(plugin, connection, part)
         watch = plugin.driver
         await life.step("NVIDIA driver watch", watch.start, lambda _: asyncio.to_thread(watch.stop))
