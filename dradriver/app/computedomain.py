@@ -1,20 +1,29 @@
 """The ``compute-domain.nvidia.com`` kubelet plugin (``dradriver compute-domain-kubelet-plugin``): its composition.
 
-Steps, in order (stopped in reverse): compiled hot paths -> plugin and CDI directories -> NVML session ->
-Kubernetes client and this Node -> the node's fabric (:func:`wait_for_fabric`: clique ID and fabric health from
-fabric info, :mod:`dradriver.nvml.fabric`; while a GPU's registration is still in progress, strict mode with the
-gate ``CrashOnNVLinkFabricErrors``, the plugin serves its sockets early, answers the ``readiness`` probe
-NOT_SERVING, logs the state, records a ``FabricRegistrationPending`` Event on the Node and reads again with a
-back-off of 1 s doubling to 30 s until the fabric manager is done; NVIDIA's plugin exits and crash-loops, its
-#1264) -> IMEX facts (channel major and count, ``fabric-imex-mgmt`` minor) -> the base CDI spec
-``k8s.compute-domain.nvidia.com-device_base.json`` (device ``all``) -> ``nvidia.com/gpu.clique`` node label
-(``--gpu-clique-label-enabled``) -> claim state -> batch runner with the IMEX channel and daemon preparers, and
-crash convergence -> gRPC servers (or the early ones attached) -> ResourceSlice publisher (pool = node name:
-``channel-0`` and, driver-managed, ``daemon-0``; with ``--imex-isolation channel`` every channel of the node, in
-slices of at most 128 devices) -> the fabric check every 30 s (clique re-read; a faulty fabric, registration
-failed or health summary UNHEALTHY, taints every device ``compute-domain.nvidia.com/fabric-unhealthy`` NoSchedule
-with a ``FabricUnhealthy`` Event, so no new ComputeDomain lands on the node, NVIDIA's #626) and the 10-minute
-loop (label refresh, domain directories of vanished ComputeDomains removed) -> stale-claim cleanup.
+Steps, in order (stopped in reverse): compiled hot paths -> Kubernetes client and this Node (a bad kubeconfig
+fails here, before anything on the host is touched) -> plugin and CDI directories -> NVML session (a driver that is
+not available now is no error: a ``NvidiaDriverUnavailable`` Event names ``nvmlInit``'s failure) -> claim state ->
+IMEX facts from procfs -> batch runner with the IMEX channel and daemon preparers, and crash convergence -> gRPC
+servers, whose prepares are refused per claim while :meth:`ComputeDomainPlugin.refusal` says why (the
+``readiness`` probe NOT_SERVING meanwhile) and whose unprepares are always served from the claim state ->
+ResourceSlice publisher -> the driver's part (:func:`read_driver_part`, at once when the driver is available, else
+when :class:`~dradriver.app.driverstate.DriverWatch` finds it back, without a restart): the node's fabric
+(:func:`wait_for_fabric`: clique ID and fabric health from fabric info, :mod:`dradriver.nvml.fabric`; while a
+GPU's registration is still in progress, strict mode with the gate ``CrashOnNVLinkFabricErrors``, the plugin logs
+the state, records a ``FabricRegistrationPending`` Event on the Node and reads again with a back-off of 1 s
+doubling to 30 s until the fabric manager is done; NVIDIA's plugin exits and crash-loops, its #1264), the driver
+version check, IMEX facts again (channel major and count, ``fabric-imex-mgmt`` minor), the base CDI spec
+``k8s.compute-domain.nvidia.com-device_base.json`` (device ``all``), the ``nvidia.com/gpu.clique`` node label
+(``--gpu-clique-label-enabled``) and the ResourceSlices (pool = node name: ``channel-0`` and, driver-managed,
+``daemon-0``; with ``--imex-isolation channel`` every channel of the node, in slices of at most 128 devices) ->
+NVIDIA driver watch -> the fabric check every 30 s (clique re-read; a faulty fabric, registration failed or health
+summary UNHEALTHY, taints every device ``compute-domain.nvidia.com/fabric-unhealthy`` NoSchedule with a
+``FabricUnhealthy`` Event, so no new ComputeDomain lands on the node, NVIDIA's #626) and the 10-minute loop (label
+refresh, domain directories of vanished ComputeDomains removed) -> stale-claim cleanup.
+
+No undo of this plugin needs the driver (a channel claim's undo removes the node label through the API, a daemon
+claim's has nothing to do), so an unprepare while the driver is absent is complete: spec deleted, record removed,
+label handled as on any unprepare.
 
 Facts: ``nvidia-dra-driver.md`` 1.2, 2.7, 4.8, 4.9, 5.2, 7.2; ``nvidia-dra-driver-updates.md`` 2c.
 """
@@ -22,15 +31,18 @@ Facts: ``nvidia-dra-driver.md`` 1.2, 2.7, 4.8, 4.9, 5.2, 7.2; ``nvidia-dra-drive
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
 from dradriver import _native
-from dradriver.app import assembly
+from dradriver.app import assembly, driverstate
+from dradriver.app.driverstate import DriverGate, DriverWatch
 from dradriver.app.gpu import driver_edits, node_info, nvml_library
 from dradriver.config import CHANNEL_NEEDS_HOST_MANAGED, PluginConfig
 from dradriver.domain import cdi
@@ -48,7 +60,7 @@ from dradriver.kube import errors as kube_errors
 from dradriver.kubeletplugin.lifecycle import Lifecycle
 from dradriver.kubeletplugin.runner import BatchRunner
 from dradriver.nvml import fabric
-from dradriver.nvml.session import NvmlSession, open_session
+from dradriver.nvml.session import NvmlSession, open_session_or_absent
 from dradriver.preparers.computedomain import (
     CHANNEL_KIND,
     ChannelPreparer,
@@ -57,8 +69,6 @@ from dradriver.preparers.computedomain import (
     channel_devices,
 )
 from dradriver.preparers.mps import Backoff
-from dradriver.server import deferred
-from dradriver.server.deferred import EarlyServers
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +101,23 @@ class ComputeDomainPlugin(assembly.KubeletPlugin):
     node_fabric: fabric.NodeFabric = field(default_factory=lambda: fabric.NodeFabric(""))
     """This node's fabric as last read (clique ID and faulty GPUs)."""
     refresh_task: asyncio.Task[Any] | None = None
+    driver: DriverWatch | None = None
+    """Whether the NVIDIA driver can be used now, and why not (:mod:`dradriver.app.driverstate`)."""
+    driver_read: bool = False
+    """This node's driver part is read (:func:`read_driver_part`: fabric, IMEX facts, base spec, clique label,
+    devices published); False while the driver is absent or the fabric registration is in progress."""
+    fabric_pending: str = ""
+    """The GPUs' fabric registration states while :func:`wait_for_fabric` waits for them, else ``""``."""
     _clique_holder: list[str] = field(default_factory=lambda: [""])
+
+    def refusal(self) -> str:
+        """Why prepares are refused now (``""`` when they are served): the NVLink fabric registration in progress,
+        the NVIDIA driver's absence (:meth:`DriverWatch.refusal`), or the node's driver part not read yet."""
+        if self.fabric_pending:
+            return (f"waiting for NVLink fabric registration ({self.fabric_pending}); the plugin serves prepares "
+                    "once the fabric manager is done, without a restart")
+        why = self.driver.refusal() if self.driver is not None else ""
+        return why or ("" if self.driver_read else "this node's NVLink fabric and IMEX facts are not read yet")
 
     def fabric_taints(self) -> list[dict[str, str]]:
         """The taints of every device of this node: ``<domain>/fabric-unhealthy`` NoSchedule with the reason
@@ -105,6 +131,8 @@ class ComputeDomainPlugin(assembly.KubeletPlugin):
         """Re-read the node's fabric and apply it (:meth:`apply_fabric`); a failure, or a registration in progress
         again, is logged and the last reading stays. Blocking; returns the reading in force."""
         assert self.session is not None
+        if not self.driver_read:  # the driver is absent or the start's read is in progress: nothing to re-read
+            return self.node_fabric
         try:
             now = fabric.assess_node(fabric.read_node_fabric(self.session),
                                      strict=self.config.feature_gates[CRASH_ON_NVLINK_FABRIC_ERRORS])
@@ -145,7 +173,7 @@ class ComputeDomainPlugin(assembly.KubeletPlugin):
         """Re-read the fabric (:meth:`check_fabric`), refresh the clique label, and remove the domain directories of
         ComputeDomains that are gone. Blocking."""
         self.check_fabric()
-        if self.config.gpu_clique_label_enabled:
+        if self.config.gpu_clique_label_enabled and self.driver_read:  # unknown clique: the label stays as it is
             set_clique_label(self.client, self.config.node_name, self.clique_id)
         remove_vanished_domain_dirs(self.client, self.config, self.runner)
 
@@ -264,21 +292,19 @@ def base_spec(config: PluginConfig, identity: DriverIdentity, session: NvmlSessi
 
 async def wait_for_fabric(config: PluginConfig, identity: DriverIdentity, session: NvmlSession,
                           connection: assembly.Connection, *, backoff: Backoff = FABRIC_WAIT_BACKOFF,
-                          ) -> tuple[fabric.NodeFabric, EarlyServers | None]:
-    """Start step: read the node's fabric; while a GPU's registration is in progress (strict mode,
+                          pending: Callable[[str], None] = lambda _states: None) -> fabric.NodeFabric:
+    """Read the node's fabric; while a GPU's registration is in progress (strict mode,
     :class:`~dradriver.nvml.fabric.FabricPendingError`), read again after each of ``backoff``'s delays.
 
-    While it waits: the plugin's sockets are served early (:func:`~dradriver.server.deferred.start_early`), so the
-    ``readiness`` probe answers NOT_SERVING and claims wait (a claim that waits past the kubelet's deadline gets an
-    error that names the registration); each read logs the GPUs' states; a ``FabricRegistrationPending`` Warning
-    Event on the Node names them (again when they change). Cancelled (the plugin is stopped), the early servers stop.
+    While it waits: ``pending`` gets the GPUs' states (``""`` once the wait ends: the plugin, already serving,
+    refuses prepares naming them and answers the ``readiness`` probe NOT_SERVING; unprepares are served); each read
+    logs them; a ``FabricRegistrationPending`` Warning Event on the Node names them (again when they change).
 
-    :returns: the reading, and the early servers when it waited (``None`` otherwise: serve as usual).
+    :returns: the reading.
     :raises dradriver.nvml.fabric.FabricError: GPUs disagree on the clique.
     :raises dradriver.nvml.errors.NvmlError: fabric info cannot be read.
     """
     strict = config.feature_gates[CRASH_ON_NVLINK_FABRIC_ERRORS]
-    early: EarlyServers | None = None
     delays = iter(backoff.delays())
     reported = ""
     started = time.monotonic()
@@ -289,9 +315,7 @@ async def wait_for_fabric(config: PluginConfig, identity: DriverIdentity, sessio
                 node = fabric.assess_node(gpus, strict=strict)
             except fabric.FabricPendingError as exc:
                 delay = next(delays)
-                if early is None:
-                    early = await deferred.start_early(config, health_stream=False)
-                early.readiness.waiting_for = f"NVLink fabric registration ({exc})"
+                pending(str(exc))
                 log.warning("waiting for NVLink fabric registration, not ready meanwhile: %s; reading again in %.1f s",
                             exc, delay)
                 if str(exc) != reported:
@@ -304,15 +328,87 @@ async def wait_for_fabric(config: PluginConfig, identity: DriverIdentity, sessio
                 continue
             log.info("NVLink clique of node %s: %s (%d GPU(s), %s mode)%s", config.node_name,
                      node.clique_id or "none (not MNNVL)", len(gpus), "strict" if strict else "legacy",
-                     f"; fabric registration done after {time.monotonic() - started:.1f} s" if early else "")
-            if early is not None:
-                early.readiness.waiting_for = ""
-            return node, early
-    except BaseException as exc:
-        if early is not None:
-            early.readiness.fail(exc)
-            await early.servers.stop(grace=1.0)
-        raise
+                     f"; fabric registration done after {time.monotonic() - started:.1f} s" if reported else "")
+            return node
+    finally:
+        pending("")
+
+
+@dataclass
+class DriverPart:
+    """What :func:`read_driver_part` updates besides the plugin: the parts built from the node's IMEX facts."""
+
+    registry: DeviceRegistry[dict[str, object]]
+    """The plugin's devices (channels, and ``daemon-0`` driver-managed), from the IMEX channel count."""
+    imex_parts: tuple[Any, ...]
+    """The preparers holding the IMEX facts (``imex``)."""
+    backoff: Backoff = FABRIC_WAIT_BACKOFF
+
+
+async def read_driver_part(plugin: ComputeDomainPlugin, connection: assembly.Connection, part: DriverPart) -> None:
+    """Start step, or the NVIDIA driver's return (:class:`~dradriver.app.driverstate.DriverWatch`): what the plugin
+    reads through the driver, with its sockets already served. The node's fabric (:func:`wait_for_fabric`), the
+    driver version check (:func:`check_driver_version`), the IMEX facts (channel major and count,
+    ``fabric-imex-mgmt`` minor) into the devices and preparers, the base CDI spec, the ``nvidia.com/gpu.clique``
+    label (``--gpu-clique-label-enabled``), the fabric's health (:meth:`ComputeDomainPlugin.apply_fabric`), then the
+    ResourceSlices; prepares are served from then on (:attr:`ComputeDomainPlugin.driver_read`).
+
+    :raises dradriver.errors.DradriverError: as :func:`wait_for_fabric`, a driver too old for DNS-named IMEX
+        daemons, the driver root not holding the driver's files, an invalid base spec.
+    """
+    config, identity, session = plugin.config, plugin.identity, plugin.session
+    assert session is not None
+
+    def pending(states: str) -> None:
+        plugin.fabric_pending = states
+
+    node_fabric = await wait_for_fabric(config, identity, session, connection, backoff=part.backoff, pending=pending)
+    version = await asyncio.to_thread(session.driver_version)
+    check_driver_version(version, config)
+    imex = await asyncio.to_thread(imexchannels.read_imex_node_info, config.proc_root, config.proc_devices_path)
+    plugin.imex = imex
+    for preparer in part.imex_parts:
+        preparer.imex = imex
+    part.registry.replace(channel_devices(imex.channel_count, daemon=config.imex_mode != "hostManaged"))
+    common = await asyncio.to_thread(driver_edits, config, version)
+    spec = await asyncio.to_thread(base_spec, config, identity, session, imex, common)
+    # Kept when the plugin stops: containers of prepared daemon claims may start while it is being upgraded.
+    cdifiles.write_file_atomically(config.cdi_root / BASE_SPEC_NAME, spec)
+    plugin.clique_id = plugin._clique_holder[0] = node_fabric.clique_id
+    if config.gpu_clique_label_enabled:
+        await asyncio.to_thread(set_clique_label, plugin.client, config.node_name, node_fabric.clique_id)
+    await asyncio.to_thread(plugin.apply_fabric, node_fabric)  # a faulty fabric: logged, Event, taints
+    plugin.driver_read = True
+    plugin.republish()
+    log.info("NVIDIA driver %s: clique %s, %d IMEX channel(s); prepares are served", version,
+             node_fabric.clique_id or "none", imex.channel_count)
+
+
+def on_loop(loop: asyncio.AbstractEventLoop, step: Callable[[], Coroutine[Any, Any, None]],
+            ) -> tuple[Callable[[], None], Callable[[], None]]:
+    """``step`` as a blocking call from another thread (the driver watch's), run on ``loop``; returns (the call,
+    a cancel that ends the one in progress: the plugin stops)."""
+    running: list[concurrent.futures.Future[None]] = []
+    stopped = threading.Event()
+
+    def call() -> None:
+        if stopped.is_set():
+            raise DradriverError("the plugin is stopping")
+        future = asyncio.run_coroutine_threadsafe(step(), loop)
+        running[:] = [future]
+        if stopped.is_set():
+            future.cancel()
+        try:
+            future.result()
+        except concurrent.futures.CancelledError:
+            raise DradriverError("the plugin is stopping") from None
+
+    def cancel() -> None:
+        stopped.set()
+        for future in running:
+            future.cancel()
+
+    return call, cancel
 
 
 async def start_compute_domain_plugin(config: PluginConfig, identity: DriverIdentity = COMPUTE_DOMAIN_DRIVER, *,
@@ -324,10 +420,13 @@ async def start_compute_domain_plugin(config: PluginConfig, identity: DriverIden
         restart in the claim state (tests pass their own).
     :param fabric_wait: delays between fabric reads while a registration is in progress (:func:`wait_for_fabric`).
 
-    :raises dradriver.errors.DradriverError: a part cannot start: no NVML, GPUs disagreeing on the clique, no API
-        access, a socket in use, a driver too old for DNS-named IMEX daemons, ``--imex-mode hostManaged`` without
-        the gate; nothing is left running. A fabric registration in progress is waited out (:func:`wait_for_fabric`),
-        a faulty fabric taints the devices.
+    :raises dradriver.errors.DradriverError: a part cannot start: GPUs disagreeing on the clique, no API access (a
+        bad kubeconfig fails before anything on the host is touched), a socket in use, a driver too old for
+        DNS-named IMEX daemons, ``--imex-mode hostManaged`` without the gate, an ``nvmlInit`` failure other than
+        the driver's absence; nothing is left running. A fabric registration in progress is waited out with the
+        sockets served (:func:`wait_for_fabric`), a faulty fabric taints the devices, and an absent NVIDIA driver
+        is no error: the plugin serves unprepares, refuses prepares with the reason, and reads its driver part
+        (:func:`read_driver_part`) once the driver is back, without a restart.
     """
     if config.driver_name != identity.driver_name:
         config = dataclasses.replace(config, driver_name=identity.driver_name)
@@ -341,32 +440,29 @@ async def start_compute_domain_plugin(config: PluginConfig, identity: DriverIden
     implementations = _native.load_all()
     log.info("hot paths: %s", ", ".join(f"{k}={v}" for k, v in implementations.items()))
     life = Lifecycle(identity.driver_name)
-    assembly.ensure_dir(config.plugin_dir, 0o750)
-    assembly.ensure_dir(config.cdi_root, 0o755)
-    session = await life.step("NVML session", lambda: open_session(nvml_library(config), config.mock_profile),
-                              lambda s: s.close())
-    early: EarlyServers | None = None
     try:
+        # Validate, then touch the host: the kubeconfig is loaded and the API server reached before any directory
+        # is created (a bad kubeconfig leaves nothing behind).
         connection = await assembly.connect(life, identity, config)
-        node_fabric, early = await wait_for_fabric(config, identity, session, connection, backoff=fabric_wait)
-        clique = node_fabric.clique_id
-        version = session.driver_version()
-        check_driver_version(version, config)
-        imex = imexchannels.read_imex_node_info(config.proc_root, config.proc_devices_path)
-        common = await asyncio.to_thread(driver_edits, config, version)
-        spec = await asyncio.to_thread(base_spec, config, identity, session, imex, common)
-        # Kept when the plugin stops: containers of prepared daemon claims may start while it is being upgraded.
-        cdifiles.write_file_atomically(config.cdi_root / BASE_SPEC_NAME, spec)
-        if config.gpu_clique_label_enabled:
-            await asyncio.to_thread(set_clique_label, connection.client, config.node_name, clique)
+        assembly.ensure_dir(config.plugin_dir, 0o750)
+        assembly.ensure_dir(config.cdi_root, 0o755)
+        session = await life.step("NVML session",
+                                  lambda: open_session_or_absent(nvml_library(config), config.mock_profile),
+                                  lambda s: s.close())
+        if not session.available:
+            await driverstate.report_unavailable(identity, config, connection, session)
+        if config.gpu_clique_label_enabled:  # set once the fabric is read (read_driver_part)
             life.on_stop("nvidia.com/gpu.clique label",
                          lambda: set_clique_label(connection.client, config.node_name, ""))
         state, problems = await assembly.open_claim_state(life, identity, config, connection)
-        holder = [clique]
+        holder = [""]
 
         def current_clique() -> str:
             return holder[0]
 
+        # The procfs facts as they are now (the claims' specs rebuilt at recovery need them); read again with the
+        # driver's part.
+        imex = imexchannels.read_imex_node_info(config.proc_root, config.proc_devices_path)
         registry: DeviceRegistry[dict[str, object]] = DeviceRegistry(
             channel_devices(imex.channel_count, daemon=not host_managed), lambda devices: devices)
         lookup = DomainLookup(connection.client, config.node_name, config.namespace, plugin_dir=config.plugin_dir)
@@ -376,12 +472,10 @@ async def start_compute_domain_plugin(config: PluginConfig, identity: DriverIden
         def held_channels(exclude_uid: str) -> list[tuple[str, Any]]:
             return runner_holder[0].stored_records(CHANNEL_KIND, exclude_uid) if runner_holder else []
 
-        preparers: list[Any] = [ChannelPreparer(lookup, identity, imex, current_clique, host_managed=host_managed,
-                                                imex_ctl=imex_ctl,
-                                                held_channels=held_channels if channel_isolation else None)]
+        channels = ChannelPreparer(lookup, identity, imex, current_clique, host_managed=host_managed,
+                                   imex_ctl=imex_ctl, held_channels=held_channels if channel_isolation else None)
         daemons = DaemonPreparer(lookup, identity, imex, current_clique, config.plugin_dir)
-        if not host_managed:
-            preparers.append(daemons)
+        preparers: list[Any] = [channels] if host_managed else [channels, daemons]
         metrics = DriverMetrics(node=config.node_name, driver=identity.driver_name)
         runner = BatchRunner(
             identity=identity, registry=registry, state=state,
@@ -396,36 +490,43 @@ async def start_compute_domain_plugin(config: PluginConfig, identity: DriverIden
         recovery = await assembly.recover(identity, config, connection, runner, problems)
         publisher = assembly.make_publisher(identity, config, connection)
         await assembly.serve_metrics_step(life, config, metrics)  # the chart's :8081 (request metrics)
-        if early is None:
-            servers = await assembly.serve(life, config, runner, publisher=publisher)
-        else:
-            servers = await assembly.attach_early(life, early, runner, publisher=publisher)
         plugin_ref: list[ComputeDomainPlugin] = []
 
+        def refusal() -> str:
+            return plugin_ref[0].refusal() if plugin_ref else "the plugin is starting"
+
+        # Served before the driver's part is read: the kubelet's unprepares are answered from the claim state while
+        # the driver is absent or the fabric registration is in progress; prepares are refused with the reason.
+        servers = await assembly.serve(life, config, DriverGate(runner, refusal), publisher=publisher,
+                                       ready=lambda: not refusal())
+
         def desired() -> list[dict[str, Any]]:
+            plugin = plugin_ref[0]
+            count = plugin.imex.channel_count if plugin.imex is not None else 0
             return plugin_resource_slices(config.node_name, identity.driver_name, daemon=not host_managed,
-                                          channels=imex.channel_count if channel_isolation else 1,
-                                          taints=plugin_ref[0].fabric_taints() if plugin_ref else ())
+                                          channels=count if channel_isolation else 1, taints=plugin.fabric_taints())
 
         plugin = ComputeDomainPlugin(identity=identity, config=config, lifecycle=life, client=connection.client,
                                      node_uid=connection.node_uid, state=state, state_problems=problems,
                                      runner=runner, recovery=recovery, publisher=publisher, servers=servers,
-                                     desired=desired, session=session, imex=imex, clique_id=clique,
-                                     _clique_holder=holder)
+                                     desired=desired, session=session, imex=imex, _clique_holder=holder)
+        part = DriverPart(registry, (channels, daemons), fabric_wait)
+        arrive, cancel_arrival = on_loop(asyncio.get_running_loop(), lambda: read_driver_part(plugin, connection, part))
+        plugin.driver = DriverWatch(session, library=lambda: nvml_library(config), arrive=arrive,
+                                    interrupt=cancel_arrival)
         plugin_ref.append(plugin)
-        await asyncio.to_thread(plugin.apply_fabric, node_fabric)  # a faulty fabric: logged, Event, taints
         await assembly.run_publisher(life, publisher)
-        plugin.republish()
+        if session.available:  # else the ResourceSlices the last run published stay until the driver is back
+            await read_driver_part(plugin, connection, part)
+        watch = plugin.driver
+        await life.step("NVIDIA driver watch", watch.start, lambda _: asyncio.to_thread(watch.stop))
         plugin.refresh_task = await _run_refresh(life, plugin)
         plugin.reconciler = await assembly.run_stale_claim_cleanup(life, identity, config, connection, runner)
-    except BaseException as exc:
-        if early is not None and not early.readiness.attached:
-            early.readiness.fail(exc)
-            await early.servers.stop(grace=1.0)  # the waiting calls are answered with the failure
+    except BaseException:
         await life.stop(1.0)
         raise
     log.info("kubelet plugin for %s on node %s serving at %s (clique %s, IMEX %s)", identity.driver_name,
-             config.node_name, config.dra_socket, clique or "none", config.imex_mode)
+             config.node_name, config.dra_socket, plugin.clique_id or "none", config.imex_mode)
     return plugin
 
 

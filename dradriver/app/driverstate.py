@@ -20,11 +20,15 @@ the watch again.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
+from dradriver.app import assembly
+from dradriver.config import PluginConfig
 from dradriver.domain.claims import ClaimRef, ClaimResult
+from dradriver.domain.identity import DriverIdentity
 from dradriver.domain.ports import ClaimPreparer
 from dradriver.nvml.session import NvmlSession
 
@@ -46,13 +50,16 @@ class DriverWatch:
     :param arrive: blocking, run once NVML is initialised (discovery, driver files, publication, health, kept
         undo); an exception is logged and the next try runs it again.
     :param period_s: seconds between tries (``None``: :data:`RETRY_PERIOD_S`).
+    :param interrupt: ends an :attr:`arrive` in progress at :meth:`stop` (the compute-domain plugin's wait for the
+        NVLink fabric registration); ``None``: stop waits for it.
     """
 
     def __init__(self, session: NvmlSession, *, library: Callable[[], str], arrive: Callable[[], None],
-                 period_s: float | None = None) -> None:
+                 period_s: float | None = None, interrupt: Callable[[], None] | None = None) -> None:
         self.session = session
         self.library = library
         self.arrive = arrive
+        self.interrupt = interrupt
         self.period_s = RETRY_PERIOD_S if period_s is None else period_s
         self._reason = session.unavailable_reason if not session.available else ""
         self._stop = threading.Event()
@@ -65,6 +72,12 @@ class DriverWatch:
         once the devices of an available driver are read."""
         return self._reason
 
+    def refusal(self) -> str:
+        """Why prepares are refused now, as a claim's error says it (``""`` once they are served)."""
+        why = self._reason
+        return (f"the NVIDIA driver is not available on this node ({why}); the plugin uses it once it is back, "
+                "without a restart") if why else ""
+
     def start(self) -> None:
         """Try again in a background thread until the driver is back (nothing to do when it is)."""
         if self._reason and self._thread is None:
@@ -73,8 +86,10 @@ class DriverWatch:
             self._thread.start()
 
     def stop(self) -> None:
-        """End the background tries (waits for one in progress)."""
+        """End the background tries (waits for one in progress, interrupted when :attr:`interrupt` is given)."""
         self._stop.set()
+        if self.interrupt is not None:
+            self.interrupt()
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
@@ -101,6 +116,9 @@ class DriverWatch:
         try:
             self.arrive()
         except Exception as exc:
+            if self._stop.is_set():  # interrupted by stop()
+                log.info("NVIDIA driver watch stopped while the driver's devices were read: %s", exc)
+                return False
             self._reason = f"the NVIDIA driver is back but its devices cannot be used yet: {exc}"
             log.error("%s; trying again in %.0f s", self._reason, self.period_s)
             return False
@@ -111,23 +129,33 @@ class DriverWatch:
 
 class DriverGate:
     """The :class:`~dradriver.domain.ports.ClaimPreparer` the plugin serves: the runner, whose prepares are refused
-    per claim while :meth:`DriverWatch.reason` says why; unprepares always run (from the claim state alone)."""
+    per claim while ``refusal()`` says why (:meth:`DriverWatch.refusal`, or the compute-domain plugin's wait for
+    the NVLink fabric); unprepares always run (from the claim state alone)."""
 
-    def __init__(self, runner: ClaimPreparer, reason: Callable[[], str]) -> None:
+    def __init__(self, runner: ClaimPreparer, refusal: Callable[[], str]) -> None:
         self.runner = runner
-        self.reason = reason
+        self.refusal = refusal
 
     def prepare_claims(self, claims: Sequence[ClaimRef], *,
                        deadline_s: float | None = None) -> Mapping[str, ClaimResult]:
-        """The runner's answer, or each claim's error naming why the driver cannot be used (nothing prepared)."""
-        why = self.reason()
+        """The runner's answer, or each claim's error naming why prepares are refused (nothing prepared)."""
+        why = self.refusal()
         if not why:
             return self.runner.prepare_claims(claims, deadline_s=deadline_s)
-        return {ref.uid: ClaimResult(error=f"claim {ref}: not prepared: the NVIDIA driver is not available on this "
-                                           f"node ({why}); the plugin uses it once it is back, without a restart "
-                                           "(the kubelet retries)")
+        return {ref.uid: ClaimResult(error=f"claim {ref}: not prepared: {why} (the kubelet retries)")
                 for ref in claims}
 
     def unprepare_claims(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
         """The runner's unprepare (it needs no driver: what needs one is kept for its return)."""
         return self.runner.unprepare_claims(claims)
+
+
+async def report_unavailable(identity: DriverIdentity, config: PluginConfig, connection: assembly.Connection,
+                             session: NvmlSession) -> None:
+    """At a start without a usable driver: log it and record a ``NvidiaDriverUnavailable`` Warning Event on the
+    Node naming ``nvmlInit``'s failure (:attr:`NvmlSession.unavailable_reason`)."""
+    log.error("NVIDIA driver not available: %s; unprepares are served, prepares wait for the driver",
+              session.unavailable_reason)
+    await asyncio.to_thread(assembly.report_event, identity, connection.client, config, connection.node_uid,
+                            "NvidiaDriverUnavailable", f"NVIDIA driver not available: {session.unavailable_reason}; "
+                            "claims are unprepared, prepares wait for it")

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dradriver import _native
-from dradriver.app import assembly
+from dradriver.app import assembly, driverstate
 from dradriver.app.driverstate import DriverGate, DriverWatch
 from dradriver.config import PluginConfig
 from dradriver.domain import cdi, configs, mps, partitions, resourceslices
@@ -415,11 +415,7 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
         if session.available:
             inventory, driver_files = await asyncio.to_thread(read_driver, session, config)
         else:  # no devices and no driver files until the driver is back (DriverWatch)
-            log.error("NVIDIA driver not available: %s; unprepares are served, prepares wait for the driver",
-                      session.unavailable_reason)
-            await asyncio.to_thread(assembly.report_event, identity, connection.client, config, connection.node_uid,
-                                    "NvidiaDriverUnavailable", f"NVIDIA driver not available: "
-                                    f"{session.unavailable_reason}; claims are unprepared, prepares wait for it")
+            await driverstate.report_unavailable(identity, config, connection, session)
             inventory, driver_files = NodeInventory(versions=DriverVersions("", 0), gpus=()), cdi.ContainerEdits()
         registry: DeviceRegistry[NodeInventory] = DeviceRegistry(
             inventory, dynamic_index if dynamic_mig else (lambda inv: DeviceIndex.build(inv).by_name))
@@ -515,7 +511,7 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
                      len(inventory.gpus), len(undone), f", swept {', '.join(swept)}" if swept else "")
 
         watch = DriverWatch(session, library=lambda: nvml_library(config), arrive=driver_back)
-        gate = DriverGate(runner, watch.reason)
+        gate = DriverGate(runner, watch.refusal)
         metrics_server = await assembly.serve_metrics_step(life, config, metrics)
         if early is None:
             servers = await assembly.serve(life, config, gate, health_source=health, publisher=publisher,

@@ -28,8 +28,14 @@ from dradriver.preparers.mps import Backoff
 from dradriver.sandbox.apiserver import ApiServerEmulator
 from dradriver.sandbox.kubelet import KubeletEmulator
 from dradriver.sandbox.node import SandboxNode
-from dradriver.server import deferred
-from tests.computedomain.cdplugin_helpers import GB200_CLIQUE, cd_config, wait_for, write_imex_proc
+from tests.computedomain.cdplugin_helpers import (
+    GB200_CLIQUE,
+    cd_config,
+    seed_claim,
+    seed_domain,
+    wait_for,
+    write_imex_proc,
+)
 
 UUID = "abc9829a-d4c8-491c-8da5-ad28fb34876b"
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -130,8 +136,7 @@ FAST = Backoff(initial_s=0.05, max_s=0.2, jitter=0.0)
 
 
 def test_plugin_waits_not_ready_for_fabric_registration_then_starts_by_itself(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(deferred, "KUBELET_CALL_TIMEOUT_S", 0.3)  # the kubelet's 45 s, shortened
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     # GPU 2 of a GB200 tray is still registering with the fabric manager (NVML: no cluster UUID, no clique yet)
     with SandboxNode(profile=_profile(tmp_path, state=2)) as node:
         write_imex_proc(node)
@@ -154,9 +159,13 @@ def test_plugin_waits_not_ready_for_fabric_registration_then_starts_by_itself(
             assert node.api is not None and not node.api.objects("ResourceSlice")
             async with KubeletEmulator(config.kubelet_registrar_directory_path) as kubelet:
                 connection = await kubelet.wait_for_plugin(config.driver_name, timeout=10)
+                # Unprepares are served during the wait (from the claim state), prepares refused with the reason
                 ref = ClaimRef(namespace="default", name="early", uid="5f0c3f5e-0000-4000-8000-000000000001")
-                answer = await asyncio.wait_for(connection.unprepare([ref]), 10)
-                assert "waiting for NVLink fabric registration (GPU 2 (GPU-" in answer[ref.uid]  # the kubelet's error
+                assert await asyncio.wait_for(connection.unprepare([ref]), 10) == {ref.uid: ""}
+                assert node.api is not None
+                waiting = seed_claim(node.api, "waiting", seed_domain(node.api))
+                error = (await asyncio.wait_for(connection.prepare([waiting]), 10))[waiting.uid].error
+                assert waiting.uid in error and "waiting for NVLink fabric registration (GPU 2 (GPU-" in error, error
             _nvml(node, "set 2 fabric.state 1")  # back to NOT_STARTED: a new state, a new Event
             await wait_for(lambda: len(_events(node, "FabricRegistrationPending")) == 2)
             _nvml(node, "set 2 fabric.state 3")  # the fabric manager is done: the plugin goes on by itself
