@@ -82,7 +82,7 @@ Rubin node at all ("error interpreting device architecture as string: 13", kuber
 this driver) is published as ``Unknown``, go-nvlib's word for NVML's ``NVML_DEVICE_ARCH_UNKNOWN``, with one
 warning naming the code and the GPU; ``cudaComputeCapability`` still comes from NVML and the GPU counts as Hopper
 or newer (:func:`dradriver.domain.migplacements.toggles_mig_without_reset`). nvml.h's DLA (11), DLA2 (12) and NPU3
-(15) are not GPUs and are left out."""
+(15) name accelerators that are not GPUs; go-nvlib has no string for them, so they are not in the table either."""
 
 BRANDS: dict[int, str] = {
     0: "Unknown",
