@@ -128,9 +128,21 @@ class MigPlacement:
 PRE_HOPPER = frozenset({"Kepler", "Maxwell", "Pascal", "Volta", "Turing", "Ampere", "Ada Lovelace"})
 
 
-def offers_full_gpu(gpu: GpuDevice) -> bool:
-    """Whether a dynamic-MIG GPU is also offered whole: Hopper and newer only."""
+def toggles_mig_without_reset(gpu: GpuDevice) -> bool:
+    """Whether MIG mode can be switched on ``gpu`` without a GPU reset: Hopper and newer.
+
+    NVIDIA's driver compares NVML's architecture code, ``GetArchitecture() >= DEVICE_ARCH_HOPPER`` (9), unsigned
+    (kubernetes-sigs/dra-driver-nvidia-gpu ``isDynamicMIGCapable``, PR #1018). Every code at or above 9 counts:
+    Blackwell (10), Rubin (13), NVML's own ``NVML_DEVICE_ARCH_UNKNOWN`` (0xFFFFFFFF, "presumably something newer"
+    in nvml.h) and a code newer than this driver's table; discovery publishes the last two as ``Unknown``. So
+    only the named pre-Hopper architectures (:data:`PRE_HOPPER`, codes 2-8) answer False.
+    """
     return gpu.architecture not in PRE_HOPPER
+
+
+def offers_full_gpu(gpu: GpuDevice) -> bool:
+    """Whether a dynamic-MIG GPU is also offered whole: when it :func:`toggles_mig_without_reset`."""
+    return toggles_mig_without_reset(gpu)
 
 
 def dynamic_allocatable(inventory: NodeInventory) -> list[GpuDevice | MigDevice | MigPlacement]:

@@ -4,7 +4,8 @@
 :class:`~dradriver.domain.devices.NodeInventory`.
 Facts and their sources (``gpu-facts.md`` 1, 2.1-2.3, 4.2, 6.2; ``nvidia-dra-driver.md`` 2.3, 2.4, 7.2):
 
-* brand and architecture are the strings go-nvlib prints (``Nvidia``, ``Ada Lovelace``, ``Hopper``);
+* brand and architecture are the strings go-nvlib prints (``Nvidia``, ``Ada Lovelace``, ``Hopper``, ``Rubin``); a
+  code go-nvlib does not know is published as ``Unknown`` with a warning, never a failure (:data:`ARCHITECTURES`);
 * the PCI bus ID is NVML's ``busId`` lowercased with the leading ``0000`` of the 8-digit domain trimmed
   (``00000000:CA:00.0`` -> ``0000:ca:00.0``);
 * ``pcieRoot`` is the ``pci<domain>:<bus>`` element of the ``<sysfs>/bus/pci/devices/<bdf>`` link target;
@@ -51,7 +52,7 @@ from dradriver.domain.devices import (
     MigDevice,
     NodeInventory,
 )
-from dradriver.domain.migplacements import MigPlacement
+from dradriver.domain.migplacements import MigPlacement, toggles_mig_without_reset
 from dradriver.nvml.errors import NvmlError
 from dradriver.nvml.session import NvmlSession
 
@@ -73,7 +74,15 @@ ARCHITECTURES: dict[int, str] = {
     13: "Rubin",
     0xFFFFFFFF: "Unknown",
 }
-"""``nvmlDeviceArchitecture_t`` -> go-nvlib ``GetArchitectureAsString``."""
+"""``nvmlDeviceArchitecture_t`` (nvml.h ``NVML_DEVICE_ARCH_*``) -> go-nvlib ``GetArchitectureAsString``.
+
+Rubin (13) is in go-nvlib from v0.12.0; NVIDIA's driver built against an older go-nvlib fails to enumerate a
+Rubin node at all ("error interpreting device architecture as string: 13", kubernetes-sigs/dra-driver-nvidia-gpu
+#1462), and go-nvlib still fails on any code outside its switch. Here a code outside this table (a GPU newer than
+this driver) is published as ``Unknown``, go-nvlib's word for NVML's ``NVML_DEVICE_ARCH_UNKNOWN``, with one
+warning naming the code and the GPU; ``cudaComputeCapability`` still comes from NVML and the GPU counts as Hopper
+or newer (:func:`dradriver.domain.migplacements.toggles_mig_without_reset`). nvml.h's DLA (11), DLA2 (12) and NPU3
+(15) name accelerators that are not GPUs; go-nvlib has no string for them, so they are not in the table either."""
 
 BRANDS: dict[int, str] = {
     0: "Unknown",
@@ -484,17 +493,7 @@ def is_dynamic_mig_capable(gpu: GpuDevice) -> bool:
     """
     if not gpu.mig_capable or gpu.vgpu_guest:
         return False
-    return mig_toggle_without_reset(gpu.architecture) or gpu.mig_enabled
-
-
-def mig_toggle_without_reset(architecture: str) -> bool:
-    """Whether MIG mode can be switched without a GPU reset: Hopper and newer (``arch >= DEVICE_ARCH_HOPPER``).
-
-    :param architecture: the go-nvlib architecture string (:data:`ARCHITECTURES`).
-    """
-    codes = {name: code for code, name in ARCHITECTURES.items()}
-    code = codes.get(architecture)
-    return code is not None and code != 0xFFFFFFFF and code >= 9
+    return toggles_mig_without_reset(gpu) or gpu.mig_enabled
 
 
 def mig_placements(session: NvmlSession, gpu: GpuDevice) -> list[MigPlacement]:

@@ -1,7 +1,8 @@
 """Generate the bundled mock NVML node profiles in ``dradriver/nvml/profiles/``.
 
 Run ``python ext/mocknvml/make_profiles.py`` after changing a table below; the JSON files are committed.
-Every value comes from ``../shared/reference/gpu-facts.md`` (section numbers in comments); values marked
+Every value comes from ``../shared/reference/gpu-facts.md`` (section numbers in comments), except the ``vr200`` model
+(its comment names its public sources); values marked
 ``"_inferred"`` in the output were not read from a real GPU (the fact sheet lists them as unknown).
 
 UUIDs are derived deterministically so regenerating a profile does not change it: GPU UUIDs are random-shaped
@@ -283,6 +284,27 @@ MODELS: dict[str, dict[str, Any]] = {
         "pcieThroughput": {"tx": 128, "rx": 256}, "pcieMaxGen": 4, "eccMode": 1,
         "supportedEventTypes": EV_SUPPORTED_DC, "gpuInstanceProfiles": [],
     },
+    "vr200": {
+        # A Rubin GPU of a Vera Rubin superchip. Published: architecture Rubin (nvml.h NVML_DEVICE_ARCH_RUBIN 13),
+        # 288 GB HBM4 per GPU, NVLink 6 and NVLink-C2C to the Vera CPU (NVIDIA's Vera Rubin announcement and its
+        # developer blog "Inside NVIDIA Rubin GPU architecture"). From the `nvidia-smi -q -x` capture of a 4-GPU
+        # Vera Rubin tray (driver 615.23, CUDA 13.4) that NVIDIA's mock NVML profile `mock-nvml-config-vr200.yaml`
+        # (NVIDIA/k8s-test-infra, pkg/gpu/mocknvml/configs) is authored from: the name a pre-release board reports
+        # ("NVIDIA Graphics Device"), PCI device/subsystem IDs, memory total/reserved, BAR1, clocks, power, MIG
+        # mode disabled. _INFERRED_NOTES says what no public source gives.
+        "name": "NVIDIA Graphics Device", "brand": 14, "architecture": 13,
+        "cudaComputeCapability": {"major": 10, "minor": 7}, "pciDeviceId": 0x307F10DE,
+        "pciSubSystemId": 0x221A10DE,
+        "memory": {"total": 286524 * MiB, "reserved": 1277 * MiB, "used": 0}, "bar1Total": 524288 * MiB,
+        "migCapable": True, "virtualizationMode": VIRT_NONE,
+        "power": {"usage": 400000, "limit": 2300000, "minLimit": 200000, "maxLimit": 2300000},
+        "temperature": 30, "utilization": {"gpu": 0, "memory": 0},
+        "clocks": {"graphics": 120, "sm": 120, "mem": 3186, "video": 744},
+        "maxClocks": {"graphics": 2424, "sm": 2424, "mem": 4752, "video": 2412},
+        "pcieThroughput": {"tx": 0, "rx": 0}, "pcieMaxGen": 6, "eccMode": 1,
+        "supportedEventTypes": EV_SUPPORTED_DC, "gpuInstanceProfiles": [],
+        "addressingMode": ADDR_ATS,
+    },
 }
 _INFERRED_NOTES = {
     "a100-sxm4-80gb": "subsystem id, reserved and BAR1 memory, memory clock and power are typical values, not captures",
@@ -290,6 +312,11 @@ _INFERRED_NOTES = {
             "1.2 lists them as unknown); GI table from mig-parted#120",
     "l4": "subsystem id, reserved and BAR1 memory, clocks and power of the L4 are typical values, not captures; "
           "no addressing mode capture exists, so nvmlDeviceGetAddressingMode is NOT_SUPPORTED",
+    "vr200": "not published for Rubin: the MIG profile table (MIG capable with MIG disabled as the capture shows, "
+             "no GPU-instance profile, so every profile answers NOT_SUPPORTED), the SM count (no "
+             "multiprocessorCount), the addressing mode (ATS by analogy with GB200's coherent NVLink-C2C host, not "
+             "captured); compute capability 10.7 is the value of NVIDIA's mock NVML, which cites the CUDA 13.4 "
+             "developer-preview release notes, not a GA CUDA document",
 }
 
 
@@ -510,11 +537,38 @@ def synthetic_large() -> dict[str, Any]:
     }
 
 
+def vr200_node() -> dict[str, Any]:
+    """One compute tray of a Vera Rubin NVL144 rack as its OS sees it: two superchips (a Vera CPU and 2 Rubin GPUs).
+
+    As in the capture NVIDIA's ``mock-nvml-config-vr200.yaml`` reproduces: each superchip is its own PCI domain
+    (``0002``, ``000A``: the only non-zero domains of a single-node bundled profile), minor numbers do not follow
+    the NVML index (0, 3, 1, 2), the two GPUs of a superchip share a board serial, one NUMA node per superchip,
+    fabric registration completed on the default clique of an unpartitioned NVLink 6 fabric (clique 32766).
+    """
+    name = "vr200-node"
+    layout = [(0x0002, 0x81, 0, 0), (0x0002, 0xC1, 3, 0), (0x000A, 0x81, 1, 1), (0x000A, 0xE1, 2, 1)]
+    gpus = []
+    for i, (domain, bus, minor, superchip) in enumerate(layout):
+        g = gpu(name, "vr200", i, bus_id(domain, bus), superchip, f"16500000{superchip + 1:05d}")
+        g["minorNumber"] = minor
+        g["fabric"] = {"clusterUuid": "00000000-0000-0000-0000-000000000001", "cliqueId": 32766,
+                       "state": FABRIC_COMPLETED, "status": 0, "healthMask": 0xAA, "healthSummary": 1}
+        gpus.append(g)
+    return {
+        "format": 1,
+        "description": "Vera Rubin NVL144 compute tray: 2 Vera CPU + 2x Rubin superchips, 4 Rubin GPUs (288 GB HBM4, "
+                       "compute capability 10.7), NVLink 6 fabric completed, MIG capable (profiles unpublished), MIG "
+                       "disabled",
+        "system": system("615.23", 13040), "models": {"vr200": _noted("vr200")}, "gpus": gpus,
+    }
+
+
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     for name, build in [("dgx-a100", dgx_a100), ("dgx-h100", dgx_h100), ("gb200-nvl72-node", gb200_tray),
                         ("l4-inference", l4_inference), ("synthetic-large", synthetic_large),
                         ("dgx-h200", dgx_h200), ("dgx-b200", dgx_b200), ("a100-80gb-node", a100_80gb_node),
+                        ("vr200-node", vr200_node),
                         ("gb200-nvl72-rack-a", lambda: gb200_rack("a")),
                         ("gb200-nvl72-rack-b", lambda: gb200_rack("b")),
                         ("gb200-nvl72-fabric-in-progress",

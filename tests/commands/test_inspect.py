@@ -261,3 +261,18 @@ def test_wide_reports_a_faulty_nvlink_fabric_as_unhealthy_with_its_taint(
             assert (row["HEALTH"], row["TAINTS"]) == ("Unhealthy", f"gpu.nvidia.com/fabric-unhealthy={value}")
         else:
             assert (row["HEALTH"], row["TAINTS"]) == ("Healthy", "-")
+
+
+def test_inspect_shows_a_rubin_node(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """``inspect --mock-profile vr200-node``: four Rubin GPUs, nothing left out, no warning."""
+    sysfs = make_sysfs(tmp_path / "sys", mock.load_profile("vr200-node"))
+    rc, out, err = inspect(capsys, "--mock-profile", "vr200-node", "--node-name", "vr-1", "--sysfs-root", str(sysfs))
+    assert rc == 0 and err == "", err
+    assert out.startswith("# node vr-1: driver 615.23, CUDA 13.4, 4 GPU(s), 0 MIG device(s)")
+    (resource_slice,) = [s for s in yaml.safe_load_all(out) if s]
+    assert_valid_slice(resource_slice)
+    attributes = {d["name"]: d["attributes"] for d in resource_slice["spec"]["devices"]}
+    assert list(attributes) == ["gpu-0", "gpu-3", "gpu-1", "gpu-2"]
+    for attrs in attributes.values():
+        assert attrs["architecture"] == {"string": "Rubin"}
+        assert attrs["cudaComputeCapability"] == {"version": "10.7.0"}

@@ -300,3 +300,24 @@ def test_counters_stop_overlapping_placements_and_explain_names_the_counter(mock
     assert "gpu-0-mig-3g71gb-9-0" in text and "gpu-0-counter-set/memory-slice-0" in text
     assert "on GPU gpu-0" in text
 
+
+
+@pytest.mark.parametrize("code", [13, 99])
+def test_a_gpu_newer_than_hopper_offers_itself_and_its_placements(mock_session: Session, tmp_path: Path,
+                                                                   code: int) -> None:
+    """Rubin (13) and a code newer than the driver's table (published ``Unknown``) are Hopper or newer, as NVIDIA's
+    ``GetArchitecture() >= DEVICE_ARCH_HOPPER``: dynamic MIG with MIG mode off, placements plus the full GPU."""
+    data = mock.load_profile("dgx-h200")
+    data["gpus"][0]["architecture"] = code
+    path = tmp_path / f"arch-{code}.json"
+    path.write_text(json.dumps(data))
+    inv = inventory(mock_session, str(path), tmp_path)
+    gpu = inv.gpus[0]
+    assert gpu.architecture == {13: "Rubin", 99: "Unknown"}[code] and not gpu.mig_enabled
+    assert is_dynamic_mig_capable(gpu)
+    own = [p for p in inv.placements if p.parent.uuid == gpu.uuid]
+    assert len(own) == len([p for p in inv.placements if p.parent.uuid == inv.gpus[1].uuid]) > 0
+    result = build(inv, "node-a", server_version=(1, 35))
+    assert_valid_pool(result.slices, (1, 35), "1.35.0")
+    published = {d["name"] for d in devices(result.slices)}
+    assert gpu.name in published and {p.name for p in own} <= published

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 NONE, HMM, ATS = 0, 1, 2  # nvmlDeviceAddressingModeType_t (nvml.h)
-EXPECTED = {"dgx-a100": HMM, "dgx-h100": HMM, "gb200-nvl72-node": ATS, "synthetic-large": HMM, "l4-inference": None}
+EXPECTED = {"dgx-a100": HMM, "dgx-h100": HMM, "gb200-nvl72-node": ATS, "synthetic-large": HMM, "l4-inference": None,
+            "vr200-node": ATS}
 
 
 class _Mode(ctypes.Structure):

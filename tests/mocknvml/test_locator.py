@@ -13,7 +13,7 @@ from dradriver.nvml import mock
 
 BUNDLED = ["a100-80gb-node", "dgx-a100", "dgx-b200", "dgx-h100", "dgx-h200", "gb200-nvl72-fabric-failed",
            "gb200-nvl72-fabric-in-progress", "gb200-nvl72-node", "gb200-nvl72-rack-a", "gb200-nvl72-rack-b",
-           "l4-inference", "synthetic-large"]
+           "l4-inference", "synthetic-large", "vr200-node"]
 
 
 def test_bundled_profile_names_are_listed_sorted() -> None:

@@ -47,7 +47,7 @@ def test_full_gpu_identity(nvml: Any, name: str) -> None:
         assert pynvml.nvmlDeviceGetName(h) == g["name"]
         assert pynvml.nvmlDeviceGetUUID(h) == g["uuid"]
         assert pynvml.nvmlDeviceGetSerial(h) == g["serial"]
-        assert pynvml.nvmlDeviceGetMinorNumber(h) == g["minorNumber"] == index
+        assert pynvml.nvmlDeviceGetMinorNumber(h) == g["minorNumber"]  # not always the index (vr200-node)
         assert pynvml.nvmlDeviceGetBrand(h) == g["brand"]
         assert pynvml.nvmlDeviceGetArchitecture(h) == g["architecture"]
         cc = g["cudaComputeCapability"]
@@ -74,6 +74,36 @@ def test_full_gpu_identity(nvml: Any, name: str) -> None:
         else:
             with pytest.raises(pynvml.NVMLError_NotSupported):
                 pynvml.nvmlDeviceGetNumaNodeId(h)
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_minor_numbers_are_distinct(name: str) -> None:
+    minors = [g["minorNumber"] for g in _gpus(name)]
+    assert sorted(minors) == sorted(set(minors))
+
+
+def test_vera_rubin_tray_reads_as_the_capture(nvml: Any) -> None:
+    """vr200-node against the public values of NVIDIA's mock NVML ``mock-nvml-config-vr200.yaml`` (k8s-test-infra;
+    its capture of a 4-GPU Vera Rubin tray): Rubin (13), compute capability 10.7, 286524 MiB of HBM4, device ID
+    0x307F, one PCI domain per superchip, minors 0, 3, 1, 2, a board serial per superchip, clique 32766."""
+    pynvml = nvml("vr200-node")
+    handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    assert len(handles) == 4
+    for h in handles:
+        assert pynvml.nvmlDeviceGetArchitecture(h) == 13
+        assert pynvml.nvmlDeviceGetCudaComputeCapability(h) == (10, 7)
+        assert pynvml.nvmlDeviceGetMemoryInfo(h).total == 286524 * MiB
+        assert pynvml.nvmlDeviceGetPciInfo(h).pciDeviceId == 0x307F10DE
+        assert pynvml.nvmlDeviceGetMigMode(h) == [0, 0]
+        fabric = pynvml.c_nvmlGpuFabricInfo_t()
+        pynvml.nvmlDeviceGetGpuFabricInfo(h, ctypes.byref(fabric))
+        assert (fabric.state, fabric.cliqueId) == (3, 32766)
+    assert [pynvml.nvmlDeviceGetPciInfo(h).busId for h in handles] == [
+        "00000002:81:00.0", "00000002:C1:00.0", "0000000A:81:00.0", "0000000A:E1:00.0"]
+    assert [pynvml.nvmlDeviceGetMinorNumber(h) for h in handles] == [0, 3, 1, 2]
+    serials = [pynvml.nvmlDeviceGetSerial(h) for h in handles]
+    assert serials[0] == serials[1] != serials[2] == serials[3]
+    assert [pynvml.nvmlDeviceGetNumaNodeId(h) for h in handles] == [0, 0, 1, 1]
 
 
 def test_bus_id_lookup_accepts_lowercase_and_short_domain(nvml: Any) -> None:

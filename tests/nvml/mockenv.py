@@ -13,8 +13,8 @@ from dradriver.nvml import mock
 
 BRAND_STRINGS = {2: "Tesla", 14: "Nvidia"}
 """go-nvlib brand strings for the codes the bundled profiles use (``gpu-facts.md`` 1.1)."""
-ARCH_STRINGS = {6: "Turing", 7: "Ampere", 8: "Ada Lovelace", 9: "Hopper", 10: "Blackwell"}
-"""go-nvlib architecture strings (``gpu-facts.md`` 1.1)."""
+ARCH_STRINGS = {6: "Turing", 7: "Ampere", 8: "Ada Lovelace", 9: "Hopper", 10: "Blackwell", 13: "Rubin"}
+"""go-nvlib architecture strings (``gpu-facts.md`` 1.1; Rubin: go-nvlib v0.12.0, NVIDIA go-nvlib PR #105)."""
 ADDRESSING_MODE_STRINGS = {0: "None", 1: "HMM", 2: "ATS"}
 """``nvmlDeviceAddressingModeType_t`` (nvml.h) -> the ``addressingMode`` value NVIDIA's driver publishes
 (``gpu-facts.md`` 6.1: ``HMM`` on an A100, ``None`` on an A30)."""

@@ -270,3 +270,27 @@ def test_many_one_claim_prepares_at_once_share_the_api_connections(sandbox: Sand
             assert not [r for r in caplog.records if "Connection pool is full" in r.getMessage()]
 
     asyncio.run(body())
+
+
+@pytest.mark.parametrize("sandbox", ["vr200-node"], indirect=True)
+def test_a_claim_for_a_rubin_gpu_is_prepared_on_its_minor(sandbox: SandboxNode) -> None:
+    """Vera Rubin tray: NVML index 1 is minor 3 (``gpu-3``, ``/dev/nvidia3``), selected by architecture and PCI bus."""
+    async def body() -> None:
+        assert sandbox.api is not None
+        async with running(sandbox.config()) as (_, kubelet):
+            selector = ("device.attributes['gpu.nvidia.com'].architecture == 'Rubin' && "
+                        "device.attributes['resource.kubernetes.io'].pciBusID == '0002:c1:00.0'")
+            sandbox.api.create(claim_object("rubin", selector=selector))
+            [claim] = scheduler.allocate(sandbox.api, [("default", "rubin")], node_name=sandbox.node_name)
+            [alloc] = claim["status"]["allocation"]["devices"]["results"]
+            assert alloc["device"] == "gpu-3"
+            ref = ref_of(claim)
+            answer = await kubelet.prepare([ref])
+            assert answer[ref.uid].error == ""
+            spec = cdi_checks.validate(GPU_DRIVER.cdi.spec_path(sandbox.cdi_root, ref.uid).read_bytes())
+            [cdi_dev] = spec["devices"]
+            paths = [n["path"] for n in cdi_dev["containerEdits"]["deviceNodes"]]
+            assert "/dev/nvidia3" in paths and "/dev/nvidia1" not in paths
+            assert await kubelet.unprepare([ref]) == {ref.uid: ""}
+
+    asyncio.run(body())
