@@ -90,8 +90,13 @@ def _empty_environment() -> Iterator[None]:
 
 
 def _cell(text: object) -> str:
-    """``text`` fit for one markdown table cell: one line, pipes escaped."""
-    return " ".join(str(text).split()).replace("|", "\\|")
+    """``text`` fit for one markdown table cell: one line, pipes escaped, and outside code spans ``<``, ``>`` and
+    ``*`` escaped, so help like ``<dir>/gpu.nvidia.com`` or ``DCGM_FI_*`` shows as written (not as an HTML tag
+    or emphasis)."""
+    parts = " ".join(str(text).split()).split("`")
+    for i in range(0, len(parts), 2):  # even parts lie outside code spans
+        parts[i] = parts[i].replace("<", "&lt;").replace(">", "&gt;").replace("*", "\\*")
+    return "`".join(parts).replace("|", "\\|")
 
 
 def _code(text: object) -> str:

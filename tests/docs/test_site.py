@@ -48,6 +48,7 @@ def test_site_builds_strictly_offline(tmp_path: Path) -> None:
     assert "WARNING" not in proc.stderr, proc.stderr[-4000:]
     commands = (tmp_path / "site" / "reference" / "commands" / "index.html").read_text()
     assert "--feature-gates" in commands and "compute-domain-daemon check" in commands
+    assert "&lt;dir&gt;/gpu.nvidia.com" in commands and "DCGM_FI_* names" in commands  # help shown as written
     assert "<!-- generated:" not in (tmp_path / "site" / "user-guide" / "selecting-gpus" / "index.html").read_text()
 
 
