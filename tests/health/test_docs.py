@@ -1,4 +1,4 @@
-"""docs/metrics.md and the Grafana dashboard name exactly the metrics the code exposes."""
+"""docs/operations/metrics.md and the Grafana dashboard name exactly the metrics the code exposes."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def _exposed(mock_node: Any, services: Services) -> tuple[set[str], set[str]]:
 def test_docs_and_dashboard_match_the_exposition(mock_node: Any, services: Services) -> None:
     families, samples = _exposed(mock_node, services)
     ours = {n for n in families | samples if NAME.fullmatch(n) and not n.endswith("_created")}
-    docs = (REPO / "docs" / "metrics.md").read_text()
+    docs = (REPO / "docs" / "operations" / "metrics.md").read_text()
     documented = set(NAME.findall(docs))
     assert documented - families - samples == set(), "documented but not exposed"
     undocumented = {f for f in families if NAME.fullmatch(f) and not f.endswith("_created")} - {
