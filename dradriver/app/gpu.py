@@ -30,7 +30,7 @@ from typing import Any
 
 from dradriver import _native
 from dradriver.app import assembly
-from dradriver.app.driverstate import DriverGate, DriverWatch
+from dradriver.app.driverstate import DriverGate, DriverWatch, ReloadDetector
 from dradriver.config import PluginConfig
 from dradriver.domain import cdi, configs, mps, partitions, resourceslices
 from dradriver.domain.claims import ClaimRef
@@ -487,6 +487,14 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
         layout = slice_layout_version(await asyncio.to_thread(read_server_version, connection.client), dynamic_mig)
         partition_cache = partitions.PartitionCache()
         plugin_ref: list[GpuPlugin] = []
+        detector = ReloadDetector(session, nodes.read_majors)
+        if session.available:
+            await asyncio.to_thread(detector.remember)
+
+        def nvml_failed(code: int) -> None:
+            metrics.count_nvml_error(code)
+            watch.suspect(code)  # a failure that may be a driver reload is checked at once
+
         health = HealthMonitor(
             registry.snapshot,
             pool_name=config.node_name,
@@ -495,26 +503,47 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
             ignored_xids=DEFAULT_IGNORED_XIDS | set(config.additional_xids_to_ignore),
             informational_taints=informational,
             on_taints_changed=lambda _taints: plugin_ref[0].republish() if plugin_ref else None,
-            on_nvml_error=metrics.count_nvml_error,
+            on_nvml_error=nvml_failed,
         )
         registry.subscribe(health.replace_inventory)
         metrics.attach_devices(health, claim_of=lambda device: runner.prepared_devices().get(device),
                                dcgm_compatible=config.dcgm_compatible)
+
+        def driver_away(why: str) -> None:
+            # A reload under the running plugin: nothing may use the stale NVML handle the watch shuts next.
+            health.stop()
+            edits_cache.clear()
+            assembly.report_event(identity, connection.client, config, connection.node_uid, "NvidiaDriverUnavailable",
+                                  f"NVIDIA driver went away ({why}); claims are unprepared, prepares wait for it "
+                                  "and are served once it is loaded again, without a restart")
+
+        def driver_back() -> None:
+            before = detector.version
+            edits_cache.clear()
+            inventory, common[0] = read_driver(session, config)
+            registry.replace(inventory)  # the health monitor, the publisher (below) and the refresher follow
+            detector.remember()
+            health.start()
+            undone, swept = runner.resume_undo()
+            rewritten, unusable = runner.refresh_specs()  # prepared claims' specs name the new driver's files
+            log.info("NVIDIA driver %s back: %d GPU(s); %d kept undo(s) done%s; %d prepared claim spec(s) rewritten",
+                     inventory.versions.driver, len(inventory.gpus), len(undone),
+                     f", swept {', '.join(swept)}" if swept else "", len(rewritten))
+            if before:  # a reload under the running plugin (a start without the driver reported its own Event)
+                assembly.report_event(
+                    identity, connection.client, config, connection.node_uid, "NvidiaDriverAvailable",
+                    f"NVIDIA driver {inventory.versions.driver} loaded again (was {before}): {len(inventory.gpus)} "
+                    f"GPU(s), {len(rewritten)} prepared claim CDI spec(s) rewritten for its files"
+                    + (f", {len(unusable)} claim(s) whose devices changed left as they were" if unusable else ""),
+                    type_="Normal")
+
+        watch = DriverWatch(session, library=lambda: nvml_library(config), arrive=driver_back,
+                            reloaded=detector.check, depart=driver_away)
         if session.available:
             await life.step("health monitor", lambda: asyncio.to_thread(health.start),
                             lambda _: asyncio.to_thread(health.stop))
         else:  # started by the driver's return
             life.on_stop("health monitor", lambda: asyncio.to_thread(health.stop))
-
-        def driver_back() -> None:
-            inventory, common[0] = read_driver(session, config)
-            registry.replace(inventory)  # the health monitor, the publisher (below) and the refresher follow
-            health.start()
-            undone, swept = runner.resume_undo()
-            log.info("NVIDIA driver %s back: %d GPU(s); %d kept undo(s) done%s", inventory.versions.driver,
-                     len(inventory.gpus), len(undone), f", swept {', '.join(swept)}" if swept else "")
-
-        watch = DriverWatch(session, library=lambda: nvml_library(config), arrive=driver_back)
         gate = DriverGate(runner, watch.reason)
         metrics_server = await assembly.serve_metrics_step(life, config, metrics)
         if early is None:
