@@ -294,3 +294,55 @@ def test_a_driver_reload_under_the_running_plugin_is_survived_without_a_restart(
             assert back and NEW_DRIVER in back[0]["message"], back
 
     asyncio.run(body())
+
+
+def test_an_nvml_failure_seen_by_the_health_monitor_checks_for_a_driver_reload_at_once(
+        sandbox: SandboxNode, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The health monitor's NVML calls fail DRIVER_NOT_LOADED: the watch checks at once, not at its next period
+    (60 s here), so prepares are refused and readiness drops within the monitor's own wait."""
+    monkeypatch.setattr(driverstate, "RETRY_PERIOD_S", 60.0)
+    profile = Path(write_profile(tmp_path, "dgx-h100", name="node"))
+    config = sandbox.config(mock_profile=str(profile), healthcheck_port=0)
+
+    async def body() -> None:
+        async with running(config) as (plugin, _kubelet):
+            session = plugin.session
+            assert session is not None and plugin.driver is not None
+            with sandbox.nvml_control.open("a") as control:
+                control.write("driver unloaded\n")
+            await wait_for(lambda: not session.available, timeout=10)
+            assert plugin.driver.reloads == 1 and "Driver Not Loaded" in plugin.driver.reason()
+            with sandbox.nvml_control.open("a") as control:
+                control.write("driver loaded\n")
+
+    asyncio.run(body())
+
+
+def test_a_new_nvidia_major_is_a_reload_and_prepared_specs_get_the_new_device_numbers(
+        sandbox: SandboxNode, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ``nvidia`` module was loaded again and its device nodes re-created with another major while NVML still
+    answers: a reload all the same. NVML is initialised again and the spec of a prepared claim names the new
+    numbers (``/dev/nvidia0``, ``/dev/nvidiactl``) for the containers its pod starts from now on."""
+    monkeypatch.setattr(driverstate, "RETRY_PERIOD_S", 0.1)
+    api = sandbox.api
+    assert api is not None
+    profile = Path(write_profile(tmp_path, "dgx-h100", name="node"))
+    config = sandbox.config(mock_profile=str(profile), healthcheck_port=0)
+    proc_devices = sandbox.root / "proc" / "devices"
+
+    async def body() -> None:
+        async with running(config) as (plugin, kubelet):
+            assert plugin.driver is not None
+            ref = ref_of(allocate(sandbox, "kept", [result("gpu-0")], []))
+            assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+            spec = plugin.runner.spec_path(ref.uid)
+            assert '"major":195' in spec.read_text().replace(" ", "")
+            proc_devices.write_text(proc_devices.read_text().replace("195 nvidia", "197 nvidia"))
+            await wait_for(lambda: plugin.driver is not None and plugin.driver.reloads == 1
+                           and not plugin.driver.reason(), timeout=10)
+            text = spec.read_text().replace(" ", "")
+            assert '"major":197' in text and '"major":195' not in text, text
+            assert "the nvidia character-device major was 195 and is 197 now" in "\n".join(
+                e["message"] for e in api.objects("Event") if e.get("reason") == "NvidiaDriverUnavailable")
+
+    asyncio.run(body())
