@@ -143,11 +143,18 @@ class DriverWatch:
         """``nvmlInit`` tries so far (after the start's own)."""
         self.reloads = 0
         """Reloads detected so far (:meth:`check_once`)."""
+        self._departing = ""
 
     def reason(self) -> str:
         """Why prepares are refused now: the driver's absence (``nvmlInit``'s error), or :data:`READING`; ``""``
         once the devices of an available driver are read."""
         return self._reason
+
+    def departing(self) -> str:
+        """Why the driver is going away, while a detected reload is being handled and NVML may still look usable
+        (:attr:`depart` running, the stale handle not shut yet); ``""`` otherwise. Undo that needs the driver is
+        kept for its return meanwhile (the runner's ``driver_unavailable``)."""
+        return self._departing
 
     def start(self) -> None:
         """Try again in a background thread until the driver is back (nothing to do when it is and there is no
@@ -192,14 +199,17 @@ class DriverWatch:
         if not why:
             return False
         self.reloads += 1
-        self._reason = f"the NVIDIA driver went away under the plugin ({why}); waiting for it to be loaded again"
+        self._reason = self._departing = (f"the NVIDIA driver went away under the plugin ({why}); waiting for it to "
+                                          "be loaded again")
         log.error("%s", self._reason)
-        if self.depart is not None:
-            try:
+        try:
+            if self.depart is not None:
                 self.depart(why)
-            except Exception:
-                log.exception("stopping what uses the NVIDIA driver after a reload failed")
-        self.session.lose(why)
+        except Exception:
+            log.exception("stopping what uses the NVIDIA driver after a reload failed")
+        finally:
+            self.session.lose(why)
+            self._departing = ""
         return True
 
     def try_once(self) -> bool:

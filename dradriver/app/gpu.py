@@ -9,8 +9,9 @@ dynamic-MIG preparer over every eligible GPU's placements) and the sharing steps
 ``MPSSupport`` gate), and crash convergence -> health monitor -> metrics endpoint -> gRPC servers ->
 ResourceSlice publisher -> NVIDIA driver watch. Without a usable driver (not loaded, no ``libnvidia-ml.so.1``)
 the plugin starts all the same with no devices: it unprepares, refuses prepares with the reason, and reads the
-devices once the driver is back (:mod:`dradriver.app.driverstate`). The ``gpu-kubelet-plugin`` command serves the
-gRPC sockets first instead
+devices once the driver is back (:mod:`dradriver.app.driverstate`); a driver reloaded under the running plugin is
+detected and handled the same way, the prepared claims' CDI specs then rewritten for the new driver's files.
+The ``gpu-kubelet-plugin`` command serves the gRPC sockets first instead
 (:mod:`dradriver.server.deferred`, ``start_plugin(early=...)``): the kubelet registers the plugin within
 ~0.2 s of process start and claims it sends meanwhile wait until the runner is attached at the servers' place.
 """
@@ -436,6 +437,9 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
         metrics = DriverMetrics(node=config.node_name, driver=identity.driver_name)
         nodes = node_info(config)
         edits_cache = EditsCache(nodes)  # the spec-level and each full GPU's edits, while /proc/devices is unchanged
+        detector = ReloadDetector(session, nodes.read_majors)
+        watch = DriverWatch(session, library=lambda: nvml_library(config), arrive=lambda: driver_back(),
+                            reloaded=detector.check, depart=lambda why: driver_away(why))
         preparers: tuple[Any, ...] = (FullGpuPreparer(nodes, edits_cache), StaticMigPreparer(nodes, edits_cache))
         status_writer: DeviceStatusWriter | None = None
         refresh: DeviceRefresher | None = None
@@ -475,7 +479,7 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
             metrics=metrics, prepare_deadline_s=float(config.prepare_deadline_seconds),
             on_prepared=status_writer.prepared if status_writer else None,
             on_unprepared=status_writer.unprepared if status_writer else None,
-            driver_unavailable=lambda: devices_unknown(session, registry),
+            driver_unavailable=lambda: watch.departing() or devices_unknown(session, registry),
             driver_kinds=(DYNAMIC_MIG_KIND, TimeSlicing.kind),
         )
         life.on_stop("batch runner", runner.close)
@@ -487,7 +491,6 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
         layout = slice_layout_version(await asyncio.to_thread(read_server_version, connection.client), dynamic_mig)
         partition_cache = partitions.PartitionCache()
         plugin_ref: list[GpuPlugin] = []
-        detector = ReloadDetector(session, nodes.read_majors)
         if session.available:
             await asyncio.to_thread(detector.remember)
 
@@ -508,6 +511,11 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
         registry.subscribe(health.replace_inventory)
         metrics.attach_devices(health, claim_of=lambda device: runner.prepared_devices().get(device),
                                dcgm_compatible=config.dcgm_compatible)
+        if session.available:
+            await life.step("health monitor", lambda: asyncio.to_thread(health.start),
+                            lambda _: asyncio.to_thread(health.stop))
+        else:  # started by the driver's return
+            life.on_stop("health monitor", lambda: asyncio.to_thread(health.stop))
 
         def driver_away(why: str) -> None:
             # A reload under the running plugin: nothing may use the stale NVML handle the watch shuts next.
@@ -537,13 +545,6 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
                     + (f", {len(unusable)} claim(s) whose devices changed left as they were" if unusable else ""),
                     type_="Normal")
 
-        watch = DriverWatch(session, library=lambda: nvml_library(config), arrive=driver_back,
-                            reloaded=detector.check, depart=driver_away)
-        if session.available:
-            await life.step("health monitor", lambda: asyncio.to_thread(health.start),
-                            lambda _: asyncio.to_thread(health.stop))
-        else:  # started by the driver's return
-            life.on_stop("health monitor", lambda: asyncio.to_thread(health.stop))
         gate = DriverGate(runner, watch.reason)
         metrics_server = await assembly.serve_metrics_step(life, config, metrics)
         if early is None:
