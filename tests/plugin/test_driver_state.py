@@ -346,3 +346,47 @@ def test_a_new_nvidia_major_is_a_reload_and_prepared_specs_get_the_new_device_nu
                 e["message"] for e in api.objects("Event") if e.get("reason") == "NvidiaDriverUnavailable")
 
     asyncio.run(body())
+
+
+def test_a_reload_that_renumbers_gpus_leaves_a_moved_claim_s_spec_and_refuses_it_by_its_uuid(
+        sandbox: SandboxNode, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver comes back with GPUs 0 and 1 under each other's minors: device names follow the minor
+    (``gpu-<minor>``), so ``gpu-0`` is the other GPU now. The spec of a claim prepared on the old ``gpu-0`` is not
+    re-rendered for the GPU that name resolves to now (left as it was, as at a start: ``BatchRunner.check_pins``),
+    the Node Event counts it, and the claim's Prepare answers naming the UUID it was prepared with (the "was GPU-…
+    when prepared" rule)."""
+    monkeypatch.setattr(driverstate, "RETRY_PERIOD_S", 0.1)
+    api = sandbox.api
+    assert api is not None
+    profile = Path(write_profile(tmp_path, "dgx-h100", name="node"))
+    config = sandbox.config(mock_profile=str(profile), healthcheck_port=0)
+
+    async def body() -> None:
+        async with running(config) as (plugin, kubelet):
+            assert plugin.driver is not None and plugin.registry is not None and plugin.session is not None
+            session = plugin.session
+            first, second = (getattr(plugin.registry.get(n), "uuid", "") for n in ("gpu-0", "gpu-1"))
+            ref = ref_of(allocate(sandbox, "moved", [result("gpu-0")], []))
+            assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+            spec = plugin.runner.spec_path(ref.uid)
+            before = spec.read_bytes()
+            with sandbox.nvml_control.open("a") as control:
+                control.write("driver unloaded\n")
+            await wait_for(lambda: not session.available, timeout=10)
+            data = json.loads(profile.read_text())
+            gpus = data["gpus"]
+            gpus[0]["minorNumber"], gpus[1]["minorNumber"] = gpus[1]["minorNumber"], gpus[0]["minorNumber"]
+            profile.write_text(json.dumps(data))
+            with sandbox.nvml_control.open("a") as control:
+                control.write("driver loaded\n")
+            await wait_for(lambda: plugin.driver is not None and not plugin.driver.reason(), timeout=30)
+            assert getattr(plugin.registry.get("gpu-0"), "uuid", "") == second
+            assert getattr(plugin.registry.get("gpu-1"), "uuid", "") == first
+            assert spec.read_bytes() == before
+            error = (await kubelet.prepare([ref]))[ref.uid].error
+            assert f"was {first} when the claim was prepared and is now {second}" in error, error
+            back = [e for e in api.objects("Event") if e.get("reason") == "NvidiaDriverAvailable"]
+            assert back and "1 claim(s) whose devices changed left as they were" in back[0]["message"], back
+            assert await kubelet.unprepare([ref]) == {ref.uid: ""}
+
+    asyncio.run(body())
