@@ -14,8 +14,16 @@ specs and claim state behind and deadlocks the upgrade on their Unprepare. So th
   without a restart (:class:`DriverWatch`).
 
 The state lives in the NVML session (:attr:`~dradriver.nvml.session.NvmlSession.unavailable_reason`) and in
-:class:`DriverWatch` (the devices read since); a driver-reload detector marks the session unavailable and starts
-the watch again.
+:class:`DriverWatch` (the devices read since).
+
+A driver reload under the running plugin (a GPU Operator upgrade replaces the driver container and reloads the
+kernel modules; NVIDIA's plugin keeps its stale NVML handle and every claim fails with "invalid CDI Spec: empty
+device edits" until it is restarted: NVIDIA/gpu-operator, aicr#980 and #1030, k8s-driver-manager#203) is detected by
+a :class:`ReloadDetector` that the watch asks every :attr:`DriverWatch.period_s`, and at once after an NVML call
+failed with one of :data:`RELOAD_HINTS` (:meth:`DriverWatch.suspect`, the health monitor's NVML-error hook). The
+watch then refuses prepares with the reason (readiness NOT_SERVING), runs the plugin's ``depart`` (stop what uses
+NVML, report it), shuts the stale NVML handle (:meth:`~dradriver.nvml.session.NvmlSession.lose`) and tries
+``nvmlInit`` again as at a start without the driver; ``arrive`` re-reads the devices and the new driver's files.
 """
 
 from __future__ import annotations
@@ -30,7 +38,8 @@ from dradriver.config import PluginConfig
 from dradriver.domain.claims import ClaimRef, ClaimResult
 from dradriver.domain.identity import DriverIdentity
 from dradriver.domain.ports import ClaimPreparer
-from dradriver.nvml.session import NvmlSession
+from dradriver.nvml.errors import NvmlError, NvmlUnavailable
+from dradriver.nvml.session import DRIVER_GONE, NvmlSession
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +49,70 @@ checks for the driver's readiness at the same order of period)."""
 
 READING = "the NVIDIA driver is back; reading its devices"
 """The reason while the devices of a driver that came back are being read."""
+
+RELOAD_HINTS = frozenset({1, 9, 15, 18})
+"""``nvmlReturn_t`` codes of failed NVML calls after which the watch checks for a reload at once instead of at its
+next period: UNINITIALIZED, DRIVER_NOT_LOADED, GPU_IS_LOST (also one GPU falling off the bus: the check tells them
+apart), LIB_RM_VERSION_MISMATCH (``nvml.h``)."""
+
+
+class ReloadDetector:
+    """Whether the NVIDIA driver NVML was initialised with is still the one loaded; the reason when it is not.
+
+    Three signs, checked by :meth:`check` against what :meth:`remember` saw when the driver's devices were read:
+    ``nvmlSystemGetDriverVersion`` failing with :data:`~dradriver.nvml.session.DRIVER_GONE` (the module was unloaded
+    under the session), the driver version changed, or the ``nvidia`` character-device major in ``/proc/devices``
+    changed or vanished (the module was loaded again and its device nodes re-created). A change of the
+    ``nvidia-uvm`` or ``nvidia-caps`` majors alone is no reload: the CDI edits are computed again from
+    ``/proc/devices`` (:class:`~dradriver.host.devicenodes.EditsCache`).
+
+    :param session: the plugin's NVML session.
+    :param majors: character-device majors by name now (``/proc/devices``;
+        :meth:`~dradriver.host.devicenodes.DeviceNodeInfo.read_majors`).
+    """
+
+    MODULE = "nvidia"
+    """The ``/proc/devices`` name of the NVIDIA kernel module's character devices (``/dev/nvidia<minor>``,
+    ``/dev/nvidiactl``)."""
+
+    def __init__(self, session: NvmlSession, majors: Callable[[], Mapping[str, int]]) -> None:
+        self.session = session
+        self.majors = majors
+        self.version = ""
+        """The driver version read at :meth:`remember` (``""`` before)."""
+        self.major: int | None = None
+        """The ``nvidia`` major at :meth:`remember` (``None``: not in ``/proc/devices`` then)."""
+
+    def remember(self) -> None:
+        """Take the driver in use now as the one to compare with (after its devices were read).
+
+        :raises NvmlError: the driver version cannot be read.
+        """
+        self.version = self.session.driver_version()
+        self.major = self.majors().get(self.MODULE)
+
+    def check(self) -> str:
+        """Why the driver in use is not the one remembered (``""``: it is, or nothing was remembered yet, or NVML is
+        already known to be unavailable)."""
+        if not self.version:
+            return ""
+        try:
+            version = self.session.driver_version()
+        except NvmlUnavailable:
+            return ""
+        except DRIVER_GONE as exc:
+            return f"NVML calls fail ({exc}): the NVIDIA driver {self.version} was unloaded"
+        except NvmlError as exc:  # another failure says nothing about a reload
+            log.debug("driver version not readable now: %s", exc)
+            return ""
+        if version != self.version:
+            return f"the NVIDIA driver version changed from {self.version} to {version}"
+        major = self.majors().get(self.MODULE)
+        if self.major is not None and major != self.major:
+            now = f"is {major} now" if major is not None else "is no longer in /proc/devices"
+            return (f"the {self.MODULE} character-device major was {self.major} and {now}: the kernel module was "
+                    "reloaded")
+        return ""
 
 
 class DriverWatch:
@@ -52,20 +125,32 @@ class DriverWatch:
     :param period_s: seconds between tries (``None``: :data:`RETRY_PERIOD_S`).
     :param interrupt: ends an :attr:`arrive` in progress at :meth:`stop` (the compute-domain plugin's wait for the
         NVLink fabric registration); ``None``: stop waits for it.
+    :param reloaded: why the driver in use went away, ``""`` while it has not (:meth:`ReloadDetector.check`):
+        with it the watch keeps running while the driver is available and checks every period (and at
+        :meth:`suspect`); without it the watch ends once the driver is usable.
+    :param depart: blocking, run with the reason once a reload is detected, before the stale NVML handle is shut
+        (stop what uses NVML, report it); an exception is logged.
     """
 
     def __init__(self, session: NvmlSession, *, library: Callable[[], str], arrive: Callable[[], None],
-                 period_s: float | None = None, interrupt: Callable[[], None] | None = None) -> None:
+                 period_s: float | None = None, interrupt: Callable[[], None] | None = None,
+                 reloaded: Callable[[], str] | None = None, depart: Callable[[str], None] | None = None) -> None:
         self.session = session
         self.library = library
         self.arrive = arrive
         self.interrupt = interrupt
+        self.reloaded = reloaded
+        self.depart = depart
         self.period_s = RETRY_PERIOD_S if period_s is None else period_s
         self._reason = session.unavailable_reason if not session.available else ""
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self.tries = 0
         """``nvmlInit`` tries so far (after the start's own)."""
+        self.reloads = 0
+        """Reloads detected so far (:meth:`check_once`)."""
+        self._departing = ""
 
     def reason(self) -> str:
         """Why prepares are refused now: the driver's absence (``nvmlInit``'s error), or :data:`READING`; ``""``
@@ -78,9 +163,16 @@ class DriverWatch:
         return (f"the NVIDIA driver is not available on this node ({why}); the plugin uses it once it is back, "
                 "without a restart") if why else ""
 
+    def departing(self) -> str:
+        """Why the driver is going away, while a detected reload is being handled and NVML may still look usable
+        (:attr:`depart` running, the stale handle not shut yet); ``""`` otherwise. Undo that needs the driver is
+        kept for its return meanwhile (the runner's ``driver_unavailable``)."""
+        return self._departing
+
     def start(self) -> None:
-        """Try again in a background thread until the driver is back (nothing to do when it is)."""
-        if self._reason and self._thread is None:
+        """Try again in a background thread until the driver is back (nothing to do when it is and there is no
+        :attr:`reloaded` check); with :attr:`reloaded`, keep checking for a reload while it is available."""
+        if (self._reason or self.reloaded is not None) and self._thread is None:
             self._stop.clear()
             self._thread = threading.Thread(target=self._run, name="nvidia-driver-watch", daemon=True)
             self._thread.start()
@@ -88,16 +180,52 @@ class DriverWatch:
     def stop(self) -> None:
         """End the background tries (waits for one in progress, interrupted when :attr:`interrupt` is given)."""
         self._stop.set()
+        self._wake.set()
         if self.interrupt is not None:
             self.interrupt()
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
 
+    def suspect(self, code: int) -> None:
+        """An NVML call failed with ``code`` (``nvmlReturn_t``): for one of :data:`RELOAD_HINTS`, check for a
+        reload now rather than at the next period (any thread; returns at once)."""
+        if code in RELOAD_HINTS and not self._reason:
+            self._wake.set()
+
     def _run(self) -> None:
-        while not self._stop.wait(self.period_s):
-            if self.try_once():
+        while True:
+            self._wake.wait(self.period_s)
+            self._wake.clear()
+            if self._stop.is_set():
                 return
+            if self._reason:
+                if self.try_once() and self.reloaded is None:
+                    return
+            elif self.reloaded is not None:
+                self.check_once()
+
+    def check_once(self) -> bool:
+        """Ask :attr:`reloaded`; on a reload refuse prepares with its reason, run :attr:`depart` and shut the stale
+        NVML handle, so the next period tries ``nvmlInit`` again. True when a reload was detected."""
+        if self.reloaded is None or self._reason:
+            return False
+        why = self.reloaded()
+        if not why:
+            return False
+        self.reloads += 1
+        self._reason = self._departing = (f"the NVIDIA driver went away under the plugin ({why}); waiting for it to "
+                                          "be loaded again")
+        log.error("%s", self._reason)
+        try:
+            if self.depart is not None:
+                self.depart(why)
+        except Exception:
+            log.exception("stopping what uses the NVIDIA driver after a reload failed")
+        finally:
+            self.session.lose(why)
+            self._departing = ""
+        return True
 
     def try_once(self) -> bool:
         """One try: ``nvmlInit``, then :attr:`arrive`; True once the driver is usable."""

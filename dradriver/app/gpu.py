@@ -9,8 +9,9 @@ dynamic-MIG preparer over every eligible GPU's placements) and the sharing steps
 ``MPSSupport`` gate), and crash convergence -> health monitor -> metrics endpoint -> gRPC servers ->
 ResourceSlice publisher -> NVIDIA driver watch. Without a usable driver (not loaded, no ``libnvidia-ml.so.1``)
 the plugin starts all the same with no devices: it unprepares, refuses prepares with the reason, and reads the
-devices once the driver is back (:mod:`dradriver.app.driverstate`). The ``gpu-kubelet-plugin`` command serves the
-gRPC sockets first instead
+devices once the driver is back (:mod:`dradriver.app.driverstate`); a driver reloaded under the running plugin is
+detected and handled the same way, the prepared claims' CDI specs then rewritten for the new driver's files.
+The ``gpu-kubelet-plugin`` command serves the gRPC sockets first instead
 (:mod:`dradriver.server.deferred`, ``start_plugin(early=...)``): the kubelet registers the plugin within
 ~0.2 s of process start and claims it sends meanwhile wait until the runner is attached at the servers' place.
 """
@@ -30,7 +31,7 @@ from typing import Any
 
 from dradriver import _native
 from dradriver.app import assembly, driverstate
-from dradriver.app.driverstate import DriverGate, DriverWatch
+from dradriver.app.driverstate import DriverGate, DriverWatch, ReloadDetector
 from dradriver.config import PluginConfig
 from dradriver.domain import cdi, configs, mps, partitions, resourceslices
 from dradriver.domain.claims import ClaimRef
@@ -432,6 +433,9 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
         metrics = DriverMetrics(node=config.node_name, driver=identity.driver_name)
         nodes = node_info(config)
         edits_cache = EditsCache(nodes)  # the spec-level and each full GPU's edits, while /proc/devices is unchanged
+        detector = ReloadDetector(session, nodes.read_majors)
+        watch = DriverWatch(session, library=lambda: nvml_library(config), arrive=lambda: driver_back(),
+                            reloaded=detector.check, depart=lambda why: driver_away(why))
         preparers: tuple[Any, ...] = (FullGpuPreparer(nodes, edits_cache), StaticMigPreparer(nodes, edits_cache))
         status_writer: DeviceStatusWriter | None = None
         refresh: DeviceRefresher | None = None
@@ -471,7 +475,7 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
             metrics=metrics, prepare_deadline_s=float(config.prepare_deadline_seconds),
             on_prepared=status_writer.prepared if status_writer else None,
             on_unprepared=status_writer.unprepared if status_writer else None,
-            driver_unavailable=lambda: devices_unknown(session, registry),
+            driver_unavailable=lambda: watch.departing() or devices_unknown(session, registry),
             driver_kinds=(DYNAMIC_MIG_KIND, TimeSlicing.kind),
         )
         life.on_stop("batch runner", runner.close)
@@ -483,6 +487,13 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
         layout = slice_layout_version(await asyncio.to_thread(read_server_version, connection.client), dynamic_mig)
         partition_cache = partitions.PartitionCache()
         plugin_ref: list[GpuPlugin] = []
+        if session.available:
+            await asyncio.to_thread(detector.remember)
+
+        def nvml_failed(code: int) -> None:
+            metrics.count_nvml_error(code)
+            watch.suspect(code)  # a failure that may be a driver reload is checked at once
+
         health = HealthMonitor(
             registry.snapshot,
             pool_name=config.node_name,
@@ -491,7 +502,7 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
             ignored_xids=DEFAULT_IGNORED_XIDS | set(config.additional_xids_to_ignore),
             informational_taints=informational,
             on_taints_changed=lambda _taints: plugin_ref[0].republish() if plugin_ref else None,
-            on_nvml_error=metrics.count_nvml_error,
+            on_nvml_error=nvml_failed,
         )
         registry.subscribe(health.replace_inventory)
         metrics.attach_devices(health, claim_of=lambda device: runner.prepared_devices().get(device),
@@ -502,15 +513,34 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
         else:  # started by the driver's return
             life.on_stop("health monitor", lambda: asyncio.to_thread(health.stop))
 
+        def driver_away(why: str) -> None:
+            # A reload under the running plugin: nothing may use the stale NVML handle the watch shuts next.
+            health.stop()
+            edits_cache.clear()
+            assembly.report_event(identity, connection.client, config, connection.node_uid, "NvidiaDriverUnavailable",
+                                  f"NVIDIA driver went away ({why}); claims are unprepared, prepares wait for it "
+                                  "and are served once it is loaded again, without a restart")
+
         def driver_back() -> None:
+            before = detector.version
+            edits_cache.clear()
             inventory, common[0] = read_driver(session, config)
             registry.replace(inventory)  # the health monitor, the publisher (below) and the refresher follow
+            detector.remember()
             health.start()
             undone, swept = runner.resume_undo()
-            log.info("NVIDIA driver %s back: %d GPU(s); %d kept undo(s) done%s", inventory.versions.driver,
-                     len(inventory.gpus), len(undone), f", swept {', '.join(swept)}" if swept else "")
+            rewritten, unusable = runner.refresh_specs()  # prepared claims' specs name the new driver's files
+            log.info("NVIDIA driver %s back: %d GPU(s); %d kept undo(s) done%s; %d prepared claim spec(s) rewritten",
+                     inventory.versions.driver, len(inventory.gpus), len(undone),
+                     f", swept {', '.join(swept)}" if swept else "", len(rewritten))
+            if before:  # a reload under the running plugin (a start without the driver reported its own Event)
+                assembly.report_event(
+                    identity, connection.client, config, connection.node_uid, "NvidiaDriverAvailable",
+                    f"NVIDIA driver {inventory.versions.driver} loaded again (was {before}): {len(inventory.gpus)} "
+                    f"GPU(s), {len(rewritten)} prepared claim CDI spec(s) rewritten for its files"
+                    + (f", {len(unusable)} claim(s) whose devices changed left as they were" if unusable else ""),
+                    type_="Normal")
 
-        watch = DriverWatch(session, library=lambda: nvml_library(config), arrive=driver_back)
         gate = DriverGate(runner, watch.refusal)
         metrics_server = await assembly.serve_metrics_step(life, config, metrics)
         if early is None:

@@ -1111,25 +1111,70 @@ class BatchRunner:
         self.check_pins(record)
         if self.spec_valid(record):
             return False
-        missing = sorted(d.device for d in record.devices if self.registry.get(d.device) is None)
-        if missing:
-            raise ClaimError(record.ref, f"CDI spec missing or invalid and devices {missing} are no longer on this "
-                                         "node")
-        records = list(read_payload(record.payload).undo)
-        plans = []
-        for held in record.devices:
-            device = self.registry.get(held.device)
-            preparer = self.preparer_for(device)
-            if preparer is None:
-                raise ClaimError(record.ref, f"CDI spec missing or invalid and device {held.device!r} has no "
-                                             "preparer")
-            plans.append(DevicePlan(preparer.kind, held.device, device, held.request_names, held.admin_access, ()))
-        data = self._render(record.ref, plans, records)
+        data = self._render_record(record, "CDI spec missing or invalid")
         if not data:  # the claim has no spec by design
             return False
         cdifiles.write_claim_spec(self.identity.cdi, self.cdi_root, record.uid, data)
         log.warning("rewrote the missing or invalid CDI spec of claim %s", record.ref)
         return True
+
+    def _render_record(self, record: ClaimRecord, why: str) -> bytes:
+        """The CDI spec of a completed claim, rendered again from its record and the devices now (``b""``: the claim
+        has no spec by design).
+
+        :raises ClaimError: a device is no longer on this node or has no preparer (the message starts with ``why``).
+        """
+        missing = sorted(d.device for d in record.devices if self.registry.get(d.device) is None)
+        if missing:
+            raise ClaimError(record.ref, f"{why} and devices {missing} are no longer on this node")
+        plans = []
+        for held in record.devices:
+            device = self.registry.get(held.device)
+            preparer = self.preparer_for(device)
+            if preparer is None:
+                raise ClaimError(record.ref, f"{why} and device {held.device!r} has no preparer")
+            plans.append(DevicePlan(preparer.kind, held.device, device, held.request_names, held.admin_access, ()))
+        return self._render(record.ref, plans, list(read_payload(record.payload).undo))
+
+    def refresh_specs(self) -> tuple[list[str], list[str]]:
+        """Render the CDI spec of every prepared claim again and rewrite, atomically, each one whose content changed.
+
+        After a driver reload the spec-level edits name the new driver's files (``libcuda.so.<new version>``) and
+        the device nodes may have new numbers: the runtime reads a claim's spec when it creates a container, so a
+        container that a prepared claim's pod starts later (a restart, a new init container) must get the new
+        driver, not the paths of one that no longer exists. A claim whose device now resolves to another physical
+        device (:meth:`check_pins`) or is gone keeps its spec and is answered per claim at its next Prepare.
+
+        :returns: the claim UIDs whose spec was rewritten, and those that could not be rendered (logged).
+        """
+        rewritten: list[str] = []
+        unusable: list[str] = []
+        with self._lock, self.state.locked():
+            for record in list(self.state.claims().values()):
+                if record.phase is not ClaimPhase.PREPARE_COMPLETED:
+                    continue
+                try:
+                    self.check_pins(record)
+                    data = self._render_record(record, "CDI spec not rendered again")
+                except (ClaimError, DradriverError) as exc:
+                    unusable.append(record.uid)
+                    log.error("claim %s: %s", record.ref, exc)
+                    continue
+                path = self.spec_path(record.uid)
+                try:
+                    if not data or path.read_bytes() == data:
+                        continue
+                except OSError:
+                    pass  # missing or unreadable: written below
+                try:
+                    cdifiles.write_claim_spec(self.identity.cdi, self.cdi_root, record.uid, data)
+                except DradriverError as exc:  # the old spec stays whole (the write is atomic)
+                    unusable.append(record.uid)
+                    log.error("claim %s: %s", record.ref, exc)
+                    continue
+                rewritten.append(record.uid)
+                log.info("rewrote the CDI spec of prepared claim %s for the driver now loaded", record.ref)
+        return rewritten, unusable
 
     # -------------------------------------------------------------------------------- unprepare
     def unprepare_claims(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:

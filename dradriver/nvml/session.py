@@ -61,6 +61,12 @@ DRIVER_ABSENT: tuple[type[NvmlError], ...] = (NvmlLibraryNotFound, NvmlDriverNot
 user space of another version than the loaded module, as in the middle of an upgrade
 (``NVML_ERROR_LIB_RM_VERSION_MISMATCH``); ``nvmlReturn_t`` in NVIDIA's ``nvml.h``."""
 
+DRIVER_GONE: tuple[type[NvmlError], ...] = (NvmlDriverNotLoaded, NvmlUninitialized, NvmlLibRmVersionMismatch)
+"""Failures of a call on an initialised session meaning the driver it was initialised with went away (unloaded or
+reloaded under the process): ``NVML_ERROR_DRIVER_NOT_LOADED``, ``NVML_ERROR_UNINITIALIZED`` (the library's
+initialisation is gone), ``NVML_ERROR_LIB_RM_VERSION_MISMATCH`` (a kernel module of another version is loaded now);
+``nvmlReturn_t`` in NVIDIA's ``nvml.h``."""
+
 _lock = threading.Lock()
 _open_sessions = 0
 _loaded_path: str | None = None
@@ -175,13 +181,32 @@ class NvmlSession:
 
     def close(self) -> None:
         """Drop cached handles and call ``nvmlShutdown`` once (when NVML was initialised); later calls do nothing."""
-        global _open_sessions, _active_profile
         with self._init_lock:
             if self._closed:
                 return
             self._closed = True
             if self._unavailable:
                 return
+        self._shut_down()
+
+    def lose(self, reason: str) -> bool:
+        """The driver went away under this session (a driver reload): drop the cached handles, shut the stale
+        initialisation (``nvmlShutdown``, which also releases the device files the old kernel module counts) and
+        mark the session unavailable with ``reason``; :meth:`init` initialises it again once the driver is back.
+
+        :returns: False when the session was closed or already unavailable (nothing done).
+        """
+        with self._init_lock:
+            if self._closed or self._unavailable:
+                return False
+            self._unavailable = reason or "the NVIDIA driver went away"
+        log.warning("NVML session shut: %s", self._unavailable)
+        self._shut_down()
+        return True
+
+    def _shut_down(self) -> None:
+        """Forget the handles of this initialisation, uncount the session and call ``nvmlShutdown``."""
+        global _open_sessions, _active_profile
         self._handles.clear()
         self._handles_by_uuid.clear()
         self._mig_handles.clear()

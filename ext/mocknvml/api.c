@@ -65,7 +65,7 @@ static int listed(char (*list)[64], unsigned n, const char *fn) {
 }
 
 static nvmlReturn_t enter_dev(const char *fn, nvmlDevice_t h, dev_ref *r, int allow_mig) {
-    if (g_mock.refcount == 0) return NVML_ERROR_UNINITIALIZED;
+    if (mock_unusable(&g_mock)) return (nvmlReturn_t)mock_unusable(&g_mock);
     nvmlReturn_t e = resolve_dev(h, r);
     if (e != NVML_SUCCESS) return e;
     if (r->g->v.lost) return NVML_ERROR_GPU_IS_LOST;
@@ -88,7 +88,7 @@ nvmlReturn_t mock_enter_dev(const char *fn, nvmlDevice_t h, dev_ref *r, int allo
 #define SYS_ENTER()                                                                                           \
     LOCK();                                                                                                   \
     do {                                                                                                      \
-        if (g_mock.refcount == 0) RET(NVML_ERROR_UNINITIALIZED);                                              \
+        if (mock_unusable(&g_mock)) RET((nvmlReturn_t)mock_unusable(&g_mock));                              \
         if (listed(g_mock.notSupported, g_mock.nNotSupported, __func__)) RET(NVML_ERROR_NOT_SUPPORTED);       \
     } while (0)
 #define NEED(v) do { if ((long long)(v) == MOCK_ABSENT) RET(NVML_ERROR_NOT_SUPPORTED); } while (0)
@@ -135,8 +135,13 @@ nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     mock_events_reset_locked();
     g_mock.refcount = 1;
     g_mock.nFaults = 0;
+    g_mock.driverGone = 0; /* the control file's "driver" lines, replayed now, say whether it is loaded */
     mock_mig_init_locked(&g_mock);
     mock_poll_control_locked(&g_mock);
+    if (g_mock.driverGone) { /* unloaded on this node: init fails as nvmlInit does without the kernel module */
+        g_mock.refcount = 0;
+        RET(NVML_ERROR_DRIVER_NOT_LOADED);
+    }
     RET(NVML_SUCCESS);
 }
 
@@ -710,7 +715,7 @@ nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t device, unsigned int id, 
 }
 
 static nvmlReturn_t enter_gi(const char *fn, nvmlGpuInstance_t h, gi_ref *r) {
-    if (g_mock.refcount == 0) return NVML_ERROR_UNINITIALIZED;
+    if (mock_unusable(&g_mock)) return (nvmlReturn_t)mock_unusable(&g_mock);
     if (!IN_TABLE(h, h_gi)) return NVML_ERROR_INVALID_ARGUMENT;
     size_t off = (size_t)(h - &h_gi[0][0]);
     r->gpu = (unsigned)(off / MOCK_MAX_GI);
@@ -826,7 +831,7 @@ nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(nvmlGpuInstance_t gpuInstance
 
 nvmlReturn_t nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t computeInstance, nvmlComputeInstanceInfo_t *info) {
     LOCK();
-    if (g_mock.refcount == 0) RET(NVML_ERROR_UNINITIALIZED);
+    if (mock_unusable(&g_mock)) RET((nvmlReturn_t)mock_unusable(&g_mock));
     if (!IN_TABLE(computeInstance, h_ci) || !info) RET(NVML_ERROR_INVALID_ARGUMENT);
     size_t off = (size_t)(computeInstance - &h_ci[0][0][0]);
     unsigned gpu = (unsigned)(off / (MOCK_MAX_GI * MOCK_MAX_CI));

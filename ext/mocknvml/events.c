@@ -59,7 +59,7 @@ static void push(struct nvmlEventSet_st *s, unsigned gpu, const mock_event *ev) 
 
 nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
     LOCK();
-    if (g_mock.refcount == 0) RET(NVML_ERROR_UNINITIALIZED);
+    if (mock_unusable(&g_mock)) RET((nvmlReturn_t)mock_unusable(&g_mock));
     if (!set) RET(NVML_ERROR_INVALID_ARGUMENT);
     for (unsigned k = 0; k < MOCK_MAX_SETS; k++) {
         if (g_sets[k] && g_sets[k]->live) continue;
@@ -75,7 +75,7 @@ nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
 
 nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
     LOCK();
-    if (g_mock.refcount == 0) RET(NVML_ERROR_UNINITIALIZED);
+    if (mock_unusable(&g_mock)) RET((nvmlReturn_t)mock_unusable(&g_mock));
     if (!set_valid(set)) RET(NVML_ERROR_INVALID_ARGUMENT);
     set->live = 0; /* memory is kept and reused, so a freed handle stays detectable */
     pthread_cond_broadcast(&g_mock_cond);
@@ -106,7 +106,7 @@ static int gpu_of(nvmlDevice_t device, nvmlReturn_t *err, const char *fn) {
 nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long *eventTypes) {
     LOCK();
     nvmlReturn_t err = NVML_SUCCESS;
-    if (g_mock.refcount == 0) RET(NVML_ERROR_UNINITIALIZED);
+    if (mock_unusable(&g_mock)) RET((nvmlReturn_t)mock_unusable(&g_mock));
     int gpu = gpu_of(device, &err, __func__);
     if (gpu < 0) RET(err);
     if (!eventTypes) RET(NVML_ERROR_INVALID_ARGUMENT);
@@ -118,7 +118,7 @@ nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long
 nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long eventTypes, nvmlEventSet_t set) {
     LOCK();
     nvmlReturn_t err = NVML_SUCCESS;
-    if (g_mock.refcount == 0) RET(NVML_ERROR_UNINITIALIZED);
+    if (mock_unusable(&g_mock)) RET((nvmlReturn_t)mock_unusable(&g_mock));
     int gpu = gpu_of(device, &err, __func__);
     if (gpu < 0) RET(err);
     if (!set_valid(set) || eventTypes == 0) RET(NVML_ERROR_INVALID_ARGUMENT);
@@ -145,7 +145,7 @@ static int set_has_lost_gpu(const struct nvmlEventSet_st *s) {
 
 nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
     LOCK();
-    if (g_mock.refcount == 0) RET(NVML_ERROR_UNINITIALIZED);
+    if (mock_unusable(&g_mock)) RET((nvmlReturn_t)mock_unusable(&g_mock));
     if (!set_valid(set) || !data) RET(NVML_ERROR_INVALID_ARGUMENT);
     struct timespec deadline;
     clock_gettime(CLOCK_MONOTONIC, &deadline);
@@ -153,7 +153,7 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsi
     deadline.tv_nsec += (long)(timeoutms % 1000) * 1000000L;
     if (deadline.tv_nsec >= 1000000000L) { deadline.tv_sec++; deadline.tv_nsec -= 1000000000L; }
     for (;;) {
-        if (g_mock.refcount == 0) RET(NVML_ERROR_UNINITIALIZED);
+        if (mock_unusable(&g_mock)) RET((nvmlReturn_t)mock_unusable(&g_mock));
         if (!set->live) RET(NVML_ERROR_INVALID_ARGUMENT);
         if (set->count) {
             unsigned slot = set->head;

@@ -572,7 +572,7 @@ nvmlReturn_t nvmlGpuInstanceCreateComputeInstanceWithPlacement(nvmlGpuInstance_t
 nvmlReturn_t nvmlComputeInstanceDestroy(nvmlComputeInstance_t computeInstance) {
     unsigned gpu, gi, ci;
     LOCK();
-    if (g_mock.refcount == 0) RET(NVML_ERROR_UNINITIALIZED);
+    if (mock_unusable(&g_mock)) RET((nvmlReturn_t)mock_unusable(&g_mock));
     if (!mock_ci_handle_ref(computeInstance, &gpu, &gi, &ci) || gpu >= g_mock.ngpus) RET(NVML_ERROR_INVALID_ARGUMENT);
     mock_gpu *g = &g_mock.gpus[gpu];
     if (g->v.migCurrent != 1 || !g->gi[gi].exists || !g->gi[gi].ci[ci].exists) RET(NVML_ERROR_INVALID_ARGUMENT);

@@ -532,6 +532,19 @@ int mock_command_locked(mock_state *st, const char *line) {
         if (gi >= st->ngpus) return NVML_ERROR_INVALID_ARGUMENT;
         return set_not_supported(st->gpus[gi].notSupported, &st->gpus[gi].nNotSupported, b, on);
     }
+    if (strcmp(verb, "driver") == 0) { /* driver unloaded [<rc>] / driver loaded */
+        if (n == 2 && strcmp(a, "loaded") == 0) {
+            st->driverGone = 0;
+            return NVML_SUCCESS;
+        }
+        if ((n == 2 || n == 3) && strcmp(a, "unloaded") == 0) {
+            int rc = n == 3 ? (int)strtol(b, NULL, 0) : NVML_ERROR_DRIVER_NOT_LOADED;
+            if (rc <= 0) return NVML_ERROR_INVALID_ARGUMENT;
+            st->driverGone = rc;
+            return NVML_SUCCESS;
+        }
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
     int mr = mock_mig_command_locked(st, verb, n, a, b, c, d, e);
     if (mr != -1) return mr;
     if (n < 2) return NVML_ERROR_INVALID_ARGUMENT;

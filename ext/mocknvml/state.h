@@ -24,6 +24,7 @@ typedef struct {
     char driverVersion[80], nvmlVersion[80];
     long long cudaDriverVersion;
     int initReturn;
+    int driverGone;                  /* control "driver unloaded [rc]": what every call returns; 0 = loaded */
     unsigned ngpus;
     mock_gpu gpus[MOCK_MAX_GPUS];
     unsigned nNotSupported;
@@ -36,6 +37,10 @@ typedef struct {
     char statePath[4096], procRoot[4096];
     long long stateMtimeNs, stateSize, stateIno; /* the state file as last read or written */
 } mock_state;
+
+/* Why an entry point cannot run now: not initialised (UNINITIALIZED), or the driver unloaded under the running
+ * library (control "driver unloaded"); 0 when it can. */
+static inline int mock_unusable(const mock_state *st) { return st->refcount == 0 ? NVML_ERROR_UNINITIALIZED : st->driverGone; }
 
 typedef struct {
     unsigned index;

@@ -227,6 +227,46 @@ def test_control_file_drives_another_process_view(nvml: Any, tmp_path: Path, mon
     assert pynvml_.nvmlDeviceGetIndex(pynvml_.nvmlDeviceGetHandleByIndex(4)) == 4
 
 
+def test_driver_unloaded_under_a_running_library_fails_every_call_and_init_until_loaded(
+        nvml: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, write_profile: Any) -> None:
+    """``driver unloaded [rc]`` in the control file: the running library's system, device and event calls return
+    ``rc`` (default DRIVER_NOT_LOADED), a new ``nvmlInit`` fails with DRIVER_NOT_LOADED while the file's last
+    ``driver`` line says so, and after ``driver loaded`` an init reads the profile again (a new driver version)."""
+    control = tmp_path / "control"
+    control.write_text("")
+    monkeypatch.setenv(mock.CONTROL_ENV, str(control))
+    profile = write_profile("dgx-h100")
+    pynvml_ = nvml(profile)
+    h0 = pynvml_.nvmlDeviceGetHandleByIndex(0)
+    es = pynvml_.nvmlEventSetCreate()
+    with control.open("a") as f:
+        f.write("driver unloaded\n")
+    with pytest.raises(pynvml_.NVMLError_DriverNotLoaded):
+        pynvml_.nvmlSystemGetDriverVersion()
+    with pytest.raises(pynvml_.NVMLError_DriverNotLoaded):
+        pynvml_.nvmlDeviceGetTemperature(h0, 0)
+    with pytest.raises(pynvml_.NVMLError_DriverNotLoaded):
+        pynvml_.nvmlEventSetWait(es, 10)
+    with control.open("a") as f:
+        f.write("driver unloaded 15\n")
+    with pytest.raises(pynvml_.NVMLError_GpuIsLost):
+        pynvml_.nvmlDeviceGetTemperature(h0, 0)
+    pynvml_.nvmlShutdown()  # the stale session is shut: this works whatever the driver does
+    with pytest.raises(pynvml_.NVMLError_DriverNotLoaded):
+        pynvml_.nvmlInit()
+    data = json.loads(profile.read_text())
+    data["system"]["driverVersion"] = "590.48.01"
+    profile.write_text(json.dumps(data))
+    with control.open("a") as f:
+        f.write("driver loaded\n")
+    pynvml_.nvmlInit()
+    assert pynvml_.nvmlSystemGetDriverVersion() == "590.48.01"
+    assert pynvml_.nvmlDeviceGetCount() == 8
+    with control.open("a") as f:
+        f.write("driver sideways\n")  # malformed: refused, the state stays
+    assert pynvml_.nvmlSystemGetDriverVersion() == "590.48.01"
+
+
 def test_control_function(lib: ctypes.CDLL, nvml: Any) -> None:
     pynvml_ = nvml("dgx-a100")
     assert lib.mocknvml_control(b"set 0 power.usage 350000") == 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,9 @@ from dradriver.domain.identity import GPU_DRIVER
 from dradriver.kubeletplugin.runner import read_payload
 from dradriver.nvml import mock, settings
 from dradriver.sandbox import scheduler
+from dradriver.sandbox.apiserver import ApiServerEmulator
 from dradriver.sandbox.kubelet import KubeletEmulator
-from dradriver.sandbox.node import SandboxNode
+from dradriver.sandbox.node import SandboxNode, install_driver_tools, lay_out_driver_tree
 from tests.configs.test_plugin import allocate
 from tests.factories import DEVICE_CLASS, write_profile
 from tests.plugin.conftest import SEED_SELECTOR, claim_object, ref_of, result, running, wait_for
@@ -194,3 +196,197 @@ def test_dynamic_mig_undo_and_sweep_wait_for_the_driver_and_run_once_it_is_back(
                 await plugin.stop()
 
         asyncio.run(body())
+
+
+NEW_DRIVER = "590.48.01"
+
+
+def _replace_driver(root: Path, old: str, new: str) -> None:
+    """The driver container's upgrade of the driver root: the files of driver ``old`` (libraries, their links,
+    firmware) go, those of ``new`` are laid out, with ``libnvidia-ml.so.1`` pointing at the new library."""
+    for path in sorted(root.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        if old in path.name:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        elif path.is_symlink() and not path.exists():  # a link to a file of the old driver
+            path.unlink()
+    lay_out_driver_tree(root, new)
+    install_driver_tools(root, new)
+
+
+def _slice_driver_versions(api: ApiServerEmulator) -> set[str]:
+    return {str(device.get("attributes", {}).get("driverVersion", {}).get("version"))
+            for item in api.objects("ResourceSlice") for device in item["spec"].get("devices", [])}
+
+
+def test_a_driver_reload_under_the_running_plugin_is_survived_without_a_restart(
+        sandbox: SandboxNode, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU Operator upgrade reloads the driver under the running plugin: NVML calls fail DRIVER_NOT_LOADED, the
+    driver root's files of 580.105.08 are replaced by those of 590.48.01 and the ``nvidia`` module comes back with
+    another character-device major. The plugin detects it, is NOT_SERVING with a Node Event and refuses a prepare
+    naming the reason, unprepares a claim prepared before; once the driver is back it re-initialises NVML, keeps
+    the device names, republishes the new driver version, rewrites the spec of the claim still prepared for the
+    new library files and device numbers, and prepares a new claim with them: the same process throughout."""
+    monkeypatch.setattr(driverstate, "RETRY_PERIOD_S", 0.1)
+    api = sandbox.api
+    assert api is not None
+    profile = Path(write_profile(tmp_path, "dgx-h100", name="node"))
+    old = json.loads(profile.read_text())["system"]["driverVersion"]
+    config = sandbox.config(mock_profile=str(profile), healthcheck_port=0)
+    proc_devices = sandbox.root / "proc" / "devices"
+
+    async def body() -> None:
+        async with running(config) as (plugin, kubelet):
+            assert plugin.driver is not None and plugin.registry is not None
+            port = plugin.servers.health_port
+            assert port is not None
+            uuids = {name: getattr(plugin.registry.get(name), "uuid", "") for name in ("gpu-0", "gpu-1")}
+            kept, gone, during, after = (ref_of(allocate(sandbox, name, [result(f"gpu-{i}")], []))
+                                         for i, name in enumerate(("kept", "gone", "during", "after")))
+            assert (await kubelet.prepare([kept, gone]))[kept.uid].error == ""
+            kept_spec = plugin.runner.spec_path(kept.uid)
+            assert f"libcuda.so.{old}" in kept_spec.read_text()
+            assert await _status(port, "readiness") == SERVING
+
+            with sandbox.nvml_control.open("a") as control:  # the modules are unloaded under the plugin
+                control.write("driver unloaded\n")
+            session = plugin.session
+            assert session is not None
+            await wait_for(lambda: not session.available, timeout=10)  # detected, the stale handle shut
+            assert "Driver Not Loaded" in plugin.driver.reason()
+            assert await _status(port, "readiness") == NOT_SERVING
+            events = [e for e in api.objects("Event") if e.get("reason") == "NvidiaDriverUnavailable"]
+            assert events and "Driver Not Loaded" in events[0]["message"], events
+            error = (await kubelet.prepare([during]))[during.uid].error
+            assert during.uid in error and "NVIDIA driver is not available" in error, error
+            assert plugin.state.get(during.uid) is None
+            assert await kubelet.unprepare([gone]) == {gone.uid: ""}
+            assert not plugin.runner.spec_path(gone.uid).exists() and plugin.state.get(gone.uid) is None
+
+            _replace_driver(sandbox.driver_root, old, NEW_DRIVER)  # the driver container's new user space
+            proc_devices.write_text(proc_devices.read_text().replace("195 nvidia", "196 nvidia"))
+            data = json.loads(profile.read_text())
+            data["system"]["driverVersion"] = NEW_DRIVER
+            profile.write_text(json.dumps(data))
+            with sandbox.nvml_control.open("a") as control:
+                control.write("driver loaded\n")
+            await wait_for(lambda: plugin.driver is not None and not plugin.driver.reason(), timeout=30)
+            assert plugin.driver.reloads == 1
+            assert plugin.inventory.versions.driver == NEW_DRIVER
+            assert {n: getattr(plugin.registry.get(n), "uuid", "") for n in uuids} == uuids  # same names
+            await wait_for(lambda: plugin.publisher.in_sync and any(
+                NEW_DRIVER.split(".")[0] in v for v in _slice_driver_versions(api)), timeout=30)
+            assert await _status(port, "readiness") == SERVING
+
+            rewritten = kept_spec.read_text()  # new containers of the prepared claim get the new driver
+            assert f"libcuda.so.{NEW_DRIVER}" in rewritten and f"libcuda.so.{old}" not in rewritten, rewritten
+            assert '"major":196' in rewritten.replace(" ", "") and '"major":195' not in rewritten.replace(" ", "")
+            answer = (await kubelet.prepare([kept]))[kept.uid]
+            assert answer.error == "" and [d.device_name for d in answer.devices] == ["gpu-0"]
+            answer = (await kubelet.prepare([after]))[after.uid]
+            assert answer.error == "" and [d.device_name for d in answer.devices] == ["gpu-3"]
+            spec = plugin.runner.spec_path(after.uid).read_text()
+            assert f"libcuda.so.{NEW_DRIVER}" in spec and f"libcuda.so.{old}" not in spec, spec
+            assert await kubelet.unprepare([kept, after]) == {kept.uid: "", after.uid: ""}
+            back = [e for e in api.objects("Event") if e.get("reason") == "NvidiaDriverAvailable"]
+            assert back and NEW_DRIVER in back[0]["message"], back
+
+    asyncio.run(body())
+
+
+def test_an_nvml_failure_seen_by_the_health_monitor_checks_for_a_driver_reload_at_once(
+        sandbox: SandboxNode, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The health monitor's NVML calls fail DRIVER_NOT_LOADED: the watch checks at once, not at its next period
+    (60 s here), so prepares are refused and readiness drops within the monitor's own wait."""
+    monkeypatch.setattr(driverstate, "RETRY_PERIOD_S", 60.0)
+    profile = Path(write_profile(tmp_path, "dgx-h100", name="node"))
+    config = sandbox.config(mock_profile=str(profile), healthcheck_port=0)
+
+    async def body() -> None:
+        async with running(config) as (plugin, _kubelet):
+            session = plugin.session
+            assert session is not None and plugin.driver is not None
+            with sandbox.nvml_control.open("a") as control:
+                control.write("driver unloaded\n")
+            await wait_for(lambda: not session.available, timeout=10)
+            assert plugin.driver.reloads == 1 and "Driver Not Loaded" in plugin.driver.reason()
+            with sandbox.nvml_control.open("a") as control:
+                control.write("driver loaded\n")
+
+    asyncio.run(body())
+
+
+def test_a_new_nvidia_major_is_a_reload_and_prepared_specs_get_the_new_device_numbers(
+        sandbox: SandboxNode, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ``nvidia`` module was loaded again and its device nodes re-created with another major while NVML still
+    answers: a reload all the same. NVML is initialised again and the spec of a prepared claim names the new
+    numbers (``/dev/nvidia0``, ``/dev/nvidiactl``) for the containers its pod starts from now on."""
+    monkeypatch.setattr(driverstate, "RETRY_PERIOD_S", 0.1)
+    api = sandbox.api
+    assert api is not None
+    profile = Path(write_profile(tmp_path, "dgx-h100", name="node"))
+    config = sandbox.config(mock_profile=str(profile), healthcheck_port=0)
+    proc_devices = sandbox.root / "proc" / "devices"
+
+    async def body() -> None:
+        async with running(config) as (plugin, kubelet):
+            assert plugin.driver is not None
+            ref = ref_of(allocate(sandbox, "kept", [result("gpu-0")], []))
+            assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+            spec = plugin.runner.spec_path(ref.uid)
+            assert '"major":195' in spec.read_text().replace(" ", "")
+            proc_devices.write_text(proc_devices.read_text().replace("195 nvidia", "197 nvidia"))
+            await wait_for(lambda: plugin.driver is not None and plugin.driver.reloads == 1
+                           and not plugin.driver.reason(), timeout=10)
+            text = spec.read_text().replace(" ", "")
+            assert '"major":197' in text and '"major":195' not in text, text
+            assert "the nvidia character-device major was 195 and is 197 now" in "\n".join(
+                e["message"] for e in api.objects("Event") if e.get("reason") == "NvidiaDriverUnavailable")
+
+    asyncio.run(body())
+
+
+def test_a_reload_that_renumbers_gpus_leaves_a_moved_claim_s_spec_and_refuses_it_by_its_uuid(
+        sandbox: SandboxNode, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver comes back with GPUs 0 and 1 under each other's minors: device names follow the minor
+    (``gpu-<minor>``), so ``gpu-0`` is the other GPU now. The spec of a claim prepared on the old ``gpu-0`` is not
+    re-rendered for the GPU that name resolves to now (left as it was, as at a start: ``BatchRunner.check_pins``),
+    the Node Event counts it, and the claim's Prepare answers naming the UUID it was prepared with (the "was GPU-…
+    when prepared" rule)."""
+    monkeypatch.setattr(driverstate, "RETRY_PERIOD_S", 0.1)
+    api = sandbox.api
+    assert api is not None
+    profile = Path(write_profile(tmp_path, "dgx-h100", name="node"))
+    config = sandbox.config(mock_profile=str(profile), healthcheck_port=0)
+
+    async def body() -> None:
+        async with running(config) as (plugin, kubelet):
+            assert plugin.driver is not None and plugin.registry is not None and plugin.session is not None
+            session = plugin.session
+            first, second = (getattr(plugin.registry.get(n), "uuid", "") for n in ("gpu-0", "gpu-1"))
+            ref = ref_of(allocate(sandbox, "moved", [result("gpu-0")], []))
+            assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+            spec = plugin.runner.spec_path(ref.uid)
+            before = spec.read_bytes()
+            with sandbox.nvml_control.open("a") as control:
+                control.write("driver unloaded\n")
+            await wait_for(lambda: not session.available, timeout=10)
+            data = json.loads(profile.read_text())
+            gpus = data["gpus"]
+            gpus[0]["minorNumber"], gpus[1]["minorNumber"] = gpus[1]["minorNumber"], gpus[0]["minorNumber"]
+            profile.write_text(json.dumps(data))
+            with sandbox.nvml_control.open("a") as control:
+                control.write("driver loaded\n")
+            await wait_for(lambda: plugin.driver is not None and not plugin.driver.reason(), timeout=30)
+            assert getattr(plugin.registry.get("gpu-0"), "uuid", "") == second
+            assert getattr(plugin.registry.get("gpu-1"), "uuid", "") == first
+            assert spec.read_bytes() == before
+            error = (await kubelet.prepare([ref]))[ref.uid].error
+            assert f"was {first} when the claim was prepared and is now {second}" in error, error
+            back = [e for e in api.objects("Event") if e.get("reason") == "NvidiaDriverAvailable"]
+            assert back and "1 claim(s) whose devices changed left as they were" in back[0]["message"], back
+            assert await kubelet.unprepare([ref]) == {ref.uid: ""}
+
+    asyncio.run(body())
