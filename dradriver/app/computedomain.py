@@ -383,13 +383,14 @@ async def start_compute_domain_plugin(config: PluginConfig, identity: DriverIden
         if not host_managed:
             preparers.append(daemons)
         metrics = DriverMetrics(node=config.node_name, driver=identity.driver_name)
+        plugin_ref: list[ComputeDomainPlugin] = []
         runner = BatchRunner(
             identity=identity, registry=registry, state=state,
             fetch_claim=assembly.claim_fetcher(identity, connection.client, config),
             cdi_root=config.cdi_root, pool=config.node_name, preparers=preparers,
             undo_only=[daemons] if host_managed else [],  # daemon claims of before a switch to host-managed
             prepare_deadline_s=float(config.prepare_deadline_seconds), aborted_ttl_s=ABORTED_TTL_S, clock=clock,
-            metrics=metrics,
+            metrics=metrics, device_metadata=assembly.device_metadata_files(identity, config, plugin_ref),
         )
         runner_holder.append(runner)
         life.on_stop("batch runner", runner.close)
@@ -400,7 +401,6 @@ async def start_compute_domain_plugin(config: PluginConfig, identity: DriverIden
             servers = await assembly.serve(life, config, runner, publisher=publisher)
         else:
             servers = await assembly.attach_early(life, early, runner, publisher=publisher)
-        plugin_ref: list[ComputeDomainPlugin] = []
 
         def desired() -> list[dict[str, Any]]:
             return plugin_resource_slices(config.node_name, identity.driver_name, daemon=not host_managed,
