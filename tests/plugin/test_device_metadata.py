@@ -235,3 +235,25 @@ def test_sigkill_between_metadata_file_and_spec_leaves_nothing_after_restart(san
             await wait_for(lambda: len(list(_metadata_dir(sandbox).iterdir())) == 1)
 
     asyncio.run(body())
+
+
+def test_dynamic_mig_device_metadata_has_the_created_instance_uuid(mig_node: SandboxNode) -> None:
+    async def body() -> None:
+        assert mig_node.api is not None
+        gates = GATE_ON.with_gates(DynamicMIG=True)
+        async with running(mig_node.config(feature_gates=gates)) as (_plugin, kubelet):
+            device = "gpu-0-mig-1g10gb-19-3"
+            claim = set_allocation(mig_node, mig_node.api.create(claim_object("one-g")), [result(device)])
+            ref = ref_of(claim)
+            assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+            [ci] = [line.split() for line in mig_node.mig_state_path.read_text().splitlines()
+                    if line.startswith("ci ")]
+            [mount] = metadata_mounts(_spec(mig_node, ref.uid))[f"{ref.uid}-{device}"]
+            attrs = _only_device_of(read_mounted_metadata(mount))["attributes"]
+            assert attrs["uuid"] == {"string": ci[8]}  # known only once the instance exists
+            assert attrs["profile"] == {"string": "1g.10gb"}
+            assert (attrs["placementStart"], attrs["placementSize"]) == ({"int": 3}, {"int": 1})
+            assert (await kubelet.unprepare([ref]))[ref.uid] == ""
+            assert list(_metadata_dir(mig_node).iterdir()) == []
+
+    asyncio.run(body())
