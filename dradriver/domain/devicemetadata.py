@@ -214,3 +214,17 @@ def compute_domain_attributes(record: Mapping[str, Any] | None) -> dict[str, dic
     return {"computeDomainUID": {"string": str(record["domain"])},
             "computeDomainNamespace": {"string": str(record.get("namespace") or "")},
             "computeDomainName": {"string": str(record.get("name") or "")}}
+
+
+def spec_mounts(spec: Mapping[str, Any]) -> dict[str, list[Mapping[str, Any]]]:
+    """The metadata-file mounts of a parsed CDI spec by CDI device name (``"*"``: the spec-level edits, where the
+    compute-domain plugin's one-device claim specs carry them); ``{}`` when none."""
+    out: dict[str, list[Mapping[str, Any]]] = {}
+    places = [("*", spec.get("containerEdits") or {})]
+    places += [(str(d.get("name")), d.get("containerEdits") or {}) for d in spec.get("devices") or ()]
+    for name, edits in places:
+        found = [m for m in edits.get("mounts") or ()
+                 if str(m.get("containerPath", "")).startswith(CONTAINER_DIR + "/")]
+        if found:
+            out[name] = found
+    return out

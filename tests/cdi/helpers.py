@@ -20,7 +20,7 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT7
 
 from dradriver.domain.cdi import ContainerEdits, DeviceNodeError, render_claim_spec
-from dradriver.domain.devicemetadata import CONTAINER_DIR, decode
+from dradriver.domain.devicemetadata import decode
 from dradriver.domain.devices import GpuDevice, MigDevice
 from dradriver.domain.identity import GPU_DRIVER
 from dradriver.host import cdifiles
@@ -205,18 +205,7 @@ def write_gpu_spec(cdi_root: Path | str, claim_uid: str, devices: Iterable[GpuDe
     return cdifiles.write_claim_spec(GPU_DRIVER.cdi, cdi_root, claim_uid, render_gpu_spec(claim_uid, devices, **kwargs))
 
 
-def metadata_mounts(spec: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
-    """The KEP-5304 device metadata mounts of a claim spec by CDI device name (``"*"``: spec-level edits)."""
-    out: dict[str, list[dict[str, Any]]] = {}
-    places = [("*", spec.get("containerEdits") or {})] + [(d["name"], d["containerEdits"]) for d in spec["devices"]]
-    for name, edits in places:
-        found = [m for m in edits.get("mounts") or () if m["containerPath"].startswith(CONTAINER_DIR + "/")]
-        if found:
-            out[name] = found
-    return out
-
-
-def read_mounted_metadata(mount: dict[str, Any]) -> list[dict[str, Any]]:
+def read_mounted_metadata(mount: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Follow a metadata mount to its file on the host (read-only bind mount checked) and decode its stream."""
     assert "ro" in mount["options"] and "bind" in mount["options"], mount
     return decode(Path(mount["hostPath"]).read_bytes())

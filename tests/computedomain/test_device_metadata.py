@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
+from dradriver.domain import devicemetadata as dm
 from dradriver.domain.featuregates import FeatureGates
 from dradriver.host.devicemetadata import SUBDIR
 from dradriver.sandbox.node import SandboxNode
-from tests.cdi.helpers import metadata_mounts, read_mounted_metadata, validate
+from tests.cdi.helpers import read_mounted_metadata, validate
 from tests.computedomain.cdplugin_helpers import (
     DRIVER,
     cd_config,
@@ -43,7 +44,7 @@ def test_channel_claim_metadata_names_its_compute_domain(node: SandboxNode) -> N
         async with running(config) as (_plugin, conn):
             assert (await conn.prepare([ref]))[ref.uid].error == ""
             spec = validate(spec_path(node, ref.uid).read_bytes())
-            [mount] = metadata_mounts(spec)["*"]  # the claim's one channel device: spec-level edits
+            [mount] = dm.spec_mounts(spec)["*"]  # the claim's one channel device: spec-level edits
             assert mount["containerPath"] == ("/var/run/kubernetes.io/dra-device-attributes/resourceclaims/wl-0/"
                                               f"channel/{DRIVER}-metadata.json")
             doc = read_mounted_metadata(mount)[0]

@@ -19,7 +19,7 @@ from dradriver.host.devicemetadata import SUBDIR
 from dradriver.nvml import mock
 from dradriver.sandbox.kubelet import KubeletEmulator
 from dradriver.sandbox.node import SandboxNode
-from tests.cdi.helpers import metadata_mounts, read_mounted_metadata, validate
+from tests.cdi.helpers import read_mounted_metadata, validate
 from tests.configs.helpers import entry, params
 from tests.configs.test_plugin import allocate
 from tests.nvml.mockenv import make_sysfs
@@ -61,7 +61,7 @@ def test_full_gpu_claim_gets_its_attributes_in_a_mounted_metadata_file(sandbox: 
             answer = (await kubelet.prepare([ref]))[ref.uid]
             assert answer.error == ""
             assert answer.devices[0].cdi_device_ids == (f"k8s.gpu.nvidia.com/claim={ref.uid}-gpu-3",)
-            mounts = metadata_mounts(_spec(sandbox, ref.uid))
+            mounts = dm.spec_mounts(_spec(sandbox, ref.uid))
             [mount] = mounts[f"{ref.uid}-gpu-3"]
             assert mount["containerPath"] == ("/var/run/kubernetes.io/dra-device-attributes/resourceclaims/train/gpu/"
                                               "gpu.nvidia.com-metadata.json")
@@ -104,7 +104,7 @@ def test_template_claim_with_two_requests_gets_one_file_per_request(sandbox: San
                                     result("gpu-1", request="big/high-memory"), result("gpu-2", request="small")])
             ref = ref_of(claim)
             assert (await kubelet.prepare([ref]))[ref.uid].error == ""
-            mounts = metadata_mounts(_spec(sandbox, ref.uid))
+            mounts = dm.spec_mounts(_spec(sandbox, ref.uid))
             assert sorted(mounts) == [f"{ref.uid}-gpu-0", f"{ref.uid}-gpu-2"]  # the first device of each request
             [big] = mounts[f"{ref.uid}-gpu-0"]
             base = "/var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates/gpus"
@@ -129,7 +129,7 @@ def test_static_mig_device_metadata_has_profile_and_placement(sandbox: SandboxNo
             claim = set_allocation(sandbox, sandbox.api.create(claim_object("mig")), [result(mig.name)])
             ref = ref_of(claim)
             assert (await kubelet.prepare([ref]))[ref.uid].error == ""
-            [mount] = metadata_mounts(_spec(sandbox, ref.uid))[f"{ref.uid}-{mig.name}"]
+            [mount] = dm.spec_mounts(_spec(sandbox, ref.uid))[f"{ref.uid}-{mig.name}"]
             attrs = _only_device_of(read_mounted_metadata(mount))["attributes"]
             assert attrs["uuid"] == {"string": mig.uuid}
             assert attrs["parentUUID"] == {"string": mig.parent.uuid}
@@ -151,7 +151,7 @@ def test_time_sliced_gpu_carries_its_metadata_beside_the_sharing_edits(sandbox: 
                                                     "timeSlicingConfig": {"interval": "Short"}}))])
             ref = ref_of(claim)
             assert (await kubelet.prepare([ref]))[ref.uid].error == ""
-            [mount] = metadata_mounts(_spec(sandbox, ref.uid))[f"{ref.uid}-gpu-5"]
+            [mount] = dm.spec_mounts(_spec(sandbox, ref.uid))[f"{ref.uid}-gpu-5"]
             device = _only_device_of(read_mounted_metadata(mount))
             assert device["attributes"]["uuid"] == {"string": plugin.inventory.gpus[5].uuid}
 
@@ -165,7 +165,7 @@ def test_gate_off_writes_no_metadata_and_mounts_nothing(sandbox: SandboxNode) ->
             claim = set_allocation(sandbox, sandbox.api.create(claim_object("plain")), [result("gpu-1")])
             ref = ref_of(claim)
             assert (await kubelet.prepare([ref]))[ref.uid].error == ""
-            assert metadata_mounts(_spec(sandbox, ref.uid)) == {}
+            assert dm.spec_mounts(_spec(sandbox, ref.uid)) == {}
             assert not _metadata_dir(sandbox).exists()
 
     asyncio.run(body())
@@ -178,11 +178,11 @@ def test_vanished_spec_is_rewritten_with_its_metadata_mount(sandbox: SandboxNode
         ref = ref_of(claim)
         async with running(sandbox.config(feature_gates=GATE_ON)) as (_plugin, kubelet):
             assert (await kubelet.prepare([ref]))[ref.uid].error == ""
-            before = metadata_mounts(_spec(sandbox, ref.uid))
+            before = dm.spec_mounts(_spec(sandbox, ref.uid))
         GPU_DRIVER.cdi.spec_path(sandbox.cdi_root, ref.uid).unlink()  # someone cleaned /var/run/cdi
         async with running(sandbox.config(feature_gates=GATE_ON)) as (_plugin, kubelet):
             assert (await kubelet.prepare([ref]))[ref.uid].error == ""
-            assert metadata_mounts(_spec(sandbox, ref.uid)) == before
+            assert dm.spec_mounts(_spec(sandbox, ref.uid)) == before
             assert (await kubelet.unprepare([ref]))[ref.uid] == ""
             assert list(_metadata_dir(sandbox).iterdir()) == []
 
@@ -248,7 +248,7 @@ def test_dynamic_mig_device_metadata_has_the_created_instance_uuid(mig_node: San
             assert (await kubelet.prepare([ref]))[ref.uid].error == ""
             [ci] = [line.split() for line in mig_node.mig_state_path.read_text().splitlines()
                     if line.startswith("ci ")]
-            [mount] = metadata_mounts(_spec(mig_node, ref.uid))[f"{ref.uid}-{device}"]
+            [mount] = dm.spec_mounts(_spec(mig_node, ref.uid))[f"{ref.uid}-{device}"]
             attrs = _only_device_of(read_mounted_metadata(mount))["attributes"]
             assert attrs["uuid"] == {"string": ci[8]}  # known only once the instance exists
             assert attrs["profile"] == {"string": "1g.10gb"}
