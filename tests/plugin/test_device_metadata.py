@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +20,16 @@ from dradriver.host.devicemetadata import SUBDIR
 from dradriver.nvml import mock
 from dradriver.sandbox.kubelet import KubeletEmulator
 from dradriver.sandbox.node import SandboxNode
+from dradriver.sandbox.profiles import h200_node
 from tests.cdi.helpers import read_mounted_metadata, validate
 from tests.configs.helpers import entry, params
 from tests.configs.test_plugin import allocate
+from tests.factories import DEVICE_CLASS
 from tests.nvml.mockenv import make_sysfs
 from tests.plugin.conftest import claim_object, ref_of, result, running, set_allocation, wait_for
 from tests.plugin.test_recovery import ROOT, _plugin_env
+from tests.plugin.test_shares import allocate as allocate_shares
+from tests.plugin.test_shares import share_claim
 
 GATE_ON = FeatureGates({"DeviceMetadata": True})
 DRIVER = GPU_DRIVER.driver_name
@@ -257,3 +262,35 @@ def test_dynamic_mig_device_metadata_has_the_created_instance_uuid(mig_node: San
             assert list(_metadata_dir(mig_node).iterdir()) == []
 
     asyncio.run(body())
+
+
+def test_each_mps_share_of_one_gpu_gets_its_own_metadata_file(tmp_path: Path) -> None:
+    with SandboxNode(profile=h200_node(tmp_path, gpus=2)) as node:
+        assert node.api is not None
+        node.api.create(DEVICE_CLASS)
+        node.run_workloads()
+        config = node.shares_config()
+        config = replace(config, feature_gates=config.feature_gates.with_gates(DeviceMetadata=True))
+
+        async def body() -> None:
+            async with running(config) as (plugin, kubelet):
+                await wait_for(lambda: bool(node.api and node.api.objects("ResourceSlice")))
+                claims = allocate_shares(node, share_claim("share-a"), share_claim("share-b"))
+                for claim in claims:
+                    ref = ref_of(claim)
+                    assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+                    spec = _spec(node, ref.uid)
+                    env = spec["devices"][0]["containerEdits"]["env"]
+                    assert any(e.startswith("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=") for e in env)  # the share's edits
+                    [mount] = dm.spec_mounts(spec)[f"{ref.uid}-gpu-0"]
+                    doc = read_mounted_metadata(mount)[0]
+                    assert doc["metadata"]["name"] == claim["metadata"]["name"]
+                    [device] = doc["requests"][0]["devices"]
+                    assert device["attributes"]["uuid"] == {"string": plugin.inventory.gpus[0].uuid}
+                assert len(list(_metadata_dir(node).iterdir())) == 2
+                for claim in claims:
+                    ref = ref_of(claim)
+                    assert (await kubelet.unprepare([ref]))[ref.uid] == ""
+                assert list(_metadata_dir(node).iterdir()) == []
+
+        asyncio.run(body())
