@@ -4,9 +4,6 @@ its ComputeDomain, mounted by the claim spec the compiled channel generator rend
 from __future__ import annotations
 
 import asyncio
-from typing import Any
-
-import pytest
 
 from dradriver.domain import devicemetadata as dm
 from dradriver.domain.featuregates import FeatureGates
@@ -21,18 +18,11 @@ from tests.computedomain.cdplugin_helpers import (
     seed_clique,
     seed_domain,
     spec_path,
-    write_imex_proc,
 )
 
 
-@pytest.fixture
-def node() -> Any:
-    with SandboxNode(profile="gb200-nvl72-node") as sandbox:
-        write_imex_proc(sandbox)
-        yield sandbox
-
-
-def test_channel_claim_metadata_names_its_compute_domain(node: SandboxNode) -> None:
+def test_channel_claim_metadata_names_its_compute_domain(imex_node: SandboxNode) -> None:
+    node = imex_node
     api = node.api
     assert api is not None
     uid = seed_domain(api, "train-domain", "team-a")
