@@ -56,6 +56,7 @@ from dradriver.allocator.resources import (
 )
 from dradriver.allocator.wording import describe, rejection
 from dradriver.allocator.workloads import NOT_EXPANDED, expand, group_kind, is_workload
+from dradriver.domain.claims import POD_CLAIM_NAME_ANNOTATION
 from dradriver.domain.pods import claim_reference_problems
 
 ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
@@ -339,7 +340,7 @@ def _from_template(
     metadata = copy.deepcopy(spec.get("metadata") or {})
     metadata.update({"name": name, "namespace": namespace})
     if pod is not None and entry is not None:
-        metadata.setdefault("annotations", {})["resource.kubernetes.io/pod-claim-name"] = entry
+        metadata.setdefault("annotations", {})[POD_CLAIM_NAME_ANNOTATION] = entry
         pod_meta = pod.get("metadata") or {}
         metadata["ownerReferences"] = [
             {

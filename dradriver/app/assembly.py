@@ -19,12 +19,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dradriver.config import PluginConfig
+from dradriver.domain import devicemetadata
 from dradriver.domain.claims import Claim, ClaimRef
 from dradriver.domain.identity import DriverIdentity
 from dradriver.domain.ports import ClaimPreparer
 from dradriver.errors import FlagError
 from dradriver.health.metrics import DriverMetrics, MetricsServer, serve_metrics
 from dradriver.host.claimstate import ClaimState, ClaimStateCorruptError, ClaimStateProblem, ProblemKind
+from dradriver.host.devicemetadata import DeviceMetadataFiles
 from dradriver.kube import claims as kube_claims
 from dradriver.kube import client as kube_client
 from dradriver.kube import errors as kube_errors
@@ -190,6 +192,22 @@ async def recover(identity: DriverIdentity, config: PluginConfig, connection: Co
                                 "ClaimStateCorrupt", f"claim state {runner.state.path}: {report.damage}; "
                                 f"{len(report.adopted)} claim(s) adopted from their CDI specs")
     return report
+
+
+def device_metadata_files(identity: DriverIdentity, config: PluginConfig,
+                          plugins: Sequence[KubeletPlugin]) -> DeviceMetadataFiles | None:
+    """The KEP-5304 device metadata writer with the ``DeviceMetadata`` feature gate on, else ``None``.
+
+    The attributes come from the ResourceSlices the plugin publishes now (``plugins``: the plugin once it exists; a
+    claim prepared before, during start-up, gets only the attributes its device adds at run time).
+    """
+    if not config.feature_gates.device_metadata:
+        return None
+
+    def published() -> dict[str, devicemetadata.Attributes]:
+        return devicemetadata.published_attributes(plugins[0].desired_slices()) if plugins else {}
+
+    return DeviceMetadataFiles(config.plugin_dir, identity.driver_name, config.node_name, published)
 
 
 def claim_fetcher(identity: DriverIdentity, client: kube_client.KubeClient,

@@ -477,20 +477,20 @@ async def start_compute_domain_plugin(config: PluginConfig, identity: DriverIden
         daemons = DaemonPreparer(lookup, identity, imex, current_clique, config.plugin_dir)
         preparers: list[Any] = [channels] if host_managed else [channels, daemons]
         metrics = DriverMetrics(node=config.node_name, driver=identity.driver_name)
+        plugin_ref: list[ComputeDomainPlugin] = []
         runner = BatchRunner(
             identity=identity, registry=registry, state=state,
             fetch_claim=assembly.claim_fetcher(identity, connection.client, config),
             cdi_root=config.cdi_root, pool=config.node_name, preparers=preparers,
             undo_only=[daemons] if host_managed else [],  # daemon claims of before a switch to host-managed
             prepare_deadline_s=float(config.prepare_deadline_seconds), aborted_ttl_s=ABORTED_TTL_S, clock=clock,
-            metrics=metrics,
+            metrics=metrics, device_metadata=assembly.device_metadata_files(identity, config, plugin_ref),
         )
         runner_holder.append(runner)
         life.on_stop("batch runner", runner.close)
         recovery = await assembly.recover(identity, config, connection, runner, problems)
         publisher = assembly.make_publisher(identity, config, connection)
         await assembly.serve_metrics_step(life, config, metrics)  # the chart's :8081 (request metrics)
-        plugin_ref: list[ComputeDomainPlugin] = []
 
         def refusal() -> str:
             return plugin_ref[0].refusal() if plugin_ref else "the plugin is starting"

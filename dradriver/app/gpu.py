@@ -464,6 +464,7 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
         shares = SharedDevicePreparer(config.consumable_shares, nodes,
                                       ShareDaemons(control_daemons(config, connection.client, session, shares=True)),
                                       stored_records=lambda: all_undo_records(state))
+        plugin_ref: list[GpuPlugin] = []
         runner = BatchRunner(
             identity=identity, registry=registry, state=state,
             fetch_claim=assembly.claim_fetcher(identity, connection.client, config),
@@ -477,6 +478,7 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
             on_unprepared=status_writer.unprepared if status_writer else None,
             driver_unavailable=lambda: watch.departing() or devices_unknown(session, registry),
             driver_kinds=(DYNAMIC_MIG_KIND, TimeSlicing.kind),
+            device_metadata=assembly.device_metadata_files(identity, config, plugin_ref),
         )
         life.on_stop("batch runner", runner.close)
         recovery = await assembly.recover(identity, config, connection, runner, problems)
@@ -486,7 +488,6 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
         informational = await asyncio.to_thread(supports_informational_taints, connection.client)
         layout = slice_layout_version(await asyncio.to_thread(read_server_version, connection.client), dynamic_mig)
         partition_cache = partitions.PartitionCache()
-        plugin_ref: list[GpuPlugin] = []
         if session.available:
             await asyncio.to_thread(detector.remember)
 

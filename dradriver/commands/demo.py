@@ -36,6 +36,10 @@ def register(subparsers: Any) -> None:
                         help="compute-domain only: 1 (default) runs one domain with driver-managed IMEX; 2-4 run that "
                              "many jobs from as many namespaces on one rack with host-managed IMEX and "
                              "IMEX_ISOLATION=channel (each its own channel), a node killed mid-run and healed")
+    parser.add_argument("--feature-gates", default="",
+                        help="basic and time-slicing scenarios: the plugin's feature gates in NVIDIA's syntax "
+                             "(Name=true,...), e.g. DeviceMetadata=true to print the claim's KEP-5304 device "
+                             "metadata file")
     parser.add_argument("--serve", action="store_true",
                         help="stop after publishing and keep the plugin and both emulators running until interrupted")
     parser.set_defaults(func=run)
@@ -95,6 +99,17 @@ def run(args: argparse.Namespace) -> int:
     if error:
         print(error, file=sys.stderr)
         return 2
+    from dradriver.domain.featuregates import FeatureGateError, parse_feature_gates
+
+    try:
+        args.gates = parse_feature_gates(args.feature_gates) if args.feature_gates else None
+    except FeatureGateError as exc:
+        print(f"dradriver demo: {exc}", file=sys.stderr)
+        return 2
+    if args.gates is not None and args.scenario not in ("basic", "time-slicing"):
+        print(f"dradriver demo: --feature-gates applies to the basic and time-slicing scenarios, not {args.scenario}",
+              file=sys.stderr)
+        return 2
     if args.tenants != 1 and args.scenario != "compute-domain":
         print(f"dradriver demo: --tenants applies to --scenario compute-domain, not {args.scenario}", file=sys.stderr)
         return 2
@@ -151,4 +166,4 @@ def _run_scenario(args: argparse.Namespace, narrator: Any, serve: Callable[[Any]
         from dradriver.sandbox.demo import demo
 
         asyncio.run(demo(profile=args.profile, node_name=args.node_name, narrator=narrator,
-                         serve=serve if args.serve else None, scenario=args.scenario))
+                         serve=serve if args.serve else None, scenario=args.scenario, feature_gates=args.gates))

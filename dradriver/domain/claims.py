@@ -14,6 +14,10 @@ from typing import Any
 from dradriver.domain.quantity import Quantity, QuantityError
 from dradriver.errors import DradriverError
 
+POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
+"""Set by the ResourceClaim controller on a claim it creates from a pod's ResourceClaimTemplate: the pod's
+``spec.resourceClaims[].name`` (``k8s.io/api/resource/v1`` ``PodResourceClaimAnnotation``)."""
+
 
 @dataclass(frozen=True, slots=True)
 class ClaimRef:
@@ -89,12 +93,15 @@ class Claim:
         lowest precedence first.
     :param config_indices: for each entry of ``configs``, its index in ``status.allocation.devices.config[]``
         (for error messages); empty when the claim was built by hand (then positions in ``configs`` are used).
+    :param pod_claim_name: the ``resource.kubernetes.io/pod-claim-name`` annotation (the pod's
+        ``spec.resourceClaims[].name``) of a claim made from a ResourceClaimTemplate; ``None`` otherwise.
     """
 
     ref: ClaimRef
     results: tuple[AllocationResult, ...]
     configs: tuple[dict[str, object], ...] = field(default_factory=tuple)
     config_indices: tuple[int, ...] = field(default_factory=tuple)
+    pod_claim_name: str | None = None
 
 
 class ClaimError(DradriverError):
@@ -241,5 +248,8 @@ def claim_from_object(obj: Mapping[str, Any], ref: ClaimRef, *, driver: str, poo
         rank = 0 if source == "FromClass" else 1
         ours.append((rank, i, dict(entry)))
     ours.sort(key=lambda t: (t[0], t[1]))
+    annotations = _optional(ref, metadata, "annotations", Mapping, "metadata") if metadata is not None else None
+    pod_claim_name = (annotations or {}).get(POD_CLAIM_NAME_ANNOTATION)
     return Claim(ref=ref, results=tuple(results), configs=tuple(c for _, _, c in ours),
-                 config_indices=tuple(i for _, i, _ in ours))
+                 config_indices=tuple(i for _, i, _ in ours),
+                 pod_claim_name=pod_claim_name if isinstance(pod_claim_name, str) and pod_claim_name else None)

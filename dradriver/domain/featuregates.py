@@ -99,7 +99,12 @@ GATES: tuple[Gate, ...] = (
               "written by daemons is not implemented); =false is refused"),
     Gate(CRASH_ON_NVLINK_FABRIC_ERRORS, True, "Beta (0.3)", "strict fabric checks at CD plugin start-up",
          Support.IMPLEMENTED),
-    Gate(DEVICE_METADATA, False, "Alpha (0.4)", "KEP-5304 device metadata (VFIO attributes)", _NO),
+    Gate(DEVICE_METADATA, False, "Alpha (0.4)", "KEP-5304 device metadata (VFIO attributes)",
+         Support.IMPLEMENTED,
+         note="dradriver writes KEP-5304 metadata for every device kind it prepares (full GPU, MIG, dynamic MIG, "
+              "shares, IMEX channels and daemons), bind-mounted read-only by the claim's CDI spec; NVIDIA offers it "
+              "for VFIO devices only and requires PassthroughSupport, which dradriver does not implement, so that "
+              "requirement is not kept"),
     Gate(DRA_LIST_TYPE_ATTRIBUTES, False, "Alpha (0.4)", "numaNode published as a list attribute", _NO),
     Gate(FABRIC_MANAGER_PARTITIONING, False, "Alpha (0.5)", "Fabric Manager partition attributes", _NO),
     Gate(HOST_MANAGED_IMEX_DAEMON, False, "Alpha (0.5)", "imex.mode=hostManaged", Support.IMPLEMENTED,
@@ -122,7 +127,8 @@ MUTUALLY_EXCLUSIVE: tuple[tuple[str, str], ...] = (
 )
 REQUIRES: tuple[tuple[str, str], ...] = (
     (COMPUTE_DOMAIN_CLIQUES, IMEX_DAEMONS_WITH_DNS_NAMES),
-    (DEVICE_METADATA, PASSTHROUGH_SUPPORT),
+    # NVIDIA's (DEVICE_METADATA, PASSTHROUGH_SUPPORT) is not kept: dradriver's metadata covers every device kind,
+    # and PassthroughSupport=true is refused (not implemented), so keeping it would make the gate unusable.
 )
 
 _TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
@@ -192,6 +198,11 @@ class FeatureGates(Mapping[str, bool]):
     def consumable_shares(self) -> bool:
         """``ConsumableShares``."""
         return self[CONSUMABLE_SHARES]
+
+    @property
+    def device_metadata(self) -> bool:
+        """``DeviceMetadata``: KEP-5304 device metadata files for containers."""
+        return self[DEVICE_METADATA]
 
     @property
     def nvml_device_health_check(self) -> bool:

@@ -303,6 +303,9 @@ class ClaimSpecPreparer(Protocol):
       device alone (``()``: none at all).
     * ``render_spec(ref, plans, records, spec_edits)``: the claim's whole CDI spec (bytes), ``b""`` when the claim
       needs no spec, ``None`` to let the runner render it; called when every plan of the claim is this kind's.
+    * ``metadata_attributes(ref, plan, record)``: attributes the device's KEP-5304 metadata file carries beside
+      its published ones (typed form; ``record`` is the device's undo record of this prepare, ``None`` if none):
+      a dynamic MIG device's ``uuid``, a channel's ComputeDomain (``DeviceMetadata`` gate).
     * ``unprepared_unknown(ref)``: a claim the claim state has no record of was unprepared (its prepare never
       completed); the preparer removes what an attempt left for the next one (best effort, errors are logged).
     """

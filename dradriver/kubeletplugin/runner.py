@@ -77,6 +77,7 @@ from typing import Any
 from dradriver.domain import cdi
 from dradriver.domain.claims import AllocationResult, Claim, ClaimError, ClaimRef, ClaimResult
 from dradriver.domain.configs import ConfigGroup, ConfigSelection
+from dradriver.domain.devicemetadata import runtime_attributes
 from dradriver.domain.identity import DriverIdentity
 from dradriver.domain.ports import (
     UNDO_LAYOUT,
@@ -92,6 +93,7 @@ from dradriver.domain.registry import DeviceRegistry
 from dradriver.errors import DradriverError
 from dradriver.host import cdifiles
 from dradriver.host.claimstate import ClaimConflictError, ClaimPhase, ClaimRecord, ClaimState, HeldDevice
+from dradriver.host.devicemetadata import DeviceMetadataFiles
 from dradriver.kubeletplugin.fairlock import FairLock
 
 log = logging.getLogger(__name__)
@@ -368,6 +370,7 @@ class BatchRunner:
         clock: Callable[[], float] = time.time,
         driver_unavailable: Callable[[], str] | None = None,
         driver_kinds: Collection[str] = (),
+        device_metadata: DeviceMetadataFiles | None = None,
     ) -> None:
         kinds = [p.kind for p in preparers] + [s.kind for s in sharing] + [u.kind for u in undo_only]
         if len(set(kinds)) != len(kinds):
@@ -395,6 +398,7 @@ class BatchRunner:
         self._payload_cache: dict[str, tuple[bytes | str, tuple[UndoRecord, ...]]] = {}
         self.select_configs = select_configs
         self.spec_edits = spec_edits
+        self.device_metadata = device_metadata
         self.metrics = metrics
         self.apply_workers = apply_workers
         self.prepare_deadline_s = prepare_deadline_s
@@ -995,7 +999,7 @@ class BatchRunner:
         """Forget a failed claim, or keep it STARTED with the records whose undo failed (retried later)."""
         try:
             try:
-                cdifiles.delete_claim_spec(self.identity.cdi, self.cdi_root, work.uid, clean_temp=False)
+                self._delete_spec(work.uid, clean_temp=False)
             except Exception:  # a leftover spec is removed at the next start or by an unprepare
                 log.exception("claim %s: removing its CDI spec failed", work.claim.ref)
             left = work.stale + work.applied
@@ -1031,13 +1035,21 @@ class BatchRunner:
             out.append((plan.device, edits))
         return out
 
-    def _render(self, ref: ClaimRef, plans: Sequence[DevicePlan], records: Sequence[UndoRecord]) -> bytes:
-        """The claim's CDI spec; ``b""`` when the claim's preparer says it needs none."""
+    def _render(self, ref: ClaimRef, plans: Sequence[DevicePlan], records: Sequence[UndoRecord],
+                metadata: Mapping[str, cdi.ContainerEdits] | None = None) -> bytes:
+        """The claim's CDI spec; ``b""`` when the claim's preparer says it needs none.
+
+        :param metadata: device name -> the mounts of its device metadata files (``DeviceMetadata`` gate); a
+            preparer that renders the whole spec (one device per claim) gets them as spec-level edits.
+        """
         kinds = {p.kind for p in plans}
         if len(kinds) == 1:
             custom = getattr(self._preparer(next(iter(kinds))), "render_spec", None)
             if callable(custom):
-                rendered = custom(ref, plans, records, self.spec_edits())
+                common = self.spec_edits()
+                for edits in (metadata or {}).values():
+                    common = common + edits
+                rendered = custom(ref, plans, records, common)
                 if rendered is not None:
                     return bytes(rendered)
         try:
@@ -1045,13 +1057,35 @@ class BatchRunner:
             spec_edits = self.spec_edits()
         except cdi.DeviceNodeError as exc:
             raise cdi.DeviceNodeError(f"claim {ref.uid}: CDI spec: {exc}") from exc
+        if metadata:
+            devices = [(name, edits + metadata[name] if name in metadata else edits) for name, edits in devices]
         return cdi.render_claim_spec(self.identity.cdi, ref.uid, devices, spec_edits)
+
+    def _delete_spec(self, uid: str, *, clean_temp: bool = True) -> None:
+        """Delete the claim's CDI spec, then the device metadata files it mounted."""
+        cdifiles.delete_claim_spec(self.identity.cdi, self.cdi_root, uid, clean_temp=clean_temp)
+        if self.device_metadata is not None:
+            self.device_metadata.remove(uid)
+
+    def _write_metadata(self, work: _Work) -> dict[str, cdi.ContainerEdits]:
+        """Write the claim's device metadata files (before its spec names them); their mounts by device."""
+        if self.device_metadata is None:
+            return {}
+        by_target = {(r.kind, r.target): r for r in work.applied}
+        extra: dict[str, list[Any]] = {}
+        for plan in work.plans:
+            parts = [runtime_attributes(plan.entry)]
+            more = getattr(self._preparer(plan.kind), "metadata_attributes", None)
+            if callable(more):
+                parts.insert(0, more(work.claim.ref, plan, by_target.get((plan.kind, plan.device))))
+            extra[plan.device] = parts
+        return self.device_metadata.write(work.claim, extra)
 
     def _write_spec(self, work: _Work) -> None:
         ref = work.claim.ref
-        data = self._render(ref, work.plans, work.applied)
+        data = self._render(ref, work.plans, work.applied, self._write_metadata(work))
         if not data:  # no edits at all (an IMEX channel on a node in no clique): no spec, as NVIDIA's
-            cdifiles.delete_claim_spec(self.identity.cdi, self.cdi_root, ref.uid, clean_temp=False)
+            self._delete_spec(ref.uid, clean_temp=False)
             return
         cdifiles.write_claim_spec(self.identity.cdi, self.cdi_root, ref.uid, data, sync_dir=False, clean_temp=False)
 
@@ -1134,7 +1168,8 @@ class BatchRunner:
             if preparer is None:
                 raise ClaimError(record.ref, f"{why} and device {held.device!r} has no preparer")
             plans.append(DevicePlan(preparer.kind, held.device, device, held.request_names, held.admin_access, ()))
-        return self._render(record.ref, plans, list(read_payload(record.payload).undo))
+        metadata = self.device_metadata.mounts(record.uid) if self.device_metadata is not None else None
+        return self._render(record.ref, plans, list(read_payload(record.payload).undo), metadata)
 
     def refresh_specs(self) -> tuple[list[str], list[str]]:
         """Render the CDI spec of every prepared claim again and rewrite, atomically, each one whose content changed.
@@ -1246,7 +1281,7 @@ class BatchRunner:
                         aborts[ref.uid] = (ref, known or self._allocations.get(ref.uid, ""))
                     try:
                         # Unknown claims succeed; a spec of that UID (adopted or leaked) goes too.
-                        cdifiles.delete_claim_spec(self.identity.cdi, self.cdi_root, ref.uid, clean_temp=False)
+                        self._delete_spec(ref.uid, clean_temp=False)
                         held = list(read_payload(record.payload).undo) if record is not None else []
                         left = self._undo_or_keep(ref, held)
                         if left:
@@ -1464,7 +1499,7 @@ class BatchRunner:
             half = [u for u, r in claims.items() if r.phase is ClaimPhase.PREPARE_STARTED and u in spec_uids]
             if rebooted:
                 for uid in orphans:
-                    cdifiles.delete_claim_spec(self.identity.cdi, self.cdi_root, uid)
+                    self._delete_spec(uid)
                     log.warning("removed CDI spec of claim %s, prepared before the node rebooted", uid)
                 removed, orphans = orphans, []
             elif not state_damaged and orphans:
@@ -1509,6 +1544,9 @@ class BatchRunner:
                 rolled_back.append(uid)
                 log.warning("rolled back claim %s left half-prepared by an earlier run", record.ref)
             swept = self._sweep([*self.preparers, *self.sharing.values()])
+            if self.device_metadata is not None:  # files of claims rolled back or forgotten (written before a spec)
+                swept += [f"device metadata of claim {u}" for u in
+                          self.device_metadata.sweep({*self.state.claims(), *orphans})]
             temps = cdifiles.remove_stale_temp_files(self.identity.cdi, self.cdi_root)  # once, so prepares stay O(1)
             if temps:
                 log.warning("removed %d temporary CDI file(s) a crashed write left behind", temps)
@@ -1543,7 +1581,7 @@ class BatchRunner:
 
     def _roll_back(self, uid: str) -> None:
         try:
-            cdifiles.delete_claim_spec(self.identity.cdi, self.cdi_root, uid)
+            self._delete_spec(uid)
         finally:
             self.state.remove(uid)
 

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dradriver.domain import cdi
+from dradriver.domain import cdi, devicemetadata
 from dradriver.domain.cdi import ContainerEdits, DeviceNode, DeviceNodeError, Mount
 from dradriver.domain.claims import AllocationResult, Claim, ClaimError, ClaimRef
 from dradriver.domain.computedomains import (
@@ -285,6 +285,12 @@ def _meta(obj: Mapping[str, Any]) -> tuple[str, str]:
     return str(meta.get("namespace") or ""), str(meta.get("name") or "")
 
 
+def domain_metadata(ref: ClaimRef, plan: DevicePlan, record: UndoRecord | None) -> dict[str, Any]:
+    """The ComputeDomain of a channel or daemon (KEP-5304 device metadata, ``DeviceMetadata`` gate; the runner's
+    optional ``metadata_attributes`` part), from its undo record."""
+    return devicemetadata.compute_domain_attributes(record.data if record is not None else None)
+
+
 class ChannelPreparer:
     """IMEX channel claims (see the module docstring). Implements
     :class:`~dradriver.domain.ports.DevicePreparer` and the runner's optional parts
@@ -490,6 +496,8 @@ class ChannelPreparer:
                                         f"one channel serves one domain")
         return want
 
+    metadata_attributes = staticmethod(domain_metadata)
+
     def unprepared_unknown(self, ref: ClaimRef) -> None:
         """A claim that never completed was unprepared: remove the label its waiting attempts kept (only when it
         still names that claim's domain)."""
@@ -578,6 +586,8 @@ class DaemonPreparer:
 
     def cdi_device_ids(self, ref: ClaimRef, plan: DevicePlan) -> tuple[str, ...]:
         return (self.base_device_id, self.identity.cdi.device_id(ref.uid, plan.device))
+
+    metadata_attributes = staticmethod(domain_metadata)
 
     def apply(self, claim: ClaimRef, plan: DevicePlan) -> UndoRecord:
         uid = str(plan.details["domain"])

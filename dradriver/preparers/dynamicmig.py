@@ -268,6 +268,11 @@ class DynamicMigPreparer:
 
     # -- edits ------------------------------------------------------------------------------------------------
 
+    def metadata_attributes(self, claim: ClaimRef, plan: DevicePlan, record: UndoRecord | None) -> dict[str, Any]:
+        """The MIG device's ``uuid``, known once it was created (KEP-5304 device metadata)."""
+        uuid = (record.data or {}).get("migUUID") if record is not None else None
+        return {"uuid": {"string": str(uuid)}} if uuid else {}
+
     def edits(self, claim: ClaimRef, plan: DevicePlan, record: UndoRecord) -> ContainerEdits:
         """The parent's device node plus the GI and CI access capability nodes, from the record alone.
 

@@ -48,7 +48,7 @@ import yaml
 
 from dradriver.allocator.allocation import AllocationError
 from dradriver.config import PLUGIN_FLAGS, PluginConfig
-from dradriver.domain.claims import ClaimRef
+from dradriver.domain.claims import POD_CLAIM_NAME_ANNOTATION, ClaimRef
 from dradriver.domain.featuregates import FeatureGates
 from dradriver.domain.identity import GPU_DRIVER
 from dradriver.sandbox import scheduler
@@ -57,7 +57,7 @@ from dradriver.sandbox.kubelet import KubeletEmulator, KubeletError, PluginConne
 from dradriver.sandbox.node import SandboxNode
 
 log = logging.getLogger(__name__)
-POD_CLAIM_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
+POD_CLAIM_ANNOTATION = POD_CLAIM_NAME_ANNOTATION
 SCHEDULER = "default-scheduler"
 UNSCHEDULABLE_MESSAGE = ("0/1 nodes are available: 1 cannot allocate all claims. preemption: 0/1 nodes are "
                          "available: 1 Preemption is not helpful for scheduling.")

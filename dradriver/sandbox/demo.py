@@ -39,11 +39,13 @@ from typing import Any, TextIO
 import yaml
 
 from dradriver.app import GpuPlugin, start_plugin
+from dradriver.domain import devicemetadata
 from dradriver.domain.claims import ClaimRef
 from dradriver.domain.devices import GpuDevice, MigDevice
 from dradriver.domain.featuregates import FeatureGates
 from dradriver.domain.identity import GPU_DRIVER
 from dradriver.errors import DradriverError
+from dradriver.host.devicemetadata import read_metadata
 from dradriver.sandbox import scheduler
 from dradriver.sandbox.apiserver import ApiServerEmulator
 from dradriver.sandbox.cluster import create_claim_from_template
@@ -236,6 +238,11 @@ async def run_scenarios(run: DemoRun, narrator: Narrator) -> None:
         narrator.say(f"driver user space: {len(mounts)} mounts (libraries, {', '.join(binaries[:3]) or 'no binaries'}"
                      f"{', ...' if len(binaries) > 3 else ''}), hooks "
                      + ", ".join(h["args"][1] for h in hooks if len(h.get("args", [])) > 1))
+    for mounts in devicemetadata.spec_mounts(spec).values():  # the DeviceMetadata gate (KEP-5304)
+        for mount in mounts:
+            doc = read_metadata(mount["hostPath"])
+            narrator.say(f"device metadata file {mount['containerPath']} (read-only, first object of its stream):\n  "
+                         + json.dumps(doc, indent=2).replace("\n", "\n  "), device_metadata=doc)
     device = plugin.inventory.find(alloc["device"])
     assert device is not None
     narrator.say("the container would see (nvidia-smi -L):\n  " + nvidia_smi_line(device).replace("\n", "\n  "),
@@ -308,9 +315,12 @@ assembled ``dradriver demo --scenario sharing`` (time-slicing, consumable shares
 
 
 async def demo(*, profile: str, node_name: str, narrator: Narrator,
-               serve: Callable[[DemoRun], Any] | None = None, scenario: str = "basic") -> None:
+               serve: Callable[[DemoRun], Any] | None = None, scenario: str = "basic",
+               feature_gates: FeatureGates | None = None) -> None:
     """Run the demo; with ``serve``, stop after step 2 and await ``serve(run)`` instead of the scenario's
     steps (3-7 for ``basic``).
+
+    :param feature_gates: gates the operator set (``dradriver demo --feature-gates``), on top of the scenario's.
 
     :raises DemoError: ``scenario`` is not one of :data:`SCENARIOS`, or a step failed.
     """
@@ -319,6 +329,8 @@ async def demo(*, profile: str, node_name: str, narrator: Narrator,
     from dradriver.sandbox import timeslicingdemo
 
     gates = timeslicingdemo.SHARING_GATES if scenario == "time-slicing" else None
+    if feature_gates is not None:
+        gates = (gates or FeatureGates()).with_gates(**feature_gates.explicit)
     async with started(profile, node_name, narrator, gates) as run:
         if serve is not None:
             await serve(run)

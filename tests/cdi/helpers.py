@@ -20,6 +20,7 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT7
 
 from dradriver.domain.cdi import ContainerEdits, DeviceNodeError, render_claim_spec
+from dradriver.domain.devicemetadata import decode
 from dradriver.domain.devices import GpuDevice, MigDevice
 from dradriver.domain.identity import GPU_DRIVER
 from dradriver.host import cdifiles
@@ -202,3 +203,9 @@ def write_gpu_spec(cdi_root: Path | str, claim_uid: str, devices: Iterable[GpuDe
                    **kwargs: Any) -> Path:
     """:func:`render_gpu_spec`, written as the claim's spec file (atomically, directory fsync'd)."""
     return cdifiles.write_claim_spec(GPU_DRIVER.cdi, cdi_root, claim_uid, render_gpu_spec(claim_uid, devices, **kwargs))
+
+
+def read_mounted_metadata(mount: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Follow a metadata mount to its file on the host (read-only bind mount checked) and decode its stream."""
+    assert "ro" in mount["options"] and "bind" in mount["options"], mount
+    return decode(Path(mount["hostPath"]).read_bytes())

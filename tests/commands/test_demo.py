@@ -128,3 +128,23 @@ def test_unknown_scenario_is_refused() -> None:
     proc = _run("--scenario", "nope")
     assert proc.returncode == 2
     assert "invalid choice: 'nope'" in proc.stderr
+
+
+def test_demo_prints_the_claims_device_metadata_file_with_the_gate() -> None:
+    proc = _run("--feature-gates", "DeviceMetadata=true", "--output", "json")
+    assert proc.returncode == 0, proc.stderr
+    step3 = json.loads(proc.stdout)["steps"][2]
+    [doc] = [d["device_metadata"] for d in step3["details"] if "device_metadata" in d]
+    assert doc["apiVersion"] == "metadata.resource.k8s.io/v1beta1" and doc["podClaimName"] == "gpu"
+    [request] = doc["requests"]
+    [device] = request["devices"]
+    assert device["driver"] == "gpu.nvidia.com" and device["attributes"]["uuid"]["string"].startswith("GPU-")
+    spec = next(d["cdi_spec"] for d in step3["details"] if "cdi_spec" in d)
+    [mount] = [m for m in spec["devices"][0]["containerEdits"]["mounts"]
+               if m["containerPath"].startswith("/var/run/kubernetes.io/dra-device-attributes/")]
+    assert mount["containerPath"].endswith("/resourceclaimtemplates/gpu/gpu/gpu.nvidia.com-metadata.json")
+
+
+def test_demo_refuses_a_bad_feature_gate_clearly() -> None:
+    proc = _run("--feature-gates", "DeviceMetadata=maybe")
+    assert proc.returncode == 2 and "DeviceMetadata=maybe" in proc.stderr and "Traceback" not in proc.stderr

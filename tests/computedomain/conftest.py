@@ -11,6 +11,8 @@ import pytest
 
 from dradriver.kube.client import KubeClient
 from dradriver.sandbox.apiserver import ApiServerEmulator
+from dradriver.sandbox.node import SandboxNode
+from tests.computedomain.cdplugin_helpers import write_imex_proc
 from tests.computedomain.controller_helpers import client_for, emulator
 
 
@@ -30,3 +32,11 @@ def client(api: ApiServerEmulator, tmp_path: Path) -> Iterator[KubeClient]:
         yield kube
     finally:
         kube.close()
+
+
+@pytest.fixture
+def imex_node() -> Iterator[SandboxNode]:
+    """A GB200 NVL72 node sandbox with its IMEX procfs files (``write_imex_proc``), for the compute-domain plugin."""
+    with SandboxNode(profile="gb200-nvl72-node") as sandbox:
+        write_imex_proc(sandbox)
+        yield sandbox

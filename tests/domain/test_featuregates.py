@@ -121,3 +121,11 @@ def test_consumable_shares_gate_is_implemented_with_nvidias_flag() -> None:
     assert config.consumable_shares == ShareMode(SHARES, 4)
     assert config_from_args(parser.parse_args(["--node-name", "n", "--consumable-shares", "disabled"])) \
         .consumable_shares == ShareMode()
+
+
+def test_device_metadata_is_implemented_without_passthrough_support() -> None:
+    gate = fg.GATES_BY_NAME[fg.DEVICE_METADATA]
+    assert gate.support is fg.Support.IMPLEMENTED and gate.effective_default is False  # NVIDIA's default
+    assert "PassthroughSupport" in gate.note  # the documented difference
+    assert fg.parse_feature_gates("DeviceMetadata=true").device_metadata
+    assert not fg.FeatureGates().device_metadata
