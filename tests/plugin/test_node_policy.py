@@ -160,3 +160,29 @@ def test_label_is_ignored_without_the_gate(sandbox: SandboxNode) -> None:
             assert plugin.node_policy is not None and plugin.node_policy.policy.advertised is None
 
     asyncio.run(body())
+
+
+@pytest.mark.parametrize("sandbox", ["dgx-a100"], indirect=True)
+def test_profile_file_edit_is_applied_and_a_lasting_error_is_reported_once(sandbox: SandboxNode,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """An edited ConfigMap changes the file, not the label: the file is re-read when each watch request ends."""
+    from dradriver.app.nodepolicy import NodePolicyWatch
+
+    monkeypatch.setattr(NodePolicyWatch, "WATCH_TIMEOUT_S", 1.0)
+    _label(sandbox, "full-gpu")
+    config = _config(sandbox)
+
+    async def body() -> None:
+        async with running(config) as (plugin, _):
+            await wait_for(lambda: len(_published(sandbox)) == 6)
+            (config.driver_config_directory / "full-gpu").write_text(PROFILES["full-gpu"].replace("[gpu]", "[mig]"))
+            await wait_for(lambda: bool(_published(sandbox)) and all(_is_mig(n) for n in _published(sandbox)))
+            (config.driver_config_directory / "full-gpu").write_text("version: v1alpha2\n")
+            await wait_for(lambda: bool(_events(sandbox, "DriverConfigInvalid")))
+            await asyncio.sleep(2.5)  # two more watch requests end, each re-reading the bad file
+            assert len(_events(sandbox, "DriverConfigInvalid")) == 1
+            assert "version: unsupported version 'v1alpha2'" in _events(sandbox, "DriverConfigInvalid")[0]
+            assert all(_is_mig(n) for n in _published(sandbox))
+            assert plugin.node_policy is not None and plugin.node_policy.changes == 1
+
+    asyncio.run(body())
