@@ -170,7 +170,8 @@ class NodePolicyWatch:
                     if self._stop.is_set():
                         return
                     rv = self._handle(event)
-                self.resync()
+                if not self._stop.is_set():
+                    self.resync()
             except kube_errors.KubeGoneError:
                 rv = ""
             except Exception as exc:  # an API failure, or anything else: the thread must keep watching
