@@ -211,6 +211,12 @@ PLUGIN_FLAGS: tuple[Flag, ...] = (
         "'disabled' needs the ConsumableShares feature gate. dradriver enforces each claim's share through one MPS "
         "control daemon per shared GPU.",
     ),
+    Flag("--default-config", "DEFAULT_CONFIG", "", "Driver config profile of a node without the label "
+         "nvidia.com/dra-driver-gpu.config (gate PerNodeGPUConfig); empty: such a node advertises every device "
+         "type."),
+    Flag("--driver-config-directory", "DRADRIVER_DRIVER_CONFIG_DIRECTORY", "/available-configs", "Directory of "
+         "the driver config profiles, one file per profile (NVIDIA's chart mounts its ConfigMap at "
+         "/available-configs).", "path"),
     Flag("--namespace", "NAMESPACE", "default", "Namespace of the plugin's own objects (MPS control-daemon "
          "Deployments); the chart passes the pod's namespace."),
     Flag("--image-name", "IMAGE_NAME", "", "Full image name for pods the plugin creates (MPS control daemons); "
@@ -457,6 +463,10 @@ class PluginConfig:
     log_format: str = "text"
     feature_gates: FeatureGates = field(default_factory=FeatureGates)
     consumable_shares: ShareMode = field(default_factory=ShareMode)
+    default_config: str = ""
+    """The driver config profile of a node without the label (gate ``PerNodeGPUConfig``)."""
+    driver_config_directory: Path = Path("/available-configs")
+    """The driver config profiles, one file each."""
     driver_name: str = field(default=GPU_DRIVER.driver_name)
     gpu_clique_label_enabled: bool = False
     """compute-domain plugin: set ``nvidia.com/gpu.clique`` on the node."""
@@ -617,6 +627,8 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         log_format=args.log_format,
         feature_gates=gates,
         consumable_shares=shares,
+        default_config=args.default_config,
+        driver_config_directory=Path(args.driver_config_directory),
     )
 
 
@@ -752,8 +764,6 @@ NVIDIA_ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
                         "FabricManagerPartitioning, which dradriver does not implement: no effect (warned).", True),
     EnvironmentVariable("NVIDIA_FABRICMANAGER_UNIX_SOCKET", "As NVIDIA_FABRICMANAGER_ADDRESS: no effect "
                         "(warned).", True),
-    EnvironmentVariable("DEFAULT_CONFIG", "Newer NVIDIA charts set it with the gate PerNodeGPUConfig (not in "
-                        "v0.5.0-dev; the gate is refused as unknown): no effect (warned).", True),
 )
 
 

@@ -2,8 +2,9 @@
 
 Steps, in order (stopped in reverse): compiled hot paths -> Kubernetes client and this Node (a bad kubeconfig
 fails here, before anything on the host is touched) -> plugin and CDI directories -> NVML session -> device
-discovery into the device registry -> the driver's user space for CDI specs -> device-plugin guard -> claim
-state -> batch runner with the consumable-share (when
+discovery into the device registry -> the driver's user space for CDI specs -> device-plugin guard -> per-node
+device policy (:mod:`dradriver.app.nodepolicy`, its Node watch after the publisher) -> claim state -> batch
+runner with the consumable-share (when
 ``--consumable-shares`` is on), full-GPU and static-MIG preparers (and, with the ``DynamicMIG`` gate, the
 dynamic-MIG preparer over every eligible GPU's placements) and the sharing steps (MPS control daemons with the
 ``MPSSupport`` gate), and crash convergence -> health monitor -> metrics endpoint -> gRPC servers ->
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dradriver import _native
-from dradriver.app import assembly, driverstate
+from dradriver.app import assembly, driverstate, nodepolicy
 from dradriver.app.driverstate import DriverGate, DriverWatch, ReloadDetector
 from dradriver.config import PluginConfig
 from dradriver.domain import cdi, configs, mps, partitions, resourceslices
@@ -87,6 +88,8 @@ class GpuPlugin(assembly.KubeletPlugin):
     """The MPS control daemons of the ``MPS`` sharing step (``None`` without the MPSSupport gate)."""
     driver: DriverWatch | None = None
     """Whether the NVIDIA driver can be used now, and why not (:mod:`dradriver.app.driverstate`)."""
+    node_policy: nodepolicy.NodePolicyWatch | None = None
+    """The per-node device policy (gate ``PerNodeGPUConfig``; :mod:`dradriver.app.nodepolicy`)."""
 
     @property
     def inventory(self) -> NodeInventory:
@@ -428,6 +431,7 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
                                     "DevicePluginDetected", verdict.reason)
         elif verdict.reason:
             log.warning("%s", verdict.reason)
+        node_policy = await nodepolicy.open_node_policy(identity, config, connection)
         state, problems = await assembly.open_claim_state(life, identity, config, connection)
 
         metrics = DriverMetrics(node=config.node_name, driver=identity.driver_name)
@@ -479,6 +483,7 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
             driver_unavailable=lambda: watch.departing() or devices_unknown(session, registry),
             driver_kinds=(DYNAMIC_MIG_KIND, TimeSlicing.kind),
             device_metadata=assembly.device_metadata_files(identity, config, plugin_ref),
+            refuse_device=node_policy.refusal,
         )
         life.on_stop("batch runner", runner.close)
         recovery = await assembly.recover(identity, config, connection, runner, problems)
@@ -557,14 +562,15 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
                 inventory = NodeInventory(versions=inventory.versions, gpus=())
             return resourceslices.build_resource_slices(inventory, config.node_name, driver=identity.driver_name,
                                                         taints=health.taints(), server_version=layout,
-                                                        cache=partition_cache, shares=config.consumable_shares)
+                                                        cache=partition_cache, shares=config.consumable_shares,
+                                                        advertised=node_policy.policy.advertised)
 
         plugin = GpuPlugin(identity=identity, config=config, lifecycle=life, client=connection.client,
                            node_uid=connection.node_uid, state=state, state_problems=problems, runner=runner,
                            recovery=recovery, publisher=publisher, servers=servers, desired=desired,
                            session=session, registry=registry, guard_verdict=verdict, health=health,
                            metrics=metrics, metrics_server=metrics_server, refresher=refresh,
-                           status_writer=status_writer, mps_daemons=daemons)
+                           status_writer=status_writer, mps_daemons=daemons, node_policy=node_policy)
         plugin_ref.append(plugin)
         last_desired: list[list[dict[str, Any]]] = []
 
@@ -580,6 +586,7 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
 
         registry.subscribe(republish_if_changed)
         await assembly.run_publisher(life, publisher)
+        await nodepolicy.watch_node_policy(life, node_policy, plugin.republish)
         if session.available:
             plugin.republish()
         # else: the node's ResourceSlices stay as the last run published them until the driver's devices are read

@@ -9,8 +9,11 @@ GPU), MIG (profile, ``-`` for a full GPU), MEMORY, UUID, HEALTH (``Healthy``, ``
 health poll, as the plugin's health monitor judges it); ``-o wide`` adds PRODUCT, PCI-BUS-ID, SLICE and TAINTS
 (``key`` or ``key=value``, e.g. ``gpu.nvidia.com/fabric-unhealthy=registration-failed``).
 GPUs left out by discovery and other warnings go to stderr and, in YAML, also into comments at the top.
+``--default-config PROFILE`` applies a per-node device policy as the plugin would on a node whose label
+``nvidia.com/dra-driver-gpu.config`` names PROFILE: the file PROFILE of ``--driver-config-directory``
+(``version: v1alpha1``, ``gpu.advertisedDeviceTypes``) limits the devices printed to the types it advertises.
 Exit status: 0 on success, 1 when NVML cannot be loaded or initialised, 2 for a ``--node-name`` that is not a
-Node name (an RFC 1123 subdomain).
+Node name (an RFC 1123 subdomain) or a profile that cannot be used (unknown, or invalid: the field is named).
 """
 
 from __future__ import annotations
@@ -24,12 +27,14 @@ from typing import Any
 
 from dradriver.config import PLUGIN_FLAGS, add_flags
 
-_FLAGS = ("--node-name", "--nvml-library", "--mock-profile", "--sysfs-root")
+_FLAGS = ("--node-name", "--nvml-library", "--mock-profile", "--sysfs-root", "--default-config",
+          "--driver-config-directory")
 
 
 def register(subparsers: Any) -> None:
     """Add the ``inspect`` subcommand (flags: ``--output``, ``--node-name``, ``--nvml-library``,
-    ``--mock-profile``, ``--sysfs-root``, each with its environment twin)."""
+    ``--mock-profile``, ``--sysfs-root``, ``--default-config``, ``--driver-config-directory``, each with its
+    environment twin)."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "inspect",
         help="print the ResourceSlices this node would publish",
@@ -127,8 +132,10 @@ def run(args: argparse.Namespace) -> int:
 
     from dradriver import _native
     from dradriver.commands._options import node_name_error
+    from dradriver.domain.driverconfig import EVERYTHING, DriverConfigError
     from dradriver.domain.resourceslices import ResourceSliceError, build
     from dradriver.errors import DradriverError
+    from dradriver.host.driverconfigs import load_profile
     from dradriver.kube.resourceslices import slice_generate_name
     from dradriver.nvml.discovery import discover
     from dradriver.nvml.session import open_session
@@ -138,6 +145,12 @@ def run(args: argparse.Namespace) -> int:
         print(error, file=sys.stderr)
         return 2
     node = args.node_name or socket.gethostname().strip().lower()  # the kubelet's default Node name
+    try:
+        policy = load_profile(Path(args.driver_config_directory), args.default_config) if args.default_config \
+            else EVERYTHING
+    except DriverConfigError as exc:
+        print(f"dradriver inspect: error: {exc}", file=sys.stderr)
+        return 2
     health: dict[str, tuple[str, str]] = {}
     try:
         _native.load_all()  # the hot paths must be there (or twins asked for): a loud error, not a slow path
@@ -149,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"dradriver inspect: error: {exc}", file=sys.stderr)
         return 1
     try:
-        result = build(inventory, node)
+        result = build(inventory, node, advertised=policy.advertised)
     except ResourceSliceError as exc:
         print(f"dradriver inspect: error: {exc}", file=sys.stderr)
         return 1
@@ -162,6 +175,8 @@ def run(args: argparse.Namespace) -> int:
         for f in inventory.failures
     ]
     notes += [f"warning: {w}" for w in (*inventory.warnings, *result.warnings)]
+    if policy is not EVERYTHING:
+        notes.append(policy.describe().replace("--default-config (env DEFAULT_CONFIG)", "--default-config"))
     for note in notes:
         print(f"dradriver inspect: {note}", file=sys.stderr)
 

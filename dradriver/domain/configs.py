@@ -41,7 +41,7 @@ from fractions import Fraction
 from math import ceil
 
 from dradriver.domain.claims import Claim, ClaimError, base_request_name
-from dradriver.domain.devices import GpuDevice, MigDevice
+from dradriver.domain.devices import DeviceType, GpuDevice, MigDevice
 from dradriver.domain.featuregates import DEFAULT_GATES, MPS_SUPPORT, TIME_SLICING_SETTINGS, FeatureGates
 from dradriver.domain.quantity import Quantity, QuantityError, parse_quantity
 from dradriver.errors import DradriverError
@@ -518,7 +518,7 @@ class ConfigSelection:
 
 def _device_type(device: object) -> str:
     """``gpu`` for a full GPU; ``mig`` for an existing MIG device and a dynamic-MIG placement."""
-    return "gpu" if isinstance(device, GpuDevice) else "mig"
+    return DeviceType.of(device).value
 
 
 def decode_entries(claim: Claim) -> list[ConfigEntry]:

@@ -29,6 +29,12 @@ class DeviceType(str, Enum):
     GPU = "gpu"
     MIG = "mig"
 
+    @classmethod
+    def of(cls, device: object) -> DeviceType:
+        """The published ``type`` of a registry entry: ``gpu`` for a full GPU; ``mig`` for an existing MIG device
+        and a dynamic-MIG placement."""
+        return cls.GPU if isinstance(device, GpuDevice) else cls.MIG
+
 
 @dataclass(frozen=True, slots=True)
 class DriverVersions:

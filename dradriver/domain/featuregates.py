@@ -75,6 +75,7 @@ FABRIC_MANAGER_PARTITIONING = "FabricManagerPartitioning"
 HOST_MANAGED_IMEX_DAEMON = "HostManagedIMEXDaemon"
 CONSUMABLE_SHARES = "ConsumableShares"
 NODE_LOCAL_FABRIC_IPC = "NodeLocalFabricIPC"
+PER_NODE_GPU_CONFIG = "PerNodeGPUConfig"
 
 _NO = Support.NOT_IMPLEMENTED
 
@@ -112,6 +113,10 @@ GATES: tuple[Gate, ...] = (
     Gate(CONSUMABLE_SHARES, False, "Alpha (0.5)", "--consumable-shares multi-allocation", Support.IMPLEMENTED,
          note="dradriver also enforces each claim's share on the node (MPS client limits from consumedCapacity)"),
     Gate(NODE_LOCAL_FABRIC_IPC, False, "Alpha (0.6)", "single-node IMEX channels without an MNNVL clique", _NO),
+    Gate(PER_NODE_GPU_CONFIG, False, "Alpha (0.6)", "per-node device policy: the node label "
+         "nvidia.com/dra-driver-gpu.config selects a profile of advertised device types", Support.IMPLEMENTED,
+         note="dradriver applies a label or profile change without a restart (NVIDIA reads them once at start) and "
+              "refuses new prepares on devices the profile does not advertise"),
     Gate("ContextualLogging", True, "Beta (k8s)", "component-base contextual logging", Support.LOGGING),
     Gate("LoggingAlphaOptions", False, "Alpha (k8s)", "component-base alpha logging options", Support.LOGGING),
     Gate("LoggingBetaOptions", True, "Beta (k8s)", "component-base beta logging options", Support.LOGGING),
@@ -203,6 +208,11 @@ class FeatureGates(Mapping[str, bool]):
     def device_metadata(self) -> bool:
         """``DeviceMetadata``: KEP-5304 device metadata files for containers."""
         return self[DEVICE_METADATA]
+
+    @property
+    def per_node_gpu_config(self) -> bool:
+        """``PerNodeGPUConfig``."""
+        return self[PER_NODE_GPU_CONFIG]
 
     @property
     def nvml_device_health_check(self) -> bool:

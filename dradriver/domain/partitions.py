@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -278,6 +278,13 @@ def _with_taints(devices: Sequence[Device], taints: Mapping[str, Sequence[rs.Tai
     return out
 
 
+def _advertised(devices: list[Device], advertised: Collection[str] | None) -> list[Device]:
+    """``devices`` whose ``type`` attribute is in ``advertised`` (all of them when ``None``)."""
+    if advertised is None:
+        return devices
+    return [d for d in devices if rs.advertises(advertised, d["attributes"]["type"]["string"])]
+
+
 def build(
     inventory: NodeInventory,
     node_name: str,
@@ -288,12 +295,15 @@ def build(
     generate_name: bool = True,
     driver: str = GPU_DRIVER.driver_name,
     cache: PartitionCache | None = None,
+    advertised: Collection[str] | None = None,
 ) -> rs.SliceBuild:
     """Every ResourceSlice of ``node_name``'s pool with dynamic MIG (layout and order: module docstring).
 
     :param server_version: ``(major, minor)`` of the API server (``GET /version``), chooses the layout.
     :param taints: device name -> taints, copied onto the devices (names not in the pool: a warning).
     :param cache: reuse the GPUs that did not change since the previous build with the same cache.
+    :param advertised: the device types published (``gpu``, ``mig``; ``None``: every one); the counter sets are
+        published whatever is left out.
     :returns: slices (at least one) and warnings.
     :raises dradriver.domain.resourceslices.ResourceSliceError: duplicate device names or more than 16 taints on
         one device.
@@ -330,12 +340,12 @@ def build(
         for i in range(0, len(sets), MAX_COUNTER_SETS_PER_SLICE):
             specs.append({"sharedCounters": sets[i : i + MAX_COUNTER_SETS_PER_SLICE]})
         for b in built:
-            tainted = _with_taints(b.devices, taints, seen)
+            tainted = _advertised(_with_taints(b.devices, taints, seen), advertised)
             for chunk in _chunks(tainted, rs.MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS):
                 specs.append({"devices": chunk})
     else:
         for b in built:
-            devices = _with_taints(b.devices, taints, seen)
+            devices = _advertised(_with_taints(b.devices, taints, seen), advertised)
             kept = _chunks(devices, MAX_DEVICES_PER_SLICE_V134)[0] if devices else []
             if len(kept) < len(devices):
                 warnings.append(f"counter set {b.counter_set['name']}: {len(devices) - len(kept)} device(s) beyond "
@@ -349,7 +359,8 @@ def build(
         placements=(),
     )
     rest_taints = {k: v for k, v in taints.items() if k not in seen}
-    legacy = rs.device_entries(rest, taints=rest_taints, warnings=warnings) if rest.gpus else []
+    legacy = (rs.device_entries(rest, taints=rest_taints, warnings=warnings, advertised=advertised)
+              if rest.gpus else [])
     seen.update(d["name"] for d in legacy)
     legacy_size = (rs.MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS if rs._needs_small_slices(legacy)
                    else rs.MAX_DEVICES_PER_SLICE)

@@ -34,7 +34,7 @@ Value shapes: attributes ``{"string": s}``, ``{"int": i}``, ``{"bool": b}``, ``{
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -276,11 +276,15 @@ def device_entries(
     taints: Mapping[str, Sequence[Taint]] | None = None,
     warnings: list[str] | None = None,
     shares: ShareMode | None = None,
+    advertised: Collection[str] | None = None,
 ) -> list[Device]:
     """The ``spec.devices`` entries of the whole pool, ordered by PCI bus ID then device name.
 
     :param shares: the ``--consumable-shares`` mode; when enabled every device is multi-allocatable with
         request policies (module docstring).
+    :param advertised: the device types to publish (``gpu``, ``mig``; the per-node device policy,
+        :mod:`dradriver.domain.driverconfig`); ``None``: every device. Taints of a device left out are dropped
+        silently.
 
     :param taints: device name -> taints (each ``{"key", "effect", "value"?, "timeAdded"?}``), copied
         onto the device; taints for names not in the pool are reported as warnings.
@@ -303,6 +307,8 @@ def device_entries(
         if dev.name in seen:
             raise ResourceSliceError(f"device name {dev.name!r} appears twice in the pool")
         seen.add(dev.name)
+        if not advertises(advertised, DeviceType.of(dev).value):
+            continue
         entry = _gpu_entry(dev, common) if isinstance(dev, GpuDevice) else _mig_entry(dev, common)
         if shares is not None and shares.enabled:
             _make_shareable(entry, dev.memory_bytes, shares)
@@ -322,6 +328,11 @@ def device_entries(
     return devices
 
 
+def advertises(advertised: Collection[str] | None, device_type: str) -> bool:
+    """Whether a device of ``device_type`` is published under ``advertised`` (``None``: every type)."""
+    return advertised is None or device_type in advertised
+
+
 def _needs_small_slices(devices: Iterable[Mapping[str, Any]]) -> bool:
     return any(d.get("taints") or d.get("consumesCounters") for d in devices)
 
@@ -337,6 +348,7 @@ def build(
     server_version: tuple[int, int] = (1, 34),
     cache: PartitionCache | None = None,
     shares: ShareMode | None = None,
+    advertised: Collection[str] | None = None,
 ) -> SliceBuild:
     """Build every ResourceSlice of ``node_name``'s pool.
 
@@ -349,6 +361,8 @@ def build(
         per-slice device limit to 64 for the whole pool so the split stays uniform.
     :param generate_name: set ``metadata.generateName`` to ``<node>-<driver>-``.
     :param shares: the ``--consumable-shares`` mode (see :func:`device_entries`).
+    :param advertised: the device types published (see :func:`device_entries`); with dynamic MIG the counter
+        sets stay published whatever is left out.
     :returns: the slices in order (at least one, possibly with no devices, so the pool always exists)
         and the warnings issued.
     :raises ResourceSliceError: duplicate device names or too many taints on one device.
@@ -357,9 +371,10 @@ def build(
         from dradriver.domain import partitions
 
         return partitions.build(inventory, node_name, server_version=server_version, generation=generation,
-                                taints=taints, generate_name=generate_name, driver=driver, cache=cache)
+                                taints=taints, generate_name=generate_name, driver=driver, cache=cache,
+                                advertised=advertised)
     warnings: list[str] = []
-    devices = device_entries(inventory, taints=taints, warnings=warnings, shares=shares)
+    devices = device_entries(inventory, taints=taints, warnings=warnings, shares=shares, advertised=advertised)
     small = _needs_small_slices(devices)
     size = MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS if small else MAX_DEVICES_PER_SLICE
     chunks = [devices[i : i + size] for i in range(0, len(devices), size)] or [[]]
@@ -395,10 +410,11 @@ def build_resource_slices(
     server_version: tuple[int, int] = (1, 34),
     cache: PartitionCache | None = None,
     shares: ShareMode | None = None,
+    advertised: Collection[str] | None = None,
 ) -> list[dict[str, Any]]:
     """:func:`build` without the warnings (they are logged): the list of ResourceSlice dicts."""
     result = build(inventory, node_name, generation=generation, taints=taints, generate_name=generate_name,
-                   driver=driver, server_version=server_version, cache=cache, shares=shares)
+                   driver=driver, server_version=server_version, cache=cache, shares=shares, advertised=advertised)
     return result.slices
 
 

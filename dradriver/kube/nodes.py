@@ -1,13 +1,14 @@
-"""Reading this node's Node object (core ``v1``): UID for ResourceSlice owner references, allocatable."""
+"""Reading this node's Node object (core ``v1``): UID for ResourceSlice owner references, allocatable, labels."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
 from dradriver.kube.client import JSONDict, KubeClient
+from dradriver.kube.errors import KubeGoneError
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,3 +49,24 @@ def get_node(client: KubeClient, name: str) -> Node:
     # raw: the only CoreV1Api call at start-up, and that class is the client's largest import
     obj: JSONDict = client.call(f"GET nodes {name}", client.raw("GET", f"/api/v1/nodes/{quote(name, safe='')}"))
     return Node.from_object(obj)
+
+
+def watch_node(client: KubeClient, name: str, resource_version: str, timeout_s: float) -> Iterator[JSONDict]:
+    """Watch the Node ``name`` (``fieldSelector=metadata.name=<name>``) from ``resource_version`` (``""``: its
+    current state first, as an ``ADDED`` event); yields watch events (``type``, ``object``) until the server ends
+    the watch (after ``timeout_s``). RBAC: ``watch`` on ``nodes``.
+
+    :raises dradriver.kube.errors.KubeGoneError: the server ended the watch with an ``ERROR`` event (410
+        ``Expired``): watch again from ``""``.
+    :raises dradriver.kube.errors.KubeAPIError: opening or reading failed.
+    """
+    what = f"WATCH nodes {name}"
+    options: dict[str, Any] = {"field_selector": f"metadata.name={name}"}
+    if resource_version:
+        options["resource_version"] = resource_version
+    for event in client.stream(what, client.raw("GET", "/api/v1/nodes"), timeout_s=timeout_s, **options):
+        if event.get("type") == "ERROR":
+            status = event.get("object") or {}
+            raise KubeGoneError(what, reason=str(status.get("reason") or "Expired"),
+                                message=str(status.get("message") or ""))
+        yield event

@@ -342,6 +342,9 @@ class BatchRunner:
     :param driver_kinds: record kinds whose undo acts on devices through the driver and finds them in the device
         registry (dynamic MIG instances, time-slice settings): while the driver is unavailable the registry holds
         no device, so such an undo would take its device for gone; their records are kept without being tried.
+    :param refuse_device: why a claim not prepared yet may not be prepared on a device now (DRA device name,
+        registry entry -> reason, ``""`` when it may; the GPU plugin: its per-node device policy). A prepared
+        claim is answered from the claim state without asking.
     """
 
     def __init__(
@@ -371,6 +374,7 @@ class BatchRunner:
         driver_unavailable: Callable[[], str] | None = None,
         driver_kinds: Collection[str] = (),
         device_metadata: DeviceMetadataFiles | None = None,
+        refuse_device: Callable[[str, object], str] | None = None,
     ) -> None:
         kinds = [p.kind for p in preparers] + [s.kind for s in sharing] + [u.kind for u in undo_only]
         if len(set(kinds)) != len(kinds):
@@ -419,6 +423,7 @@ class BatchRunner:
         self.clock = clock
         self.driver_unavailable = driver_unavailable
         self.driver_kinds = frozenset(driver_kinds)
+        self.refuse_device = refuse_device
         self._allocations: dict[str, str] = {}
         """Claim UID -> :func:`allocation_digest` of claims with a prepare in flight (with ``aborted_ttl_s``): the
         allocation an aborted mark records when the claim has no STARTED record (it is between two attempts)."""
@@ -841,6 +846,10 @@ class BatchRunner:
             if preparer is None:
                 raise ClaimError(ref, f"status.allocation.devices.results[{i}] (request {result.request!r}): "
                                       f"device {result.device!r} is of a kind this plugin cannot prepare")
+            refusal = self.refuse_device(result.device, device) if self.refuse_device is not None else ""
+            if refusal:
+                raise ClaimError(ref, f"status.allocation.devices.results[{i}] (request {result.request!r}): "
+                                      f"device {result.device!r} {refusal}")
             if result.device not in results:
                 order.append(result.device)
                 results[result.device] = []

@@ -26,7 +26,8 @@ PROFILES = mock.profile_names()
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("DRADRIVER_MOCK_PROFILE", "DRADRIVER_NVML_LIBRARY", "NODE_NAME", "SYSFS_ROOT"):
+    for name in ("DRADRIVER_MOCK_PROFILE", "DRADRIVER_NVML_LIBRARY", "NODE_NAME", "SYSFS_ROOT", "DEFAULT_CONFIG",
+                 "DRADRIVER_DRIVER_CONFIG_DIRECTORY"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -276,3 +277,19 @@ def test_inspect_shows_a_rubin_node(capsys: pytest.CaptureFixture[str], tmp_path
     for attrs in attributes.values():
         assert attrs["architecture"] == {"string": "Rubin"}
         assert attrs["cudaComputeCapability"] == {"version": "10.7.0"}
+
+
+def test_inspect_applies_a_driver_config_profile(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """What a node labelled nvidia.com/dra-driver-gpu.config=<profile> would publish; a bad profile is refused
+    naming the file and the field."""
+    (tmp_path / "full-gpu").write_text("version: v1alpha1\ngpu:\n  advertisedDeviceTypes: [gpu]\n")
+    (tmp_path / "typo").write_text("version: v1alpha1\ngpu:\n  advertisedDeviceType: [gpu]\n")
+    common = ("--mock-profile", "dgx-a100", "--node-name", "node-a", "--driver-config-directory", str(tmp_path))
+    rc, out, err = inspect(capsys, *common, "--default-config", "full-gpu", "--output", "json")
+    assert rc == 0, err
+    names = [d["name"] for s in json.loads(out) for d in s["spec"]["devices"]]
+    assert names == [f"gpu-{i}" for i in range(2, 8)]  # GPUs 0 and 1 are in MIG mode: nothing of theirs
+    assert "driver config profile 'full-gpu' (--default-config): advertising gpu" in err
+    rc, out, err = inspect(capsys, *common, "--default-config", "typo")
+    assert rc == 2 and not out
+    assert f"{tmp_path / 'typo'}): gpu.advertisedDeviceType: unknown field" in err

@@ -436,3 +436,28 @@ def test_time_slicing_example_config_is_valid_with_the_overlay_gates() -> None:
     assert config.sharing.time_slicing.interval == "Long"
     with pytest.raises(configs.DeviceConfigError, match="TimeSlicingSettings"):
         configs.validate(config, _plugin_config("base").feature_gates)
+
+
+# --- per-node device policy -----------------------------------------------------------------------------------
+
+
+def test_per_node_config_overlay_mounts_valid_profiles_where_the_plugin_reads_them() -> None:
+    from dradriver.domain.driverconfig import decode_driver_config
+
+    objs = render("overlays/per-node-config")
+    ds = one(objs, "DaemonSet", "dradriver-kubelet-plugin")
+    plugin = container(ds, "gpus")
+    config = _plugin_config("overlays/per-node-config")
+    assert config.feature_gates.per_node_gpu_config and not _plugin_config("base").feature_gates.per_node_gpu_config
+    mount = mount_for(plugin, str(config.driver_config_directory))
+    assert mount["readOnly"] is True
+    configmap = one(objs, "ConfigMap", volume(ds, mount["name"])["configMap"]["name"])
+    assert configmap["metadata"]["namespace"] == ds["metadata"]["namespace"]
+    advertised = {name: decode_driver_config(text, name).advertised_device_types
+                  for name, text in configmap["data"].items()}
+    assert advertised["full-gpu"] == ("gpu",) and advertised["passthrough"] == ("vfio",)
+    role = one(objs, "ClusterRole", "dradriver-kubelet-plugin-node-watch")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["watch"]}]
+    binding = one(objs, "ClusterRoleBinding", "dradriver-kubelet-plugin-node-watch")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": ds["spec"]["template"]["spec"]
+                                    ["serviceAccountName"], "namespace": ds["metadata"]["namespace"]}]
