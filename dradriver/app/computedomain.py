@@ -31,6 +31,7 @@ from typing import Any
 
 from dradriver import _native
 from dradriver.app import assembly
+from dradriver.app.devicestatus import DeviceStatusWriter, describe_channels
 from dradriver.app.gpu import driver_edits, node_info, nvml_library
 from dradriver.config import CHANNEL_NEEDS_HOST_MANAGED, PluginConfig
 from dradriver.domain import cdi
@@ -383,13 +384,16 @@ async def start_compute_domain_plugin(config: PluginConfig, identity: DriverIden
         if not host_managed:
             preparers.append(daemons)
         metrics = DriverMetrics(node=config.node_name, driver=identity.driver_name)
+        status_writer = DeviceStatusWriter(connection.client, driver=identity.driver_name, pool=config.node_name,
+                                           describe=describe_channels)  # KEP-4817: each channel's ComputeDomain
+        life.on_stop("device status writer", status_writer.close)
         runner = BatchRunner(
             identity=identity, registry=registry, state=state,
             fetch_claim=assembly.claim_fetcher(identity, connection.client, config),
             cdi_root=config.cdi_root, pool=config.node_name, preparers=preparers,
             undo_only=[daemons] if host_managed else [],  # daemon claims of before a switch to host-managed
             prepare_deadline_s=float(config.prepare_deadline_seconds), aborted_ttl_s=ABORTED_TTL_S, clock=clock,
-            metrics=metrics,
+            metrics=metrics, on_prepared=status_writer.prepared, on_unprepared=status_writer.unprepared,
         )
         runner_holder.append(runner)
         life.on_stop("batch runner", runner.close)
