@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from dradriver.domain import nodeallocatable
 from dradriver.domain.featuregates import FeatureGateError, FeatureGates, parse_feature_gates
 from dradriver.domain.identity import COMPUTE_DOMAIN_DRIVER, GPU_DRIVER
 from dradriver.domain.names import dns_subdomain_problems
@@ -244,6 +245,12 @@ PLUGIN_FLAGS: tuple[Flag, ...] = (
          ("debug", "info", "warning", "error")),
     Flag("--log-format", "LOG_FORMAT", "text", "Log format: 'text' is klog's header format, 'json' one object "
          "per line.", "str", ("text", "json"), aliases=("--logging-format",), env_aliases=("LOGGING_FORMAT",)),
+    *(Flag(nodeallocatable.flag_name(c, r, p), nodeallocatable.env_name(c, r, p), "",
+           f"KEP-5517 host {r} overhead of each {'full GPU' if c == 'gpu' else 'MIG device'} per "
+           f"{'pod referencing a claim for it' if p == 'pod' else 'container referencing the claim'} (a quantity; "
+           "empty or 0: none), published in the device's nodeAllocatableResources; needs the gate "
+           "NodeAllocatableResources.")
+      for c, r, p in nodeallocatable.FLAG_KEYS),
 )
 
 #: Options of :data:`PLUGIN_FLAGS` NVIDIA's compute-domain-kubelet-plugin shares with the GPU plugin
@@ -457,6 +464,9 @@ class PluginConfig:
     log_format: str = "text"
     feature_gates: FeatureGates = field(default_factory=FeatureGates)
     consumable_shares: ShareMode = field(default_factory=ShareMode)
+    node_allocatable_overhead: nodeallocatable.NodeAllocatableOverhead = field(
+        default_factory=nodeallocatable.NodeAllocatableOverhead)
+    """KEP-5517 overhead per device class (``--node-allocatable-*`` flags, gate NodeAllocatableResources)."""
     driver_name: str = field(default=GPU_DRIVER.driver_name)
     gpu_clique_label_enabled: bool = False
     """compute-domain plugin: set ``nvidia.com/gpu.clique`` on the node."""
@@ -569,6 +579,12 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         shares = parse_share_mode(args.consumable_shares, gate_enabled=gates.consumable_shares)
     except ShareModeError as exc:
         raise FlagError(str(exc)) from None
+    try:
+        overhead = nodeallocatable.parse_overhead(
+            {key: getattr(args, nodeallocatable.flag_dest(*key), "") for key in nodeallocatable.FLAG_KEYS},
+            gate_enabled=gates.node_allocatable_resources)
+    except nodeallocatable.OverheadError as exc:
+        raise FlagError(str(exc)) from None
     if not hook_path.startswith("/"):
         raise FlagError(f"--nvidia-cdi-hook-path (env NVIDIA_CDI_HOOK_PATH) {hook_path!r} is not an absolute path")
     if gates.mps_support and not args.image_name:
@@ -617,6 +633,7 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         log_format=args.log_format,
         feature_gates=gates,
         consumable_shares=shares,
+        node_allocatable_overhead=overhead,
     )
 
 

@@ -32,7 +32,7 @@ from dradriver.app import assembly
 from dradriver.app.devicestatus import DeviceStatusWriter, gpu_describer
 from dradriver.app.driverstate import DriverGate, DriverWatch
 from dradriver.config import PluginConfig
-from dradriver.domain import cdi, configs, mps, partitions, resourceslices
+from dradriver.domain import cdi, configs, mps, nodeallocatable, partitions, resourceslices
 from dradriver.domain.devices import DeviceIndex, DriverVersions, NodeInventory
 from dradriver.domain.faults import DEFAULT_IGNORED_XIDS
 from dradriver.domain.identity import GPU_DRIVER, DriverIdentity
@@ -482,9 +482,11 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
             inventory = registry.snapshot
             if verdict.refuse:  # an empty pool: the device plugin owns the GPUs
                 inventory = NodeInventory(versions=inventory.versions, gpus=())
-            return resourceslices.build_resource_slices(inventory, config.node_name, driver=identity.driver_name,
-                                                        taints=health.taints(), server_version=layout,
-                                                        cache=partition_cache, shares=config.consumable_shares)
+            slices = resourceslices.build_resource_slices(inventory, config.node_name, driver=identity.driver_name,
+                                                          taints=health.taints(), server_version=layout,
+                                                          cache=partition_cache, shares=config.consumable_shares)
+            nodeallocatable.apply_overhead(slices, config.node_allocatable_overhead)  # KEP-5517, gate-checked
+            return slices
 
         plugin = GpuPlugin(identity=identity, config=config, lifecycle=life, client=connection.client,
                            node_uid=connection.node_uid, state=state, state_problems=problems, runner=runner,

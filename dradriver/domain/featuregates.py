@@ -75,6 +75,7 @@ FABRIC_MANAGER_PARTITIONING = "FabricManagerPartitioning"
 HOST_MANAGED_IMEX_DAEMON = "HostManagedIMEXDaemon"
 CONSUMABLE_SHARES = "ConsumableShares"
 NODE_LOCAL_FABRIC_IPC = "NodeLocalFabricIPC"
+NODE_ALLOCATABLE_RESOURCES = "NodeAllocatableResources"
 
 _NO = Support.NOT_IMPLEMENTED
 
@@ -107,6 +108,10 @@ GATES: tuple[Gate, ...] = (
     Gate(CONSUMABLE_SHARES, False, "Alpha (0.5)", "--consumable-shares multi-allocation", Support.IMPLEMENTED,
          note="dradriver also enforces each claim's share on the node (MPS client limits from consumedCapacity)"),
     Gate(NODE_LOCAL_FABRIC_IPC, False, "Alpha (0.6)", "single-node IMEX channels without an MNNVL clique", _NO),
+    Gate(NODE_ALLOCATABLE_RESOURCES, False, "Alpha (proposed)", "KEP-5517 node-allocatable CPU/memory overhead of "
+         "gpu and mig devices", Support.IMPLEMENTED,
+         note="NVIDIA's draft PR #1329, not merged as last seen: names follow it (--node-allocatable-<class>-<resource>"
+              "-overhead-per-<pod|container>); needs Kubernetes 1.37 with DRANodeAllocatableResources"),
     Gate("ContextualLogging", True, "Beta (k8s)", "component-base contextual logging", Support.LOGGING),
     Gate("LoggingAlphaOptions", False, "Alpha (k8s)", "component-base alpha logging options", Support.LOGGING),
     Gate("LoggingBetaOptions", True, "Beta (k8s)", "component-base beta logging options", Support.LOGGING),
@@ -197,6 +202,11 @@ class FeatureGates(Mapping[str, bool]):
     def nvml_device_health_check(self) -> bool:
         """``NVMLDeviceHealthCheck`` (on by default in dradriver)."""
         return self[NVML_DEVICE_HEALTH_CHECK]
+
+    @property
+    def node_allocatable_resources(self) -> bool:
+        """``NodeAllocatableResources`` (KEP-5517 overhead, :mod:`dradriver.domain.nodeallocatable`)."""
+        return self[NODE_ALLOCATABLE_RESOURCES]
 
     def render(self) -> str:
         """The explicit gates in NVIDIA's syntax, sorted by name: ``A=true,B=false`` (empty when none is set)."""
