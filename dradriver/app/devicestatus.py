@@ -28,11 +28,13 @@ allocation result's ``shareID``. The entries are removed again when the claim is
 each entry to match an allocated device, so a deallocated claim cannot keep them).
 
 Cost on the prepare path: one :meth:`DeviceStatusWriter.prepared` call per prepared claim builds the entries from
-the claim's undo records and the device registry (microseconds) and queues them; one background thread writes them,
-one claim at a time, through :func:`dradriver.kube.claims.publish_device_status` (a GET and a PUT of the status
-subresource). Pending writes of one claim are coalesced (an unprepare before the prepare's write was sent cancels
-both), a failed write is retried with backoff until it succeeds, the claim is unprepared or the plugin stops, and
-nothing of it ever fails or delays a prepare.
+the claim's undo records and the device registry (microseconds) and queues them; one background thread writes them
+:attr:`DeviceStatusWriter.SETTLE_S` (0.5 s) later, one claim at a time, through
+:func:`dradriver.kube.claims.publish_device_status` (a GET and a PUT of the status subresource; the same at
+unprepare). Pending writes of one claim are coalesced (an unprepare before the prepare's write was sent cancels
+both: a claim that lives less than the settle time costs nothing), a failed write is retried with backoff until it
+succeeds, the claim is unprepared or the plugin stops, and nothing of it ever fails a prepare. The writes share the
+plugin's interpreter with its gRPC calls, so the settle time also keeps them out of a burst of prepares.
 """
 
 from __future__ import annotations
@@ -152,14 +154,19 @@ class DeviceStatusWriter:
     :param describe: a claim's undo records -> its devices' ``data`` (:func:`gpu_describer`,
         :func:`describe_channels`); called on the prepare's thread, so it must be cheap and do no I/O.
     :param retry_delays_s: pauses before the 1st, 2nd ... retry of a failed write, seconds (the last repeats).
+    :param settle_s: how long a prepared claim's write waits before it is sent, seconds: a claim unprepared
+        within it costs no write at all, and a burst of prepares is not slowed by writes competing for the
+        process (the plugin's gRPC calls and these writes share one interpreter).
     """
 
     RETRY_DELAYS_S: tuple[float, ...] = (0.2, 1.0, 5.0, 15.0, 60.0)
+    SETTLE_S = 0.5
 
     def __init__(self, client: KubeClient, *, driver: str, pool: str, describe: Describe,
-                 retry_delays_s: Sequence[float] = RETRY_DELAYS_S) -> None:
+                 retry_delays_s: Sequence[float] = RETRY_DELAYS_S, settle_s: float = SETTLE_S) -> None:
         self.client, self.driver, self.pool, self.describe = client, driver, pool, describe
         self.retry_delays_s = tuple(retry_delays_s) or (1.0,)
+        self.settle_s = settle_s
         self.writes = 0
         """Writes sent to the API server (each a GET and, when something changed, a PUT), failed ones included."""
         self._cond = threading.Condition()
@@ -174,7 +181,7 @@ class DeviceStatusWriter:
         """Runner hook: a claim's preparation is durable; queue its devices' entries (nothing to write: no-op)."""
         devices = self.describe(records)
         if devices:
-            self._queue(_Write(ref, devices, 0.0))
+            self._queue(_Write(ref, devices, time.monotonic() + self.settle_s))
 
     def unprepared(self, ref: ClaimRef, records: Sequence[UndoRecord]) -> None:
         """Runner hook: a claim was unprepared; queue the removal of its entries, or drop its write not yet sent."""
