@@ -563,6 +563,17 @@ def _deadline(seconds: int) -> int:
     return seconds
 
 
+def _overhead_flag_value(key: tuple[str, str, str]) -> property:
+    return property(lambda config: config.node_allocatable_overhead.flag_text(*key),
+                    doc=f"The value of {nodeallocatable.flag_name(*key)} (from node_allocatable_overhead).")
+
+
+# Every flag's dest is readable on PluginConfig (the sandbox turns a config back into the plugin's environment by
+# dest); the eight overhead flags are views of the one parsed node_allocatable_overhead.
+for _key in nodeallocatable.FLAG_KEYS:
+    setattr(PluginConfig, nodeallocatable.flag_dest(*_key), _overhead_flag_value(_key))
+
+
 def config_from_args(args: argparse.Namespace) -> PluginConfig:
     """Build a :class:`PluginConfig` from a namespace produced by a parser with :func:`add_flags`.
 

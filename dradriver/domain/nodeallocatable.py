@@ -89,6 +89,11 @@ class NodeAllocatableOverhead:
                 out.setdefault(resource, {"overhead": {}})["overhead"][api_field] = str(quantity)
         return out or None
 
+    def flag_text(self, device_class: str, resource: str, per: str) -> str:
+        """The value of :func:`flag_name` ``(device_class, resource, per)`` that gives this overhead (``""``: none)."""
+        quantity = self.values.get((device_class, resource, dict(PER)[per]))
+        return "" if quantity is None else str(quantity)
+
     def render(self) -> str:
         """``gpu memory perPod=256Mi, ...`` for logs; ``none`` when empty."""
         return ", ".join(f"{c} {r} {f}={q}" for (c, r, f), q in self.values.items()) or "none"

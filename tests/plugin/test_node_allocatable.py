@@ -84,3 +84,15 @@ def test_without_overhead_no_device_carries_the_field(sandbox: SandboxNode) -> N
             assert devices and not any(na.FIELD in d for d in devices)
 
     asyncio.run(body())
+
+
+def test_the_overhead_round_trips_through_the_plugin_environment() -> None:
+    """The sandbox (and the bench) start the plugin from a config turned back into its environment by flag dest."""
+    from dradriver.sandbox.cluster import plugin_environment
+
+    overhead = na.parse_overhead({("mig", "memory", "container"): "96Mi", ("gpu", "cpu", "pod"): "1"},
+                                 gate_enabled=True)
+    cfg = config.PluginConfig(node_name="node-a", feature_gates=GATE_ON, node_allocatable_overhead=overhead)
+    env = plugin_environment(cfg)
+    assert env["NODE_ALLOCATABLE_MIG_MEMORY_OVERHEAD_PER_CONTAINER"] == "96Mi"
+    assert parse(env).node_allocatable_overhead == overhead
