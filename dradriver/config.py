@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from dradriver.domain import nodeallocatable
 from dradriver.domain.featuregates import FeatureGateError, FeatureGates, parse_feature_gates
 from dradriver.domain.identity import COMPUTE_DOMAIN_DRIVER, GPU_DRIVER
 from dradriver.domain.names import dns_subdomain_problems
@@ -250,6 +251,12 @@ PLUGIN_FLAGS: tuple[Flag, ...] = (
          ("debug", "info", "warning", "error")),
     Flag("--log-format", "LOG_FORMAT", "text", "Log format: 'text' is klog's header format, 'json' one object "
          "per line.", "str", ("text", "json"), aliases=("--logging-format",), env_aliases=("LOGGING_FORMAT",)),
+    *(Flag(nodeallocatable.flag_name(c, r, p), nodeallocatable.env_name(c, r, p), "",
+           f"KEP-5517 host {r} overhead of each {'full GPU' if c == 'gpu' else 'MIG device'} per "
+           f"{'pod referencing a claim for it' if p == 'pod' else 'container referencing the claim'} (a quantity; "
+           "empty or 0: none), published in the device's nodeAllocatableResources; needs the gate "
+           "NodeAllocatableResources.")
+      for c, r, p in nodeallocatable.FLAG_KEYS),
 )
 
 #: Options of :data:`PLUGIN_FLAGS` NVIDIA's compute-domain-kubelet-plugin shares with the GPU plugin
@@ -467,6 +474,9 @@ class PluginConfig:
     """The driver config profile of a node without the label (gate ``PerNodeGPUConfig``)."""
     driver_config_directory: Path = Path("/available-configs")
     """The driver config profiles, one file each."""
+    node_allocatable_overhead: nodeallocatable.NodeAllocatableOverhead = field(
+        default_factory=nodeallocatable.NodeAllocatableOverhead)
+    """KEP-5517 overhead per device class (``--node-allocatable-*`` flags, gate NodeAllocatableResources)."""
     driver_name: str = field(default=GPU_DRIVER.driver_name)
     gpu_clique_label_enabled: bool = False
     """compute-domain plugin: set ``nvidia.com/gpu.clique`` on the node."""
@@ -563,6 +573,17 @@ def _deadline(seconds: int) -> int:
     return seconds
 
 
+def _overhead_flag_value(key: tuple[str, str, str]) -> property:
+    return property(lambda config: config.node_allocatable_overhead.flag_text(*key),
+                    doc=f"The value of {nodeallocatable.flag_name(*key)} (from node_allocatable_overhead).")
+
+
+# Every flag's dest is readable on PluginConfig (the sandbox turns a config back into the plugin's environment by
+# dest); the eight overhead flags are views of the one parsed node_allocatable_overhead.
+for _key in nodeallocatable.FLAG_KEYS:
+    setattr(PluginConfig, nodeallocatable.flag_dest(*_key), _overhead_flag_value(_key))
+
+
 def config_from_args(args: argparse.Namespace) -> PluginConfig:
     """Build a :class:`PluginConfig` from a namespace produced by a parser with :func:`add_flags`.
 
@@ -578,6 +599,12 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
     try:
         shares = parse_share_mode(args.consumable_shares, gate_enabled=gates.consumable_shares)
     except ShareModeError as exc:
+        raise FlagError(str(exc)) from None
+    try:
+        overhead = nodeallocatable.parse_overhead(
+            {key: getattr(args, nodeallocatable.flag_dest(*key), "") for key in nodeallocatable.FLAG_KEYS},
+            gate_enabled=gates.node_allocatable_resources)
+    except nodeallocatable.OverheadError as exc:
         raise FlagError(str(exc)) from None
     if not hook_path.startswith("/"):
         raise FlagError(f"--nvidia-cdi-hook-path (env NVIDIA_CDI_HOOK_PATH) {hook_path!r} is not an absolute path")
@@ -629,6 +656,7 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         consumable_shares=shares,
         default_config=args.default_config,
         driver_config_directory=Path(args.driver_config_directory),
+        node_allocatable_overhead=overhead,
     )
 
 

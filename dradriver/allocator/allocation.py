@@ -337,12 +337,16 @@ class Allocator:
     # ------------------------------------------------------------------------------------------ search
 
     def allocate(
-        self, claims: Sequence[Claim], node_name: str | None = None
+        self, claims: Sequence[Claim], node_name: str | None = None,
+        node_fit: Callable[[str | None, list[dict[str, Any]]], str] | None = None,
     ) -> tuple[str | None, list[dict[str, Any]]]:
         """Allocate ``claims`` together (one pod's claims) on one node.
 
         :param node_name: the node to use; ``None`` tries every known node in name order (and, if no node is
             known at all, allocates from ``allNodes`` slices only).
+        :param node_fit: ``(node, allocations) -> why the Pod does not fit that node with them, or ""`` (node CPU
+            and memory with the devices' overhead, :mod:`.noderesources`); a node it refuses is skipped, its reason
+            kept for the error.
         :returns: ``(node name or None, [status.allocation per claim])``; the devices become in use.
         :raises AllocationError: ``cannot allocate claim ns/name: <reason>``.
         """
@@ -360,6 +364,10 @@ class Allocator:
             search = _Search(self, claims, pools)
             if search.run():
                 allocations = [search.allocation(i, node) for i in range(len(claims))]
+                misfit = node_fit(candidate, allocations) if node_fit is not None else ""
+                if misfit:
+                    reasons.append(f"{misfit} on node {candidate}")
+                    continue
                 for pick in search.picks:
                     if pick.consumed is not None:
                         taken = self.consumed.setdefault(pick.device.id, {})

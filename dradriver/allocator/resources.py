@@ -14,6 +14,7 @@ from dradriver.allocator.capacity import RequestPolicy
 from dradriver.allocator.expression import AttributeValue, CelCompileError, Selector, device_variable
 from dradriver.allocator.quantity import Quantity, QuantityError, parse_quantity
 from dradriver.allocator.semver import Semver, SemverError
+from dradriver.domain import nodeallocatable
 from dradriver.errors import DradriverError
 
 MAX_RESULTS_PER_CLAIM = 32
@@ -128,6 +129,8 @@ class Device:
     binding_conditions: list[str] = field(default_factory=list)
     policies: dict[tuple[str, str], RequestPolicy] = field(default_factory=dict)
     """``capacity.<name>.requestPolicy`` by capacity key (consumable capacity)."""
+    overhead: dict[str, tuple[Quantity | None, Quantity | None]] = field(default_factory=dict)
+    """KEP-5517 ``nodeAllocatableResources[<resource>].overhead``: resource -> ``(perPod, perContainer)``."""
     _cel: Any = None
 
     @property
@@ -257,6 +260,7 @@ def parse_slice(obj: dict[str, Any]) -> ResourceSlice:
                     str(c) for c in _list(dev.get("bindingConditions"), f"{d_where}.bindingConditions")
                 ],
                 policies=policies,
+                overhead=_overhead(dev.get(nodeallocatable.FIELD), f"{d_where}.{nodeallocatable.FIELD}"),
             )
         )
     return ResourceSlice(
@@ -270,6 +274,24 @@ def parse_slice(obj: dict[str, Any]) -> ResourceSlice:
         devices=devices,
         shared_counters=counters,
     )
+
+
+def _overhead(raw: Any, where: str) -> dict[str, tuple[Quantity | None, Quantity | None]]:
+    """A device's ``nodeAllocatableResources`` (checked by :func:`dradriver.domain.nodeallocatable.field_problems`)
+    reduced to its overheads; ``mapping`` entries are checked but not kept (the simulator does not model them)."""
+    if raw is None:
+        return {}
+    problems = nodeallocatable.field_problems(raw, where)
+    if problems:
+        raise InputError("; ".join(problems))
+    out: dict[str, tuple[Quantity | None, Quantity | None]] = {}
+    for resource, entry in raw.items():
+        overhead = entry.get("overhead")
+        if overhead:
+            per_pod, per_container = (parse_quantity(overhead[k]) if overhead.get(k) is not None else None
+                                      for k in ("perPod", "perContainer"))
+            out[str(resource)] = (per_pod, per_container)
+    return out
 
 
 def _quantity(value: Any, where: str) -> Quantity:

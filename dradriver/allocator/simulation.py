@@ -17,19 +17,23 @@ Claims that already carry ``status.allocation`` hold their devices.
 Claims of one Pod are allocated together on the Pod's ``spec.nodeName`` (or the first node, in name order,
 that fits); claims no Pod references are allocated one by one, in input order. A Pod with an extended
 resource nothing serves (no DeviceClass maps it, no Node offers it in ``status.allocatable``) is not
-scheduled, and the failure says why.
+scheduled, and the failure says why. A Pod must also fit its node's ``status.allocatable`` CPU and memory with its
+requests plus its devices' KEP-5517 overhead (``nodeAllocatableResources``; :mod:`.noderesources`), Pods already
+bound to the node taking their share first; ``explain`` prints the sums per scheduled Pod.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 import yaml
 
+from dradriver.allocator import noderesources
 from dradriver.allocator.allocation import (
     AllocationError,
     Allocator,
@@ -412,6 +416,8 @@ class Outcome:
     allocator: Allocator
     pods: list[dict[str, Any]] = field(default_factory=list)
     pod_nodes: dict[str, str | None] = field(default_factory=dict)
+    placements: dict[str, PodPlacement] = field(default_factory=dict)
+    """``namespace/pod`` -> its CPU/memory demand on its node (:mod:`.noderesources`)."""
 
 
 def _check_admin(inputs: Inputs, claim: Claim) -> None:
@@ -431,12 +437,14 @@ def pending_reasons(inputs: Inputs, pod_ref: str) -> list[str]:
 
 
 def simulate(inputs: Inputs) -> Outcome:
-    """Allocate every unallocated claim (see module docstring)."""
+    """Allocate every unallocated claim (see module docstring); a Pod also has to fit its node's CPU and memory
+    with its devices' KEP-5517 overhead (:mod:`.noderesources`)."""
     allocator = Allocator(inputs.slices, inputs.classes, inputs.nodes, [c for c in inputs.claims if c.allocation])
     allocations: dict[str, dict[str, Any]] = {}
     nodes: dict[str, str | None] = {}
     failures: list[str] = []
     pod_nodes: dict[str, str | None] = {}
+    budget = _NodeBudget(inputs, allocations)
     for group in groups(inputs):
         if group.pod is not None:
             reasons = pending_reasons(inputs, group.pod)
@@ -449,11 +457,13 @@ def simulate(inputs: Inputs) -> Outcome:
                 pod_nodes[group.pod] = group.node or next(
                     (nodes.get(c.ref) for c in group.claims if nodes.get(c.ref)), None
                 )
+                budget.take(group.pod, pod_nodes[group.pod], {})
             continue
+        fit = budget.fit_check(group.pod, pending) if group.pod is not None else None
         try:
             for claim in pending:
                 _check_admin(inputs, claim)
-            node, results = allocator.allocate(pending, group.node)
+            node, results = allocator.allocate(pending, group.node, fit)
         except AllocationError as exc:
             failures.append(str(exc))
             continue
@@ -462,6 +472,7 @@ def simulate(inputs: Inputs) -> Outcome:
             nodes[claim.ref] = node
         if group.pod is not None:
             pod_nodes[group.pod] = node
+            budget.take(group.pod, node, {})
     out = []
     for claim in inputs.claims:
         obj = copy.deepcopy(claim.obj)
@@ -469,7 +480,82 @@ def simulate(inputs: Inputs) -> Outcome:
             obj.setdefault("status", {})["allocation"] = allocations[claim.ref]
         if claim.allocation is not None or claim.ref in allocations:
             out.append(obj)
-    return Outcome(out, failures, nodes, allocator, _scheduled_pods(inputs, pod_nodes), pod_nodes)
+    return Outcome(out, failures, nodes, allocator, _scheduled_pods(inputs, pod_nodes), pod_nodes, budget.placed)
+
+
+class _NodeBudget:
+    """CPU and memory of each Node taken by the Pods placed so far (Pods already bound, ``spec.nodeName`` with every
+    claim allocated, first), and each placed Pod's demand (:mod:`.noderesources`)."""
+
+    def __init__(self, inputs: Inputs, allocations: dict[str, dict[str, Any]]) -> None:
+        self.inputs, self.allocations = inputs, allocations
+        self.devices = {d.id: d for s in inputs.slices for d in s.devices}
+        self.allocatable = {n: noderesources.allocatable_of(raw, n) for n, raw in inputs.allocatable.items()}
+        self.used: dict[str, dict[str, Fraction]] = {}
+        self.placed: dict[str, PodPlacement] = {}
+        self.pods = {"/".join(_pod_ref(p)): p for p in inputs.pods}
+        by_ref = {c.ref: c for c in inputs.claims}
+        for ref, pod in self.pods.items():  # bound Pods take their share before anything is placed
+            node = (pod.get("spec") or {}).get("nodeName")
+            if node and all(by_ref.get(c) is not None and by_ref[c].allocation is not None
+                            for c in inputs.pod_claims.get(ref, [])):
+                self.take(ref, str(node), {})
+
+    def _claims(self, pod_ref: str) -> list[tuple[str, int]]:
+        """``(claim ref, containers referencing it)`` of a Pod's claims."""
+        pod = self.pods[pod_ref]
+        refs = self.inputs.pod_claims.get(pod_ref, [])
+        entries = (pod.get("spec") or {}).get("resourceClaims") or []
+        counts = noderesources.claim_references(pod)
+        out = [(ref, counts.get(str(e.get("name")), 0)) for ref, e in zip(refs, entries, strict=False)]
+        extended = self.inputs.extended.get(pod_ref)
+        if extended is not None and extended.claim is not None and len(refs) > len(entries):
+            out.append((refs[-1], len({r.container for r in extended.requests})))
+        return out
+
+    def demand(self, pod_ref: str, candidate: Mapping[str, dict[str, Any]]) -> noderesources.Demand:
+        """The Pod's requests and its devices' overhead with ``candidate`` (claim ref -> allocation) added to the
+        allocations known."""
+        by_ref = {c.ref: c for c in self.inputs.claims}
+        claims = []
+        for ref, containers in self._claims(pod_ref):
+            claim = by_ref.get(ref)
+            allocation = candidate.get(ref) or self.allocations.get(ref) or (claim.obj.get("status") or {}).get(
+                "allocation") if claim is not None else candidate.get(ref)
+            results = ((allocation or {}).get("devices") or {}).get("results") or []
+            claims.append((ref, containers, results))
+        return noderesources.Demand(noderesources.pod_requests(self.pods[pod_ref]),
+                                    noderesources.device_charges(claims, self.devices))
+
+    def fit_check(self, pod_ref: str, pending: Sequence[Claim]) -> Callable[[str | None, list[dict[str, Any]]], str]:
+        """The allocator's ``node_fit`` for this Pod's pending claims."""
+        def fit(node: str | None, allocations: list[dict[str, Any]]) -> str:
+            if node is None or node not in self.allocatable:
+                return ""
+            demand = self.demand(pod_ref, {c.ref: a for c, a in zip(pending, allocations, strict=True)})
+            reason = noderesources.misfit(demand, self.allocatable[node], self.used.get(node, {}))
+            return f"pod {pod_ref} does not fit: {reason}" if reason else ""
+        return fit
+
+    def take(self, pod_ref: str, node: str | None, candidate: Mapping[str, dict[str, Any]]) -> None:
+        """Record the Pod on ``node`` (nothing for a Pod placed nowhere or placed already)."""
+        if node is None or pod_ref in self.placed:
+            return
+        demand = self.demand(pod_ref, candidate)
+        used = self.used.setdefault(node, {})
+        self.placed[pod_ref] = PodPlacement(node, demand, self.allocatable.get(node, {}), dict(used))
+        for resource in noderesources.RESOURCES:
+            used[resource] = used.get(resource, Fraction(0)) + demand.total(resource)
+
+
+@dataclass
+class PodPlacement:
+    """A placed Pod's demand on its node and what its node had: ``allocatable`` and ``used`` by Pods before it."""
+
+    node: str
+    demand: noderesources.Demand
+    allocatable: dict[str, Fraction]
+    used: dict[str, Fraction]
 
 
 def _scheduled_pods(inputs: Inputs, pod_nodes: dict[str, str | None]) -> list[dict[str, Any]]:
@@ -651,6 +737,11 @@ def _explain_pods(inputs: Inputs, outcome: Outcome) -> list[str]:
                     for m in status["requestMappings"]
                 )
                 lines.append(f"  status.extendedResourceClaimStatus: claim {status['resourceClaimName']}; {mappings}")
+            placement = outcome.placements.get(ref)
+            if placement is not None and (placement.allocatable or placement.demand.charges):
+                lines.append(f"  node allocatable on {placement.node} (KEP-5517 device overhead included):")
+                lines.extend(f"    {text}" for text in noderesources.describe(
+                    placement.demand, placement.allocatable, placement.used))
         else:
             stuck = [c for c in claims if c not in allocated]
             lines.append(f"pod {ref}: PENDING: claim(s) {', '.join(stuck)} cannot be allocated (see above)")

@@ -42,6 +42,7 @@ from typing import Any
 
 from dradriver import _native
 from dradriver.app import assembly, driverstate
+from dradriver.app.devicestatus import DeviceStatusWriter, describe_channels
 from dradriver.app.driverstate import DriverGate, DriverWatch
 from dradriver.app.gpu import driver_edits, node_info, nvml_library
 from dradriver.config import CHANNEL_NEEDS_HOST_MANAGED, PluginConfig
@@ -478,6 +479,9 @@ async def start_compute_domain_plugin(config: PluginConfig, identity: DriverIden
         preparers: list[Any] = [channels] if host_managed else [channels, daemons]
         metrics = DriverMetrics(node=config.node_name, driver=identity.driver_name)
         plugin_ref: list[ComputeDomainPlugin] = []
+        status_writer = DeviceStatusWriter(connection.client, driver=identity.driver_name, pool=config.node_name,
+                                           describe=describe_channels)  # KEP-4817: each channel's ComputeDomain
+        life.on_stop("device status writer", status_writer.close)
         runner = BatchRunner(
             identity=identity, registry=registry, state=state,
             fetch_claim=assembly.claim_fetcher(identity, connection.client, config),
@@ -485,6 +489,7 @@ async def start_compute_domain_plugin(config: PluginConfig, identity: DriverIden
             undo_only=[daemons] if host_managed else [],  # daemon claims of before a switch to host-managed
             prepare_deadline_s=float(config.prepare_deadline_seconds), aborted_ttl_s=ABORTED_TTL_S, clock=clock,
             metrics=metrics, device_metadata=assembly.device_metadata_files(identity, config, plugin_ref),
+            on_prepared=status_writer.prepared, on_unprepared=status_writer.unprepared,
         )
         runner_holder.append(runner)
         life.on_stop("batch runner", runner.close)

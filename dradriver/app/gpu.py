@@ -20,34 +20,32 @@ The ``gpu-kubelet-plugin`` command serves the gRPC sockets first instead
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from dradriver import _native
 from dradriver.app import assembly, driverstate, nodepolicy
+from dradriver.app.devicestatus import DeviceStatusWriter, gpu_describer
 from dradriver.app.driverstate import DriverGate, DriverWatch, ReloadDetector
 from dradriver.config import PluginConfig
-from dradriver.domain import cdi, configs, mps, partitions, resourceslices
-from dradriver.domain.claims import ClaimRef
+from dradriver.domain import cdi, configs, mps, nodeallocatable, partitions, resourceslices
 from dradriver.domain.devices import DeviceIndex, DriverVersions, NodeInventory
 from dradriver.domain.faults import DEFAULT_IGNORED_XIDS
 from dradriver.domain.identity import GPU_DRIVER, DriverIdentity
 from dradriver.domain.migplacements import MigPlacement, dynamic_index
-from dradriver.domain.ports import SharingStep, UndoRecord
+from dradriver.domain.ports import SharingStep
 from dradriver.domain.registry import DeviceRegistry
 from dradriver.health.metrics import DriverMetrics, MetricsServer
 from dradriver.health.monitor import HealthMonitor
 from dradriver.host import driverfiles
 from dradriver.host.devicenodes import DeviceNodeInfo, EditsCache
 from dradriver.host.nvidiasmi import find_nvidia_smi
-from dradriver.kube import claims as kube_claims
 from dradriver.kube import errors as kube_errors
 from dradriver.kube import version
 from dradriver.kube.client import KubeClient
@@ -60,7 +58,7 @@ from dradriver.nvml.mig import MigControl
 from dradriver.nvml.session import NvmlSession, open_session_or_absent
 from dradriver.preparers import gpu as gpu_preparers
 from dradriver.preparers.dynamicmig import KIND as DYNAMIC_MIG_KIND
-from dradriver.preparers.dynamicmig import DynamicMigPreparer, identity_of
+from dradriver.preparers.dynamicmig import DynamicMigPreparer
 from dradriver.preparers.gpu import FullGpuPreparer, StaticMigPreparer
 from dradriver.preparers.mps import ControlDaemons, MpsSharing
 from dradriver.preparers.shares import ShareDaemons, SharedDevicePreparer
@@ -83,7 +81,7 @@ class GpuPlugin(assembly.KubeletPlugin):
     refresher: DeviceRefresher | None = None
     """With the ``DynamicMIG`` gate: re-reads the devices after MIG changes."""
     status_writer: DeviceStatusWriter | None = None
-    """With the ``DynamicMIG`` gate: publishes MIG identities in ``status.devices``."""
+    """Publishes every prepared device's identity in ``ResourceClaim.status.devices`` (KEP-4817)."""
     mps_daemons: ControlDaemons | None = None
     """The MPS control daemons of the ``MPS`` sharing step (``None`` without the MPSSupport gate)."""
     driver: DriverWatch | None = None
@@ -283,49 +281,6 @@ class DeviceRefresher:
             thread.join(timeout=10)
 
 
-class DeviceStatusWriter:
-    """Publishes the concrete identity of dynamic MIG devices in ``ResourceClaim.status.devices[].data`` (KEP-4817;
-    NVIDIA's open ask #1456) once a claim's preparation is durable, and removes it at unprepare.
-
-    Writes run on one background thread, in order, off the prepare path; a failed write is logged (the identity
-    is also in the claim state and the CDI spec; the next prepare answer of the claim does not depend on it).
-    """
-
-    def __init__(self, client: KubeClient, *, driver: str, pool: str) -> None:
-        self.client, self.driver, self.pool = client, driver, pool
-        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="device-status")
-
-    def _submit(self, ref: ClaimRef, devices: dict[str, dict[str, Any] | None]) -> None:
-        def write() -> None:
-            try:
-                kube_claims.publish_device_status(self.client, ref, driver=self.driver, pool=self.pool,
-                                                  devices=devices)
-            except kube_errors.KubeAPIError as exc:
-                log.warning("claim %s: device status not written: %s", ref, exc)
-        self._pool.submit(write)
-
-    def prepared(self, ref: ClaimRef, records: Sequence[UndoRecord]) -> None:
-        """Runner hook: a claim was prepared."""
-        devices: dict[str, dict[str, Any] | None] = {
-            r.target: identity for r in records if r.kind == DYNAMIC_MIG_KIND and (identity := identity_of(r))}
-        if devices:
-            self._submit(ref, devices)
-
-    def unprepared(self, ref: ClaimRef, records: Sequence[UndoRecord]) -> None:
-        """Runner hook: a claim was unprepared."""
-        devices: dict[str, dict[str, Any] | None] = {r.target: None for r in records if r.kind == DYNAMIC_MIG_KIND}
-        if devices:
-            self._submit(ref, devices)
-
-    def flush(self, timeout_s: float = 10.0) -> None:
-        """Wait for the writes queued so far."""
-        self._pool.submit(lambda: None).result(timeout=timeout_s)
-
-    def close(self) -> None:
-        """Finish queued writes, then stop the thread."""
-        self._pool.shutdown(wait=True)
-
-
 def read_server_version(client: KubeClient) -> tuple[int, int] | None:
     """``(major, minor)`` of the API server, or ``None`` (warned) when ``GET /version`` fails."""
     try:
@@ -441,7 +396,9 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
         watch = DriverWatch(session, library=lambda: nvml_library(config), arrive=lambda: driver_back(),
                             reloaded=detector.check, depart=lambda why: driver_away(why))
         preparers: tuple[Any, ...] = (FullGpuPreparer(nodes, edits_cache), StaticMigPreparer(nodes, edits_cache))
-        status_writer: DeviceStatusWriter | None = None
+        status_writer = DeviceStatusWriter(connection.client, driver=identity.driver_name, pool=config.node_name,
+                                           describe=gpu_describer(registry.get, mps_namespace=config.namespace))
+        life.on_stop("device status writer", status_writer.close)
         refresh: DeviceRefresher | None = None
         # Every kind that may have written an undo record is registered: with its gate off a part only undoes
         # (claims prepared while the gate was on are unprepared by the kind stored with them).
@@ -450,8 +407,6 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
             refresh = DeviceRefresher(session, config, registry, mig_control)
             life.on_stop("device refresher", refresh.close)
             preparers += (DynamicMigPreparer(mig_control, nodes, lambda: registry.snapshot.gpus, on_change=refresh),)
-            status_writer = DeviceStatusWriter(connection.client, driver=identity.driver_name, pool=config.node_name)
-            life.on_stop("device status writer", status_writer.close)
         else:
             reread = DeviceRefresher(session, config, registry, placements=False)
             life.on_stop("device refresher", reread.close)
@@ -478,8 +433,7 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
             spec_edits=lambda: edits_cache.get(("spec", registry.snapshot.versions.driver),
                                                 lambda: gpu_preparers.spec_edits(nodes, common[0])),
             metrics=metrics, prepare_deadline_s=float(config.prepare_deadline_seconds),
-            on_prepared=status_writer.prepared if status_writer else None,
-            on_unprepared=status_writer.unprepared if status_writer else None,
+            on_prepared=status_writer.prepared, on_unprepared=status_writer.unprepared,
             driver_unavailable=lambda: watch.departing() or devices_unknown(session, registry),
             driver_kinds=(DYNAMIC_MIG_KIND, TimeSlicing.kind),
             device_metadata=assembly.device_metadata_files(identity, config, plugin_ref),
@@ -560,10 +514,12 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
             inventory = registry.snapshot
             if verdict.refuse:  # an empty pool: the device plugin owns the GPUs
                 inventory = NodeInventory(versions=inventory.versions, gpus=())
-            return resourceslices.build_resource_slices(inventory, config.node_name, driver=identity.driver_name,
-                                                        taints=health.taints(), server_version=layout,
-                                                        cache=partition_cache, shares=config.consumable_shares,
-                                                        advertised=node_policy.policy.advertised)
+            slices = resourceslices.build_resource_slices(inventory, config.node_name, driver=identity.driver_name,
+                                                          taints=health.taints(), server_version=layout,
+                                                          cache=partition_cache, shares=config.consumable_shares,
+                                                          advertised=node_policy.policy.advertised)
+            nodeallocatable.apply_overhead(slices, config.node_allocatable_overhead)  # KEP-5517, gate-checked
+            return slices
 
         plugin = GpuPlugin(identity=identity, config=config, lifecycle=life, client=connection.client,
                            node_uid=connection.node_uid, state=state, state_problems=problems, runner=runner,

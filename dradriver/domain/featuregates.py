@@ -76,6 +76,7 @@ HOST_MANAGED_IMEX_DAEMON = "HostManagedIMEXDaemon"
 CONSUMABLE_SHARES = "ConsumableShares"
 NODE_LOCAL_FABRIC_IPC = "NodeLocalFabricIPC"
 PER_NODE_GPU_CONFIG = "PerNodeGPUConfig"
+NODE_ALLOCATABLE_RESOURCES = "NodeAllocatableResources"
 
 _NO = Support.NOT_IMPLEMENTED
 
@@ -117,6 +118,10 @@ GATES: tuple[Gate, ...] = (
          "nvidia.com/dra-driver-gpu.config selects a profile of advertised device types", Support.IMPLEMENTED,
          note="dradriver applies a label or profile change without a restart (NVIDIA reads them once at start) and "
               "refuses new prepares on devices the profile does not advertise"),
+    Gate(NODE_ALLOCATABLE_RESOURCES, False, "Alpha (proposed)", "KEP-5517 node-allocatable CPU/memory overhead of "
+         "gpu and mig devices", Support.IMPLEMENTED,
+         note="NVIDIA's draft PR #1329, not merged as last seen: names follow it (--node-allocatable-<class>-<resource>"
+              "-overhead-per-<pod|container>); needs Kubernetes 1.37 with DRANodeAllocatableResources"),
     Gate("ContextualLogging", True, "Beta (k8s)", "component-base contextual logging", Support.LOGGING),
     Gate("LoggingAlphaOptions", False, "Alpha (k8s)", "component-base alpha logging options", Support.LOGGING),
     Gate("LoggingBetaOptions", True, "Beta (k8s)", "component-base beta logging options", Support.LOGGING),
@@ -218,6 +223,11 @@ class FeatureGates(Mapping[str, bool]):
     def nvml_device_health_check(self) -> bool:
         """``NVMLDeviceHealthCheck`` (on by default in dradriver)."""
         return self[NVML_DEVICE_HEALTH_CHECK]
+
+    @property
+    def node_allocatable_resources(self) -> bool:
+        """``NodeAllocatableResources`` (KEP-5517 overhead, :mod:`dradriver.domain.nodeallocatable`)."""
+        return self[NODE_ALLOCATABLE_RESOURCES]
 
     def render(self) -> str:
         """The explicit gates in NVIDIA's syntax, sorted by name: ``A=true,B=false`` (empty when none is set)."""

@@ -24,16 +24,17 @@ def _claim_path(namespace: str, name: str) -> str:
 
 
 def get_resource_claim(client: KubeClient, namespace: str, name: str, *,
-                       timeout_s: float | None = None) -> JSONDict:
+                       timeout_s: float | None = None, retry: bool = True) -> JSONDict:
     """``GET /apis/resource.k8s.io/v1/namespaces/<namespace>/resourceclaims/<name>`` as a dict.
 
     :param timeout_s: the whole GET's time limit, seconds, retries included (:meth:`KubeClient.call`).
+    :param retry: False asks once (the caller retries on its own schedule).
     :raises errors.KubeNotFoundError: no such claim.
     :raises errors.KubeTimeoutError: no answer within ``timeout_s``.
     :raises errors.KubeAPIError: any other failure, after retries for 429/5xx/connection errors.
     """
     return client.call(f"GET resourceclaims {namespace}/{name}", client.raw("GET", _claim_path(namespace, name)),
-                       timeout_s=timeout_s)
+                       timeout_s=timeout_s, retry=retry)
 
 
 def fetch_claim(client: KubeClient, ref: domain_claims.ClaimRef, *, driver: str, pool: str,
@@ -75,46 +76,71 @@ def claim_standing(client: KubeClient, ref: domain_claims.ClaimRef, *, driver: s
 
 
 def publish_device_status(client: KubeClient, ref: domain_claims.ClaimRef, *, driver: str, pool: str,
-                          devices: Mapping[str, Mapping[str, Any] | None], attempts: int = 5) -> bool:
+                          devices: Mapping[str, Mapping[str, Any]] | None, attempts: int = 5,
+                          retry: bool = True) -> bool:
     """Write this driver's entries of ``ResourceClaim.status.devices`` (KEP-4817 ``AllocatedDeviceStatus``).
 
-    ``devices`` maps a DRA device name to its ``data`` (raw JSON, at most 10 KiB; entry gets condition
-    ``Ready=True``) or to ``None`` (entry removed). Entries of other drivers, pools and devices are kept; only
-    allocated devices are written (the API requires each entry to match an allocated device). Read-modify-write
-    through the ``status`` subresource with the ``resourceVersion`` read (a conflict re-reads and retries), as
-    NVIDIA's driver does (``kubelet-dra-protocol.md`` 4.3, 5).
+    ``devices`` maps a DRA device name to its ``data`` (raw JSON, at most 10 KiB; the entry gets condition
+    ``Ready=True``); ``None`` removes every entry of ``driver`` and ``pool`` (the claim was unprepared). An entry is
+    written for each allocation result of the device, with the result's ``shareID`` when it has one (the list is
+    keyed by driver, pool, device and shareID; a consumable share's entry must name its share). Entries of other
+    drivers, pools and devices are kept; only allocated devices are written (the API requires each entry to match
+    an allocated device). Read-modify-write through the ``status`` subresource with the ``resourceVersion`` read (a
+    conflict re-reads and retries), as NVIDIA's driver does (``kubelet-dra-protocol.md`` 4.3, 5). Nothing is sent
+    after the GET when the entries are already as wanted.
 
+    :param attempts: tries on a ``resourceVersion`` conflict.
+    :param retry: False sends each request once (429/5xx/connection errors are raised at once).
     :returns: False when the claim is gone, replaced (UID differs) or no longer allocated (nothing written).
     :raises errors.KubeAPIError: the write failed after ``attempts`` conflicts or a non-conflict error.
     """
     what = f"PUT resourceclaims/status {ref.namespace}/{ref.name}"
     for attempt in range(attempts):
         try:
-            obj = get_resource_claim(client, ref.namespace, ref.name)
+            obj = get_resource_claim(client, ref.namespace, ref.name, retry=retry)
         except errors.KubeNotFoundError:
             return False
         if obj.get("metadata", {}).get("uid") != ref.uid:
             return False
         status = obj.setdefault("status", {})
-        allocated = {(r.get("driver"), r.get("pool"), r.get("device"))
-                     for r in ((status.get("allocation") or {}).get("devices") or {}).get("results") or []}
-        kept = [d for d in status.get("devices") or []
-                if not (d.get("driver") == driver and d.get("pool") == pool and d.get("device") in devices)]
+        results = [r for r in ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
+                   if r.get("driver") == driver and r.get("pool") == pool]
+        if not results and devices is not None:
+            return False
+
+        def ours(entry: Mapping[str, Any]) -> bool:
+            return (entry.get("driver") == driver and entry.get("pool") == pool
+                    and (devices is None or entry.get("device") in devices))
+
+        before = status.get("devices") or []
+        kept = [d for d in before if not ours(d)]
         now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        for name, data in devices.items():
-            if data is None or (driver, pool, name) not in allocated:
+        written: set[tuple[str, str]] = set()
+        for result in results if devices is not None else ():
+            name, share = str(result.get("device", "")), str(result.get("shareID") or "")
+            data = devices.get(name) if devices is not None else None
+            if data is None or (name, share) in written:
                 continue
-            kept.append({
-                "driver": driver, "pool": pool, "device": name, "data": dict(data),
-                "conditions": [{"type": "Ready", "status": "True", "reason": "Prepared", "lastTransitionTime": now,
-                                "message": "prepared by the kubelet plugin"}],
-            })
-        if kept == (status.get("devices") or []):
+            written.add((name, share))
+            entry: dict[str, Any] = {"driver": driver, "pool": pool, "device": name}
+            if share:
+                entry["shareID"] = share
+            previous = next((d for d in before if ours(d) and d.get("device") == name
+                             and str(d.get("shareID") or "") == share), None)
+            stamp = now
+            if previous is not None and previous.get("data") == dict(data):
+                stamp = next((c.get("lastTransitionTime") for c in previous.get("conditions") or []
+                              if c.get("type") == "Ready"), now)
+            entry.update({"data": dict(data), "conditions": [{
+                "type": "Ready", "status": "True", "reason": "Prepared", "lastTransitionTime": stamp,
+                "message": "prepared by the kubelet plugin"}]})
+            kept.append(entry)
+        if kept == before:
             return True
         status["devices"] = kept
         try:
             client.call(what, client.raw("PUT", _claim_path(ref.namespace, ref.name) + "/status"), body=obj,
-                        retry=True)
+                        retry=retry)
             return True
         except errors.KubeConflictError:
             if attempt == attempts - 1:

@@ -158,6 +158,17 @@ def test_the_compute_domain_plugin_runs_beside_the_gpu_plugin() -> None:
         ("resource.nvidia.com", "computedomaincliques", ("get",))}
 
 
+def test_the_compute_domain_plugin_may_write_its_claims_device_status() -> None:
+    """KEP-4817 status.devices of a prepared channel: the base role's resourceclaims/status update, and from
+    Kubernetes 1.36 the associated-node verbs on resourceclaims/driver named after this plugin's driver."""
+    role = one(render(OVERLAY), "ClusterRole", "dradriver-compute-domain-kubelet-plugin")
+    [rule] = [r for r in role["rules"] if r["resources"] == ["resourceclaims/driver"]]
+    assert rule["apiGroups"] == ["resource.k8s.io"] and rule["resourceNames"] == ["compute-domain.nvidia.com"]
+    assert sorted(rule["verbs"]) == ["associated-node:patch", "associated-node:update"]
+    assert ("resource.k8s.io", "resourceclaims/status", ("update",)) in _rules("ClusterRole",
+                                                                                 "dradriver-kubelet-plugin")
+
+
 def test_the_component_tags_images_as_the_base_does() -> None:
     import yaml
 

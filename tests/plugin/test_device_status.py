@@ -1,0 +1,153 @@
+"""KEP-4817 device status for every prepared device: the real plugin over gRPC, the API emulator over HTTP. A full
+GPU, a static MIG device, an MPS-shared GPU and (in ``tests/computedomain``) an IMEX channel get their concrete
+identity in ``ResourceClaim.status.devices[].data``, written off the prepare's path, retried after an API failure,
+removed at unprepare."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from dradriver.domain.devices import GpuDevice, MigDevice
+from dradriver.preparers.shares import daemon_id
+from dradriver.sandbox.node import SANDBOX_NAMESPACE, SandboxNode
+from dradriver.sandbox.profiles import h200_node
+from tests.factories import DEVICE_CLASS
+from tests.mps.test_plugin import mps_claim
+from tests.plugin.conftest import claim_object, ref_of, result, running, set_allocation, wait_for
+from tests.plugin.test_shares import allocate, share_claim
+
+
+def published(node: SandboxNode, name: str) -> list[dict[str, Any]]:
+    """The claim's ``status.devices`` as stored in the API emulator."""
+    assert node.api is not None
+    stored = node.api.get("ResourceClaim", name, "default")
+    return list((stored or {}).get("status", {}).get("devices") or [])
+
+
+@pytest.mark.parametrize("sandbox", ["dgx-a100"], indirect=True)  # GPU 0 holds static MIG devices
+def test_full_gpu_and_static_mig_device_publish_their_identity_and_unprepare_removes_it(
+        sandbox: SandboxNode) -> None:
+    async def body() -> None:
+        async with running(sandbox.config()) as (plugin, kubelet):
+            assert sandbox.api is not None
+            gpu = next(d for d in plugin.inventory.allocatable() if isinstance(d, GpuDevice))
+            mig = next(d for d in plugin.inventory.allocatable() if isinstance(d, MigDevice))
+            claim = set_allocation(sandbox, sandbox.api.create(claim_object("two")),
+                                   [result(gpu.name), result(mig.name)])
+            ref = ref_of(claim)
+            assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+            await wait_for(lambda: len(published(sandbox, "two")) == 2)
+            entries = {e["device"]: e for e in published(sandbox, "two")}
+            assert entries[gpu.name]["data"] == {"uuid": gpu.uuid, "pciBusID": gpu.pci_bus_id}
+            assert entries[mig.name]["data"] == {
+                "uuid": mig.uuid, "parentUUID": mig.parent.uuid, "gpuInstanceId": mig.gi_id,
+                "computeInstanceId": mig.ci_id, "profile": mig.profile,
+                "placement": {"start": mig.placement_start, "size": mig.placement_size}}
+            for entry in entries.values():
+                assert (entry["driver"], entry["pool"]) == ("gpu.nvidia.com", sandbox.node_name)
+                assert [(c["type"], c["status"]) for c in entry["conditions"]] == [("Ready", "True")]
+            kubernetes_validate.validate(sandbox.api.get("ResourceClaim", "two", "default"), "1.34", strict=True)
+            assert plugin.status_writer is not None and plugin.status_writer.flush()
+            writes = plugin.status_writer.writes
+            assert writes == 1  # both devices in one write
+            assert (await kubelet.unprepare([ref]))[ref.uid] == ""
+            await wait_for(lambda: not published(sandbox, "two"))
+
+    asyncio.run(body())
+
+
+def test_a_failing_api_server_neither_fails_nor_delays_the_prepare_and_the_write_is_retried(
+        sandbox: SandboxNode) -> None:
+    async def body() -> None:
+        async with running(sandbox.config()) as (plugin, kubelet):
+            assert sandbox.api is not None and plugin.status_writer is not None
+            claim = set_allocation(sandbox, sandbox.api.create(claim_object("flaky")), [result("gpu-1")])
+            ref = ref_of(claim)
+            status_path = re.compile(r"/resourceclaims/flaky/status$")
+            sandbox.api.fail_next(3, status=503, method="PUT", path=status_path)
+            answer = (await kubelet.prepare([ref]))[ref.uid]
+            assert answer.error == "" and [d.device_name for d in answer.devices] == ["gpu-1"]
+            await wait_for(lambda: bool(published(sandbox, "flaky")))
+            gpu = plugin.registry.get("gpu-1") if plugin.registry else None
+            assert isinstance(gpu, GpuDevice)
+            assert published(sandbox, "flaky")[0]["data"] == {"uuid": gpu.uuid, "pciBusID": gpu.pci_bus_id}
+            assert plugin.status_writer.writes == 4  # three refused, the fourth written
+            # an unprepare whose write fails is retried the same way
+            sandbox.api.fail_next(2, status=500, method="PUT", path=status_path)
+            assert (await kubelet.unprepare([ref]))[ref.uid] == ""
+            await wait_for(lambda: not published(sandbox, "flaky"))
+
+    asyncio.run(body())
+
+
+def test_a_claim_unprepared_before_its_status_was_written_costs_no_write(sandbox: SandboxNode) -> None:
+    async def body() -> None:
+        async with running(sandbox.config()) as (plugin, kubelet):
+            assert sandbox.api is not None and plugin.status_writer is not None
+            writer = plugin.status_writer
+            brief = ref_of(set_allocation(sandbox, sandbox.api.create(claim_object("brief")), [result("gpu-2")]))
+            kept = ref_of(set_allocation(sandbox, sandbox.api.create(claim_object("kept")), [result("gpu-3")]))
+            # "brief" is unprepared within the writer's settle time: its write is dropped, none is sent
+            assert (await kubelet.prepare([brief, kept])) and writer.settle_s >= 0.5
+            assert (await kubelet.unprepare([brief]))[brief.uid] == ""
+            assert writer.flush()
+            assert writer.writes == 1 and published(sandbox, "brief") == []
+            assert [e["device"] for e in published(sandbox, "kept")] == ["gpu-3"]
+
+    asyncio.run(body())
+
+
+def test_an_mps_shared_gpu_publishes_its_control_daemon(sandbox: SandboxNode) -> None:
+    sandbox.run_workloads()
+
+    async def body() -> None:
+        async with running(sandbox.mps_config()) as (plugin, kubelet):
+            ref, claim = mps_claim(sandbox, "mps")
+            [device] = [r["device"] for r in claim["status"]["allocation"]["devices"]["results"]]
+            assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+            await wait_for(lambda: bool(published(sandbox, "mps")))
+            [entry] = published(sandbox, "mps")
+            gpu = plugin.registry.get(device) if plugin.registry else None
+            assert isinstance(gpu, GpuDevice) and sandbox.api is not None
+            [deployment] = sandbox.api.objects("Deployment", SANDBOX_NAMESPACE)
+            assert entry["data"] == {"uuid": gpu.uuid, "pciBusID": gpu.pci_bus_id, "mpsControlDaemon": {
+                "namespace": SANDBOX_NAMESPACE, "name": deployment["metadata"]["name"]}}
+            assert (await kubelet.unprepare([ref]))[ref.uid] == ""
+            await wait_for(lambda: not published(sandbox, "mps"))
+
+    asyncio.run(body())
+
+
+def test_consumable_shares_of_one_gpu_each_publish_an_entry_under_their_share_id(tmp_path: Path) -> None:
+    with SandboxNode(profile=h200_node(tmp_path, gpus=1)) as node:
+        assert node.api is not None
+        node.api.create(DEVICE_CLASS)
+        node.run_workloads()
+
+        async def body() -> None:
+            assert node.api is not None
+            async with running(node.shares_config()) as (plugin, kubelet):
+                await wait_for(lambda: bool(node.api and node.api.objects("ResourceSlice")))
+                claims = allocate(node, share_claim("share-a"), share_claim("share-b"))
+                for claim in claims:
+                    ref = ref_of(claim)
+                    assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+                gpu = plugin.inventory.find("gpu-0")
+                assert isinstance(gpu, GpuDevice)
+                for claim in claims:
+                    name = claim["metadata"]["name"]
+                    [alloc] = claim["status"]["allocation"]["devices"]["results"]
+                    await wait_for(lambda n=name: bool(published(node, n)))
+                    [entry] = published(node, name)
+                    assert (entry["device"], entry["shareID"]) == ("gpu-0", alloc["shareID"])
+                    assert entry["data"] == {"uuid": gpu.uuid, "pciBusID": gpu.pci_bus_id, "mpsControlDaemon": {
+                        "namespace": SANDBOX_NAMESPACE, "name": f"mps-control-daemon-{daemon_id(gpu.uuid)}"}}
+                    kubernetes_validate.validate(node.api.get("ResourceClaim", name, "default"), "1.35", strict=True)
+
+        asyncio.run(body())
