@@ -89,12 +89,15 @@ class Claim:
         lowest precedence first.
     :param config_indices: for each entry of ``configs``, its index in ``status.allocation.devices.config[]``
         (for error messages); empty when the claim was built by hand (then positions in ``configs`` are used).
+    :param status: the claim's whole ``status`` as the API returned it (``None`` when built by hand): what
+        NVIDIA's checkpoint stores with a prepared claim (:mod:`dradriver.domain.nvcheckpoint`).
     """
 
     ref: ClaimRef
     results: tuple[AllocationResult, ...]
     configs: tuple[dict[str, object], ...] = field(default_factory=tuple)
     config_indices: tuple[int, ...] = field(default_factory=tuple)
+    status: Mapping[str, Any] | None = field(default=None, compare=False)
 
 
 class ClaimError(DradriverError):
@@ -242,4 +245,4 @@ def claim_from_object(obj: Mapping[str, Any], ref: ClaimRef, *, driver: str, poo
         ours.append((rank, i, dict(entry)))
     ours.sort(key=lambda t: (t[0], t[1]))
     return Claim(ref=ref, results=tuple(results), configs=tuple(c for _, _, c in ours),
-                 config_indices=tuple(i for _, i, _ in ours))
+                 config_indices=tuple(i for _, i, _ in ours), status=status)

@@ -1,0 +1,110 @@
+"""dradriver's GPU plugin keeps NVIDIA's ``checkpoint.json`` true (:mod:`dradriver.kubeletplugin.rollback`): a claim
+is named before its Prepare is answered and gone before its Unprepare is, with its whole status; concurrent calls
+share rewrites; a restart keeps it, a damaged one is set aside and rebuilt; ``--nvidia-checkpoint=false`` turns it
+off."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from dradriver.domain.nvcheckpoint import CheckpointState
+from dradriver.host.nvcheckpointfile import CHECKPOINT_FILE, read_checkpoint
+from dradriver.sandbox.node import SandboxNode
+from tests.plugin.conftest import claim_object, ref_of, result, running, set_allocation
+
+
+def _checkpoint(node: SandboxNode) -> Path:
+    return Path(node.config().kubelet_plugins_directory_path) / "gpu.nvidia.com" / CHECKPOINT_FILE
+
+
+def _boot_id(node: SandboxNode) -> str:
+    return (node.root / "proc" / "sys" / "kernel" / "random" / "boot_id").read_text().strip()
+
+
+def test_a_claim_is_in_the_checkpoint_before_its_prepare_is_answered_and_gone_before_its_unprepare(
+        sandbox: SandboxNode) -> None:
+    api = sandbox.api
+    assert api is not None
+
+    async def body() -> None:
+        async with running(sandbox.config()) as (_plugin, kubelet):
+            stored = set_allocation(sandbox, api.create(claim_object("a")), [result("gpu-3")])
+            stored["status"]["reservedFor"] = [{"resource": "pods", "name": "pod-a", "uid": "1234"}]
+            ref = ref_of(api.update(stored, subresource="status"))
+            assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+            kept = read_checkpoint(_checkpoint(sandbox))
+            assert kept is not None and kept.node_boot_id == _boot_id(sandbox)
+            entry = kept.claims[ref.uid]
+            assert entry.state is CheckpointState.PREPARE_COMPLETED
+            assert entry.status["reservedFor"] == [{"resource": "pods", "name": "pod-a", "uid": "1234"}]
+            assert entry.status["allocation"]["devices"]["results"][0]["device"] == "gpu-3"
+            (device,) = entry.devices
+            assert device.kind == "gpu" and device.uuid.startswith("GPU-") and device.device is not None
+            assert device.device.cdi_device_ids == (f"k8s.gpu.nvidia.com/claim={ref.uid}-gpu-3",)
+            assert await kubelet.unprepare([ref]) == {ref.uid: ""}
+            after = read_checkpoint(_checkpoint(sandbox))
+            assert after is not None and ref.uid not in after.claims
+
+    asyncio.run(body())
+
+
+def test_concurrent_prepares_share_checkpoint_rewrites(sandbox: SandboxNode) -> None:
+    """Eight one-claim Prepare calls at once: every claim is named when its answer comes, with fewer rewrites than
+    claims when calls overlap (group commit), never more than one per claim."""
+    api = sandbox.api
+    assert api is not None
+
+    async def body() -> None:
+        async with running(sandbox.config()) as (plugin, kubelet):
+            refs = [ref_of(set_allocation(sandbox, api.create(claim_object(f"c{i}")), [result(f"gpu-{i}")]))
+                    for i in range(8)]
+            checkpoint = plugin.runner.checkpoint
+            assert checkpoint is not None
+            before = checkpoint.writes
+            answers = await asyncio.gather(*(kubelet.prepare([r]) for r in refs))
+            assert all(a[r.uid].error == "" for a, r in zip(answers, refs, strict=True))
+            kept = read_checkpoint(_checkpoint(sandbox))
+            assert kept is not None and set(kept.claims) == {r.uid for r in refs}
+            assert 1 <= checkpoint.writes - before <= len(refs)
+
+    asyncio.run(body())
+
+
+def test_a_restart_keeps_the_checkpoint_and_a_damaged_one_is_rebuilt(sandbox: SandboxNode) -> None:
+    api = sandbox.api
+    assert api is not None
+    path = _checkpoint(sandbox)
+
+    async def body() -> None:
+        async with running(sandbox.config()) as (_plugin, kubelet):
+            ref = ref_of(set_allocation(sandbox, api.create(claim_object("a")), [result("gpu-1")]))
+            assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+        first = read_checkpoint(path)
+        assert first is not None and set(first.claims) == {ref.uid}
+        async with running(sandbox.config()):
+            again = read_checkpoint(path)
+            assert again == first  # the status seen at prepare is kept across the restart
+        path.write_bytes(path.read_bytes().replace(b"gpu-1", b"gpu-2"))  # damaged: its checksums fail
+        async with running(sandbox.config()):
+            rebuilt = read_checkpoint(path)
+            assert rebuilt is not None and set(rebuilt.claims) == {ref.uid}
+            results = rebuilt.claims[ref.uid].status["allocation"]["devices"]["results"]
+            assert [r["device"] for r in results] == ["gpu-1"]  # rebuilt from the claim state, not the damage
+            assert [p.name for p in path.parent.glob(f"{CHECKPOINT_FILE}.corrupt-*")]
+
+    asyncio.run(body())
+
+
+def test_the_checkpoint_can_be_turned_off(sandbox: SandboxNode) -> None:
+    api = sandbox.api
+    assert api is not None
+
+    async def body() -> None:
+        async with running(sandbox.config(nvidia_checkpoint=False)) as (plugin, kubelet):
+            ref = ref_of(set_allocation(sandbox, api.create(claim_object("a")), [result("gpu-1")]))
+            assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+            assert plugin.runner.checkpoint is None
+        assert not _checkpoint(sandbox).exists()
+
+    asyncio.run(body())
