@@ -36,10 +36,13 @@ their canonical form, which is what Go re-marshals).
 from __future__ import annotations
 
 import enum
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
+
+from dradriver import _native
 
 __all__ = [
     "CD_CLAIM",
@@ -64,10 +67,6 @@ __all__ = [
     "encode_entry",
     "go_json",
 ]
-
-FNV32_OFFSET: Final = 0x811C9DC5
-FNV32_PRIME: Final = 0x01000193
-
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be read without guessing: not JSON, an unknown version, a field of the wrong
@@ -179,9 +178,15 @@ CD_CLAIM: Final = ClaimSchema(device=_CD_DEVICE, config_state=_CD_CONFIG_STATE, 
 """``compute-domain.nvidia.com`` (from NVIDIA's source; no binary of it to check against)."""
 
 
+@functools.cache
+def _groups_schema(claim: ClaimSchema) -> Schema:
+    return ("list", ("struct", (("devices", ("list", claim.device), False),
+                                ("configState", claim.config_state, False))))
+
+
+@functools.cache
 def _entry_schema(claim: ClaimSchema, *, v1: bool) -> Schema:
-    groups = ("list", ("struct", (("devices", ("list", claim.device), False),
-                                  ("configState", claim.config_state, False))))
+    groups = _groups_schema(claim)
     if v1:
         return ("struct", (("status", CLAIM_STATUS, False), ("preparedDevices", groups, True)))
     fields: list[tuple[str, Schema, bool]] = [
@@ -231,7 +236,14 @@ def _empty(schema: Schema, value: Any) -> bool:
     return schema != "raw" and not value
 
 
+class _Encoded(str):
+    """A value already in Go's JSON (written as it is): a part shared by an entry's V2 and V1 forms."""
+
+
 def _encode(schema: Schema, value: Any, out: list[str], where: str) -> None:
+    if type(value) is _Encoded:
+        out.append(value)
+        return
     if isinstance(schema, str):
         if schema == "string":
             if value is None:
@@ -318,12 +330,12 @@ def go_json(schema: Schema, value: Any, where: str = "") -> bytes:
 
 def checksum(data: bytes) -> int:
     """The kubelet checkpoint manager's checksum of ``data``: FNV-32a of go-spew's ``%#v`` rendering of the byte
-    slice (``([]uint8)[`` + decimal bytes separated by spaces + ``]``), an unsigned 32-bit value."""
-    h = FNV32_OFFSET
-    text = b"([]uint8)[" + b" ".join(b"%d" % b for b in data) + b"]"
-    for byte in text:
-        h = ((h ^ byte) * FNV32_PRIME) & 0xFFFFFFFF
-    return h
+    slice (``([]uint8)[`` + decimal bytes separated by spaces + ``]``), an unsigned 32-bit value. Compiled
+    (``ext/kubeletchecksum.pyx``) unless ``DRADRIVER_NO_EXTENSIONS=1``.
+
+    :raises dradriver.errors.ExtensionMissingError: the compiled module is wanted but missing.
+    """
+    return _native.load("kubeletchecksum").checksum(data)
 
 
 # ---- the model -------------------------------------------------------------------------------------------------
@@ -520,8 +532,15 @@ def encode_entry(uid: str, entry: CheckpointEntry, schema: ClaimSchema = GPU_CLA
         and the field), or a device kind the plugin cannot represent.
     """
     where = f"claim {uid}"
-    v2 = go_json(_entry_schema(schema, v1=False), entry.to_json(), where)
-    v1 = (go_json(_entry_schema(schema, v1=True), entry.to_v1_json(), where)
+    v2_json = entry.to_json()
+    # status and preparedDevices are encoded once, for both forms
+    v2_json["status"] = _Encoded(go_json(CLAIM_STATUS, entry.status, f"{where}.status").decode())
+    if v2_json["preparedDevices"]:
+        v2_json["preparedDevices"] = _Encoded(go_json(_groups_schema(schema), v2_json["preparedDevices"],
+                                                      where).decode())
+    v2 = go_json(_entry_schema(schema, v1=False), v2_json, where)
+    v1 = (go_json(_entry_schema(schema, v1=True), {"status": v2_json["status"],
+                                                   "preparedDevices": v2_json["preparedDevices"]}, where)
           if entry.state is CheckpointState.PREPARE_COMPLETED else None)
     return EncodedEntry(v2=v2, v1=v1)
 

@@ -12,7 +12,8 @@ What each entry says (format: :mod:`dradriver.domain.nvcheckpoint`; NVIDIA's sid
   by an instance before a restart whose checkpoint was lost) gets ``allocation.devices.results`` rebuilt from its
   held devices, which is all NVIDIA reads;
 * ``preparedDevices``: one group with each device in NVIDIA's layout (``gpu.info.uuid``; ``mig.concrete`` with the
-  parent's minor and UUID, GPU and compute instance IDs and the MIG UUID) and the kubelet ``Device`` answered;
+  parent's minor and UUID, GPU and compute instance IDs and the MIG UUID, for a dynamic MIG device those the claim
+  created, which NVIDIA's unprepare destroys as dradriver's would) and the kubelet ``Device`` answered;
   ``configState.timeSliceApplied`` where dradriver set a time-slice (NVIDIA's unprepare then resets it, as
   dradriver's would). MPS control daemons are not named (dradriver's daemons are its own, NVIDIA's unprepare would
   look for a Deployment it did not create);
@@ -23,8 +24,10 @@ the claim is on disk; before it gets an Unprepare answer, one without the claim 
 NVIDIA hand a held device to another claim (unsafe); a stale one would make it refuse a free device forever.
 The runner calls :meth:`RollbackCheckpoint.prepared` / :meth:`RollbackCheckpoint.unprepared` under its lock,
 right after the claim state's group commit (in-memory, O(1) per claim), and :meth:`RollbackCheckpoint.flush`
-after releasing it and before answering. The file is rewritten whole (NVIDIA's format has no other way, and
-NVIDIA pays the same: two whole rewrites per prepare), but concurrent calls share one rewrite (group commit):
+after releasing it and before answering. The file is rewritten whole and fsync'd (NVIDIA's format has no other
+way, and NVIDIA pays the same: two fsync'd rewrites per prepare, one per unprepare; the fsync is what keeps the file
+whole across a power loss, see :mod:`dradriver.host.nvcheckpointfile`), but concurrent calls share one rewrite
+(group commit):
 each flush covers every change made before it began, so N kubelet calls in flight cost one write, not N. A
 process crash after the claim state's commit and before the flush leaves a claim the kubelet was never told was
 prepared: its retry is answered from the claim state and flushes the entry then; the unprepare's retry likewise
@@ -65,6 +68,8 @@ from dradriver.domain.ports import UndoRecord
 from dradriver.domain.registry import DeviceRegistry
 from dradriver.host import nvcheckpointfile
 from dradriver.host.claimstate import ClaimPhase, ClaimRecord, HeldDevice, read_boot_id
+from dradriver.preparers.dynamicmig import KIND as DYNAMIC_MIG
+from dradriver.preparers.sharing import TimeSlicing
 
 __all__ = ["DescribeDevice", "RollbackCheckpoint", "describe_registered", "open_rollback_checkpoint"]
 
@@ -75,8 +80,6 @@ DescribeDevice = Callable[[str], PreparedDevice | None]
 UUID, ``mig`` with :class:`~dradriver.domain.nvcheckpoint.MigConcrete`), or ``None`` for a name this node does
 not know now."""
 
-TIME_SLICING_KIND = "timeslicing"
-"""The undo-record kind of dradriver's time-slicing step (:class:`dradriver.preparers.sharing.TimeSlicing`)."""
 
 
 class RollbackCheckpoint:
@@ -213,9 +216,10 @@ class RollbackCheckpoint:
     # ---- encoding -----------------------------------------------------------------------------------------------
     def _encode(self, uid: str, claim: Claim | None, held: Sequence[HeldDevice],
                 undo: Sequence[UndoRecord]) -> EncodedEntry:
-        devices = tuple(d for h in held if h.request_names and (d := self._device(h)) is not None)
-        time_sliced = any(r.kind == TIME_SLICING_KIND and (r.data or {}).get("gpus") for r in undo
-                          if isinstance(r.data, Mapping))
+        created = {r.target: r.data for r in undo if r.kind == DYNAMIC_MIG and isinstance(r.data, Mapping)}
+        devices = tuple(self._device(h, created.get(h.device)) for h in held if h.request_names)
+        time_sliced = any(r.kind == TimeSlicing.kind and isinstance(r.data, Mapping) and r.data.get("gpus")
+                          for r in undo)
         groups = (DeviceGroup(devices=devices, config_state=ConfigState(time_slice_applied=time_sliced)),)
         status = claim.status if claim is not None and claim.status is not None else None
         if status is not None:
@@ -226,10 +230,14 @@ class RollbackCheckpoint:
                             "results are rebuilt from the held devices", claim.ref if claim else uid, exc)
         return encode_entry(uid, CheckpointEntry(CheckpointState.PREPARE_COMPLETED, self._allocation(held), groups))
 
-    def _device(self, held: HeldDevice) -> PreparedDevice | None:
-        described = self.describe(held.device)
+    def _device(self, held: HeldDevice, created: Mapping[str, Any] | None) -> PreparedDevice:
+        """``held`` in NVIDIA's layout; ``created``: the dynamic MIG undo record's data when the claim created the
+        MIG device (its GPU and compute instance IDs, as NVIDIA's ``mig.concrete`` of a dynamic MIG device)."""
         kubelet = KubeletDevice(requests=tuple(held.request_names), pool_name=held.pool, device_name=held.device,
                                 cdi_device_ids=tuple(held.cdi_device_ids), share_id=held.share_id)
+        if created is not None:
+            return PreparedDevice("mig", kubelet, mig=MigConcrete.from_json(created))
+        described = self.describe(held.device)
         if described is None:
             log.warning("device %s is not known on this node now; named in NVIDIA's checkpoint without its UUID",
                         held.device)

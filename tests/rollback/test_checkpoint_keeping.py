@@ -11,7 +11,12 @@ from pathlib import Path
 from dradriver.domain.nvcheckpoint import CheckpointState
 from dradriver.host.nvcheckpointfile import CHECKPOINT_FILE, read_checkpoint
 from dradriver.sandbox.node import SandboxNode
+from tests.configs.test_plugin import allocate
+from tests.factories import DEVICE_CLASS
 from tests.plugin.conftest import claim_object, ref_of, result, running, set_allocation
+from tests.plugin.test_dynamic_mig import GATES as DYNAMIC_MIG
+from tests.plugin.test_dynamic_mig import ONE_G
+from tests.plugin.test_timeslicing import GATE_ON, time_slicing
 
 
 def _checkpoint(node: SandboxNode) -> Path:
@@ -108,3 +113,48 @@ def test_the_checkpoint_can_be_turned_off(sandbox: SandboxNode) -> None:
         assert not _checkpoint(sandbox).exists()
 
     asyncio.run(body())
+
+
+def test_a_time_sliced_claim_says_so_in_its_config_state(sandbox: SandboxNode) -> None:
+    """dradriver's time-slice is NVIDIA's ``timeSliceApplied``: NVIDIA's unprepare then resets it, as dradriver's
+    would."""
+
+    async def body() -> None:
+        async with running(sandbox.config(feature_gates=GATE_ON)) as (_plugin, kubelet):
+            ref = ref_of(allocate(sandbox, "ts", [result("gpu-0")], [time_slicing("Long")]))
+            plain = ref_of(allocate(sandbox, "plain", [result("gpu-1")], []))
+            answers = await kubelet.prepare([ref, plain])
+            assert all(not a.error for a in answers.values()), answers
+            kept = read_checkpoint(_checkpoint(sandbox))
+            assert kept is not None
+            assert [g.config_state.time_slice_applied for g in kept.claims[ref.uid].groups] == [True]
+            assert [g.config_state.time_slice_applied for g in kept.claims[plain.uid].groups] == [False]
+            assert kept.claims[ref.uid].status["allocation"]["devices"]["config"][0]["opaque"]["parameters"][
+                "sharing"]["strategy"] == "TimeSlicing"
+
+    asyncio.run(body())
+
+
+def test_a_dynamic_mig_device_is_named_by_the_instances_it_created() -> None:
+    """A MIG device the claim created is NVIDIA's ``mig.concrete`` with its GPU and compute instance IDs (what
+    NVIDIA's unprepare destroys)."""
+    with SandboxNode(profile="dgx-h100", mig_state=True) as mig_node:  # the mock keeps MIG state
+        api = mig_node.api
+        assert api is not None
+        api.create(DEVICE_CLASS)
+        asyncio.run(_prepare_dynamic(mig_node))
+
+
+async def _prepare_dynamic(mig_node: SandboxNode) -> None:
+    api = mig_node.api
+    assert api is not None
+    async with running(mig_node.config(feature_gates=DYNAMIC_MIG)) as (_plugin, kubelet):
+        device = ONE_G.format(m=0, s=3)
+        ref = ref_of(set_allocation(mig_node, api.create(claim_object("one-g")), [result(device)]))
+        assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+        kept = read_checkpoint(_checkpoint(mig_node))
+        assert kept is not None
+        (prepared,) = kept.claims[ref.uid].devices
+        assert prepared.kind == "mig" and prepared.mig is not None
+        assert (prepared.mig.parent_minor, prepared.mig.gi_id, prepared.mig.ci_id) == (0, 7, 0)
+        assert prepared.mig.mig_uuid.startswith("MIG-") and prepared.mig.parent_uuid.startswith("GPU-")

@@ -5,7 +5,10 @@ or unknown file is refused with an error that says what is wrong, never guessed 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
+import os
+import random
 from pathlib import Path
 
 import pytest
@@ -151,3 +154,15 @@ def test_nvidia_plugins_own_checkpoint_is_read_and_written_back_byte_for_byte(sa
     read = decode(theirs)
     assert len(read.claims) == 2 and read.node_boot_id == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     assert encode(read) == theirs
+
+
+def test_the_compiled_checksum_equals_the_twin() -> None:
+    """``ext/kubeletchecksum.pyx`` and its pure-Python twin agree on every byte value and length."""
+    if os.environ.get("DRADRIVER_NO_EXTENSIONS") == "1":
+        pytest.skip("compiled modules not built (DRADRIVER_NO_EXTENSIONS=1)")
+    twin = importlib.import_module("dradriver._native.kubeletchecksum_py")
+    compiled = importlib.import_module("dradriver._native.kubeletchecksum")
+    rng = random.Random(33)
+    samples = [b"", bytes(range(256)), *(rng.randbytes(rng.randrange(1, 3000)) for _ in range(20))]
+    for data in samples:
+        assert compiled.checksum(data) == twin.checksum(data) == checksum(data)

@@ -15,6 +15,9 @@ from dradriver.domain.identity import GPU_DRIVER
 from dradriver.domain.nvcheckpoint import CheckpointState
 from dradriver.host.nvcheckpointfile import CHECKPOINT_FILE, read_checkpoint
 from dradriver.sandbox.node import SandboxNode
+from tests.configs.test_plugin import allocate
+from tests.plugin.conftest import ref_of, result
+from tests.plugin.test_timeslicing import GATE_ON, time_slicing
 from tests.rollback.peers import (
     claim,
     dradriver_process,
@@ -54,12 +57,13 @@ def test_nvidia_plugin_takes_over_the_claims_dradriver_prepared(sandbox: Sandbox
     cdi_root = Path(config.cdi_root)
     plugin_dir = Path(config.kubelet_plugins_directory_path) / GPU_DRIVER.driver_name
     full = [claim(sandbox, f"full-{i}", f"gpu-{i}") for i in (2, 3)]
+    sliced = ref_of(allocate(sandbox, "sliced", [result("gpu-4", pool=sandbox.node_name)], [time_slicing("Long")]))
     log = tmp_path / "dradriver.log"
 
     async def with_dradriver() -> list[ClaimRef]:
-        with dradriver_process(sandbox, log) as proc:
+        with dradriver_process(sandbox, log, feature_gates=GATE_ON) as proc:
             async with kubelet_for(Path(config.kubelet_registrar_directory_path), proc, log) as kubelet:
-                refs = [*full, claim(sandbox, "mig", await _static_mig_device(sandbox))]
+                refs = [*full, claim(sandbox, "mig", await _static_mig_device(sandbox)), sliced]
                 answers = await kubelet.prepare(refs)
                 assert all(a.error == "" for a in answers.values()), answers
                 stop(proc, how)
@@ -70,7 +74,8 @@ def test_nvidia_plugin_takes_over_the_claims_dradriver_prepared(sandbox: Sandbox
     assert kept is not None
     assert {uid: e.state for uid, e in kept.claims.items()} == {r.uid: CheckpointState.PREPARE_COMPLETED
                                                                 for r in refs}
-    assert [d.kind for r in refs for d in kept.claims[r.uid].devices] == ["gpu", "gpu", "mig"]
+    assert [d.kind for r in refs for d in kept.claims[r.uid].devices] == ["gpu", "gpu", "mig", "gpu"]
+    assert kept.claims[sliced.uid].groups[0].config_state.time_slice_applied
     mig = kept.claims[refs[2].uid].devices[0].mig
     assert mig is not None and mig.mig_uuid.startswith("MIG-")
 
