@@ -162,8 +162,13 @@ class RollbackCheckpoint:
     def prepared(self, uid: str, claim: Claim | None, held: Sequence[HeldDevice], undo: Sequence[UndoRecord]) -> None:
         """Name claim ``uid`` as ``PrepareCompleted`` with its status (from ``claim``; rebuilt from ``held`` when
         ``None`` or not encodable), its ``held`` devices and what ``undo`` says was applied. Written by the next
-        :meth:`flush`."""
-        entry = self._encode(uid, claim, held, undo)
+        :meth:`flush`. Never raises: a claim this code cannot describe is named with its allocation rebuilt from
+        ``held`` (what NVIDIA needs to refuse its devices), and the failure is logged."""
+        try:
+            entry = self._encode(uid, claim, held, undo)
+        except Exception:
+            log.exception("claim %s: cannot describe it in NVIDIA's checkpoint; named by its devices only", uid)
+            entry = encode_entry(uid, CheckpointEntry(CheckpointState.PREPARE_COMPLETED, self._allocation(held)))
         with self._mutex:
             self._entries[uid] = entry
             self._version += 1

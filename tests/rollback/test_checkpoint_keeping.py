@@ -158,3 +158,32 @@ async def _prepare_dynamic(mig_node: SandboxNode) -> None:
         assert prepared.kind == "mig" and prepared.mig is not None
         assert (prepared.mig.parent_minor, prepared.mig.gi_id, prepared.mig.ci_id) == (0, 7, 0)
         assert prepared.mig.mig_uuid.startswith("MIG-") and prepared.mig.parent_uuid.startswith("GPU-")
+
+
+def test_a_prepare_is_not_acknowledged_until_the_checkpoint_names_it(sandbox: SandboxNode) -> None:
+    """When the checkpoint cannot be written the kubelet gets an error (the claim state already holds the claim);
+    its retry is answered from the claim state and writes the checkpoint then. The same for an unprepare."""
+    api = sandbox.api
+    assert api is not None
+    path = _checkpoint(sandbox)
+
+    async def body() -> None:
+        async with running(sandbox.config()) as (_plugin, kubelet):
+            ref = ref_of(set_allocation(sandbox, api.create(claim_object("a")), [result("gpu-5")]))
+            path.unlink()
+            path.mkdir()  # the rename over it fails
+            error = (await kubelet.prepare([ref]))[ref.uid].error
+            assert f"claim {ref.uid}: cannot write NVIDIA's checkpoint {path}" in error
+            path.rmdir()
+            assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+            kept = read_checkpoint(path)
+            assert kept is not None and ref.uid in kept.claims
+            path.unlink()
+            path.mkdir()
+            assert "cannot write NVIDIA's checkpoint" in (await kubelet.unprepare([ref]))[ref.uid]
+            path.rmdir()
+            assert await kubelet.unprepare([ref]) == {ref.uid: ""}
+            after = read_checkpoint(path)
+            assert after is not None and ref.uid not in after.claims
+
+    asyncio.run(body())

@@ -14,10 +14,12 @@ from pathlib import Path
 import pytest
 
 from dradriver.domain.nvcheckpoint import (
+    CD_CLAIM,
     Checkpoint,
     CheckpointEntry,
     CheckpointError,
     CheckpointState,
+    ConfigState,
     DeviceGroup,
     KubeletDevice,
     MigConcrete,
@@ -166,3 +168,19 @@ def test_the_compiled_checksum_equals_the_twin() -> None:
     samples = [b"", bytes(range(256)), *(rng.randbytes(rng.randrange(1, 3000)) for _ in range(20))]
     for data in samples:
         assert compiled.checksum(data) == twin.checksum(data) == checksum(data)
+
+
+def test_the_compute_domain_plugins_aborted_entries_read_back() -> None:
+    """NVIDIA's compute-domain plugin adds ``PrepareAborted`` with ``abortedAt``, channel/daemon devices and its
+    own ``configState``; they read back as written, and an aborted claim is not in the V1 view."""
+    channel = PreparedDevice("channel", KubeletDevice(("channel",), "node-a", "channel-0", ("k8s.x/claim=c",)), id=0)
+    aborted = CheckpointEntry(CheckpointState.PREPARE_ABORTED, {"allocation": {"devices": {}}},
+                              (DeviceGroup((channel,), ConfigState(type="channel", compute_domain="cd-uid")),),
+                              name="c", namespace="ns", aborted_at="2026-12-04T21:00:00Z")
+    cp = Checkpoint({UID: aborted}, "boot")
+    data = encode(cp, CD_CLAIM)
+    assert decode(data, CD_CLAIM) == cp
+    top = json.loads(data)
+    assert top["v1"] == {} and top["v2"]["preparedClaims"][UID]["abortedAt"] == "2026-12-04T21:00:00Z"
+    assert top["v2"]["preparedClaims"][UID]["preparedDevices"][0]["configState"] == {
+        "Type": "channel", "ComputeDomain": "cd-uid"}
