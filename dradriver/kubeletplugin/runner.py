@@ -310,6 +310,8 @@ class BatchRunner:
     :param on_prepared: told each newly prepared claim and its undo records once its completion is durable (e.g.
         to publish dynamic MIG identities in ``status.devices``); must not block; exceptions are logged.
     :param on_unprepared: told each unprepared claim and the records it held, once it is forgotten.
+    :param checkpoint: NVIDIA's ``checkpoint.json`` kept for a rollback (:mod:`dradriver.kubeletplugin.rollback`):
+        told each prepared and unprepared claim under the lock, flushed before the answers.
     :param aborted_ttl_s: when > 0, a claim unprepared while its prepare was in progress (retrying, or left
         PREPARE_STARTED) is marked aborted in the claim state for this many seconds and a prepare of the same
         allocation in that time is refused as stale (NVIDIA's compute-domain ``PrepareAborted`` with ``abortedAt``,
@@ -323,8 +325,6 @@ class BatchRunner:
         :data:`HINT_POLL_S`) says another attempt may succeed.
     :param clock: wall-clock seconds (Unix time) for ``abortedAt`` (tests pass their own); wall clock, not
         monotonic, because the mark must mean the same after a restart.
-    :param checkpoint: NVIDIA's ``checkpoint.json`` kept for a rollback (:mod:`dradriver.kubeletplugin.rollback`):
-        told each prepared and unprepared claim under the lock, flushed before the answers.
     """
 
     def __init__(
@@ -347,10 +347,10 @@ class BatchRunner:
         chunk_size: int = 128,
         on_prepared: Callable[[ClaimRef, Sequence[UndoRecord]], None] | None = None,
         on_unprepared: Callable[[ClaimRef, Sequence[UndoRecord]], None] | None = None,
+        checkpoint: RollbackCheckpoint | None = None,
         aborted_ttl_s: float = 0.0,
         retry_pause_s: tuple[float, float] = RETRY_PAUSE_S,
         clock: Callable[[], float] = time.time,
-        checkpoint: RollbackCheckpoint | None = None,
     ) -> None:
         kinds = [p.kind for p in preparers] + [s.kind for s in sharing]
         if len(set(kinds)) != len(kinds):
@@ -392,10 +392,10 @@ class BatchRunner:
         self.chunk_size = chunk_size
         self.on_prepared = on_prepared
         self.on_unprepared = on_unprepared
+        self.checkpoint = checkpoint
         self.aborted_ttl_s = aborted_ttl_s
         self.retry_pause_s = retry_pause_s
         self.clock = clock
-        self.checkpoint = checkpoint
         self._allocations: dict[str, str] = {}
         """Claim UID -> :func:`allocation_digest` of claims with a prepare in flight (with ``aborted_ttl_s``): the
         allocation an aborted mark records when the claim has no STARTED record (it is between two attempts)."""
