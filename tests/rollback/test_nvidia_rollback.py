@@ -93,3 +93,35 @@ def test_nvidia_plugin_takes_over_the_claims_dradriver_prepared(sandbox: Sandbox
             assert after is not None and not after.claims
 
     asyncio.run(with_nvidia())
+
+
+def test_a_claim_nvidia_prepared_is_held_by_dradriver_after_the_switch(sandbox: SandboxNode, tmp_path: Path) -> None:
+    """Switching in (the other direction): NVIDIA's plugin prepares a claim and stops; dradriver, started on the same
+    directories, recognises NVIDIA's ``.yaml`` spec as a claim spec of its kind, holds the claim's device (another
+    claim is refused it) and its unprepare removes NVIDIA's spec. (Until dradriver reads NVIDIA's checkpoint at
+    start, the claim is adopted from its spec, the path for claims the claim state does not know.)"""
+    use_this_boot(sandbox)
+    config = sandbox.config()
+    cdi_root = Path(config.cdi_root)
+
+    async def with_nvidia() -> ClaimRef:
+        with nvidia_process(sandbox, tmp_path) as (proc, registrar):
+            async with kubelet_for(registrar, proc, tmp_path / "nvidia.log") as kubelet:
+                ref = claim(sandbox, "by-nvidia", "gpu-3")
+                assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+        return ref
+
+    ref = asyncio.run(with_nvidia())
+    assert _spec_files(cdi_root, ref.uid) == [f"k8s.gpu.nvidia.com-claim_{ref.uid}.yaml"]
+    log = tmp_path / "dradriver.log"
+
+    async def with_dradriver() -> None:
+        with dradriver_process(sandbox, log) as proc:
+            async with kubelet_for(Path(config.kubelet_registrar_directory_path), proc, log) as kubelet:
+                other = claim(sandbox, "other", "gpu-3")
+                refused = (await kubelet.prepare([other]))[other.uid].error
+                assert f"already prepared for claim / (uid {ref.uid})" in refused
+                assert await kubelet.unprepare([ref]) == {ref.uid: ""}
+                assert _spec_files(cdi_root, ref.uid) == []
+
+    asyncio.run(with_dradriver())
