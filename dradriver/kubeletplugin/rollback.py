@@ -33,8 +33,9 @@ process crash after the claim state's commit and before the flush leaves a claim
 prepared: its retry is answered from the claim state and flushes the entry then; the unprepare's retry likewise
 removes a stale entry.
 
-Entries for claims dradriver does not hold (NVIDIA prepared them before the switch) are kept as they are, until
-an Unprepare of that claim removes them: they are never lost by a switch. A checkpoint that does not verify is
+Entries for claims dradriver does not hold (NVIDIA prepared them, or began to, before the switch) are kept as they
+are, until an Unprepare of that claim removes them: they are never lost by a switch, and NVIDIA, back on the node,
+still unprepares them or rolls them back. A checkpoint that does not verify is
 kept aside as ``checkpoint.json.corrupt-<UTC time>`` and rebuilt from the claim state. Limitation: two plugin
 instances on one node (a rolling update's surge) each write their own view; the last writer's view lasts until
 the next prepare or unprepare of the surviving instance.
@@ -126,10 +127,9 @@ class RollbackCheckpoint:
         entries: dict[str, EncodedEntry] = {}
         for uid, entry in found.items():
             record = claims.get(uid)
-            if record is None:
-                if entry.state is CheckpointState.PREPARE_COMPLETED:
-                    foreign += 1  # prepared by NVIDIA's plugin before the switch: kept until unprepared
-                    entries[uid] = encode_entry(uid, entry)
+            if record is None:  # NVIDIA's plugin prepared it (or began to) before the switch: kept until unprepared,
+                foreign += 1    # so that NVIDIA, back on the node, still unprepares or rolls it back
+                entries[uid] = encode_entry(uid, entry)
             elif record.phase is ClaimPhase.PREPARE_COMPLETED and entry.state is CheckpointState.PREPARE_COMPLETED \
                     and isinstance(entry.status.get("allocation"), Mapping):
                 entries[uid] = encode_entry(uid, entry)

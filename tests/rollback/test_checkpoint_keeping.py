@@ -8,8 +8,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from dradriver.domain.nvcheckpoint import CheckpointState
-from dradriver.host.nvcheckpointfile import CHECKPOINT_FILE, read_checkpoint
+from dradriver.domain.nvcheckpoint import Checkpoint, CheckpointEntry, CheckpointState, encode
+from dradriver.host.claimstate import ClaimPhase, ClaimRecord, HeldDevice
+from dradriver.host.nvcheckpointfile import CHECKPOINT_FILE, read_checkpoint, write_checkpoint
+from dradriver.kubeletplugin.rollback import RollbackCheckpoint
 from dradriver.sandbox.node import SandboxNode
 from tests.configs.test_plugin import allocate
 from tests.factories import DEVICE_CLASS
@@ -17,6 +19,8 @@ from tests.plugin.conftest import claim_object, ref_of, result, running, set_all
 from tests.plugin.test_dynamic_mig import GATES as DYNAMIC_MIG
 from tests.plugin.test_dynamic_mig import ONE_G
 from tests.plugin.test_timeslicing import GATE_ON, time_slicing
+
+UID = "0b9f1c0e-5f1a-4c4e-9d65-1c2f3a4b5c6d"
 
 
 def _checkpoint(node: SandboxNode) -> Path:
@@ -187,3 +191,33 @@ def test_a_prepare_is_not_acknowledged_until_the_checkpoint_names_it(sandbox: Sa
             assert after is not None and ref.uid not in after.claims
 
     asyncio.run(body())
+
+
+def _record(uid: str, device: str) -> ClaimRecord:
+    return ClaimRecord(uid, ClaimPhase.PREPARE_COMPLETED, "ns", "c", (HeldDevice(("gpu",), "node-a", device, ()),), b"")
+
+
+def test_at_start_entries_another_plugin_wrote_are_kept_and_another_boots_are_dropped(tmp_path: Path) -> None:
+    """The claims NVIDIA's plugin prepared (or began to) before the switch stay in the file until unprepared; a
+    checkpoint of another boot is dropped, as NVIDIA drops it; dradriver's own claims are named either way."""
+    path = tmp_path / CHECKPOINT_FILE
+    ours, theirs, started = "a" * 8 + UID[8:], "b" * 8 + UID[8:], "c" * 8 + UID[8:]
+
+    def entry(state: CheckpointState, device: str) -> CheckpointEntry:
+        return CheckpointEntry(state, {"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-a", "device": device}]}}})
+
+    def keeper(boot: str) -> RollbackCheckpoint:
+        return RollbackCheckpoint(path, boot_id=boot, driver="gpu.nvidia.com", describe=lambda _name: None)
+
+    write_checkpoint(path, encode(Checkpoint({theirs: entry(CheckpointState.PREPARE_COMPLETED, "gpu-1"),
+                                              started: entry(CheckpointState.PREPARE_STARTED, "gpu-2")}, "boot-1")))
+    keeper("boot-1").load({ours: _record(ours, "gpu-0")})
+    kept = read_checkpoint(path)
+    assert kept is not None
+    assert {u: e.state for u, e in kept.claims.items()} == {ours: CheckpointState.PREPARE_COMPLETED,
+                                                            theirs: CheckpointState.PREPARE_COMPLETED,
+                                                            started: CheckpointState.PREPARE_STARTED}
+    keeper("boot-2").load({ours: _record(ours, "gpu-0")})
+    again = read_checkpoint(path)
+    assert again is not None and set(again.claims) == {ours} and again.node_boot_id == "boot-2"
