@@ -85,7 +85,10 @@ def test_nvidia_plugin_takes_over_the_claims_dradriver_prepared(sandbox: Sandbox
                 other = claim(sandbox, "other", "gpu-2")
                 refused = (await kubelet.prepare([other]))[other.uid].error
                 assert f"already allocated to different claim {refs[0].uid}" in refused
-                assert await kubelet.unprepare(refs) == {r.uid: "" for r in refs}
+                # a free device is prepared as usual beside dradriver's entries (no entry lacks its allocation)
+                free = claim(sandbox, "free", "gpu-5")
+                assert (await kubelet.prepare([free]))[free.uid].error == ""
+                assert await kubelet.unprepare([*refs, free]) == {r.uid: "" for r in [*refs, free]}
                 assert proc.poll() is None
             for ref in refs:
                 assert _spec_files(cdi_root, ref.uid) == []
