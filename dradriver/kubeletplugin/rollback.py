@@ -14,9 +14,11 @@ What each entry says (format: :mod:`dradriver.domain.nvcheckpoint`; NVIDIA's sid
 * ``preparedDevices``: one group with each device in NVIDIA's layout (``gpu.info.uuid``; ``mig.concrete`` with the
   parent's minor and UUID, GPU and compute instance IDs and the MIG UUID, for a dynamic MIG device those the claim
   created, which NVIDIA's unprepare destroys as dradriver's would) and the kubelet ``Device`` answered;
-  ``configState.timeSliceApplied`` where dradriver set a time-slice (NVIDIA's unprepare then resets it, as
-  dradriver's would). MPS control daemons are not named (dradriver's daemons are its own, NVIDIA's unprepare would
-  look for a Deployment it did not create);
+  a group per sharing step, its ``configState`` saying what NVIDIA's unprepare must undo: ``timeSliceApplied``
+  where dradriver set a time-slice, ``mpsControlDaemonID`` where it started an MPS control daemon (dradriver's
+  daemons have NVIDIA's ID, Deployment name and host layout, so NVIDIA's unprepare stops them as dradriver's
+  would). The MPS daemons of consumable shares are not named (one daemon serves several claims' shares, which
+  NVIDIA's ``configState`` of one claim cannot say);
 * ``nodeBootID``: the boot ID the claim state uses (NVIDIA drops a checkpoint of another boot).
 
 When it is written (the ordering rule): before the kubelet gets a claim's Prepare answer, a checkpoint naming
@@ -70,6 +72,7 @@ from dradriver.domain.registry import DeviceRegistry
 from dradriver.host import nvcheckpointfile
 from dradriver.host.claimstate import ClaimPhase, ClaimRecord, HeldDevice, read_boot_id
 from dradriver.preparers.dynamicmig import KIND as DYNAMIC_MIG
+from dradriver.preparers.mps import MpsSharing
 from dradriver.preparers.sharing import TimeSlicing
 
 __all__ = ["DescribeDevice", "RollbackCheckpoint", "describe_registered", "open_rollback_checkpoint"]
@@ -222,10 +225,8 @@ class RollbackCheckpoint:
     def _encode(self, uid: str, claim: Claim | None, held: Sequence[HeldDevice],
                 undo: Sequence[UndoRecord]) -> EncodedEntry:
         created = {r.target: r.data for r in undo if r.kind == DYNAMIC_MIG and isinstance(r.data, Mapping)}
-        devices = tuple(self._device(h, created.get(h.device)) for h in held if h.request_names)
-        time_sliced = any(r.kind == TimeSlicing.kind and isinstance(r.data, Mapping) and r.data.get("gpus")
-                          for r in undo)
-        groups = (DeviceGroup(devices=devices, config_state=ConfigState(time_slice_applied=time_sliced)),)
+        devices = {h.device: self._device(h, created.get(h.device)) for h in held if h.request_names}
+        groups = _groups(devices, undo)
         status = claim.status if claim is not None and claim.status is not None else None
         if status is not None:
             try:
@@ -262,6 +263,29 @@ class RollbackCheckpoint:
                     result["shareID"] = h.share_id
                 results.append(result)
         return {"allocation": {"devices": {"results": results}}}
+
+
+def _groups(devices: Mapping[str, PreparedDevice], undo: Sequence[UndoRecord]) -> tuple[DeviceGroup, ...]:
+    """NVIDIA's config groups: one per sharing step dradriver applied (its record's target names the group's
+    devices) with what NVIDIA's unprepare must undo (``timeSliceApplied``; ``mpsControlDaemonID``: dradriver's MPS
+    control daemons have NVIDIA's ID, Deployment name and host layout, so NVIDIA's unprepare stops them as
+    dradriver's would), then one group of the devices no sharing step touched."""
+    groups: list[DeviceGroup] = []
+    left = dict(devices)
+    for record in undo:
+        data = record.data if isinstance(record.data, Mapping) else {}
+        if record.kind == TimeSlicing.kind and data.get("gpus"):
+            state = ConfigState(time_slice_applied=True)
+        elif record.kind == MpsSharing.kind and data.get("id"):
+            state = ConfigState(mps_control_daemon_id=str(data["id"]))
+        else:
+            continue
+        members = tuple(left.pop(name) for name in record.target.split(",") if name in left)
+        if members:
+            groups.append(DeviceGroup(devices=members, config_state=state))
+    if left or not groups:
+        groups.append(DeviceGroup(devices=tuple(left.values())))
+    return tuple(groups)
 
 
 def describe_registered(registry: DeviceRegistry[Any]) -> DescribeDevice:

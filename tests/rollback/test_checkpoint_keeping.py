@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from dradriver.domain import mps
 from dradriver.domain.nvcheckpoint import Checkpoint, CheckpointEntry, CheckpointState, encode
 from dradriver.host.claimstate import ClaimPhase, ClaimRecord, HeldDevice
 from dradriver.host.nvcheckpointfile import CHECKPOINT_FILE, read_checkpoint, write_checkpoint
@@ -15,6 +16,7 @@ from dradriver.kubeletplugin.rollback import RollbackCheckpoint
 from dradriver.sandbox.node import SandboxNode
 from tests.configs.test_plugin import allocate
 from tests.factories import DEVICE_CLASS
+from tests.mps.test_plugin import mps_claim
 from tests.plugin.conftest import claim_object, ref_of, result, running, set_allocation
 from tests.plugin.test_dynamic_mig import GATES as DYNAMIC_MIG
 from tests.plugin.test_dynamic_mig import ONE_G
@@ -221,3 +223,23 @@ def test_at_start_entries_another_plugin_wrote_are_kept_and_another_boots_are_dr
     keeper("boot-2").load({ours: _record(ours, "gpu-0")})
     again = read_checkpoint(path)
     assert again is not None and set(again.claims) == {ours} and again.node_boot_id == "boot-2"
+
+
+def test_an_mps_claim_names_its_control_daemon_for_nvidias_unprepare(sandbox: SandboxNode) -> None:
+    """dradriver's MPS control daemon has NVIDIA's ID, Deployment name and layout: the claim's group carries it as
+    ``mpsControlDaemonID``, so NVIDIA's unprepare stops it; a device of the claim without sharing is its own group."""
+    sandbox.run_workloads()
+
+    async def body() -> None:
+        async with running(sandbox.mps_config()) as (plugin, kubelet):
+            ref, stored = mps_claim(sandbox, "mps", count=2)
+            assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+            names = sorted(r["device"] for r in stored["status"]["allocation"]["devices"]["results"])
+            uuids = sorted(g.uuid for g in plugin.inventory.gpus if g.name in names)
+            kept = read_checkpoint(_checkpoint(sandbox))
+            assert kept is not None
+            (group,) = kept.claims[ref.uid].groups
+            assert group.config_state.mps_control_daemon_id == mps.control_daemon_id(ref.uid, uuids)
+            assert sorted(d.device.device_name for d in group.devices if d.device) == names
+
+    asyncio.run(body())
