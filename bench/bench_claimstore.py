@@ -46,7 +46,7 @@ NODE = "node-a"
 def _claim(i: int) -> tuple[str, str, str, list[tuple[Any, ...]], str]:
     uid = f"0f1e2d3c-4b5a-4978-8a9b-{i:012d}"
     dev = (("gpu",), NODE, f"gpu-{i}", (f"k8s.gpu.nvidia.com/claim={uid}-gpu-{i}",), False)
-    return uid, "team-a", f"claim-{i}", [dev], f"/var/run/cdi/k8s.gpu.nvidia.com-claim_{uid}.json"
+    return uid, "team-a", f"claim-{i}", [dev], f"/var/run/cdi/k8s.gpu.nvidia.com-claim_{uid}.yaml"
 
 
 def _backend(variant: str) -> ModuleType:

@@ -164,7 +164,7 @@ def _mig_payload(uid: str, gpu: int, gi: int, start: int) -> str:
         "parentUUID": f"GPU-00000000-0000-0000-0000-{gpu:012d}", "parentMinor": gpu, "giId": gi, "ciId": 0,
         "migUUID": f"MIG-00000000-0000-5000-8000-{gpu * 16 + gi:012d}", "giProfileId": 19, "profile": "1g.18gb",
         "placementStart": start, "placementSize": 1, "migModeEnabled": start == 0})
-    return json.dumps({"spec": f"/var/run/cdi/k8s.gpu.nvidia.com-claim_{uid}.json", "undo": [record.to_json()]})
+    return json.dumps({"spec": f"/var/run/cdi/k8s.gpu.nvidia.com-claim_{uid}.yaml", "undo": [record.to_json()]})
 
 
 def _held(uid: str, device: str) -> list[HeldDevice]:

@@ -36,24 +36,21 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
-import stat
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dradriver.sandbox.nvidiapeer import DEFAULT_MOCK_NVML as DEFAULT_NVIDIA_MOCK_NVML
+from dradriver.sandbox.nvidiapeer import DEFAULT_PLUGIN as DEFAULT_NVIDIA_PLUGIN
+from dradriver.sandbox.nvidiapeer import PEER_GPUS as GPUS
+from dradriver.sandbox.nvidiapeer import Side, nvidia_side
+
 REPO = Path(__file__).resolve().parent.parent
-PEERS = REPO.parent / "shared" / "peers"
-DEFAULT_NVIDIA_PLUGIN = PEERS / "bin" / "gpu-kubelet-plugin"
-DEFAULT_NVIDIA_MOCK_NVML = PEERS / "mocknvml"
 DRADRIVER_PROFILE = "dgx-h100"
-NVIDIA_PROFILE = "mock-nvml-config-h100.yaml"
-GPUS = 8
 DRIVER = "gpu.nvidia.com"
 START_TIMEOUT = 60.0
 POLL = 0.002
@@ -85,17 +82,6 @@ LABELS = {
     "rss_rest_mib": "resident memory at rest (MiB)",
     "rss_after_claims_mib": "resident memory after the claims (MiB)",
 }
-
-
-@dataclass
-class Side:
-    """How to start one plugin on a sandbox node: ``argv``, environment, and the directories it uses."""
-
-    name: str
-    argv: list[str]
-    env: dict[str, str]
-    registrar: Path
-    cleanup: list[Path] = field(default_factory=list)
 
 
 def _proc_cpu(pid: int) -> float:
@@ -145,82 +131,29 @@ def _fs_type(path: Path) -> str:
     return kind
 
 
-def dradriver_side(node: Any, cdi_root: Path | None = None) -> Side:
+NO_CHECKPOINT = "dradriver-no-checkpoint"
+"""The side name of dradriver run with ``--nvidia-checkpoint=false`` (what keeping NVIDIA's checkpoint costs)."""
+
+
+def dradriver_side(node: Any, cdi_root: Path | None = None, *, nvidia_checkpoint: bool = True) -> Side:
     """dradriver's plugin as a process (the ``gpu-kubelet-plugin`` console script) on ``node``; its CDI root is
-    ``cdi_root`` (default: the sandbox node's)."""
+    ``cdi_root`` (default: the sandbox node's); ``nvidia_checkpoint=False`` runs it without NVIDIA's
+    ``checkpoint.json`` (side :data:`NO_CHECKPOINT`)."""
     from dradriver.sandbox.cluster import plugin_environment
 
     if cdi_root is not None:
         cdi_root.mkdir(parents=True, exist_ok=True)
-    config = node.config(log_level="error", **({"cdi_root": cdi_root} if cdi_root is not None else {}))
+    config = node.config(log_level="error", nvidia_checkpoint=nvidia_checkpoint,
+                         **({"cdi_root": cdi_root} if cdi_root is not None else {}))
     env = dict(os.environ)
     env.update(plugin_environment(config))
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     # The ``gpu-kubelet-plugin`` console script, as NVIDIA's chart runs it (with this checkout's interpreter).
     script = ("import sys; from dradriver.commands.gpu_kubelet_plugin import main; "
               "sys.argv[0] = 'gpu-kubelet-plugin'; sys.exit(main())")
-    return Side("dradriver", [sys.executable, "-c", script], env,
+    return Side("dradriver" if nvidia_checkpoint else NO_CHECKPOINT, [sys.executable, "-c", script], env,
                 Path(config.kubelet_registrar_directory_path))
 
-
-
-def nvidia_side(node: Any, binary: Path, mock_dir: Path, work: Path, cdi_root: Path | None = None) -> Side:
-    """NVIDIA's ``gpu-kubelet-plugin`` on ``node`` with NVIDIA's mock NVML (``peers/README.md``): a fake driver
-    root with the mock library, an empty ``libcuda.so.<version>`` and ``nvidia-smi``, its own CDI, registrar and
-    plugin directories (the CDI root ``cdi_root``, default under ``work``), a ``proc/devices`` file, the sandbox's
-    kubeconfig, and raised client rate limits."""
-    root = work / "nvidia-driver-root"
-    lib = root / "usr" / "lib" / "x86_64-linux-gnu"
-    lib.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(mock_dir / "libnvidia-ml.so.1", lib / "libnvidia-ml.so.1")
-    with contextlib.suppress(FileExistsError):
-        (lib / "libnvidia-ml.so").symlink_to("libnvidia-ml.so.1")
-    config_file = mock_dir / "configs" / NVIDIA_PROFILE
-    version = _mock_driver_version(config_file)
-    (lib / f"libcuda.so.{version}").touch()
-    (root / "usr" / "bin").mkdir(parents=True, exist_ok=True)
-    smi = root / "usr" / "bin" / "nvidia-smi"
-    smi.write_text("#!/bin/sh\nexit 0\n")
-    smi.chmod(0o755)
-    dev = root / "dev"
-    dev.mkdir(exist_ok=True)
-    nodes = {f"nvidia{i}": (195, i) for i in range(GPUS)}
-    nodes.update({"nvidiactl": (195, 255), "nvidia-uvm": (510, 0), "nvidia-uvm-tools": (510, 1)})
-    for name, (major, minor) in nodes.items():  # device nodes the spec edits name (needs CAP_MKNOD)
-        if not (dev / name).exists():
-            os.mknod(dev / name, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
-    hook = root / "usr" / "bin" / "nvidia-cdi-hook"  # only named in the specs it writes, never run here
-    hook.write_text("#!/bin/sh\nexit 0\n")
-    hook.chmod(0o755)
-    registrar = work / "nvidia-registry"
-    plugins = work / "nvidia-plugins"
-    cdi = cdi_root if cdi_root is not None else work / "nvidia-cdi"
-    for d in (registrar, plugins, cdi):
-        d.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ)
-    env.update({
-        "LD_LIBRARY_PATH": str(lib),
-        "MOCK_NVML_CONFIG": str(config_file),
-        "ALT_PROC_DEVICES_PATH": str(Path(node.root) / "proc" / "devices"),
-        "KUBECONFIG": str(node.kubeconfig),
-        "NODE_NAME": node.node_name,
-        "KUBE_FEATURE_WatchListClient": env.get("KUBE_FEATURE_WatchListClient", "true"),
-    })
-    argv = [str(binary), f"--node-name={node.node_name}", f"--kubeconfig={node.kubeconfig}",
-            f"--nvidia-driver-root={root}", f"--container-driver-root={root}", f"--cdi-root={cdi}",
-            f"--kubelet-registrar-directory-path={registrar}", f"--kubelet-plugins-directory-path={plugins}",
-            f"--nvidia-cdi-hook-path={hook}", "--healthcheck-port=-1", "--image-name=nvidia/dra:bench",
-            "--namespace=default",
-            "--kube-api-qps=1000", "--kube-api-burst=1000", "-v=0"]
-    return Side("nvidia", argv, env, registrar, [root, registrar, plugins, cdi])
-
-
-def _mock_driver_version(config_file: Path) -> str:
-    for line in config_file.read_text().splitlines():
-        key, _, value = line.strip().partition(":")
-        if key in ("driver_version", "driverVersion"):
-            return value.strip().strip("\"'")
-    return "550.54.15"
 
 
 def _slice_count(api: Any, node_name: str) -> int:
@@ -361,12 +294,13 @@ async def _pairs(emulator_cls: Any, registrar: Path,
 
 
 def run(*, nvidia_plugin: Path | None, nvidia_mock_nvml: Path | None, rounds: int = 3,
-        claims: int = 600, cdi_fs: str = "tmpfs") -> dict[str, Any]:
+        claims: int = 600, cdi_fs: str = "tmpfs", checkpoint_cost: bool = True) -> dict[str, Any]:
     """Alternate ``rounds`` runs of each plugin; return the report (see :func:`build_report`; ``cdi_root`` says
     where the CDI roots were).
 
     ``nvidia_plugin``/``nvidia_mock_nvml`` ``None`` or missing: only dradriver runs. ``cdi_fs``: see
-    :func:`cdi_base`.
+    :func:`cdi_base`. ``checkpoint_cost``: also run dradriver without NVIDIA's checkpoint, in the same rotation
+    (the report's ``checkpoint_cost``).
     """
     from dradriver.sandbox.node import SandboxNode
 
@@ -375,11 +309,13 @@ def run(*, nvidia_plugin: Path | None, nvidia_mock_nvml: Path | None, rounds: in
         peer_reason = f"NVIDIA's plugin binary not found ({nvidia_plugin})"
     elif nvidia_mock_nvml is None or not (nvidia_mock_nvml / "libnvidia-ml.so.1").exists():
         peer_reason = f"NVIDIA's mock NVML not found ({nvidia_mock_nvml})"
-    samples: dict[str, list[dict[str, float]]] = {"dradriver": [], "nvidia": []}
+    samples: dict[str, list[dict[str, float]]] = {"dradriver": [], "nvidia": [], NO_CHECKPOINT: []}
     base, placement = cdi_base(cdi_fs)
     with SandboxNode(profile=DRADRIVER_PROFILE) as node, tempfile.TemporaryDirectory(prefix="vs-nvidia-") as tmp, \
             tempfile.TemporaryDirectory(prefix="vs-nvidia-cdi-", dir=base) as cdi:
         sides = [dradriver_side(node, Path(cdi) / "dradriver")]
+        if checkpoint_cost:
+            sides.append(dradriver_side(node, Path(cdi) / NO_CHECKPOINT, nvidia_checkpoint=False))
         if not peer_reason:
             assert nvidia_plugin is not None and nvidia_mock_nvml is not None
             sides.append(nvidia_side(node, nvidia_plugin, nvidia_mock_nvml, Path(tmp), Path(cdi) / "nvidia"))
@@ -397,6 +333,7 @@ def run(*, nvidia_plugin: Path | None, nvidia_mock_nvml: Path | None, rounds: in
                     samples["nvidia"] = []
                     break
     report = build_report(samples, bare_rss_mib=bare, peer_reason=peer_reason, claims=claims, rounds=rounds)
+    report["checkpoint_cost"] = checkpoint_costs(samples)
     report["load_average"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
     report["cdi_root"] = placement
     report["samples"] = samples
@@ -462,6 +399,21 @@ def _floors(samples: dict[str, list[dict[str, float]]], peer_run: bool) -> dict[
     return floors
 
 
+COST_FIGURES = ("prepare_p50_ms", "prepare_p99_ms", "unprepare_p50_ms", "cpu_per_pair_ms")
+
+
+def checkpoint_costs(samples: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """What keeping NVIDIA's checkpoint costs dradriver: ``{figure: {"with", "without", "delta"}}`` for the
+    one-claim figures (medians over the runs; ``{}`` when the variant did not run)."""
+    if not samples.get(NO_CHECKPOINT) or not samples.get("dradriver"):
+        return {}
+    out = {}
+    for figure in COST_FIGURES:
+        with_, without = _median(samples["dradriver"], figure), _median(samples[NO_CHECKPOINT], figure)
+        out[figure] = {"with": round(with_, 3), "without": round(without, 3), "delta": round(with_ - without, 3)}
+    return out
+
+
 def _median(samples: list[dict[str, float]], figure: str) -> float:
     return statistics.median(s[figure] for s in samples)
 
@@ -484,6 +436,11 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"floors: a ResourceClaim GET from a Python process {floors['api_get_p50_ms']} ms p50; "
                      f"dradriver's empty call + GET {floors['prepare_floor_ms']} ms under a prepare, its empty "
                      f"call {floors['unprepare_floor_ms']} ms under an unprepare{ratio}")
+    costs = report.get("checkpoint_cost") or {}
+    if costs:
+        lines.append("NVIDIA's checkpoint kept (dradriver with / without --nvidia-checkpoint): " + "; ".join(
+            f"{LABELS.get(f, f).split(' (')[0]} {c['with']} / {c['without']} ({c['delta']:+} ms)"
+            for f, c in costs.items()))
     load = report.get("load_average")
     lines.append(f"bare interpreter RSS: {report['bare_interpreter_rss_mib']} MiB; {report['rounds']} alternating "
                  f"runs, {report['claims']} one-claim pairs per run"
@@ -501,10 +458,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--claims", type=int, default=600, help="one-claim prepare+unprepare pairs per run")
     parser.add_argument("--cdi-fs", choices=("tmpfs", "disk"), default="tmpfs",
                         help="where both plugins' CDI roots go: tmpfs as /var/run/cdi on a node (default), or disk")
+    parser.add_argument("--no-checkpoint-cost", action="store_true",
+                        help="skip the runs of dradriver without NVIDIA's checkpoint (its cost is then not reported)")
     parser.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     args = parser.parse_args(argv)
     report = run(nvidia_plugin=args.nvidia_plugin, nvidia_mock_nvml=args.nvidia_mock_nvml, rounds=args.rounds,
-                 claims=args.claims, cdi_fs=args.cdi_fs)
+                 claims=args.claims, cdi_fs=args.cdi_fs, checkpoint_cost=not args.no_checkpoint_cost)
     print(format_report(report))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")

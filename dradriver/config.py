@@ -184,6 +184,15 @@ PLUGIN_FLAGS: tuple[Flag, ...] = (
         "bool",
     ),
     Flag(
+        "--nvidia-checkpoint",
+        "DRADRIVER_NVIDIA_CHECKPOINT",
+        True,
+        "Keep NVIDIA's checkpoint.json in the plugin directory naming every prepared claim, so that NVIDIA's "
+        "gpu-kubelet-plugin started in dradriver's place (a rollback) sees them as prepared and can unprepare "
+        "them. false saves one file rewrite per prepare and unprepare and makes a rollback strand the claims.",
+        "bool",
+    ),
+    Flag(
         "--additional-xids-to-ignore",
         "ADDITIONAL_XIDS_TO_IGNORE",
         "",
@@ -455,6 +464,7 @@ class PluginConfig:
     http_endpoint: str = ""
     metrics_path: str = "/metrics"
     dcgm_compatible: bool = False
+    nvidia_checkpoint: bool = True
     additional_xids_to_ignore: tuple[int, ...] = ()
     ignore_device_plugin: bool = False
     namespace: str = "default"
@@ -639,6 +649,7 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         http_endpoint=args.http_endpoint,
         metrics_path=args.metrics_path,
         dcgm_compatible=args.dcgm_compatible,
+        nvidia_checkpoint=args.nvidia_checkpoint,
         additional_xids_to_ignore=_xids(args.additional_xids_to_ignore),
         ignore_device_plugin=args.ignore_device_plugin,
         namespace=args.namespace or "default",

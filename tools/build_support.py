@@ -24,6 +24,7 @@ CYTHON_MODULES: list[str] = [
     "nvmlpoll",
     "claimstore",
     "cdispec",
+    "kubeletchecksum",
 ]
 """Cython hot paths in ``ext/``; each is independent (they share only extern ``.pxd`` files)."""
 

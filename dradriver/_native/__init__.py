@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Literal, Protocol, overload
 from dradriver.errors import ExtensionMissingError
 
 if TYPE_CHECKING:
-    from dradriver._native import cdispec, claimstore, nvmlpoll
+    from dradriver._native import cdispec, claimstore, kubeletchecksum, nvmlpoll
     from dradriver._native.claimstore_py import (
         ClaimConflictError,
         ClaimRecordError,
@@ -104,13 +104,25 @@ class ClaimstoreModule(Protocol):
     def append(self, fd: int, data: bytes) -> None: ...
 
 
-NativeModule = NvmlpollModule | CdispecModule | ClaimstoreModule
+class KubeletchecksumModule(Protocol):
+    """What :func:`load` returns for ``"kubeletchecksum"``: the types of ``kubeletchecksum.pyi``."""
+
+    __name__: str
+    FNV32_OFFSET: int
+    FNV32_PRIME: int
+    PREFIX: bytes
+
+    def checksum(self, data: bytes) -> int: ...
+
+
+NativeModule = NvmlpollModule | CdispecModule | ClaimstoreModule | KubeletchecksumModule
 """Any module :func:`load` returns."""
 
 if TYPE_CHECKING:  # the stubs (``<name>.pyi``) satisfy the protocols load() is typed with
     _nvmlpoll_check: NvmlpollModule = nvmlpoll
     _cdispec_check: CdispecModule = cdispec
     _claimstore_check: ClaimstoreModule = claimstore
+    _kubeletchecksum_check: KubeletchecksumModule = kubeletchecksum
 
 
 def use_extensions() -> bool:
@@ -124,6 +136,8 @@ def load(name: Literal["nvmlpoll"]) -> NvmlpollModule: ...
 def load(name: Literal["cdispec"]) -> CdispecModule: ...
 @overload
 def load(name: Literal["claimstore"]) -> ClaimstoreModule: ...
+@overload
+def load(name: Literal["kubeletchecksum"]) -> KubeletchecksumModule: ...
 @overload
 def load(name: str) -> NativeModule: ...
 
@@ -144,7 +158,7 @@ def load(name: str) -> NativeModule:
         ) from exc
 
 
-MODULES: tuple[str, ...] = ("nvmlpoll", "cdispec", "claimstore")
+MODULES: tuple[str, ...] = ("nvmlpoll", "cdispec", "claimstore", "kubeletchecksum")
 """Every hot path with a compiled module in ``ext/`` and a pure-Python twin."""
 
 

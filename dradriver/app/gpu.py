@@ -49,7 +49,7 @@ from dradriver.host.nvidiasmi import find_nvidia_smi
 from dradriver.kube import errors as kube_errors
 from dradriver.kube import version
 from dradriver.kube.client import KubeClient
-from dradriver.kubeletplugin import guard
+from dradriver.kubeletplugin import guard, rollback
 from dradriver.kubeletplugin.lifecycle import Lifecycle
 from dradriver.kubeletplugin.runner import BatchRunner, all_undo_records
 from dradriver.nvml import discovery
@@ -424,8 +424,10 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
                                       ShareDaemons(control_daemons(config, connection.client, session, shares=True)),
                                       stored_records=lambda: all_undo_records(state))
         plugin_ref: list[GpuPlugin] = []
+        checkpoint = (rollback.open_rollback_checkpoint(identity, config.plugin_dir, config.boot_id_path, registry)
+                      if config.nvidia_checkpoint else None)
         runner = BatchRunner(
-            identity=identity, registry=registry, state=state,
+            identity=identity, registry=registry, state=state, checkpoint=checkpoint,
             fetch_claim=assembly.claim_fetcher(identity, connection.client, config),
             cdi_root=config.cdi_root, pool=config.node_name,
             preparers=(shares, *preparers), sharing=steps, undo_only=undo_only,
@@ -441,6 +443,8 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
         )
         life.on_stop("batch runner", runner.close)
         recovery = await assembly.recover(identity, config, connection, runner, problems)
+        if checkpoint is not None:  # after recovery: it names what the claim state holds now
+            await asyncio.to_thread(checkpoint.load, state.claims())
         publisher = assembly.make_publisher(
             identity, config, connection, on_error=lambda exc: metrics.count_publish_error(type(exc).__name__),
             on_publish=lambda result: metrics.observe_publish() if result.wrote else None)

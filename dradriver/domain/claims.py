@@ -95,6 +95,8 @@ class Claim:
         (for error messages); empty when the claim was built by hand (then positions in ``configs`` are used).
     :param pod_claim_name: the ``resource.kubernetes.io/pod-claim-name`` annotation (the pod's
         ``spec.resourceClaims[].name``) of a claim made from a ResourceClaimTemplate; ``None`` otherwise.
+    :param status: the claim's whole ``status`` as the API returned it (``None`` when built by hand): what
+        NVIDIA's checkpoint stores with a prepared claim (:mod:`dradriver.domain.nvcheckpoint`).
     """
 
     ref: ClaimRef
@@ -102,6 +104,7 @@ class Claim:
     configs: tuple[dict[str, object], ...] = field(default_factory=tuple)
     config_indices: tuple[int, ...] = field(default_factory=tuple)
     pod_claim_name: str | None = None
+    status: Mapping[str, Any] | None = field(default=None, compare=False)
 
 
 class ClaimError(DradriverError):
@@ -252,4 +255,5 @@ def claim_from_object(obj: Mapping[str, Any], ref: ClaimRef, *, driver: str, poo
     pod_claim_name = (annotations or {}).get(POD_CLAIM_NAME_ANNOTATION)
     return Claim(ref=ref, results=tuple(results), configs=tuple(c for _, _, c in ours),
                  config_indices=tuple(i for _, i, _ in ours),
-                 pod_claim_name=pod_claim_name if isinstance(pod_claim_name, str) and pod_claim_name else None)
+                 pod_claim_name=pod_claim_name if isinstance(pod_claim_name, str) and pod_claim_name else None,
+                 status=status)

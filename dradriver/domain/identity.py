@@ -3,8 +3,8 @@
 Every name that differs between dradriver's kubelet plugins (``gpu.nvidia.com`` now, ``compute-domain.nvidia.com``
 next) is derived from one :class:`DriverIdentity`, so two plugins can run side by side, in one process in tests,
 without sharing a file, a socket or a lock. Facts: the CDI kind and transient spec-file name follow
-``cdi.md`` 2.5 (``<vendor>/<class>``, ``<vendor>-<class>_<name>.json``); NVIDIA's GPU plugin uses vendor
-``k8s.gpu.nvidia.com`` and class ``claim`` (``nvidia-dra-driver.md`` 5.1); taint keys are
+``cdi.md`` 2.5 (``<vendor>/<class>``, ``<vendor>-<class>_<name>.yaml``, NVIDIA's suffix); NVIDIA's GPU plugin uses
+vendor ``k8s.gpu.nvidia.com`` and class ``claim`` (``nvidia-dra-driver.md`` 5.1); taint keys are
 ``<driver domain>/<name>`` (``kubelet-dra-protocol.md`` on DeviceTaint).
 """
 
@@ -15,7 +15,12 @@ from pathlib import Path
 
 from dradriver.domain.cdi import UID_PATTERN, check_claim_uid
 
-__all__ = ["COMPUTE_DOMAIN_DRIVER", "GPU_DRIVER", "CdiKind", "DriverIdentity"]
+__all__ = ["COMPUTE_DOMAIN_DRIVER", "GPU_DRIVER", "LEGACY_SPEC_SUFFIX", "SPEC_SUFFIX", "CdiKind", "DriverIdentity"]
+
+SPEC_SUFFIX = ".yaml"
+"""Suffix of a claim spec file: NVIDIA's (``nvidia-dra-driver.md`` 5.1), so either driver's unprepare removes it."""
+LEGACY_SPEC_SUFFIX = ".json"
+"""Suffix dradriver's claim specs had before 2026-12: still recognised, removed on write and delete."""
 
 @dataclass(frozen=True, slots=True)
 class CdiKind:
@@ -47,22 +52,29 @@ class CdiKind:
         return f"{self.kind}={claim_uid}-{device}"
 
     def spec_name(self, claim_uid: str) -> str:
-        """Spec file name ``<vendor>-<class>_<claimUID>.json`` (``GenerateTransientSpecName``).
+        """Spec file name ``<vendor>-<class>_<claimUID>.yaml`` (``GenerateTransientSpecName``), NVIDIA's own name
+        for the claim's spec: its unprepare deletes only that name, so after a rollback to NVIDIA's driver it
+        removes dradriver's spec, and a re-prepare by NVIDIA replaces it instead of adding a second file that
+        defines the same CDI device. The content is JSON, which is YAML (CDI reads ``.yaml`` files as YAML).
 
         :raises CdiSpecError: the claim UID is not usable in names.
         """
-        return f"{self.spec_prefix}{check_claim_uid(claim_uid)}.json"
+        return f"{self.spec_prefix}{check_claim_uid(claim_uid)}{SPEC_SUFFIX}"
 
     def spec_path(self, cdi_root: Path | str, claim_uid: str) -> Path:
-        """``<cdi_root>/<vendor>-<class>_<claimUID>.json`` (a path; nothing is read)."""
+        """``<cdi_root>/<vendor>-<class>_<claimUID>.yaml`` (a path; nothing is read)."""
         return Path(cdi_root) / self.spec_name(claim_uid)
 
     def spec_uid(self, file_name: str) -> str | None:
-        """The claim UID of a spec file name of this kind, or ``None`` for any other name."""
-        if not file_name.startswith(self.spec_prefix) or not file_name.endswith(".json"):
+        """The claim UID of a spec file name of this kind (``.yaml``, or the ``.json`` of releases before
+        2026-12), or ``None`` for any other name."""
+        if not file_name.startswith(self.spec_prefix):
             return None
-        uid = file_name[len(self.spec_prefix):-len(".json")]
-        return uid if UID_PATTERN.fullmatch(uid) else None
+        for suffix in (SPEC_SUFFIX, LEGACY_SPEC_SUFFIX):
+            if file_name.endswith(suffix):
+                uid = file_name[len(self.spec_prefix):-len(suffix)]
+                return uid if UID_PATTERN.fullmatch(uid) else None
+        return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """Crash-safe CDI spec files: atomic writes, deletes, and the start-up sweep of temp files a crash left.
 
-Files are written to a temp name without a ``.json`` suffix (``.<name>.tmp-<random>``, a name CDI consumers
+Files are written to a temp name without a ``.yaml``/``.json`` suffix (``.<name>.tmp-<random>``, a name CDI consumers
 ignore) in the same directory and renamed over the spec's name, with mode 0644 (``cdi.md`` 2.6). Claim specs are
 not fsync'd: they matter only within one boot (a process crash leaves the kernel's page cache, which every reader
 sees, intact; after a reboot the plugin deletes every claim spec of the old boot). The argument is in
@@ -15,7 +15,7 @@ import secrets
 from pathlib import Path
 
 from dradriver.domain.cdi import SPEC_FILE_MODE, CdiSpecError
-from dradriver.domain.identity import CdiKind
+from dradriver.domain.identity import LEGACY_SPEC_SUFFIX, SPEC_SUFFIX, CdiKind
 
 
 def sync_directory(directory: Path | str) -> None:
@@ -105,9 +105,10 @@ def write_claim_spec(
     ``clean_temp=False``: skip the per-claim temp-file sweep (a directory listing); callers that sweep once at
     start (:func:`remove_stale_temp_files` without a claim UID) keep each write O(1).
 
-    Idempotent: writing again replaces the file. A ``.yaml`` spec for the same claim (as NVIDIA's own plugin
-    writes) is removed afterwards, because the same device defined in two files of one directory makes
-    consumers drop it (``cdi.md`` 2.6). Temp files a crashed earlier write left behind are removed first.
+    Idempotent: writing again replaces the file. The file has NVIDIA's name (``.yaml``, see
+    :meth:`CdiKind.spec_name`); a ``.json`` spec an older dradriver wrote for the same claim is removed
+    afterwards, because the same device defined in two files of one directory makes consumers drop it
+    (``cdi.md`` 2.6). Temp files a crashed earlier write left behind are removed first.
 
     :raises CdiSpecError: the content cannot be built, or the file cannot be written.
     """
@@ -116,7 +117,7 @@ def write_claim_spec(
         if clean_temp:
             remove_stale_temp_files(kind, cdi_root, claim_uid)
         write_file_atomically(path, data, sync_dir=sync_dir, durable=durable)
-        _unlink(_yaml_twin(path))
+        _unlink(_legacy_twin(path))
     except OSError as exc:
         raise CdiSpecError(f"claim {claim_uid}: cannot write CDI spec {path}: {exc}") from exc
     return Path(path)
@@ -130,9 +131,9 @@ def _claim_spec_file(kind: CdiKind, cdi_root: Path | str, claim_uid: str) -> str
     return os.path.join(os.fspath(cdi_root), kind.spec_name(claim_uid))
 
 
-def _yaml_twin(path: str) -> str:
-    """``<name>.yaml`` beside ``<name>.json``: where NVIDIA's plugin writes the same claim's spec."""
-    return path[:-len(".json")] + ".yaml"
+def _legacy_twin(path: str) -> str:
+    """``<name>.json`` beside ``<name>.yaml``: where dradriver wrote the same claim's spec before 2026-12."""
+    return path[:-len(SPEC_SUFFIX)] + LEGACY_SPEC_SUFFIX
 
 
 def _unlink(path: str) -> bool:
@@ -144,7 +145,8 @@ def _unlink(path: str) -> bool:
 
 
 def delete_claim_spec(kind: CdiKind, cdi_root: Path | str, claim_uid: str, *, clean_temp: bool = True) -> bool:
-    """Remove the claim's spec (and a ``.yaml`` twin or leftover temp files); True if a spec existed.
+    """Remove the claim's spec (and an older release's ``.json`` twin or leftover temp files); True if a spec
+    existed.
 
     A missing file is not an error (unprepare may run twice). ``clean_temp=False`` as for
     :func:`write_claim_spec`.
@@ -154,7 +156,7 @@ def delete_claim_spec(kind: CdiKind, cdi_root: Path | str, claim_uid: str, *, cl
     path = _claim_spec_file(kind, cdi_root, claim_uid)
     try:
         found = _unlink(path)
-        found = _unlink(_yaml_twin(path)) or found
+        found = _unlink(_legacy_twin(path)) or found
         if clean_temp:
             remove_stale_temp_files(kind, cdi_root, claim_uid)
     except OSError as exc:

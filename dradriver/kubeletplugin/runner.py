@@ -74,11 +74,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from dradriver.domain import cdi
 from dradriver.domain.claims import AllocationResult, Claim, ClaimError, ClaimRef, ClaimResult
 from dradriver.domain.configs import ConfigGroup, ConfigSelection
 from dradriver.domain.devicemetadata import runtime_attributes
-from dradriver.domain.identity import DriverIdentity
+from dradriver.domain.identity import LEGACY_SPEC_SUFFIX, SPEC_SUFFIX, DriverIdentity
 from dradriver.domain.ports import (
     UNDO_LAYOUT,
     DevicePlan,
@@ -95,6 +97,7 @@ from dradriver.host import cdifiles
 from dradriver.host.claimstate import ClaimConflictError, ClaimPhase, ClaimRecord, ClaimState, HeldDevice
 from dradriver.host.devicemetadata import DeviceMetadataFiles
 from dradriver.kubeletplugin.fairlock import FairLock
+from dradriver.kubeletplugin.rollback import RollbackCheckpoint
 
 log = logging.getLogger(__name__)
 
@@ -321,6 +324,8 @@ class BatchRunner:
     :param on_prepared: told each newly prepared claim and its undo records once its completion is durable (e.g.
         to publish dynamic MIG identities in ``status.devices``); must not block; exceptions are logged.
     :param on_unprepared: told each unprepared claim and the records it held, once it is forgotten.
+    :param checkpoint: NVIDIA's ``checkpoint.json`` kept for a rollback (:mod:`dradriver.kubeletplugin.rollback`):
+        told each prepared and unprepared claim under the lock, flushed before the answers.
     :param aborted_ttl_s: when > 0, a claim unprepared while its prepare was in progress (retrying, or left
         PREPARE_STARTED) is marked aborted in the claim state for this many seconds and a prepare of the same
         allocation in that time is refused as stale (NVIDIA's compute-domain ``PrepareAborted`` with ``abortedAt``,
@@ -368,6 +373,7 @@ class BatchRunner:
         chunk_size: int = 128,
         on_prepared: Callable[[ClaimRef, Sequence[UndoRecord]], None] | None = None,
         on_unprepared: Callable[[ClaimRef, Sequence[UndoRecord]], None] | None = None,
+        checkpoint: RollbackCheckpoint | None = None,
         aborted_ttl_s: float = 0.0,
         retry_pause_s: tuple[float, float] = RETRY_PAUSE_S,
         clock: Callable[[], float] = time.time,
@@ -418,6 +424,7 @@ class BatchRunner:
         self.chunk_size = chunk_size
         self.on_prepared = on_prepared
         self.on_unprepared = on_unprepared
+        self.checkpoint = checkpoint
         self.aborted_ttl_s = aborted_ttl_s
         self.retry_pause_s = retry_pause_s
         self.clock = clock
@@ -697,6 +704,8 @@ class BatchRunner:
                                 continue
                             if isinstance(answer, ClaimResult):
                                 out[ref.uid] = answer
+                                if answer.devices and self.checkpoint is not None:
+                                    self.checkpoint.prepared_again(fetched, self.state.get(ref.uid))
                             else:
                                 answer.deadline = deadline
                                 todo.append(answer)
@@ -722,6 +731,9 @@ class BatchRunner:
                             if work.retry and retry is not None:
                                 retry[work.uid] = work.ready_hint
                             self._roll_back_failed(work)
+                if self.checkpoint is not None:
+                    for work in done:
+                        self.checkpoint.prepared(work.uid, work.claim, work.held, work.applied)
             except (OSError, DradriverError) as exc:
                 # The claim state or the CDI directory could not be made durable: no claim of the batch that
                 # was still in progress is acknowledged. STARTED records are undone and rolled back at the next
@@ -730,6 +742,10 @@ class BatchRunner:
                     out.setdefault(work.uid, ClaimResult(error=f"claim {work.claim.ref}: cannot record claim "
                                                                 f"state: {exc}"))
                 done = []
+        if self.checkpoint is not None and (unsaved := self.checkpoint.flush_or_error()):
+            answered = [w.uid for w in done] + [u for u, r in out.items() if r.devices]
+            out.update((uid, ClaimResult(error=f"claim {uid}: {unsaved}")) for uid in answered)
+            done = []
         for work in done:
             self.preparations += 1
             log.info("prepared claim %s: %s", work.claim.ref, ", ".join(h.device for h in work.held))
@@ -1229,6 +1245,8 @@ class BatchRunner:
         began = time.monotonic()
         with self.metrics.in_flight("unprepare") if self.metrics else contextlib.nullcontext():
             results = self._unprepare_all(list(claims))
+            if self.checkpoint is not None and (unsaved := self.checkpoint.flush_or_error()):
+                results = {uid: error or f"claim {uid}: {unsaved}" for uid, error in results.items()}
         if self.metrics is not None:
             seconds = time.monotonic() - began
             for error in results.values():
@@ -1329,6 +1347,10 @@ class BatchRunner:
                             out[uid] = ""
                     if self.aborted_ttl_s > 0:
                         self._forget_expired_aborts(keep=set(aborts))
+                if self.checkpoint is not None:
+                    for ref in claims:
+                        if not out.get(ref.uid):
+                            self.checkpoint.unprepared(ref.uid)
         except (OSError, DradriverError) as exc:
             for ref in stored:
                 out[ref.uid] = f"claim {ref}: unprepare failed: {exc}"
@@ -1562,6 +1584,8 @@ class BatchRunner:
             for uid in orphans:  # state_damaged is set whenever there are orphans
                 # The spec may belong to a running container whose claim record was lost: never delete it.
                 name = self.identity.cdi.spec_name(uid)
+                if not (self.cdi_root / name).exists():  # an older release's .json spec
+                    name = name.removesuffix(SPEC_SUFFIX) + LEGACY_SPEC_SUFFIX
                 if self._adopt(uid, self.cdi_root / name):
                     adopted.append(uid)
                 else:
@@ -1597,9 +1621,9 @@ class BatchRunner:
     def _adopt(self, uid: str, path: Path) -> bool:
         """Record the claim ``uid`` as prepared from its CDI spec alone; False when the spec is unreadable."""
         try:
-            spec = json.loads(path.read_bytes())
+            spec = yaml.load(path.read_bytes(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # JSON is YAML
             names = [str(d["name"]) for d in spec.get("devices", [])]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, yaml.YAMLError) as exc:
             log.error("cannot adopt orphan CDI spec %s: %s", path, exc)
             return False
         prefix = f"{uid}-"

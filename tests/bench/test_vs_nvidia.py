@@ -67,3 +67,15 @@ def test_with_peer_samples_every_row_has_a_ratio_and_a_verdict() -> None:
                                 "prepare_floor_ratio": 0.375, "unprepare_floor_ratio": 0.25}
     assert "empty call + GET 1.5 ms" in vs_nvidia.format_report(report)
 
+
+
+def test_the_cost_of_nvidias_checkpoint_is_reported_from_the_runs_without_it() -> None:
+    ours = {"prepare_p50_ms": 2.0, "prepare_p99_ms": 5.0, "unprepare_p50_ms": 1.0, "cpu_per_pair_ms": 1.5}
+    without = {"prepare_p50_ms": 1.5, "prepare_p99_ms": 4.0, "unprepare_p50_ms": 0.75, "cpu_per_pair_ms": 1.0}
+    costs = vs_nvidia.checkpoint_costs({"dradriver": [ours], vs_nvidia.NO_CHECKPOINT: [without]})
+    assert costs["prepare_p50_ms"] == {"with": 2.0, "without": 1.5, "delta": 0.5}
+    assert costs["unprepare_p50_ms"]["delta"] == 0.25
+    assert vs_nvidia.checkpoint_costs({"dradriver": [ours], vs_nvidia.NO_CHECKPOINT: []}) == {}
+    report = {"peer_run": True, "rows": {}, "bare_interpreter_rss_mib": 10.0, "rounds": 1, "claims": 1,
+              "checkpoint_cost": costs}
+    assert "one-claim NodePrepareResources p50 2.0 / 1.5 (+0.5 ms)" in vs_nvidia.format_report(report)

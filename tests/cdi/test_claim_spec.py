@@ -27,9 +27,9 @@ def _nodes(edits: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def test_names_and_ids() -> None:
     assert GPU_DRIVER.cdi.device_id(CLAIM_UID, "gpu-0") == f"k8s.gpu.nvidia.com/claim={CLAIM_UID}-gpu-0"
-    assert GPU_DRIVER.cdi.spec_name(CLAIM_UID) == f"k8s.gpu.nvidia.com-claim_{CLAIM_UID}.json"
+    assert GPU_DRIVER.cdi.spec_name(CLAIM_UID) == f"k8s.gpu.nvidia.com-claim_{CLAIM_UID}.yaml"
     assert GPU_DRIVER.cdi.spec_path("/var/run/cdi", CLAIM_UID) == Path(
-        f"/var/run/cdi/k8s.gpu.nvidia.com-claim_{CLAIM_UID}.json"
+        f"/var/run/cdi/k8s.gpu.nvidia.com-claim_{CLAIM_UID}.yaml"
     )
     with pytest.raises(cdi.CdiSpecError, match="claim UID"):
         GPU_DRIVER.cdi.spec_name("../etc/passwd")

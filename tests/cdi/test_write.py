@@ -28,13 +28,13 @@ def test_write_and_delete(tmp_path: Path, node_info: DeviceNodeInfo) -> None:
         path = helpers.write_gpu_spec(root, CLAIM_UID, [make_gpu(0)], node_info=node_info)
     finally:
         os.umask(old)
-    assert path == root / f"k8s.gpu.nvidia.com-claim_{CLAIM_UID}.json"
+    assert path == root / f"k8s.gpu.nvidia.com-claim_{CLAIM_UID}.yaml"  # NVIDIA's name: its unprepare removes it
     assert stat.S_IMODE(path.stat().st_mode) == 0o644
     assert os.listdir(root) == [path.name]
     spec = validate(path.read_bytes())
     assert spec["devices"][0]["name"] == f"{CLAIM_UID}-gpu-0"
-    # rewriting replaces the content; a .yaml twin (NVIDIA's plugin) is removed
-    (root / f"k8s.gpu.nvidia.com-claim_{CLAIM_UID}.yaml").write_text("---\n")
+    # rewriting replaces the content; a .json twin (an older dradriver's spec of the claim) is removed
+    (root / f"k8s.gpu.nvidia.com-claim_{CLAIM_UID}.json").write_text("{}")
     helpers.write_gpu_spec(root, CLAIM_UID, [make_gpu(1)], node_info=node_info)
     assert os.listdir(root) == [path.name]
     assert validate(path.read_bytes())["devices"][0]["name"] == f"{CLAIM_UID}-gpu-1"

@@ -55,7 +55,7 @@ def test_plugin_by_hand_in_the_sandbox() -> None:
 
         _wait(lambda: "gpu.nvidia.com" in kubectl_run("get", "resourceslices", "-o", "json"), "a ResourceSlice")
         kubectl_run("apply", "-f", str(ROOT / "deploy" / "examples" / "gpu-40gi.yaml"))
-        _wait(lambda: any(cdi_root.glob("k8s.gpu.nvidia.com-claim_*.json")), "the claim's CDI spec")
+        _wait(lambda: any(cdi_root.glob("k8s.gpu.nvidia.com-claim_*.yaml")), "the claim's CDI spec")
         claim = json.loads(kubectl_run("get", "resourceclaim", "dra-gpu-pod-gpu", "-o", "json"))
         assert claim["status"]["allocation"]["devices"]["results"][0]["driver"] == "gpu.nvidia.com"
         _wait(lambda: "Running" in kubectl_run("get", "pod", "dra-gpu-pod", "--no-headers"), "the pod running")
@@ -63,7 +63,7 @@ def test_plugin_by_hand_in_the_sandbox() -> None:
         assert columns[:2] == ["dra-gpu-pod-gpu", "allocated,reserved"] and columns[3] == "pods/dra-gpu-pod"
         assert "Successfully assigned default/dra-gpu-pod" in kubectl_run("describe", "pod", "dra-gpu-pod")
         kubectl_run("delete", "pod", "dra-gpu-pod")
-        _wait(lambda: not any(cdi_root.glob("k8s.gpu.nvidia.com-claim_*.json")), "the unprepare")
+        _wait(lambda: not any(cdi_root.glob("k8s.gpu.nvidia.com-claim_*.yaml")), "the unprepare")
         plugin.send_signal(signal.SIGTERM)
         assert plugin.wait(timeout=30) == 0, plugin.stderr.read() if plugin.stderr else ""
     finally:

@@ -105,7 +105,7 @@ def node_label(api: ApiServerEmulator, node: str = "gpu-node-1") -> str | None:
 
 
 def spec_path(node: SandboxNode, uid: str) -> Path:
-    return node.cdi_root / f"k8s.compute-domain.nvidia.com-claim_{uid}.json"
+    return node.cdi_root / f"k8s.compute-domain.nvidia.com-claim_{uid}.yaml"
 
 
 async def wait_for(predicate: Any, timeout: float = 10.0) -> None:

@@ -447,7 +447,7 @@ def test_chart_command_line_starts_registers_and_answers_liveness(sandbox: Sandb
     assert "additional_xids_to_ignore=13,31 " in startup  # the mixed-case ADDITIONAL_XIDs_TO_IGNORE
     assert f"namespace={NAMESPACE} " in startup and f"service_account_name={SERVICE_ACCOUNT} " in startup
     assert "NVMLDeviceHealthCheck=true" in startup.split("feature_gates=")[1].split(" ")[0]
-    specs = [json.loads(p.read_text()) for p in sandbox.cdi_root.glob("*.json")]
+    specs = [json.loads(p.read_text()) for p in sandbox.cdi_root.glob("*.yaml")]
     host_paths = [m["hostPath"] for spec in specs for m in spec.get("containerEdits", {}).get("mounts", [])]
     libcuda = [p for p in host_paths if "/libcuda.so." in p]
     prefix = "" if driver_root == "/" else driver_root

@@ -53,8 +53,8 @@ def test_two_identities_run_side_by_side(sandbox: SandboxNode) -> None:
                 # each plugin's claim state holds only its own claim; each spec has its own CDI kind
                 assert set(first.state.claims()) == {a.uid} and set(second.state.claims()) == {b.uid}
                 names = sorted(os.listdir(sandbox.cdi_root))
-                assert names == sorted([f"k8s.gpu.nvidia.com-claim_{a.uid}.json",
-                                        f"k8s.gpu.second.example.com-claim_{b.uid}.json"])
+                assert names == sorted([f"k8s.gpu.nvidia.com-claim_{a.uid}.yaml",
+                                        f"k8s.gpu.second.example.com-claim_{b.uid}.yaml"])
                 # a claim of one driver is not the other's business
                 foreign = (await two.prepare([a]))[a.uid].error
                 assert f"has no device of driver {SECOND.driver_name}" in foreign

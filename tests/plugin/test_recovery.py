@@ -88,9 +88,9 @@ async def _sigkill_during(proc: asyncio.subprocess.Process, call: Any, delay_s: 
 
 def _check_converged(sandbox: SandboxNode, state_uids: set[str]) -> None:
     """Every stored claim is completed with its spec; no spec without a claim."""
-    spec_uids = {p.name.removeprefix("k8s.gpu.nvidia.com-claim_").removesuffix(".json") for p in sandbox.cdi_specs()}
+    spec_uids = {p.name.removeprefix("k8s.gpu.nvidia.com-claim_").removesuffix(".yaml") for p in sandbox.cdi_specs()}
     assert spec_uids == state_uids
-    leftovers = [p for p in sandbox.cdi_root.iterdir() if not p.name.endswith(".json")]
+    leftovers = [p for p in sandbox.cdi_root.iterdir() if not p.name.endswith(".yaml")]
     assert leftovers == []
 
 
@@ -179,7 +179,7 @@ def test_corrupt_state_is_reported_and_claims_holding_devices_are_not_forgotten(
             assert any(p.damage for p in plugin.state_problems)
             assert list(path.parent.glob("claims.state.corrupt-*")), "damaged file kept aside"
             # Every claim whose spec exists is still known (read back or adopted from its CDI spec) ...
-            specs = {p.name.removeprefix("k8s.gpu.nvidia.com-claim_").removesuffix(".json")
+            specs = {p.name.removeprefix("k8s.gpu.nvidia.com-claim_").removesuffix(".yaml")
                      for p in sandbox.cdi_specs()}
             assert specs == {r.uid for r in refs}
             assert specs <= set(plugin.state.claims())
@@ -292,7 +292,7 @@ def test_sigkill_during_unprepare_then_restart_converges(sandbox: SandboxNode, s
             await _sigkill_during(proc, connection.unprepare(refs), rng.uniform(0.0, 0.03))
         async with running(sandbox.config()) as (plugin, connection):
             # Never a spec without a claim (a claim whose spec is already gone may remain until the retry).
-            specs = {p.name.removeprefix("k8s.gpu.nvidia.com-claim_").removesuffix(".json")
+            specs = {p.name.removeprefix("k8s.gpu.nvidia.com-claim_").removesuffix(".yaml")
                      for p in sandbox.cdi_specs()}
             assert specs <= set(plugin.state.claims())
             assert await connection.unprepare(refs) == {r.uid: "" for r in refs}

@@ -1,0 +1,314 @@
+"""The rollback checkpoint: NVIDIA's ``checkpoint.json`` kept true while dradriver's GPU plugin runs, so that
+NVIDIA's ``gpu-kubelet-plugin``, started in its place (a rollback, often right after a crash), finds every claim
+dradriver holds as prepared: it refuses their devices to other claims and unprepares them when the kubelet asks.
+
+What each entry says (format: :mod:`dradriver.domain.nvcheckpoint`; NVIDIA's side: its ``device_state.go``):
+
+* ``checkpointState`` ``PrepareCompleted`` for every claim the claim state holds as PREPARE_COMPLETED (a claim
+  still PREPARE_STARTED is in no checkpoint: dradriver rolls it back itself at its next start, and NVIDIA would
+  never be asked to unprepare what it was not told was prepared);
+* ``status``: the claim's ``status`` as the API server returned it at prepare (NVIDIA reads ``allocation`` to
+  refuse held devices, and panics on an entry without it). A claim whose status this process never saw (prepared
+  by an instance before a restart whose checkpoint was lost) gets ``allocation.devices.results`` rebuilt from its
+  held devices, which is all NVIDIA reads;
+* ``preparedDevices``: one group with each device in NVIDIA's layout (``gpu.info.uuid``; ``mig.concrete`` with the
+  parent's minor and UUID, GPU and compute instance IDs and the MIG UUID, for a dynamic MIG device those the claim
+  created, which NVIDIA's unprepare destroys as dradriver's would) and the kubelet ``Device`` answered;
+  a group per sharing step, its ``configState`` saying what NVIDIA's unprepare must undo: ``timeSliceApplied``
+  where dradriver set a time-slice, ``mpsControlDaemonID`` where it started an MPS control daemon (dradriver's
+  daemons have NVIDIA's ID, Deployment name and host layout, so NVIDIA's unprepare stops them as dradriver's
+  would). The MPS daemons of consumable shares are not named (one daemon serves several claims' shares, which
+  NVIDIA's ``configState`` of one claim cannot say);
+* ``nodeBootID``: the boot ID the claim state uses (NVIDIA drops a checkpoint of another boot).
+
+When it is written (the ordering rule): before the kubelet gets a claim's Prepare answer, a checkpoint naming
+the claim is on disk; before it gets an Unprepare answer, one without the claim is. A missing entry would make
+NVIDIA hand a held device to another claim (unsafe); a stale one would make it refuse a free device forever.
+The runner calls :meth:`RollbackCheckpoint.prepared` / :meth:`RollbackCheckpoint.unprepared` under its lock,
+right after the claim state's group commit (in-memory, O(1) per claim), and :meth:`RollbackCheckpoint.flush`
+after releasing it and before answering. The file is rewritten whole and fsync'd (NVIDIA's format has no other
+way, and NVIDIA pays the same: two fsync'd rewrites per prepare, one per unprepare; the fsync is what keeps the file
+whole across a power loss, see :mod:`dradriver.host.nvcheckpointfile`), but concurrent calls share one rewrite
+(group commit):
+each flush covers every change made before it began, so N kubelet calls in flight cost one write, not N. A
+process crash after the claim state's commit and before the flush leaves a claim the kubelet was never told was
+prepared: its retry is answered from the claim state and flushes the entry then; the unprepare's retry likewise
+removes a stale entry.
+
+Entries for claims dradriver does not hold (NVIDIA prepared them, or began to, before the switch) are kept as they
+are, until an Unprepare of that claim removes them: they are never lost by a switch, and NVIDIA, back on the node,
+still unprepares them or rolls them back. A checkpoint that does not verify is
+kept aside as ``checkpoint.json.corrupt-<UTC time>`` and rebuilt from the claim state. Limitation: two plugin
+instances on one node (a rolling update's surge) each write their own view; the last writer's view lasts until
+the next prepare or unprepare of the surviving instance.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from dradriver.domain.claims import Claim
+from dradriver.domain.devices import GpuDevice, MigDevice
+from dradriver.domain.identity import DriverIdentity
+from dradriver.domain.nvcheckpoint import (
+    CheckpointEntry,
+    CheckpointError,
+    CheckpointState,
+    ConfigState,
+    DeviceGroup,
+    EncodedEntry,
+    KubeletDevice,
+    MigConcrete,
+    PreparedDevice,
+    assemble,
+    encode_entry,
+)
+from dradriver.domain.ports import UndoRecord
+from dradriver.domain.registry import DeviceRegistry
+from dradriver.host import nvcheckpointfile
+from dradriver.host.claimstate import ClaimPhase, ClaimRecord, HeldDevice, read_boot_id
+from dradriver.preparers.dynamicmig import KIND as DYNAMIC_MIG
+from dradriver.preparers.mps import MpsSharing
+from dradriver.preparers.sharing import TimeSlicing
+
+__all__ = ["DescribeDevice", "RollbackCheckpoint", "describe_registered", "open_rollback_checkpoint"]
+
+log = logging.getLogger(__name__)
+
+DescribeDevice = Callable[[str], PreparedDevice | None]
+"""DRA device name -> the device in NVIDIA's layout without its kubelet ``Device`` (``kind`` ``gpu`` with the
+UUID, ``mig`` with :class:`~dradriver.domain.nvcheckpoint.MigConcrete`), or ``None`` for a name this node does
+not know now."""
+
+
+
+class RollbackCheckpoint:
+    """NVIDIA's ``checkpoint.json`` for the claims dradriver holds (see the module docstring).
+
+    :param path: ``<plugin dir>/checkpoint.json``.
+    :param boot_id: the node boot ID to record.
+    :param driver: the DRA driver name (``status.allocation`` rebuilt from held devices names it).
+    :param describe: how a device name becomes NVIDIA's device layout.
+    """
+
+    def __init__(self, path: Path, *, boot_id: str, driver: str, describe: DescribeDevice) -> None:
+        self.path = path
+        self.boot_id = boot_id
+        self.driver = driver
+        self.describe = describe
+        self._entries: dict[str, EncodedEntry] = {}
+        self._mutex = threading.Lock()  # the entries and the version
+        self._write_lock = threading.Lock()  # one rewrite at a time
+        self._version = 0
+        self._written = -1
+        self.writes = 0
+
+    # ---- start --------------------------------------------------------------------------------------------------
+    def load(self, claims: Mapping[str, ClaimRecord]) -> None:
+        """At start, after the runner's recovery: take the entries of the file on disk that are still true, add
+        one for every other PREPARE_COMPLETED claim of ``claims``, drop the rest of dradriver's, and write.
+
+        A file of another boot is dropped (NVIDIA's rule); a damaged one is kept aside and logged.
+
+        :raises OSError: the file cannot be written.
+        """
+        found: dict[str, CheckpointEntry] = {}
+        try:
+            stored = nvcheckpointfile.read_checkpoint(self.path)
+        except (CheckpointError, OSError) as exc:
+            aside = nvcheckpointfile.keep_aside(self.path, "corrupt")
+            log.error("NVIDIA-format checkpoint %s cannot be read (%s); kept as %s and rebuilt from the claim "
+                      "state", self.path, exc, aside)
+            stored = None
+        if stored is not None and stored.node_boot_id in ("", self.boot_id):
+            found = dict(stored.claims)
+        foreign = 0
+        entries: dict[str, EncodedEntry] = {}
+        for uid, entry in found.items():
+            record = claims.get(uid)
+            if record is None:  # NVIDIA's plugin prepared it (or began to) before the switch: kept until unprepared,
+                foreign += 1    # so that NVIDIA, back on the node, still unprepares or rolls it back
+                entries[uid] = encode_entry(uid, entry)
+            elif record.phase is ClaimPhase.PREPARE_COMPLETED and entry.state is CheckpointState.PREPARE_COMPLETED \
+                    and isinstance(entry.status.get("allocation"), Mapping):
+                entries[uid] = encode_entry(uid, entry)
+        rebuilt = 0
+        for uid, record in claims.items():
+            if record.phase is ClaimPhase.PREPARE_COMPLETED and uid not in entries and record.devices:
+                entries[uid] = self._encode(uid, None, record.devices, self._undo_of(record))
+                rebuilt += 1
+        with self._mutex:
+            self._entries = entries
+            self._version += 1
+        self.flush()
+        log.info("NVIDIA-format checkpoint %s: %d claim(s) of dradriver (%d rebuilt from the claim state), %d "
+                 "prepared by another plugin kept", self.path, len(entries) - foreign, rebuilt, foreign)
+
+    @staticmethod
+    def _undo_of(record: ClaimRecord) -> Sequence[UndoRecord]:
+        from dradriver.kubeletplugin.runner import read_payload  # the runner owns the payload format
+
+        try:
+            return read_payload(record.payload).undo
+        except ValueError:
+            return ()
+
+    # ---- changes (under the runner's lock; in memory) ----------------------------------------------------------
+    def holds(self, uid: str) -> bool:
+        """Whether the checkpoint names claim ``uid``."""
+        return uid in self._entries
+
+    def prepared(self, uid: str, claim: Claim | None, held: Sequence[HeldDevice], undo: Sequence[UndoRecord]) -> None:
+        """Name claim ``uid`` as ``PrepareCompleted`` with its status (from ``claim``; rebuilt from ``held`` when
+        ``None`` or not encodable), its ``held`` devices and what ``undo`` says was applied. Written by the next
+        :meth:`flush`. Never raises: a claim this code cannot describe is named with its allocation rebuilt from
+        ``held`` (what NVIDIA needs to refuse its devices), and the failure is logged."""
+        try:
+            entry = self._encode(uid, claim, held, undo)
+        except Exception:
+            log.exception("claim %s: cannot describe it in NVIDIA's checkpoint; named by its devices only", uid)
+            entry = encode_entry(uid, CheckpointEntry(CheckpointState.PREPARE_COMPLETED, self._allocation(held)))
+        with self._mutex:
+            self._entries[uid] = entry
+            self._version += 1
+
+    def prepared_again(self, claim: Claim, record: ClaimRecord | None) -> None:
+        """A completed claim answered again from the claim state (the kubelet's retry): name it unless the
+        checkpoint already does (a crash came between the claim state's commit and the checkpoint's flush). O(1)
+        when it does."""
+        if record is None or claim.ref.uid in self._entries:
+            return
+        from dradriver.kubeletplugin.runner import held_devices  # the runner owns the payload format
+
+        self.prepared(claim.ref.uid, claim, held_devices(record), self._undo_of(record))
+
+    def unprepared(self, uid: str) -> None:
+        """Drop claim ``uid`` (also an entry another plugin wrote). Written by the next :meth:`flush`."""
+        with self._mutex:
+            if self._entries.pop(uid, None) is not None:
+                self._version += 1
+
+    # ---- the write ----------------------------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Make every change made before this call durable: one whole-file rewrite, shared by concurrent callers
+        (a caller whose changes another caller's rewrite already covered returns at once).
+
+        :raises OSError: the file could not be written (the changes stay pending; the next flush retries).
+        """
+        with self._mutex:
+            wanted = self._version
+        with self._write_lock:
+            if self._written >= wanted:
+                return
+            with self._mutex:
+                entries = dict(self._entries)
+                version = self._version
+            nvcheckpointfile.write_checkpoint(self.path, assemble(entries, self.boot_id))
+            self._written = version
+            self.writes += 1
+
+    def flush_or_error(self) -> str:
+        """:meth:`flush`; ``""`` when done, else why not (the answer the kubelet gets instead of success: it
+        retries, and the retry flushes again)."""
+        try:
+            self.flush()
+        except OSError as exc:
+            log.error("NVIDIA-format checkpoint %s cannot be written: %s", self.path, exc)
+            return f"cannot write NVIDIA's checkpoint {self.path} (kept for a rollback): {exc}"
+        return ""
+
+    # ---- encoding -----------------------------------------------------------------------------------------------
+    def _encode(self, uid: str, claim: Claim | None, held: Sequence[HeldDevice],
+                undo: Sequence[UndoRecord]) -> EncodedEntry:
+        created = {r.target: r.data for r in undo if r.kind == DYNAMIC_MIG and isinstance(r.data, Mapping)}
+        devices = {h.device: self._device(h, created.get(h.device)) for h in held if h.request_names}
+        groups = _groups(devices, undo)
+        status = claim.status if claim is not None and claim.status is not None else None
+        if status is not None:
+            try:
+                return encode_entry(uid, CheckpointEntry(CheckpointState.PREPARE_COMPLETED, status, groups))
+            except CheckpointError as exc:  # the API server sent a field NVIDIA's types cannot hold
+                log.warning("claim %s: status not representable in NVIDIA's checkpoint (%s); its allocation "
+                            "results are rebuilt from the held devices", claim.ref if claim else uid, exc)
+        return encode_entry(uid, CheckpointEntry(CheckpointState.PREPARE_COMPLETED, self._allocation(held), groups))
+
+    def _device(self, held: HeldDevice, created: Mapping[str, Any] | None) -> PreparedDevice:
+        """``held`` in NVIDIA's layout; ``created``: the dynamic MIG undo record's data when the claim created the
+        MIG device (its GPU and compute instance IDs, as NVIDIA's ``mig.concrete`` of a dynamic MIG device)."""
+        kubelet = KubeletDevice(requests=tuple(held.request_names), pool_name=held.pool, device_name=held.device,
+                                cdi_device_ids=tuple(held.cdi_device_ids), share_id=held.share_id)
+        if created is not None:
+            return PreparedDevice("mig", kubelet, mig=MigConcrete.from_json(created))
+        described = self.describe(held.device)
+        if described is None:
+            log.warning("device %s is not known on this node now; named in NVIDIA's checkpoint without its UUID",
+                        held.device)
+            return PreparedDevice("gpu", kubelet)
+        return PreparedDevice(described.kind, kubelet, uuid=described.uuid, mig=described.mig,
+                              pci_bus_id=described.pci_bus_id)
+
+    def _allocation(self, held: Sequence[HeldDevice]) -> dict[str, Any]:
+        results: list[dict[str, Any]] = []
+        for h in held:
+            for request in h.request_names:
+                result: dict[str, Any] = {"request": request, "driver": self.driver, "pool": h.pool,
+                                          "device": h.device}
+                if h.admin_access and not h.shared:
+                    result["adminAccess"] = True
+                if h.share_id:
+                    result["shareID"] = h.share_id
+                results.append(result)
+        return {"allocation": {"devices": {"results": results}}}
+
+
+def _groups(devices: Mapping[str, PreparedDevice], undo: Sequence[UndoRecord]) -> tuple[DeviceGroup, ...]:
+    """NVIDIA's config groups: one per sharing step dradriver applied (its record's target names the group's
+    devices) with what NVIDIA's unprepare must undo (``timeSliceApplied``; ``mpsControlDaemonID``: dradriver's MPS
+    control daemons have NVIDIA's ID, Deployment name and host layout, so NVIDIA's unprepare stops them as
+    dradriver's would), then one group of the devices no sharing step touched."""
+    groups: list[DeviceGroup] = []
+    left = dict(devices)
+    for record in undo:
+        data = record.data if isinstance(record.data, Mapping) else {}
+        if record.kind == TimeSlicing.kind and data.get("gpus"):
+            state = ConfigState(time_slice_applied=True)
+        elif record.kind == MpsSharing.kind and data.get("id"):
+            state = ConfigState(mps_control_daemon_id=str(data["id"]))
+        else:
+            continue
+        members = tuple(left.pop(name) for name in record.target.split(",") if name in left)
+        if members:
+            groups.append(DeviceGroup(devices=members, config_state=state))
+    if left or not groups:
+        groups.append(DeviceGroup(devices=tuple(left.values())))
+    return tuple(groups)
+
+
+def describe_registered(registry: DeviceRegistry[Any]) -> DescribeDevice:
+    """:data:`DescribeDevice` over this node's devices as discovered: a full GPU by its UUID, a MIG device by its
+    parent (minor, UUID, PCI bus ID), GPU and compute instance IDs and UUID."""
+
+    def describe(name: str) -> PreparedDevice | None:
+        device = registry.get(name)
+        if isinstance(device, GpuDevice):
+            return PreparedDevice("gpu", None, uuid=device.uuid)
+        if isinstance(device, MigDevice):
+            parent = device.parent
+            return PreparedDevice("mig", None, mig=MigConcrete(
+                parent_minor=parent.minor, gi_id=device.gi_id, ci_id=device.ci_id, mig_uuid=device.uuid,
+                parent_uuid=parent.uuid, parent_pci_bus_id=parent.pci_bus_id))
+        return None
+
+    return describe
+
+
+def open_rollback_checkpoint(identity: DriverIdentity, plugin_dir: Path, boot_id_path: Path,
+                             registry: DeviceRegistry[Any]) -> RollbackCheckpoint:
+    """The GPU plugin's rollback checkpoint ``<plugin dir>/checkpoint.json`` (load it with
+    :meth:`RollbackCheckpoint.load` once recovery has run)."""
+    return RollbackCheckpoint(plugin_dir / nvcheckpointfile.CHECKPOINT_FILE, boot_id=read_boot_id(boot_id_path),
+                              driver=identity.driver_name, describe=describe_registered(registry))

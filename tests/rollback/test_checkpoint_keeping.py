@@ -1,0 +1,245 @@
+"""dradriver's GPU plugin keeps NVIDIA's ``checkpoint.json`` true (:mod:`dradriver.kubeletplugin.rollback`): a claim
+is named before its Prepare is answered and gone before its Unprepare is, with its whole status; concurrent calls
+share rewrites; a restart keeps it, a damaged one is set aside and rebuilt; ``--nvidia-checkpoint=false`` turns it
+off."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from dradriver.domain import mps
+from dradriver.domain.nvcheckpoint import Checkpoint, CheckpointEntry, CheckpointState, encode
+from dradriver.host.claimstate import ClaimPhase, ClaimRecord, HeldDevice
+from dradriver.host.nvcheckpointfile import CHECKPOINT_FILE, read_checkpoint, write_checkpoint
+from dradriver.kubeletplugin.rollback import RollbackCheckpoint
+from dradriver.sandbox.node import SandboxNode
+from tests.configs.test_plugin import allocate
+from tests.factories import DEVICE_CLASS
+from tests.mps.test_plugin import mps_claim
+from tests.plugin.conftest import claim_object, ref_of, result, running, set_allocation
+from tests.plugin.test_dynamic_mig import GATES as DYNAMIC_MIG
+from tests.plugin.test_dynamic_mig import ONE_G
+from tests.plugin.test_timeslicing import GATE_ON, time_slicing
+
+UID = "0b9f1c0e-5f1a-4c4e-9d65-1c2f3a4b5c6d"
+
+
+def _checkpoint(node: SandboxNode) -> Path:
+    return Path(node.config().kubelet_plugins_directory_path) / "gpu.nvidia.com" / CHECKPOINT_FILE
+
+
+def _boot_id(node: SandboxNode) -> str:
+    return (node.root / "proc" / "sys" / "kernel" / "random" / "boot_id").read_text().strip()
+
+
+def test_a_claim_is_in_the_checkpoint_before_its_prepare_is_answered_and_gone_before_its_unprepare(
+        sandbox: SandboxNode) -> None:
+    api = sandbox.api
+    assert api is not None
+
+    async def body() -> None:
+        async with running(sandbox.config()) as (_plugin, kubelet):
+            stored = set_allocation(sandbox, api.create(claim_object("a")), [result("gpu-3")])
+            stored["status"]["reservedFor"] = [{"resource": "pods", "name": "pod-a", "uid": "1234"}]
+            ref = ref_of(api.update(stored, subresource="status"))
+            assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+            kept = read_checkpoint(_checkpoint(sandbox))
+            assert kept is not None and kept.node_boot_id == _boot_id(sandbox)
+            entry = kept.claims[ref.uid]
+            assert entry.state is CheckpointState.PREPARE_COMPLETED
+            assert entry.status["reservedFor"] == [{"resource": "pods", "name": "pod-a", "uid": "1234"}]
+            assert entry.status["allocation"]["devices"]["results"][0]["device"] == "gpu-3"
+            (device,) = entry.devices
+            assert device.kind == "gpu" and device.uuid.startswith("GPU-") and device.device is not None
+            assert device.device.cdi_device_ids == (f"k8s.gpu.nvidia.com/claim={ref.uid}-gpu-3",)
+            assert await kubelet.unprepare([ref]) == {ref.uid: ""}
+            after = read_checkpoint(_checkpoint(sandbox))
+            assert after is not None and ref.uid not in after.claims
+
+    asyncio.run(body())
+
+
+def test_concurrent_prepares_share_checkpoint_rewrites(sandbox: SandboxNode) -> None:
+    """Eight one-claim Prepare calls at once: every claim is named when its answer comes, with fewer rewrites than
+    claims when calls overlap (group commit), never more than one per claim."""
+    api = sandbox.api
+    assert api is not None
+
+    async def body() -> None:
+        async with running(sandbox.config()) as (plugin, kubelet):
+            refs = [ref_of(set_allocation(sandbox, api.create(claim_object(f"c{i}")), [result(f"gpu-{i}")]))
+                    for i in range(8)]
+            checkpoint = plugin.runner.checkpoint
+            assert checkpoint is not None
+            before = checkpoint.writes
+            answers = await asyncio.gather(*(kubelet.prepare([r]) for r in refs))
+            assert all(a[r.uid].error == "" for a, r in zip(answers, refs, strict=True))
+            kept = read_checkpoint(_checkpoint(sandbox))
+            assert kept is not None and set(kept.claims) == {r.uid for r in refs}
+            assert 1 <= checkpoint.writes - before <= len(refs)
+
+    asyncio.run(body())
+
+
+def test_a_restart_keeps_the_checkpoint_and_a_damaged_one_is_rebuilt(sandbox: SandboxNode) -> None:
+    api = sandbox.api
+    assert api is not None
+    path = _checkpoint(sandbox)
+
+    async def body() -> None:
+        async with running(sandbox.config()) as (_plugin, kubelet):
+            ref = ref_of(set_allocation(sandbox, api.create(claim_object("a")), [result("gpu-1")]))
+            assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+        first = read_checkpoint(path)
+        assert first is not None and set(first.claims) == {ref.uid}
+        async with running(sandbox.config()):
+            again = read_checkpoint(path)
+            assert again == first  # the status seen at prepare is kept across the restart
+        path.write_bytes(path.read_bytes().replace(b"gpu-1", b"gpu-2"))  # damaged: its checksums fail
+        async with running(sandbox.config()):
+            rebuilt = read_checkpoint(path)
+            assert rebuilt is not None and set(rebuilt.claims) == {ref.uid}
+            results = rebuilt.claims[ref.uid].status["allocation"]["devices"]["results"]
+            assert [r["device"] for r in results] == ["gpu-1"]  # rebuilt from the claim state, not the damage
+            assert [p.name for p in path.parent.glob(f"{CHECKPOINT_FILE}.corrupt-*")]
+
+    asyncio.run(body())
+
+
+def test_the_checkpoint_can_be_turned_off(sandbox: SandboxNode) -> None:
+    api = sandbox.api
+    assert api is not None
+
+    async def body() -> None:
+        async with running(sandbox.config(nvidia_checkpoint=False)) as (plugin, kubelet):
+            ref = ref_of(set_allocation(sandbox, api.create(claim_object("a")), [result("gpu-1")]))
+            assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+            assert plugin.runner.checkpoint is None
+        assert not _checkpoint(sandbox).exists()
+
+    asyncio.run(body())
+
+
+def test_a_time_sliced_claim_says_so_in_its_config_state(sandbox: SandboxNode) -> None:
+    """dradriver's time-slice is NVIDIA's ``timeSliceApplied``: NVIDIA's unprepare then resets it, as dradriver's
+    would."""
+
+    async def body() -> None:
+        async with running(sandbox.config(feature_gates=GATE_ON)) as (_plugin, kubelet):
+            ref = ref_of(allocate(sandbox, "ts", [result("gpu-0")], [time_slicing("Long")]))
+            plain = ref_of(allocate(sandbox, "plain", [result("gpu-1")], []))
+            answers = await kubelet.prepare([ref, plain])
+            assert all(not a.error for a in answers.values()), answers
+            kept = read_checkpoint(_checkpoint(sandbox))
+            assert kept is not None
+            assert [g.config_state.time_slice_applied for g in kept.claims[ref.uid].groups] == [True]
+            assert [g.config_state.time_slice_applied for g in kept.claims[plain.uid].groups] == [False]
+            assert kept.claims[ref.uid].status["allocation"]["devices"]["config"][0]["opaque"]["parameters"][
+                "sharing"]["strategy"] == "TimeSlicing"
+
+    asyncio.run(body())
+
+
+def test_a_dynamic_mig_device_is_named_by_the_instances_it_created() -> None:
+    """A MIG device the claim created is NVIDIA's ``mig.concrete`` with its GPU and compute instance IDs (what
+    NVIDIA's unprepare destroys)."""
+    with SandboxNode(profile="dgx-h100", mig_state=True) as mig_node:  # the mock keeps MIG state
+        api = mig_node.api
+        assert api is not None
+        api.create(DEVICE_CLASS)
+        asyncio.run(_prepare_dynamic(mig_node))
+
+
+async def _prepare_dynamic(mig_node: SandboxNode) -> None:
+    api = mig_node.api
+    assert api is not None
+    async with running(mig_node.config(feature_gates=DYNAMIC_MIG)) as (_plugin, kubelet):
+        device = ONE_G.format(m=0, s=3)
+        ref = ref_of(set_allocation(mig_node, api.create(claim_object("one-g")), [result(device)]))
+        assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+        kept = read_checkpoint(_checkpoint(mig_node))
+        assert kept is not None
+        (prepared,) = kept.claims[ref.uid].devices
+        assert prepared.kind == "mig" and prepared.mig is not None
+        assert (prepared.mig.parent_minor, prepared.mig.gi_id, prepared.mig.ci_id) == (0, 7, 0)
+        assert prepared.mig.mig_uuid.startswith("MIG-") and prepared.mig.parent_uuid.startswith("GPU-")
+
+
+def test_a_prepare_is_not_acknowledged_until_the_checkpoint_names_it(sandbox: SandboxNode) -> None:
+    """When the checkpoint cannot be written the kubelet gets an error (the claim state already holds the claim);
+    its retry is answered from the claim state and writes the checkpoint then. The same for an unprepare."""
+    api = sandbox.api
+    assert api is not None
+    path = _checkpoint(sandbox)
+
+    async def body() -> None:
+        async with running(sandbox.config()) as (_plugin, kubelet):
+            ref = ref_of(set_allocation(sandbox, api.create(claim_object("a")), [result("gpu-5")]))
+            path.unlink()
+            path.mkdir()  # the rename over it fails
+            error = (await kubelet.prepare([ref]))[ref.uid].error
+            assert f"claim {ref.uid}: cannot write NVIDIA's checkpoint {path}" in error
+            path.rmdir()
+            assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+            kept = read_checkpoint(path)
+            assert kept is not None and ref.uid in kept.claims
+            path.unlink()
+            path.mkdir()
+            assert "cannot write NVIDIA's checkpoint" in (await kubelet.unprepare([ref]))[ref.uid]
+            path.rmdir()
+            assert await kubelet.unprepare([ref]) == {ref.uid: ""}
+            after = read_checkpoint(path)
+            assert after is not None and ref.uid not in after.claims
+
+    asyncio.run(body())
+
+
+def _record(uid: str, device: str) -> ClaimRecord:
+    return ClaimRecord(uid, ClaimPhase.PREPARE_COMPLETED, "ns", "c", (HeldDevice(("gpu",), "node-a", device, ()),), b"")
+
+
+def test_at_start_entries_another_plugin_wrote_are_kept_and_another_boots_are_dropped(tmp_path: Path) -> None:
+    """The claims NVIDIA's plugin prepared (or began to) before the switch stay in the file until unprepared; a
+    checkpoint of another boot is dropped, as NVIDIA drops it; dradriver's own claims are named either way."""
+    path = tmp_path / CHECKPOINT_FILE
+    ours, theirs, started = "a" * 8 + UID[8:], "b" * 8 + UID[8:], "c" * 8 + UID[8:]
+
+    def entry(state: CheckpointState, device: str) -> CheckpointEntry:
+        return CheckpointEntry(state, {"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-a", "device": device}]}}})
+
+    def keeper(boot: str) -> RollbackCheckpoint:
+        return RollbackCheckpoint(path, boot_id=boot, driver="gpu.nvidia.com", describe=lambda _name: None)
+
+    write_checkpoint(path, encode(Checkpoint({theirs: entry(CheckpointState.PREPARE_COMPLETED, "gpu-1"),
+                                              started: entry(CheckpointState.PREPARE_STARTED, "gpu-2")}, "boot-1")))
+    keeper("boot-1").load({ours: _record(ours, "gpu-0")})
+    kept = read_checkpoint(path)
+    assert kept is not None
+    assert {u: e.state for u, e in kept.claims.items()} == {ours: CheckpointState.PREPARE_COMPLETED,
+                                                            theirs: CheckpointState.PREPARE_COMPLETED,
+                                                            started: CheckpointState.PREPARE_STARTED}
+    keeper("boot-2").load({ours: _record(ours, "gpu-0")})
+    again = read_checkpoint(path)
+    assert again is not None and set(again.claims) == {ours} and again.node_boot_id == "boot-2"
+
+
+def test_an_mps_claim_names_its_control_daemon_for_nvidias_unprepare(sandbox: SandboxNode) -> None:
+    """dradriver's MPS control daemon has NVIDIA's ID, Deployment name and layout: the claim's group carries it as
+    ``mpsControlDaemonID``, so NVIDIA's unprepare stops it; a device of the claim without sharing is its own group."""
+    sandbox.run_workloads()
+
+    async def body() -> None:
+        async with running(sandbox.mps_config()) as (plugin, kubelet):
+            ref, stored = mps_claim(sandbox, "mps", count=2)
+            assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+            names = sorted(r["device"] for r in stored["status"]["allocation"]["devices"]["results"])
+            uuids = sorted(g.uuid for g in plugin.inventory.gpus if g.name in names)
+            kept = read_checkpoint(_checkpoint(sandbox))
+            assert kept is not None
+            (group,) = kept.claims[ref.uid].groups
+            assert group.config_state.mps_control_daemon_id == mps.control_daemon_id(ref.uid, uuids)
+            assert sorted(d.device.device_name for d in group.devices if d.device) == names
+
+    asyncio.run(body())
