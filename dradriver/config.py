@@ -30,6 +30,10 @@ from dradriver.host.driverfiles import DEFAULT_CDI_HOOK_PATH
 from dradriver.host.mounts import MountCommands
 from dradriver.logs import LoggingConfig
 
+IMAGE_CDI_HOOK_ENV = "DRADRIVER_IMAGE_CDI_HOOK"
+"""Where the image carries ``nvidia-cdi-hook`` when not at ``/usr/bin/nvidia-cdi-hook`` (another image layout,
+the sandbox and tests running the command outside the image)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Flag:
@@ -114,9 +118,9 @@ PLUGIN_FLAGS: tuple[Flag, ...] = (
     Flag(
         "--nvidia-cdi-hook-path",
         "NVIDIA_CDI_HOOK_PATH",
-        DEFAULT_CDI_HOOK_PATH,
-        "Host path of nvidia-cdi-hook (nvidia-container-toolkit), run by the hooks of claim CDI specs; "
-        f"empty means {DEFAULT_CDI_HOOK_PATH}.",
+        "",
+        "Host path of nvidia-cdi-hook (nvidia-container-toolkit), run by the hooks of claim CDI specs; empty: the "
+        f"image's {DEFAULT_CDI_HOOK_PATH} is copied to <plugin dir>/nvidia-cdi-hook (0755) and specs name that copy.",
         "path",
     ),
     Flag("--dev-root", "DEV_ROOT", "/", "Root under which /dev device nodes are looked up.", "path"),
@@ -451,7 +455,12 @@ class PluginConfig:
     kubeconfig: str = ""
     nvidia_driver_root: Path = Path("/")
     container_driver_root: Path = Path("/driver-root")
-    nvidia_cdi_hook_path: str = DEFAULT_CDI_HOOK_PATH
+    nvidia_cdi_hook_path: str = ""
+    """``--nvidia-cdi-hook-path``: ``""`` means the image's hook, copied into the plugin directory
+    (:attr:`cdi_hook_path`)."""
+    image_cdi_hook: Path = Path(DEFAULT_CDI_HOOK_PATH)
+    """Where the image carries ``nvidia-cdi-hook`` (copied when :attr:`nvidia_cdi_hook_path` is empty); not a flag:
+    ``DRADRIVER_IMAGE_CDI_HOOK`` (:data:`IMAGE_CDI_HOOK_ENV`) overrides it, the sandbox gives a stand-in."""
     dev_root: Path = Path("/")
     sysfs_root: Path = Path("/sys")
     proc_root: Path = Path("/proc")
@@ -502,6 +511,12 @@ class PluginConfig:
     def plugin_dir(self) -> Path:
         """``<kubelet plugins dir>/<driver>``: sockets, claim state and the node-wide lock live here."""
         return self.kubelet_plugins_directory_path / self.driver_name
+
+    @property
+    def cdi_hook_path(self) -> str:
+        """The host path of ``nvidia-cdi-hook`` that claim CDI specs name: ``--nvidia-cdi-hook-path``, else
+        ``<plugin dir>/nvidia-cdi-hook`` (the image's copy, as NVIDIA's plugin does; :mod:`dradriver.host.cdihook`)."""
+        return self.nvidia_cdi_hook_path or str(self.plugin_dir / "nvidia-cdi-hook")
 
     @property
     def dra_socket(self) -> Path:
@@ -605,7 +620,7 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         raise FlagError(f"--node-name (env NODE_NAME) {args.node_name!r} is not a valid Node name: "
                         + "; ".join(problems))
     gates = _gates(args.feature_gates)
-    hook_path = args.nvidia_cdi_hook_path or DEFAULT_CDI_HOOK_PATH
+    hook_path = args.nvidia_cdi_hook_path
     try:
         shares = parse_share_mode(args.consumable_shares, gate_enabled=gates.consumable_shares)
     except ShareModeError as exc:
@@ -616,7 +631,7 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
             gate_enabled=gates.node_allocatable_resources)
     except nodeallocatable.OverheadError as exc:
         raise FlagError(str(exc)) from None
-    if not hook_path.startswith("/"):
+    if hook_path and not hook_path.startswith("/"):
         raise FlagError(f"--nvidia-cdi-hook-path (env NVIDIA_CDI_HOOK_PATH) {hook_path!r} is not an absolute path")
     if gates.mps_support and not args.image_name:
         raise FlagError("--image-name (env IMAGE_NAME) is required with the MPSSupport feature gate: MPS control "
@@ -636,6 +651,7 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         nvidia_driver_root=Path(args.nvidia_driver_root),
         container_driver_root=Path(args.container_driver_root),
         nvidia_cdi_hook_path=hook_path,
+        image_cdi_hook=Path(os.environ.get(IMAGE_CDI_HOOK_ENV) or DEFAULT_CDI_HOOK_PATH),
         dev_root=Path(args.dev_root),
         sysfs_root=Path(args.sysfs_root),
         proc_root=Path(args.proc_root),

@@ -42,6 +42,9 @@ DRADRIVER_VARIABLE = re.compile(r"(?<=[\"'`])DRADRIVER_[A-Z0-9_]+\b")  # quoted:
 #: Environment variables that are no flag's twin and not NVIDIA's: what each does. The build fails when the
 #: sources mention a ``DRADRIVER_*`` name that is neither a flag's twin nor listed here.
 OTHER_VARIABLES: dict[str, str] = {
+    "DRADRIVER_IMAGE_CDI_HOOK": "Where the plugin's image carries `nvidia-cdi-hook` (default "
+                                "`/usr/bin/nvidia-cdi-hook`), copied into the plugin directory when "
+                                "`NVIDIA_CDI_HOOK_PATH` is empty; the sandbox points it at a stand-in.",
     "DRADRIVER_NO_EXTENSIONS": "`1` runs the pure-Python twins of the compiled modules (`nvmlpoll`, `cdispec`, "
                                "`claimstore`) instead of the extensions; without it a missing extension is a "
                                "start-up error.",

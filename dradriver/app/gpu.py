@@ -2,7 +2,8 @@
 
 Steps, in order (stopped in reverse): compiled hot paths -> Kubernetes client and this Node (a bad kubeconfig
 fails here, before anything on the host is touched) -> plugin and CDI directories -> NVML session -> device
-discovery into the device registry -> the driver's user space for CDI specs -> device-plugin guard -> per-node
+discovery into the device registry -> the driver's user space for CDI specs -> the CDI hook they name (copied from
+the image, checked: :func:`dradriver.app.driverstate.check_cdi_hook`) -> device-plugin guard -> per-node
 device policy (:mod:`dradriver.app.nodepolicy`, its Node watch after the publisher) -> claim state -> batch
 runner with the consumable-share (when
 ``--consumable-shares`` is on), full-GPU and static-MIG preparers (and, with the ``DynamicMIG`` gate, the
@@ -145,7 +146,7 @@ def driver_edits(config: PluginConfig, driver_version: str) -> cdi.ContainerEdit
     log.info("NVIDIA driver %s: %d file(s) under %s mounted into claim containers from %s", driver_version,
              files.count(), config.container_driver_root, config.nvidia_driver_root)
     return driverfiles.driver_edits(files, host_root=str(config.nvidia_driver_root),
-                                    hook_path=config.nvidia_cdi_hook_path)
+                                    hook_path=config.cdi_hook_path)
 
 
 def read_driver(session: NvmlSession, config: PluginConfig) -> tuple[NodeInventory, cdi.ContainerEdits]:
@@ -379,6 +380,8 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
         registry: DeviceRegistry[NodeInventory] = DeviceRegistry(
             inventory, dynamic_index if dynamic_mig else (lambda inv: DeviceIndex.build(inv).by_name))
         common = [driver_files]  # replaced when a driver that was absent comes back
+        hook_refusal = await life.step("CDI hook", lambda: driverstate.check_cdi_hook(
+            identity, config, connection, named=lambda: bool(common[0].hooks)))
         verdict = guard.check_device_plugin(config, connection.node)
         if verdict.refuse:
             log.error("%s", verdict.reason)
@@ -505,14 +508,15 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
                     + (f", {len(unusable)} claim(s) whose devices changed left as they were" if unusable else ""),
                     type_="Normal")
 
-        gate = DriverGate(runner, watch.refusal)
+        refusal = driverstate.first_refusal(watch.refusal, hook_refusal)
+        gate = DriverGate(runner, refusal)
         metrics_server = await assembly.serve_metrics_step(life, config, metrics)
         if early is None:
             servers = await assembly.serve(life, config, gate, health_source=health, publisher=publisher,
-                                           ready=lambda: not watch.reason())
+                                           ready=lambda: not refusal())
         else:
             servers = await assembly.attach_early(life, early, gate, health_source=health, publisher=publisher,
-                                                  ready=lambda: not watch.reason())
+                                                  ready=lambda: not refusal())
 
         def desired() -> list[dict[str, Any]]:
             inventory = registry.snapshot

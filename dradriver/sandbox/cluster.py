@@ -47,7 +47,7 @@ from typing import Any
 import yaml
 
 from dradriver.allocator.allocation import AllocationError
-from dradriver.config import PLUGIN_FLAGS, PluginConfig
+from dradriver.config import IMAGE_CDI_HOOK_ENV, PLUGIN_FLAGS, PluginConfig
 from dradriver.domain.claims import POD_CLAIM_NAME_ANNOTATION, ClaimRef
 from dradriver.domain.featuregates import FeatureGates
 from dradriver.domain.identity import GPU_DRIVER
@@ -112,6 +112,7 @@ def plugin_environment(config: PluginConfig) -> dict[str, str]:
             env[flag.env] = ",".join(str(v) for v in value)
         else:
             env[flag.env] = str(value)
+    env[IMAGE_CDI_HOOK_ENV] = str(config.image_cdi_hook)  # the image's hook (no flag): the sandbox's stand-in
     return env
 
 

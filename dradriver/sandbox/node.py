@@ -38,6 +38,7 @@ from typing import Any
 from dradriver.config import PluginConfig
 from dradriver.domain.featuregates import CONSUMABLE_SHARES, MPS_SUPPORT
 from dradriver.domain.shares import parse_share_mode
+from dradriver.host.driverfiles import DEFAULT_CDI_HOOK_PATH
 from dradriver.host.mounts import MountCommands, mount_points
 from dradriver.nvml import mock
 from dradriver.sandbox import standins
@@ -243,6 +244,9 @@ class SandboxNode:
             standins.install("nvidia_cuda_mps_control", self.driver_root / "usr" / "bin" / "nvidia-cuda-mps-control")
             standins.install("nvidia_imex", self.driver_root / "usr" / "bin" / "nvidia-imex")
             standins.install("nvidia_imex_ctl", self.driver_root / "usr" / "bin" / "nvidia-imex-ctl")
+            # the host's container toolkit, which the hooks of claim specs name (NVIDIA_CDI_HOOK_PATH, see config)
+            standins.install("nvidia_cdi_hook", self.driver_root / DEFAULT_CDI_HOOK_PATH.lstrip("/"))
+        standins.install("nvidia_cdi_hook", self.image_cdi_hook)  # the image's copy (NVIDIA_CDI_HOOK_PATH empty)
         self.mounts = self._mount_commands()
         self.nvml_control.touch()
         self._saved_control = os.environ.get(mock.CONTROL_ENV)
@@ -332,8 +336,16 @@ class SandboxNode:
             proc_root=self.root / "proc",
             mock_profile=self.profile,
             mounts=self.mounts,
+            nvidia_cdi_hook_path=DEFAULT_CDI_HOOK_PATH,  # a host with the toolkit: the stand-in under the driver root
+            image_cdi_hook=self.image_cdi_hook,
         )
         return replace(base, **overrides)
+
+    @property
+    def image_cdi_hook(self) -> Path:
+        """The ``nvidia-cdi-hook`` of the plugin's image (the stand-in), copied into the plugin directory when
+        ``nvidia_cdi_hook_path`` is empty."""
+        return self.root / "image" / "usr" / "bin" / "nvidia-cdi-hook"
 
     @property
     def mig_state_path(self) -> Path:

@@ -400,6 +400,7 @@ def test_chart_command_line_starts_registers_and_answers_liveness(sandbox: Sandb
         "DEV_ROOT": str(sandbox.root),
         "KUBECONFIG": sandbox.kubeconfig,  # the ServiceAccount token mount
         mock.PROFILE_ENV: str(mock.profile_path(sandbox.profile)),  # the node's GPUs
+        config.IMAGE_CDI_HOOK_ENV: str(sandbox.image_cdi_hook),  # the image's /usr/bin/nvidia-cdi-hook (the stand-in)
     })
     argv = [*container["command"], *(chart.expand(arg, env) for arg in container["args"])]
     assert argv[-1].endswith("gpu-kubelet-plugin -v 4")

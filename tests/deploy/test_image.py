@@ -66,6 +66,31 @@ def test_image_carries_what_nvidias_chart_runs() -> None:
     assert lines.index("!deploy/container/kubelet-plugin-prestart.sh") > lines.index("deploy")
 
 
+def test_image_ships_nvidias_cdi_hook_from_the_container_toolkit_image() -> None:
+    """As NVIDIA's image: ``nvidia-cdi-hook`` copied from a pinned NVIDIA container-toolkit image to the path the
+    plugin copies it from (``PluginConfig.image_cdi_hook``), with its provenance and licence in the image."""
+    from dradriver.config import PluginConfig
+
+    text = DOCKERFILE.read_text()
+    preamble = text.split("\nFROM ")[0]
+    [image] = re.findall(r"^ARG TOOLKIT_CONTAINER_IMAGE=(\S+)$", preamble, flags=re.MULTILINE)
+    assert re.fullmatch(r"nvcr\.io/nvidia/k8s/container-toolkit:v\d+\.\d+\.\d+(@sha256:[0-9a-f]{64})?", image), image
+    stages = _stages()
+    assert stages["toolkit"].splitlines()[0] == "FROM ${TOOLKIT_CONTAINER_IMAGE} AS toolkit"
+    hook = str(PluginConfig(node_name="n").image_cdi_hook)
+    assert f"COPY --from=toolkit --chmod=0755 /artifacts/rpm/usr/bin/nvidia-cdi-hook {hook}\n" in stages["runtime"]
+    assert "RUN nvidia-cdi-hook --help" in stages["runtime"]
+    # Provenance and licence: in the Dockerfile, in the image (a notice in the build context) and in the docs.
+    assert "Apache License 2.0" in preamble and "github.com/NVIDIA/nvidia-container-toolkit" in preamble
+    notice = REPO / "deploy" / "container" / "licenses" / "nvidia-cdi-hook.NOTICE"
+    assert f"COPY {notice.relative_to(REPO)} /usr/share/doc/nvidia-cdi-hook/NOTICE" in stages["runtime"]
+    assert "Apache License, Version 2.0" in notice.read_text() and "container-toolkit" in notice.read_text()
+    lines = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()]
+    assert lines.index(f"!{notice.relative_to(REPO)}") > lines.index("deploy")
+    page = (REPO / "docs" / "install" / "nvidia-chart.md").read_text()
+    assert "nvcr.io/nvidia/k8s/container-toolkit" in page and "Apache-2.0" in page
+
+
 def _engine_answers() -> str | None:
     """``None`` if a docker engine answers, else why not."""
     docker = shutil.which("docker")
@@ -111,6 +136,7 @@ def test_docker_build_and_run() -> None:
         ["docker", "run", "--rm", "--entrypoint", "bash", CHART_TAG, "-c",
          "id -u && " + " && ".join(f"{e} --version" for e in CHART_EXECUTABLES) + " && test -x "
          "/usr/bin/kubelet-plugin-prestart.sh && bash -n /usr/bin/kubelet-plugin-prestart.sh && "
+         "test -x /usr/bin/nvidia-cdi-hook && "
          "command -v cp sed mount"],
         capture_output=True, text=True, check=True, timeout=120,
     )

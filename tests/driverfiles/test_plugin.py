@@ -139,8 +139,11 @@ def _parse(environ: dict[str, str]) -> Any:
 
 
 def test_hook_path_flag() -> None:
-    assert _parse({}).nvidia_cdi_hook_path == "/usr/bin/nvidia-cdi-hook"
-    assert _parse({"NVIDIA_CDI_HOOK_PATH": ""}).nvidia_cdi_hook_path == "/usr/bin/nvidia-cdi-hook"
-    assert _parse({"NVIDIA_CDI_HOOK_PATH": "/opt/x/nvidia-cdi-hook"}).nvidia_cdi_hook_path == "/opt/x/nvidia-cdi-hook"
+    # Empty (NVIDIA's default): specs name the image's hook copied into the plugin directory.
+    plugin_hook = "/var/lib/kubelet/plugins/gpu.nvidia.com/nvidia-cdi-hook"
+    assert _parse({}).nvidia_cdi_hook_path == "" and _parse({}).cdi_hook_path == plugin_hook
+    assert _parse({"NVIDIA_CDI_HOOK_PATH": ""}).cdi_hook_path == plugin_hook
+    configured = _parse({"NVIDIA_CDI_HOOK_PATH": "/opt/x/nvidia-cdi-hook"})
+    assert configured.nvidia_cdi_hook_path == configured.cdi_hook_path == "/opt/x/nvidia-cdi-hook"
     with pytest.raises(FlagError, match=r"NVIDIA_CDI_HOOK_PATH.*not an absolute path"):
         _parse({"NVIDIA_CDI_HOOK_PATH": "nvidia-cdi-hook"})

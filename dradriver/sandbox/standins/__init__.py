@@ -1,7 +1,8 @@
 """Stand-ins for the node programs the plugin and its workloads run, installed into a sandbox.
 
 Each module here is a standard-library-only script that behaves as the real program does for what the driver
-uses: ``nvidia_cuda_mps_control`` (NVIDIA's MPS control tool), ``nvidia_imex`` and ``nvidia_imex_ctl`` (the IMEX
+uses: ``nvidia_cuda_mps_control`` (NVIDIA's MPS control tool), ``nvidia_cdi_hook`` (the container toolkit's hook
+that claim CDI specs run), ``nvidia_imex`` and ``nvidia_imex_ctl`` (the IMEX
 daemon and its query tool: real TCP handshakes between emulated nodes on loopback addresses) and ``mount``
 (``mount``/``umount`` for tmpfs).
 :func:`install` copies one to a path with this interpreter on its ``#!`` line (with ``-S``: no ``site``
