@@ -2,7 +2,8 @@
 
 Input is any mix of ``ResourceSlice``, ``DeviceClass``, ``ResourceClaim``, ``ResourceClaimTemplate``
 (``resource.k8s.io`` v1, v1beta2 or v1beta1, converted as the API server converts them:
-:mod:`.conversion`; retired versions are refused with the reason), ``Pod``, ``Node``, ``Namespace``, and
+:mod:`.conversion`; retired versions are refused with the reason, as are NVIDIA's classic-DRA parameter
+kinds and mig-parted configs: :mod:`.refusals`), ``Pod``, ``Node``, ``Namespace``, and
 workloads (Deployments, ReplicaSets, StatefulSets, Jobs, MPIJobs), which become the Pods their controllers
 would run (:mod:`.workloads`). ``List`` objects are flattened. Every other object is named in
 :attr:`Inputs.warnings`; an input without any object is an error, a YAML error names the source and line.
@@ -42,6 +43,7 @@ from dradriver.allocator.conversion import as_mapping, is_resource_api, to_v1
 from dradriver.allocator.diagnosis import describe_error, missing_names
 from dradriver.allocator.extended import ExtendedPlan, class_mapping, plan, unserved_reason
 from dradriver.allocator.naming import template_claim_name
+from dradriver.allocator.refusals import refusal
 from dradriver.allocator.resources import (
     Claim,
     DeviceClass,
@@ -174,6 +176,9 @@ def _read(objects: list[tuple[dict[str, Any], str]]) -> Inputs:
     raw_claims: list[tuple[dict[str, Any], str]] = []
     owners = _controllers(obj for obj, _ in objects)
     for original, source in objects:
+        refused = refusal(original)
+        if refused is not None:
+            raise InputError(f"{source}: {refused}")
         try:
             obj = to_v1(original)
         except InputError as exc:
