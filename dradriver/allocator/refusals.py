@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from dradriver.allocator.conversion import as_mapping
+
 CLASSIC_NVIDIA_GROUPS = ("gpu.resource.nvidia.com", "nas.gpu.resource.nvidia.com")
 """API groups of NVIDIA's classic-DRA driver (its parameter CRDs and per-node allocation state)."""
 
@@ -58,7 +60,7 @@ def refusal(obj: dict[str, Any]) -> str | None:
     if group not in CLASSIC_NVIDIA_GROUPS:
         return None
     kind = str(obj.get("kind") or "<no kind>")
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    meta = as_mapping(obj.get("metadata"))
     name = str(meta.get("name", "<unnamed>"))
     if meta.get("namespace"):
         name = f"{meta['namespace']}/{name}"
