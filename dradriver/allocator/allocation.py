@@ -230,6 +230,7 @@ class Allocator:
         self.share_ids = share_ids or (lambda: str(uuid.uuid4()))
         self._selector_cache: dict[tuple[int, tuple[str, str, str]], list[Outcome]] = {}
         self._index: SliceIndex | None = None
+        self._pools: dict[str | None, tuple[Node | None, list[Pool]]] = {}
         self.shapes = ShapeCache(per_shape)
         """Selector outcomes and their diagnosis per device shape."""
         for claim in allocated:
@@ -287,10 +288,15 @@ class Allocator:
         return sorted(names)
 
     def pools(self, node: Node | None) -> list[Pool]:
-        """:func:`gather_pools` for ``node`` over this allocator's slices (indexed once)."""
+        """:func:`gather_pools` for ``node`` over this allocator's slices (indexed once; the pools of a node are
+        kept, since allocating and explaining gather them again; they are read, never changed)."""
         if self._index is None:
             self._index = SliceIndex(self.slices)
-        return gather_pools(self.slices, node, self._index)
+        key = node.name if node is not None else None
+        kept = self._pools.get(key)
+        if kept is None or kept[0] != node:
+            kept = self._pools[key] = (node, gather_pools(self.slices, node, self._index))
+        return kept[1]
 
     def node(self, name: str | None) -> Node | None:
         """The Node called ``name`` (an unlabelled one if only slices mention it)."""
