@@ -34,6 +34,8 @@ class Ratio:
 
 
 RATIOS: tuple[Ratio, ...] = (
+    Ratio("explain_fleet_18000", "explain, claim that fits nowhere: per device / per shape (speed-up)",
+          "nowhere_per_device", "nowhere_per_shape", ">=", 20.0),
     Ratio("prepare_1g_dynamic_mig", "dynamic MIG 1g prepare / full-GPU prepare (mock NVML time included)",
           "dynamic_mig", "full_gpu", "<=", 2.5),
     Ratio("claimstate_dynamic_mig", "56 live MIG claims: after 10,000 historical / after 10 (flatness)",

@@ -47,6 +47,7 @@ from dradriver.allocator.resources import (
     ResourceSlice,
     split_qualified,
 )
+from dradriver.allocator.shapes import ShapeCache
 from dradriver.errors import DradriverError
 
 SEARCH_STEP_LIMIT = 200_000
@@ -73,17 +74,56 @@ class Pool:
     invalid: str | None = None
 
 
-def gather_pools(slices: Sequence[ResourceSlice], node: Node | None) -> list[Pool]:
-    """Pools reachable from ``node`` (``None``: only ``allNodes`` slices), sorted by (driver, pool)."""
-    newest: dict[tuple[str, str], int] = {}
-    for s in slices:
-        key = (s.driver, s.pool)
-        newest[key] = max(newest.get(key, s.generation), s.generation)
+class SliceIndex:
+    """ResourceSlices arranged for :func:`gather_pools`: built once, so gathering one node's pools costs that
+    node's slices plus the slices every node may reach, not every slice of the fleet.
+
+    :param slices: every ResourceSlice known.
+    """
+
+    def __init__(self, slices: Sequence[ResourceSlice]) -> None:
+        self.newest: dict[tuple[str, str], int] = {}
+        """Highest generation per (driver, pool)."""
+        for s in slices:
+            key = (s.driver, s.pool)
+            self.newest[key] = max(self.newest.get(key, s.generation), s.generation)
+        self.present: dict[tuple[str, str], int] = {}
+        """Slices published at the newest generation, per (driver, pool)."""
+        self.by_node: dict[str, list[ResourceSlice]] = {}
+        """Slices bound to one node by ``nodeName`` alone, per node name."""
+        self.shared: list[ResourceSlice] = []
+        """Slices any node may reach (``allNodes``, ``nodeSelector``, per-device selection, shared counters)."""
+        for s in sorted(slices, key=lambda x: x.name):
+            key = (s.driver, s.pool)
+            if s.generation != self.newest[key]:
+                continue
+            self.present[key] = self.present.get(key, 0) + 1
+            bound = s.selection.node_name
+            if bound is not None and not s.selection.all_nodes and not s.per_device_node_selection \
+                    and not s.shared_counters:
+                self.by_node.setdefault(bound, []).append(s)
+            else:
+                self.shared.append(s)
+
+    def candidates(self, node: Node | None) -> list[ResourceSlice]:
+        """Newest-generation slices ``node`` may reach, in name order."""
+        own = self.by_node.get(node.name, []) if node is not None else []
+        if not own:
+            return self.shared
+        if not self.shared:
+            return own
+        return sorted([*own, *self.shared], key=lambda x: x.name)
+
+
+def gather_pools(slices: Sequence[ResourceSlice], node: Node | None, index: SliceIndex | None = None) -> list[Pool]:
+    """Pools reachable from ``node`` (``None``: only ``allNodes`` slices), sorted by (driver, pool).
+
+    :param index: :class:`SliceIndex` of ``slices`` (built here when not given).
+    """
+    index = index or SliceIndex(slices)
     pools: dict[tuple[str, str], Pool] = {}
-    for s in sorted(slices, key=lambda x: x.name):
+    for s in index.candidates(node):
         key = (s.driver, s.pool)
-        if s.generation != newest[key]:
-            continue
         reachable = s.selection.matches(node) or bool(s.shared_counters)
         if s.per_device_node_selection:
             reachable = any(d.node_selection is not None and d.node_selection.matches(node) for d in s.devices)
@@ -99,7 +139,7 @@ def gather_pools(slices: Sequence[ResourceSlice], node: Node | None) -> list[Poo
             pool.devices.append(d)
     for key, pool in pools.items():
         expected = max(s.slice_count for s in pool.slices)
-        present = sum(1 for s in slices if (s.driver, s.pool) == key and s.generation == pool.generation)
+        present = index.present[key]
         if present < expected:
             pool.incomplete = f"pool {pool.name} is incomplete ({present} of {expected} slices published)"
         names: set[str] = set()
@@ -166,6 +206,8 @@ class Allocator:
     :param allocated: claims already allocated; their non-admin results are devices in use, or, with a
         ``shareID``, shares whose ``consumedCapacity`` is taken from the device.
     :param share_ids: makes the ``shareID`` of each new share (default: random UUIDs, as the scheduler does).
+    :param per_shape: evaluate each selector once per device shape (:mod:`.shapes`); ``False`` evaluates it on
+        every device (the same results, slower: the benchmark's baseline).
     """
 
     def __init__(
@@ -175,6 +217,7 @@ class Allocator:
         nodes: dict[str, Node] | None = None,
         allocated: Iterable[Claim] = (),
         share_ids: Callable[[], str] | None = None,
+        per_shape: bool = True,
     ) -> None:
         self.slices = list(slices)
         self.classes = classes
@@ -186,6 +229,10 @@ class Allocator:
         """Every share: (claim ``namespace/name``, device ID, what it consumes)."""
         self.share_ids = share_ids or (lambda: str(uuid.uuid4()))
         self._selector_cache: dict[tuple[int, tuple[str, str, str]], list[Outcome]] = {}
+        self._index: SliceIndex | None = None
+        self._pools: dict[str | None, tuple[Node | None, list[Pool]]] = {}
+        self.shapes = ShapeCache(per_shape)
+        """Selector outcomes and their diagnosis per device shape."""
         for claim in allocated:
             self.mark_allocated(claim)
 
@@ -240,6 +287,17 @@ class Allocator:
                     names.add(d.node_selection.node_name)
         return sorted(names)
 
+    def pools(self, node: Node | None) -> list[Pool]:
+        """:func:`gather_pools` for ``node`` over this allocator's slices (indexed once; the pools of a node are
+        kept, since allocating and explaining gather them again; they are read, never changed)."""
+        if self._index is None:
+            self._index = SliceIndex(self.slices)
+        key = node.name if node is not None else None
+        kept = self._pools.get(key)
+        if kept is None or kept[0] != node:
+            kept = self._pools[key] = (node, gather_pools(self.slices, node, self._index))
+        return kept[1]
+
     def node(self, name: str | None) -> Node | None:
         """The Node called ``name`` (an unlabelled one if only slices mention it)."""
         if name is None:
@@ -268,6 +326,13 @@ class Allocator:
 
     def selector_outcomes(self, selectors: list[Selector], device: Device, cache_key: int) -> list[Outcome]:
         """Outcomes of ``selectors`` on ``device`` up to the first that does not match (cached)."""
+        if self.shapes.enabled:
+            outcomes = []
+            for selector in selectors:
+                outcomes.append(self.shapes.outcome(selector, device))
+                if not outcomes[-1].matched:
+                    break
+            return outcomes
         key = (cache_key, device.id)
         cached = self._selector_cache.get(key)
         if cached is None:
@@ -360,7 +425,7 @@ class Allocator:
         reasons: list[str] = []
         for candidate in candidates:
             node = self.node(candidate)
-            pools = gather_pools(self.slices, node)
+            pools = self.pools(node)
             search = _Search(self, claims, pools)
             if search.run():
                 allocations = [search.allocation(i, node) for i in range(len(claims))]

@@ -761,6 +761,85 @@ def _check_references(expression: str, tree: lark.Tree) -> None:
                                       f"undefined field '{field_token.value}' (device has {', '.join(DEVICE_FIELDS)})")
 
 
+DevicePath = tuple[str, ...]
+"""A part of the ``device`` variable: ``("driver",)``, ``("allowMultipleAllocations",)``, ``("attributes",
+domain)`` or ``("capacity", domain)`` (a whole domain), ``("attributes", domain, name)`` or ``("capacity", domain,
+name)`` (one value)."""
+
+_WRAPPERS = frozenset({"member", "primary"})
+
+
+def _string_key(tree: Any) -> str | None:
+    """The text of a plain quoted string literal (``'gpu.nvidia.com'``), else ``None`` (escapes, raw and
+    triple-quoted strings and computed keys are not resolved)."""
+    while isinstance(tree, lark.Tree) and tree.data != "literal" and len(tree.children) == 1:
+        tree = tree.children[0]
+    if not (isinstance(tree, lark.Tree) and tree.data == "literal" and len(tree.children) == 1):
+        return None
+    token = tree.children[0]
+    if not isinstance(token, lark.Token) or token.type != "STRING_LIT":
+        return None
+    text = str(token)
+    if len(text) < 2 or text[0] not in "'\"" or text[-1] != text[0] or "\\" in text or text.startswith(text[0] * 3):
+        return None
+    return text[1:-1]
+
+
+def device_reads(tree: lark.Tree) -> tuple[DevicePath, ...] | None:
+    """Every part of ``device`` the expression ``tree`` reads, found in the parse tree: ``device.driver``,
+    ``device.allowMultipleAllocations``, ``device.attributes[<domain>].<name>`` (or ``[<name>]``, or a domain
+    read whole: ``'x' in device.attributes[<domain>]``) and the same under ``device.capacity``. CEL has no side
+    effects, so two devices that agree on these parts get the same result, error text included.
+
+    :returns: the paths, each once; ``None`` when the expression reads the device in a way not
+        resolved here (``device`` or ``device.attributes`` used whole, a computed key, ``device`` rebound by a
+        comprehension): the caller evaluates per device.
+    """
+    parents: dict[int, lark.Tree] = {}
+    idents: list[lark.Tree] = []
+    for node in tree.iter_subtrees():
+        for child in node.children:
+            if isinstance(child, lark.Tree):
+                parents[id(child)] = node
+        if node.data == "ident" and node.children and str(node.children[0]) == "device":
+            idents.append(node)
+        method = node.children[1] if node.data == "member_dot_arg" and len(node.children) > 2 else None
+        if isinstance(method, lark.Token) and method.value in _COMPREHENSIONS:
+            args = node.children[2].children if isinstance(node.children[2], lark.Tree) else []
+            if args and _bare_ident(args[0]) == "device":
+                return None
+    paths: list[DevicePath] = []
+    for ident in idents:
+        path: list[str] = []
+        current: lark.Tree = ident
+        while len(path) < 3:
+            parent = parents.get(id(current))
+            if parent is None:
+                break
+            if parent.data in _WRAPPERS and len(parent.children) == 1:
+                current = parent
+                continue
+            if parent.children[0] is not current:
+                break
+            if parent.data == "member_dot" and isinstance(parent.children[1], lark.Token):
+                key: str | None = str(parent.children[1])
+            elif parent.data == "member_index":
+                key = _string_key(parent.children[1])
+                if key is None:
+                    return None
+            else:
+                break
+            path.append(str(key))
+            current = parent
+            if path[0] in ("driver", "allowMultipleAllocations"):
+                break
+        if not path or (path[0] in ("attributes", "capacity") and len(path) < 2):
+            return None
+        if tuple(path) not in paths:
+            paths.append(tuple(path))
+    return tuple(paths)
+
+
 @dataclass(frozen=True)
 class Outcome:
     """Result of evaluating a selector on one device: ``matched`` or an ``error`` text (never both)."""
@@ -788,6 +867,8 @@ class Selector:
         _check_references(expression, self.tree)
         _rewrite_bind(self.tree)
         self._program = environment.program(self.tree, LIBRARY)
+        self.reads = device_reads(self.tree)
+        """What of the device the result depends on (:func:`device_reads`); ``None``: not known statically."""
 
     def evaluate(self, device: celtypes.MapType) -> Outcome:
         """Evaluate on ``device`` (from :func:`device_variable`): matched, not matched, or a runtime error."""

@@ -7,8 +7,9 @@ attribute and capacity names are filed under the slice's driver as domain.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from dradriver.allocator.capacity import RequestPolicy
 from dradriver.allocator.expression import AttributeValue, CelCompileError, Selector, device_variable
@@ -132,6 +133,8 @@ class Device:
     overhead: dict[str, tuple[Quantity | None, Quantity | None]] = field(default_factory=dict)
     """KEP-5517 ``nodeAllocatableResources[<resource>].overhead``: resource -> ``(perPod, perContainer)``."""
     _cel: Any = None
+    shapes: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
+    """This device's shape per selector reads (:func:`dradriver.allocator.shapes.shape`), filled on first use."""
 
     @property
     def id(self) -> tuple[str, str, str]:
@@ -171,6 +174,11 @@ def _node_selection(spec: dict[str, Any], where: str) -> NodeSelection:
 
 
 def _attribute(raw: Any, where: str) -> AttributeValue:
+    if type(raw) is dict and len(raw) == 1:  # the common well-formed case, checked in one step
+        kind, item = next(iter(raw.items()))
+        if (kind == "string" and type(item) is str) or (kind == "int" and type(item) is int) \
+                or (kind == "bool" and type(item) is bool):
+            return cast(AttributeValue, item)
     value = _map(raw, where)
     kinds = [k for k in ("int", "bool", "string", "version") if k in value]
     if len(kinds) != 1:
@@ -188,9 +196,21 @@ def _attribute(raw: Any, where: str) -> AttributeValue:
     if kind == "string":
         return str(item)
     try:
-        return Semver.parse(str(item))
+        return _version(str(item))
     except SemverError as exc:
         raise InputError(f"{where}.version: {exc}") from None
+
+
+@functools.lru_cache(maxsize=4096)
+def _version(text: str) -> Semver:
+    """:meth:`Semver.parse`, once per text: a fleet's GPUs publish a handful of versions (values are immutable)."""
+    return Semver.parse(text)
+
+
+@functools.lru_cache(maxsize=4096)
+def _quantity_text(text: str) -> Quantity:
+    """:func:`parse_quantity` once per text (a fleet's devices share a few capacities; values are immutable)."""
+    return parse_quantity(text)
 
 
 def parse_slice(obj: dict[str, Any]) -> ResourceSlice:
@@ -298,7 +318,7 @@ def _quantity(value: Any, where: str) -> Quantity:
     if value is None:
         raise InputError(f"{where}: required")
     try:
-        return parse_quantity(value)
+        return _quantity_text(value) if isinstance(value, str) else parse_quantity(value)
     except QuantityError as exc:
         raise InputError(f"{where}: {exc}") from None
 

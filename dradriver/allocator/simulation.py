@@ -2,7 +2,8 @@
 
 Input is any mix of ``ResourceSlice``, ``DeviceClass``, ``ResourceClaim``, ``ResourceClaimTemplate``
 (``resource.k8s.io`` v1, v1beta2 or v1beta1, converted as the API server converts them:
-:mod:`.conversion`; retired versions are refused with the reason), ``Pod``, ``Node``, ``Namespace``, and
+:mod:`.conversion`; retired versions are refused with the reason, as are NVIDIA's classic-DRA parameter
+kinds and mig-parted configs: :mod:`.refusals`), ``Pod``, ``Node``, ``Namespace``, and
 workloads (Deployments, ReplicaSets, StatefulSets, Jobs, MPIJobs), which become the Pods their controllers
 would run (:mod:`.workloads`). ``List`` objects are flattened. Every other object is named in
 :attr:`Inputs.warnings`; an input without any object is an error, a YAML error names the source and line.
@@ -24,9 +25,11 @@ bound to the node taking their share first; ``explain`` prints the sums per sche
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import gc
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -40,14 +43,14 @@ from dradriver.allocator.allocation import (
     Pool,
     Verdict,
     constraint_text,
-    gather_pools,
 )
 from dradriver.allocator.conversion import as_mapping, is_resource_api, to_v1
-from dradriver.allocator.diagnosis import describe_error, missing_names
 from dradriver.allocator.extended import ExtendedPlan, class_mapping, plan, unserved_reason
 from dradriver.allocator.naming import template_claim_name
+from dradriver.allocator.refusals import refusal
 from dradriver.allocator.resources import (
     Claim,
+    Device,
     DeviceClass,
     InputError,
     Node,
@@ -58,7 +61,8 @@ from dradriver.allocator.resources import (
     parse_node,
     parse_slice,
 )
-from dradriver.allocator.wording import describe, rejection
+from dradriver.allocator.shapes import ShapeCache
+from dradriver.allocator.wording import describe
 from dradriver.allocator.workloads import NOT_EXPANDED, expand, group_kind, is_workload
 from dradriver.domain.claims import POD_CLAIM_NAME_ANNOTATION
 from dradriver.domain.pods import claim_reference_problems
@@ -127,6 +131,20 @@ def _name_of(obj: dict[str, Any]) -> str:
     return f"{meta['namespace']}/{name}" if meta.get("namespace") else name
 
 
+@contextlib.contextmanager
+def collection_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector while a fleet dump is read or explained: those build millions of
+    objects that live on (no cycles to find), and each collection walks all of them, so with the collector on,
+    reading 18,000 nodes' slices took four times as long. Restored on the way out (nested uses leave it off)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def load(texts: Iterable[str], sources: Sequence[str] | None = None) -> Inputs:
     """Parse multi-document YAML texts (any mix of the kinds in the module docstring).
 
@@ -139,11 +157,12 @@ def load(texts: Iterable[str], sources: Sequence[str] | None = None) -> Inputs:
     texts = list(texts)
     names = list(sources) if sources is not None else [f"<input {i + 1}>" for i in range(len(texts))]
     objects: list[tuple[dict[str, Any], str]] = []
-    for text, source in zip(texts, names, strict=True):
-        objects.extend((obj, source) for obj in _flatten(_parse_yaml(text, source), source))
-    if not objects:
-        raise InputError(f"no Kubernetes objects in {', '.join(names) or 'the input'} (empty input)")
-    inputs = _read(objects)
+    with collection_paused():
+        for text, source in zip(texts, names, strict=True):
+            objects.extend((obj, source) for obj in _flatten(_parse_yaml(text, source), source))
+        if not objects:
+            raise InputError(f"no Kubernetes objects in {', '.join(names) or 'the input'} (empty input)")
+        inputs = _read(objects)
     if not inputs.claims and not inputs.pods:
         raise InputError(_nothing_to_allocate(names, [obj for obj, _ in objects], inputs.notes))
     return inputs
@@ -179,6 +198,9 @@ def _read(objects: list[tuple[dict[str, Any], str]]) -> Inputs:
     raw_claims: list[tuple[dict[str, Any], str]] = []
     owners = _controllers(obj for obj, _ in objects)
     for original, source in objects:
+        refused = refusal(original)
+        if refused is not None:
+            raise InputError(f"{source}: {refused}")
         try:
             obj = to_v1(original)
         except InputError as exc:
@@ -436,10 +458,19 @@ def pending_reasons(inputs: Inputs, pod_ref: str) -> list[str]:
     return [unserved_reason(r) for r in extended.unserved] if extended else []
 
 
-def simulate(inputs: Inputs) -> Outcome:
+def simulate(inputs: Inputs, per_shape: bool = True) -> Outcome:
     """Allocate every unallocated claim (see module docstring); a Pod also has to fit its node's CPU and memory
-    with its devices' KEP-5517 overhead (:mod:`.noderesources`)."""
-    allocator = Allocator(inputs.slices, inputs.classes, inputs.nodes, [c for c in inputs.claims if c.allocation])
+    with its devices' KEP-5517 overhead (:mod:`.noderesources`).
+
+    :param per_shape: evaluate selectors once per device shape (:class:`Allocator`); ``False``: per device.
+    """
+    with collection_paused():
+        return _simulate(inputs, per_shape)
+
+
+def _simulate(inputs: Inputs, per_shape: bool) -> Outcome:
+    allocator = Allocator(inputs.slices, inputs.classes, inputs.nodes, [c for c in inputs.claims if c.allocation],
+                          per_shape=per_shape)
     allocations: dict[str, dict[str, Any]] = {}
     nodes: dict[str, str | None] = {}
     failures: list[str] = []
@@ -618,14 +649,15 @@ def request_header(request: Request, classes: dict[str, DeviceClass]) -> str:
     return text
 
 
-def _verdict_text(verdict: Verdict, request: Request, classes: dict[str, DeviceClass], cel_device: Any) -> str:
+def _verdict_text(verdict: Verdict, request: Request, classes: dict[str, DeviceClass], device: Device,
+                  shapes: ShapeCache) -> str:
     if verdict.stage in ("class", "request") and verdict.outcome is not None:
         selectors = classes[request.class_name].selectors if verdict.stage == "class" else request.selectors
         label = f"{'class' if verdict.stage == 'class' else 'request'} selector #{verdict.selector + 1}"
         if verdict.outcome.error:
-            error = describe_error(selectors[verdict.selector], cel_device, verdict.outcome.error)
+            error = shapes.error(selectors[verdict.selector], device, verdict.outcome.error)
             return f"rejected by {label}: error: {error}"
-        return f"rejected by {label}: {rejection(selectors[verdict.selector], cel_device)}"
+        return f"rejected by {label}: {shapes.rejection(selectors[verdict.selector], device)}"
     if verdict.stage == "accepted":
         return "accepted"
     if verdict.stage == "in-use":
@@ -634,12 +666,18 @@ def _verdict_text(verdict: Verdict, request: Request, classes: dict[str, DeviceC
             else verdict.reason)
 
 
-def explain(inputs: Inputs) -> tuple[str, int]:
+def explain(inputs: Inputs, per_shape: bool = True) -> tuple[str, int]:
     """Explain every claim: per request, every candidate device and its verdict.
 
+    :param per_shape: as :func:`simulate` (the text is the same either way).
     :returns: ``(text, exit code)``; the code is 1 if some claim cannot be allocated.
     """
-    outcome = simulate(inputs)
+    with collection_paused():
+        return _explain(inputs, per_shape)
+
+
+def _explain(inputs: Inputs, per_shape: bool) -> tuple[str, int]:
+    outcome = simulate(inputs, per_shape)
     lines: list[str] = [f"warning: {w}" for w in inputs.warnings] + [f"note: {n}" for n in inputs.notes]
     if lines:
         lines.append("")
@@ -687,7 +725,7 @@ def explain(inputs: Inputs) -> tuple[str, int]:
         for constraint in claim.constraints:
             lines.append(f"  constraint: {constraint_text(constraint)}")
         for node_name in node_names:
-            pools = gather_pools(inputs.slices, base.node(node_name))
+            pools = base.pools(base.node(node_name))
             used = base.baseline_counters(pools)
             if len(node_names) > 1 or results is None:
                 lines.append(f"  on node {node_name}:" if node_name else "  on no particular node (allNodes slices):")
@@ -795,14 +833,14 @@ def _explain_request(
                 if verdict.counter is not None and results is None:
                     per_set = exhausted.setdefault(verdict.counter[0], {})
                     per_set[verdict.counter[1]] = per_set.get(verdict.counter[1], 0) + 1
-                text = _verdict_text(verdict, alt, inputs.classes, device.cel())
+                text = _verdict_text(verdict, alt, inputs.classes, device, base.shapes)
                 picked = chosen.get((device.pool, device.name))
                 if picked == alt.name:
                     text = "accepted -> allocated" + (" (admin access)" if alt.admin_access else "")
                 elif verdict.accepted:
                     text = _unpicked(claim, alt, device, chosen_values, picked, results)
                 elif verdict.outcome is not None and verdict.outcome.error:
-                    _note_missing(missing, verdict, alt, inputs.classes, device)
+                    _note_missing(missing, verdict, alt, inputs.classes, device, base.shapes)
                 lines.append(f"{indent}    {device.name.ljust(width)}  {text}")
             lines.extend(f"{indent}  {line}" for line in counter_summary(pool, exhausted))
         for (label, kind, name), devices in missing.items():
@@ -819,12 +857,13 @@ def _note_missing(
     verdict: Verdict,
     request: Request,
     classes: dict[str, DeviceClass],
-    device: Any,
+    device: Device,
+    shapes: ShapeCache,
 ) -> None:
     """Record which attributes or capacities the rejecting selector read that ``device`` lacks."""
     selectors = classes[request.class_name].selectors if verdict.stage == "class" else request.selectors
     label = f"{'class' if verdict.stage == 'class' else 'request'} selector #{verdict.selector + 1}"
-    for kind, name in missing_names(selectors[verdict.selector], device.cel()):
+    for kind, name in shapes.missing(selectors[verdict.selector], device):
         missing.setdefault((label, kind, name), []).append(f"{device.pool}/{device.name}")
 
 

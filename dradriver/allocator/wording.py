@@ -8,6 +8,7 @@ CEL text of the condition.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import lark
@@ -111,8 +112,10 @@ def _shape(node: Any) -> tuple[str, Any, Any, str] | None:
     return None
 
 
+@functools.lru_cache(maxsize=1024)
 def describe(selector: Selector) -> str:
-    """The selector in words, condition by condition (``type is "gpu" and memory at least 40Gi``)."""
+    """The selector in words, condition by condition (``type is "gpu" and memory at least 40Gi``); computed once
+    per selector (``explain`` prints it for every node)."""
     parts = []
     for condition in conjuncts(selector.tree):
         shape = _shape(condition)

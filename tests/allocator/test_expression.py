@@ -166,3 +166,27 @@ def test_an_error_under_an_index_is_the_first_error_not_celpy_internals(l4: obje
                                                                          error: str) -> None:
     outcome = Selector(expression).evaluate(l4)  # type: ignore[arg-type]
     assert (outcome.matched, outcome.error) == (False, error)
+
+
+@pytest.mark.parametrize(
+    ("expression", "reads"),
+    [
+        ("device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'",
+         {("driver",), ("attributes", "gpu.nvidia.com", "type")}),
+        ("device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0",
+         {("capacity", "gpu.nvidia.com", "memory")}),
+        ('has(device.attributes["d"].n) && device.attributes.x.y == 1',
+         {("attributes", "d", "n"), ("attributes", "x", "y")}),
+        ("'pcieRoot' in device.attributes['resource.kubernetes.io']", {("attributes", "resource.kubernetes.io")}),
+        ("cel.bind(a, device.attributes['d'], a.x == 1)", {("attributes", "d")}),
+        ("device.allowMultipleAllocations", {("allowMultipleAllocations",)}),
+        ("device.attributes[device.driver].type == 'gpu'", None),
+        ("device.attributes.size() > 0", None),
+        ("[1].all(device, device > 0)", None),
+        ("device.attributes['a\\\\.b'].c == 1", None),
+    ],
+)
+def test_device_reads_names_every_value_a_selector_reads_or_none_when_unresolved(
+        expression: str, reads: set[tuple[str, ...]] | None) -> None:
+    found = Selector(expression).reads
+    assert (None if found is None else set(found)) == reads

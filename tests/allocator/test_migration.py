@@ -512,3 +512,60 @@ def test_cli_allocate_prints_the_generated_claim_and_the_pod_with_its_status(tmp
     assert claim["kind"] == "ResourceClaim" and pod["kind"] == "Pod"
     assert pod["status"]["extendedResourceClaimStatus"]["resourceClaimName"] == claim["metadata"]["name"]
     assert pod["spec"]["nodeName"] == "h100-node"
+
+
+MIG_PARTED_CONFIG = """\
+version: v1
+mig-configs:
+  all-disabled:
+    - devices: all
+      mig-enabled: false
+  all-1g.10gb:
+    - devices: all
+      mig-enabled: true
+      mig-devices:
+        "1g.10gb": 7
+"""
+
+
+def test_a_mig_parted_config_is_refused_as_not_a_kubernetes_object(tmp_path: Path, capsys: Any) -> None:
+    """NVIDIA/mig-parted's config is no Kubernetes object: refused naming the file and what to write instead,
+    never passed over as a kind the simulator does not read."""
+    config = tmp_path / "config.yaml"
+    config.write_text(MIG_PARTED_CONFIG)
+    with pytest.raises(InputError) as info:
+        load([*fixture("a100-mig"), MIG_PARTED_CONFIG], ["classes.yaml", "a100-mig.yaml", str(config)])
+    message = str(info.value)
+    assert message.startswith(f"{config}: version v1: a mig-parted config (NVIDIA/mig-parted), not a Kubernetes "
+                              "object")
+    assert "DynamicMIG" in message and "docs/user-guide/mig.md" in message
+    assert main(["explain", str(FIXTURES / "deviceclasses.yaml"), str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "a mig-parted config" in err and "does not read" not in err
+
+
+@pytest.mark.parametrize(
+    ("kind", "instead"),
+    [
+        ("GpuClaimParameters", "opaque GpuConfig"),
+        ("MigDeviceClaimParameters", "DeviceClass mig.nvidia.com"),
+        ("ComputeInstanceClaimParameters", "DeviceClass mig.nvidia.com"),
+        ("DeviceClassParameters", "a DeviceClass (resource.k8s.io/v1)"),
+    ],
+)
+def test_nvidia_classic_dra_parameters_are_refused_with_the_replacement(kind: str, instead: str) -> None:
+    obj = {"apiVersion": "gpu.resource.nvidia.com/v1alpha1", "kind": kind,
+           "metadata": {"name": "params", "namespace": "default"}, "spec": {"count": 1}}
+    gpu = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+           "metadata": {"name": "gpu", "namespace": "default"},
+           "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}
+    with pytest.raises(InputError) as info:
+        load([*fixture("h100"), docs(obj, gpu)], ["classes.yaml", "h100.yaml", "old.yaml"])
+    assert str(info.value).startswith(
+        f"old.yaml: gpu.resource.nvidia.com/v1alpha1 {kind} default/params: NVIDIA's classic-DRA parameters "
+        "(classic DRA was removed in Kubernetes 1.31): use ")
+    assert instead in str(info.value)
+    state = {"apiVersion": "nas.gpu.resource.nvidia.com/v1alpha1", "kind": "NodeAllocationState",
+             "metadata": {"name": "node-a", "namespace": "nvidia"}}
+    with pytest.raises(InputError, match=r"NodeAllocationState nvidia/node-a: NVIDIA's classic-DRA .*ResourceSlices"):
+        load([*fixture("h100"), docs(state, gpu)])
