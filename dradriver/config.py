@@ -563,12 +563,8 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
     if problems := dns_subdomain_problems(args.node_name):
         raise FlagError(f"--node-name (env NODE_NAME) {args.node_name!r} is not a valid Node name: "
                         + "; ".join(problems))
-    gates = _gates(args.feature_gates)
+    gates, shares = publication_from_args(args)
     hook_path = args.nvidia_cdi_hook_path or DEFAULT_CDI_HOOK_PATH
-    try:
-        shares = parse_share_mode(args.consumable_shares, gate_enabled=gates.consumable_shares)
-    except ShareModeError as exc:
-        raise FlagError(str(exc)) from None
     if not hook_path.startswith("/"):
         raise FlagError(f"--nvidia-cdi-hook-path (env NVIDIA_CDI_HOOK_PATH) {hook_path!r} is not an absolute path")
     if gates.mps_support and not args.image_name:
@@ -618,6 +614,26 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         feature_gates=gates,
         consumable_shares=shares,
     )
+
+
+#: The flags of :data:`PLUGIN_FLAGS` that decide which devices the GPU plugin publishes and how (besides the node's
+#: hardware): ``dradriver inspect`` takes them too, so it prints what the plugin would publish with them.
+PUBLICATION_FLAGS = ("--feature-gates", "--consumable-shares")
+
+
+def publication_from_args(args: argparse.Namespace) -> tuple[FeatureGates, ShareMode]:
+    """The feature gates (``--feature-gates``) and the consumable-share mode (``--consumable-shares``, which
+    needs the gate ``ConsumableShares`` unless ``disabled``) of a namespace parsed with :data:`PUBLICATION_FLAGS`:
+    what the GPU plugin and ``dradriver inspect`` read them into.
+
+    :raises FlagError: a gate or the share mode is malformed, or shares are on without their gate.
+    """
+    gates = _gates(args.feature_gates)
+    try:
+        shares = parse_share_mode(args.consumable_shares, gate_enabled=gates.consumable_shares)
+    except ShareModeError as exc:
+        raise FlagError(str(exc)) from None
+    return gates, shares
 
 
 def compute_domain_config_from_args(args: argparse.Namespace) -> PluginConfig:

@@ -9,27 +9,51 @@ GPU), MIG (profile, ``-`` for a full GPU), MEMORY, UUID, HEALTH (``Healthy``, ``
 health poll, as the plugin's health monitor judges it); ``-o wide`` adds PRODUCT, PCI-BUS-ID, SLICE and TAINTS
 (``key`` or ``key=value``, e.g. ``gpu.nvidia.com/fabric-unhealthy=registration-failed``).
 GPUs left out by discovery and other warnings go to stderr and, in YAML, also into comments at the top.
+The plugin's options that decide what it publishes are taken with the plugin's names and environment twins:
+``--feature-gates`` (``FEATURE_GATES``; with ``DynamicMIG=true`` the slices carry every MIG placement and the
+counter sets they consume) and ``--consumable-shares`` (``CONSUMABLE_SHARES``; with the gate ``ConsumableShares``
+every device is multi-allocatable with its request policies). The slices are built by the very functions the
+running plugin uses (discovery, then :func:`dradriver.domain.resourceslices.build`). Their layout depends on the
+API server's version, which the plugin reads from ``GET /version``: ``--kubernetes-version MAJOR.MINOR``
+(default: the newest layout, 1.35, where a dynamic-MIG GPU's counter set and its devices are in separate slices;
+give ``1.34`` for the combined layout of older API servers).
 Exit status: 0 on success, 1 when NVML cannot be loaded or initialised, 2 for a ``--node-name`` that is not a
-Node name (an RFC 1123 subdomain).
+Node name (an RFC 1123 subdomain), a malformed ``--kubernetes-version`` or a gate or share mode the plugin would
+refuse.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import socket
 import sys
 from pathlib import Path
 from typing import Any
 
-from dradriver.config import PLUGIN_FLAGS, add_flags
+from dradriver.config import PLUGIN_FLAGS, PUBLICATION_FLAGS, add_flags
+from dradriver.domain.partitions import SPLIT_LAYOUT_SINCE
 
 _FLAGS = ("--node-name", "--nvml-library", "--mock-profile", "--sysfs-root")
+_KUBERNETES_VERSION = re.compile(r"^v?(\d+)\.(\d+)(\.\d+)?$")
+
+
+def kubernetes_version(text: str) -> tuple[int, int]:
+    """``(major, minor)`` of ``--kubernetes-version`` (``1.34``, ``v1.35.0``).
+
+    :raises argparse.ArgumentTypeError: not ``MAJOR.MINOR[.PATCH]``.
+    """
+    found = _KUBERNETES_VERSION.match(text.strip())
+    if not found:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a Kubernetes version such as 1.34 or v1.35.0")
+    return int(found.group(1)), int(found.group(2))
 
 
 def register(subparsers: Any) -> None:
     """Add the ``inspect`` subcommand (flags: ``--output``, ``--node-name``, ``--nvml-library``,
-    ``--mock-profile``, ``--sysfs-root``, each with its environment twin)."""
+    ``--mock-profile``, ``--sysfs-root``, the plugin's :data:`~dradriver.config.PUBLICATION_FLAGS`, each with its
+    environment twin, and ``--kubernetes-version``)."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "inspect",
         help="print the ResourceSlices this node would publish",
@@ -42,6 +66,14 @@ def register(subparsers: Any) -> None:
              "taints)"
     )
     add_flags(parser, [f for f in PLUGIN_FLAGS if f.option in _FLAGS])
+    add_flags(parser, [f for f in PLUGIN_FLAGS if f.option in PUBLICATION_FLAGS])
+    newest = ".".join(map(str, SPLIT_LAYOUT_SINCE))
+    parser.add_argument(
+        "--kubernetes-version", type=kubernetes_version, default=SPLIT_LAYOUT_SINCE, metavar="MAJOR.MINOR",
+        help=f"the API server version whose ResourceSlice layout to print, as the plugin reads it from GET /version "
+             f"(default {newest}, the newest layout; 1.34 and older: a dynamic-MIG GPU's counter set and devices "
+             "share one slice)"
+    )
     parser.set_defaults(func=run)
 
 
@@ -127,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
 
     from dradriver import _native
     from dradriver.commands._options import node_name_error
+    from dradriver.config import publication_from_args
     from dradriver.domain.resourceslices import ResourceSliceError, build
     from dradriver.errors import DradriverError
     from dradriver.kube.resourceslices import slice_generate_name
@@ -137,19 +170,24 @@ def run(args: argparse.Namespace) -> int:
     if error:
         print(error, file=sys.stderr)
         return 2
+    try:
+        gates, shares = publication_from_args(args)
+    except DradriverError as exc:
+        print(f"dradriver inspect: {exc}", file=sys.stderr)
+        return 2
     node = args.node_name or socket.gethostname().strip().lower()  # the kubelet's default Node name
     health: dict[str, tuple[str, str]] = {}
     try:
         _native.load_all()  # the hot paths must be there (or twins asked for): a loud error, not a slow path
         with open_session(args.nvml_library or "", args.mock_profile or "") as session:
-            inventory = discover(session, sysfs_root=Path(args.sysfs_root or "/sys"))
+            inventory = discover(session, sysfs_root=Path(args.sysfs_root or "/sys"), dynamic_mig=gates.dynamic_mig)
             if args.output in ("table", "wide"):
                 health = poll_health(inventory, session, node)
     except DradriverError as exc:
         print(f"dradriver inspect: error: {exc}", file=sys.stderr)
         return 1
     try:
-        result = build(inventory, node)
+        result = build(inventory, node, server_version=args.kubernetes_version, shares=shares)
     except ResourceSliceError as exc:
         print(f"dradriver inspect: error: {exc}", file=sys.stderr)
         return 1
