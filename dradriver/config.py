@@ -636,6 +636,15 @@ def publication_from_args(args: argparse.Namespace) -> tuple[FeatureGates, Share
     return gates, shares
 
 
+def check_imex_mode(mode: str, gates: FeatureGates) -> None:
+    """Refuse ``--imex-mode hostManaged`` without the gate HostManagedIMEXDaemon, as the compute-domain plugin does.
+
+    :raises FlagError: the mode needs a gate that is off.
+    """
+    if mode == "hostManaged" and not gates["HostManagedIMEXDaemon"]:
+        raise FlagError("--imex-mode (env IMEX_MODE) 'hostManaged' needs the feature gate HostManagedIMEXDaemon")
+
+
 def compute_domain_config_from_args(args: argparse.Namespace) -> PluginConfig:
     """A :class:`PluginConfig` for ``compute-domain-kubelet-plugin`` from a namespace parsed with
     :data:`COMPUTE_DOMAIN_PLUGIN_FLAGS`; flags of the GPU plugin it does not take keep their defaults, and the
@@ -651,8 +660,7 @@ def compute_domain_config_from_args(args: argparse.Namespace) -> PluginConfig:
     base = config_from_args(full)
     if args.imex_isolation == "channel" and args.imex_mode != "hostManaged":
         raise FlagError(CHANNEL_NEEDS_HOST_MANAGED)
-    if args.imex_mode == "hostManaged" and not base.feature_gates["HostManagedIMEXDaemon"]:
-        raise FlagError("--imex-mode (env IMEX_MODE) 'hostManaged' needs the feature gate HostManagedIMEXDaemon")
+    check_imex_mode(args.imex_mode, base.feature_gates)
     return replace(base, driver_name=COMPUTE_DOMAIN_DRIVER.driver_name,
                    gpu_clique_label_enabled=bool(args.gpu_clique_label_enabled), imex_mode=args.imex_mode,
                    imex_isolation=args.imex_isolation, imex_host_socket_path=str(args.imex_host_socket_path))

@@ -17,6 +17,11 @@ running plugin uses (discovery, then :func:`dradriver.domain.resourceslices.buil
 API server's version, which the plugin reads from ``GET /version``: ``--kubernetes-version MAJOR.MINOR``
 (default: the newest layout, 1.35, where a dynamic-MIG GPU's counter set and its devices are in separate slices;
 give ``1.34`` for the combined layout of older API servers).
+``--driver compute-domain.nvidia.com`` prints the compute-domain kubelet plugin's slices instead (the same
+function builds them): ``channel-0`` and, unless ``--imex-mode hostManaged`` (``IMEX_MODE``), ``daemon-0``, each
+tainted ``compute-domain.nvidia.com/fabric-unhealthy`` while the node's NVLink fabric is faulty (read as the
+plugin reads it, strictly with the gate ``CrashOnNVLinkFabricErrors``); with the GPU plugin's slices they are the
+input ``dradriver allocate``/``explain`` need for ComputeDomain workloads.
 Exit status: 0 on success, 1 when NVML cannot be loaded or initialised, 2 for a ``--node-name`` that is not a
 Node name (an RFC 1123 subdomain), a malformed ``--kubernetes-version`` or a gate or share mode the plugin would
 refuse.
@@ -32,7 +37,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dradriver.config import PLUGIN_FLAGS, PUBLICATION_FLAGS, add_flags
+from dradriver.config import COMPUTE_DOMAIN_PLUGIN_FLAGS, PLUGIN_FLAGS, PUBLICATION_FLAGS, add_flags
+from dradriver.domain.identity import COMPUTE_DOMAIN_DRIVER, GPU_DRIVER
 from dradriver.domain.partitions import SPLIT_LAYOUT_SINCE
 
 _FLAGS = ("--node-name", "--nvml-library", "--mock-profile", "--sysfs-root")
@@ -53,7 +59,7 @@ def kubernetes_version(text: str) -> tuple[int, int]:
 def register(subparsers: Any) -> None:
     """Add the ``inspect`` subcommand (flags: ``--output``, ``--node-name``, ``--nvml-library``,
     ``--mock-profile``, ``--sysfs-root``, the plugin's :data:`~dradriver.config.PUBLICATION_FLAGS`, each with its
-    environment twin, and ``--kubernetes-version``)."""
+    environment twin, ``--kubernetes-version``, ``--driver`` and the compute-domain plugin's ``--imex-mode``)."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "inspect",
         help="print the ResourceSlices this node would publish",
@@ -67,6 +73,12 @@ def register(subparsers: Any) -> None:
     )
     add_flags(parser, [f for f in PLUGIN_FLAGS if f.option in _FLAGS])
     add_flags(parser, [f for f in PLUGIN_FLAGS if f.option in PUBLICATION_FLAGS])
+    parser.add_argument(
+        "--driver", choices=(GPU_DRIVER.driver_name, COMPUTE_DOMAIN_DRIVER.driver_name),
+        default=GPU_DRIVER.driver_name,
+        help="whose slices to print: the GPU kubelet plugin's (default) or the compute-domain kubelet plugin's"
+    )
+    add_flags(parser, [f for f in COMPUTE_DOMAIN_PLUGIN_FLAGS if f.option == "--imex-mode"])
     newest = ".".join(map(str, SPLIT_LAYOUT_SINCE))
     parser.add_argument(
         "--kubernetes-version", type=kubernetes_version, default=SPLIT_LAYOUT_SINCE, metavar="MAJOR.MINOR",
@@ -100,12 +112,18 @@ def _attribute(device: dict[str, Any], name: str) -> str:
     return str(next(iter(value.values()), "-")) if value else "-"
 
 
+def _taints(device: dict[str, Any]) -> str:
+    """The published taints of ``device`` as ``key`` or ``key=value`` joined by ``,`` (devices the health monitor
+    does not watch: the compute-domain plugin's)."""
+    return ",".join(f"{t['key']}={t['value']}" if t.get("value") else str(t["key"]) for t in device.get("taints", []))
+
+
 def device_rows(inventory: Any, node: str, slices: list[dict[str, Any]], health: dict[str, tuple[str, str]], *,
                 wide: bool) -> list[tuple[str, ...]]:
     """The ``table``/``wide`` rows, header first: one per published device, in slice order.
 
     :param health: device name -> (health word, taints as ``key`` or ``key=value`` joined by ``,``), from
-        :func:`poll_health`.
+        :func:`poll_health`; a device it does not name is ``Unknown`` with the taints it is published with.
     """
     from dradriver.domain.devices import MigDevice
 
@@ -117,7 +135,7 @@ def device_rows(inventory: Any, node: str, slices: list[dict[str, Any]], health:
         for device in s["spec"]["devices"]:
             found = inventory.find(device["name"])
             gpu = found.parent if isinstance(found, MigDevice) else found
-            state, taints = health.get(device["name"], ("Unknown", ""))
+            state, taints = health.get(device["name"], ("Unknown", _taints(device)))
             row = [node, device["name"], str(gpu.minor) if gpu is not None else "-",
                    found.profile if isinstance(found, MigDevice) else "-", _memory(device),
                    _attribute(device, "uuid"), state]
@@ -153,13 +171,32 @@ def poll_health(inventory: Any, session: Any, node: str) -> dict[str, tuple[str,
         monitor.stop()
 
 
+def compute_domain_slices(session: Any, node: str, gates: Any, *, host_managed: bool) -> Any:
+    """The compute-domain kubelet plugin's slices of ``node`` (:func:`dradriver.domain.computedomains.
+    plugin_resource_slices`, NVIDIA's ``channel-0`` only), tainted as the plugin taints them while the fabric it
+    reads through ``session`` is faulty, as a :class:`~dradriver.domain.resourceslices.SliceBuild`.
+
+    :raises dradriver.nvml.fabric.FabricError: the fabric cannot be assessed (a registration in progress in strict
+        mode, GPUs in different cliques), as the plugin would not start.
+    """
+    from dradriver.domain.computedomains import fabric_taints, plugin_resource_slices
+    from dradriver.domain.featuregates import CRASH_ON_NVLINK_FABRIC_ERRORS
+    from dradriver.domain.resourceslices import SliceBuild
+    from dradriver.nvml import fabric
+
+    node_fabric = fabric.assess_node(fabric.read_node_fabric(session), strict=gates[CRASH_ON_NVLINK_FABRIC_ERRORS])
+    slices = plugin_resource_slices(node, COMPUTE_DOMAIN_DRIVER.driver_name, daemon=not host_managed,
+                                    taints=fabric_taints(COMPUTE_DOMAIN_DRIVER, node_fabric.reason))
+    return SliceBuild(slices, [f"fabric: {node_fabric.message}"] if not node_fabric.healthy else [])
+
+
 def run(args: argparse.Namespace) -> int:
     """Discover, build and print; returns the exit status."""
     import yaml
 
     from dradriver import _native
     from dradriver.commands._options import node_name_error
-    from dradriver.config import publication_from_args
+    from dradriver.config import check_imex_mode, publication_from_args
     from dradriver.domain.resourceslices import ResourceSliceError, build
     from dradriver.errors import DradriverError
     from dradriver.kube.resourceslices import slice_generate_name
@@ -172,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         gates, shares = publication_from_args(args)
+        check_imex_mode(args.imex_mode, gates)
     except DradriverError as exc:
         print(f"dradriver inspect: {exc}", file=sys.stderr)
         return 2
@@ -183,12 +221,11 @@ def run(args: argparse.Namespace) -> int:
             inventory = discover(session, sysfs_root=Path(args.sysfs_root or "/sys"), dynamic_mig=gates.dynamic_mig)
             if args.output in ("table", "wide"):
                 health = poll_health(inventory, session, node)
-    except DradriverError as exc:
-        print(f"dradriver inspect: error: {exc}", file=sys.stderr)
-        return 1
-    try:
-        result = build(inventory, node, server_version=args.kubernetes_version, shares=shares)
-    except ResourceSliceError as exc:
+            if args.driver == COMPUTE_DOMAIN_DRIVER.driver_name:
+                result = compute_domain_slices(session, node, gates, host_managed=args.imex_mode == "hostManaged")
+            else:
+                result = build(inventory, node, server_version=args.kubernetes_version, shares=shares)
+    except (DradriverError, ResourceSliceError) as exc:
         print(f"dradriver inspect: error: {exc}", file=sys.stderr)
         return 1
 

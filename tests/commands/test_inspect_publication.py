@@ -116,7 +116,39 @@ def test_inspect_refuses_what_the_plugin_refuses(capsys: pytest.CaptureFixture[s
     rc = main(["inspect", "--mock-profile", node.profile, "--feature-gates", "NoSuchGate=true"])
     _, err = capsys.readouterr()
     assert rc == 2 and "NoSuchGate" in err
+    rc = main(["inspect", "--mock-profile", node.profile, "--driver", "compute-domain.nvidia.com", "--imex-mode",
+               "hostManaged"])
+    _, err = capsys.readouterr()
+    assert rc == 2 and "HostManagedIMEXDaemon" in err
     with pytest.raises(SystemExit):
         main(["inspect", "--mock-profile", node.profile, "--kubernetes-version", "latest"])
     assert "--kubernetes-version" in capsys.readouterr().err
 
+
+
+@pytest.mark.parametrize("profile", ["gb200-nvl72-node", "gb200-nvl72-fabric-failed"])
+def test_inspect_for_the_compute_domain_driver_prints_what_its_plugin_publishes(
+        capsys: pytest.CaptureFixture[str], profile: str) -> None:
+    """Channel and daemon devices, tainted while the fabric is faulty: what the compute-domain plugin publishes."""
+    from dradriver.app.computedomain import start_compute_domain_plugin
+    from tests.computedomain.cdplugin_helpers import cd_config, write_imex_proc
+
+    with SandboxNode(profile=profile) as sandbox:
+        write_imex_proc(sandbox)
+        api = sandbox.api
+        assert api is not None
+
+        async def body() -> list[dict[str, Any]]:
+            plugin = await start_compute_domain_plugin(cd_config(sandbox))
+            try:
+                await wait_for(lambda: plugin.publisher.in_sync, timeout=30)
+                return list(api.objects("ResourceSlice"))
+            finally:
+                await plugin.stop()
+
+        published_slices = asyncio.run(body())
+        printed = inspected(capsys, sandbox, "--driver", "compute-domain.nvidia.com")
+    assert specs(printed) == specs(published_slices)
+    devices = printed[0]["spec"]["devices"]
+    assert [d["name"] for d in devices] == ["channel-0", "daemon-0"]
+    assert bool(devices[0].get("taints")) == (profile == "gb200-nvl72-fabric-failed")
