@@ -5,44 +5,24 @@ GPU plugin's through ``dradriver inspect``, the compute-domain plugin's from the
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import io
-import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
 from dradriver.allocator.simulation import InputError, explain, load, simulate
-from dradriver.cli import main
 from dradriver.domain.cdtemplates import ControllerSettings, daemon_claim_template, workload_claim_template
 from dradriver.domain.computedomains import ComputeDomain, plugin_resource_slices
 from dradriver.domain.identity import COMPUTE_DOMAIN_DRIVER
-
-REPO = Path(__file__).resolve().parents[2]
-NVIDIA = Path(__file__).resolve().parent / "fixtures" / "nvidia"
-CLASSES = (REPO / "deploy" / "kustomize" / "base" / "deviceclasses.yaml").read_text()
+from tests.allocator.nvidia_examples import CLASSES, example, inspected
 
 
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("DRADRIVER_MOCK_PROFILE", "DRADRIVER_NVML_LIBRARY", "NODE_NAME", "SYSFS_ROOT", "FEATURE_GATES",
-                 "CONSUMABLE_SHARES"):
-        monkeypatch.delenv(name, raising=False)
-
-
-@pytest.fixture(scope="module")
+@pytest.fixture
 def gpu_slices() -> dict[str, list[dict[str, Any]]]:
     """Node name -> the GPU plugin's slices of a GB200 NVL72 compute tray (4 GPUs), as ``dradriver inspect`` prints."""
-    out: dict[str, list[dict[str, Any]]] = {}
-    for node in ("gb-a", "gb-b", "gb-c", "gb-d"):
-        printed = io.StringIO()
-        with contextlib.redirect_stdout(printed):
-            assert main(["inspect", "--mock-profile", "gb200-nvl72-node", "--node-name", node, "-o", "json"]) == 0
-        out[node] = json.loads(printed.getvalue())
-    return out
+    return {node: inspected("--mock-profile", "gb200-nvl72-node", "--node-name", node)
+            for node in ("gb-a", "gb-b", "gb-c", "gb-d")}
 
 
 def cluster(gpu_slices: dict[str, list[dict[str, Any]]], nodes: int, *extra: dict[str, Any]) -> list[str]:
@@ -56,10 +36,6 @@ def cluster(gpu_slices: dict[str, list[dict[str, Any]]], nodes: int, *extra: dic
     return [CLASSES, yaml.safe_dump_all([*objects, *extra])]
 
 
-def manifest(name: str) -> str:
-    return (NVIDIA / name).read_text()
-
-
 def allocated(outcome: Any) -> dict[str, list[tuple[str, str]]]:
     return {f"{c['metadata']['namespace']}/{c['metadata']['name']}":
             [(r["pool"], r["device"]) for r in c["status"]["allocation"]["devices"]["results"]]
@@ -68,7 +44,7 @@ def allocated(outcome: Any) -> dict[str, list[tuple[str, str]]]:
 
 def test_channel_injection_pod_gets_channel_0_and_its_node_an_imex_daemon_claim(
         gpu_slices: dict[str, list[dict[str, Any]]]) -> None:
-    inputs = load([*cluster(gpu_slices, 1), manifest("imex-channel-injection.yaml")])
+    inputs = load([*cluster(gpu_slices, 1), example("imex-channel-injection.yaml")])
     assert not inputs.warnings  # the ComputeDomain is read, not "a kind the simulator does not read"
     outcome = simulate(inputs)
     assert not outcome.failures
@@ -85,10 +61,10 @@ def test_channel_injection_pod_gets_channel_0_and_its_node_an_imex_daemon_claim(
 
 def test_channel_claims_carry_the_controllers_template(gpu_slices: dict[str, list[dict[str, Any]]]) -> None:
     """The claims come from the very templates the controller creates (allocationMode All kept in the config)."""
-    inputs = load([*cluster(gpu_slices, 1), manifest("imex-channel-injection-all.yaml")])
+    inputs = load([*cluster(gpu_slices, 1), example("imex-channel-injection-all.yaml")])
     outcome = simulate(inputs)
     assert not outcome.failures
-    [domain] = [d for d in yaml.safe_load_all(manifest("imex-channel-injection-all.yaml"))
+    [domain] = [d for d in yaml.safe_load_all(example("imex-channel-injection-all.yaml"))
                 if d and d["kind"] == "ComputeDomain"]
     uid = next(iter(inputs.domains.domains))
     cd = ComputeDomain.from_object({**domain, "metadata": {**domain["metadata"], "namespace": "default", "uid": uid}})
@@ -102,7 +78,7 @@ def test_channel_claims_carry_the_controllers_template(gpu_slices: dict[str, lis
 
 def test_nvbandwidth_job_runs_one_worker_per_node_with_a_channel_daemon_and_two_gpus(
         gpu_slices: dict[str, list[dict[str, Any]]]) -> None:
-    inputs = load([*cluster(gpu_slices, 4), manifest("imex-nvbandwidth-test-job.yaml")])
+    inputs = load([*cluster(gpu_slices, 4), example("imex-nvbandwidth-test-job.yaml")])
     outcome = simulate(inputs)
     assert not outcome.failures
     workers = {pod: node for pod, node in outcome.pod_nodes.items() if "-worker-" in pod}
@@ -117,7 +93,7 @@ def test_nvbandwidth_job_runs_one_worker_per_node_with_a_channel_daemon_and_two_
 
 def test_explain_names_the_taken_channel_when_the_domain_has_more_pods_than_nodes(
         gpu_slices: dict[str, list[dict[str, Any]]]) -> None:
-    inputs = load([*cluster(gpu_slices, 3), manifest("imex-nvbandwidth-test-job.yaml")])
+    inputs = load([*cluster(gpu_slices, 3), example("imex-nvbandwidth-test-job.yaml")])
     outcome = simulate(inputs)
     assert len(outcome.failures) == 1 and "nvbandwidth-test-worker-3" in outcome.failures[0]
     text, code = explain(inputs)
@@ -128,14 +104,14 @@ def test_explain_names_the_taken_channel_when_the_domain_has_more_pods_than_node
 
 def test_two_domains_share_no_node_and_explain_names_the_other_domains_daemon(
         gpu_slices: dict[str, list[dict[str, Any]]]) -> None:
-    first = load([*cluster(gpu_slices, 2), manifest("imex-nvbandwidth-test-job-1.yaml")])
+    first = load([*cluster(gpu_slices, 2), example("imex-nvbandwidth-test-job-1.yaml")])
     done = simulate(first)
     assert not done.failures
     # The first job runs (its claims allocated, as a dump shows them); only its daemon on gb-a is kept, as if its
     # worker there had finished but the daemon were still up: channel-0 of gb-a is free, daemon-0 is not.
     [kept] = [c for c in done.claims if c["metadata"]["name"].startswith("computedomain-daemon-")
               and c["status"]["allocation"]["devices"]["results"][0]["pool"] == "gb-a"]
-    second = load([*cluster(gpu_slices, 1, kept), manifest("imex-channel-injection.yaml")])
+    second = load([*cluster(gpu_slices, 1, kept), example("imex-channel-injection.yaml")])
     outcome = simulate(second)
     assert len(outcome.failures) == 1
     text, code = explain(second)

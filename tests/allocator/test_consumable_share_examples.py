@@ -5,49 +5,33 @@ provenance) allocate as they mean over the slices ``dradriver inspect`` prints w
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from dradriver.allocator.simulation import load, simulate
-from dradriver.cli import main
-
-REPO = Path(__file__).resolve().parents[2]
-NVIDIA = Path(__file__).resolve().parent / "fixtures" / "nvidia"
-CLASSES = (REPO / "deploy" / "kustomize" / "base" / "deviceclasses.yaml").read_text()
+from tests.allocator.nvidia_examples import CLASSES, example, inspected
 
 
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("DRADRIVER_MOCK_PROFILE", "DRADRIVER_NVML_LIBRARY", "NODE_NAME", "SYSFS_ROOT", "FEATURE_GATES",
-                 "CONSUMABLE_SHARES"):
-        monkeypatch.delenv(name, raising=False)
-
-
-def inspected(capsys: pytest.CaptureFixture[str], mode: str) -> str:
-    rc = main(["inspect", "--mock-profile", "dgx-h100", "--node-name", "h100-node", "-o", "json",
-               "--feature-gates", "ConsumableShares=true", "--consumable-shares", mode])
-    out, err = capsys.readouterr()
-    assert rc == 0, err
-    slices = json.loads(out)
-    for i, s in enumerate(slices):
-        s["metadata"] = {"name": f"h100-node-gpu.nvidia.com-{i}"}
-    return json.dumps({"apiVersion": "v1", "kind": "List", "items": slices})
+def slices(mode: str) -> str:
+    """The slices of a DGX H100 node with ``--consumable-shares <mode>`` (and its gate), as a List."""
+    return json.dumps({"apiVersion": "v1", "kind": "List", "items": inspected(
+        "--mock-profile", "dgx-h100", "--node-name", "h100-node", "--feature-gates", "ConsumableShares=true",
+        "--consumable-shares", mode)})
 
 
 def results(outcome: Any) -> list[dict[str, Any]]:
     return [r for c in outcome.claims for r in c["status"]["allocation"]["devices"]["results"]]
 
 
-@pytest.mark.parametrize(("example", "mode", "replicas", "consumed"), [
+@pytest.mark.parametrize(("name", "mode", "replicas", "consumed"), [
     ("memory-sharing", "memory", 2, {"memory": "4Gi"}),
     ("integer-sharing", "4", 4, {"shares": "1"}),
     ("unlimited-sharing", "unlimited", 2, {"memory": "0"}),
 ])
-def test_consumable_share_example_replicas_share_one_gpu(capsys: pytest.CaptureFixture[str], example: str, mode: str,
-                                                         replicas: int, consumed: dict[str, str]) -> None:
-    inputs = load([CLASSES, inspected(capsys, mode), (NVIDIA / f"consumable-shares-{example}.yaml").read_text()])
+def test_consumable_share_example_replicas_share_one_gpu(name: str, mode: str, replicas: int,
+                                                         consumed: dict[str, str]) -> None:
+    inputs = load([CLASSES, slices(mode), example(f"consumable-shares-{name}.yaml")])
     assert not inputs.warnings
     outcome = simulate(inputs)
     assert not outcome.failures
@@ -59,9 +43,9 @@ def test_consumable_share_example_replicas_share_one_gpu(capsys: pytest.CaptureF
         assert {k: v for k, v in r["consumedCapacity"].items() if k in consumed} == consumed
 
 
-def test_integer_shares_run_out_after_n_replicas_per_gpu(capsys: pytest.CaptureFixture[str]) -> None:
+def test_integer_shares_run_out_after_n_replicas_per_gpu() -> None:
     """With ``--consumable-shares=2`` the example's four replicas take two GPUs, two shares each."""
-    inputs = load([CLASSES, inspected(capsys, "2"), (NVIDIA / "consumable-shares-integer-sharing.yaml").read_text()])
+    inputs = load([CLASSES, slices("2"), example("consumable-shares-integer-sharing.yaml")])
     outcome = simulate(inputs)
     assert not outcome.failures
     assert sorted(r["device"] for r in results(outcome)) == ["gpu-0", "gpu-0", "gpu-1", "gpu-1"]
