@@ -126,3 +126,13 @@ def test_a_compute_domain_without_its_template_name_is_refused_with_the_field() 
     with pytest.raises(InputError, match=r"^cd.yaml: ComputeDomain team/cd: spec.channel.resourceClaimTemplate.name "
                                          "is required"):
         load([CLASSES, yaml.safe_dump(broken)], ["deviceclasses.yaml", "cd.yaml"])
+
+
+def test_nvbandwidth_job_without_a_compute_domain_gets_gpus_and_no_channel(
+        gpu_slices: dict[str, list[dict[str, Any]]]) -> None:
+    inputs = load([*cluster(gpu_slices, 2), example("imex-nvbandwidth-test-no-compute-domain-job.yaml")])
+    assert not inputs.warnings and not inputs.domains.workload
+    outcome = simulate(inputs)
+    assert not outcome.failures
+    devices = [d for v in allocated(outcome).values() for d in v]
+    assert devices and all(device.startswith("gpu-") for _, device in devices)
