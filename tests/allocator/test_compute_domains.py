@@ -135,4 +135,4 @@ def test_nvbandwidth_job_without_a_compute_domain_gets_gpus_and_no_channel(
     outcome = simulate(inputs)
     assert not outcome.failures
     devices = [d for v in allocated(outcome).values() for d in v]
-    assert devices and all(device.startswith("gpu-") for _, device in devices)
+    assert len(devices) == 8 and all(device.startswith("gpu-") for _, device in devices)  # 4 workers, 2 GPUs each
