@@ -41,6 +41,7 @@ from dradriver.domain.cdtemplates import (
 )
 from dradriver.domain.computedomains import (
     API_GROUP,
+    COMPUTE_DOMAIN_KIND,
     LABEL_COMPUTE_DOMAIN,
     LABEL_TARGET,
     ComputeDomain,
@@ -48,7 +49,6 @@ from dradriver.domain.computedomains import (
     daemon_object_name,
 )
 
-KIND = "ComputeDomain"
 DEFAULT_SETTINGS = ControllerSettings()
 """NVIDIA's defaults: driver-managed IMEX, domain isolation, driver namespace ``default`` (the controller's
 ``--namespace`` default)."""
@@ -72,7 +72,7 @@ class DomainTemplates:
 
 def is_compute_domain(obj: Mapping[str, Any]) -> bool:
     """Whether ``obj`` is a ``resource.nvidia.com`` ComputeDomain (any version)."""
-    return obj.get("kind") == KIND and str(obj.get("apiVersion", "")).split("/")[0] == API_GROUP
+    return obj.get("kind") == COMPUTE_DOMAIN_KIND and str(obj.get("apiVersion", "")).split("/")[0] == API_GROUP
 
 
 def read_domain(obj: Mapping[str, Any], templates: DomainTemplates,
@@ -84,7 +84,7 @@ def read_domain(obj: Mapping[str, Any], templates: DomainTemplates,
     meta = dict(as_mapping(obj.get("metadata")))
     namespace = str(meta.get("namespace") or "default")
     name = str(meta.get("name") or "<unnamed>")
-    meta.update(namespace=namespace, uid=str(meta.get("uid") or pod_uid(namespace, f"{KIND}/{name}")))
+    meta.update(namespace=namespace, uid=str(meta.get("uid") or pod_uid(namespace, f"{COMPUTE_DOMAIN_KIND}/{name}")))
     try:
         domain = ComputeDomain.from_object({**obj, "metadata": meta})
     except ComputeDomainError as exc:

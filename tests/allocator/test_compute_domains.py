@@ -13,6 +13,7 @@ import yaml
 
 from dradriver.allocator.simulation import InputError, explain, load, simulate
 from dradriver.domain.cdtemplates import ControllerSettings, daemon_claim_template, workload_claim_template
+from dradriver.domain.computedomains import COMPUTE_DOMAIN_KIND as KIND
 from dradriver.domain.computedomains import ComputeDomain, plugin_resource_slices
 from dradriver.domain.identity import COMPUTE_DOMAIN_DRIVER
 from tests.allocator.nvidia_examples import CLASSES, example, inspected
@@ -136,3 +137,22 @@ def test_nvbandwidth_job_without_a_compute_domain_gets_gpus_and_no_channel(
     assert not outcome.failures
     devices = [d for v in allocated(outcome).values() for d in v]
     assert len(devices) == 8 and all(device.startswith("gpu-") for _, device in devices)  # 4 workers, 2 GPUs each
+
+
+def test_a_cluster_dump_with_the_controllers_templates_allocates_the_same_claims(
+        gpu_slices: dict[str, list[dict[str, Any]]]) -> None:
+    """A dump holds the ComputeDomain (with its UID) and the templates the controller made: they are used as given,
+    and the daemon template is claimed only by the daemon pods, never alone."""
+    [domain] = [d for d in yaml.safe_load_all(example("imex-channel-injection.yaml")) if d and d["kind"] == KIND]
+    domain["metadata"].update(namespace="default", uid="0c3f1a52-7d1e-4c53-9f43-1b1d6f0c9a11")
+    cd = ComputeDomain.from_object(domain)
+    pod = next(d for d in yaml.safe_load_all(example("imex-channel-injection.yaml")) if d and d["kind"] == "Pod")
+    settings = ControllerSettings(namespace="nvidia-dra-driver-gpu")
+    dump = [domain, workload_claim_template(cd, settings), daemon_claim_template(cd, settings), pod]
+    inputs = load([*cluster(gpu_slices, 1), yaml.safe_dump_all(dump)])
+    outcome = simulate(inputs)
+    assert not outcome.failures
+    names = sorted(f"{c['metadata']['namespace']}/{c['metadata']['name']}" for c in outcome.claims)
+    assert len(names) == 2  # the pod's channel claim and its node's daemon claim, nothing else
+    assert names[0].startswith("default/imex-channel-injection-imex-channel-0-")
+    assert names[1].startswith(f"nvidia-dra-driver-gpu/computedomain-daemon-{cd.uid}"[:40])
