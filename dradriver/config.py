@@ -619,12 +619,8 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
     if problems := dns_subdomain_problems(args.node_name):
         raise FlagError(f"--node-name (env NODE_NAME) {args.node_name!r} is not a valid Node name: "
                         + "; ".join(problems))
-    gates = _gates(args.feature_gates)
+    gates, shares = publication_from_args(args)
     hook_path = args.nvidia_cdi_hook_path
-    try:
-        shares = parse_share_mode(args.consumable_shares, gate_enabled=gates.consumable_shares)
-    except ShareModeError as exc:
-        raise FlagError(str(exc)) from None
     try:
         overhead = nodeallocatable.parse_overhead(
             {key: getattr(args, nodeallocatable.flag_dest(*key), "") for key in nodeallocatable.FLAG_KEYS},
@@ -687,6 +683,35 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
     )
 
 
+#: The flags of :data:`PLUGIN_FLAGS` that decide which devices the GPU plugin publishes and how (besides the node's
+#: hardware): ``dradriver inspect`` takes them too, so it prints what the plugin would publish with them.
+PUBLICATION_FLAGS = ("--feature-gates", "--consumable-shares")
+
+
+def publication_from_args(args: argparse.Namespace) -> tuple[FeatureGates, ShareMode]:
+    """The feature gates (``--feature-gates``) and the consumable-share mode (``--consumable-shares``, which
+    needs the gate ``ConsumableShares`` unless ``disabled``) of a namespace parsed with :data:`PUBLICATION_FLAGS`:
+    what the GPU plugin and ``dradriver inspect`` read them into.
+
+    :raises FlagError: a gate or the share mode is malformed, or shares are on without their gate.
+    """
+    gates = _gates(args.feature_gates)
+    try:
+        shares = parse_share_mode(args.consumable_shares, gate_enabled=gates.consumable_shares)
+    except ShareModeError as exc:
+        raise FlagError(str(exc)) from None
+    return gates, shares
+
+
+def check_imex_mode(mode: str, gates: FeatureGates) -> None:
+    """Refuse ``--imex-mode hostManaged`` without the gate HostManagedIMEXDaemon, as the compute-domain plugin does.
+
+    :raises FlagError: the mode needs a gate that is off.
+    """
+    if mode == "hostManaged" and not gates["HostManagedIMEXDaemon"]:
+        raise FlagError("--imex-mode (env IMEX_MODE) 'hostManaged' needs the feature gate HostManagedIMEXDaemon")
+
+
 def compute_domain_config_from_args(args: argparse.Namespace) -> PluginConfig:
     """A :class:`PluginConfig` for ``compute-domain-kubelet-plugin`` from a namespace parsed with
     :data:`COMPUTE_DOMAIN_PLUGIN_FLAGS`; flags of the GPU plugin it does not take keep their defaults, and the
@@ -702,8 +727,7 @@ def compute_domain_config_from_args(args: argparse.Namespace) -> PluginConfig:
     base = config_from_args(full)
     if args.imex_isolation == "channel" and args.imex_mode != "hostManaged":
         raise FlagError(CHANNEL_NEEDS_HOST_MANAGED)
-    if args.imex_mode == "hostManaged" and not base.feature_gates["HostManagedIMEXDaemon"]:
-        raise FlagError("--imex-mode (env IMEX_MODE) 'hostManaged' needs the feature gate HostManagedIMEXDaemon")
+    check_imex_mode(args.imex_mode, base.feature_gates)
     return replace(base, driver_name=COMPUTE_DOMAIN_DRIVER.driver_name,
                    gpu_clique_label_enabled=bool(args.gpu_clique_label_enabled), imex_mode=args.imex_mode,
                    imex_isolation=args.imex_isolation, imex_host_socket_path=str(args.imex_host_socket_path))

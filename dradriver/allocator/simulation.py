@@ -5,7 +5,9 @@ Input is any mix of ``ResourceSlice``, ``DeviceClass``, ``ResourceClaim``, ``Res
 :mod:`.conversion`; retired versions are refused with the reason, as are NVIDIA's classic-DRA parameter
 kinds and mig-parted configs: :mod:`.refusals`), ``Pod``, ``Node``, ``Namespace``, and
 workloads (Deployments, ReplicaSets, StatefulSets, Jobs, MPIJobs), which become the Pods their controllers
-would run (:mod:`.workloads`). ``List`` objects are flattened. Every other object is named in
+would run (:mod:`.workloads`), and ``ComputeDomain`` objects, which become the ResourceClaimTemplates the
+compute-domain controller creates (the workload's IMEX channel, the IMEX daemons' claims:
+:mod:`.computedomains`). ``List`` objects are flattened. Every other object is named in
 :attr:`Inputs.warnings`; an input without any object is an error, a YAML error names the source and line.
 
 The control plane's claims are generated as it generates them: per template entry of a Pod, one claim named
@@ -36,7 +38,7 @@ from typing import Any
 
 import yaml
 
-from dradriver.allocator import noderesources
+from dradriver.allocator import computedomains, noderesources
 from dradriver.allocator.allocation import (
     AllocationError,
     Allocator,
@@ -93,6 +95,7 @@ class Inputs:
     extended: dict[str, ExtendedPlan] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    domains: computedomains.DomainTemplates = field(default_factory=computedomains.DomainTemplates)
 
 
 def _flatten(objects: Iterable[Any], source: str) -> Iterable[dict[str, Any]]:
@@ -232,6 +235,11 @@ def _read(objects: list[tuple[dict[str, Any], str]]) -> Inputs:
         elif kind == "Namespace" and obj.get("apiVersion") == "v1":
             meta = obj.get("metadata") or {}
             inputs.namespaces[str(meta.get("name"))] = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+        elif computedomains.is_compute_domain(obj):
+            try:
+                computedomains.read_domain(obj, inputs.domains)
+            except InputError as exc:
+                raise InputError(f"{source}: {exc}") from None
         elif is_workload(obj) and _key(obj) in owners:
             inputs.notes.append(
                 f"{obj.get('kind')} {_key(obj)[0]}/{_key(obj)[2]}: not expanded, the objects it controls are in "
@@ -255,8 +263,22 @@ def _read(objects: list[tuple[dict[str, Any], str]]) -> Inputs:
             inputs.claims.append(parse_claim(obj))
         except InputError as exc:
             raise InputError(f"{source}: {exc}") from None
+    _add_domain_templates(inputs)
     inputs.claims.extend(_instantiate(inputs))
     return inputs
+
+
+def _add_domain_templates(inputs: Inputs) -> None:
+    """The ComputeDomains' workload templates join the input's templates (one of the same name given in the input,
+    a dump's, wins); a daemon template given in the input (a dump's) serves its domain's daemon claims."""
+    for template in inputs.domains.workload:
+        meta = as_mapping(template.get("metadata"))
+        if _template(inputs, str(meta.get("namespace")), str(meta.get("name"))) is None:
+            inputs.templates.append(template)
+    for template in inputs.templates:
+        if domain := computedomains.daemon_domain(template):
+            inputs.domains.daemon[domain] = template
+    inputs.notes.extend(inputs.domains.notes)
 
 
 def _key(obj: dict[str, Any]) -> tuple[str, str, str]:
@@ -332,6 +354,7 @@ def _instantiate(inputs: Inputs) -> list[Claim]:
                                entry_name)
             )
             refs.append(f"{namespace}/{name}")
+            refs.extend(_daemon_claims(inputs, template, ref, claims))
         extended_status = status.get("extendedResourceClaimStatus")
         existing_extended = extended_status.get("resourceClaimName") if isinstance(extended_status, dict) else None
         extended = plan(pod, mapping, inputs.allocatable, claim_name=str(existing_extended or "") or None)
@@ -346,9 +369,21 @@ def _instantiate(inputs: Inputs) -> list[Claim]:
     for template in inputs.templates:
         meta = template.get("metadata") or {}
         namespace, name = str(meta.get("namespace") or "default"), str(meta.get("name"))
-        if (namespace, name) not in used:
+        if (namespace, name) not in used and not computedomains.is_daemon_template(template):
             claims.append(_from_template(template, namespace, name, f"from template {name}", None, None))
     return claims
+
+
+def _daemon_claims(inputs: Inputs, template: dict[str, Any], pod_ref: str, claims: list[Claim]) -> list[str]:
+    """The daemon claim allocated with a ComputeDomain workload claim of ``pod_ref`` (on the same node; added to
+    ``claims``), as a ref list: empty for other templates and for host-managed IMEX (no daemon template)."""
+    domain = computedomains.domain_of(template)
+    daemon = inputs.domains.daemon.get(domain) if domain else None
+    if domain is None or daemon is None:
+        return []
+    namespace, name, origin = computedomains.daemon_claim(daemon, inputs.domains.domains.get(domain, domain), pod_ref)
+    claims.append(_from_template(daemon, namespace, name, origin, None, None))
+    return [f"{namespace}/{name}"]
 
 
 def _template(inputs: Inputs, namespace: str, name: str) -> dict[str, Any] | None:

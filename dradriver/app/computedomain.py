@@ -47,8 +47,8 @@ from dradriver.app.driverstate import DriverGate, DriverWatch
 from dradriver.app.gpu import driver_edits, node_info, nvml_library
 from dradriver.config import CHANNEL_NEEDS_HOST_MANAGED, PluginConfig
 from dradriver.domain import cdi
-from dradriver.domain.computedomains import NODE_CLIQUE_LABEL, plugin_resource_slices
-from dradriver.domain.faults import DeviceTaint, Effect, FaultKind
+from dradriver.domain.computedomains import NODE_CLIQUE_LABEL, fabric_taints, plugin_resource_slices
+from dradriver.domain.faults import FaultKind
 from dradriver.domain.featuregates import CRASH_ON_NVLINK_FABRIC_ERRORS, HOST_MANAGED_IMEX_DAEMON
 from dradriver.domain.identity import COMPUTE_DOMAIN_DRIVER, DriverIdentity
 from dradriver.domain.registry import DeviceRegistry
@@ -123,10 +123,7 @@ class ComputeDomainPlugin(assembly.KubeletPlugin):
     def fabric_taints(self) -> list[dict[str, str]]:
         """The taints of every device of this node: ``<domain>/fabric-unhealthy`` NoSchedule with the reason
         (``registration-failed`` or ``unhealthy``) while the fabric is faulty, else none."""
-        if self.node_fabric.healthy:
-            return []
-        taint = DeviceTaint(self.identity.taint_key(FABRIC_TAINT), self.node_fabric.reason, Effect.NO_SCHEDULE)
-        return [taint.to_api()]
+        return fabric_taints(self.identity, self.node_fabric.reason)
 
     def check_fabric(self) -> fabric.NodeFabric:
         """Re-read the node's fabric and apply it (:meth:`apply_fabric`); a failure, or a registration in progress

@@ -12,29 +12,59 @@ GPUs left out by discovery and other warnings go to stderr and, in YAML, also in
 ``--default-config PROFILE`` applies a per-node device policy as the plugin would on a node whose label
 ``nvidia.com/dra-driver-gpu.config`` names PROFILE: the file PROFILE of ``--driver-config-directory``
 (``version: v1alpha1``, ``gpu.advertisedDeviceTypes``) limits the devices printed to the types it advertises.
+The plugin's options that decide what it publishes are taken with the plugin's names and environment twins:
+``--feature-gates`` (``FEATURE_GATES``; with ``DynamicMIG=true`` the slices carry every MIG placement and the
+counter sets they consume) and ``--consumable-shares`` (``CONSUMABLE_SHARES``; with the gate ``ConsumableShares``
+every device is multi-allocatable with its request policies). The slices are built by the very functions the
+running plugin uses (discovery, then :func:`dradriver.domain.resourceslices.build`). Their layout depends on the
+API server's version, which the plugin reads from ``GET /version``: ``--kubernetes-version MAJOR.MINOR``
+(default: the newest layout, 1.35, where a dynamic-MIG GPU's counter set and its devices are in separate slices;
+give ``1.34`` for the combined layout of older API servers).
+``--driver compute-domain.nvidia.com`` prints the compute-domain kubelet plugin's slices instead (the same
+function builds them): ``channel-0`` and, unless ``--imex-mode hostManaged`` (``IMEX_MODE``), ``daemon-0``, each
+tainted ``compute-domain.nvidia.com/fabric-unhealthy`` while the node's NVLink fabric is faulty (read as the
+plugin reads it, strictly with the gate ``CrashOnNVLinkFabricErrors``); with the GPU plugin's slices they are the
+input ``dradriver allocate``/``explain`` need for ComputeDomain workloads.
 Exit status: 0 on success, 1 when NVML cannot be loaded or initialised, 2 for a ``--node-name`` that is not a
-Node name (an RFC 1123 subdomain) or a profile that cannot be used (unknown, or invalid: the field is named).
+Node name (an RFC 1123 subdomain), a malformed ``--kubernetes-version``, a gate or share mode the plugin would
+refuse, or a profile that cannot be used (unknown, or invalid: the field is named).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import socket
 import sys
 from pathlib import Path
 from typing import Any
 
-from dradriver.config import PLUGIN_FLAGS, add_flags
+from dradriver.config import COMPUTE_DOMAIN_PLUGIN_FLAGS, PLUGIN_FLAGS, PUBLICATION_FLAGS, add_flags
+from dradriver.domain.identity import COMPUTE_DOMAIN_DRIVER, GPU_DRIVER
+from dradriver.domain.partitions import SPLIT_LAYOUT_SINCE
 
 _FLAGS = ("--node-name", "--nvml-library", "--mock-profile", "--sysfs-root", "--default-config",
           "--driver-config-directory")
+_KUBERNETES_VERSION = re.compile(r"^v?(\d+)\.(\d+)(\.\d+)?$")
+
+
+def kubernetes_version(text: str) -> tuple[int, int]:
+    """``(major, minor)`` of ``--kubernetes-version`` (``1.34``, ``v1.35.0``).
+
+    :raises argparse.ArgumentTypeError: not ``MAJOR.MINOR[.PATCH]``.
+    """
+    found = _KUBERNETES_VERSION.match(text.strip())
+    if not found:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a Kubernetes version such as 1.34 or v1.35.0")
+    return int(found.group(1)), int(found.group(2))
 
 
 def register(subparsers: Any) -> None:
     """Add the ``inspect`` subcommand (flags: ``--output``, ``--node-name``, ``--nvml-library``,
-    ``--mock-profile``, ``--sysfs-root``, ``--default-config``, ``--driver-config-directory``, each with its
-    environment twin)."""
+    ``--mock-profile``, ``--sysfs-root``, ``--default-config``, ``--driver-config-directory``, the plugin's
+    :data:`~dradriver.config.PUBLICATION_FLAGS`, each with its environment twin, ``--kubernetes-version``,
+    ``--driver`` and the compute-domain plugin's ``--imex-mode``)."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "inspect",
         help="print the ResourceSlices this node would publish",
@@ -47,6 +77,20 @@ def register(subparsers: Any) -> None:
              "taints)"
     )
     add_flags(parser, [f for f in PLUGIN_FLAGS if f.option in _FLAGS])
+    add_flags(parser, [f for f in PLUGIN_FLAGS if f.option in PUBLICATION_FLAGS])
+    parser.add_argument(
+        "--driver", choices=(GPU_DRIVER.driver_name, COMPUTE_DOMAIN_DRIVER.driver_name),
+        default=GPU_DRIVER.driver_name,
+        help="whose slices to print: the GPU kubelet plugin's (default) or the compute-domain kubelet plugin's"
+    )
+    add_flags(parser, [f for f in COMPUTE_DOMAIN_PLUGIN_FLAGS if f.option == "--imex-mode"])
+    newest = ".".join(map(str, SPLIT_LAYOUT_SINCE))
+    parser.add_argument(
+        "--kubernetes-version", type=kubernetes_version, default=SPLIT_LAYOUT_SINCE, metavar="MAJOR.MINOR",
+        help=f"the API server version whose ResourceSlice layout to print, as the plugin reads it from GET /version "
+             f"(default {newest}, the newest layout; 1.34 and older: a dynamic-MIG GPU's counter set and devices "
+             "share one slice)"
+    )
     parser.set_defaults(func=run)
 
 
@@ -73,12 +117,18 @@ def _attribute(device: dict[str, Any], name: str) -> str:
     return str(next(iter(value.values()), "-")) if value else "-"
 
 
+def _taints(device: dict[str, Any]) -> str:
+    """The published taints of ``device`` as ``key`` or ``key=value`` joined by ``,`` (devices the health monitor
+    does not watch: the compute-domain plugin's)."""
+    return ",".join(f"{t['key']}={t['value']}" if t.get("value") else str(t["key"]) for t in device.get("taints", []))
+
+
 def device_rows(inventory: Any, node: str, slices: list[dict[str, Any]], health: dict[str, tuple[str, str]], *,
                 wide: bool) -> list[tuple[str, ...]]:
     """The ``table``/``wide`` rows, header first: one per published device, in slice order.
 
     :param health: device name -> (health word, taints as ``key`` or ``key=value`` joined by ``,``), from
-        :func:`poll_health`.
+        :func:`poll_health`; a device it does not name is ``Unknown`` with the taints it is published with.
     """
     from dradriver.domain.devices import MigDevice
 
@@ -90,7 +140,7 @@ def device_rows(inventory: Any, node: str, slices: list[dict[str, Any]], health:
         for device in s["spec"]["devices"]:
             found = inventory.find(device["name"])
             gpu = found.parent if isinstance(found, MigDevice) else found
-            state, taints = health.get(device["name"], ("Unknown", ""))
+            state, taints = health.get(device["name"], ("Unknown", _taints(device)))
             row = [node, device["name"], str(gpu.minor) if gpu is not None else "-",
                    found.profile if isinstance(found, MigDevice) else "-", _memory(device),
                    _attribute(device, "uuid"), state]
@@ -126,12 +176,32 @@ def poll_health(inventory: Any, session: Any, node: str) -> dict[str, tuple[str,
         monitor.stop()
 
 
+def compute_domain_slices(session: Any, node: str, gates: Any, *, host_managed: bool) -> Any:
+    """The compute-domain kubelet plugin's slices of ``node`` (:func:`dradriver.domain.computedomains.
+    plugin_resource_slices`, NVIDIA's ``channel-0`` only), tainted as the plugin taints them while the fabric it
+    reads through ``session`` is faulty, as a :class:`~dradriver.domain.resourceslices.SliceBuild`.
+
+    :raises dradriver.nvml.fabric.FabricError: the fabric cannot be assessed (a registration in progress in strict
+        mode, GPUs in different cliques), as the plugin would not start.
+    """
+    from dradriver.domain.computedomains import fabric_taints, plugin_resource_slices
+    from dradriver.domain.featuregates import CRASH_ON_NVLINK_FABRIC_ERRORS
+    from dradriver.domain.resourceslices import SliceBuild
+    from dradriver.nvml import fabric
+
+    node_fabric = fabric.assess_node(fabric.read_node_fabric(session), strict=gates[CRASH_ON_NVLINK_FABRIC_ERRORS])
+    slices = plugin_resource_slices(node, COMPUTE_DOMAIN_DRIVER.driver_name, daemon=not host_managed,
+                                    taints=fabric_taints(COMPUTE_DOMAIN_DRIVER, node_fabric.reason))
+    return SliceBuild(slices, [f"fabric: {node_fabric.message}"] if not node_fabric.healthy else [])
+
+
 def run(args: argparse.Namespace) -> int:
     """Discover, build and print; returns the exit status."""
     import yaml
 
     from dradriver import _native
     from dradriver.commands._options import node_name_error
+    from dradriver.config import check_imex_mode, publication_from_args
     from dradriver.domain.driverconfig import EVERYTHING, DriverConfigError
     from dradriver.domain.resourceslices import ResourceSliceError, build
     from dradriver.errors import DradriverError
@@ -144,6 +214,12 @@ def run(args: argparse.Namespace) -> int:
     if error:
         print(error, file=sys.stderr)
         return 2
+    try:
+        gates, shares = publication_from_args(args)
+        check_imex_mode(args.imex_mode, gates)
+    except DradriverError as exc:
+        print(f"dradriver inspect: {exc}", file=sys.stderr)
+        return 2
     node = args.node_name or socket.gethostname().strip().lower()  # the kubelet's default Node name
     try:
         policy = load_profile(Path(args.driver_config_directory), args.default_config) if args.default_config \
@@ -155,15 +231,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         _native.load_all()  # the hot paths must be there (or twins asked for): a loud error, not a slow path
         with open_session(args.nvml_library or "", args.mock_profile or "") as session:
-            inventory = discover(session, sysfs_root=Path(args.sysfs_root or "/sys"))
+            inventory = discover(session, sysfs_root=Path(args.sysfs_root or "/sys"), dynamic_mig=gates.dynamic_mig)
             if args.output in ("table", "wide"):
                 health = poll_health(inventory, session, node)
-    except DradriverError as exc:
-        print(f"dradriver inspect: error: {exc}", file=sys.stderr)
-        return 1
-    try:
-        result = build(inventory, node, advertised=policy.advertised)
-    except ResourceSliceError as exc:
+            if args.driver == COMPUTE_DOMAIN_DRIVER.driver_name:
+                result = compute_domain_slices(session, node, gates, host_managed=args.imex_mode == "hostManaged")
+            else:
+                result = build(inventory, node, server_version=args.kubernetes_version, shares=shares,
+                               advertised=policy.advertised)
+    except (DradriverError, ResourceSliceError) as exc:
         print(f"dradriver inspect: error: {exc}", file=sys.stderr)
         return 1
 

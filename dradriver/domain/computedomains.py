@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from dradriver.domain.faults import DeviceTaint, Effect, FaultKind
+from dradriver.domain.identity import DriverIdentity
 from dradriver.domain.resourceslices import MAX_DEVICES_PER_SLICE
 from dradriver.errors import DradriverError
 
@@ -65,6 +67,7 @@ __all__ = [
     "dns_name",
     "dns_names",
     "domain_channel",
+    "fabric_taints",
     "format_clique_id",
     "global_status",
     "parse_channel_config",
@@ -496,6 +499,15 @@ def choose_channel(taken: Iterable[int], count: int = DEFAULT_IMEX_CHANNEL_COUNT
             return channel
     raise ComputeDomainError(f"no free IMEX channel: all {count - 1} channels 1..{count - 1} belong to live "
                              "ComputeDomains (IMEX_ISOLATION=channel gives each domain its own)")
+
+
+def fabric_taints(identity: DriverIdentity, reason: str) -> list[dict[str, str]]:
+    """The taints the compute-domain plugin puts on every device of its node: ``<taint domain>/fabric-unhealthy``
+    ``NoSchedule`` with ``reason`` (``registration-failed`` or ``unhealthy``) while the node's NVLink fabric is
+    faulty, none when ``reason`` is empty (healthy). Shape: ``resource.k8s.io/v1`` DeviceTaint dicts."""
+    if not reason:
+        return []
+    return [DeviceTaint(identity.taint_key(FaultKind.FABRIC_UNHEALTHY.value), reason, Effect.NO_SCHEDULE).to_api()]
 
 
 def plugin_resource_slices(node_name: str, driver: str, *, daemon: bool, channels: int = 1,
