@@ -24,7 +24,7 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 OUTPUT = REPO_ROOT / "dradriver" / "sandbox" / "apiserver" / "openapi-schemas.json"
-KUBERNETES_VERSION = "1.37.0"
+KUBERNETES_VERSION = "1.34.0"  # the release the emulator answers as on /version (routes.SERVER_VERSION)
 META = "io.k8s.apimachinery.pkg.apis.meta.v1."
 EXTRA_ROOTS = (f"{META}Status", f"{META}DeleteOptions", f"{META}WatchEvent", f"{META}APIResourceList",
                f"{META}APIGroupList", f"{META}APIVersions", f"{META}Patch")

@@ -41,7 +41,9 @@ def register(subparsers: Any) -> None:
                              "(Name=true,...), e.g. DeviceMetadata=true to print the claim's KEP-5304 device "
                              "metadata file")
     parser.add_argument("--serve", action="store_true",
-                        help="stop after publishing and keep the plugin and both emulators running until interrupted")
+                        help="stop after publishing and keep the plugin and the emulators running until interrupted: "
+                             "the API server, and the resourceclaim controller, scheduler and kubelet of "
+                             "`dradriver sandbox`, so pods applied with kubectl run")
     parser.set_defaults(func=run)
 
 
@@ -61,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     from dradriver.commands._entrypoint import Interrupted, interrupted_by_signals
     from dradriver.commands._options import node_name_error
     from dradriver.errors import DradriverError
+    from dradriver.sandbox.cluster import ClusterEmulator
     from dradriver.sandbox.demo import DemoRun, Narrator
 
     logs.configure("warning", "text")
@@ -86,7 +89,11 @@ def run(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
+        # the resourceclaim controller, scheduler and kubelet of `dradriver sandbox`, so applied pods run
+        cluster = ClusterEmulator(run.sandbox, say=lambda text: print(
+            text, flush=True, file=sys.stderr if args.output == "json" else sys.stdout))
+        cluster.apply_device_classes()
+        await cluster.run(stop)
 
     if args.serve and args.output == "json":
         narrator.output = "quiet"

@@ -59,6 +59,10 @@ from dradriver.sandbox.node import SandboxNode
 log = logging.getLogger(__name__)
 POD_CLAIM_ANNOTATION = POD_CLAIM_NAME_ANNOTATION
 SCHEDULER = "default-scheduler"
+DELETE_PROTECTION_FINALIZER = "resource.kubernetes.io/delete-protection"
+"""``resourceapi.Finalizer`` (``k8s.io/api/resource/v1``): kube-scheduler adds it when it writes a claim's
+allocation (``bindClaim``, KEP-4381); the resourceclaim controller removes it with the allocation once no pod is
+reserved and the claim is being deleted or its owning pod is gone, so a claim in use outlives ``kubectl delete``."""
 UNSCHEDULABLE_MESSAGE = ("0/1 nodes are available: 1 cannot allocate all claims. preemption: 0/1 nodes are "
                          "available: 1 Preemption is not helpful for scheduling.")
 """kube-scheduler's FailedScheduling message when the DRA plugin cannot allocate a pod's claims on the only node
@@ -250,6 +254,7 @@ class ClusterEmulator:
             elif all(r.uid in self.prepared for r in refs):
                 self._failed_prepare.pop(uid, None)
                 self._mark_running(pod)
+        self._release_claims(pods)
         gone = [ref for uid, ref in self.prepared.items() if uid not in in_use]
         if gone and self._plugin is not None:
             errors = await self._plugin.unprepare(gone)
@@ -264,6 +269,48 @@ class ClusterEmulator:
                     "ownerReferences", []))
                 if owned:
                     api.delete("ResourceClaim", ref.name, ref.namespace)
+
+    def _release_claims(self, pods: list[dict[str, Any]]) -> None:
+        """The resourceclaim controller's cleanup (``pkg/controller/resourceclaim/controller.go`` ``syncClaim``):
+        drop ``reservedFor`` entries of pods that are gone or being deleted, once the kubelet unprepared the claim;
+        a claim with no reservation left that is being deleted, or whose owning pod is gone, loses its allocation
+        and :data:`DELETE_PROTECTION_FINALIZER` (the API server then completes a pending delete)."""
+        api = self.sandbox.api
+        assert api is not None
+        live = {p["metadata"].get("uid", "") for p in pods if not p["metadata"].get("deletionTimestamp")}
+        for claim in api.objects("ResourceClaim"):
+            meta, status = claim["metadata"], claim.get("status") or {}
+            if DELETE_PROTECTION_FINALIZER not in (meta.get("finalizers") or []) or meta["uid"] in self.prepared:
+                continue
+            reserved = [r for r in status.get("reservedFor") or [] if r.get("uid") in live]
+            if reserved != (status.get("reservedFor") or []):
+                claim.setdefault("status", {})["reservedFor"] = reserved or None
+                claim = api.update(claim, subresource="status")
+            owners = [o for o in meta.get("ownerReferences") or [] if o.get("kind") == "Pod"]
+            if reserved or not (meta.get("deletionTimestamp") or any(o.get("uid") not in live for o in owners)):
+                continue
+            claim.setdefault("status", {}).pop("allocation", None)
+            claim["status"].pop("reservedFor", None)
+            claim = api.update(claim, subresource="status")
+            claim["metadata"]["finalizers"] = [f for f in claim["metadata"]["finalizers"]
+                                               if f != DELETE_PROTECTION_FINALIZER]
+            api.update(claim)
+            self.say(f"resourceclaim controller: claim {meta.get('namespace', 'default')}/{meta['name']} "
+                     "deallocated, delete protection removed")
+
+    def _protect(self, claims: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """What kube-scheduler's ``bindClaim`` does before writing an allocation: add
+        :data:`DELETE_PROTECTION_FINALIZER` (here just after, in the same pass)."""
+        api = self.sandbox.api
+        assert api is not None
+        out = []
+        for claim in claims:
+            finalizers = claim["metadata"].get("finalizers") or []
+            if DELETE_PROTECTION_FINALIZER not in finalizers:
+                claim["metadata"]["finalizers"] = [*finalizers, DELETE_PROTECTION_FINALIZER]
+                claim = api.update(claim)
+            out.append(claim)
+        return out
 
     def _report_pending(self, pod: dict[str, Any], reason: str) -> None:
         """A pod whose claims cannot be allocated: once per new reason, a line, the ``PodScheduled=False``
@@ -376,7 +423,7 @@ class ClusterEmulator:
                     fresh["spec"]["nodeName"] = self.sandbox.node_name
                     api.update(fresh)
                     self._mark_scheduled(fresh)
-            claims = allocated
+            claims = self._protect(allocated)
         return claims + (self._extended_claims(pod) or [])  # extended resources beside claims (KEP-5004)
 
     def _extended_claims(self, pod: dict[str, Any]) -> list[dict[str, Any]] | None:
@@ -393,6 +440,7 @@ class ClusterEmulator:
         claim = scheduler.schedule_extended(api, pod, node_name=self.sandbox.node_name)
         if claim is None:
             return None
+        [claim] = self._protect([claim])
         devices = ", ".join(r["device"] for r in claim["status"]["allocation"]["devices"]["results"])
         self.say(f"scheduler: pod {ns}/{name} (extended resources) -> node {self.sandbox.node_name}, claim "
                  f"{claim['metadata']['name']}, devices {devices}")
@@ -410,12 +458,31 @@ class ClusterEmulator:
         return claim
 
 
+GENERATE_NAME_MAX = 57
+"""The longest ``generateName`` the resourceclaim controller sets: 63 minus a hyphen and 5 random characters."""
+
+
+def claim_generate_name(pod_name: str, pod_claim_name: str) -> str:
+    """The resourceclaim controller's ``generateName`` for a Pod's template claim: ``<pod>-<claim>-``, or both
+    names cut in proportion to their lengths (integer division, as the controller's Go code) when that is longer
+    than :data:`GENERATE_NAME_MAX`, e.g. a 60-character pod name and ``gpu`` give 52 + ``-`` + 2 characters."""
+    base = f"{pod_name}-{pod_claim_name}-"
+    if len(base) <= GENERATE_NAME_MAX:
+        return base
+    return (pod_name[:len(pod_name) * GENERATE_NAME_MAX // len(base)] + "-"
+            + pod_claim_name[:len(pod_claim_name) * GENERATE_NAME_MAX // len(base)])
+
+
 def create_claim_from_template(api: ApiServerEmulator, pod: dict[str, Any], entry: dict[str, Any], *,
                                suffix: str = "") -> dict[str, Any]:
     """What the resourceclaim controller does for a Pod's ``resourceClaimTemplateName`` entry.
 
-    The claim is named ``<pod>-<entry>[-<suffix>]``, owned by the Pod and annotated with the Pod's claim
-    name (``resource.kubernetes.io/pod-claim-name``), its spec copied from the template.
+    The claim is owned by the Pod, carries the template's labels and annotations plus the Pod's claim name
+    (``resource.kubernetes.io/pod-claim-name``), and its spec is copied from the template. Its name is generated
+    as the resourceclaim controller does (``pkg/controller/resourceclaim/controller.go``): ``generateName``
+    ``<pod>-<entry>-``, or, when that is longer than 57 characters, both names cut in proportion to their lengths
+    and joined by ``-``; the API server appends 5 random characters (``names.SimpleNameGenerator``). ``suffix``
+    names the claim ``<pod>-<entry>-<suffix>`` instead (a caller that needs the name before creating it).
 
     :raises AllocationError: the template does not exist (the Pod cannot be scheduled).
     """
@@ -424,14 +491,17 @@ def create_claim_from_template(api: ApiServerEmulator, pod: dict[str, Any], entr
     if template is None:
         raise AllocationError(f"pod {ns}/{pod['metadata']['name']}: ResourceClaimTemplate "
                               f"{entry['resourceClaimTemplateName']} not found")
-    name = f"{pod['metadata']['name']}-{entry['name']}" + (f"-{suffix}" if suffix else "")
+    template_meta = template["spec"].get("metadata") or {}
+    naming = ({"name": f"{pod['metadata']['name']}-{entry['name']}-{suffix}"} if suffix
+              else {"generateName": claim_generate_name(pod["metadata"]["name"], entry["name"])})
     return api.create({
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {
-            "name": name,
+            **naming,
             "namespace": ns,
-            "annotations": {POD_CLAIM_ANNOTATION: entry["name"]},
+            **({"labels": dict(template_meta["labels"])} if template_meta.get("labels") else {}),
+            "annotations": {**(template_meta.get("annotations") or {}), POD_CLAIM_ANNOTATION: entry["name"]},
             "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pod["metadata"]["name"],
                                  "uid": pod["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}],
         },

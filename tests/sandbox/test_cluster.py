@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dradriver.sandbox.cluster import UNSCHEDULABLE_MESSAGE, ClusterEmulator
+from dradriver.sandbox.cluster import UNSCHEDULABLE_MESSAGE, ClusterEmulator, claim_generate_name
 from dradriver.sandbox.kubelet import KubeletEmulator
 from dradriver.sandbox.node import SandboxNode
 
@@ -42,6 +42,22 @@ def _condition(sandbox: SandboxNode, name: str) -> dict[str, Any]:
     return next(c for c in pod["status"]["conditions"] if c["type"] == "PodScheduled")
 
 
+def _claim_name(sandbox: SandboxNode, pod_name: str) -> str:
+    """The name the resourceclaim controller generated for the pod's one template claim (its status says it)."""
+    assert sandbox.api is not None
+    pod = sandbox.api.get("Pod", pod_name, "default")
+    assert pod is not None
+    [status] = pod["status"]["resourceClaimStatuses"]
+    return str(status["resourceClaimName"])
+
+
+def test_generated_claim_names_follow_the_resourceclaim_controller() -> None:
+    assert claim_generate_name("dra-gpu-pod", "gpu") == "dra-gpu-pod-gpu-"
+    long_pod = "p" * 60
+    base = claim_generate_name(long_pod, "gpu")  # 65 > 57: both cut in proportion, 60*57//65 and 3*57//65
+    assert base == "p" * 52 + "-" + "gp" and len(base) + 5 <= 63
+
+
 def test_pending_pod_is_reported_once_per_change(sandbox: SandboxNode, capsys: pytest.CaptureFixture[str]) -> None:
     assert sandbox.api is not None
     lines: list[str] = []
@@ -51,7 +67,8 @@ def test_pending_pod_is_reported_once_per_change(sandbox: SandboxNode, capsys: p
     _passes(cluster, 12)  # no ResourceSlice yet: nothing can be allocated
     pending = [line for line in lines if "pending" in line]
     assert len(pending) == 1, lines
-    assert "scheduler: pod default/dra-gpu-pod pending: cannot allocate claim default/dra-gpu-pod-gpu" in pending[0]
+    claim_name = _claim_name(sandbox, "dra-gpu-pod")
+    assert f"scheduler: pod default/dra-gpu-pod pending: cannot allocate claim default/{claim_name}" in pending[0]
     [event] = _events(sandbox, "FailedScheduling")
     assert event["type"] == "Warning" and event["message"] == UNSCHEDULABLE_MESSAGE
     assert event["source"]["component"] == "default-scheduler"
@@ -70,7 +87,7 @@ def test_pending_pod_is_reported_once_per_change(sandbox: SandboxNode, capsys: p
     [scheduled] = _events(sandbox, "Scheduled")
     assert scheduled["message"] == f"Successfully assigned default/dra-gpu-pod to {sandbox.node_name}"
     assert _condition(sandbox, "dra-gpu-pod")["status"] == "True"
-    claim = sandbox.api.get("ResourceClaim", "dra-gpu-pod-gpu", "default")
+    claim = sandbox.api.get("ResourceClaim", claim_name, "default")
     assert claim is not None and claim["status"]["allocation"]["devices"]["results"]
     assert len(_events(sandbox, "FailedScheduling")) == 1
 
@@ -120,12 +137,13 @@ def test_the_emulated_kubelet_serves_pod_resources(sandbox: SandboxNode, capsys:
     for obj in EXAMPLE:
         sandbox.api.create(copy.deepcopy(obj))
     _passes(cluster, 2)
-    claim = sandbox.api.get("ResourceClaim", "dra-gpu-pod-gpu", "default")
+    claim_name = _claim_name(sandbox, "dra-gpu-pod")
+    claim = sandbox.api.get("ResourceClaim", claim_name, "default")
     assert claim is not None
     device = claim["status"]["allocation"]["devices"]["results"][0]["device"]
     assert not list(cluster.pod_resources().pod_resources)  # nothing prepared, nothing running yet
     # what the kubelet does once the plugin prepared the claim (prepare itself is covered with a real plugin)
-    cluster.prepared[claim["metadata"]["uid"]] = ClaimRef("default", "dra-gpu-pod-gpu", claim["metadata"]["uid"])
+    cluster.prepared[claim["metadata"]["uid"]] = ClaimRef("default", claim_name, claim["metadata"]["uid"])
     pod = sandbox.api.get("Pod", "dra-gpu-pod", "default")
     assert pod is not None
     cluster._mark_running(pod)
@@ -148,4 +166,4 @@ def test_the_emulated_kubelet_serves_pod_resources(sandbox: SandboxNode, capsys:
     assert set(found) == {device}
     [holder] = found[device]
     assert (holder.pod, holder.namespace, holder.container, holder.claim_name) == (
-        "dra-gpu-pod", "default", "cuda", "dra-gpu-pod-gpu")
+        "dra-gpu-pod", "default", "cuda", claim_name)

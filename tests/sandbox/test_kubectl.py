@@ -155,3 +155,25 @@ def test_bundled_schemas_are_what_the_generator_makes() -> None:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.generate() == module.OUTPUT.read_text(), "run python tools/gen_openapi.py"
+
+
+def test_kubectl_apply_kustomize_base_validates_every_kind(api: tuple[ApiServerEmulator, str]) -> None:
+    """``kubectl apply -k deploy/kustomize/base`` as on a cluster: every kind of the base (ServiceAccount, RBAC,
+    ValidatingAdmissionPolicy, DaemonSet, CRDs, DeviceClasses) has its OpenAPI schema, so strict validation passes."""
+    emulator, kubeconfig = api
+    out = kubectl(kubeconfig, "apply", "-k", str(REPO / "deploy" / "kustomize" / "base")).stdout
+    for created in ("serviceaccount/dradriver-kubelet-plugin", "clusterrole.rbac.authorization.k8s.io/",
+                    "clusterrolebinding.rbac.authorization.k8s.io/", "validatingadmissionpolicy.admissionregistration",
+                    "validatingadmissionpolicybinding.admissionregistration", "daemonset.apps/dradriver-kubelet-plugin",
+                    "deviceclass.resource.k8s.io/gpu.nvidia.com"):
+        assert created in out
+    assert emulator.get("ClusterRole", "dradriver-kubelet-plugin") is not None
+
+
+def test_version_is_the_release_of_the_served_schemas(api: tuple[ApiServerEmulator, str]) -> None:
+    _, kubeconfig = api
+    served = json.loads((REPO / "dradriver" / "sandbox" / "apiserver" / "openapi-schemas.json").read_text())
+    major, minor, _ = served["kubernetesVersion"].split(".")
+    server = json.loads(kubectl(kubeconfig, "version", "-o", "json").stdout)["serverVersion"]
+    assert (server["major"], server["minor"]) == (major, minor)
+    assert server["gitVersion"].startswith(f"v{served['kubernetesVersion']}")

@@ -11,7 +11,7 @@ What it serves (paths and shapes as ``kube-apiserver`` 1.34 serves them):
 
 * discovery: ``/version``, ``/api``, ``/api/v1``, ``/apis``, ``/apis/<group>``, ``/apis/<group>/<version>``,
   ``/healthz``, ``/livez``, ``/readyz``; OpenAPI ``/openapi/v2`` and ``/openapi/v3[/<group-version>]`` with
-  Kubernetes 1.37's schemas, and the ``fieldValidation`` parameter on writes (``Strict``/``Warn``/``Ignore``),
+  Kubernetes 1.34's schemas, and the ``fieldValidation`` parameter on writes (``Strict``/``Warn``/``Ignore``),
   so ``kubectl apply`` validates as against kube-apiserver;
 * server-side printing: ``meta.k8s.io/v1`` ``Table`` answers (``Accept: ...;as=Table``) with the columns
   ``kubectl get`` shows for ResourceSlices, ResourceClaims, Pods and Events;

@@ -3,16 +3,29 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from dradriver.sandbox.apiserver.errors import JSONDict
 from dradriver.sandbox.apiserver.resources import ResourceType
 
+
+def _schemas_version() -> tuple[str, str, str]:
+    """``(major, minor, patch)`` of the Kubernetes release whose OpenAPI schemas the emulator serves
+    (``openapi-schemas.json``, ``kubernetesVersion``): ``/version`` answers as that release, so a client that
+    picks features by the server's version (kubectl, the plugin's slice layout) sees the API it validates against."""
+    text = Path(__file__).with_name("openapi-schemas.json").read_text()[:200]  # the head line holds the version
+    major, minor, patch = json.loads(text.split("\n", 1)[0].rstrip(",") + "}")["kubernetesVersion"].split(".")
+    return major, minor, patch
+
+
+_MAJOR, _MINOR, _PATCH = _schemas_version()
 SERVER_VERSION: JSONDict = {
-    "major": "1",
-    "minor": "34",
-    "gitVersion": "v1.34.0-dradriver-emulator",
+    "major": _MAJOR,
+    "minor": _MINOR,
+    "gitVersion": f"v{_MAJOR}.{_MINOR}.{_PATCH}-dradriver-emulator",
     "gitCommit": "0000000000000000000000000000000000000000",
     "gitTreeState": "clean",
     "buildDate": "2025-08-27T00:00:00Z",
