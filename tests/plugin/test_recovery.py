@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from dradriver.app import start_plugin
+from dradriver.config import IMAGE_CDI_HOOK_ENV
 from dradriver.domain.claims import ClaimRef
 from dradriver.domain.identity import GPU_DRIVER
 from dradriver.host.claimstate import ClaimPhase, ClaimStateVersionError, ProblemKind
@@ -51,6 +52,7 @@ def _plugin_env(sandbox: SandboxNode) -> dict[str, str]:
         DRADRIVER_MOCK_PROFILE=config.mock_profile,
         LOG_LEVEL="warning",
     )
+    env[IMAGE_CDI_HOOK_ENV] = str(sandbox.image_cdi_hook)  # the image's nvidia-cdi-hook: the sandbox's stand-in
     return env
 
 
