@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -390,3 +393,57 @@ def test_a_reload_that_renumbers_gpus_leaves_a_moved_claim_s_spec_and_refuses_it
             assert await kubelet.unprepare([ref]) == {ref.uid: ""}
 
     asyncio.run(body())
+
+
+_POLL_ACROSS_A_RELOAD = """
+import json, sys
+from pathlib import Path
+from dradriver.health.monitor import HealthMonitor
+from dradriver.nvml import discovery, mock
+from dradriver.nvml.session import open_session
+from dradriver.sandbox.node import install_driver_tools
+
+root, profile, old, new = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4]
+library = root / "usr" / "lib" / "x86_64-linux-gnu" / "libnvidia-ml.so.1"
+mock.activate(str(profile))
+install_driver_tools(root, old)
+session = open_session(str(library))
+health = HealthMonitor(discovery.discover(session), pool_name="node", session=session, poll_interval_s=3600.0)
+readings = [health.poll_now() is not None]
+session.lose("driver unloaded")
+health.stop()
+library.unlink()  # the driver container's upgrade: the new version's file, the link pointing at it
+install_driver_tools(root, new)
+data = json.loads(profile.read_text())
+data["system"]["driverVersion"] = new
+profile.write_text(json.dumps(data))
+assert session.init(str(library)), session.unavailable_reason
+sample = health.poll_now()
+readings.append(sample is not None and all(code in (0, 3) for code in sample.status))
+print(json.dumps({"driver": session.driver_version(), "readings": readings, "errors": health.nvml_errors()}))
+"""
+
+
+@pytest.mark.parametrize("twin", ["compiled", "python"])
+def test_the_health_poller_samples_the_library_the_session_opened_after_a_reload_to_another_version(
+        tmp_path: Path, twin: str) -> None:
+    """After a reload to another driver version NVML is opened from the new driver's ``libnvidia-ml.so.<version>``
+    while the old copy stays mapped in the process, and each copy answers for its own file (the mock refuses an
+    init with LIB_RM_VERSION_MISMATCH when its file's version is not the loaded driver's). The health poller, both
+    the compiled one and its pynvml twin, samples through the session's library: readings before and after, no
+    NVML error; a poller that found ``libnvidia-ml.so.1`` by name would keep the old copy. A fresh process, since
+    which copy a lookup by name finds depends on what the process loaded first."""
+    profile = Path(write_profile(tmp_path, "dgx-h100", name="node"))
+    old = json.loads(profile.read_text())["system"]["driverVersion"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    if twin == "python":
+        env["DRADRIVER_NO_EXTENSIONS"] = "1"
+    else:
+        env.pop("DRADRIVER_NO_EXTENSIONS", None)
+    done = subprocess.run([sys.executable, "-c", _POLL_ACROSS_A_RELOAD, str(tmp_path / "driver"), str(profile), old,
+                           NEW_DRIVER], env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    assert answer["driver"] == NEW_DRIVER
+    assert answer["readings"] == [True, True], done.stderr
+    assert answer["errors"] == {}, answer
