@@ -21,6 +21,7 @@ from dradriver.nvml import mock, settings
 from dradriver.sandbox import scheduler
 from dradriver.sandbox.apiserver import ApiServerEmulator
 from dradriver.sandbox.kubelet import KubeletEmulator
+from dradriver.sandbox.multinode import MultiNodeError, cdi_edits
 from dradriver.sandbox.node import SandboxNode, install_driver_tools, lay_out_driver_tree
 from tests.configs.test_plugin import allocate
 from tests.factories import DEVICE_CLASS, write_profile
@@ -351,13 +352,14 @@ def test_a_new_nvidia_major_is_a_reload_and_prepared_specs_get_the_new_device_nu
     asyncio.run(body())
 
 
-def test_a_reload_that_renumbers_gpus_leaves_a_moved_claim_s_spec_and_refuses_it_by_its_uuid(
+def test_a_reload_that_renumbers_gpus_withdraws_a_moved_claim_s_spec_and_refuses_it_by_its_uuid(
         sandbox: SandboxNode, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The driver comes back with GPUs 0 and 1 under each other's minors: device names follow the minor
-    (``gpu-<minor>``), so ``gpu-0`` is the other GPU now. The spec of a claim prepared on the old ``gpu-0`` is not
-    re-rendered for the GPU that name resolves to now (left as it was, as at a start: ``BatchRunner.check_pins``),
-    the Node Event counts it, and the claim's Prepare answers naming the UUID it was prepared with (the "was GPU-…
-    when prepared" rule)."""
+    (``gpu-<minor>``), so ``gpu-0`` is the other GPU now. The spec of a claim prepared on the old ``gpu-0`` named
+    ``/dev/nvidia0``, which is the other GPU now: it is neither kept nor re-rendered for that GPU but withdrawn, so a
+    container the claim's pod creates later fails to resolve the claim's CDI device instead of getting the other GPU
+    (a claim is never given another GPU). The Node Event counts it, and the claim's Prepare answers naming the UUID
+    it was prepared with (the "was GPU-… when prepared" rule), without writing the spec back."""
     monkeypatch.setattr(driverstate, "RETRY_PERIOD_S", 0.1)
     api = sandbox.api
     assert api is not None
@@ -370,9 +372,11 @@ def test_a_reload_that_renumbers_gpus_leaves_a_moved_claim_s_spec_and_refuses_it
             session = plugin.session
             first, second = (getattr(plugin.registry.get(n), "uuid", "") for n in ("gpu-0", "gpu-1"))
             ref = ref_of(allocate(sandbox, "moved", [result("gpu-0")], []))
-            assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+            answer = (await kubelet.prepare([ref]))[ref.uid]
+            assert answer.error == ""
+            ids = [i for device in answer.devices for i in device.cdi_device_ids]
+            assert "/dev/nvidia0" in cdi_edits(sandbox.cdi_root, ids).device_paths()  # the container's GPU
             spec = plugin.runner.spec_path(ref.uid)
-            before = spec.read_bytes()
             with sandbox.nvml_control.open("a") as control:
                 control.write("driver unloaded\n")
             await wait_for(lambda: not session.available, timeout=10)
@@ -385,11 +389,15 @@ def test_a_reload_that_renumbers_gpus_leaves_a_moved_claim_s_spec_and_refuses_it
             await wait_for(lambda: plugin.driver is not None and not plugin.driver.reason(), timeout=30)
             assert getattr(plugin.registry.get("gpu-0"), "uuid", "") == second
             assert getattr(plugin.registry.get("gpu-1"), "uuid", "") == first
-            assert spec.read_bytes() == before
+            assert not spec.exists()  # /dev/nvidia0 is the other GPU now
+            with pytest.raises(MultiNodeError, match="is not defined by any spec"):
+                cdi_edits(sandbox.cdi_root, ids)  # the runtime refuses a new container of the claim
             error = (await kubelet.prepare([ref]))[ref.uid].error
             assert f"was {first} when the claim was prepared and is now {second}" in error, error
+            assert not spec.exists()
             back = [e for e in api.objects("Event") if e.get("reason") == "NvidiaDriverAvailable"]
-            assert back and "1 claim(s) whose devices changed left as they were" in back[0]["message"], back
+            assert back and "1 claim(s) refused (a claim whose devices are other GPUs now has its CDI spec withdrawn" \
+                in back[0]["message"], back
             assert await kubelet.unprepare([ref]) == {ref.uid: ""}
 
     asyncio.run(body())
