@@ -78,7 +78,7 @@ cdef cynvml.nvmlReturn_t _w_pcie(cynvml.nvmlDevice_t d, cynvml.nvmlPcieUtilCount
     return cynvml.nvmlDeviceGetPcieThroughput(d, c, v)
 
 
-DEFAULT_LIBRARY = "libnvidia-ml.so.1"
+_DEFAULT_LIBRARY = "libnvidia-ml.so.1"
 cdef int NVML_ERROR_LIBRARY_NOT_FOUND = 12
 cdef int NVML_ERROR_FUNCTION_NOT_FOUND = 13
 
@@ -181,7 +181,7 @@ cdef class Poller:
             if kind == KIND_FIELD:
                 self._fv_col[self._n_fv] = col
                 self._n_fv += 1
-        self.library = library or DEFAULT_LIBRARY
+        self.library = library or _DEFAULT_LIBRARY
         # A path is opened by its target: the loader remembers every name an object was opened by, so the
         # ``libnvidia-ml.so.1`` link, once opened for the old driver's file, would name the old copy for good.
         cdef bytes target = (os.path.realpath(self.library) if "/" in self.library else self.library).encode()

@@ -14,7 +14,9 @@ class Poller:
     :raises ValueError: an unknown field name.
     """
 
-    library: str
+    @property
+    def library(self) -> str:
+        """The NVML library the poller samples through (the file given, or ``libnvidia-ml.so.1``)."""
 
     @property
     def devices(self) -> tuple[str, ...]:
