@@ -619,14 +619,8 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
     if problems := dns_subdomain_problems(args.node_name):
         raise FlagError(f"--node-name (env NODE_NAME) {args.node_name!r} is not a valid Node name: "
                         + "; ".join(problems))
-    gates, shares = publication_from_args(args)
+    gates, shares, overhead = publication_from_args(args)
     hook_path = args.nvidia_cdi_hook_path
-    try:
-        overhead = nodeallocatable.parse_overhead(
-            {key: getattr(args, nodeallocatable.flag_dest(*key), "") for key in nodeallocatable.FLAG_KEYS},
-            gate_enabled=gates.node_allocatable_resources)
-    except nodeallocatable.OverheadError as exc:
-        raise FlagError(str(exc)) from None
     if hook_path and not hook_path.startswith("/"):
         raise FlagError(f"--nvidia-cdi-hook-path (env NVIDIA_CDI_HOOK_PATH) {hook_path!r} is not an absolute path")
     if gates.mps_support and not args.image_name:
@@ -685,22 +679,30 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
 
 #: The flags of :data:`PLUGIN_FLAGS` that decide which devices the GPU plugin publishes and how (besides the node's
 #: hardware): ``dradriver inspect`` takes them too, so it prints what the plugin would publish with them.
-PUBLICATION_FLAGS = ("--feature-gates", "--consumable-shares")
+PUBLICATION_FLAGS = ("--feature-gates", "--consumable-shares",
+                     *(nodeallocatable.flag_name(*key) for key in nodeallocatable.FLAG_KEYS))
 
 
-def publication_from_args(args: argparse.Namespace) -> tuple[FeatureGates, ShareMode]:
-    """The feature gates (``--feature-gates``) and the consumable-share mode (``--consumable-shares``, which
-    needs the gate ``ConsumableShares`` unless ``disabled``) of a namespace parsed with :data:`PUBLICATION_FLAGS`:
-    what the GPU plugin and ``dradriver inspect`` read them into.
+def publication_from_args(
+    args: argparse.Namespace,
+) -> tuple[FeatureGates, ShareMode, nodeallocatable.NodeAllocatableOverhead]:
+    """The feature gates (``--feature-gates``), the consumable-share mode (``--consumable-shares``, which
+    needs the gate ``ConsumableShares`` unless ``disabled``) and the KEP-5517 node-allocatable overhead
+    (``--node-allocatable-*``, which needs the gate ``NodeAllocatableResources``) of a namespace parsed with
+    :data:`PUBLICATION_FLAGS`: what the GPU plugin and ``dradriver inspect`` read them into.
 
-    :raises FlagError: a gate or the share mode is malformed, or shares are on without their gate.
+    :raises FlagError: a gate, the share mode or an overhead value is malformed, or shares or overhead are set
+        without their gate.
     """
     gates = _gates(args.feature_gates)
     try:
         shares = parse_share_mode(args.consumable_shares, gate_enabled=gates.consumable_shares)
-    except ShareModeError as exc:
+        overhead = nodeallocatable.parse_overhead(
+            {key: getattr(args, nodeallocatable.flag_dest(*key), "") for key in nodeallocatable.FLAG_KEYS},
+            gate_enabled=gates.node_allocatable_resources)
+    except (ShareModeError, nodeallocatable.OverheadError) as exc:
         raise FlagError(str(exc)) from None
-    return gates, shares
+    return gates, shares, overhead
 
 
 def check_imex_mode(mode: str, gates: FeatureGates) -> None:

@@ -1,9 +1,12 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """Compiled NVML poller: one call samples every field of every GPU and MIG device with the GIL released.
 
-NVML declarations come from NVIDIA's ``cuda.bindings.cynvml`` (cimported; it ``dlopen``s
-``libnvidia-ml.so.1`` at run time, or reuses the copy already loaded in the process), so nothing here
-links against NVML and no struct layout is written by hand. Fields of kind FIELD are fetched by one
+NVML declarations come from NVIDIA's ``cuda.bindings.cynvml`` (cimported), so nothing here links against NVML
+and no struct layout is written by hand. The entry points themselves are resolved with ``dlsym`` from the library
+file the poller is given (the NVML session's, :attr:`dradriver.nvml.session.NvmlSession.library`), not through
+cynvml's loader: cynvml binds ``libnvidia-ml.so.1`` by name once per process (``cuda.pathfinder``
+``load_nvidia_dynamic_lib("nvml")``, cached, with no documented way to point it at another file), and after a
+driver reload that loaded the new driver's copy by path a lookup by name still finds the old copy. Fields of kind FIELD are fetched by one
 ``nvmlDeviceGetFieldValues`` call per device. Results go straight into a C double buffer and a C int
 status buffer wrapped as ``array.array``: no Python object per value.
 
@@ -16,11 +19,8 @@ from libc.stdlib cimport free, malloc
 from libc.string cimport memset
 from posix.dlfcn cimport RTLD_NOW, dlclose, dlopen, dlsym
 
-
-cdef extern from "<dlfcn.h>" nogil:
-    const int RTLD_NOLOAD
-
 import array as py_array
+import os
 import time
 
 from cuda.bindings cimport cynvml
@@ -43,10 +43,11 @@ cdef enum:
 cdef unsigned int MEMORY_V2 = <unsigned int>(sizeof(cynvml.nvmlMemory_v2_t) | (2 << 24))
 cdef unsigned int TEMPERATURE_V1 = <unsigned int>(sizeof(cynvml.nvmlTemperature_v1_t) | (1 << 24))
 
-# Entry points, resolved once per poller straight from the loaded libnvidia-ml.so.1 (the hot loop then calls
-# NVML directly, as C code does). Signatures are those of cuda.bindings.cynvml; when a symbol cannot be
-# resolved the pointer is the cynvml wrapper itself, so behaviour is identical either way. (Calls happen
-# only after nvmlInit succeeded, so cynvml's library-loading error cannot occur in them.)
+# Entry points, resolved once per poller from the poller's library file (the hot loop then calls NVML directly, as
+# C code does). Signatures are those of cuda.bindings.cynvml. Init, shutdown and the UUID lookup must resolve; a
+# sampling symbol an older driver lacks is the cynvml wrapper instead (which answers FUNCTION_NOT_FOUND).
+ctypedef cynvml.nvmlReturn_t (*init_fn)() noexcept nogil
+ctypedef cynvml.nvmlReturn_t (*by_uuid_fn)(const char*, cynvml.nvmlDevice_t*) noexcept nogil
 ctypedef cynvml.nvmlReturn_t (*fv_fn)(cynvml.nvmlDevice_t, int, cynvml.nvmlFieldValue_t*) noexcept nogil
 ctypedef cynvml.nvmlReturn_t (*util_fn)(cynvml.nvmlDevice_t, cynvml.nvmlUtilization_t*) noexcept nogil
 ctypedef cynvml.nvmlReturn_t (*mem_fn)(cynvml.nvmlDevice_t, cynvml.nvmlMemory_v2_t*) noexcept nogil
@@ -77,6 +78,11 @@ cdef cynvml.nvmlReturn_t _w_pcie(cynvml.nvmlDevice_t d, cynvml.nvmlPcieUtilCount
     return cynvml.nvmlDeviceGetPcieThroughput(d, c, v)
 
 
+_DEFAULT_LIBRARY = "libnvidia-ml.so.1"
+cdef int NVML_ERROR_LIBRARY_NOT_FOUND = 12
+cdef int NVML_ERROR_FUNCTION_NOT_FOUND = 13
+
+
 cdef array.array _DOUBLE_TEMPLATE = py_array.array("d")
 cdef array.array _INT_TEMPLATE = py_array.array("i")
 
@@ -105,7 +111,10 @@ cdef class Poller:
 
     :param uuids: GPU and MIG device UUIDs as NVML reports them.
     :param fields: field names from ``nvmlfields.FIELD_NAMES``; all when ``None``.
-    :raises PollerError: NVML cannot be initialised or a UUID is unknown.
+    :param library: the ``libnvidia-ml.so.1`` file to use (the NVML session's); ``None``: the one the dynamic
+        loader finds by that name.
+    :raises PollerError: the library cannot be opened (LIBRARY_NOT_FOUND) or lacks an entry point
+        (FUNCTION_NOT_FOUND), NVML cannot be initialised, or a UUID is unknown.
     :raises ValueError: an unknown field name.
     """
 
@@ -125,7 +134,9 @@ cdef class Poller:
     cdef uint_fn _power_call
     cdef clock_fn _clock_call
     cdef pcie_fn _pcie_call
+    cdef init_fn _shutdown_call
     cdef void* _lib
+    cdef readonly str library
     cdef tuple _index
     cdef object _sample_type
     cdef object _clock
@@ -146,7 +157,7 @@ cdef class Poller:
         self._fv = NULL
         self._open = False
 
-    def __init__(self, uuids, fields=None):
+    def __init__(self, uuids, fields=None, library=None):
         table = nf.resolve_fields(None if fields is None else list(fields))
         self.devices = tuple(uuids)
         self.fields = tuple(f[0] for f in table)
@@ -170,27 +181,36 @@ cdef class Poller:
             if kind == KIND_FIELD:
                 self._fv_col[self._n_fv] = col
                 self._n_fv += 1
+        self.library = library or _DEFAULT_LIBRARY
+        # A path is opened by its target: the loader remembers every name an object was opened by, so the
+        # ``libnvidia-ml.so.1`` link, once opened for the old driver's file, would name the old copy for good.
+        cdef bytes target = (os.path.realpath(self.library) if "/" in self.library else self.library).encode()
+        self._lib = dlopen(target, RTLD_NOW)
+        if self._lib == NULL:
+            raise nf.PollerError(NVML_ERROR_LIBRARY_NOT_FOUND, f"cannot load NVML library {self.library}")
+        cdef init_fn init = <init_fn>dlsym(self._lib, b"nvmlInit_v2")
+        cdef by_uuid_fn by_uuid = <by_uuid_fn>dlsym(self._lib, b"nvmlDeviceGetHandleByUUID")
+        self._shutdown_call = <init_fn>dlsym(self._lib, b"nvmlShutdown")
+        if init == NULL or by_uuid == NULL or self._shutdown_call == NULL:
+            raise nf.PollerError(NVML_ERROR_FUNCTION_NOT_FOUND, f"{self.library} is not an NVML library")
         cdef cynvml.nvmlReturn_t rc
         with nogil:
-            rc = cynvml.nvmlInit_v2()
+            rc = init()
         if rc != cynvml.NVML_SUCCESS:
-            raise nf.PollerError(<int>rc, "nvmlInit failed")
+            raise nf.PollerError(<int>rc, f"nvmlInit failed ({self.library})")
         self._open = True
         self._resolve()
         cdef bytes raw
         cdef int i
         for i in range(self._n_dev):
             raw = self.devices[i].encode()
-            rc = cynvml.nvmlDeviceGetHandleByUUID(raw, &self._handles[i])
+            rc = by_uuid(raw, &self._handles[i])
             if rc != cynvml.NVML_SUCCESS:
                 self.close()
                 raise nf.PollerError(<int>rc, f"nvmlDeviceGetHandleByUUID({self.devices[i]!r}) failed")
 
     cdef void _resolve(self):
-        """Point the hot loop at the loaded library's entry points (the copy NVML init just used)."""
-        self._lib = dlopen(b"libnvidia-ml.so.1", RTLD_NOW | RTLD_NOLOAD)
-        if self._lib == NULL:
-            return
+        """Point the hot loop at the entry points of the poller's library (the copy its init just used)."""
         cdef void* p
         p = dlsym(self._lib, b"nvmlDeviceGetFieldValues")
         if p != NULL:
@@ -215,12 +235,12 @@ cdef class Poller:
             self._pcie_call = <pcie_fn>p
 
     def __dealloc__(self):
+        if self._open:
+            self._shutdown_call()
+            self._open = False
         if self._lib != NULL:
             dlclose(self._lib)
             self._lib = NULL
-        if self._open:
-            cynvml.nvmlShutdown()
-            self._open = False
         free(self._handles)
         free(self._kinds)
         free(self._args)
@@ -231,7 +251,7 @@ cdef class Poller:
         """Release the NVML reference taken at construction. Idempotent."""
         if self._open:
             self._open = False
-            cynvml.nvmlShutdown()
+            self._shutdown_call()
 
     def __enter__(self):
         return self

@@ -58,7 +58,10 @@ def nvml_include_dir() -> str:
 
 
 def _mock_nvml_extension(*, debug: bool) -> Extension:
-    """The mock ``libnvidia-ml.so.1``: plain C, no Python API, SONAME ``libnvidia-ml.so.1``."""
+    """The mock ``libnvidia-ml.so.1``: plain C, no Python API, SONAME ``libnvidia-ml.so.1``.
+
+    Linked ``-Bsymbolic`` so that each copy a process maps (a driver reload opens the new driver's file beside the
+    old one) calls its own entry points, as NVIDIA's library does, instead of the first copy's."""
     src = sorted(str(p) for p in Path("ext/mocknvml").glob("*.c"))
     return Extension(
         MOCK_NVML_EXTENSION,
@@ -66,7 +69,7 @@ def _mock_nvml_extension(*, debug: bool) -> Extension:
         include_dirs=["ext/mocknvml", nvml_include_dir()],
         extra_compile_args=["-std=gnu11", "-fvisibility=hidden", "-Wall", "-Wextra"]
         + (["-O0", "-g"] if debug else ["-O2"]),
-        extra_link_args=[f"-Wl,-soname,{MOCK_NVML_FILENAME}", "-pthread"],
+        extra_link_args=[f"-Wl,-soname,{MOCK_NVML_FILENAME}", "-Wl,-Bsymbolic", "-pthread"],
     )
 
 

@@ -6,6 +6,7 @@ same :class:`~dradriver._native.nvmlfields.Sample` (values, statuses) as the com
 
 from __future__ import annotations
 
+import os
 import time
 from array import array
 from collections.abc import Sequence
@@ -16,6 +17,19 @@ import pynvml
 from dradriver._native import nvmlfields as nf
 
 _TEMPERATURE_V1 = 0  # filled lazily: sizeof(nvmlTemperature_v1_t) | 1 << 24
+
+
+_LIBRARY = "libnvidia-ml.so.1"
+_LIBRARY_NOT_FOUND = 12  # nvml.h NVML_ERROR_LIBRARY_NOT_FOUND
+
+
+def _check_library(library: str) -> None:
+    """Raise :class:`PollerError` unless pynvml calls ``library`` (a path; a bare name is whatever pynvml loads)."""
+    if "/" not in library:
+        return
+    loaded = getattr(pynvml.nvmlLib, "_name", None)
+    if not loaded or os.path.realpath(loaded) != os.path.realpath(library):
+        raise nf.PollerError(_LIBRARY_NOT_FOUND, f"pynvml uses {loaded or 'no library'}, not {library}")
 
 
 def _call(fn: Any, *args: Any) -> tuple[int, Any]:
@@ -30,16 +44,24 @@ class Poller:
 
     :param uuids: GPU and MIG device UUIDs as NVML reports them.
     :param fields: field names from :data:`~dradriver._native.nvmlfields.FIELD_NAMES`; all when ``None``.
-    :raises PollerError: NVML cannot be initialised or a UUID is unknown.
+    :param library: the ``libnvidia-ml.so.1`` file to use (the NVML session's); ``None``: pynvml's. pynvml calls
+        the one library installed as ``pynvml.nvmlLib`` (the NVML session installs the file it opened there, also
+        after a driver reload), so a file given must be that one.
+    :raises PollerError: ``library`` is not pynvml's library (LIBRARY_NOT_FOUND), NVML cannot be initialised, or a
+        UUID is unknown.
     :raises ValueError: an unknown field name.
     """
 
-    def __init__(self, uuids: Sequence[str], fields: Sequence[str] | None = None) -> None:
+    def __init__(
+        self, uuids: Sequence[str], fields: Sequence[str] | None = None, library: str | None = None
+    ) -> None:
         self._table = nf.resolve_fields(None if fields is None else list(fields))
         self.devices = tuple(uuids)
         self.fields = tuple(f[0] for f in self._table)
         self._index = nf.make_index(self.devices, self.fields)
         self._field_ids = [arg for _, kind, arg in self._table if kind == nf.KIND_FIELD]
+        self.library = library or _LIBRARY
+        _check_library(self.library)
         code, _ = _call(pynvml.nvmlInit)
         if code != nf.NVML_SUCCESS:
             raise nf.PollerError(code, "nvmlInit failed")

@@ -505,7 +505,8 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
                     identity, connection.client, config, connection.node_uid, "NvidiaDriverAvailable",
                     f"NVIDIA driver {inventory.versions.driver} loaded again (was {before}): {len(inventory.gpus)} "
                     f"GPU(s), {len(rewritten)} prepared claim CDI spec(s) rewritten for its files"
-                    + (f", {len(unusable)} claim(s) whose devices changed left as they were" if unusable else ""),
+                    + (f", {len(unusable)} claim(s) refused (a claim whose devices are other GPUs now has its CDI spec"
+                       " withdrawn; see the plugin's log)" if unusable else ""),
                     type_="Normal")
 
         refusal = driverstate.first_refusal(watch.refusal, hook_refusal)

@@ -15,7 +15,10 @@ GPUs left out by discovery and other warnings go to stderr and, in YAML, also in
 The plugin's options that decide what it publishes are taken with the plugin's names and environment twins:
 ``--feature-gates`` (``FEATURE_GATES``; with ``DynamicMIG=true`` the slices carry every MIG placement and the
 counter sets they consume) and ``--consumable-shares`` (``CONSUMABLE_SHARES``; with the gate ``ConsumableShares``
-every device is multi-allocatable with its request policies). The slices are built by the very functions the
+every device is multi-allocatable with its request policies) and the KEP-5517 node-allocatable overhead flags
+``--node-allocatable-<gpu|mig>-<cpu|memory>-overhead-per-<pod|container>`` (``NODE_ALLOCATABLE_*``; with the gate
+``NodeAllocatableResources`` each full GPU and MIG device carries its class's ``nodeAllocatableResources``, and the
+YAML header names the overhead). The slices are built by the very functions the
 running plugin uses (discovery, then :func:`dradriver.domain.resourceslices.build`). Their layout depends on the
 API server's version, which the plugin reads from ``GET /version``: ``--kubernetes-version MAJOR.MINOR``
 (default: the newest layout, 1.35, where a dynamic-MIG GPU's counter set and its devices are in separate slices;
@@ -203,6 +206,7 @@ def run(args: argparse.Namespace) -> int:
     from dradriver.commands._options import node_name_error
     from dradriver.config import check_imex_mode, publication_from_args
     from dradriver.domain.driverconfig import EVERYTHING, DriverConfigError
+    from dradriver.domain.nodeallocatable import apply_overhead
     from dradriver.domain.resourceslices import ResourceSliceError, build
     from dradriver.errors import DradriverError
     from dradriver.host.driverconfigs import load_profile
@@ -215,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
         print(error, file=sys.stderr)
         return 2
     try:
-        gates, shares = publication_from_args(args)
+        gates, shares, overhead = publication_from_args(args)
         check_imex_mode(args.imex_mode, gates)
     except DradriverError as exc:
         print(f"dradriver inspect: {exc}", file=sys.stderr)
@@ -239,6 +243,7 @@ def run(args: argparse.Namespace) -> int:
             else:
                 result = build(inventory, node, server_version=args.kubernetes_version, shares=shares,
                                advertised=policy.advertised)
+                apply_overhead(result.slices, overhead)  # as the plugin publishes them
     except (DradriverError, ResourceSliceError) as exc:
         print(f"dradriver inspect: error: {exc}", file=sys.stderr)
         return 1
@@ -251,6 +256,8 @@ def run(args: argparse.Namespace) -> int:
         for f in inventory.failures
     ]
     notes += [f"warning: {w}" for w in (*inventory.warnings, *result.warnings)]
+    if overhead and args.driver == GPU_DRIVER.driver_name:
+        notes.append(f"node-allocatable overhead (KEP-5517): {overhead.render()}")
     if policy is not EVERYTHING:
         notes.append(policy.describe().replace("--default-config (env DEFAULT_CONFIG)", "--default-config"))
     for note in notes:

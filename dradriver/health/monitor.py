@@ -211,7 +211,7 @@ class HealthMonitor:
                 loop.stop()
             return
         try:
-            fresh = PollLoop(self.device_uuids, interval_s=self.poll_interval_s)
+            fresh = PollLoop(self.device_uuids, interval_s=self.poll_interval_s, library=self._library())
         except nvml_errors.NvmlError as exc:
             self._count_error(exc.code)
             log.error("cannot reopen the NVML poller for the new device set: %s", exc)
@@ -324,10 +324,14 @@ class HealthMonitor:
             if self.poll_loop is not None or not self.device_uuids:
                 return
             try:
-                self.poll_loop = PollLoop(self.device_uuids, interval_s=self.poll_interval_s)
+                self.poll_loop = PollLoop(self.device_uuids, interval_s=self.poll_interval_s, library=self._library())
             except nvml_errors.NvmlError as exc:
                 self._count_error(exc.code)
                 log.error("cannot open the NVML poller (retrying every %g s): %s", self.poll_interval_s, exc)
+
+    def _library(self) -> str | None:
+        """The NVML library file the session opened (after a driver reload: the new driver's), for the poller."""
+        return self.session.library if self.session is not None else None
 
     def _count_error(self, code: int, n: int = 1) -> None:
         with self._errors_lock:

@@ -1132,6 +1132,22 @@ class BatchRunner:
                 raise ClaimError(record.ref, f"device {name!r} was {pinned} when the claim was prepared and {seen}; "
                                              "not handing the claim another device (unprepare it and prepare again)")
 
+    def _withdraw_if_moved(self, record: ClaimRecord) -> None:
+        """:meth:`check_pins`, and when a device moved or is gone, delete the claim's CDI spec: its device nodes
+        (``/dev/nvidia<minor>``) may be another GPU's now, so a container the claim's pod creates later (a restart)
+        must fail to resolve the claim's CDI device (the runtime's "unresolvable CDI devices") rather than get that
+        GPU. Running containers keep what they were given; once the pins hold again (the GPU is back under its
+        name), :meth:`_ensure_spec` writes the spec again. The metadata files stay until the claim is unprepared.
+
+        :raises ClaimError: from :meth:`check_pins`, after the spec was deleted.
+        """
+        try:
+            self.check_pins(record)
+        except ClaimError:
+            if cdifiles.delete_claim_spec(self.identity.cdi, self.cdi_root, record.uid):
+                log.warning("claim %s: CDI spec withdrawn: its devices are other GPUs now", record.ref)
+            raise
+
     def _pin_now(self, device: object) -> str | None:
         """The physical identity of a registry entry now: its own UUID, or for an entry that has none (a dynamic-MIG
         placement that a static MIG claim of before the ``DynamicMIG`` gate names) the one its preparer finds
@@ -1164,10 +1180,10 @@ class BatchRunner:
         """Rewrite a completed claim's CDI spec when it is missing, unreadable or names other devices (e.g.
         ``/var/run/cdi`` was cleaned, or a crash of another writer left it damaged); True when rewritten.
 
-        :raises ClaimError: a device moved to another physical device (:meth:`check_pins`), is gone, or has no
-            preparer; the spec is then left as it is.
+        :raises ClaimError: a device moved to another physical device or is gone (the spec is then deleted:
+            :meth:`_withdraw_if_moved`), or has no preparer (the spec is left as it is).
         """
-        self.check_pins(record)
+        self._withdraw_if_moved(record)
         if self.spec_valid(record):
             return False
         data = self._render_record(record, "CDI spec missing or invalid")
@@ -1203,7 +1219,8 @@ class BatchRunner:
         the device nodes may have new numbers: the runtime reads a claim's spec when it creates a container, so a
         container that a prepared claim's pod starts later (a restart, a new init container) must get the new
         driver, not the paths of one that no longer exists. A claim whose device now resolves to another physical
-        device (:meth:`check_pins`) or is gone keeps its spec and is answered per claim at its next Prepare.
+        device or is gone loses its spec (:meth:`_withdraw_if_moved`: a container it starts later fails instead of
+        getting another GPU) and is answered per claim at its next Prepare.
 
         :returns: the claim UIDs whose spec was rewritten, and those that could not be rendered (logged).
         """
@@ -1214,7 +1231,7 @@ class BatchRunner:
                 if record.phase is not ClaimPhase.PREPARE_COMPLETED:
                     continue
                 try:
-                    self.check_pins(record)
+                    self._withdraw_if_moved(record)
                     data = self._render_record(record, "CDI spec not rendered again")
                 except (ClaimError, DradriverError) as exc:
                     unusable.append(record.uid)

@@ -26,15 +26,21 @@ Sample = nvmlfields.Sample
 FIELD_NAMES = nvmlfields.FIELD_NAMES
 
 
-def open_poller(uuids: Sequence[str], fields: Sequence[str] | None = None) -> nvmlpoll.Poller:
+def open_poller(
+    uuids: Sequence[str], fields: Sequence[str] | None = None, library: str | None = None
+) -> nvmlpoll.Poller:
     """Return a native ``Poller`` for ``uuids`` (GPU and MIG UUIDs).
+
+    :param library: the ``libnvidia-ml.so.1`` file to sample through: the NVML session's
+        (:attr:`~dradriver.nvml.session.NvmlSession.library`), so that after a driver reload that opened the new
+        driver's file the poller uses it too; ``None``: the one the dynamic loader finds by name.
 
     :raises NvmlError: the subclass for the ``nvmlReturn_t`` NVML returned during set-up.
     :raises ExtensionMissingError: the compiled poller is missing and twins were not asked for.
     """
     module = _native.load("nvmlpoll")
     try:
-        return module.Poller(list(uuids), None if fields is None else list(fields))
+        return module.Poller(list(uuids), None if fields is None else list(fields), library)
     except nvmlfields.PollerError as exc:
         raise errors.error_for_code(exc.code, str(exc)) from exc
 
@@ -45,6 +51,7 @@ class PollLoop:
     :param uuids: devices to sample (GPU and MIG UUIDs).
     :param interval_s: seconds between polls.
     :param on_sample: called on the polling thread after each poll (keep it short).
+    :param library: the NVML library file (:func:`open_poller`).
     """
 
     def __init__(
@@ -54,8 +61,9 @@ class PollLoop:
         interval_s: float = 10.0,
         fields: Sequence[str] | None = None,
         on_sample: Callable[[nvmlfields.Sample], None] | None = None,
+        library: str | None = None,
     ) -> None:
-        self._poller = open_poller(uuids, fields)
+        self._poller = open_poller(uuids, fields, library)
         self.interval_s = interval_s
         self._on_sample = on_sample
         self._stop = threading.Event()

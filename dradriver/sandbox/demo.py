@@ -231,6 +231,12 @@ async def run_scenarios(run: DemoRun, narrator: Narrator) -> None:
     common = [n["path"] for n in spec.get("containerEdits", {}).get("deviceNodes", [])]
     narrator.say(f"CDI spec {spec_path.name} (cdiVersion {spec['cdiVersion']}, kind {spec['kind']}): "
                  f"device nodes {', '.join(nodes + common)}", cdi_spec=spec)
+    if plugin.status_writer is not None and not plugin.status_writer.flush():  # KEP-4817, off the prepare's path
+        raise DemoError(f"claim {claim['metadata']['name']}: status.devices not written within 10 s")
+    for entry in (api.get("ResourceClaim", claim["metadata"]["name"], "default") or {}).get("status", {}).get(
+            "devices") or []:
+        narrator.say(f"claim status.devices[]: {entry['device']} data {json.dumps(entry.get('data'), sort_keys=True)}",
+                     device_status=entry)
     edits = spec.get("containerEdits", {})
     mounts, hooks = edits.get("mounts", []), edits.get("hooks", [])
     if mounts or hooks:

@@ -1,5 +1,8 @@
 /* NVML entry points answered from the loaded profile. Signatures come from nvml.h (the compiler checks every
  * definition against the official prototype). Every entry point takes g_mock_lock for its whole body. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,6 +113,21 @@ static long long now_monotonic_us(void) {
     return (long long)ts.tv_sec * 1000000LL + ts.tv_nsec / 1000;
 }
 
+/* The driver version this copy of the library belongs to, from its file name as the driver installs it
+ * (``libnvidia-ml.so.<version>``, reached through the ``libnvidia-ml.so.1`` link); "" when the name carries none
+ * (the bundled ``libnvidia-ml.so.1``). Each copy a process maps answers for its own file. */
+static void own_version(char *out, size_t outlen) {
+    Dl_info info;
+    char real[PATH_MAX];
+    out[0] = '\0';
+    if (!dladdr((void *)&own_version, &info) || !info.dli_fname || !realpath(info.dli_fname, real)) return;
+    const char *base = strrchr(real, '/');
+    base = base ? base + 1 : real;
+    static const char prefix[] = "libnvidia-ml.so.";
+    if (strncmp(base, prefix, sizeof prefix - 1) != 0 || !strchr(base + sizeof prefix - 1, '.')) return;
+    snprintf(out, outlen, "%s", base + sizeof prefix - 1);
+}
+
 nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     (void)flags;
     pthread_mutex_lock(&g_mock_lock);
@@ -127,6 +145,12 @@ nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
         nvmlReturn_t r = (nvmlReturn_t)g_mock.initReturn;
         g_mock.ngpus = 0;
         RET(r);
+    }
+    char mine[sizeof g_mock.driverVersion];
+    own_version(mine, sizeof mine);
+    if (mine[0] && strcmp(mine, g_mock.driverVersion) != 0) { /* a library left from another driver version */
+        g_mock.ngpus = 0;
+        RET(NVML_ERROR_LIB_RM_VERSION_MISMATCH);
     }
     const char *ctl = getenv(MOCK_CONTROL_ENV);
     snprintf(g_mock.controlPath, sizeof g_mock.controlPath, "%s", ctl ? ctl : "");

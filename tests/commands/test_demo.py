@@ -176,6 +176,19 @@ def test_demo_prints_the_claims_device_metadata_file_with_the_gate() -> None:
     assert mount["containerPath"].endswith("/resourceclaimtemplates/gpu/gpu/gpu.nvidia.com-metadata.json")
 
 
+def test_demo_prints_the_prepared_claims_status_devices_next_to_its_cdi_spec() -> None:
+    """KEP-4817: the basic scenario shows the ``status.devices`` entry the plugin wrote for the prepared GPU (its
+    UUID and PCI bus ID, the device the claim was allocated)."""
+    proc = _run("--output", "json")
+    assert proc.returncode == 0, proc.stderr
+    step3 = json.loads(proc.stdout)["steps"][2]
+    allocated = next(d["device"] for d in step3["details"] if "device" in d and "device_status" not in d)
+    [status] = [d["device_status"] for d in step3["details"] if "device_status" in d]
+    assert status["driver"] == "gpu.nvidia.com" and status["device"] == allocated
+    assert status["data"]["uuid"].startswith("GPU-") and status["data"]["pciBusID"]
+    assert any("claim status.devices[]: " in d.get("text", "") for d in step3["details"]), step3["details"]
+
+
 def test_demo_refuses_a_bad_feature_gate_clearly() -> None:
     proc = _run("--feature-gates", "DeviceMetadata=maybe")
     assert proc.returncode == 2 and "DeviceMetadata=maybe" in proc.stderr and "Traceback" not in proc.stderr

@@ -16,6 +16,7 @@ import pytest
 from dradriver.cli import main
 from dradriver.config import PluginConfig
 from dradriver.domain import featuregates as fg
+from dradriver.domain import nodeallocatable as na
 from dradriver.sandbox.node import SandboxNode
 from dradriver.sandbox.profiles import h200_node
 from tests import factories
@@ -28,7 +29,7 @@ EMULATOR_VERSION = "1.34"
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("DRADRIVER_MOCK_PROFILE", "DRADRIVER_NVML_LIBRARY", "NODE_NAME", "SYSFS_ROOT", "FEATURE_GATES",
-                 "CONSUMABLE_SHARES"):
+                 "CONSUMABLE_SHARES", *(na.env_name(*key) for key in na.FLAG_KEYS)):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -107,6 +108,31 @@ def test_inspect_prints_the_split_layout_for_newer_api_servers_by_default(
     slices = json.loads(out)
     assert len(slices) == 2  # 1.35: the counter set alone, then the devices that consume it
     assert [bool(s["spec"].get("sharedCounters")) for s in slices] == [True, False]
+
+
+def test_inspect_with_node_allocatable_overhead_prints_the_field_the_plugin_publishes(
+        capsys: pytest.CaptureFixture[str], node: SandboxNode, monkeypatch: pytest.MonkeyPatch) -> None:
+    """KEP-5517: the plugin's ``--node-allocatable-*`` flags (and environment twins) give inspect's devices the
+    ``nodeAllocatableResources`` the plugin publishes, and the YAML header names the overhead."""
+    gates = "NodeAllocatableResources=true"
+    overhead = na.parse_overhead({("gpu", "memory", "pod"): "2Gi", ("gpu", "cpu", "container"): "100m"},
+                                 gate_enabled=True)
+    plugin = published(node, node.config(feature_gates=fg.parse_feature_gates(gates),
+                                         node_allocatable_overhead=overhead))
+    monkeypatch.setenv("NODE_ALLOCATABLE_GPU_CPU_OVERHEAD_PER_CONTAINER", "100m")
+    printed = inspected(capsys, node, "--feature-gates", gates, "--node-allocatable-gpu-memory-overhead-per-pod",
+                        "2Gi")
+    assert specs(printed) == specs(plugin)
+    [device] = printed[0]["spec"]["devices"]
+    assert device[na.FIELD] == {"memory": {"overhead": {"perPod": "2Gi"}},
+                                "cpu": {"overhead": {"perContainer": "100m"}}}
+    rc = main(["inspect", "--mock-profile", node.profile, "--node-name", node.node_name, "--feature-gates", gates])
+    out, _ = capsys.readouterr()
+    assert rc == 0 and "# node-allocatable overhead (KEP-5517): gpu cpu perContainer=100m\n" in out  # YAML
+    monkeypatch.delenv("NODE_ALLOCATABLE_GPU_CPU_OVERHEAD_PER_CONTAINER")
+    rc = main(["inspect", "--mock-profile", node.profile, "--node-allocatable-mig-cpu-overhead-per-pod", "1"])
+    _, err = capsys.readouterr()  # refused as the plugin refuses it: the gate is off
+    assert rc == 2 and "--node-allocatable-mig-cpu-overhead-per-pod" in err and "NodeAllocatableResources" in err
 
 
 def test_inspect_refuses_what_the_plugin_refuses(capsys: pytest.CaptureFixture[str], node: SandboxNode) -> None:

@@ -291,7 +291,10 @@ def test_an_undo_that_fails_during_rollback_is_kept_and_finished_at_start(tmp_pa
         n.state.close()
 
 
-def test_a_device_name_that_now_resolves_to_another_gpu_is_refused(node: Node) -> None:
+def test_a_device_name_that_now_resolves_to_another_gpu_is_refused_and_its_spec_withdrawn(node: Node) -> None:
+    """The claim's spec named the device nodes of ``a7``, which are another GPU's now: the refusal also deletes the
+    spec (a container created later cannot resolve the claim instead of getting that GPU), a restart does not write
+    it back, and it is written again only once the name is the claim's GPU again."""
     node.registry.replace((*node.registry.snapshot, FakeDevice("a7", "alpha", uuid="GPU-1111")))
     ref = node.add(_claim("u-pin", "a7"))
     assert _prepare(node, ref)[ref.uid].error == ""  # type: ignore[attr-defined]
@@ -301,12 +304,17 @@ def test_a_device_name_that_now_resolves_to_another_gpu_is_refused(node: Node) -
     node.registry.replace((*node.registry.snapshot[:-1], FakeDevice("a7", "alpha", uuid="GPU-2222")))
     error = _prepare(node, ref)[ref.uid].error  # type: ignore[attr-defined]
     assert "GPU-1111" in error and "GPU-2222" in error and "'a7'" in error
+    assert not node.spec(ref.uid).exists()  # withdrawn, never rewritten for the other GPU
     node.restart()
     report = node.runner.recover()
     assert report.unusable == (ref.uid,) and report.rebuilt_specs == ()
-    assert node.spec(ref.uid).read_bytes() == before  # never rewritten for the other GPU
+    assert not node.spec(ref.uid).exists()
+    node.registry.replace((*node.registry.snapshot[:-1], FakeDevice("a7", "alpha", uuid="GPU-1111")))
+    assert _prepare(node, ref)[ref.uid].error == ""  # type: ignore[attr-defined]
+    assert node.spec(ref.uid).read_bytes() == before  # the claim's GPU is back under its name
     node.registry.replace(node.registry.snapshot[:-1])  # ... or the GPU fell off the bus
     assert "is no longer on this node" in _prepare(node, ref)[ref.uid].error  # type: ignore[attr-defined]
+    assert not node.spec(ref.uid).exists()
 
 
 def test_missing_or_invalid_specs_of_completed_claims_are_rebuilt(node: Node) -> None:

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +21,7 @@ from dradriver.nvml import mock, settings
 from dradriver.sandbox import scheduler
 from dradriver.sandbox.apiserver import ApiServerEmulator
 from dradriver.sandbox.kubelet import KubeletEmulator
+from dradriver.sandbox.multinode import MultiNodeError, cdi_edits
 from dradriver.sandbox.node import SandboxNode, install_driver_tools, lay_out_driver_tree
 from tests.configs.test_plugin import allocate
 from tests.factories import DEVICE_CLASS, write_profile
@@ -348,13 +352,14 @@ def test_a_new_nvidia_major_is_a_reload_and_prepared_specs_get_the_new_device_nu
     asyncio.run(body())
 
 
-def test_a_reload_that_renumbers_gpus_leaves_a_moved_claim_s_spec_and_refuses_it_by_its_uuid(
+def test_a_reload_that_renumbers_gpus_withdraws_a_moved_claim_s_spec_and_refuses_it_by_its_uuid(
         sandbox: SandboxNode, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The driver comes back with GPUs 0 and 1 under each other's minors: device names follow the minor
-    (``gpu-<minor>``), so ``gpu-0`` is the other GPU now. The spec of a claim prepared on the old ``gpu-0`` is not
-    re-rendered for the GPU that name resolves to now (left as it was, as at a start: ``BatchRunner.check_pins``),
-    the Node Event counts it, and the claim's Prepare answers naming the UUID it was prepared with (the "was GPU-…
-    when prepared" rule)."""
+    (``gpu-<minor>``), so ``gpu-0`` is the other GPU now. The spec of a claim prepared on the old ``gpu-0`` named
+    ``/dev/nvidia0``, which is the other GPU now: it is neither kept nor re-rendered for that GPU but withdrawn, so a
+    container the claim's pod creates later fails to resolve the claim's CDI device instead of getting the other GPU
+    (a claim is never given another GPU). The Node Event counts it, and the claim's Prepare answers naming the UUID
+    it was prepared with (the "was GPU-… when prepared" rule), without writing the spec back."""
     monkeypatch.setattr(driverstate, "RETRY_PERIOD_S", 0.1)
     api = sandbox.api
     assert api is not None
@@ -367,9 +372,11 @@ def test_a_reload_that_renumbers_gpus_leaves_a_moved_claim_s_spec_and_refuses_it
             session = plugin.session
             first, second = (getattr(plugin.registry.get(n), "uuid", "") for n in ("gpu-0", "gpu-1"))
             ref = ref_of(allocate(sandbox, "moved", [result("gpu-0")], []))
-            assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+            answer = (await kubelet.prepare([ref]))[ref.uid]
+            assert answer.error == ""
+            ids = [i for device in answer.devices for i in device.cdi_device_ids]
+            assert "/dev/nvidia0" in cdi_edits(sandbox.cdi_root, ids).device_paths()  # the container's GPU
             spec = plugin.runner.spec_path(ref.uid)
-            before = spec.read_bytes()
             with sandbox.nvml_control.open("a") as control:
                 control.write("driver unloaded\n")
             await wait_for(lambda: not session.available, timeout=10)
@@ -382,11 +389,69 @@ def test_a_reload_that_renumbers_gpus_leaves_a_moved_claim_s_spec_and_refuses_it
             await wait_for(lambda: plugin.driver is not None and not plugin.driver.reason(), timeout=30)
             assert getattr(plugin.registry.get("gpu-0"), "uuid", "") == second
             assert getattr(plugin.registry.get("gpu-1"), "uuid", "") == first
-            assert spec.read_bytes() == before
+            assert not spec.exists()  # /dev/nvidia0 is the other GPU now
+            with pytest.raises(MultiNodeError, match="is not defined by any spec"):
+                cdi_edits(sandbox.cdi_root, ids)  # the runtime refuses a new container of the claim
             error = (await kubelet.prepare([ref]))[ref.uid].error
             assert f"was {first} when the claim was prepared and is now {second}" in error, error
+            assert not spec.exists()
             back = [e for e in api.objects("Event") if e.get("reason") == "NvidiaDriverAvailable"]
-            assert back and "1 claim(s) whose devices changed left as they were" in back[0]["message"], back
+            assert back and "1 claim(s) refused (a claim whose devices are other GPUs now has its CDI spec withdrawn" \
+                in back[0]["message"], back
             assert await kubelet.unprepare([ref]) == {ref.uid: ""}
 
     asyncio.run(body())
+
+
+_POLL_ACROSS_A_RELOAD = """
+import json, sys
+from pathlib import Path
+from dradriver.health.monitor import HealthMonitor
+from dradriver.nvml import discovery, mock
+from dradriver.nvml.session import open_session
+from dradriver.sandbox.node import install_driver_tools
+
+root, profile, old, new = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4]
+library = root / "usr" / "lib" / "x86_64-linux-gnu" / "libnvidia-ml.so.1"
+mock.activate(str(profile))
+install_driver_tools(root, old)
+session = open_session(str(library))
+health = HealthMonitor(discovery.discover(session), pool_name="node", session=session, poll_interval_s=3600.0)
+readings = [health.poll_now() is not None]
+session.lose("driver unloaded")
+health.stop()
+library.unlink()  # the driver container's upgrade: the new version's file, the link pointing at it
+install_driver_tools(root, new)
+data = json.loads(profile.read_text())
+data["system"]["driverVersion"] = new
+profile.write_text(json.dumps(data))
+assert session.init(str(library)), session.unavailable_reason
+sample = health.poll_now()
+readings.append(sample is not None and all(code in (0, 3) for code in sample.status))
+print(json.dumps({"driver": session.driver_version(), "readings": readings, "errors": health.nvml_errors()}))
+"""
+
+
+@pytest.mark.parametrize("twin", ["compiled", "python"])
+def test_the_health_poller_samples_the_library_the_session_opened_after_a_reload_to_another_version(
+        tmp_path: Path, twin: str) -> None:
+    """After a reload to another driver version NVML is opened from the new driver's ``libnvidia-ml.so.<version>``
+    while the old copy stays mapped in the process, and each copy answers for its own file (the mock refuses an
+    init with LIB_RM_VERSION_MISMATCH when its file's version is not the loaded driver's). The health poller, both
+    the compiled one and its pynvml twin, samples through the session's library: readings before and after, no
+    NVML error; a poller that found ``libnvidia-ml.so.1`` by name would keep the old copy. A fresh process, since
+    which copy a lookup by name finds depends on what the process loaded first."""
+    profile = Path(write_profile(tmp_path, "dgx-h100", name="node"))
+    old = json.loads(profile.read_text())["system"]["driverVersion"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    if twin == "python":
+        env["DRADRIVER_NO_EXTENSIONS"] = "1"
+    else:
+        env.pop("DRADRIVER_NO_EXTENSIONS", None)
+    done = subprocess.run([sys.executable, "-c", _POLL_ACROSS_A_RELOAD, str(tmp_path / "driver"), str(profile), old,
+                           NEW_DRIVER], env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    assert answer["driver"] == NEW_DRIVER
+    assert answer["readings"] == [True, True], done.stderr
+    assert answer["errors"] == {}, answer
