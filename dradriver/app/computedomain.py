@@ -58,6 +58,7 @@ from dradriver.host import cdifiles, devicenodes, imexchannels, imexservice
 from dradriver.host.imexchannels import ImexNodeInfo
 from dradriver.kube import computedomains as kube_cd
 from dradriver.kube import errors as kube_errors
+from dradriver.kubeletplugin import rollback
 from dradriver.kubeletplugin.lifecycle import Lifecycle
 from dradriver.kubeletplugin.runner import BatchRunner
 from dradriver.nvml import fabric
@@ -479,8 +480,10 @@ async def start_compute_domain_plugin(config: PluginConfig, identity: DriverIden
         status_writer = DeviceStatusWriter(connection.client, driver=identity.driver_name, pool=config.node_name,
                                            describe=describe_channels)  # KEP-4817: each channel's ComputeDomain
         life.on_stop("device status writer", status_writer.close)
+        checkpoint = (rollback.open_rollback_checkpoint(identity, config.plugin_dir, config.boot_id_path)
+                      if config.nvidia_checkpoint else None)  # NVIDIA's, for a rollback
         runner = BatchRunner(
-            identity=identity, registry=registry, state=state,
+            identity=identity, registry=registry, state=state, checkpoint=checkpoint,
             fetch_claim=assembly.claim_fetcher(identity, connection.client, config),
             cdi_root=config.cdi_root, pool=config.node_name, preparers=preparers,
             undo_only=[daemons] if host_managed else [],  # daemon claims of before a switch to host-managed
@@ -491,6 +494,8 @@ async def start_compute_domain_plugin(config: PluginConfig, identity: DriverIden
         runner_holder.append(runner)
         life.on_stop("batch runner", runner.close)
         recovery = await assembly.recover(identity, config, connection, runner, problems)
+        if checkpoint is not None:  # after recovery: it names what the claim state holds now
+            await asyncio.to_thread(checkpoint.load, state.claims())
         publisher = assembly.make_publisher(identity, config, connection)
         await assembly.serve_metrics_step(life, config, metrics)  # the chart's :8081 (request metrics)
 

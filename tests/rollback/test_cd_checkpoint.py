@@ -1,0 +1,227 @@
+"""dradriver's compute-domain plugin keeps NVIDIA's ``compute-domain.nvidia.com/checkpoint.json`` true
+(:mod:`dradriver.kubeletplugin.rollback` with :data:`~dradriver.domain.nvcheckpoint.CD_CLAIM`): channel and daemon
+claims named before their Prepare is answered and gone before their Unprepare is, an aborted prepare named
+``PrepareAborted`` with ``abortedAt`` for its TTL, and all of it true after a SIGKILL.
+
+NVIDIA's ``compute-domain-kubelet-plugin`` binary is not available to these tests, so the layout is checked byte
+for byte against NVIDIA's source as documented (``cmd/compute-domain-kubelet-plugin/checkpoint*.go``,
+``prepared.go``: ``PreparedDevice{Channel *…  `json:"channel"`; Daemon *… `json:"daemon"`}``, each
+``{info: {id}, device}``; ``DeviceConfigState{Type, ComputeDomain}`` without JSON tags; ``PreparedClaimV2`` adds
+``abortedAt`` omitempty); the checksum recipe is the GPU plugin's, checked against NVIDIA's GPU binary."""
+
+from __future__ import annotations
+
+import asyncio
+import calendar
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dradriver.domain.nvcheckpoint import (
+    CD_CLAIM,
+    Checkpoint,
+    CheckpointEntry,
+    CheckpointState,
+    ConfigState,
+    DeviceGroup,
+    KubeletDevice,
+    PreparedDevice,
+    checksum,
+    decode,
+    encode,
+)
+from dradriver.host.nvcheckpointfile import CHECKPOINT_FILE, read_checkpoint
+from dradriver.kubeletplugin.rollback import rfc3339
+from dradriver.sandbox.kubelet import KubeletEmulator
+from dradriver.sandbox.node import SandboxNode
+from tests.computedomain.cdplugin_helpers import (
+    DRIVER,
+    DRIVER_NAMESPACE,
+    cd_config,
+    node_label,
+    running,
+    seed_claim,
+    seed_clique,
+    seed_domain,
+    write_imex_proc,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+UID = "7d1c2b3a-0000-4000-8000-00000000c0de"
+CD_UID = "5e0c7a52-1111-4222-8333-444455556666"
+STATUS = {"allocation": {"devices": {"results": [
+    {"request": "channel", "driver": DRIVER, "pool": "node-a", "device": "channel-0"}]}}}
+
+
+@pytest.fixture
+def node() -> Iterator[SandboxNode]:
+    with SandboxNode(profile="gb200-nvl72-node") as sandbox:
+        write_imex_proc(sandbox)
+        yield sandbox
+
+
+def _checkpoint_path(node: SandboxNode) -> Path:
+    return Path(cd_config(node).kubelet_plugins_directory_path) / DRIVER / CHECKPOINT_FILE
+
+
+def _read(node: SandboxNode) -> Checkpoint:
+    kept = read_checkpoint(_checkpoint_path(node), CD_CLAIM)
+    assert kept is not None
+    return kept
+
+
+def _channel(uid: str = UID) -> PreparedDevice:
+    return PreparedDevice("channel", KubeletDevice(("channel",), "node-a", "channel-0",
+                                                   (f"k8s.compute-domain.nvidia.com/claim={uid}-channel-0",)), id=0)
+
+
+def test_compute_domain_checkpoint_has_nvidias_layout_byte_for_byte() -> None:
+    completed = CheckpointEntry(CheckpointState.PREPARE_COMPLETED, STATUS,
+                                (DeviceGroup((_channel(),), ConfigState(type="channel", compute_domain=CD_UID)),),
+                                name="wl", namespace="default")
+    aborted = CheckpointEntry(CheckpointState.PREPARE_ABORTED, STATUS, name="wl-2", namespace="default",
+                              aborted_at="2026-12-04T22:30:00Z")
+    other = "8" + UID[1:]
+    data = encode(Checkpoint({UID: completed, other: aborted}, "boot-1"), CD_CLAIM)
+    status = ('{"allocation":{"devices":{"results":[{"request":"channel","driver":"compute-domain.nvidia.com",'
+              '"pool":"node-a","device":"channel-0"}]}}}')
+    groups = ('[{"devices":[{"channel":{"info":{"id":0},"device":{"Requests":["channel"],"PoolName":"node-a",'
+              f'"DeviceName":"channel-0","CDIDeviceIDs":["k8s.compute-domain.nvidia.com/claim={UID}-channel-0"]}}}},'
+              f'"daemon":null}}],"configState":{{"Type":"channel","ComputeDomain":"{CD_UID}"}}}}]')
+    v2_claims = (f'{{"{UID}":{{"checkpointState":"PrepareCompleted","status":{status},"preparedDevices":{groups},'
+                 f'"name":"wl","namespace":"default"}},"{other}":{{"checkpointState":"PrepareAborted",'
+                 f'"status":{status},"name":"wl-2","namespace":"default","abortedAt":"2026-12-04T22:30:00Z"}}}}')
+    v1 = f'{{"preparedClaims":{{"{UID}":{{"status":{status},"preparedDevices":{groups}}}}}}}'  # completed only
+    v2_body = f',"preparedClaims":{v2_claims},"nodeBootID":"boot-1"}}'
+    v2_sum = checksum(('{"checksum":0' + v2_body).encode())
+    v1_sum = checksum(('{"checksum":0,"v1":' + v1 + "}").encode())
+    assert data.decode() == f'{{"checksum":{v1_sum},"v1":{v1},"v2":{{"checksum":{v2_sum}{v2_body}}}'
+    assert decode(data, CD_CLAIM) == Checkpoint({UID: completed, other: aborted}, "boot-1")
+    daemon = PreparedDevice("daemon", KubeletDevice(("daemon",), "node-a", "daemon-0", ("k8s.x/claim=y",)), id=0)
+    entry = CheckpointEntry(CheckpointState.PREPARE_COMPLETED, STATUS,
+                            (DeviceGroup((daemon,), ConfigState(type="daemon", compute_domain=CD_UID)),))
+    raw = json.loads(encode(Checkpoint({UID: entry}), CD_CLAIM))["v2"]["preparedClaims"][UID]
+    assert raw["preparedDevices"][0]["devices"] == [{"channel": None, "daemon": {"info": {"id": 0}, "device": {
+        "Requests": ["daemon"], "PoolName": "node-a", "DeviceName": "daemon-0", "CDIDeviceIDs": ["k8s.x/claim=y"]}}}]
+    assert rfc3339(1796423400.7) == "2026-12-04T22:30:00Z"  # whole seconds: metav1.Time and time.Time alike
+
+
+def test_compute_domain_plugin_names_channel_and_daemon_claims_until_unprepared(node: SandboxNode) -> None:
+    api = node.api
+    assert api is not None
+    cd_uid = seed_domain(api)
+    seed_clique(api, cd_uid, node.node_name, "Ready")
+    channel = seed_claim(api, "wl-0", cd_uid, pool=node.node_name)
+    daemon = seed_claim(api, "daemon-0", cd_uid, kind="daemon", pool=node.node_name)
+
+    async def body() -> None:
+        async with running(cd_config(node)) as (_plugin, conn):
+            got = await conn.prepare([channel, daemon])
+            assert got[channel.uid].ok and got[daemon.uid].ok, got
+            kept = _read(node)
+            assert kept.node_boot_id
+            entry = kept.claims[channel.uid]
+            assert entry.state is CheckpointState.PREPARE_COMPLETED
+            assert (entry.name, entry.namespace) == ("wl-0", "default")
+            assert entry.status["allocation"]["devices"]["results"][0]["device"] == "channel-0"
+            (group,) = entry.groups
+            assert group.config_state == ConfigState(type="channel", compute_domain=cd_uid)
+            (device,) = group.devices
+            assert device.kind == "channel" and device.id == 0 and device.device is not None
+            assert device.device.cdi_device_ids == (f"k8s.compute-domain.nvidia.com/claim={channel.uid}-channel-0",)
+            (group,) = kept.claims[daemon.uid].groups
+            assert group.config_state == ConfigState(type="daemon", compute_domain=cd_uid)
+            assert [(d.kind, d.id) for d in group.devices] == [("daemon", 0)]
+            assert (await conn.unprepare([channel]))[channel.uid] == ""
+            assert node_label(api) is None
+            assert set(_read(node).claims) == {daemon.uid}
+            assert (await conn.unprepare([daemon]))[daemon.uid] == ""
+            assert _read(node).claims == {}
+
+    asyncio.run(body())
+
+
+def test_an_aborted_prepare_is_named_prepare_aborted_for_its_ttl(node: SandboxNode) -> None:
+    api = node.api
+    assert api is not None
+    cd_uid = seed_domain(api)
+    seed_clique(api, cd_uid, node.node_name, "NotReady")
+    ref = seed_claim(api, "wl-0", cd_uid, pool=node.node_name)
+
+    async def body() -> None:
+        async with running(cd_config(node)) as (plugin, conn):
+            pending = asyncio.create_task(conn.prepare([ref]))
+            while node_label(api) != cd_uid:
+                await asyncio.sleep(0.02)
+            assert (await conn.unprepare([ref]))[ref.uid] == ""
+            assert "unprepared while this prepare was in flight" in (await pending)[ref.uid].error
+            entry = _read(node).claims[ref.uid]
+            assert entry.state is CheckpointState.PREPARE_ABORTED and entry.groups == ()
+            assert entry.aborted_at is not None and (entry.name, entry.namespace) == ("wl-0", "default")
+            assert abs(calendar.timegm(time.strptime(entry.aborted_at, "%Y-%m-%dT%H:%M:%SZ")) - time.time()) < 60
+            claim = api.get("ResourceClaim", ref.name, ref.namespace)
+            assert claim is not None
+            # the status NVIDIA compares at prepare ("stale prepare" when identical)
+            assert entry.status["allocation"] == claim["status"]["allocation"]
+            assert (await conn.unprepare([ref]))[ref.uid] == ""  # a no-op on an aborted claim: still named
+            assert _read(node).claims[ref.uid].state is CheckpointState.PREPARE_ABORTED
+            plugin.runner.clock = lambda: time.time() + 91.0
+            assert plugin.runner.forget_expired_aborts() == [ref.uid]
+            assert _read(node).claims == {}
+
+    asyncio.run(body())
+
+
+def _plugin_env(node: SandboxNode) -> dict[str, str]:
+    config = cd_config(node)
+    env = dict(os.environ)
+    env.update(
+        NODE_NAME=config.node_name, KUBECONFIG=config.kubeconfig, CDI_ROOT=str(config.cdi_root),
+        KUBELET_REGISTRAR_DIRECTORY_PATH=str(config.kubelet_registrar_directory_path),
+        KUBELET_PLUGINS_DIRECTORY_PATH=str(config.kubelet_plugins_directory_path),
+        DEV_ROOT=str(config.dev_root), SYSFS_ROOT=str(config.sysfs_root), PROC_ROOT=str(config.proc_root),
+        DRIVER_ROOT_CTR_PATH=str(config.container_driver_root), DRADRIVER_MOCK_PROFILE=config.mock_profile,
+        NAMESPACE=DRIVER_NAMESPACE, LOG_LEVEL="warning",
+    )
+    return env
+
+
+def test_compute_domain_checkpoint_is_true_after_a_sigkill(node: SandboxNode) -> None:
+    """The plugin process is SIGKILLed right after answering a Prepare: the file on disk verifies (NVIDIA's
+    checksums) and names the prepared channel claim."""
+    api = node.api
+    assert api is not None
+    cd_uid = seed_domain(api)
+    seed_clique(api, cd_uid, node.node_name, "Ready")
+    prepared = seed_claim(api, "wl-0", cd_uid, pool=node.node_name)
+    config = cd_config(node)
+
+    async def prepare_then_kill() -> None:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "dradriver", "compute-domain-kubelet-plugin", env=_plugin_env(node),
+            cwd=str(ROOT), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            async with KubeletEmulator(config.kubelet_registrar_directory_path) as kubelet:
+                conn = await kubelet.wait_for_plugin(DRIVER, timeout=30)
+                deadline = time.monotonic() + 30
+                while not (got := (await conn.prepare([prepared]))[prepared.uid]).ok:  # the kubelet retries
+                    assert "not read yet" in got.error and time.monotonic() < deadline, got.error
+                    await asyncio.sleep(0.1)
+                proc.send_signal(signal.SIGKILL)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+            await proc.wait()
+
+    asyncio.run(prepare_then_kill())
+    kept = _read(node)  # verifies both checksums as NVIDIA does
+    assert set(kept.claims) == {prepared.uid}
+    entry = kept.claims[prepared.uid]
+    assert entry.state is CheckpointState.PREPARE_COMPLETED and entry.groups[0].config_state.type == "channel"
