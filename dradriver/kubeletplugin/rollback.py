@@ -59,7 +59,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -145,9 +145,11 @@ class RollbackCheckpoint:
         self.writes = 0
 
     # ---- start --------------------------------------------------------------------------------------------------
-    def load(self, claims: Mapping[str, ClaimRecord]) -> None:
+    def load(self, claims: Mapping[str, ClaimRecord], rolled_back: Collection[str] = ()) -> None:
         """At start, after the runner's recovery: take the entries of the file on disk that are still true, add
         one for every other PREPARE_COMPLETED claim of ``claims``, drop the rest of dradriver's, and write.
+        ``rolled_back``: claims another plugin began to prepare that dradriver adopted and recovery rolled back
+        (their entries go too).
 
         A file of another boot is dropped (NVIDIA's rule); a damaged one is kept aside and logged.
 
@@ -167,6 +169,8 @@ class RollbackCheckpoint:
         entries: dict[str, EncodedEntry] = {}
         for uid, entry in found.items():
             record = claims.get(uid)
+            if record is None and uid in rolled_back:
+                continue
             if record is None:  # NVIDIA's plugin prepared it (or began to) before the switch: kept until unprepared,
                 foreign += 1    # so that NVIDIA, back on the node, still unprepares or rolls it back
                 entries[uid] = encode_entry(uid, entry, self.schema)

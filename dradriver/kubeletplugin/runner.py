@@ -204,6 +204,19 @@ def _payload(spec: Path | str, records: Sequence[UndoRecord], pins: Mapping[str,
     return json.dumps(doc, separators=(",", ":"), sort_keys=True)
 
 
+def encode_payload(spec: Path | str, records: Sequence[UndoRecord], pins: Mapping[str, str]) -> str:
+    """The stored payload of a prepared claim: its CDI spec path, undo records and pins (:class:`StoredPayload`);
+    for claims written into the claim state from outside a prepare (adopted from NVIDIA's checkpoint)."""
+    return _payload(spec, records, pins)
+
+
+def aborted_payload(spec: Path | str, aborted_at: float, allocation: str) -> str:
+    """The stored payload of an aborted-prepare mark (:func:`aborted_mark`) written from outside an unprepare
+    (adopted from NVIDIA's ``PrepareAborted``): ``aborted_at`` Unix seconds, ``allocation`` its
+    :func:`allocation_digest` (``""``: any allocation)."""
+    return _payload(spec, [], aborted_at=aborted_at, allocation=allocation)
+
+
 def allocation_digest(claim: Claim) -> str:
     """A short digest (16 hex digits) of what the claim was allocated on this node: its allocation results for our
     driver and pool and its opaque configs. Two prepares of one claim UID see the same digest unless the claim's

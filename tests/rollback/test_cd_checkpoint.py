@@ -21,9 +21,12 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from dradriver.domain.claims import ClaimRef
+from dradriver.domain.computedomains import LABEL_COMPUTE_DOMAIN
 from dradriver.domain.nvcheckpoint import (
     CD_CLAIM,
     Checkpoint,
@@ -37,6 +40,7 @@ from dradriver.domain.nvcheckpoint import (
     decode,
     encode,
 )
+from dradriver.host.claimstate import ClaimPhase
 from dradriver.host.nvcheckpointfile import CHECKPOINT_FILE, read_checkpoint
 from dradriver.kubeletplugin.rollback import rfc3339
 from dradriver.sandbox.kubelet import KubeletEmulator
@@ -50,6 +54,7 @@ from tests.computedomain.cdplugin_helpers import (
     seed_claim,
     seed_clique,
     seed_domain,
+    spec_path,
     write_imex_proc,
 )
 
@@ -225,3 +230,81 @@ def test_compute_domain_checkpoint_is_true_after_a_sigkill(node: SandboxNode) ->
     assert set(kept.claims) == {prepared.uid}
     entry = kept.claims[prepared.uid]
     assert entry.state is CheckpointState.PREPARE_COMPLETED and entry.groups[0].config_state.type == "channel"
+
+
+def _nvidia_spec(node: SandboxNode, uid: str, device: str) -> Path:
+    """The CDI spec NVIDIA's plugin wrote for claim ``uid`` (``k8s.compute-domain.nvidia.com-claim_<uid>.yaml``;
+    JSON is YAML)."""
+    path = spec_path(node, uid)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"cdiVersion": "0.5.0", "kind": "k8s.compute-domain.nvidia.com/claim", "devices": [
+        {"name": f"{uid}-{device}", "containerEdits": {"env": ["NVIDIA_VISIBLE_DEVICES=void"]}}]}))
+    return path
+
+
+def _nvidia_entry(api: Any, ref: ClaimRef, state: CheckpointState, kind: str = "", cd_uid: str = "",
+                  aborted_at: str | None = None) -> CheckpointEntry:
+    claim = api.get("ResourceClaim", ref.name, ref.namespace)
+    groups: tuple[DeviceGroup, ...] = ()
+    if kind:
+        device = f"{kind}-0"
+        groups = (DeviceGroup((PreparedDevice(kind, KubeletDevice(
+            (kind,), "gpu-node-1", device, (f"k8s.compute-domain.nvidia.com/claim={ref.uid}-{device}",)), id=0),),
+            ConfigState(type=kind, compute_domain=cd_uid)),)
+    return CheckpointEntry(state, claim["status"], groups, name=ref.name, namespace=ref.namespace,
+                           aborted_at=aborted_at)
+
+
+def test_claims_nvidias_compute_domain_plugin_prepared_are_adopted_and_unprepared_clean(node: SandboxNode) -> None:
+    """NVIDIA's checkpoint names a channel claim and a daemon claim (PrepareCompleted: held, answered as NVIDIA
+    answered, unprepared with the spec and the node label), an aborted prepare (PrepareAborted 10 s ago: a prepare
+    of the same allocation refused as stale) and a half-prepared claim (PrepareStarted: rolled back at start)."""
+    api = node.api
+    assert api is not None
+    cd_uid = seed_domain(api)
+    seed_clique(api, cd_uid, node.node_name, "Ready")
+    other_uid = seed_domain(api, "cd-2")
+    channel = seed_claim(api, "wl-0", cd_uid, pool=node.node_name)
+    daemon = seed_claim(api, "daemon-0", cd_uid, kind="daemon", pool=node.node_name)
+    aborted = seed_claim(api, "wl-a", cd_uid, pool=node.node_name)
+    started = seed_claim(api, "wl-s", other_uid, device="channel-1", pool=node.node_name)
+    obj = api.get("Node", node.node_name)
+    assert obj is not None
+    obj["metadata"].setdefault("labels", {})[LABEL_COMPUTE_DOMAIN] = cd_uid  # NVIDIA's prepare labelled the node
+    api.update(obj)
+    specs = [_nvidia_spec(node, channel.uid, "channel-0"), _nvidia_spec(node, daemon.uid, "daemon-0")]
+    path = _checkpoint_path(node)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    boot_id = (node.root / "proc" / "sys" / "kernel" / "random" / "boot_id").read_text().strip()
+    path.write_bytes(encode(Checkpoint({
+        channel.uid: _nvidia_entry(api, channel, CheckpointState.PREPARE_COMPLETED, "channel", cd_uid),
+        daemon.uid: _nvidia_entry(api, daemon, CheckpointState.PREPARE_COMPLETED, "daemon", cd_uid),
+        aborted.uid: _nvidia_entry(api, aborted, CheckpointState.PREPARE_ABORTED,
+                                   aborted_at=rfc3339(time.time() - 10)),
+        started.uid: _nvidia_entry(api, started, CheckpointState.PREPARE_STARTED),
+    }, boot_id), CD_CLAIM))
+
+    async def body() -> None:
+        async with running(cd_config(node)) as (plugin, conn):
+            for ref in (channel, daemon):
+                record = plugin.state.get(ref.uid)
+                assert record is not None and record.phase is ClaimPhase.PREPARE_COMPLETED
+            assert plugin.state.get(started.uid) is None  # rolled back at start
+            adopted = {e["message"] for e in api.objects("Event") if e.get("reason") == "ClaimAdopted"}
+            assert len(adopted) == 2 and any("default/wl-0" in m for m in adopted)
+            got = (await conn.prepare([channel]))[channel.uid]  # answered from the adopted claim: nothing redone
+            assert got.ok and [d.cdi_device_ids for d in got.devices] == [
+                (f"k8s.compute-domain.nvidia.com/claim={channel.uid}-channel-0",)]
+            assert plugin.runner.preparations == 0
+            refused = (await conn.prepare([aborted]))[aborted.uid]
+            assert "stale prepare" in refused.error and "PrepareAborted" in refused.error
+            kept = _read(node)
+            assert set(kept.claims) == {channel.uid, daemon.uid, aborted.uid}  # the started one is gone
+            assert kept.claims[aborted.uid].state is CheckpointState.PREPARE_ABORTED
+            assert node_label(api) == cd_uid
+            assert await conn.unprepare([channel, daemon]) == {channel.uid: "", daemon.uid: ""}
+            assert node_label(api) is None
+            assert not any(p.exists() for p in specs)
+            assert set(_read(node).claims) == {aborted.uid}
+
+    asyncio.run(body())
