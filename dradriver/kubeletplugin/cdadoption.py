@@ -29,7 +29,6 @@ the file the same way; one reader, parameterised by schema, is the intended end 
 
 from __future__ import annotations
 
-import calendar
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -42,6 +41,7 @@ from dradriver.domain.nvcheckpoint import CD_CLAIM, CheckpointEntry, CheckpointE
 from dradriver.domain.ports import UndoRecord
 from dradriver.host import nvcheckpointfile
 from dradriver.host.claimstate import ClaimConflictError, ClaimState, HeldDevice
+from dradriver.kubeletplugin.rollback import parse_rfc3339
 from dradriver.kubeletplugin.runner import aborted_payload, allocation_digest, encode_payload
 from dradriver.preparers.computedomain import CHANNEL_KIND, CHANNEL_PREFIX, DAEMON_KIND
 
@@ -64,15 +64,6 @@ class ComputeDomainAdoptionReport:
     aborted: tuple[str, ...] = ()
     started: tuple[str, ...] = ()
     problem: str = ""
-
-
-def _parse_time(text: str | None) -> float | None:
-    if not text:
-        return None
-    try:
-        return float(calendar.timegm(time.strptime(text.split(".")[0].rstrip("Z"), "%Y-%m-%dT%H:%M:%S")))
-    except ValueError:
-        return None
 
 
 def _opaque(entry: CheckpointEntry, driver: str) -> Mapping[str, Any]:
@@ -153,7 +144,7 @@ def adopt_compute_domain_claims(state: ClaimState, path: Path, *, boot_id: str, 
                 continue
             spec = str(spec_of(uid))
             if entry.state is CheckpointState.PREPARE_ABORTED:
-                at = _parse_time(entry.aborted_at)
+                at = parse_rfc3339(entry.aborted_at)
                 if at is None or abs(clock() - at) >= aborted_ttl_s:
                     continue
                 ref = ClaimRef(entry.namespace, entry.name, uid)

@@ -55,6 +55,7 @@ the next prepare or unprepare of the surviving instance.
 
 from __future__ import annotations
 
+import calendar
 import dataclasses
 import logging
 import threading
@@ -100,6 +101,7 @@ __all__ = [
     "describe_registered",
     "gpu_groups",
     "open_rollback_checkpoint",
+    "parse_rfc3339",
     "rfc3339",
 ]
 
@@ -177,8 +179,8 @@ class RollbackCheckpoint:
             elif record.phase is ClaimPhase.PREPARE_COMPLETED and entry.state is CheckpointState.PREPARE_COMPLETED \
                     and isinstance(entry.status.get("allocation"), Mapping):
                 entries[uid] = encode_entry(uid, entry, self.schema)
-            elif entry.state is CheckpointState.PREPARE_ABORTED and entry.aborted_at == (
-                    rfc3339(at) if (at := _aborted_at(record)) is not None else None):
+            elif entry.state is CheckpointState.PREPARE_ABORTED and (at := _aborted_at(record)) is not None \
+                    and parse_rfc3339(entry.aborted_at) == int(at):
                 entries[uid] = encode_entry(uid, entry, self.schema)  # the mark's entry, with the status it had
         rebuilt = 0
         for uid, record in claims.items():
@@ -350,6 +352,17 @@ def rfc3339(at: float) -> str:
     """Unix seconds -> RFC 3339 UTC in whole seconds (``2026-12-04T22:30:00Z``): the bytes Go writes for a
     ``metav1.Time`` and for a ``time.Time`` without fraction alike."""
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(at)))
+
+
+def parse_rfc3339(text: str | None) -> int | None:
+    """RFC 3339 UTC (``2026-12-04T22:30:00Z``, a fraction ignored) -> whole Unix seconds; ``None`` when absent or
+    not that form."""
+    if not text:
+        return None
+    try:
+        return calendar.timegm(time.strptime(text.split(".")[0].rstrip("Z"), "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
 
 
 def _aborted_at(record: ClaimRecord) -> float | None:

@@ -308,3 +308,27 @@ def test_claims_nvidias_compute_domain_plugin_prepared_are_adopted_and_unprepare
             assert set(_read(node).claims) == {aborted.uid}
 
     asyncio.run(body())
+
+
+def test_a_damaged_nvidia_compute_domain_checkpoint_is_not_guessed_at(node: SandboxNode) -> None:
+    """One wrong byte (the checksum no longer verifies): nothing is adopted from it, a NvidiaCheckpointUnusable
+    Event says why, the file is kept aside and a valid one written in its place."""
+    api = node.api
+    assert api is not None
+    cd_uid = seed_domain(api)
+    channel = seed_claim(api, "wl-0", cd_uid, pool=node.node_name)
+    path = _checkpoint_path(node)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    good = encode(Checkpoint({channel.uid: _nvidia_entry(api, channel, CheckpointState.PREPARE_COMPLETED, "channel",
+                                                         cd_uid)}), CD_CLAIM)
+    path.write_bytes(good.replace(b'"id":0', b'"id":1'))
+
+    async def body() -> None:
+        async with running(cd_config(node)) as (plugin, _conn):
+            assert plugin.state.get(channel.uid) is None
+            (event,) = [e for e in api.objects("Event") if e.get("reason") == "NvidiaCheckpointUnusable"]
+            assert "checksum" in event["message"] and str(path) in event["message"]
+            assert _read(node).claims == {}
+            assert [p.name for p in path.parent.iterdir() if p.name.startswith("checkpoint.json.corrupt-")]
+
+    asyncio.run(body())
