@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import calendar
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -47,9 +46,9 @@ from dradriver.sandbox.kubelet import KubeletEmulator
 from dradriver.sandbox.node import SandboxNode
 from tests.computedomain.cdplugin_helpers import (
     DRIVER,
-    DRIVER_NAMESPACE,
     cd_config,
     node_label,
+    plugin_env,
     running,
     seed_claim,
     seed_clique,
@@ -184,20 +183,6 @@ def test_an_aborted_prepare_is_named_prepare_aborted_for_its_ttl(node: SandboxNo
     asyncio.run(body())
 
 
-def _plugin_env(node: SandboxNode) -> dict[str, str]:
-    config = cd_config(node)
-    env = dict(os.environ)
-    env.update(
-        NODE_NAME=config.node_name, KUBECONFIG=config.kubeconfig, CDI_ROOT=str(config.cdi_root),
-        KUBELET_REGISTRAR_DIRECTORY_PATH=str(config.kubelet_registrar_directory_path),
-        KUBELET_PLUGINS_DIRECTORY_PATH=str(config.kubelet_plugins_directory_path),
-        DEV_ROOT=str(config.dev_root), SYSFS_ROOT=str(config.sysfs_root), PROC_ROOT=str(config.proc_root),
-        DRIVER_ROOT_CTR_PATH=str(config.container_driver_root), DRADRIVER_MOCK_PROFILE=config.mock_profile,
-        NAMESPACE=DRIVER_NAMESPACE, LOG_LEVEL="warning",
-    )
-    return env
-
-
 def test_compute_domain_checkpoint_is_true_after_a_sigkill(node: SandboxNode) -> None:
     """The plugin process is SIGKILLed right after answering a Prepare: the file on disk verifies (NVIDIA's
     checksums) and names the prepared channel claim."""
@@ -210,7 +195,7 @@ def test_compute_domain_checkpoint_is_true_after_a_sigkill(node: SandboxNode) ->
 
     async def prepare_then_kill() -> None:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "dradriver", "compute-domain-kubelet-plugin", env=_plugin_env(node),
+            sys.executable, "-m", "dradriver", "compute-domain-kubelet-plugin", env=plugin_env(node),
             cwd=str(ROOT), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             async with KubeletEmulator(config.kubelet_registrar_directory_path) as kubelet:
