@@ -523,7 +523,7 @@ async def start_compute_domain_plugin(config: PluginConfig, identity: DriverIden
         adopted = await adopt_nvidia_claims(identity, config, connection, runner, clock)
         recovery = await assembly.recover(identity, config, connection, runner, problems)
         if checkpoint is not None:  # after recovery: it names what the claim state holds now
-            await asyncio.to_thread(checkpoint.load, state.claims(), adopted.started)
+            await asyncio.to_thread(checkpoint.load, state.claims(), (*adopted.started, *recovery.aborted_expired))
         publisher = assembly.make_publisher(identity, config, connection)
         await assembly.serve_metrics_step(life, config, metrics)  # the chart's :8081 (request metrics)
 

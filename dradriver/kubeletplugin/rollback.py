@@ -150,8 +150,9 @@ class RollbackCheckpoint:
     def load(self, claims: Mapping[str, ClaimRecord], rolled_back: Collection[str] = ()) -> None:
         """At start, after the runner's recovery: take the entries of the file on disk that are still true, add
         one for every other PREPARE_COMPLETED claim of ``claims``, drop the rest of dradriver's, and write.
-        ``rolled_back``: claims another plugin began to prepare that dradriver adopted and recovery rolled back
-        (their entries go too).
+        ``rolled_back``: claims whose entries go although the claim state does not hold them (claims another
+        plugin began to prepare that dradriver adopted and recovery rolled back; aborted marks recovery found
+        expired).
 
         A file of another boot is dropped (NVIDIA's rule); a damaged one is kept aside and logged.
 

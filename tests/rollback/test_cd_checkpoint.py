@@ -317,3 +317,28 @@ def test_a_damaged_nvidia_compute_domain_checkpoint_is_not_guessed_at(node: Sand
             assert [p.name for p in path.parent.iterdir() if p.name.startswith("checkpoint.json.corrupt-")]
 
     asyncio.run(body())
+
+
+def test_an_aborted_mark_that_expired_while_the_plugin_was_down_leaves_the_checkpoint(node: SandboxNode) -> None:
+    api = node.api
+    assert api is not None
+    cd_uid = seed_domain(api)
+    seed_clique(api, cd_uid, node.node_name, "NotReady")
+    ref = seed_claim(api, "wl-0", cd_uid, pool=node.node_name)
+
+    async def abort() -> None:
+        async with running(cd_config(node)) as (_plugin, conn):
+            pending = asyncio.create_task(conn.prepare([ref]))
+            while node_label(api) != cd_uid:
+                await asyncio.sleep(0.02)
+            assert (await conn.unprepare([ref]))[ref.uid] == ""
+            await pending
+        assert _read(node).claims[ref.uid].state is CheckpointState.PREPARE_ABORTED
+
+    async def restart_later() -> None:
+        async with running(cd_config(node), clock=lambda: time.time() + 91.0) as (plugin, _conn):
+            assert plugin.recovery.aborted_expired == (ref.uid,)
+            assert _read(node).claims == {}
+
+    asyncio.run(abort())
+    asyncio.run(restart_later())
