@@ -152,20 +152,31 @@ def test_compute_domain_plugin_names_channel_and_daemon_claims_until_unprepared(
     asyncio.run(body())
 
 
-def test_an_aborted_prepare_is_named_prepare_aborted_for_its_ttl(node: SandboxNode) -> None:
+def _waiting_claim(node: SandboxNode) -> tuple[Any, str, ClaimRef]:
+    """A channel claim whose prepare waits (this node's IMEX daemon NotReady): the API, its ComputeDomain UID,
+    the claim."""
     api = node.api
     assert api is not None
     cd_uid = seed_domain(api)
     seed_clique(api, cd_uid, node.node_name, "NotReady")
-    ref = seed_claim(api, "wl-0", cd_uid, pool=node.node_name)
+    return api, cd_uid, seed_claim(api, "wl-0", cd_uid, pool=node.node_name)
+
+
+async def _abort_prepare(conn: Any, api: Any, ref: ClaimRef, cd_uid: str) -> str:
+    """Unprepare ``ref`` while its prepare waits; the prepare's error."""
+    pending = asyncio.create_task(conn.prepare([ref]))
+    while node_label(api) != cd_uid:
+        await asyncio.sleep(0.02)
+    assert (await conn.unprepare([ref]))[ref.uid] == ""
+    return str((await pending)[ref.uid].error)
+
+
+def test_an_aborted_prepare_is_named_prepare_aborted_for_its_ttl(node: SandboxNode) -> None:
+    api, cd_uid, ref = _waiting_claim(node)
 
     async def body() -> None:
         async with running(cd_config(node)) as (plugin, conn):
-            pending = asyncio.create_task(conn.prepare([ref]))
-            while node_label(api) != cd_uid:
-                await asyncio.sleep(0.02)
-            assert (await conn.unprepare([ref]))[ref.uid] == ""
-            assert "unprepared while this prepare was in flight" in (await pending)[ref.uid].error
+            assert "unprepared while this prepare was in flight" in await _abort_prepare(conn, api, ref, cd_uid)
             entry = _read(node).claims[ref.uid]
             assert entry.state is CheckpointState.PREPARE_ABORTED and entry.groups == ()
             assert entry.aborted_at is not None and (entry.name, entry.namespace) == ("wl-0", "default")
@@ -320,19 +331,11 @@ def test_a_damaged_nvidia_compute_domain_checkpoint_is_not_guessed_at(node: Sand
 
 
 def test_an_aborted_mark_that_expired_while_the_plugin_was_down_leaves_the_checkpoint(node: SandboxNode) -> None:
-    api = node.api
-    assert api is not None
-    cd_uid = seed_domain(api)
-    seed_clique(api, cd_uid, node.node_name, "NotReady")
-    ref = seed_claim(api, "wl-0", cd_uid, pool=node.node_name)
+    api, cd_uid, ref = _waiting_claim(node)
 
     async def abort() -> None:
         async with running(cd_config(node)) as (_plugin, conn):
-            pending = asyncio.create_task(conn.prepare([ref]))
-            while node_label(api) != cd_uid:
-                await asyncio.sleep(0.02)
-            assert (await conn.unprepare([ref]))[ref.uid] == ""
-            await pending
+            await _abort_prepare(conn, api, ref, cd_uid)
         assert _read(node).claims[ref.uid].state is CheckpointState.PREPARE_ABORTED
 
     async def restart_later() -> None:
