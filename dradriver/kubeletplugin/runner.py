@@ -210,13 +210,6 @@ def encode_payload(spec: Path | str, records: Sequence[UndoRecord], pins: Mappin
     return _payload(spec, records, pins)
 
 
-def aborted_payload(spec: Path | str, aborted_at: float, allocation: str) -> str:
-    """The stored payload of an aborted-prepare mark (:func:`aborted_mark`) written from outside an unprepare
-    (adopted from NVIDIA's ``PrepareAborted``): ``aborted_at`` Unix seconds, ``allocation`` its
-    :func:`allocation_digest` (``""``: any allocation)."""
-    return _payload(spec, [], aborted_at=aborted_at, allocation=allocation)
-
-
 def allocation_digest(claim: Claim) -> str:
     """A short digest (16 hex digits) of what the claim was allocated on this node: its allocation results for our
     driver and pool and its opaque configs. Two prepares of one claim UID see the same digest unless the claim's
@@ -236,6 +229,13 @@ def aborted_mark(record: ClaimRecord) -> StoredPayload | None:
     except ValueError:
         return None
     return stored if stored.aborted_at is not None else None
+
+
+def aborted_payload(spec: Path | str, aborted_at: float, allocation: str) -> str:
+    """The stored payload of an aborted-prepare mark (:func:`aborted_mark`) written from outside an unprepare
+    (adopted from NVIDIA's ``PrepareAborted``): ``aborted_at`` Unix seconds, ``allocation`` its
+    :func:`allocation_digest` (``""``: any allocation)."""
+    return _payload(spec, [], aborted_at=aborted_at, allocation=allocation)
 
 
 def _shares_of(held: Sequence[HeldDevice]) -> dict[str, str]:
