@@ -21,7 +21,10 @@ applies (a checkpoint of another boot is ignored; an empty boot ID is this boot'
   started claim would.
 
 The ComputeDomain of an entry is its group's ``configState.ComputeDomain``, else the ``domainID`` of the claim's
-opaque config in the entry's ``status``; the allocation mode (``Single``/``All``) is from that config.
+opaque config in the entry's ``status``; the allocation mode (``Single``/``All``) is from that config. What the
+checkpoint does not say is read from NVIDIA's CDI spec of the claim: the channel nodes it injects, and a daemon's
+``CLIQUE_ID`` and ComputeDomain name, so that a spec dradriver renders again from the record (``/var/run/cdi``
+cleaned, the kubelet retrying) injects what NVIDIA's did.
 
 Limitation (until the generic adoption of the GPU side is merged): this module and the GPU plugin's adoption read
 the file the same way; one reader, parameterised by schema, is the intended end state.
@@ -30,11 +33,14 @@ the file the same way; one reader, parameterised by schema, is the intended end 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from dradriver.domain.claims import ClaimError, ClaimRef, claim_from_object
 from dradriver.domain.nvcheckpoint import CD_CLAIM, CheckpointEntry, CheckpointError, CheckpointState
@@ -76,19 +82,61 @@ def _opaque(entry: CheckpointEntry, driver: str) -> Mapping[str, Any]:
     return {}
 
 
+NVIDIA_CLIQUE = "nvidia-spec"
+"""The ``clique`` of an adopted channel record whose NVIDIA spec injects channel nodes (NVIDIA injects them only on
+a node in a clique; the value is read for its truth only, and the clique ID is not in a channel spec)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _SpecFacts:
+    """What NVIDIA's CDI spec of a claim says that its checkpoint entry does not: the daemon's environment
+    (``CLIQUE_ID``, ``COMPUTE_DOMAIN_NAME``) and the IMEX channel numbers injected."""
+
+    env: Mapping[str, str]
+    channels: tuple[int, ...]
+
+
+def _read_spec(path: Path) -> _SpecFacts:
+    """NVIDIA's spec (YAML) at ``path``; empty facts when it is absent or unreadable (then dradriver's render
+    from the record decides)."""
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        return _SpecFacts({}, ())
+    env: dict[str, str] = {}
+    channels: list[int] = []
+    for device in (doc or {}).get("devices") or () if isinstance(doc, Mapping) else ():
+        edits = (device or {}).get("containerEdits") or {}
+        for item in edits.get("env") or ():
+            key, _, value = str(item).partition("=")
+            env[key] = value
+        for node in edits.get("deviceNodes") or ():
+            match = _CHANNEL_NODE.fullmatch(str((node or {}).get("path") or ""))
+            if match:
+                channels.append(int(match.group(1)))
+    return _SpecFacts(env, tuple(sorted(set(channels))))
+
+
+_CHANNEL_NODE = re.compile(r"/dev/nvidia-caps-imex-channels/channel(\d+)")
+
+
 def _undo(kind: str, device: str, info_id: int, domain: str, namespace: str, mode: str,
-          plugin_dir: Path) -> UndoRecord:
-    """dradriver's undo record for one of NVIDIA's prepared devices (the data its own preparer writes)."""
+          plugin_dir: Path, spec: _SpecFacts) -> UndoRecord:
+    """dradriver's undo record for one of NVIDIA's prepared devices (the data its own preparer writes, completed
+    from NVIDIA's spec, so that a spec dradriver renders again from the record injects what NVIDIA's did)."""
     if kind == "daemon":
-        return UndoRecord(DAEMON_KIND, 1, device, {"domain": domain, "namespace": namespace, "name": "",
-                                                   "clique": "", "dir": str(plugin_dir / "domains" / domain)})
+        return UndoRecord(DAEMON_KIND, 1, device, {
+            "domain": domain, "namespace": spec.env.get("COMPUTE_DOMAIN_NAMESPACE", namespace),
+            "name": spec.env.get("COMPUTE_DOMAIN_NAME", ""), "clique": spec.env.get("CLIQUE_ID", ""),
+            "dir": str(plugin_dir / "domains" / domain)})
     return UndoRecord(CHANNEL_KIND, 1, device, {"domain": domain, "namespace": namespace, "name": "",
-                                                "mode": mode or "Single", "channels": [info_id], "clique": "",
+                                                "mode": mode or "Single", "channels": list(spec.channels or [info_id]),
+                                                "clique": NVIDIA_CLIQUE if spec.channels else "",
                                                 "label": bool(domain)})
 
 
-def _records(entry: CheckpointEntry, *, pool: str, driver: str,
-             plugin_dir: Path) -> tuple[list[HeldDevice], list[UndoRecord]]:
+def _records(entry: CheckpointEntry, *, pool: str, driver: str, plugin_dir: Path,
+             spec: _SpecFacts) -> tuple[list[HeldDevice], list[UndoRecord]]:
     params = _opaque(entry, driver)
     fallback = str(params.get("domainID") or "")
     mode = str(params.get("allocationMode") or "")
@@ -102,7 +150,7 @@ def _records(entry: CheckpointEntry, *, pool: str, driver: str,
             name = prepared.device.device_name
             held.append(HeldDevice(request_names=tuple(prepared.device.requests), pool=pool, device=name,
                                    cdi_device_ids=tuple(prepared.device.cdi_device_ids)))
-            undo.append(_undo(prepared.kind, name, prepared.id, domain, entry.namespace, mode, plugin_dir))
+            undo.append(_undo(prepared.kind, name, prepared.id, domain, entry.namespace, mode, plugin_dir, spec))
     if not held:  # PrepareStarted before its devices were recorded: its allocation says what it was preparing
         results = ((entry.status.get("allocation") or {}).get("devices") or {}).get("results") or ()
         for result in results:
@@ -111,7 +159,7 @@ def _records(entry: CheckpointEntry, *, pool: str, driver: str,
             name = str(result.get("device") or "")
             kind = "channel" if name.startswith(CHANNEL_PREFIX) else "daemon"
             held.append(HeldDevice(request_names=(str(result.get("request") or ""),), pool=pool, device=name))
-            undo.append(_undo(kind, name, 0, fallback, entry.namespace, mode, plugin_dir))
+            undo.append(_undo(kind, name, 0, fallback, entry.namespace, mode, plugin_dir, spec))
     return held, undo
 
 
@@ -158,7 +206,8 @@ def adopt_compute_domain_claims(state: ClaimState, path: Path, *, boot_id: str, 
                                       payload=aborted_payload(spec, at, digest))
                 aborted.append(uid)
                 continue
-            held, undo = _records(entry, pool=pool, driver=driver, plugin_dir=path.parent)
+            held, undo = _records(entry, pool=pool, driver=driver, plugin_dir=path.parent,
+                                  spec=_read_spec(Path(spec)))
             try:
                 state.prepare_started(uid, namespace=entry.namespace, name=entry.name, devices=held,
                                       payload=encode_payload(spec, undo, {}))

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from dradriver.domain.claims import ClaimRef
 from dradriver.domain.computedomains import LABEL_COMPUTE_DOMAIN
@@ -45,6 +46,7 @@ from dradriver.kubeletplugin.rollback import rfc3339
 from dradriver.sandbox.kubelet import KubeletEmulator
 from dradriver.sandbox.node import SandboxNode
 from tests.computedomain.cdplugin_helpers import (
+    CHANNEL_MAJOR,
     DRIVER,
     cd_config,
     node_label,
@@ -228,13 +230,13 @@ def test_compute_domain_checkpoint_is_true_after_a_sigkill(node: SandboxNode) ->
     assert entry.state is CheckpointState.PREPARE_COMPLETED and entry.groups[0].config_state.type == "channel"
 
 
-def _nvidia_spec(node: SandboxNode, uid: str, device: str) -> Path:
-    """The CDI spec NVIDIA's plugin wrote for claim ``uid`` (``k8s.compute-domain.nvidia.com-claim_<uid>.yaml``;
-    JSON is YAML)."""
+def _nvidia_spec(node: SandboxNode, uid: str, device: str, edits: dict[str, Any]) -> Path:
+    """The CDI spec NVIDIA's plugin wrote for claim ``uid`` (``k8s.compute-domain.nvidia.com-claim_<uid>.yaml``,
+    YAML as NVIDIA writes it)."""
     path = spec_path(node, uid)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"cdiVersion": "0.5.0", "kind": "k8s.compute-domain.nvidia.com/claim", "devices": [
-        {"name": f"{uid}-{device}", "containerEdits": {"env": ["NVIDIA_VISIBLE_DEVICES=void"]}}]}))
+    path.write_text(yaml.safe_dump({"cdiVersion": "0.5.0", "kind": "k8s.compute-domain.nvidia.com/claim",
+                                    "devices": [{"name": f"{uid}-{device}", "containerEdits": edits}]}))
     return path
 
 
@@ -268,7 +270,11 @@ def test_claims_nvidias_compute_domain_plugin_prepared_are_adopted_and_unprepare
     assert obj is not None
     obj["metadata"].setdefault("labels", {})[LABEL_COMPUTE_DOMAIN] = cd_uid  # NVIDIA's prepare labelled the node
     api.update(obj)
-    specs = [_nvidia_spec(node, channel.uid, "channel-0"), _nvidia_spec(node, daemon.uid, "daemon-0")]
+    channel0 = {"path": "/dev/nvidia-caps-imex-channels/channel0", "type": "c", "major": CHANNEL_MAJOR, "minor": 0}
+    specs = [_nvidia_spec(node, channel.uid, "channel-0", {"deviceNodes": [channel0]}),
+             _nvidia_spec(node, daemon.uid, "daemon-0", {"env": [
+                 "CLIQUE_ID=c.1", f"COMPUTE_DOMAIN_UUID={cd_uid}", "COMPUTE_DOMAIN_NAME=cd-1",
+                 "COMPUTE_DOMAIN_NAMESPACE=default"]})]
     path = _checkpoint_path(node)
     path.parent.mkdir(parents=True, exist_ok=True)
     boot_id = (node.root / "proc" / "sys" / "kernel" / "random" / "boot_id").read_text().strip()
@@ -292,6 +298,16 @@ def test_claims_nvidias_compute_domain_plugin_prepared_are_adopted_and_unprepare
             assert got.ok and [d.cdi_device_ids for d in got.devices] == [
                 (f"k8s.compute-domain.nvidia.com/claim={channel.uid}-channel-0",)]
             assert plugin.runner.preparations == 0
+            # /var/run/cdi cleaned: the kubelet's retry renders the specs again from the adopted records, with
+            # what NVIDIA's injected (the channel node; the daemon's clique and ComputeDomain)
+            for path in specs:
+                path.unlink()
+            got = await conn.prepare([channel, daemon])
+            assert got[channel.uid].ok and got[daemon.uid].ok, got
+            (rendered,) = yaml.safe_load(specs[0].read_text())["devices"]
+            assert [n["path"] for n in rendered["containerEdits"]["deviceNodes"]] == [channel0["path"]]
+            (rendered,) = yaml.safe_load(specs[1].read_text())["devices"]
+            assert {"CLIQUE_ID=c.1", "COMPUTE_DOMAIN_NAME=cd-1"} <= set(rendered["containerEdits"]["env"])
             refused = (await conn.prepare([aborted]))[aborted.uid]
             assert "stale prepare" in refused.error and "PrepareAborted" in refused.error
             kept = _read(node)
