@@ -302,8 +302,8 @@ def test_claims_nvidias_compute_domain_plugin_prepared_are_adopted_and_unprepare
             # what NVIDIA's injected (the channel node; the daemon's clique and ComputeDomain)
             for path in specs:
                 path.unlink()
-            got = await conn.prepare([channel, daemon])
-            assert got[channel.uid].ok and got[daemon.uid].ok, got
+            again = await conn.prepare([channel, daemon])
+            assert again[channel.uid].ok and again[daemon.uid].ok, again
             (rendered,) = yaml.safe_load(specs[0].read_text())["devices"]
             assert [n["path"] for n in rendered["containerEdits"]["deviceNodes"]] == [channel0["path"]]
             (rendered,) = yaml.safe_load(specs[1].read_text())["devices"]
