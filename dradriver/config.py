@@ -192,8 +192,9 @@ PLUGIN_FLAGS: tuple[Flag, ...] = (
         "DRADRIVER_NVIDIA_CHECKPOINT",
         True,
         "Keep NVIDIA's checkpoint.json in the plugin directory naming every prepared claim, so that NVIDIA's "
-        "gpu-kubelet-plugin started in dradriver's place (a rollback) sees them as prepared and can unprepare "
-        "them. false saves one file rewrite per prepare and unprepare and makes a rollback strand the claims.",
+        "gpu-kubelet-plugin (or compute-domain-kubelet-plugin) started in dradriver's place (a rollback) sees them "
+        "as prepared and can unprepare them. false saves one file rewrite per prepare and unprepare and makes a "
+        "rollback strand the claims.",
         "bool",
     ),
     Flag(
@@ -280,7 +281,7 @@ _SHARED_WITH_COMPUTE_DOMAIN_PLUGIN = (
     "--dev-root", "--sysfs-root", "--proc-root", "--nvml-library", "--mock-profile", "--pod-uid", "--healthcheck-port",
     "--prepare-deadline-seconds", "--stale-claim-grace-seconds", "--http-endpoint", "--metrics-path",
     "--feature-gates", "--namespace", "--alt-proc-devices-path", "--kube-api-qps", "--kube-api-burst", "--log-level",
-    "--log-format",
+    "--log-format", "--nvidia-checkpoint",
 )
 
 IMEX_MODES = ("driverManaged", "hostManaged")

@@ -55,9 +55,13 @@ from dradriver.domain.registry import DeviceRegistry
 from dradriver.errors import DradriverError, FlagError
 from dradriver.health.metrics import DriverMetrics
 from dradriver.host import cdifiles, devicenodes, imexchannels, imexservice
+from dradriver.host.claimstate import read_boot_id
 from dradriver.host.imexchannels import ImexNodeInfo
+from dradriver.host.nvcheckpointfile import CHECKPOINT_FILE
 from dradriver.kube import computedomains as kube_cd
 from dradriver.kube import errors as kube_errors
+from dradriver.kubeletplugin import rollback
+from dradriver.kubeletplugin.cdadoption import ComputeDomainAdoptionReport, adopt_compute_domain_claims
 from dradriver.kubeletplugin.lifecycle import Lifecycle
 from dradriver.kubeletplugin.runner import BatchRunner
 from dradriver.nvml import fabric
@@ -409,6 +413,30 @@ def on_loop(loop: asyncio.AbstractEventLoop, step: Callable[[], Coroutine[Any, A
     return call, cancel
 
 
+async def adopt_nvidia_claims(identity: DriverIdentity, config: PluginConfig, connection: assembly.Connection,
+                              runner: BatchRunner, clock: Callable[[], float]) -> ComputeDomainAdoptionReport:
+    """Start step before recovery: adopt the claims NVIDIA's compute-domain plugin prepared
+    (:func:`dradriver.kubeletplugin.cdadoption.adopt_compute_domain_claims`), with a Normal ``ClaimAdopted`` Event
+    per adopted claim; a damaged or unknown-version checkpoint is a ``NvidiaCheckpointUnusable`` Warning Event
+    (its claims are then kept from their CDI specs by recovery)."""
+    path = config.plugin_dir / CHECKPOINT_FILE
+    report = await asyncio.to_thread(
+        adopt_compute_domain_claims, runner.state, path, boot_id=read_boot_id(config.boot_id_path),
+        pool=config.node_name, driver=identity.driver_name, spec_of=runner.spec_path, aborted_ttl_s=ABORTED_TTL_S,
+        clock=clock)
+    if report.problem:
+        await asyncio.to_thread(assembly.report_event, identity, connection.client, config, connection.node_uid,
+                                "NvidiaCheckpointUnusable", f"NVIDIA's checkpoint {path} is not used: "
+                                f"{report.problem}; its claims are kept from their CDI specs")
+    for uid in report.adopted:
+        record = runner.state.get(uid)
+        who = f"{record.namespace}/{record.name} ({uid})" if record is not None and record.name else uid
+        await asyncio.to_thread(assembly.report_event, identity, connection.client, config, connection.node_uid,
+                                "ClaimAdopted", f"claim {who} prepared by NVIDIA's plugin is held and will be "
+                                "unprepared by dradriver (from NVIDIA's checkpoint)", type_="Normal")
+    return report
+
+
 async def start_compute_domain_plugin(config: PluginConfig, identity: DriverIdentity = COMPUTE_DOMAIN_DRIVER, *,
                                       clock: Callable[[], float] = time.time,
                                       fabric_wait: Backoff = FABRIC_WAIT_BACKOFF) -> ComputeDomainPlugin:
@@ -479,8 +507,10 @@ async def start_compute_domain_plugin(config: PluginConfig, identity: DriverIden
         status_writer = DeviceStatusWriter(connection.client, driver=identity.driver_name, pool=config.node_name,
                                            describe=describe_channels)  # KEP-4817: each channel's ComputeDomain
         life.on_stop("device status writer", status_writer.close)
+        checkpoint = (rollback.open_rollback_checkpoint(identity, config.plugin_dir, config.boot_id_path)
+                      if config.nvidia_checkpoint else None)  # NVIDIA's, for a rollback
         runner = BatchRunner(
-            identity=identity, registry=registry, state=state,
+            identity=identity, registry=registry, state=state, checkpoint=checkpoint,
             fetch_claim=assembly.claim_fetcher(identity, connection.client, config),
             cdi_root=config.cdi_root, pool=config.node_name, preparers=preparers,
             undo_only=[daemons] if host_managed else [],  # daemon claims of before a switch to host-managed
@@ -490,7 +520,10 @@ async def start_compute_domain_plugin(config: PluginConfig, identity: DriverIden
         )
         runner_holder.append(runner)
         life.on_stop("batch runner", runner.close)
+        adopted = await adopt_nvidia_claims(identity, config, connection, runner, clock)
         recovery = await assembly.recover(identity, config, connection, runner, problems)
+        if checkpoint is not None:  # after recovery: it names what the claim state holds now
+            await asyncio.to_thread(checkpoint.load, state.claims(), (*adopted.started, *recovery.aborted_expired))
         publisher = assembly.make_publisher(identity, config, connection)
         await assembly.serve_metrics_step(life, config, metrics)  # the chart's :8081 (request metrics)
 

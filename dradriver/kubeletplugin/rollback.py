@@ -1,6 +1,16 @@
-"""The rollback checkpoint: NVIDIA's ``checkpoint.json`` kept true while dradriver's GPU plugin runs, so that
-NVIDIA's ``gpu-kubelet-plugin``, started in its place (a rollback, often right after a crash), finds every claim
-dradriver holds as prepared: it refuses their devices to other claims and unprepares them when the kubelet asks.
+"""The rollback checkpoint: NVIDIA's ``checkpoint.json`` kept true while a dradriver kubelet plugin runs, so that
+NVIDIA's plugin (``gpu-kubelet-plugin``, ``compute-domain-kubelet-plugin``), started in its place (a rollback, often
+right after a crash), finds every claim dradriver holds as prepared: it refuses their devices to other claims and
+unprepares them when the kubelet asks. One writer for both plugins; what differs is said by the identity
+(:func:`open_rollback_checkpoint`): the entry shapes, how a device is described and how groups are formed.
+
+The compute-domain plugin's file (``<plugins dir>/compute-domain.nvidia.com/checkpoint.json``, NVIDIA's
+``cmd/compute-domain-kubelet-plugin/checkpoint*.go``): each device ``channel`` or ``daemon`` with ``info.id``
+(the number in its name), one group per channel or daemon config with ``configState``
+``{Type: "channel" | "daemon", ComputeDomain: <UID>}`` (NVIDIA's unprepare of a channel group removes the node
+label ``resource.nvidia.com/computeDomain`` naming that ComputeDomain, as dradriver's does), and an aborted
+prepare (dradriver's aborted mark, kept its TTL) as ``PrepareAborted`` with ``abortedAt`` (whole seconds, UTC)
+and the status its prepare read (NVIDIA refuses a prepare whose claim status is identical as "stale").
 
 What each entry says (format: :mod:`dradriver.domain.nvcheckpoint`; NVIDIA's side: its ``device_state.go``):
 
@@ -45,19 +55,25 @@ the next prepare or unprepare of the surviving instance.
 
 from __future__ import annotations
 
+import calendar
+import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from dradriver.domain.claims import Claim
 from dradriver.domain.devices import GpuDevice, MigDevice
-from dradriver.domain.identity import DriverIdentity
+from dradriver.domain.identity import COMPUTE_DOMAIN_DRIVER, DriverIdentity
 from dradriver.domain.nvcheckpoint import (
+    CD_CLAIM,
+    GPU_CLAIM,
     CheckpointEntry,
     CheckpointError,
     CheckpointState,
+    ClaimSchema,
     ConfigState,
     DeviceGroup,
     EncodedEntry,
@@ -71,13 +87,29 @@ from dradriver.domain.ports import UndoRecord
 from dradriver.domain.registry import DeviceRegistry
 from dradriver.host import nvcheckpointfile
 from dradriver.host.claimstate import ClaimPhase, ClaimRecord, HeldDevice, read_boot_id
+from dradriver.preparers.computedomain import CHANNEL_KIND, CHANNEL_PREFIX, DAEMON_KIND
 from dradriver.preparers.dynamicmig import KIND as DYNAMIC_MIG
 from dradriver.preparers.mps import MpsSharing
 from dradriver.preparers.sharing import TimeSlicing
 
-__all__ = ["DescribeDevice", "RollbackCheckpoint", "describe_registered", "open_rollback_checkpoint"]
+__all__ = [
+    "DescribeDevice",
+    "GroupDevices",
+    "RollbackCheckpoint",
+    "compute_domain_groups",
+    "describe_channel",
+    "describe_registered",
+    "gpu_groups",
+    "open_rollback_checkpoint",
+    "parse_rfc3339",
+    "rfc3339",
+]
 
 log = logging.getLogger(__name__)
+
+GroupDevices = Callable[[Mapping[str, PreparedDevice], Sequence[UndoRecord]], tuple[DeviceGroup, ...]]
+"""A claim's devices in NVIDIA's layout (DRA device name -> device) and its undo records -> NVIDIA's device groups,
+each with the ``configState`` NVIDIA's unprepare reads."""
 
 DescribeDevice = Callable[[str], PreparedDevice | None]
 """DRA device name -> the device in NVIDIA's layout without its kubelet ``Device`` (``kind`` ``gpu`` with the
@@ -93,13 +125,20 @@ class RollbackCheckpoint:
     :param boot_id: the node boot ID to record.
     :param driver: the DRA driver name (``status.allocation`` rebuilt from held devices names it).
     :param describe: how a device name becomes NVIDIA's device layout.
+    :param schema: the plugin's entry shapes (:data:`~dradriver.domain.nvcheckpoint.GPU_CLAIM`,
+        :data:`~dradriver.domain.nvcheckpoint.CD_CLAIM`).
+    :param group: how a claim's devices and undo records become NVIDIA's device groups (default
+        :func:`gpu_groups`; the compute-domain plugin's: :func:`compute_domain_groups`).
     """
 
-    def __init__(self, path: Path, *, boot_id: str, driver: str, describe: DescribeDevice) -> None:
+    def __init__(self, path: Path, *, boot_id: str, driver: str, describe: DescribeDevice,
+                 schema: ClaimSchema = GPU_CLAIM, group: GroupDevices | None = None) -> None:
         self.path = path
         self.boot_id = boot_id
         self.driver = driver
         self.describe = describe
+        self.schema = schema
+        self.group = group or gpu_groups
         self._entries: dict[str, EncodedEntry] = {}
         self._mutex = threading.Lock()  # the entries and the version
         self._write_lock = threading.Lock()  # one rewrite at a time
@@ -108,9 +147,12 @@ class RollbackCheckpoint:
         self.writes = 0
 
     # ---- start --------------------------------------------------------------------------------------------------
-    def load(self, claims: Mapping[str, ClaimRecord]) -> None:
+    def load(self, claims: Mapping[str, ClaimRecord], rolled_back: Collection[str] = ()) -> None:
         """At start, after the runner's recovery: take the entries of the file on disk that are still true, add
         one for every other PREPARE_COMPLETED claim of ``claims``, drop the rest of dradriver's, and write.
+        ``rolled_back``: claims whose entries go although the claim state does not hold them (claims another
+        plugin began to prepare that dradriver adopted and recovery rolled back; aborted marks recovery found
+        expired).
 
         A file of another boot is dropped (NVIDIA's rule); a damaged one is kept aside and logged.
 
@@ -118,7 +160,7 @@ class RollbackCheckpoint:
         """
         found: dict[str, CheckpointEntry] = {}
         try:
-            stored = nvcheckpointfile.read_checkpoint(self.path)
+            stored = nvcheckpointfile.read_checkpoint(self.path, self.schema)
         except (CheckpointError, OSError) as exc:
             aside = nvcheckpointfile.keep_aside(self.path, "corrupt")
             log.error("NVIDIA-format checkpoint %s cannot be read (%s); kept as %s and rebuilt from the claim "
@@ -130,17 +172,25 @@ class RollbackCheckpoint:
         entries: dict[str, EncodedEntry] = {}
         for uid, entry in found.items():
             record = claims.get(uid)
+            if record is None and uid in rolled_back:
+                continue
             if record is None:  # NVIDIA's plugin prepared it (or began to) before the switch: kept until unprepared,
                 foreign += 1    # so that NVIDIA, back on the node, still unprepares or rolls it back
-                entries[uid] = encode_entry(uid, entry)
+                entries[uid] = encode_entry(uid, entry, self.schema)
             elif record.phase is ClaimPhase.PREPARE_COMPLETED and entry.state is CheckpointState.PREPARE_COMPLETED \
                     and isinstance(entry.status.get("allocation"), Mapping):
-                entries[uid] = encode_entry(uid, entry)
+                entries[uid] = encode_entry(uid, entry, self.schema)
+            elif entry.state is CheckpointState.PREPARE_ABORTED and (at := _aborted_at(record)) is not None \
+                    and parse_rfc3339(entry.aborted_at) == int(at):
+                entries[uid] = encode_entry(uid, entry, self.schema)  # the mark's entry, with the status it had
         rebuilt = 0
         for uid, record in claims.items():
             if record.phase is ClaimPhase.PREPARE_COMPLETED and uid not in entries and record.devices:
-                entries[uid] = self._encode(uid, None, record.devices, self._undo_of(record))
+                entries[uid] = self._encode(uid, None, record.devices, self._undo_of(record),
+                                            (record.namespace, record.name))
                 rebuilt += 1
+            elif self.schema.aborted_at and uid not in entries and (at := _aborted_at(record)) is not None:
+                entries[uid] = self._encode_aborted(uid, record.namespace, record.name, at)
         with self._mutex:
             self._entries = entries
             self._version += 1
@@ -171,7 +221,8 @@ class RollbackCheckpoint:
             entry = self._encode(uid, claim, held, undo)
         except Exception:
             log.exception("claim %s: cannot describe it in NVIDIA's checkpoint; named by its devices only", uid)
-            entry = encode_entry(uid, CheckpointEntry(CheckpointState.PREPARE_COMPLETED, self._allocation(held)))
+            entry = encode_entry(uid, CheckpointEntry(CheckpointState.PREPARE_COMPLETED, self._allocation(held)),
+                                 self.schema)
         with self._mutex:
             self._entries[uid] = entry
             self._version += 1
@@ -185,6 +236,36 @@ class RollbackCheckpoint:
         from dradriver.kubeletplugin.runner import held_devices  # the runner owns the payload format
 
         self.prepared(claim.ref.uid, claim, held_devices(record), self._undo_of(record))
+
+    def aborted(self, uid: str, namespace: str, name: str, at: float, status: Mapping[str, Any] | None = None,
+                held: Sequence[HeldDevice] = ()) -> None:
+        """Name claim ``uid`` as ``PrepareAborted`` with ``abortedAt`` ``at`` (Unix seconds): an unprepare came
+        while its prepare was in progress, and NVIDIA's compute-domain plugin, started in dradriver's place, keeps
+        refusing that prepare for the rest of the mark's TTL as dradriver does (it compares the entry's ``status``
+        with the prepare's claim: ``status`` when the aborted prepare's claim was read, else the allocation rebuilt
+        from ``held``, the devices of its STARTED record). A no-op for a plugin whose entries have no ``abortedAt``
+        (the GPU plugin). Written by the next :meth:`flush`."""
+        if not self.schema.aborted_at:
+            return
+        entry = self._encode_aborted(uid, namespace, name, at, status, held)
+        with self._mutex:
+            self._entries[uid] = entry
+            self._version += 1
+
+    def _encode_aborted(self, uid: str, namespace: str, name: str, at: float,
+                        status: Mapping[str, Any] | None = None, held: Sequence[HeldDevice] = ()) -> EncodedEntry:
+        # An entry always has an allocation (NVIDIA's prepare reads the allocation of every entry it compares).
+        def entry(status: Mapping[str, Any]) -> EncodedEntry:
+            return encode_entry(uid, CheckpointEntry(CheckpointState.PREPARE_ABORTED, status, name=name,
+                                                     namespace=namespace, aborted_at=rfc3339(at)), self.schema)
+
+        if status is not None and isinstance(status.get("allocation"), Mapping):
+            try:
+                return entry(status)
+            except CheckpointError as exc:
+                log.warning("claim %s: status not representable in NVIDIA's checkpoint (%s); its allocation "
+                            "results are rebuilt from the held devices", uid, exc)
+        return entry(self._allocation(held))
 
     def unprepared(self, uid: str) -> None:
         """Drop claim ``uid`` (also an entry another plugin wrote). Written by the next :meth:`flush`."""
@@ -222,19 +303,23 @@ class RollbackCheckpoint:
         return ""
 
     # ---- encoding -----------------------------------------------------------------------------------------------
-    def _encode(self, uid: str, claim: Claim | None, held: Sequence[HeldDevice],
-                undo: Sequence[UndoRecord]) -> EncodedEntry:
+    def _encode(self, uid: str, claim: Claim | None, held: Sequence[HeldDevice], undo: Sequence[UndoRecord],
+                owner: tuple[str, str] = ("", "")) -> EncodedEntry:
+        # name and namespace as NVIDIA's PrepareCompleted keeps them (its stale-claim cleanup reads them)
+        namespace, name = (claim.ref.namespace, claim.ref.name) if claim is not None else owner
         created = {r.target: r.data for r in undo if r.kind == DYNAMIC_MIG and isinstance(r.data, Mapping)}
         devices = {h.device: self._device(h, created.get(h.device)) for h in held if h.request_names}
-        groups = _groups(devices, undo)
+        groups = self.group(devices, undo)
         status = claim.status if claim is not None and claim.status is not None else None
         if status is not None:
             try:
-                return encode_entry(uid, CheckpointEntry(CheckpointState.PREPARE_COMPLETED, status, groups))
+                return encode_entry(uid, CheckpointEntry(CheckpointState.PREPARE_COMPLETED, status, groups,
+                                                         name=name, namespace=namespace), self.schema)
             except CheckpointError as exc:  # the API server sent a field NVIDIA's types cannot hold
                 log.warning("claim %s: status not representable in NVIDIA's checkpoint (%s); its allocation "
                             "results are rebuilt from the held devices", claim.ref if claim else uid, exc)
-        return encode_entry(uid, CheckpointEntry(CheckpointState.PREPARE_COMPLETED, self._allocation(held), groups))
+        return encode_entry(uid, CheckpointEntry(CheckpointState.PREPARE_COMPLETED, self._allocation(held), groups,
+                                                 name=name, namespace=namespace), self.schema)
 
     def _device(self, held: HeldDevice, created: Mapping[str, Any] | None) -> PreparedDevice:
         """``held`` in NVIDIA's layout; ``created``: the dynamic MIG undo record's data when the claim created the
@@ -248,8 +333,7 @@ class RollbackCheckpoint:
             log.warning("device %s is not known on this node now; named in NVIDIA's checkpoint without its UUID",
                         held.device)
             return PreparedDevice("gpu", kubelet)
-        return PreparedDevice(described.kind, kubelet, uuid=described.uuid, mig=described.mig,
-                              pci_bus_id=described.pci_bus_id)
+        return dataclasses.replace(described, device=kubelet)
 
     def _allocation(self, held: Sequence[HeldDevice]) -> dict[str, Any]:
         results: list[dict[str, Any]] = []
@@ -265,8 +349,32 @@ class RollbackCheckpoint:
         return {"allocation": {"devices": {"results": results}}}
 
 
-def _groups(devices: Mapping[str, PreparedDevice], undo: Sequence[UndoRecord]) -> tuple[DeviceGroup, ...]:
-    """NVIDIA's config groups: one per sharing step dradriver applied (its record's target names the group's
+def rfc3339(at: float) -> str:
+    """Unix seconds -> RFC 3339 UTC in whole seconds (``2026-12-04T22:30:00Z``): the bytes Go writes for a
+    ``metav1.Time`` and for a ``time.Time`` without fraction alike."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(at)))
+
+
+def parse_rfc3339(text: str | None) -> int | None:
+    """RFC 3339 UTC (``2026-12-04T22:30:00Z``, a fraction ignored) -> whole Unix seconds; ``None`` when absent or
+    not that form."""
+    if not text:
+        return None
+    try:
+        return calendar.timegm(time.strptime(text.split(".")[0].rstrip("Z"), "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+
+
+def _aborted_at(record: ClaimRecord) -> float | None:
+    from dradriver.kubeletplugin.runner import aborted_mark  # the runner owns the payload format
+
+    mark = aborted_mark(record)
+    return None if mark is None else mark.aborted_at
+
+
+def gpu_groups(devices: Mapping[str, PreparedDevice], undo: Sequence[UndoRecord]) -> tuple[DeviceGroup, ...]:
+    """The GPU plugin's config groups: one per sharing step dradriver applied (its record's target names the group's
     devices) with what NVIDIA's unprepare must undo (``timeSliceApplied``; ``mpsControlDaemonID``: dradriver's MPS
     control daemons have NVIDIA's ID, Deployment name and host layout, so NVIDIA's unprepare stops them as
     dradriver's would), then one group of the devices no sharing step touched."""
@@ -306,9 +414,48 @@ def describe_registered(registry: DeviceRegistry[Any]) -> DescribeDevice:
     return describe
 
 
+def compute_domain_groups(devices: Mapping[str, PreparedDevice],
+                          undo: Sequence[UndoRecord]) -> tuple[DeviceGroup, ...]:
+    """The compute-domain plugin's config groups: one per channel or daemon config dradriver applied, its
+    ``configState`` ``{Type: "channel" | "daemon", ComputeDomain: <ComputeDomain UID>}`` as NVIDIA's
+    ``DeviceConfigState`` (its ``ComputeDomainChannelType`` / ``ComputeDomainDaemonType``): NVIDIA's unprepare
+    of a ``channel`` group removes the node label ``resource.nvidia.com/computeDomain`` when it names that
+    ComputeDomain, as dradriver's does; then one group of the devices no config touched."""
+    groups: list[DeviceGroup] = []
+    left = dict(devices)
+    for record in undo:
+        data = record.data if isinstance(record.data, Mapping) else {}
+        kind = {CHANNEL_KIND: "channel", DAEMON_KIND: "daemon"}.get(record.kind)
+        if kind is None or record.target not in left:
+            continue
+        groups.append(DeviceGroup(devices=(left.pop(record.target),),
+                                  config_state=ConfigState(type=kind, compute_domain=str(data.get("domain") or ""))))
+    if left or not groups:
+        groups.append(DeviceGroup(devices=tuple(left.values())))
+    return tuple(groups)
+
+
+def describe_channel(name: str) -> PreparedDevice | None:
+    """:data:`DescribeDevice` of the compute-domain plugin: ``channel-<id>`` -> ``channel.info.id``,
+    ``daemon-<id>`` -> ``daemon.info.id`` (the names NVIDIA publishes, so the ID is in the name)."""
+    for kind, prefix in (("channel", CHANNEL_PREFIX), ("daemon", "daemon-")):
+        if name.startswith(prefix) and name[len(prefix):].isdigit():
+            return PreparedDevice(kind, None, id=int(name[len(prefix):]))
+    return None
+
+
 def open_rollback_checkpoint(identity: DriverIdentity, plugin_dir: Path, boot_id_path: Path,
-                             registry: DeviceRegistry[Any]) -> RollbackCheckpoint:
-    """The GPU plugin's rollback checkpoint ``<plugin dir>/checkpoint.json`` (load it with
-    :meth:`RollbackCheckpoint.load` once recovery has run)."""
-    return RollbackCheckpoint(plugin_dir / nvcheckpointfile.CHECKPOINT_FILE, boot_id=read_boot_id(boot_id_path),
-                              driver=identity.driver_name, describe=describe_registered(registry))
+                             registry: DeviceRegistry[Any] | None = None) -> RollbackCheckpoint:
+    """The rollback checkpoint ``<plugin dir>/checkpoint.json`` of the plugin ``identity`` names (load it with
+    :meth:`RollbackCheckpoint.load` once recovery has run): the GPU plugin's (devices described from
+    ``registry``) or the compute-domain plugin's (:data:`~dradriver.domain.nvcheckpoint.CD_CLAIM`, channel and
+    daemon devices, :func:`compute_domain_groups`, ``PrepareAborted`` marks)."""
+    path = plugin_dir / nvcheckpointfile.CHECKPOINT_FILE
+    boot_id = read_boot_id(boot_id_path)
+    if identity.driver_name == COMPUTE_DOMAIN_DRIVER.driver_name:
+        return RollbackCheckpoint(path, boot_id=boot_id, driver=identity.driver_name, describe=describe_channel,
+                                  schema=CD_CLAIM, group=compute_domain_groups)
+    if registry is None:
+        raise ValueError(f"the rollback checkpoint of {identity.driver_name} needs the device registry")
+    return RollbackCheckpoint(path, boot_id=boot_id, driver=identity.driver_name,
+                              describe=describe_registered(registry))

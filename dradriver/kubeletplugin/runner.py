@@ -204,6 +204,12 @@ def _payload(spec: Path | str, records: Sequence[UndoRecord], pins: Mapping[str,
     return json.dumps(doc, separators=(",", ":"), sort_keys=True)
 
 
+def encode_payload(spec: Path | str, records: Sequence[UndoRecord], pins: Mapping[str, str]) -> str:
+    """The stored payload of a prepared claim: its CDI spec path, undo records and pins (:class:`StoredPayload`);
+    for claims written into the claim state from outside a prepare (adopted from NVIDIA's checkpoint)."""
+    return _payload(spec, records, pins)
+
+
 def allocation_digest(claim: Claim) -> str:
     """A short digest (16 hex digits) of what the claim was allocated on this node: its allocation results for our
     driver and pool and its opaque configs. Two prepares of one claim UID see the same digest unless the claim's
@@ -223,6 +229,13 @@ def aborted_mark(record: ClaimRecord) -> StoredPayload | None:
     except ValueError:
         return None
     return stored if stored.aborted_at is not None else None
+
+
+def aborted_payload(spec: Path | str, aborted_at: float, allocation: str) -> str:
+    """The stored payload of an aborted-prepare mark (:func:`aborted_mark`) written from outside an unprepare
+    (adopted from NVIDIA's ``PrepareAborted``): ``aborted_at`` Unix seconds, ``allocation`` its
+    :func:`allocation_digest` (``""``: any allocation)."""
+    return _payload(spec, [], aborted_at=aborted_at, allocation=allocation)
 
 
 def _shares_of(held: Sequence[HeldDevice]) -> dict[str, str]:
@@ -434,6 +447,9 @@ class BatchRunner:
         self._allocations: dict[str, str] = {}
         """Claim UID -> :func:`allocation_digest` of claims with a prepare in flight (with ``aborted_ttl_s``): the
         allocation an aborted mark records when the claim has no STARTED record (it is between two attempts)."""
+        self._statuses: dict[str, Mapping[str, Any] | None] = {}
+        """Claim UID -> ``status`` of claims with a prepare in flight (with ``aborted_ttl_s`` and ``checkpoint``):
+        what NVIDIA's ``PrepareAborted`` entry records, its compute-domain plugin comparing it at prepare."""
         self._in_flight: dict[str, int] = {}
         """Claim UID -> prepare calls in progress for it (to tell an unprepare that aborts one)."""
         self._flight_lock = threading.Lock()  # prepare calls of several DRA server threads count in _in_flight
@@ -513,6 +529,7 @@ class BatchRunner:
                     else:
                         self._in_flight.pop(ref.uid, None)
                         self._allocations.pop(ref.uid, None)
+                        self._statuses.pop(ref.uid, None)
 
     def _prepare_claims(self, claims: Sequence[ClaimRef], started: int, began: float,
                         deadline_s: float | None) -> Mapping[str, ClaimResult]:
@@ -776,6 +793,8 @@ class BatchRunner:
         if self.aborted_ttl_s > 0:
             digest = allocation_digest(claim)
             self._allocations[ref.uid] = digest
+            if self.checkpoint is not None:
+                self._statuses[ref.uid] = claim.status
         self._refuse_if_unprepared(ref, record, started, digest)
         if self.aborted_ttl_s > 0:
             mark = aborted_mark(record) if record is not None else None
@@ -820,9 +839,12 @@ class BatchRunner:
             if record is None or aborted_mark(record) is not None:
                 self._unprepared_unknown(ref)
             if self.aborted_ttl_s > 0 and record is None:
+                at = self.clock()
                 self.state.prepare_started(ref.uid, namespace=ref.namespace, name=ref.name, devices=[],
-                                           payload=_payload(self._spec_file(ref.uid), [], aborted_at=self.clock(),
+                                           payload=_payload(self._spec_file(ref.uid), [], aborted_at=at,
                                                             allocation=digest))
+                if self.checkpoint is not None:
+                    self.checkpoint.aborted(ref.uid, ref.namespace, ref.name, at, self._statuses.get(ref.uid), ())
                 log.warning("claim %s: unprepared by another plugin instance while this prepare was in progress; a "
                             "prepare of the same allocation is refused for %.0f s (PrepareAborted)", ref,
                             self.aborted_ttl_s)
@@ -1305,6 +1327,7 @@ class BatchRunner:
         held_records: dict[str, list[UndoRecord]] = {}
         stored: list[ClaimRef] = []
         aborts: dict[str, tuple[ClaimRef, str]] = {}
+        abort_held: dict[str, Sequence[HeldDevice]] = {}
         kept: dict[str, list[UndoRecord]] = {}
         try:
             with self.state.locked():
@@ -1323,6 +1346,7 @@ class BatchRunner:
                         except ValueError:
                             known = ""
                         aborts[ref.uid] = (ref, known or self._allocations.get(ref.uid, ""))
+                        abort_held[ref.uid] = held_devices(record) if record is not None else ()
                     try:
                         # Unknown claims succeed; a spec of that UID (adopted or leaked) goes too.
                         self._delete_spec(ref.uid, clean_temp=False)
@@ -1366,8 +1390,14 @@ class BatchRunner:
                         self._forget_expired_aborts(keep=set(aborts))
                 if self.checkpoint is not None:
                     for ref in claims:
-                        if not out.get(ref.uid):
-                            self.checkpoint.unprepared(ref.uid)
+                        now = self.state.get(ref.uid) if not out.get(ref.uid) else None
+                        mark = aborted_mark(now) if now is not None else None
+                        if mark is None or mark.aborted_at is None:
+                            if not out.get(ref.uid):
+                                self.checkpoint.unprepared(ref.uid)
+                        elif ref.uid in aborts:  # an aborted mark kept by an earlier unprepare stays named
+                            self.checkpoint.aborted(ref.uid, ref.namespace, ref.name, mark.aborted_at,
+                                                    self._statuses.get(ref.uid), abort_held.get(ref.uid, ()))
         except (OSError, DradriverError) as exc:
             for ref in stored:
                 out[ref.uid] = f"claim {ref}: unprepare failed: {exc}"
@@ -1485,6 +1515,8 @@ class BatchRunner:
                 continue
             if abs(now - mark.aborted_at) >= self.aborted_ttl_s:
                 self.state.remove(uid)
+                if self.checkpoint is not None:
+                    self.checkpoint.unprepared(uid)
                 gone.append(uid)
                 log.info("claim %s: aborted-prepare mark expired (%.0f s old); deleted", record.ref,
                          now - mark.aborted_at)
@@ -1500,6 +1532,8 @@ class BatchRunner:
             gone = self._forget_expired_aborts()
             if gone:
                 self._refresh_views()
+        if gone and self.checkpoint is not None:
+            self.checkpoint.flush_or_error()  # logged; the next prepare or unprepare writes it again
         return gone
 
     # ---------------------------------------------------------------------------------- startup

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
@@ -130,3 +131,18 @@ async def running(config: PluginConfig, *, clock: Callable[[], float] = time.tim
             yield plugin, connection
     finally:
         await plugin.stop()
+
+
+def plugin_env(node: SandboxNode) -> dict[str, str]:
+    """The environment of a ``compute-domain-kubelet-plugin`` process on ``node`` (its flags' variables)."""
+    config = cd_config(node)
+    env = dict(os.environ)
+    env.update(
+        NODE_NAME=config.node_name, KUBECONFIG=config.kubeconfig, CDI_ROOT=str(config.cdi_root),
+        KUBELET_REGISTRAR_DIRECTORY_PATH=str(config.kubelet_registrar_directory_path),
+        KUBELET_PLUGINS_DIRECTORY_PATH=str(config.kubelet_plugins_directory_path),
+        DEV_ROOT=str(config.dev_root), SYSFS_ROOT=str(config.sysfs_root), PROC_ROOT=str(config.proc_root),
+        DRIVER_ROOT_CTR_PATH=str(config.container_driver_root), DRADRIVER_MOCK_PROFILE=config.mock_profile,
+        NAMESPACE=DRIVER_NAMESPACE, LOG_LEVEL="warning",
+    )
+    return env

@@ -4,7 +4,6 @@ prepare followed by a restart."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from tests.computedomain.cdplugin_helpers import (
     DRIVER_NAMESPACE,
     cd_config,
     node_label,
+    plugin_env,
     running,
     seed_claim,
     seed_clique,
@@ -129,7 +129,7 @@ def test_aborted_mark_survives_a_sigkill_and_restart_until_its_ttl(node: Sandbox
 
     async def abort_then_kill() -> None:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "dradriver", "compute-domain-kubelet-plugin", env=_plugin_env(node),
+            sys.executable, "-m", "dradriver", "compute-domain-kubelet-plugin", env=plugin_env(node),
             cwd=str(ROOT), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             async with KubeletEmulator(config.kubelet_registrar_directory_path) as kubelet:
@@ -234,20 +234,6 @@ def test_a_daemon_claim_is_unprepared_after_a_restart_in_host_managed_mode(node:
     asyncio.run(body())
 
 
-def _plugin_env(node: SandboxNode) -> dict[str, str]:
-    config = cd_config(node)
-    env = dict(os.environ)
-    env.update(
-        NODE_NAME=config.node_name, KUBECONFIG=config.kubeconfig, CDI_ROOT=str(config.cdi_root),
-        KUBELET_REGISTRAR_DIRECTORY_PATH=str(config.kubelet_registrar_directory_path),
-        KUBELET_PLUGINS_DIRECTORY_PATH=str(config.kubelet_plugins_directory_path),
-        DEV_ROOT=str(config.dev_root), SYSFS_ROOT=str(config.sysfs_root), PROC_ROOT=str(config.proc_root),
-        DRIVER_ROOT_CTR_PATH=str(config.container_driver_root), DRADRIVER_MOCK_PROFILE=config.mock_profile,
-        NAMESPACE=DRIVER_NAMESPACE, LOG_LEVEL="warning",
-    )
-    return env
-
-
 @pytest.mark.slow
 def test_sigkill_in_the_middle_of_a_channel_prepare_then_restart(node: SandboxNode) -> None:
     """The plugin process is killed while a channel prepare is in progress (node labelled, waiting for the
@@ -262,7 +248,7 @@ def test_sigkill_in_the_middle_of_a_channel_prepare_then_restart(node: SandboxNo
 
     async def kill_while_waiting() -> None:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "dradriver", "compute-domain-kubelet-plugin", env=_plugin_env(node),
+            sys.executable, "-m", "dradriver", "compute-domain-kubelet-plugin", env=plugin_env(node),
             cwd=str(ROOT), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             async with KubeletEmulator(config.kubelet_registrar_directory_path) as kubelet:
