@@ -15,7 +15,7 @@ NVIDIA's driver refuses per-claim MPS while consumable shares are on, so the nod
 2. **MPS** (``MPSSupport``; the plugin restarted): one claim with NVIDIA's MPS config, its own daemon and the
    defaults the daemon took.
 
-Every part must do what the driver promises or the demo fails (:class:`~dradriver.sandbox.demo.DemoError`);
+Every part must do what the driver promises or the demo fails (:class:`~dradriver.sandbox.demos.basic.DemoError`);
 nothing is skipped. Nothing is left behind at the end (CDI specs, claim state, Deployments, daemon directories).
 """
 
@@ -44,7 +44,7 @@ from dradriver.domain.identity import GPU_DRIVER
 from dradriver.nvml import settings as nvml_settings
 from dradriver.preparers.shares import daemon_id
 from dradriver.sandbox import scheduler
-from dradriver.sandbox.demo import DemoError, Narrator, device_table
+from dradriver.sandbox.demos.basic import DemoError, Narrator, device_table
 from dradriver.sandbox.kubelet import KubeletEmulator, PluginConnection
 from dradriver.sandbox.node import SANDBOX_NAMESPACE, SandboxNode
 from dradriver.sandbox.profiles import h200_node

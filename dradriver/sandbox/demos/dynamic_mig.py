@@ -31,7 +31,7 @@ from dradriver.domain.devices import MigDevice
 from dradriver.domain.identity import GPU_DRIVER
 from dradriver.domain.migplacements import MigPlacement, dynamic_allocatable, instance_of
 from dradriver.sandbox import scheduler
-from dradriver.sandbox.demo import DemoError, DemoRun, Narrator, _manifests, _prepare, _ref, nvidia_smi_line
+from dradriver.sandbox.demos.basic import DemoError, DemoRun, Narrator, _manifests, _prepare, _ref, nvidia_smi_line
 from dradriver.sandbox.kubelet import KubeletEmulator
 from dradriver.sandbox.node import SandboxNode
 

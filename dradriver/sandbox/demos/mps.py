@@ -22,7 +22,7 @@ MPS_CONFIG = {"defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLim
 
 
 class Narration(Protocol):
-    """What the demo's narrator offers (``dradriver.sandbox.demo.Narrator``)."""
+    """What the demo's narrator offers (``dradriver.sandbox.demos.basic.Narrator``)."""
 
     def step(self, number: int, title: str) -> None: ...
 

@@ -14,13 +14,13 @@ through NodePrepareResources exactly as on a node. Steps:
    resourceClaims): the scheduler emulator creates the claim KEP-5004 prescribes from DeviceClass
    ``gpu.nvidia.com`` (``spec.extendedResourceName: nvidia.com/gpu``), fills in the Pod's
    ``status.extendedResourceClaimStatus``, and the claim is prepared like any other;
-6. an MPS claim with limits (:mod:`dradriver.sandbox.mpsdemo`): its control daemon's Deployment runs as a local
+6. an MPS claim with limits (:mod:`dradriver.sandbox.demos.mps`): its control daemon's Deployment runs as a local
    process (the sandbox's Deployment controller and container runner), becomes Ready, the claim is prepared and
    unprepared;
 7. tear down (unprepare, delete pods and claims) and check nothing is left (CDI specs, claim state).
 
-``--scenario time-slicing`` runs :mod:`dradriver.sandbox.timeslicingdemo` after step 2 instead; ``--scenario sharing``
-is :mod:`dradriver.sandbox.sharing_demo` (its own node and plugin configurations).
+``--scenario time-slicing`` runs :mod:`dradriver.sandbox.demos.time_slicing` after step 2 instead;
+``--scenario sharing`` is :mod:`dradriver.sandbox.demos.sharing` (its own node and plugin configurations).
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ from dradriver.host.devicemetadata import read_metadata
 from dradriver.sandbox import scheduler
 from dradriver.sandbox.apiserver import ApiServerEmulator
 from dradriver.sandbox.cluster import create_claim_from_template
+from dradriver.sandbox.demos.mps import run_mps_step
 from dradriver.sandbox.kubelet import KubeletEmulator, PluginConnection
-from dradriver.sandbox.mpsdemo import run_mps_step
 from dradriver.sandbox.node import SandboxNode
 
 
@@ -309,9 +309,9 @@ async def run_scenarios(run: DemoRun, narrator: Narrator) -> None:
 
 
 SCENARIOS = ("basic", "time-slicing")
-"""``basic``: steps 3-7 above; ``time-slicing``: :mod:`dradriver.sandbox.timeslicingdemo` (sharing gates on). The
+"""``basic``: steps 3-7 above; ``time-slicing``: :mod:`dradriver.sandbox.demos.time_slicing` (sharing gates on). The
 assembled ``dradriver demo --scenario sharing`` (time-slicing, consumable shares, MPS) is
-:mod:`dradriver.sandbox.sharing_demo`."""
+:mod:`dradriver.sandbox.demos.sharing`."""
 
 
 async def demo(*, profile: str, node_name: str, narrator: Narrator,
@@ -326,15 +326,15 @@ async def demo(*, profile: str, node_name: str, narrator: Narrator,
     """
     if scenario not in SCENARIOS:
         raise DemoError(f"unknown scenario {scenario!r}; scenarios: {', '.join(SCENARIOS)}")
-    from dradriver.sandbox import timeslicingdemo
+    from dradriver.sandbox.demos import time_slicing
 
-    gates = timeslicingdemo.SHARING_GATES if scenario == "time-slicing" else None
+    gates = time_slicing.SHARING_GATES if scenario == "time-slicing" else None
     if feature_gates is not None:
         gates = (gates or FeatureGates()).with_gates(**feature_gates.explicit)
     async with started(profile, node_name, narrator, gates) as run:
         if serve is not None:
             await serve(run)
         elif scenario == "time-slicing":
-            await timeslicingdemo.run_sharing(run, narrator)
+            await time_slicing.run_sharing(run, narrator)
         else:
             await run_scenarios(run, narrator)

@@ -2,7 +2,7 @@
 never change it; settings read via NVML.
 
 The plugin runs with the sharing gates on (:data:`SHARING_GATES`). Steps after the ResourceSlice (steps 1-2 of
-:mod:`dradriver.sandbox.demo`):
+:mod:`dradriver.sandbox.demos.basic`):
 
 3. one GPU time-sliced by a claim, and watched (:func:`time_slicing_scene`): a ResourceClaim with a ``GpuConfig``
    ``TimeSlicing`` config (``Long``) is prepared and the GPU's compute mode and time-slice are read back through
@@ -24,7 +24,7 @@ from dradriver.domain.devices import GpuDevice
 from dradriver.domain.featuregates import TIME_SLICING_SETTINGS, FeatureGates
 from dradriver.nvml import settings
 from dradriver.sandbox import scheduler
-from dradriver.sandbox.demo import DemoError, DemoRun, Narrator, _manifests, _prepare, _ref
+from dradriver.sandbox.demos.basic import DemoError, DemoRun, Narrator, _manifests, _prepare, _ref
 
 SHARING_GATES = FeatureGates({TIME_SLICING_SETTINGS: True})
 """The gates the sharing scenario runs the plugin with."""
