@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     from dradriver.commands._entrypoint import Interrupted, interrupted_by_signals
     from dradriver.commands._options import node_name_error
     from dradriver.errors import DradriverError
-    from dradriver.sandbox.demos.basic import DemoRun, Narrator
+    from dradriver.sandbox.demos.narrator import DemoRun, Narrator
 
     logs.configure("warning", "text")
     logging.getLogger("dradriver").setLevel(logging.ERROR)

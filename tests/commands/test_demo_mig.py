@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dradriver.sandbox.demos import dynamic_mig
-from dradriver.sandbox.demos.basic import Narrator
+from dradriver.sandbox.demos.narrator import Narrator
 
 ROOT = Path(__file__).resolve().parents[2]
 

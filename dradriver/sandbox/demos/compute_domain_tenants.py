@@ -32,7 +32,6 @@ import string
 from typing import Any
 
 from dradriver.domain import computedomains as cd
-from dradriver.sandbox.demos.basic import DemoError, Narrator
 from dradriver.sandbox.demos.compute_domain import (
     compute_domain,
     domain_ready,
@@ -40,6 +39,7 @@ from dradriver.sandbox.demos.compute_domain import (
     wait_step,
     workload_pod,
 )
+from dradriver.sandbox.demos.narrator import DemoError, Narrator
 from dradriver.sandbox.multinode import EmulatedNode, MultiNodeCluster
 
 DOMAIN = "job"
