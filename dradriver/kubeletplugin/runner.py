@@ -77,10 +77,11 @@ from typing import Any
 import yaml
 
 from dradriver.domain import cdi
+from dradriver.domain.cdi import LEGACY_SPEC_SUFFIX, SPEC_SUFFIX
 from dradriver.domain.claims import AllocationResult, Claim, ClaimError, ClaimRef, ClaimResult
 from dradriver.domain.configs import ConfigGroup, ConfigSelection
 from dradriver.domain.devicemetadata import runtime_attributes
-from dradriver.domain.identity import LEGACY_SPEC_SUFFIX, SPEC_SUFFIX, DriverIdentity
+from dradriver.domain.identity import DriverIdentity
 from dradriver.domain.ports import (
     UNDO_LAYOUT,
     DevicePlan,

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from dradriver.domain.cdi import ContainerEdits, DeviceNode
+from dradriver.domain.cdi import CdiKind, ContainerEdits, DeviceNode
 from dradriver.domain.claims import AllocationResult, Claim, ClaimError, ClaimRef, ClaimResult, base_request_name
 from dradriver.domain.configs import ConfigGroup
-from dradriver.domain.identity import CdiKind, DriverIdentity
+from dradriver.domain.identity import DriverIdentity
 from dradriver.domain.ports import DevicePlan, DevicePreparer, NotReadyYet, PartiallyApplied, UndoRecord
 from dradriver.domain.registry import DeviceRegistry
 from dradriver.errors import DradriverError
