@@ -71,6 +71,7 @@ from dradriver.domain.ports import UndoRecord
 from dradriver.domain.registry import DeviceRegistry
 from dradriver.host import nvcheckpointfile
 from dradriver.host.claimstate import ClaimPhase, ClaimRecord, HeldDevice, read_boot_id
+from dradriver.kubeletplugin.payload import held_devices, read_payload
 from dradriver.preparers.dynamicmig import KIND as DYNAMIC_MIG
 from dradriver.preparers.mps import MpsSharing
 from dradriver.preparers.sharing import TimeSlicing
@@ -150,8 +151,6 @@ class RollbackCheckpoint:
 
     @staticmethod
     def _undo_of(record: ClaimRecord) -> Sequence[UndoRecord]:
-        from dradriver.kubeletplugin.runner import read_payload  # the runner owns the payload format
-
         try:
             return read_payload(record.payload).undo
         except ValueError:
@@ -182,8 +181,6 @@ class RollbackCheckpoint:
         when it does."""
         if record is None or claim.ref.uid in self._entries:
             return
-        from dradriver.kubeletplugin.runner import held_devices  # the runner owns the payload format
-
         self.prepared(claim.ref.uid, claim, held_devices(record), self._undo_of(record))
 
     def unprepared(self, uid: str) -> None:

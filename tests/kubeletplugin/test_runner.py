@@ -25,7 +25,8 @@ from dradriver.domain.ports import DevicePlan, DevicePreparer, NotReadyYet, Part
 from dradriver.domain.registry import DeviceRegistry
 from dradriver.errors import DradriverError
 from dradriver.host.claimstate import ClaimPhase, ClaimState
-from dradriver.kubeletplugin.runner import BatchRunner, StoredPayload, read_payload
+from dradriver.kubeletplugin.payload import StoredPayload, read_payload
+from dradriver.kubeletplugin.runner import BatchRunner
 
 IDENTITY = DriverIdentity(driver_name="fake.example.com", cdi=CdiKind("k8s.fake.example.com"),
                           taint_domain="fake.example.com", user_agent="dradriver-test")
