@@ -16,7 +16,7 @@ The plugin's options that decide what it publishes are taken with the plugin's n
 ``--feature-gates`` (``FEATURE_GATES``; with ``DynamicMIG=true`` the slices carry every MIG placement and the
 counter sets they consume) and ``--consumable-shares`` (``CONSUMABLE_SHARES``; with the gate ``ConsumableShares``
 every device is multi-allocatable with its request policies). The slices are built by the very functions the
-running plugin uses (discovery, then :func:`dradriver.domain.resourceslices.build`). Their layout depends on the
+running plugin uses (discovery, then :func:`dradriver.domain.pools.build`). Their layout depends on the
 API server's version, which the plugin reads from ``GET /version``: ``--kubernetes-version MAJOR.MINOR``
 (default: the newest layout, 1.35, where a dynamic-MIG GPU's counter set and its devices are in separate slices;
 give ``1.34`` for the combined layout of older API servers).
@@ -203,7 +203,8 @@ def run(args: argparse.Namespace) -> int:
     from dradriver.commands._options import node_name_error
     from dradriver.config import check_imex_mode, publication_from_args
     from dradriver.domain.driverconfig import EVERYTHING, DriverConfigError
-    from dradriver.domain.resourceslices import ResourceSliceError, build
+    from dradriver.domain.pools import build
+    from dradriver.domain.resourceslices import ResourceSliceError
     from dradriver.errors import DradriverError
     from dradriver.host.driverconfigs import load_profile
     from dradriver.kube.resourceslices import slice_generate_name
