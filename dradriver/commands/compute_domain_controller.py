@@ -98,11 +98,11 @@ def _names(text: str) -> tuple[str, ...]:
 def config_from_args(args: argparse.Namespace) -> Any:
     """Check and gather the flags.
 
-    :returns: a :class:`dradriver.computedomain.controller.ControllerConfig`.
+    :returns: a :class:`dradriver.app.computedomaincontroller.ControllerConfig`.
     :raises FlagError: a value NVIDIA's controller refuses too (host-managed mode without its gate, a bad duration
         or gate), or channel isolation without host-managed mode.
     """
-    from dradriver.computedomain.controller import ControllerConfig
+    from dradriver.app.computedomaincontroller import ControllerConfig
     from dradriver.domain.cdtemplates import ControllerSettings
     from dradriver.domain.featuregates import (
         HOST_MANAGED_IMEX_DAEMON,
@@ -182,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
     except DradriverError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
-    from dradriver.computedomain.controller import run_controller
+    from dradriver.app.computedomaincontroller import run_controller
 
     log = logging.getLogger("dradriver.compute_domain_controller")
     log.info("startup config: %s", cfg)

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from dradriver.app.computedomaincontroller import ControllerConfig
 from dradriver.commands import compute_domain_controller
-from dradriver.computedomain.controller import ControllerConfig
 from dradriver.config import add_flags
 from dradriver.domain.computedomains import CHANNEL_DEVICE_CLASS, DAEMON_DEVICE_CLASS, DAEMON_SERVICE_ACCOUNT
 from dradriver.server.probe import READINESS_SERVICE
