@@ -3,7 +3,7 @@
 * ``compute_domain_256``: 256 nodes over 15 emulated racks in one API emulator, one 256-pod domain, from its
   creation to every workload pod's channel prepared (:func:`bench.cdfleet.run_domain`, NVIDIA's periods unscaled).
   Variants: ``nvidia`` (:mod:`bench.cdprotocol`: the shared clique read-modify-written with conflict retries, the
-  2 s status loop) and ``dradriver`` (this checkout's daemon :class:`dradriver.app.cddaemon.Membership`:
+  2 s status loop) and ``dradriver`` (this checkout's daemon :class:`dradriver.computedomain.daemon.Membership`:
   server-side apply of its own entry, clique polled every 1 s; the real controller in process, event-driven).
   Targets: dradriver >= 20x faster than the baseline, <= 3 API writes per node, 0 conflicts.
 * ``compute_domain_fleet``: 10, 100 and 1,000 racks of 18 nodes (180 .. 18,000 nodes; one domain per 2 racks:

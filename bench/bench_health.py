@@ -22,7 +22,7 @@ from prometheus_client import generate_latest
 
 from bench import nvmlenv
 from dradriver.domain.faults import FaultKind, HealthEvent
-from dradriver.domain.resourceslices import build_resource_slices
+from dradriver.domain.pools import build_resource_slices
 from dradriver.health.metrics import DriverMetrics
 from dradriver.health.monitor import HealthMonitor
 from dradriver.nvml.discovery import discover

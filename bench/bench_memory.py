@@ -33,7 +33,7 @@ _PROBE = textwrap.dedent(
 
     directory, profile = Path(sys.argv[1]), sys.argv[2]
     from dradriver import app  # noqa: F401  -- every module the plugin imports
-    from dradriver.domain import cdi, resourceslices
+    from dradriver.domain import cdi, pools
     from dradriver.host.claimstate import ClaimState, HeldDevice
     from dradriver.nvml.discovery import discover
     from dradriver.nvml.session import open_session
@@ -41,7 +41,7 @@ _PROBE = textwrap.dedent(
     gc.collect(); base = rss_kib(); out["imports"] = base
     session = open_session(mock_profile=profile)
     inventory = discover(session)
-    slices = resourceslices.build_resource_slices(inventory, "node")
+    slices = pools.build_resource_slices(inventory, "node")
     gc.collect(); out["mig_table"] = rss_kib() - base; base = rss_kib()
     out["mig_devices"] = len(inventory.migs)
     channels = [cdi.DeviceNode(f"/dev/nvidia-caps-imex-channels/channel{i}", "", "c", 234, i, 0o666)

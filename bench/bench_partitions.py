@@ -25,7 +25,7 @@ import pytest
 
 from dradriver.domain import partitions
 from dradriver.domain.devices import NodeInventory
-from dradriver.domain.resourceslices import build
+from dradriver.domain.pools import build
 from dradriver.nvml import discovery
 from dradriver.nvml.session import open_session
 

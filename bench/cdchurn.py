@@ -3,7 +3,7 @@ one :class:`~bench.cdfleet.Fleet`, against the real controller and the real daem
 
 What runs (:func:`run_churn`):
 
-* the real controller (:class:`dradriver.app.cdcontroller.ComputeDomainController`, in process, event-driven)
+* the real controller (:class:`dradriver.computedomain.controller.ComputeDomainController`, in process, event-driven)
   with its own client (``bench-controller``);
 * ``slots`` lanes, each owning ``racks_per_domain`` racks of the fleet; a lane creates a domain over its racks,
   runs one :class:`~bench.cdfleet.NodeAgent` per node (channel prepare, daemon, kubelet prober), restarts
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from bench import cdfleet
 from bench.cdfleet import Fleet, FleetNode, NodeAgent, Timing
-from dradriver.app import cddaemon
+from dradriver.computedomain import daemon as cddaemon
 from dradriver.domain import computedomains as cd
 from dradriver.domain.cdtemplates import owner_of
 from dradriver.kube import computedomains as kube_cd

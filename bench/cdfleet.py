@@ -46,7 +46,7 @@ from typing import Any, Protocol
 
 from bench import cdprotocol
 from bench.cdprotocol import DaemonIdentity
-from dradriver.app import cddaemon  # here, not in 256 node threads at once behind the import lock
+from dradriver.computedomain import daemon as cddaemon  # here, not in 256 node threads at once behind the import lock
 from dradriver.domain import computedomains as cd
 from dradriver.domain.computedomains import CliqueDaemon
 from dradriver.host import imexchannels
@@ -349,11 +349,11 @@ class NvidiaMembership:
 
 
 class _DradriverDaemon:
-    """The real daemon rounds of :func:`dradriver.app.cddaemon.run_daemon` without ``nvidia-imex``: the first
-    :meth:`~dradriver.app.cddaemon.Membership.step` is one server-side apply of the own entry (no read); from its
-    answer's resourceVersion on, the real :class:`~dradriver.app.cddaemon.CliqueWatch` follows the clique in a
-    thread of its own and wakes the node agent at each event, whose clique the next round acts on (no GET); a
-    GET only when the watch's period passes without an event (60 s resync while it is up, the 1 s poll while it
+    """The real daemon rounds of :func:`dradriver.computedomain.daemon.run_daemon` without ``nvidia-imex``: the
+    first :meth:`~dradriver.computedomain.daemon.Membership.step` is one server-side apply of the own entry (no read);
+    from its answer's resourceVersion on, the real :class:`~dradriver.computedomain.daemon.CliqueWatch` follows the
+    clique in a thread of its own and wakes the node agent at each event, whose clique the next round acts on (no GET);
+    a GET only when the watch's period passes without an event (60 s resync while it is up, the 1 s poll while it
     is down). Once the own mapping is known (the controller's index arrived) the daemon has nothing left to
     write for the join (the controller copies the pod's Ready condition into the entry): the bench steps it no
     more and its watch ends at its next event: its steady-state reads are not part of the join."""
@@ -397,14 +397,14 @@ class _DradriverDaemon:
             os.close(liveness)
 
     def probed(self, ready: bool) -> None:
-        """What :func:`dradriver.app.cddaemon.check` writes besides its answer: the readiness record."""
+        """What :func:`dradriver.computedomain.daemon.check` writes besides its answer: the readiness record."""
         cddaemon.record_readiness(self.membership.settings, ready, "READY" if ready else "not ready")
 
 
 class DradriverMembership:
-    """dradriver's own code: the daemon's :class:`dradriver.app.cddaemon.Membership` (server-side apply of its
-    own clique entry) with its :class:`~dradriver.app.cddaemon.CliqueWatch`, and the real controller
-    (:class:`dradriver.app.cdcontroller.ComputeDomainController`: watches, event-driven membership passes that
+    """dradriver's own code: the daemon's :class:`dradriver.computedomain.daemon.Membership` (server-side apply of its
+    own clique entry) with its :class:`~dradriver.computedomain.daemon.CliqueWatch`, and the real controller
+    (:class:`dradriver.computedomain.controller.ComputeDomainController`: watches, event-driven membership passes that
     assign indexes by apply, coalesced status writes)."""
 
     label = "dradriver"
@@ -435,7 +435,7 @@ class DradriverMembership:
         return lookup.daemon_readiness(cd_uid, clique_id).ready
 
     def controller(self, namespace: str, client: KubeClient, timing: Timing, stop: threading.Event) -> None:
-        from dradriver.app.cdcontroller import ComputeDomainController
+        from dradriver.computedomain.controller import ComputeDomainController
         from dradriver.domain.cdtemplates import ControllerSettings
 
         ComputeDomainController(client, ControllerSettings(namespace=namespace, image=DAEMON_IMAGE),

@@ -18,11 +18,12 @@ one round and prints ``{"cpu_s": ..., "rss_kib": ..., "hwm_kib": ...}``
 ``quit`` ends it.
 
 Modes: ``nvidia`` -- :func:`bench.cdprotocol.status_round` (NVIDIA's 2 s loop: it lists everything whatever
-happened); ``dradriver`` -- the real controller class :class:`dradriver.app.cdcontroller.ComputeDomainController`
-in its event-driven mode: its ComputeDomain watch runs in a thread (as in ``run``: it keeps the domain keys a
-membership pass reads by), and a round does what its clique watch and membership worker do for one burst, in
+happened); ``dradriver`` -- the real controller class
+:class:`dradriver.computedomain.controller.ComputeDomainController` in its event-driven mode: its ComputeDomain
+watch runs in a thread (as in ``run``: it keeps the domain keys a membership pass reads by), and a round does what
+its clique watch and membership worker do for one burst, in
 this thread so the round's end is known: watch the cliques from ``SINCE`` to ``UNTIL``, mark the owner of each
-event, then one :meth:`~dradriver.app.cdcontroller.ComputeDomainController.reconcile_membership` of the marked
+event, then one :meth:`~dradriver.computedomain.controller.ComputeDomainController.reconcile_membership` of the marked
 domains. The warm-up round is a full pass (``sync_all_status``). Before each round, unmeasured, the node check
 the running controller does every 10 s (``failed_nodes``: it lists every Node and Lease, a cost of the fleet per
 period, not per event), so the round's pass finds its result fresh as it would in ``run``.
@@ -56,7 +57,7 @@ def _round_fn(mode: str, kubeconfig: str, namespace: str) -> tuple[Callable[[], 
                                                                    Callable[[int, int], object],
                                                                    Callable[[], object]]:
     """(warm-up round, measured round ``(since, until)``, what runs between rounds, unmeasured) of ``mode``."""
-    from dradriver.app.cdcontroller import CLIENT_POOL_SIZE
+    from dradriver.computedomain.controller import CLIENT_POOL_SIZE
     from dradriver.kube.client import open_client
 
     client = open_client(kubeconfig, user_agent="bench-controller", read_timeout_s=300.0, pool_size=CLIENT_POOL_SIZE)
@@ -68,7 +69,7 @@ def _round_fn(mode: str, kubeconfig: str, namespace: str) -> tuple[Callable[[], 
 
         return nvidia_round, lambda since, until: nvidia_round(), lambda: None
     if mode == "dradriver":
-        from dradriver.app.cdcontroller import ComputeDomainController
+        from dradriver.computedomain.controller import ComputeDomainController
         from dradriver.domain.cdtemplates import ControllerSettings, owner_of
         from dradriver.domain.computedomains import LABEL_COMPUTE_DOMAIN
         from dradriver.kube import computedomains as kcd
@@ -107,7 +108,7 @@ def serve(kubeconfig: str, namespace: str, protocol: str, scale: float) -> int:
                             format="%(asctime)s.%(msecs)03d %(threadName)s %(name)s %(message)s", datefmt="%H:%M:%S")
         logging.getLogger("urllib3").setLevel(logging.INFO)
     membership = cdfleet.MEMBERSHIPS[protocol]()
-    from dradriver.app.cdcontroller import CLIENT_POOL_SIZE
+    from dradriver.computedomain.controller import CLIENT_POOL_SIZE
 
     client = cdfleet.bench_client(kubeconfig, cdfleet.CONTROLLER_AGENT, pool_size=CLIENT_POOL_SIZE)
     stop = threading.Event()

@@ -35,7 +35,7 @@ from dradriver.app import assembly, driverstate, nodepolicy
 from dradriver.app.devicestatus import DeviceStatusWriter, gpu_describer
 from dradriver.app.driverstate import DriverGate, DriverWatch, ReloadDetector
 from dradriver.config import PluginConfig
-from dradriver.domain import cdi, configs, mps, nodeallocatable, partitions, resourceslices
+from dradriver.domain import cdi, configs, mps, nodeallocatable, partitions, pools
 from dradriver.domain.devices import DeviceIndex, DriverVersions, NodeInventory
 from dradriver.domain.faults import DEFAULT_IGNORED_XIDS
 from dradriver.domain.identity import GPU_DRIVER, DriverIdentity
@@ -523,7 +523,7 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
             inventory = registry.snapshot
             if verdict.refuse:  # an empty pool: the device plugin owns the GPUs
                 inventory = NodeInventory(versions=inventory.versions, gpus=())
-            slices = resourceslices.build_resource_slices(inventory, config.node_name, driver=identity.driver_name,
+            slices = pools.build_resource_slices(inventory, config.node_name, driver=identity.driver_name,
                                                           taints=health.taints(), server_version=layout,
                                                           cache=partition_cache, shares=config.consumable_shares,
                                                           advertised=node_policy.policy.advertised)

@@ -3,8 +3,8 @@
 Every flag of NVIDIA's compute-domain-controller with its environment twin (``nvidia-dra-driver.md`` 1.3),
 including leader election (``LEADER_ELECTION_ENABLED``, ``LEADER_ELECTION_LEASE_LOCK_NAMESPACE``,
 ``LEADER_ELECTION_LEASE_LOCK_NAME``, ``LEADER_ELECTION_LEASE_DURATION``, ``LEADER_ELECTION_RENEW_DEADLINE``,
-``LEADER_ELECTION_RETRY_PERIOD``; Go durations such as ``15s``). The reconcile itself: :mod:`dradriver.app.
-cdcontroller`; the Lease: :mod:`dradriver.kube.leaderelection`. Exit status: 0 after SIGINT/SIGTERM, 1 when the
+``LEADER_ELECTION_RETRY_PERIOD``; Go durations such as ``15s``). The reconcile itself: :mod:`dradriver.computedomain.
+controller`; the Lease: :mod:`dradriver.kube.leaderelection`. Exit status: 0 after SIGINT/SIGTERM, 1 when the
 controller cannot start or loses the Lease (NVIDIA's exits too: a new process campaigns again), 2 on bad flags.
 """
 
@@ -98,11 +98,11 @@ def _names(text: str) -> tuple[str, ...]:
 def config_from_args(args: argparse.Namespace) -> Any:
     """Check and gather the flags.
 
-    :returns: a :class:`dradriver.app.cdcontroller.ControllerConfig`.
+    :returns: a :class:`dradriver.app.computedomaincontroller.ControllerConfig`.
     :raises FlagError: a value NVIDIA's controller refuses too (host-managed mode without its gate, a bad duration
         or gate), or channel isolation without host-managed mode.
     """
-    from dradriver.app.cdcontroller import ControllerConfig
+    from dradriver.app.computedomaincontroller import ControllerConfig
     from dradriver.domain.cdtemplates import ControllerSettings
     from dradriver.domain.featuregates import (
         HOST_MANAGED_IMEX_DAEMON,
@@ -182,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
     except DradriverError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
-    from dradriver.app.cdcontroller import run_controller
+    from dradriver.app.computedomaincontroller import run_controller
 
     log = logging.getLogger("dradriver.compute_domain_controller")
     log.info("startup config: %s", cfg)

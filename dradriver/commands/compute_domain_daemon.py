@@ -1,5 +1,5 @@
 """``compute-domain-daemon run|check`` (also ``dradriver compute-domain-daemon``): the IMEX daemon wrapper of a
-ComputeDomain's daemon pod (:mod:`dradriver.app.cddaemon`).
+ComputeDomain's daemon pod (:mod:`dradriver.computedomain.daemon`).
 
 NVIDIA's chart runs ``compute-domain-daemon -v $(LOG_VERBOSITY) run`` with probes ``compute-domain-daemon check``
 (``nvidia-dra-driver.md`` 1.4, 7.3). Flags and their environment twins are NVIDIA's (:data:`DAEMON_FLAGS`;
@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{PROG} check: {detail}", file=sys.stderr)
         return 0 if ok else 1
 
-    from dradriver.app import cddaemon
+    from dradriver.computedomain import daemon as cddaemon
 
     settings = cddaemon.DaemonSettings(
         clique_id=args.cliqueid, cd_uid=args.compute_domain_uuid, cd_name=args.compute_domain_name,

@@ -1,4 +1,4 @@
-"""``dradriver demo``: run the whole driver end to end with no GPU and no cluster (see dradriver.sandbox.demo)."""
+"""``dradriver demo``: run the whole driver end to end with no GPU and no cluster (see dradriver.sandbox.demos)."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from dradriver.commands._options import node_name_error
     from dradriver.errors import DradriverError
     from dradriver.sandbox.cluster import ClusterEmulator
-    from dradriver.sandbox.demo import DemoRun, Narrator
+    from dradriver.sandbox.demos.narrator import DemoRun, Narrator
 
     logs.configure("warning", "text")
     logging.getLogger("dradriver").setLevel(logging.ERROR)
@@ -154,23 +154,23 @@ def _run_scenario(args: argparse.Namespace, narrator: Any, serve: Callable[[Any]
     import asyncio
 
     if args.scenario == "dynamic-mig":
-        from dradriver.sandbox import demo_mig
+        from dradriver.sandbox.demos import dynamic_mig
 
-        asyncio.run(demo_mig.demo(profile=args.profile, node_name=args.node_name, narrator=narrator))
+        asyncio.run(dynamic_mig.demo(profile=args.profile, node_name=args.node_name, narrator=narrator))
     elif args.scenario == "compute-domain" and args.tenants != 1:
-        from dradriver.sandbox import cdtenantsdemo
+        from dradriver.sandbox.demos import compute_domain_tenants
 
-        cdtenantsdemo.run(narrator, args.tenants)
+        compute_domain_tenants.run(narrator, args.tenants)
     elif args.scenario == "compute-domain":
-        from dradriver.sandbox import cddemo
+        from dradriver.sandbox.demos import compute_domain
 
-        cddemo.run(narrator)
+        compute_domain.run(narrator)
     elif args.scenario == "sharing":
-        from dradriver.sandbox.sharing_demo import sharing_demo
+        from dradriver.sandbox.demos.sharing import sharing_demo
 
         asyncio.run(sharing_demo(narrator))
     else:
-        from dradriver.sandbox.demo import demo
+        from dradriver.sandbox.demos.basic import demo
 
         asyncio.run(demo(profile=args.profile, node_name=args.node_name, narrator=narrator,
                          serve=serve if args.serve else None, scenario=args.scenario, feature_gates=args.gates))

@@ -19,7 +19,7 @@ every device is multi-allocatable with its request policies) and the KEP-5517 no
 ``--node-allocatable-<gpu|mig>-<cpu|memory>-overhead-per-<pod|container>`` (``NODE_ALLOCATABLE_*``; with the gate
 ``NodeAllocatableResources`` each full GPU and MIG device carries its class's ``nodeAllocatableResources``, and the
 YAML header names the overhead). The slices are built by the very functions the
-running plugin uses (discovery, then :func:`dradriver.domain.resourceslices.build`). Their layout depends on the
+running plugin uses (discovery, then :func:`dradriver.domain.pools.build`). Their layout depends on the
 API server's version, which the plugin reads from ``GET /version``: ``--kubernetes-version MAJOR.MINOR``
 (default: the newest layout, 1.35, where a dynamic-MIG GPU's counter set and its devices are in separate slices;
 give ``1.34`` for the combined layout of older API servers).
@@ -207,7 +207,8 @@ def run(args: argparse.Namespace) -> int:
     from dradriver.config import check_imex_mode, publication_from_args
     from dradriver.domain.driverconfig import EVERYTHING, DriverConfigError
     from dradriver.domain.nodeallocatable import apply_overhead
-    from dradriver.domain.resourceslices import ResourceSliceError, build
+    from dradriver.domain.pools import build
+    from dradriver.domain.resourceslices import ResourceSliceError
     from dradriver.errors import DradriverError
     from dradriver.host.driverconfigs import load_profile
     from dradriver.kube.resourceslices import slice_generate_name

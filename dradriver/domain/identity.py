@@ -11,71 +11,10 @@ vendor ``k8s.gpu.nvidia.com`` and class ``claim`` (``nvidia-dra-driver.md`` 5.1)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
-from dradriver.domain.cdi import UID_PATTERN, check_claim_uid
+from dradriver.domain.cdi import CdiKind
 
-__all__ = ["COMPUTE_DOMAIN_DRIVER", "GPU_DRIVER", "LEGACY_SPEC_SUFFIX", "SPEC_SUFFIX", "CdiKind", "DriverIdentity"]
-
-SPEC_SUFFIX = ".yaml"
-"""Suffix of a claim spec file: NVIDIA's (``nvidia-dra-driver.md`` 5.1), so either driver's unprepare removes it."""
-LEGACY_SPEC_SUFFIX = ".json"
-"""Suffix dradriver's claim specs had before 2026-12: still recognised, removed on write and delete."""
-
-@dataclass(frozen=True, slots=True)
-class CdiKind:
-    """A CDI kind ``<vendor>/<class>`` and the names derived from it (``cdi.md`` 2.5).
-
-    :param vendor: e.g. ``k8s.gpu.nvidia.com``.
-    :param cls: e.g. ``claim``.
-    """
-
-    vendor: str
-    cls: str = "claim"
-
-    @property
-    def kind(self) -> str:
-        """``<vendor>/<class>``, the spec's ``kind`` field."""
-        return f"{self.vendor}/{self.cls}"
-
-    @property
-    def spec_prefix(self) -> str:
-        """``<vendor>-<class>_``: every transient claim spec file of this kind starts with it."""
-        return f"{self.vendor}-{self.cls}_"
-
-    def device_name(self, claim_uid: str, device: str) -> str:
-        """Unqualified CDI device name ``<claimUID>-<device name>``."""
-        return f"{claim_uid}-{device}"
-
-    def device_id(self, claim_uid: str, device: str) -> str:
-        """Fully-qualified CDI device ID ``<vendor>/<class>=<claimUID>-<device name>``."""
-        return f"{self.kind}={claim_uid}-{device}"
-
-    def spec_name(self, claim_uid: str) -> str:
-        """Spec file name ``<vendor>-<class>_<claimUID>.yaml`` (``GenerateTransientSpecName``), NVIDIA's own name
-        for the claim's spec: its unprepare deletes only that name, so after a rollback to NVIDIA's driver it
-        removes dradriver's spec, and a re-prepare by NVIDIA replaces it instead of adding a second file that
-        defines the same CDI device. The content is JSON, which is YAML (CDI reads ``.yaml`` files as YAML).
-
-        :raises CdiSpecError: the claim UID is not usable in names.
-        """
-        return f"{self.spec_prefix}{check_claim_uid(claim_uid)}{SPEC_SUFFIX}"
-
-    def spec_path(self, cdi_root: Path | str, claim_uid: str) -> Path:
-        """``<cdi_root>/<vendor>-<class>_<claimUID>.yaml`` (a path; nothing is read)."""
-        return Path(cdi_root) / self.spec_name(claim_uid)
-
-    def spec_uid(self, file_name: str) -> str | None:
-        """The claim UID of a spec file name of this kind (``.yaml``, or the ``.json`` of releases before
-        2026-12), or ``None`` for any other name."""
-        if not file_name.startswith(self.spec_prefix):
-            return None
-        for suffix in (SPEC_SUFFIX, LEGACY_SPEC_SUFFIX):
-            if file_name.endswith(suffix):
-                uid = file_name[len(self.spec_prefix):-len(suffix)]
-                return uid if UID_PATTERN.fullmatch(uid) else None
-        return None
-
+__all__ = ["COMPUTE_DOMAIN_DRIVER", "GPU_DRIVER", "DriverIdentity"]
 
 @dataclass(frozen=True, slots=True)
 class DriverIdentity:

@@ -1,4 +1,6 @@
-"""Dynamic MIG placements: the abstract devices a MIG-capable GPU offers before any instance exists, and their names.
+"""Dynamic MIG placements: which abstract devices a MIG-capable GPU offers before any instance exists, and how they
+relate to existing instances. The device itself (:class:`~dradriver.domain.devices.MigPlacement`) and its name
+(format and parse) belong to the device model, :mod:`dradriver.domain.devices`.
 
 Facts (``nvidia-dra-driver-updates.md`` 2b, ``gpu-facts.md`` MIG profile tables):
 
@@ -14,112 +16,13 @@ Facts (``nvidia-dra-driver-updates.md`` 2b, ``gpu-facts.md`` MIG profile tables)
   of ``nvmlGpuInstancePlacement_t``.
 
 Pure: no I/O. The device preparer (:mod:`dradriver.preparers.dynamicmig`) creates exactly the placement of the
-allocated device; the ResourceSlice builder publishes :class:`MigPlacement` entries as abstract devices.
+allocated device; the ResourceSlice builder publishes :class:`~dradriver.domain.devices.MigPlacement` entries as
+abstract devices.
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-
-from dradriver.domain.devices import GpuDevice, MigDevice, NodeInventory, canonical_profile
-
-_PLACEMENT_NAME = re.compile(r"^gpu-(\d+)-mig-(.+)-(\d+)-(\d+)$")
-
-
-@dataclass(frozen=True, slots=True)
-class PlacementName:
-    """The parts of a MIG device name.
-
-    :param parent_minor: NVML minor number of the parent GPU (``/dev/nvidia<minor>``).
-    :param profile: the canonical profile (``1g10gb-me``), not the NVML profile name.
-    :param gi_profile_id: GPU-instance profile ID (``nvmlGpuInstanceProfileInfo_t.id``).
-    :param start: first memory slice of the placement.
-    """
-
-    parent_minor: int
-    profile: str
-    gi_profile_id: int
-    start: int
-
-
-def format_placement_device_name(parent_minor: int, profile: str, gi_profile_id: int, start: int) -> str:
-    """``gpu-<parent minor>-mig-<canonical profile>-<GI profile ID>-<start>``.
-
-    :param profile: a profile name as NVML prints it (``1g.18gb``, ``1g.10gb+me``) or already canonical.
-    :raises ValueError: a negative number or a profile with nothing left after canonicalisation.
-    """
-    if parent_minor < 0 or gi_profile_id < 0 or start < 0:
-        raise ValueError(f"MIG placement numbers must be >= 0: minor {parent_minor}, GI profile "
-                         f"{gi_profile_id}, start {start}")
-    canonical = canonical_profile(profile)
-    if not canonical:
-        raise ValueError(f"MIG profile {profile!r} has no characters usable in a device name")
-    return f"gpu-{parent_minor}-mig-{canonical}-{gi_profile_id}-{start}"
-
-
-def parse_placement_device_name(name: str) -> PlacementName | None:
-    """The parts of a MIG device name, or ``None`` when ``name`` is not one (``gpu-0``, ``channel-3``).
-
-    Greedy like NVIDIA's regex: the last two ``-<digits>`` groups are the GI profile ID and the start.
-    """
-    match = _PLACEMENT_NAME.match(name)
-    if match is None:
-        return None
-    minor, profile, gi_profile_id, start = match.groups()
-    return PlacementName(int(minor), profile, int(gi_profile_id), int(start))
-
-
-@dataclass(frozen=True, slots=True)
-class MigPlacement:
-    """One abstract dynamic-MIG device: a GPU-instance profile at one placement of a GPU, no instance yet.
-
-    Values come from ``nvmlDeviceGetGpuInstanceProfileInfoV`` (the GI profile), the compute-instance profile with
-    as many slices as the GI (``nvmlGpuInstanceGetComputeInstanceProfileInfoV``, engine profile 0) and
-    ``nvmlDeviceGetGpuInstancePossiblePlacements_v2``.
-
-    :param parent: the GPU the instance would be created on.
-    :param profile: profile name as NVIDIA tools print it (``1g.18gb``, ``1g.18gb+me``, ``7g.141gb``).
-    :param gi_profile_index: the ``NVML_GPU_INSTANCE_PROFILE_*`` index passed to ``GetGpuInstanceProfileInfo``.
-    :param gi_profile_id: ``nvmlGpuInstanceProfileInfo_t.id``.
-    :param ci_profile_index: the ``NVML_COMPUTE_INSTANCE_PROFILE_*`` index of the full-GI compute instance.
-    :param placement_start: first memory slice; ``placement_size``: memory slices it takes.
-    :param memory_bytes: ``memorySizeMB * 2**20``.
-    :param slice_count: compute slices (the ``<n>g`` of the profile).
-    """
-
-    parent: GpuDevice
-    profile: str
-    gi_profile_index: int
-    gi_profile_id: int
-    ci_profile_index: int
-    placement_start: int
-    placement_size: int
-    memory_bytes: int
-    slice_count: int = 0
-    multiprocessors: int = 0
-    copy_engines: int = 0
-    decoders: int = 0
-    encoders: int = 0
-    jpeg_engines: int = 0
-    ofa_engines: int = 0
-
-    @property
-    def name(self) -> str:
-        """DRA device name (:func:`format_placement_device_name`)."""
-        return format_placement_device_name(self.parent.minor, self.profile, self.gi_profile_id,
-                                            self.placement_start)
-
-    @property
-    def memory_slices(self) -> range:
-        """The memory slices it takes: ``placement_start .. placement_start + placement_size - 1``."""
-        return range(self.placement_start, self.placement_start + self.placement_size)
-
-    def overlaps(self, other: MigPlacement) -> bool:
-        """True when both are on the same GPU and share a memory slice (at most one of them can exist)."""
-        return (self.parent.uuid == other.parent.uuid and self.placement_start < other.placement_start
-                + other.placement_size and other.placement_start < self.placement_start + self.placement_size)
-
+from dradriver.domain.devices import GpuDevice, MigDevice, MigPlacement, NodeInventory
 
 #: Architectures (``GpuDevice.architecture``) older than Hopper: a MIG mode change needs a GPU reset there, so
 #: such a GPU is dynamic only when MIG mode is already on (``dradriver.nvml.discovery.is_dynamic_mig_capable``),

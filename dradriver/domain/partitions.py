@@ -27,7 +27,7 @@ Slice layout, by the API server's version (``server_version``):
   (``ResourceSliceMaxDevicesWithTaintsOrConsumesCounters``) and 1024 consumed counters;
 * a counter set of more than 32 counters (``ResourceSliceMaxCountersPerCounterSet``) cannot be published: that GPU
   is published without dynamic MIG (its full GPU / static MIG devices) and a warning says why;
-* slices of GPUs without placements follow, cut as :func:`dradriver.domain.resourceslices.build` cuts them.
+* slices of GPUs without placements follow, cut as :func:`dradriver.domain.pools.build` cuts them.
 
 Device order (the scheduler takes the first device that fits, walking slices in name order (the publisher's
 index prefix keeps ours in build order) and devices in list order, ``kubelet-dra-protocol.md`` 6.3), chosen
@@ -362,7 +362,7 @@ def build(
     legacy = (rs.device_entries(rest, taints=rest_taints, warnings=warnings, advertised=advertised)
               if rest.gpus else [])
     seen.update(d["name"] for d in legacy)
-    legacy_size = (rs.MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS if rs._needs_small_slices(legacy)
+    legacy_size = (rs.MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS if rs.needs_small_slices(legacy)
                    else rs.MAX_DEVICES_PER_SLICE)
     for i in range(0, len(legacy), legacy_size):
         specs.append({"devices": legacy[i : i + legacy_size]})

@@ -1,4 +1,5 @@
-"""``resource.k8s.io/v1`` ResourceSlice objects for one node's GPUs and MIG devices.
+"""``resource.k8s.io/v1`` ResourceSlice objects for one node's GPUs and MIG devices: each device's entry, the
+per-slice limits and their check (the pool's slices are put together by :mod:`dradriver.domain.pools`).
 
 Contract (reference ``nvidia-dra-driver.md`` 2.1-2.4, ``gpu-facts.md`` 6, ``kubelet-dra-protocol.md`` 5.1):
 
@@ -36,17 +37,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dradriver.domain.devices import DeviceType, GpuDevice, MigDevice, NodeInventory
-from dradriver.domain.identity import GPU_DRIVER
 from dradriver.domain.quantity import parse_quantity
 from dradriver.domain.shares import ShareMode, request_policies
 from dradriver.domain.versions import normalize_version
 from dradriver.errors import DradriverError
-
-if TYPE_CHECKING:
-    from dradriver.domain.partitions import PartitionCache
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +104,7 @@ class ResourceSliceError(DradriverError):
 
 @dataclass(slots=True)
 class SliceBuild:
-    """Result of :func:`build`: the slices and every warning issued while building them."""
+    """Result of :func:`dradriver.domain.pools.build`: the slices and every warning issued while building them."""
 
     slices: list[dict[str, Any]]
     warnings: list[str] = field(default_factory=list)
@@ -333,89 +330,9 @@ def advertises(advertised: Collection[str] | None, device_type: str) -> bool:
     return advertised is None or device_type in advertised
 
 
-def _needs_small_slices(devices: Iterable[Mapping[str, Any]]) -> bool:
+def needs_small_slices(devices: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether the devices must go in slices of at most 64: any of them has taints or consumes counters."""
     return any(d.get("taints") or d.get("consumesCounters") for d in devices)
-
-
-def build(
-    inventory: NodeInventory,
-    node_name: str,
-    *,
-    generation: int = 1,
-    taints: Mapping[str, Sequence[Taint]] | None = None,
-    generate_name: bool = True,
-    driver: str = GPU_DRIVER.driver_name,
-    server_version: tuple[int, int] = (1, 34),
-    cache: PartitionCache | None = None,
-    shares: ShareMode | None = None,
-    advertised: Collection[str] | None = None,
-) -> SliceBuild:
-    """Build every ResourceSlice of ``node_name``'s pool.
-
-    With dynamic MIG (``inventory.placements`` not empty, the ``DynamicMIG`` gate) the pool is built by
-    :func:`dradriver.domain.partitions.build` (counter sets, abstract MIG devices, layout by
-    ``server_version``, ``(major, minor)`` of the API server; ``cache`` reuses unchanged GPUs).
-
-    :param generation: ``spec.pool.generation`` (the publisher bumps it when the pool changes).
-    :param taints: optional device name -> taints (see :func:`device_entries`); any taint lowers the
-        per-slice device limit to 64 for the whole pool so the split stays uniform.
-    :param generate_name: set ``metadata.generateName`` to ``<node>-<driver>-``.
-    :param shares: the ``--consumable-shares`` mode (see :func:`device_entries`).
-    :param advertised: the device types published (see :func:`device_entries`); with dynamic MIG the counter
-        sets stay published whatever is left out.
-    :returns: the slices in order (at least one, possibly with no devices, so the pool always exists)
-        and the warnings issued.
-    :raises ResourceSliceError: duplicate device names or too many taints on one device.
-    """
-    if inventory.placements:
-        from dradriver.domain import partitions
-
-        return partitions.build(inventory, node_name, server_version=server_version, generation=generation,
-                                taints=taints, generate_name=generate_name, driver=driver, cache=cache,
-                                advertised=advertised)
-    warnings: list[str] = []
-    devices = device_entries(inventory, taints=taints, warnings=warnings, shares=shares, advertised=advertised)
-    small = _needs_small_slices(devices)
-    size = MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS if small else MAX_DEVICES_PER_SLICE
-    chunks = [devices[i : i + size] for i in range(0, len(devices), size)] or [[]]
-    slices: list[dict[str, Any]] = []
-    for chunk in chunks:
-        metadata: dict[str, Any] = {}
-        if generate_name:
-            metadata["generateName"] = f"{node_name}-{driver}-"
-        slices.append(
-            {
-                "apiVersion": API_VERSION,
-                "kind": KIND,
-                "metadata": metadata,
-                "spec": {
-                    "driver": driver,
-                    "nodeName": node_name,
-                    "pool": {"name": node_name, "generation": generation, "resourceSliceCount": len(chunks)},
-                    "devices": chunk,
-                },
-            }
-        )
-    return SliceBuild(slices, warnings)
-
-
-def build_resource_slices(
-    inventory: NodeInventory,
-    node_name: str,
-    *,
-    generation: int = 1,
-    taints: Mapping[str, Sequence[Taint]] | None = None,
-    generate_name: bool = True,
-    driver: str = GPU_DRIVER.driver_name,
-    server_version: tuple[int, int] = (1, 34),
-    cache: PartitionCache | None = None,
-    shares: ShareMode | None = None,
-    advertised: Collection[str] | None = None,
-) -> list[dict[str, Any]]:
-    """:func:`build` without the warnings (they are logged): the list of ResourceSlice dicts."""
-    result = build(inventory, node_name, generation=generation, taints=taints, generate_name=generate_name,
-                   driver=driver, server_version=server_version, cache=cache, shares=shares, advertised=advertised)
-    return result.slices
 
 
 MAX_COUNTER_SETS_PER_SLICE = 8
@@ -460,7 +377,7 @@ def limit_violations(resource_slice: Mapping[str, Any], server_version: tuple[in
     devices: list[Mapping[str, Any]] = list(resource_slice.get("spec", {}).get("devices") or [])
     limit = (
         MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS
-        if _needs_small_slices(devices) and server_version >= (1, 35)
+        if needs_small_slices(devices) and server_version >= (1, 35)
         else MAX_DEVICES_PER_SLICE
     )
     if len(devices) > limit:

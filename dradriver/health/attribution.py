@@ -4,16 +4,17 @@ The collectors of :mod:`dradriver.health.metrics` (``dradriver_*``) and :mod:`dr
 (``DCGM_FI_*``) label each device's series with its users (:func:`holders_of`): every pod container the
 kubelet's PodResources lists for it (``dradriver exporter``), else every claim the kubelet plugin prepared on
 it; one series per user, as dcgm-exporter writes them for a shared GPU. Their device set is the source's current
-inventory (:class:`InventoryView`), never a copy taken at start.
+inventory (:class:`InventoryView`), never a copy taken at start; what they read is a :class:`DeviceSource`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from dradriver.domain.devices import NodeInventory
 from dradriver.domain.holders import DeviceHolder
+from dradriver.nvml.poller import Sample
 
 ClaimLookup = Callable[[str], "Sequence[tuple[str, str]] | None"]
 """Device name -> ``(namespace, claim name)`` of every prepared claim holding it (several with admin access or
@@ -67,3 +68,20 @@ class InventoryView(Generic[T]):
         if current is None or current[0] is not inventory:
             current = self._current = (inventory, self._derive(inventory))
         return current[1]
+
+
+class _XidStats(Protocol):
+    last: int
+    counts: dict[int, int]
+
+
+class DeviceSource(Protocol):
+    """What both collectors read (:class:`~dradriver.health.metrics.DeviceCollector`,
+    :class:`~dradriver.health.dcgm.DcgmCollector`; (implemented by :class:`~dradriver.health.monitor.HealthMonitor`)."""
+
+    inventory: NodeInventory
+
+    def latest_sample(self) -> Sample | None: ...
+    def devices(self) -> Any: ...
+    def xid_stats(self) -> Mapping[str, _XidStats]: ...
+    def nvml_errors(self) -> dict[int, int]: ...

@@ -37,8 +37,7 @@ from prometheus_client.utils import floatToGoString
 from dradriver.domain.devices import GpuDevice, MigDevice, NodeInventory
 from dradriver.domain.holders import DeviceHolder
 from dradriver.domain.identity import GPU_DRIVER
-from dradriver.health.attribution import ClaimLookup, HolderLookup, InventoryView, holders_of
-from dradriver.health.metrics import DeviceSource
+from dradriver.health.attribution import ClaimLookup, DeviceSource, HolderLookup, InventoryView, holders_of
 
 _MIB = float(1 << 20)
 

@@ -33,7 +33,7 @@ from prometheus_client.registry import Collector
 from dradriver.domain.devices import NodeInventory
 from dradriver.domain.holders import DeviceHolder
 from dradriver.domain.identity import GPU_DRIVER
-from dradriver.health.attribution import ClaimLookup, HolderLookup, InventoryView, holders_of
+from dradriver.health.attribution import ClaimLookup, DeviceSource, HolderLookup, InventoryView, holders_of
 from dradriver.nvml import errors as nvml_errors
 from dradriver.nvml.poller import Sample
 
@@ -291,27 +291,11 @@ def device_collector(source: DeviceSource, *, node: str, claim_of: ClaimLookup |
 # -- device metrics ----------------------------------------------------------------------------------------
 
 
-class _XidStats(Protocol):
-    last: int
-    counts: dict[int, int]
-
-
 class _DeviceView(Protocol):
     name: str
     uuid: str
     health: str
     taints: tuple[tuple[str, str, str], ...]
-
-
-class DeviceSource(Protocol):
-    """What :class:`DeviceCollector` reads (implemented by :class:`~dradriver.health.monitor.HealthMonitor`)."""
-
-    inventory: NodeInventory
-
-    def latest_sample(self) -> Sample | None: ...
-    def devices(self) -> Any: ...
-    def xid_stats(self) -> Mapping[str, _XidStats]: ...
-    def nvml_errors(self) -> dict[int, int]: ...
 
 
 _LABELS = ("uuid", "device", "node", "namespace", "claim")

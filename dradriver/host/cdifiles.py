@@ -14,8 +14,7 @@ import os
 import secrets
 from pathlib import Path
 
-from dradriver.domain.cdi import SPEC_FILE_MODE, CdiSpecError
-from dradriver.domain.identity import LEGACY_SPEC_SUFFIX, SPEC_SUFFIX, CdiKind
+from dradriver.domain.cdi import LEGACY_SPEC_SUFFIX, SPEC_FILE_MODE, SPEC_SUFFIX, CdiKind, CdiSpecError
 
 
 def sync_directory(directory: Path | str) -> None:

@@ -47,8 +47,9 @@ from dradriver.domain.nvcheckpoint import CD_CLAIM, CheckpointEntry, CheckpointE
 from dradriver.domain.ports import UndoRecord
 from dradriver.host import nvcheckpointfile
 from dradriver.host.claimstate import ClaimConflictError, ClaimState, HeldDevice
+from dradriver.kubeletplugin.payload import aborted_payload, encode_payload
 from dradriver.kubeletplugin.rollback import parse_rfc3339
-from dradriver.kubeletplugin.runner import aborted_payload, allocation_digest, encode_payload
+from dradriver.kubeletplugin.runner import allocation_digest
 from dradriver.preparers.computedomain import CHANNEL_KIND, CHANNEL_PREFIX, DAEMON_KIND
 
 __all__ = ["ComputeDomainAdoptionReport", "adopt_compute_domain_claims"]

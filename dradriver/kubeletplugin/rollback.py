@@ -87,6 +87,7 @@ from dradriver.domain.ports import UndoRecord
 from dradriver.domain.registry import DeviceRegistry
 from dradriver.host import nvcheckpointfile
 from dradriver.host.claimstate import ClaimPhase, ClaimRecord, HeldDevice, read_boot_id
+from dradriver.kubeletplugin.payload import aborted_mark, held_devices, read_payload
 from dradriver.preparers.computedomain import CHANNEL_KIND, CHANNEL_PREFIX, DAEMON_KIND
 from dradriver.preparers.dynamicmig import KIND as DYNAMIC_MIG
 from dradriver.preparers.mps import MpsSharing
@@ -200,8 +201,6 @@ class RollbackCheckpoint:
 
     @staticmethod
     def _undo_of(record: ClaimRecord) -> Sequence[UndoRecord]:
-        from dradriver.kubeletplugin.runner import read_payload  # the runner owns the payload format
-
         try:
             return read_payload(record.payload).undo
         except ValueError:
@@ -233,8 +232,6 @@ class RollbackCheckpoint:
         when it does."""
         if record is None or claim.ref.uid in self._entries:
             return
-        from dradriver.kubeletplugin.runner import held_devices  # the runner owns the payload format
-
         self.prepared(claim.ref.uid, claim, held_devices(record), self._undo_of(record))
 
     def aborted(self, uid: str, namespace: str, name: str, at: float, status: Mapping[str, Any] | None = None,
@@ -367,7 +364,6 @@ def parse_rfc3339(text: str | None) -> int | None:
 
 
 def _aborted_at(record: ClaimRecord) -> float | None:
-    from dradriver.kubeletplugin.runner import aborted_mark  # the runner owns the payload format
 
     mark = aborted_mark(record)
     return None if mark is None else mark.aborted_at

@@ -77,10 +77,11 @@ from typing import Any
 import yaml
 
 from dradriver.domain import cdi
+from dradriver.domain.cdi import LEGACY_SPEC_SUFFIX, SPEC_SUFFIX
 from dradriver.domain.claims import AllocationResult, Claim, ClaimError, ClaimRef, ClaimResult
 from dradriver.domain.configs import ConfigGroup, ConfigSelection
 from dradriver.domain.devicemetadata import runtime_attributes
-from dradriver.domain.identity import LEGACY_SPEC_SUFFIX, SPEC_SUFFIX, DriverIdentity
+from dradriver.domain.identity import DriverIdentity
 from dradriver.domain.ports import (
     UNDO_LAYOUT,
     DevicePlan,
@@ -97,6 +98,13 @@ from dradriver.host import cdifiles
 from dradriver.host.claimstate import ClaimConflictError, ClaimPhase, ClaimRecord, ClaimState, HeldDevice
 from dradriver.host.devicemetadata import DeviceMetadataFiles
 from dradriver.kubeletplugin.fairlock import FairLock
+from dradriver.kubeletplugin.payload import (
+    aborted_mark,
+    encode_payload,
+    held_devices,
+    read_payload,
+    shares_of,
+)
 from dradriver.kubeletplugin.rollback import RollbackCheckpoint
 
 log = logging.getLogger(__name__)
@@ -110,8 +118,6 @@ SelectConfigs = Callable[[Claim, Mapping[str, Any]], ConfigSelection]
 """Decode, select and validate a claim's opaque configs for its devices (``configs.select_configs``).
 
 :raises ClaimError: naming the claim and the config's field path."""
-
-PAYLOAD_VERSION = 1
 
 DEFAULT_PREPARE_DEADLINE_S = 40.0
 """Default bound of one NodePrepareResources, seconds: the kubelet gives up after 45 s
@@ -165,51 +171,6 @@ class _Work:
         return self.claim.ref.uid
 
 
-@dataclass(frozen=True, slots=True)
-class StoredPayload:
-    """What the claim state stores for a claim beside its devices.
-
-    :param spec: path of the claim's CDI spec.
-    :param undo: the undo records of what was applied, in apply order.
-    :param pins: DRA device name -> the physical device's UUID when it was prepared (GPU or MIG UUID), so a
-        device name that later resolves to another GPU is never handed to the claim.
-    :param shares: DRA device name -> ``shareID`` of the devices the claim holds a consumable share of.
-    :param aborted_at: set on an aborted-prepare mark (NVIDIA's ``PrepareAborted`` with ``abortedAt``,
-        ``nvidia-dra-driver.md`` 4.4/4.8): wall-clock seconds (Unix time) of the unprepare that aborted the claim's
-        prepare. Such a record is PREPARE_STARTED with no devices and no undo records.
-    :param allocation: digest of the claim's allocation (:func:`allocation_digest`) seen by its last prepare
-        (``""``: unknown); a mark refuses only a prepare of the same allocation, as NVIDIA compares the claim status.
-    """
-
-    spec: str
-    undo: tuple[UndoRecord, ...] = ()
-    pins: Mapping[str, str] = field(default_factory=dict)
-    shares: Mapping[str, str] = field(default_factory=dict)
-    aborted_at: float | None = None
-    allocation: str = ""
-
-
-def _payload(spec: Path | str, records: Sequence[UndoRecord], pins: Mapping[str, str] | None = None,
-             shares: Mapping[str, str] | None = None, *, aborted_at: float | None = None,
-             allocation: str = "") -> str:
-    doc: dict[str, Any] = {"v": PAYLOAD_VERSION, "spec": str(spec), "undo": [r.to_json() for r in records]}
-    if pins:
-        doc["pins"] = dict(pins)
-    if shares:
-        doc["shares"] = dict(shares)
-    if aborted_at is not None:
-        doc["aborted_at"] = aborted_at
-    if allocation:
-        doc["allocation"] = allocation
-    return json.dumps(doc, separators=(",", ":"), sort_keys=True)
-
-
-def encode_payload(spec: Path | str, records: Sequence[UndoRecord], pins: Mapping[str, str]) -> str:
-    """The stored payload of a prepared claim: its CDI spec path, undo records and pins (:class:`StoredPayload`);
-    for claims written into the claim state from outside a prepare (adopted from NVIDIA's checkpoint)."""
-    return _payload(spec, records, pins)
-
-
 def allocation_digest(claim: Claim) -> str:
     """A short digest (16 hex digits) of what the claim was allocated on this node: its allocation results for our
     driver and pool and its opaque configs. Two prepares of one claim UID see the same digest unless the claim's
@@ -217,65 +178,6 @@ def allocation_digest(claim: Claim) -> str:
     doc = [[dataclasses.asdict(r) for r in claim.results], list(claim.configs)]
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def aborted_mark(record: ClaimRecord) -> StoredPayload | None:
-    """The payload of ``record`` when it is an aborted-prepare mark (see :class:`StoredPayload`), else ``None``
-    (also for an unreadable payload)."""
-    if record.phase is not ClaimPhase.PREPARE_STARTED or record.devices:
-        return None
-    try:
-        stored = read_payload(record.payload)
-    except ValueError:
-        return None
-    return stored if stored.aborted_at is not None else None
-
-
-def aborted_payload(spec: Path | str, aborted_at: float, allocation: str) -> str:
-    """The stored payload of an aborted-prepare mark (:func:`aborted_mark`) written from outside an unprepare
-    (adopted from NVIDIA's ``PrepareAborted``): ``aborted_at`` Unix seconds, ``allocation`` its
-    :func:`allocation_digest` (``""``: any allocation)."""
-    return _payload(spec, [], aborted_at=aborted_at, allocation=allocation)
-
-
-def _shares_of(held: Sequence[HeldDevice]) -> dict[str, str]:
-    return {h.device: h.share_id or "" for h in held if h.shared}
-
-
-def held_devices(record: ClaimRecord) -> tuple[HeldDevice, ...]:
-    """The devices of a stored claim with their consumable shares restored from its payload."""
-    try:
-        shares = read_payload(record.payload).shares
-    except ValueError:
-        return record.devices
-    if not shares:
-        return record.devices
-    return tuple(
-        dataclasses.replace(d, admin_access=False, shared=True, share_id=shares[d.device] or None)
-        if d.device in shares else d
-        for d in record.devices
-    )
-
-
-def read_payload(payload: bytes | str) -> StoredPayload:
-    """Decode a stored claim payload; a bare spec path (an older state file) has no records and no pins.
-
-    :raises ValueError: the payload is JSON but not a valid payload document.
-    """
-    text = payload.decode() if isinstance(payload, bytes) else payload
-    if not text.startswith("{"):
-        return StoredPayload(text)
-    doc = json.loads(text)
-    if not isinstance(doc, dict) or not isinstance(doc.get("undo", []), list) \
-            or not isinstance(doc.get("pins", {}), dict) or not isinstance(doc.get("shares", {}), dict):
-        raise ValueError(f"claim payload {text[:80]!r} is not a payload document")
-    pins = {str(k): str(v) for k, v in doc.get("pins", {}).items()}
-    shares = {str(k): str(v) for k, v in doc.get("shares", {}).items()}
-    aborted = doc.get("aborted_at")
-    if aborted is not None and (not isinstance(aborted, int | float) or isinstance(aborted, bool)):
-        raise ValueError(f"claim payload {text[:80]!r}: aborted_at is not a number")
-    return StoredPayload(str(doc.get("spec", "")), tuple(UndoRecord.from_json(r) for r in doc.get("undo", [])), pins,
-                         shares, None if aborted is None else float(aborted), str(doc.get("allocation") or ""))
 
 
 def all_undo_records(state: ClaimState) -> list[UndoRecord]:
@@ -740,8 +642,8 @@ class BatchRunner:
                         for work in todo:
                             if not work.error:
                                 pins = {p.device: pin for p in work.plans if (pin := _pin_of(p.entry))}
-                                self.state.prepare_completed(work.uid, payload=_payload(
-                                    self._spec_file(work.uid), work.applied, pins, _shares_of(work.held)))
+                                self.state.prepare_completed(work.uid, payload=encode_payload(
+                                    self._spec_file(work.uid), work.applied, pins, shares_of(work.held)))
                                 done.append(work)
                         for work in failed:
                             out[work.uid] = ClaimResult(error=work.error)
@@ -819,8 +721,8 @@ class BatchRunner:
         work = self._plan(claim)
         work.stale = stale
         self.state.prepare_started(ref.uid, namespace=ref.namespace, name=ref.name, devices=work.held,
-                                   payload=_payload(self._spec_file(ref.uid), stale + self._planned(work),
-                                                    shares=_shares_of(work.held), allocation=digest))
+                                   payload=encode_payload(self._spec_file(ref.uid), stale + self._planned(work),
+                                                    shares=shares_of(work.held), allocation=digest))
         return work
 
     def _refuse_if_unprepared(self, ref: ClaimRef, record: ClaimRecord | None, started: int, digest: str) -> None:
@@ -841,7 +743,7 @@ class BatchRunner:
             if self.aborted_ttl_s > 0 and record is None:
                 at = self.clock()
                 self.state.prepare_started(ref.uid, namespace=ref.namespace, name=ref.name, devices=[],
-                                           payload=_payload(self._spec_file(ref.uid), [], aborted_at=at,
+                                           payload=encode_payload(self._spec_file(ref.uid), [], aborted_at=at,
                                                             allocation=digest))
                 if self.checkpoint is not None:
                     self.checkpoint.aborted(ref.uid, ref.namespace, ref.name, at, self._statuses.get(ref.uid), ())
@@ -986,8 +888,8 @@ class BatchRunner:
             for work in effectful:
                 self.state.prepare_started(work.uid, namespace=work.claim.ref.namespace, name=work.claim.ref.name,
                                            devices=work.held,
-                                           payload=_payload(self._spec_file(work.uid), work.stale + work.applied,
-                                                            shares=_shares_of(work.held)))
+                                           payload=encode_payload(self._spec_file(work.uid), work.stale + work.applied,
+                                                            shares=shares_of(work.held)))
 
     def _apply_one(self, work: _Work) -> None:
         """Undo stale records of an earlier attempt, then apply device plans and sharing steps in order.
@@ -1053,8 +955,8 @@ class BatchRunner:
             if left:
                 ref = work.claim.ref
                 self.state.prepare_started(ref.uid, namespace=ref.namespace, name=ref.name, devices=work.held,
-                                           payload=_payload(self._spec_file(ref.uid), left,
-                                                            shares=_shares_of(work.held)))
+                                           payload=encode_payload(self._spec_file(ref.uid), left,
+                                                            shares=shares_of(work.held)))
                 log.error("claim %s: %d undo record(s) kept for the next unprepare or start", ref, len(left))
             else:
                 self.state.remove(work.uid)
@@ -1372,13 +1274,13 @@ class BatchRunner:
                         if ref.uid in kept and ref.uid not in aborts:
                             # released, and kept only for the undo the driver's return allows (resume_undo)
                             self.state.prepare_started(ref.uid, namespace=ref.namespace, name=ref.name, devices=[],
-                                                       payload=_payload(self._spec_file(ref.uid), kept[ref.uid]))
+                                                       payload=encode_payload(self._spec_file(ref.uid), kept[ref.uid]))
                         elif ref.uid not in aborts:
                             self.state.remove(ref.uid)
                     for uid, (ref, allocation) in aborts.items():
                         # The STARTED record (or none, between two attempts) becomes the aborted mark.
                         self.state.prepare_started(uid, namespace=ref.namespace, name=ref.name, devices=[],
-                                                   payload=_payload(self._spec_file(uid), [],
+                                                   payload=encode_payload(self._spec_file(uid), [],
                                                                     aborted_at=self.clock(),
                                                                     allocation=allocation))
                         log.warning("claim %s: unprepared while its prepare was in progress; a prepare of the "
@@ -1685,7 +1587,7 @@ class BatchRunner:
             for d in devices
         ]
         try:
-            self.state.prepare_started(uid, namespace="", name="", devices=held, payload=_payload(path, []))
+            self.state.prepare_started(uid, namespace="", name="", devices=held, payload=encode_payload(path, []))
             self.state.prepare_completed(uid)
         except (ClaimConflictError, DradriverError) as exc:
             log.error("cannot adopt orphan CDI spec %s: %s", path, exc)

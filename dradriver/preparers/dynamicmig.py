@@ -11,7 +11,7 @@ Facts (``nvidia-dra-driver-updates.md`` 2b; ``nvml.h``; ``gpu-facts.md`` 3):
   goes off when the GPU's last instance is gone; older GPUs stay in MIG mode (a reset would be needed).
 
 Crash safety. The batch runner records the claim PREPARE_STARTED with its device names before :meth:`apply` runs;
-a name is the placement (:func:`~dradriver.domain.migplacements.parse_placement_device_name`), so the intent is
+a name is the placement (:func:`~dradriver.domain.devices.parse_placement_device_name`), so the intent is
 durable before the first NVML call. :meth:`apply` returns an :class:`UndoRecord` holding the concrete identity
 (parent UUID and minor, GI id, CI id, MIG UUID, placement), stored before the claim is answered. When a failure
 leaves a GPU instance that cannot be destroyed, :class:`~dradriver.domain.ports.PartiallyApplied` carries a record
@@ -35,8 +35,7 @@ from typing import Any
 from dradriver.domain.cdi import ContainerEdits
 from dradriver.domain.claims import AllocationResult, Claim, ClaimError, ClaimRef, base_request_name
 from dradriver.domain.configs import ConfigGroup
-from dradriver.domain.devices import GpuDevice
-from dradriver.domain.migplacements import MigPlacement, parse_placement_device_name
+from dradriver.domain.devices import GpuDevice, MigPlacement, parse_placement_device_name
 from dradriver.domain.ports import DevicePlan, PartiallyApplied, UndoRecord
 from dradriver.errors import DradriverError
 from dradriver.host.devicenodes import DeviceNodeInfo, mig_instance_edits
@@ -73,7 +72,7 @@ def identity_of(record: UndoRecord) -> dict[str, Any]:
 
 
 class DynamicMigPreparer:
-    """Prepares :class:`~dradriver.domain.migplacements.MigPlacement` devices; kind ``dynamic-mig``.
+    """Prepares :class:`~dradriver.domain.devices.MigPlacement` devices; kind ``dynamic-mig``.
 
     :param control: the NVML MIG operations (serialised per GPU).
     :param nodes: where device-node numbers are read.
@@ -349,7 +348,7 @@ class DynamicMigPreparer:
         :param known: the stored records of this kind and of :attr:`owner_kinds`. A static MIG record owns the
             instance it names: by parent UUID and GI id when it carries them, else (a record of an older release)
             by the parent's minor, GI profile and placement start its device name says
-            (:func:`~dradriver.domain.migplacements.parse_placement_device_name`). Owned instances are never
+            (:func:`~dradriver.domain.devices.parse_placement_device_name`). Owned instances are never
             destroyed, and a dynamic claim whose placement overlaps one is refused (:meth:`apply`).
         """
         by_placement: dict[tuple[int, int, int], str] = {}

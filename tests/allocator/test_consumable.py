@@ -17,7 +17,7 @@ from dradriver.allocator.capacity import RequestPolicy, round_up
 from dradriver.allocator.quantity import Quantity
 from dradriver.allocator.simulation import explain, load, simulate
 from dradriver.domain.devices import DriverVersions, NodeInventory
-from dradriver.domain.resourceslices import build_resource_slices
+from dradriver.domain.pools import build_resource_slices
 from dradriver.domain.shares import MEMORY, SHARES, UNLIMITED, ShareMode
 from tests.factories import gpu_device
 

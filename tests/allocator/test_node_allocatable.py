@@ -12,7 +12,7 @@ from dradriver.allocator.resources import InputError
 from dradriver.allocator.simulation import explain, load, simulate
 from dradriver.domain import nodeallocatable as na
 from dradriver.domain.devices import DriverVersions, NodeInventory
-from dradriver.domain.resourceslices import build_resource_slices
+from dradriver.domain.pools import build_resource_slices
 from tests.allocator.test_consumable import classes
 from tests.factories import gpu_device
 

@@ -16,7 +16,7 @@ import yaml
 from dradriver.allocator import simulation
 from dradriver.allocator.expression import Selector
 from dradriver.allocator.shapes import ShapeCache
-from dradriver.domain.resourceslices import build_resource_slices
+from dradriver.domain.pools import build_resource_slices
 from dradriver.nvml import discovery, mock
 from dradriver.nvml.session import open_session
 from tests.nvml.mockenv import make_sysfs

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from dradriver.domain import cdi
-from dradriver.domain.identity import CdiKind
+from dradriver.domain.cdi import CdiKind
 from tests.cdi.helpers import validate
 
 NODE = ("/dev/nvidia0", "", "c", 195, 0, 0o666, "rwm", None, None)

@@ -140,7 +140,8 @@ def test_sharing_demo_shows_each_containers_mps_limits() -> None:
 def test_time_slicing_scenario_keeps_the_owners_setting_against_admin_access_claims() -> None:
     import asyncio
 
-    from dradriver.sandbox.demo import Narrator, demo
+    from dradriver.sandbox.demos.basic import demo
+    from dradriver.sandbox.demos.narrator import Narrator
 
     narrator = Narrator(output="quiet")
     asyncio.run(demo(profile="dgx-h100", node_name="gpu-node-1", narrator=narrator, scenario="time-slicing"))

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from dradriver.sandbox import demo_mig
-from dradriver.sandbox.demo import Narrator
+from dradriver.sandbox.demos import dynamic_mig
+from dradriver.sandbox.demos.narrator import Narrator
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_dynamic_mig_scenario_in_process() -> None:
     out = io.StringIO()
     narrator = Narrator(output="json", stream=out)
-    asyncio.run(demo_mig.demo(node_name="gpu-node-1", narrator=narrator))
+    asyncio.run(dynamic_mig.demo(node_name="gpu-node-1", narrator=narrator))
     steps = narrator.steps
     assert [s["step"] for s in steps] == [1, 2, 3, 4, 5]
     details = {k: v for s in steps for d in s["details"] for k, v in d.items()}

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from dradriver.app.cdcontroller import ComputeDomainController
+from dradriver.computedomain.controller import ComputeDomainController
 from dradriver.domain.cdtemplates import ControllerSettings
 from dradriver.domain.computedomains import LABEL_CLIQUE_ID, LABEL_COMPUTE_DOMAIN, clique_object_name
 from dradriver.kube.client import KubeClient, open_client

@@ -13,8 +13,8 @@ from typing import Any
 import kubernetes
 import pytest
 
-from dradriver.app import cdcontroller
-from dradriver.app.cdcontroller import ComputeDomainController
+from dradriver.computedomain import controller as cdcontroller
+from dradriver.computedomain.controller import ComputeDomainController
 from dradriver.domain.cdtemplates import (
     IMEX_MODE_HOST_MANAGED,
     daemon_claim_template,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dradriver.app.cdcontroller import ComputeDomainController
+from dradriver.computedomain.controller import ComputeDomainController
 from dradriver.domain.computedomains import IMEX_DAEMON_CONDITION, REASON_IMEX_FAILED
 from dradriver.kube.client import KubeClient
 from dradriver.sandbox.apiserver import ApiServerEmulator

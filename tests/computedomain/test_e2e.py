@@ -18,7 +18,7 @@ import yaml
 
 from dradriver.domain import computedomains as cd
 from dradriver.nvml import mock
-from dradriver.sandbox import cddemo
+from dradriver.sandbox.demos import compute_domain as domain_demo
 from dradriver.sandbox.multinode import RACK_PROFILES, EmulatedNode, MultiNodeCluster
 from dradriver.sandbox.workloads import pids_with_marker
 
@@ -258,9 +258,9 @@ def test_plugin_sigkilled_while_a_channel_prepare_waits_for_the_daemon(world: Mu
     fake.write_text(f'#!/bin/sh\nwhile [ ! -e {release} ]; do sleep 0.05; done\nexec {real} "$@"\n')
     fake.chmod(0o755)
     try:
-        domain = world.api.create(cddemo.compute_domain("crash", "crash-channel", num_nodes=1))
+        domain = world.api.create(domain_demo.compute_domain("crash", "crash-channel", num_nodes=1))
         uid = domain["metadata"]["uid"]
-        pod = cddemo.workload_pod("crash-w", "crash-channel", group="crash")
+        pod = domain_demo.workload_pod("crash-w", "crash-channel", group="crash")
         pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": name}
         world.api.create(pod)
         world.wait_for("the prepare waiting (node labelled, daemon not ready)",

@@ -10,7 +10,7 @@ import pytest
 
 from dradriver.domain import computedomains as cd
 from dradriver.nvml import mock
-from dradriver.sandbox import cddemo
+from dradriver.sandbox.demos import compute_domain as domain_demo
 from dradriver.sandbox.multinode import MultiNodeCluster, cdi_edits
 
 pytestmark = pytest.mark.slow
@@ -55,12 +55,12 @@ def test_in_progress_fabric_is_waited_out_a_failed_one_taints_and_a_node_in_no_c
     cluster.start_plugin("rack1-node00")
     cluster.wait_for_plugin("rack1-node00", timeout_s=WAIT_S)
     cluster.start_controller()
-    domain = cluster.api.create(cddemo.compute_domain("solo", "solo-channel", num_nodes=1))
-    cluster.api.create(cddemo.workload_pod("solo-w", "solo-channel", group="solo"))
+    domain = cluster.api.create(domain_demo.compute_domain("solo", "solo-channel", num_nodes=1))
+    cluster.api.create(domain_demo.workload_pod("solo-w", "solo-channel", group="solo"))
     cluster.wait_for("the workload running", lambda: cluster.pod_running("solo-w"), timeout_s=WAIT_S)
     node = cluster.node("rack1-node00")
     assert node.pod_devices["default/solo-w"].device_nodes == []  # no clique: no channel device edits
-    daemons = cddemo.daemon_pods(cluster, domain["metadata"]["uid"])
+    daemons = domain_demo.daemon_pods(cluster, domain["metadata"]["uid"])
     assert list(daemons) == ["rack1-node00"]
     pod = daemons["rack1-node00"]
     cluster.wait_for("the idle daemon ready", lambda: cluster.pod_running(pod["metadata"]["name"], cluster.namespace),

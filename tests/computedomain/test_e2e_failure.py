@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from dradriver.domain import computedomains as cd
-from dradriver.sandbox import cddemo
+from dradriver.sandbox.demos import compute_domain as domain_demo
 from dradriver.sandbox.multinode import HOSTNAME_LABEL, MultiNodeCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -51,17 +51,17 @@ def _hosts(c: MultiNodeCluster, pod: dict[str, Any]) -> str:
 
 
 def test_a_killed_node_leaves_its_peers_and_returns_with_the_same_index(cluster: MultiNodeCluster) -> None:
-    domain = cluster.api.create(cddemo.compute_domain(DOMAIN, TEMPLATE, num_nodes=3))
+    domain = cluster.api.create(domain_demo.compute_domain(DOMAIN, TEMPLATE, num_nodes=3))
     uid = str(domain["metadata"]["uid"])
     for i, node in enumerate(sorted(cluster.nodes)):  # one per node, pinned (not left to the scheduler's spread)
-        pod = cddemo.workload_pod(f"{DOMAIN}-{i}", TEMPLATE, group=DOMAIN, rack=1)
+        pod = domain_demo.workload_pod(f"{DOMAIN}-{i}", TEMPLATE, group=DOMAIN, rack=1)
         pod["spec"]["nodeSelector"][HOSTNAME_LABEL] = node
         cluster.api.create(pod)
     for i in range(3):
         cluster.wait_for(f"workload {i} running", functools.partial(cluster.pod_running, f"{DOMAIN}-{i}"),
                          timeout_s=WAIT_S)
     cluster.wait_for("the domain Ready with three nodes",
-                     lambda: cddemo.domain_ready(cluster, DOMAIN) and len(_entries(cluster, uid)) == 3
+                     lambda: domain_demo.domain_ready(cluster, DOMAIN) and len(_entries(cluster, uid)) == 3
                      and all(e.get("ipAddress") and e.get("status") == cd.STATUS_READY
                              for e in _entries(cluster, uid).values()),
                      timeout_s=WAIT_S)
@@ -70,7 +70,7 @@ def test_a_killed_node_leaves_its_peers_and_returns_with_the_same_index(cluster:
     assert sorted(before.values()) == [0, 1, 2]
     victim = sorted(before)[1]
     name = cd.dns_name(uid, before[victim])
-    daemons = cddemo.daemon_pods(cluster, uid)
+    daemons = domain_demo.daemon_pods(cluster, uid)
     victim_ip = str(entries[victim]["ipAddress"])
     peers = [p for n, p in daemons.items() if n != victim]
 
@@ -86,7 +86,7 @@ def test_a_killed_node_leaves_its_peers_and_returns_with_the_same_index(cluster:
         if host.name != victim:
             assert cluster.pod_running(f"{DOMAIN}-{i}")
             edits = host.pod_devices.get(f"default/{DOMAIN}-{i}")
-            assert edits is not None and edits.device_paths() == [cddemo.CHANNEL0]
+            assert edits is not None and edits.device_paths() == [domain_demo.CHANNEL0]
 
     cluster.heal_node(victim)
     cluster.wait_for("the victim back with the same index",
@@ -94,5 +94,5 @@ def test_a_killed_node_leaves_its_peers_and_returns_with_the_same_index(cluster:
                      and _entries(cluster, uid)[victim].get("index") == before[victim], timeout_s=WAIT_S)
     cluster.wait_for("the peers' hosts files with the victim again",
                      lambda: all(f"{victim_ip}\t{name}" in _hosts(cluster, p) for p in peers), timeout_s=WAIT_S)
-    cluster.wait_for("the domain Ready again", lambda: cddemo.domain_ready(cluster, DOMAIN), timeout_s=WAIT_S)
+    cluster.wait_for("the domain Ready again", lambda: domain_demo.domain_ready(cluster, DOMAIN), timeout_s=WAIT_S)
     assert {n: e["index"] for n, e in _entries(cluster, uid).items()} == before

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from dradriver.app.cdcontroller import ComputeDomainController
 from dradriver.app.computedomain import start_compute_domain_plugin
+from dradriver.computedomain.controller import ComputeDomainController
 from dradriver.config import CHANNEL_NEEDS_HOST_MANAGED, PluginConfig
 from dradriver.domain.cdtemplates import IMEX_ISOLATION_CHANNEL, IMEX_MODE_HOST_MANAGED
 from dradriver.domain.computedomains import (

@@ -1,5 +1,5 @@
 """Conflict-free ComputeDomain membership (issue 14) against the API emulator over real HTTP: daemons apply only
-their own clique entry (:class:`dradriver.app.cddaemon.Membership`, in-process, no ``nvidia-imex``), the
+their own clique entry (:class:`dradriver.computedomain.daemon.Membership`, in-process, no ``nvidia-imex``), the
 controller assigns indexes, clears the entries of failed nodes keeping their index, and aggregates
 ``status.nodes``; churn of domains and daemon restarts leaves nothing behind and never gives an index twice."""
 
@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from dradriver.app.cdcontroller import ComputeDomainController
-from dradriver.app.cddaemon import DaemonSettings, Membership, withdraw_entry
+from dradriver.computedomain.controller import ComputeDomainController
+from dradriver.computedomain.daemon import DaemonSettings, Membership, withdraw_entry
 from dradriver.domain.computedomains import (
     LABEL_COMPUTE_DOMAIN,
     STATUS_NOT_READY,
@@ -353,7 +353,7 @@ def test_the_daemon_hears_its_index_through_the_clique_watch_without_polling(api
                                                                              tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from dradriver.app.cddaemon import READ, CliqueWatch
+    from dradriver.computedomain.daemon import READ, CliqueWatch
 
     with running(_controller(client)):
         uid = _create(client, "cdw")
@@ -384,7 +384,7 @@ def test_a_failed_clique_watch_falls_back_to_the_poll(api: ApiServerEmulator, cl
                                                       monkeypatch: Any) -> None:
     from dataclasses import replace
 
-    from dradriver.app import cddaemon
+    from dradriver.computedomain import daemon as cddaemon
     from dradriver.kube import errors as kube_errors
 
     uid = _create(client, "cdf")
@@ -415,7 +415,7 @@ def test_an_unexpected_failure_in_the_clique_watch_falls_back_to_the_poll_and_th
     daemon polls meanwhile, and the next watch request brings the clique again."""
     from dataclasses import replace
 
-    from dradriver.app import cddaemon
+    from dradriver.computedomain import daemon as cddaemon
 
     uid = _create(client, "cdm")
     m = _daemon(api, client, uid, "node-a", tmp_path)

@@ -17,7 +17,7 @@ import pytest
 from dradriver.app.computedomain import start_compute_domain_plugin
 from dradriver.domain.featuregates import HOST_MANAGED_IMEX_DAEMON
 from dradriver.host.claimstate import ClaimPhase, ClaimRecord
-from dradriver.kubeletplugin.runner import read_payload
+from dradriver.kubeletplugin.payload import read_payload
 from dradriver.sandbox.kubelet import KubeletEmulator, KubeletError
 from dradriver.sandbox.node import SandboxNode
 from tests.cdi.helpers import validate

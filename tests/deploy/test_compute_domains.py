@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from dradriver.app.cdcontroller import ControllerConfig
+from dradriver.app.computedomaincontroller import ControllerConfig
 from dradriver.commands import compute_domain_controller
 from dradriver.config import add_flags
 from dradriver.domain.computedomains import CHANNEL_DEVICE_CLASS, DAEMON_DEVICE_CLASS, DAEMON_SERVICE_ACCOUNT

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dradriver.domain import resourceslices
+from dradriver.domain import pools
 from dradriver.domain.driverconfig import (
     NODE_LABEL,
     DriverConfig,
@@ -74,8 +74,8 @@ def test_an_unknown_profile_names_the_profiles_there(tmp_path: Path) -> None:
 def test_slices_publish_only_the_advertised_device_types(advertised: set[str]) -> None:
     with open_session("", "dgx-a100") as session:
         inventory = discover(session)
-    every = resourceslices.build(inventory, "n").slices
-    kept = resourceslices.build(inventory, "n", advertised=advertised).slices
+    every = pools.build(inventory, "n").slices
+    kept = pools.build(inventory, "n", advertised=advertised).slices
     types = {d["attributes"]["type"]["string"] for s in kept for d in s["spec"]["devices"]}
     assert types == advertised & {"gpu", "mig"}
     assert sum(len(s["spec"]["devices"]) for s in kept) == sum(
@@ -86,7 +86,7 @@ def test_slices_publish_only_the_advertised_device_types(advertised: set[str]) -
 def test_dynamic_mig_keeps_the_counter_sets_when_only_full_gpus_are_advertised() -> None:
     with open_session("", "dgx-h100") as session:
         inventory = discover(session, dynamic_mig=True)
-    kept = resourceslices.build(inventory, "n", server_version=(1, 35), advertised={"gpu"}).slices
+    kept = pools.build(inventory, "n", server_version=(1, 35), advertised={"gpu"}).slices
     devices = [d for s in kept for d in s["spec"].get("devices", ())]
     assert devices and all(d["attributes"]["type"]["string"] == "gpu" for d in devices)
     assert sum(len(s["spec"].get("sharedCounters", ())) for s in kept) == len(inventory.gpus)

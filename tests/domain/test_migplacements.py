@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dradriver.domain.devices import GpuDevice
-from dradriver.domain.migplacements import (
+from dradriver.domain.devices import (
+    GpuDevice,
     MigPlacement,
     PlacementName,
     format_placement_device_name,

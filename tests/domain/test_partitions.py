@@ -17,7 +17,8 @@ import yaml
 from dradriver.allocator.simulation import explain, load, simulate
 from dradriver.domain import partitions
 from dradriver.domain.devices import NodeInventory
-from dradriver.domain.resourceslices import build, limit_violations
+from dradriver.domain.pools import build
+from dradriver.domain.resourceslices import limit_violations
 from dradriver.nvml import discovery, mock
 from dradriver.nvml.discovery import is_dynamic_mig_capable
 from dradriver.nvml.session import NvmlSession

@@ -10,13 +10,12 @@ import pytest
 
 from dradriver.domain.devices import DriverVersions, GpuDevice, MigDevice, NodeInventory
 from dradriver.domain.identity import GPU_DRIVER
+from dradriver.domain.pools import build, build_resource_slices
 from dradriver.domain.resourceslices import (
     MAX_ATTRIBUTES_AND_CAPACITIES,
     MAX_DEVICES_PER_SLICE,
     MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS,
     ResourceSliceError,
-    build,
-    build_resource_slices,
     limit_violations,
     quantity_bytes,
 )

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from dradriver.domain.devices import DriverVersions, NodeInventory
-from dradriver.domain.resourceslices import build_resource_slices, limit_violations
+from dradriver.domain.pools import build_resource_slices
+from dradriver.domain.resourceslices import limit_violations
 from dradriver.domain.shares import (
     MEMORY,
     SHARES,

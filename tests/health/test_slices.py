@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from dradriver.domain.identity import GPU_DRIVER
-from dradriver.domain.resourceslices import build_resource_slices
+from dradriver.domain.pools import build_resource_slices
 from dradriver.health.monitor import TaintMap
 from dradriver.kube.client import open_client
 from dradriver.kube.resourceslices import SlicePublisher

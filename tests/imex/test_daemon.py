@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from dradriver.app.cdcontroller import ComputeDomainController
+from dradriver.computedomain.controller import ComputeDomainController
 from dradriver.domain import computedomains as cd
 from dradriver.domain import imex
 from dradriver.domain.cdtemplates import ControllerSettings, owner_of

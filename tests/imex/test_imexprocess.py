@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from dradriver.app import cddaemon
-from dradriver.app.cdcontroller import node_entries
+from dradriver.computedomain import daemon as cddaemon
+from dradriver.computedomain.controller import node_entries
 from dradriver.domain import computedomains as cd
 from dradriver.domain import imex
 from dradriver.host import imexchannels

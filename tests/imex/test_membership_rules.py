@@ -6,8 +6,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from dradriver.app.cdcontroller import membership_operations
-from dradriver.app.cddaemon import DaemonSettings, entry_body, entry_current, field_manager, peer_mapping
+from dradriver.computedomain.controller import membership_operations
+from dradriver.computedomain.daemon import DaemonSettings, entry_body, entry_current, field_manager, peer_mapping
 from dradriver.domain.computedomains import (
     LABEL_CLIQUE_ID,
     LABEL_COMPUTE_DOMAIN,

@@ -8,7 +8,8 @@ import os
 import pytest
 
 from dradriver.app import start_plugin
-from dradriver.domain.identity import GPU_DRIVER, CdiKind, DriverIdentity
+from dradriver.domain.cdi import CdiKind
+from dradriver.domain.identity import GPU_DRIVER, DriverIdentity
 from dradriver.sandbox.kubelet import KubeletEmulator
 from dradriver.sandbox.node import SandboxNode
 from tests.plugin.conftest import claim_object, ref_of, result, set_allocation, wait_for

@@ -17,15 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from dradriver.domain.cdi import ContainerEdits, DeviceNode
+from dradriver.domain.cdi import CdiKind, ContainerEdits, DeviceNode
 from dradriver.domain.claims import AllocationResult, Claim, ClaimError, ClaimRef, ClaimResult, base_request_name
 from dradriver.domain.configs import ConfigGroup
-from dradriver.domain.identity import CdiKind, DriverIdentity
+from dradriver.domain.identity import DriverIdentity
 from dradriver.domain.ports import DevicePlan, DevicePreparer, NotReadyYet, PartiallyApplied, UndoRecord
 from dradriver.domain.registry import DeviceRegistry
 from dradriver.errors import DradriverError
 from dradriver.host.claimstate import ClaimPhase, ClaimState
-from dradriver.kubeletplugin.runner import BatchRunner, StoredPayload, read_payload
+from dradriver.kubeletplugin.payload import StoredPayload, read_payload
+from dradriver.kubeletplugin.runner import BatchRunner
 
 IDENTITY = DriverIdentity(driver_name="fake.example.com", cdi=CdiKind("k8s.fake.example.com"),
                           taint_domain="fake.example.com", user_agent="dradriver-test")

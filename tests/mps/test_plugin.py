@@ -279,7 +279,7 @@ def test_a_half_prepared_claim_whose_daemon_could_not_be_stopped_is_undone_from_
     it from that record."""
     from dradriver.domain.identity import GPU_DRIVER
     from dradriver.host.claimstate import ClaimPhase
-    from dradriver.kubeletplugin.runner import read_payload
+    from dradriver.kubeletplugin.payload import read_payload
 
     sandbox.run_workloads()
     config = sandbox.mps_config()

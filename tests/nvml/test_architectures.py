@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from dradriver.domain.resourceslices import build_resource_slices
+from dradriver.domain.pools import build_resource_slices
 from dradriver.nvml import mock
 from dradriver.nvml.discovery import discover
 from dradriver.nvml.session import NvmlSession

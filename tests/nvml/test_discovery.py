@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from dradriver.domain.devices import NodeInventory
-from dradriver.domain.resourceslices import build, build_resource_slices, quantity_bytes
+from dradriver.domain.pools import build, build_resource_slices
+from dradriver.domain.resourceslices import quantity_bytes
 from dradriver.domain.versions import normalize_version
 from dradriver.nvml import mock
 from dradriver.nvml.discovery import discover, mig_profile_name, normalize_pci_bus_id, pcie_root

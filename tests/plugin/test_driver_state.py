@@ -16,7 +16,7 @@ import pytest
 
 from dradriver.app import driverstate, start_plugin
 from dradriver.domain.identity import GPU_DRIVER
-from dradriver.kubeletplugin.runner import read_payload
+from dradriver.kubeletplugin.payload import read_payload
 from dradriver.nvml import mock, settings
 from dradriver.sandbox import scheduler
 from dradriver.sandbox.apiserver import ApiServerEmulator

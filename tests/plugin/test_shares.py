@@ -16,7 +16,7 @@ import kubernetes_validate
 import pytest
 
 from dradriver.domain.identity import GPU_DRIVER
-from dradriver.kubeletplugin.runner import held_devices
+from dradriver.kubeletplugin.payload import held_devices
 from dradriver.nvml import settings as nvml_settings
 from dradriver.preparers.shares import daemon_id
 from dradriver.sandbox import scheduler

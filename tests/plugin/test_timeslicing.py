@@ -15,7 +15,7 @@ import pytest
 from dradriver.app import GpuPlugin
 from dradriver.domain.featuregates import FeatureGates
 from dradriver.domain.identity import GPU_DRIVER
-from dradriver.kubeletplugin.runner import read_payload
+from dradriver.kubeletplugin.payload import read_payload
 from dradriver.nvml import settings
 from dradriver.nvml.session import NvmlSession
 from dradriver.sandbox.node import SandboxNode

@@ -15,10 +15,11 @@ from __future__ import annotations
 import bisect
 import copy
 import json
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from dradriver.sandbox.apiserver.errors import ApiStatusError, Cause, JSONDict, bad_request, invalid
 from dradriver.sandbox.apiserver.resources import ResourceType
@@ -29,9 +30,6 @@ from dradriver.sandbox.apiserver.selectors import (
     parse_label_selector,
     selects,
 )
-
-if TYPE_CHECKING:
-    from dradriver.sandbox.apiserver.storage import Storage
 
 HISTORY_LIMIT = 50_000
 NOT_OLDER_THAN = "NotOlderThan"
@@ -90,6 +88,21 @@ class EventStream(Protocol):
         ...
 
     def end_stream(self) -> None: ...
+
+
+class WatchedStore(Protocol):
+    """What a watch reads of the store (:class:`dradriver.sandbox.apiserver.storage.Storage`): its lock, its
+    resource version and change log, the matching objects, and the condition a watch of a resource waits on."""
+
+    lock: threading.Condition
+    log: EventLog
+    rv: int
+    closing: bool
+
+    def list(self, rt: ResourceType, ns: str | None, labels: list[Requirement],
+             fields: list[FieldTerm]) -> list[JSONDict]: ...
+
+    def changed(self, rt: ResourceType, name: str | None = None) -> threading.Condition: ...
 
 
 def translate_change(
@@ -190,7 +203,7 @@ def initial_events_end(rt: ResourceType, rv: int) -> JSONDict:
 
 
 def serve_watch(
-    storage: Storage, stream: EventStream, rt: ResourceType, ns: str | None, params: Mapping[str, str]
+    storage: WatchedStore, stream: EventStream, rt: ResourceType, ns: str | None, params: Mapping[str, str]
 ) -> None:
     """Stream watch events for ``rt`` (in ``ns``) until ``timeoutSeconds``, the client leaves or the server stops.
 
@@ -256,7 +269,7 @@ def _resource_version(text: str) -> int:
 
 
 def _follow(
-    storage: Storage,
+    storage: WatchedStore,
     stream: EventStream,
     rt: ResourceType,
     ns: str | None,

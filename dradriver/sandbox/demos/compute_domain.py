@@ -24,7 +24,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from dradriver.domain import computedomains as cd
-from dradriver.sandbox.demo import DemoError, Narrator
+from dradriver.sandbox.demos.narrator import DemoError, Narrator
 from dradriver.sandbox.multinode import HOSTNAME_LABEL, RACK_LABEL, MultiNodeCluster, MultiNodeError
 
 NS = "default"

@@ -2,7 +2,7 @@
 never change it; settings read via NVML.
 
 The plugin runs with the sharing gates on (:data:`SHARING_GATES`). Steps after the ResourceSlice (steps 1-2 of
-:mod:`dradriver.sandbox.demo`):
+:mod:`dradriver.sandbox.demos.basic`):
 
 3. one GPU time-sliced by a claim, and watched (:func:`time_slicing_scene`): a ResourceClaim with a ``GpuConfig``
    ``TimeSlicing`` config (``Long``) is prepared and the GPU's compute mode and time-slice are read back through
@@ -24,7 +24,7 @@ from dradriver.domain.devices import GpuDevice
 from dradriver.domain.featuregates import TIME_SLICING_SETTINGS, FeatureGates
 from dradriver.nvml import settings
 from dradriver.sandbox import scheduler
-from dradriver.sandbox.demo import DemoError, DemoRun, Narrator, _manifests, _prepare, _ref
+from dradriver.sandbox.demos.narrator import DemoError, DemoRun, Narrator, claim_ref, manifests, prepare_claim
 
 SHARING_GATES = FeatureGates({TIME_SLICING_SETTINGS: True})
 """The gates the sharing scenario runs the plugin with."""
@@ -76,7 +76,7 @@ def _show(run: DemoRun, narrator: Narrator, gpu: GpuDevice, claim: dict[str, Any
 
 
 async def _unprepare(run: DemoRun, claim: dict[str, Any]) -> None:
-    errors = await run.connection.unprepare([_ref(claim)])
+    errors = await run.connection.unprepare([claim_ref(claim)])
     if any(errors.values()):
         raise DemoError(f"NodeUnprepareResources failed: {errors}")
 
@@ -93,7 +93,7 @@ async def time_slicing_scene(run: DemoRun, narrator: Narrator, number: int) -> l
     if gpu is None:
         raise DemoError("the profile has no GPU without MIG to time-slice")
     narrator.step(number, f"One GPU ({gpu.name}) time-sliced by its claim; admin-access claims never change it")
-    for obj in _manifests("deviceclasses.yaml"):
+    for obj in manifests("deviceclasses.yaml"):
         if api.get(obj["kind"], obj["metadata"]["name"], None) is None:
             api.create(obj)
     long = TIME_SLICE_INTERVALS["Long"]
@@ -107,16 +107,16 @@ async def time_slicing_scene(run: DemoRun, narrator: Narrator, number: int) -> l
             raise DemoError(f"claim {name} was allocated {sorted(devices)}, expected {gpu.name}")
         claims.append(allocated)
     owner, refused, monitor = claims
-    await _prepare(run.connection, owner)
+    await prepare_claim(run.connection, owner)
     _show(run, narrator, gpu, owner, "prepared", long)
-    ref = _ref(refused)
+    ref = claim_ref(refused)
     error = (await run.connection.prepare([ref]))[ref.uid].error
     if "adminAccess" not in error:
         raise DemoError(f"the admin-access claim with a sharing config was not refused: {error or 'prepared'}")
     narrator.say(f"refused {refused['metadata']['name']} (adminAccess, TimeSlicing Short): "
                  f"{error.split(': ', 1)[-1]}", claim=refused["metadata"]["name"], refused=True)
     _show(run, narrator, gpu, refused, "refused", long)
-    await _prepare(run.connection, monitor)
+    await prepare_claim(run.connection, monitor)
     _show(run, narrator, gpu, monitor, "prepared", long)
     await _unprepare(run, monitor)
     _show(run, narrator, gpu, monitor, "unprepared", long)

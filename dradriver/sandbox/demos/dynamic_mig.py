@@ -31,7 +31,15 @@ from dradriver.domain.devices import MigDevice
 from dradriver.domain.identity import GPU_DRIVER
 from dradriver.domain.migplacements import MigPlacement, dynamic_allocatable, instance_of
 from dradriver.sandbox import scheduler
-from dradriver.sandbox.demo import DemoError, DemoRun, Narrator, _manifests, _prepare, _ref, nvidia_smi_line
+from dradriver.sandbox.demos.narrator import (
+    DemoError,
+    DemoRun,
+    Narrator,
+    claim_ref,
+    manifests,
+    nvidia_smi_line,
+    prepare_claim,
+)
 from dradriver.sandbox.kubelet import KubeletEmulator
 from dradriver.sandbox.node import SandboxNode
 
@@ -135,7 +143,7 @@ async def run_scenario(run: DemoRun, narrator: Narrator) -> None:
     assert api is not None
     plugin, kubelet = run.plugin, run.connection
     narrator.step(3, "Claims for a 1g.18gb and a 3g.71gb MIG device, allocated by the allocation simulator")
-    for obj in _manifests("deviceclasses.yaml"):
+    for obj in manifests("deviceclasses.yaml"):
         api.create(obj)
     names = {profile: f"mig-{profile.replace('.', '-')}" for profile in WANTED}
     for profile, name in names.items():
@@ -156,7 +164,7 @@ async def run_scenario(run: DemoRun, narrator: Narrator) -> None:
 
     narrator.step(4, "NodePrepareResources creates the instances at exactly those placements")
     for claim in claims:
-        result = await _prepare(kubelet, claim)
+        result = await prepare_claim(kubelet, claim)
         [prepared] = result.devices
         spec_path = GPU_DRIVER.cdi.spec_path(run.sandbox.cdi_root, claim["metadata"]["uid"])
         spec = json.loads(spec_path.read_bytes())
@@ -196,7 +204,7 @@ async def run_scenario(run: DemoRun, narrator: Narrator) -> None:
 
     narrator.step(5, "NodeUnprepareResources destroys them; MIG mode goes back off")
     for claim in claims:
-        errors = await kubelet.unprepare([_ref(claim)])
+        errors = await kubelet.unprepare([claim_ref(claim)])
         if any(errors.values()):
             raise DemoError(f"NodeUnprepareResources failed: {errors}")
         api.delete("ResourceClaim", claim["metadata"]["name"], "default")

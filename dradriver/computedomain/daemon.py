@@ -18,7 +18,7 @@ run|check``).
    ``{nodeName, ipAddress, cliqueID}``, the clique's labels (7.1) and its Pod as an owner reference -- so a
    daemon writes its entry once per pod (again only after the controller cleared it: node failure) and never
    conflicts with another writer; the ``index`` and the ``status`` are the controller's
-   (:mod:`dradriver.app.cdcontroller`: ``status`` mirrors this pod's Ready condition, i.e. the probe's
+   (:mod:`dradriver.computedomain.controller`: ``status`` mirrors this pod's Ready condition, i.e. the probe's
    ``check``);
    rewrite the hosts file with the name -> IP mapping of the same-clique daemons (an entry without IP or index
    maps to the unused-slot IP); start ``nvidia-imex`` once, send it SIGUSR1 when the peers' addresses change

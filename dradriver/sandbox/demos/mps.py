@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from dradriver.app import GpuPlugin
 from dradriver.domain import mps
@@ -14,21 +14,12 @@ from dradriver.domain.claims import ClaimRef
 from dradriver.errors import DradriverError
 from dradriver.nvml import settings
 from dradriver.sandbox import scheduler
+from dradriver.sandbox.demos.narrator import Narrator
 from dradriver.sandbox.kubelet import PluginConnection
 from dradriver.sandbox.node import SANDBOX_NAMESPACE, SandboxNode
 from dradriver.sandbox.standins.nvidia_cuda_mps_control import STATE_FILE
 
 MPS_CONFIG = {"defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "20Gi"}
-
-
-class Narration(Protocol):
-    """What the demo's narrator offers (``dradriver.sandbox.demo.Narrator``)."""
-
-    def step(self, number: int, title: str) -> None: ...
-
-    def say(self, text: str, **data: Any) -> None: ...
-
-    def done(self) -> None: ...
 
 
 def mps_claim_object(name: str) -> dict[str, Any]:
@@ -45,7 +36,7 @@ def mps_claim_object(name: str) -> dict[str, Any]:
     }
 
 
-async def run_mps_step(sandbox: SandboxNode, plugin: GpuPlugin, kubelet: PluginConnection, narrator: Narration,
+async def run_mps_step(sandbox: SandboxNode, plugin: GpuPlugin, kubelet: PluginConnection, narrator: Narrator,
                        number: int, error: Callable[[str], DradriverError]) -> None:
     """Step ``number``: prepare an MPS claim through its control daemon, show it, unprepare it.
 

@@ -32,8 +32,14 @@ import string
 from typing import Any
 
 from dradriver.domain import computedomains as cd
-from dradriver.sandbox.cddemo import compute_domain, domain_ready, started_cluster, wait_step, workload_pod
-from dradriver.sandbox.demo import DemoError, Narrator
+from dradriver.sandbox.demos.compute_domain import (
+    compute_domain,
+    domain_ready,
+    started_cluster,
+    wait_step,
+    workload_pod,
+)
+from dradriver.sandbox.demos.narrator import DemoError, Narrator
 from dradriver.sandbox.multinode import EmulatedNode, MultiNodeCluster
 
 DOMAIN = "job"

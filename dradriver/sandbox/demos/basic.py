@@ -14,13 +14,13 @@ through NodePrepareResources exactly as on a node. Steps:
    resourceClaims): the scheduler emulator creates the claim KEP-5004 prescribes from DeviceClass
    ``gpu.nvidia.com`` (``spec.extendedResourceName: nvidia.com/gpu``), fills in the Pod's
    ``status.extendedResourceClaimStatus``, and the claim is prepared like any other;
-6. an MPS claim with limits (:mod:`dradriver.sandbox.mpsdemo`): its control daemon's Deployment runs as a local
+6. an MPS claim with limits (:mod:`dradriver.sandbox.demos.mps`): its control daemon's Deployment runs as a local
    process (the sandbox's Deployment controller and container runner), becomes Ready, the claim is prepared and
    unprepared;
 7. tear down (unprepare, delete pods and claims) and check nothing is left (CDI specs, claim state).
 
-``--scenario time-slicing`` runs :mod:`dradriver.sandbox.timeslicingdemo` after step 2 instead; ``--scenario sharing``
-is :mod:`dradriver.sandbox.sharing_demo` (its own node and plugin configurations).
+``--scenario time-slicing`` runs :mod:`dradriver.sandbox.demos.time_slicing` after step 2 instead;
+``--scenario sharing`` is :mod:`dradriver.sandbox.demos.sharing` (its own node and plugin configurations).
 """
 
 from __future__ import annotations
@@ -28,100 +28,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import sys
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from importlib import resources
-from typing import Any, TextIO
+from typing import Any
 
-import yaml
-
-from dradriver.app import GpuPlugin, start_plugin
+from dradriver.app import start_plugin
 from dradriver.domain import devicemetadata
-from dradriver.domain.claims import ClaimRef
-from dradriver.domain.devices import GpuDevice, MigDevice
 from dradriver.domain.featuregates import FeatureGates
 from dradriver.domain.identity import GPU_DRIVER
-from dradriver.errors import DradriverError
 from dradriver.host.devicemetadata import read_metadata
 from dradriver.sandbox import scheduler
 from dradriver.sandbox.apiserver import ApiServerEmulator
 from dradriver.sandbox.cluster import create_claim_from_template
-from dradriver.sandbox.kubelet import KubeletEmulator, PluginConnection
-from dradriver.sandbox.mpsdemo import run_mps_step
+from dradriver.sandbox.demos.mps import run_mps_step
+from dradriver.sandbox.demos.narrator import (
+    DemoError,
+    DemoRun,
+    Narrator,
+    claim_ref,
+    device_table,
+    manifests,
+    nvidia_smi_line,
+    prepare_claim,
+)
+from dradriver.sandbox.kubelet import KubeletEmulator
 from dradriver.sandbox.node import SandboxNode
-
-
-class DemoError(DradriverError):
-    """A demo step did not produce what the driver promises; the message says which and why."""
-
-
-@dataclass
-class Narrator:
-    """Prints progress for people (text, each line as it happens) or collects it for machines
-    (``--output json``)."""
-
-    output: str = "text"
-    stream: TextIO = field(default_factory=lambda: sys.stdout)
-    steps: list[dict[str, Any]] = field(default_factory=list)
-    _started: float = field(default_factory=time.monotonic)
-
-    def step(self, number: int, title: str) -> None:
-        self.steps.append({"step": number, "title": title, "details": [], "seconds": 0.0})
-        self._step_started = time.monotonic()
-        if self.output == "text":
-            print(f"\n== {number}. {title}", file=self.stream, flush=True)
-
-    def done(self) -> None:
-        seconds = time.monotonic() - self._step_started
-        self.steps[-1]["seconds"] = round(seconds, 3)
-        if self.output == "text":
-            print(f"   ({seconds * 1000:.0f} ms)", file=self.stream, flush=True)
-
-    def say(self, text: str, **data: Any) -> None:
-        self.steps[-1]["details"].append({"text": text, **data})
-        if self.output == "text":
-            for line in text.splitlines():
-                print(f"   {line}", file=self.stream)
-            self.stream.flush()  # progress shows as it happens, also through a pipe (``dradriver demo | tee``)
-
-    @property
-    def total_seconds(self) -> float:
-        return round(time.monotonic() - self._started, 3)
-
-
-def _manifests(name: str) -> list[dict[str, Any]]:
-    text = resources.files("dradriver.sandbox").joinpath("manifests", name).read_text()
-    return [d for d in yaml.safe_load_all(text) if d]
-
-
-def device_table(slices: list[dict[str, Any]]) -> str:
-    """A short table of the devices of ``slices``: name, type, product, memory, and what tells them apart."""
-    rows = [("DEVICE", "TYPE", "PRODUCT", "MEMORY", "DETAILS")]
-    for obj in slices:
-        for dev in obj["spec"].get("devices") or []:
-            attrs = dev.get("attributes", {})
-
-            def val(key: str, attrs: dict[str, Any] = attrs) -> str:
-                v = attrs.get(key) or {}
-                return str(next(iter(v.values()), "")) if v else ""
-
-            memory = (dev.get("capacity", {}).get("memory") or {}).get("value", "")
-            details = val("profile") or f"cc {val('cudaComputeCapability')}, {val('architecture')}"
-            rows.append((dev["name"], val("type"), val("productName"), memory, details))
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
-
-
-def nvidia_smi_line(device: GpuDevice | MigDevice) -> str:
-    """What ``nvidia-smi -L`` prints in a container that sees exactly ``device`` (gpu-facts.md 3.1)."""
-    if isinstance(device, MigDevice):
-        parent = device.parent
-        return (f"GPU 0: {parent.product_name} (UUID: {parent.uuid})\n"
-                f"  MIG {device.profile:<12} Device  0: (UUID: {device.uuid})")
-    return f"GPU 0: {device.product_name} (UUID: {device.uuid})"
 
 
 def _claim_from_template(api: ApiServerEmulator, pod: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
@@ -132,31 +64,8 @@ def _claim_from_template(api: ApiServerEmulator, pod: dict[str, Any], entry: dic
     return claim
 
 
-def _ref(claim: dict[str, Any]) -> ClaimRef:
-    meta = claim["metadata"]
-    return ClaimRef(meta["namespace"], meta["name"], meta["uid"])
-
-
 def _pod_ref(pod: dict[str, Any]) -> dict[str, str]:
     return {"resource": "pods", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}
-
-
-async def _prepare(kubelet: PluginConnection, claim: dict[str, Any]) -> Any:
-    ref = _ref(claim)
-    result = (await kubelet.prepare([ref]))[ref.uid]
-    if result.error:
-        raise DemoError(f"NodePrepareResources failed for claim {ref}: {result.error}")
-    return result
-
-
-@dataclass
-class DemoRun:
-    """The running demo's parts, for ``--serve`` and for tests."""
-
-    sandbox: SandboxNode
-    plugin: GpuPlugin
-    kubelet: KubeletEmulator
-    connection: PluginConnection
 
 
 @contextlib.asynccontextmanager
@@ -210,9 +119,9 @@ async def run_scenarios(run: DemoRun, narrator: Narrator) -> None:
     node = run.sandbox.node_name
 
     narrator.step(3, "One GPU with at least 40Gi: ResourceClaimTemplate big-gpu and Pod dra-gpu-pod")
-    for obj in _manifests("deviceclasses.yaml"):
+    for obj in manifests("deviceclasses.yaml"):
         api.create(obj)
-    template, pod = _manifests("gpu-40gi.yaml")
+    template, pod = manifests("gpu-40gi.yaml")
     api.create(template)
     pod = api.create(pod)
     claim = _claim_from_template(api, pod, pod["spec"]["resourceClaims"][0])
@@ -221,7 +130,7 @@ async def run_scenarios(run: DemoRun, narrator: Narrator) -> None:
     [alloc] = claim["status"]["allocation"]["devices"]["results"]
     narrator.say(f"claim {claim['metadata']['name']} allocated {alloc['device']} on {alloc['pool']} "
                  "(selector: memory >= 40Gi)", device=alloc["device"])
-    result = await _prepare(kubelet, claim)
+    result = await prepare_claim(kubelet, claim)
     [prepared] = result.devices
     narrator.say(f"NodePrepareResources -> CDI device {prepared.cdi_device_ids[0]}",
                  cdi_device_ids=list(prepared.cdi_device_ids))
@@ -256,14 +165,14 @@ async def run_scenarios(run: DemoRun, narrator: Narrator) -> None:
     narrator.done()
 
     narrator.step(4, "One ResourceClaim shared-gpu referenced by two pods")
-    shared, pod1, pod2 = _manifests("shared-claim.yaml")
+    shared, pod1, pod2 = manifests("shared-claim.yaml")
     api.create(shared)
     pod1, pod2 = api.create(pod1), api.create(pod2)
     [shared] = scheduler.allocate(api, [("default", "shared-gpu")], node_name=node,
                                   reserved_for=[_pod_ref(pod1), _pod_ref(pod2)])
     before = plugin.runner.preparations
-    first = await _prepare(kubelet, shared)
-    second = await _prepare(kubelet, shared)
+    first = await prepare_claim(kubelet, shared)
+    second = await prepare_claim(kubelet, shared)
     if first.devices != second.devices:
         raise DemoError("the two pods of shared-gpu got different devices")
     if plugin.runner.preparations - before != 1:
@@ -274,7 +183,7 @@ async def run_scenarios(run: DemoRun, narrator: Narrator) -> None:
     narrator.done()
 
     narrator.step(5, "A device-plugin-style pod: nvidia.com/gpu: 1 in its limits, served by DRA")
-    [legacy] = _manifests("device-plugin-pod.yaml")
+    [legacy] = manifests("device-plugin-pod.yaml")
     legacy = api.create(legacy)
     generated = scheduler.schedule_extended(api, legacy, node_name=node)
     if generated is None:
@@ -291,7 +200,7 @@ async def run_scenarios(run: DemoRun, narrator: Narrator) -> None:
         raise DemoError(f"pod cuda-vectoradd has no status.extendedResourceClaimStatus naming its claim: {status}")
     narrator.say("pod status.extendedResourceClaimStatus: " + json.dumps(status, sort_keys=True),
                  extended_resource_claim_status=status)
-    prepared_legacy = await _prepare(kubelet, generated)
+    prepared_legacy = await prepare_claim(kubelet, generated)
     narrator.say(f"NodePrepareResources -> CDI device {prepared_legacy.devices[0].cdi_device_ids[0]}")
     narrator.done()
 
@@ -299,7 +208,7 @@ async def run_scenarios(run: DemoRun, narrator: Narrator) -> None:
 
     narrator.step(7, "Tear down and check that nothing is left behind")
     for c in (claim, shared, generated):
-        errors = await kubelet.unprepare([_ref(c)])
+        errors = await kubelet.unprepare([claim_ref(c)])
         if any(errors.values()):
             raise DemoError(f"NodeUnprepareResources failed: {errors}")
     for p in (pod, pod1, pod2, legacy):
@@ -315,9 +224,9 @@ async def run_scenarios(run: DemoRun, narrator: Narrator) -> None:
 
 
 SCENARIOS = ("basic", "time-slicing")
-"""``basic``: steps 3-7 above; ``time-slicing``: :mod:`dradriver.sandbox.timeslicingdemo` (sharing gates on). The
+"""``basic``: steps 3-7 above; ``time-slicing``: :mod:`dradriver.sandbox.demos.time_slicing` (sharing gates on). The
 assembled ``dradriver demo --scenario sharing`` (time-slicing, consumable shares, MPS) is
-:mod:`dradriver.sandbox.sharing_demo`."""
+:mod:`dradriver.sandbox.demos.sharing`."""
 
 
 async def demo(*, profile: str, node_name: str, narrator: Narrator,
@@ -332,15 +241,15 @@ async def demo(*, profile: str, node_name: str, narrator: Narrator,
     """
     if scenario not in SCENARIOS:
         raise DemoError(f"unknown scenario {scenario!r}; scenarios: {', '.join(SCENARIOS)}")
-    from dradriver.sandbox import timeslicingdemo
+    from dradriver.sandbox.demos import time_slicing
 
-    gates = timeslicingdemo.SHARING_GATES if scenario == "time-slicing" else None
+    gates = time_slicing.SHARING_GATES if scenario == "time-slicing" else None
     if feature_gates is not None:
         gates = (gates or FeatureGates()).with_gates(**feature_gates.explicit)
     async with started(profile, node_name, narrator, gates) as run:
         if serve is not None:
             await serve(run)
         elif scenario == "time-slicing":
-            await timeslicingdemo.run_sharing(run, narrator)
+            await time_slicing.run_sharing(run, narrator)
         else:
             await run_scenarios(run, narrator)

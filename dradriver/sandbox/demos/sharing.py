@@ -15,7 +15,7 @@ NVIDIA's driver refuses per-claim MPS while consumable shares are on, so the nod
 2. **MPS** (``MPSSupport``; the plugin restarted): one claim with NVIDIA's MPS config, its own daemon and the
    defaults the daemon took.
 
-Every part must do what the driver promises or the demo fails (:class:`~dradriver.sandbox.demo.DemoError`);
+Every part must do what the driver promises or the demo fails (:class:`~dradriver.sandbox.demos.basic.DemoError`);
 nothing is skipped. Nothing is left behind at the end (CDI specs, claim state, Deployments, daemon directories).
 """
 
@@ -37,14 +37,13 @@ from dradriver.allocator.simulation import explain, load
 from dradriver.app import GpuPlugin, start_plugin
 from dradriver.config import PluginConfig
 from dradriver.domain import configs
-from dradriver.domain.claims import ClaimRef
 from dradriver.domain.devices import GpuDevice
 from dradriver.domain.featuregates import TIME_SLICING_SETTINGS
 from dradriver.domain.identity import GPU_DRIVER
 from dradriver.nvml import settings as nvml_settings
 from dradriver.preparers.shares import daemon_id
 from dradriver.sandbox import scheduler
-from dradriver.sandbox.demo import DemoError, Narrator, device_table
+from dradriver.sandbox.demos.narrator import DemoError, Narrator, claim_ref, device_table
 from dradriver.sandbox.kubelet import KubeletEmulator, PluginConnection
 from dradriver.sandbox.node import SANDBOX_NAMESPACE, SandboxNode
 from dradriver.sandbox.profiles import h200_node
@@ -73,10 +72,6 @@ def _claim(name: str, memory: str | None, config: dict[str, Any] | None = None) 
             "metadata": {"name": name, "namespace": "default"}, "spec": {"devices": devices}}
 
 
-def _ref(claim: dict[str, Any]) -> ClaimRef:
-    meta = claim["metadata"]
-    return ClaimRef(meta["namespace"], meta["name"], meta["uid"])
-
 
 @dataclasses.dataclass
 class _Node:
@@ -96,14 +91,14 @@ class _Node:
         return allocated
 
     async def prepare(self, claim: dict[str, Any]) -> Any:
-        ref = _ref(claim)
+        ref = claim_ref(claim)
         result = (await self.kubelet.prepare([ref]))[ref.uid]
         if result.error:
             raise DemoError(f"NodePrepareResources failed for claim {ref}: {result.error}")
         return result
 
     async def unprepare(self, *claims: dict[str, Any]) -> None:
-        refs = [_ref(c) for c in claims]
+        refs = [claim_ref(c) for c in claims]
         errors = {uid: e for uid, e in (await self.kubelet.unprepare(refs)).items() if e}
         if errors:
             raise DemoError(f"NodeUnprepareResources failed: {errors}")
