@@ -204,6 +204,12 @@ def _payload(spec: Path | str, records: Sequence[UndoRecord], pins: Mapping[str,
     return json.dumps(doc, separators=(",", ":"), sort_keys=True)
 
 
+def encode_payload(spec: Path | str, records: Sequence[UndoRecord], pins: Mapping[str, str]) -> str:
+    """The stored payload of a prepared claim: its CDI spec path, undo records and pins (:class:`StoredPayload`);
+    for claims written into the claim state from outside a prepare (adopted from NVIDIA's checkpoint)."""
+    return _payload(spec, records, pins)
+
+
 def allocation_digest(claim: Claim) -> str:
     """A short digest (16 hex digits) of what the claim was allocated on this node: its allocation results for our
     driver and pool and its opaque configs. Two prepares of one claim UID see the same digest unless the claim's
@@ -789,7 +795,8 @@ class BatchRunner:
                                           f"refused for {self.aborted_ttl_s:.0f} s")
                 why = "expired" if same else "the claim's allocation changed"
                 log.info("claim %s: aborted-prepare mark of %.0f s ago no longer applies (%s)", ref, age, why)
-        adopted = record is not None and not record.namespace and not record.name
+        adopted = record is not None and not record.namespace and not record.name \
+            and not any(d.request_names for d in record.devices)  # from a CDI spec (NVIDIA's checkpoint names them)
         if record is not None and record.phase is ClaimPhase.PREPARE_COMPLETED and not adopted:
             self._ensure_spec(record)
             return ClaimResult(devices=tuple(d.to_prepared() for d in held_devices(record) if d.request_names))

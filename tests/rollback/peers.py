@@ -66,12 +66,14 @@ def dradriver_process(node: SandboxNode, log: Path, **config: Any) -> contextlib
 
 
 @contextlib.contextmanager
-def nvidia_process(node: SandboxNode, work: Path, profile: str = NVIDIA_A100) -> Iterator[
+def nvidia_process(node: SandboxNode, work: Path, profile: str = NVIDIA_A100, *args: str) -> Iterator[
         tuple[subprocess.Popen[bytes], Path]]:
-    """NVIDIA's ``gpu-kubelet-plugin`` on ``node``'s plugin directory and CDI root; yields it and its registrar."""
+    """NVIDIA's ``gpu-kubelet-plugin`` on ``node``'s plugin directory and CDI root, with flags ``args`` added;
+    yields it and its registrar."""
     config = node.config()
     side = nvidia_side(node, DEFAULT_PLUGIN, DEFAULT_MOCK_NVML, work, cdi_root=Path(config.cdi_root),
-                       plugins_dir=Path(config.kubelet_plugins_directory_path), profile=profile)
+                       plugins_dir=Path(config.kubelet_plugins_directory_path), profile=profile,
+                       extra_args=args)
     with process(side.argv, side.env, work / "nvidia.log") as proc:
         yield proc, side.registrar
 

@@ -101,8 +101,8 @@ def test_nvidia_plugin_takes_over_the_claims_dradriver_prepared(sandbox: Sandbox
 def test_a_claim_nvidia_prepared_is_held_by_dradriver_after_the_switch(sandbox: SandboxNode, tmp_path: Path) -> None:
     """Switching in (the other direction): NVIDIA's plugin prepares a claim and stops; dradriver, started on the same
     directories, recognises NVIDIA's ``.yaml`` spec as a claim spec of its kind, holds the claim's device (another
-    claim is refused it) and its unprepare removes NVIDIA's spec. (Until dradriver reads NVIDIA's checkpoint at
-    start, the claim is adopted from its spec, the path for claims the claim state does not know.)"""
+    claim is refused it) and its unprepare removes NVIDIA's spec (the claim is adopted from NVIDIA's checkpoint;
+    ``test_nvidia_switchin.py`` checks the rest of the switch)."""
     use_this_boot(sandbox)
     config = sandbox.config()
     cdi_root = Path(config.cdi_root)

@@ -1,0 +1,121 @@
+"""Switching in without draining: NVIDIA's ``gpu-kubelet-plugin`` prepares claims and stops; dradriver, started on the
+same plugin directory and CDI root, adopts them from NVIDIA's ``checkpoint.json`` (an Event per claim, the
+``dradriver_adopted_claims_total`` metric, one log line with the counts), holds their devices, and its unprepare
+undoes what NVIDIA set up and removes NVIDIA's specs. The tests that run NVIDIA's binary are skipped, with the
+reason, where it or its mock NVML is absent."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from dradriver.domain.claims import ClaimRef
+from dradriver.domain.identity import GPU_DRIVER
+from dradriver.domain.nvcheckpoint import Checkpoint, CheckpointState, PreparedDevice, encode
+from dradriver.host.nvcheckpointfile import CHECKPOINT_FILE, read_checkpoint, write_checkpoint
+from dradriver.sandbox.node import SandboxNode
+from tests.configs.test_plugin import allocate
+from tests.plugin.conftest import ref_of, result
+from tests.plugin.test_timeslicing import GATE_ON, time_slicing
+from tests.rollback.peers import (
+    NVIDIA_A100,
+    claim,
+    dradriver_process,
+    kubelet_for,
+    needs_nvidia,
+    nvidia_process,
+    use_this_boot,
+)
+
+PROFILES = Path(__file__).resolve().parents[2] / "dradriver" / "nvml" / "profiles"
+NVIDIA_GATES = "--feature-gates=TimeSlicingSettings=true"
+
+
+def _spec_files(cdi_root: Path, uid: str) -> list[str]:
+    return sorted(p.name for p in cdi_root.iterdir() if uid in p.name)
+
+
+def on_one_node(node: SandboxNode, path: Path) -> None:
+    """Give NVIDIA's checkpoint at ``path`` the GPU UUIDs of ``node``'s mock NVML (by device name ``gpu-<index>``),
+    re-encoded with its checksums. In the sandbox the two plugins run on two mock NVML libraries that name one GPU
+    index differently; on a node both read the same GPU's UUID. Only ``gpu.info.uuid`` changes."""
+    profile = json.loads((PROFILES / f"{node.profile}.json").read_text())
+    uuids = [g["uuid"] for g in profile["gpus"]]
+    stored = read_checkpoint(path)
+    assert stored is not None
+
+    def same_gpu(device: PreparedDevice) -> PreparedDevice:
+        if device.kind != "gpu" or device.device is None:
+            return device
+        return dataclasses.replace(device, uuid=uuids[int(device.device.device_name.removeprefix("gpu-"))])
+
+    claims = {uid: dataclasses.replace(e, groups=tuple(dataclasses.replace(g, devices=tuple(map(same_gpu, g.devices)))
+                                                       for g in e.groups))
+              for uid, e in stored.claims.items()}
+    write_checkpoint(path, encode(Checkpoint(claims, stored.node_boot_id)))
+
+
+def _events(node: SandboxNode, reason: str) -> list[str]:
+    assert node.api is not None
+    return [e["message"] for e in node.api.objects("Event") if e.get("reason") == reason]
+
+
+@needs_nvidia
+@pytest.mark.parametrize("sandbox", ["dgx-a100"], indirect=True)
+def test_claims_nvidia_prepared_are_adopted_held_and_unprepared_by_dradriver(sandbox: SandboxNode,
+                                                                             tmp_path: Path) -> None:
+    use_this_boot(sandbox)
+    config = sandbox.config()
+    cdi_root = Path(config.cdi_root)
+    plugin_dir = Path(config.kubelet_plugins_directory_path) / GPU_DRIVER.driver_name
+
+    async def with_nvidia() -> list[ClaimRef]:
+        with nvidia_process(sandbox, tmp_path, NVIDIA_A100, NVIDIA_GATES) as (proc, registrar):
+            async with kubelet_for(registrar, proc, tmp_path / "nvidia.log") as kubelet:
+                refs = [claim(sandbox, f"full-{i}", f"gpu-{i}") for i in (2, 3)]
+                refs.append(ref_of(allocate(sandbox, "sliced", [result("gpu-4", pool=sandbox.node_name)],
+                                            [time_slicing("Long")])))
+                answers = await kubelet.prepare(refs)
+                assert all(a.error == "" for a in answers.values()), [a.error for a in answers.values()]
+        return refs
+
+    refs = asyncio.run(with_nvidia())
+    written = read_checkpoint(plugin_dir / CHECKPOINT_FILE)
+    assert written is not None
+    assert {u: e.state for u, e in written.claims.items()} == {r.uid: CheckpointState.PREPARE_COMPLETED for r in refs}
+    assert [g.config_state.time_slice_applied for g in written.claims[refs[2].uid].groups] == [True]
+    # The GPU setting NVIDIA made: in the sandbox each plugin has its own mock NVML, so it is put on dradriver's
+    # (one GPU, one setting, on a real node), through the mock's control file as its nvidia-smi stand-in does.
+    on_one_node(sandbox, plugin_dir / CHECKPOINT_FILE)
+    with sandbox.nvml_control.open("a") as control:
+        control.write("set 4 computeTimeslice 3\n")
+    log = tmp_path / "dradriver.log"
+
+    async def with_dradriver() -> None:
+        with dradriver_process(sandbox, log, feature_gates=GATE_ON) as proc:
+            async with kubelet_for(Path(config.kubelet_registrar_directory_path), proc, log) as kubelet:
+                other = claim(sandbox, "other", "gpu-3")
+                refused = (await kubelet.prepare([other]))[other.uid].error
+                assert f"already prepared for claim / (uid {refs[1].uid})" in refused, refused
+                # the kubelet's Prepare after the switch is answered from what was adopted: nothing re-applied
+                again = await kubelet.prepare(refs)
+                assert [a.error for a in again.values()] == ["", "", ""]
+                assert [d.device_name for r in refs for d in again[r.uid].devices] == ["gpu-2", "gpu-3", "gpu-4"]
+                assert sandbox.nvml_control.read_text().count("computeTimeslice") == 1
+                assert await kubelet.unprepare(refs) == {r.uid: "" for r in refs}
+                for ref in refs:
+                    assert _spec_files(cdi_root, ref.uid) == []
+                assert sandbox.nvml_control.read_text().splitlines()[-1] == "set 4 computeTimeslice 0"
+                after = read_checkpoint(plugin_dir / CHECKPOINT_FILE)
+                assert after is not None and not after.claims
+
+    asyncio.run(with_dradriver())
+    text = log.read_text()
+    assert "3 claim(s) adopted, 0 half-prepared to roll back, 0 dropped" in text
+    assert sorted(m.split("claim ")[1].split(" ")[0] for m in _events(sandbox, "ClaimAdopted")) == sorted(
+        r.uid for r in refs)
+    assert _events(sandbox, "ClaimStateCorrupt") == []
