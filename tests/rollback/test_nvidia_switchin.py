@@ -119,3 +119,98 @@ def test_claims_nvidia_prepared_are_adopted_held_and_unprepared_by_dradriver(san
     assert sorted(m.split("claim ")[1].split(" ")[0] for m in _events(sandbox, "ClaimAdopted")) == sorted(
         r.uid for r in refs)
     assert _events(sandbox, "ClaimStateCorrupt") == []
+
+
+@needs_nvidia
+@pytest.mark.parametrize("sandbox", ["dgx-a100"], indirect=True)
+def test_a_damaged_nvidia_checkpoint_is_not_guessed_at_and_its_claims_are_kept_from_their_specs(
+        sandbox: SandboxNode, tmp_path: Path) -> None:
+    use_this_boot(sandbox)
+    config = sandbox.config()
+    cdi_root = Path(config.cdi_root)
+    path = Path(config.kubelet_plugins_directory_path) / GPU_DRIVER.driver_name / CHECKPOINT_FILE
+
+    async def with_nvidia() -> ClaimRef:
+        with nvidia_process(sandbox, tmp_path) as (proc, registrar):
+            async with kubelet_for(registrar, proc, tmp_path / "nvidia.log") as kubelet:
+                ref = claim(sandbox, "by-nvidia", "gpu-3")
+                assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+        return ref
+
+    ref = asyncio.run(with_nvidia())
+    data = bytearray(path.read_bytes())
+    at = data.index(b'"PrepareCompleted"') - 1  # one byte of the claim's entry (its state stays readable)
+    data[at + 2:at + 3] = b"p"  # "PrepareCompleted" -> "prepareCompleted": the V2 checksum no longer verifies
+    path.write_bytes(bytes(data))
+    log = tmp_path / "dradriver.log"
+
+    async def with_dradriver() -> None:
+        with dradriver_process(sandbox, log) as proc:
+            async with kubelet_for(Path(config.kubelet_registrar_directory_path), proc, log) as kubelet:
+                other = claim(sandbox, "other", "gpu-3")
+                assert f"already prepared for claim / (uid {ref.uid})" in (await kubelet.prepare([other]))[
+                    other.uid].error
+                assert await kubelet.unprepare([ref]) == {ref.uid: ""}
+                assert _spec_files(cdi_root, ref.uid) == []
+
+    asyncio.run(with_dradriver())
+    unusable = _events(sandbox, "NvidiaCheckpointUnusable")
+    assert len(unusable) == 1 and "checksum" in unusable[0], unusable
+    assert len(_events(sandbox, "ClaimStateCorrupt")) == 1
+    assert _events(sandbox, "ClaimAdopted") == []
+
+
+@needs_nvidia
+@pytest.mark.parametrize("sandbox", ["dgx-a100"], indirect=True)
+def test_switching_back_and_forth_converges_on_what_the_last_driver_did(sandbox: SandboxNode,
+                                                                       tmp_path: Path) -> None:
+    """NVIDIA prepares A; dradriver adopts A and prepares B; NVIDIA unprepares A and prepares C; dradriver, back,
+    forgets A (NVIDIA unprepared it: not brought back from dradriver's older claim state), adopts C, keeps B, and
+    leaves nothing once B and C are unprepared."""
+    use_this_boot(sandbox)
+    config = sandbox.config()
+    cdi_root = Path(config.cdi_root)
+    path = Path(config.kubelet_plugins_directory_path) / GPU_DRIVER.driver_name / CHECKPOINT_FILE
+    registrar = Path(config.kubelet_registrar_directory_path)
+    a, b, c = (claim(sandbox, name, device) for name, device in (("a", "gpu-2"), ("b", "gpu-3"), ("c", "gpu-4")))
+
+    async def nvidia(round_: int, prepare: list[ClaimRef], unprepare: list[ClaimRef]) -> None:
+        work = tmp_path / f"nvidia-{round_}"
+        work.mkdir()
+        with nvidia_process(sandbox, work) as (proc, nv_registrar):
+            async with kubelet_for(nv_registrar, proc, work / "nvidia.log") as kubelet:
+                if unprepare:
+                    assert await kubelet.unprepare(unprepare) == {r.uid: "" for r in unprepare}
+                answers = await kubelet.prepare(prepare)
+                assert [x.error for x in answers.values()] == [""] * len(prepare)
+        on_one_node(sandbox, path)
+
+    async def dradriver(log: Path, prepare: list[ClaimRef], held: list[ClaimRef], free: str) -> None:
+        with dradriver_process(sandbox, log) as proc:
+            async with kubelet_for(registrar, proc, log) as kubelet:
+                if prepare:
+                    assert [x.error for x in (await kubelet.prepare(prepare)).values()] == [""] * len(prepare)
+                for ref in held:
+                    device = {a.uid: "gpu-2", b.uid: "gpu-3", c.uid: "gpu-4"}[ref.uid]
+                    other = claim(sandbox, f"other-{log.stem}-{device}", device)
+                    assert ref.uid in (await kubelet.prepare([other]))[other.uid].error
+                if free:
+                    other = claim(sandbox, f"free-{log.stem}", free)
+                    assert (await kubelet.prepare([other]))[other.uid].error == ""
+                    assert await kubelet.unprepare([other]) == {other.uid: ""}
+                if not prepare:
+                    assert await kubelet.unprepare(held) == {r.uid: "" for r in held}
+
+    asyncio.run(nvidia(1, [a], []))
+    first = tmp_path / "dradriver-1.log"
+    asyncio.run(dradriver(first, [b], [a, b], ""))
+    asyncio.run(nvidia(2, [c], [a]))
+    stored = read_checkpoint(path)
+    assert stored is not None and set(stored.claims) == {b.uid, c.uid}
+    second = tmp_path / "dradriver-2.log"
+    asyncio.run(dradriver(second, [], [b, c], "gpu-2"))
+    assert "1 claim(s) adopted, 0 half-prepared to roll back, 1 dropped" in second.read_text()
+    assert [p.name for p in cdi_root.iterdir() if "claim_" in p.name] == []
+    stored = read_checkpoint(path)
+    assert stored is not None and not stored.claims
+    assert "1 claim(s) adopted, 0 half-prepared to roll back, 0 dropped" in first.read_text()
