@@ -157,7 +157,8 @@ class GpuAdoption:
                                           {"gpus": [{"uuid": u, "timesliceSet": True} for u in sorted(gpus)]}))
             if state.mps_control_daemon_id:
                 sharing.append(UndoRecord(MpsSharing.kind, MpsSharing.UNDO_VERSION, target,
-                                          {"id": state.mps_control_daemon_id, "devices": names}))
+                                          {"id": state.mps_control_daemon_id, "devices": names,
+                                           "gpus": sorted(gpus)}))
         return AdoptedClaim(tuple(held), (*devices, *sharing), pins)
 
     def _device_record(self, name: str, prepared: PreparedDevice) -> tuple[UndoRecord, str]:

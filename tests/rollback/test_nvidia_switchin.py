@@ -9,18 +9,35 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import uuid
 from pathlib import Path
 
 import pytest
 
+from dradriver.domain import featuregates as fg
 from dradriver.domain.claims import ClaimRef
 from dradriver.domain.identity import GPU_DRIVER
-from dradriver.domain.nvcheckpoint import Checkpoint, CheckpointState, PreparedDevice, encode
+from dradriver.domain.nvcheckpoint import (
+    Checkpoint,
+    CheckpointEntry,
+    CheckpointState,
+    ConfigState,
+    DeviceGroup,
+    KubeletDevice,
+    MigConcrete,
+    PreparedDevice,
+    encode,
+)
 from dradriver.host.nvcheckpointfile import CHECKPOINT_FILE, read_checkpoint, write_checkpoint
+from dradriver.nvml import mock, settings
 from dradriver.sandbox.node import SandboxNode
+from tests import factories
 from tests.configs.test_plugin import allocate
-from tests.plugin.conftest import ref_of, result
-from tests.plugin.test_timeslicing import GATE_ON, time_slicing
+from tests.plugin.conftest import ref_of, result, running
+from tests.plugin.test_dynamic_mig import _create_out_of_band as create_out_of_band
+from tests.plugin.test_dynamic_mig import _lib as load_mock_nvml
+from tests.plugin.test_dynamic_mig import state_lines
+from tests.plugin.test_timeslicing import GATE_ON, session_of, time_slicing
 from tests.rollback.peers import (
     NVIDIA_A100,
     claim,
@@ -214,3 +231,86 @@ def test_switching_back_and_forth_converges_on_what_the_last_driver_did(sandbox:
     stored = read_checkpoint(path)
     assert stored is not None and not stored.claims
     assert "1 claim(s) adopted, 0 half-prepared to roll back, 0 dropped" in first.read_text()
+
+
+def _nvidia_entry(node: SandboxNode, device: PreparedDevice, state: ConfigState | None = None) -> CheckpointEntry:
+    """A ``PrepareCompleted`` entry as NVIDIA's ``device_state.go`` writes it for one device (its ``status`` is the
+    claim's allocation; one group with the group's ``configState``)."""
+    assert device.device is not None
+    results = [{"request": r, "driver": GPU_DRIVER.driver_name, "pool": node.node_name,
+                "device": device.device.device_name} for r in device.device.requests]
+    return CheckpointEntry(CheckpointState.PREPARE_COMPLETED, {"allocation": {"devices": {"results": results}}},
+                           (DeviceGroup((device,), state or ConfigState()),))
+
+
+def _nvidia_spec(node: SandboxNode, uid: str, device: str) -> Path:
+    """NVIDIA's claim spec ``k8s.gpu.nvidia.com-claim_<uid>.yaml`` naming ``<uid>-<device>`` (device nodes only)."""
+    path = node.cdi_root / f"k8s.gpu.nvidia.com-claim_{uid}.yaml"
+    path.write_text(f"cdiVersion: 0.5.0\nkind: k8s.gpu.nvidia.com/claim\ndevices:\n- name: {uid}-{device}\n"
+                    "  containerEdits:\n    deviceNodes:\n    - path: /dev/nvidia0\n")
+    return path
+
+
+def test_mps_daemon_and_dynamic_mig_device_nvidia_prepared_are_undone_by_dradriver_unprepare() -> None:
+    """NVIDIA's mock NVML has no MIG and its plugin's MPS daemon needs a cluster, so this checkpoint is built with
+    the codec in NVIDIA's layout (``mig.concrete`` of a dynamic MIG device; ``configState.mpsControlDaemonID``
+    with its Deployment ``mps-control-daemon-<id>`` and ``<plugin dir>/mps/<id>/{pipe,shm,log}``; the GPU in
+    EXCLUSIVE_PROCESS), as NVIDIA's ``device_state.go`` and ``sharing.go`` leave them. dradriver adopts both claims
+    without touching the instance or the daemon (with ``DynamicMIG`` on, so ``MPSSupport`` is off: NVIDIA's plugin
+    could have run either way before the switch), then its unprepare destroys the instance, deletes the Deployment
+    and the directories and puts the compute mode back."""
+    gates = fg.parse_feature_gates("DynamicMIG=true")  # exclusive with MPSSupport: MPS daemons are undone anyway
+    with SandboxNode(profile="dgx-h100", mig_state=True) as node:
+        assert node.api is not None
+        node.api.create(factories.DEVICE_CLASS)
+        config = node.mps_config(feature_gates=gates)
+        mig_name, mig_uid, mps_uid = "gpu-0-mig-1g10gb-19-3", str(uuid.uuid4()), str(uuid.uuid4())
+        mock.activate("dgx-h100")  # the sandbox's own NVML, as the plugin loads it
+        load_mock_nvml()  # pynvml below finds it by its soname
+        create_out_of_band(0, 19, 3, 1)  # what NVIDIA's dynamic MIG prepare created for the claim
+        [gi] = state_lines(node, "gi")
+        [ci] = state_lines(node, "ci")
+        profile = json.loads((PROFILES / "dgx-h100.json").read_text())
+        gpu0, gpu1 = profile["gpus"][0]["uuid"], profile["gpus"][1]["uuid"]
+        mig = PreparedDevice("mig", KubeletDevice(("gpu",), node.node_name, mig_name,
+                                                  (f"k8s.gpu.nvidia.com/claim={mig_uid}-{mig_name}",)),
+                             mig=MigConcrete(0, int(gi[2]), 0, ci[8], gpu0))
+        daemon = f"{mps_uid}-abcde"
+        gpu = PreparedDevice("gpu", KubeletDevice(("gpu",), node.node_name, "gpu-1",
+                                                  (f"k8s.gpu.nvidia.com/claim={mps_uid}-gpu-1",)), uuid=gpu1)
+        plugin_dir = Path(config.kubelet_plugins_directory_path) / GPU_DRIVER.driver_name
+        plugin_dir.mkdir(parents=True, exist_ok=True)
+        write_checkpoint(plugin_dir / CHECKPOINT_FILE, encode(Checkpoint({
+            mig_uid: _nvidia_entry(node, mig),
+            mps_uid: _nvidia_entry(node, gpu, ConfigState(mps_control_daemon_id=daemon))}, "")))
+        specs = [_nvidia_spec(node, mig_uid, mig_name), _nvidia_spec(node, mps_uid, "gpu-1")]
+        for sub in ("pipe", "shm", "log"):
+            (config.mps_root / daemon / sub).mkdir(parents=True)
+        node.api.create({"apiVersion": "apps/v1", "kind": "Deployment",
+                         "metadata": {"name": f"mps-control-daemon-{daemon}", "namespace": config.namespace},
+                         "spec": {"replicas": 1, "selector": {"matchLabels": {"app": daemon}},
+                                  "template": {"metadata": {"labels": {"app": daemon}},
+                                               "spec": {"containers": [{"name": "mps", "image": "x"}]}}}})
+        with node.nvml_control.open("a") as control:
+            control.write("set 1 computeMode 3\n")  # EXCLUSIVE_PROCESS, as NVIDIA's MPS prepare sets it
+
+        def deployments() -> list[str]:
+            assert node.api is not None
+            return [d["metadata"]["name"] for d in node.api.objects("Deployment")]
+
+        async def body() -> None:
+            async with running(config) as (plugin, kubelet):
+                assert plugin.recovery is not None and plugin.recovery.adopted == ()
+                assert len(state_lines(node, "gi")) == 1 and deployments() == [f"mps-control-daemon-{daemon}"]
+                assert settings.compute_mode(session_of(plugin), gpu1) is settings.ComputeMode.EXCLUSIVE_PROCESS
+                other = claim(node, "other", mig_name)
+                assert mig_uid in (await kubelet.prepare([other]))[other.uid].error
+                refs = [ClaimRef("default", "nvidia-mig", mig_uid), ClaimRef("default", "nvidia-mps", mps_uid)]
+                assert await kubelet.unprepare(refs) == {mig_uid: "", mps_uid: ""}
+                assert state_lines(node, "gi") == [] and state_lines(node, "ci") == []
+                assert deployments() == [] and not (config.mps_root / daemon).exists()
+                assert settings.compute_mode(session_of(plugin), gpu1) is settings.ComputeMode.DEFAULT
+                assert not any(p.exists() for p in specs)
+
+        asyncio.run(body())
+        assert _events(node, "ClaimAdopted") and len(_events(node, "ClaimAdopted")) == 2
