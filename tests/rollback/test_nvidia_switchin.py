@@ -303,6 +303,8 @@ def test_mps_daemon_and_dynamic_mig_device_nvidia_prepared_are_undone_by_dradriv
                 assert plugin.recovery is not None and plugin.recovery.adopted == ()
                 assert len(state_lines(node, "gi")) == 1 and deployments() == [f"mps-control-daemon-{daemon}"]
                 assert settings.compute_mode(session_of(plugin), gpu1) is settings.ComputeMode.EXCLUSIVE_PROCESS
+                assert plugin.metrics is not None and plugin.metrics.registry.get_sample_value(
+                    "dradriver_adopted_claims_total", {"driver": "gpu.nvidia.com", "source": "nvidia-checkpoint"}) == 2
                 other = claim(node, "other", mig_name)
                 assert mig_uid in (await kubelet.prepare([other]))[other.uid].error
                 refs = [ClaimRef("default", "nvidia-mig", mig_uid), ClaimRef("default", "nvidia-mps", mps_uid)]
@@ -314,3 +316,33 @@ def test_mps_daemon_and_dynamic_mig_device_nvidia_prepared_are_undone_by_dradriv
 
         asyncio.run(body())
         assert _events(node, "ClaimAdopted") and len(_events(node, "ClaimAdopted")) == 2
+
+
+def test_a_claim_nvidia_left_half_prepared_is_rolled_back_as_nvidia_would(sandbox: SandboxNode) -> None:
+    """``PrepareStarted`` with a time-slice applied: dradriver's start resets the time-slice, deletes NVIDIA's spec and
+    keeps no record of the claim (NVIDIA's plugin, at its next prepare of the claim, undoes and starts over)."""
+    config = sandbox.config(feature_gates=GATE_ON)
+    uid = str(uuid.uuid4())
+    gpu = PreparedDevice("gpu", KubeletDevice(("gpu",), sandbox.node_name, "gpu-2",
+                                              (f"k8s.gpu.nvidia.com/claim={uid}-gpu-2",)),
+                         uuid=json.loads((PROFILES / f"{sandbox.profile}.json").read_text())["gpus"][2]["uuid"])
+    entry = dataclasses.replace(_nvidia_entry(sandbox, gpu, ConfigState(time_slice_applied=True)),
+                                state=CheckpointState.PREPARE_STARTED)
+    plugin_dir = Path(config.kubelet_plugins_directory_path) / GPU_DRIVER.driver_name
+    plugin_dir.mkdir(parents=True, exist_ok=True)
+    write_checkpoint(plugin_dir / CHECKPOINT_FILE, encode(Checkpoint({uid: entry}, "")))
+    spec = _nvidia_spec(sandbox, uid, "gpu-2")
+    with sandbox.nvml_control.open("a") as control:
+        control.write("set 2 computeTimeslice 2\n")  # what NVIDIA applied before it stopped
+
+    async def body() -> None:
+        async with running(config) as (plugin, _kubelet):
+            assert plugin.recovery is not None and plugin.recovery.rolled_back == (uid,)
+            assert plugin.state is not None and plugin.state.get(uid) is None
+            assert not spec.exists()
+            assert settings.compute_timeslice(session_of(plugin), gpu.uuid) == 0
+            assert plugin.metrics is not None
+            assert plugin.metrics.registry.get_sample_value(
+                "dradriver_adopted_claims_total", {"driver": "gpu.nvidia.com", "source": "nvidia-checkpoint"}) == 0
+
+    asyncio.run(body())
