@@ -39,12 +39,13 @@ from tests.plugin.test_dynamic_mig import _lib as load_mock_nvml
 from tests.plugin.test_dynamic_mig import state_lines
 from tests.plugin.test_timeslicing import GATE_ON, session_of, time_slicing
 from tests.rollback.peers import (
-    NVIDIA_A100,
     claim,
     dradriver_process,
     kubelet_for,
     needs_nvidia,
     nvidia_process,
+    prepared_by_nvidia,
+    switched_node,
     use_this_boot,
 )
 
@@ -85,22 +86,11 @@ def _events(node: SandboxNode, reason: str) -> list[str]:
 @pytest.mark.parametrize("sandbox", ["dgx-a100"], indirect=True)
 def test_claims_nvidia_prepared_are_adopted_held_and_unprepared_by_dradriver(sandbox: SandboxNode,
                                                                              tmp_path: Path) -> None:
-    use_this_boot(sandbox)
-    config = sandbox.config()
-    cdi_root = Path(config.cdi_root)
-    plugin_dir = Path(config.kubelet_plugins_directory_path) / GPU_DRIVER.driver_name
+    config, cdi_root, plugin_dir = switched_node(sandbox)
 
-    async def with_nvidia() -> list[ClaimRef]:
-        with nvidia_process(sandbox, tmp_path, NVIDIA_A100, NVIDIA_GATES) as (proc, registrar):
-            async with kubelet_for(registrar, proc, tmp_path / "nvidia.log") as kubelet:
-                refs = [claim(sandbox, f"full-{i}", f"gpu-{i}") for i in (2, 3)]
-                refs.append(ref_of(allocate(sandbox, "sliced", [result("gpu-4", pool=sandbox.node_name)],
-                                            [time_slicing("Long")])))
-                answers = await kubelet.prepare(refs)
-                assert all(a.error == "" for a in answers.values()), [a.error for a in answers.values()]
-        return refs
-
-    refs = asyncio.run(with_nvidia())
+    refs = [claim(sandbox, f"full-{i}", f"gpu-{i}") for i in (2, 3)]
+    refs.append(ref_of(allocate(sandbox, "sliced", [result("gpu-4", pool=sandbox.node_name)], [time_slicing("Long")])))
+    asyncio.run(prepared_by_nvidia(sandbox, tmp_path, refs, NVIDIA_GATES))
     written = read_checkpoint(plugin_dir / CHECKPOINT_FILE)
     assert written is not None
     assert {u: e.state for u, e in written.claims.items()} == {r.uid: CheckpointState.PREPARE_COMPLETED for r in refs}
@@ -147,14 +137,8 @@ def test_a_damaged_nvidia_checkpoint_is_not_guessed_at_and_its_claims_are_kept_f
     cdi_root = Path(config.cdi_root)
     path = Path(config.kubelet_plugins_directory_path) / GPU_DRIVER.driver_name / CHECKPOINT_FILE
 
-    async def with_nvidia() -> ClaimRef:
-        with nvidia_process(sandbox, tmp_path) as (proc, registrar):
-            async with kubelet_for(registrar, proc, tmp_path / "nvidia.log") as kubelet:
-                ref = claim(sandbox, "by-nvidia", "gpu-3")
-                assert (await kubelet.prepare([ref]))[ref.uid].error == ""
-        return ref
-
-    ref = asyncio.run(with_nvidia())
+    ref = claim(sandbox, "by-nvidia", "gpu-3")
+    asyncio.run(prepared_by_nvidia(sandbox, tmp_path, [ref]))
     data = bytearray(path.read_bytes())
     at = data.index(b'"PrepareCompleted"') - 1  # one byte of the claim's entry (its state stays readable)
     data[at + 2:at + 3] = b"p"  # "PrepareCompleted" -> "prepareCompleted": the V2 checksum no longer verifies
