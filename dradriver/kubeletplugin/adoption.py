@@ -145,7 +145,8 @@ class GpuAdoption:
                                        shared=prepared.device.share_id is not None,
                                        share_id=prepared.device.share_id))
                 record, uuid = self._device_record(name, prepared)
-                devices.append(record)
+                if record is not None:
+                    devices.append(record)
                 if uuid:
                     pins[name] = uuid
                 if prepared.kind == "gpu" and prepared.uuid:
@@ -161,15 +162,17 @@ class GpuAdoption:
                                            "gpus": sorted(gpus)}))
         return AdoptedClaim(tuple(held), (*devices, *sharing), pins)
 
-    def _device_record(self, name: str, prepared: PreparedDevice) -> tuple[UndoRecord, str]:
-        """The device preparer's record for ``name`` and its pin (UUID), as dradriver's preparer would write it."""
+    def _device_record(self, name: str, prepared: PreparedDevice) -> tuple[UndoRecord | None, str]:
+        """The device preparer's record for ``name`` and its pin (UUID), as dradriver's preparer would write it;
+        no record for a VFIO passthrough device (dradriver has no VFIO preparer: the device stays held until
+        unprepared, and its binding to ``vfio-pci`` is left as NVIDIA made it, with a warning)."""
         if prepared.kind == "gpu":
             return UndoRecord("gpu", 1, name, {}), prepared.uuid
-        if prepared.kind == "vfio":
-            return UndoRecord("vfio", 1, name, {}), prepared.uuid
         mig = prepared.mig
         if mig is None:
-            return UndoRecord(prepared.kind, 1, name, {}), ""
+            log.warning("device %s (%s) adopted from NVIDIA's checkpoint: dradriver's unprepare leaves what NVIDIA "
+                        "set up for it (its vfio-pci binding) as it is", name, prepared.kind)
+            return None, ""
         known = self.lookup(name)
         if isinstance(known, MigPlacement):  # NVIDIA created this MIG device for the claim: destroy it at unprepare
             return UndoRecord(DYNAMIC_MIG, DYNAMIC_MIG_VERSION, name, {

@@ -29,6 +29,7 @@ from dradriver.domain.nvcheckpoint import (
     encode,
 )
 from dradriver.host.nvcheckpointfile import CHECKPOINT_FILE, read_checkpoint, write_checkpoint
+from dradriver.kubeletplugin.adoption import GpuAdoption
 from dradriver.nvml import mock, settings
 from dradriver.sandbox.node import SandboxNode
 from tests import factories
@@ -218,10 +219,14 @@ def test_switching_back_and_forth_converges_on_what_the_last_driver_did(sandbox:
 
 
 def _nvidia_entry(node: SandboxNode, device: PreparedDevice, state: ConfigState | None = None) -> CheckpointEntry:
+    return _nvidia_entry_on(node.node_name, device, state)
+
+
+def _nvidia_entry_on(pool: str, device: PreparedDevice, state: ConfigState | None = None) -> CheckpointEntry:
     """A ``PrepareCompleted`` entry as NVIDIA's ``device_state.go`` writes it for one device (its ``status`` is the
     claim's allocation; one group with the group's ``configState``)."""
     assert device.device is not None
-    results = [{"request": r, "driver": GPU_DRIVER.driver_name, "pool": node.node_name,
+    results = [{"request": r, "driver": GPU_DRIVER.driver_name, "pool": pool,
                 "device": device.device.device_name} for r in device.device.requests]
     return CheckpointEntry(CheckpointState.PREPARE_COMPLETED, {"allocation": {"devices": {"results": results}}},
                            (DeviceGroup((device,), state or ConfigState()),))
@@ -330,3 +335,12 @@ def test_a_claim_nvidia_left_half_prepared_is_rolled_back_as_nvidia_would(sandbo
                 "dradriver_adopted_claims_total", {"driver": "gpu.nvidia.com", "source": "nvidia-checkpoint"}) == 0
 
     asyncio.run(body())
+
+
+def test_an_adopted_vfio_device_is_held_without_an_undo_dradriver_cannot_do() -> None:
+    """dradriver has no VFIO preparer: the device is held (refused to others) and its unprepare is not blocked by a
+    record no part of dradriver can undo."""
+    device = PreparedDevice("vfio", KubeletDevice(("gpu",), "node-a", "gpu-1", ("k8s.gpu.nvidia.com/claim=u-gpu-1",)),
+                            uuid="GPU-1")
+    adopted = GpuAdoption("node-a", lambda _name: None).claim(_nvidia_entry_on("node-a", device))
+    assert [h.device for h in adopted.held] == ["gpu-1"] and adopted.undo == ()
