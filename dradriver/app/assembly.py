@@ -25,14 +25,18 @@ from dradriver.domain.identity import DriverIdentity
 from dradriver.domain.ports import ClaimPreparer
 from dradriver.errors import FlagError
 from dradriver.health.metrics import DriverMetrics, MetricsServer, serve_metrics
-from dradriver.host.claimstate import ClaimState, ClaimStateCorruptError, ClaimStateProblem, ProblemKind
+from dradriver.host import nvcheckpointfile
+from dradriver.host.claimstate import ClaimState, ClaimStateCorruptError, ClaimStateProblem, ProblemKind, read_boot_id
 from dradriver.host.devicemetadata import DeviceMetadataFiles
 from dradriver.kube import claims as kube_claims
 from dradriver.kube import client as kube_client
 from dradriver.kube import errors as kube_errors
 from dradriver.kube import events, nodes, ratelimit
 from dradriver.kube.resourceslices import PublishResult, SlicePublisher
+from dradriver.kubeletplugin import adoption as adoption_module
+from dradriver.kubeletplugin.adoption import AdoptionReport, GpuAdoption
 from dradriver.kubeletplugin.lifecycle import Lifecycle
+from dradriver.kubeletplugin.payload import encode_payload
 from dradriver.kubeletplugin.reconcile import Cleanup, StaleClaimReconciler
 from dradriver.kubeletplugin.runner import FETCH_WORKERS, BatchRunner, RecoveryReport
 from dradriver.server import Servers, start_servers
@@ -176,6 +180,31 @@ async def open_claim_state(lifecycle: Lifecycle, identity: DriverIdentity, confi
             await asyncio.to_thread(report_event, identity, connection.client, config, connection.node_uid,
                                     "ClaimStateCorrupt", str(problem))
     return state, problems
+
+
+async def adopt_nvidia(identity: DriverIdentity, config: PluginConfig, connection: Connection, runner: BatchRunner,
+                       adoption: GpuAdoption, metrics: DriverMetrics | None) -> AdoptionReport:
+    """Start step before :func:`recover`: adopt the claims NVIDIA's plugin prepared
+    (:func:`dradriver.kubeletplugin.adoption.adopt_nvidia_claims`), with a Normal ``ClaimAdopted`` Event per
+    adopted claim and the ``dradriver_adopted_claims_total`` metric; a damaged or unknown-version checkpoint is a
+    ``NvidiaCheckpointUnusable`` Warning Event (its claims are then kept from their CDI specs by recovery)."""
+    path = config.plugin_dir / nvcheckpointfile.CHECKPOINT_FILE
+    report = await asyncio.to_thread(
+        adoption_module.adopt_nvidia_claims, runner.state, path, boot_id=read_boot_id(config.boot_id_path),
+        adoption=adoption, encode_payload=encode_payload, spec_of=runner.spec_path)
+    if report.problem:
+        await asyncio.to_thread(report_event, identity, connection.client, config, connection.node_uid,
+                                "NvidiaCheckpointUnusable", f"NVIDIA's checkpoint {path} is not used: "
+                                f"{report.problem}; its claims are kept from their CDI specs")
+    for uid in report.adopted:
+        record = runner.state.get(uid)
+        who = adoption_module.describe_claim(uid, None, record.namespace, record.name) if record else uid
+        await asyncio.to_thread(report_event, identity, connection.client, config, connection.node_uid,
+                                "ClaimAdopted", f"claim {who} prepared by NVIDIA's plugin is held and will be "
+                                "unprepared by dradriver (from NVIDIA's checkpoint)", type_="Normal")
+    if metrics is not None and report.adopted:
+        metrics.count_adopted_claims(adoption_module.SOURCE, len(report.adopted))
+    return report
 
 
 async def recover(identity: DriverIdentity, config: PluginConfig, connection: Connection, runner: BatchRunner,

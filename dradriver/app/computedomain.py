@@ -61,6 +61,7 @@ from dradriver.host.nvcheckpointfile import CHECKPOINT_FILE
 from dradriver.kube import computedomains as kube_cd
 from dradriver.kube import errors as kube_errors
 from dradriver.kubeletplugin import rollback
+from dradriver.kubeletplugin.adoption import SOURCE as ADOPTION_SOURCE
 from dradriver.kubeletplugin.cdadoption import ComputeDomainAdoptionReport, adopt_compute_domain_claims
 from dradriver.kubeletplugin.lifecycle import Lifecycle
 from dradriver.kubeletplugin.runner import BatchRunner
@@ -414,11 +415,12 @@ def on_loop(loop: asyncio.AbstractEventLoop, step: Callable[[], Coroutine[Any, A
 
 
 async def adopt_nvidia_claims(identity: DriverIdentity, config: PluginConfig, connection: assembly.Connection,
-                              runner: BatchRunner, clock: Callable[[], float]) -> ComputeDomainAdoptionReport:
+                              runner: BatchRunner, clock: Callable[[], float],
+                              metrics: DriverMetrics | None = None) -> ComputeDomainAdoptionReport:
     """Start step before recovery: adopt the claims NVIDIA's compute-domain plugin prepared
     (:func:`dradriver.kubeletplugin.cdadoption.adopt_compute_domain_claims`), with a Normal ``ClaimAdopted`` Event
-    per adopted claim; a damaged or unknown-version checkpoint is a ``NvidiaCheckpointUnusable`` Warning Event
-    (its claims are then kept from their CDI specs by recovery)."""
+    per adopted claim and ``dradriver_adopted_claims_total`` counted; a damaged or unknown-version checkpoint is a
+    ``NvidiaCheckpointUnusable`` Warning Event (its claims are then kept from their CDI specs by recovery)."""
     path = config.plugin_dir / CHECKPOINT_FILE
     report = await asyncio.to_thread(
         adopt_compute_domain_claims, runner.state, path, boot_id=read_boot_id(config.boot_id_path),
@@ -428,6 +430,8 @@ async def adopt_nvidia_claims(identity: DriverIdentity, config: PluginConfig, co
         await asyncio.to_thread(assembly.report_event, identity, connection.client, config, connection.node_uid,
                                 "NvidiaCheckpointUnusable", f"NVIDIA's checkpoint {path} is not used: "
                                 f"{report.problem}; its claims are kept from their CDI specs")
+    if metrics is not None:
+        metrics.count_adopted_claims(ADOPTION_SOURCE, len(report.adopted))
     for uid in report.adopted:
         record = runner.state.get(uid)
         who = f"{record.namespace}/{record.name} ({uid})" if record is not None and record.name else uid
@@ -520,7 +524,7 @@ async def start_compute_domain_plugin(config: PluginConfig, identity: DriverIden
         )
         runner_holder.append(runner)
         life.on_stop("batch runner", runner.close)
-        adopted = await adopt_nvidia_claims(identity, config, connection, runner, clock)
+        adopted = await adopt_nvidia_claims(identity, config, connection, runner, clock, metrics)
         recovery = await assembly.recover(identity, config, connection, runner, problems)
         if checkpoint is not None:  # after recovery: it names what the claim state holds now
             await asyncio.to_thread(checkpoint.load, state.claims(), (*adopted.started, *recovery.aborted_expired))

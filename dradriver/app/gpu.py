@@ -51,6 +51,7 @@ from dradriver.kube import errors as kube_errors
 from dradriver.kube import version
 from dradriver.kube.client import KubeClient
 from dradriver.kubeletplugin import guard, rollback
+from dradriver.kubeletplugin.adoption import GpuAdoption
 from dradriver.kubeletplugin.lifecycle import Lifecycle
 from dradriver.kubeletplugin.runner import BatchRunner, all_undo_records
 from dradriver.nvml import discovery
@@ -445,6 +446,8 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
             refuse_device=node_policy.refusal,
         )
         life.on_stop("batch runner", runner.close)
+        await assembly.adopt_nvidia(identity, config, connection, runner,
+                                    GpuAdoption(config.node_name, registry.get), metrics)
         recovery = await assembly.recover(identity, config, connection, runner, problems)
         if checkpoint is not None:  # after recovery: it names what the claim state holds now
             await asyncio.to_thread(checkpoint.load, state.claims())

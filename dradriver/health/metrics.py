@@ -138,6 +138,10 @@ class DriverMetrics:
             "dradriver_stale_claims_unprepared", "Prepared claims unprepared by the stale-claim cleanup.",
             ("driver", "reason"), registry=r,
         )  # fmt: skip
+        self.adopted_claims = Counter(
+            "dradriver_adopted_claims", "Claims another plugin prepared, adopted at start, by source.",
+            ("driver", "source"), registry=r,
+        )  # fmt: skip
         self.claim_requests = Counter(
             "dradriver_claim_requests", "Per-claim prepare/unprepare operations by outcome.",
             ("driver", "operation", "outcome"), registry=r,
@@ -182,6 +186,7 @@ class DriverMetrics:
             self.unprepare_errors.labels(driver, et)
         self.prepared_claims.labels(node, driver)
         self.publishes.labels(driver)
+        self.adopted_claims.labels(driver, "nvidia-checkpoint")
 
     # -- what the plugin calls -------------------------------------------------------------------------------
 
@@ -248,6 +253,10 @@ class DriverMetrics:
     def count_stale_claim(self, reason: str) -> None:
         """The stale-claim cleanup unprepared a claim (``reason``: ``gone``, ``replaced``, ``unallocated``)."""
         self.stale_claims.labels(self.driver, reason).inc()
+
+    def count_adopted_claims(self, source: str, n: int) -> None:
+        """``n`` claims adopted at start from ``source`` (``nvidia-checkpoint``)."""
+        self._child(self.adopted_claims, self.driver, source).inc(n)
 
     def observe_publish(self) -> None:
         """A ResourceSlice sync wrote to the API server."""

@@ -45,8 +45,8 @@ import yaml
 from dradriver.domain.claims import ClaimError, ClaimRef, claim_from_object
 from dradriver.domain.nvcheckpoint import CD_CLAIM, CheckpointEntry, CheckpointError, CheckpointState
 from dradriver.domain.ports import UndoRecord
-from dradriver.host import nvcheckpointfile
 from dradriver.host.claimstate import ClaimConflictError, ClaimState, HeldDevice
+from dradriver.kubeletplugin.adoption import read_nvidia_claims
 from dradriver.kubeletplugin.payload import aborted_payload, encode_payload
 from dradriver.kubeletplugin.rollback import parse_rfc3339
 from dradriver.kubeletplugin.runner import allocation_digest
@@ -176,21 +176,16 @@ def adopt_compute_domain_claims(state: ClaimState, path: Path, *, boot_id: str, 
     :param aborted_ttl_s: the aborted-prepare TTL (90 s); an older ``PrepareAborted`` entry is not adopted.
     :raises OSError: the checkpoint exists but cannot be read.
     """
-    try:
-        stored = nvcheckpointfile.read_checkpoint(path, CD_CLAIM)
-    except CheckpointError as exc:
-        log.error("NVIDIA's checkpoint %s is not used (%s): its claims are kept from their CDI specs", path, exc)
-        return ComputeDomainAdoptionReport(problem=str(exc))
-    if stored is None or stored.node_boot_id not in ("", boot_id):
-        return ComputeDomainAdoptionReport()
     adopted: list[str] = []
     aborted: list[str] = []
     started: list[str] = []
     with state.locked(), state.group_commit():
-        held_uids = set(state.claims())
-        for uid, entry in sorted(stored.claims.items()):
-            if uid in held_uids:
-                continue
+        try:
+            foreign = read_nvidia_claims(path, boot_id=boot_id, held=set(state.claims()), schema=CD_CLAIM)
+        except CheckpointError as exc:
+            log.error("NVIDIA's checkpoint %s is not used (%s): its claims are kept from their CDI specs", path, exc)
+            return ComputeDomainAdoptionReport(problem=str(exc))
+        for uid, entry in sorted(foreign.entries.items()):
             spec = str(spec_of(uid))
             if entry.state is CheckpointState.PREPARE_ABORTED:
                 at = parse_rfc3339(entry.aborted_at)

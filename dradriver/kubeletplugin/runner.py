@@ -710,7 +710,8 @@ class BatchRunner:
                                           f"refused for {self.aborted_ttl_s:.0f} s")
                 why = "expired" if same else "the claim's allocation changed"
                 log.info("claim %s: aborted-prepare mark of %.0f s ago no longer applies (%s)", ref, age, why)
-        adopted = record is not None and not record.namespace and not record.name
+        adopted = record is not None and not record.namespace and not record.name \
+            and not any(d.request_names for d in record.devices)  # from a CDI spec (NVIDIA's checkpoint names them)
         if record is not None and record.phase is ClaimPhase.PREPARE_COMPLETED and not adopted:
             self._ensure_spec(record)
             return ClaimResult(devices=tuple(d.to_prepared() for d in held_devices(record) if d.request_names))

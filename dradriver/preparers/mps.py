@@ -203,8 +203,10 @@ class ControlDaemons:
                              f"{self.wait_s[daemon.daemon_id]:.1f} s: {reason}")
 
     # -------------------------------------------------------------------------------------------- stop
-    def stop(self, daemon_id: str) -> bool:
+    def stop(self, daemon_id: str, gpu_uuids: Sequence[str] = ()) -> bool:
         """Stop the daemon ``daemon_id``; False when there was nothing to stop (its directory is gone).
+        ``gpu_uuids``: the full GPUs whose compute mode goes back to DEFAULT when the directory holds no
+        ``daemon.json`` (a daemon NVIDIA's plugin started: same ID, Deployment name and directories, no record).
 
         :raises MpsDaemonError: a step failed; what is left stays recorded on disk for the retry.
         """
@@ -217,7 +219,7 @@ class ControlDaemons:
         try:
             deployments.delete_deployment(self.client, namespace, name)
             self._wait_gone(name)
-            for uuid in daemon.gpu_uuids if daemon is not None else ():
+            for uuid in daemon.gpu_uuids if daemon is not None else gpu_uuids:
                 self.set_compute_mode(uuid, DEFAULT)
             self.mounts.unmount(directory / mps.SHM_DIR)
         except DradriverError as exc:
@@ -282,7 +284,9 @@ def _uuid(device: object) -> str:
 class MpsSharing:
     """The ``MPS`` strategy: one control daemon per config group per claim (``nvidia-dra-driver.md`` 4.5).
 
-    Undo record (kind ``mps``, version 1): ``{"id": <daemon ID>, "devices": [<DRA device names>]}``.
+    Undo record (kind ``mps``, version 1): ``{"id": <daemon ID>, "devices": [<DRA device names>]}``, and
+    ``"gpus": [<full GPU UUIDs>]`` for a daemon adopted from NVIDIA's checkpoint (its directory has no
+    ``daemon.json`` saying which GPUs' compute mode to reset; :mod:`dradriver.kubeletplugin.adoption`).
     """
 
     kind = "mps"
@@ -332,7 +336,7 @@ class MpsSharing:
         """
         daemon_id = str(record.data.get("id", ""))
         if daemon_id:
-            self.daemons.stop(daemon_id)
+            self.daemons.stop(daemon_id, [str(u) for u in record.fact("gpus", list, [])])
 
     def sweep(self, known: Sequence[UndoRecord]) -> list[str]:
         """At start: stop daemons no stored record names (a crash between start and storing the record)."""

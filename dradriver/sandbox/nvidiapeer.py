@@ -15,6 +15,7 @@ import contextlib
 import os
 import shutil
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,11 +56,13 @@ def peer_missing(binary: Path | None = DEFAULT_PLUGIN, mock_dir: Path | None = D
 
 
 def nvidia_side(node: Any, binary: Path, mock_dir: Path, work: Path, cdi_root: Path | None = None,
-                plugins_dir: Path | None = None, profile: str = NVIDIA_PROFILE) -> Side:
+                plugins_dir: Path | None = None, profile: str = NVIDIA_PROFILE,
+                extra_args: Sequence[str] = ()) -> Side:
     """NVIDIA's ``gpu-kubelet-plugin`` on ``node`` with NVIDIA's mock NVML (its node ``profile``, a file of its
     ``configs/``): a fake driver root under ``work``, its own registrar directory, the CDI root ``cdi_root`` and
     the kubelet plugins directory ``plugins_dir`` (defaults under ``work``; pass the node's own to run on
-    dradriver's directories), the sandbox's kubeconfig, and raised client rate limits."""
+    dradriver's directories), the sandbox's kubeconfig, and raised client rate limits; ``extra_args`` are added
+    to its flags (``--feature-gates=TimeSlicingSettings=true``)."""
     root = work / "nvidia-driver-root"
     lib = root / "usr" / "lib" / "x86_64-linux-gnu"
     lib.mkdir(parents=True, exist_ok=True)
@@ -102,7 +105,7 @@ def nvidia_side(node: Any, binary: Path, mock_dir: Path, work: Path, cdi_root: P
             f"--kubelet-registrar-directory-path={registrar}", f"--kubelet-plugins-directory-path={plugins}",
             f"--nvidia-cdi-hook-path={hook}", "--healthcheck-port=-1", "--image-name=nvidia/dra:bench",
             "--namespace=default",
-            "--kube-api-qps=1000", "--kube-api-burst=1000", "-v=0"]
+            "--kube-api-qps=1000", "--kube-api-burst=1000", "-v=0", *extra_args]
     owned = [root, registrar] + ([plugins] if plugins_dir is None else []) + ([cdi] if cdi_root is None else [])
     return Side("nvidia", argv, env, registrar, owned)
 

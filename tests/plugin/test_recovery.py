@@ -273,9 +273,18 @@ def test_emptied_or_truncated_state_file_beside_specs_is_damage(sandbox: Sandbox
             assert set(plugin.state.claims()) == {r.uid for r in refs}  # read back, kept or adopted
             assert len(sandbox.cdi_specs()) == 3 and plugin.recovery.rolled_back == ()
         path.write_bytes(b"")  # emptied
+        checkpoint = path.parent / "checkpoint.json"
+        kept = checkpoint.read_bytes()
+        checkpoint.unlink()  # without the NVIDIA-format checkpoint: the specs are all there is
         async with running(sandbox.config()) as (plugin, _):
             assert "no record of" in plugin.recovery.damage
             assert sorted(plugin.recovery.adopted) == sorted(r.uid for r in refs)
+            assert len(sandbox.cdi_specs()) == 3
+        path.write_bytes(b"")
+        checkpoint.write_bytes(kept)  # with it, the claims come back from it whole (devices, requests, undo)
+        async with running(sandbox.config()) as (plugin, _):
+            assert plugin.recovery.damage == "" and set(plugin.state.claims()) == {r.uid for r in refs}
+            assert all(d.request_names for r in plugin.state.claims().values() for d in r.devices)
             assert len(sandbox.cdi_specs()) == 3
 
     asyncio.run(body())

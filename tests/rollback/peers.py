@@ -66,12 +66,14 @@ def dradriver_process(node: SandboxNode, log: Path, **config: Any) -> contextlib
 
 
 @contextlib.contextmanager
-def nvidia_process(node: SandboxNode, work: Path, profile: str = NVIDIA_A100) -> Iterator[
+def nvidia_process(node: SandboxNode, work: Path, profile: str = NVIDIA_A100, *args: str) -> Iterator[
         tuple[subprocess.Popen[bytes], Path]]:
-    """NVIDIA's ``gpu-kubelet-plugin`` on ``node``'s plugin directory and CDI root; yields it and its registrar."""
+    """NVIDIA's ``gpu-kubelet-plugin`` on ``node``'s plugin directory and CDI root, with flags ``args`` added;
+    yields it and its registrar."""
     config = node.config()
     side = nvidia_side(node, DEFAULT_PLUGIN, DEFAULT_MOCK_NVML, work, cdi_root=Path(config.cdi_root),
-                       plugins_dir=Path(config.kubelet_plugins_directory_path), profile=profile)
+                       plugins_dir=Path(config.kubelet_plugins_directory_path), profile=profile,
+                       extra_args=args)
     with process(side.argv, side.env, work / "nvidia.log") as proc:
         yield proc, side.registrar
 
@@ -97,7 +99,23 @@ def stop(proc: subprocess.Popen[bytes], how: str) -> None:
     proc.wait(30)
 
 
+def switched_node(node: SandboxNode) -> tuple[Any, Path, Path]:
+    """Ready ``node`` for a switch between the drivers (:func:`use_this_boot`); its config, CDI root and
+    ``gpu.nvidia.com`` plugin directory (where both keep ``checkpoint.json``)."""
+    use_this_boot(node)
+    config = node.config()
+    return config, Path(config.cdi_root), Path(config.kubelet_plugins_directory_path) / DRIVER
+
+
 def use_this_boot(node: SandboxNode) -> None:
     """Give the sandbox node this host's boot ID: NVIDIA's plugin reads the host's own and drops a checkpoint of
     another boot."""
     node.set_boot_id(BOOT_ID.read_text().strip())
+
+
+async def prepared_by_nvidia(node: SandboxNode, work: Path, refs: list[ClaimRef], *args: str) -> None:
+    """NVIDIA's plugin (flags ``args`` added) prepares ``refs`` without an error, then stops."""
+    with nvidia_process(node, work, NVIDIA_A100, *args) as (proc, registrar):
+        async with kubelet_for(registrar, proc, work / "nvidia.log") as kubelet:
+            answers = await kubelet.prepare(refs)
+            assert [a.error for a in answers.values()] == [""] * len(refs), answers

@@ -294,6 +294,11 @@ def test_claims_nvidias_compute_domain_plugin_prepared_are_adopted_and_unprepare
             assert plugin.state.get(started.uid) is None  # rolled back at start
             adopted = {e["message"] for e in api.objects("Event") if e.get("reason") == "ClaimAdopted"}
             assert len(adopted) == 2 and any("default/wl-0" in m for m in adopted)
+            metrics = plugin.runner.metrics
+            assert metrics is not None
+            assert metrics.registry.get_sample_value(
+                "dradriver_adopted_claims_total",
+                {"driver": "compute-domain.nvidia.com", "source": "nvidia-checkpoint"}) == 2
             got = (await conn.prepare([channel]))[channel.uid]  # answered from the adopted claim: nothing redone
             assert got.ok and [d.cdi_device_ids for d in got.devices] == [
                 (f"k8s.compute-domain.nvidia.com/claim={channel.uid}-channel-0",)]

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from dradriver.domain.claims import ClaimRef
-from dradriver.domain.identity import GPU_DRIVER
 from dradriver.domain.nvcheckpoint import CheckpointState
 from dradriver.host.nvcheckpointfile import CHECKPOINT_FILE, read_checkpoint
 from dradriver.sandbox.node import SandboxNode
@@ -24,7 +23,9 @@ from tests.rollback.peers import (
     kubelet_for,
     needs_nvidia,
     nvidia_process,
+    prepared_by_nvidia,
     stop,
+    switched_node,
     use_this_boot,
 )
 
@@ -52,10 +53,7 @@ async def _static_mig_device(node: SandboxNode) -> str:
 @pytest.mark.parametrize("how", ["graceful", "sigkill"])
 def test_nvidia_plugin_takes_over_the_claims_dradriver_prepared(sandbox: SandboxNode, tmp_path: Path,
                                                                  how: str) -> None:
-    use_this_boot(sandbox)
-    config = sandbox.config()
-    cdi_root = Path(config.cdi_root)
-    plugin_dir = Path(config.kubelet_plugins_directory_path) / GPU_DRIVER.driver_name
+    config, cdi_root, plugin_dir = switched_node(sandbox)
     full = [claim(sandbox, f"full-{i}", f"gpu-{i}") for i in (2, 3)]
     sliced = ref_of(allocate(sandbox, "sliced", [result("gpu-4", pool=sandbox.node_name)], [time_slicing("Long")]))
     log = tmp_path / "dradriver.log"
@@ -101,20 +99,14 @@ def test_nvidia_plugin_takes_over_the_claims_dradriver_prepared(sandbox: Sandbox
 def test_a_claim_nvidia_prepared_is_held_by_dradriver_after_the_switch(sandbox: SandboxNode, tmp_path: Path) -> None:
     """Switching in (the other direction): NVIDIA's plugin prepares a claim and stops; dradriver, started on the same
     directories, recognises NVIDIA's ``.yaml`` spec as a claim spec of its kind, holds the claim's device (another
-    claim is refused it) and its unprepare removes NVIDIA's spec. (Until dradriver reads NVIDIA's checkpoint at
-    start, the claim is adopted from its spec, the path for claims the claim state does not know.)"""
+    claim is refused it) and its unprepare removes NVIDIA's spec (the claim is adopted from NVIDIA's checkpoint;
+    ``test_nvidia_switchin.py`` checks the rest of the switch)."""
     use_this_boot(sandbox)
     config = sandbox.config()
     cdi_root = Path(config.cdi_root)
 
-    async def with_nvidia() -> ClaimRef:
-        with nvidia_process(sandbox, tmp_path) as (proc, registrar):
-            async with kubelet_for(registrar, proc, tmp_path / "nvidia.log") as kubelet:
-                ref = claim(sandbox, "by-nvidia", "gpu-3")
-                assert (await kubelet.prepare([ref]))[ref.uid].error == ""
-        return ref
-
-    ref = asyncio.run(with_nvidia())
+    ref = claim(sandbox, "by-nvidia", "gpu-3")
+    asyncio.run(prepared_by_nvidia(sandbox, tmp_path, [ref]))
     assert _spec_files(cdi_root, ref.uid) == [f"k8s.gpu.nvidia.com-claim_{ref.uid}.yaml"]
     log = tmp_path / "dradriver.log"
 

@@ -1,0 +1,346 @@
+"""Switching in without draining: NVIDIA's ``gpu-kubelet-plugin`` prepares claims and stops; dradriver, started on the
+same plugin directory and CDI root, adopts them from NVIDIA's ``checkpoint.json`` (an Event per claim, the
+``dradriver_adopted_claims_total`` metric, one log line with the counts), holds their devices, and its unprepare
+undoes what NVIDIA set up and removes NVIDIA's specs. The tests that run NVIDIA's binary are skipped, with the
+reason, where it or its mock NVML is absent."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+
+from dradriver.domain import featuregates as fg
+from dradriver.domain.claims import ClaimRef
+from dradriver.domain.identity import GPU_DRIVER
+from dradriver.domain.nvcheckpoint import (
+    Checkpoint,
+    CheckpointEntry,
+    CheckpointState,
+    ConfigState,
+    DeviceGroup,
+    KubeletDevice,
+    MigConcrete,
+    PreparedDevice,
+    encode,
+)
+from dradriver.host.nvcheckpointfile import CHECKPOINT_FILE, read_checkpoint, write_checkpoint
+from dradriver.kubeletplugin.adoption import GpuAdoption
+from dradriver.nvml import mock, settings
+from dradriver.sandbox.node import SandboxNode
+from tests import factories
+from tests.configs.test_plugin import allocate
+from tests.plugin.conftest import ref_of, result, running
+from tests.plugin.test_dynamic_mig import _create_out_of_band as create_out_of_band
+from tests.plugin.test_dynamic_mig import _lib as load_mock_nvml
+from tests.plugin.test_dynamic_mig import state_lines
+from tests.plugin.test_timeslicing import GATE_ON, session_of, time_slicing
+from tests.rollback.peers import (
+    claim,
+    dradriver_process,
+    kubelet_for,
+    needs_nvidia,
+    nvidia_process,
+    prepared_by_nvidia,
+    switched_node,
+    use_this_boot,
+)
+
+PROFILES = Path(__file__).resolve().parents[2] / "dradriver" / "nvml" / "profiles"
+NVIDIA_GATES = "--feature-gates=TimeSlicingSettings=true"
+
+
+def _spec_files(cdi_root: Path, uid: str) -> list[str]:
+    return sorted(p.name for p in cdi_root.iterdir() if uid in p.name)
+
+
+def on_one_node(node: SandboxNode, path: Path) -> None:
+    """Give NVIDIA's checkpoint at ``path`` the GPU UUIDs of ``node``'s mock NVML (by device name ``gpu-<index>``),
+    re-encoded with its checksums. In the sandbox the two plugins run on two mock NVML libraries that name one GPU
+    index differently; on a node both read the same GPU's UUID. Only ``gpu.info.uuid`` changes."""
+    profile = json.loads((PROFILES / f"{node.profile}.json").read_text())
+    uuids = [g["uuid"] for g in profile["gpus"]]
+    stored = read_checkpoint(path)
+    assert stored is not None
+
+    def same_gpu(device: PreparedDevice) -> PreparedDevice:
+        if device.kind != "gpu" or device.device is None:
+            return device
+        return dataclasses.replace(device, uuid=uuids[int(device.device.device_name.removeprefix("gpu-"))])
+
+    claims = {uid: dataclasses.replace(e, groups=tuple(dataclasses.replace(g, devices=tuple(map(same_gpu, g.devices)))
+                                                       for g in e.groups))
+              for uid, e in stored.claims.items()}
+    write_checkpoint(path, encode(Checkpoint(claims, stored.node_boot_id)))
+
+
+def _events(node: SandboxNode, reason: str) -> list[str]:
+    assert node.api is not None
+    return [e["message"] for e in node.api.objects("Event") if e.get("reason") == reason]
+
+
+@needs_nvidia
+@pytest.mark.parametrize("sandbox", ["dgx-a100"], indirect=True)
+def test_claims_nvidia_prepared_are_adopted_held_and_unprepared_by_dradriver(sandbox: SandboxNode,
+                                                                             tmp_path: Path) -> None:
+    config, cdi_root, plugin_dir = switched_node(sandbox)
+
+    refs = [claim(sandbox, f"full-{i}", f"gpu-{i}") for i in (2, 3)]
+    refs.append(ref_of(allocate(sandbox, "sliced", [result("gpu-4", pool=sandbox.node_name)], [time_slicing("Long")])))
+    asyncio.run(prepared_by_nvidia(sandbox, tmp_path, refs, NVIDIA_GATES))
+    written = read_checkpoint(plugin_dir / CHECKPOINT_FILE)
+    assert written is not None
+    assert {u: e.state for u, e in written.claims.items()} == {r.uid: CheckpointState.PREPARE_COMPLETED for r in refs}
+    assert [g.config_state.time_slice_applied for g in written.claims[refs[2].uid].groups] == [True]
+    # The GPU setting NVIDIA made: in the sandbox each plugin has its own mock NVML, so it is put on dradriver's
+    # (one GPU, one setting, on a real node), through the mock's control file as its nvidia-smi stand-in does.
+    on_one_node(sandbox, plugin_dir / CHECKPOINT_FILE)
+    with sandbox.nvml_control.open("a") as control:
+        control.write("set 4 computeTimeslice 3\n")
+    log = tmp_path / "dradriver.log"
+
+    async def with_dradriver() -> None:
+        with dradriver_process(sandbox, log, feature_gates=GATE_ON) as proc:
+            async with kubelet_for(Path(config.kubelet_registrar_directory_path), proc, log) as kubelet:
+                other = claim(sandbox, "other", "gpu-3")
+                refused = (await kubelet.prepare([other]))[other.uid].error
+                assert f"already prepared for claim / (uid {refs[1].uid})" in refused, refused
+                # the kubelet's Prepare after the switch is answered from what was adopted: nothing re-applied
+                again = await kubelet.prepare(refs)
+                assert [a.error for a in again.values()] == ["", "", ""]
+                assert [d.device_name for r in refs for d in again[r.uid].devices] == ["gpu-2", "gpu-3", "gpu-4"]
+                assert sandbox.nvml_control.read_text().count("computeTimeslice") == 1
+                assert await kubelet.unprepare(refs) == {r.uid: "" for r in refs}
+                for ref in refs:
+                    assert _spec_files(cdi_root, ref.uid) == []
+                assert sandbox.nvml_control.read_text().splitlines()[-1] == "set 4 computeTimeslice 0"
+                after = read_checkpoint(plugin_dir / CHECKPOINT_FILE)
+                assert after is not None and not after.claims
+
+    asyncio.run(with_dradriver())
+    text = log.read_text()
+    assert "3 claim(s) adopted, 0 half-prepared to roll back, 0 dropped" in text
+    assert sorted(m.split("claim ")[1].split(" ")[0] for m in _events(sandbox, "ClaimAdopted")) == sorted(
+        r.uid for r in refs)
+    assert _events(sandbox, "ClaimStateCorrupt") == []
+
+
+@needs_nvidia
+@pytest.mark.parametrize("sandbox", ["dgx-a100"], indirect=True)
+def test_a_damaged_nvidia_checkpoint_is_not_guessed_at_and_its_claims_are_kept_from_their_specs(
+        sandbox: SandboxNode, tmp_path: Path) -> None:
+    use_this_boot(sandbox)
+    config = sandbox.config()
+    cdi_root = Path(config.cdi_root)
+    path = Path(config.kubelet_plugins_directory_path) / GPU_DRIVER.driver_name / CHECKPOINT_FILE
+
+    ref = claim(sandbox, "by-nvidia", "gpu-3")
+    asyncio.run(prepared_by_nvidia(sandbox, tmp_path, [ref]))
+    data = bytearray(path.read_bytes())
+    at = data.index(b'"PrepareCompleted"') - 1  # one byte of the claim's entry (its state stays readable)
+    data[at + 2:at + 3] = b"p"  # "PrepareCompleted" -> "prepareCompleted": the V2 checksum no longer verifies
+    path.write_bytes(bytes(data))
+    log = tmp_path / "dradriver.log"
+
+    async def with_dradriver() -> None:
+        with dradriver_process(sandbox, log) as proc:
+            async with kubelet_for(Path(config.kubelet_registrar_directory_path), proc, log) as kubelet:
+                other = claim(sandbox, "other", "gpu-3")
+                assert f"already prepared for claim / (uid {ref.uid})" in (await kubelet.prepare([other]))[
+                    other.uid].error
+                assert await kubelet.unprepare([ref]) == {ref.uid: ""}
+                assert _spec_files(cdi_root, ref.uid) == []
+
+    asyncio.run(with_dradriver())
+    unusable = _events(sandbox, "NvidiaCheckpointUnusable")
+    assert len(unusable) == 1 and "checksum" in unusable[0], unusable
+    assert len(_events(sandbox, "ClaimStateCorrupt")) == 1
+    assert _events(sandbox, "ClaimAdopted") == []
+
+
+@needs_nvidia
+@pytest.mark.parametrize("sandbox", ["dgx-a100"], indirect=True)
+def test_switching_back_and_forth_converges_on_what_the_last_driver_did(sandbox: SandboxNode,
+                                                                       tmp_path: Path) -> None:
+    """NVIDIA prepares A; dradriver adopts A and prepares B; NVIDIA unprepares A and prepares C; dradriver, back,
+    forgets A (NVIDIA unprepared it: not brought back from dradriver's older claim state), adopts C, keeps B, and
+    leaves nothing once B and C are unprepared."""
+    use_this_boot(sandbox)
+    config = sandbox.config()
+    cdi_root = Path(config.cdi_root)
+    path = Path(config.kubelet_plugins_directory_path) / GPU_DRIVER.driver_name / CHECKPOINT_FILE
+    registrar = Path(config.kubelet_registrar_directory_path)
+    a, b, c = (claim(sandbox, name, device) for name, device in (("a", "gpu-2"), ("b", "gpu-3"), ("c", "gpu-4")))
+
+    async def nvidia(round_: int, prepare: list[ClaimRef], unprepare: list[ClaimRef]) -> None:
+        work = tmp_path / f"nvidia-{round_}"
+        work.mkdir()
+        with nvidia_process(sandbox, work) as (proc, nv_registrar):
+            async with kubelet_for(nv_registrar, proc, work / "nvidia.log") as kubelet:
+                if unprepare:
+                    assert await kubelet.unprepare(unprepare) == {r.uid: "" for r in unprepare}
+                answers = await kubelet.prepare(prepare)
+                assert [x.error for x in answers.values()] == [""] * len(prepare)
+        on_one_node(sandbox, path)
+
+    async def dradriver(log: Path, prepare: list[ClaimRef], held: list[ClaimRef], free: str) -> None:
+        with dradriver_process(sandbox, log) as proc:
+            async with kubelet_for(registrar, proc, log) as kubelet:
+                if prepare:
+                    assert [x.error for x in (await kubelet.prepare(prepare)).values()] == [""] * len(prepare)
+                for ref in held:
+                    device = {a.uid: "gpu-2", b.uid: "gpu-3", c.uid: "gpu-4"}[ref.uid]
+                    other = claim(sandbox, f"other-{log.stem}-{device}", device)
+                    assert ref.uid in (await kubelet.prepare([other]))[other.uid].error
+                if free:
+                    other = claim(sandbox, f"free-{log.stem}", free)
+                    assert (await kubelet.prepare([other]))[other.uid].error == ""
+                    assert await kubelet.unprepare([other]) == {other.uid: ""}
+                if not prepare:
+                    assert await kubelet.unprepare(held) == {r.uid: "" for r in held}
+
+    asyncio.run(nvidia(1, [a], []))
+    first = tmp_path / "dradriver-1.log"
+    asyncio.run(dradriver(first, [b], [a, b], ""))
+    asyncio.run(nvidia(2, [c], [a]))
+    stored = read_checkpoint(path)
+    assert stored is not None and set(stored.claims) == {b.uid, c.uid}
+    second = tmp_path / "dradriver-2.log"
+    asyncio.run(dradriver(second, [], [b, c], "gpu-2"))
+    assert "1 claim(s) adopted, 0 half-prepared to roll back, 1 dropped" in second.read_text()
+    assert [p.name for p in cdi_root.iterdir() if "claim_" in p.name] == []
+    stored = read_checkpoint(path)
+    assert stored is not None and not stored.claims
+    assert "1 claim(s) adopted, 0 half-prepared to roll back, 0 dropped" in first.read_text()
+
+
+def _nvidia_entry(node: SandboxNode, device: PreparedDevice, state: ConfigState | None = None) -> CheckpointEntry:
+    return _nvidia_entry_on(node.node_name, device, state)
+
+
+def _nvidia_entry_on(pool: str, device: PreparedDevice, state: ConfigState | None = None) -> CheckpointEntry:
+    """A ``PrepareCompleted`` entry as NVIDIA's ``device_state.go`` writes it for one device (its ``status`` is the
+    claim's allocation; one group with the group's ``configState``)."""
+    assert device.device is not None
+    results = [{"request": r, "driver": GPU_DRIVER.driver_name, "pool": pool,
+                "device": device.device.device_name} for r in device.device.requests]
+    return CheckpointEntry(CheckpointState.PREPARE_COMPLETED, {"allocation": {"devices": {"results": results}}},
+                           (DeviceGroup((device,), state or ConfigState()),))
+
+
+def _nvidia_spec(node: SandboxNode, uid: str, device: str) -> Path:
+    """NVIDIA's claim spec ``k8s.gpu.nvidia.com-claim_<uid>.yaml`` naming ``<uid>-<device>`` (device nodes only)."""
+    path = node.cdi_root / f"k8s.gpu.nvidia.com-claim_{uid}.yaml"
+    path.write_text(f"cdiVersion: 0.5.0\nkind: k8s.gpu.nvidia.com/claim\ndevices:\n- name: {uid}-{device}\n"
+                    "  containerEdits:\n    deviceNodes:\n    - path: /dev/nvidia0\n")
+    return path
+
+
+def test_mps_daemon_and_dynamic_mig_device_nvidia_prepared_are_undone_by_dradriver_unprepare() -> None:
+    """NVIDIA's mock NVML has no MIG and its plugin's MPS daemon needs a cluster, so this checkpoint is built with
+    the codec in NVIDIA's layout (``mig.concrete`` of a dynamic MIG device; ``configState.mpsControlDaemonID``
+    with its Deployment ``mps-control-daemon-<id>`` and ``<plugin dir>/mps/<id>/{pipe,shm,log}``; the GPU in
+    EXCLUSIVE_PROCESS), as NVIDIA's ``device_state.go`` and ``sharing.go`` leave them. dradriver adopts both claims
+    without touching the instance or the daemon (with ``DynamicMIG`` on, so ``MPSSupport`` is off: NVIDIA's plugin
+    could have run either way before the switch), then its unprepare destroys the instance, deletes the Deployment
+    and the directories and puts the compute mode back."""
+    gates = fg.parse_feature_gates("DynamicMIG=true")  # exclusive with MPSSupport: MPS daemons are undone anyway
+    with SandboxNode(profile="dgx-h100", mig_state=True) as node:
+        assert node.api is not None
+        node.api.create(factories.DEVICE_CLASS)
+        config = node.mps_config(feature_gates=gates)
+        mig_name, mig_uid, mps_uid = "gpu-0-mig-1g10gb-19-3", str(uuid.uuid4()), str(uuid.uuid4())
+        mock.activate("dgx-h100")  # the sandbox's own NVML, as the plugin loads it
+        load_mock_nvml()  # pynvml below finds it by its soname
+        create_out_of_band(0, 19, 3, 1)  # what NVIDIA's dynamic MIG prepare created for the claim
+        [gi] = state_lines(node, "gi")
+        [ci] = state_lines(node, "ci")
+        profile = json.loads((PROFILES / "dgx-h100.json").read_text())
+        gpu0, gpu1 = profile["gpus"][0]["uuid"], profile["gpus"][1]["uuid"]
+        mig = PreparedDevice("mig", KubeletDevice(("gpu",), node.node_name, mig_name,
+                                                  (f"k8s.gpu.nvidia.com/claim={mig_uid}-{mig_name}",)),
+                             mig=MigConcrete(0, int(gi[2]), 0, ci[8], gpu0))
+        daemon = f"{mps_uid}-abcde"
+        gpu = PreparedDevice("gpu", KubeletDevice(("gpu",), node.node_name, "gpu-1",
+                                                  (f"k8s.gpu.nvidia.com/claim={mps_uid}-gpu-1",)), uuid=gpu1)
+        plugin_dir = Path(config.kubelet_plugins_directory_path) / GPU_DRIVER.driver_name
+        plugin_dir.mkdir(parents=True, exist_ok=True)
+        write_checkpoint(plugin_dir / CHECKPOINT_FILE, encode(Checkpoint({
+            mig_uid: _nvidia_entry(node, mig),
+            mps_uid: _nvidia_entry(node, gpu, ConfigState(mps_control_daemon_id=daemon))}, "")))
+        specs = [_nvidia_spec(node, mig_uid, mig_name), _nvidia_spec(node, mps_uid, "gpu-1")]
+        for sub in ("pipe", "shm", "log"):
+            (config.mps_root / daemon / sub).mkdir(parents=True)
+        node.api.create({"apiVersion": "apps/v1", "kind": "Deployment",
+                         "metadata": {"name": f"mps-control-daemon-{daemon}", "namespace": config.namespace},
+                         "spec": {"replicas": 1, "selector": {"matchLabels": {"app": daemon}},
+                                  "template": {"metadata": {"labels": {"app": daemon}},
+                                               "spec": {"containers": [{"name": "mps", "image": "x"}]}}}})
+        with node.nvml_control.open("a") as control:
+            control.write("set 1 computeMode 3\n")  # EXCLUSIVE_PROCESS, as NVIDIA's MPS prepare sets it
+
+        def deployments() -> list[str]:
+            assert node.api is not None
+            return [d["metadata"]["name"] for d in node.api.objects("Deployment")]
+
+        async def body() -> None:
+            async with running(config) as (plugin, kubelet):
+                assert plugin.recovery is not None and plugin.recovery.adopted == ()
+                assert len(state_lines(node, "gi")) == 1 and deployments() == [f"mps-control-daemon-{daemon}"]
+                assert settings.compute_mode(session_of(plugin), gpu1) is settings.ComputeMode.EXCLUSIVE_PROCESS
+                assert plugin.metrics is not None and plugin.metrics.registry.get_sample_value(
+                    "dradriver_adopted_claims_total", {"driver": "gpu.nvidia.com", "source": "nvidia-checkpoint"}) == 2
+                other = claim(node, "other", mig_name)
+                assert mig_uid in (await kubelet.prepare([other]))[other.uid].error
+                refs = [ClaimRef("default", "nvidia-mig", mig_uid), ClaimRef("default", "nvidia-mps", mps_uid)]
+                assert await kubelet.unprepare(refs) == {mig_uid: "", mps_uid: ""}
+                assert state_lines(node, "gi") == [] and state_lines(node, "ci") == []
+                assert deployments() == [] and not (config.mps_root / daemon).exists()
+                assert settings.compute_mode(session_of(plugin), gpu1) is settings.ComputeMode.DEFAULT
+                assert not any(p.exists() for p in specs)
+
+        asyncio.run(body())
+        assert _events(node, "ClaimAdopted") and len(_events(node, "ClaimAdopted")) == 2
+
+
+def test_a_claim_nvidia_left_half_prepared_is_rolled_back_as_nvidia_would(sandbox: SandboxNode) -> None:
+    """``PrepareStarted`` with a time-slice applied: dradriver's start resets the time-slice, deletes NVIDIA's spec and
+    keeps no record of the claim (NVIDIA's plugin, at its next prepare of the claim, undoes and starts over)."""
+    config = sandbox.config(feature_gates=GATE_ON)
+    uid = str(uuid.uuid4())
+    gpu = PreparedDevice("gpu", KubeletDevice(("gpu",), sandbox.node_name, "gpu-2",
+                                              (f"k8s.gpu.nvidia.com/claim={uid}-gpu-2",)),
+                         uuid=json.loads((PROFILES / f"{sandbox.profile}.json").read_text())["gpus"][2]["uuid"])
+    entry = dataclasses.replace(_nvidia_entry(sandbox, gpu, ConfigState(time_slice_applied=True)),
+                                state=CheckpointState.PREPARE_STARTED)
+    plugin_dir = Path(config.kubelet_plugins_directory_path) / GPU_DRIVER.driver_name
+    plugin_dir.mkdir(parents=True, exist_ok=True)
+    write_checkpoint(plugin_dir / CHECKPOINT_FILE, encode(Checkpoint({uid: entry}, "")))
+    spec = _nvidia_spec(sandbox, uid, "gpu-2")
+    with sandbox.nvml_control.open("a") as control:
+        control.write("set 2 computeTimeslice 2\n")  # what NVIDIA applied before it stopped
+
+    async def body() -> None:
+        async with running(config) as (plugin, _kubelet):
+            assert plugin.recovery is not None and plugin.recovery.rolled_back == (uid,)
+            assert plugin.state is not None and plugin.state.get(uid) is None
+            assert not spec.exists()
+            assert settings.compute_timeslice(session_of(plugin), gpu.uuid) == 0
+            assert plugin.metrics is not None
+            assert plugin.metrics.registry.get_sample_value(
+                "dradriver_adopted_claims_total", {"driver": "gpu.nvidia.com", "source": "nvidia-checkpoint"}) == 0
+
+    asyncio.run(body())
+
+
+def test_an_adopted_vfio_device_is_held_without_an_undo_dradriver_cannot_do() -> None:
+    """dradriver has no VFIO preparer: the device is held (refused to others) and its unprepare is not blocked by a
+    record no part of dradriver can undo."""
+    device = PreparedDevice("vfio", KubeletDevice(("gpu",), "node-a", "gpu-1", ("k8s.gpu.nvidia.com/claim=u-gpu-1",)),
+                            uuid="GPU-1")
+    adopted = GpuAdoption("node-a", lambda _name: None).claim(_nvidia_entry_on("node-a", device))
+    assert [h.device for h in adopted.held] == ["gpu-1"] and adopted.undo == ()
