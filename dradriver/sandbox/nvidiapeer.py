@@ -15,6 +15,7 @@ import contextlib
 import os
 import shutil
 import stat
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,14 @@ DEFAULT_MOCK_NVML = PEERS / "mocknvml"
 NVIDIA_PROFILE = "mock-nvml-config-h100.yaml"
 """NVIDIA's mock node matching dradriver's ``dgx-h100`` profile: 8 H100 GPUs, ``gpu-0`` .. ``gpu-7``."""
 PEER_GPUS = 8
+
+
+SOCKET_PATH_MAX = 107
+"""Longest Unix socket path the kernel binds (``sun_path`` is 108 bytes with its NUL, unix(7)); a longer one fails
+with ``bind: invalid argument`` in NVIDIA's plugin."""
+
+REGISTRATION_SOCKET = "gpu.nvidia.com-reg.sock"
+"""NVIDIA's registration socket in its registrar directory (``<driver>-reg.sock``)."""
 
 
 @dataclass
@@ -87,6 +96,8 @@ def nvidia_side(node: Any, binary: Path, mock_dir: Path, work: Path, cdi_root: P
     hook.write_text("#!/bin/sh\nexit 0\n")
     hook.chmod(0o755)
     registrar = work / "nvidia-registry"
+    if len(os.fsencode(registrar / REGISTRATION_SOCKET)) > SOCKET_PATH_MAX:  # a deep pytest tmp_path, say
+        registrar = Path(tempfile.mkdtemp(prefix="nvreg-", dir="/tmp"))
     plugins = plugins_dir if plugins_dir is not None else work / "nvidia-plugins"
     cdi = cdi_root if cdi_root is not None else work / "nvidia-cdi"
     for d in (registrar, plugins, cdi):

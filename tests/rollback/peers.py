@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -74,8 +75,12 @@ def nvidia_process(node: SandboxNode, work: Path, profile: str = NVIDIA_A100, *a
     side = nvidia_side(node, DEFAULT_PLUGIN, DEFAULT_MOCK_NVML, work, cdi_root=Path(config.cdi_root),
                        plugins_dir=Path(config.kubelet_plugins_directory_path), profile=profile,
                        extra_args=args)
-    with process(side.argv, side.env, work / "nvidia.log") as proc:
-        yield proc, side.registrar
+    try:
+        with process(side.argv, side.env, work / "nvidia.log") as proc:
+            yield proc, side.registrar
+    finally:
+        if not side.registrar.is_relative_to(work):  # a short one under /tmp (socket path length)
+            shutil.rmtree(side.registrar, ignore_errors=True)
 
 
 @contextlib.asynccontextmanager
