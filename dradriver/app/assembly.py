@@ -39,6 +39,7 @@ from dradriver.kubeletplugin.lifecycle import Lifecycle
 from dradriver.kubeletplugin.payload import encode_payload
 from dradriver.kubeletplugin.reconcile import Cleanup, StaleClaimReconciler
 from dradriver.kubeletplugin.runner import FETCH_WORKERS, BatchRunner, RecoveryReport
+from dradriver.nvml.session import NvmlSession, open_session_or_absent
 from dradriver.server import Servers, start_servers
 from dradriver.server.deferred import EarlyServers
 from dradriver.server.healthstream import HealthSource
@@ -168,6 +169,25 @@ async def connect(lifecycle: Lifecycle, identity: DriverIdentity, config: Plugin
     except kube_errors.KubeAPIError as exc:
         log.warning("cannot read Node %s (%s)", config.node_name, exc)
     return Connection(client, node_obj, node_uid)
+
+
+async def open_host(lifecycle: Lifecycle, identity: DriverIdentity, config: PluginConfig,
+                    nvml_library: str) -> tuple[Connection, NvmlSession]:
+    """Start steps every kubelet plugin begins with. Validate, then touch the host: the kubeconfig is loaded and the
+    API server reached (:func:`connect`) before the plugin and CDI directories are created (a bad kubeconfig leaves
+    nothing behind); then the NVML session from ``nvml_library`` (closed on stop), which is not initialised when
+    the NVIDIA driver is absent (:func:`dradriver.nvml.session.open_session_or_absent`).
+
+    :raises dradriver.errors.DradriverError: no API access, or an ``nvmlInit`` failure other than the driver's
+        absence.
+    """
+    connection = await connect(lifecycle, identity, config)
+    ensure_dir(config.plugin_dir, 0o750)
+    ensure_dir(config.cdi_root, 0o755)
+    session = await lifecycle.step("NVML session",
+                                   lambda: open_session_or_absent(nvml_library, config.mock_profile),
+                                   lambda s: s.close())
+    return connection, session
 
 
 async def open_claim_state(lifecycle: Lifecycle, identity: DriverIdentity, config: PluginConfig,

@@ -66,7 +66,7 @@ from dradriver.kubeletplugin.cdadoption import ComputeDomainAdoptionReport, adop
 from dradriver.kubeletplugin.lifecycle import Lifecycle
 from dradriver.kubeletplugin.runner import BatchRunner
 from dradriver.nvml import fabric
-from dradriver.nvml.session import NvmlSession, open_session_or_absent
+from dradriver.nvml.session import NvmlSession
 from dradriver.preparers.computedomain import (
     CHANNEL_KIND,
     ChannelPreparer,
@@ -471,14 +471,8 @@ async def start_compute_domain_plugin(config: PluginConfig, identity: DriverIden
     log.info("hot paths: %s", ", ".join(f"{k}={v}" for k, v in implementations.items()))
     life = Lifecycle(identity.driver_name)
     try:
-        # Validate, then touch the host: the kubeconfig is loaded and the API server reached before any directory
-        # is created (a bad kubeconfig leaves nothing behind).
-        connection = await assembly.connect(life, identity, config)
-        assembly.ensure_dir(config.plugin_dir, 0o750)
-        assembly.ensure_dir(config.cdi_root, 0o755)
-        session = await life.step("NVML session",
-                                  lambda: open_session_or_absent(nvml_library(config), config.mock_profile),
-                                  lambda s: s.close())
+        # Validate, then touch the host (assembly.open_host): no directory is created before the API server answers.
+        connection, session = await assembly.open_host(life, identity, config, nvml_library(config))
         if not session.available:
             await driverstate.report_unavailable(identity, config, connection, session)
         if config.gpu_clique_label_enabled:  # set once the fabric is read (read_driver_part)

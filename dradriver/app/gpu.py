@@ -57,7 +57,7 @@ from dradriver.kubeletplugin.runner import BatchRunner, all_undo_records
 from dradriver.nvml import discovery
 from dradriver.nvml import settings as nvml_settings
 from dradriver.nvml.mig import MigControl
-from dradriver.nvml.session import NvmlSession, open_session_or_absent
+from dradriver.nvml.session import NvmlSession
 from dradriver.preparers import gpu as gpu_preparers
 from dradriver.preparers.dynamicmig import KIND as DYNAMIC_MIG_KIND
 from dradriver.preparers.dynamicmig import DynamicMigPreparer
@@ -362,15 +362,9 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
     implementations = _native.load_all()  # a missing compiled module fails here, loudly, not at first use
     log.info("hot paths: %s", ", ".join(f"{k}={v}" for k, v in implementations.items()))
     life = Lifecycle(identity.driver_name)
-    # Validate, then touch the host: the kubeconfig is loaded and the API server reached before any directory
-    # is created (a bad kubeconfig leaves nothing behind).
+    # Validate, then touch the host (assembly.open_host): no directory is created before the API server answers.
     try:
-        connection = await assembly.connect(life, identity, config)
-        assembly.ensure_dir(config.plugin_dir, 0o750)
-        assembly.ensure_dir(config.cdi_root, 0o755)
-        session = await life.step("NVML session",
-                                  lambda: open_session_or_absent(nvml_library(config), config.mock_profile),
-                                  lambda s: s.close())
+        connection, session = await assembly.open_host(life, identity, config, nvml_library(config))
         dynamic_mig = config.feature_gates.dynamic_mig
         mig_control = MigControl(session) if dynamic_mig else None
         if session.available:
