@@ -105,6 +105,25 @@ def node_label(api: ApiServerEmulator, node: str = "gpu-node-1") -> str | None:
     return ((obj.get("metadata") or {}).get("labels") or {}).get(LABEL_COMPUTE_DOMAIN)
 
 
+async def prepare_until_labelled(conn: Any, api: ApiServerEmulator, ref: Any, cd_uid: str,
+                                 timeout: float = 30.0) -> asyncio.Task[Any]:
+    """Send ``ref``'s prepare and wait until it has labelled the node for ``cd_uid`` (it is then waiting for the
+    domain); the pending prepare. A prepare answered before the plugin process has read its driver part ("not read
+    yet": the plugin registers first, so unprepares are served early) is sent again, as the kubelet retries."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    pending = asyncio.create_task(conn.prepare([ref]))
+    while node_label(api) != cd_uid:
+        if pending.done():
+            error = pending.result()[ref.uid].error
+            assert "not read yet" in error, error
+            pending = asyncio.create_task(conn.prepare([ref]))
+        if loop.time() > deadline:
+            raise AssertionError(f"the prepare of {ref} did not label the node in {timeout} s")
+        await asyncio.sleep(0.02)
+    return pending
+
+
 def spec_path(node: SandboxNode, uid: str) -> Path:
     return node.cdi_root / f"k8s.compute-domain.nvidia.com-claim_{uid}.yaml"
 

@@ -27,6 +27,7 @@ from tests.computedomain.cdplugin_helpers import (
     cd_config,
     node_label,
     plugin_env,
+    prepare_until_labelled,
     running,
     seed_claim,
     seed_clique,
@@ -134,9 +135,7 @@ def test_aborted_mark_survives_a_sigkill_and_restart_until_its_ttl(node: Sandbox
         try:
             async with KubeletEmulator(config.kubelet_registrar_directory_path) as kubelet:
                 conn = await kubelet.wait_for_plugin(DRIVER, timeout=30)
-                pending = asyncio.create_task(conn.prepare([ref]))
-                while node_label(api) != uid:
-                    await asyncio.sleep(0.02)
+                pending = await prepare_until_labelled(conn, api, ref, uid)
                 assert (await conn.unprepare([ref]))[ref.uid] == ""
                 proc.send_signal(signal.SIGKILL)
                 try:
@@ -253,9 +252,7 @@ def test_sigkill_in_the_middle_of_a_channel_prepare_then_restart(node: SandboxNo
         try:
             async with KubeletEmulator(config.kubelet_registrar_directory_path) as kubelet:
                 conn = await kubelet.wait_for_plugin(DRIVER, timeout=30)
-                pending = asyncio.create_task(conn.prepare([ref]))
-                while node_label(api) != uid:
-                    await asyncio.sleep(0.02)
+                pending = await prepare_until_labelled(conn, api, ref, uid)
                 proc.send_signal(signal.SIGKILL)
                 with pytest.raises(KubeletError):
                     await pending

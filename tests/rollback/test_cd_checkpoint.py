@@ -51,6 +51,7 @@ from tests.computedomain.cdplugin_helpers import (
     cd_config,
     node_label,
     plugin_env,
+    prepare_until_labelled,
     running,
     seed_claim,
     seed_clique,
@@ -166,9 +167,7 @@ def _waiting_claim(node: SandboxNode) -> tuple[Any, str, ClaimRef]:
 
 async def _abort_prepare(conn: Any, api: Any, ref: ClaimRef, cd_uid: str) -> str:
     """Unprepare ``ref`` while its prepare waits; the prepare's error."""
-    pending = asyncio.create_task(conn.prepare([ref]))
-    while node_label(api) != cd_uid:
-        await asyncio.sleep(0.02)
+    pending = await prepare_until_labelled(conn, api, ref, cd_uid)
     assert (await conn.unprepare([ref]))[ref.uid] == ""
     return str((await pending)[ref.uid].error)
 
