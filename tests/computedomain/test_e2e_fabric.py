@@ -60,8 +60,10 @@ def test_in_progress_fabric_is_waited_out_a_failed_one_taints_and_a_node_in_no_c
     cluster.wait_for("the workload running", lambda: cluster.pod_running("solo-w"), timeout_s=WAIT_S)
     node = cluster.node("rack1-node00")
     assert node.pod_devices["default/solo-w"].device_nodes == []  # no clique: no channel device edits
+    # the workload needs no daemon on a node in no clique, so the daemon pod may come after it: wait for it
+    cluster.wait_for("the domain's daemon pod", lambda: list(domain_demo.daemon_pods(
+        cluster, domain["metadata"]["uid"])) == ["rack1-node00"], timeout_s=WAIT_S)
     daemons = domain_demo.daemon_pods(cluster, domain["metadata"]["uid"])
-    assert list(daemons) == ["rack1-node00"]
     pod = daemons["rack1-node00"]
     cluster.wait_for("the idle daemon ready", lambda: cluster.pod_running(pod["metadata"]["name"], cluster.namespace),
                      timeout_s=WAIT_S)
