@@ -139,6 +139,13 @@ class ClusterEmulator:
     _failed_prepare: dict[str, str] = field(default_factory=dict)  # pod UID -> the prepare error last reported
     _last_error: str = ""
 
+    @property
+    def plugin(self) -> PluginConnection | None:
+        """The ``gpu.nvidia.com`` instance this kubelet calls, as of the last :meth:`reconcile`: the most recently
+        registered one, ``None`` while none is (a plugin that stopped and removed its registration socket is
+        deregistered, as the kubelet's plugin watcher does; one started in its place registers anew)."""
+        return self._plugin
+
     def apply_device_classes(self) -> None:
         """Create the DeviceClasses ``deploy/`` ships (``gpu.nvidia.com``, ``mig.nvidia.com``)."""
         assert self.sandbox.api is not None
@@ -208,9 +215,12 @@ class ClusterEmulator:
             plugin = self._kubelet.plugin(GPU_DRIVER.driver_name)
         except KubeletError:
             plugin = None
-        if plugin is not None and plugin is not self._plugin:
+        if plugin is not self._plugin:  # a new instance, or none left: the kubelet calls the newest registered
             self._plugin = plugin
-            self.say(f"kubelet: registered {GPU_DRIVER.driver_name} at {plugin.endpoint} ({plugin.service})")
+            if plugin is not None:
+                self.say(f"kubelet: registered {GPU_DRIVER.driver_name} at {plugin.endpoint} ({plugin.service})")
+            else:
+                self.say(f"kubelet: {GPU_DRIVER.driver_name} deregistered (its registration socket is gone)")
         in_use: set[str] = set()
         pods = api.objects("Pod")
         live = {p["metadata"].get("uid", "") for p in pods}
