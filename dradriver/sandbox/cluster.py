@@ -10,7 +10,9 @@ It plays the control plane and the kubelet around a plugin started separately
   (``nvidia.com/gpu: 1``, no resourceClaims) gets the claim kube-scheduler generates (KEP-5004,
   :func:`dradriver.sandbox.scheduler.schedule_extended`);
 * the kubelet: registers the plugin from the registrar directory, calls NodePrepareResources for the claims of
-  each bound Pod, and NodeUnprepareResources once no Pod uses a claim any more (Pod deleted);
+  each bound Pod, and NodeUnprepareResources once no Pod uses a claim any more (Pod deleted); a plugin whose
+  registration socket is gone is deregistered, and whichever instance registers next (a restart, an upgrade, the
+  other driver after a switch) is called for the claims prepared before, which are not prepared again;
 * the Deployment controller and the node's container runner (:mod:`dradriver.sandbox.workloads`), which run
   the MPS control daemons' Pods as local processes (``dradriver sandbox`` starts them and turns MPSSupport on
   where this process may mount tmpfs, as the plugin it starts does).
