@@ -138,3 +138,27 @@ class Status(_message.Message):
     details: StatusDetails
     code: int
     def __init__(self, metadata: _Optional[_Union[ListMeta, _Mapping]] = ..., status: _Optional[str] = ..., message: _Optional[str] = ..., reason: _Optional[str] = ..., details: _Optional[_Union[StatusDetails, _Mapping]] = ..., code: _Optional[int] = ...) -> None: ...
+
+class DeleteOptions(_message.Message):
+    __slots__ = ("gracePeriodSeconds", "preconditions", "orphanDependents", "propagationPolicy", "dryRun", "ignoreStoreReadErrorWithClusterBreakingPotential")
+    GRACEPERIODSECONDS_FIELD_NUMBER: _ClassVar[int]
+    PRECONDITIONS_FIELD_NUMBER: _ClassVar[int]
+    ORPHANDEPENDENTS_FIELD_NUMBER: _ClassVar[int]
+    PROPAGATIONPOLICY_FIELD_NUMBER: _ClassVar[int]
+    DRYRUN_FIELD_NUMBER: _ClassVar[int]
+    IGNORESTOREREADERRORWITHCLUSTERBREAKINGPOTENTIAL_FIELD_NUMBER: _ClassVar[int]
+    gracePeriodSeconds: int
+    preconditions: Preconditions
+    orphanDependents: bool
+    propagationPolicy: str
+    dryRun: _containers.RepeatedScalarFieldContainer[str]
+    ignoreStoreReadErrorWithClusterBreakingPotential: bool
+    def __init__(self, gracePeriodSeconds: _Optional[int] = ..., preconditions: _Optional[_Union[Preconditions, _Mapping]] = ..., orphanDependents: _Optional[bool] = ..., propagationPolicy: _Optional[str] = ..., dryRun: _Optional[_Iterable[str]] = ..., ignoreStoreReadErrorWithClusterBreakingPotential: _Optional[bool] = ...) -> None: ...
+
+class Preconditions(_message.Message):
+    __slots__ = ("uid", "resourceVersion")
+    UID_FIELD_NUMBER: _ClassVar[int]
+    RESOURCEVERSION_FIELD_NUMBER: _ClassVar[int]
+    uid: str
+    resourceVersion: str
+    def __init__(self, uid: _Optional[str] = ..., resourceVersion: _Optional[str] = ...) -> None: ...

@@ -10,7 +10,9 @@ It plays the control plane and the kubelet around a plugin started separately
   (``nvidia.com/gpu: 1``, no resourceClaims) gets the claim kube-scheduler generates (KEP-5004,
   :func:`dradriver.sandbox.scheduler.schedule_extended`);
 * the kubelet: registers the plugin from the registrar directory, calls NodePrepareResources for the claims of
-  each bound Pod, and NodeUnprepareResources once no Pod uses a claim any more (Pod deleted);
+  each bound Pod, and NodeUnprepareResources once no Pod uses a claim any more (Pod deleted); a plugin whose
+  registration socket is gone is deregistered, and whichever instance registers next (a restart, an upgrade, the
+  other driver after a switch) is called for the claims prepared before, which are not prepared again;
 * the Deployment controller and the node's container runner (:mod:`dradriver.sandbox.workloads`), which run
   the MPS control daemons' Pods as local processes (``dradriver sandbox`` starts them and turns MPSSupport on
   where this process may mount tmpfs, as the plugin it starts does).
@@ -139,6 +141,13 @@ class ClusterEmulator:
     _failed_prepare: dict[str, str] = field(default_factory=dict)  # pod UID -> the prepare error last reported
     _last_error: str = ""
 
+    @property
+    def plugin(self) -> PluginConnection | None:
+        """The ``gpu.nvidia.com`` instance this kubelet calls, as of the last :meth:`reconcile`: the most recently
+        registered one, ``None`` while none is (a plugin that stopped and removed its registration socket is
+        deregistered, as the kubelet's plugin watcher does; one started in its place registers anew)."""
+        return self._plugin
+
     def apply_device_classes(self) -> None:
         """Create the DeviceClasses ``deploy/`` ships (``gpu.nvidia.com``, ``mig.nvidia.com``)."""
         assert self.sandbox.api is not None
@@ -208,9 +217,12 @@ class ClusterEmulator:
             plugin = self._kubelet.plugin(GPU_DRIVER.driver_name)
         except KubeletError:
             plugin = None
-        if plugin is not None and plugin is not self._plugin:
+        if plugin is not self._plugin:  # a new instance, or none left: the kubelet calls the newest registered
             self._plugin = plugin
-            self.say(f"kubelet: registered {GPU_DRIVER.driver_name} at {plugin.endpoint} ({plugin.service})")
+            if plugin is not None:
+                self.say(f"kubelet: registered {GPU_DRIVER.driver_name} at {plugin.endpoint} ({plugin.service})")
+            else:
+                self.say(f"kubelet: {GPU_DRIVER.driver_name} deregistered (its registration socket is gone)")
         in_use: set[str] = set()
         pods = api.objects("Pod")
         live = {p["metadata"].get("uid", "") for p in pods}

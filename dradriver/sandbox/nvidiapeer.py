@@ -66,12 +66,13 @@ def peer_missing(binary: Path | None = DEFAULT_PLUGIN, mock_dir: Path | None = D
 
 def nvidia_side(node: Any, binary: Path, mock_dir: Path, work: Path, cdi_root: Path | None = None,
                 plugins_dir: Path | None = None, profile: str = NVIDIA_PROFILE,
-                extra_args: Sequence[str] = ()) -> Side:
+                extra_args: Sequence[str] = (), registrar: Path | None = None) -> Side:
     """NVIDIA's ``gpu-kubelet-plugin`` on ``node`` with NVIDIA's mock NVML (its node ``profile``, a file of its
-    ``configs/``): a fake driver root under ``work``, its own registrar directory, the CDI root ``cdi_root`` and
-    the kubelet plugins directory ``plugins_dir`` (defaults under ``work``; pass the node's own to run on
-    dradriver's directories), the sandbox's kubeconfig, and raised client rate limits; ``extra_args`` are added
-    to its flags (``--feature-gates=TimeSlicingSettings=true``)."""
+    ``configs/``): a fake driver root under ``work``, the registrar directory ``registrar``, the CDI root
+    ``cdi_root`` and the kubelet plugins directory ``plugins_dir`` (defaults under ``work``, the registrar's under
+    ``/tmp`` when that path would be too long for its socket; pass the node's own to run on dradriver's
+    directories, as a switch between the drivers does), the sandbox's kubeconfig, and raised client rate limits;
+    ``extra_args`` are added to its flags (``--feature-gates=TimeSlicingSettings=true``)."""
     root = work / "nvidia-driver-root"
     lib = root / "usr" / "lib" / "x86_64-linux-gnu"
     lib.mkdir(parents=True, exist_ok=True)
@@ -95,9 +96,11 @@ def nvidia_side(node: Any, binary: Path, mock_dir: Path, work: Path, cdi_root: P
     hook = root / "usr" / "bin" / "nvidia-cdi-hook"  # only named in the specs it writes, never run here
     hook.write_text("#!/bin/sh\nexit 0\n")
     hook.chmod(0o755)
-    registrar = work / "nvidia-registry"
-    if len(os.fsencode(registrar / REGISTRATION_SOCKET)) > SOCKET_PATH_MAX:  # a deep pytest tmp_path, say
-        registrar = Path(tempfile.mkdtemp(prefix="nvreg-", dir="/tmp"))
+    own_registrar = registrar is None
+    if registrar is None:
+        registrar = work / "nvidia-registry"
+        if len(os.fsencode(registrar / REGISTRATION_SOCKET)) > SOCKET_PATH_MAX:  # a deep pytest tmp_path, say
+            registrar = Path(tempfile.mkdtemp(prefix="nvreg-", dir="/tmp"))
     plugins = plugins_dir if plugins_dir is not None else work / "nvidia-plugins"
     cdi = cdi_root if cdi_root is not None else work / "nvidia-cdi"
     for d in (registrar, plugins, cdi):
@@ -117,7 +120,8 @@ def nvidia_side(node: Any, binary: Path, mock_dir: Path, work: Path, cdi_root: P
             f"--nvidia-cdi-hook-path={hook}", "--healthcheck-port=-1", "--image-name=nvidia/dra:bench",
             "--namespace=default",
             "--kube-api-qps=1000", "--kube-api-burst=1000", "-v=0", *extra_args]
-    owned = [root, registrar] + ([plugins] if plugins_dir is None else []) + ([cdi] if cdi_root is None else [])
+    owned = [root, *([registrar] if own_registrar else []), *([plugins] if plugins_dir is None else []),
+             *([cdi] if cdi_root is None else [])]
     return Side("nvidia", argv, env, registrar, owned)
 
 

@@ -284,3 +284,36 @@ def test_protobuf_errors(api: ApiServerEmulator) -> None:
     code, _, data = request(api, "POST", "/api/v1/namespaces/default/events",
                             envelope("resource.k8s.io/v1", "ResourceSlice", slice_message("x")))
     assert code == 400 and status_of(data).reason == "BadRequest"
+
+
+def test_a_protobuf_delete_options_body_is_honoured_as_client_go_sends_it(api: ApiServerEmulator) -> None:
+    """client-go's ``Delete`` of a built-in kind sends ``DeleteOptions`` as protobuf, enveloped with the resource's
+    group version (``apps/v1`` / ``DeleteOptions``; bytes as NVIDIA's plugin sends them for its MPS control daemon's
+    Deployment, with ``propagationPolicy: Foreground``): its preconditions and propagation policy are applied; a
+    protobuf body on a custom resource is refused with 415, as for every other body."""
+    M = k8s_meta_v1_pb2
+    deployments = "/apis/apps/v1/namespaces/default/deployments"
+    for name in ("a", "b"):
+        api.create({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": "default"},
+                     "spec": {"selector": {"matchLabels": {"app": name}},
+                              "template": {"metadata": {"labels": {"app": name}},
+                                           "spec": {"containers": [{"name": "c", "image": "x"}]}}}})
+    wrong_uid = envelope("apps/v1", "DeleteOptions", M.DeleteOptions(preconditions=M.Preconditions(uid="other")))
+    code, _, data = request(api, "DELETE", f"{deployments}/a", wrong_uid, accept="application/json")
+    assert code == 409 and "Precondition failed: UID in precondition: other" in json.loads(data)["message"]
+    nvidias = b'k8s\x00\n\x18\n\x07apps/v1\x12\rDeleteOptions\x12\x0c"\nForeground\x1a\x00"\x00'
+    code, _, data = request(api, "DELETE", f"{deployments}/a", nvidias, accept="application/json")
+    assert code == 200, data
+    assert api.get("Deployment", "a", "default") is None
+    dry = envelope("apps/v1", "DeleteOptions", M.DeleteOptions(dryRun=["All"], propagationPolicy="Background"))
+    code, _, data = request(api, "DELETE", f"{deployments}/b", dry, accept="application/json")
+    assert code == 200 and api.get("Deployment", "b", "default") is not None
+    code, _, data = request(api, "DELETE", f"{deployments}/b", envelope("apps/v1", "Deployment", M.Status()),
+                            accept="application/json")
+    assert code == 400 and "must be DeleteOptions, not apps/v1 Deployment" in json.loads(data)["message"]
+    api.create({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomain",
+                "metadata": {"name": "cd", "namespace": "default"}, "spec": {"numNodes": 1}})
+    code, _, data = request(api, "DELETE", "/apis/resource.nvidia.com/v1beta1/namespaces/default/computedomains/cd",
+                            envelope("resource.nvidia.com/v1beta1", "DeleteOptions", M.DeleteOptions()),
+                            accept="application/json")
+    assert code == 415 and json.loads(data)["reason"] == "UnsupportedMediaType"

@@ -67,19 +67,20 @@ def dradriver_process(node: SandboxNode, log: Path, **config: Any) -> contextlib
 
 
 @contextlib.contextmanager
-def nvidia_process(node: SandboxNode, work: Path, profile: str = NVIDIA_A100, *args: str) -> Iterator[
-        tuple[subprocess.Popen[bytes], Path]]:
-    """NVIDIA's ``gpu-kubelet-plugin`` on ``node``'s plugin directory and CDI root, with flags ``args`` added;
-    yields it and its registrar."""
+def nvidia_process(node: SandboxNode, work: Path, profile: str = NVIDIA_A100, *args: str,
+                   registrar: Path | None = None) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """NVIDIA's ``gpu-kubelet-plugin`` on ``node``'s plugin directory and CDI root, with flags ``args`` added, in
+    the registrar directory ``registrar`` (default: its own, so a kubelet emulator of its own finds it); yields
+    it and its registrar."""
     config = node.config()
     side = nvidia_side(node, DEFAULT_PLUGIN, DEFAULT_MOCK_NVML, work, cdi_root=Path(config.cdi_root),
                        plugins_dir=Path(config.kubelet_plugins_directory_path), profile=profile,
-                       extra_args=args)
+                       extra_args=args, registrar=registrar)
     try:
         with process(side.argv, side.env, work / "nvidia.log") as proc:
             yield proc, side.registrar
     finally:
-        if not side.registrar.is_relative_to(work):  # a short one under /tmp (socket path length)
+        if registrar is None and not side.registrar.is_relative_to(work):  # a short one under /tmp (socket path)
             shutil.rmtree(side.registrar, ignore_errors=True)
 
 

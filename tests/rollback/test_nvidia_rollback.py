@@ -6,18 +6,21 @@ leaving no CDI spec behind. Skipped, with the reason, where NVIDIA's binary or i
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
 
+from dradriver.domain import mps
 from dradriver.domain.claims import ClaimRef
 from dradriver.domain.nvcheckpoint import CheckpointState
 from dradriver.host.nvcheckpointfile import CHECKPOINT_FILE, read_checkpoint
-from dradriver.sandbox.node import SandboxNode
+from dradriver.sandbox.node import SANDBOX_NAMESPACE, SandboxNode
 from tests.configs.test_plugin import allocate
 from tests.plugin.conftest import ref_of, result
-from tests.plugin.test_timeslicing import GATE_ON, time_slicing
+from tests.plugin.test_timeslicing import GATE_ON, entry, params, time_slicing
 from tests.rollback.peers import (
+    NVIDIA_A100,
     claim,
     dradriver_process,
     kubelet_for,
@@ -120,3 +123,66 @@ def test_a_claim_nvidia_prepared_is_held_by_dradriver_after_the_switch(sandbox: 
                 assert _spec_files(cdi_root, ref.uid) == []
 
     asyncio.run(with_dradriver())
+
+
+@pytest.mark.parametrize("sandbox", ["dgx-a100"], indirect=True)
+def test_nvidia_plugin_stops_the_mps_control_daemon_dradriver_started_and_leaves_nothing(
+        sandbox: SandboxNode, tmp_path: Path) -> None:
+    """dradriver prepares an MPS-shared GPU (its control daemon Deployment ``mps-control-daemon-<id>`` runs in the
+    sandbox, ``<plugin dir>/mps/<id>`` with its tmpfs ``shm``) and stops; NVIDIA's plugin (``MPSSupport`` on, the
+    daemons' namespace) starts on the kept checkpoint and its unprepare stops the daemon: the Deployment and its
+    Pod are deleted, the tmpfs unmounted, the directory removed, the spec gone, the checkpoint empty."""
+    config, cdi_root, plugin_dir = switched_node(sandbox)
+    sandbox.run_workloads()
+    mps_config = sandbox.mps_config()
+    gpu = "gpu-5"
+    ref = ref_of(allocate(sandbox, "mps", [result(gpu, pool=sandbox.node_name)], [entry(params(sharing={
+        "strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}}))]))
+    log = tmp_path / "dradriver.log"
+    assert sandbox.api is not None
+
+    def deployments() -> list[str]:
+        assert sandbox.api is not None
+        return [d["metadata"]["name"] for d in sandbox.api.objects("Deployment", SANDBOX_NAMESPACE)]
+
+    async def with_dradriver() -> str:
+        with dradriver_process(sandbox, log, feature_gates=mps_config.feature_gates, namespace=SANDBOX_NAMESPACE,
+                               image_name=mps_config.image_name,
+                               nvidia_driver_root=mps_config.nvidia_driver_root) as proc:
+            async with kubelet_for(Path(config.kubelet_registrar_directory_path), proc, log) as kubelet:
+                assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+                stop(proc, "graceful")
+        kept = read_checkpoint(plugin_dir / CHECKPOINT_FILE)
+        assert kept is not None
+        (group,) = kept.claims[ref.uid].groups
+        return group.config_state.mps_control_daemon_id
+
+    daemon = asyncio.run(with_dradriver())
+    directory = mps_config.mps_root / daemon
+    assert deployments() == [f"mps-control-daemon-{daemon}"]
+    assert sandbox.mounts.is_mounted(directory / mps.SHM_DIR)
+    assert _spec_files(cdi_root, ref.uid) == [f"k8s.gpu.nvidia.com-claim_{ref.uid}.yaml"]
+
+    async def with_nvidia() -> None:
+        with nvidia_process(sandbox, tmp_path, NVIDIA_A100, "--feature-gates=MPSSupport=true",
+                            f"--namespace={SANDBOX_NAMESPACE}") as (proc, registrar):
+            async with kubelet_for(registrar, proc, tmp_path / "nvidia.log") as kubelet:
+                other = claim(sandbox, "other", gpu)
+                assert f"already allocated to different claim {ref.uid}" in (await kubelet.prepare([other]))[
+                    other.uid].error
+                assert await kubelet.unprepare([ref]) == {ref.uid: ""}, (tmp_path / "nvidia.log").read_text()[-3000:]
+                assert proc.poll() is None
+
+    asyncio.run(with_nvidia())
+    assert deployments() == []
+    # the daemon's Pod goes as on a node: its container is stopped (the runner's finalizer), then it is deleted
+    for _ in range(600):
+        if not sandbox.api.objects("Pod", SANDBOX_NAMESPACE):
+            break
+        time.sleep(0.05)
+    assert [p["metadata"]["name"] for p in sandbox.api.objects("Pod", SANDBOX_NAMESPACE)] == []
+    assert not sandbox.mounts.is_mounted(directory / mps.SHM_DIR)
+    assert not directory.exists()
+    assert _spec_files(cdi_root, ref.uid) == []
+    after = read_checkpoint(plugin_dir / CHECKPOINT_FILE)
+    assert after is not None and not after.claims

@@ -344,3 +344,50 @@ def test_an_adopted_vfio_device_is_held_without_an_undo_dradriver_cannot_do() ->
                             uuid="GPU-1")
     adopted = GpuAdoption("node-a", lambda _name: None).claim(_nvidia_entry_on("node-a", device))
     assert [h.device for h in adopted.held] == ["gpu-1"] and adopted.undo == ()
+
+
+def test_a_static_mig_device_nvidia_prepared_is_held_refused_and_unprepared_without_destroying_its_instance() -> None:
+    """NVIDIA's mock NVML publishes no MIG device (its config has no GPU instances: ``MIG mode enabled but no
+    configured MIG devices``), so the entry is built with the codec in NVIDIA's layout: ``mig.concrete`` of a MIG
+    device that existed before the claim (``dgx-a100``'s ``gpu-0``, GI 9 / CI 0). dradriver holds it (another claim
+    is refused it), and its unprepare removes NVIDIA's spec and leaves the GPU and compute instance as they were
+    (static MIG: the administrator made it, neither driver destroys it); the device can then be prepared again."""
+    name, gi_id = "gpu-0-mig-1g5gb-19-2", 9
+    with SandboxNode(profile="dgx-a100", mig_state=True) as node:
+        assert node.api is not None
+        node.api.create(factories.DEVICE_CLASS)
+        config = node.config()
+        profile = json.loads((PROFILES / "dgx-a100.json").read_text())
+        gpu0 = profile["gpus"][0]
+        [mig_uuid] = [c["uuid"] for gi in gpu0["gpuInstances"] if gi["id"] == gi_id for c in gi["computeInstances"]]
+        uid = str(uuid.uuid4())
+        device = PreparedDevice("mig", KubeletDevice(("gpu",), node.node_name, name,
+                                                     (f"k8s.gpu.nvidia.com/claim={uid}-{name}",)),
+                                mig=MigConcrete(0, gi_id, 0, mig_uuid, gpu0["uuid"]))
+        plugin_dir = Path(config.kubelet_plugins_directory_path) / GPU_DRIVER.driver_name
+        plugin_dir.mkdir(parents=True, exist_ok=True)
+        write_checkpoint(plugin_dir / CHECKPOINT_FILE, encode(Checkpoint({uid: _nvidia_entry(node, device)}, "")))
+        spec = _nvidia_spec(node, uid, name)
+
+        async def body() -> None:
+            async with running(config) as (plugin, kubelet):
+                assert plugin.metrics is not None and plugin.metrics.registry.get_sample_value(
+                    "dradriver_adopted_claims_total", {"driver": "gpu.nvidia.com", "source": "nvidia-checkpoint"}) == 1
+                instances = state_lines(node, "gi"), state_lines(node, "ci")
+                assert [int(gi[2]) for gi in instances[0] if gi[1] == "0"].count(gi_id) == 1, instances
+                other = claim(node, "other", name)
+                refused = (await kubelet.prepare([other]))[other.uid].error
+                assert f"already prepared for claim / (uid {uid})" in refused, refused
+                assert await kubelet.unprepare([ClaimRef("default", "by-nvidia", uid)]) == {uid: ""}
+                assert not spec.exists()
+                assert (state_lines(node, "gi"), state_lines(node, "ci")) == instances
+                assert plugin.state is not None and plugin.state.get(uid) is None
+                kept = read_checkpoint(plugin_dir / CHECKPOINT_FILE)
+                assert kept is not None and not kept.claims
+                again = await kubelet.prepare([other])
+                assert again[other.uid].error == "" and [d.device_name for d in again[other.uid].devices] == [name]
+                assert await kubelet.unprepare([other]) == {other.uid: ""}
+                assert (state_lines(node, "gi"), state_lines(node, "ci")) == instances
+
+        asyncio.run(body())
+        assert len(_events(node, "ClaimAdopted")) == 1

@@ -59,3 +59,51 @@ def test_both_pods_of_a_shared_claim_run_on_one_preparation(sandbox: SandboxNode
     assert len(prepared) == 1, lines
     assert f"kubelet: pod default/{pods[1]} running" in lines
     assert any(line == "kubelet: claim default/shared-gpu unprepared (no pod uses it)" for line in lines), lines
+
+
+def test_a_stopped_plugin_is_deregistered_and_its_pods_claim_is_unprepared_by_the_instance_started_next(
+        sandbox: SandboxNode) -> None:
+    """The plugin stops (its registration socket goes): the kubelet calls nothing while none is registered, so a
+    pod deleted meanwhile keeps its claim prepared until the next instance registers and unprepares it."""
+    assert sandbox.api is not None
+    lines: list[str] = []
+    cluster = ClusterEmulator(sandbox, say=lines.append)
+    cluster.apply_device_classes()
+    [claim, pod] = SHARED[:2]
+    config = sandbox.config(log_level="warning")
+
+    async def body() -> None:
+        async with KubeletEmulator(config.kubelet_registrar_directory_path) as kubelet:
+            cluster._kubelet = kubelet
+            first = await start_plugin(config)
+            try:
+                sandbox.api.create(claim)  # type: ignore[union-attr]
+                sandbox.api.create(pod)  # type: ignore[union-attr]
+                for _ in range(600):
+                    await cluster.reconcile()
+                    if _phase(sandbox, pod["metadata"]["name"]) == "Running":
+                        break
+                    await asyncio.sleep(0.05)
+                registered = cluster.plugin
+                assert registered is not None and set(cluster.prepared), lines
+            finally:
+                await first.stop()
+            await cluster.reconcile()
+            assert cluster.plugin is None and "kubelet: gpu.nvidia.com deregistered (its registration socket is " \
+                "gone)" in lines
+            sandbox.api.delete("Pod", pod["metadata"]["name"], "default")  # type: ignore[union-attr]
+            await cluster.reconcile()  # nothing to call: the claim stays prepared
+            assert set(cluster.prepared), lines
+            second = await start_plugin(config)
+            try:
+                for _ in range(600):
+                    await cluster.reconcile()
+                    if not cluster.prepared:
+                        break
+                    await asyncio.sleep(0.05)
+                assert cluster.plugin not in (None, registered) and not cluster.prepared, lines
+            finally:
+                await second.stop()
+
+    asyncio.run(body())
+    assert "kubelet: claim default/shared-gpu unprepared (no pod uses it)" in lines

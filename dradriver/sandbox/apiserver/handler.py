@@ -16,7 +16,7 @@ from dradriver.sandbox.apiserver import fieldmanager, openapi, paging, resources
 from dradriver.sandbox.apiserver.errors import ApiStatusError, JSONDict, bad_request, method_not_allowed
 from dradriver.sandbox.apiserver.errors import not_found as not_found_error
 from dradriver.sandbox.apiserver.faults import Fault, take_fault
-from dradriver.sandbox.apiserver.media import JSON, decode_body, encode_body, negotiate
+from dradriver.sandbox.apiserver.media import JSON, decode_body, decode_delete_body, encode_body, negotiate
 from dradriver.sandbox.apiserver.patches import apply_patch
 from dradriver.sandbox.apiserver.resources import ResourceType, without_type
 from dradriver.sandbox.apiserver.routes import SERVER_VERSION, Route, resolve
@@ -158,7 +158,8 @@ def serve_request(state: ServerState, handler: RequestHandler) -> None:
 
         def read_body() -> Any:
             if not decoded:
-                decoded.append(decode_body(body, content_type, rt.api_version, rt.kind))
+                decoded.append(decode_delete_body(body, content_type, custom=rt.custom) if verb == "delete"
+                               else decode_body(body, content_type, rt.api_version, rt.kind))
             return decoded[0]
 
         warnings: list[str] = []

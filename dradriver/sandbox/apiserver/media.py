@@ -1,7 +1,8 @@
 """Content negotiation: which media type a response is written in and how a request body is read.
 
 JSON always; Kubernetes protobuf for the kinds in :data:`.protobuf.MESSAGES`, in ``Accept`` order
-(client-go sends ``application/vnd.kubernetes.protobuf,application/json``, so other kinds fall back to JSON).
+(client-go sends ``application/vnd.kubernetes.protobuf,application/json``, so other kinds fall back to JSON);
+a DELETE's ``DeleteOptions`` body in protobuf for every built-in resource (:func:`decode_delete_body`).
 Watch streams are JSON only: a watch that accepts nothing else is answered 406.
 """
 
@@ -65,6 +66,20 @@ def decode_body(body: bytes, content_type: str, api_version: str, kind: str) -> 
         return json.loads(body or b"null")
     except ValueError as exc:
         raise bad_request(f"the request body is not valid JSON: {exc}") from exc
+
+
+def decode_delete_body(body: bytes, content_type: str, *, custom: bool) -> Any:
+    """A DELETE's body (``DeleteOptions``) as JSON data (``None`` when empty): protobuf for a built-in resource
+    (client-go's ``Delete`` sends it so), JSON or YAML for any.
+
+    :param custom: the resource is a custom resource (no protobuf, as the real server).
+    :raises ApiStatusError: 400 for a malformed body; 415 for a protobuf body on a custom resource.
+    """
+    if _media_type(content_type) == PROTOBUF:
+        if custom:
+            raise protobuf.unsupported_media_type()
+        return protobuf.decode_delete_options(body) if body else None
+    return decode_body(body, content_type, "", "")
 
 
 def encode_body(payload: JSONDict, media: str, api_version: str, kind: str) -> tuple[bytes, str]:

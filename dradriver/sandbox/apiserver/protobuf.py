@@ -74,8 +74,14 @@ KEEP_ZERO = frozenset(
         "OwnerReference.controller",
         "OwnerReference.blockOwnerDeletion",
         "ListMeta.remainingItemCount",
+        "DeleteOptions.gracePeriodSeconds",
+        "DeleteOptions.orphanDependents",
+        "DeleteOptions.ignoreStoreReadErrorWithClusterBreakingPotential",
     }
 )
+DELETE_OPTIONS = "DeleteOptions"
+"""The kind of a DELETE's body; the server registers it in every group version, so client-go's envelope names the
+resource's own (``apps/v1`` ``DeleteOptions`` for a Deployment)."""
 _OMIT = object()
 
 
@@ -106,18 +112,45 @@ def decode(body: bytes) -> JSONDict:
 
     :raises ApiStatusError: 400 for a malformed body, 415 for a kind the emulator has no message for.
     """
+    api_version, kind, raw = _open(body)
+    if not supports(api_version, kind):
+        raise unsupported_media_type()
+    return {"apiVersion": api_version, "kind": kind, **to_json(_parse(MESSAGES[(api_version, kind)], raw))}
+
+
+def decode_delete_options(body: bytes) -> JSONDict:
+    """A DELETE's protobuf body, ``DeleteOptions`` (``propagationPolicy``, ``preconditions``, ``dryRun``,
+    ``gracePeriodSeconds``, ...; ``k8s.io/apimachinery/pkg/apis/meta/v1``), as the JSON dict the server reads:
+    client-go sends one for every delete of a kind it talks protobuf for (``Deployments().Delete`` of NVIDIA's MPS
+    control daemon, with ``propagationPolicy: Foreground``).
+
+    :raises ApiStatusError: 400 for a malformed body or one of another kind.
+    """
+    api_version, kind, raw = _open(body)
+    if kind != DELETE_OPTIONS:
+        raise bad_request(f"the body of a DELETE must be DeleteOptions, not {api_version} {kind}")
+    return {"apiVersion": api_version, "kind": kind, **to_json(_parse(k8s_meta_v1_pb2.DeleteOptions, raw))}
+
+
+def _open(body: bytes) -> tuple[str, str, bytes]:
+    """The ``runtime.Unknown`` envelope of a protobuf body: its apiVersion, kind and typed message bytes.
+
+    :raises ApiStatusError: 400 without the magic number or for a malformed envelope.
+    """
     if not body.startswith(MAGIC):
         raise bad_request("the protobuf body does not start with the Kubernetes magic number k8s\\x00")
     try:
         envelope = k8s_runtime_pb2.Unknown.FromString(body[len(MAGIC) :])
-        api_version, kind = envelope.typeMeta.apiVersion, envelope.typeMeta.kind
-        if not supports(api_version, kind):
-            raise unsupported_media_type()
-        message = MESSAGES[(api_version, kind)].FromString(envelope.raw)
     except DecodeError as exc:
         raise bad_request(f"the request body is not a valid protobuf message: {exc}") from exc
-    obj = to_json(message)
-    return {"apiVersion": api_version, "kind": kind, **obj}
+    return envelope.typeMeta.apiVersion, envelope.typeMeta.kind, envelope.raw
+
+
+def _parse(message: type[Message], raw: bytes) -> Message:
+    try:
+        return message.FromString(raw)
+    except DecodeError as exc:
+        raise bad_request(f"the request body is not a valid protobuf message: {exc}") from exc
 
 
 def unsupported_media_type() -> ApiStatusError:
