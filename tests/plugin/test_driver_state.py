@@ -5,6 +5,7 @@ sockets, the API emulator over HTTP)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import shutil
@@ -25,6 +26,7 @@ from dradriver.sandbox.multinode import MultiNodeError, cdi_edits
 from dradriver.sandbox.node import SandboxNode, install_driver_tools, lay_out_driver_tree
 from tests.configs.test_plugin import allocate
 from tests.factories import DEVICE_CLASS, write_profile
+from tests.mps.test_plugin import mps_claim
 from tests.plugin.conftest import SEED_SELECTOR, claim_object, ref_of, result, running, wait_for
 from tests.plugin.test_dynamic_mig import GATES as MIG_GATES
 from tests.plugin.test_dynamic_mig import ONE_G, _create_out_of_band, claim_for, state_lines
@@ -455,3 +457,137 @@ def test_the_health_poller_samples_the_library_the_session_opened_after_a_reload
     assert answer["driver"] == NEW_DRIVER
     assert answer["readings"] == [True, True], done.stderr
     assert answer["errors"] == {}, answer
+
+
+def _reload_driver(node: SandboxNode, profile: Path, old: str, new: str) -> None:
+    """The GPU Operator's upgrade under the running plugin, seen from the node: the module unloaded (every NVML call
+    of the plugin's session fails DRIVER_NOT_LOADED), the driver root's files replaced, the module loaded again as
+    driver ``new`` (same ``nvidia`` major). The caller waits for the plugin between the two halves."""
+    with node.nvml_control.open("a") as control:
+        control.write("driver unloaded\n")
+
+
+def _driver_back(node: SandboxNode, profile: Path, old: str, new: str) -> None:
+    _replace_driver(node.driver_root, old, new)
+    data = json.loads(profile.read_text())
+    data["system"]["driverVersion"] = new
+    profile.write_text(json.dumps(data))
+    with node.nvml_control.open("a") as control:
+        control.write("driver loaded\n")
+
+
+def _semver(version: str) -> str:
+    """A driver version as its ``driverVersion`` attribute spells it (semver: no leading zeros)."""
+    return ".".join(str(int(part)) for part in version.split("."))
+
+
+def _metadata_driver_versions(node: SandboxNode, uid: str) -> tuple[set[str], set[int]]:
+    """The ``driverVersion`` attributes (as driver versions) and generations a container of the claim reads in its
+    metadata files (followed from the claim's CDI spec, as the runtime mounts them)."""
+    from dradriver.domain import devicemetadata as dm
+    from tests.cdi.helpers import read_mounted_metadata, validate
+
+    spec = validate(GPU_DRIVER.cdi.spec_path(node.cdi_root, uid).read_bytes())
+    versions: set[str] = set()
+    generations: set[int] = set()
+    for mounts in dm.spec_mounts(spec).values():
+        for mount in mounts:
+            doc = read_mounted_metadata(mount)[0]
+            generations.add(int(doc["metadata"]["generation"]))
+            versions |= {str(d["attributes"]["driverVersion"]["version"])
+                         for r in doc["requests"] for d in r["devices"]}
+    return versions, generations
+
+
+@pytest.mark.parametrize("kind", ["static-mig", "dynamic-mig", "mps", "consumable-share"])
+def test_mig_dynamic_mig_and_share_claims_with_device_metadata_cross_a_reload_and_a_refused_claim_is_retried(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    """A reload under the running plugin with a claim of each other device kind prepared before it, with the
+    ``DeviceMetadata`` gate: a static MIG device (dgx-a100), a dynamic MIG device (``DynamicMIG``), an MPS-shared
+    GPU (``MPSSupport``, its control daemon), a consumable share of an H200 (``--consumable-shares``, its MPS
+    control daemon). While the driver is away a second claim of
+    the kind is refused naming the reason; the kubelet retries it once the driver is back and it is prepared. The
+    claim prepared before keeps its device, its spec names the new driver's files and its metadata file the new
+    ``driverVersion`` (generation 2); the retried claim's file names it too. Both are unprepared cleanly after: no
+    claim state, spec, metadata file, MIG instance or MPS daemon is left."""
+    from dradriver.domain.featuregates import FeatureGates
+    from dradriver.host.devicemetadata import SUBDIR
+    from dradriver.sandbox.node import SANDBOX_NAMESPACE
+    from dradriver.sandbox.profiles import h200_node
+    from tests.plugin.test_shares import allocate as allocate_shares
+    from tests.plugin.test_shares import share_claim
+
+    monkeypatch.setattr(driverstate, "RETRY_PERIOD_S", 0.1)
+    base = {"static-mig": "dgx-a100", "dynamic-mig": "dgx-h100", "mps": "dgx-h100",
+            "consumable-share": h200_node(tmp_path, gpus=2)}[kind]
+    profile = Path(write_profile(tmp_path, base, name="node"))
+    old = json.loads(profile.read_text())["system"]["driverVersion"]
+    metadata = FeatureGates({"DeviceMetadata": True})
+    with SandboxNode(profile=str(profile), mig_state=kind == "dynamic-mig") as node:
+        api = node.api
+        assert api is not None
+        api.create(DEVICE_CLASS)
+        if kind in ("mps", "consumable-share"):
+            node.run_workloads()
+            config = node.shares_config() if kind == "consumable-share" else node.mps_config()
+            config = dataclasses.replace(config, feature_gates=config.feature_gates.with_gates(DeviceMetadata=True))
+        elif kind == "dynamic-mig":
+            config = node.config(feature_gates=MIG_GATES.with_gates(DeviceMetadata=True))
+        else:
+            config = node.config(feature_gates=metadata)
+
+        async def body() -> None:
+            async with running(config) as (plugin, kubelet):
+                assert plugin.driver is not None and plugin.registry is not None and plugin.session is not None
+                session = plugin.session
+                await wait_for(lambda: bool(api.objects("ResourceSlice")))
+                if kind == "static-mig":
+                    migs = [d.name for d in plugin.inventory.allocatable() if "-mig-" in d.name]
+                    kept, during = (ref_of(allocate(node, name, [result(device)], []))
+                                    for name, device in (("kept", migs[0]), ("during", migs[-1])))
+                elif kind == "dynamic-mig":
+                    kept = claim_for(node, "kept", ONE_G.format(m=0, s=3))
+                    during = claim_for(node, "during", ONE_G.format(m=1, s=0))
+                elif kind == "mps":
+                    (kept, _), (during, _) = mps_claim(node, "kept"), mps_claim(node, "during")
+                else:
+                    kept, during = (ref_of(c) for c in allocate_shares(node, share_claim("kept"),
+                                                                         share_claim("during")))
+                answer = (await kubelet.prepare([kept]))[kept.uid]
+                assert answer.error == ""
+                devices = [d.device_name for d in answer.devices]
+                kept_spec = plugin.runner.spec_path(kept.uid)
+                assert f"libcuda.so.{old}" in kept_spec.read_text()
+                assert _metadata_driver_versions(node, kept.uid) == ({_semver(old)}, {1})
+
+                _reload_driver(node, profile, old, NEW_DRIVER)
+                await wait_for(lambda: not session.available, timeout=10)
+                error = (await kubelet.prepare([during]))[during.uid].error
+                assert during.uid in error and "NVIDIA driver is not available" in error, error
+                assert plugin.state.get(during.uid) is None
+
+                _driver_back(node, profile, old, NEW_DRIVER)
+                await wait_for(lambda: plugin.driver is not None and not plugin.driver.reason(), timeout=30)
+                assert plugin.driver.reloads == 1 and plugin.inventory.versions.driver == NEW_DRIVER
+                rewritten = kept_spec.read_text()
+                assert f"libcuda.so.{NEW_DRIVER}" in rewritten and f"libcuda.so.{old}" not in rewritten, rewritten
+                assert _metadata_driver_versions(node, kept.uid) == ({_semver(NEW_DRIVER)}, {2})
+                answer = (await kubelet.prepare([kept]))[kept.uid]  # the kubelet's retry of a prepared claim
+                assert answer.error == "" and [d.device_name for d in answer.devices] == devices
+
+                answer = (await kubelet.prepare([during]))[during.uid]  # the kubelet retries the refused claim
+                assert answer.error == "", answer.error
+                assert f"libcuda.so.{NEW_DRIVER}" in plugin.runner.spec_path(during.uid).read_text()
+                assert _metadata_driver_versions(node, during.uid) == ({_semver(NEW_DRIVER)}, {1})
+
+                assert await kubelet.unprepare([kept, during]) == {kept.uid: "", during.uid: ""}
+                assert plugin.state.claims() == {}
+                assert not kept_spec.exists() and not plugin.runner.spec_path(during.uid).exists()
+                assert list((config.plugin_dir / SUBDIR).iterdir()) == []
+                if kind == "dynamic-mig":
+                    assert state_lines(node, "gi") == [] and state_lines(node, "ci") == []
+                if kind in ("mps", "consumable-share"):
+                    await wait_for(lambda: not [d for d in api.objects("Deployment")
+                                                if d["metadata"].get("namespace") == SANDBOX_NAMESPACE], timeout=30)
+
+        asyncio.run(body())
