@@ -354,6 +354,51 @@ def test_a_new_nvidia_major_is_a_reload_and_prepared_specs_get_the_new_device_nu
     asyncio.run(body())
 
 
+@pytest.mark.parametrize("made_again", ["nvidiactl", "sysfs module"])
+def test_a_same_version_same_major_reload_is_noticed_by_the_module_s_files_made_again(
+        sandbox: SandboxNode, monkeypatch: pytest.MonkeyPatch, made_again: str) -> None:
+    """The module is unloaded and loaded again between two checks, as the same driver version with the same
+    ``nvidia`` major (195), and no NVML call of the plugin failed meanwhile: only its files tell, made again at the
+    same paths (``/dev/nvidiactl``, ``/sys/module/nvidia``). The watch counts a reload, names the file in the Node
+    Event, initialises NVML again and serves again; the claim prepared before is kept and answered."""
+    monkeypatch.setattr(driverstate, "RETRY_PERIOD_S", 0.1)
+    api = sandbox.api
+    assert api is not None
+    config = sandbox.config(healthcheck_port=0)
+    path = {"nvidiactl": sandbox.root / "dev" / "nvidiactl",
+            "sysfs module": sandbox.root / "sys" / "module" / "nvidia"}[made_again]
+
+    async def body() -> None:
+        async with running(config) as (plugin, kubelet):
+            assert plugin.driver is not None
+            ref = ref_of(allocate(sandbox, "kept", [result("gpu-0")], []))
+            assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+            await asyncio.sleep(0.3)  # several checks: nothing changed, no reload
+            assert plugin.driver.reloads == 0
+            before = path.stat().st_ino
+            if made_again == "nvidiactl":  # both files made again (the first one checked is named)
+                sandbox.reload_kernel_module()
+            else:  # only the sysfs directory: a node whose /dev the plugin does not see
+                fresh = path.with_name("nvidia.new")
+                fresh.mkdir()
+                path.rename(path.with_name("nvidia.old"))
+                fresh.rename(path)
+            assert path.stat().st_ino != before
+            await wait_for(lambda: plugin.driver is not None and plugin.driver.reloads == 1
+                           and not plugin.driver.reason(), timeout=10)
+            messages = "\n".join(e["message"] for e in api.objects("Event")
+                                  if e.get("reason") == "NvidiaDriverUnavailable")
+            assert f"{path} was made again: the kernel module was reloaded" in messages, messages
+            assert plugin.session is not None and plugin.session.available
+            answer = (await kubelet.prepare([ref]))[ref.uid]
+            assert answer.error == "" and [d.device_name for d in answer.devices] == ["gpu-0"]
+            await asyncio.sleep(0.3)
+            assert plugin.driver.reloads == 1  # the files seen after the reload are the ones compared with now
+            assert await kubelet.unprepare([ref]) == {ref.uid: ""}
+
+    asyncio.run(body())
+
+
 def test_a_reload_that_renumbers_gpus_withdraws_a_moved_claim_s_spec_and_refuses_it_by_its_uuid(
         sandbox: SandboxNode, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The driver comes back with GPUs 0 and 1 under each other's minors: device names follow the minor
