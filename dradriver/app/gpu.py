@@ -480,6 +480,7 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
 
         def driver_away(why: str) -> None:
             # A reload under the running plugin: nothing may use the stale NVML handle the watch shuts next.
+            metrics.count_driver_reload()
             health.stop()
             edits_cache.clear()
             assembly.report_event(identity, connection.client, config, connection.node_uid, "NvidiaDriverUnavailable",
@@ -507,6 +508,7 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
                        " withdrawn; see the plugin's log)" if unusable else ""),
                     type_="Normal")
 
+        metrics.watch_driver(lambda: not watch.reason())
         refusal = driverstate.first_refusal(watch.refusal, hook_refusal)
         gate = DriverGate(runner, refusal)
         metrics_server = await assembly.serve_metrics_step(life, config, metrics)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dradriver.app import driverstate, start_plugin
+from dradriver.app import GpuPlugin, driverstate, start_plugin
 from dradriver.domain.identity import GPU_DRIVER
 from dradriver.kubeletplugin.payload import read_payload
 from dradriver.nvml import mock, settings
@@ -227,6 +227,17 @@ def _slice_driver_versions(api: ApiServerEmulator) -> set[str]:
             for item in api.objects("ResourceSlice") for device in item["spec"].get("devices", [])}
 
 
+def _driver_metrics(plugin: GpuPlugin) -> tuple[float, float]:
+    """``dradriver_nvidia_driver_available`` and ``dradriver_nvidia_driver_reloads_total`` as a scrape reads them."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    assert plugin.metrics is not None
+    samples = {s.name: s.value for f in text_string_to_metric_families(generate_latest(plugin.metrics.registry)
+                                                                       .decode()) for s in f.samples}
+    return samples["dradriver_nvidia_driver_available"], samples["dradriver_nvidia_driver_reloads_total"]
+
+
 def test_a_driver_reload_under_the_running_plugin_is_survived_without_a_restart(
         sandbox: SandboxNode, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A GPU Operator upgrade reloads the driver under the running plugin: NVML calls fail DRIVER_NOT_LOADED, the
@@ -234,7 +245,8 @@ def test_a_driver_reload_under_the_running_plugin_is_survived_without_a_restart(
     another character-device major. The plugin detects it, is NOT_SERVING with a Node Event and refuses a prepare
     naming the reason, unprepares a claim prepared before; once the driver is back it re-initialises NVML, keeps
     the device names, republishes the new driver version, rewrites the spec of the claim still prepared for the
-    new library files and device numbers, and prepares a new claim with them: the same process throughout."""
+    new library files and device numbers, and prepares a new claim with them: the same process throughout. The
+    metrics say it: ``dradriver_nvidia_driver_available`` 0 while away, ``..._reloads_total`` 1."""
     monkeypatch.setattr(driverstate, "RETRY_PERIOD_S", 0.1)
     api = sandbox.api
     assert api is not None
@@ -249,6 +261,7 @@ def test_a_driver_reload_under_the_running_plugin_is_survived_without_a_restart(
             port = plugin.servers.health_port
             assert port is not None
             uuids = {name: getattr(plugin.registry.get(name), "uuid", "") for name in ("gpu-0", "gpu-1")}
+            assert _driver_metrics(plugin) == (1.0, 0.0)
             kept, gone, during, after = (ref_of(allocate(sandbox, name, [result(f"gpu-{i}")], []))
                                          for i, name in enumerate(("kept", "gone", "during", "after")))
             assert (await kubelet.prepare([kept, gone]))[kept.uid].error == ""
@@ -263,6 +276,7 @@ def test_a_driver_reload_under_the_running_plugin_is_survived_without_a_restart(
             await wait_for(lambda: not session.available, timeout=10)  # detected, the stale handle shut
             assert "Driver Not Loaded" in plugin.driver.reason()
             assert await _status(port, "readiness") == NOT_SERVING
+            assert _driver_metrics(plugin) == (0.0, 1.0)
             events = [e for e in api.objects("Event") if e.get("reason") == "NvidiaDriverUnavailable"]
             assert events and "Driver Not Loaded" in events[0]["message"], events
             error = (await kubelet.prepare([during]))[during.uid].error
@@ -280,6 +294,7 @@ def test_a_driver_reload_under_the_running_plugin_is_survived_without_a_restart(
                 control.write("driver loaded\n")
             await wait_for(lambda: plugin.driver is not None and not plugin.driver.reason(), timeout=30)
             assert plugin.driver.reloads == 1
+            assert _driver_metrics(plugin) == (1.0, 1.0)
             assert plugin.inventory.versions.driver == NEW_DRIVER
             assert {n: getattr(plugin.registry.get(n), "uuid", "") for n in uuids} == uuids  # same names
             await wait_for(lambda: plugin.publisher.in_sync and any(
