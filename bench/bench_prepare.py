@@ -158,32 +158,36 @@ def test_prepare_with_device_status(benchmark: Any, harness: Harness) -> None:
     walls: dict[bool, list[float]] = {False: [], True: []}
     sent = {False: 0, True: 0}
     pace = DeviceStatusWriter.SETTLE_S / 4
-    state = {"round": 0, "slot": time.monotonic(), "on": True}
+    done = [0]  # claims prepared so far
+    slot = [time.monotonic()]
+    writer_on = [True]
+    mark = [writer.writes]  # the writer's count when the current block began
+
+    def close_block() -> None:
+        assert writer.flush(timeout_s=30.0)  # the block's writes are sent before the next block starts
+        sent[writer_on[0]] += writer.writes - mark[0]
+        mark[0] = writer.writes
 
     def next_round() -> None:  # not timed: the writer's setting for this block, then a new claim every `pace` s
-        on = (state["round"] // STATUS_BLOCK) % 2 == 1
-        if on != state["on"]:
-            assert writer.flush(timeout_s=30.0)  # the last block's writes are sent before this block starts
-            sent[bool(state["on"])] += writer.writes - state.get("writes", writer.writes)
-            state["writes"] = writer.writes
+        on = (done[0] // STATUS_BLOCK) % 2 == 1
+        if on != writer_on[0]:
+            close_block()
             runner.on_prepared, runner.on_unprepared = hooks if on else (None, None)
-            state["on"], state["slot"] = on, time.monotonic()
-        state["slot"] += pace
-        time.sleep(max(0.0, state["slot"] - time.monotonic()))
+            writer_on[0], slot[0] = on, time.monotonic()
+        slot[0] += pace
+        time.sleep(max(0.0, slot[0] - time.monotonic()))
 
     def run() -> None:
-        wall, _api = harness.prepare([refs[state["round"]]])
-        walls[bool(state["on"])].append(wall)
-        state["round"] += 1
+        wall, _api = harness.prepare([refs[done[0]]])
+        walls[writer_on[0]].append(wall)
+        done[0] += 1
 
-    state["writes"] = writer.writes
     try:
         benchmark.pedantic(run, setup=next_round, rounds=rounds, iterations=1)
-        assert writer.flush(timeout_s=30.0)
-        sent[bool(state["on"])] += writer.writes - state["writes"]
+        close_block()
     finally:
         runner.on_prepared, runner.on_unprepared = hooks
-        harness.unprepare(refs[:state["round"]])
+        harness.unprepare(refs[:done[0]])
         writer.flush(timeout_s=30.0)
     assert sent == {False: 0, True: rounds // 2}, sent  # the writes really happened, one per claim, writer on only
     p50 = {on: statistics.median(w) for on, w in walls.items()}
