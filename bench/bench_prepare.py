@@ -4,6 +4,14 @@ The real plugin (mock NVML with 128 GPUs, API emulator over HTTP, claim state on
 kubelet emulator. Each round prepares a batch of 1 or 100 one-GPU claims (the unprepare that resets the node
 between rounds is not timed). Reported: p50 and p99 latency of the batch, and the share of the batch's wall
 time spent outside the ResourceClaim GETs (the API calls).
+
+``prepare_status_1``: the one-claim prepare with the KEP-4817 device status writer on (``writer_on``, as the
+plugin runs) and off (``writer_off``: the runner's hooks unset, the baseline in the same run). Each round prepares
+a new claim that stays prepared past the writer's settle time (0.5 s), one every settle/4 s, so each claim's
+status write (a GET and a PUT of ``resourceclaims/status``) is sent while a later claim is being prepared: the
+worst case for the prepare. The plugin, the API emulator and the kubelet emulator share this process (and its
+GIL), so the emulator's side of each write is counted against the prepare too; on a node the API server is
+elsewhere.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import pytest
 
 from bench import nvmlenv
 from dradriver.app import GpuPlugin, start_plugin
+from dradriver.app.devicestatus import DeviceStatusWriter
 from dradriver.domain.claims import ClaimRef
 from dradriver.sandbox.kubelet import KubeletEmulator, PluginConnection
 from dradriver.sandbox.node import SandboxNode
@@ -48,13 +57,14 @@ class Harness:
 
         self.plugin.runner.fetch_claim = timed_fetch
 
-    def claims(self, count: int) -> list[ClaimRef]:
+    def claims(self, count: int, prefix: str = "bench") -> list[ClaimRef]:
+        """``count`` claims of one GPU each (``gpu-0`` ...), allocated on this node."""
         assert self.node.api is not None
         refs = []
         for i in range(count):
             obj = self.node.api.create({
                 "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                "metadata": {"name": f"bench-{count}-{i}", "namespace": "default"},
+                "metadata": {"name": f"{prefix}-{count}-{i}", "namespace": "default"},
                 "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}},
             })
             obj["status"] = {"allocation": {"devices": {"results": [
@@ -128,5 +138,73 @@ def test_prepare_batch(benchmark: Any, harness: Harness, batch: int) -> None:
             f"p50 latency, batch of {batch} (ms)": (round(p50 * 1e3, 2), "", None),
             f"p99 latency, batch of {batch} (ms)": (round(p99 * 1e3, 2), "", None),
             "share of the batch outside the ResourceClaim GETs": (round(outside, 3), "", None),
+        },
+    )
+
+
+STATUS_BLOCK = 20
+"""Claims prepared in a row with one setting of the device status writer (each stays prepared to the end)."""
+STATUS_BLOCKS = 4
+"""Blocks, the writer off and on in turn (off first): drift of a shared machine's load falls on both."""
+
+
+def test_prepare_with_device_status(benchmark: Any, harness: Harness) -> None:
+    writer = harness.plugin.status_writer
+    runner = harness.plugin.runner
+    assert writer is not None
+    hooks = runner.on_prepared, runner.on_unprepared
+    rounds = STATUS_BLOCK * STATUS_BLOCKS
+    refs = harness.claims(rounds, prefix="status")
+    walls: dict[bool, list[float]] = {False: [], True: []}
+    sent = {False: 0, True: 0}
+    pace = DeviceStatusWriter.SETTLE_S / 4
+    done = [0]  # claims prepared so far
+    slot = [time.monotonic()]
+    writer_on = [True]
+    mark = [writer.writes]  # the writer's count when the current block began
+
+    def close_block() -> None:
+        assert writer.flush(timeout_s=30.0)  # the block's writes are sent before the next block starts
+        sent[writer_on[0]] += writer.writes - mark[0]
+        mark[0] = writer.writes
+
+    def next_round() -> None:  # not timed: the writer's setting for this block, then a new claim every `pace` s
+        on = (done[0] // STATUS_BLOCK) % 2 == 1
+        if on != writer_on[0]:
+            close_block()
+            runner.on_prepared, runner.on_unprepared = hooks if on else (None, None)
+            writer_on[0], slot[0] = on, time.monotonic()
+        slot[0] += pace
+        time.sleep(max(0.0, slot[0] - time.monotonic()))
+
+    def run() -> None:
+        wall, _api = harness.prepare([refs[done[0]]])
+        walls[writer_on[0]].append(wall)
+        done[0] += 1
+
+    try:
+        benchmark.pedantic(run, setup=next_round, rounds=rounds, iterations=1)
+        close_block()
+    finally:
+        runner.on_prepared, runner.on_unprepared = hooks
+        harness.unprepare(refs[:done[0]])
+        writer.flush(timeout_s=30.0)
+    assert sent == {False: 0, True: rounds // 2}, sent  # the writes really happened, one per claim, writer on only
+    p50 = {on: statistics.median(w) for on, w in walls.items()}
+
+    def p99(values: list[float]) -> float:
+        ordered = sorted(values)
+        return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+
+    benchmark.extra_info.update(
+        scenario="prepare_status_1",
+        variant="writer_off_and_on",
+        figures={
+            "p50 one-claim prepare, writer off / on (ms)": (f"{p50[False] * 1e3:.2f} / {p50[True] * 1e3:.2f}", "",
+                                                            None),
+            "p99 one-claim prepare, writer off / on (ms)": (f"{p99(walls[False]) * 1e3:.1f} / "
+                                                            f"{p99(walls[True]) * 1e3:.1f}", "", None),
+            "status writes sent while measured (writer on)": (sent[True], "", None),
+            "p50 one-claim prepare, writer on / writer off": (round(p50[True] / p50[False], 3), "<=", 1.1),
         },
     )

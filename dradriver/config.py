@@ -73,6 +73,10 @@ class Flag:
         return (self.env, *self.env_aliases)
 
 
+_OVERHEAD_CLASS_WORDS = {"gpu": "full GPU", "mig": "MIG device (static or dynamic)",
+                         "vfio": "VFIO passthrough device"}
+"""What each KEP-5517 overhead class of :data:`nodeallocatable.DEVICE_CLASSES` covers, for the flags' help."""
+
 PLUGIN_FLAGS: tuple[Flag, ...] = (
     Flag("--node-name", "NODE_NAME", None, "Kubernetes Node this plugin serves; also the pool name."),
     Flag("--kubeconfig", "KUBECONFIG", "", "kubeconfig file; empty means in-cluster configuration.", "path"),
@@ -266,10 +270,12 @@ PLUGIN_FLAGS: tuple[Flag, ...] = (
     Flag("--log-format", "LOG_FORMAT", "text", "Log format: 'text' is klog's header format, 'json' one object "
          "per line.", "str", ("text", "json"), aliases=("--logging-format",), env_aliases=("LOGGING_FORMAT",)),
     *(Flag(nodeallocatable.flag_name(c, r, p), nodeallocatable.env_name(c, r, p), "",
-           f"KEP-5517 host {r} overhead of each {'full GPU' if c == 'gpu' else 'MIG device'} per "
+           f"KEP-5517 host {r} overhead of each {_OVERHEAD_CLASS_WORDS[c]} per "
            f"{'pod referencing a claim for it' if p == 'pod' else 'container referencing the claim'} (a quantity; "
-           "empty or 0: none), published in the device's nodeAllocatableResources; needs the gate "
-           "NodeAllocatableResources.")
+           "empty or 0: none), published in the device's nodeAllocatableResources; any value, 0 included, needs "
+           "the gate NodeAllocatableResources."
+           + (" Accepted for NVIDIA's command lines: dradriver does not publish VFIO devices yet, so no device "
+              "carries it." if c in nodeallocatable.UNPUBLISHED_CLASSES else ""))
       for c, r, p in nodeallocatable.FLAG_KEYS),
 )
 
@@ -605,7 +611,7 @@ def _overhead_flag_value(key: tuple[str, str, str]) -> property:
 
 
 # Every flag's dest is readable on PluginConfig (the sandbox turns a config back into the plugin's environment by
-# dest); the eight overhead flags are views of the one parsed node_allocatable_overhead.
+# dest); the overhead flags are views of the one parsed node_allocatable_overhead.
 for _key in nodeallocatable.FLAG_KEYS:
     setattr(PluginConfig, nodeallocatable.flag_dest(*_key), _overhead_flag_value(_key))
 

@@ -60,29 +60,37 @@ apart), LIB_RM_VERSION_MISMATCH (``nvml.h``)."""
 class ReloadDetector:
     """Whether the NVIDIA driver NVML was initialised with is still the one loaded; the reason when it is not.
 
-    Three signs, checked by :meth:`check` against what :meth:`remember` saw when the driver's devices were read:
+    Four signs, checked by :meth:`check` against what :meth:`remember` saw when the driver's devices were read:
     ``nvmlSystemGetDriverVersion`` failing with :data:`~dradriver.nvml.session.DRIVER_GONE` (the module was unloaded
-    under the session), the driver version changed, or the ``nvidia`` character-device major in ``/proc/devices``
-    changed or vanished (the module was loaded again and its device nodes re-created). A change of the
-    ``nvidia-uvm`` or ``nvidia-caps`` majors alone is no reload: the CDI edits are computed again from
-    ``/proc/devices`` (:class:`~dradriver.host.devicenodes.EditsCache`).
+    under the session), the driver version changed, the ``nvidia`` character-device major in ``/proc/devices``
+    changed or vanished, or a file the loaded module owns was made again or is gone (``files``: ``/dev/nvidiactl``
+    and ``/sys/module/nvidia``, whose inodes are new after the module is loaded again even when its major, 195 in
+    practice, and its version stay the same). A change of the ``nvidia-uvm`` or ``nvidia-caps`` majors alone is no
+    reload: the CDI edits are computed again from ``/proc/devices`` (:class:`~dradriver.host.devicenodes.EditsCache`).
+    Each sign costs a file read or a ``stat``, and one NVML call.
 
     :param session: the plugin's NVML session.
     :param majors: character-device majors by name now (``/proc/devices``;
         :meth:`~dradriver.host.devicenodes.DeviceNodeInfo.read_majors`).
+    :param files: the identity of each of the module's files that exists now, by path
+        (:func:`~dradriver.host.devicenodes.read_identities`); a file absent at :meth:`remember` is not watched.
     """
 
     MODULE = "nvidia"
     """The ``/proc/devices`` name of the NVIDIA kernel module's character devices (``/dev/nvidia<minor>``,
     ``/dev/nvidiactl``)."""
 
-    def __init__(self, session: NvmlSession, majors: Callable[[], Mapping[str, int]]) -> None:
+    def __init__(self, session: NvmlSession, majors: Callable[[], Mapping[str, int]],
+                 files: Callable[[], Mapping[str, object]] | None = None) -> None:
         self.session = session
         self.majors = majors
+        self.files = files
         self.version = ""
         """The driver version read at :meth:`remember` (``""`` before)."""
         self.major: int | None = None
         """The ``nvidia`` major at :meth:`remember` (``None``: not in ``/proc/devices`` then)."""
+        self.identities: Mapping[str, object] = {}
+        """The identities of the module's files at :meth:`remember`, by path."""
 
     def remember(self) -> None:
         """Take the driver in use now as the one to compare with (after its devices were read).
@@ -91,6 +99,7 @@ class ReloadDetector:
         """
         self.version = self.session.driver_version()
         self.major = self.majors().get(self.MODULE)
+        self.identities = dict(self.files()) if self.files is not None else {}
 
     def check(self) -> str:
         """Why the driver in use is not the one remembered (``""``: it is, or nothing was remembered yet, or NVML is
@@ -113,6 +122,12 @@ class ReloadDetector:
             now = f"is {major} now" if major is not None else "is no longer in /proc/devices"
             return (f"the {self.MODULE} character-device major was {self.major} and {now}: the kernel module was "
                     "reloaded")
+        if self.identities and self.files is not None:
+            files = self.files()
+            for path, seen in self.identities.items():
+                if files.get(path) != seen:
+                    how = "was made again" if path in files else "is gone"
+                    return f"{path} {how}: the kernel module was reloaded"
         return ""
 
 

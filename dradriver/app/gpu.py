@@ -45,7 +45,7 @@ from dradriver.domain.registry import DeviceRegistry
 from dradriver.health.metrics import DriverMetrics, MetricsServer
 from dradriver.health.monitor import HealthMonitor
 from dradriver.host import driverfiles
-from dradriver.host.devicenodes import DeviceNodeInfo, EditsCache
+from dradriver.host.devicenodes import DeviceNodeInfo, EditsCache, read_identities
 from dradriver.host.nvidiasmi import find_nvidia_smi
 from dradriver.kube import errors as kube_errors
 from dradriver.kube import version
@@ -390,7 +390,8 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
         metrics = DriverMetrics(node=config.node_name, driver=identity.driver_name)
         nodes = node_info(config)
         edits_cache = EditsCache(nodes)  # the spec-level and each full GPU's edits, while /proc/devices is unchanged
-        detector = ReloadDetector(session, nodes.read_majors)
+        module_files = (nodes.dev_root / "dev" / "nvidiactl", config.sysfs_root / "module" / ReloadDetector.MODULE)
+        detector = ReloadDetector(session, nodes.read_majors, lambda: read_identities(module_files))
         watch = DriverWatch(session, library=lambda: nvml_library(config), arrive=lambda: driver_back(),
                             reloaded=detector.check, depart=lambda why: driver_away(why))
         preparers: tuple[Any, ...] = (FullGpuPreparer(nodes, edits_cache), StaticMigPreparer(nodes, edits_cache))
@@ -479,6 +480,7 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
 
         def driver_away(why: str) -> None:
             # A reload under the running plugin: nothing may use the stale NVML handle the watch shuts next.
+            metrics.count_driver_reload()
             health.stop()
             edits_cache.clear()
             assembly.report_event(identity, connection.client, config, connection.node_uid, "NvidiaDriverUnavailable",
@@ -506,6 +508,7 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
                        " withdrawn; see the plugin's log)" if unusable else ""),
                     type_="Normal")
 
+        metrics.watch_driver(lambda: not watch.reason())
         refusal = driverstate.first_refusal(watch.refusal, hook_refusal)
         gate = DriverGate(runner, refusal)
         metrics_server = await assembly.serve_metrics_step(life, config, metrics)

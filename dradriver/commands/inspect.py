@@ -16,7 +16,7 @@ The plugin's options that decide what it publishes are taken with the plugin's n
 ``--feature-gates`` (``FEATURE_GATES``; with ``DynamicMIG=true`` the slices carry every MIG placement and the
 counter sets they consume) and ``--consumable-shares`` (``CONSUMABLE_SHARES``; with the gate ``ConsumableShares``
 every device is multi-allocatable with its request policies) and the KEP-5517 node-allocatable overhead flags
-``--node-allocatable-<gpu|mig>-<cpu|memory>-overhead-per-<pod|container>`` (``NODE_ALLOCATABLE_*``; with the gate
+``--node-allocatable-<gpu|mig|vfio>-<cpu|memory>-overhead-per-<pod|container>`` (``NODE_ALLOCATABLE_*``; with the gate
 ``NodeAllocatableResources`` each full GPU and MIG device carries its class's ``nodeAllocatableResources``, and the
 YAML header names the overhead). The slices are built by the very functions the
 running plugin uses (discovery, then :func:`dradriver.domain.pools.build`). Their layout depends on the

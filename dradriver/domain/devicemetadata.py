@@ -17,7 +17,9 @@ The protocol (Kubernetes docs, "Dynamic Resource Allocation", section "DRA devic
   ``podClaimName`` (template claims only), ``requests[]`` of ``{name, devices[]}``, each device ``{driver, pool,
   name, attributes}`` with attribute values in the ResourceSlice's typed form (``{"string": ...}``,
   ``{"int": ...}``, ``{"version": ...}``, ``{"bool": ...}``). Capacity is not part of the format.
-* **generation** starts at 1 (dradriver writes each file once, at prepare).
+* **generation** starts at 1 when the file is written at prepare, and goes up by one each time the plugin rewrites
+  the file with other content while the claim stays prepared (after a driver reload its ``driverVersion`` and
+  ``cudaDriverVersion`` change: :meth:`dradriver.host.devicemetadata.DeviceMetadataFiles.rewrite`).
 * **exposure**: read-only; dradriver bind-mounts the file through its own per-claim CDI spec (the docs allow any
   mechanism that puts the file read-only at that path).
 
@@ -141,10 +143,10 @@ def document(claim: Claim, request: RequestMetadata, driver: str, api_version: s
 
 
 def encode(claim: Claim, request: RequestMetadata, driver: str,
-           versions: Sequence[str] = API_VERSIONS) -> bytes:
+           versions: Sequence[str] = API_VERSIONS, generation: int = 1) -> bytes:
     """The file's bytes: one compact JSON object per line, one per version of ``versions`` in that order."""
-    return b"".join(json.dumps(document(claim, request, driver, v), separators=(",", ":")).encode() + b"\n"
-                    for v in versions)
+    return b"".join(json.dumps(document(claim, request, driver, v, generation), separators=(",", ":")).encode()
+                    + b"\n" for v in versions)
 
 
 class MetadataFormatError(ValueError):

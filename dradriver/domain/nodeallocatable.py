@@ -16,8 +16,11 @@ NVIDIA's names (kubernetes-sigs/dra-driver-nvidia-gpu PR #1329, a draft as last 
 (static and dynamic MIG devices) configured by the kubelet-plugin flags
 ``--node-allocatable-<class>-<resource>-overhead-per-<pod|container>`` with ``NODE_ALLOCATABLE_*`` environment
 twins and the chart values ``nodeAllocatableOverhead.<class>.<resource>.<perPod|perContainer>``; zero or empty
-values are left out, a class without values publishes nothing, and any value with the gate off is a start-up
-error. (NVIDIA's third class, ``vfio``, belongs to passthrough devices, which dradriver does not implement.)
+values are left out, a class without values publishes nothing, and any value set with the gate off (``0``
+included: NVIDIA's ``parseNodeAllocatableOverheadFlags`` counts every non-empty value) is a start-up error, after
+every value was parsed. NVIDIA's third class, ``vfio``, belongs to VFIO passthrough devices (gate
+``PassthroughSupport``), which dradriver does not publish yet: its flags are accepted and checked as NVIDIA's are,
+so an NVIDIA command line starts, and no device carries their overhead.
 
 Schema validation: the field exists in the 1.37 ResourceSlice schema (the API emulator's schemas are 1.37's,
 ``tools/gen_openapi.py``; ``kubernetes-validate``'s 1.34/1.35 schemas do not know it, so a slice carrying it is
@@ -38,8 +41,11 @@ from dradriver.domain.quantity import Quantity, QuantityError, parse_quantity
 
 FIELD = "nodeAllocatableResources"
 """The ``Device`` field (Kubernetes 1.37)."""
-DEVICE_CLASSES = ("gpu", "mig")
-"""NVIDIA's device classes: the value of the device's ``type`` attribute."""
+DEVICE_CLASSES = ("gpu", "mig", "vfio")
+"""NVIDIA's device classes: the value of the device's ``type`` attribute (``vfio``: VFIO passthrough devices, which
+dradriver does not publish yet)."""
+UNPUBLISHED_CLASSES = frozenset({"vfio"})
+"""Classes whose flags are accepted (NVIDIA's command lines) though no device dradriver publishes is of them."""
 RESOURCES = ("cpu", "memory")
 PER = (("pod", "perPod"), ("container", "perContainer"))
 """``(flag word, API field)``."""
@@ -102,11 +108,15 @@ class NodeAllocatableOverhead:
 def parse_overhead(values: Mapping[tuple[str, str, str], str], *, gate_enabled: bool) -> NodeAllocatableOverhead:
     """Build the overhead from the flag values (``(device class, resource, per)`` -> text, empty when unset).
 
-    :raises OverheadError: a value is not a non-negative Kubernetes quantity, or a non-zero value is set while the
+    Every value is parsed first; then any value set (non-empty, ``0`` included) with the gate off is refused, as
+    NVIDIA's ``parseNodeAllocatableOverheadFlags`` (PR #1329, ``cmd/gpu-kubelet-plugin/node_allocatable.go``) does.
+
+    :raises OverheadError: a value is not a non-negative Kubernetes quantity, or a value is set while the
         ``NodeAllocatableResources`` gate is off (each message names the flag and its environment variable).
     """
     out: dict[tuple[str, str, str], Quantity] = {}
     api_fields = dict(PER)
+    set_without_gate: list[str] = []
     for (device_class, resource, per), text in values.items():
         text = (text or "").strip()
         if not text:
@@ -118,12 +128,14 @@ def parse_overhead(values: Mapping[tuple[str, str, str], str], *, gate_enabled: 
             raise OverheadError(f"{where} {text!r} is not a Kubernetes quantity: {exc}") from None
         if quantity.value < 0:
             raise OverheadError(f"{where} {text!r} is negative; an overhead is zero or more")
-        if quantity.value == 0:
-            continue
         if not gate_enabled:
-            raise OverheadError(f"{where} is set but the NodeAllocatableResources feature gate is off: enable it "
-                                "(--feature-gates NodeAllocatableResources=true) or leave the overhead unset")
-        out[(device_class, resource, api_fields[per])] = quantity
+            set_without_gate.append(where)
+        elif quantity.value != 0:
+            out[(device_class, resource, api_fields[per])] = quantity
+    if set_without_gate:
+        raise OverheadError(f"{', '.join(set_without_gate)} {'is' if len(set_without_gate) == 1 else 'are'} set but "
+                            "the NodeAllocatableResources feature gate is off: enable it (--feature-gates "
+                            "NodeAllocatableResources=true) or leave the overhead unset (empty; 0 counts as set)")
     return NodeAllocatableOverhead(out)
 
 

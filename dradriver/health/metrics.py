@@ -169,6 +169,14 @@ class DriverMetrics:
             "dradriver_resourceslice_publish_errors", "Failed ResourceSlice syncs by reason.",
             ("driver", "reason"), registry=r,
         )  # fmt: skip
+        self.driver_reloads = Counter(
+            "dradriver_nvidia_driver_reloads", "NVIDIA driver reloads detected under the running plugin.",
+            ("driver",), registry=r,
+        )  # fmt: skip
+        self.driver_available = Gauge(
+            "dradriver_nvidia_driver_available", "1 while the NVIDIA driver is usable and prepares are served, "
+            "0 while it is absent or its devices are being read again.", ("node", "driver"), registry=r,
+        )  # fmt: skip
         self.nvml_errors = NvmlErrorCollector()
         r.register(self.nvml_errors)
         # Zero series exist from the start, as in NVIDIA's driver.
@@ -185,6 +193,8 @@ class DriverMetrics:
         for et in UNPREPARE_ERROR_TYPES:
             self.unprepare_errors.labels(driver, et)
         self.prepared_claims.labels(node, driver)
+        self.driver_reloads.labels(driver)
+        self.driver_available.labels(node, driver)
         self.publishes.labels(driver)
         self.adopted_claims.labels(driver, "nvidia-checkpoint")
 
@@ -265,6 +275,15 @@ class DriverMetrics:
     def count_publish_error(self, reason: str) -> None:
         """A ResourceSlice sync failed (``reason``: the error class, e.g. ``Conflict``, ``Timeout``)."""
         self.publish_errors.labels(self.driver, reason).inc()
+
+    def count_driver_reload(self) -> None:
+        """A reload of the NVIDIA driver under the running plugin was detected."""
+        self._child(self.driver_reloads, self.driver).inc()
+
+    def watch_driver(self, available: Callable[[], bool]) -> None:
+        """Report ``available()`` (True: the driver is usable and prepares are served) at each scrape as
+        ``dradriver_nvidia_driver_available`` (1/0)."""
+        self._child(self.driver_available, self.node, self.driver).set_function(lambda: 1.0 if available() else 0.0)
 
     def count_nvml_error(self, code: int) -> None:
         """An NVML call of the plugin failed with ``nvmlReturn_t`` ``code``."""

@@ -20,8 +20,9 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from dradriver.domain import devicemetadata as dm
 from dradriver.domain.cdi import CdiSpecError, ContainerEdits, Mount, check_claim_uid
@@ -91,11 +92,48 @@ class DeviceMetadataFiles:
         """The mounts of the files already written for a claim, read back from them (for rebuilding a lost CDI
         spec); ``{}`` when there are none. A file that cannot be read is skipped with a warning."""
         out: dict[str, ContainerEdits] = {}
+        for path, _doc, claim, meta in self._written(claim_uid):
+            mount = Mount(str(path), dm.container_path(claim, meta.request, self.driver), MOUNT_OPTIONS)
+            device = meta.devices[0].name
+            out[device] = out.get(device, ContainerEdits()) + ContainerEdits(mounts=(mount,))
+        return out
+
+    def rewrite(self, claim_uid: str, attributes: Mapping[str, Sequence[dm.Attributes]]) -> list[Path]:
+        """Write the claim's files again with the attributes of its devices now, keeping its requests and devices
+        (a driver reload changed ``driverVersion``; the mounts and paths stay): each file whose content changes is
+        replaced atomically with ``metadata.generation`` one higher; returns the files rewritten. A container
+        started from now on reads the new content (running ones keep the file they bind-mounted: a rename makes a
+        new file).
+
+        :param attributes: as for :meth:`write` (device name -> what its preparer adds now).
+        :raises CdiSpecError: a file cannot be written (names the claim and the path).
+        """
+        published = self.published()
+        rewritten: list[Path] = []
+        for path, doc, claim, meta in self._written(claim_uid):
+            devices = tuple(dm.MetadataDevice(d.pool, d.name, dm.merge_attributes(published.get(d.name),
+                                                                                   *attributes.get(d.name, ())))
+                            for d in meta.devices)
+            if devices == meta.devices:
+                continue
+            generation = int(doc["metadata"].get("generation") or 1) + 1
+            data = dm.encode(claim, dm.RequestMetadata(meta.request, devices), self.driver, generation=generation)
+            try:
+                write_file_atomically(path, data, mode=FILE_MODE, sync_dir=False)
+            except OSError as exc:
+                raise CdiSpecError(f"claim {claim.ref}: request {meta.request!r}: cannot rewrite device metadata "
+                                   f"file {path}: {exc}") from exc
+            rewritten.append(path)
+        return rewritten
+
+    def _written(self, claim_uid: str) -> Iterator[tuple[Path, Mapping[str, Any], Claim, dm.RequestMetadata]]:
+        """Each usable file of a claim: its path, its first known object, the claim and the request it names (a
+        file that cannot be read is skipped with a warning)."""
         base = self.claim_dir(claim_uid)
         try:
             requests = sorted(os.listdir(base))
         except FileNotFoundError:
-            return out
+            return
         for request in requests:
             path = base / request / dm.file_name(self.driver)
             try:
@@ -106,13 +144,14 @@ class DeviceMetadataFiles:
                 entry = doc["requests"][0]
                 claim = Claim(ClaimRef(meta["namespace"], meta["name"], meta["uid"]), (),
                               pod_claim_name=doc.get("podClaimName"))
-                device = str(entry["devices"][0]["name"])
+                devices = tuple(dm.MetadataDevice(str(d["pool"]), str(d["name"]), d.get("attributes") or {})
+                                for d in entry["devices"])
+                if not devices:
+                    raise dm.MetadataFormatError("a request without devices")
             except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
                 log.warning("device metadata file %s unusable, not mounted: %s", path, exc)
                 continue
-            mount = Mount(str(path), dm.container_path(claim, str(entry["name"]), self.driver), MOUNT_OPTIONS)
-            out[device] = out.get(device, ContainerEdits()) + ContainerEdits(mounts=(mount,))
-        return out
+            yield path, doc, claim, dm.RequestMetadata(str(entry["name"]), devices)
 
     def remove(self, claim_uid: str) -> bool:
         """Remove the claim's files; True when there were some. A missing directory is not an error.

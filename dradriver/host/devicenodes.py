@@ -189,6 +189,29 @@ class EditsCache:
         self._entries.clear()
 
 
+FileIdentity = tuple[int, int, int]
+"""``(st_dev, st_ino, st_rdev)`` of a file: which file it is (a file made again at the same path has another
+inode) and, for a device node, which device it opens. The ctime is left out: a ``chmod`` changes it."""
+
+
+def read_identities(paths: Sequence[Path]) -> dict[str, FileIdentity]:
+    """The :data:`FileIdentity` of each of ``paths`` that exists now (any file type, symlinks followed), by path.
+
+    Used to notice a reloaded NVIDIA kernel module whose character-device major stayed the same: loading it
+    again re-creates ``/dev/nvidiactl`` (``nvidia-modprobe``, or the driver container's ``nvidia-smi``) and
+    ``/sys/module/nvidia`` (the kernel makes a new ``/sys/module/<name>`` directory at each load of a module,
+    kernel ``Documentation/ABI/testing/sysfs-module``, and kernfs numbers inodes cyclically, so it gets another).
+    """
+    out: dict[str, FileIdentity] = {}
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        out[str(path)] = (st.st_dev, st.st_ino, st.st_rdev)
+    return out
+
+
 def _read_text(path: Path) -> str:
     with open(path, encoding="utf-8") as fh:
         return fh.read()

@@ -1021,15 +1021,21 @@ class BatchRunner:
         """Write the claim's device metadata files (before its spec names them); their mounts by device."""
         if self.device_metadata is None:
             return {}
-        by_target = {(r.kind, r.target): r for r in work.applied}
+        return self.device_metadata.write(work.claim, self._metadata_extra(work.claim.ref, work.plans, work.applied))
+
+    def _metadata_extra(self, ref: ClaimRef, plans: Sequence[DevicePlan],
+                        records: Sequence[UndoRecord]) -> dict[str, list[Any]]:
+        """What each planned device adds to its published attributes in the metadata files: its preparer's
+        ``metadata_attributes`` (from the device's undo record), then its run-time attributes."""
+        by_target = {(r.kind, r.target): r for r in records}
         extra: dict[str, list[Any]] = {}
-        for plan in work.plans:
+        for plan in plans:
             parts = [runtime_attributes(plan.entry)]
             more = getattr(self._preparer(plan.kind), "metadata_attributes", None)
             if callable(more):
-                parts.insert(0, more(work.claim.ref, plan, by_target.get((plan.kind, plan.device))))
+                parts.insert(0, more(ref, plan, by_target.get((plan.kind, plan.device))))
             extra[plan.device] = parts
-        return self.device_metadata.write(work.claim, extra)
+        return extra
 
     def _write_spec(self, work: _Work) -> None:
         ref = work.claim.ref
@@ -1118,11 +1124,15 @@ class BatchRunner:
         log.warning("rewrote the missing or invalid CDI spec of claim %s", record.ref)
         return True
 
-    def _render_record(self, record: ClaimRecord, why: str) -> bytes:
+    def _render_record(self, record: ClaimRecord, why: str, *, refresh_metadata: bool = False) -> bytes:
         """The CDI spec of a completed claim, rendered again from its record and the devices now (``b""``: the claim
         has no spec by design).
 
+        :param refresh_metadata: first write the claim's device metadata files again with its devices' attributes
+            now (:meth:`~dradriver.host.devicemetadata.DeviceMetadataFiles.rewrite`: after a driver reload), else
+            mount them as they are.
         :raises ClaimError: a device is no longer on this node or has no preparer (the message starts with ``why``).
+        :raises DradriverError: a metadata file cannot be rewritten.
         """
         missing = sorted(d.device for d in record.devices if self.registry.get(d.device) is None)
         if missing:
@@ -1134,8 +1144,14 @@ class BatchRunner:
             if preparer is None:
                 raise ClaimError(record.ref, f"{why} and device {held.device!r} has no preparer")
             plans.append(DevicePlan(preparer.kind, held.device, device, held.request_names, held.admin_access, ()))
-        metadata = self.device_metadata.mounts(record.uid) if self.device_metadata is not None else None
-        return self._render(record.ref, plans, list(read_payload(record.payload).undo), metadata)
+        undo = list(read_payload(record.payload).undo)
+        metadata = None
+        if self.device_metadata is not None:
+            if refresh_metadata and self.device_metadata.rewrite(record.uid,
+                                                                 self._metadata_extra(record.ref, plans, undo)):
+                log.info("rewrote the device metadata of prepared claim %s for the devices now", record.ref)
+            metadata = self.device_metadata.mounts(record.uid)
+        return self._render(record.ref, plans, undo, metadata)
 
     def refresh_specs(self) -> tuple[list[str], list[str]]:
         """Render the CDI spec of every prepared claim again and rewrite, atomically, each one whose content changed.
@@ -1143,9 +1159,11 @@ class BatchRunner:
         After a driver reload the spec-level edits name the new driver's files (``libcuda.so.<new version>``) and
         the device nodes may have new numbers: the runtime reads a claim's spec when it creates a container, so a
         container that a prepared claim's pod starts later (a restart, a new init container) must get the new
-        driver, not the paths of one that no longer exists. A claim whose device now resolves to another physical
-        device or is gone loses its spec (:meth:`_withdraw_if_moved`: a container it starts later fails instead of
-        getting another GPU) and is answered per claim at its next Prepare.
+        driver, not the paths of one that no longer exists. The claim's KEP-5304 device metadata files are
+        written again first with the attributes published now (the new ``driverVersion``), generation + 1. A
+        claim whose device now resolves to another physical device or is gone loses its spec
+        (:meth:`_withdraw_if_moved`: a container it starts later fails instead of getting another GPU) and is
+        answered per claim at its next Prepare.
 
         :returns: the claim UIDs whose spec was rewritten, and those that could not be rendered (logged).
         """
@@ -1157,7 +1175,7 @@ class BatchRunner:
                     continue
                 try:
                     self._withdraw_if_moved(record)
-                    data = self._render_record(record, "CDI spec not rendered again")
+                    data = self._render_record(record, "CDI spec not rendered again", refresh_metadata=True)
                 except (ClaimError, DradriverError) as exc:
                     unusable.append(record.uid)
                     log.error("claim %s: %s", record.ref, exc)

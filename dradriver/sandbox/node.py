@@ -236,6 +236,7 @@ class SandboxNode:
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         (self.root / "proc" / "devices").write_text(PROC_DEVICES)
         (self.root / "proc" / "meminfo").write_text(PROC_MEMINFO)
+        self.reload_kernel_module()
         self.driver_root.mkdir()
         version = _profile_driver_version(self.profile) if self.driver_files else ""
         if version:
@@ -316,6 +317,27 @@ class SandboxNode:
                            consumable_shares=parse_share_mode(mode), namespace=SANDBOX_NAMESPACE,
                            image_name=SANDBOX_IMAGE, nvidia_driver_root=self.driver_root)
         return replace(base, **overrides)
+
+    def reload_kernel_module(self) -> None:
+        """Load the ``nvidia`` kernel module again, as the host sees it: ``dev/nvidiactl`` and ``sys/module/nvidia``
+        under the root are made again, each a new file (another inode) at the same path, while ``proc/devices``
+        keeps the major and NVML the version (a same-version reload). The node is a regular file here (making a
+        character device needs CAP_MKNOD); the plugin's reload check compares which file is there, not its kind.
+        Also the first load, when the sandbox is made."""
+        for path, directory in ((self.root / "dev" / "nvidiactl", False),
+                                (self.root / "sys" / "module" / "nvidia", True)):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fresh = path.with_name(path.name + ".new")
+            if directory:
+                fresh.mkdir()
+                (fresh / "initstate").write_text("live\n")
+                if path.exists():
+                    old = path.with_name(path.name + ".old")
+                    path.rename(old)
+                    shutil.rmtree(old)
+            else:
+                fresh.write_text("")
+            fresh.rename(path)  # made while the old one still existed: another inode
 
     def set_boot_id(self, boot_id: str) -> None:
         """Write ``proc/sys/kernel/random/boot_id`` (a new value simulates a reboot)."""

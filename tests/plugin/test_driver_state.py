@@ -5,6 +5,7 @@ sockets, the API emulator over HTTP)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import shutil
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dradriver.app import driverstate, start_plugin
+from dradriver.app import GpuPlugin, driverstate, start_plugin
 from dradriver.domain.identity import GPU_DRIVER
 from dradriver.kubeletplugin.payload import read_payload
 from dradriver.nvml import mock, settings
@@ -25,6 +26,7 @@ from dradriver.sandbox.multinode import MultiNodeError, cdi_edits
 from dradriver.sandbox.node import SandboxNode, install_driver_tools, lay_out_driver_tree
 from tests.configs.test_plugin import allocate
 from tests.factories import DEVICE_CLASS, write_profile
+from tests.mps.test_plugin import mps_claim
 from tests.plugin.conftest import SEED_SELECTOR, claim_object, ref_of, result, running, wait_for
 from tests.plugin.test_dynamic_mig import GATES as MIG_GATES
 from tests.plugin.test_dynamic_mig import ONE_G, _create_out_of_band, claim_for, state_lines
@@ -225,6 +227,17 @@ def _slice_driver_versions(api: ApiServerEmulator) -> set[str]:
             for item in api.objects("ResourceSlice") for device in item["spec"].get("devices", [])}
 
 
+def _driver_metrics(plugin: GpuPlugin) -> tuple[float, float]:
+    """``dradriver_nvidia_driver_available`` and ``dradriver_nvidia_driver_reloads_total`` as a scrape reads them."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    assert plugin.metrics is not None
+    samples = {s.name: s.value for f in text_string_to_metric_families(generate_latest(plugin.metrics.registry)
+                                                                       .decode()) for s in f.samples}
+    return samples["dradriver_nvidia_driver_available"], samples["dradriver_nvidia_driver_reloads_total"]
+
+
 def test_a_driver_reload_under_the_running_plugin_is_survived_without_a_restart(
         sandbox: SandboxNode, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A GPU Operator upgrade reloads the driver under the running plugin: NVML calls fail DRIVER_NOT_LOADED, the
@@ -232,7 +245,8 @@ def test_a_driver_reload_under_the_running_plugin_is_survived_without_a_restart(
     another character-device major. The plugin detects it, is NOT_SERVING with a Node Event and refuses a prepare
     naming the reason, unprepares a claim prepared before; once the driver is back it re-initialises NVML, keeps
     the device names, republishes the new driver version, rewrites the spec of the claim still prepared for the
-    new library files and device numbers, and prepares a new claim with them: the same process throughout."""
+    new library files and device numbers, and prepares a new claim with them: the same process throughout. The
+    metrics say it: ``dradriver_nvidia_driver_available`` 0 while away, ``..._reloads_total`` 1."""
     monkeypatch.setattr(driverstate, "RETRY_PERIOD_S", 0.1)
     api = sandbox.api
     assert api is not None
@@ -247,6 +261,7 @@ def test_a_driver_reload_under_the_running_plugin_is_survived_without_a_restart(
             port = plugin.servers.health_port
             assert port is not None
             uuids = {name: getattr(plugin.registry.get(name), "uuid", "") for name in ("gpu-0", "gpu-1")}
+            assert _driver_metrics(plugin) == (1.0, 0.0)
             kept, gone, during, after = (ref_of(allocate(sandbox, name, [result(f"gpu-{i}")], []))
                                          for i, name in enumerate(("kept", "gone", "during", "after")))
             assert (await kubelet.prepare([kept, gone]))[kept.uid].error == ""
@@ -261,6 +276,7 @@ def test_a_driver_reload_under_the_running_plugin_is_survived_without_a_restart(
             await wait_for(lambda: not session.available, timeout=10)  # detected, the stale handle shut
             assert "Driver Not Loaded" in plugin.driver.reason()
             assert await _status(port, "readiness") == NOT_SERVING
+            assert _driver_metrics(plugin) == (0.0, 1.0)
             events = [e for e in api.objects("Event") if e.get("reason") == "NvidiaDriverUnavailable"]
             assert events and "Driver Not Loaded" in events[0]["message"], events
             error = (await kubelet.prepare([during]))[during.uid].error
@@ -278,6 +294,7 @@ def test_a_driver_reload_under_the_running_plugin_is_survived_without_a_restart(
                 control.write("driver loaded\n")
             await wait_for(lambda: plugin.driver is not None and not plugin.driver.reason(), timeout=30)
             assert plugin.driver.reloads == 1
+            assert _driver_metrics(plugin) == (1.0, 1.0)
             assert plugin.inventory.versions.driver == NEW_DRIVER
             assert {n: getattr(plugin.registry.get(n), "uuid", "") for n in uuids} == uuids  # same names
             await wait_for(lambda: plugin.publisher.in_sync and any(
@@ -293,7 +310,10 @@ def test_a_driver_reload_under_the_running_plugin_is_survived_without_a_restart(
             assert answer.error == "" and [d.device_name for d in answer.devices] == ["gpu-3"]
             spec = plugin.runner.spec_path(after.uid).read_text()
             assert f"libcuda.so.{NEW_DRIVER}" in spec and f"libcuda.so.{old}" not in spec, spec
-            assert await kubelet.unprepare([kept, after]) == {kept.uid: "", after.uid: ""}
+            answer = (await kubelet.prepare([during]))[during.uid]  # the kubelet retries the claim refused while away
+            assert answer.error == "" and [d.device_name for d in answer.devices] == ["gpu-2"]
+            assert await kubelet.unprepare([kept, after, during]) == {kept.uid: "", after.uid: "", during.uid: ""}
+            assert plugin.state.claims() == {}
             back = [e for e in api.objects("Event") if e.get("reason") == "NvidiaDriverAvailable"]
             assert back and NEW_DRIVER in back[0]["message"], back
 
@@ -348,6 +368,51 @@ def test_a_new_nvidia_major_is_a_reload_and_prepared_specs_get_the_new_device_nu
             assert '"major":197' in text and '"major":195' not in text, text
             assert "the nvidia character-device major was 195 and is 197 now" in "\n".join(
                 e["message"] for e in api.objects("Event") if e.get("reason") == "NvidiaDriverUnavailable")
+
+    asyncio.run(body())
+
+
+@pytest.mark.parametrize("made_again", ["nvidiactl", "sysfs module"])
+def test_a_same_version_same_major_reload_is_noticed_by_the_module_s_files_made_again(
+        sandbox: SandboxNode, monkeypatch: pytest.MonkeyPatch, made_again: str) -> None:
+    """The module is unloaded and loaded again between two checks, as the same driver version with the same
+    ``nvidia`` major (195), and no NVML call of the plugin failed meanwhile: only its files tell, made again at the
+    same paths (``/dev/nvidiactl``, ``/sys/module/nvidia``). The watch counts a reload, names the file in the Node
+    Event, initialises NVML again and serves again; the claim prepared before is kept and answered."""
+    monkeypatch.setattr(driverstate, "RETRY_PERIOD_S", 0.1)
+    api = sandbox.api
+    assert api is not None
+    config = sandbox.config(healthcheck_port=0)
+    path = {"nvidiactl": sandbox.root / "dev" / "nvidiactl",
+            "sysfs module": sandbox.root / "sys" / "module" / "nvidia"}[made_again]
+
+    async def body() -> None:
+        async with running(config) as (plugin, kubelet):
+            assert plugin.driver is not None
+            ref = ref_of(allocate(sandbox, "kept", [result("gpu-0")], []))
+            assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+            await asyncio.sleep(0.3)  # several checks: nothing changed, no reload
+            assert plugin.driver.reloads == 0
+            before = path.stat().st_ino
+            if made_again == "nvidiactl":  # both files made again (the first one checked is named)
+                sandbox.reload_kernel_module()
+            else:  # only the sysfs directory: a node whose /dev the plugin does not see
+                fresh = path.with_name("nvidia.new")
+                fresh.mkdir()
+                path.rename(path.with_name("nvidia.old"))
+                fresh.rename(path)
+            assert path.stat().st_ino != before
+            await wait_for(lambda: plugin.driver is not None and plugin.driver.reloads == 1
+                           and not plugin.driver.reason(), timeout=10)
+            messages = "\n".join(e["message"] for e in api.objects("Event")
+                                  if e.get("reason") == "NvidiaDriverUnavailable")
+            assert f"{path} was made again: the kernel module was reloaded" in messages, messages
+            assert plugin.session is not None and plugin.session.available
+            answer = (await kubelet.prepare([ref]))[ref.uid]
+            assert answer.error == "" and [d.device_name for d in answer.devices] == ["gpu-0"]
+            await asyncio.sleep(0.3)
+            assert plugin.driver.reloads == 1  # the files seen after the reload are the ones compared with now
+            assert await kubelet.unprepare([ref]) == {ref.uid: ""}
 
     asyncio.run(body())
 
@@ -455,3 +520,137 @@ def test_the_health_poller_samples_the_library_the_session_opened_after_a_reload
     assert answer["driver"] == NEW_DRIVER
     assert answer["readings"] == [True, True], done.stderr
     assert answer["errors"] == {}, answer
+
+
+def _reload_driver(node: SandboxNode, profile: Path, old: str, new: str) -> None:
+    """The GPU Operator's upgrade under the running plugin, seen from the node: the module unloaded (every NVML call
+    of the plugin's session fails DRIVER_NOT_LOADED), the driver root's files replaced, the module loaded again as
+    driver ``new`` (same ``nvidia`` major). The caller waits for the plugin between the two halves."""
+    with node.nvml_control.open("a") as control:
+        control.write("driver unloaded\n")
+
+
+def _driver_back(node: SandboxNode, profile: Path, old: str, new: str) -> None:
+    _replace_driver(node.driver_root, old, new)
+    data = json.loads(profile.read_text())
+    data["system"]["driverVersion"] = new
+    profile.write_text(json.dumps(data))
+    with node.nvml_control.open("a") as control:
+        control.write("driver loaded\n")
+
+
+def _semver(version: str) -> str:
+    """A driver version as its ``driverVersion`` attribute spells it (semver: no leading zeros)."""
+    return ".".join(str(int(part)) for part in version.split("."))
+
+
+def _metadata_driver_versions(node: SandboxNode, uid: str) -> tuple[set[str], set[int]]:
+    """The ``driverVersion`` attributes (as driver versions) and generations a container of the claim reads in its
+    metadata files (followed from the claim's CDI spec, as the runtime mounts them)."""
+    from dradriver.domain import devicemetadata as dm
+    from tests.cdi.helpers import read_mounted_metadata, validate
+
+    spec = validate(GPU_DRIVER.cdi.spec_path(node.cdi_root, uid).read_bytes())
+    versions: set[str] = set()
+    generations: set[int] = set()
+    for mounts in dm.spec_mounts(spec).values():
+        for mount in mounts:
+            doc = read_mounted_metadata(mount)[0]
+            generations.add(int(doc["metadata"]["generation"]))
+            versions |= {str(d["attributes"]["driverVersion"]["version"])
+                         for r in doc["requests"] for d in r["devices"]}
+    return versions, generations
+
+
+@pytest.mark.parametrize("kind", ["static-mig", "dynamic-mig", "mps", "consumable-share"])
+def test_mig_dynamic_mig_and_share_claims_with_device_metadata_cross_a_reload_and_a_refused_claim_is_retried(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    """A reload under the running plugin with a claim of each other device kind prepared before it, with the
+    ``DeviceMetadata`` gate: a static MIG device (dgx-a100), a dynamic MIG device (``DynamicMIG``), an MPS-shared
+    GPU (``MPSSupport``, its control daemon), a consumable share of an H200 (``--consumable-shares``, its MPS
+    control daemon). While the driver is away a second claim of
+    the kind is refused naming the reason; the kubelet retries it once the driver is back and it is prepared. The
+    claim prepared before keeps its device, its spec names the new driver's files and its metadata file the new
+    ``driverVersion`` (generation 2); the retried claim's file names it too. Both are unprepared cleanly after: no
+    claim state, spec, metadata file, MIG instance or MPS daemon is left."""
+    from dradriver.domain.featuregates import FeatureGates
+    from dradriver.host.devicemetadata import SUBDIR
+    from dradriver.sandbox.node import SANDBOX_NAMESPACE
+    from dradriver.sandbox.profiles import h200_node
+    from tests.plugin.test_shares import allocate as allocate_shares
+    from tests.plugin.test_shares import share_claim
+
+    monkeypatch.setattr(driverstate, "RETRY_PERIOD_S", 0.1)
+    base = {"static-mig": "dgx-a100", "dynamic-mig": "dgx-h100", "mps": "dgx-h100",
+            "consumable-share": h200_node(tmp_path, gpus=2)}[kind]
+    profile = Path(write_profile(tmp_path, base, name="node"))
+    old = json.loads(profile.read_text())["system"]["driverVersion"]
+    metadata = FeatureGates({"DeviceMetadata": True})
+    with SandboxNode(profile=str(profile), mig_state=kind == "dynamic-mig") as node:
+        api = node.api
+        assert api is not None
+        api.create(DEVICE_CLASS)
+        if kind in ("mps", "consumable-share"):
+            node.run_workloads()
+            config = node.shares_config() if kind == "consumable-share" else node.mps_config()
+            config = dataclasses.replace(config, feature_gates=config.feature_gates.with_gates(DeviceMetadata=True))
+        elif kind == "dynamic-mig":
+            config = node.config(feature_gates=MIG_GATES.with_gates(DeviceMetadata=True))
+        else:
+            config = node.config(feature_gates=metadata)
+
+        async def body() -> None:
+            async with running(config) as (plugin, kubelet):
+                assert plugin.driver is not None and plugin.registry is not None and plugin.session is not None
+                session = plugin.session
+                await wait_for(lambda: bool(api.objects("ResourceSlice")))
+                if kind == "static-mig":
+                    migs = [d.name for d in plugin.inventory.allocatable() if "-mig-" in d.name]
+                    kept, during = (ref_of(allocate(node, name, [result(device)], []))
+                                    for name, device in (("kept", migs[0]), ("during", migs[-1])))
+                elif kind == "dynamic-mig":
+                    kept = claim_for(node, "kept", ONE_G.format(m=0, s=3))
+                    during = claim_for(node, "during", ONE_G.format(m=1, s=0))
+                elif kind == "mps":
+                    (kept, _), (during, _) = mps_claim(node, "kept"), mps_claim(node, "during")
+                else:
+                    kept, during = (ref_of(c) for c in allocate_shares(node, share_claim("kept"),
+                                                                         share_claim("during")))
+                answer = (await kubelet.prepare([kept]))[kept.uid]
+                assert answer.error == ""
+                devices = [d.device_name for d in answer.devices]
+                kept_spec = plugin.runner.spec_path(kept.uid)
+                assert f"libcuda.so.{old}" in kept_spec.read_text()
+                assert _metadata_driver_versions(node, kept.uid) == ({_semver(old)}, {1})
+
+                _reload_driver(node, profile, old, NEW_DRIVER)
+                await wait_for(lambda: not session.available, timeout=10)
+                error = (await kubelet.prepare([during]))[during.uid].error
+                assert during.uid in error and "NVIDIA driver is not available" in error, error
+                assert plugin.state.get(during.uid) is None
+
+                _driver_back(node, profile, old, NEW_DRIVER)
+                await wait_for(lambda: plugin.driver is not None and not plugin.driver.reason(), timeout=30)
+                assert plugin.driver.reloads == 1 and plugin.inventory.versions.driver == NEW_DRIVER
+                rewritten = kept_spec.read_text()
+                assert f"libcuda.so.{NEW_DRIVER}" in rewritten and f"libcuda.so.{old}" not in rewritten, rewritten
+                assert _metadata_driver_versions(node, kept.uid) == ({_semver(NEW_DRIVER)}, {2})
+                answer = (await kubelet.prepare([kept]))[kept.uid]  # the kubelet's retry of a prepared claim
+                assert answer.error == "" and [d.device_name for d in answer.devices] == devices
+
+                answer = (await kubelet.prepare([during]))[during.uid]  # the kubelet retries the refused claim
+                assert answer.error == "", answer.error
+                assert f"libcuda.so.{NEW_DRIVER}" in plugin.runner.spec_path(during.uid).read_text()
+                assert _metadata_driver_versions(node, during.uid) == ({_semver(NEW_DRIVER)}, {1})
+
+                assert await kubelet.unprepare([kept, during]) == {kept.uid: "", during.uid: ""}
+                assert plugin.state.claims() == {}
+                assert not kept_spec.exists() and not plugin.runner.spec_path(during.uid).exists()
+                assert list((config.plugin_dir / SUBDIR).iterdir()) == []
+                if kind == "dynamic-mig":
+                    assert state_lines(node, "gi") == [] and state_lines(node, "ci") == []
+                if kind in ("mps", "consumable-share"):
+                    await wait_for(lambda: not [d for d in api.objects("Deployment")
+                                                if d["metadata"].get("namespace") == SANDBOX_NAMESPACE], timeout=30)
+
+        asyncio.run(body())

@@ -37,10 +37,42 @@ def test_overhead_flags_and_variables_build_the_published_field_per_device_class
     assert parse({}).node_allocatable_overhead.field_for("gpu") is None  # the default publishes nothing
 
 
+def test_nvidia_s_vfio_overhead_flags_are_accepted_and_no_published_device_carries_them() -> None:
+    """NVIDIA's PR #1329 has a third class, ``vfio``: its command line with those flags starts dradriver, whose
+    help says they apply to VFIO devices, which it does not publish yet."""
+    cfg = parse({"FEATURE_GATES": "NodeAllocatableResources=true",
+                 "NODE_ALLOCATABLE_VFIO_CPU_OVERHEAD_PER_CONTAINER": "10m"},
+                "--node-allocatable-vfio-memory-overhead-per-pod", "1Gi")
+    overhead = cfg.node_allocatable_overhead
+    assert overhead.field_for("vfio") == {"memory": {"overhead": {"perPod": "1Gi"}},
+                                          "cpu": {"overhead": {"perContainer": "10m"}}}
+    assert overhead.field_for("gpu") is None and overhead.field_for("mig") is None
+    slices = [{"spec": {"devices": [{"name": "gpu-0", "attributes": {"type": {"string": "gpu"}}},
+                                    {"name": "gpu-1-mig-1g.10gb-19-0", "attributes": {"type": {"string": "mig"}}}]}}]
+    na.apply_overhead(slices, overhead)
+    assert not any(na.FIELD in d for d in slices[0]["spec"]["devices"])
+    help_text = {f.option: f.help for f in config.PLUGIN_FLAGS}
+    for resource in na.RESOURCES:
+        for per in ("pod", "container"):
+            flag = na.flag_name("vfio", resource, per)
+            assert "does not publish VFIO devices yet" in help_text[flag], flag
+
+
+def test_a_zero_overhead_with_the_gate_off_is_refused_as_nvidia_refuses_it() -> None:
+    """NVIDIA counts every non-empty value as set (``0`` too) and refuses it with the gate off; an empty value is
+    unset."""
+    with pytest.raises(config.FlagError, match=r"--node-allocatable-gpu-cpu-overhead-per-pod .* is set but the "
+                                               r"NodeAllocatableResources feature gate is off"):
+        parse({"NODE_ALLOCATABLE_GPU_CPU_OVERHEAD_PER_POD": "0"})
+    assert not parse({"NODE_ALLOCATABLE_GPU_CPU_OVERHEAD_PER_POD": ""}).node_allocatable_overhead
+
+
 @pytest.mark.parametrize(("environ", "message"), [
     ({"NODE_ALLOCATABLE_MIG_MEMORY_OVERHEAD_PER_POD": "1Gi"},
      r"--node-allocatable-mig-memory-overhead-per-pod \(env NODE_ALLOCATABLE_MIG_MEMORY_OVERHEAD_PER_POD\) is set "
      r"but the NodeAllocatableResources feature gate is off"),
+    ({"NODE_ALLOCATABLE_VFIO_MEMORY_OVERHEAD_PER_POD": "1Gi"},
+     r"--node-allocatable-vfio-memory-overhead-per-pod .* is set but the NodeAllocatableResources feature gate"),
     ({"FEATURE_GATES": "NodeAllocatableResources=true", "NODE_ALLOCATABLE_GPU_CPU_OVERHEAD_PER_CONTAINER": "-1"},
      r"--node-allocatable-gpu-cpu-overhead-per-container .* is negative"),
     ({"FEATURE_GATES": "NodeAllocatableResources=true", "NODE_ALLOCATABLE_GPU_MEMORY_OVERHEAD_PER_POD": "lots"},
