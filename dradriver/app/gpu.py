@@ -3,16 +3,16 @@
 Steps, in order (stopped in reverse): compiled hot paths -> Kubernetes client and this Node (a bad kubeconfig
 fails here, before anything on the host is touched) -> plugin and CDI directories -> NVML session -> device
 discovery into the device registry -> the driver's user space for CDI specs -> the CDI hook they name (copied from
-the image, checked: :func:`dradriver.app.driverstate.check_cdi_hook`) -> device-plugin guard -> per-node
-device policy (:mod:`dradriver.app.nodepolicy`, its Node watch after the publisher) -> claim state -> batch
+the image, checked: :func:`dradriver.app.assembly.check_cdi_hook`) -> device-plugin guard -> per-node
+device policy (:mod:`dradriver.kubeletplugin.nodepolicy`, its Node watch after the publisher) -> claim state -> batch
 runner with the consumable-share (when
 ``--consumable-shares`` is on), full-GPU and static-MIG preparers (and, with the ``DynamicMIG`` gate, the
 dynamic-MIG preparer over every eligible GPU's placements) and the sharing steps (MPS control daemons with the
 ``MPSSupport`` gate), and crash convergence -> health monitor -> metrics endpoint -> gRPC servers ->
 ResourceSlice publisher -> NVIDIA driver watch. Without a usable driver (not loaded, no ``libnvidia-ml.so.1``)
 the plugin starts all the same with no devices: it unprepares, refuses prepares with the reason, and reads the
-devices once the driver is back (:mod:`dradriver.app.driverstate`); a driver reloaded under the running plugin is
-detected and handled the same way, the prepared claims' CDI specs then rewritten for the new driver's files.
+devices once the driver is back (:mod:`dradriver.kubeletplugin.driverstate`); a driver reloaded under the running plugin
+is detected and handled the same way, the prepared claims' CDI specs then rewritten for the new driver's files.
 The ``gpu-kubelet-plugin`` command serves the gRPC sockets first instead
 (:mod:`dradriver.server.deferred`, ``start_plugin(early=...)``): the kubelet registers the plugin within
 ~0.2 s of process start and claims it sends meanwhile wait until the runner is attached at the servers' place.
@@ -21,25 +21,20 @@ The ``gpu-kubelet-plugin`` command serves the gRPC sockets first instead
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from dradriver import _native
-from dradriver.app import assembly, driverstate, nodepolicy
-from dradriver.app.devicestatus import DeviceStatusWriter, gpu_describer
-from dradriver.app.driverstate import DriverGate, DriverWatch, ReloadDetector
+from dradriver.app import assembly
 from dradriver.config import PluginConfig
 from dradriver.domain import cdi, configs, mps, nodeallocatable, partitions, pools
 from dradriver.domain.devices import DeviceIndex, DriverVersions, NodeInventory
 from dradriver.domain.faults import DEFAULT_IGNORED_XIDS
 from dradriver.domain.identity import GPU_DRIVER, DriverIdentity
-from dradriver.domain.migplacements import MigPlacement, dynamic_index
+from dradriver.domain.migplacements import dynamic_index
 from dradriver.domain.ports import SharingStep
 from dradriver.domain.registry import DeviceRegistry
 from dradriver.health.metrics import DriverMetrics, MetricsServer
@@ -48,11 +43,16 @@ from dradriver.host import driverfiles
 from dradriver.host.devicenodes import DeviceNodeInfo, EditsCache
 from dradriver.host.nvidiasmi import find_nvidia_smi
 from dradriver.kube import errors as kube_errors
+from dradriver.kube import nodes as kube_nodes
 from dradriver.kube import version
 from dradriver.kube.client import KubeClient
-from dradriver.kubeletplugin import guard, rollback
+from dradriver.kubeletplugin import driverstate, guard, rollback
 from dradriver.kubeletplugin.adoption import GpuAdoption
+from dradriver.kubeletplugin.devicestatus import DeviceStatusWriter, gpu_describer
+from dradriver.kubeletplugin.driverstate import DriverGate, DriverWatch, ReloadDetector
 from dradriver.kubeletplugin.lifecycle import Lifecycle
+from dradriver.kubeletplugin.nodepolicy import NodePolicyWatch
+from dradriver.kubeletplugin.refresher import DeviceRefresher
 from dradriver.kubeletplugin.runner import BatchRunner, all_undo_records
 from dradriver.nvml import discovery
 from dradriver.nvml import settings as nvml_settings
@@ -87,9 +87,9 @@ class GpuPlugin(assembly.KubeletPlugin):
     mps_daemons: ControlDaemons | None = None
     """The MPS control daemons of the ``MPS`` sharing step (``None`` without the MPSSupport gate)."""
     driver: DriverWatch | None = None
-    """Whether the NVIDIA driver can be used now, and why not (:mod:`dradriver.app.driverstate`)."""
-    node_policy: nodepolicy.NodePolicyWatch | None = None
-    """The per-node device policy (gate ``PerNodeGPUConfig``; :mod:`dradriver.app.nodepolicy`)."""
+    """Whether the NVIDIA driver can be used now, and why not (:mod:`dradriver.kubeletplugin.driverstate`)."""
+    node_policy: NodePolicyWatch | None = None
+    """The per-node device policy (gate ``PerNodeGPUConfig``; :mod:`dradriver.kubeletplugin.nodepolicy`)."""
 
     @property
     def inventory(self) -> NodeInventory:
@@ -173,116 +173,6 @@ def devices_unknown(session: NvmlSession, registry: DeviceRegistry[NodeInventory
     return "" if registry.snapshot.versions.driver else "the NVIDIA driver's devices are not read yet"
 
 
-class DeviceRefresher:
-    """Re-reads this node's devices after dynamic MIG created or destroyed instances and replaces the device
-    registry (the health monitor and the ResourceSlice publisher are its subscribers).
-
-    A call only marks the devices stale and returns (it runs on the prepare path); one background thread re-reads
-    while changes keep coming, so a burst of prepares costs one or two discoveries and the snapshot installed
-    last is never older than the last change.
-    """
-
-    RETRIES = 3
-    """Discoveries per refresh while a GPU of the previous snapshot is left out (a transient read error)."""
-    RETRY_DELAY_S = 0.05
-
-    def __init__(self, session: NvmlSession, config: PluginConfig, registry: DeviceRegistry[NodeInventory],
-                 mig_control: MigControl | None = None, *, placements: bool = True) -> None:
-        self.session, self.config, self.registry = session, config, registry
-        self.mig_control = mig_control
-        self.with_placements = placements
-        """False with the ``DynamicMIG`` gate off (a claim of before the gate was turned off destroyed its
-        instance): the devices are re-read as discovered, without placements."""
-        self._lock = threading.Lock()
-        self._stale = False
-        self._thread: threading.Thread | None = None
-        self._placements: dict[str, list[MigPlacement]] | None = None
-        self.refreshes = 0
-        """Discoveries run so far."""
-
-    def __call__(self) -> None:
-        """Mark the devices stale; a background thread re-reads them."""
-        with self._lock:
-            self._stale = True
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="device-refresh", daemon=True)
-                self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            with self._lock:
-                if not self._stale:
-                    self._thread = None
-                    return
-                self._stale = False
-            try:
-                self.refresh()
-            except Exception:  # retried at the next change; the registry keeps the last good snapshot
-                log.exception("re-reading devices after a MIG change failed")
-
-    def refresh(self) -> None:
-        """Discover again now (on this thread) and replace the registry's snapshot.
-
-        A GPU's placements never change while it is present, so they are enumerated once per GPU UUID (the
-        first snapshot's, or at the first refresh that sees a new GPU) and re-parented to the GPU's new entry:
-        a refresh costs a plain discovery, not ~20 NVML profile queries per GPU.
-        """
-        inventory = self._discover()
-        if not self.with_placements:
-            self.registry.replace(inventory)
-            self.refreshes += 1
-            return
-        cache = self._placements
-        if cache is None:
-            cache = self._placements = {}
-            for placement in self.registry.snapshot.placements:
-                cache.setdefault(placement.parent.uuid, []).append(placement)
-        placements: list[MigPlacement] = []
-        for gpu in inventory.gpus:
-            if gpu.uuid not in cache:
-                cache[gpu.uuid] = (discovery.mig_placements(self.session, gpu)
-                                   if discovery.is_dynamic_mig_capable(gpu) else [])
-            placements.extend(dataclasses.replace(p, parent=gpu) for p in cache[gpu.uuid])
-        self.registry.replace(dataclasses.replace(inventory, placements=tuple(placements)))
-        self.refreshes += 1
-
-    def _discover(self) -> NodeInventory:
-        """Discover with every known GPU's MIG lock held, so no instance of ours is half created or destroyed
-        while it is read; a GPU of the previous snapshot that is left out (another NVML client changing MIG at
-        that moment: its GPU instance exists before its compute instance) is read again after a short delay,
-        up to :attr:`RETRIES` times, before the snapshot without it is installed."""
-        before = {gpu.uuid for gpu in self.registry.snapshot.gpus}
-        for attempt in range(self.RETRIES + 1):
-            with self.mig_control.hold(before) if self.mig_control is not None else contextlib.nullcontext():
-                self.session.forget_mig_handles()
-                inventory = discovery.discover(self.session, sysfs_root=self.config.sysfs_root)
-            missing = before - {gpu.uuid for gpu in inventory.gpus}
-            if not missing or attempt == self.RETRIES:
-                return inventory
-            log.info("re-reading devices: %d GPU(s) of the last snapshot left out (%s); retrying",
-                     len(missing), ", ".join(sorted(missing)))
-            time.sleep(self.RETRY_DELAY_S * (attempt + 1))
-        raise AssertionError("unreachable")
-
-    def wait_idle(self, timeout_s: float = 10.0) -> bool:
-        """Wait until no refresh is pending or running; False on timeout."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            with self._lock:
-                thread = self._thread
-            if thread is None:
-                return True
-            thread.join(timeout=max(0.0, deadline - time.monotonic()))
-        return False
-
-    def close(self) -> None:
-        """Wait for a refresh in progress (the NVML session closes after this)."""
-        with self._lock:
-            thread, self._stale = self._thread, False
-        if thread is not None:
-            thread.join(timeout=10)
-
-
 def read_server_version(client: KubeClient) -> tuple[int, int] | None:
     """``(major, minor)`` of the API server, or ``None`` (warned) when ``GET /version`` fails."""
     try:
@@ -345,6 +235,23 @@ def discover(session: NvmlSession, config: PluginConfig) -> NodeInventory:
     return inventory
 
 
+async def open_node_policy(identity: DriverIdentity, config: PluginConfig,
+                           connection: assembly.Connection) -> NodePolicyWatch:
+    """Start step: the policy the Node read at start asks for (:class:`NodePolicyWatch`, not watching yet)."""
+    labels = kube_nodes.Node.from_object(connection.node).labels if connection.node is not None else None
+
+    def report(reason: str, message: str, type_: str) -> None:
+        assembly.report_event(identity, connection.client, config, connection.node_uid, reason, message, type_=type_)
+
+    return await asyncio.to_thread(NodePolicyWatch, connection.client, config, labels, report=report)
+
+
+async def watch_node_policy(life: Lifecycle, watch: NodePolicyWatch, on_change: Callable[[], None]) -> None:
+    """Start step: watch the Node and call ``on_change`` (republish) after each policy change; stopped on stop."""
+    watch.on_change = on_change
+    await life.step("node device policy watch", watch.start, lambda _: asyncio.to_thread(watch.stop))
+
+
 async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIVER, *,
                        early: EarlyServers | None = None) -> GpuPlugin:
     """Start every part of the GPU kubelet plugin and return it running.
@@ -370,12 +277,12 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
         if session.available:
             inventory, driver_files = await asyncio.to_thread(read_driver, session, config)
         else:  # no devices and no driver files until the driver is back (DriverWatch)
-            await driverstate.report_unavailable(identity, config, connection, session)
+            await assembly.report_unavailable(identity, config, connection, session)
             inventory, driver_files = NodeInventory(versions=DriverVersions("", 0), gpus=()), cdi.ContainerEdits()
         registry: DeviceRegistry[NodeInventory] = DeviceRegistry(
             inventory, dynamic_index if dynamic_mig else (lambda inv: DeviceIndex.build(inv).by_name))
         common = [driver_files]  # replaced when a driver that was absent comes back
-        hook_refusal = await life.step("CDI hook", lambda: driverstate.check_cdi_hook(
+        hook_refusal = await life.step("CDI hook", lambda: assembly.check_cdi_hook(
             identity, config, connection, named=lambda: bool(common[0].hooks)))
         verdict = guard.check_device_plugin(config, connection.node)
         if verdict.refuse:
@@ -384,7 +291,7 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
                                     "DevicePluginDetected", verdict.reason)
         elif verdict.reason:
             log.warning("%s", verdict.reason)
-        node_policy = await nodepolicy.open_node_policy(identity, config, connection)
+        node_policy = await open_node_policy(identity, config, connection)
         state, problems = await assembly.open_claim_state(life, identity, config, connection)
 
         metrics = DriverMetrics(node=config.node_name, driver=identity.driver_name)
@@ -548,7 +455,7 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
 
         registry.subscribe(republish_if_changed)
         await assembly.run_publisher(life, publisher)
-        await nodepolicy.watch_node_policy(life, node_policy, plugin.republish)
+        await watch_node_policy(life, node_policy, plugin.republish)
         if session.available:
             plugin.republish()
         # else: the node's ResourceSlices stay as the last run published them until the driver's devices are read
