@@ -7,7 +7,7 @@ IMEX facts from procfs -> batch runner with the IMEX channel and daemon preparer
 servers, whose prepares are refused per claim while :meth:`ComputeDomainPlugin.refusal` says why (the
 ``readiness`` probe NOT_SERVING meanwhile) and whose unprepares are always served from the claim state ->
 ResourceSlice publisher -> the driver's part (:func:`read_driver_part`, at once when the driver is available, else
-when :class:`~dradriver.app.driverstate.DriverWatch` finds it back, without a restart): the node's fabric
+when :class:`~dradriver.kubeletplugin.driverstate.DriverWatch` finds it back, without a restart): the node's fabric
 (:func:`wait_for_fabric`: clique ID and fabric health from fabric info, :mod:`dradriver.nvml.fabric`; while a
 GPU's registration is still in progress, strict mode with the gate ``CrashOnNVLinkFabricErrors``, the plugin logs
 the state, records a ``FabricRegistrationPending`` Event on the Node and reads again with a back-off of 1 s
@@ -41,9 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dradriver import _native
-from dradriver.app import assembly, driverstate
-from dradriver.app.devicestatus import DeviceStatusWriter, describe_channels
-from dradriver.app.driverstate import DriverGate, DriverWatch
+from dradriver.app import assembly
 from dradriver.app.gpu import driver_edits, node_info, nvml_library
 from dradriver.config import CHANNEL_NEEDS_HOST_MANAGED, PluginConfig
 from dradriver.domain import cdi
@@ -63,6 +61,8 @@ from dradriver.kube import errors as kube_errors
 from dradriver.kubeletplugin import rollback
 from dradriver.kubeletplugin.adoption import SOURCE as ADOPTION_SOURCE
 from dradriver.kubeletplugin.cdadoption import ComputeDomainAdoptionReport, adopt_compute_domain_claims
+from dradriver.kubeletplugin.devicestatus import DeviceStatusWriter, describe_channels
+from dradriver.kubeletplugin.driverstate import DriverGate, DriverWatch
 from dradriver.kubeletplugin.lifecycle import Lifecycle
 from dradriver.kubeletplugin.runner import BatchRunner
 from dradriver.nvml import fabric
@@ -108,7 +108,7 @@ class ComputeDomainPlugin(assembly.KubeletPlugin):
     """This node's fabric as last read (clique ID and faulty GPUs)."""
     refresh_task: asyncio.Task[Any] | None = None
     driver: DriverWatch | None = None
-    """Whether the NVIDIA driver can be used now, and why not (:mod:`dradriver.app.driverstate`)."""
+    """Whether the NVIDIA driver can be used now, and why not (:mod:`dradriver.kubeletplugin.driverstate`)."""
     driver_read: bool = False
     """This node's driver part is read (:func:`read_driver_part`: fabric, IMEX facts, base spec, clique label,
     devices published); False while the driver is absent or the fabric registration is in progress."""
@@ -349,7 +349,7 @@ class DriverPart:
 
 
 async def read_driver_part(plugin: ComputeDomainPlugin, connection: assembly.Connection, part: DriverPart) -> None:
-    """Start step, or the NVIDIA driver's return (:class:`~dradriver.app.driverstate.DriverWatch`): what the plugin
+    """Start step, or the NVIDIA driver's return (:class:`DriverWatch`): what the plugin
     reads through the driver, with its sockets already served. The node's fabric (:func:`wait_for_fabric`), the
     driver version check (:func:`check_driver_version`), the IMEX facts (channel major and count,
     ``fabric-imex-mgmt`` minor) into the devices and preparers, the base CDI spec, the ``nvidia.com/gpu.clique``
@@ -474,7 +474,7 @@ async def start_compute_domain_plugin(config: PluginConfig, identity: DriverIden
         # Validate, then touch the host (assembly.open_host): no directory is created before the API server answers.
         connection, session = await assembly.open_host(life, identity, config, nvml_library(config))
         if not session.available:
-            await driverstate.report_unavailable(identity, config, connection, session)
+            await assembly.report_unavailable(identity, config, connection, session)
         if config.gpu_clique_label_enabled:  # set once the fabric is read (read_driver_part)
             life.on_stop("nvidia.com/gpu.clique label",
                          lambda: set_clique_label(connection.client, config.node_name, ""))

@@ -3,16 +3,16 @@
 Steps, in order (stopped in reverse): compiled hot paths -> Kubernetes client and this Node (a bad kubeconfig
 fails here, before anything on the host is touched) -> plugin and CDI directories -> NVML session -> device
 discovery into the device registry -> the driver's user space for CDI specs -> the CDI hook they name (copied from
-the image, checked: :func:`dradriver.app.driverstate.check_cdi_hook`) -> device-plugin guard -> per-node
-device policy (:mod:`dradriver.app.nodepolicy`, its Node watch after the publisher) -> claim state -> batch
+the image, checked: :func:`dradriver.app.assembly.check_cdi_hook`) -> device-plugin guard -> per-node
+device policy (:mod:`dradriver.kubeletplugin.nodepolicy`, its Node watch after the publisher) -> claim state -> batch
 runner with the consumable-share (when
 ``--consumable-shares`` is on), full-GPU and static-MIG preparers (and, with the ``DynamicMIG`` gate, the
 dynamic-MIG preparer over every eligible GPU's placements) and the sharing steps (MPS control daemons with the
 ``MPSSupport`` gate), and crash convergence -> health monitor -> metrics endpoint -> gRPC servers ->
 ResourceSlice publisher -> NVIDIA driver watch. Without a usable driver (not loaded, no ``libnvidia-ml.so.1``)
 the plugin starts all the same with no devices: it unprepares, refuses prepares with the reason, and reads the
-devices once the driver is back (:mod:`dradriver.app.driverstate`); a driver reloaded under the running plugin is
-detected and handled the same way, the prepared claims' CDI specs then rewritten for the new driver's files.
+devices once the driver is back (:mod:`dradriver.kubeletplugin.driverstate`); a driver reloaded under the running plugin
+is detected and handled the same way, the prepared claims' CDI specs then rewritten for the new driver's files.
 The ``gpu-kubelet-plugin`` command serves the gRPC sockets first instead
 (:mod:`dradriver.server.deferred`, ``start_plugin(early=...)``): the kubelet registers the plugin within
 ~0.2 s of process start and claims it sends meanwhile wait until the runner is attached at the servers' place.
@@ -21,39 +21,41 @@ The ``gpu-kubelet-plugin`` command serves the gRPC sockets first instead
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from dradriver import _native
-from dradriver.app import assembly, driverstate, nodepolicy
-from dradriver.app.devicestatus import DeviceStatusWriter, gpu_describer
-from dradriver.app.driverstate import DriverGate, DriverWatch, ReloadDetector
+from dradriver.app import assembly
 from dradriver.config import PluginConfig
 from dradriver.domain import cdi, configs, mps, nodeallocatable, partitions, pools
 from dradriver.domain.devices import DeviceIndex, DriverVersions, NodeInventory
 from dradriver.domain.faults import DEFAULT_IGNORED_XIDS
 from dradriver.domain.identity import GPU_DRIVER, DriverIdentity
-from dradriver.domain.migplacements import MigPlacement, dynamic_index
+from dradriver.domain.migplacements import dynamic_index
 from dradriver.domain.ports import SharingStep
 from dradriver.domain.registry import DeviceRegistry
 from dradriver.health.metrics import DriverMetrics, MetricsServer
 from dradriver.health.monitor import HealthMonitor
 from dradriver.host import driverfiles
+from dradriver.host.claimstate import ClaimState, ClaimStateProblem
 from dradriver.host.devicenodes import DeviceNodeInfo, EditsCache, read_identities
 from dradriver.host.nvidiasmi import find_nvidia_smi
 from dradriver.kube import errors as kube_errors
+from dradriver.kube import nodes as kube_nodes
 from dradriver.kube import version
 from dradriver.kube.client import KubeClient
-from dradriver.kubeletplugin import guard, rollback
+from dradriver.kube.resourceslices import SlicePublisher
+from dradriver.kubeletplugin import driverstate, guard, rollback
 from dradriver.kubeletplugin.adoption import GpuAdoption
+from dradriver.kubeletplugin.devicestatus import DeviceStatusWriter, gpu_describer
+from dradriver.kubeletplugin.driverstate import DriverGate, DriverWatch, ReloadDetector
 from dradriver.kubeletplugin.lifecycle import Lifecycle
-from dradriver.kubeletplugin.runner import BatchRunner, all_undo_records
+from dradriver.kubeletplugin.nodepolicy import NodePolicyWatch
+from dradriver.kubeletplugin.refresher import DeviceRefresher
+from dradriver.kubeletplugin.runner import BatchRunner, RecoveryReport, all_undo_records
 from dradriver.nvml import discovery
 from dradriver.nvml import settings as nvml_settings
 from dradriver.nvml.mig import MigControl
@@ -65,6 +67,7 @@ from dradriver.preparers.gpu import FullGpuPreparer, StaticMigPreparer
 from dradriver.preparers.mps import ControlDaemons, MpsSharing
 from dradriver.preparers.shares import ShareDaemons, SharedDevicePreparer
 from dradriver.preparers.sharing import TimeSlicing, default_steps
+from dradriver.server import Servers
 from dradriver.server.deferred import EarlyServers
 
 log = logging.getLogger(__name__)
@@ -87,9 +90,9 @@ class GpuPlugin(assembly.KubeletPlugin):
     mps_daemons: ControlDaemons | None = None
     """The MPS control daemons of the ``MPS`` sharing step (``None`` without the MPSSupport gate)."""
     driver: DriverWatch | None = None
-    """Whether the NVIDIA driver can be used now, and why not (:mod:`dradriver.app.driverstate`)."""
-    node_policy: nodepolicy.NodePolicyWatch | None = None
-    """The per-node device policy (gate ``PerNodeGPUConfig``; :mod:`dradriver.app.nodepolicy`)."""
+    """Whether the NVIDIA driver can be used now, and why not (:mod:`dradriver.kubeletplugin.driverstate`)."""
+    node_policy: NodePolicyWatch | None = None
+    """The per-node device policy (gate ``PerNodeGPUConfig``; :mod:`dradriver.kubeletplugin.nodepolicy`)."""
 
     @property
     def inventory(self) -> NodeInventory:
@@ -173,116 +176,6 @@ def devices_unknown(session: NvmlSession, registry: DeviceRegistry[NodeInventory
     return "" if registry.snapshot.versions.driver else "the NVIDIA driver's devices are not read yet"
 
 
-class DeviceRefresher:
-    """Re-reads this node's devices after dynamic MIG created or destroyed instances and replaces the device
-    registry (the health monitor and the ResourceSlice publisher are its subscribers).
-
-    A call only marks the devices stale and returns (it runs on the prepare path); one background thread re-reads
-    while changes keep coming, so a burst of prepares costs one or two discoveries and the snapshot installed
-    last is never older than the last change.
-    """
-
-    RETRIES = 3
-    """Discoveries per refresh while a GPU of the previous snapshot is left out (a transient read error)."""
-    RETRY_DELAY_S = 0.05
-
-    def __init__(self, session: NvmlSession, config: PluginConfig, registry: DeviceRegistry[NodeInventory],
-                 mig_control: MigControl | None = None, *, placements: bool = True) -> None:
-        self.session, self.config, self.registry = session, config, registry
-        self.mig_control = mig_control
-        self.with_placements = placements
-        """False with the ``DynamicMIG`` gate off (a claim of before the gate was turned off destroyed its
-        instance): the devices are re-read as discovered, without placements."""
-        self._lock = threading.Lock()
-        self._stale = False
-        self._thread: threading.Thread | None = None
-        self._placements: dict[str, list[MigPlacement]] | None = None
-        self.refreshes = 0
-        """Discoveries run so far."""
-
-    def __call__(self) -> None:
-        """Mark the devices stale; a background thread re-reads them."""
-        with self._lock:
-            self._stale = True
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="device-refresh", daemon=True)
-                self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            with self._lock:
-                if not self._stale:
-                    self._thread = None
-                    return
-                self._stale = False
-            try:
-                self.refresh()
-            except Exception:  # retried at the next change; the registry keeps the last good snapshot
-                log.exception("re-reading devices after a MIG change failed")
-
-    def refresh(self) -> None:
-        """Discover again now (on this thread) and replace the registry's snapshot.
-
-        A GPU's placements never change while it is present, so they are enumerated once per GPU UUID (the
-        first snapshot's, or at the first refresh that sees a new GPU) and re-parented to the GPU's new entry:
-        a refresh costs a plain discovery, not ~20 NVML profile queries per GPU.
-        """
-        inventory = self._discover()
-        if not self.with_placements:
-            self.registry.replace(inventory)
-            self.refreshes += 1
-            return
-        cache = self._placements
-        if cache is None:
-            cache = self._placements = {}
-            for placement in self.registry.snapshot.placements:
-                cache.setdefault(placement.parent.uuid, []).append(placement)
-        placements: list[MigPlacement] = []
-        for gpu in inventory.gpus:
-            if gpu.uuid not in cache:
-                cache[gpu.uuid] = (discovery.mig_placements(self.session, gpu)
-                                   if discovery.is_dynamic_mig_capable(gpu) else [])
-            placements.extend(dataclasses.replace(p, parent=gpu) for p in cache[gpu.uuid])
-        self.registry.replace(dataclasses.replace(inventory, placements=tuple(placements)))
-        self.refreshes += 1
-
-    def _discover(self) -> NodeInventory:
-        """Discover with every known GPU's MIG lock held, so no instance of ours is half created or destroyed
-        while it is read; a GPU of the previous snapshot that is left out (another NVML client changing MIG at
-        that moment: its GPU instance exists before its compute instance) is read again after a short delay,
-        up to :attr:`RETRIES` times, before the snapshot without it is installed."""
-        before = {gpu.uuid for gpu in self.registry.snapshot.gpus}
-        for attempt in range(self.RETRIES + 1):
-            with self.mig_control.hold(before) if self.mig_control is not None else contextlib.nullcontext():
-                self.session.forget_mig_handles()
-                inventory = discovery.discover(self.session, sysfs_root=self.config.sysfs_root)
-            missing = before - {gpu.uuid for gpu in inventory.gpus}
-            if not missing or attempt == self.RETRIES:
-                return inventory
-            log.info("re-reading devices: %d GPU(s) of the last snapshot left out (%s); retrying",
-                     len(missing), ", ".join(sorted(missing)))
-            time.sleep(self.RETRY_DELAY_S * (attempt + 1))
-        raise AssertionError("unreachable")
-
-    def wait_idle(self, timeout_s: float = 10.0) -> bool:
-        """Wait until no refresh is pending or running; False on timeout."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            with self._lock:
-                thread = self._thread
-            if thread is None:
-                return True
-            thread.join(timeout=max(0.0, deadline - time.monotonic()))
-        return False
-
-    def close(self) -> None:
-        """Wait for a refresh in progress (the NVML session closes after this)."""
-        with self._lock:
-            thread, self._stale = self._thread, False
-        if thread is not None:
-            thread.join(timeout=10)
-
-
 def read_server_version(client: KubeClient) -> tuple[int, int] | None:
     """``(major, minor)`` of the API server, or ``None`` (warned) when ``GET /version`` fails."""
     try:
@@ -345,6 +238,23 @@ def discover(session: NvmlSession, config: PluginConfig) -> NodeInventory:
     return inventory
 
 
+async def open_node_policy(identity: DriverIdentity, config: PluginConfig,
+                           connection: assembly.Connection) -> NodePolicyWatch:
+    """Start step: the policy the Node read at start asks for (:class:`NodePolicyWatch`, not watching yet)."""
+    labels = kube_nodes.Node.from_object(connection.node).labels if connection.node is not None else None
+
+    def report(reason: str, message: str, type_: str) -> None:
+        assembly.report_event(identity, connection.client, config, connection.node_uid, reason, message, type_=type_)
+
+    return await asyncio.to_thread(NodePolicyWatch, connection.client, config, labels, report=report)
+
+
+async def watch_node_policy(life: Lifecycle, watch: NodePolicyWatch, on_change: Callable[[], None]) -> None:
+    """Start step: watch the Node and call ``on_change`` (republish) after each policy change; stopped on stop."""
+    watch.on_change = on_change
+    await life.step("node device policy watch", watch.start, lambda _: asyncio.to_thread(watch.stop))
+
+
 async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIVER, *,
                        early: EarlyServers | None = None) -> GpuPlugin:
     """Start every part of the GPU kubelet plugin and return it running.
@@ -361,210 +271,349 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
         config = dataclasses.replace(config, driver_name=identity.driver_name)
     implementations = _native.load_all()  # a missing compiled module fails here, loudly, not at first use
     log.info("hot paths: %s", ", ".join(f"{k}={v}" for k, v in implementations.items()))
-    life = Lifecycle(identity.driver_name)
-    # Validate, then touch the host (assembly.open_host): no directory is created before the API server answers.
+    start = _GpuStart(identity, config, Lifecycle(identity.driver_name))
     try:
-        connection, session = await assembly.open_host(life, identity, config, nvml_library(config))
-        dynamic_mig = config.feature_gates.dynamic_mig
-        mig_control = MigControl(session) if dynamic_mig else None
-        if session.available:
-            inventory, driver_files = await asyncio.to_thread(read_driver, session, config)
-        else:  # no devices and no driver files until the driver is back (DriverWatch)
-            await driverstate.report_unavailable(identity, config, connection, session)
-            inventory, driver_files = NodeInventory(versions=DriverVersions("", 0), gpus=()), cdi.ContainerEdits()
-        registry: DeviceRegistry[NodeInventory] = DeviceRegistry(
-            inventory, dynamic_index if dynamic_mig else (lambda inv: DeviceIndex.build(inv).by_name))
-        common = [driver_files]  # replaced when a driver that was absent comes back
-        hook_refusal = await life.step("CDI hook", lambda: driverstate.check_cdi_hook(
-            identity, config, connection, named=lambda: bool(common[0].hooks)))
-        verdict = guard.check_device_plugin(config, connection.node)
-        if verdict.refuse:
-            log.error("%s", verdict.reason)
-            await asyncio.to_thread(assembly.report_event, identity, connection.client, config, connection.node_uid,
-                                    "DevicePluginDetected", verdict.reason)
-        elif verdict.reason:
-            log.warning("%s", verdict.reason)
-        node_policy = await nodepolicy.open_node_policy(identity, config, connection)
-        state, problems = await assembly.open_claim_state(life, identity, config, connection)
-
-        metrics = DriverMetrics(node=config.node_name, driver=identity.driver_name)
-        nodes = node_info(config)
-        edits_cache = EditsCache(nodes)  # the spec-level and each full GPU's edits, while /proc/devices is unchanged
-        module_files = (nodes.dev_root / "dev" / "nvidiactl", config.sysfs_root / "module" / ReloadDetector.MODULE)
-        detector = ReloadDetector(session, nodes.read_majors, lambda: read_identities(module_files))
-        watch = DriverWatch(session, library=lambda: nvml_library(config), arrive=lambda: driver_back(),
-                            reloaded=detector.check, depart=lambda why: driver_away(why))
-        preparers: tuple[Any, ...] = (FullGpuPreparer(nodes, edits_cache), StaticMigPreparer(nodes, edits_cache))
-        status_writer = DeviceStatusWriter(connection.client, driver=identity.driver_name, pool=config.node_name,
-                                           describe=gpu_describer(registry.get, mps_namespace=config.namespace))
-        life.on_stop("device status writer", status_writer.close)
-        refresh: DeviceRefresher | None = None
-        # Every kind that may have written an undo record is registered: with its gate off a part only undoes
-        # (claims prepared while the gate was on are unprepared by the kind stored with them).
-        undo_only: list[Any] = []
-        if mig_control is not None:
-            refresh = DeviceRefresher(session, config, registry, mig_control)
-            life.on_stop("device refresher", refresh.close)
-            preparers += (DynamicMigPreparer(mig_control, nodes, lambda: registry.snapshot.gpus, on_change=refresh),)
-        else:
-            reread = DeviceRefresher(session, config, registry, placements=False)
-            life.on_stop("device refresher", reread.close)
-            undo_only.append(DynamicMigPreparer(MigControl(session), nodes, lambda: registry.snapshot.gpus,
-                                                on_change=reread))
-        steps: list[SharingStep] = list(default_steps(session,
-                                                      lambda: find_nvidia_smi(config.container_driver_root)))
-        daemons = None
-        if config.feature_gates.mps_support:
-            daemons = control_daemons(config, connection.client, session)
-            steps.append(MpsSharing(daemons))
-        else:
-            undo_only.append(MpsSharing(control_daemons(config, connection.client, session)))
-        shares = SharedDevicePreparer(config.consumable_shares, nodes,
-                                      ShareDaemons(control_daemons(config, connection.client, session, shares=True)),
-                                      stored_records=lambda: all_undo_records(state))
-        plugin_ref: list[GpuPlugin] = []
-        checkpoint = (rollback.open_rollback_checkpoint(identity, config.plugin_dir, config.boot_id_path, registry)
-                      if config.nvidia_checkpoint else None)
-        runner = BatchRunner(
-            identity=identity, registry=registry, state=state, checkpoint=checkpoint,
-            fetch_claim=assembly.claim_fetcher(identity, connection.client, config),
-            cdi_root=config.cdi_root, pool=config.node_name,
-            preparers=(shares, *preparers), sharing=steps, undo_only=undo_only,
-            select_configs=lambda claim, devices: configs.select_configs(claim, devices, config.feature_gates),
-            spec_edits=lambda: edits_cache.get(("spec", registry.snapshot.versions.driver),
-                                                lambda: gpu_preparers.spec_edits(nodes, common[0])),
-            metrics=metrics, prepare_deadline_s=float(config.prepare_deadline_seconds),
-            on_prepared=status_writer.prepared, on_unprepared=status_writer.unprepared,
-            driver_unavailable=lambda: watch.departing() or devices_unknown(session, registry),
-            driver_kinds=(DYNAMIC_MIG_KIND, TimeSlicing.kind),
-            device_metadata=assembly.device_metadata_files(identity, config, plugin_ref),
-            refuse_device=node_policy.refusal,
-        )
-        life.on_stop("batch runner", runner.close)
-        await assembly.adopt_nvidia(identity, config, connection, runner,
-                                    GpuAdoption(config.node_name, registry.get), metrics)
-        recovery = await assembly.recover(identity, config, connection, runner, problems)
-        if checkpoint is not None:  # after recovery: it names what the claim state holds now
-            await asyncio.to_thread(checkpoint.load, state.claims())
-        publisher = assembly.make_publisher(
-            identity, config, connection, on_error=lambda exc: metrics.count_publish_error(type(exc).__name__),
-            on_publish=lambda result: metrics.observe_publish() if result.wrote else None)
-        informational = await asyncio.to_thread(supports_informational_taints, connection.client)
-        layout = slice_layout_version(await asyncio.to_thread(read_server_version, connection.client), dynamic_mig)
-        partition_cache = partitions.PartitionCache()
-        if session.available:
-            await asyncio.to_thread(detector.remember)
-
-        def nvml_failed(code: int) -> None:
-            metrics.count_nvml_error(code)
-            watch.suspect(code)  # a failure that may be a driver reload is checked at once
-
-        health = HealthMonitor(
-            registry.snapshot,
-            pool_name=config.node_name,
-            session=session,
-            taint_domain=identity.taint_domain,
-            ignored_xids=DEFAULT_IGNORED_XIDS | set(config.additional_xids_to_ignore),
-            informational_taints=informational,
-            on_taints_changed=lambda _taints: plugin_ref[0].republish() if plugin_ref else None,
-            on_nvml_error=nvml_failed,
-        )
-        registry.subscribe(health.replace_inventory)
-        metrics.attach_devices(health, claim_of=lambda device: runner.prepared_devices().get(device),
-                               dcgm_compatible=config.dcgm_compatible)
-        if session.available:
-            await life.step("health monitor", lambda: asyncio.to_thread(health.start),
-                            lambda _: asyncio.to_thread(health.stop))
-        else:  # started by the driver's return
-            life.on_stop("health monitor", lambda: asyncio.to_thread(health.stop))
-
-        def driver_away(why: str) -> None:
-            # A reload under the running plugin: nothing may use the stale NVML handle the watch shuts next.
-            metrics.count_driver_reload()
-            health.stop()
-            edits_cache.clear()
-            assembly.report_event(identity, connection.client, config, connection.node_uid, "NvidiaDriverUnavailable",
-                                  f"NVIDIA driver went away ({why}); claims are unprepared, prepares wait for it "
-                                  "and are served once it is loaded again, without a restart")
-
-        def driver_back() -> None:
-            before = detector.version
-            edits_cache.clear()
-            inventory, common[0] = read_driver(session, config)
-            registry.replace(inventory)  # the health monitor, the publisher (below) and the refresher follow
-            detector.remember()
-            health.start()
-            undone, swept = runner.resume_undo()
-            rewritten, unusable = runner.refresh_specs()  # prepared claims' specs name the new driver's files
-            log.info("NVIDIA driver %s back: %d GPU(s); %d kept undo(s) done%s; %d prepared claim spec(s) rewritten",
-                     inventory.versions.driver, len(inventory.gpus), len(undone),
-                     f", swept {', '.join(swept)}" if swept else "", len(rewritten))
-            if before:  # a reload under the running plugin (a start without the driver reported its own Event)
-                assembly.report_event(
-                    identity, connection.client, config, connection.node_uid, "NvidiaDriverAvailable",
-                    f"NVIDIA driver {inventory.versions.driver} loaded again (was {before}): {len(inventory.gpus)} "
-                    f"GPU(s), {len(rewritten)} prepared claim CDI spec(s) rewritten for its files"
-                    + (f", {len(unusable)} claim(s) refused (a claim whose devices are other GPUs now has its CDI spec"
-                       " withdrawn; see the plugin's log)" if unusable else ""),
-                    type_="Normal")
-
-        metrics.watch_driver(lambda: not watch.reason())
-        refusal = driverstate.first_refusal(watch.refusal, hook_refusal)
-        gate = DriverGate(runner, refusal)
-        metrics_server = await assembly.serve_metrics_step(life, config, metrics)
-        if early is None:
-            servers = await assembly.serve(life, config, gate, health_source=health, publisher=publisher,
-                                           ready=lambda: not refusal())
-        else:
-            servers = await assembly.attach_early(life, early, gate, health_source=health, publisher=publisher,
-                                                  ready=lambda: not refusal())
-
-        def desired() -> list[dict[str, Any]]:
-            inventory = registry.snapshot
-            if verdict.refuse:  # an empty pool: the device plugin owns the GPUs
-                inventory = NodeInventory(versions=inventory.versions, gpus=())
-            slices = pools.build_resource_slices(inventory, config.node_name, driver=identity.driver_name,
-                                                          taints=health.taints(), server_version=layout,
-                                                          cache=partition_cache, shares=config.consumable_shares,
-                                                          advertised=node_policy.policy.advertised)
-            nodeallocatable.apply_overhead(slices, config.node_allocatable_overhead)  # KEP-5517, gate-checked
-            return slices
-
-        plugin = GpuPlugin(identity=identity, config=config, lifecycle=life, client=connection.client,
-                           node_uid=connection.node_uid, state=state, state_problems=problems, runner=runner,
-                           recovery=recovery, publisher=publisher, servers=servers, desired=desired,
-                           session=session, registry=registry, guard_verdict=verdict, health=health,
-                           metrics=metrics, metrics_server=metrics_server, refresher=refresh,
-                           status_writer=status_writer, mps_daemons=daemons, node_policy=node_policy)
-        plugin_ref.append(plugin)
-        last_desired: list[list[dict[str, Any]]] = []
-
-        def republish_if_changed(_inventory: NodeInventory) -> None:
-            # Dynamic MIG replaces the registry at every instance change, yet the pool usually stays the same
-            # (placements are published whether or not an instance exists): comparing is far cheaper than the
-            # publisher's copy of an unchanged desired state.
-            slices = plugin.desired_slices()
-            if last_desired and last_desired[0] == slices:
-                return
-            last_desired[:] = [slices]
-            plugin.publisher.update(slices)
-
-        registry.subscribe(republish_if_changed)
-        await assembly.run_publisher(life, publisher)
-        await nodepolicy.watch_node_policy(life, node_policy, plugin.republish)
-        if session.available:
-            plugin.republish()
-        # else: the node's ResourceSlices stay as the last run published them until the driver's devices are read
-        await life.step("NVIDIA driver watch", watch.start, lambda _: asyncio.to_thread(watch.stop))
-        plugin.driver = watch
-        plugin.reconciler = await assembly.run_stale_claim_cleanup(life, identity, config, connection, runner,
-                                                                   count=metrics.count_stale_claim)
+        await start.read_devices()
+        await start.check_cdi_hook()
+        await start.check_device_plugin()
+        await start.open_node_policy()
+        await start.open_claim_state()
+        start.build_runner()
+        await start.converge()
+        await start.make_publisher()
+        await start.remember_driver()
+        await start.start_health()
+        await start.serve(early)
+        plugin = start.assemble()
+        await start.publish(plugin)
+        await start.watch_driver(plugin)
+        await start.clean_stale_claims(plugin)
     except BaseException:
-        await life.stop(1.0)
+        await start.life.stop(1.0)
         raise
     log.info("kubelet plugin for %s on node %s serving at %s", identity.driver_name, config.node_name,
              config.dra_socket)
     return plugin
+
+
+class _GpuStart:
+    """The GPU plugin's parts while :func:`start_plugin` assembles them: one method per start step, in the order
+    the steps run (each sets the parts it makes; the lifecycle stops them in reverse), and the driver watch's
+    ``depart`` and ``arrive`` (:meth:`driver_away`, :meth:`driver_back`)."""
+
+    connection: assembly.Connection
+    session: NvmlSession
+    mig_control: MigControl | None
+    registry: DeviceRegistry[NodeInventory]
+    driver_files: cdi.ContainerEdits
+    """The spec-level edits of the driver's user space; replaced when a driver that was absent comes back."""
+    hook_refusal: Callable[[], str]
+    verdict: guard.GuardVerdict
+    node_policy: NodePolicyWatch
+    state: ClaimState
+    problems: tuple[ClaimStateProblem, ...]
+    metrics: DriverMetrics
+    nodes: DeviceNodeInfo
+    edits_cache: EditsCache
+    detector: ReloadDetector
+    watch: DriverWatch
+    status_writer: DeviceStatusWriter
+    refresher: DeviceRefresher | None
+    mps_daemons: ControlDaemons | None
+    checkpoint: rollback.RollbackCheckpoint | None
+    runner: BatchRunner
+    recovery: RecoveryReport
+    publisher: SlicePublisher
+    layout: tuple[int, int]
+    informational: bool
+    health: HealthMonitor
+    refusal: Callable[[], str]
+    metrics_server: MetricsServer | None
+    servers: Servers
+
+    def __init__(self, identity: DriverIdentity, config: PluginConfig, life: Lifecycle) -> None:
+        self.identity, self.config, self.life = identity, config, life
+        self.plugin_ref: list[GpuPlugin] = []
+        self.partition_cache = partitions.PartitionCache()
+        self._last_desired: list[list[dict[str, Any]]] = []
+
+    async def read_devices(self) -> None:
+        """Validate, then touch the host (:func:`assembly.open_host`: no directory is created before the API server
+        answers), then read the driver's devices and files into the device registry (none while it is absent)."""
+        identity, config = self.identity, self.config
+        self.connection, session = await assembly.open_host(self.life, identity, config, nvml_library(config))
+        self.session = session
+        dynamic_mig = config.feature_gates.dynamic_mig
+        self.mig_control = MigControl(session) if dynamic_mig else None
+        if session.available:
+            inventory, self.driver_files = await asyncio.to_thread(read_driver, session, config)
+        else:  # no devices and no driver files until the driver is back (DriverWatch)
+            await assembly.report_unavailable(identity, config, self.connection, session)
+            inventory = NodeInventory(versions=DriverVersions("", 0), gpus=())
+            self.driver_files = cdi.ContainerEdits()
+        self.registry = DeviceRegistry(
+            inventory, dynamic_index if dynamic_mig else (lambda inv: DeviceIndex.build(inv).by_name))
+
+    async def check_cdi_hook(self) -> None:
+        """The CDI hook the claim specs name (:func:`assembly.check_cdi_hook`)."""
+        self.hook_refusal = await self.life.step("CDI hook", lambda: assembly.check_cdi_hook(
+            self.identity, self.config, self.connection, named=lambda: bool(self.driver_files.hooks)))
+
+    async def check_device_plugin(self) -> None:
+        """The device-plugin guard: an empty pool (and a ``DevicePluginDetected`` Event) while NVIDIA's device plugin
+        owns the GPUs."""
+        self.verdict = verdict = guard.check_device_plugin(self.config, self.connection.node)
+        if verdict.refuse:
+            log.error("%s", verdict.reason)
+            await asyncio.to_thread(assembly.report_event, self.identity, self.connection.client, self.config,
+                                    self.connection.node_uid, "DevicePluginDetected", verdict.reason)
+        elif verdict.reason:
+            log.warning("%s", verdict.reason)
+
+    async def open_node_policy(self) -> None:
+        """The per-node device policy the Node asks for (watched once the publisher runs)."""
+        self.node_policy = await open_node_policy(self.identity, self.config, self.connection)
+
+    async def open_claim_state(self) -> None:
+        """The claim state (:func:`assembly.open_claim_state`)."""
+        self.state, self.problems = await assembly.open_claim_state(self.life, self.identity, self.config,
+                                                                    self.connection)
+
+    def build_runner(self) -> None:
+        """The batch runner over the device preparers and sharing steps, with the driver watch it asks, the device
+        status writer it reports to and the rollback checkpoint it keeps."""
+        identity, config, registry, session = self.identity, self.config, self.registry, self.session
+        self.metrics = DriverMetrics(node=config.node_name, driver=identity.driver_name)
+        self.nodes = node_info(config)
+        # The spec-level and each full GPU's edits, while /proc/devices is unchanged.
+        self.edits_cache = EditsCache(self.nodes)
+        module_files = (self.nodes.dev_root / "dev" / "nvidiactl",
+                        self.config.sysfs_root / "module" / ReloadDetector.MODULE)
+        self.detector = ReloadDetector(session, self.nodes.read_majors, lambda: read_identities(module_files))
+        self.watch = watch = DriverWatch(session, library=lambda: nvml_library(config), arrive=self.driver_back,
+                                         reloaded=self.detector.check, depart=self.driver_away)
+        self.status_writer = DeviceStatusWriter(
+            self.connection.client, driver=identity.driver_name, pool=config.node_name,
+            describe=gpu_describer(registry.get, mps_namespace=config.namespace))
+        self.life.on_stop("device status writer", self.status_writer.close)
+        # Every kind that may have written an undo record is registered: with its gate off a part only undoes
+        # (claims prepared while the gate was on are unprepared by the kind stored with them).
+        undo_only: list[Any] = []
+        preparers = self._device_preparers(undo_only)
+        steps = self._sharing_steps(undo_only)
+        shares = SharedDevicePreparer(
+            config.consumable_shares, self.nodes,
+            ShareDaemons(control_daemons(config, self.connection.client, session, shares=True)),
+            stored_records=lambda: all_undo_records(self.state))
+        self.checkpoint = (rollback.open_rollback_checkpoint(identity, config.plugin_dir, config.boot_id_path,
+                                                             registry)
+                           if config.nvidia_checkpoint else None)
+        self.runner = BatchRunner(
+            identity=identity, registry=registry, state=self.state, checkpoint=self.checkpoint,
+            fetch_claim=assembly.claim_fetcher(identity, self.connection.client, config),
+            cdi_root=config.cdi_root, pool=config.node_name,
+            preparers=(shares, *preparers), sharing=steps, undo_only=undo_only,
+            select_configs=lambda claim, devices: configs.select_configs(claim, devices, config.feature_gates),
+            spec_edits=lambda: self.edits_cache.get(("spec", registry.snapshot.versions.driver),
+                                                    lambda: gpu_preparers.spec_edits(self.nodes, self.driver_files)),
+            metrics=self.metrics, prepare_deadline_s=float(config.prepare_deadline_seconds),
+            on_prepared=self.status_writer.prepared, on_unprepared=self.status_writer.unprepared,
+            driver_unavailable=lambda: watch.departing() or devices_unknown(session, registry),
+            driver_kinds=(DYNAMIC_MIG_KIND, TimeSlicing.kind),
+            device_metadata=assembly.device_metadata_files(identity, config, self.plugin_ref),
+            refuse_device=self.node_policy.refusal,
+        )
+        self.life.on_stop("batch runner", self.runner.close)
+
+    def _device_preparers(self, undo_only: list[Any]) -> tuple[Any, ...]:
+        """Full GPUs and static MIG devices, and dynamic MIG with its device refresher (undo only without the gate)."""
+        session, registry, nodes = self.session, self.registry, self.nodes
+        preparers: tuple[Any, ...] = (FullGpuPreparer(nodes, self.edits_cache),
+                                      StaticMigPreparer(nodes, self.edits_cache))
+        self.refresher = None
+        if self.mig_control is not None:
+            self.refresher = refresh = DeviceRefresher(session, self.config, registry, self.mig_control)
+            self.life.on_stop("device refresher", refresh.close)
+            preparers += (DynamicMigPreparer(self.mig_control, nodes, lambda: registry.snapshot.gpus,
+                                             on_change=refresh),)
+        else:
+            reread = DeviceRefresher(session, self.config, registry, placements=False)
+            self.life.on_stop("device refresher", reread.close)
+            undo_only.append(DynamicMigPreparer(MigControl(session), nodes, lambda: registry.snapshot.gpus,
+                                                on_change=reread))
+        return preparers
+
+    def _sharing_steps(self, undo_only: list[Any]) -> list[SharingStep]:
+        """Exclusive use and time-slicing, and MPS with the ``MPSSupport`` gate (undo only without it)."""
+        config, client, session = self.config, self.connection.client, self.session
+        steps: list[SharingStep] = list(default_steps(session,
+                                                      lambda: find_nvidia_smi(config.container_driver_root)))
+        self.mps_daemons = None
+        if config.feature_gates.mps_support:
+            self.mps_daemons = control_daemons(config, client, session)
+            steps.append(MpsSharing(self.mps_daemons))
+        else:
+            undo_only.append(MpsSharing(control_daemons(config, client, session)))
+        return steps
+
+    async def converge(self) -> None:
+        """Adopt NVIDIA's claims, recover from a crash, then load the rollback checkpoint (it names what the claim
+        state holds after recovery)."""
+        await assembly.adopt_nvidia(self.identity, self.config, self.connection, self.runner,
+                                    GpuAdoption(self.config.node_name, self.registry.get), self.metrics)
+        self.recovery = await assembly.recover(self.identity, self.config, self.connection, self.runner,
+                                               self.problems)
+        if self.checkpoint is not None:
+            await asyncio.to_thread(self.checkpoint.load, self.state.claims())
+
+    async def make_publisher(self) -> None:
+        """The ResourceSlice publisher (not running yet), and what the API server's version decides: informational
+        taints, the slice layout."""
+        metrics = self.metrics
+        self.publisher = assembly.make_publisher(
+            self.identity, self.config, self.connection,
+            on_error=lambda exc: metrics.count_publish_error(type(exc).__name__),
+            on_publish=lambda result: metrics.observe_publish() if result.wrote else None)
+        client = self.connection.client
+        self.informational = await asyncio.to_thread(supports_informational_taints, client)
+        self.layout = slice_layout_version(await asyncio.to_thread(read_server_version, client),
+                                           self.config.feature_gates.dynamic_mig)
+
+    async def remember_driver(self) -> None:
+        """The driver in use, for the reload check (nothing while it is absent)."""
+        if self.session.available:
+            await asyncio.to_thread(self.detector.remember)
+
+    async def start_health(self) -> None:
+        """The health monitor, following the device registry (started by the driver's return while it is absent)."""
+        config = self.config
+        self.health = health = HealthMonitor(
+            self.registry.snapshot,
+            pool_name=config.node_name,
+            session=self.session,
+            taint_domain=self.identity.taint_domain,
+            ignored_xids=DEFAULT_IGNORED_XIDS | set(config.additional_xids_to_ignore),
+            informational_taints=self.informational,
+            on_taints_changed=lambda _taints: self.plugin_ref[0].republish() if self.plugin_ref else None,
+            on_nvml_error=self._nvml_failed,
+        )
+        self.registry.subscribe(health.replace_inventory)
+        self.metrics.attach_devices(health, claim_of=lambda device: self.runner.prepared_devices().get(device),
+                                    dcgm_compatible=config.dcgm_compatible)
+        if self.session.available:
+            await self.life.step("health monitor", lambda: asyncio.to_thread(health.start),
+                                 lambda _: asyncio.to_thread(health.stop))
+        else:  # started by the driver's return
+            self.life.on_stop("health monitor", lambda: asyncio.to_thread(health.stop))
+
+    def _nvml_failed(self, code: int) -> None:
+        self.metrics.count_nvml_error(code)
+        self.watch.suspect(code)  # a failure that may be a driver reload is checked at once
+
+    def driver_away(self, why: str) -> None:
+        """The watch's ``depart``: a reload under the running plugin; nothing may use the stale NVML handle the
+        watch shuts next."""
+        self.metrics.count_driver_reload()
+        self.health.stop()
+        self.edits_cache.clear()
+        assembly.report_event(self.identity, self.connection.client, self.config, self.connection.node_uid,
+                              "NvidiaDriverUnavailable", f"NVIDIA driver went away ({why}); claims are unprepared, "
+                              "prepares wait for it and are served once it is loaded again, without a restart")
+
+    def driver_back(self) -> None:
+        """The watch's ``arrive``: read the devices and files of the driver that is back, publish them, start the
+        health monitor, run the kept undo and rewrite the prepared claims' specs for the driver's files."""
+        before = self.detector.version
+        self.edits_cache.clear()
+        inventory, self.driver_files = read_driver(self.session, self.config)
+        self.registry.replace(inventory)  # the health monitor, the publisher and the refresher follow
+        self.detector.remember()
+        self.health.start()
+        undone, swept = self.runner.resume_undo()
+        rewritten, unusable = self.runner.refresh_specs()  # prepared claims' specs name the new driver's files
+        log.info("NVIDIA driver %s back: %d GPU(s); %d kept undo(s) done%s; %d prepared claim spec(s) rewritten",
+                 inventory.versions.driver, len(inventory.gpus), len(undone),
+                 f", swept {', '.join(swept)}" if swept else "", len(rewritten))
+        if before:  # a reload under the running plugin (a start without the driver reported its own Event)
+            assembly.report_event(
+                self.identity, self.connection.client, self.config, self.connection.node_uid, "NvidiaDriverAvailable",
+                f"NVIDIA driver {inventory.versions.driver} loaded again (was {before}): {len(inventory.gpus)} "
+                f"GPU(s), {len(rewritten)} prepared claim CDI spec(s) rewritten for its files"
+                + (f", {len(unusable)} claim(s) refused (a claim whose devices are other GPUs now has its CDI spec"
+                   " withdrawn; see the plugin's log)" if unusable else ""),
+                type_="Normal")
+
+    async def serve(self, early: EarlyServers | None) -> None:
+        """The metrics endpoint, then the gRPC servers (or the early ones attached to the runner), serving prepares
+        through the gate that refuses them while the driver or the CDI hook is missing."""
+        self.metrics.watch_driver(lambda: not self.watch.reason())
+        self.refusal = refusal = driverstate.first_refusal(self.watch.refusal, self.hook_refusal)
+        gate = DriverGate(self.runner, refusal)
+        self.metrics_server = await assembly.serve_metrics_step(self.life, self.config, self.metrics)
+        if early is None:
+            self.servers = await assembly.serve(self.life, self.config, gate, health_source=self.health,
+                                                publisher=self.publisher, ready=lambda: not refusal())
+        else:
+            self.servers = await assembly.attach_early(self.life, early, gate, health_source=self.health,
+                                                       publisher=self.publisher, ready=lambda: not refusal())
+
+    def desired(self) -> list[dict[str, Any]]:
+        """The node's ResourceSlices now: the registry's devices under the health taints, the node policy, the
+        device-plugin guard (an empty pool while the device plugin owns the GPUs) and the KEP-5517 overhead."""
+        config = self.config
+        inventory = self.registry.snapshot
+        if self.verdict.refuse:  # an empty pool: the device plugin owns the GPUs
+            inventory = NodeInventory(versions=inventory.versions, gpus=())
+        slices = pools.build_resource_slices(inventory, config.node_name, driver=self.identity.driver_name,
+                                             taints=self.health.taints(), server_version=self.layout,
+                                             cache=self.partition_cache, shares=config.consumable_shares,
+                                             advertised=self.node_policy.policy.advertised)
+        nodeallocatable.apply_overhead(slices, config.node_allocatable_overhead)  # KEP-5517, gate-checked
+        return slices
+
+    def assemble(self) -> GpuPlugin:
+        """The running plugin, from its parts."""
+        plugin = GpuPlugin(identity=self.identity, config=self.config, lifecycle=self.life,
+                           client=self.connection.client, node_uid=self.connection.node_uid, state=self.state,
+                           state_problems=self.problems, runner=self.runner, recovery=self.recovery,
+                           publisher=self.publisher, servers=self.servers, desired=self.desired,
+                           session=self.session, registry=self.registry, guard_verdict=self.verdict,
+                           health=self.health, metrics=self.metrics, metrics_server=self.metrics_server,
+                           refresher=self.refresher, status_writer=self.status_writer,
+                           mps_daemons=self.mps_daemons, node_policy=self.node_policy)
+        self.plugin_ref.append(plugin)
+        return plugin
+
+    async def publish(self, plugin: GpuPlugin) -> None:
+        """Run the publisher, republish at each change of the devices or the node policy, and publish now (while the
+        driver is absent the node's ResourceSlices stay as the last run published them until its devices are
+        read)."""
+        self.registry.subscribe(lambda _inventory: self._republish_if_changed(plugin))
+        await assembly.run_publisher(self.life, self.publisher)
+        await watch_node_policy(self.life, self.node_policy, plugin.republish)
+        if self.session.available:
+            plugin.republish()
+
+    def _republish_if_changed(self, plugin: GpuPlugin) -> None:
+        # Dynamic MIG replaces the registry at every instance change, yet the pool usually stays the same
+        # (placements are published whether or not an instance exists): comparing is far cheaper than the
+        # publisher's copy of an unchanged desired state.
+        slices = plugin.desired_slices()
+        if self._last_desired and self._last_desired[0] == slices:
+            return
+        self._last_desired[:] = [slices]
+        plugin.publisher.update(slices)
+
+    async def watch_driver(self, plugin: GpuPlugin) -> None:
+        """The NVIDIA driver watch: its return and a reload under the running plugin."""
+        await self.life.step("NVIDIA driver watch", self.watch.start, lambda _: asyncio.to_thread(self.watch.stop))
+        plugin.driver = self.watch
+
+    async def clean_stale_claims(self, plugin: GpuPlugin) -> None:
+        """The stale-claim cleanup (:func:`assembly.run_stale_claim_cleanup`)."""
+        plugin.reconciler = await assembly.run_stale_claim_cleanup(self.life, self.identity, self.config,
+                                                                   self.connection, self.runner,
+                                                                   count=self.metrics.count_stale_claim)
 
 
 async def run_plugin(config: PluginConfig, stop: asyncio.Event, *, early: EarlyServers | None = None,

@@ -149,6 +149,27 @@ class RecoveryReport:
 
 
 @dataclass(slots=True)
+class _Recovery:
+    """What :meth:`BatchRunner.recover`'s steps found and did so far (claim UIDs; :class:`RecoveryReport`)."""
+
+    rolled_back: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    adopted: list[str] = field(default_factory=list)
+    undo_failed: list[str] = field(default_factory=list)
+    swept: list[str] = field(default_factory=list)
+    rebuilt: list[str] = field(default_factory=list)
+    unusable: list[str] = field(default_factory=list)
+    expired: list[str] = field(default_factory=list)
+    kept_aborted: list[str] = field(default_factory=list)
+    damage: str = ""
+
+    def report(self, claims_kept: int, missing: Sequence[str]) -> RecoveryReport:
+        return RecoveryReport(tuple(self.rolled_back), tuple(self.removed), claims_kept, tuple(missing),
+                              tuple(self.adopted), tuple(self.swept), tuple(self.undo_failed), tuple(self.rebuilt),
+                              tuple(self.unusable), self.damage, tuple(self.kept_aborted), tuple(self.expired))
+
+
+@dataclass(slots=True)
 class _Work:
     """One claim of a prepare batch after phase 1."""
 
@@ -1481,108 +1502,132 @@ class BatchRunner:
         final write). Orphan specs are therefore adopted, never deleted: a device a spec references is never
         freed on the claim state's word alone.
         """
-        rolled_back: list[str] = []
-        removed: list[str] = []
-        adopted: list[str] = []
-        undo_failed: list[str] = []
-        swept: list[str] = []
-        rebuilt: list[str] = []
-        unusable: list[str] = []
-        expired: list[str] = []
-        kept_aborted: list[str] = []
-        damage = ""
+        found = _Recovery()
         with self._lock, self.state.locked():
-            try:
-                spec_names = os.listdir(self.cdi_root)
-            except FileNotFoundError:
-                spec_names = []
-            claims = self.state.claims()
-            spec_uids = {u for u in map(self.identity.cdi.spec_uid, spec_names) if u is not None}
-            orphans = sorted(spec_uids - set(claims))
-            half = [u for u, r in claims.items() if r.phase is ClaimPhase.PREPARE_STARTED and u in spec_uids]
-            if rebooted:
-                for uid in orphans:
-                    self._delete_spec(uid)
-                    log.warning("removed CDI spec of claim %s, prepared before the node rebooted", uid)
-                removed, orphans = orphans, []
-            elif not state_damaged and orphans:
-                damage = (f"{len(orphans)} CDI spec(s) of claims the claim state has no record of (emptied, cut "
-                          "short or replaced state file)")
-            elif not state_damaged and torn_tail and len(half) > 1:
-                damage = (f"the claim state ends in a torn write and {len(half)} half-prepared claims have CDI "
-                          "specs: more was lost than one unacknowledged write")
-            if damage:
-                state_damaged = True
-                log.error("claim state %s does not match the CDI specs: %s; adopting claims from their specs",
-                          self.state.path, damage)
+            orphans, half = self._read_specs()
+            orphans = self._check_specs_against_state(found, orphans, half, state_damaged=state_damaged,
+                                                      torn_tail=torn_tail, rebooted=rebooted)
+            state_damaged = state_damaged or bool(found.damage)
             if self.aborted_ttl_s > 0:
-                expired = self._forget_expired_aborts()
-            for uid, record in list(self.state.claims().items()):
-                if record.phase is not ClaimPhase.PREPARE_STARTED:
-                    continue
-                if aborted_mark(record) is not None:
-                    if self.aborted_ttl_s > 0:
-                        kept_aborted.append(uid)  # still refusing prepares of that allocation
-                        continue
-                    self.state.remove(uid)  # a plugin without the TTL does not honour marks
-                    expired.append(uid)
-                    continue
-                if state_damaged and self.spec_path(uid).exists():
-                    # Its PREPARE_COMPLETED record may be the one damage destroyed: the claim may have been
-                    # acknowledged and its containers may run. Keep it (and its devices protected) as completed.
-                    self.state.prepare_completed(uid)
-                    adopted.append(uid)
-                    log.error("claim %s: the claim state was damaged and the claim's CDI spec exists; kept as "
-                              "prepared until the kubelet unprepares it", record.ref)
-                    continue
-                try:
-                    for undo in reversed(list(read_payload(record.payload).undo)):
-                        self._undo(record.ref, undo)
-                except Exception as exc:
-                    undo_failed.append(uid)
-                    log.error("claim %s left half-prepared by an earlier run: undo failed (%s); kept for the "
-                              "kubelet's unprepare or the next start", record.ref, exc)
-                    continue
-                self._roll_back(uid)
-                rolled_back.append(uid)
-                log.warning("rolled back claim %s left half-prepared by an earlier run", record.ref)
-            swept = self._sweep([*self.preparers, *self.sharing.values()])
-            if self.device_metadata is not None:  # files of claims rolled back or forgotten (written before a spec)
-                swept += [f"device metadata of claim {u}" for u in
-                          self.device_metadata.sweep({*self.state.claims(), *orphans})]
-            temps = cdifiles.remove_stale_temp_files(self.identity.cdi, self.cdi_root)  # once, so prepares stay O(1)
-            if temps:
-                log.warning("removed %d temporary CDI file(s) a crashed write left behind", temps)
-            for uid in orphans:  # state_damaged is set whenever there are orphans
-                # The spec may belong to a running container whose claim record was lost: never delete it.
-                name = self.identity.cdi.spec_name(uid)
-                if not (self.cdi_root / name).exists():  # an older release's .json spec
-                    name = name.removesuffix(SPEC_SUFFIX) + LEGACY_SPEC_SUFFIX
-                if self._adopt(uid, self.cdi_root / name):
-                    adopted.append(uid)
-                else:
-                    log.error("kept orphan CDI spec %s: the claim state was damaged and the spec could not be "
-                              "adopted; the kubelet's unprepare of its claim removes it", name)
-            for record in self.state.claims().values():
-                if record.phase is not ClaimPhase.PREPARE_COMPLETED or record.uid in adopted:
-                    continue
-                try:
-                    if self._ensure_spec(record):
-                        rebuilt.append(record.uid)
-                except ClaimError as exc:  # answered again, per claim, when the kubelet re-sends Prepare
-                    unusable.append(record.uid)
-                    log.error("%s", exc)
-                except DradriverError as exc:
-                    unusable.append(record.uid)
-                    log.error("claim %s: cannot rebuild its CDI spec: %s", record.ref, exc)
+                found.expired = self._forget_expired_aborts()
+            self._roll_back_half_prepared(found, state_damaged=state_damaged)
+            self._sweep_leftovers(found, orphans)
+            self._adopt_orphans(found, orphans)
+            self._rebuild_specs(found)
             held = {d.device for r in self.state.claims().values() for d in r.devices}
             missing = sorted(d for d in held if self.registry.get(d) is None)
             self._refresh_views()
         if missing:
             log.error("prepared claims hold devices this node no longer has: %s", ", ".join(missing))
-        return RecoveryReport(tuple(rolled_back), tuple(removed), len(self.state) - len(kept_aborted),
-                              tuple(missing), tuple(adopted), tuple(swept), tuple(undo_failed), tuple(rebuilt),
-                              tuple(unusable), damage, tuple(kept_aborted), tuple(expired))
+        return found.report(len(self.state) - len(found.kept_aborted), missing)
+
+    def _read_specs(self) -> tuple[list[str], list[str]]:
+        """Recovery step: the claims of the CDI specs no claim record owns (orphans, sorted), and the half-prepared
+        (PREPARE_STARTED) claims whose spec exists."""
+        try:
+            spec_names = os.listdir(self.cdi_root)
+        except FileNotFoundError:
+            spec_names = []
+        claims = self.state.claims()
+        spec_uids = {u for u in map(self.identity.cdi.spec_uid, spec_names) if u is not None}
+        orphans = sorted(spec_uids - set(claims))
+        half = [u for u, r in claims.items() if r.phase is ClaimPhase.PREPARE_STARTED and u in spec_uids]
+        return orphans, half
+
+    def _check_specs_against_state(self, found: _Recovery, orphans: list[str], half: list[str], *,
+                                   state_damaged: bool, torn_tail: bool, rebooted: bool) -> list[str]:
+        """Recovery step: after a reboot delete the orphan specs (leftovers of the old boot); otherwise name the
+        damage the specs show that the claim state did not report (:attr:`RecoveryReport.damage`). Returns the
+        orphans left to adopt."""
+        if rebooted:
+            for uid in orphans:
+                self._delete_spec(uid)
+                log.warning("removed CDI spec of claim %s, prepared before the node rebooted", uid)
+            found.removed = orphans
+            return []
+        if not state_damaged and orphans:
+            found.damage = (f"{len(orphans)} CDI spec(s) of claims the claim state has no record of (emptied, cut "
+                            "short or replaced state file)")
+        elif not state_damaged and torn_tail and len(half) > 1:
+            found.damage = (f"the claim state ends in a torn write and {len(half)} half-prepared claims have CDI "
+                            "specs: more was lost than one unacknowledged write")
+        if found.damage:
+            log.error("claim state %s does not match the CDI specs: %s; adopting claims from their specs",
+                      self.state.path, found.damage)
+        return orphans
+
+    def _roll_back_half_prepared(self, found: _Recovery, *, state_damaged: bool) -> None:
+        """Recovery step: each PREPARE_STARTED claim is undone and rolled back, unless it carries an aborted-prepare
+        mark (kept within the TTL) or the state was damaged and its spec exists (kept as prepared)."""
+        for uid, record in list(self.state.claims().items()):
+            if record.phase is not ClaimPhase.PREPARE_STARTED:
+                continue
+            if aborted_mark(record) is not None:
+                if self.aborted_ttl_s > 0:
+                    found.kept_aborted.append(uid)  # still refusing prepares of that allocation
+                    continue
+                self.state.remove(uid)  # a plugin without the TTL does not honour marks
+                found.expired.append(uid)
+                continue
+            if state_damaged and self.spec_path(uid).exists():
+                # Its PREPARE_COMPLETED record may be the one damage destroyed: the claim may have been
+                # acknowledged and its containers may run. Keep it (and its devices protected) as completed.
+                self.state.prepare_completed(uid)
+                found.adopted.append(uid)
+                log.error("claim %s: the claim state was damaged and the claim's CDI spec exists; kept as "
+                          "prepared until the kubelet unprepares it", record.ref)
+                continue
+            try:
+                for undo in reversed(list(read_payload(record.payload).undo)):
+                    self._undo(record.ref, undo)
+            except Exception as exc:
+                found.undo_failed.append(uid)
+                log.error("claim %s left half-prepared by an earlier run: undo failed (%s); kept for the "
+                          "kubelet's unprepare or the next start", record.ref, exc)
+                continue
+            self._roll_back(uid)
+            found.rolled_back.append(uid)
+            log.warning("rolled back claim %s left half-prepared by an earlier run", record.ref)
+
+    def _sweep_leftovers(self, found: _Recovery, orphans: Collection[str]) -> None:
+        """Recovery step: every preparer and sharing step sweeps side effects no record knows; device metadata
+        files of claims rolled back or forgotten and temporary CDI files of a crashed write are removed."""
+        found.swept = self._sweep([*self.preparers, *self.sharing.values()])
+        if self.device_metadata is not None:  # files of claims rolled back or forgotten (written before a spec)
+            found.swept += [f"device metadata of claim {u}" for u in
+                            self.device_metadata.sweep({*self.state.claims(), *orphans})]
+        temps = cdifiles.remove_stale_temp_files(self.identity.cdi, self.cdi_root)  # once, so prepares stay O(1)
+        if temps:
+            log.warning("removed %d temporary CDI file(s) a crashed write left behind", temps)
+
+    def _adopt_orphans(self, found: _Recovery, orphans: Sequence[str]) -> None:
+        """Recovery step: each orphan spec (there are orphans only on the damaged path) is adopted, or kept."""
+        for uid in orphans:
+            # The spec may belong to a running container whose claim record was lost: never delete it.
+            name = self.identity.cdi.spec_name(uid)
+            if not (self.cdi_root / name).exists():  # an older release's .json spec
+                name = name.removesuffix(SPEC_SUFFIX) + LEGACY_SPEC_SUFFIX
+            if self._adopt(uid, self.cdi_root / name):
+                found.adopted.append(uid)
+            else:
+                log.error("kept orphan CDI spec %s: the claim state was damaged and the spec could not be "
+                          "adopted; the kubelet's unprepare of its claim removes it", name)
+
+    def _rebuild_specs(self, found: _Recovery) -> None:
+        """Recovery step: the missing or invalid spec of every completed claim not adopted is rebuilt while its
+        devices are still the physical devices it was prepared with (else the claim is unusable)."""
+        for record in self.state.claims().values():
+            if record.phase is not ClaimPhase.PREPARE_COMPLETED or record.uid in found.adopted:
+                continue
+            try:
+                if self._ensure_spec(record):
+                    found.rebuilt.append(record.uid)
+            except ClaimError as exc:  # answered again, per claim, when the kubelet re-sends Prepare
+                found.unusable.append(record.uid)
+                log.error("%s", exc)
+            except DradriverError as exc:
+                found.unusable.append(record.uid)
+                log.error("claim %s: cannot rebuild its CDI spec: %s", record.ref, exc)
 
     def _roll_back(self, uid: str) -> None:
         try:

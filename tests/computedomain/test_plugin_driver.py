@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from dradriver.app import driverstate
 from dradriver.app.computedomain import BASE_SPEC_NAME, start_compute_domain_plugin
 from dradriver.errors import DradriverError
+from dradriver.kubeletplugin import driverstate
 from dradriver.sandbox.kubelet import KubeletEmulator
 from dradriver.sandbox.node import SandboxNode
 from tests.commands.test_kubeconfig import _env

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from dradriver.app import GpuPlugin, driverstate, start_plugin
+from dradriver.app import GpuPlugin, start_plugin
 from dradriver.domain.identity import GPU_DRIVER
+from dradriver.kubeletplugin import driverstate
 from dradriver.kubeletplugin.payload import read_payload
 from dradriver.nvml import mock, settings
 from dradriver.sandbox import scheduler

@@ -166,7 +166,7 @@ def test_label_is_ignored_without_the_gate(sandbox: SandboxNode) -> None:
 def test_profile_file_edit_is_applied_and_a_lasting_error_is_reported_once(sandbox: SandboxNode,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """An edited ConfigMap changes the file, not the label: the file is re-read when each watch request ends."""
-    from dradriver.app.nodepolicy import NodePolicyWatch
+    from dradriver.kubeletplugin.nodepolicy import NodePolicyWatch
 
     monkeypatch.setattr(NodePolicyWatch, "WATCH_TIMEOUT_S", 1.0)
     _label(sandbox, "full-gpu")

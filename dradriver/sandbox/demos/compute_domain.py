@@ -24,7 +24,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from dradriver.domain import computedomains as cd
-from dradriver.sandbox.demos.narrator import DemoError, Narrator
+from dradriver.sandbox.demos.narrator import DemoError, Narrator, Step, run_steps
 from dradriver.sandbox.multinode import HOSTNAME_LABEL, RACK_LABEL, MultiNodeCluster, MultiNodeError
 
 NS = "default"
@@ -145,71 +145,94 @@ def run(narrator: Narrator) -> None:
 
 
 def _run_steps(cluster: MultiNodeCluster, narrator: Narrator) -> None:
-    narrator.step(2, "ResourceSlices of driver compute-domain.nvidia.com")
-    slices = wait_step(cluster, "a ResourceSlice per node", lambda: (s := [
-        x for x in cluster.api.objects("ResourceSlice") if x["spec"].get("driver") == "compute-domain.nvidia.com"])
-        and len(s) == len(cluster.nodes) and s)
-    for s in sorted(slices, key=lambda x: x["spec"]["pool"]["name"]):
-        devices = [d["name"] for d in s["spec"].get("devices") or []]
-        narrator.say(f"pool {s['spec']['pool']['name']}: {', '.join(devices)}", pool=s["spec"]["pool"]["name"],
-                     devices=devices)
-    narrator.done()
+    scenario = _Domain(cluster, narrator)
+    run_steps(narrator, [
+        Step("ResourceSlices of driver compute-domain.nvidia.com", scenario.slices),
+        Step(f"ComputeDomain {DOMAIN} (numNodes 2) and two workload Pods in rack 1", scenario.workloads),
+        Step("the domain goes Ready", scenario.ready),
+        Step("the IMEX channel in each workload's CDI spec", scenario.channels),
+        Step("the IMEX daemons connected to each other", scenario.daemons_connected),
+        Step("delete the Pods and the ComputeDomain: nothing left behind", scenario.tear_down),
+    ], first=2)
 
-    narrator.step(3, f"ComputeDomain {DOMAIN} (numNodes 2) and two workload Pods in rack 1")
-    domain = cluster.api.create(compute_domain(DOMAIN, TEMPLATE, num_nodes=2))
-    uid = str(domain["metadata"]["uid"])
-    pods = [f"{DOMAIN}-{i}" for i in range(2)]
-    for name in pods:
-        cluster.api.create(workload_pod(name, TEMPLATE, group=DOMAIN, rack=1))
-    for name in pods:
-        wait_step(cluster, f"Pod {name} running", lambda name=name: cluster.pod_running(name))
-        node = cluster.pod_node(name)
-        narrator.say(f"Pod {name} -> node {node.name if node else '?'}", pod=name, node=node.name if node else "")
-    placed = {n.name for p in pods if (n := cluster.pod_node(p)) is not None}
-    if len(placed) != 2 or any(cluster.node(n).rack != 1 for n in placed):
-        raise DemoError(f"the workload Pods should run on two nodes of rack 1, they run on {sorted(placed)}")
-    narrator.done()
 
-    narrator.step(4, "the domain goes Ready")
-    wait_step(cluster, f"ComputeDomain {DOMAIN} Ready", lambda: domain_ready(cluster, DOMAIN))
-    status = (cluster.api.get(cd.COMPUTE_DOMAIN_KIND, DOMAIN, NS) or {}).get("status") or {}
-    for entry in status.get("nodes") or []:
-        narrator.say(f"status.nodes: {entry['name']} {entry['ipAddress']} clique {entry['cliqueID']} index "
-                     f"{entry['index']} {entry['status']}", **entry)
-    daemons = daemon_pods(cluster, uid)
-    if set(daemons) != placed:
-        raise DemoError(f"daemon Pods run on {sorted(daemons)}, the workloads on {sorted(placed)}")
-    for node_name, pod in sorted(daemons.items()):
-        narrator.say(f"daemon Pod {pod['metadata']['namespace']}/{pod['metadata']['name']} on {node_name}",
-                     pod=pod["metadata"]["name"], node=node_name)
-    narrator.done()
+class _Domain:
+    """The single-domain scenario's steps 2 to 7 (module docstring) and what they learn on the way (the domain's
+    UID, its workload Pods and where they and the IMEX daemons run)."""
 
-    narrator.step(5, "the IMEX channel in each workload's CDI spec")
-    for name in pods:
-        node = cluster.pod_node(name)
-        assert node is not None
-        edits = node.pod_devices.get(f"{NS}/{name}")
-        if edits is None or edits.device_paths() != [CHANNEL0]:
-            raise DemoError(f"Pod {name} should get {CHANNEL0}, got {edits.device_paths() if edits else None}")
-        dev = edits.device_nodes[0]
-        narrator.say(f"{name}: {', '.join(edits.device_ids)} -> {dev['path']} (char {dev.get('major')}:"
-                     f"{dev.get('minor', 0)})", pod=name, cdi_devices=edits.device_ids, device_nodes=edits.device_nodes)
-    narrator.done()
+    def __init__(self, cluster: MultiNodeCluster, narrator: Narrator) -> None:
+        self.cluster, self.narrator = cluster, narrator
+        self.uid = ""
+        self.pods = [f"{DOMAIN}-{i}" for i in range(2)]
+        self.placed: set[str] = set()
+        self.daemons: dict[str, dict[str, Any]] = {}
 
-    narrator.step(6, "the IMEX daemons connected to each other")
-    for node_name, pod in sorted(daemons.items()):
-        wait_step(cluster, f"nvidia-imex on {node_name} READY",
-              lambda node_name=node_name, pod=pod: imex_state(cluster, node_name, pod, "-q") == "READY\n")
-        narrator.say(f"{node_name}: nvidia-imex-ctl -q: READY", node=node_name, state="READY")
-    narrator.done()
+    def slices(self) -> None:
+        cluster = self.cluster
+        slices = wait_step(cluster, "a ResourceSlice per node", lambda: (s := [
+            x for x in cluster.api.objects("ResourceSlice") if x["spec"].get("driver") == "compute-domain.nvidia.com"])
+            and len(s) == len(cluster.nodes) and s)
+        for s in sorted(slices, key=lambda x: x["spec"]["pool"]["name"]):
+            devices = [d["name"] for d in s["spec"].get("devices") or []]
+            self.narrator.say(f"pool {s['spec']['pool']['name']}: {', '.join(devices)}",
+                              pool=s["spec"]["pool"]["name"], devices=devices)
 
-    narrator.step(7, "delete the Pods and the ComputeDomain: nothing left behind")
-    for name in pods:
-        cluster.api.delete("Pod", name, NS)
-    cluster.api.delete(cd.COMPUTE_DOMAIN_KIND, DOMAIN, NS)
-    wait_step(cluster, "the ComputeDomain gone", lambda: cluster.api.get(cd.COMPUTE_DOMAIN_KIND, DOMAIN, NS) is None)
-    wait_step(cluster, "every object, label, spec and claim of the domain gone",
-          lambda: not any(cluster.compute_domain_leftovers(uid).values()))
-    narrator.say("node labels, templates, DaemonSet, cliques, daemon Pods, CDI specs, claim state: none left",
-                 leftovers=cluster.compute_domain_leftovers(uid))
-    narrator.done()
+    def workloads(self) -> None:
+        cluster = self.cluster
+        domain = cluster.api.create(compute_domain(DOMAIN, TEMPLATE, num_nodes=2))
+        self.uid = str(domain["metadata"]["uid"])
+        for name in self.pods:
+            cluster.api.create(workload_pod(name, TEMPLATE, group=DOMAIN, rack=1))
+        for name in self.pods:
+            wait_step(cluster, f"Pod {name} running", lambda name=name: cluster.pod_running(name))
+            node = cluster.pod_node(name)
+            self.narrator.say(f"Pod {name} -> node {node.name if node else '?'}", pod=name,
+                              node=node.name if node else "")
+        self.placed = placed = {n.name for p in self.pods if (n := cluster.pod_node(p)) is not None}
+        if len(placed) != 2 or any(cluster.node(n).rack != 1 for n in placed):
+            raise DemoError(f"the workload Pods should run on two nodes of rack 1, they run on {sorted(placed)}")
+
+    def ready(self) -> None:
+        cluster, narrator = self.cluster, self.narrator
+        wait_step(cluster, f"ComputeDomain {DOMAIN} Ready", lambda: domain_ready(cluster, DOMAIN))
+        status = (cluster.api.get(cd.COMPUTE_DOMAIN_KIND, DOMAIN, NS) or {}).get("status") or {}
+        for entry in status.get("nodes") or []:
+            narrator.say(f"status.nodes: {entry['name']} {entry['ipAddress']} clique {entry['cliqueID']} index "
+                         f"{entry['index']} {entry['status']}", **entry)
+        self.daemons = daemons = daemon_pods(cluster, self.uid)
+        if set(daemons) != self.placed:
+            raise DemoError(f"daemon Pods run on {sorted(daemons)}, the workloads on {sorted(self.placed)}")
+        for node_name, pod in sorted(daemons.items()):
+            narrator.say(f"daemon Pod {pod['metadata']['namespace']}/{pod['metadata']['name']} on {node_name}",
+                         pod=pod["metadata"]["name"], node=node_name)
+
+    def channels(self) -> None:
+        for name in self.pods:
+            node = self.cluster.pod_node(name)
+            assert node is not None
+            edits = node.pod_devices.get(f"{NS}/{name}")
+            if edits is None or edits.device_paths() != [CHANNEL0]:
+                raise DemoError(f"Pod {name} should get {CHANNEL0}, got {edits.device_paths() if edits else None}")
+            dev = edits.device_nodes[0]
+            self.narrator.say(f"{name}: {', '.join(edits.device_ids)} -> {dev['path']} (char {dev.get('major')}:"
+                              f"{dev.get('minor', 0)})", pod=name, cdi_devices=edits.device_ids,
+                              device_nodes=edits.device_nodes)
+
+    def daemons_connected(self) -> None:
+        cluster = self.cluster
+        for node_name, pod in sorted(self.daemons.items()):
+            wait_step(cluster, f"nvidia-imex on {node_name} READY",
+                      lambda node_name=node_name, pod=pod: imex_state(cluster, node_name, pod, "-q") == "READY\n")
+            self.narrator.say(f"{node_name}: nvidia-imex-ctl -q: READY", node=node_name, state="READY")
+
+    def tear_down(self) -> None:
+        cluster, uid = self.cluster, self.uid
+        for name in self.pods:
+            cluster.api.delete("Pod", name, NS)
+        cluster.api.delete(cd.COMPUTE_DOMAIN_KIND, DOMAIN, NS)
+        wait_step(cluster, "the ComputeDomain gone",
+                  lambda: cluster.api.get(cd.COMPUTE_DOMAIN_KIND, DOMAIN, NS) is None)
+        wait_step(cluster, "every object, label, spec and claim of the domain gone",
+                  lambda: not any(cluster.compute_domain_leftovers(uid).values()))
+        self.narrator.say("node labels, templates, DaemonSet, cliques, daemon Pods, CDI specs, claim state: none "
+                          "left", leftovers=cluster.compute_domain_leftovers(uid))

@@ -39,7 +39,7 @@ from dradriver.sandbox.demos.compute_domain import (
     wait_step,
     workload_pod,
 )
-from dradriver.sandbox.demos.narrator import DemoError, Narrator
+from dradriver.sandbox.demos.narrator import DemoError, Narrator, Step, run_steps
 from dradriver.sandbox.multinode import EmulatedNode, MultiNodeCluster
 
 DOMAIN = "job"
@@ -85,132 +85,161 @@ def run(narrator: Narrator, tenants: int) -> None:
 
 
 def _run_steps(cluster: MultiNodeCluster, narrator: Narrator, tenants: int) -> None:
-    nodes = sorted(cluster.nodes)
-    spare = nodes[-1]
-    namespaces = tenant_namespaces(tenants)
+    scenario = _Tenants(cluster, narrator, tenants)
+    first, second = scenario.namespaces[0], scenario.namespaces[1]
+    victim = scenario.victim
+    run_steps(narrator, [
+        Step("ResourceSlices of driver compute-domain.nvidia.com: every channel of every node", scenario.slices),
+        Step(f"{tenants} tenants, one elastic ComputeDomain '{DOMAIN}' each (no numNodes)", scenario.domains),
+        Step("the workload Pods side by side: each its own domain's channel", scenario.workloads),
+        Step(lambda: f"isolation: {second} asks for {first}'s channel {scenario.channels[first]}",
+             scenario.isolation),
+        Step(f"node {victim} killed mid-run (it serves {first} and {second})", scenario.kill_node),
+        Step(f"node {victim} heals: its orphaned claims are unprepared", scenario.heal_node),
+        Step("delete the Pods and the ComputeDomains: nothing left behind", scenario.tear_down),
+    ], first=2)
 
-    narrator.step(2, "ResourceSlices of driver compute-domain.nvidia.com: every channel of every node")
-    slices = wait_step(cluster, "every node's channel slices", lambda: _channel_slices(cluster, len(nodes)))
-    for pool, devices in sorted(slices.items()):
-        narrator.say(f"pool {pool}: {len(devices)} devices in {len(set(d[1] for d in devices))} slices "
-                     f"(channel-0 .. channel-{len(devices) - 1})", pool=pool, devices=len(devices),
-                     daemon=any(name.startswith("daemon") for name, _ in devices))
-    narrator.done()
 
-    narrator.step(3, f"{tenants} tenants, one elastic ComputeDomain '{DOMAIN}' each (no numNodes)")
-    uids: dict[str, str] = {}
-    for ns in namespaces:
-        cluster.api.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns},
-                            "status": {"phase": "Active"}})
-        uids[ns] = str(cluster.api.create(compute_domain(DOMAIN, TEMPLATE, num_nodes=None,
-                                                         namespace=ns))["metadata"]["uid"])
-    channels: dict[str, int] = {}
-    for ns in namespaces:
-        channels[ns] = wait_step(cluster, f"ComputeDomain {ns}/{DOMAIN}'s IMEX channel",
-                             lambda ns=ns: domain_channel_of(cluster, ns))
-        template = wait_step(cluster, f"ResourceClaimTemplate {ns}/{TEMPLATE}",
-                         lambda ns=ns: cluster.api.get("ResourceClaimTemplate", TEMPLATE, ns))
-        request = template["spec"]["spec"]["devices"]["requests"][0]["exactly"]
-        selector = request["selectors"][0]["cel"]["expression"]
-        narrator.say(f"{ns}/{DOMAIN}: IMEX channel {channels[ns]} ({cd.ANNOTATION_IMEX_CHANNEL}); template "
-                     f"{TEMPLATE}: {request['deviceClassName']}, {selector}", namespace=ns, channel=channels[ns],
-                     uid=uids[ns], device_class=request["deviceClassName"], selector=selector)
-    if len(set(channels.values())) != tenants or 0 in channels.values():
-        raise DemoError(f"every tenant should get its own channel other than 0, got {channels}")
-    narrator.done()
+class _Tenants:
+    """The multi-tenant scenario's steps 2 to 8 (module docstring) and what they learn on the way (each domain's
+    UID and channel, where each tenant's Pods run)."""
 
-    narrator.step(4, "the workload Pods side by side: each its own domain's channel")
-    placement = {ns: [nodes[i], nodes[i + 1]] for i, ns in enumerate(namespaces)}
-    for ns, where in placement.items():
-        for k, node_name in enumerate(where):
-            cluster.api.create(workload_pod(f"worker-{k}", TEMPLATE, group=DOMAIN, namespace=ns, node=node_name))
-    for ns, where in placement.items():
-        for k in range(len(where)):
-            _check_pod(cluster, ns, f"worker-{k}", channels[ns])
-    for node_name in nodes:
-        node = cluster.node(node_name)
-        here = [(ns, f"worker-{k}") for ns, where in placement.items() for k, n in enumerate(where) if n == node_name]
-        cells = [f"{ns}/{pod} -> {', '.join(node.pod_devices[f'{ns}/{pod}'].device_paths())}" for ns, pod in here]
-        narrator.say(f"{node_name}: {'; '.join(cells) or '(spare)'}", node=node_name,
-                     pods=[{"namespace": ns, "pod": pod,
-                            "device_paths": node.pod_devices[f"{ns}/{pod}"].device_paths()} for ns, pod in here])
-    for ns in namespaces:
-        wait_step(cluster, f"ComputeDomain {ns}/{DOMAIN} Ready", lambda ns=ns: domain_ready(cluster, DOMAIN, ns))
-    narrator.say("every ComputeDomain Ready: " + ", ".join(f"{ns}/{DOMAIN}" for ns in namespaces),
-                 ready=namespaces)
-    narrator.done()
+    def __init__(self, cluster: MultiNodeCluster, narrator: Narrator, tenants: int) -> None:
+        self.cluster, self.narrator, self.tenants = cluster, narrator, tenants
+        self.nodes = sorted(cluster.nodes)
+        self.spare = self.nodes[-1]
+        self.victim = self.nodes[1]
+        self.namespaces = tenant_namespaces(tenants)
+        self.uids: dict[str, str] = {}
+        self.channels: dict[str, int] = {}
+        self.placement = {ns: [self.nodes[i], self.nodes[i + 1]] for i, ns in enumerate(self.namespaces)}
 
-    first, second = namespaces[0], namespaces[1]
-    narrator.step(5, f"isolation: {second} asks for {first}'s channel {channels[first]}")
-    target = placement[second][1]  # a node where the first tenant's channel is not allocated
-    cluster.api.create(_peek_claim(second, uids[second], channels[first]))
-    cluster.api.create(_peek_pod(second, target))
-    node = cluster.node(target)
-    error = wait_step(cluster, f"the plugin on {target} to answer the claim {second}/peek",
-                  lambda: node.prepare_errors.get(f"{second}/peek", ""))
-    if "is not the IMEX channel of ComputeDomain" not in error or f"{second}/peek" not in error:
-        raise DemoError(f"the claim {second}/peek should be refused for naming another domain's channel: {error!r}")
-    if f"{second}/peek" in node.pod_devices or cluster.pod_running("peek", second):
-        raise DemoError(f"Pod {second}/peek must not run with channel {channels[first]}")
-    narrator.say(f"NodePrepareResources on {target} refused it:\n  {error}", node=target, error=error)
-    cluster.force_delete_pod("peek", second)
-    cluster.api.delete("ResourceClaim", "peek", second)
-    narrator.done()
+    def slices(self) -> None:
+        cluster = self.cluster
+        slices = wait_step(cluster, "every node's channel slices", lambda: _channel_slices(cluster, len(self.nodes)))
+        for pool, devices in sorted(slices.items()):
+            self.narrator.say(f"pool {pool}: {len(devices)} devices in {len(set(d[1] for d in devices))} slices "
+                              f"(channel-0 .. channel-{len(devices) - 1})", pool=pool, devices=len(devices),
+                              daemon=any(name.startswith("daemon") for name, _ in devices))
 
-    victim = nodes[1]
-    narrator.step(6, f"node {victim} killed mid-run (it serves {first} and {second})")
-    cluster.kill_node(victim)
-    lost = [(ns, f"worker-{k}") for ns, where in placement.items() for k, n in enumerate(where) if n == victim]
-    kept = [(ns, f"worker-{k}") for ns, where in placement.items() for k, n in enumerate(where) if n != victim]
-    narrator.say(f"{victim}: kubelet, plugin and host nvidia-imex frozen; lost Pods: "
-                 + ", ".join(f"{ns}/{pod}" for ns, pod in lost), node=victim, lost=[f"{n}/{p}" for n, p in lost])
-    for ns, pod in kept:
-        _check_pod(cluster, ns, pod, channels[ns])
-    narrator.say("still running with their channels: " + ", ".join(f"{ns}/{pod}" for ns, pod in kept),
-                 kept=[f"{n}/{p}" for n, p in kept])
-    for ns, pod in lost:  # the node lifecycle controller evicted them; their job controller makes new ones
-        cluster.force_delete_pod(pod, ns)
-        cluster.api.create(workload_pod(f"{pod}-r", TEMPLATE, group=DOMAIN, namespace=ns, node=spare))
-    for ns, pod in lost:
-        edits = _check_pod(cluster, ns, f"{pod}-r", channels[ns])
-        narrator.say(f"{ns}/{pod}-r on spare {spare}: {', '.join(edits.device_paths())}", namespace=ns,
-                     pod=f"{pod}-r", node=spare, device_paths=edits.device_paths())
-    spare_paths = sorted(p for ns, pod in lost for p in cluster.node(spare).pod_devices[f"{ns}/{pod}-r"]
-                         .device_paths())
-    if spare_paths != sorted(_channel_path(channels[ns]) for ns, _ in lost):
-        raise DemoError(f"the spare node should hold exactly the lost tenants' channels, it holds {spare_paths}")
-    for ns in namespaces:
-        wait_step(cluster, f"ComputeDomain {ns}/{DOMAIN} Ready", lambda ns=ns: domain_ready(cluster, DOMAIN, ns))
-    narrator.say("every ComputeDomain Ready again", ready=namespaces)
-    narrator.done()
+    def domains(self) -> None:
+        cluster, uids, channels = self.cluster, self.uids, self.channels
+        for ns in self.namespaces:
+            cluster.api.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns},
+                                "status": {"phase": "Active"}})
+            uids[ns] = str(cluster.api.create(compute_domain(DOMAIN, TEMPLATE, num_nodes=None,
+                                                             namespace=ns))["metadata"]["uid"])
+        for ns in self.namespaces:
+            channels[ns] = wait_step(cluster, f"ComputeDomain {ns}/{DOMAIN}'s IMEX channel",
+                                     lambda ns=ns: domain_channel_of(cluster, ns))
+            template = wait_step(cluster, f"ResourceClaimTemplate {ns}/{TEMPLATE}",
+                                 lambda ns=ns: cluster.api.get("ResourceClaimTemplate", TEMPLATE, ns))
+            request = template["spec"]["spec"]["devices"]["requests"][0]["exactly"]
+            selector = request["selectors"][0]["cel"]["expression"]
+            self.narrator.say(f"{ns}/{DOMAIN}: IMEX channel {channels[ns]} ({cd.ANNOTATION_IMEX_CHANNEL}); template "
+                              f"{TEMPLATE}: {request['deviceClassName']}, {selector}", namespace=ns,
+                              channel=channels[ns], uid=uids[ns], device_class=request["deviceClassName"],
+                              selector=selector)
+        if len(set(channels.values())) != self.tenants or 0 in channels.values():
+            raise DemoError(f"every tenant should get its own channel other than 0, got {channels}")
 
-    narrator.step(7, f"node {victim} heals: its orphaned claims are unprepared")
-    before = len(cluster.claim_specs(victim))
-    cluster.heal_node(victim)
-    wait_step(cluster, f"no claim left prepared on {victim}",
-          lambda: not cluster.claim_specs(victim) and not cluster.claim_state(victim))
-    narrator.say(f"{victim}: {before} claim CDI specs before, none now; claim state empty; host nvidia-imex "
-                 f"{cluster.host_imex_state(cluster.node(victim))}", node=victim, specs_before=before,
-                 host_imex=cluster.host_imex_state(cluster.node(victim)))
-    narrator.done()
+    def workloads(self) -> None:
+        cluster, placement = self.cluster, self.placement
+        for ns, where in placement.items():
+            for k, node_name in enumerate(where):
+                cluster.api.create(workload_pod(f"worker-{k}", TEMPLATE, group=DOMAIN, namespace=ns, node=node_name))
+        for ns, where in placement.items():
+            for k in range(len(where)):
+                _check_pod(cluster, ns, f"worker-{k}", self.channels[ns])
+        for node_name in self.nodes:
+            node = cluster.node(node_name)
+            here = [(ns, f"worker-{k}") for ns, where in placement.items() for k, n in enumerate(where)
+                    if n == node_name]
+            cells = [f"{ns}/{pod} -> {', '.join(node.pod_devices[f'{ns}/{pod}'].device_paths())}" for ns, pod in here]
+            self.narrator.say(f"{node_name}: {'; '.join(cells) or '(spare)'}", node=node_name,
+                              pods=[{"namespace": ns, "pod": pod,
+                                     "device_paths": node.pod_devices[f"{ns}/{pod}"].device_paths()}
+                                    for ns, pod in here])
+        self._all_ready()
+        self.narrator.say("every ComputeDomain Ready: " + ", ".join(f"{ns}/{DOMAIN}" for ns in self.namespaces),
+                          ready=self.namespaces)
 
-    narrator.step(8, "delete the Pods and the ComputeDomains: nothing left behind")
-    for ns in namespaces:
-        for obj in cluster.api.objects("Pod", ns):
-            cluster.api.delete("Pod", obj["metadata"]["name"], ns)
-        cluster.api.delete(cd.COMPUTE_DOMAIN_KIND, DOMAIN, ns)
-    for ns in namespaces:
-        wait_step(cluster, f"ComputeDomain {ns}/{DOMAIN} gone",
-              lambda ns=ns: cluster.api.get(cd.COMPUTE_DOMAIN_KIND, DOMAIN, ns) is None)
-    leftovers: dict[str, list[str]] = {}
-    for uid in uids.values():
-        wait_step(cluster, f"every object, spec and claim of ComputeDomain {uid} gone",
-              lambda uid=uid: not any(cluster.compute_domain_leftovers(uid).values()))
-        for key, items in cluster.compute_domain_leftovers(uid).items():
-            leftovers.setdefault(key, []).extend(items)
-    narrator.say("ComputeDomains gone with their channel annotations (every channel free again); templates, CDI "
-                 "specs, claim state: none left", leftovers=leftovers)
-    narrator.done()
+    def _all_ready(self) -> None:
+        for ns in self.namespaces:
+            wait_step(self.cluster, f"ComputeDomain {ns}/{DOMAIN} Ready",
+                      lambda ns=ns: domain_ready(self.cluster, DOMAIN, ns))
+
+    def isolation(self) -> None:
+        cluster, channels = self.cluster, self.channels
+        first, second = self.namespaces[0], self.namespaces[1]
+        target = self.placement[second][1]  # a node where the first tenant's channel is not allocated
+        cluster.api.create(_peek_claim(second, self.uids[second], channels[first]))
+        cluster.api.create(_peek_pod(second, target))
+        node = cluster.node(target)
+        error = wait_step(cluster, f"the plugin on {target} to answer the claim {second}/peek",
+                          lambda: node.prepare_errors.get(f"{second}/peek", ""))
+        if "is not the IMEX channel of ComputeDomain" not in error or f"{second}/peek" not in error:
+            raise DemoError(f"the claim {second}/peek should be refused for naming another domain's channel: "
+                            f"{error!r}")
+        if f"{second}/peek" in node.pod_devices or cluster.pod_running("peek", second):
+            raise DemoError(f"Pod {second}/peek must not run with channel {channels[first]}")
+        self.narrator.say(f"NodePrepareResources on {target} refused it:\n  {error}", node=target, error=error)
+        cluster.force_delete_pod("peek", second)
+        cluster.api.delete("ResourceClaim", "peek", second)
+
+    def kill_node(self) -> None:
+        cluster, narrator, victim, spare = self.cluster, self.narrator, self.victim, self.spare
+        cluster.kill_node(victim)
+        pods = [(ns, f"worker-{k}", n) for ns, where in self.placement.items() for k, n in enumerate(where)]
+        lost = [(ns, pod) for ns, pod, n in pods if n == victim]
+        kept = [(ns, pod) for ns, pod, n in pods if n != victim]
+        narrator.say(f"{victim}: kubelet, plugin and host nvidia-imex frozen; lost Pods: "
+                     + ", ".join(f"{ns}/{pod}" for ns, pod in lost), node=victim, lost=[f"{n}/{p}" for n, p in lost])
+        for ns, pod in kept:
+            _check_pod(cluster, ns, pod, self.channels[ns])
+        narrator.say("still running with their channels: " + ", ".join(f"{ns}/{pod}" for ns, pod in kept),
+                     kept=[f"{n}/{p}" for n, p in kept])
+        for ns, pod in lost:  # the node lifecycle controller evicted them; their job controller makes new ones
+            cluster.force_delete_pod(pod, ns)
+            cluster.api.create(workload_pod(f"{pod}-r", TEMPLATE, group=DOMAIN, namespace=ns, node=spare))
+        for ns, pod in lost:
+            edits = _check_pod(cluster, ns, f"{pod}-r", self.channels[ns])
+            narrator.say(f"{ns}/{pod}-r on spare {spare}: {', '.join(edits.device_paths())}", namespace=ns,
+                         pod=f"{pod}-r", node=spare, device_paths=edits.device_paths())
+        spare_paths = sorted(p for ns, pod in lost for p in cluster.node(spare).pod_devices[f"{ns}/{pod}-r"]
+                             .device_paths())
+        if spare_paths != sorted(_channel_path(self.channels[ns]) for ns, _ in lost):
+            raise DemoError(f"the spare node should hold exactly the lost tenants' channels, it holds {spare_paths}")
+        self._all_ready()
+        narrator.say("every ComputeDomain Ready again", ready=self.namespaces)
+
+    def heal_node(self) -> None:
+        cluster, victim = self.cluster, self.victim
+        before = len(cluster.claim_specs(victim))
+        cluster.heal_node(victim)
+        wait_step(cluster, f"no claim left prepared on {victim}",
+                  lambda: not cluster.claim_specs(victim) and not cluster.claim_state(victim))
+        self.narrator.say(f"{victim}: {before} claim CDI specs before, none now; claim state empty; host nvidia-imex "
+                          f"{cluster.host_imex_state(cluster.node(victim))}", node=victim, specs_before=before,
+                          host_imex=cluster.host_imex_state(cluster.node(victim)))
+
+    def tear_down(self) -> None:
+        cluster = self.cluster
+        for ns in self.namespaces:
+            for obj in cluster.api.objects("Pod", ns):
+                cluster.api.delete("Pod", obj["metadata"]["name"], ns)
+            cluster.api.delete(cd.COMPUTE_DOMAIN_KIND, DOMAIN, ns)
+        for ns in self.namespaces:
+            wait_step(cluster, f"ComputeDomain {ns}/{DOMAIN} gone",
+                      lambda ns=ns: cluster.api.get(cd.COMPUTE_DOMAIN_KIND, DOMAIN, ns) is None)
+        leftovers: dict[str, list[str]] = {}
+        for uid in self.uids.values():
+            wait_step(cluster, f"every object, spec and claim of ComputeDomain {uid} gone",
+                      lambda uid=uid: not any(cluster.compute_domain_leftovers(uid).values()))
+            for key, items in cluster.compute_domain_leftovers(uid).items():
+                leftovers.setdefault(key, []).extend(items)
+        self.narrator.say("ComputeDomains gone with their channel annotations (every channel free again); templates, "
+                          "CDI specs, claim state: none left", leftovers=leftovers)
 
 
 def _channel_slices(cluster: MultiNodeCluster, count: int) -> dict[str, list[tuple[str, str]]] | None:

@@ -35,10 +35,12 @@ from dradriver.sandbox.demos.narrator import (
     DemoError,
     DemoRun,
     Narrator,
+    Step,
     claim_ref,
     manifests,
     nvidia_smi_line,
     prepare_claim,
+    run_steps_async,
 )
 from dradriver.sandbox.kubelet import KubeletEmulator
 from dradriver.sandbox.node import SandboxNode
@@ -139,86 +141,106 @@ def _fallback_allocation(run: DemoRun, name: str, profile: str, taken: list[MigP
 
 async def run_scenario(run: DemoRun, narrator: Narrator) -> None:
     """Steps 3 to 5."""
-    api = run.sandbox.api
-    assert api is not None
-    plugin, kubelet = run.plugin, run.connection
-    narrator.step(3, "Claims for a 1g.18gb and a 3g.71gb MIG device, allocated by the allocation simulator")
-    for obj in manifests("deviceclasses.yaml"):
-        api.create(obj)
-    names = {profile: f"mig-{profile.replace('.', '-')}" for profile in WANTED}
-    for profile, name in names.items():
-        api.create(_claim(name, profile))
-    try:
-        claims = scheduler.allocate(api, [("default", n) for n in names.values()], node_name=run.sandbox.node_name)
-        how = "allocation simulator"
-    except scheduler.AllocationError as exc:
-        narrator.say(f"the simulator cannot allocate them from this build's ResourceSlices ({exc}); allocating the "
-                     "first free placement of each profile in published order instead")
-        taken: list[MigPlacement] = []
-        claims = [_fallback_allocation(run, n, p, taken) for p, n in names.items()]
-        how = "first fit"
-    for claim in claims:
-        [res] = claim["status"]["allocation"]["devices"]["results"]
-        narrator.say(f"claim {claim['metadata']['name']} -> {res['device']} ({how})", device=res["device"])
-    narrator.done()
+    scenario = _Scenario(run, narrator)
+    await run_steps_async(narrator, [
+        Step("Claims for a 1g.18gb and a 3g.71gb MIG device, allocated by the allocation simulator",
+             scenario.allocate),
+        Step("NodePrepareResources creates the instances at exactly those placements", scenario.prepare),
+        Step("NodeUnprepareResources destroys them; MIG mode goes back off", scenario.unprepare),
+    ], first=3)
 
-    narrator.step(4, "NodePrepareResources creates the instances at exactly those placements")
-    for claim in claims:
-        result = await prepare_claim(kubelet, claim)
-        [prepared] = result.devices
-        spec_path = GPU_DRIVER.cdi.spec_path(run.sandbox.cdi_root, claim["metadata"]["uid"])
-        spec = json.loads(spec_path.read_bytes())
-        nodes = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
-        narrator.say(f"{prepared.device_name}: CDI device {prepared.cdi_device_ids[0]}; device nodes "
-                     f"{', '.join(nodes)}", cdi_spec=spec)
-    gis, cis, modes = _mig_state(run.sandbox)
-    narrator.say(f"NVML now: {len(gis)} GPU instance(s), {len(cis)} compute instance(s); MIG mode on for GPU(s) "
-                 + ", ".join(str(i) for i, m in sorted(modes.items()) if m[0]))
-    deadline = time.monotonic() + 10
-    while len(plugin.inventory.migs) < len(claims):  # the device registry learns of the instances
-        if time.monotonic() > deadline:
-            raise DemoError("the plugin's devices did not show the created instances within 10 s")
-        await asyncio.sleep(0.02)
-    for claim in claims:
-        [res] = claim["status"]["allocation"]["devices"]["results"]
-        placement = plugin.registry.get(res["device"]) if plugin.registry else None
-        if not isinstance(placement, MigPlacement):
-            raise DemoError(f"{res['device']} is not a dynamic MIG placement")
-        mig = instance_of(plugin.inventory, placement)
-        if not isinstance(mig, MigDevice):
-            raise DemoError(f"no MIG device was created on {res['device']}")
-        narrator.say(f"container of claim {claim['metadata']['name']} would see (nvidia-smi -L):\n  "
-                     + nvidia_smi_line(mig).replace("\n", "\n  "), nvidia_smi=nvidia_smi_line(mig))
+
+class _Scenario:
+    """The dynamic-MIG scenario's steps 3 to 5 and the claims they allocate."""
+
+    def __init__(self, run: DemoRun, narrator: Narrator) -> None:
+        assert run.sandbox.api is not None
+        self.run, self.narrator, self.api = run, narrator, run.sandbox.api
+        self.claims: list[dict[str, Any]] = []
+
+    async def allocate(self) -> None:
+        """Claims for the :data:`WANTED` profiles, allocated by the simulator (first fit when it cannot)."""
+        run, narrator, api = self.run, self.narrator, self.api
+        for obj in manifests("deviceclasses.yaml"):
+            api.create(obj)
+        names = {profile: f"mig-{profile.replace('.', '-')}" for profile in WANTED}
+        for profile, name in names.items():
+            api.create(_claim(name, profile))
+        try:
+            claims = scheduler.allocate(api, [("default", n) for n in names.values()],
+                                        node_name=run.sandbox.node_name)
+            how = "allocation simulator"
+        except scheduler.AllocationError as exc:
+            narrator.say(f"the simulator cannot allocate them from this build's ResourceSlices ({exc}); allocating "
+                         "the first free placement of each profile in published order instead")
+            taken: list[MigPlacement] = []
+            claims = [_fallback_allocation(run, n, p, taken) for p, n in names.items()]
+            how = "first fit"
+        for claim in claims:
+            [res] = claim["status"]["allocation"]["devices"]["results"]
+            narrator.say(f"claim {claim['metadata']['name']} -> {res['device']} ({how})", device=res["device"])
+        self.claims = claims
+
+    async def prepare(self) -> None:
+        """Prepare the claims: the instances at those placements, the registry and the claims' status follow."""
+        run, narrator, api, claims = self.run, self.narrator, self.api, self.claims
+        plugin, kubelet = run.plugin, run.connection
+        for claim in claims:
+            result = await prepare_claim(kubelet, claim)
+            [prepared] = result.devices
+            spec_path = GPU_DRIVER.cdi.spec_path(run.sandbox.cdi_root, claim["metadata"]["uid"])
+            spec = json.loads(spec_path.read_bytes())
+            nodes = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
+            narrator.say(f"{prepared.device_name}: CDI device {prepared.cdi_device_ids[0]}; device nodes "
+                         f"{', '.join(nodes)}", cdi_spec=spec)
+        gis, cis, modes = _mig_state(run.sandbox)
+        narrator.say(f"NVML now: {len(gis)} GPU instance(s), {len(cis)} compute instance(s); MIG mode on for "
+                     "GPU(s) " + ", ".join(str(i) for i, m in sorted(modes.items()) if m[0]))
         deadline = time.monotonic() + 10
-        while True:
-            stored = api.get("ResourceClaim", claim["metadata"]["name"], "default") or {}
-            status = (stored.get("status") or {}).get("devices") or []
-            if status or time.monotonic() > deadline:
-                break
+        while len(plugin.inventory.migs) < len(claims):  # the device registry learns of the instances
+            if time.monotonic() > deadline:
+                raise DemoError("the plugin's devices did not show the created instances within 10 s")
             await asyncio.sleep(0.02)
-        if not status:
-            raise DemoError(f"claim {claim['metadata']['name']}: no status.devices published")
-        narrator.say(f"status.devices[0].data: {json.dumps(status[0]['data'], sort_keys=True)}",
-                     device_status=status[0])
-    narrator.done()
+        for claim in claims:
+            [res] = claim["status"]["allocation"]["devices"]["results"]
+            placement = plugin.registry.get(res["device"]) if plugin.registry else None
+            if not isinstance(placement, MigPlacement):
+                raise DemoError(f"{res['device']} is not a dynamic MIG placement")
+            mig = instance_of(plugin.inventory, placement)
+            if not isinstance(mig, MigDevice):
+                raise DemoError(f"no MIG device was created on {res['device']}")
+            narrator.say(f"container of claim {claim['metadata']['name']} would see (nvidia-smi -L):\n  "
+                         + nvidia_smi_line(mig).replace("\n", "\n  "), nvidia_smi=nvidia_smi_line(mig))
+            deadline = time.monotonic() + 10
+            while True:
+                stored = api.get("ResourceClaim", claim["metadata"]["name"], "default") or {}
+                status = (stored.get("status") or {}).get("devices") or []
+                if status or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.02)
+            if not status:
+                raise DemoError(f"claim {claim['metadata']['name']}: no status.devices published")
+            narrator.say(f"status.devices[0].data: {json.dumps(status[0]['data'], sort_keys=True)}",
+                         device_status=status[0])
 
-    narrator.step(5, "NodeUnprepareResources destroys them; MIG mode goes back off")
-    for claim in claims:
-        errors = await kubelet.unprepare([claim_ref(claim)])
-        if any(errors.values()):
-            raise DemoError(f"NodeUnprepareResources failed: {errors}")
-        api.delete("ResourceClaim", claim["metadata"]["name"], "default")
-    gis, cis, modes = _mig_state(run.sandbox)
-    caps = run.sandbox.root / "proc" / "driver" / "nvidia" / "capabilities"
-    cap_files = [p for p in caps.glob("gpu*/mig/**/access")]
-    if gis or cis or any(m != (0, 0) for m in modes.values()) or cap_files or run.sandbox.cdi_specs() \
-            or len(plugin.state):
-        raise DemoError(f"left behind: {len(gis)} GPU instance(s), {len(cis)} compute instance(s), MIG modes "
-                        f"{modes}, {len(cap_files)} capability file(s), {len(run.sandbox.cdi_specs())} CDI spec(s), "
-                        f"{len(plugin.state)} claim(s) in state")
-    narrator.say("GPU instances: 0, compute instances: 0, MIG mode off on every GPU, capability files: 0, "
-                 "CDI specs: 0, prepared claims: 0")
-    narrator.done()
+    async def unprepare(self) -> None:
+        """Unprepare the claims: no instance, MIG mode, capability file, CDI spec or claim state left."""
+        run, plugin, kubelet = self.run, self.run.plugin, self.run.connection
+        for claim in self.claims:
+            errors = await kubelet.unprepare([claim_ref(claim)])
+            if any(errors.values()):
+                raise DemoError(f"NodeUnprepareResources failed: {errors}")
+            self.api.delete("ResourceClaim", claim["metadata"]["name"], "default")
+        gis, cis, modes = _mig_state(run.sandbox)
+        caps = run.sandbox.root / "proc" / "driver" / "nvidia" / "capabilities"
+        cap_files = [p for p in caps.glob("gpu*/mig/**/access")]
+        if gis or cis or any(m != (0, 0) for m in modes.values()) or cap_files or run.sandbox.cdi_specs() \
+                or len(plugin.state):
+            raise DemoError(f"left behind: {len(gis)} GPU instance(s), {len(cis)} compute instance(s), MIG modes "
+                            f"{modes}, {len(cap_files)} capability file(s), {len(run.sandbox.cdi_specs())} CDI "
+                            f"spec(s), {len(plugin.state)} claim(s) in state")
+        self.narrator.say("GPU instances: 0, compute instances: 0, MIG mode off on every GPU, capability files: 0, "
+                     "CDI specs: 0, prepared claims: 0")
 
 
 async def demo(*, profile: str = PROFILE, node_name: str, narrator: Narrator) -> None:

@@ -36,15 +36,18 @@ def mps_claim_object(name: str) -> dict[str, Any]:
     }
 
 
+MPS_STEP = "An MPS claim with limits: one control daemon per claim, run as a Deployment"
+"""The title of :func:`run_mps_step` (a :class:`~dradriver.sandbox.demos.narrator.Step` of ``basic``)."""
+
+
 async def run_mps_step(sandbox: SandboxNode, plugin: GpuPlugin, kubelet: PluginConnection, narrator: Narrator,
-                       number: int, error: Callable[[str], DradriverError]) -> None:
-    """Step ``number``: prepare an MPS claim through its control daemon, show it, unprepare it.
+                       error: Callable[[str], DradriverError]) -> None:
+    """The step :data:`MPS_STEP`: prepare an MPS claim through its control daemon, show it, unprepare it.
 
     :raises DradriverError: (made by ``error``) a part of the path did not do what the driver promises.
     """
     api = sandbox.api
     assert api is not None
-    narrator.step(number, "An MPS claim with limits: one control daemon per claim, run as a Deployment")
     api.create(mps_claim_object("mps-gpu"))
     [claim] = scheduler.allocate(api, [("default", "mps-gpu")], node_name=sandbox.node_name)
     meta = claim["metadata"]
@@ -87,4 +90,3 @@ async def run_mps_step(sandbox: SandboxNode, plugin: GpuPlugin, kubelet: PluginC
     mode = settings.compute_mode(plugin.session, device.uuid).name
     api.delete("ResourceClaim", "mps-gpu", "default")
     narrator.say(f"unprepared: Deployment and Pod deleted, shm unmounted, directory removed, compute mode {mode}")
-    narrator.done()

@@ -1,12 +1,15 @@
 """What every ``dradriver demo`` scenario shares: the narrator (numbered steps with their details, as text for
-people or collected for ``--output json``), the error a failed step raises, the running single-node demo's
-parts, and the small steps the scenarios repeat (bundled manifests, a claim's reference, NodePrepareResources,
-the device table and what ``nvidia-smi -L`` would print)."""
+people or collected for ``--output json``), the step runner (a scenario is a list of named steps (:class:`Step`) that
+:func:`run_steps` or :func:`run_steps_async` numbers, narrates and stops at the first failure), the error a failed
+step raises, the running single-node demo's parts, and the small steps the scenarios repeat (bundled manifests, a
+claim's reference, NodePrepareResources, the device table and what ``nvidia-smi -L`` would print)."""
 
 from __future__ import annotations
 
+import inspect
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, TextIO
@@ -57,6 +60,54 @@ class Narrator:
     @property
     def total_seconds(self) -> float:
         return round(time.monotonic() - self._started, 3)
+
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a scenario: the title the narrator announces (or a callable that makes it when the step starts,
+    from what earlier steps found) and the callable that runs it (no arguments; it tells its details through the
+    narrator and raises :class:`DemoError` when the driver does not deliver). For :func:`run_steps_async` it may be
+    a coroutine function."""
+
+    title: str | Callable[[], str]
+    run: Callable[[], Any]
+
+    def announce(self, narrator: Narrator, number: int) -> None:
+        """Start this step as step ``number`` of ``narrator``."""
+        narrator.step(number, self.title if isinstance(self.title, str) else self.title())
+
+
+def run_steps(narrator: Narrator, steps: Sequence[Step], *, first: int = 1,
+              cleanup: Callable[[], Any] | None = None) -> None:
+    """Run ``steps`` in order, numbered from ``first``: each is announced (:meth:`Narrator.step`), run and timed
+    (:meth:`Narrator.done`). The first step that raises ends the run: ``cleanup`` runs, then the error propagates,
+    the failed step left last in :attr:`Narrator.steps` without its time (``dradriver demo`` names it)."""
+    try:
+        for number, step in enumerate(steps, first):
+            step.announce(narrator, number)
+            step.run()
+            narrator.done()
+    except BaseException:
+        if cleanup is not None:
+            cleanup()
+        raise
+
+
+async def run_steps_async(narrator: Narrator, steps: Sequence[Step], *, first: int = 1,
+                          cleanup: Callable[[], Any] | None = None) -> None:
+    """:func:`run_steps` for steps (and a ``cleanup``) that may be coroutine functions: each one's awaitable is
+    awaited before the next step starts."""
+    try:
+        for number, step in enumerate(steps, first):
+            step.announce(narrator, number)
+            if inspect.isawaitable(result := step.run()):
+                await result
+            narrator.done()
+    except BaseException:
+        if cleanup is not None and inspect.isawaitable(result := cleanup()):
+            await result
+        raise
 
 
 def manifests(name: str) -> list[dict[str, Any]]:

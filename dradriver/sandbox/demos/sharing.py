@@ -43,7 +43,7 @@ from dradriver.domain.identity import GPU_DRIVER
 from dradriver.nvml import settings as nvml_settings
 from dradriver.preparers.shares import daemon_id
 from dradriver.sandbox import scheduler
-from dradriver.sandbox.demos.narrator import DemoError, Narrator, claim_ref, device_table
+from dradriver.sandbox.demos.narrator import DemoError, Narrator, Step, claim_ref, device_table, run_steps_async
 from dradriver.sandbox.kubelet import KubeletEmulator, PluginConnection
 from dradriver.sandbox.node import SANDBOX_NAMESPACE, SandboxNode
 from dradriver.sandbox.profiles import h200_node
@@ -276,35 +276,50 @@ async def sharing_demo(narrator: Narrator) -> None:
                 narrator.say(_policy_lines(slices))
                 narrator.done()
 
-                narrator.step(2, f"One GPU time-sliced between two claims of {TIME_SLICED}")
-                sliced = await _time_slicing(node, narrator)
-                narrator.done()
+                scene = _Scene(node, narrator)
+                await run_steps_async(narrator, [
+                    Step(f"One GPU time-sliced between two claims of {TIME_SLICED}", scene.time_slicing),
+                    Step(f"Four claims of {SHARE} sharing one H200, limits enforced through MPS", scene.shares),
+                    Step("Unprepare: the daemon outlives single shares and goes with the last one", scene.unprepare),
+                ], first=2)
+            await run_steps_async(narrator, [
+                Step("Restart the node's plugin with MPSSupport: one MPS claim with limits",
+                     lambda: _mps_claim(sandbox, narrator)),
+                Step("Nothing left behind", lambda: _nothing_left(sandbox, config, narrator)),
+            ], first=5)
 
-                narrator.step(3, f"Four claims of {SHARE} sharing one H200, limits enforced through MPS")
-                shares = await _consumable_shares(node, narrator)
-                _explain_too_big(node, narrator)
-                narrator.done()
 
-                narrator.step(4, "Unprepare: the daemon outlives single shares and goes with the last one")
-                for claim in shares[:-1]:
-                    await node.unprepare(claim)
-                if len(node.daemons()) != 1:
-                    raise DemoError("the MPS control daemon did not outlive the first three shares")
-                await node.unprepare(shares[-1], *sliced)
-                if node.daemons():
-                    raise DemoError("the MPS control daemon was left behind after the last share")
-                narrator.say("3 shares unprepared: daemon still running; last share unprepared: daemon gone")
-                narrator.done()
+class _Scene:
+    """Steps 2 to 4 of the sharing scenario on the running node, and the claims they prepare."""
 
-            narrator.step(5, "Restart the node's plugin with MPSSupport: one MPS claim with limits")
-            await _mps_claim(sandbox, narrator)
-            narrator.done()
+    def __init__(self, node: _Node, narrator: Narrator) -> None:
+        self.node, self.narrator = node, narrator
+        self.sliced: list[dict[str, Any]] = []
+        self.shared: list[dict[str, Any]] = []
 
-            narrator.step(6, "Nothing left behind")
-            leftovers = sandbox.cdi_specs()
-            daemon_dirs = sorted((config.plugin_dir / "mps-shares").glob("*"))
-            if leftovers or daemon_dirs or (sandbox.api is not None and sandbox.api.objects("Deployment")):
-                raise DemoError(f"left behind: CDI specs {[p.name for p in leftovers]}, daemon directories "
-                                f"{[p.name for p in daemon_dirs]}")
-            narrator.say("CDI specs: 0, MPS control daemons: 0, daemon directories: 0")
-            narrator.done()
+    async def time_slicing(self) -> None:
+        self.sliced = await _time_slicing(self.node, self.narrator)
+
+    async def shares(self) -> None:
+        self.shared = await _consumable_shares(self.node, self.narrator)
+        _explain_too_big(self.node, self.narrator)
+
+    async def unprepare(self) -> None:
+        node, shares = self.node, self.shared
+        for claim in shares[:-1]:
+            await node.unprepare(claim)
+        if len(node.daemons()) != 1:
+            raise DemoError("the MPS control daemon did not outlive the first three shares")
+        await node.unprepare(shares[-1], *self.sliced)
+        if node.daemons():
+            raise DemoError("the MPS control daemon was left behind after the last share")
+        self.narrator.say("3 shares unprepared: daemon still running; last share unprepared: daemon gone")
+
+
+def _nothing_left(sandbox: SandboxNode, config: PluginConfig, narrator: Narrator) -> None:
+    leftovers = sandbox.cdi_specs()
+    daemon_dirs = sorted((config.plugin_dir / "mps-shares").glob("*"))
+    if leftovers or daemon_dirs or (sandbox.api is not None and sandbox.api.objects("Deployment")):
+        raise DemoError(f"left behind: CDI specs {[p.name for p in leftovers]}, daemon directories "
+                        f"{[p.name for p in daemon_dirs]}")
+    narrator.say("CDI specs: 0, MPS control daemons: 0, daemon directories: 0")

@@ -24,7 +24,16 @@ from dradriver.domain.devices import GpuDevice
 from dradriver.domain.featuregates import TIME_SLICING_SETTINGS, FeatureGates
 from dradriver.nvml import settings
 from dradriver.sandbox import scheduler
-from dradriver.sandbox.demos.narrator import DemoError, DemoRun, Narrator, claim_ref, manifests, prepare_claim
+from dradriver.sandbox.demos.narrator import (
+    DemoError,
+    DemoRun,
+    Narrator,
+    Step,
+    claim_ref,
+    manifests,
+    prepare_claim,
+    run_steps_async,
+)
 
 SHARING_GATES = FeatureGates({TIME_SLICING_SETTINGS: True})
 """The gates the sharing scenario runs the plugin with."""
@@ -81,18 +90,34 @@ async def _unprepare(run: DemoRun, claim: dict[str, Any]) -> None:
         raise DemoError(f"NodeUnprepareResources failed: {errors}")
 
 
-async def time_slicing_scene(run: DemoRun, narrator: Narrator, number: int) -> list[dict[str, Any]]:
-    """Step ``number``: one GPU time-sliced by its claim and watched by admin-access claims (module docstring);
-    returns the claims, for the teardown.
+def sliceable_gpu(run: DemoRun) -> GpuDevice:
+    """The node's first GPU without MIG, the one the scene time-slices.
+
+    :raises DemoError: the profile has none.
+    """
+    gpu = next((g for g in run.plugin.inventory.gpus if not g.mig_enabled), None)
+    if gpu is None:
+        raise DemoError("the profile has no GPU without MIG to time-slice")
+    return gpu
+
+
+def scene_title(run: DemoRun) -> str:
+    """The title of :func:`time_slicing_scene`'s step.
+
+    :raises DemoError: the profile has no GPU to time-slice (:func:`sliceable_gpu`).
+    """
+    return f"One GPU ({sliceable_gpu(run).name}) time-sliced by its claim; admin-access claims never change it"
+
+
+async def time_slicing_scene(run: DemoRun, narrator: Narrator) -> list[dict[str, Any]]:
+    """The step :func:`scene_title`: one GPU time-sliced by its claim and watched by admin-access claims (module
+    docstring); returns the claims, for the teardown.
 
     :raises DemoError: an allocation, prepare or unprepare did not do what the driver promises.
     """
     api = run.sandbox.api
     assert api is not None
-    gpu = next((g for g in run.plugin.inventory.gpus if not g.mig_enabled), None)
-    if gpu is None:
-        raise DemoError("the profile has no GPU without MIG to time-slice")
-    narrator.step(number, f"One GPU ({gpu.name}) time-sliced by its claim; admin-access claims never change it")
+    gpu = sliceable_gpu(run)
     for obj in manifests("deviceclasses.yaml"):
         if api.get(obj["kind"], obj["metadata"]["name"], None) is None:
             api.create(obj)
@@ -122,16 +147,25 @@ async def time_slicing_scene(run: DemoRun, narrator: Narrator, number: int) -> l
     _show(run, narrator, gpu, monitor, "unprepared", long)
     await _unprepare(run, owner)
     _show(run, narrator, gpu, owner, "unprepared", 0)
-    narrator.done()
     return claims
 
 
 async def run_sharing(run: DemoRun, narrator: Narrator) -> None:
     """Steps 3 and 4 of the sharing scenario."""
+    claims: list[dict[str, Any]] = []
+
+    async def scene() -> None:
+        claims.extend(await time_slicing_scene(run, narrator))
+
+    await run_steps_async(narrator, [
+        Step(lambda: scene_title(run), scene),
+        Step("Tear down and check that nothing is left behind", lambda: _tear_down(run, narrator, claims)),
+    ], first=3)
+
+
+def _tear_down(run: DemoRun, narrator: Narrator, claims: list[dict[str, Any]]) -> None:
     api = run.sandbox.api
     assert api is not None
-    claims = await time_slicing_scene(run, narrator, 3)
-    narrator.step(4, "Tear down and check that nothing is left behind")
     for claim in claims:
         api.delete("ResourceClaim", claim["metadata"]["name"], claim["metadata"]["namespace"])
     leftovers = run.sandbox.cdi_specs()
@@ -139,4 +173,3 @@ async def run_sharing(run: DemoRun, narrator: Narrator) -> None:
         raise DemoError(f"left behind: CDI specs {[p.name for p in leftovers]}, "
                         f"{len(run.plugin.state)} claim(s) in state")
     narrator.say(f"deleted {len(claims)} claims; CDI specs: 0, prepared claims: 0")
-    narrator.done()

@@ -23,22 +23,18 @@ With the gate off the label is not read and every device is advertised (NVIDIA's
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from dradriver.app import assembly
 from dradriver.config import PluginConfig
 from dradriver.domain.devices import DeviceType
 from dradriver.domain.driverconfig import EVERYTHING, NODE_LABEL, DriverConfigError, NodePolicy, fail_closed
-from dradriver.domain.identity import DriverIdentity
 from dradriver.host import driverconfigs
 from dradriver.kube import errors as kube_errors
 from dradriver.kube import nodes
 from dradriver.kube.client import KubeClient
-from dradriver.kubeletplugin.lifecycle import Lifecycle
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +48,8 @@ class NodePolicyWatch:
     """This node's device policy now (:attr:`policy`), kept up to date from the Node's label by a watch thread.
 
     :param labels: the Node's labels as read at start; ``None`` when the Node could not be read.
+    :param report: records an Event on this Node: ``report(reason, message, type)``, type ``Warning`` or
+        ``Normal`` (best effort: it raises nothing).
     :param on_change: called (on the watch thread) after the policy changed: republish.
     """
 
@@ -62,9 +60,9 @@ class NodePolicyWatch:
     RETRY_S = 5.0
     """Pause after a failed watch request."""
 
-    def __init__(self, identity: DriverIdentity, client: KubeClient, config: PluginConfig, node_uid: str,
-                 labels: Mapping[str, str] | None, on_change: Callable[[], None] = lambda: None) -> None:
-        self.identity, self.client, self.config, self.node_uid = identity, client, config, node_uid
+    def __init__(self, client: KubeClient, config: PluginConfig, labels: Mapping[str, str] | None, *,
+                 report: Callable[[str, str, str], None], on_change: Callable[[], None] = lambda: None) -> None:
+        self.client, self.config, self.report = client, config, report
         self.enabled = config.feature_gates.per_node_gpu_config
         self.on_change = on_change
         self.policy: NodePolicy = EVERYTHING
@@ -140,7 +138,7 @@ class NodePolicyWatch:
         self._event(INVALID_REASON, message)
 
     def _event(self, reason: str, message: str, type_: str = "Warning") -> None:
-        assembly.report_event(self.identity, self.client, self.config, self.node_uid, reason, message, type_=type_)
+        self.report(reason, message, type_)
 
     def resync(self) -> None:
         """Resolve again with the labels last seen (a profile file may have changed)."""
@@ -190,16 +188,3 @@ class NodePolicyWatch:
         if event.get("type") in ("ADDED", "MODIFIED"):
             self.observe(nodes.Node.from_object(obj).labels)
         return str((obj.get("metadata") or {}).get("resourceVersion") or "")
-
-
-async def open_node_policy(identity: DriverIdentity, config: PluginConfig,
-                           connection: assembly.Connection) -> NodePolicyWatch:
-    """Start step: the policy the Node read at start asks for (:class:`NodePolicyWatch`, not watching yet)."""
-    labels = nodes.Node.from_object(connection.node).labels if connection.node is not None else None
-    return await asyncio.to_thread(NodePolicyWatch, identity, connection.client, config, connection.node_uid, labels)
-
-
-async def watch_node_policy(life: Lifecycle, watch: NodePolicyWatch, on_change: Callable[[], None]) -> None:
-    """Start step: watch the Node and call ``on_change`` (republish) after each policy change; stopped on stop."""
-    watch.on_change = on_change
-    await life.step("node device policy watch", watch.start, lambda _: asyncio.to_thread(watch.stop))

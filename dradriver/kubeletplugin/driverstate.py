@@ -28,17 +28,12 @@ NVML, report it), shuts the stale NVML handle (:meth:`~dradriver.nvml.session.Nv
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
-from dradriver.app import assembly
-from dradriver.config import PluginConfig
 from dradriver.domain.claims import ClaimRef, ClaimResult
-from dradriver.domain.identity import DriverIdentity
 from dradriver.domain.ports import ClaimPreparer
-from dradriver.host.cdihook import CdiHook, visible_path
 from dradriver.nvml.errors import NvmlError, NvmlUnavailable
 from dradriver.nvml.session import DRIVER_GONE, NvmlSession
 
@@ -294,17 +289,6 @@ class DriverGate:
         return self.runner.unprepare_claims(claims)
 
 
-async def report_unavailable(identity: DriverIdentity, config: PluginConfig, connection: assembly.Connection,
-                             session: NvmlSession) -> None:
-    """At a start without a usable driver: log it and record a ``NvidiaDriverUnavailable`` Warning Event on the
-    Node naming ``nvmlInit``'s failure (:attr:`NvmlSession.unavailable_reason`)."""
-    log.error("NVIDIA driver not available: %s; unprepares are served, prepares wait for the driver",
-              session.unavailable_reason)
-    await asyncio.to_thread(assembly.report_event, identity, connection.client, config, connection.node_uid,
-                            "NvidiaDriverUnavailable", f"NVIDIA driver not available: {session.unavailable_reason}; "
-                            "claims are unprepared, prepares wait for it")
-
-
 def first_refusal(*refusals: Callable[[], str]) -> Callable[[], str]:
     """One "why prepares are refused and the plugin is not ready" of several (the driver's absence, the CDI
     hook's): the first non-empty reason, ``""`` when none has one. :class:`DriverGate` refuses by it and the
@@ -314,36 +298,4 @@ def first_refusal(*refusals: Callable[[], str]) -> Callable[[], str]:
             if reason := why():
                 return reason
         return ""
-    return refusal
-
-
-async def check_cdi_hook(identity: DriverIdentity, config: PluginConfig, connection: assembly.Connection, *,
-                         named: Callable[[], bool]) -> Callable[[], str]:
-    """Start step: the ``nvidia-cdi-hook`` that claim specs name (:mod:`dradriver.host.cdihook`), looked at now
-    and at each later ask while specs name a hook (``named()``: the driver's files were found, so the spec-level
-    edits carry hooks; with none, e.g. the mock NVML without driver files, nothing depends on it).
-
-    With no ``--nvidia-cdi-hook-path`` the image's hook is copied to ``<plugin dir>/nvidia-cdi-hook`` at the first
-    look, as NVIDIA's plugin does. While the hook is missing the plugin is not ready and refuses prepares (the
-    returned refusal, combined by :func:`first_refusal`): a claim prepared then would give a container that
-    cannot be created. Each time it is found missing a ``NvidiaCdiHookMissing`` Warning Event on the Node says
-    why; once it is there (installed on the host, or a fixed image) the plugin serves without a restart.
-
-    :returns: why prepares are refused for the hook now (``""``: it is there, cannot be checked, or is not named).
-    """
-    def report(reason: str) -> None:  # called on a probe or prepare thread: the API call runs on its own
-        threading.Thread(target=assembly.report_event, name="cdi-hook-event", daemon=True,
-                         args=(identity, connection.client, config, connection.node_uid, "NvidiaCdiHookMissing",
-                               reason)).start()
-
-    visible = visible_path(config.cdi_hook_path, plugin_dir=config.plugin_dir,
-                           host_driver_root=config.nvidia_driver_root,
-                           container_driver_root=config.container_driver_root)
-    hook = CdiHook(config.cdi_hook_path, visible, on_missing=report,
-                   source=None if config.nvidia_cdi_hook_path else config.image_cdi_hook)
-
-    def refusal() -> str:
-        return hook.refusal() if named() else ""
-
-    await asyncio.to_thread(refusal)
     return refusal
