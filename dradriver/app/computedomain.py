@@ -25,6 +25,16 @@ No undo of this plugin needs the driver (a channel claim's undo removes the node
 claim's has nothing to do), so an unprepare while the driver is absent is complete: spec deleted, record removed,
 label handled as on any unprepare.
 
+A driver reloaded under the running plugin (a GPU Operator upgrade) is detected with the GPU plugin's parts
+(:class:`~dradriver.app.driverstate.ReloadDetector`, asked by the driver watch every 5 s and at once after the fabric
+check's NVML call failed with one of :data:`~dradriver.app.driverstate.RELOAD_HINTS`): NVML calls failing
+driver-not-loaded, another driver version, another ``nvidia`` character-device major. Prepares are then refused
+with the reason (readiness NOT_SERVING), a ``NvidiaDriverUnavailable`` Event names it, the fabric check pauses
+(:func:`driver_away`) and the stale NVML handle is shut; unprepares are served throughout. Once NVML initialises
+again, :func:`driver_back` reads the driver part anew (fabric and clique with its node label, driver version check,
+IMEX facts, the base CDI spec for the new driver's files and device numbers, the ResourceSlices), rewrites the
+prepared claims' CDI specs that changed (a new IMEX channel major) and records a ``NvidiaDriverAvailable`` Event.
+
 Facts: ``nvidia-dra-driver.md`` 1.2, 2.7, 4.8, 4.9, 5.2, 7.2; ``nvidia-dra-driver-updates.md`` 2c.
 """
 
@@ -43,7 +53,7 @@ from typing import Any
 from dradriver import _native
 from dradriver.app import assembly, driverstate
 from dradriver.app.devicestatus import DeviceStatusWriter, describe_channels
-from dradriver.app.driverstate import DriverGate, DriverWatch
+from dradriver.app.driverstate import DriverGate, DriverWatch, ReloadDetector
 from dradriver.app.gpu import driver_edits, node_info, nvml_library
 from dradriver.config import CHANNEL_NEEDS_HOST_MANAGED, PluginConfig
 from dradriver.domain import cdi
@@ -66,6 +76,7 @@ from dradriver.kubeletplugin.cdadoption import ComputeDomainAdoptionReport, adop
 from dradriver.kubeletplugin.lifecycle import Lifecycle
 from dradriver.kubeletplugin.runner import BatchRunner
 from dradriver.nvml import fabric
+from dradriver.nvml.errors import NvmlError
 from dradriver.nvml.session import NvmlSession
 from dradriver.preparers.computedomain import (
     CHANNEL_KIND,
@@ -115,6 +126,9 @@ class ComputeDomainPlugin(assembly.KubeletPlugin):
     fabric_pending: str = ""
     """The GPUs' fabric registration states while :func:`wait_for_fabric` waits for them, else ``""``."""
     _clique_holder: list[str] = field(default_factory=lambda: [""])
+    _nvml_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    """Held while the fabric check reads NVML and while a driver reload stops it (:func:`driver_away`), so no read
+    runs on the NVML handle the driver watch shuts next."""
 
     def refusal(self) -> str:
         """Why prepares are refused now (``""`` when they are served): the NVLink fabric registration in progress,
@@ -132,16 +146,20 @@ class ComputeDomainPlugin(assembly.KubeletPlugin):
 
     def check_fabric(self) -> fabric.NodeFabric:
         """Re-read the node's fabric and apply it (:meth:`apply_fabric`); a failure, or a registration in progress
-        again, is logged and the last reading stays. Blocking; returns the reading in force."""
+        again, is logged and the last reading stays; an NVML failure that may be a driver reload has the driver
+        watch check for one at once (:meth:`DriverWatch.suspect`). Blocking; returns the reading in force."""
         assert self.session is not None
-        if not self.driver_read:  # the driver is absent or the start's read is in progress: nothing to re-read
-            return self.node_fabric
-        try:
-            now = fabric.assess_node(fabric.read_node_fabric(self.session),
-                                     strict=self.config.feature_gates[CRASH_ON_NVLINK_FABRIC_ERRORS])
-        except DradriverError as exc:
-            log.error("cannot re-read this node's NVLink fabric (keeping clique %r): %s", self.clique_id, exc)
-            return self.node_fabric
+        with self._nvml_lock:
+            if not self.driver_read:  # the driver is absent or its part is being read: nothing to re-read
+                return self.node_fabric
+            try:
+                now = fabric.assess_node(fabric.read_node_fabric(self.session),
+                                         strict=self.config.feature_gates[CRASH_ON_NVLINK_FABRIC_ERRORS])
+            except DradriverError as exc:
+                log.error("cannot re-read this node's NVLink fabric (keeping clique %r): %s", self.clique_id, exc)
+                if isinstance(exc, NvmlError) and self.driver is not None:
+                    self.driver.suspect(exc.code)
+                return self.node_fabric
         self.apply_fabric(now)
         return now
 
@@ -346,6 +364,8 @@ class DriverPart:
     imex_parts: tuple[Any, ...]
     """The preparers holding the IMEX facts (``imex``)."""
     backoff: Backoff = FABRIC_WAIT_BACKOFF
+    detector: ReloadDetector | None = None
+    """Told the driver read (:meth:`ReloadDetector.remember`), for the driver watch's reload check."""
 
 
 async def read_driver_part(plugin: ComputeDomainPlugin, connection: assembly.Connection, part: DriverPart) -> None:
@@ -381,10 +401,47 @@ async def read_driver_part(plugin: ComputeDomainPlugin, connection: assembly.Con
     if config.gpu_clique_label_enabled:
         await asyncio.to_thread(set_clique_label, plugin.client, config.node_name, node_fabric.clique_id)
     await asyncio.to_thread(plugin.apply_fabric, node_fabric)  # a faulty fabric: logged, Event, taints
+    if part.detector is not None:  # the driver a reload is told from
+        await asyncio.to_thread(part.detector.remember)
     plugin.driver_read = True
     plugin.republish()
     log.info("NVIDIA driver %s: clique %s, %d IMEX channel(s); prepares are served", version,
              node_fabric.clique_id or "none", imex.channel_count)
+
+
+def driver_away(plugin: ComputeDomainPlugin, connection: assembly.Connection, why: str) -> None:
+    """The driver watch's ``depart``: a reload was detected under the running plugin (``why``). The fabric check
+    stops using NVML (it waits for a read in progress; :attr:`ComputeDomainPlugin.driver_read` is False until the
+    new driver's part is read) and a ``NvidiaDriverUnavailable`` Event names why
+    (:func:`~dradriver.app.driverstate.report_departure`). Prepares are refused meanwhile by the watch's reason;
+    unprepares need no driver. Blocking."""
+    with plugin._nvml_lock:
+        plugin.driver_read = False
+    driverstate.report_departure(plugin.identity, plugin.config, connection, why)
+
+
+async def driver_back(plugin: ComputeDomainPlugin, connection: assembly.Connection, part: DriverPart) -> None:
+    """The driver watch's ``arrive``: the driver is usable again, at a start without it or after a reload. Its part
+    is read again (:func:`read_driver_part`: fabric and clique, driver version, IMEX facts, the base CDI spec for the
+    new driver's files and device numbers, the clique label, the ResourceSlices), then every prepared claim's CDI
+    spec is rendered again with the new IMEX facts and rewritten where it changed
+    (:meth:`~dradriver.kubeletplugin.runner.BatchRunner.refresh_specs`: a channel's major). After a reload a
+    ``NvidiaDriverAvailable`` Event says so (:func:`~dradriver.app.driverstate.report_return`).
+
+    :raises dradriver.errors.DradriverError: as :func:`read_driver_part` (the watch logs it and tries again).
+    """
+    before = part.detector.version if part.detector is not None else ""
+    await read_driver_part(plugin, connection, part)
+    rewritten, unusable = await asyncio.to_thread(plugin.runner.refresh_specs)
+    version = part.detector.version if part.detector is not None else ""
+    log.info("NVIDIA driver %s back: %d prepared claim spec(s) rewritten%s", version or "(version unknown)",
+             len(rewritten), f", {len(unusable)} not rendered" if unusable else "")
+    if before:  # a reload under the running plugin (a start without the driver reported its own Event)
+        summary = (f"clique {plugin.clique_id or 'none'}, {plugin.imex.channel_count if plugin.imex else 0} IMEX "
+                   f"channel(s), base CDI spec and {len(rewritten)} prepared claim CDI spec(s) rewritten for it"
+                   + (f", {len(unusable)} claim spec(s) not rendered (see the plugin's log)" if unusable else ""))
+        await asyncio.to_thread(driverstate.report_return, plugin.identity, plugin.config, connection,
+                                version=version, before=before, summary=summary)
 
 
 def on_loop(loop: asyncio.AbstractEventLoop, step: Callable[[], Coroutine[Any, Any, None]],
@@ -543,10 +600,12 @@ async def start_compute_domain_plugin(config: PluginConfig, identity: DriverIden
                                      node_uid=connection.node_uid, state=state, state_problems=problems,
                                      runner=runner, recovery=recovery, publisher=publisher, servers=servers,
                                      desired=desired, session=session, imex=imex, _clique_holder=holder)
-        part = DriverPart(registry, (channels, daemons), fabric_wait)
-        arrive, cancel_arrival = on_loop(asyncio.get_running_loop(), lambda: read_driver_part(plugin, connection, part))
+        detector = ReloadDetector(session, node_info(config).read_majors)  # a reload: a new driver or nvidia major
+        part = DriverPart(registry, (channels, daemons), fabric_wait, detector)
+        arrive, cancel_arrival = on_loop(asyncio.get_running_loop(), lambda: driver_back(plugin, connection, part))
         plugin.driver = DriverWatch(session, library=lambda: nvml_library(config), arrive=arrive,
-                                    interrupt=cancel_arrival)
+                                    interrupt=cancel_arrival, reloaded=detector.check,
+                                    depart=lambda why: driver_away(plugin, connection, why))
         plugin_ref.append(plugin)
         await assembly.run_publisher(life, publisher)
         if session.available:  # else the ResourceSlices the last run published stay until the driver is back

@@ -290,6 +290,25 @@ async def report_unavailable(identity: DriverIdentity, config: PluginConfig, con
                             "claims are unprepared, prepares wait for it")
 
 
+def report_departure(identity: DriverIdentity, config: PluginConfig, connection: assembly.Connection,
+                     why: str) -> None:
+    """A reload detected under the running plugin (a :class:`DriverWatch`'s ``depart``): a
+    ``NvidiaDriverUnavailable`` Warning Event on the Node naming ``why`` (:meth:`ReloadDetector.check`). Blocking
+    (one API call; a failure is logged by :func:`~dradriver.app.assembly.report_event`)."""
+    assembly.report_event(identity, connection.client, config, connection.node_uid, "NvidiaDriverUnavailable",
+                          f"NVIDIA driver went away ({why}); claims are unprepared, prepares wait for it and are "
+                          "served once it is loaded again, without a restart")
+
+
+def report_return(identity: DriverIdentity, config: PluginConfig, connection: assembly.Connection, *,
+                  version: str, before: str, summary: str) -> None:
+    """The driver of a reload is back and read (a :class:`DriverWatch`'s ``arrive`` after a
+    :func:`report_departure`): a ``NvidiaDriverAvailable`` Normal Event on the Node, ``NVIDIA driver <version>
+    loaded again (was <before>): <summary>`` (``summary``: what the plugin read and rewrote). Blocking."""
+    assembly.report_event(identity, connection.client, config, connection.node_uid, "NvidiaDriverAvailable",
+                          f"NVIDIA driver {version} loaded again (was {before}): {summary}", type_="Normal")
+
+
 def first_refusal(*refusals: Callable[[], str]) -> Callable[[], str]:
     """One "why prepares are refused and the plugin is not ready" of several (the driver's absence, the CDI
     hook's): the first non-empty reason, ``""`` when none has one. :class:`DriverGate` refuses by it and the

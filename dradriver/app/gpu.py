@@ -481,9 +481,7 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
             # A reload under the running plugin: nothing may use the stale NVML handle the watch shuts next.
             health.stop()
             edits_cache.clear()
-            assembly.report_event(identity, connection.client, config, connection.node_uid, "NvidiaDriverUnavailable",
-                                  f"NVIDIA driver went away ({why}); claims are unprepared, prepares wait for it "
-                                  "and are served once it is loaded again, without a restart")
+            driverstate.report_departure(identity, config, connection, why)
 
         def driver_back() -> None:
             before = detector.version
@@ -498,13 +496,11 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
                      inventory.versions.driver, len(inventory.gpus), len(undone),
                      f", swept {', '.join(swept)}" if swept else "", len(rewritten))
             if before:  # a reload under the running plugin (a start without the driver reported its own Event)
-                assembly.report_event(
-                    identity, connection.client, config, connection.node_uid, "NvidiaDriverAvailable",
-                    f"NVIDIA driver {inventory.versions.driver} loaded again (was {before}): {len(inventory.gpus)} "
-                    f"GPU(s), {len(rewritten)} prepared claim CDI spec(s) rewritten for its files"
-                    + (f", {len(unusable)} claim(s) refused (a claim whose devices are other GPUs now has its CDI spec"
-                       " withdrawn; see the plugin's log)" if unusable else ""),
-                    type_="Normal")
+                driverstate.report_return(
+                    identity, config, connection, version=inventory.versions.driver, before=before,
+                    summary=f"{len(inventory.gpus)} GPU(s), {len(rewritten)} prepared claim CDI spec(s) rewritten for "
+                    "its files" + (f", {len(unusable)} claim(s) refused (a claim whose devices are other GPUs now has "
+                                   "its CDI spec withdrawn; see the plugin's log)" if unusable else ""))
 
         refusal = driverstate.first_refusal(watch.refusal, hook_refusal)
         gate = DriverGate(runner, refusal)
