@@ -56,24 +56,25 @@ from dradriver.app.devicestatus import DeviceStatusWriter, describe_channels
 from dradriver.app.driverstate import DriverGate, DriverWatch, ReloadDetector
 from dradriver.app.gpu import driver_edits, node_info, nvml_library
 from dradriver.config import CHANNEL_NEEDS_HOST_MANAGED, PluginConfig
-from dradriver.domain import cdi
-from dradriver.domain.computedomains import NODE_CLIQUE_LABEL, fabric_taints, plugin_resource_slices
+from dradriver.domain.computedomains import fabric_taints, plugin_resource_slices
 from dradriver.domain.faults import FaultKind
 from dradriver.domain.featuregates import CRASH_ON_NVLINK_FABRIC_ERRORS, HOST_MANAGED_IMEX_DAEMON
 from dradriver.domain.identity import COMPUTE_DOMAIN_DRIVER, DriverIdentity
 from dradriver.domain.registry import DeviceRegistry
 from dradriver.errors import DradriverError, FlagError
 from dradriver.health.metrics import DriverMetrics
-from dradriver.host import cdifiles, devicenodes, imexchannels, imexservice
+from dradriver.host import cdifiles, imexchannels
 from dradriver.host.claimstate import read_boot_id
 from dradriver.host.imexchannels import ImexNodeInfo
 from dradriver.host.nvcheckpointfile import CHECKPOINT_FILE
-from dradriver.kube import computedomains as kube_cd
-from dradriver.kube import errors as kube_errors
 from dradriver.kubeletplugin import rollback
 from dradriver.kubeletplugin.adoption import SOURCE as ADOPTION_SOURCE
+from dradriver.kubeletplugin.basespec import BASE_SPEC_NAME, base_spec
 from dradriver.kubeletplugin.cdadoption import ComputeDomainAdoptionReport, adopt_compute_domain_claims
+from dradriver.kubeletplugin.imexdomains import remove_vanished_domain_dirs
+from dradriver.kubeletplugin.imexmode import check_driver_version, imex_ctl, refuse_beside_host_imex
 from dradriver.kubeletplugin.lifecycle import Lifecycle
+from dradriver.kubeletplugin.nodefabric import FABRIC_WAIT_BACKOFF, set_clique_label, wait_for_fabric
 from dradriver.kubeletplugin.runner import BatchRunner
 from dradriver.nvml import fabric
 from dradriver.nvml.errors import NvmlError
@@ -89,22 +90,16 @@ from dradriver.preparers.mps import Backoff
 
 log = logging.getLogger(__name__)
 
-BASE_SPEC_NAME = "k8s.compute-domain.nvidia.com-device_base.json"
-"""The base spec's file (NVIDIA writes ``..._base.yaml``; dradriver's specs are JSON, ``cdi.md`` 2.5)."""
 REFRESH_PERIOD_S = 600.0
 """Clique-label refresh and domain-directory cleanup period (NVIDIA: 10 minutes, with the clique re-read)."""
 FABRIC_CHECK_PERIOD_S = 30.0
 """Fabric re-read period (clique ID and fabric health; dradriver's own: NVIDIA re-reads the clique every 10 minutes
 and never the health)."""
-FABRIC_WAIT_BACKOFF = Backoff(initial_s=1.0, max_s=30.0, jitter=0.1)
-"""Delays between fabric reads while a GPU's registration is in progress at start: 1 s doubling to 30 s."""
 FABRIC_TAINT = FaultKind.FABRIC_UNHEALTHY.value
 """Name part of the taint key on the plugin's devices when the node's fabric is faulty
 (``compute-domain.nvidia.com/fabric-unhealthy``, the GPU plugin's ``gpu.nvidia.com/fabric-unhealthy``)."""
 ABORTED_TTL_S = 90.0
 """How long an aborted prepare is remembered (NVIDIA: 2 x the kubelet's 45 s)."""
-DNS_NAMES_MIN_DRIVER = "570.158.01"
-"""``IMEXDaemonsWithDNSNamesMinDriverVersion``: driver-managed IMEX with DNS names needs this driver or newer."""
 
 
 @dataclass
@@ -199,162 +194,6 @@ class ComputeDomainPlugin(assembly.KubeletPlugin):
         remove_vanished_domain_dirs(self.client, self.config, self.runner)
 
 
-def set_clique_label(client: Any, node: str, clique: str) -> None:
-    """Set ``nvidia.com/gpu.clique=<clique>`` (removed when ``clique`` is empty); failures are logged."""
-    try:
-        kube_cd.set_node_label(client, node, NODE_CLIQUE_LABEL, clique or None)
-    except kube_errors.KubeAPIError as exc:
-        log.warning("cannot set node label %s: %s", NODE_CLIQUE_LABEL, exc)
-
-
-def remove_vanished_domain_dirs(client: Any, config: PluginConfig, runner: BatchRunner) -> list[str]:
-    """Remove ``<plugin dir>/domains/<cdUID>`` of every ComputeDomain that no longer exists and that no stored
-    daemon claim names (NVIDIA's 10-minute loop); returns the removed UIDs."""
-    held = {str(r.data.get("domain")) for _uid, r in runner.stored_records("imex-daemon", "")}
-    removed: list[str] = []
-    try:
-        existing = {str((i.get("metadata") or {}).get("uid")) for i in
-                    kube_cd.list_compute_domains(client).get("items") or ()}
-    except kube_errors.KubeAPIError as exc:
-        log.warning("cannot list ComputeDomains for the domain-directory cleanup: %s", exc)
-        return removed
-    for uid in imexchannels.domain_dirs(config.plugin_dir):
-        if uid in existing or uid in held:
-            continue
-        try:
-            if imexchannels.remove_domain_dir(config.plugin_dir, uid):
-                removed.append(uid)
-                log.info("removed IMEX domain directory of ComputeDomain %s (gone)", uid)
-        except imexchannels.ImexError as exc:
-            log.warning("%s", exc)
-    return removed
-
-
-def check_driver_version(version: str, config: PluginConfig) -> None:
-    """NVIDIA's start-up check: driver-managed IMEX with DNS names needs driver >= 570.158.01.
-
-    :raises FlagError: the driver is older (names both versions).
-    """
-    if config.imex_mode != "driverManaged":
-        return
-    try:
-        too_old = _version_tuple(version) < _version_tuple(DNS_NAMES_MIN_DRIVER)
-    except ValueError:
-        log.warning("cannot compare NVIDIA driver version %r with %s", version, DNS_NAMES_MIN_DRIVER)
-        return
-    if too_old:
-        raise FlagError(f"NVIDIA driver {version} is older than {DNS_NAMES_MIN_DRIVER}, which IMEX daemons with DNS "
-                        "names (gate IMEXDaemonsWithDNSNames) need")
-
-
-def refuse_beside_host_imex(config: PluginConfig) -> None:
-    """Driver-managed IMEX on a node whose host runs ``nvidia-imex.service`` cannot work: the host's daemon holds
-    the node's only IMEX session, so each daemon pod's ``nvidia-imex`` fails to start, and a probe that asked any
-    daemon on the node would find the host's READY (:mod:`dradriver.host.imexservice`). Checked at start, before
-    anything on the host is touched; an enabled but stopped service (it starts at the next boot) is a warning.
-
-    :raises FlagError: the service runs (names it, the file that says so, and both ways out).
-    """
-    if config.imex_mode != "driverManaged":
-        return
-    found = imexservice.find_host_imex_service(config.container_driver_root)
-    if found is None:
-        return
-    unit = imexservice.IMEX_SERVICE
-    if found.active:
-        raise FlagError(
-            f"the host runs {unit} (systemd: {found.evidence} under the driver root {config.container_driver_root}): "
-            "it holds this node's only IMEX session, so the IMEX daemons of ComputeDomains cannot start with "
-            "--imex-mode (env IMEX_MODE) driverManaged. Either stop and disable it on the host (systemctl disable "
-            f"--now {unit}), or let it serve IMEX: IMEX_MODE=hostManaged with the feature gate "
-            "HostManagedIMEXDaemon=true (chart: resources.computeDomains.imex.mode: hostManaged)")
-    log.warning("%s is enabled on the host (%s) but not running: it will take this node's IMEX session at the next "
-                "boot, and driver-managed ComputeDomains will then fail here; disable it (systemctl disable %s) or "
-                "use IMEX_MODE=hostManaged", unit, ", ".join(found.enabled), unit)
-
-
-def _version_tuple(text: str) -> tuple[int, ...]:
-    """``570.158.01`` -> ``(570, 158, 1)``; :raises ValueError: not dotted integers."""
-    return tuple(int(part) for part in text.strip().split("."))
-
-
-def base_spec(config: PluginConfig, identity: DriverIdentity, session: NvmlSession, imex: ImexNodeInfo,
-              common: cdi.ContainerEdits) -> bytes:
-    """The base spec: kind ``<vendor>/device``, one device ``all`` with the control nodes, every GPU's
-    ``/dev/nvidia<minor>``, the ``fabric-imex-mgmt`` capability and the channel nodes present on the node, plus the
-    driver's user space (``nvidia-imex``, ``nvidia-imex-ctl`` among the binaries) and ``NVIDIA_VISIBLE_DEVICES=void``
-    (NVIDIA's "management" mode, ``nvidia-dra-driver.md`` 5.2).
-
-    :raises dradriver.domain.cdi.CdiSpecError: the spec breaks a CDI rule.
-    """
-    info = node_info(config)
-    majors = info.read_majors()
-    edits = devicenodes.control_edits(info, majors)
-    nvidia = info.major(majors, ("nvidia", "nvidia-frontend", "nvidiactl"), "/dev/nvidiactl")
-    nodes: list[cdi.DeviceNode] = []
-    for minor in fabric.gpu_minors(session):
-        nodes.append(cdi.DeviceNode(f"/dev/nvidia{minor}", info.host_path(f"/dev/nvidia{minor}"), "c", nvidia, minor))
-    if imex.fabric_imex_mgmt_minor is not None and imex.caps_major is not None:
-        path = imex.fabric_imex_mgmt_path
-        nodes.append(cdi.DeviceNode(path, info.host_path(path), "c", imex.caps_major, imex.fabric_imex_mgmt_minor))
-    if imex.channel_major is not None:
-        for n in range(imex.channel_count):
-            path = f"/dev/nvidia-caps-imex-channels/channel{n}"
-            if info.stat_node(path) is not None:
-                nodes.append(cdi.DeviceNode(path, info.host_path(path), "c", imex.channel_major, n, 0o666))
-    edits = edits + cdi.ContainerEdits(device_nodes=tuple(nodes)) + common
-    renderer = _native.load("cdispec")
-    try:
-        data: bytes = renderer.render_spec(f"{identity.cdi.vendor}/device", [("all", edits.record())], None)
-    except (TypeError, ValueError) as exc:
-        raise cdi.CdiSpecError(f"base CDI spec: {exc}") from exc
-    return data
-
-
-async def wait_for_fabric(config: PluginConfig, identity: DriverIdentity, session: NvmlSession,
-                          connection: assembly.Connection, *, backoff: Backoff = FABRIC_WAIT_BACKOFF,
-                          pending: Callable[[str], None] = lambda _states: None) -> fabric.NodeFabric:
-    """Read the node's fabric; while a GPU's registration is in progress (strict mode,
-    :class:`~dradriver.nvml.fabric.FabricPendingError`), read again after each of ``backoff``'s delays.
-
-    While it waits: ``pending`` gets the GPUs' states (``""`` once the wait ends: the plugin, already serving,
-    refuses prepares naming them and answers the ``readiness`` probe NOT_SERVING; unprepares are served); each read
-    logs them; a ``FabricRegistrationPending`` Warning Event on the Node names them (again when they change).
-
-    :returns: the reading.
-    :raises dradriver.nvml.fabric.FabricError: GPUs disagree on the clique.
-    :raises dradriver.nvml.errors.NvmlError: fabric info cannot be read.
-    """
-    strict = config.feature_gates[CRASH_ON_NVLINK_FABRIC_ERRORS]
-    delays = iter(backoff.delays())
-    reported = ""
-    started = time.monotonic()
-    try:
-        while True:
-            gpus = await asyncio.to_thread(fabric.read_node_fabric, session)
-            try:
-                node = fabric.assess_node(gpus, strict=strict)
-            except fabric.FabricPendingError as exc:
-                delay = next(delays)
-                pending(str(exc))
-                log.warning("waiting for NVLink fabric registration, not ready meanwhile: %s; reading again in %.1f s",
-                            exc, delay)
-                if str(exc) != reported:
-                    reported = str(exc)
-                    await asyncio.to_thread(
-                        assembly.report_event, identity, connection.client, config, connection.node_uid,
-                        "FabricRegistrationPending", f"{identity.driver_name} kubelet plugin waits for the NVLink "
-                        f"fabric manager to register this node's GPUs (not ready meanwhile): {exc}")
-                await asyncio.sleep(delay)
-                continue
-            log.info("NVLink clique of node %s: %s (%d GPU(s), %s mode)%s", config.node_name,
-                     node.clique_id or "none (not MNNVL)", len(gpus), "strict" if strict else "legacy",
-                     f"; fabric registration done after {time.monotonic() - started:.1f} s" if reported else "")
-            return node
-    finally:
-        pending("")
-
-
 @dataclass
 class DriverPart:
     """What :func:`read_driver_part` updates besides the plugin: the parts built from the node's IMEX facts."""
@@ -370,8 +209,8 @@ class DriverPart:
 
 async def read_driver_part(plugin: ComputeDomainPlugin, connection: assembly.Connection, part: DriverPart) -> None:
     """Start step, or the NVIDIA driver's return (:class:`~dradriver.app.driverstate.DriverWatch`): what the plugin
-    reads through the driver, with its sockets already served. The node's fabric (:func:`wait_for_fabric`), the
-    driver version check (:func:`check_driver_version`), the IMEX facts (channel major and count,
+    reads through the driver, with its sockets already served. The node's fabric (:func:`wait_for_fabric`),
+    the driver version check (:func:`check_driver_version`), the IMEX facts (channel major and count,
     ``fabric-imex-mgmt`` minor) into the devices and preparers, the base CDI spec, the ``nvidia.com/gpu.clique``
     label (``--gpu-clique-label-enabled``), the fabric's health (:meth:`ComputeDomainPlugin.apply_fabric`), then the
     ResourceSlices; prepares are served from then on (:attr:`ComputeDomainPlugin.driver_read`).
@@ -385,7 +224,11 @@ async def read_driver_part(plugin: ComputeDomainPlugin, connection: assembly.Con
     def pending(states: str) -> None:
         plugin.fabric_pending = states
 
-    node_fabric = await wait_for_fabric(config, identity, session, connection, backoff=part.backoff, pending=pending)
+    def report(reason: str, message: str) -> None:
+        assembly.report_event(identity, connection.client, config, connection.node_uid, reason, message)
+
+    node_fabric = await wait_for_fabric(config, identity, session, report=report, backoff=part.backoff,
+                                        pending=pending)
     version = await asyncio.to_thread(session.driver_version)
     check_driver_version(version, config)
     imex = await asyncio.to_thread(imexchannels.read_imex_node_info, config.proc_root, config.proc_devices_path)
@@ -394,7 +237,7 @@ async def read_driver_part(plugin: ComputeDomainPlugin, connection: assembly.Con
         preparer.imex = imex
     part.registry.replace(channel_devices(imex.channel_count, daemon=config.imex_mode != "hostManaged"))
     common = await asyncio.to_thread(driver_edits, config, version)
-    spec = await asyncio.to_thread(base_spec, config, identity, session, imex, common)
+    spec = await asyncio.to_thread(base_spec, node_info(config), identity, session, imex, common)
     # Kept when the plugin stops: containers of prepared daemon claims may start while it is being upgraded.
     cdifiles.write_file_atomically(config.cdi_root / BASE_SPEC_NAME, spec)
     plugin.clique_id = plugin._clique_holder[0] = node_fabric.clique_id
@@ -547,14 +390,14 @@ async def start_compute_domain_plugin(config: PluginConfig, identity: DriverIden
         registry: DeviceRegistry[dict[str, object]] = DeviceRegistry(
             channel_devices(imex.channel_count, daemon=not host_managed), lambda devices: devices)
         lookup = DomainLookup(connection.client, config.node_name, config.namespace, plugin_dir=config.plugin_dir)
-        imex_ctl = _imex_ctl(config) if host_managed else None
+        ask_imex_ctl = imex_ctl(config) if host_managed else None
         runner_holder: list[BatchRunner] = []
 
         def held_channels(exclude_uid: str) -> list[tuple[str, Any]]:
             return runner_holder[0].stored_records(CHANNEL_KIND, exclude_uid) if runner_holder else []
 
         channels = ChannelPreparer(lookup, identity, imex, current_clique, host_managed=host_managed,
-                                   imex_ctl=imex_ctl, held_channels=held_channels if channel_isolation else None)
+                                   imex_ctl=ask_imex_ctl, held_channels=held_channels if channel_isolation else None)
         daemons = DaemonPreparer(lookup, identity, imex, current_clique, config.plugin_dir)
         preparers: list[Any] = [channels] if host_managed else [channels, daemons]
         metrics = DriverMetrics(node=config.node_name, driver=identity.driver_name)
@@ -620,20 +463,6 @@ async def start_compute_domain_plugin(config: PluginConfig, identity: DriverIden
     log.info("kubelet plugin for %s on node %s serving at %s (clique %s, IMEX %s)", identity.driver_name,
              config.node_name, config.dra_socket, plugin.clique_id or "none", config.imex_mode)
     return plugin
-
-
-def _imex_ctl(config: PluginConfig) -> Callable[[], tuple[bool, str]]:
-    binary = imexchannels_binary(config)
-
-    def ask() -> tuple[bool, str]:
-        return imexchannels.imex_ctl_ready(binary, config.imex_host_socket_path)
-
-    return ask
-
-
-def imexchannels_binary(config: PluginConfig) -> Any:
-    """``<container driver root>/usr/bin/nvidia-imex-ctl`` (where NVIDIA's chroot finds it)."""
-    return config.container_driver_root / "usr" / "bin" / "nvidia-imex-ctl"
 
 
 async def _run_refresh(life: Lifecycle, plugin: ComputeDomainPlugin) -> asyncio.Task[Any]:

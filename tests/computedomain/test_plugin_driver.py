@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from dradriver.app import driverstate
-from dradriver.app.computedomain import BASE_SPEC_NAME, start_compute_domain_plugin
+from dradriver.app.computedomain import start_compute_domain_plugin
 from dradriver.errors import DradriverError
+from dradriver.kubeletplugin.basespec import BASE_SPEC_NAME
 from dradriver.sandbox.kubelet import KubeletEmulator
 from dradriver.sandbox.node import SandboxNode
 from tests.cdi.helpers import validate
