@@ -64,9 +64,10 @@ from dradriver.domain.registry import DeviceRegistry
 from dradriver.errors import DradriverError, FlagError
 from dradriver.health.metrics import DriverMetrics
 from dradriver.host import cdifiles, imexchannels
-from dradriver.host.claimstate import read_boot_id
+from dradriver.host.claimstate import ClaimState, ClaimStateProblem, read_boot_id
 from dradriver.host.imexchannels import ImexNodeInfo
 from dradriver.host.nvcheckpointfile import CHECKPOINT_FILE
+from dradriver.kube.resourceslices import SlicePublisher
 from dradriver.kubeletplugin import rollback
 from dradriver.kubeletplugin.adoption import SOURCE as ADOPTION_SOURCE
 from dradriver.kubeletplugin.basespec import BASE_SPEC_NAME, base_spec
@@ -75,7 +76,7 @@ from dradriver.kubeletplugin.imexdomains import remove_vanished_domain_dirs
 from dradriver.kubeletplugin.imexmode import check_driver_version, imex_ctl, refuse_beside_host_imex
 from dradriver.kubeletplugin.lifecycle import Lifecycle
 from dradriver.kubeletplugin.nodefabric import FABRIC_WAIT_BACKOFF, set_clique_label, wait_for_fabric
-from dradriver.kubeletplugin.runner import BatchRunner
+from dradriver.kubeletplugin.runner import BatchRunner, RecoveryReport
 from dradriver.nvml import fabric
 from dradriver.nvml.errors import NvmlError
 from dradriver.nvml.session import NvmlSession
@@ -344,7 +345,8 @@ async def adopt_nvidia_claims(identity: DriverIdentity, config: PluginConfig, co
 async def start_compute_domain_plugin(config: PluginConfig, identity: DriverIdentity = COMPUTE_DOMAIN_DRIVER, *,
                                       clock: Callable[[], float] = time.time,
                                       fabric_wait: Backoff = FABRIC_WAIT_BACKOFF) -> ComputeDomainPlugin:
-    """Start every part of the compute-domain kubelet plugin and return it running.
+    """Start every part of the compute-domain kubelet plugin and return it running (the steps of the module
+    docstring, each a function below).
 
     :param clock: wall-clock seconds (Unix time) of the aborted-prepare marks and their 90 s TTL, which survive a
         restart in the claim state (tests pass their own).
@@ -358,111 +360,190 @@ async def start_compute_domain_plugin(config: PluginConfig, identity: DriverIden
         is no error: the plugin serves unprepares, refuses prepares with the reason, and reads its driver part
         (:func:`read_driver_part`) once the driver is back, without a restart.
     """
-    if config.driver_name != identity.driver_name:
-        config = dataclasses.replace(config, driver_name=identity.driver_name)
-    host_managed = config.imex_mode == "hostManaged"
-    channel_isolation = config.imex_isolation == "channel"
-    if channel_isolation and not host_managed:
-        raise FlagError(CHANNEL_NEEDS_HOST_MANAGED)
-    if host_managed and not config.feature_gates[HOST_MANAGED_IMEX_DAEMON]:
-        raise FlagError("--imex-mode hostManaged needs the feature gate HostManagedIMEXDaemon")
-    refuse_beside_host_imex(config)  # FlagError before anything on the host is touched
+    config = _checked_config(config, identity)  # FlagError before anything on the host is touched
     implementations = _native.load_all()
     log.info("hot paths: %s", ", ".join(f"{k}={v}" for k, v in implementations.items()))
     life = Lifecycle(identity.driver_name)
     try:
-        # Validate, then touch the host (assembly.open_host): no directory is created before the API server answers.
-        connection, session = await assembly.open_host(life, identity, config, nvml_library(config))
-        if not session.available:
-            await driverstate.report_unavailable(identity, config, connection, session)
-        if config.gpu_clique_label_enabled:  # set once the fabric is read (read_driver_part)
-            life.on_stop("nvidia.com/gpu.clique label",
-                         lambda: set_clique_label(connection.client, config.node_name, ""))
+        connection, session = await _open_host(life, identity, config)
         state, problems = await assembly.open_claim_state(life, identity, config, connection)
-        holder = [""]
-
-        def current_clique() -> str:
-            return holder[0]
-
-        # The procfs facts as they are now (the claims' specs rebuilt at recovery need them); read again with the
-        # driver's part.
-        imex = imexchannels.read_imex_node_info(config.proc_root, config.proc_devices_path)
-        registry: DeviceRegistry[dict[str, object]] = DeviceRegistry(
-            channel_devices(imex.channel_count, daemon=not host_managed), lambda devices: devices)
-        lookup = DomainLookup(connection.client, config.node_name, config.namespace, plugin_dir=config.plugin_dir)
-        ask_imex_ctl = imex_ctl(config) if host_managed else None
-        runner_holder: list[BatchRunner] = []
-
-        def held_channels(exclude_uid: str) -> list[tuple[str, Any]]:
-            return runner_holder[0].stored_records(CHANNEL_KIND, exclude_uid) if runner_holder else []
-
-        channels = ChannelPreparer(lookup, identity, imex, current_clique, host_managed=host_managed,
-                                   imex_ctl=ask_imex_ctl, held_channels=held_channels if channel_isolation else None)
-        daemons = DaemonPreparer(lookup, identity, imex, current_clique, config.plugin_dir)
-        preparers: list[Any] = [channels] if host_managed else [channels, daemons]
-        metrics = DriverMetrics(node=config.node_name, driver=identity.driver_name)
-        plugin_ref: list[ComputeDomainPlugin] = []
-        status_writer = DeviceStatusWriter(connection.client, driver=identity.driver_name, pool=config.node_name,
-                                           describe=describe_channels)  # KEP-4817: each channel's ComputeDomain
-        life.on_stop("device status writer", status_writer.close)
-        checkpoint = (rollback.open_rollback_checkpoint(identity, config.plugin_dir, config.boot_id_path)
-                      if config.nvidia_checkpoint else None)  # NVIDIA's, for a rollback
-        runner = BatchRunner(
-            identity=identity, registry=registry, state=state, checkpoint=checkpoint,
-            fetch_claim=assembly.claim_fetcher(identity, connection.client, config),
-            cdi_root=config.cdi_root, pool=config.node_name, preparers=preparers,
-            undo_only=[daemons] if host_managed else [],  # daemon claims of before a switch to host-managed
-            prepare_deadline_s=float(config.prepare_deadline_seconds), aborted_ttl_s=ABORTED_TTL_S, clock=clock,
-            metrics=metrics, device_metadata=assembly.device_metadata_files(identity, config, plugin_ref),
-            on_prepared=status_writer.prepared, on_unprepared=status_writer.unprepared,
-        )
-        runner_holder.append(runner)
-        life.on_stop("batch runner", runner.close)
-        adopted = await adopt_nvidia_claims(identity, config, connection, runner, clock, metrics)
-        recovery = await assembly.recover(identity, config, connection, runner, problems)
-        if checkpoint is not None:  # after recovery: it names what the claim state holds now
-            await asyncio.to_thread(checkpoint.load, state.claims(), (*adopted.started, *recovery.aborted_expired))
+        parts = _build_runner(life, identity, config, connection, state, clock)
+        recovery = await _recover(identity, config, connection, parts, problems, clock)
         publisher = assembly.make_publisher(identity, config, connection)
-        await assembly.serve_metrics_step(life, config, metrics)  # the chart's :8081 (request metrics)
-
-        def refusal() -> str:
-            return plugin_ref[0].refusal() if plugin_ref else "the plugin is starting"
-
-        # Served before the driver's part is read: the kubelet's unprepares are answered from the claim state while
-        # the driver is absent or the fabric registration is in progress; prepares are refused with the reason.
-        servers = await assembly.serve(life, config, DriverGate(runner, refusal), publisher=publisher,
-                                       ready=lambda: not refusal())
-
-        def desired() -> list[dict[str, Any]]:
-            plugin = plugin_ref[0]
-            count = plugin.imex.channel_count if plugin.imex is not None else 0
-            return plugin_resource_slices(config.node_name, identity.driver_name, daemon=not host_managed,
-                                          channels=count if channel_isolation else 1, taints=plugin.fabric_taints())
-
-        plugin = ComputeDomainPlugin(identity=identity, config=config, lifecycle=life, client=connection.client,
-                                     node_uid=connection.node_uid, state=state, state_problems=problems,
-                                     runner=runner, recovery=recovery, publisher=publisher, servers=servers,
-                                     desired=desired, session=session, imex=imex, _clique_holder=holder)
-        detector = ReloadDetector(session, node_info(config).read_majors)  # a reload: a new driver or nvidia major
-        part = DriverPart(registry, (channels, daemons), fabric_wait, detector)
-        arrive, cancel_arrival = on_loop(asyncio.get_running_loop(), lambda: driver_back(plugin, connection, part))
-        plugin.driver = DriverWatch(session, library=lambda: nvml_library(config), arrive=arrive,
-                                    interrupt=cancel_arrival, reloaded=detector.check,
-                                    depart=lambda why: driver_away(plugin, connection, why))
-        plugin_ref.append(plugin)
+        await assembly.serve_metrics_step(life, config, parts.metrics)  # the chart's :8081 (request metrics)
+        plugin = await _serve(life, identity, config, connection, session, parts,
+                              state=state, problems=problems, recovery=recovery, publisher=publisher)
+        part = _watch_driver(plugin, connection, parts, fabric_wait)
         await assembly.run_publisher(life, publisher)
         if session.available:  # else the ResourceSlices the last run published stay until the driver is back
             await read_driver_part(plugin, connection, part)
         watch = plugin.driver
+        assert watch is not None
         await life.step("NVIDIA driver watch", watch.start, lambda _: asyncio.to_thread(watch.stop))
         plugin.refresh_task = await _run_refresh(life, plugin)
-        plugin.reconciler = await assembly.run_stale_claim_cleanup(life, identity, config, connection, runner)
+        plugin.reconciler = await assembly.run_stale_claim_cleanup(life, identity, config, connection, plugin.runner)
     except BaseException:
         await life.stop(1.0)
         raise
     log.info("kubelet plugin for %s on node %s serving at %s (clique %s, IMEX %s)", identity.driver_name,
              config.node_name, config.dra_socket, plugin.clique_id or "none", config.imex_mode)
     return plugin
+
+
+def _checked_config(config: PluginConfig, identity: DriverIdentity) -> PluginConfig:
+    """Start step: the configuration under ``identity``'s names (sockets, plugin directory and lock follow it), its
+    IMEX flags checked before anything on the host is touched.
+
+    :raises FlagError: channel isolation without host-managed IMEX, host-managed IMEX without its gate, or
+        driver-managed IMEX beside the host's ``nvidia-imex.service`` (:func:`refuse_beside_host_imex`).
+    """
+    if config.driver_name != identity.driver_name:
+        config = dataclasses.replace(config, driver_name=identity.driver_name)
+    host_managed = config.imex_mode == "hostManaged"
+    if config.imex_isolation == "channel" and not host_managed:
+        raise FlagError(CHANNEL_NEEDS_HOST_MANAGED)
+    if host_managed and not config.feature_gates[HOST_MANAGED_IMEX_DAEMON]:
+        raise FlagError("--imex-mode hostManaged needs the feature gate HostManagedIMEXDaemon")
+    refuse_beside_host_imex(config)
+    return config
+
+
+async def _open_host(life: Lifecycle, identity: DriverIdentity, config: PluginConfig,
+                     ) -> tuple[assembly.Connection, NvmlSession]:
+    """Start step: validate, then touch the host (:func:`~dradriver.app.assembly.open_host`: no directory is
+    created before the API server answers); a driver that is not available now is reported, no error; the
+    ``nvidia.com/gpu.clique`` label (set once the fabric is read) is removed at stop."""
+    connection, session = await assembly.open_host(life, identity, config, nvml_library(config))
+    if not session.available:
+        await driverstate.report_unavailable(identity, config, connection, session)
+    if config.gpu_clique_label_enabled:
+        life.on_stop("nvidia.com/gpu.clique label", lambda: set_clique_label(connection.client, config.node_name, ""))
+    return connection, session
+
+
+@dataclass
+class _Parts:
+    """What :func:`_build_runner` makes for the later start steps."""
+
+    imex: ImexNodeInfo
+    registry: DeviceRegistry[dict[str, object]]
+    channels: ChannelPreparer
+    daemons: DaemonPreparer
+    runner: BatchRunner
+    metrics: DriverMetrics
+    checkpoint: rollback.RollbackCheckpoint | None
+    clique: list[str]
+    """The clique ID the preparers read (one cell, set by :meth:`ComputeDomainPlugin.apply_fabric`)."""
+    plugin_ref: list[ComputeDomainPlugin]
+    """The plugin once :func:`_serve` made it (the device-metadata files, refusal and slices ask it)."""
+
+
+def _build_runner(life: Lifecycle, identity: DriverIdentity, config: PluginConfig, connection: assembly.Connection,
+                  state: ClaimState, clock: Callable[[], float]) -> _Parts:
+    """Start step: the devices from the IMEX facts as they are now (the claims' specs rebuilt at recovery need them;
+    read again with the driver's part), the channel and daemon preparers, the device status writer (KEP-4817: each
+    channel's ComputeDomain), NVIDIA's rollback checkpoint (``--nvidia-checkpoint``) and the batch runner."""
+    host_managed = config.imex_mode == "hostManaged"
+    channel_isolation = config.imex_isolation == "channel"
+    holder = [""]
+
+    def current_clique() -> str:
+        return holder[0]
+
+    imex = imexchannels.read_imex_node_info(config.proc_root, config.proc_devices_path)
+    registry: DeviceRegistry[dict[str, object]] = DeviceRegistry(
+        channel_devices(imex.channel_count, daemon=not host_managed), lambda devices: devices)
+    lookup = DomainLookup(connection.client, config.node_name, config.namespace, plugin_dir=config.plugin_dir)
+    ask_imex_ctl = imex_ctl(config) if host_managed else None
+    runner_holder: list[BatchRunner] = []
+
+    def held_channels(exclude_uid: str) -> list[tuple[str, Any]]:
+        return runner_holder[0].stored_records(CHANNEL_KIND, exclude_uid) if runner_holder else []
+
+    channels = ChannelPreparer(lookup, identity, imex, current_clique, host_managed=host_managed,
+                               imex_ctl=ask_imex_ctl, held_channels=held_channels if channel_isolation else None)
+    daemons = DaemonPreparer(lookup, identity, imex, current_clique, config.plugin_dir)
+    preparers: list[Any] = [channels] if host_managed else [channels, daemons]
+    metrics = DriverMetrics(node=config.node_name, driver=identity.driver_name)
+    plugin_ref: list[ComputeDomainPlugin] = []
+    status_writer = DeviceStatusWriter(connection.client, driver=identity.driver_name, pool=config.node_name,
+                                       describe=describe_channels)
+    life.on_stop("device status writer", status_writer.close)
+    checkpoint = (rollback.open_rollback_checkpoint(identity, config.plugin_dir, config.boot_id_path)
+                  if config.nvidia_checkpoint else None)  # NVIDIA's, for a rollback
+    runner = BatchRunner(
+        identity=identity, registry=registry, state=state, checkpoint=checkpoint,
+        fetch_claim=assembly.claim_fetcher(identity, connection.client, config),
+        cdi_root=config.cdi_root, pool=config.node_name, preparers=preparers,
+        undo_only=[daemons] if host_managed else [],  # daemon claims of before a switch to host-managed
+        prepare_deadline_s=float(config.prepare_deadline_seconds), aborted_ttl_s=ABORTED_TTL_S, clock=clock,
+        metrics=metrics, device_metadata=assembly.device_metadata_files(identity, config, plugin_ref),
+        on_prepared=status_writer.prepared, on_unprepared=status_writer.unprepared,
+    )
+    runner_holder.append(runner)
+    life.on_stop("batch runner", runner.close)
+    return _Parts(imex=imex, registry=registry, channels=channels, daemons=daemons, runner=runner, metrics=metrics,
+                  checkpoint=checkpoint, clique=holder, plugin_ref=plugin_ref)
+
+
+async def _recover(identity: DriverIdentity, config: PluginConfig, connection: assembly.Connection, parts: _Parts,
+                   problems: tuple[ClaimStateProblem, ...], clock: Callable[[], float]) -> RecoveryReport:
+    """Start step: adopt NVIDIA's claims (:func:`adopt_nvidia_claims`), converge the claim state
+    (:func:`~dradriver.app.assembly.recover`), then load the rollback checkpoint with what the claim state holds."""
+    adopted = await adopt_nvidia_claims(identity, config, connection, parts.runner, clock, parts.metrics)
+    recovery = await assembly.recover(identity, config, connection, parts.runner, problems)
+    if parts.checkpoint is not None:  # after recovery: it names what the claim state holds now
+        await asyncio.to_thread(parts.checkpoint.load, parts.runner.state.claims(),
+                                (*adopted.started, *recovery.aborted_expired))
+    return recovery
+
+
+async def _serve(life: Lifecycle, identity: DriverIdentity, config: PluginConfig, connection: assembly.Connection,
+                 session: NvmlSession, parts: _Parts, *, state: ClaimState, problems: tuple[ClaimStateProblem, ...],
+                 recovery: RecoveryReport, publisher: SlicePublisher) -> ComputeDomainPlugin:
+    """Start step: the gRPC servers and the plugin they serve. Served before the driver's part is read: the
+    kubelet's unprepares are answered from the claim state while the driver is absent or the fabric registration
+    is in progress; prepares are refused with the reason (:meth:`ComputeDomainPlugin.refusal`; the ``readiness``
+    probe NOT_SERVING meanwhile)."""
+    plugin_ref = parts.plugin_ref
+    host_managed = config.imex_mode == "hostManaged"
+    channel_isolation = config.imex_isolation == "channel"
+
+    def refusal() -> str:
+        return plugin_ref[0].refusal() if plugin_ref else "the plugin is starting"
+
+    servers = await assembly.serve(life, config, DriverGate(parts.runner, refusal), publisher=publisher,
+                                   ready=lambda: not refusal())
+
+    def desired() -> list[dict[str, Any]]:
+        plugin = plugin_ref[0]
+        count = plugin.imex.channel_count if plugin.imex is not None else 0
+        return plugin_resource_slices(config.node_name, identity.driver_name, daemon=not host_managed,
+                                      channels=count if channel_isolation else 1, taints=plugin.fabric_taints())
+
+    plugin = ComputeDomainPlugin(identity=identity, config=config, lifecycle=life, client=connection.client,
+                                 node_uid=connection.node_uid, state=state, state_problems=problems,
+                                 runner=parts.runner, recovery=recovery, publisher=publisher, servers=servers,
+                                 desired=desired, session=session, imex=parts.imex, _clique_holder=parts.clique)
+    plugin_ref.append(plugin)
+    return plugin
+
+
+def _watch_driver(plugin: ComputeDomainPlugin, connection: assembly.Connection, parts: _Parts,
+                  fabric_wait: Backoff) -> DriverPart:
+    """Start step: the plugin's NVIDIA driver watch (:attr:`ComputeDomainPlugin.driver`, started later), with the
+    GPU plugin's reload check (:class:`~dradriver.app.driverstate.ReloadDetector`: a new driver version or
+    ``nvidia`` major), :func:`driver_away` as its ``depart`` and :func:`driver_back` as its ``arrive``; returns the
+    driver part they and the start read."""
+    assert plugin.session is not None
+    session, config = plugin.session, plugin.config
+    detector = ReloadDetector(session, node_info(config).read_majors)
+    part = DriverPart(parts.registry, (parts.channels, parts.daemons), fabric_wait, detector)
+    arrive, cancel_arrival = on_loop(asyncio.get_running_loop(), lambda: driver_back(plugin, connection, part))
+    plugin.driver = DriverWatch(session, library=lambda: nvml_library(config), arrive=arrive,
+                                interrupt=cancel_arrival, reloaded=detector.check,
+                                depart=lambda why: driver_away(plugin, connection, why))
+    return part
 
 
 async def _run_refresh(life: Lifecycle, plugin: ComputeDomainPlugin) -> asyncio.Task[Any]:
