@@ -27,8 +27,8 @@ import pytest
 
 from bench import nvmlenv
 from dradriver.app import GpuPlugin, start_plugin
-from dradriver.kubeletplugin.devicestatus import DeviceStatusWriter
 from dradriver.domain.claims import ClaimRef
+from dradriver.kubeletplugin.devicestatus import DeviceStatusWriter
 from dradriver.sandbox.kubelet import KubeletEmulator, PluginConnection
 from dradriver.sandbox.node import SandboxNode
 

@@ -411,6 +411,25 @@ async def report_unavailable(identity: DriverIdentity, config: PluginConfig, con
                             "claims are unprepared, prepares wait for it")
 
 
+def report_departure(identity: DriverIdentity, config: PluginConfig, connection: Connection, why: str) -> None:
+    """A reload detected under the running plugin (a :class:`~dradriver.kubeletplugin.driverstate.DriverWatch`'s
+    ``depart``): a ``NvidiaDriverUnavailable`` Warning Event on the Node naming ``why``
+    (:meth:`~dradriver.kubeletplugin.driverstate.ReloadDetector.check`). Blocking (one API call; a failure is logged
+    by :func:`report_event`)."""
+    report_event(identity, connection.client, config, connection.node_uid, "NvidiaDriverUnavailable",
+                 f"NVIDIA driver went away ({why}); claims are unprepared, prepares wait for it and are "
+                 "served once it is loaded again, without a restart")
+
+
+def report_return(identity: DriverIdentity, config: PluginConfig, connection: Connection, *,
+                  version: str, before: str, summary: str) -> None:
+    """The driver of a reload is back and read (the watch's ``arrive`` after a :func:`report_departure`): a
+    ``NvidiaDriverAvailable`` Normal Event on the Node, ``NVIDIA driver <version> loaded again (was <before>):
+    <summary>`` (``summary``: what the plugin read and rewrote). Blocking."""
+    report_event(identity, connection.client, config, connection.node_uid, "NvidiaDriverAvailable",
+                 f"NVIDIA driver {version} loaded again (was {before}): {summary}", type_="Normal")
+
+
 async def check_cdi_hook(identity: DriverIdentity, config: PluginConfig, connection: Connection, *,
                          named: Callable[[], bool]) -> Callable[[], str]:
     """Start step: the ``nvidia-cdi-hook`` that claim specs name (:mod:`dradriver.host.cdihook`), looked at now

@@ -25,6 +25,16 @@ No undo of this plugin needs the driver (a channel claim's undo removes the node
 claim's has nothing to do), so an unprepare while the driver is absent is complete: spec deleted, record removed,
 label handled as on any unprepare.
 
+A driver reloaded under the running plugin (a GPU Operator upgrade) is detected with the GPU plugin's parts
+(:class:`~dradriver.kubeletplugin.driverstate.ReloadDetector`, asked by the driver watch every 5 s and at once
+after the fabric check's NVML call failed with one of :data:`~dradriver.kubeletplugin.driverstate.RELOAD_HINTS`):
+NVML calls failing driver-not-loaded, another driver version, another ``nvidia`` character-device major. Prepares are
+then refused with the reason (readiness NOT_SERVING), a ``NvidiaDriverUnavailable`` Event names it, the fabric check
+pauses (:func:`driver_away`) and the stale NVML handle is shut; unprepares are served throughout. Once NVML initialises
+again, :func:`driver_back` reads the driver part anew (fabric and clique with its node label, driver version check,
+IMEX facts, the base CDI spec for the new driver's files and device numbers, the ResourceSlices), rewrites the
+prepared claims' CDI specs that changed (a new IMEX channel major) and records a ``NvidiaDriverAvailable`` Event.
+
 Facts: ``nvidia-dra-driver.md`` 1.2, 2.7, 4.8, 4.9, 5.2, 7.2; ``nvidia-dra-driver-updates.md`` 2c.
 """
 
@@ -44,28 +54,31 @@ from dradriver import _native
 from dradriver.app import assembly
 from dradriver.app.gpu import driver_edits, node_info, nvml_library
 from dradriver.config import CHANNEL_NEEDS_HOST_MANAGED, PluginConfig
-from dradriver.domain import cdi
-from dradriver.domain.computedomains import NODE_CLIQUE_LABEL, fabric_taints, plugin_resource_slices
+from dradriver.domain.computedomains import fabric_taints, plugin_resource_slices
 from dradriver.domain.faults import FaultKind
 from dradriver.domain.featuregates import CRASH_ON_NVLINK_FABRIC_ERRORS, HOST_MANAGED_IMEX_DAEMON
 from dradriver.domain.identity import COMPUTE_DOMAIN_DRIVER, DriverIdentity
 from dradriver.domain.registry import DeviceRegistry
 from dradriver.errors import DradriverError, FlagError
 from dradriver.health.metrics import DriverMetrics
-from dradriver.host import cdifiles, devicenodes, imexchannels, imexservice
-from dradriver.host.claimstate import read_boot_id
+from dradriver.host import cdifiles, imexchannels
+from dradriver.host.claimstate import ClaimState, ClaimStateProblem, read_boot_id
 from dradriver.host.imexchannels import ImexNodeInfo
 from dradriver.host.nvcheckpointfile import CHECKPOINT_FILE
-from dradriver.kube import computedomains as kube_cd
-from dradriver.kube import errors as kube_errors
+from dradriver.kube.resourceslices import SlicePublisher
 from dradriver.kubeletplugin import rollback
 from dradriver.kubeletplugin.adoption import SOURCE as ADOPTION_SOURCE
+from dradriver.kubeletplugin.basespec import BASE_SPEC_NAME, base_spec
 from dradriver.kubeletplugin.cdadoption import ComputeDomainAdoptionReport, adopt_compute_domain_claims
 from dradriver.kubeletplugin.devicestatus import DeviceStatusWriter, describe_channels
-from dradriver.kubeletplugin.driverstate import DriverGate, DriverWatch
+from dradriver.kubeletplugin.driverstate import DriverGate, DriverWatch, ReloadDetector
+from dradriver.kubeletplugin.imexdomains import remove_vanished_domain_dirs
+from dradriver.kubeletplugin.imexmode import check_driver_version, imex_ctl, refuse_beside_host_imex
 from dradriver.kubeletplugin.lifecycle import Lifecycle
-from dradriver.kubeletplugin.runner import BatchRunner
+from dradriver.kubeletplugin.nodefabric import FABRIC_WAIT_BACKOFF, set_clique_label, wait_for_fabric
+from dradriver.kubeletplugin.runner import BatchRunner, RecoveryReport
 from dradriver.nvml import fabric
+from dradriver.nvml.errors import NvmlError
 from dradriver.nvml.session import NvmlSession
 from dradriver.preparers.computedomain import (
     CHANNEL_KIND,
@@ -78,22 +91,16 @@ from dradriver.preparers.mps import Backoff
 
 log = logging.getLogger(__name__)
 
-BASE_SPEC_NAME = "k8s.compute-domain.nvidia.com-device_base.json"
-"""The base spec's file (NVIDIA writes ``..._base.yaml``; dradriver's specs are JSON, ``cdi.md`` 2.5)."""
 REFRESH_PERIOD_S = 600.0
 """Clique-label refresh and domain-directory cleanup period (NVIDIA: 10 minutes, with the clique re-read)."""
 FABRIC_CHECK_PERIOD_S = 30.0
 """Fabric re-read period (clique ID and fabric health; dradriver's own: NVIDIA re-reads the clique every 10 minutes
 and never the health)."""
-FABRIC_WAIT_BACKOFF = Backoff(initial_s=1.0, max_s=30.0, jitter=0.1)
-"""Delays between fabric reads while a GPU's registration is in progress at start: 1 s doubling to 30 s."""
 FABRIC_TAINT = FaultKind.FABRIC_UNHEALTHY.value
 """Name part of the taint key on the plugin's devices when the node's fabric is faulty
 (``compute-domain.nvidia.com/fabric-unhealthy``, the GPU plugin's ``gpu.nvidia.com/fabric-unhealthy``)."""
 ABORTED_TTL_S = 90.0
 """How long an aborted prepare is remembered (NVIDIA: 2 x the kubelet's 45 s)."""
-DNS_NAMES_MIN_DRIVER = "570.158.01"
-"""``IMEXDaemonsWithDNSNamesMinDriverVersion``: driver-managed IMEX with DNS names needs this driver or newer."""
 
 
 @dataclass
@@ -115,6 +122,9 @@ class ComputeDomainPlugin(assembly.KubeletPlugin):
     fabric_pending: str = ""
     """The GPUs' fabric registration states while :func:`wait_for_fabric` waits for them, else ``""``."""
     _clique_holder: list[str] = field(default_factory=lambda: [""])
+    _nvml_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    """Held while the fabric check reads NVML and while a driver reload stops it (:func:`driver_away`), so no read
+    runs on the NVML handle the driver watch shuts next."""
 
     def refusal(self) -> str:
         """Why prepares are refused now (``""`` when they are served): the NVLink fabric registration in progress,
@@ -132,16 +142,20 @@ class ComputeDomainPlugin(assembly.KubeletPlugin):
 
     def check_fabric(self) -> fabric.NodeFabric:
         """Re-read the node's fabric and apply it (:meth:`apply_fabric`); a failure, or a registration in progress
-        again, is logged and the last reading stays. Blocking; returns the reading in force."""
+        again, is logged and the last reading stays; an NVML failure that may be a driver reload has the driver
+        watch check for one at once (:meth:`DriverWatch.suspect`). Blocking; returns the reading in force."""
         assert self.session is not None
-        if not self.driver_read:  # the driver is absent or the start's read is in progress: nothing to re-read
-            return self.node_fabric
-        try:
-            now = fabric.assess_node(fabric.read_node_fabric(self.session),
-                                     strict=self.config.feature_gates[CRASH_ON_NVLINK_FABRIC_ERRORS])
-        except DradriverError as exc:
-            log.error("cannot re-read this node's NVLink fabric (keeping clique %r): %s", self.clique_id, exc)
-            return self.node_fabric
+        with self._nvml_lock:
+            if not self.driver_read:  # the driver is absent or its part is being read: nothing to re-read
+                return self.node_fabric
+            try:
+                now = fabric.assess_node(fabric.read_node_fabric(self.session),
+                                         strict=self.config.feature_gates[CRASH_ON_NVLINK_FABRIC_ERRORS])
+            except DradriverError as exc:
+                log.error("cannot re-read this node's NVLink fabric (keeping clique %r): %s", self.clique_id, exc)
+                if isinstance(exc, NvmlError) and self.driver is not None:
+                    self.driver.suspect(exc.code)
+                return self.node_fabric
         self.apply_fabric(now)
         return now
 
@@ -181,162 +195,6 @@ class ComputeDomainPlugin(assembly.KubeletPlugin):
         remove_vanished_domain_dirs(self.client, self.config, self.runner)
 
 
-def set_clique_label(client: Any, node: str, clique: str) -> None:
-    """Set ``nvidia.com/gpu.clique=<clique>`` (removed when ``clique`` is empty); failures are logged."""
-    try:
-        kube_cd.set_node_label(client, node, NODE_CLIQUE_LABEL, clique or None)
-    except kube_errors.KubeAPIError as exc:
-        log.warning("cannot set node label %s: %s", NODE_CLIQUE_LABEL, exc)
-
-
-def remove_vanished_domain_dirs(client: Any, config: PluginConfig, runner: BatchRunner) -> list[str]:
-    """Remove ``<plugin dir>/domains/<cdUID>`` of every ComputeDomain that no longer exists and that no stored
-    daemon claim names (NVIDIA's 10-minute loop); returns the removed UIDs."""
-    held = {str(r.data.get("domain")) for _uid, r in runner.stored_records("imex-daemon", "")}
-    removed: list[str] = []
-    try:
-        existing = {str((i.get("metadata") or {}).get("uid")) for i in
-                    kube_cd.list_compute_domains(client).get("items") or ()}
-    except kube_errors.KubeAPIError as exc:
-        log.warning("cannot list ComputeDomains for the domain-directory cleanup: %s", exc)
-        return removed
-    for uid in imexchannels.domain_dirs(config.plugin_dir):
-        if uid in existing or uid in held:
-            continue
-        try:
-            if imexchannels.remove_domain_dir(config.plugin_dir, uid):
-                removed.append(uid)
-                log.info("removed IMEX domain directory of ComputeDomain %s (gone)", uid)
-        except imexchannels.ImexError as exc:
-            log.warning("%s", exc)
-    return removed
-
-
-def check_driver_version(version: str, config: PluginConfig) -> None:
-    """NVIDIA's start-up check: driver-managed IMEX with DNS names needs driver >= 570.158.01.
-
-    :raises FlagError: the driver is older (names both versions).
-    """
-    if config.imex_mode != "driverManaged":
-        return
-    try:
-        too_old = _version_tuple(version) < _version_tuple(DNS_NAMES_MIN_DRIVER)
-    except ValueError:
-        log.warning("cannot compare NVIDIA driver version %r with %s", version, DNS_NAMES_MIN_DRIVER)
-        return
-    if too_old:
-        raise FlagError(f"NVIDIA driver {version} is older than {DNS_NAMES_MIN_DRIVER}, which IMEX daemons with DNS "
-                        "names (gate IMEXDaemonsWithDNSNames) need")
-
-
-def refuse_beside_host_imex(config: PluginConfig) -> None:
-    """Driver-managed IMEX on a node whose host runs ``nvidia-imex.service`` cannot work: the host's daemon holds
-    the node's only IMEX session, so each daemon pod's ``nvidia-imex`` fails to start, and a probe that asked any
-    daemon on the node would find the host's READY (:mod:`dradriver.host.imexservice`). Checked at start, before
-    anything on the host is touched; an enabled but stopped service (it starts at the next boot) is a warning.
-
-    :raises FlagError: the service runs (names it, the file that says so, and both ways out).
-    """
-    if config.imex_mode != "driverManaged":
-        return
-    found = imexservice.find_host_imex_service(config.container_driver_root)
-    if found is None:
-        return
-    unit = imexservice.IMEX_SERVICE
-    if found.active:
-        raise FlagError(
-            f"the host runs {unit} (systemd: {found.evidence} under the driver root {config.container_driver_root}): "
-            "it holds this node's only IMEX session, so the IMEX daemons of ComputeDomains cannot start with "
-            "--imex-mode (env IMEX_MODE) driverManaged. Either stop and disable it on the host (systemctl disable "
-            f"--now {unit}), or let it serve IMEX: IMEX_MODE=hostManaged with the feature gate "
-            "HostManagedIMEXDaemon=true (chart: resources.computeDomains.imex.mode: hostManaged)")
-    log.warning("%s is enabled on the host (%s) but not running: it will take this node's IMEX session at the next "
-                "boot, and driver-managed ComputeDomains will then fail here; disable it (systemctl disable %s) or "
-                "use IMEX_MODE=hostManaged", unit, ", ".join(found.enabled), unit)
-
-
-def _version_tuple(text: str) -> tuple[int, ...]:
-    """``570.158.01`` -> ``(570, 158, 1)``; :raises ValueError: not dotted integers."""
-    return tuple(int(part) for part in text.strip().split("."))
-
-
-def base_spec(config: PluginConfig, identity: DriverIdentity, session: NvmlSession, imex: ImexNodeInfo,
-              common: cdi.ContainerEdits) -> bytes:
-    """The base spec: kind ``<vendor>/device``, one device ``all`` with the control nodes, every GPU's
-    ``/dev/nvidia<minor>``, the ``fabric-imex-mgmt`` capability and the channel nodes present on the node, plus the
-    driver's user space (``nvidia-imex``, ``nvidia-imex-ctl`` among the binaries) and ``NVIDIA_VISIBLE_DEVICES=void``
-    (NVIDIA's "management" mode, ``nvidia-dra-driver.md`` 5.2).
-
-    :raises dradriver.domain.cdi.CdiSpecError: the spec breaks a CDI rule.
-    """
-    info = node_info(config)
-    majors = info.read_majors()
-    edits = devicenodes.control_edits(info, majors)
-    nvidia = info.major(majors, ("nvidia", "nvidia-frontend", "nvidiactl"), "/dev/nvidiactl")
-    nodes: list[cdi.DeviceNode] = []
-    for minor in fabric.gpu_minors(session):
-        nodes.append(cdi.DeviceNode(f"/dev/nvidia{minor}", info.host_path(f"/dev/nvidia{minor}"), "c", nvidia, minor))
-    if imex.fabric_imex_mgmt_minor is not None and imex.caps_major is not None:
-        path = imex.fabric_imex_mgmt_path
-        nodes.append(cdi.DeviceNode(path, info.host_path(path), "c", imex.caps_major, imex.fabric_imex_mgmt_minor))
-    if imex.channel_major is not None:
-        for n in range(imex.channel_count):
-            path = f"/dev/nvidia-caps-imex-channels/channel{n}"
-            if info.stat_node(path) is not None:
-                nodes.append(cdi.DeviceNode(path, info.host_path(path), "c", imex.channel_major, n, 0o666))
-    edits = edits + cdi.ContainerEdits(device_nodes=tuple(nodes)) + common
-    renderer = _native.load("cdispec")
-    try:
-        data: bytes = renderer.render_spec(f"{identity.cdi.vendor}/device", [("all", edits.record())], None)
-    except (TypeError, ValueError) as exc:
-        raise cdi.CdiSpecError(f"base CDI spec: {exc}") from exc
-    return data
-
-
-async def wait_for_fabric(config: PluginConfig, identity: DriverIdentity, session: NvmlSession,
-                          connection: assembly.Connection, *, backoff: Backoff = FABRIC_WAIT_BACKOFF,
-                          pending: Callable[[str], None] = lambda _states: None) -> fabric.NodeFabric:
-    """Read the node's fabric; while a GPU's registration is in progress (strict mode,
-    :class:`~dradriver.nvml.fabric.FabricPendingError`), read again after each of ``backoff``'s delays.
-
-    While it waits: ``pending`` gets the GPUs' states (``""`` once the wait ends: the plugin, already serving,
-    refuses prepares naming them and answers the ``readiness`` probe NOT_SERVING; unprepares are served); each read
-    logs them; a ``FabricRegistrationPending`` Warning Event on the Node names them (again when they change).
-
-    :returns: the reading.
-    :raises dradriver.nvml.fabric.FabricError: GPUs disagree on the clique.
-    :raises dradriver.nvml.errors.NvmlError: fabric info cannot be read.
-    """
-    strict = config.feature_gates[CRASH_ON_NVLINK_FABRIC_ERRORS]
-    delays = iter(backoff.delays())
-    reported = ""
-    started = time.monotonic()
-    try:
-        while True:
-            gpus = await asyncio.to_thread(fabric.read_node_fabric, session)
-            try:
-                node = fabric.assess_node(gpus, strict=strict)
-            except fabric.FabricPendingError as exc:
-                delay = next(delays)
-                pending(str(exc))
-                log.warning("waiting for NVLink fabric registration, not ready meanwhile: %s; reading again in %.1f s",
-                            exc, delay)
-                if str(exc) != reported:
-                    reported = str(exc)
-                    await asyncio.to_thread(
-                        assembly.report_event, identity, connection.client, config, connection.node_uid,
-                        "FabricRegistrationPending", f"{identity.driver_name} kubelet plugin waits for the NVLink "
-                        f"fabric manager to register this node's GPUs (not ready meanwhile): {exc}")
-                await asyncio.sleep(delay)
-                continue
-            log.info("NVLink clique of node %s: %s (%d GPU(s), %s mode)%s", config.node_name,
-                     node.clique_id or "none (not MNNVL)", len(gpus), "strict" if strict else "legacy",
-                     f"; fabric registration done after {time.monotonic() - started:.1f} s" if reported else "")
-            return node
-    finally:
-        pending("")
-
-
 @dataclass
 class DriverPart:
     """What :func:`read_driver_part` updates besides the plugin: the parts built from the node's IMEX facts."""
@@ -346,12 +204,14 @@ class DriverPart:
     imex_parts: tuple[Any, ...]
     """The preparers holding the IMEX facts (``imex``)."""
     backoff: Backoff = FABRIC_WAIT_BACKOFF
+    detector: ReloadDetector | None = None
+    """Told the driver read (:meth:`ReloadDetector.remember`), for the driver watch's reload check."""
 
 
 async def read_driver_part(plugin: ComputeDomainPlugin, connection: assembly.Connection, part: DriverPart) -> None:
-    """Start step, or the NVIDIA driver's return (:class:`DriverWatch`): what the plugin
-    reads through the driver, with its sockets already served. The node's fabric (:func:`wait_for_fabric`), the
-    driver version check (:func:`check_driver_version`), the IMEX facts (channel major and count,
+    """Start step, or the NVIDIA driver's return (:class:`~dradriver.kubeletplugin.driverstate.DriverWatch`): what
+    the plugin reads through the driver, with its sockets already served. The node's fabric (:func:`wait_for_fabric`),
+    the driver version check (:func:`check_driver_version`), the IMEX facts (channel major and count,
     ``fabric-imex-mgmt`` minor) into the devices and preparers, the base CDI spec, the ``nvidia.com/gpu.clique``
     label (``--gpu-clique-label-enabled``), the fabric's health (:meth:`ComputeDomainPlugin.apply_fabric`), then the
     ResourceSlices; prepares are served from then on (:attr:`ComputeDomainPlugin.driver_read`).
@@ -365,7 +225,11 @@ async def read_driver_part(plugin: ComputeDomainPlugin, connection: assembly.Con
     def pending(states: str) -> None:
         plugin.fabric_pending = states
 
-    node_fabric = await wait_for_fabric(config, identity, session, connection, backoff=part.backoff, pending=pending)
+    def report(reason: str, message: str) -> None:
+        assembly.report_event(identity, connection.client, config, connection.node_uid, reason, message)
+
+    node_fabric = await wait_for_fabric(config, identity, session, report=report, backoff=part.backoff,
+                                        pending=pending)
     version = await asyncio.to_thread(session.driver_version)
     check_driver_version(version, config)
     imex = await asyncio.to_thread(imexchannels.read_imex_node_info, config.proc_root, config.proc_devices_path)
@@ -374,17 +238,54 @@ async def read_driver_part(plugin: ComputeDomainPlugin, connection: assembly.Con
         preparer.imex = imex
     part.registry.replace(channel_devices(imex.channel_count, daemon=config.imex_mode != "hostManaged"))
     common = await asyncio.to_thread(driver_edits, config, version)
-    spec = await asyncio.to_thread(base_spec, config, identity, session, imex, common)
+    spec = await asyncio.to_thread(base_spec, node_info(config), identity, session, imex, common)
     # Kept when the plugin stops: containers of prepared daemon claims may start while it is being upgraded.
     cdifiles.write_file_atomically(config.cdi_root / BASE_SPEC_NAME, spec)
     plugin.clique_id = plugin._clique_holder[0] = node_fabric.clique_id
     if config.gpu_clique_label_enabled:
         await asyncio.to_thread(set_clique_label, plugin.client, config.node_name, node_fabric.clique_id)
     await asyncio.to_thread(plugin.apply_fabric, node_fabric)  # a faulty fabric: logged, Event, taints
+    if part.detector is not None:  # the driver a reload is told from
+        await asyncio.to_thread(part.detector.remember)
     plugin.driver_read = True
     plugin.republish()
     log.info("NVIDIA driver %s: clique %s, %d IMEX channel(s); prepares are served", version,
              node_fabric.clique_id or "none", imex.channel_count)
+
+
+def driver_away(plugin: ComputeDomainPlugin, connection: assembly.Connection, why: str) -> None:
+    """The driver watch's ``depart``: a reload was detected under the running plugin (``why``). The fabric check
+    stops using NVML (it waits for a read in progress; :attr:`ComputeDomainPlugin.driver_read` is False until the
+    new driver's part is read) and a ``NvidiaDriverUnavailable`` Event names why
+    (:func:`~dradriver.app.assembly.report_departure`). Prepares are refused meanwhile by the watch's reason;
+    unprepares need no driver. Blocking."""
+    with plugin._nvml_lock:
+        plugin.driver_read = False
+    assembly.report_departure(plugin.identity, plugin.config, connection, why)
+
+
+async def driver_back(plugin: ComputeDomainPlugin, connection: assembly.Connection, part: DriverPart) -> None:
+    """The driver watch's ``arrive``: the driver is usable again, at a start without it or after a reload. Its part
+    is read again (:func:`read_driver_part`: fabric and clique, driver version, IMEX facts, the base CDI spec for the
+    new driver's files and device numbers, the clique label, the ResourceSlices), then every prepared claim's CDI
+    spec is rendered again with the new IMEX facts and rewritten where it changed
+    (:meth:`~dradriver.kubeletplugin.runner.BatchRunner.refresh_specs`: a channel's major). After a reload a
+    ``NvidiaDriverAvailable`` Event says so (:func:`~dradriver.app.assembly.report_return`).
+
+    :raises dradriver.errors.DradriverError: as :func:`read_driver_part` (the watch logs it and tries again).
+    """
+    before = part.detector.version if part.detector is not None else ""
+    await read_driver_part(plugin, connection, part)
+    rewritten, unusable = await asyncio.to_thread(plugin.runner.refresh_specs)
+    version = part.detector.version if part.detector is not None else ""
+    log.info("NVIDIA driver %s back: %d prepared claim spec(s) rewritten%s", version or "(version unknown)",
+             len(rewritten), f", {len(unusable)} not rendered" if unusable else "")
+    if before:  # a reload under the running plugin (a start without the driver reported its own Event)
+        summary = (f"clique {plugin.clique_id or 'none'}, {plugin.imex.channel_count if plugin.imex else 0} IMEX "
+                   f"channel(s), base CDI spec and {len(rewritten)} prepared claim CDI spec(s) rewritten for it"
+                   + (f", {len(unusable)} claim spec(s) not rendered (see the plugin's log)" if unusable else ""))
+        await asyncio.to_thread(assembly.report_return, plugin.identity, plugin.config, connection,
+                                version=version, before=before, summary=summary)
 
 
 def on_loop(loop: asyncio.AbstractEventLoop, step: Callable[[], Coroutine[Any, Any, None]],
@@ -444,7 +345,8 @@ async def adopt_nvidia_claims(identity: DriverIdentity, config: PluginConfig, co
 async def start_compute_domain_plugin(config: PluginConfig, identity: DriverIdentity = COMPUTE_DOMAIN_DRIVER, *,
                                       clock: Callable[[], float] = time.time,
                                       fabric_wait: Backoff = FABRIC_WAIT_BACKOFF) -> ComputeDomainPlugin:
-    """Start every part of the compute-domain kubelet plugin and return it running.
+    """Start every part of the compute-domain kubelet plugin and return it running (the steps of the module
+    docstring, each a function below).
 
     :param clock: wall-clock seconds (Unix time) of the aborted-prepare marks and their 90 s TTL, which survive a
         restart in the claim state (tests pass their own).
@@ -458,103 +360,28 @@ async def start_compute_domain_plugin(config: PluginConfig, identity: DriverIden
         is no error: the plugin serves unprepares, refuses prepares with the reason, and reads its driver part
         (:func:`read_driver_part`) once the driver is back, without a restart.
     """
-    if config.driver_name != identity.driver_name:
-        config = dataclasses.replace(config, driver_name=identity.driver_name)
-    host_managed = config.imex_mode == "hostManaged"
-    channel_isolation = config.imex_isolation == "channel"
-    if channel_isolation and not host_managed:
-        raise FlagError(CHANNEL_NEEDS_HOST_MANAGED)
-    if host_managed and not config.feature_gates[HOST_MANAGED_IMEX_DAEMON]:
-        raise FlagError("--imex-mode hostManaged needs the feature gate HostManagedIMEXDaemon")
-    refuse_beside_host_imex(config)  # FlagError before anything on the host is touched
+    config = _checked_config(config, identity)  # FlagError before anything on the host is touched
     implementations = _native.load_all()
     log.info("hot paths: %s", ", ".join(f"{k}={v}" for k, v in implementations.items()))
     life = Lifecycle(identity.driver_name)
     try:
-        # Validate, then touch the host (assembly.open_host): no directory is created before the API server answers.
-        connection, session = await assembly.open_host(life, identity, config, nvml_library(config))
-        if not session.available:
-            await assembly.report_unavailable(identity, config, connection, session)
-        if config.gpu_clique_label_enabled:  # set once the fabric is read (read_driver_part)
-            life.on_stop("nvidia.com/gpu.clique label",
-                         lambda: set_clique_label(connection.client, config.node_name, ""))
+        connection, session = await _open_host(life, identity, config)
         state, problems = await assembly.open_claim_state(life, identity, config, connection)
-        holder = [""]
-
-        def current_clique() -> str:
-            return holder[0]
-
-        # The procfs facts as they are now (the claims' specs rebuilt at recovery need them); read again with the
-        # driver's part.
-        imex = imexchannels.read_imex_node_info(config.proc_root, config.proc_devices_path)
-        registry: DeviceRegistry[dict[str, object]] = DeviceRegistry(
-            channel_devices(imex.channel_count, daemon=not host_managed), lambda devices: devices)
-        lookup = DomainLookup(connection.client, config.node_name, config.namespace, plugin_dir=config.plugin_dir)
-        imex_ctl = _imex_ctl(config) if host_managed else None
-        runner_holder: list[BatchRunner] = []
-
-        def held_channels(exclude_uid: str) -> list[tuple[str, Any]]:
-            return runner_holder[0].stored_records(CHANNEL_KIND, exclude_uid) if runner_holder else []
-
-        channels = ChannelPreparer(lookup, identity, imex, current_clique, host_managed=host_managed,
-                                   imex_ctl=imex_ctl, held_channels=held_channels if channel_isolation else None)
-        daemons = DaemonPreparer(lookup, identity, imex, current_clique, config.plugin_dir)
-        preparers: list[Any] = [channels] if host_managed else [channels, daemons]
-        metrics = DriverMetrics(node=config.node_name, driver=identity.driver_name)
-        plugin_ref: list[ComputeDomainPlugin] = []
-        status_writer = DeviceStatusWriter(connection.client, driver=identity.driver_name, pool=config.node_name,
-                                           describe=describe_channels)  # KEP-4817: each channel's ComputeDomain
-        life.on_stop("device status writer", status_writer.close)
-        checkpoint = (rollback.open_rollback_checkpoint(identity, config.plugin_dir, config.boot_id_path)
-                      if config.nvidia_checkpoint else None)  # NVIDIA's, for a rollback
-        runner = BatchRunner(
-            identity=identity, registry=registry, state=state, checkpoint=checkpoint,
-            fetch_claim=assembly.claim_fetcher(identity, connection.client, config),
-            cdi_root=config.cdi_root, pool=config.node_name, preparers=preparers,
-            undo_only=[daemons] if host_managed else [],  # daemon claims of before a switch to host-managed
-            prepare_deadline_s=float(config.prepare_deadline_seconds), aborted_ttl_s=ABORTED_TTL_S, clock=clock,
-            metrics=metrics, device_metadata=assembly.device_metadata_files(identity, config, plugin_ref),
-            on_prepared=status_writer.prepared, on_unprepared=status_writer.unprepared,
-        )
-        runner_holder.append(runner)
-        life.on_stop("batch runner", runner.close)
-        adopted = await adopt_nvidia_claims(identity, config, connection, runner, clock, metrics)
-        recovery = await assembly.recover(identity, config, connection, runner, problems)
-        if checkpoint is not None:  # after recovery: it names what the claim state holds now
-            await asyncio.to_thread(checkpoint.load, state.claims(), (*adopted.started, *recovery.aborted_expired))
+        parts = _build_runner(life, identity, config, connection, state, clock)
+        recovery = await _recover(identity, config, connection, parts, problems, clock)
         publisher = assembly.make_publisher(identity, config, connection)
-        await assembly.serve_metrics_step(life, config, metrics)  # the chart's :8081 (request metrics)
-
-        def refusal() -> str:
-            return plugin_ref[0].refusal() if plugin_ref else "the plugin is starting"
-
-        # Served before the driver's part is read: the kubelet's unprepares are answered from the claim state while
-        # the driver is absent or the fabric registration is in progress; prepares are refused with the reason.
-        servers = await assembly.serve(life, config, DriverGate(runner, refusal), publisher=publisher,
-                                       ready=lambda: not refusal())
-
-        def desired() -> list[dict[str, Any]]:
-            plugin = plugin_ref[0]
-            count = plugin.imex.channel_count if plugin.imex is not None else 0
-            return plugin_resource_slices(config.node_name, identity.driver_name, daemon=not host_managed,
-                                          channels=count if channel_isolation else 1, taints=plugin.fabric_taints())
-
-        plugin = ComputeDomainPlugin(identity=identity, config=config, lifecycle=life, client=connection.client,
-                                     node_uid=connection.node_uid, state=state, state_problems=problems,
-                                     runner=runner, recovery=recovery, publisher=publisher, servers=servers,
-                                     desired=desired, session=session, imex=imex, _clique_holder=holder)
-        part = DriverPart(registry, (channels, daemons), fabric_wait)
-        arrive, cancel_arrival = on_loop(asyncio.get_running_loop(), lambda: read_driver_part(plugin, connection, part))
-        plugin.driver = DriverWatch(session, library=lambda: nvml_library(config), arrive=arrive,
-                                    interrupt=cancel_arrival)
-        plugin_ref.append(plugin)
+        await assembly.serve_metrics_step(life, config, parts.metrics)  # the chart's :8081 (request metrics)
+        plugin = await _serve(life, identity, config, connection, session, parts,
+                              state=state, problems=problems, recovery=recovery, publisher=publisher)
+        part = _watch_driver(plugin, connection, parts, fabric_wait)
         await assembly.run_publisher(life, publisher)
         if session.available:  # else the ResourceSlices the last run published stay until the driver is back
             await read_driver_part(plugin, connection, part)
         watch = plugin.driver
+        assert watch is not None
         await life.step("NVIDIA driver watch", watch.start, lambda _: asyncio.to_thread(watch.stop))
         plugin.refresh_task = await _run_refresh(life, plugin)
-        plugin.reconciler = await assembly.run_stale_claim_cleanup(life, identity, config, connection, runner)
+        plugin.reconciler = await assembly.run_stale_claim_cleanup(life, identity, config, connection, plugin.runner)
     except BaseException:
         await life.stop(1.0)
         raise
@@ -563,18 +390,160 @@ async def start_compute_domain_plugin(config: PluginConfig, identity: DriverIden
     return plugin
 
 
-def _imex_ctl(config: PluginConfig) -> Callable[[], tuple[bool, str]]:
-    binary = imexchannels_binary(config)
+def _checked_config(config: PluginConfig, identity: DriverIdentity) -> PluginConfig:
+    """Start step: the configuration under ``identity``'s names (sockets, plugin directory and lock follow it), its
+    IMEX flags checked before anything on the host is touched.
 
-    def ask() -> tuple[bool, str]:
-        return imexchannels.imex_ctl_ready(binary, config.imex_host_socket_path)
+    :raises FlagError: channel isolation without host-managed IMEX, host-managed IMEX without its gate, or
+        driver-managed IMEX beside the host's ``nvidia-imex.service`` (:func:`refuse_beside_host_imex`).
+    """
+    if config.driver_name != identity.driver_name:
+        config = dataclasses.replace(config, driver_name=identity.driver_name)
+    host_managed = config.imex_mode == "hostManaged"
+    if config.imex_isolation == "channel" and not host_managed:
+        raise FlagError(CHANNEL_NEEDS_HOST_MANAGED)
+    if host_managed and not config.feature_gates[HOST_MANAGED_IMEX_DAEMON]:
+        raise FlagError("--imex-mode hostManaged needs the feature gate HostManagedIMEXDaemon")
+    refuse_beside_host_imex(config)
+    return config
 
-    return ask
+
+async def _open_host(life: Lifecycle, identity: DriverIdentity, config: PluginConfig,
+                     ) -> tuple[assembly.Connection, NvmlSession]:
+    """Start step: validate, then touch the host (:func:`~dradriver.app.assembly.open_host`: no directory is
+    created before the API server answers); a driver that is not available now is reported, no error; the
+    ``nvidia.com/gpu.clique`` label (set once the fabric is read) is removed at stop."""
+    connection, session = await assembly.open_host(life, identity, config, nvml_library(config))
+    if not session.available:
+        await assembly.report_unavailable(identity, config, connection, session)
+    if config.gpu_clique_label_enabled:
+        life.on_stop("nvidia.com/gpu.clique label", lambda: set_clique_label(connection.client, config.node_name, ""))
+    return connection, session
 
 
-def imexchannels_binary(config: PluginConfig) -> Any:
-    """``<container driver root>/usr/bin/nvidia-imex-ctl`` (where NVIDIA's chroot finds it)."""
-    return config.container_driver_root / "usr" / "bin" / "nvidia-imex-ctl"
+@dataclass
+class _Parts:
+    """What :func:`_build_runner` makes for the later start steps."""
+
+    imex: ImexNodeInfo
+    registry: DeviceRegistry[dict[str, object]]
+    channels: ChannelPreparer
+    daemons: DaemonPreparer
+    runner: BatchRunner
+    metrics: DriverMetrics
+    checkpoint: rollback.RollbackCheckpoint | None
+    clique: list[str]
+    """The clique ID the preparers read (one cell, set by :meth:`ComputeDomainPlugin.apply_fabric`)."""
+    plugin_ref: list[ComputeDomainPlugin]
+    """The plugin once :func:`_serve` made it (the device-metadata files, refusal and slices ask it)."""
+
+
+def _build_runner(life: Lifecycle, identity: DriverIdentity, config: PluginConfig, connection: assembly.Connection,
+                  state: ClaimState, clock: Callable[[], float]) -> _Parts:
+    """Start step: the devices from the IMEX facts as they are now (the claims' specs rebuilt at recovery need them;
+    read again with the driver's part), the channel and daemon preparers, the device status writer (KEP-4817: each
+    channel's ComputeDomain), NVIDIA's rollback checkpoint (``--nvidia-checkpoint``) and the batch runner."""
+    host_managed = config.imex_mode == "hostManaged"
+    channel_isolation = config.imex_isolation == "channel"
+    holder = [""]
+
+    def current_clique() -> str:
+        return holder[0]
+
+    imex = imexchannels.read_imex_node_info(config.proc_root, config.proc_devices_path)
+    registry: DeviceRegistry[dict[str, object]] = DeviceRegistry(
+        channel_devices(imex.channel_count, daemon=not host_managed), lambda devices: devices)
+    lookup = DomainLookup(connection.client, config.node_name, config.namespace, plugin_dir=config.plugin_dir)
+    ask_imex_ctl = imex_ctl(config) if host_managed else None
+    runner_holder: list[BatchRunner] = []
+
+    def held_channels(exclude_uid: str) -> list[tuple[str, Any]]:
+        return runner_holder[0].stored_records(CHANNEL_KIND, exclude_uid) if runner_holder else []
+
+    channels = ChannelPreparer(lookup, identity, imex, current_clique, host_managed=host_managed,
+                               imex_ctl=ask_imex_ctl, held_channels=held_channels if channel_isolation else None)
+    daemons = DaemonPreparer(lookup, identity, imex, current_clique, config.plugin_dir)
+    preparers: list[Any] = [channels] if host_managed else [channels, daemons]
+    metrics = DriverMetrics(node=config.node_name, driver=identity.driver_name)
+    plugin_ref: list[ComputeDomainPlugin] = []
+    status_writer = DeviceStatusWriter(connection.client, driver=identity.driver_name, pool=config.node_name,
+                                       describe=describe_channels)
+    life.on_stop("device status writer", status_writer.close)
+    checkpoint = (rollback.open_rollback_checkpoint(identity, config.plugin_dir, config.boot_id_path)
+                  if config.nvidia_checkpoint else None)  # NVIDIA's, for a rollback
+    runner = BatchRunner(
+        identity=identity, registry=registry, state=state, checkpoint=checkpoint,
+        fetch_claim=assembly.claim_fetcher(identity, connection.client, config),
+        cdi_root=config.cdi_root, pool=config.node_name, preparers=preparers,
+        undo_only=[daemons] if host_managed else [],  # daemon claims of before a switch to host-managed
+        prepare_deadline_s=float(config.prepare_deadline_seconds), aborted_ttl_s=ABORTED_TTL_S, clock=clock,
+        metrics=metrics, device_metadata=assembly.device_metadata_files(identity, config, plugin_ref),
+        on_prepared=status_writer.prepared, on_unprepared=status_writer.unprepared,
+    )
+    runner_holder.append(runner)
+    life.on_stop("batch runner", runner.close)
+    return _Parts(imex=imex, registry=registry, channels=channels, daemons=daemons, runner=runner, metrics=metrics,
+                  checkpoint=checkpoint, clique=holder, plugin_ref=plugin_ref)
+
+
+async def _recover(identity: DriverIdentity, config: PluginConfig, connection: assembly.Connection, parts: _Parts,
+                   problems: tuple[ClaimStateProblem, ...], clock: Callable[[], float]) -> RecoveryReport:
+    """Start step: adopt NVIDIA's claims (:func:`adopt_nvidia_claims`), converge the claim state
+    (:func:`~dradriver.app.assembly.recover`), then load the rollback checkpoint with what the claim state holds."""
+    adopted = await adopt_nvidia_claims(identity, config, connection, parts.runner, clock, parts.metrics)
+    recovery = await assembly.recover(identity, config, connection, parts.runner, problems)
+    if parts.checkpoint is not None:  # after recovery: it names what the claim state holds now
+        await asyncio.to_thread(parts.checkpoint.load, parts.runner.state.claims(),
+                                (*adopted.started, *recovery.aborted_expired))
+    return recovery
+
+
+async def _serve(life: Lifecycle, identity: DriverIdentity, config: PluginConfig, connection: assembly.Connection,
+                 session: NvmlSession, parts: _Parts, *, state: ClaimState, problems: tuple[ClaimStateProblem, ...],
+                 recovery: RecoveryReport, publisher: SlicePublisher) -> ComputeDomainPlugin:
+    """Start step: the gRPC servers and the plugin they serve. Served before the driver's part is read: the
+    kubelet's unprepares are answered from the claim state while the driver is absent or the fabric registration
+    is in progress; prepares are refused with the reason (:meth:`ComputeDomainPlugin.refusal`; the ``readiness``
+    probe NOT_SERVING meanwhile)."""
+    plugin_ref = parts.plugin_ref
+    host_managed = config.imex_mode == "hostManaged"
+    channel_isolation = config.imex_isolation == "channel"
+
+    def refusal() -> str:
+        return plugin_ref[0].refusal() if plugin_ref else "the plugin is starting"
+
+    servers = await assembly.serve(life, config, DriverGate(parts.runner, refusal), publisher=publisher,
+                                   ready=lambda: not refusal())
+
+    def desired() -> list[dict[str, Any]]:
+        plugin = plugin_ref[0]
+        count = plugin.imex.channel_count if plugin.imex is not None else 0
+        return plugin_resource_slices(config.node_name, identity.driver_name, daemon=not host_managed,
+                                      channels=count if channel_isolation else 1, taints=plugin.fabric_taints())
+
+    plugin = ComputeDomainPlugin(identity=identity, config=config, lifecycle=life, client=connection.client,
+                                 node_uid=connection.node_uid, state=state, state_problems=problems,
+                                 runner=parts.runner, recovery=recovery, publisher=publisher, servers=servers,
+                                 desired=desired, session=session, imex=parts.imex, _clique_holder=parts.clique)
+    plugin_ref.append(plugin)
+    return plugin
+
+
+def _watch_driver(plugin: ComputeDomainPlugin, connection: assembly.Connection, parts: _Parts,
+                  fabric_wait: Backoff) -> DriverPart:
+    """Start step: the plugin's NVIDIA driver watch (:attr:`ComputeDomainPlugin.driver`, started later), with the
+    GPU plugin's reload check (:class:`~dradriver.kubeletplugin.driverstate.ReloadDetector`: a new driver version or
+    ``nvidia`` major), :func:`driver_away` as its ``depart`` and :func:`driver_back` as its ``arrive``; returns the
+    driver part they and the start read."""
+    assert plugin.session is not None
+    session, config = plugin.session, plugin.config
+    detector = ReloadDetector(session, node_info(config).read_majors)
+    part = DriverPart(parts.registry, (parts.channels, parts.daemons), fabric_wait, detector)
+    arrive, cancel_arrival = on_loop(asyncio.get_running_loop(), lambda: driver_back(plugin, connection, part))
+    plugin.driver = DriverWatch(session, library=lambda: nvml_library(config), arrive=arrive,
+                                interrupt=cancel_arrival, reloaded=detector.check,
+                                depart=lambda why: driver_away(plugin, connection, why))
+    return part
 
 
 async def _run_refresh(life: Lifecycle, plugin: ComputeDomainPlugin) -> asyncio.Task[Any]:

@@ -516,9 +516,7 @@ class _GpuStart:
         self.metrics.count_driver_reload()
         self.health.stop()
         self.edits_cache.clear()
-        assembly.report_event(self.identity, self.connection.client, self.config, self.connection.node_uid,
-                              "NvidiaDriverUnavailable", f"NVIDIA driver went away ({why}); claims are unprepared, "
-                              "prepares wait for it and are served once it is loaded again, without a restart")
+        assembly.report_departure(self.identity, self.config, self.connection, why)
 
     def driver_back(self) -> None:
         """The watch's ``arrive``: read the devices and files of the driver that is back, publish them, start the
@@ -535,13 +533,11 @@ class _GpuStart:
                  inventory.versions.driver, len(inventory.gpus), len(undone),
                  f", swept {', '.join(swept)}" if swept else "", len(rewritten))
         if before:  # a reload under the running plugin (a start without the driver reported its own Event)
-            assembly.report_event(
-                self.identity, self.connection.client, self.config, self.connection.node_uid, "NvidiaDriverAvailable",
-                f"NVIDIA driver {inventory.versions.driver} loaded again (was {before}): {len(inventory.gpus)} "
-                f"GPU(s), {len(rewritten)} prepared claim CDI spec(s) rewritten for its files"
-                + (f", {len(unusable)} claim(s) refused (a claim whose devices are other GPUs now has its CDI spec"
-                   " withdrawn; see the plugin's log)" if unusable else ""),
-                type_="Normal")
+            assembly.report_return(
+                self.identity, self.config, self.connection, version=inventory.versions.driver, before=before,
+                summary=f"{len(inventory.gpus)} GPU(s), {len(rewritten)} prepared claim CDI spec(s) rewritten for "
+                "its files" + (f", {len(unusable)} claim(s) refused (a claim whose devices are other GPUs now has "
+                               "its CDI spec withdrawn; see the plugin's log)" if unusable else ""))
 
     async def serve(self, early: EarlyServers | None) -> None:
         """The metrics endpoint, then the gRPC servers (or the early ones attached to the runner), serving prepares

@@ -425,7 +425,7 @@ def test_daemon_claim_gets_domain_dir_env_mount_and_fabric_capability(node: Sand
             assert (await conn.unprepare([daemon]))[daemon.uid] == ""
             assert domain_dir.is_dir()  # kept until the domain is gone
             api.delete("ComputeDomain", "cd-9", "team-a")
-            from dradriver.app.computedomain import remove_vanished_domain_dirs
+            from dradriver.kubeletplugin.imexdomains import remove_vanished_domain_dirs
             assert remove_vanished_domain_dirs(plugin.client, plugin.config, plugin.runner) == [uid]
             assert not domain_dir.exists()
         assert (node.cdi_root / "k8s.compute-domain.nvidia.com-device_base.json").exists()  # outlives the plugin
