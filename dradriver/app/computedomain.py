@@ -25,7 +25,8 @@ No undo of this plugin needs the driver (a channel claim's undo removes the node
 claim's has nothing to do), so an unprepare while the driver is absent is complete: spec deleted, record removed,
 label handled as on any unprepare.
 
-Facts: ``nvidia-dra-driver.md`` 1.2, 2.7, 4.8, 4.9, 5.2, 7.2; ``nvidia-dra-driver-updates.md`` 2c.
+Facts: NVIDIA's ``cmd/compute-domain-kubelet-plugin/`` (``main.go``, ``deviceinfo.go``, ``device_state.go``,
+``cleanup.go``, ``cdi.go``, ``nvlib.go``) in kubernetes-sigs/dra-driver-nvidia-gpu.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ from dradriver.preparers.mps import Backoff
 log = logging.getLogger(__name__)
 
 BASE_SPEC_NAME = "k8s.compute-domain.nvidia.com-device_base.json"
-"""The base spec's file (NVIDIA writes ``..._base.yaml``; dradriver's specs are JSON, ``cdi.md`` 2.5)."""
+"""The base spec's file (NVIDIA writes ``..._base.yaml``; dradriver's specs are JSON; the CDI ``SPEC.md``)."""
 REFRESH_PERIOD_S = 600.0
 """Clique-label refresh and domain-directory cleanup period (NVIDIA: 10 minutes, with the clique re-read)."""
 FABRIC_CHECK_PERIOD_S = 30.0
@@ -265,7 +266,7 @@ def base_spec(config: PluginConfig, identity: DriverIdentity, session: NvmlSessi
     """The base spec: kind ``<vendor>/device``, one device ``all`` with the control nodes, every GPU's
     ``/dev/nvidia<minor>``, the ``fabric-imex-mgmt`` capability and the channel nodes present on the node, plus the
     driver's user space (``nvidia-imex``, ``nvidia-imex-ctl`` among the binaries) and ``NVIDIA_VISIBLE_DEVICES=void``
-    (NVIDIA's "management" mode, ``nvidia-dra-driver.md`` 5.2).
+    (NVIDIA's "management" mode, ``cmd/compute-domain-kubelet-plugin/cdi.go``).
 
     :raises dradriver.domain.cdi.CdiSpecError: the spec breaks a CDI rule.
     """

@@ -1,5 +1,5 @@
-"""The compute-domain controller: reconciles ``ComputeDomain`` objects (``nvidia-dra-driver.md`` 7.3,
-``nvidia-dra-driver-updates.md`` 2c).
+"""The compute-domain controller: reconciles ``ComputeDomain`` objects (NVIDIA's
+``cmd/compute-domain-controller/`` in kubernetes-sigs/dra-driver-nvidia-gpu).
 
 Machinery (README "ComputeDomains / Controller"): a watch on ComputeDomains of every namespace feeds a work queue
 of ``namespace/name`` keys (a key is queued once however many events arrive; a failed key is retried with
@@ -255,7 +255,7 @@ def entry_statuses(items: Iterable[CliqueDaemon], pods: Iterable[Mapping[str, An
 
     The controller writes it, not the daemon: a daemon pod's Ready condition is its IMEX daemon's readiness (the
     startup and readiness probes run ``compute-domain-daemon check``), which NVIDIA's daemon copies into its own
-    entry from its pod informer (one more write per daemon and flip, ``nvidia-dra-driver-updates.md`` 2c); the
+    entry from its pod informer (one more write per daemon and flip, ``cmd/compute-domain-controller/``); the
     controller sees the same condition through its pod watch and batches it with the indexes, one apply per
     clique. A reservation (no ``ipAddress``: a departed or failed node) gets no status."""
     ready = ready_daemons(pods)

@@ -1,7 +1,7 @@
 """Prometheus metrics with the official ``prometheus-client``, each set on its own ``CollectorRegistry``.
 
 * :class:`DriverMetrics`: what the kubelet plugin does. The six metrics of NVIDIA's driver keep their names,
-  labels and semantics (``nvidia-dra-driver.md`` 6.3: ``nvidia_dra_requests_total`` etc., successes only,
+  labels and semantics (NVIDIA's ``pkg/metrics/``: ``nvidia_dra_requests_total`` etc., successes only,
   buckets ``0.05 * 2**k`` s), so existing dashboards keep working; ``dradriver_*`` metrics add outcomes,
   prepared claims, claim-store operations, ResourceSlice publish errors and NVML errors by return code.
 * :class:`DeviceCollector`: per-GPU and per-MIG-device readings from the newest poll sample of a
