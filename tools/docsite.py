@@ -65,6 +65,9 @@ OTHER_VARIABLES: dict[str, str] = {
                                    "can find and stop them (sandbox only).",
     "DRADRIVER_FABRIC_IMEX_MGMT": "The file the sandbox's `nvidia-imex` stand-in locks as its node's one IMEX "
                                   "session (the node's `fabric-imex-mgmt` capability node; sandbox only).",
+    "DRADRIVER_NVIDIA_PEERS": "The folder with NVIDIA's own peer binaries (`bin/gpu-kubelet-plugin`, `mocknvml/`), "
+                              "for the tests and benchmarks that run NVIDIA's plugin beside dradriver's; unset: "
+                              "they are skipped (tests) or run dradriver only (`python -m bench vs_nvidia`).",
     "DRADRIVER_BENCH_REAL_NVML": "`python -m bench`: `1` runs the NVML scenarios against the machine's real "
                                  "driver (read-only calls).",
 }
