@@ -817,7 +817,7 @@ class EnvironmentVariable:
     """An environment variable NVIDIA's chart or binaries use that is no flag's twin.
 
     :param name: the variable.
-    :param treatment: what dradriver does with it, in one sentence (also the README's table).
+    :param treatment: what dradriver does with it, in one sentence (also ``deploy/helm/README.md``'s table).
     :param inert: True when a set value changes nothing in dradriver although it could in NVIDIA's binary with a
         gate dradriver does not implement; the plugin then logs a warning naming it at start-up.
     """

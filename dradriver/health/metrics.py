@@ -10,7 +10,7 @@
   on ``host:port`` (``:8080``) at a configurable path.
 
 Names follow the Prometheus conventions: base units in the name (bytes, seconds, watts, hertz, celsius,
-joules), ratios 0..1, ``_total`` for counters. ``docs/metrics.md`` lists every series and the dcgm-exporter
+joules), ratios 0..1, ``_total`` for counters. ``docs/operations/metrics.md`` lists every series and the dcgm-exporter
 field it corresponds to.
 """
 

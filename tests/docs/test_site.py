@@ -164,6 +164,22 @@ def test_no_product_file_cites_the_private_reference_folder() -> None:
     assert cited == []
 
 
+DOCS_PAGE = re.compile(r"(?<![\w/.-])(?:\.\./)*(docs/[\w/.-]+\.md)\b")
+"""A page of the site named by its path from the repository root (``docs/operations/metrics.md``), also relative
+(``../../docs/install/nvidia-chart.md``); a path inside a URL is not one."""
+
+
+def test_every_docs_page_the_product_names_exists() -> None:
+    """Docstrings, error messages, manifests and the benchmarks point at pages that exist: a page that moved
+    (``docs/metrics.md`` is now ``docs/operations/metrics.md``) fails until every pointer follows it."""
+    named = [f"{p.relative_to(REPO)}: {page}" for p in _product_files() if DOCS not in p.parents
+             for page in DOCS_PAGE.findall(p.read_text(errors="replace")) if not (REPO / page).is_file()]
+    assert named == []
+    assert DOCS_PAGE.findall("see docs/metrics.md, ../../docs/install/kustomize.md") == [
+        "docs/metrics.md", "docs/install/kustomize.md"]
+    assert DOCS_PAGE.findall("https://example.com/docs/page.md") == []
+
+
 def test_the_private_folder_guard_sees_each_form_of_citation() -> None:
     for text in ("see ../shared/reference/cdi.md", "PEERS = REPO.parent / \"shared\" / \"peers\"",
                  "(``nvidia-dra-driver.md`` 4.4)", "nvidia-dra-driver-updates 2c", "(gpu-facts 3.1)",
