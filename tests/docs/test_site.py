@@ -94,6 +94,17 @@ def test_attribute_reference_shows_every_device_kind() -> None:
     assert "| `profile` | string |" in reference and "| `memory` | quantity |" in reference
 
 
+def test_attribute_reference_shows_the_shares_capacity_of_consumable_shares() -> None:
+    """``--consumable-shares N`` publishes a ``shares`` capacity of N on every GPU: the table has its row, with the
+    value of the variant that publishes it."""
+    reference = docsite.attribute_reference()
+    gpu_capacity = reference.split("### `type=gpu`: capacity")[1].split("###")[0]
+    header, _, *rows = [[cell.strip() for cell in line.strip("|").split("|")]
+                        for line in gpu_capacity.strip().splitlines()]
+    shares = next(row for row in rows if row[:2] == ["`shares`", "quantity"])
+    assert shares[header.index("`dgx-h100 --consumable-shares 4`")] == "`4`"
+
+
 def test_claim_examples_on_the_site_allocate(tmp_path: Path) -> None:
     """Every claim marked ``checked: allocate PROFILE`` allocates on the slices of that mock profile."""
     examples = _checked_examples("allocate")
