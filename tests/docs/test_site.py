@@ -150,6 +150,22 @@ def test_readme_is_the_short_front_door() -> None:
     assert [link for link in links if not (REPO / link).is_file()] == []
 
 
+def test_bench_readme_says_how_to_run_and_the_site_has_the_figures() -> None:
+    """``bench/README.md`` is how to run each scenario and against what, not a dated log; the figures of every
+    scenario with a ratio target are on ``docs/benchmarks.md``, in its own table (history stays in git)."""
+    sys.path.insert(0, str(REPO))
+    from bench.targets import RATIOS
+
+    readme = (REPO / "bench" / "README.md").read_text()
+    page = (DOCS / "benchmarks.md").read_text()
+    assert len(readme.splitlines()) < 120 and "Re-measured" not in readme and "../docs/benchmarks.md" in readme
+    assert not re.search(r"\b20\d\d-\d\d-\d\d\b", readme), "dated measurements belong in git history"
+    latest = page.split("## Latest measurement per scenario")[1].split("\n## ")[0]
+    for scenario in {ratio.scenario for ratio in RATIOS}:
+        assert f"`{scenario}`" in readme, scenario
+        assert re.search(rf"^### .*`{scenario}`", latest, re.MULTILINE), scenario
+
+
 PRODUCT = ("dradriver", "deploy", "bench", "ext", "protos", "tools", "docs", "README.md", "mkdocs.yml")
 """What ships or documents the product: none of it may know the private folder beside the checkout."""
 PRIVATE = re.compile(r"\.\./shared|shared/(?:reference|peers)|[\"']shared[\"']\s*/\s*[\"']peers"
