@@ -336,7 +336,7 @@ static unsigned long long used_memory_slices(const mock_gpu *g) {
     return bits;
 }
 
-/* GI ids come from per-size pools (NVIDIA's MIG User Guide, "MIG Device Names"): 8 memory slices -> 0, 4 -> 1-2, 2 ->
+/* GI ids come from per-size pools (MIG User Guide examples, NVIDIA/DCGM#138): 8 memory slices -> 0, 4 -> 1-2, 2 ->
 3-6, 1 -> 7-14. */ static int pick_gi_id(const mock_gpu *g, unsigned size) {
     unsigned lo, hi;
     if (size >= 8) { lo = 0; hi = 0; }
