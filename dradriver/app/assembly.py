@@ -2,10 +2,10 @@
 binaries).
 
 Start order (NVIDIA's kubelet plugins, ``cmd/gpu-kubelet-plugin/main.go``, and the Go helper,
-``kubeletplugin/draplugin.go`` in k8s.io/dynamic-resource-allocation): plugin and CDI directories -> the device kind's
-own parts (NVML, discovery) -> Kubernetes client and this Node -> claim state (recovery) -> crash convergence -> gRPC
-servers (DRA socket, then registration socket) -> ResourceSlice publisher.
-:class:`~dradriver.kubeletplugin.lifecycle.Lifecycle` stops them in reverse.
+``kubeletplugin/draplugin.go``): plugin and CDI directories -> the device kind's own parts (NVML, discovery)
+-> Kubernetes client and this Node -> claim state (recovery) -> crash convergence -> gRPC servers (DRA socket,
+then registration socket) -> ResourceSlice publisher. :class:`~dradriver.kubeletplugin.lifecycle.Lifecycle`
+stops them in reverse.
 """
 
 from __future__ import annotations

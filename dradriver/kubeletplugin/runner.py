@@ -1,8 +1,7 @@
 """The batch runner: NodePrepareResources / NodeUnprepareResources for any kubelet plugin, over its device
 preparers.
 
-For each claim of a prepare batch (``kubeletplugin/draplugin.go`` in k8s.io/dynamic-resource-allocation, NVIDIA's
-``cmd/gpu-kubelet-plugin/device_state.go``):
+For each claim of a prepare batch (``kubeletplugin/draplugin.go``, NVIDIA's ``cmd/gpu-kubelet-plugin/device_state.go``):
 
 1. GET the ResourceClaim (outside the lock; the claims of one batch are fetched concurrently), check its UID
    and allocation, keep the results for our driver and this node's pool;
@@ -122,8 +121,7 @@ SelectConfigs = Callable[[Claim, Mapping[str, Any]], ConfigSelection]
 
 DEFAULT_PREPARE_DEADLINE_S = 40.0
 """Default bound of one NodePrepareResources, seconds: the kubelet gives up after 45 s
-(``defaultClientCallTimeout`` in the kubelet's ``pkg/kubelet/cm/dra/plugin/dra_plugin.go``), so the answer must come
-before."""
+(``defaultClientCallTimeout``, ``pkg/kubelet/cm/dra/plugin/dra_plugin.go``), so the answer must come before."""
 
 
 @dataclass(frozen=True, slots=True)
