@@ -4,7 +4,7 @@ Variants (``extra_info["variant"]`` = ``<variant>_<claims>``): ``extension`` (ex
 ``twin`` (dradriver/_native/claimstore_py.py), both through :class:`dradriver.host.claimstate.ClaimState`
 (one journal ``write`` per step, no ``fdatasync``: the durability argument is in that module's docstring;
 node-wide ``flock``, amortised compaction included), and
-``whole_file``: the reference Go driver's scheme (``nvidia-dra-driver.md`` section 4.4), one JSON
+``whole_file``: the reference Go driver's scheme (NVIDIA's ``cmd/gpu-kubelet-plugin/checkpoint.go``), one JSON
 checkpoint of every prepared claim rewritten whole (temp file, fsync, rename) at each of the three steps.
 The baseline is generous: it skips the Go driver's extra checkpoint reads and its text checksums.
 

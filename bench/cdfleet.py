@@ -1,6 +1,7 @@
 """A ComputeDomain fleet in one process: the harness of ``bench/bench_computedomain.py``.
 
-What runs (``nvidia-dra-driver-updates.md`` 2c for every step and period):
+What runs (NVIDIA's ``cmd/compute-domain-controller/`` and ``cmd/compute-domain-daemon/`` in
+kubernetes-sigs/dra-driver-nvidia-gpu for every step and period):
 
 * one API emulator (:mod:`dradriver.sandbox.apiserver`, real HTTP) with the ComputeDomain CRDs, the driver
   namespace and ``racks`` x ``nodes`` Nodes; every node of a rack carries the fabric label
@@ -94,7 +95,8 @@ class Timing:
     :param startup_probe_s: the daemon pod's startup probe period (``compute-domain-daemon check``, 1 s x 1200).
     :param status_period_s: the controller's status loop (2 s).
     :param prepare_backoff_s: NVIDIA's compute-domain plugin's per-claim retry backoff, first and largest (250 ms ->
-        3 s, ``nvidia-dra-driver.md`` 4.4); dradriver's plugin has its own (:meth:`Membership.backoff_s`).
+        3 s, NVIDIA's ``cmd/compute-domain-kubelet-plugin/device_state.go``); dradriver's plugin has its own
+        (:meth:`Membership.backoff_s`).
     :param prepare_deadline_s: one NodePrepareResources call's deadline (45 s); the kubelet then calls again.
     :param controller_start_s: how long the controller runs before the domain is created (its start-up:
         sweep, lists, watches), outside the measured time.

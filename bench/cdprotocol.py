@@ -1,9 +1,10 @@
 """NVIDIA's ComputeDomain membership protocol, modelled faithfully: the baseline of the ``compute_domain_*``
 benchmarks (``bench/bench_computedomain.py``).
 
-Facts: ``nvidia-dra-driver-updates.md`` 2c ("ComputeDomainClique", "Controller reconcile", "Status sync loop");
-``nvidia-dra-driver.md`` 7.3 (controller), 7.4 (daemon: index rule, conflict retries, workqueue backoff
-5 ms -> 6 s). NVIDIA issue #816: one 256-pod domain took about 8 minutes on a real cluster.
+Facts, from kubernetes-sigs/dra-driver-nvidia-gpu: ``api/nvidia.com/resource/v1beta1/computedomainclique.go``
+(the ComputeDomainClique), ``cmd/compute-domain-controller/`` (reconcile, status sync loop),
+``cmd/compute-domain-daemon/`` (index rule, conflict retries, workqueue backoff 5 ms -> 6 s). NVIDIA issue #816: one
+256-pod domain took about 8 minutes on a real cluster.
 
 * The daemon (:func:`join_clique`, :func:`leave_clique`): each IMEX daemon read-modify-writes the ONE shared
   ComputeDomainClique ``<cdUID>.<cliqueID>`` of its domain and clique: GET, insert its own entry with the lowest
@@ -49,7 +50,7 @@ class ProtocolError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class DaemonIdentity:
-    """What one IMEX daemon knows about itself (the DaemonSet's env, ``nvidia-dra-driver.md`` 1.4).
+    """What one IMEX daemon knows about itself (the DaemonSet's env, NVIDIA's ``cmd/compute-domain-daemon/main.go``).
 
     :param max_nodes: ``MAX_NODES_PER_IMEX_DOMAIN`` (slots of the clique; 18 on GB200 NVL72).
     :param imexd_dir: its domain directory (``/imexd`` in its container; ``None``: not modelled).
@@ -87,7 +88,7 @@ def _daemons(obj: Mapping[str, Any]) -> list[CliqueDaemon]:
 
 
 CONFLICT_BACKOFF_S = (0.005, 6.0)
-"""NVIDIA's daemon workqueue backoff, first and longest, seconds (``nvidia-dra-driver.md`` 7.4: jittered exponential
+"""NVIDIA's daemon workqueue backoff, first and longest, seconds (``cmd/compute-domain-daemon/``: jittered exponential
 5 ms -> 6 s)."""
 
 

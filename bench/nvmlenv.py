@@ -33,7 +33,7 @@ def all_mig_profile(directory: Path) -> Path:
         gpu["migMode"] = {"current": 1, "pending": 1}
         gpu["gpuInstances"] = [
             {
-                "id": 7 + slot,  # 1g GIs get IDs 7-14 (gpu-facts.md 3.1)
+                "id": 7 + slot,  # 1g GIs get IDs 7-14 (the MIG User Guide's examples, NVIDIA/DCGM#138)
                 "profileId": 19,
                 "placement": {"start": slot, "size": 1},
                 "computeInstances": [

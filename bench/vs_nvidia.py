@@ -44,10 +44,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dradriver.sandbox.nvidiapeer import DEFAULT_MOCK_NVML as DEFAULT_NVIDIA_MOCK_NVML
-from dradriver.sandbox.nvidiapeer import DEFAULT_PLUGIN as DEFAULT_NVIDIA_PLUGIN
 from dradriver.sandbox.nvidiapeer import PEER_GPUS as GPUS
-from dradriver.sandbox.nvidiapeer import Side, nvidia_side
+from dradriver.sandbox.nvidiapeer import Side, nvidia_side, peer_paths
 
 REPO = Path(__file__).resolve().parent.parent
 DRADRIVER_PROFILE = "dgx-h100"
@@ -452,8 +450,11 @@ def format_report(report: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """CLI of the scenario; returns 0 when it ran (targets are reported, not enforced)."""
     parser = argparse.ArgumentParser(prog="python -m bench vs_nvidia", description=__doc__.split("\n")[0])
-    parser.add_argument("--nvidia-plugin", type=Path, default=DEFAULT_NVIDIA_PLUGIN)
-    parser.add_argument("--nvidia-mock-nvml", type=Path, default=DEFAULT_NVIDIA_MOCK_NVML)
+    plugin, mock_nvml = peer_paths()  # under DRADRIVER_NVIDIA_PEERS when it is set
+    parser.add_argument("--nvidia-plugin", type=Path, default=plugin,
+                        help="NVIDIA's gpu-kubelet-plugin (default: bin/ under DRADRIVER_NVIDIA_PEERS)")
+    parser.add_argument("--nvidia-mock-nvml", type=Path, default=mock_nvml,
+                        help="NVIDIA's mock NVML folder (default: mocknvml/ under DRADRIVER_NVIDIA_PEERS)")
     parser.add_argument("--rounds", type=int, default=3, help="runs of each plugin, alternating")
     parser.add_argument("--claims", type=int, default=600, help="one-claim prepare+unprepare pairs per run")
     parser.add_argument("--cdi-fs", choices=("tmpfs", "disk"), default="tmpfs",

@@ -3,7 +3,7 @@
 :data:`PLUGIN_FLAGS` is the single source of truth. The CLI builds its options from it, and the
 DaemonSet in ``deploy/`` sets exactly these environment variables (a test compares both). Flag and
 variable names follow NVIDIA's gpu-kubelet-plugin where it has an equivalent (reference:
-``nvidia-dra-driver.md`` section 1.1), so existing manifests keep working.
+NVIDIA's ``cmd/gpu-kubelet-plugin/main.go``), so existing manifests keep working.
 
 :data:`LOGGING_FLAGS` are klog's (component-base's) logging flags, shared by every NVIDIA-named entry point
 (:mod:`dradriver.commands._entrypoint`); :data:`NVIDIA_ENVIRONMENT` lists the variables of NVIDIA's chart and binary
@@ -280,7 +280,7 @@ PLUGIN_FLAGS: tuple[Flag, ...] = (
 )
 
 #: Options of :data:`PLUGIN_FLAGS` NVIDIA's compute-domain-kubelet-plugin shares with the GPU plugin
-#: (``nvidia-dra-driver.md`` 1.2), plus dradriver's own that apply to it.
+#: (NVIDIA's ``cmd/compute-domain-kubelet-plugin/main.go``), plus dradriver's own that apply to it.
 _SHARED_WITH_COMPUTE_DOMAIN_PLUGIN = (
     "--node-name", "--kubeconfig", "--cdi-root", "--kubelet-registrar-directory-path",
     "--kubelet-plugins-directory-path", "--nvidia-driver-root", "--container-driver-root", "--nvidia-cdi-hook-path",
@@ -299,8 +299,8 @@ CHANNEL_NEEDS_HOST_MANAGED = (
     "domains are already kept apart by their daemons; use 'domain' there")
 """Why ``channel`` isolation is refused with driver-managed IMEX (plugin and controller say the same)."""
 
-#: The flags of ``compute-domain-kubelet-plugin`` (``nvidia-dra-driver.md`` 1.2): the shared ones and NVIDIA's four
-#: of its own, each with its environment twin.
+#: The flags of ``compute-domain-kubelet-plugin`` (NVIDIA's ``cmd/compute-domain-kubelet-plugin/main.go``): the shared
+#: ones and NVIDIA's four of its own, each with its environment twin.
 COMPUTE_DOMAIN_PLUGIN_FLAGS: tuple[Flag, ...] = (
     *(f for f in PLUGIN_FLAGS if f.option in _SHARED_WITH_COMPUTE_DOMAIN_PLUGIN),
     Flag("--gpu-clique-label-enabled", "GPU_CLIQUE_LABEL_ENABLED", False, "Set the node label nvidia.com/gpu.clique "
@@ -823,7 +823,7 @@ class EnvironmentVariable:
     """An environment variable NVIDIA's chart or binaries use that is no flag's twin.
 
     :param name: the variable.
-    :param treatment: what dradriver does with it, in one sentence (also the README's table).
+    :param treatment: what dradriver does with it, in one sentence (also ``deploy/helm/README.md``'s table).
     :param inert: True when a set value changes nothing in dradriver although it could in NVIDIA's binary with a
         gate dradriver does not implement; the plugin then logs a warning naming it at start-up.
     """
@@ -833,8 +833,8 @@ class EnvironmentVariable:
     inert: bool = False
 
 
-#: Variables of NVIDIA's chart and gpu-kubelet-plugin that are no flag's twin (nvidia-image-contract.md,
-#: nvidia-dra-driver.md 1.1 "Other env read").
+#: Variables of NVIDIA's chart and gpu-kubelet-plugin that are no flag's twin (its
+#: ``deployments/helm/dra-driver-nvidia-gpu/templates/kubeletplugin.yaml``; ``cmd/gpu-kubelet-plugin/main.go``).
 NVIDIA_ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
     EnvironmentVariable("LOG_VERBOSITY", "Expanded by the kubelet into the chart's `-v $(LOG_VERBOSITY)`; the plugin "
                         "reads `-v` (env twin `V`), not this variable, as NVIDIA's does."),

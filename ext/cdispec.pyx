@@ -243,7 +243,7 @@ cdef inline bint _ascii_alnum(Py_UCS4 c):
 
 
 cdef str _name_reason(str text):
-    """Why ``text`` is not a CDI device name (``cdi.md`` 2.2), or None."""
+    """Why ``text`` is not a CDI device name (the CDI library's ``pkg/parser/parser.go``), or None."""
     cdef Py_ssize_t n = PyUnicode_GET_LENGTH(text)
     cdef Py_ssize_t i
     cdef int kind = PyUnicode_KIND(text)
@@ -411,7 +411,7 @@ cdef str _check_version(object value):
 
 
 # --------------------------------------------------------------------------------------------------------
-# Content facts that raise the minimum cdiVersion (cdi.md 1.4)
+# Content facts that raise the minimum cdiVersion (the CDI library's ``specs-go/version.go``)
 
 cdef struct Needs:
     bint annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -15,6 +16,11 @@ from tests.factories import DEVICE_CLASS
 
 # The gRPC settings the entry points start with, before anything imports grpc: tests serve gRPC as production does.
 _grpcenv.apply_defaults()
+
+# NVIDIA's peer binaries (its gpu-kubelet-plugin, nvidia-ctk and mock NVML), which every developer and CI run has
+# beside the checkout; the product finds them only through this variable. Tests that need them skip, with the
+# reason, where the folder is absent.
+os.environ.setdefault("DRADRIVER_NVIDIA_PEERS", str(Path(__file__).resolve().parents[2] / "shared" / "peers"))
 
 if TYPE_CHECKING:
     from dradriver.nvml.session import NvmlSession

@@ -65,6 +65,9 @@ OTHER_VARIABLES: dict[str, str] = {
                                    "can find and stop them (sandbox only).",
     "DRADRIVER_FABRIC_IMEX_MGMT": "The file the sandbox's `nvidia-imex` stand-in locks as its node's one IMEX "
                                   "session (the node's `fabric-imex-mgmt` capability node; sandbox only).",
+    "DRADRIVER_NVIDIA_PEERS": "The folder with NVIDIA's own peer binaries (`bin/gpu-kubelet-plugin`, `mocknvml/`), "
+                              "for the tests and benchmarks that run NVIDIA's plugin beside dradriver's; unset: "
+                              "they are skipped (tests) or run dradriver only (`python -m bench vs_nvidia`).",
     "DRADRIVER_BENCH_REAL_NVML": "`python -m bench`: `1` runs the NVML scenarios against the machine's real "
                                  "driver (read-only calls).",
 }
@@ -75,6 +78,12 @@ ATTRIBUTE_PROFILES: tuple[tuple[str, str], ...] = (
     ("dgx-h100", "H100 80GB"),
     ("gb200-nvl72-node", "GB200 NVL72 compute tray"),
     ("l4-inference", "L4"),
+)
+#: Publications that only flags produce, as ``(column, profile, inspect flags, what)``: the ``shares`` capacity
+#: of ``--consumable-shares N`` (with the gate ConsumableShares every device is multi-allocatable and carries it).
+ATTRIBUTE_VARIANTS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
+    ("dgx-h100 --consumable-shares 4", "dgx-h100",
+     ("--feature-gates", "ConsumableShares=true", "--consumable-shares", "4"), "H100 80GB, each GPU in 4 shares"),
 )
 
 
@@ -288,14 +297,14 @@ def feature_gate_reference() -> str:
     return "\n".join(out) + "\n"
 
 
-def _published(profile: str) -> list[dict[str, Any]]:
-    """The devices ``dradriver inspect --mock-profile PROFILE -o json`` publishes."""
+def _published(profile: str, flags: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """The devices ``dradriver inspect --mock-profile PROFILE -o json FLAGS...`` publishes."""
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.run([sys.executable, "-m", "dradriver", "inspect", "--mock-profile", profile,
-                           "--node-name", "node-a", "-o", "json"],
+                           "--node-name", "node-a", "-o", "json", *flags],
                           capture_output=True, text=True, env=env, timeout=60, check=False)
     if proc.returncode != 0:
-        raise RuntimeError(f"dradriver inspect --mock-profile {profile}: {proc.stderr.strip()}")
+        raise RuntimeError(f"dradriver inspect --mock-profile {profile} {' '.join(flags)}: {proc.stderr.strip()}")
     slices = json.loads(proc.stdout)
     return [device for item in slices for device in item["spec"].get("devices", [])]
 
@@ -314,6 +323,7 @@ def attribute_reference() -> str:
 
     channels = COMPUTE_DOMAIN_DRIVER.driver_name
     sources = [(profile, _published(profile)) for profile, _ in ATTRIBUTE_PROFILES]
+    sources += [(column, _published(profile, flags)) for column, profile, flags, _ in ATTRIBUTE_VARIANTS]
     sources.append((channels, [device for item in plugin_resource_slices(
         "node-a", channels, daemon=True, channels=2) for device in item["spec"]["devices"]]))
     by_type: dict[str, dict[str, dict[str, dict[str, str]]]] = {}
@@ -327,7 +337,8 @@ def attribute_reference() -> str:
             for name, capacity in device.get("capacity", {}).items():
                 tables["capacity"].setdefault(name, {"type": "quantity"}).setdefault(profile, capacity["value"])
     out = ["Example values come from the bundled mock profiles: " +
-           "; ".join(f"`{p}` ({what})" for p, what in ATTRIBUTE_PROFILES) +
+           "; ".join([f"`{p}` ({what})" for p, what in ATTRIBUTE_PROFILES] +
+                     [f"`{column}` ({what})" for column, _, _, what in ATTRIBUTE_VARIANTS]) +
            f", and the `{channels}` devices of a node with two channels (types `channel`, `daemon`). "
            "An empty cell: that profile publishes no such device or not this field.", ""]
     for kind in sorted(by_type, key=lambda k: (k not in ("gpu", "mig"), k)):  # GPUs first, then IMEX devices

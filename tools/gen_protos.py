@@ -11,7 +11,8 @@ Usage, from anywhere::
 protoc runs with the virtual path mapping ``-Idradriver/_proto=protos``, so the descriptors are named
 ``dradriver/_proto/<file>.proto`` (unique in the protobuf descriptor pool) and the generated gRPC modules
 import ``from dradriver._proto import ...``. The gRPC method paths come from the ``package`` lines of the
-.proto files and are not affected by the mapping (reference: style-anchors.md section 6.3).
+.proto files and are not affected by the mapping (checked with grpcio-tools 1.85: the method path is
+``/<package>.<Service>/<Method>`` whatever the descriptor's file name).
 
 Output depends on the exact grpcio-tools release, so it is pinned (``grpcio-tools==1.85.1`` in
 pyproject.toml's ``test`` extra); another release is refused with exit code 2.

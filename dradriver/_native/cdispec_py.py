@@ -4,7 +4,7 @@ Both implementations take the same plain data (tuples or lists of ``str`` and ``
 compact JSON bytes, byte for byte, or raise the same exception type with the same message. This twin builds
 dicts and hands them to :func:`json.dumps`; the extension writes the bytes directly.
 
-Input shapes (CDI object model, reference ``cdi.md`` section 1.1; keys are emitted in the Go struct order):
+Input shapes (CDI object model, the CDI ``SPEC.md``; keys are emitted in the Go struct order):
 
 * ``edits``: ``(env, device_nodes, net_devices, hooks, mounts, additional_gids)``
 
@@ -20,12 +20,13 @@ Input shapes (CDI object model, reference ``cdi.md`` section 1.1; keys are emitt
 * ``device``: ``(name, edits)`` or ``(name, edits, annotations)``;
 * ``annotations``: ``(key, value)`` pairs, written sorted by key like Go's map encoder.
 
-Validation (reference ``cdi.md`` sections 2.1, 2.2 and 6, plus the stricter rules of section 6.7: absolute
+Validation (the CDI library's ``pkg/parser/parser.go`` and ``pkg/cdi/spec.go``, plus stricter rules the library does not
+check: absolute
 paths, Linux device-number ranges): :class:`TypeError` for a wrong type or record shape, :class:`ValueError`
 for a bad value; each message names the field (``devices[3].containerEdits.deviceNodes[0].path``).
 
-``cdiVersion`` is the lowest version the content needs (``cdi.md`` section 1.4) unless one is given, in which
-case it must be a known version not older than that minimum. ``intelRdt`` is not supported (NVIDIA specs
+``cdiVersion`` is the lowest version the content needs (the CDI library's ``specs-go/version.go``) unless one is given,
+in which case it must be a known version not older than that minimum. ``intelRdt`` is not supported (NVIDIA specs
 never carry it).
 """
 
@@ -37,7 +38,7 @@ from typing import Any
 
 #: Versions the CDI library knows (``specs-go/version.go``); a leading ``v`` is tolerated.
 KNOWN_VERSIONS = ("0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0")
-#: Hook names the CDI library accepts (``cdi.md`` 1.1, rule 15).
+#: Hook names the CDI library accepts (the CDI ``SPEC.md``, "Hooks").
 HOOK_NAMES = ("prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop")
 #: Device-node types the library accepts (rule 13); ``"char"`` is rejected by real consumers.
 NODE_TYPES = ("", "b", "c", "u", "p")
@@ -46,7 +47,8 @@ MAX_MAJOR = 4095
 MAX_MINOR = (1 << 20) - 1
 MAX_FILE_MODE = 0o7777
 MAX_UINT32 = 4294967295
-#: Channels a node exposes under ``/dev/nvidia-caps-imex-channels`` (``gpu-facts.md`` 4.3).
+#: Channels a node exposes under ``/dev/nvidia-caps-imex-channels`` (NVIDIA's
+#: ``cmd/compute-domain-kubelet-plugin/nvlib.go``).
 IMEX_CHANNEL_COUNT = 2048
 IMEX_CHANNEL_DIR = "/dev/nvidia-caps-imex-channels/channel"
 #: Sum of annotation key and value lengths allowed per map (Kubernetes ``TotalAnnotationSizeLimitB``).
@@ -127,7 +129,8 @@ def _kind_part(part: str, what: str, limit: int, kind: str) -> None:
 
 
 def _check_kind(kind: object) -> bool:
-    """Validate ``vendor/class`` (``cdi.md`` 2.1); True when the class has a dot (needs 0.6.0)."""
+    """Validate ``vendor/class`` (the CDI library's ``pkg/parser/parser.go``); True when the class has a dot (needs
+    0.6.0)."""
     text = _str(kind, "kind")
     slash = text.find("/")
     if slash < 0:
@@ -139,7 +142,7 @@ def _check_kind(kind: object) -> bool:
 
 
 def _check_name(name: object, where: str) -> str:
-    """Validate a device name (``cdi.md`` 2.2)."""
+    """Validate a device name (the CDI library's ``pkg/parser/parser.go``)."""
     text = _str(name, where)
     if not text:
         raise ValueError(f"{where} {text!r}: invalid CDI device name: empty")
@@ -165,7 +168,8 @@ def _check_dns_subdomain(prefix: str, where: str, key: str) -> None:
 
 
 def _check_annotations(value: object, where: str) -> dict[str, str]:
-    """Validate ``(key, value)`` pairs as Kubernetes annotations (``cdi.md`` 2.4); return them sorted."""
+    """Validate ``(key, value)`` pairs as Kubernetes annotations (the CDI library's ``pkg/cdi/annotations.go``); return
+    them sorted."""
     pairs = _seq(value, where)
     out: dict[str, str] = {}
     size = 0
@@ -196,7 +200,7 @@ def _check_annotations(value: object, where: str) -> dict[str, str]:
 
 
 class _Needs:
-    """Content facts that raise the minimum cdiVersion (``cdi.md`` 1.4)."""
+    """Content facts that raise the minimum cdiVersion (the CDI library's ``specs-go/version.go``)."""
 
     __slots__ = ("annotations", "gids", "host_path", "mount_type", "net_devices")
 
@@ -335,7 +339,7 @@ def _check_version(value: object) -> str:
 
 
 def _minimum(needs: _Needs, class_dot: bool, digit_name: bool) -> str:
-    """The lowest cdiVersion for the content (``cdi.md`` 1.4, newest rule first)."""
+    """The lowest cdiVersion for the content (the CDI library's ``specs-go/version.go``, newest rule first)."""
     if needs.net_devices:
         return "1.1.0"
     if needs.gids:
@@ -478,13 +482,13 @@ def render_channel_spec(
 
     Device ``<name_prefix><N>`` gets the node ``/dev/nvidia-caps-imex-channels/channel<N>``, type ``c``,
     ``major`` (the ``nvidia-caps-imex-channels`` line of ``/proc/devices``), minor ``N``, ``file_mode``
-    (0666 as NVIDIA's compute-domain plugin writes; ``gpu-facts.md`` 4.3), and ``hostPath`` =
+    (0666 as NVIDIA's compute-domain plugin writes, ``cmd/compute-domain-kubelet-plugin/cdi.go``), and ``hostPath`` =
     ``host_root`` + path when ``host_root`` is not empty.
 
     With ``device_name`` the spec has ONE device of that name whose ``deviceNodes`` hold every channel's node in
     the order of ``channels``: the form of NVIDIA's compute-domain claim spec, where an ``allocationMode: All``
-    claim's device ``<claimUID>-channel-0`` carries ``channel0 .. channel2047`` (``nvidia-dra-driver.md`` 5.2,
-    ``nvidia-dra-driver-updates.md`` 2c); ``name_prefix`` must then be empty.
+    claim's device ``<claimUID>-channel-0`` carries ``channel0 .. channel2047`` (NVIDIA's
+    ``cmd/compute-domain-kubelet-plugin/cdi.go``); ``name_prefix`` must then be empty.
 
     :param channels: channel numbers (tuple, list or range), each in ``[0, 2047]``; no duplicates.
     :param device_name: ``None``: one device ``<name_prefix><N>`` per channel; else the one device's name.

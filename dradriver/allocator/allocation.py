@@ -1,8 +1,8 @@
 """The structured allocator: kube-scheduler's algorithm for DRA claims, on one node at a time.
 
 Follows ``k8s.io/dynamic-resource-allocation/structured/internal/incubating`` (reference
-``kubelet-dra-protocol.md`` section 6.3) with the gates a 1.34/1.35 cluster enables (admin access,
-prioritized list, partitionable devices, device taints):
+``structured/internal/incubating/allocator_incubating.go`` in k8s.io/dynamic-resource-allocation) with the gates a
+1.34/1.35 cluster enables (admin access, prioritized list, partitionable devices, device taints):
 
 1. gather pools reachable from the node (``nodeName``, ``allNodes``, ``nodeSelector``, per-device node
    selection; slices with shared counters always), keep each pool's highest generation, mark pools

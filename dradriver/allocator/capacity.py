@@ -1,7 +1,9 @@
 """Consumable capacity (KEP-5075 ``DRAConsumableCapacity``): how much of a multi-allocatable device one allocation
 consumes, and whether it still fits.
 
-Rules (``kubelet-dra-protocol.md`` 5.1 and 6.3 item 5; the API's ``CapacityRequestPolicy`` field documentation):
+Rules (``resource/v1/types.go`` in kubernetes/api; the consumable-capacity rule of
+``structured/internal/incubating/allocator_incubating.go`` in k8s.io/dynamic-resource-allocation; the API's
+``CapacityRequestPolicy`` field documentation):
 
 * a device with ``allowMultipleAllocations: true`` may be allocated many times; each allocation gets a fresh
   ``shareID`` and a ``consumedCapacity`` entry for every capacity of the device;

@@ -2,7 +2,7 @@
 
 The API server (Kubernetes 1.34+) serves ``resource.k8s.io`` in ``v1``, ``v1beta2`` and ``v1beta1`` and
 converts between them losslessly (``pkg/apis/resource/v1beta1/conversion.go``; reference
-``kubelet-dra-protocol.md`` section 5). What differs from v1:
+``resource/v1/types.go`` in kubernetes/api). What differs from v1:
 
 * ``v1beta1`` ``ResourceClaim``/``ResourceClaimTemplate``: a device request carries the exact-request fields
   (``deviceClassName``, ``selectors``, ``allocationMode``, ``count``, ``adminAccess``, ``tolerations``,

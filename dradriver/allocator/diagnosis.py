@@ -1,8 +1,8 @@
 """CEL run-time errors in the user's terms: which attribute or capacity a selector reads that a device lacks.
 
 Looking up a name a device does not publish is a run-time error in Kubernetes' CEL environment (reference
-``kubelet-dra-protocol.md`` section 6.1: "accessing an unknown id is a runtime error"). When such an error
-meets ``||`` or ``&&`` on both sides, cel-python reports only that no overload of the operator takes two
+``cel/compile.go`` in k8s.io/dynamic-resource-allocation: "accessing an unknown id is a runtime error"). When such an
+error meets ``||`` or ``&&`` on both sides, cel-python reports only that no overload of the operator takes two
 errors, which names neither the attribute nor the device. :func:`missing_names` finds the lookups that fail
 by evaluating each attribute and capacity access of the selector on the device; :func:`describe_error`
 words the outcome, with the names the device does publish and a close match for a typo.

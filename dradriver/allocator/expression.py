@@ -1,10 +1,10 @@
 """CEL device selectors with the Kubernetes environment, on top of ``cel-python`` (``celpy``).
 
 The environment mirrors ``k8s.io/dynamic-resource-allocation/cel/compile.go`` (reference
-``kubelet-dra-protocol.md`` section 6.1): one variable ``device`` with ``driver`` (string), ``attributes`` and
-``capacity`` (maps from domain to maps from unqualified name to value) and ``allowMultipleAllocations`` (bool).
-Version attributes are :class:`~dradriver.allocator.semver.Semver` values, capacities are
-:class:`~dradriver.allocator.quantity.Quantity` values. An unknown domain yields an empty map; an unknown
+``cel/compile.go`` in k8s.io/dynamic-resource-allocation): one variable ``device`` with ``driver`` (string),
+``attributes`` and ``capacity`` (maps from domain to maps from unqualified name to value) and
+``allowMultipleAllocations`` (bool). Version attributes are :class:`~dradriver.allocator.semver.Semver` values,
+capacities are :class:`~dradriver.allocator.quantity.Quantity` values. An unknown domain yields an empty map; an unknown
 name inside a domain is a runtime error (``no attribute gpu.nvidia.com/productName``) that makes the device
 not match. The result must be a bool.
 

@@ -1,8 +1,8 @@
 """The parts every kubelet plugin is assembled from, as lifecycle steps (shared by the GPU and compute-domain
 binaries).
 
-Start order (NVIDIA's kubelet plugins, reference ``nvidia-dra-driver.md`` 1.1, and the Go helper,
-``kubelet-dra-protocol.md`` 4.1): plugin and CDI directories -> the device kind's own parts (NVML, discovery)
+Start order (NVIDIA's kubelet plugins, ``cmd/gpu-kubelet-plugin/main.go``, and the Go helper,
+``kubeletplugin/draplugin.go``): plugin and CDI directories -> the device kind's own parts (NVML, discovery)
 -> Kubernetes client and this Node -> claim state (recovery) -> crash convergence -> gRPC servers (DRA socket,
 then registration socket) -> ResourceSlice publisher. :class:`~dradriver.kubeletplugin.lifecycle.Lifecycle`
 stops them in reverse.
@@ -378,7 +378,7 @@ async def run_stale_claim_cleanup(lifecycle: Lifecycle, identity: DriverIdentity
 
 async def serve_metrics_step(life: Lifecycle, config: PluginConfig, metrics: DriverMetrics) -> MetricsServer | None:
     """Serve ``metrics`` on ``--http-endpoint`` at ``--metrics-path`` as a lifecycle step (stopped with the plugin);
-    ``None`` when the endpoint is empty, or the path is (NVIDIA: "disabled if empty", ``nvidia-dra-driver.md`` 6.3).
+    ``None`` when the endpoint is empty, or the path is (NVIDIA: "disabled if empty", ``pkg/metrics/``).
     Bound before the kubelet can see the plugin, so a port in use fails the start cleanly.
 
     :raises FlagError: the endpoint cannot be bound (names it).

@@ -35,7 +35,8 @@ again, :func:`driver_back` reads the driver part anew (fabric and clique with it
 IMEX facts, the base CDI spec for the new driver's files and device numbers, the ResourceSlices), rewrites the
 prepared claims' CDI specs that changed (a new IMEX channel major) and records a ``NvidiaDriverAvailable`` Event.
 
-Facts: ``nvidia-dra-driver.md`` 1.2, 2.7, 4.8, 4.9, 5.2, 7.2; ``nvidia-dra-driver-updates.md`` 2c.
+Facts: NVIDIA's ``cmd/compute-domain-kubelet-plugin/`` (``main.go``, ``deviceinfo.go``, ``device_state.go``,
+``cleanup.go``, ``cdi.go``, ``nvlib.go``) in kubernetes-sigs/dra-driver-nvidia-gpu.
 """
 
 from __future__ import annotations

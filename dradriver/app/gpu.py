@@ -187,7 +187,7 @@ def read_server_version(client: KubeClient) -> tuple[int, int] | None:
 
 def slice_layout_version(server: tuple[int, int] | None, dynamic_mig: bool) -> tuple[int, int]:
     """The Kubernetes version whose ResourceSlice rules the pool follows (dynamic MIG: combined layout before
-    1.35, split from 1.35; ``nvidia-dra-driver.md`` 2.1). Unknown: 1.34's combined layout, logged."""
+    1.35, split from 1.35; NVIDIA's ``cmd/gpu-kubelet-plugin/driver.go``). Unknown: 1.34's combined layout, logged."""
     if server is None:
         if dynamic_mig:
             log.warning("API server version unknown: dynamic MIG slices use the Kubernetes 1.34 layout")

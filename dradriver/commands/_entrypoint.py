@@ -1,6 +1,7 @@
 """What NVIDIA-named entry points share: the executable's own parser, klog logging, the start-up log.
 
-NVIDIA's chart runs its binaries by name (``gpu-kubelet-plugin -v $(LOG_VERBOSITY)``, nvidia-image-contract.md).
+NVIDIA's chart runs its binaries by name (``gpu-kubelet-plugin -v $(LOG_VERBOSITY)``, NVIDIA's chart
+``deployments/helm/dra-driver-nvidia-gpu/templates/``).
 dradriver's image provides each as a console script whose ``main`` is :func:`console_main` with the component's
 flags and run function; the same component is also a ``dradriver`` subcommand of the same name:
 ``gpu-kubelet-plugin`` (:mod:`dradriver.commands.gpu_kubelet_plugin`), ``compute-domain-kubelet-plugin``

@@ -9,8 +9,8 @@ This module must not import ``grpc`` itself.
 ``GRPC_EXPERIMENTS=-event_engine_listener``: accepted connections are served by gRPC's long-standing poller
 (the thread that polls the server's completion queue also reads the socket) instead of the EventEngine listener,
 whose endpoints hand every read and write to its own thread pool. A sync server on a Unix socket answers a small
-unary call with about a quarter less CPU (measured on grpcio 1.85.3: ``bench/README.md``, "Re-measured 2026-12-04
-(third session)", "gRPC's listener"). An operator's own ``GRPC_EXPERIMENTS`` wins: nothing is set when the variable
+unary call with about a quarter less CPU (measured on grpcio 1.85.3: ``docs/benchmarks.md``, "``vs_nvidia``: gRPC's
+listener"). An operator's own ``GRPC_EXPERIMENTS`` wins: nothing is set when the variable
 is present.
 """
 

@@ -1,11 +1,12 @@
 """``compute-domain-controller`` (also ``dradriver compute-domain-controller``): reconcile ComputeDomains.
 
-Every flag of NVIDIA's compute-domain-controller with its environment twin (``nvidia-dra-driver.md`` 1.3),
-including leader election (``LEADER_ELECTION_ENABLED``, ``LEADER_ELECTION_LEASE_LOCK_NAMESPACE``,
-``LEADER_ELECTION_LEASE_LOCK_NAME``, ``LEADER_ELECTION_LEASE_DURATION``, ``LEADER_ELECTION_RENEW_DEADLINE``,
-``LEADER_ELECTION_RETRY_PERIOD``; Go durations such as ``15s``). The reconcile itself: :mod:`dradriver.computedomain.
-controller`; the Lease: :mod:`dradriver.kube.leaderelection`. Exit status: 0 after SIGINT/SIGTERM, 1 when the
-controller cannot start or loses the Lease (NVIDIA's exits too: a new process campaigns again), 2 on bad flags.
+Every flag of NVIDIA's compute-domain-controller with its environment twin (NVIDIA's
+``cmd/compute-domain-controller/main.go``), including leader election (``LEADER_ELECTION_ENABLED``,
+``LEADER_ELECTION_LEASE_LOCK_NAMESPACE``, ``LEADER_ELECTION_LEASE_LOCK_NAME``, ``LEADER_ELECTION_LEASE_DURATION``,
+``LEADER_ELECTION_RENEW_DEADLINE``, ``LEADER_ELECTION_RETRY_PERIOD``; Go durations such as ``15s``). The reconcile
+itself: :mod:`dradriver.computedomain. controller`; the Lease: :mod:`dradriver.kube.leaderelection`. Exit status: 0
+after SIGINT/SIGTERM, 1 when the controller cannot start or loses the Lease (NVIDIA's exits too: a new process campaigns
+again), 2 on bad flags.
 """
 
 from __future__ import annotations

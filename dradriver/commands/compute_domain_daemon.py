@@ -2,9 +2,9 @@
 ComputeDomain's daemon pod (:mod:`dradriver.computedomain.daemon`).
 
 NVIDIA's chart runs ``compute-domain-daemon -v $(LOG_VERBOSITY) run`` with probes ``compute-domain-daemon check``
-(``nvidia-dra-driver.md`` 1.4, 7.3). Flags and their environment twins are NVIDIA's (:data:`DAEMON_FLAGS`;
-``CLIQUE_ID`` and ``COMPUTE_DOMAIN_*`` come from the daemon claim's CDI edits, the Pod fields from the
-DaemonSet), plus dradriver's ``--imexd-dir`` (``DRADRIVER_IMEXD_DIR``) and ``--hosts-file``
+(NVIDIA's ``cmd/compute-domain-daemon/main.go``, ``cmd/compute-domain-controller/``). Flags and their environment twins
+are NVIDIA's (:data:`DAEMON_FLAGS`; ``CLIQUE_ID`` and ``COMPUTE_DOMAIN_*`` come from the daemon claim's CDI edits, the
+Pod fields from the DaemonSet), plus dradriver's ``--imexd-dir`` (``DRADRIVER_IMEXD_DIR``) and ``--hosts-file``
 (``DRADRIVER_HOSTS_FILE``), which let the sandbox run a daemon as a local process, ``--poll-interval-seconds``
 (``DRADRIVER_POLL_INTERVAL_SECONDS``) and ``--kubeconfig`` (in a cluster: the Pod's service account).
 Global flags go before the subcommand.

@@ -2,7 +2,8 @@
 ``compute-domain.nvidia.com`` (IMEX channels and IMEX daemons of ComputeDomains).
 
 Both names take NVIDIA's compute-domain-kubelet-plugin flags with their environment twins
-(:data:`dradriver.config.COMPUTE_DOMAIN_PLUGIN_FLAGS`, ``nvidia-dra-driver.md`` 1.2) and klog's logging flags.
+(:data:`dradriver.config.COMPUTE_DOMAIN_PLUGIN_FLAGS`, NVIDIA's ``cmd/compute-domain-kubelet-plugin/main.go``) and
+klog's logging flags.
 """
 
 from __future__ import annotations

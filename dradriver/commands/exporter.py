@@ -6,7 +6,7 @@ poller, watches NVML events (Xid, ECC, GPU lost), and serves Prometheus metrics 
 ``--metrics-path`` until SIGINT or SIGTERM. Scrapes are answered from the latest poll; they never wait on
 NVML. The devices are re-read every poll interval, so MIG devices another NVML client creates (the kubelet
 plugin's dynamic MIG) are followed; the kubelet's PodResources (``--pod-resources-socket``) attributes each
-device to every pod container using it. Metric names: ``docs/metrics.md``; ``--dcgm-compatible`` serves
+device to every pod container using it. Metric names: ``docs/operations/metrics.md``; ``--dcgm-compatible`` serves
 dcgm-exporter's ``DCGM_FI_*`` names, units and labels instead (see :mod:`dradriver.health.dcgm`). Exit status
 0 after a signal, 1 when NVML cannot be used or the endpoint cannot be served, 2 for bad flags (a
 ``--pod-resources-socket`` that is not a socket among them).

@@ -1,10 +1,10 @@
-"""The compute-domain controller: reconciles ``ComputeDomain`` objects (``nvidia-dra-driver.md`` 7.3,
-``nvidia-dra-driver-updates.md`` 2c).
+"""The compute-domain controller: reconciles ``ComputeDomain`` objects (NVIDIA's
+``cmd/compute-domain-controller/`` in kubernetes-sigs/dra-driver-nvidia-gpu).
 
-Machinery (README "ComputeDomains / Controller"): a watch on ComputeDomains of every namespace feeds a work queue
-of ``namespace/name`` keys (a key is queued once however many events arrive; a failed key is retried with
-exponential backoff 5 ms .. 60 s); a full list re-queues every domain every ``resync_s`` (10 min); one worker
-reconciles keys one at a time. Reconcile is level-triggered -- it reads the domain and the objects it should
+Machinery (``docs/user-guide/compute-domains.md``, "Controller"): a watch on ComputeDomains of every namespace
+feeds a work queue of ``namespace/name`` keys (a key is queued once however many events arrive; a failed key is
+retried with exponential backoff 5 ms .. 60 s); a full list re-queues every domain every ``resync_s`` (10 min); one
+worker reconciles keys one at a time. Reconcile is level-triggered -- it reads the domain and the objects it should
 have and makes what is missing -- so it is idempotent and a new leader finishes whatever a killed one left half
 done. Watches on the controller's own DaemonSets (driver namespace and ``--additional-namespaces``) and
 ResourceClaimTemplates (every namespace), selected by the label ``resource.nvidia.com/computeDomain``, queue the
@@ -37,7 +37,7 @@ DaemonSets are kept and used instead (NVIDIA's behaviour). These cluster-wide li
 pods and cliques in every namespace; where only the driver and additional namespaces are allowed (NVIDIA's Helm
 chart) the controller searches those, with a warning.
 
-Membership (issue 14; README "Membership, elastic domains, node failure"): watches on the cliques and the daemon
+Membership (issue 14; ``docs/design/compute-domain-membership.md``): watches on the cliques and the daemon
 pods of the driver namespace mark the owning domain; a worker runs one pass per burst of marks
 (:meth:`ComputeDomainController.reconcile_membership`, ``coalesce_s``). Per clique a pass sends at most one JSON
 patch (:func:`membership_operations`: remove the items of nodes without a daemon pod in that clique -- by the pod
@@ -255,7 +255,7 @@ def entry_statuses(items: Iterable[CliqueDaemon], pods: Iterable[Mapping[str, An
 
     The controller writes it, not the daemon: a daemon pod's Ready condition is its IMEX daemon's readiness (the
     startup and readiness probes run ``compute-domain-daemon check``), which NVIDIA's daemon copies into its own
-    entry from its pod informer (one more write per daemon and flip, ``nvidia-dra-driver-updates.md`` 2c); the
+    entry from its pod informer (one more write per daemon and flip, ``cmd/compute-domain-controller/``); the
     controller sees the same condition through its pod watch and batches it with the indexes, one apply per
     clique. A reservation (no ``ipAddress``: a departed or failed node) gets no status."""
     ready = ready_daemons(pods)

@@ -1,7 +1,7 @@
 """The compute-domain daemon: one per ComputeDomain and node, wrapping ``nvidia-imex`` (``compute-domain-daemon
 run|check``).
 
-``run`` (``nvidia-dra-driver.md`` 1.4, 7.4; ``nvidia-dra-driver-updates.md`` 2c "IMEX daemon wrapper"):
+``run`` (NVIDIA's ``cmd/compute-domain-daemon/``, the IMEX daemon wrapper):
 
 1. refuse to start without ``COMPUTE_DOMAIN_UUID`` (the daemon claim's CDI spec injects it);
 2. label its own Pod ``resource.nvidia.com/computeDomain.cliqueID=<cliqueID>`` (explicitly empty on a node in
@@ -117,7 +117,7 @@ class DaemonError(DradriverError):
 
 @dataclass(frozen=True, slots=True)
 class DaemonSettings:
-    """What the daemon knows about itself (flags and environment, ``nvidia-dra-driver.md`` 1.4).
+    """What the daemon knows about itself (flags and environment, NVIDIA's ``cmd/compute-domain-daemon/main.go``).
 
     :param clique_id: ``CLIQUE_ID`` (``<clusterUUID>.<cliqueId>``; empty: the node is in no clique).
     :param max_nodes: ``MAX_NODES_PER_IMEX_DOMAIN``: slots, DNS names and lines of ``nodes.cfg``.

@@ -1,7 +1,8 @@
 """CDI specs for prepared claims: container edits, names, and the spec content (pure; no I/O).
 
-Facts (reference ``cdi.md`` sections 1.4, 2.5, 5.1 and 6; ``nvidia-dra-driver.md`` 5.1; ``gpu-facts.md`` 3.2,
-4.3 and 5):
+Facts (the CDI ``SPEC.md`` and its library's ``specs-go/version.go`` and ``pkg/cdi/spec.go``; NVIDIA's
+``cmd/gpu-kubelet-plugin/cdi.go``; NVIDIA's MIG User Guide, "Device Nodes and Capabilities"; NVIDIA's
+``cmd/compute-domain-kubelet-plugin/nvlib.go``; nvidia-container-toolkit's ``internal/info/proc/devices``):
 
 * one transient spec per claim, of the plugin's CDI kind (:class:`CdiKind`,
   ``k8s.gpu.nvidia.com/claim`` for the GPU plugin), file ``<cdiRoot>/<vendor>-<class>_<claimUID>.json``;
@@ -9,7 +10,7 @@ Facts (reference ``cdi.md`` sections 1.4, 2.5, 5.1 and 6; ``nvidia-dra-driver.md
   fully-qualified ID ``<vendor>/<class>=<claimUID>-<device name>``;
 * every node is fully specified (``type: c``, major, minor, fileMode) so the runtime can create it even
   where the host node is missing; ``hostPath`` is written only when the host root is not ``/``;
-* ``cdiVersion`` is the lowest the content needs (computed by the renderer, ``cdi.md`` 1.4).
+* ``cdiVersion`` is the lowest the content needs (computed by the renderer, the CDI library's ``specs-go/version.go``).
 
 What a device's edits are is each device preparer's business (``dradriver.preparers``); device numbers are
 read from the host by :mod:`dradriver.host.devicenodes`, and spec files are written by
@@ -47,7 +48,8 @@ __all__ = [
     "render_imex_channel_spec",
 ]
 
-#: What NVIDIA's driver sets so the legacy runtime hook injects nothing itself (``cdi.md`` 4.6, 5.1).
+#: What NVIDIA's driver sets so the legacy runtime hook injects nothing itself (nvidia-container-toolkit's ``pkg/nvcdi``
+#: in nvml mode; NVIDIA's ``cmd/gpu-kubelet-plugin/cdi.go``).
 VISIBLE_DEVICES_VOID = "NVIDIA_VISIBLE_DEVICES=void"
 SPEC_FILE_MODE = 0o644
 #: Mode of ``/dev/nvidia*`` nodes as the driver creates them, used when the host node cannot be stat'ed.
@@ -74,13 +76,14 @@ def check_claim_uid(claim_uid: str) -> str:
 
 
 SPEC_SUFFIX = ".yaml"
-"""Suffix of a claim spec file: NVIDIA's (``nvidia-dra-driver.md`` 5.1), so either driver's unprepare removes it."""
+"""Suffix of a claim spec file: NVIDIA's (``cmd/gpu-kubelet-plugin/cdi.go``), so either driver's unprepare removes
+it."""
 LEGACY_SPEC_SUFFIX = ".json"
 """Suffix dradriver's claim specs had before 2026-12: still recognised, removed on write and delete."""
 
 @dataclass(frozen=True, slots=True)
 class CdiKind:
-    """A CDI kind ``<vendor>/<class>`` and the names derived from it (``cdi.md`` 2.5).
+    """A CDI kind ``<vendor>/<class>`` and the names derived from it (the CDI ``SPEC.md``).
 
     :param vendor: e.g. ``k8s.gpu.nvidia.com``.
     :param cls: e.g. ``claim``.
@@ -139,7 +142,7 @@ class DeviceNodeError(CdiSpecError):
 
 @dataclass(frozen=True, slots=True)
 class DeviceNode:
-    """One CDI ``DeviceNode`` (``cdi.md`` 1.1). ``""``/``0``/``None`` leave a field out of the JSON.
+    """One CDI ``DeviceNode`` (the CDI ``SPEC.md``). ``""``/``0``/``None`` leave a field out of the JSON.
 
     :param file_mode: permission bits, e.g. ``0o666``.
     """
@@ -283,14 +286,14 @@ def render_imex_channel_spec(
     common: ContainerEdits | None = None,
     device_name: str | None = None,
 ) -> bytes:
-    """A bulk spec with one device per IMEX channel (``cdi.md`` 4.5 and 5.3; ``gpu-facts.md`` 4.3), or with one
-    device holding every channel's node.
+    """A bulk spec with one device per IMEX channel (nvidia-container-toolkit's ``pkg/nvcdi`` in imex mode; NVIDIA's
+    ``cmd/compute-domain-kubelet-plugin/cdi.go``, ``nvlib.go``), or with one device holding every channel's node.
 
     The defaults give the toolkit's ``nvidia.com/imex-channel`` spec with bare channel numbers as names. The
     compute-domain plugin's claim spec is ``kind="k8s.compute-domain.nvidia.com/claim"``,
     ``device_name="<claimUID>-channel-0"``: NVIDIA's claim device ``<claimUID>-<allocated device>`` whose
-    ``deviceNodes`` are ``channel0 .. channel<n-1>`` for an ``allocationMode: All`` claim (``nvidia-dra-driver.md``
-    5.2, ``nvidia-dra-driver-updates.md`` 2c).
+    ``deviceNodes`` are ``channel0 .. channel<n-1>`` for an ``allocationMode: All`` claim (NVIDIA's
+    ``cmd/compute-domain-kubelet-plugin/cdi.go``).
 
     :param major: the ``nvidia-caps-imex-channels`` line of ``/proc/devices``.
     :param common: the spec-level edits; ``None``: ``NVIDIA_VISIBLE_DEVICES=void`` only.

@@ -2,7 +2,7 @@
 ResourceClaimTemplate and the IMEX daemon DaemonSet (driver namespace), and the workload ResourceClaimTemplate
 (the domain's namespace).
 
-Facts (``nvidia-dra-driver.md`` 7.3, ``nvidia-dra-driver-updates.md`` 2c): both daemon objects are named
+Facts (NVIDIA's ``cmd/compute-domain-controller/``): both daemon objects are named
 ``computedomain-daemon-<cdUID>`` and carry the finalizer ``resource.nvidia.com/computeDomain`` and the label
 ``resource.nvidia.com/computeDomain=<cdUID>``; the templates add ``resource.nvidia.com/computeDomainTarget``
 (``Daemon`` / ``Workload``). The daemon template requests ``daemon`` from ``compute-domain-daemon.nvidia.com``
@@ -75,7 +75,7 @@ _PROBE_TIMEOUT_S = 10
 
 @dataclass(frozen=True, slots=True)
 class ControllerSettings:
-    """What the controller's flags (``nvidia-dra-driver.md`` 1.3) put into the objects it makes.
+    """What the controller's flags (NVIDIA's ``cmd/compute-domain-controller/main.go``) put into the objects it makes.
 
     :param namespace: the driver namespace (``--namespace``): daemon templates, DaemonSets, cliques live there.
     :param image: the daemon pods' image (``--image-name``).

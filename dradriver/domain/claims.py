@@ -1,8 +1,8 @@
 """Claims as the kubelet plugin sees them: references, allocation results, and what preparing returns.
 
 Field names follow ``resource.k8s.io/v1`` (``ResourceClaim.status.allocation.devices.results[]``) and the
-DRA node API (``NodePrepareResourcesResponse.claims[uid].devices[]``); reference
-``kubelet-dra-protocol.md`` sections 2.1 and 5.3.
+DRA node API (``NodePrepareResourcesResponse.claims[uid].devices[]``): ``pkg/apis/dra/v1/api.proto`` in
+kubernetes/kubelet and ``resource/v1/types.go`` in kubernetes/api.
 """
 
 from __future__ import annotations
@@ -163,10 +163,10 @@ def base_request_name(request: str) -> str:
 def claim_from_object(obj: Mapping[str, Any], ref: ClaimRef, *, driver: str, pool: str) -> Claim:
     """Reduce a ``resource.k8s.io/v1`` ResourceClaim (the API's JSON as a dict) to what this node prepares.
 
-    Checks, in the order the kubelet plugin helper applies them (``kubelet-dra-protocol.md`` §4.3):
-    ``metadata.uid`` equals the UID the kubelet sent (otherwise the claim was deleted and re-created under
-    the same name), and ``status.allocation`` is present. Then keeps the allocation results whose
-    ``driver`` is ``driver`` and whose ``pool`` is ``pool`` (claims with several drivers are normal; results
+    Checks, in the order the kubelet plugin helper applies them (``kubeletplugin/draplugin.go`` in
+    k8s.io/dynamic-resource-allocation): ``metadata.uid`` equals the UID the kubelet sent (otherwise the claim was
+    deleted and re-created under the same name), and ``status.allocation`` is present. Then keeps the allocation results
+    whose ``driver`` is ``driver`` and whose ``pool`` is ``pool`` (claims with several drivers are normal; results
     for other drivers are not ours to prepare), and the ``status.allocation.devices.config[]`` entries
     whose ``opaque.driver`` is ``driver``, class configs (``source: FromClass``) before claim configs
     (``FromClaim``), each group in API order, so a later entry overrides an earlier one. As NVIDIA's

@@ -5,10 +5,11 @@ the custom resources (``resource.nvidia.com/v1beta1`` ``ComputeDomain`` and ``Co
 finalizer and derived object names, the opaque device configs, the clique ID format, the per-domain DNS names
 of IMEX peers and the membership index rule.
 
-Facts: ``nvidia-dra-driver.md`` 2.7 (devices), 3.5 (configs), 7.1 (CRDs), 7.2 (clique ID), 7.3 (controller
-object names), 7.4 (daemon); ``nvidia-dra-driver-updates.md`` 2c (DNS names per domain after
-kubernetes-sigs/dra-driver-nvidia-gpu#1448, sentinel ``127.0.0.2`` for unused slots after #1465, index swaps
-#1418/#1440); ``gpu-facts.md`` 4.2-4.3 (fabric info, IMEX channels).
+Facts, from kubernetes-sigs/dra-driver-nvidia-gpu: ``cmd/compute-domain-kubelet-plugin/deviceinfo.go``
+(devices), ``api/nvidia.com/resource/v1beta1/computedomainconfig.go`` (configs), ``computedomain.go`` (CRDs),
+``cmd/compute-domain-kubelet-plugin/nvlib.go`` (clique ID, IMEX channels), ``cmd/compute-domain-controller/``
+(object names), ``cmd/compute-domain-daemon/`` (DNS names per domain after #1448, sentinel ``127.0.0.2`` for unused
+slots after #1465, index swaps #1418/#1440); ``nvmlGpuFabricInfo_t`` in ``nvml.h`` (fabric info).
 """
 
 from __future__ import annotations
@@ -135,7 +136,8 @@ def clique_object_name(cd_uid: str, clique_id: str) -> str:
 
 def format_clique_id(cluster_uuid: bytes, clique_id: int) -> str:
     """``<clusterUUID>.<cliqueId>`` from NVML fabric info (``nvmlGpuFabricInfo_t.clusterUuid`` 16 bytes,
-    ``cliqueId`` uint32); ``""`` (no clique: not MNNVL) for an all-zero cluster UUID (``gpu-facts.md`` 4.2).
+    ``cliqueId`` uint32); ``""`` (no clique: not MNNVL) for an all-zero cluster UUID (``nvmlGpuFabricInfo_t`` in
+    ``nvml.h``).
 
     :raises ComputeDomainError: ``cluster_uuid`` is not 16 bytes.
     """
@@ -164,7 +166,8 @@ def dns_names(cd_uid: str, max_nodes: int) -> list[str]:
     return [dns_name(cd_uid, i) for i in range(max_nodes)]
 
 
-# -- opaque configs (nvidia-dra-driver.md 3.5) -------------------------------------------------------------------
+# -- opaque configs (NVIDIA's ``api/nvidia.com/resource/v1beta1/computedomainconfig.go``)
+# -------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,7 +321,8 @@ class CliqueDaemon:
 
 @dataclass(frozen=True, slots=True)
 class ComputeDomain:
-    """The fields of a ``ComputeDomain`` the driver reads (``nvidia-dra-driver.md`` 7.1)."""
+    """The fields of a ``ComputeDomain`` the driver reads (NVIDIA's
+    ``api/nvidia.com/resource/v1beta1/computedomain.go``)."""
 
     name: str
     namespace: str
@@ -452,7 +456,7 @@ def clique_member_nodes(pods: Iterable[Mapping[str, Any]], clique_id: str) -> se
 def ready_daemons(pods: Iterable[Mapping[str, Any]]) -> set[tuple[str, str]]:
     """``(spec.nodeName, status.podIP)`` of the daemon pods whose ``Ready`` condition is ``True`` and that are not
     being deleted (no ``metadata.deletionTimestamp``): the daemons whose IMEX daemon is ready, since a daemon pod's
-    startup and readiness probes run ``compute-domain-daemon check`` (``nvidia-dra-driver-updates.md`` 2c). The one
+    startup and readiness probes run ``compute-domain-daemon check`` (NVIDIA's ``cmd/compute-domain-daemon/``). The one
     rule behind a clique entry's ``status`` (the controller writes it) and the channel prepare's readiness check
     (which reads it at its source when the entry's copy lags)."""
     return {(str((pod.get("spec") or {}).get("nodeName") or ""), str((pod.get("status") or {}).get("podIP") or ""))
@@ -515,8 +519,9 @@ def plugin_resource_slices(node_name: str, driver: str, *, daemon: bool, channel
                            taints: Sequence[Mapping[str, str]] = ()) -> list[dict[str, Any]]:
     """The compute-domain kubelet plugin's ResourceSlices, one pool named after the node: devices
     ``channel-0 .. channel-<channels-1>`` (``type=channel``, ``id=<n>``) and, unless ``daemon`` is False
-    (host-managed IMEX), ``daemon-0`` (``type=daemon``, ``id=0``); no capacities (``nvidia-dra-driver.md`` 2.7).
-    Every device carries ``taints`` (``resource.k8s.io/v1`` DeviceTaint dicts; the node's NVLink fabric is faulty).
+    (host-managed IMEX), ``daemon-0`` (``type=daemon``, ``id=0``); no capacities (NVIDIA's
+    ``cmd/compute-domain-kubelet-plugin/deviceinfo.go``). Every device carries ``taints`` (``resource.k8s.io/v1``
+    DeviceTaint dicts; the node's NVLink fabric is faulty).
 
     NVIDIA publishes ``channel-0`` only (``channels=1``, one slice); ``IMEX_ISOLATION=channel`` publishes every
     channel of the node (2048 by default), cut into slices of at most :data:`MAX_DEVICES_PER_SLICE` devices

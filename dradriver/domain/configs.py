@@ -4,7 +4,8 @@ and selection of the config that applies to each allocated device.
 A ResourceClaim may carry opaque configs for ``gpu.nvidia.com`` in ``status.allocation.devices.config[]``
 (copied there from the DeviceClass, ``source: FromClass``, and from the claim, ``source: FromClaim``). Their
 ``opaque.parameters`` is one object of NVIDIA's API group; this driver accepts the kinds that apply to the
-devices it publishes, ``GpuConfig`` and ``MigDeviceConfig`` (reference ``nvidia-dra-driver.md`` 3.1-3.3):
+devices it publishes, ``GpuConfig`` and ``MigDeviceConfig`` (NVIDIA's
+``api/nvidia.com/resource/v1beta1/gpuconfig.go``, ``migconfig.go``, ``sharing.go``):
 
 * **decoding** is strict, as NVIDIA's ``StrictDecoder``: ``apiVersion`` must be
   ``resource.nvidia.com/v1beta1``, ``kind`` one of the two, every field known and of the right JSON type;
@@ -73,7 +74,7 @@ MIB = 1024 * 1024
 
 MPS_WITH_CONSUMABLE_SHARES = "MPS sharing is not supported when consumable shares is enabled"
 MPS_WITH_DYNAMIC_MIG = "MPS is not yet supported when using featureGates.DynamicMIG=true"
-"""NVIDIA's refusals of the MPS strategy (``nvidia-dra-driver-updates.md`` 2a), at ``sharing.strategy``."""
+"""NVIDIA's refusals of the MPS strategy (``api/nvidia.com/resource/v1beta1/validate.go``), at ``sharing.strategy``."""
 
 _NOT_IMPLEMENTED: dict[str, str] = {}
 """Strategy -> a note appended to its gate error while this driver does not implement it (none now: both are)."""
@@ -317,7 +318,7 @@ def validate(config: DeviceConfig, gates: FeatureGates = DEFAULT_GATES, where: s
     elif sharing.strategy == MPS:
         if not gates.mps_support:
             raise DeviceConfigError(f"{at}.strategy", _gate_error(MPS, MPS_SUPPORT))
-        if gates.consumable_shares:  # NVIDIA's apply-time refusals (nvidia-dra-driver-updates.md 2a)
+        if gates.consumable_shares:  # NVIDIA's apply-time refusals (cmd/gpu-kubelet-plugin/sharing.go)
             raise DeviceConfigError(f"{at}.strategy", MPS_WITH_CONSUMABLE_SHARES)
         if gates.dynamic_mig:
             raise DeviceConfigError(f"{at}.strategy", MPS_WITH_DYNAMIC_MIG)
@@ -553,10 +554,10 @@ def refuse_admin_sharing(claim: Claim, entry: ConfigEntry, plan: SharingPlan, re
     """Refuse a sharing config that selects a strategy for an admin-access result.
 
     An admin-access request observes a device that another claim may own (the scheduler and the plugin let it
-    overlap, ``nvidia-dra-driver.md`` 4.2); it never changes the device. A time-slice, a compute mode or an MPS
-    control daemon is a setting of the whole device, so applying an admin claim's sharing config would change the
-    owner's setting, start a second daemon, and reset the owner's GPU at the admin claim's unprepare. As NVIDIA
-    does since kubernetes-sigs/dra-driver-nvidia-gpu#1280 (PR #1320), such a config is refused, whether it comes
+    overlap, NVIDIA's ``cmd/gpu-kubelet-plugin/device_state.go``); it never changes the device. A time-slice, a compute
+    mode or an MPS control daemon is a setting of the whole device, so applying an admin claim's sharing config would
+    change the owner's setting, start a second daemon, and reset the owner's GPU at the admin claim's unprepare. As
+    NVIDIA does since kubernetes-sigs/dra-driver-nvidia-gpu#1280 (PR #1320), such a config is refused, whether it comes
     from the claim or from its DeviceClass; a config without ``sharing`` still applies.
 
     :param results: indices into ``claim.results`` of the results that selected ``entry``.

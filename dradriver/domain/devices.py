@@ -1,6 +1,6 @@
 """Devices found on a node: full GPUs, MIG devices, the NVLink fabric clique, and their DRA names.
 
-Facts (reference ``nvidia-dra-driver.md`` sections 2.2-2.4, ``gpu-facts.md`` sections 3 and 6):
+Facts (NVIDIA's ``cmd/gpu-kubelet-plugin/deviceinfo.go``, ``mig.go``; NVIDIA's MIG User Guide):
 
 * a full GPU is named ``gpu-<minor>``, with ``<minor>`` the NVML minor number (``/dev/nvidia<minor>``),
   not the enumeration index, so names do not shift when another GPU disappears;
@@ -20,7 +20,7 @@ MIB = 1024 * 1024
 
 
 class DeviceType(str, Enum):
-    """Value of the ``type`` attribute (reference ``nvidia-dra-driver.md`` 2.3/2.4)."""
+    """Value of the ``type`` attribute (NVIDIA's ``cmd/gpu-kubelet-plugin/deviceinfo.go``, ``mig.go``)."""
 
     GPU = "gpu"
     MIG = "mig"
@@ -168,7 +168,7 @@ class GpuDevice:
     :param minor: NVML minor number; ``/dev/nvidia<minor>``.
     :param memory_bytes: framebuffer total in bytes (``nvmlDeviceGetMemoryInfo`` ``total``), or
         ``None`` when NVML reports NOT_SUPPORTED.
-    :param pci_bus_id: normalised ``dddd:bb:dd.f`` lowercase (``gpu-facts.md`` 6.2).
+    :param pci_bus_id: normalised ``dddd:bb:dd.f`` lowercase (NVIDIA's ``cmd/gpu-kubelet-plugin/deviceinfo.go``).
     :param pcie_root: ``pci<domain>:<bus>`` from sysfs, or ``None`` when it cannot be resolved.
     :param numa_node: NUMA node of the PCI device (sysfs ``numa_node``, NVML only when sysfs has no entry), or
         ``None`` when unknown or negative.

@@ -1,6 +1,7 @@
 """Device health: NVML faults classified, scoped to devices, turned into DRA device taints, and recovered.
 
-Facts (reference ``nvidia-dra-driver.md`` 6.1, ``kubelet-dra-protocol.md`` 3 and 5.1):
+Facts (NVIDIA's ``cmd/gpu-kubelet-plugin/device_health.go``; KEP-4680, ``pkg/apis/dra-health/v1alpha1/api.proto`` in
+kubernetes/kubelet; ``resource/v1/types.go`` in kubernetes/api):
 
 * Application-level Xids that do not make a device unhealthy, by default 13, 31, 43, 45, 68 and 109
   (NVIDIA's driver), extended by ``--additional-xids-to-ignore``.
@@ -146,7 +147,8 @@ class DeviceTaint:
 @dataclass(frozen=True, slots=True)
 class DeviceHealthReport:
     """One device's health as the DRA health stream carries it (``v1alpha1.DeviceHealth``,
-    ``kubelet-dra-protocol.md`` 3.1): what the plugin sends and what the kubelet reads.
+    KEP-4680, ``pkg/apis/dra-health/v1alpha1/api.proto`` in kubernetes/kubelet): what the plugin sends and what the
+    kubelet reads.
 
     :param health: ``"Healthy"``, ``"Unhealthy"`` or ``"Unknown"`` (the kubelet's words).
     :param last_updated: Unix seconds when the plugin determined it.

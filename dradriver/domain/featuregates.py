@@ -1,8 +1,8 @@
 """NVIDIA's feature gates: their names, defaults and rules, the ``--feature-gates`` syntax, and what dradriver does
 with each.
 
-Source: ``nvidia-dra-driver.md`` section 8 (``pkg/featuregates/featuregates.go``) and the newer releases in
-``nvidia-dra-driver-updates.md`` section 1.2. NVIDIA's binaries take the gates as
+Source: NVIDIA's ``pkg/featuregates/featuregates.go`` (kubernetes-sigs/dra-driver-nvidia-gpu at v0.5.0 and on
+main, commit 0807eed0) and its ``feature-gates.md`` page. NVIDIA's binaries take the gates as
 ``--feature-gates``/``FEATURE_GATES`` in Kubernetes component-base syntax: comma-separated ``Name=bool`` pairs,
 blanks around them ignored, empty entries ignored (the chart renders ``Key=true,Key2=false,`` with a trailing
 comma), a value parsed as Go's ``strconv.ParseBool`` parses it, an unknown name refused.

@@ -3,9 +3,9 @@
 Every name that differs between dradriver's kubelet plugins (``gpu.nvidia.com`` now, ``compute-domain.nvidia.com``
 next) is derived from one :class:`DriverIdentity`, so two plugins can run side by side, in one process in tests,
 without sharing a file, a socket or a lock. Facts: the CDI kind and transient spec-file name follow
-``cdi.md`` 2.5 (``<vendor>/<class>``, ``<vendor>-<class>_<name>.yaml``, NVIDIA's suffix); NVIDIA's GPU plugin uses
-vendor ``k8s.gpu.nvidia.com`` and class ``claim`` (``nvidia-dra-driver.md`` 5.1); taint keys are
-``<driver domain>/<name>`` (``kubelet-dra-protocol.md`` on DeviceTaint).
+the CDI ``SPEC.md`` (``<vendor>/<class>``, ``<vendor>-<class>_<name>.yaml``, NVIDIA's suffix); NVIDIA's GPU plugin uses
+vendor ``k8s.gpu.nvidia.com`` and class ``claim`` (NVIDIA's ``cmd/gpu-kubelet-plugin/cdi.go``); taint keys are
+``<driver domain>/<name>`` (``DeviceTaint`` in kubernetes/api ``resource/v1/types.go``).
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ GPU_DRIVER = DriverIdentity(
     taint_domain="gpu.nvidia.com",
     user_agent="dradriver/gpu.nvidia.com",
 )
-"""NVIDIA's GPU kubelet plugin, whose user-facing names dradriver keeps (``nvidia-dra-driver.md`` 1.1, 5.1)."""
+"""NVIDIA's GPU kubelet plugin, whose user-facing names dradriver keeps (NVIDIA's ``cmd/gpu-kubelet-plugin/main.go``,
+``cdi.go``)."""
 
 COMPUTE_DOMAIN_DRIVER = DriverIdentity(
     driver_name="compute-domain.nvidia.com",
@@ -60,4 +61,5 @@ COMPUTE_DOMAIN_DRIVER = DriverIdentity(
     taint_domain="compute-domain.nvidia.com",
     user_agent="dradriver/compute-domain.nvidia.com",
 )
-"""NVIDIA's compute-domain kubelet plugin (``nvidia-dra-driver.md`` 1.2, 2.7, 5.2): IMEX channels and daemons."""
+"""NVIDIA's compute-domain kubelet plugin (NVIDIA's
+``cmd/compute-domain-kubelet-plugin/main.go``, ``deviceinfo.go``, ``cdi.go``): IMEX channels and daemons."""

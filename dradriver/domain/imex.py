@@ -1,8 +1,8 @@
 """The IMEX daemon's files and membership rules, free of I/O: ``imexd.cfg``, ``nodes.cfg``, the hosts-file
 section, the clique entry changes and the name -> address mapping whose change the daemon signals.
 
-Facts: ``nvidia-dra-driver.md`` 7.4 (daemon behaviour: config keys, static ``nodes.cfg`` of DNS names, hosts
-lines ``<ip>\\t<name>``, lowest free index, removal by pod IP), ``nvidia-dra-driver-updates.md`` 2c (per-domain
+Facts: NVIDIA's ``cmd/compute-domain-daemon/`` (daemon behaviour: config keys, static ``nodes.cfg`` of DNS names, hosts
+lines ``<ip>\\t<name>``, lowest free index, removal by pod IP), ``cmd/compute-domain-controller/`` (per-domain
 hashed names after #1448, sentinel ``127.0.0.2`` for unused slots after #1465). Names and the index rule are
 :mod:`dradriver.domain.computedomains`'.
 """
@@ -71,7 +71,7 @@ class DaemonRecord:
     """What this node's IMEX daemon last found when probed, written by the daemon into its domain directory
     (``/imexd/daemon-readiness.json`` in its container, ``<plugin dir>/domains/<cdUID>/`` on the host) at its start
     (not ready), at each probe (``compute-domain-daemon check``: the startup probe every 1 s, then the readiness
-    probe every 10 s; ``nvidia-dra-driver-updates.md`` 2c) and when it stops (not ready). The compute-domain
+    probe every 10 s; NVIDIA's ``cmd/compute-domain-controller/``) and when it stops (not ready). The compute-domain
     plugin, on the same node, reads it before the API (issue 14): a workload's channel prepare learns that its
     daemon is Ready when the probe that turns the pod Ready passes, without a read of the clique or the pod, and
     a not-ready daemon costs the waiting claim nothing but this file. A ``ready`` record counts only while its

@@ -2,7 +2,8 @@
 relate to existing instances. The device itself (:class:`~dradriver.domain.devices.MigPlacement`) and its name
 (format and parse) belong to the device model, :mod:`dradriver.domain.devices`.
 
-Facts (``nvidia-dra-driver-updates.md`` 2b, ``gpu-facts.md`` MIG profile tables):
+Facts (NVIDIA's dynamic MIG, ``cmd/gpu-kubelet-plugin/nvlib.go``, ``partitions.go``; the MIG profile tables of NVIDIA's
+MIG User Guide, "Supported MIG Profiles"):
 
 * one abstract device per (GPU-instance profile, placement) of a GPU, named
   ``gpu-<parent minor>-mig-<canonical profile>-<GI profile ID>-<placement start>`` exactly as NVIDIA names them
@@ -27,7 +28,7 @@ from dradriver.domain.devices import GpuDevice, MigDevice, MigPlacement, NodeInv
 #: Architectures (``GpuDevice.architecture``) older than Hopper: a MIG mode change needs a GPU reset there, so
 #: such a GPU is dynamic only when MIG mode is already on (``dradriver.nvml.discovery.is_dynamic_mig_capable``),
 #: never offers its full GPU beside its placements, and is never turned out of MIG mode
-#: (``nvidia-dra-driver-updates.md`` 2b, NVIDIA PR #1018).
+#: (NVIDIA's dynamic MIG, ``cmd/gpu-kubelet-plugin/nvlib.go``, NVIDIA PR #1018).
 PRE_HOPPER = frozenset({"Kepler", "Maxwell", "Pascal", "Volta", "Turing", "Ampere", "Ada Lovelace"})
 
 

@@ -1,6 +1,6 @@
 """MPS control daemons, pure part: NVIDIA's naming, host layout, Deployment, readiness rule and workload edits.
 
-Facts from NVIDIA's driver (reference ``nvidia-dra-driver.md`` 4.5 and 5.1, ``nvidia-dra-driver-updates.md`` 2a;
+Facts from NVIDIA's driver (``cmd/gpu-kubelet-plugin/sharing.go``, ``cdi.go``;
 ``cmd/gpu-kubelet-plugin/sharing.go`` and ``templates/mps-control-daemon.tmpl.yaml`` there):
 
 * one control daemon per config group per claim; its ID is ``<claim UID>-<first 5 hex digits of

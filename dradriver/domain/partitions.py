@@ -1,7 +1,7 @@
 """Dynamic MIG ResourceSlices: partitionable devices with shared counters (KEP-4815), one pool per node.
 
-Contract (``nvidia-dra-driver-updates.md`` 2b, ``nvidia-dra-driver.md`` 2.1-2.4 and 2.8,
-``kubelet-dra-protocol.md`` 5.1):
+Contract (NVIDIA's ``cmd/gpu-kubelet-plugin/driver.go``, ``deviceinfo.go``, ``mig.go``, ``partitions.go``, ``nvlib.go``;
+``resource/v1/types.go`` in kubernetes/api):
 
 * per dynamic-MIG GPU (:func:`~dradriver.nvml.discovery.is_dynamic_mig_capable`, placements in
   ``NodeInventory.placements``): the counter set ``gpu-<minor>-counter-set`` with the counters
@@ -30,8 +30,9 @@ Slice layout, by the API server's version (``server_version``):
 * slices of GPUs without placements follow, cut as :func:`dradriver.domain.pools.build` cuts them.
 
 Device order (the scheduler takes the first device that fits, walking slices in name order (the publisher's
-index prefix keeps ours in build order) and devices in list order, ``kubelet-dra-protocol.md`` 6.3), chosen
-so that first fit packs one GPU before it spreads to the next:
+index prefix keeps ours in build order) and devices in list order,
+``structured/internal/incubating/allocator_incubating.go`` in k8s.io/dynamic-resource-allocation), chosen so that first
+fit packs one GPU before it spreads to the next:
 
 1. GPUs by PCI bus ID, each GPU's devices together (a request tries every device of GPU 0 first);
 2. within a GPU, abstract devices by compute slices, then memory, then GI profile ID (smallest first, so a
@@ -62,7 +63,8 @@ from dradriver.domain.versions import normalize_version
 log = logging.getLogger(__name__)
 
 SPLIT_LAYOUT_SINCE = (1, 35)
-"""First Kubernetes version whose slices carry either devices or counter sets (``kubelet-dra-protocol.md`` 5.1)."""
+"""First Kubernetes version whose slices carry either devices or counter sets (``resource/v1/types.go`` in
+kubernetes/api)."""
 MAX_COUNTER_SETS_PER_SLICE = rs.MAX_COUNTER_SETS_PER_SLICE
 MAX_COUNTERS_PER_SET = rs.MAX_COUNTERS_PER_SET
 MAX_CONSUMED_COUNTERS_PER_SLICE = rs.MAX_CONSUMED_COUNTERS_PER_SLICE

@@ -189,7 +189,7 @@ class NotReadyYet(ClaimError):
     The batch runner answers such a claim only when it is still not ready at its deadline: until then it retries
     the claim with a growing pause (outside its locks, so other claims, the waited-for daemon's among them,
     prepare meanwhile), as NVIDIA's compute-domain plugin retries a prepare within the kubelet's 45 s
-    (``nvidia-dra-driver.md`` 4.8).
+    (NVIDIA's ``cmd/compute-domain-kubelet-plugin/device_state.go``).
 
     :param ref: the claim.
     :param cause: what it waits for (names the object or file read).
@@ -363,7 +363,7 @@ class SharingStep(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class MpsDaemonSpec:
-    """One MPS control daemon to run (NVIDIA's MPS contract, ``nvidia-dra-driver-updates.md`` 2a).
+    """One MPS control daemon to run (NVIDIA's MPS contract, ``cmd/gpu-kubelet-plugin/sharing.go``).
 
     :param daemon_id: the daemon's ID (its Deployment is ``mps-control-daemon-<id>``; its host directory
         ``<plugins dir>/gpu.nvidia.com/mps/<id>``); a DNS label of at most 44 characters.

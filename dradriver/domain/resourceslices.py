@@ -1,7 +1,8 @@
 """``resource.k8s.io/v1`` ResourceSlice objects for one node's GPUs and MIG devices: each device's entry, the
 per-slice limits and their check (the pool's slices are put together by :mod:`dradriver.domain.pools`).
 
-Contract (reference ``nvidia-dra-driver.md`` 2.1-2.4, ``gpu-facts.md`` 6, ``kubelet-dra-protocol.md`` 5.1):
+Contract (NVIDIA's ``cmd/gpu-kubelet-plugin/driver.go``, ``deviceinfo.go``, ``mig.go``; ``resource/v1/types.go`` in
+kubernetes/api):
 
 * driver ``gpu.nvidia.com``; one pool per node, named after the node; ``spec.nodeName`` set;
   ``spec.pool.generation`` and ``spec.pool.resourceSliceCount`` filled in; no ``metadata.name`` (the API
@@ -16,10 +17,10 @@ Contract (reference ``nvidia-dra-driver.md`` 2.1-2.4, ``gpu-facts.md`` 6, ``kube
   ``ofaEngines``, ``memory`` (``memorySizeMB * 2**20`` bytes) and ``memorySlice<i> = 1`` for every
   memory slice of its placement.
 * a GPU in MIG mode publishes only its MIG devices (:meth:`NodeInventory.allocatable`).
-* with consumable shares (``--consumable-shares`` other than ``disabled``, ``nvidia-dra-driver.md`` 2.6): full
-  GPUs and MIG devices get ``allowMultipleAllocations: true``, ``memory`` rounded down to a multiple of 1Mi with a
-  ``requestPolicy`` (``default`` and ``validRange``), and in the integer mode a ``shares`` capacity
-  (:func:`dradriver.domain.shares.request_policies`).
+* with consumable shares (``--consumable-shares`` other than ``disabled``, NVIDIA's
+  ``cmd/gpu-kubelet-plugin/consumable_shares.go``): full GPUs and MIG devices get ``allowMultipleAllocations: true``,
+  ``memory`` rounded down to a multiple of 1Mi with a ``requestPolicy`` (``default`` and ``validRange``), and in the
+  integer mode a ``shares`` capacity (:func:`dradriver.domain.shares.request_policies`).
 
 API limits enforced here: at most 128 devices per slice, 64 when any device of the pool carries taints or
 consumes counters; at most 32 attributes plus capacities per device (the lowest-priority entries are dropped
@@ -355,7 +356,7 @@ def limit_violations(resource_slice: Mapping[str, Any], server_version: tuple[in
     counter sets per slice (8), counters per set (32), ``consumesCounters`` entries per device (2) and counters
     per entry (32), counters consumed per slice (1024); from ``server_version`` 1.35 a slice with both devices
     and ``sharedCounters``; before 1.35 more than 32 counters over all sets of a slice, or a device consuming a
-    counter set that is not in its own slice (``kubelet-dra-protocol.md`` 5.1, ``nvidia-dra-driver.md`` 2.8).
+    counter set that is not in its own slice (``resource/v1/types.go`` in kubernetes/api).
     """
     problems: list[str] = []
     spec = resource_slice.get("spec", {})
@@ -421,9 +422,9 @@ def _amount(text: Any) -> int:
 
 
 def _policy_violations(capacity: Mapping[str, Any], multiple: bool) -> list[str]:
-    """The ``DeviceCapacity.requestPolicy`` rules the OpenAPI schema cannot state (``kubelet-dra-protocol.md`` 5.1):
-    only with ``allowMultipleAllocations``; ``validValues`` at most 10, ascending, each <= value, holding the
-    default; ``validRange.min`` <= default <= ``max`` <= value, default on the step grid from ``min``."""
+    """The ``DeviceCapacity.requestPolicy`` rules the OpenAPI schema cannot state (``resource/v1/types.go`` in
+    kubernetes/api): only with ``allowMultipleAllocations``; ``validValues`` at most 10, ascending, each <= value,
+    holding the default; ``validRange.min`` <= default <= ``max`` <= value, default on the step grid from ``min``."""
     policy = capacity.get("requestPolicy")
     if policy is None:
         return []

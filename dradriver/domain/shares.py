@@ -4,9 +4,11 @@ the MPS client limits dradriver derives from what the scheduler allocated.
 Facts:
 
 * ``--consumable-shares`` / ``CONSUMABLE_SHARES``: ``disabled`` (default), ``memory``, ``unlimited`` or a positive
-  integer N; anything but ``disabled`` requires the ``ConsumableShares`` gate (``nvidia-dra-driver.md`` 1.1, 2.6).
+  integer N; anything but ``disabled`` requires the ``ConsumableShares`` gate (NVIDIA's
+  ``cmd/gpu-kubelet-plugin/main.go``, ``consumable_shares.go``).
 * With consumable shares, full GPUs and MIG devices get ``allowMultipleAllocations: true`` and their ``memory``
-  capacity is rounded down to a multiple of 1Mi and given a request policy (``nvidia-dra-driver.md`` 2.6):
+  capacity is rounded down to a multiple of 1Mi and given a request policy (NVIDIA's
+  ``cmd/gpu-kubelet-plugin/consumable_shares.go``):
 
   ============  ==============  =============================  ==========================================
   mode          memory default  memory validRange min/max/step extra
@@ -18,7 +20,9 @@ Facts:
 
 * The scheduler rounds each request up to the policy and records the amount in
   ``status.allocation.devices.results[].consumedCapacity`` (KEP-5075 ``DRAConsumableCapacity``;
-  ``kubelet-dra-protocol.md`` 5.1, 5.3, 6.3 item 5): a capacity the claim did not request consumes its ``default``.
+  ``resource/v1/types.go`` in kubernetes/api; the allocator's consumable-capacity rule in
+  ``structured/internal/incubating/allocator_incubating.go`` of k8s.io/dynamic-resource-allocation): a capacity the
+  claim did not request consumes its ``default``.
 
 Beyond NVIDIA (which enforces nothing on the node): every claim's containers get MPS client limits from the
 amount allocated to it (:func:`share_limits`): ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` from the consumed ``memory``

@@ -2,9 +2,10 @@
 
 The API server parses every ``version`` attribute with a strict Semantic Versioning 2.0.0 parser
 (``blang/semver`` ``Parse``: exactly three numeric parts, no leading zeros, at most 64 characters) and
-rejects the whole ResourceSlice when one value fails (reference ``kubelet-dra-protocol.md`` 5.1). NVIDIA's
+rejects the whole ResourceSlice when one value fails (``resource/v1/types.go`` in kubernetes/api). NVIDIA's
 driver feeds NVML strings through Masterminds ``semver`` first, which drops leading zeros
-(``580.95.05`` -> ``580.95.5``, ``gpu-facts.md`` 6.2). This module does the same, and more forgivingly:
+(``580.95.05`` -> ``580.95.5``, NVIDIA's ``cmd/gpu-kubelet-plugin/deviceinfo.go``). This module does the same, and more
+forgivingly:
 
 ==========================  =====================  =============================================
 input                       output                 rule

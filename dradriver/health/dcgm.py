@@ -21,7 +21,7 @@ units (MHz, MiB, percent, W, mJ, Celsius), with its Prometheus types (a dcgm-exp
 
 Series NVML answers NOT_SUPPORTED for (on MIG handles: everything but memory) are left out, never written
 as 0, as dcgm-exporter leaves out blank fields. ``DCGM_FI_DEV_XID_ERRORS`` is the last Xid seen (0: none), a
-gauge as in dcgm-exporter. ``docs/metrics.md`` lists every series and its NVML source.
+gauge as in dcgm-exporter. ``docs/operations/metrics.md`` lists every series and its NVML source.
 """
 
 from __future__ import annotations

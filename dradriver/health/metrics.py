@@ -1,7 +1,7 @@
 """Prometheus metrics with the official ``prometheus-client``, each set on its own ``CollectorRegistry``.
 
 * :class:`DriverMetrics`: what the kubelet plugin does. The six metrics of NVIDIA's driver keep their names,
-  labels and semantics (``nvidia-dra-driver.md`` 6.3: ``nvidia_dra_requests_total`` etc., successes only,
+  labels and semantics (NVIDIA's ``pkg/metrics/``: ``nvidia_dra_requests_total`` etc., successes only,
   buckets ``0.05 * 2**k`` s), so existing dashboards keep working; ``dradriver_*`` metrics add outcomes,
   prepared claims, claim-store operations, ResourceSlice publish errors and NVML errors by return code.
 * :class:`DeviceCollector`: per-GPU and per-MIG-device readings from the newest poll sample of a
@@ -10,7 +10,7 @@
   on ``host:port`` (``:8080``) at a configurable path.
 
 Names follow the Prometheus conventions: base units in the name (bytes, seconds, watts, hertz, celsius,
-joules), ratios 0..1, ``_total`` for counters. ``docs/metrics.md`` lists every series and the dcgm-exporter
+joules), ratios 0..1, ``_total`` for counters. ``docs/operations/metrics.md`` lists every series and the dcgm-exporter
 field it corresponds to.
 """
 

@@ -17,9 +17,9 @@ Outputs:
   called once per coalesced change: changes are collected for ``debounce_s`` after the last one (at most
   ``max_delay_s`` after the first), so a burst of events becomes one slice update;
 * :meth:`HealthMonitor.watch`, the :class:`dradriver.server.healthstream.HealthSource` of the kubelet's
-  ``v1alpha1.DRAResourceHealth`` stream (``kubelet-dra-protocol.md`` 3): a complete snapshot when a stream
-  opens, again every ``snapshot_interval_s`` (default 10 s, well inside the kubelet's 30 s staleness
-  window), and one per change. A device with a taint other than effect ``None`` is ``Unhealthy`` with the
+  ``v1alpha1.DRAResourceHealth`` stream (KEP-4680, ``pkg/apis/dra-health/v1alpha1/api.proto`` in kubernetes/kubelet): a
+  complete snapshot when a stream opens, again every ``snapshot_interval_s`` (default 10 s, well inside the kubelet's 30
+  s staleness window), and one per change. A device with a taint other than effect ``None`` is ``Unhealthy`` with the
   fault as message; a device of a GPU that cannot be monitored is ``Unknown``;
 * the readings the Prometheus device collector (:mod:`dradriver.health.metrics`) serves: latest sample,
   health states, Xid statistics, NVML errors by return code.

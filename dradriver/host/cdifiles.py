@@ -1,9 +1,9 @@
 """Crash-safe CDI spec files: atomic writes, deletes, and the start-up sweep of temp files a crash left.
 
 Files are written to a temp name without a ``.yaml``/``.json`` suffix (``.<name>.tmp-<random>``, a name CDI consumers
-ignore) in the same directory and renamed over the spec's name, with mode 0644 (``cdi.md`` 2.6). Claim specs are
-not fsync'd: they matter only within one boot (a process crash leaves the kernel's page cache, which every reader
-sees, intact; after a reboot the plugin deletes every claim spec of the old boot). The argument is in
+ignore) in the same directory and renamed over the spec's name, with mode 0644 (the CDI library's ``pkg/cdi/spec.go``).
+Claim specs are not fsync'd: they matter only within one boot (a process crash leaves the kernel's page cache, which
+every reader sees, intact; after a reboot the plugin deletes every claim spec of the old boot). The argument is in
 :mod:`dradriver.host.claimstate`. ``durable=True`` fsyncs the file and its directory for files that must
 survive a power loss.
 """
@@ -107,7 +107,7 @@ def write_claim_spec(
     Idempotent: writing again replaces the file. The file has NVIDIA's name (``.yaml``, see
     :meth:`CdiKind.spec_name`); a ``.json`` spec an older dradriver wrote for the same claim is removed
     afterwards, because the same device defined in two files of one directory makes consumers drop it
-    (``cdi.md`` 2.6). Temp files a crashed earlier write left behind are removed first.
+    (the CDI library's ``pkg/cdi/spec.go``). Temp files a crashed earlier write left behind are removed first.
 
     :raises CdiSpecError: the content cannot be built, or the file cannot be written.
     """

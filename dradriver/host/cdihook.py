@@ -4,7 +4,7 @@ The container runtime runs every ``createContainer`` hook of a CDI spec by its h
 container (``create-symlinks``, ``enable-cuda-compat``, ``update-ldcache``, ``disable-device-node-modification``:
 :func:`dradriver.host.driverfiles.driver_edits`). A hook path that does not exist on the host is no error when the
 spec is written, only when the container is created: the pod fails with an OCI runtime error
-(``cdi.md`` 4.7; CDI spec, "hooks").
+(nvidia-container-toolkit's ``cmd/nvidia-cdi-hook``; CDI spec, "hooks").
 
 NVIDIA's GPU plugin (``--nvidia-cdi-hook-path``, ``NVIDIA_CDI_HOOK_PATH``, kubernetes-sigs/dra-driver-nvidia-gpu
 ``cmd/gpu-kubelet-plugin/main.go``): when no path is set it copies the ``/usr/bin/nvidia-cdi-hook`` of its image

@@ -1,7 +1,7 @@
 """Crash-safe claim state of the kubelet plugin: which claims are prepared and which devices they hold.
 
 Why this module exists: NVIDIA's Go driver rewrites one whole JSON checkpoint per change, with an fsync
-(reference ``nvidia-dra-driver.md`` sections 4.4 and 11.1), so every prepare costs time linear in the number of
+(NVIDIA's ``cmd/gpu-kubelet-plugin/checkpoint.go``), so every prepare costs time linear in the number of
 prepared claims. Here the state is a journal of appended, CRC-checked records (format in
 :mod:`dradriver._native.claimstore_py`): one prepare or unprepare appends one record with one ``write``,
 whatever the table size. The table and the encoding live in the native module picked by
@@ -119,7 +119,8 @@ DEFAULT_COMPACT_RATIO = 2.0
 DEFAULT_LOCK_TIMEOUT = 10.0
 DEFAULT_TOMBSTONE_TTL_S = 300.0
 """How long, seconds, an unprepare tombstone is kept: far longer than any prepare call (the kubelet gives up after
-45 s, ``kubelet-dra-protocol.md``); a call that has run longer is refused (:attr:`ClaimState.tombstone_ttl_ns`)."""
+45 s, ``pkg/kubelet/cm/dra/plugin/dra_plugin.go``); a call that has run longer is refused
+(:attr:`ClaimState.tombstone_ttl_ns`)."""
 _LOCK_POLL = 0.005
 
 

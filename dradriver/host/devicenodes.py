@@ -1,9 +1,10 @@
 """Device-node numbers of NVIDIA devices on this host, and the CDI edits that expose them (reads ``/proc`` and
 ``/dev``).
 
-Facts (``gpu-facts.md`` 3.2 and 5, ``cdi.md`` 5.1): the control nodes ``/dev/nvidiactl`` (``nvidia`` major,
-minor 255), ``/dev/nvidia-uvm`` and ``/dev/nvidia-uvm-tools`` (``nvidia-uvm`` major, minors 0 and 1), plus
-``/dev/nvidia-modeset`` (minor 254) when the host has it; a full GPU gets ``/dev/nvidia<minor>``; a MIG device
+Facts (NVIDIA's MIG User Guide, "Device Nodes and Capabilities"; nvidia-container-toolkit's
+``internal/info/proc/devices``; NVIDIA's ``cmd/gpu-kubelet-plugin/cdi.go``): the control nodes ``/dev/nvidiactl``
+(``nvidia`` major, minor 255), ``/dev/nvidia-uvm`` and ``/dev/nvidia-uvm-tools`` (``nvidia-uvm`` major, minors 0 and 1),
+plus ``/dev/nvidia-modeset`` (minor 254) when the host has it; a full GPU gets ``/dev/nvidia<minor>``; a MIG device
 gets its parent's node plus the two capability nodes ``/dev/nvidia-caps/nvidia-cap<minor>`` for its
 GPU-instance and compute-instance access capabilities.
 """
@@ -33,7 +34,7 @@ UVM_MINOR = 0
 UVM_TOOLS_MINOR = 1
 EDITS_TTL_S = 300.0
 """How long :class:`EditsCache` reuses computed edits, seconds: NVIDIA's plugin caches its nvcdi common edits and
-its per-GPU device specs for 5 minutes (``nvidia-dra-driver.md``, CDI specs)."""
+its per-GPU device specs for 5 minutes (NVIDIA's ``cmd/gpu-kubelet-plugin/cdi.go``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +106,8 @@ class DeviceNodeInfo:
         )
 
     def mig_cap(self, parent_minor: int, gi: int, ci: int | None) -> tuple[int, int]:
-        """``(minor, file mode)`` of the GI (``ci=None``) or CI access capability (``gpu-facts.md`` 3.2).
+        """``(minor, file mode)`` of the GI (``ci=None``) or CI access capability (NVIDIA's MIG User Guide, "Device
+        Nodes and Capabilities").
 
         Sources in order: ``capabilities_dir/gpu<m>/mig/gi<gi>[/ci<ci>]/access``, the ``mig_minors`` line
         ``gpu<m>/gi<gi>[/ci<ci>]/access <minor>``, then the formula ``3 + 135*gpu + 9*gi`` (GI) and
@@ -234,7 +236,8 @@ def _char_node(info: DeviceNodeInfo, path: str, major: int, minor: int, default_
 
 
 def control_edits(info: DeviceNodeInfo, majors: Mapping[str, int]) -> ContainerEdits:
-    """Spec-level edits: ``NVIDIA_VISIBLE_DEVICES=void`` and the control nodes (``gpu-facts.md`` 5).
+    """Spec-level edits: ``NVIDIA_VISIBLE_DEVICES=void`` and the control nodes (nvidia-container-toolkit's
+    ``internal/info/proc/devices``).
 
     :raises DeviceNodeError: the ``nvidia`` or ``nvidia-uvm`` major is unknown.
     """
@@ -252,7 +255,7 @@ def control_edits(info: DeviceNodeInfo, majors: Mapping[str, int]) -> ContainerE
 
 def device_edits(device: GpuDevice | MigDevice, info: DeviceNodeInfo, majors: Mapping[str, int]) -> ContainerEdits:
     """Per-device edits: ``/dev/nvidia<minor>``; for MIG the parent's node plus the GI and CI capability
-    nodes (``cdi.md`` 5.1).
+    nodes (NVIDIA's ``cmd/gpu-kubelet-plugin/cdi.go``).
 
     :raises DeviceNodeError: a major or capability minor cannot be found.
     """
@@ -271,8 +274,9 @@ def device_edits(device: GpuDevice | MigDevice, info: DeviceNodeInfo, majors: Ma
 def mig_instance_edits(info: DeviceNodeInfo, majors: Mapping[str, int], parent_minor: int, gi_id: int,
                        ci_id: int) -> ContainerEdits:
     """Edits of a MIG device known by its parent minor and GI/CI ids (dynamic MIG, from the undo record alone):
-    ``/dev/nvidia<parent minor>`` plus the GI and CI access capability nodes (``cdi.md`` 5.1,
-    ``gpu-facts.md`` 3.2), exactly what :func:`device_edits` gives an existing MIG device.
+    ``/dev/nvidia<parent minor>`` plus the GI and CI access capability nodes (NVIDIA's
+    ``cmd/gpu-kubelet-plugin/cdi.go``, NVIDIA's MIG User Guide, "Device Nodes and Capabilities"), exactly what
+    :func:`device_edits` gives an existing MIG device.
 
     :raises DeviceNodeError: a major or capability minor cannot be found.
     """

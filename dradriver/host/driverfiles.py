@@ -1,8 +1,8 @@
 """The NVIDIA driver's user-space files a GPU container needs, found under a driver root.
 
-What is looked for is what nvidia-container-toolkit mounts in its ``nvml`` mode (reference ``cdi.md`` 4.6;
-NVIDIA's GPU plugin puts exactly these common edits at spec level of every claim spec, ``cdi.md`` 5.1 and
-``nvidia-dra-driver.md`` 5.1):
+What is looked for is what nvidia-container-toolkit mounts in its ``nvml`` mode (nvidia-container-toolkit's
+``pkg/nvcdi``; NVIDIA's GPU plugin puts exactly these common edits at spec level of every claim spec,
+``cmd/gpu-kubelet-plugin/cdi.go``):
 
 * driver libraries: every ``*.so.<driver version>`` in the directories holding ``libcuda.so.<version>`` and
   in their ``vdpau/`` subdirectory (libcuda, libnvidia-ml, libnvidia-ptxjitcompiler, libnvidia-nvvm,
@@ -42,8 +42,8 @@ from pathlib import Path
 from dradriver.domain.cdi import ContainerEdits, Hook, Mount
 from dradriver.errors import DradriverError
 
-#: Where nvidia-container-toolkit installs its hook binary on the host (``cdi.md`` 4.7); the plugin's
-#: ``--nvidia-cdi-hook-path`` default.
+#: Where nvidia-container-toolkit installs its hook binary on the host (nvidia-container-toolkit's
+#: ``cmd/nvidia-cdi-hook``); the plugin's ``--nvidia-cdi-hook-path`` default.
 DEFAULT_CDI_HOOK_PATH = "/usr/bin/nvidia-cdi-hook"
 #: Library directories searched for ``libcuda.so.<version>``, in order (Debian multiarch, RPM, generic).
 LIBRARY_DIRS: tuple[str, ...] = (
@@ -174,7 +174,7 @@ class DriverFiles:
 
 
 #: Where NVIDIA's prestart script and plugin look for ``libnvidia-ml.so.1`` under a driver root, in order
-#: (nvidia-image-contract.md, "Executables inside the image").
+#: (NVIDIA's chart, ``templates/kubeletplugin.yaml``, and ``cmd/gpu-kubelet-plugin/nvlib.go``).
 NVML_LIBRARY_DIRS: tuple[str, ...] = (
     "/usr/lib64",
     "/usr/lib/x86_64-linux-gnu",
@@ -309,7 +309,8 @@ def _library_stem(name: str) -> str:
 
 
 def _links(root: str, version: str, libcuda_dirs: Sequence[str], libraries: Sequence[str]) -> list[tuple[str, str]]:
-    """The ``create-symlinks`` pairs (``cdi.md`` 4.7), explicit ones first, then the host's own links."""
+    """The ``create-symlinks`` pairs (nvidia-container-toolkit's ``cmd/nvidia-cdi-hook``), explicit ones first, then the
+    host's own links."""
     pairs: list[tuple[str, str]] = []
     for d in libcuda_dirs:
         pairs.append(("libcuda.so.1", f"{d}/libcuda.so"))
@@ -373,7 +374,7 @@ def discover_driver_files(
     firmware_path: str = "",
     require: bool = True,
 ) -> DriverFiles:
-    """Find the driver's user-space files for ``version`` under ``root`` (``cdi.md`` 4.6).
+    """Find the driver's user-space files for ``version`` under ``root`` (nvidia-container-toolkit's ``pkg/nvcdi``).
 
     :param root: the driver root as this process sees it (``--container-driver-root``, e.g. ``/driver-root``).
     :param version: the driver version NVML reports (``DriverVersions.driver``), e.g. ``"580.105.08"``.
@@ -452,15 +453,16 @@ def read_firmware_path(sysfs_root: Path | str) -> str:
 
 #: Options of library, binary, firmware and configuration mounts (toolkit ``discover.Mounts``).
 READ_ONLY_MOUNT_OPTIONS: tuple[str, ...] = ("ro", "nosuid", "nodev", "rbind", "rprivate")
-#: Options of IPC mounts: sockets and the MPS pipe directory (``cdi.md`` 4.6).
+#: Options of IPC mounts: sockets and the MPS pipe directory (nvidia-container-toolkit's ``pkg/nvcdi`` (nvml mode)).
 IPC_MOUNT_OPTIONS: tuple[str, ...] = ("nosuid", "nodev", "rbind", "rprivate", "noexec")
-#: Environment of every toolkit hook (``cdi.md`` 4.6).
+#: Environment of every toolkit hook (nvidia-container-toolkit's ``pkg/nvcdi`` (nvml mode)).
 HOOK_ENV: tuple[str, ...] = ("NVIDIA_CTK_DEBUG=false",)
 LIBCUDA_DIR_ENV = "NVIDIA_CTK_LIBCUDA_DIR"
 
 
 def cdi_hook(hook_path: str, subcommand: str, *args: str) -> Hook:
-    """A ``createContainer`` hook running ``nvidia-cdi-hook <subcommand> <args>`` (``cdi.md`` 4.7).
+    """A ``createContainer`` hook running ``nvidia-cdi-hook <subcommand> <args>`` (nvidia-container-toolkit's
+    ``cmd/nvidia-cdi-hook``).
 
     ``args[0]`` is ``nvidia-cdi-hook``, or ``nvidia-ctk hook`` when ``hook_path`` names ``nvidia-ctk``.
     """
@@ -479,8 +481,8 @@ def driver_edits(
     host_root: str = "/",
     hook_path: str = DEFAULT_CDI_HOOK_PATH,
 ) -> ContainerEdits:
-    """Spec-level edits that give a container the driver's user space: toolkit ``nvml`` mode (``cdi.md`` 4.6,
-    4.7, 4.9; NVIDIA's GPU plugin, ``cdi.md`` 5.1).
+    """Spec-level edits that give a container the driver's user space: toolkit ``nvml`` mode (nvidia-container-toolkit's
+    ``pkg/nvcdi`` and ``cmd/nvidia-cdi-hook``; NVIDIA's GPU plugin, ``cmd/gpu-kubelet-plugin/cdi.go``).
 
     * mounts of :class:`DriverFiles` (libraries, binaries, firmware, graphics files with
       :data:`READ_ONLY_MOUNT_OPTIONS`; IPC endpoints with :data:`IPC_MOUNT_OPTIONS`), sorted by path depth then
@@ -490,7 +492,7 @@ def driver_edits(
       --host-driver-version=<ver>``, ``update-ldcache --folder <dir>``..., ``disable-device-node-modification``;
     * env ``NVIDIA_CTK_LIBCUDA_DIR=<dirs holding libcuda, ':'-joined>``.
 
-    Hooks do not change the minimum ``cdiVersion`` (``cdi.md`` 1.4).
+    Hooks do not change the minimum ``cdiVersion`` (the CDI library's ``specs-go/version.go``).
 
     :param files: what :func:`dradriver.host.driverfiles.discover_driver_files` found.
     :param host_root: the host path of the driver root (``--nvidia-driver-root``), ``/`` for a host install.

@@ -1,7 +1,7 @@
 """IMEX on this node: channel device numbers, the channel count, the fabric-imex-mgmt capability, the per-domain
 directories of the compute-domain plugin, and the host-managed IMEX daemon's readiness query.
 
-Facts (``nvidia-dra-driver.md`` 2.7, 4.8; ``nvidia-dra-driver-updates.md`` 2c; ``gpu-facts.md`` 4.3):
+Facts (NVIDIA's ``cmd/compute-domain-kubelet-plugin/deviceinfo.go``, ``device_state.go``, ``nvlib.go``):
 
 * channel ``N`` is the character device ``/dev/nvidia-caps-imex-channels/channel<N>``, major = the number of the
   ``nvidia-caps-imex-channels`` line of ``/proc/devices`` (exact name match: the ``nvidia-caps`` major is another
@@ -340,8 +340,9 @@ def domain_dirs(plugin_dir: Path) -> list[str]:
 
 def imex_ctl_ready(binary: Path, socket_path: str, *, timeout_s: float = 10.0) -> tuple[bool, str]:
     """Ask the host's IMEX daemon whether it is ready: ``<binary> -q --u=<socket>``; ready when the output
-    contains ``READY`` (NVIDIA's host-managed check, ``nvidia-dra-driver.md`` 4.8). NVIDIA runs it chrooted into
-    the driver root; dradriver runs the driver root's binary itself (no chroot, so it also runs unprivileged).
+    contains ``READY`` (NVIDIA's host-managed check, ``cmd/compute-domain-kubelet-plugin/device_state.go``). NVIDIA runs
+    it chrooted into the driver root; dradriver runs the driver root's binary itself (no chroot, so it also runs
+    unprivileged).
 
     :returns: ``(ready, what it printed or why it could not run)``.
     """

@@ -4,8 +4,9 @@
 changes (not right after a fresh start: a new process reads the files anyway; and never before the process has
 installed its handler), restarts it when what changed is more than ``SIGUSR1`` applies, restarts it from a 1 s
 watchdog with a back-off when it exits unexpectedly, reports each such exit with its cause (:class:`ImexExit`), and
-ends it with ``SIGTERM``. Facts: ``nvidia-dra-driver.md`` 7.4 ("Process watchdog (1 s tick)", "SIGUSR1 ... not on
-fresh start"); ``signal(7)`` (the default action of ``SIGUSR1`` terminates the process); ``proc(5)`` (``SigCgt``).
+ends it with ``SIGTERM``. Facts: NVIDIA's ``cmd/compute-domain-daemon/`` ("Process watchdog (1 s tick)", "SIGUSR1 ...
+not on fresh start"); ``signal(7)`` (the default action of ``SIGUSR1`` terminates the process); ``proc(5)``
+(``SigCgt``).
 
 :func:`write_config_file` writes ``imexd.cfg``/``nodes.cfg`` atomically (temp file + rename); :func:`write_hosts_file`
 rewrites the hosts file atomically where it can and in place where it cannot (a container's ``/etc/hosts`` is a
@@ -150,8 +151,8 @@ class ImexProcess:
     * A watchdog (every ``watchdog_interval_s``) starts it again after an unexpected exit, with a back-off that
       doubles from ``watchdog_interval_s`` to ``backoff_max_s`` per exit in a row; a process that runs
       ``stable_s`` resets the count and is reported recovered. NVIDIA restarts every second forever
-      (``nvidia-dra-driver.md`` 7.4); the kubelet's own crash-loop back-off (10 s doubling to 5 min, reset after
-      10 min) is the model.
+      (NVIDIA's ``cmd/compute-domain-daemon/``); the kubelet's own crash-loop back-off (10 s doubling to 5 min, reset
+      after 10 min) is the model.
     * Its stderr (where the template's ``LOG_FILE_NAME=`` sends its log) is passed on to this process's stderr
       line by line, and the last :data:`LOG_TAIL_LINES` are kept: an exit's :class:`ImexExit` carries them.
 
@@ -401,7 +402,7 @@ def process_alive(pid: int, config_path: Path, proc_root: Path = Path("/proc")) 
 
 def query_ready(ctl: str, config_path: Path, timeout_s: float = 10.0) -> tuple[bool, str]:
     """``<ctl> -c <config_path> -q``: ready only when it prints exactly ``READY\n`` (NVIDIA's probe,
-    ``nvidia-dra-driver.md`` 7.4; the exit status is not consulted).
+    NVIDIA's ``cmd/compute-domain-daemon/``; the exit status is not consulted).
 
     :param timeout_s: seconds before the query counts as failed (the probes' timeout is 10 s).
     :returns: (ready, ``READY`` or what was printed and why it is not ready).

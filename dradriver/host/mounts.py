@@ -1,6 +1,6 @@
 """Mounting and unmounting tmpfs on the node, through ``mount(8)`` and ``umount(8)``.
 
-The MPS control daemon's ``shm`` directory is a tmpfs (reference ``nvidia-dra-driver-updates.md`` 2a). The
+The MPS control daemon's ``shm`` directory is a tmpfs (NVIDIA's ``cmd/gpu-kubelet-plugin/sharing.go``). The
 plugin runs the system's ``mount``/``umount`` (its container is privileged, with the plugins directory mounted
 ``Bidirectional`` so the mount reaches the host) and reads whether a path is a mount point from
 ``/proc/self/mountinfo`` (``proc(5)``). Both commands and the mountinfo file are settable, so the sandbox can

@@ -1,7 +1,7 @@
 """Running the driver root's ``nvidia-smi`` the way NVIDIA's GPU plugin does.
 
-Rule (``nvidia-dra-driver-updates.md`` 2a, ``nvidia-dra-driver.md`` 4.2 and the init container's check in
-section 2 / ``nvidia-image-contract.md``): the binary is the first ``nvidia-smi`` found under the driver root in
+Rule (NVIDIA's ``cmd/gpu-kubelet-plugin/sharing.go``, ``device_state.go`` and the init container's check in NVIDIA's
+chart, ``templates/kubeletplugin.yaml``): the binary is the first ``nvidia-smi`` found under the driver root in
 ``opt/bin``, ``usr/bin``, ``usr/sbin``, ``bin``, ``sbin``; it runs with this process's environment and
 ``LD_PRELOAD`` prepended with the driver root's ``libnvidia-ml.so.1`` (first found in ``usr/lib64``,
 ``usr/lib/x86_64-linux-gnu``, ``usr/lib/aarch64-linux-gnu``, ``lib64``, ``lib/x86_64-linux-gnu``,

@@ -14,7 +14,8 @@ the driver must handle without knowing which HTTP library sits underneath. So:
 * ``claims``: GET a ResourceClaim; the conversion to :class:`dradriver.domain.claims.Claim` (UID check,
   allocation check, driver/pool filtering) is pure and lives in :mod:`dradriver.domain.claims`.
 * ``resourceslices``: :class:`resourceslices.SlicePublisher` reconciles this node's pool of
-  ResourceSlices the way the Go ``resourceslice`` controller does (``kubelet-dra-protocol.md`` §4.7).
+  ResourceSlices the way the Go ``resourceslice`` controller does (``resourceslice/resourceslicecontroller.go`` in
+  k8s.io/dynamic-resource-allocation).
 * ``nodes`` and ``events``: read the Node (UID, allocatable), record Events about objects.
 
 Swapping the client library (for example for an asyncio one) touches this package only.

@@ -86,7 +86,8 @@ def publish_device_status(client: KubeClient, ref: domain_claims.ClaimRef, *, dr
     keyed by driver, pool, device and shareID; a consumable share's entry must name its share). Entries of other
     drivers, pools and devices are kept; only allocated devices are written (the API requires each entry to match
     an allocated device). Read-modify-write through the ``status`` subresource with the ``resourceVersion`` read (a
-    conflict re-reads and retries), as NVIDIA's driver does (``kubelet-dra-protocol.md`` 4.3, 5). Nothing is sent
+    conflict re-reads and retries), as NVIDIA's driver does (``kubeletplugin/draplugin.go`` in
+    k8s.io/dynamic-resource-allocation). Nothing is sent
     after the GET when the entries are already as wanted.
 
     :param attempts: tries on a ``resourceVersion`` conflict.

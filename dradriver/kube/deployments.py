@@ -1,7 +1,7 @@
 """Deployments (``apps/v1``) and the Pods they own: what the MPS control daemons need of the API.
 
 Create a Deployment, read it, list the Pods its selector matches, and delete it with foreground propagation
-(reference ``nvidia-dra-driver-updates.md`` 2a: NVIDIA deletes the control daemon's Deployment with
+(NVIDIA's ``cmd/gpu-kubelet-plugin/sharing.go``: NVIDIA deletes the control daemon's Deployment with
 ``propagationPolicy: Foreground`` and treats NotFound as done). RBAC: ``deployments`` create/get/list/delete in
 the plugin's namespace, ``pods`` list (``deploy/kustomize/components/mps``).
 """

@@ -19,7 +19,7 @@ a DaemonSet never uses. ``load_incluster_config`` and ``ConfigException`` are ta
 ``load_config``, ...) runs the package's own ``__init__`` once and is then found as before. A plugin started with
 the in-cluster service account (the DaemonSet) so imports none of those: the GPU plugin's import path up to the
 in-cluster load takes 48.1-48.2 MiB RSS and 0.29-0.39 s CPU instead of 62.2-62.3 MiB and 0.41-0.43 s
-(``bench/README.md``, "Memory floor, re-measured").
+(``docs/benchmarks.md``, "``vs_nvidia``: the memory floor").
 """
 
 from __future__ import annotations

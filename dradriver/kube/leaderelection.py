@@ -1,7 +1,7 @@
 """Leader election on a ``coordination.k8s.io/v1`` Lease, with client-go's semantics, so two controller replicas
 can run and only one reconciles.
 
-NVIDIA's controller (``pkg/flags/leaderelection.go``, ``nvidia-dra-driver.md`` 1.3) uses client-go's
+NVIDIA's controller (``pkg/flags/leaderelection.go``, ``cmd/compute-domain-controller/main.go``) uses client-go's
 ``leaderelection`` with a Lease lock: lease duration 15 s, renew deadline 10 s, retry period 2 s, identity
 ``<podName>-<random uuid>``, ``ReleaseOnCancel``. This module keeps those rules:
 

@@ -1,6 +1,6 @@
 """One Pod's own view of itself through the API: read it, set one of its labels, read its Ready condition.
 
-What the compute-domain daemon needs of its own Pod (``nvidia-dra-driver.md`` 7.4: it labels itself
+What the compute-domain daemon needs of its own Pod (NVIDIA's ``cmd/compute-domain-daemon/``: it labels itself
 ``resource.nvidia.com/computeDomain.cliqueID=<cliqueID>`` and mirrors its readiness into its clique entry).
 RBAC: ``pods`` get/patch in the daemon's namespace.
 """

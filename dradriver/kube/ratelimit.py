@@ -1,6 +1,6 @@
 """Client-side rate limiting of API requests: client-go's token bucket behind ``--kube-api-qps``/``--kube-api-burst``.
 
-NVIDIA's binaries pass both flags to client-go's ``rest.Config`` (nvidia-dra-driver.md 1, ``pkg/flags/
+NVIDIA's binaries pass both flags to client-go's ``rest.Config`` (``cmd/*/main.go``, ``pkg/flags/
 kubeclient.go``), whose rules :func:`rate_limiter` follows: a negative QPS means no client-side limit, 0 means
 client-go's default 5, a burst of 0 client-go's default 10. The bucket starts full (``burst`` requests go at
 once), then refills at ``qps`` tokens per second; a request that finds it empty waits for its token.

@@ -8,7 +8,8 @@ Node GET), ``spec.driver``, ``spec.nodeName``, and ``spec.pool`` (``name``, ``ge
 (generation, count).
 
 One sync (:meth:`SlicePublisher.publish`) follows ``resourceslice/resourceslicecontroller.go``
-(``kubelet-dra-protocol.md`` §4.7), with slices matched by index as in Kubernetes 1.36:
+(``resourceslice/resourceslicecontroller.go`` in k8s.io/dynamic-resource-allocation), with slices matched by index as in
+Kubernetes 1.36:
 
 1. LIST slices with ``fieldSelector=spec.driver=<driver>,spec.nodeName=<node>`` and keep those of our
    pool; other drivers', nodes' and pools' slices are never read, written or deleted.

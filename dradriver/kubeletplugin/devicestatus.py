@@ -1,5 +1,5 @@
 """``ResourceClaim.status.devices[]`` (KEP-4817 ``AllocatedDeviceStatus``): the concrete identity of every device a
-kubelet plugin prepared, written off the prepare's path and removed at unprepare (``docs/device-status.md``).
+kubelet plugin prepared, written off the prepare's path and removed at unprepare (``docs/user-guide/device-status.md``).
 
 KEP-4817 ("DRA: Resource Claim Status with possible standardized network interface data", GA in Kubernetes 1.37;
 the ``DRAResourceClaimDeviceStatus`` gate is on by default from 1.33) lets the driver that prepared a device publish

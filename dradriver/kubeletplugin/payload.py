@@ -32,8 +32,9 @@ class StoredPayload:
         device name that later resolves to another GPU is never handed to the claim.
     :param shares: DRA device name -> ``shareID`` of the devices the claim holds a consumable share of.
     :param aborted_at: set on an aborted-prepare mark (NVIDIA's ``PrepareAborted`` with ``abortedAt``,
-        ``nvidia-dra-driver.md`` 4.4/4.8): wall-clock seconds (Unix time) of the unprepare that aborted the claim's
-        prepare. Such a record is PREPARE_STARTED with no devices and no undo records.
+        NVIDIA's ``cmd/compute-domain-kubelet-plugin/checkpoint.go``, ``device_state.go``): wall-clock seconds (Unix
+        time) of the unprepare that aborted the claim's prepare. Such a record is PREPARE_STARTED with no devices and no
+        undo records.
     :param allocation: digest of the claim's allocation (:func:`~dradriver.kubeletplugin.runner.allocation_digest`)
         seen by its last prepare (``""``: unknown); a mark refuses only a prepare of the same allocation, as NVIDIA
         compares the claim status.

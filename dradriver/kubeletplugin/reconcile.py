@@ -85,8 +85,8 @@ class StaleClaimReconciler:
         return stale
 
     async def run_once(self) -> list[Cleanup]:
-        """One round: delete expired aborted-prepare marks (compute-domain plugin, ``nvidia-dra-driver.md`` 4.9),
-        then look up, age, unprepare what stood stale for ``grace_s``."""
+        """One round: delete expired aborted-prepare marks (compute-domain plugin, NVIDIA's
+        ``cmd/*-kubelet-plugin/cleanup.go``), then look up, age, unprepare what stood stale for ``grace_s``."""
         self.rounds += 1
         try:
             await asyncio.to_thread(self.runner.forget_expired_aborts)

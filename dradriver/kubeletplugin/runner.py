@@ -1,7 +1,7 @@
 """The batch runner: NodePrepareResources / NodeUnprepareResources for any kubelet plugin, over its device
 preparers.
 
-For each claim of a prepare batch (reference ``kubelet-dra-protocol.md`` 4.3, ``nvidia-dra-driver.md`` 4.2):
+For each claim of a prepare batch (``kubeletplugin/draplugin.go``, NVIDIA's ``cmd/gpu-kubelet-plugin/device_state.go``):
 
 1. GET the ResourceClaim (outside the lock; the claims of one batch are fetched concurrently), check its UID
    and allocation, keep the results for our driver and this node's pool;
@@ -121,7 +121,7 @@ SelectConfigs = Callable[[Claim, Mapping[str, Any]], ConfigSelection]
 
 DEFAULT_PREPARE_DEADLINE_S = 40.0
 """Default bound of one NodePrepareResources, seconds: the kubelet gives up after 45 s
-(``kubelet-dra-protocol.md``), so the answer must come before."""
+(``defaultClientCallTimeout``, ``pkg/kubelet/cm/dra/plugin/dra_plugin.go``), so the answer must come before."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,7 +221,7 @@ def _pin_of(device: object) -> str | None:
 
 RETRY_PAUSE_S = (0.1, 2.0)
 """Default first and longest pause, seconds, between the attempts of a not-ready claim (doubling from the first;
-NVIDIA's compute-domain plugin uses 250 ms -> 3 s, ``nvidia-dra-driver.md`` 4.4)."""
+NVIDIA's compute-domain plugin uses 250 ms -> 3 s, ``cmd/compute-domain-kubelet-plugin/device_state.go``)."""
 RetryHints = dict[str, Callable[[], bool] | None]
 """Claim UID -> the ready hint of its not-ready error (:attr:`~dradriver.domain.ports.NotReadyYet.ready_hint`)."""
 FETCH_WORKERS = 16
@@ -265,7 +265,8 @@ class BatchRunner:
     :param aborted_ttl_s: when > 0, a claim unprepared while its prepare was in progress (retrying, or left
         PREPARE_STARTED) is marked aborted in the claim state for this many seconds and a prepare of the same
         allocation in that time is refused as stale (NVIDIA's compute-domain ``PrepareAborted`` with ``abortedAt``,
-        TTL 90 s, kept in its checkpoint: ``nvidia-dra-driver.md`` 4.4, 4.8). The mark survives a plugin restart;
+        TTL 90 s, kept in its checkpoint: NVIDIA's ``cmd/compute-domain-kubelet-plugin/checkpoint.go``,
+        ``device_state.go``). The mark survives a plugin restart;
         expired marks are deleted at start (:meth:`recover`), at each unprepare and by
         :meth:`forget_expired_aborts` (the periodic cleanup, 4.9). 0 (the GPU plugin) keeps only the in-flight
         tombstones.
@@ -1466,7 +1467,7 @@ class BatchRunner:
 
     def forget_expired_aborts(self) -> list[str]:
         """Blocking: delete the expired aborted-prepare marks (NVIDIA's periodic cleanup deletes expired
-        ``PrepareAborted`` entries, ``nvidia-dra-driver.md`` 4.9); the UIDs deleted. A no-op without
+        ``PrepareAborted`` entries, NVIDIA's ``cmd/*-kubelet-plugin/cleanup.go``); the UIDs deleted. A no-op without
         ``aborted_ttl_s``."""
         if self.aborted_ttl_s <= 0:
             return []

@@ -2,7 +2,9 @@
 
 :func:`discover` walks every GPU NVML enumerates and returns a
 :class:`~dradriver.domain.devices.NodeInventory`.
-Facts and their sources (``gpu-facts.md`` 1, 2.1-2.3, 4.2, 6.2; ``nvidia-dra-driver.md`` 2.3, 2.4, 7.2):
+Facts and their sources (the ``nvidia-smi -q -x`` captures in NVIDIA/k8s-test-infra; NVIDIA's MIG User Guide,
+"Supported MIG Profiles"; ``nvmlGpuFabricInfo_t`` in ``nvml.h``; NVIDIA's ``cmd/gpu-kubelet-plugin/deviceinfo.go``,
+``mig.go``, ``cmd/compute-domain-kubelet-plugin/nvlib.go``):
 
 * brand and architecture are the strings go-nvlib prints (``Nvidia``, ``Ada Lovelace``, ``Hopper``, ``Rubin``); a
   code go-nvlib does not know is published as ``Unknown`` with a warning, never a failure (:data:`ARCHITECTURES`);
@@ -107,7 +109,7 @@ BRANDS: dict[int, str] = {
 
 ADDRESSING_MODES: dict[int, str] = {0: "None", 1: "HMM", 2: "ATS"}
 """``nvmlDeviceAddressingModeType_t`` (nvml.h ``NVML_DEVICE_ADDRESSING_MODE_*``) -> the ``addressingMode``
-value NVIDIA's driver publishes (``HMM`` on an A100, ``None`` on an A30: ``gpu-facts.md`` 6.1)."""
+value NVIDIA's driver publishes (``HMM`` on an A100, ``None`` on an A30: ResourceSlices posted in ksigs#717/#719)."""
 
 # GPU-instance profile index (NVML_GPU_INSTANCE_PROFILE_*) -> (positive attributes, negative attributes).
 _GI_ATTRIBUTES: dict[int, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -386,7 +388,8 @@ class _Discoverer:
     # -- node --------------------------------------------------------------------------------------------
 
     def clique(self, gpus: list[GpuDevice]) -> Clique | None:
-        """The node's clique when every fabric-attached GPU reports the same one (``nvidia-dra-driver.md`` 7.2).
+        """The node's clique when every fabric-attached GPU reports the same one (NVIDIA's
+        ``cmd/compute-domain-kubelet-plugin/nvlib.go``).
 
         GPUs without fabric support, or with an all-zero cluster UUID, are in no clique and ignored. A GPU
         whose registration has not completed, or whose fabric status is an error, is reported and ignored.
@@ -468,7 +471,7 @@ CI_SLICES: dict[int, int] = {
 
 SKIPPED_CI_PROFILES = frozenset({pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE_REV1,
                                  pynvml.NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE_NVL})
-"""CI profiles NVIDIA's enumeration skips (``nvidia-dra-driver-updates.md`` 2b, ksigs#1480): each has the slice
+"""CI profiles NVIDIA's enumeration skips (NVIDIA's ``cmd/gpu-kubelet-plugin/nvlib.go``, ksigs#1480): each has the slice
 count of a regular profile, so keeping it would publish the same GI profile twice under one name."""
 
 _REJECTED = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT)
@@ -501,9 +504,9 @@ def mig_placements(session: NvmlSession, gpu: GpuDevice) -> list[MigPlacement]:
 
     Walks profile index ``0 .. NVML_GPU_INSTANCE_PROFILE_COUNT-1`` with ``nvmlDeviceGetGpuInstanceProfileInfoV``
     (v2), then ``nvmlDeviceGetGpuInstancePossiblePlacements_v2`` by profile ID; a profile either call rejects
-    with NOT_SUPPORTED or INVALID_ARGUMENT is skipped, as NVIDIA's driver does (``nvidia-dra-driver-updates.md``
-    2b); both answer whatever the MIG mode is (nvml.h). The full-GI compute instance is
-    :func:`full_ci_profile_index`. Names follow :func:`mig_profile_name` (``+me``, ``+gfx``, ``-me``, ...).
+    with NOT_SUPPORTED or INVALID_ARGUMENT is skipped, as NVIDIA's driver does (``cmd/gpu-kubelet-plugin/nvlib.go``);
+    both answer whatever the MIG mode is (nvml.h). The full-GI compute instance is :func:`full_ci_profile_index`. Names
+    follow :func:`mig_profile_name` (``+me``, ``+gfx``, ``-me``, ...).
 
     :returns: placements in profile-index order, then placement order, as NVML lists them.
     :raises NvmlError: any other NVML error (the caller leaves the GPU out of dynamic MIG).

@@ -1,6 +1,6 @@
 """NVML event monitor: a thread that waits on an NVML event set and turns events into health faults.
 
-What it does (reference ``nvidia-dra-driver.md`` 6.1, extended):
+What it does (NVIDIA's ``cmd/gpu-kubelet-plugin/device_health.go``, extended):
 
 * ``nvmlEventSetCreate``; every full GPU is registered (``nvmlDeviceRegisterEvents``) for the event types in
   :data:`WANTED_EVENT_TYPES` that ``nvmlDeviceGetSupportedEventTypes`` reports (MIG device handles cannot be

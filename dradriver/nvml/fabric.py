@@ -1,9 +1,9 @@
 """The node's NVLink clique ID and fabric health from NVML fabric info, with NVIDIA's strict and legacy rules.
 
-The compute-domain kubelet plugin reads it at start and every 30 seconds (``nvidia-dra-driver.md`` 7.2,
-``nvidia-dra-driver-updates.md`` 2c, ``gpu-facts.md`` 4.2). The ID is ``<clusterUUID>.<cliqueId>``
-(:func:`dradriver.domain.computedomains.format_clique_id`); ``""`` means the node is in no multi-node NVLink
-clique (not MNNVL), and every GPU of the node must agree on it.
+The compute-domain kubelet plugin reads it at start and every 30 seconds (NVIDIA's
+``cmd/compute-domain-kubelet-plugin/nvlib.go``, ``nvmlGpuFabricInfo_t`` in ``nvml.h``). The ID is
+``<clusterUUID>.<cliqueId>`` (:func:`dradriver.domain.computedomains.format_clique_id`); ``""`` means the node is in no
+multi-node NVLink clique (not MNNVL), and every GPU of the node must agree on it.
 
 Per GPU (:func:`clique_id_of`): fabric info not supported by NVML, or state ``NOT_SUPPORTED`` -> in no clique; an
 all-zero cluster UUID -> in no clique. Registration not finished (state ``NOT_STARTED`` or ``IN_PROGRESS``; NVML

@@ -2,7 +2,8 @@
 
 The placements a GPU offers are enumerated by discovery (:func:`dradriver.nvml.discovery.mig_placements`).
 
-Facts (``nvidia-dra-driver-updates.md`` 2b; ``nvml.h`` documentation of each call; ``gpu-facts.md`` 2 and 3):
+Facts (NVIDIA's dynamic MIG, ``cmd/gpu-kubelet-plugin/nvlib.go``; ``nvml.h`` documentation of each call; NVIDIA's MIG
+User Guide):
 
 
 * ``nvmlDeviceSetMigMode`` may leave the mode pending: ``activationStatus`` not ``NVML_SUCCESS`` (``IN_USE`` when

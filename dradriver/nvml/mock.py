@@ -139,10 +139,10 @@ def resolved_gpus(profile: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 RACK_TRAYS = 18
-"""Compute trays (Kubernetes nodes) of a GB200 NVL72 rack (``gpu-facts.md`` 4.1)."""
+"""Compute trays (Kubernetes nodes) of a GB200 NVL72 rack (NVIDIA's GB200 NVL72 documentation)."""
 
 FABRIC_STATE_IN_PROGRESS, FABRIC_STATE_COMPLETED = 2, 3
-"""``nvmlGpuFabricState_t`` values (``gpu-facts.md`` 4.2)."""
+"""``nvmlGpuFabricState_t`` values (``nvmlGpuFabricInfo_t`` in ``nvml.h``)."""
 
 
 def rack_node_profile(rack: str, tray: int, directory: Path, *, fabric_state: int | None = None,

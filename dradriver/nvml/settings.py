@@ -5,11 +5,11 @@
   The setter needs root (``NVML_ERROR_NO_PERMISSION`` otherwise), takes effect immediately and lasts until
   reboot; on a MIG-enabled GPU ``nvml.h`` wants a MIG device handle.
 * Compute time-slice: what ``nvidia-smi compute-policy -i <uuid> --set-timeslice <0..3>`` sets (0 DEFAULT,
-  1 SHORT, 2 MEDIUM, 3 LONG; nvidia-dra-driver.md 3.1). NVML publishes no call for it (``nvml.h`` has only the
-  vGPU scheduler calls), so dradriver sets it through ``nvidia-smi`` (:mod:`dradriver.host.nvidiasmi`), as
-  NVIDIA's driver does. :func:`compute_timeslice` reads it back where the library can tell: the bundled mock
-  exports ``mocknvml_device_get_timeslice`` (``ext/mocknvml/settings.c``); the real library raises
-  :class:`~dradriver.nvml.errors.NvmlFunctionNotFound`.
+  1 SHORT, 2 MEDIUM, 3 LONG; NVIDIA's ``api/nvidia.com/resource/v1beta1/sharing.go``). NVML publishes no call for
+  it (``nvml.h`` has only the vGPU scheduler calls), so dradriver sets it through ``nvidia-smi``
+  (:mod:`dradriver.host.nvidiasmi`), as NVIDIA's driver does. :func:`compute_timeslice` reads it back where the
+  library can tell: the bundled mock exports ``mocknvml_device_get_timeslice`` (``ext/mocknvml/settings.c``); the
+  real library raises :class:`~dradriver.nvml.errors.NvmlFunctionNotFound`.
 
 Every function takes an open :class:`~dradriver.nvml.session.NvmlSession` and a device UUID (``GPU-…`` or
 ``MIG-…``) and raises the :mod:`dradriver.nvml.errors` class of the NVML return code, with the UUID in the

@@ -1,7 +1,8 @@
 """The compute-domain plugin's device preparers: IMEX channels and IMEX daemons (``compute-domain.nvidia.com``).
 
-Facts: ``nvidia-dra-driver.md`` 2.7 (devices), 3.5 (configs), 4.8 (prepare/unprepare), 5.2 (CDI);
-``nvidia-dra-driver-updates.md`` 2c ("Channel claim Prepare", "Daemon claim Prepare", "Unprepare").
+Facts: NVIDIA's ``cmd/compute-domain-kubelet-plugin/`` ``deviceinfo.go`` (devices), ``device_state.go`` and
+``computedomain.go`` (prepare/unprepare of channel and daemon claims), ``cdi.go`` (CDI);
+``api/nvidia.com/resource/v1beta1/computedomainconfig.go`` (configs).
 
 Channel claim (driver-managed IMEX): the claim's ``ComputeDomainChannelConfig`` names the ComputeDomain by UID
 (``domainID``); it must exist and be in the claim's namespace (a permanent per-claim error otherwise). The node gets
@@ -18,8 +19,8 @@ that writes no record (NVIDIA's image) is read through the API only, as before. 
 gives channel 0, ``All`` every channel of the node (count from ``/proc/driver/nvidia/params``): an ``All`` claim also
 holds ``channel-1 .. channel-<n-1>`` in the claim state, and its CDI spec is rendered by the compiled generator
 (``render_channel_spec``) as ONE CDI device ``<claimUID>-channel-0`` whose edits hold every channel's node, so
-the kubelet gets one CDI ID (NVIDIA's form, ``nvidia-dra-driver.md`` 5.2). A node in no clique: success, no
-device edits, no spec, no CDI IDs. Unprepare removes the label only when it still names this domain.
+the kubelet gets one CDI ID (NVIDIA's form, NVIDIA's ``cmd/compute-domain-kubelet-plugin/cdi.go``). A node in no clique:
+success, no device edits, no spec, no CDI IDs. Unprepare removes the label only when it still names this domain.
 
 Host-managed IMEX (``--imex-mode hostManaged``): the allocated channel is given, no label, readiness is the host
 daemon's ``nvidia-imex-ctl -q`` answer (on a node in a clique); daemon claims are refused.

@@ -1,7 +1,7 @@
 """The dynamic-MIG device preparer (``DynamicMIG`` gate): a GPU instance and its compute instance created at prepare,
 at exactly the placement the scheduler allocated, and destroyed at unprepare.
 
-Facts (``nvidia-dra-driver-updates.md`` 2b; ``nvml.h``; ``gpu-facts.md`` 3):
+Facts (NVIDIA's dynamic MIG, ``cmd/gpu-kubelet-plugin/nvlib.go``; ``nvml.h``; NVIDIA's MIG User Guide):
 
 * prepare: MIG mode on if needed, ``nvmlDeviceCreateGpuInstanceWithPlacement`` at the allocated placement, then
   the full-GI compute instance; the CDI device is the parent's ``/dev/nvidia<minor>`` plus the GI and CI access

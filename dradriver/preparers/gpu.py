@@ -2,7 +2,8 @@
 exist (``gpu-<minor>-mig-<profile>-<giProfileId>-<start>``).
 
 Preparing one of them has no side effect: the device exists, and giving it to a container is the CDI spec's
-device nodes (``cdi.md`` 5.1; ``gpu-facts.md`` 3.2 and 5): ``/dev/nvidia<minor>`` for a GPU, plus the GPU-instance
+device nodes (NVIDIA's ``cmd/gpu-kubelet-plugin/cdi.go``; NVIDIA's MIG User Guide, "Device Nodes and Capabilities";
+nvidia-container-toolkit's ``internal/info/proc/devices``): ``/dev/nvidia<minor>`` for a GPU, plus the GPU-instance
 and compute-instance access capability nodes for a MIG device. Their undo records (version 1) are stored so every
 prepared device has one, and undoing them does nothing; a MIG device's record names the instance the claim holds
 (its facts), so that instance stays owned whatever the feature gates say later.

@@ -282,7 +282,8 @@ def _uuid(device: object) -> str:
 
 
 class MpsSharing:
-    """The ``MPS`` strategy: one control daemon per config group per claim (``nvidia-dra-driver.md`` 4.5).
+    """The ``MPS`` strategy: one control daemon per config group per claim (NVIDIA's
+    ``cmd/gpu-kubelet-plugin/sharing.go``).
 
     Undo record (kind ``mps``, version 1): ``{"id": <daemon ID>, "devices": [<DRA device names>]}``, and
     ``"gpus": [<full GPU UUIDs>]`` for a daemon adopted from NVIDIA's checkpoint (its directory has no

@@ -4,7 +4,7 @@ limited to the share the scheduler allocated.
 With ``--consumable-shares`` (gate ``ConsumableShares``), full GPUs and MIG devices are published with
 ``allowMultipleAllocations`` and the scheduler gives each claim a share (``shareID``, ``consumedCapacity``;
 KEP-5075). NVIDIA's driver stops there: it enforces nothing on the node and refuses MPS with consumable shares
-(``nvidia-dra-driver.md`` 2.6; NVIDIA/k8s-dra-driver-gpu#1283). :class:`SharedDevicePreparer` (kind
+(NVIDIA's ``cmd/gpu-kubelet-plugin/consumable_shares.go``; ksigs#1283). :class:`SharedDevicePreparer` (kind
 ``gpu-share``) prepares such a share:
 
 * **plan** (pure): the claim's ``consumedCapacity`` of the device becomes its MPS client limits
@@ -63,7 +63,8 @@ PIPE_DIRECTORY = "/tmp/nvidia-mps"
 """Where a client finds its daemon's pipes (``CUDA_MPS_PIPE_DIRECTORY`` and the pipe bind mount)."""
 MOUNT_OPTIONS = ("rw", "nosuid", "nodev", "bind")
 MULTI_USER_MIN_CC = (7, 0)
-"""MPS multi-user mode (``-M``) needs CUDA compute capability 7.0 or newer (``nvidia-dra-driver-updates.md`` 2a)."""
+"""MPS multi-user mode (``-M``) needs CUDA compute capability 7.0 or newer (NVIDIA's
+``cmd/gpu-kubelet-plugin/sharing.go``)."""
 
 
 def daemon_id(uuid: str) -> str:

@@ -3,9 +3,9 @@
 ``select_configs()`` computes one plan per config group; the batch runner applies the step registered for the
 plan's strategy after the group's devices are prepared, stores its undo record with the claim, adds its CDI
 edits, and undoes it on unprepare. Steps: exclusive use (strategy ``None``), :class:`TimeSlicing` (full GPUs;
-on MIG devices NVIDIA's documented no-op, ``nvidia-dra-driver.md`` 3.1/3.2; needs ``TimeSlicingSettings`` on, as
-in NVIDIA's driver) and ``MPS``, :class:`dradriver.preparers.mps.MpsSharing` (gate ``MPSSupport``), registered by
-the GPU plugin when the gate is on.
+on MIG devices NVIDIA's documented no-op, ``api/nvidia.com/resource/v1beta1/sharing.go``, ``migconfig.go``; needs
+``TimeSlicingSettings`` on, as in NVIDIA's driver) and ``MPS``, :class:`dradriver.preparers.mps.MpsSharing` (gate
+``MPSSupport``), registered by the GPU plugin when the gate is on.
 """
 
 from __future__ import annotations
@@ -56,15 +56,16 @@ class ExclusiveUse:
 
 
 class TimeSlicing:
-    """Strategy ``TimeSlicing`` (gate ``TimeSlicingSettings``; ``nvidia-dra-driver-updates.md`` 2a,
-    ``nvidia-dra-driver.md`` 3.1, 4.2, 4.3).
+    """Strategy ``TimeSlicing`` (gate ``TimeSlicingSettings``; NVIDIA's ``cmd/gpu-kubelet-plugin/sharing.go``,
+    ``device_state.go``, ``api/nvidia.com/resource/v1beta1/sharing.go``).
 
     Apply, per full GPU of the group in UUID order: compute mode ``DEFAULT`` through NVML
     (``nvmlDeviceSetComputeMode``; NVIDIA runs ``nvidia-smi -c DEFAULT``), then the interval's time-slice
     (Default 0, Short 1, Medium 2, Long 3) with ``nvidia-smi compute-policy -i <uuid> --set-timeslice <n>``
     from the driver root (NVML has no call for it; :mod:`dradriver.host.nvidiasmi` runs it with NVIDIA's
     ``LD_PRELOAD`` rule). MIG devices of the group are skipped: TimeSlicing on a MigDeviceConfig is NVIDIA's
-    documented no-op. No CDI edits (``cdi.md`` 5: time-slicing changes GPU settings only).
+    documented no-op. No CDI edits (NVIDIA's ``cmd/gpu-kubelet-plugin/sharing.go``: time-slicing changes GPU settings
+    only).
 
     Undo record (version 1): ``{"gpus": [{"uuid", "computeMode", "timesliceSet"}...], "timeslice": n}`` with
     each GPU's compute mode before the apply and whether its time-slice was set; before the apply the runner

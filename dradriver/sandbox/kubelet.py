@@ -1,8 +1,8 @@
 """A kubelet emulator: the kubelet's side of plugin registration and the DRA node API, over real sockets.
 
-Built from our own protos, it does what kubelet 1.34+ does with a DRA plugin (kubelet-dra-protocol.md
-sections 1.3, 1.4, 2.4 and 3.3), so tests and ``dradriver demo`` exercise the plugin through the same
-Unix sockets, gRPC paths and validation rules as a real node:
+Built from our own protos, it does what kubelet 1.34+ does with a DRA plugin (the kubelet's
+``pkg/kubelet/pluginmanager/``, ``pkg/kubelet/cm/dra/manager.go`` and ``pkg/kubelet/cm/dra/plugin/``), so tests and
+``dradriver demo`` exercise the plugin through the same Unix sockets, gRPC paths and validation rules as a real node:
 
 1. find sockets in the registrar directory (any socket file whose name does not start with ``.``,
    subdirectories included; :meth:`KubeletEmulator.scan` polls, there is no inotify);

@@ -1,7 +1,8 @@
 """A multi-node sandbox: one API emulator, N emulated GB200 NVL72 nodes in racks, a kubelet and container runner
 per node, a DaemonSet controller and a scheduler that places Pods across the nodes.
 
-What a cluster does around the compute-domain driver (``nvidia-dra-driver-updates.md`` 2c), reduced to what the
+What a cluster does around the compute-domain driver (NVIDIA's
+``cmd/compute-domain-controller/`` and ``cmd/compute-domain-daemon/``), reduced to what the
 driver relies on:
 
 * **Nodes**: each :class:`EmulatedNode` is a :class:`~dradriver.sandbox.node.SandboxNode` (its own root with the
@@ -342,7 +343,8 @@ def _install_node_tools(bin_dir: Path) -> None:
 
 
 IMEX_CHANNEL_COUNT = 2048
-"""``ImexChannelCount`` the emulated driver reports (``gpu-facts.md`` 4.3: channels 0-2047)."""
+"""``ImexChannelCount`` the emulated driver reports (NVIDIA's ``cmd/compute-domain-kubelet-plugin/nvlib.go``: channels
+0-2047)."""
 FABRIC_IMEX_MGMT_MINOR = 1
 """Minor of the ``fabric-imex-mgmt`` capability on the emulated nodes (inferred: no capture gives the number)."""
 

@@ -3,9 +3,9 @@
 Everything the kubelet plugin touches on a real node is laid out under one short temporary root (Unix
 socket paths are limited to 108 bytes): the kubelet's registrar, plugins and device-plugins directories, a
 CDI root, and a ``proc`` tree holding ``devices`` (character-device majors as a driver with ``nvidia``,
-``nvidia-uvm``, ``nvidia-caps`` and ``nvidia-caps-imex-channels`` loaded reports them, ``gpu-facts.md`` 5)
-and ``sys/kernel/random/boot_id``. The Kubernetes API is the in-process :class:`ApiServerEmulator` with this
-node's Node object; NVML is the bundled mock library with a chosen profile.
+``nvidia-uvm``, ``nvidia-caps`` and ``nvidia-caps-imex-channels`` loaded reports them, nvidia-container-toolkit's
+``internal/info/proc/devices``) and ``sys/kernel/random/boot_id``. The Kubernetes API is the in-process
+:class:`ApiServerEmulator` with this node's Node object; NVML is the bundled mock library with a chosen profile.
 
 The root also holds ``proc/meminfo`` and, in ``driver-root/usr/bin``, the ``nvidia-cuda-mps-control`` stand-in
 (:mod:`dradriver.sandbox.standins`); :meth:`SandboxNode.run_workloads` starts the Deployment controller and the
@@ -58,7 +58,8 @@ PROC_DEVICES = """Character devices:
 Block devices:
   8 sd
 """
-"""``/proc/devices`` of a node with the NVIDIA driver loaded (majors seen on real nodes, gpu-facts.md 5)."""
+"""``/proc/devices`` of a node with the NVIDIA driver loaded (majors seen on real nodes, nvidia-container-toolkit's
+``internal/info/proc/devices``)."""
 
 PROC_MEMINFO = """MemTotal:       2113412036 kB
 MemFree:        2001573316 kB
@@ -156,7 +157,7 @@ def install_driver_tools(root: Path, version: str, *, arch: str = "x86_64") -> P
 
     * ``usr/lib/<arch>-linux-gnu/libnvidia-ml.so.<version>`` becomes a copy of the bundled mock library
       (:func:`dradriver.nvml.mock.library_path`), so ``LD_PRELOAD`` of the root's ``libnvidia-ml.so.1``
-      (NVIDIA's rule for running ``nvidia-smi`` from a driver root, ``nvidia-dra-driver-updates.md`` 2a) loads
+      (NVIDIA's rule for running ``nvidia-smi`` from a driver root, ``cmd/gpu-kubelet-plugin/sharing.go``) loads
       the mock;
     * ``usr/bin/nvidia-smi`` becomes the stand-in :mod:`dradriver.sandbox.nvidia_smi`, run by this
       interpreter (``#!`` line), which needs only pynvml.

@@ -3,7 +3,7 @@
 :func:`dradriver.sandbox.node.install_driver_tools` writes this file, with a ``#!`` line naming the
 interpreter, to ``<driver root>/usr/bin/nvidia-smi``. Like the real tool it is a client of
 ``libnvidia-ml.so.1``: it finds the library the way the real one does (the dynamic loader; dradriver runs
-it with the driver root's copy in ``LD_PRELOAD``, the rule of ``nvidia-dra-driver-updates.md`` 2a), so the
+it with the driver root's copy in ``LD_PRELOAD``, the rule of NVIDIA's ``cmd/gpu-kubelet-plugin/sharing.go``), so the
 mock library there applies the settings and shares them with every other process of the node through the
 mock's control file (``ext/mocknvml/README.md``). It therefore imports nothing of dradriver: only the
 standard library and pynvml.

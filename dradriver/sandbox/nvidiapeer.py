@@ -2,8 +2,9 @@
 hand a node from one driver to the other (a switch or a rollback).
 
 The binary and NVIDIA's mock NVML are built from NVIDIA's public sources (kubernetes-sigs/dra-driver-nvidia-gpu,
-NVIDIA/k8s-test-infra ``pkg/gpu/mocknvml``) and found beside the checkout (:data:`DEFAULT_PLUGIN`,
-:data:`DEFAULT_MOCK_NVML`); :func:`peer_missing` says why they cannot run, for a skip reason. Running NVIDIA's
+NVIDIA/k8s-test-infra ``pkg/gpu/mocknvml``); the folder that holds them is named by the environment variable
+``DRADRIVER_NVIDIA_PEERS`` (:func:`peer_paths`; dradriver knows no default place), and :func:`peer_missing` says
+why they cannot run, for a skip reason. Running NVIDIA's
 plugin without a GPU needs a fake driver root (the mock library, an empty ``libcuda.so.<driver version>``,
 ``nvidia-smi`` and ``nvidia-cdi-hook`` stand-ins, ``/dev/nvidia*`` character devices: CAP_MKNOD), a
 ``proc/devices`` file (``ALT_PROC_DEVICES_PATH``), the sandbox's kubeconfig and raised client rate limits.
@@ -16,18 +17,16 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULT_MOCK_NVML", "DEFAULT_PLUGIN", "NVIDIA_PROFILE", "PEER_GPUS", "Side", "nvidia_side",
-           "peer_missing"]
+__all__ = ["NVIDIA_PROFILE", "PEERS_VARIABLE", "PEER_GPUS", "Side", "nvidia_side", "peer_missing", "peer_paths"]
 
-REPO = Path(__file__).resolve().parents[2]
-PEERS = REPO.parent / "shared" / "peers"
-DEFAULT_PLUGIN = PEERS / "bin" / "gpu-kubelet-plugin"
-DEFAULT_MOCK_NVML = PEERS / "mocknvml"
+PEERS_VARIABLE = "DRADRIVER_NVIDIA_PEERS"
+"""The environment variable naming the folder with NVIDIA's peer binaries: ``bin/gpu-kubelet-plugin`` (NVIDIA's
+plugin) and ``mocknvml/`` (NVIDIA's mock ``libnvidia-ml.so.1`` and its ``configs/``)."""
 NVIDIA_PROFILE = "mock-nvml-config-h100.yaml"
 """NVIDIA's mock node matching dradriver's ``dgx-h100`` profile: 8 H100 GPUs, ``gpu-0`` .. ``gpu-7``."""
 PEER_GPUS = 8
@@ -52,9 +51,24 @@ class Side:
     cleanup: list[Path] = field(default_factory=list)
 
 
-def peer_missing(binary: Path | None = DEFAULT_PLUGIN, mock_dir: Path | None = DEFAULT_MOCK_NVML) -> str:
-    """Why NVIDIA's plugin cannot run here (``""`` when it can): the binary or its mock NVML is absent, or this
-    process cannot create device nodes (CAP_MKNOD)."""
+def peer_paths(environ: Mapping[str, str] = os.environ) -> tuple[Path | None, Path | None]:
+    """``(plugin binary, mock NVML folder)`` under the folder ``DRADRIVER_NVIDIA_PEERS`` names in ``environ``:
+    ``<folder>/bin/gpu-kubelet-plugin`` and ``<folder>/mocknvml``; ``(None, None)`` when it is unset or empty."""
+    folder = environ.get(PEERS_VARIABLE, "")
+    if not folder:
+        return None, None
+    return Path(folder) / "bin" / "gpu-kubelet-plugin", Path(folder) / "mocknvml"
+
+
+def peer_missing(binary: Path | None = None, mock_dir: Path | None = None) -> str:
+    """Why NVIDIA's plugin cannot run here (``""`` when it can): no ``DRADRIVER_NVIDIA_PEERS`` to find it by (when
+    ``binary`` or ``mock_dir`` is not given), the binary or its mock NVML is absent, or this process cannot create
+    device nodes (CAP_MKNOD)."""
+    if binary is None or mock_dir is None:
+        if not os.environ.get(PEERS_VARIABLE):
+            return f"{PEERS_VARIABLE} is not set (the folder with NVIDIA's bin/gpu-kubelet-plugin and mocknvml/)"
+        found_binary, found_mock = peer_paths()
+        binary, mock_dir = binary or found_binary, mock_dir or found_mock
     if binary is None or not binary.exists():
         return f"NVIDIA's plugin binary not found ({binary})"
     if mock_dir is None or not (mock_dir / "libnvidia-ml.so.1").exists():

@@ -1,9 +1,10 @@
 """Mock NVML node profiles the sandbox derives for its scenarios when no bundled profile has the GPU it needs.
 
 :func:`h200_node` is the sharing demo's node: NVIDIA H200 GPUs. When the bundled ``dgx-h200`` profile exists it is
-used as is; otherwise the bundled ``dgx-h100`` node is given the H200's identity from ``gpu-facts.md`` 1.1/1.2
-(name ``NVIDIA H200``, PCI device ID ``0x233510DE``, 150754820096 bytes = 143771 MiB of memory; same Hopper
-architecture, compute capability 9.0 and 132 SMs as the H100) with MIG disabled, and written to a file.
+used as is; otherwise the bundled ``dgx-h100`` node is given the H200's identity as public ``nvidia-smi`` dumps and
+NVIDIA/mig-parted's ``config-default.yaml`` give it (name ``NVIDIA H200``, PCI device ID ``0x233510DE``,
+150754820096 bytes = 143771 MiB of memory; same Hopper architecture, compute capability 9.0 and 132 SMs as the
+H100) with MIG disabled, and written to a file.
 """
 
 from __future__ import annotations

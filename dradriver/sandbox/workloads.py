@@ -1,7 +1,7 @@
 """Workloads in the sandbox: a minimal Deployment controller and a node-side container runner.
 
 What a cluster does with the MPS control daemon's Deployment, reduced to what the driver relies on
-(``nvidia-dra-driver-updates.md`` 2a):
+(NVIDIA's ``cmd/gpu-kubelet-plugin/sharing.go``):
 
 * **Deployment controller** (kube-controller-manager's, without the ReplicaSet in between): for each
   Deployment not being deleted, as many Pods as ``spec.replicas``, named ``<deployment>-<5 random>``, labelled

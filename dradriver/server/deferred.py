@@ -39,7 +39,8 @@ __all__ = ["DeferredHealthSource", "DeferredPreparer", "EarlyServers", "PluginSt
 
 
 KUBELET_CALL_TIMEOUT_S = 45.0
-"""The kubelet's deadline for each DRA call, seconds (``defaultClientCallTimeout``, kubelet-dra-protocol.md 4)."""
+"""The kubelet's deadline for each DRA call, seconds (``defaultClientCallTimeout``, the kubelet's
+``pkg/kubelet/cm/dra/plugin/dra_plugin.go``)."""
 
 
 class PluginStartError(DradriverError):

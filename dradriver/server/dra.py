@@ -3,7 +3,8 @@
 Thin on purpose: decode the kubelet's ``Claim`` triples into :class:`ClaimRef`, call the preparer once per
 batch, encode its per-claim results. The servicers are synchronous: they run in the DRA server's worker threads
 (``grpc.server``, see :mod:`dradriver.server.sockets`), one per call, and call the blocking preparer there.
-Rules from kubelet-dra-protocol.md sections 2.4 and 7.4:
+Rules from the kubelet's ``pkg/kubelet/cm/dra/manager.go`` and ``kubeletplugin/draplugin.go`` in
+k8s.io/dynamic-resource-allocation:
 
 * every requested claim UID gets an entry in the response (a missing one makes the kubelet fail the
   whole batch as "skipped"), and nothing else does (an unknown key is an error for the kubelet);

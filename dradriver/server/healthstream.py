@@ -1,9 +1,9 @@
 """The kubelet's DRA device-health stream: ``v1alpha1.DRAResourceHealth/NodeWatchResources``.
 
-KEP-4680, ``kubelet-dra-protocol.md`` section 3: a server stream in which every message holds the complete list
-of the driver's devices. The kubelet marks a device Unknown when it has not been re-reported within its timeout
-(30 s by default), so the source must send a snapshot on open, on every change, and periodically. This module
-only encodes; what is healthy is decided by whatever implements :class:`HealthSource` (the health monitor).
+KEP-4680, ``pkg/apis/dra-health/v1alpha1/api.proto`` in kubernetes/kubelet: a server stream in which every message holds
+the complete list of the driver's devices. The kubelet marks a device Unknown when it has not been re-reported within
+its timeout (30 s by default), so the source must send a snapshot on open, on every change, and periodically. This
+module only encodes; what is healthy is decided by whatever implements :class:`HealthSource` (the health monitor).
 """
 
 from __future__ import annotations

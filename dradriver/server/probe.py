@@ -1,6 +1,6 @@
 """The ``grpc.health.v1.Health`` probe on a TCP port (``HEALTHCHECK_PORT``) for the DaemonSet's gRPC liveness
 and readiness probes, from the ``grpcio-health-checking`` package; its liveness check proves the plugin answers
-end to end (``nvidia-dra-driver.md`` 6.2).
+end to end (NVIDIA's ``cmd/*-kubelet-plugin/health.go``).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ LIVENESS_SERVICES = ("", "liveness")
 class LivenessServicer(grpc_health.aio.HealthServicer):
     """``grpc.health.v1`` whose Check for ``""``/``liveness`` proves the plugin works end to end.
 
-    Like NVIDIA's plugin (``nvidia-dra-driver.md`` 6.2): SERVING only if ``GetInfo`` answers on the registration
-    socket and an empty ``NodePrepareResources`` answers on the DRA socket, each within ``timeout_s`` seconds, so
-    a wedged event loop (the registration server), a DRA server whose every worker is stuck (the empty call
+    Like NVIDIA's plugin (NVIDIA's ``cmd/*-kubelet-plugin/health.go``): SERVING only if ``GetInfo`` answers on the
+    registration socket and an empty ``NodePrepareResources`` answers on the DRA socket, each within ``timeout_s``
+    seconds, so a wedged event loop (the registration server), a DRA server whose every worker is stuck (the empty call
     queues) or a lost socket fails the kubelet's liveness probe. Other registered service names
     report their stored status; graceful shutdown reports NOT_SERVING.
     """

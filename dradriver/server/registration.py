@@ -3,8 +3,8 @@
 The kubelet finds our registration socket in its registrar directory, calls ``GetInfo`` with a 1 s
 deadline, validates the answer, and reports its verdict through ``NotifyRegistrationStatus``. Newer
 kubelets re-send ``GetInfo`` every 10 s and deregister a plugin after two failures, so this servicer
-answers from a precomputed message and never waits on anything (kubelet-dra-protocol.md sections 1.3,
-1.4).
+answers from a precomputed message and never waits on anything (the kubelet's
+``pkg/kubelet/pluginmanager/pluginwatcher/monitor.go`` and ``pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Unix sockets and server lifecycle: start the DRA, probe and registration servers in order, stop them.
 
-Rules (kubelet-dra-protocol.md sections 1.2, 4.1 and 7.2):
+Rules (the kubelet's ``pkg/kubelet/pluginmanager/pluginwatcher/README.md``; ``kubeletplugin/draplugin.go`` in
+k8s.io/dynamic-resource-allocation):
 
 * The DRA server answers on its socket before the registration socket appears, so the kubelet never
   registers an endpoint that is not served yet. Each socket is bound under a hidden temporary name in

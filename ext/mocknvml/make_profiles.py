@@ -1,13 +1,17 @@
 """Generate the bundled mock NVML node profiles in ``dradriver/nvml/profiles/``.
 
 Run ``python ext/mocknvml/make_profiles.py`` after changing a table below; the JSON files are committed.
-Every value comes from ``../shared/reference/gpu-facts.md`` (section numbers in comments), except the ``vr200`` model
-(its comment names its public sources); values marked
-``"_inferred"`` in the output were not read from a real GPU (the fact sheet lists them as unknown).
+Every value comes from a public source, named in the comment of its table, except the ``vr200`` model (its comment
+names its public sources). The source tags: [CAP] the real ``nvidia-smi -q -x`` captures in NVIDIA/k8s-test-infra
+``tests/e2e/go/assertions/nvidiasmi/testdata/hardware/qx-*.xml`` (identity, board values, bus numbers, fabric info);
+[MIG] NVIDIA's MIG User Guide (https://docs.nvidia.com/datacenter/tesla/mig-user-guide/: supported profiles, device
+names, GI ids, capabilities) and ``nvidia-smi mig -lgip`` listings posted in GitHub threads (e.g.
+NVIDIA/mig-parted#120); [NVML] ``nvml.h`` (enums and structs); [NVL72] NVIDIA's GB200 NVL72 documentation (18 compute
+trays of 4 GPUs). Values marked ``"_inferred"`` in the output were not read from a real GPU (no public source has them).
 
 UUIDs are derived deterministically so regenerating a profile does not change it: GPU UUIDs are random-shaped
 hex from SHA-256 (real GPU UUIDs have unconstrained version bits), MIG UUIDs are RFC 4122 version-5 UUIDs of
-(GPU UUID, GI id, CI id), the shape real drivers (R470+) report (gpu-facts §3.1).
+(GPU UUID, GI id, CI id), the shape real drivers (R470+) report (NVIDIA's MIG User Guide, "MIG Device Names").
 """
 
 from __future__ import annotations
@@ -23,10 +27,10 @@ MIG_NS = uuid.UUID("6f1c1d1e-8d3a-4f57-9a51-3b6c0d1e2f30")
 
 MiB = 1024 * 1024
 
-# nvmlDeviceAddressingModeType_t (nvml.h); per-model values from §1.3 ("Addressing mode" of the captures)
+# nvmlDeviceAddressingModeType_t (nvml.h); per-model values from [CAP] ("Addressing mode" of the captures)
 ADDR_NONE, ADDR_HMM, ADDR_ATS = 0, 1, 2
 
-# nvmlGpuVirtualizationMode_t (nvml.h); every MIG-capable capture reports "Pass-Through" (§1.3)
+# nvmlGpuVirtualizationMode_t (nvml.h); every MIG-capable capture reports "Pass-Through" ([CAP])
 VIRT_NONE, VIRT_PASSTHROUGH, VIRT_VGPU = 0, 1, 2
 
 # nvmlEventType bits (nvml.h)
@@ -68,7 +72,7 @@ def cip(index: int, name: str, slices: int, inst: int, sm: int) -> dict[str, Any
 
 
 def _a100_gips(gb: dict[str, int], mem: dict[str, int]) -> list[dict[str, Any]]:
-    """A100 GI profiles (§2.4 / §2.5) with the CI tables read on A100 (§2.10); ``gb`` names the memory of each
+    """A100 GI profiles ([MIG]) with the CI tables read on A100 ([MIG]); ``gb`` names the memory of each
     size class (``1``, ``2``, ``4``, ``8`` memory slices), ``mem`` its ``memorySizeMB``."""
     n1, n2, n4, n8 = (f"{gb[k]}gb" for k in ("1", "2", "4", "8"))
     m1, m2, m4, m8 = (mem[k] for k in ("1", "2", "4", "8"))
@@ -89,13 +93,13 @@ def _a100_gips(gb: dict[str, int], mem: dict[str, int]) -> list[dict[str, Any]]:
     ]
 
 
-# §2.4 A100-SXM4-40GB, older-driver memory set (matches go-nvml dgxa100 and the DRA docs), §2.10 CI tables.
+# [MIG] A100-SXM4-40GB, older-driver memory set (matches go-nvml dgxa100 and the DRA docs), [MIG] CI tables.
 A100_40_GIPS = _a100_gips({"1": 5, "2": 10, "4": 20, "8": 40}, {"1": 4864, "2": 9856, "4": 19968, "8": 40192})
-# §2.5 A100-SXM4-80GB (the 39.25/78.75 GiB driver set); CI tables as on the 40GB board (§2.10, same SMs).
+# [MIG] A100-SXM4-80GB (the 39.25/78.75 GiB driver set); CI tables as on the 40GB board ([MIG], same SMs).
 A100_80_GIPS = _a100_gips({"1": 10, "2": 20, "4": 40, "8": 80}, {"1": 9728, "2": 19968, "4": 40192, "8": 80640})
 
 
-# §2.6 H100 80GB. Per-CI SMs on Hopper are unknown (§2.10); only the full-GI CI is listed, with the GI's SMs.
+# [MIG] H100 80GB. Per-CI SMs on Hopper are unknown ([MIG]); only the full-GI CI is listed, with the GI's SMs.
 # CI profile index by compute slices (NVML_COMPUTE_INSTANCE_PROFILE_*: 1 -> 0, 2 -> 1, 3 -> 2, 4 -> 3, 7 -> 4).
 _CI_INDEX = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4}
 CI_1_SLICE_REV1, CI_7_SLICE_NVL = 7, 8  # nvml.h; the DRA enumeration skips both (updates 2b)
@@ -117,7 +121,7 @@ def _hopper_gips(n: dict[str, str], mem: dict[str, int], sm: dict[str, int], ce:
                  eng: dict[str, int], *, nvl: bool = False, inferred: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """Hopper/Blackwell GI profiles. Keys of every table: ``1`` (1g), ``1me`` (1g+me), ``1x2`` (1g with two
     memory slices), ``2``, ``3``, ``4``, ``7``; ``eng`` gives the decoder = JPEG count (equal on every Hopper
-    and Blackwell row read, §2.6-2.9); OFA is 1 on +me and 7g only. ``inferred``: rows not read from a GPU."""
+    and Blackwell row read, [MIG]); OFA is 1 on +me and 7g only. ``inferred``: rows not read from a GPU."""
     def row(key: str, index: int, pid: int, slices: int, inst: int, starts: list[int], size: int,
             *, ofa: int = 0, rev1: bool = False, nvl_ci: bool = False) -> dict[str, Any]:
         return gip(index, pid, n[key], slices, inst, sm[key], ce[key], eng[key], eng[key], ofa, mem[key], starts,
@@ -142,21 +146,21 @@ def _by_class(m1: int, m2: int, m4: int, m8: int) -> dict[str, int]:
     return {"1": m1, "1me": m1, "1x2": m2, "2": m2, "3": m4, "4": m4, "7": m8}
 
 
-# §2.6 H100 80GB
+# [MIG] H100 80GB
 H100_GIPS = _hopper_gips(
     _names(10, 20, 40, 80), _by_class(9984, 20096, 40448, 81152),
     {"1": 16, "1me": 16, "1x2": 26, "2": 32, "3": 60, "4": 64, "7": 132},
     {"1": 1, "1me": 1, "1x2": 1, "2": 2, "3": 3, "4": 4, "7": 8},
     {"1": 1, "1me": 1, "1x2": 1, "2": 2, "3": 3, "4": 4, "7": 7},
 )
-# §2.7 H200 141GB (NVIDIA/mig-parted#120)
+# [MIG] H200 141GB (NVIDIA/mig-parted#120)
 H200_GIPS = _hopper_gips(
     _names(18, 35, 71, 141), _by_class(16384, 33024, 71168, 143104),
     {"1": 16, "1me": 16, "1x2": 26, "2": 32, "3": 60, "4": 64, "7": 132},
     {"1": 1, "1me": 1, "1x2": 1, "2": 2, "3": 3, "4": 4, "7": 8},
     {"1": 1, "1me": 1, "1x2": 1, "2": 2, "3": 3, "4": 4, "7": 7},
 )
-# §2.8 B200 (Mar 2025 driver: 20.50 GiB 1g). The 3g/4g/7g rows were not readable (§8): memory follows the
+# [MIG] B200 (Mar 2025 driver: 20.50 GiB 1g). The 3g/4g/7g rows were not readable ([MIG]): memory follows the
 # slice pattern (88.5 / 178 GiB), SMs the Hopper pattern scaled to 148, CE from MIGUG; marked _inferred.
 B200_GIPS = _hopper_gips(
     _names(23, 45, 90, 180), _by_class(20992, 45312, 90624, 182272),
@@ -165,7 +169,7 @@ B200_GIPS = _hopper_gips(
     {"1": 1, "1me": 1, "1x2": 1, "2": 2, "3": 3, "4": 4, "7": 7},
     nvl=True, inferred=("3", "4", "7"),
 )
-# A GI profile NVML lists but rejects: the A30-only 2_SLICE_REV1 index (8, §2.1) answers its profile info and
+# A GI profile NVML lists but rejects: the A30-only 2_SLICE_REV1 index (8, [MIG]) answers its profile info and
 # NOT_SUPPORTED (3) for the possible placements, so discovery has to skip it like NVIDIA's (updates 2b). This
 # row is a mock construct (no B200 dump shows it), there to exercise that path on a realistic node.
 B200_GIPS.append({
@@ -175,7 +179,7 @@ B200_GIPS.append({
     "_note": "mock construct: NVML rejects this profile (possible placements NOT_SUPPORTED); never published",
 })
 
-# §2.9 GB200 production boards; 3g/4g/7g rows are names and counts only in the fact sheet: the numbers here
+# [MIG] GB200 production boards; 3g/4g/7g rows are names and counts only in [MIG]: the numbers here
 # follow the pattern of the rows that were read and are marked _inferred.
 GB200_GIPS = _hopper_gips(
     _names(23, 47, 93, 186), _by_class(22528, 46592, 93184, 186368),
@@ -185,7 +189,7 @@ GB200_GIPS = _hopper_gips(
     nvl=True, inferred=("3", "4", "7"),
 )
 
-# §1.1-1.3 per-model identity and board values.
+# [CAP] per-model identity and board values.
 MODELS: dict[str, dict[str, Any]] = {
     "a100-sxm4-40gb": {
         "name": "NVIDIA A100-SXM4-40GB", "brand": 14, "architecture": 7,
@@ -308,8 +312,8 @@ MODELS: dict[str, dict[str, Any]] = {
 }
 _INFERRED_NOTES = {
     "a100-sxm4-80gb": "subsystem id, reserved and BAR1 memory, memory clock and power are typical values, not captures",
-    "h200": "subsystem id, reserved and BAR1 memory, clocks and power are typical values, not captures (gpu-facts "
-            "1.2 lists them as unknown); GI table from mig-parted#120",
+    "h200": "subsystem id, reserved and BAR1 memory, clocks and power are typical values, not captures (no public "
+            "capture of an H200 has them); GI table from mig-parted#120",
     "l4": "subsystem id, reserved and BAR1 memory, clocks and power of the L4 are typical values, not captures; "
           "no addressing mode capture exists, so nvmlDeviceGetAddressingMode is NOT_SUPPORTED",
     "vr200": "not published for Rubin: the MIG profile table (MIG capable with MIG disabled as the capture shows, "
@@ -358,7 +362,7 @@ def dgx_a100() -> dict[str, Any]:
     for g in (g0, g1):
         g["migMode"] = {"current": 1, "pending": 1}
     # GPU0: 2g.10gb at 0:2 (id 3), 1g.5gb at 2:1 (id 9) and 3:1 (id 10), 3g.20gb at 4:4 (id 1). 7 compute
-    # slices, 8 memory slices. GI ids follow the driver's pools (§3.1): 3g/4g 1-2, 2g 3-6, 1g 7-14.
+    # slices, 8 memory slices. GI ids follow the driver's pools ([MIG]): 3g/4g 1-2, 2g 3-6, 1g 7-14.
     g0["gpuInstances"] = [
         gi(g0, 1, 9, 4, 4, 3, 2), gi(g0, 3, 14, 0, 2, 2, 1), gi(g0, 9, 19, 2, 1, 1, 0), gi(g0, 10, 19, 3, 1, 1, 0),
     ]
@@ -388,7 +392,7 @@ def dgx_h100() -> dict[str, Any]:
 def gb200_tray() -> dict[str, Any]:
     name = "gb200-nvl72-node"
     buses = [0x29, 0x3F, 0x9C, 0xB2]
-    numa = [2, 10, 18, 26]  # §4.1
+    numa = [2, 10, 18, 26]  # [NVL72]
     gpus = [gpu(name, "gb200", i, bus_id(0, b), numa[i], f"18242250{71201 + i:05d}") for i, b in enumerate(buses)]
     fabric = {
         "clusterUuid": "abc9829a-d4c8-491c-8da5-ad28fb34876b", "cliqueId": 2, "state": 3, "status": 0,
@@ -403,14 +407,14 @@ def gb200_tray() -> dict[str, Any]:
     }
 
 
-# GB200 NVL72 racks (§4.1: 18 compute trays of 4 GPUs; §4.2: one cluster UUID and clique ID shared by every GPU of
+# GB200 NVL72 racks ([NVL72]: 18 compute trays of 4 GPUs; [NVML]: one cluster UUID and clique ID shared by every GPU of
 # the rack's NVLink domain). Rack A reuses the capture's cluster UUID and clique 2; rack B's values are synthetic.
 NVL72_TRAYS = 18
 NVL72_RACKS = {
     "a": {"clusterUuid": "abc9829a-d4c8-491c-8da5-ad28fb34876b", "cliqueId": 2},
     "b": {"clusterUuid": "5b1f40c2-7e93-4d0a-b6e1-93c2f07d4a58", "cliqueId": 7},
 }
-FABRIC_IN_PROGRESS, FABRIC_COMPLETED = 2, 3  # §4.2 state values
+FABRIC_IN_PROGRESS, FABRIC_COMPLETED = 2, 3  # [NVML] state values
 NVML_ERROR_UNKNOWN = 999
 
 
@@ -420,7 +424,7 @@ def _nvl72_fabric(rack: str, *, state: int = FABRIC_COMPLETED, status: int = 0) 
 
 def _nvl72_tray_gpus(rack: str, tray: int) -> list[dict[str, Any]]:
     """The 4 GPUs of tray ``tray`` of rack ``rack``: distinct UUIDs and serials per tray; PCI domain = tray index
-    (the capture's bus numbers; distinct domains keep every GPU of the rack distinguishable), NUMA ids of §4.1."""
+    (the capture's bus numbers; distinct domains keep every GPU of the rack distinguishable), NUMA ids of [NVL72]."""
     buses, numa = [0x29, 0x3F, 0x9C, 0xB2], [2, 10, 18, 26]
     rack_number = ord(rack) - ord("a") + 1
     return [gpu(f"gb200-nvl72-rack-{rack}/tray-{tray:02d}", "gb200", i, bus_id(tray, b), numa[i],
@@ -477,10 +481,10 @@ def dgx_h200() -> dict[str, Any]:
 
 def dgx_b200() -> dict[str, Any]:
     name = "dgx-b200"
-    buses = [0x8F, 0x90, 0x96, 0x97, 0xC4, 0xC5, 0xCB, 0xCC]  # §1.3: minors 0-7 in this bus order
+    buses = [0x8F, 0x90, 0x96, 0x97, 0xC4, 0xC5, 0xCB, 0xCC]  # [CAP]: minors 0-7 in this bus order
     gpus = [gpu(name, "b200", i, bus_id(0, b), 0 if i < 4 else 1, f"18252250{40101 + i:05d}")
             for i, b in enumerate(buses)]
-    fabric = {  # §4.2: B200 HGX: state Completed, clique 0, all-zero cluster UUID, summary Healthy
+    fabric = {  # [NVML]: B200 HGX: state Completed, clique 0, all-zero cluster UUID, summary Healthy
         "clusterUuid": "00000000-0000-0000-0000-000000000000", "cliqueId": 0, "state": 3, "status": 0,
         "healthMask": 0xAA, "healthSummary": 1,
     }
@@ -509,7 +513,7 @@ def a100_80gb_node() -> dict[str, Any]:
 
 def l4_inference() -> dict[str, Any]:
     name = "l4-inference"
-    buses = [0x70, 0xF0]  # §5 shows an L4 at 0000:70:00.0
+    buses = [0x70, 0xF0]  # [CAP] shows an L4 at 0000:70:00.0
     gpus = [gpu(name, "l4", i, bus_id(0, b), None, f"13232230{10311 + i:05d}") for i, b in enumerate(buses)]
     model = dict(MODELS["l4"])
     model["_note"] = _INFERRED_NOTES["l4"]
@@ -526,7 +530,7 @@ def synthetic_large() -> dict[str, Any]:
         dom, bus = divmod(i, 8)
         g = gpu(name, "h100-sxm5-80gb", i, bus_id(dom, 0x18 + 0x10 * bus), dom % 2, f"16523230{50000 + i:05d}")
         g["migMode"] = {"current": 1, "pending": 1}
-        # seven 1g.10gb GIs at starts 0..6; ids 7..13 as the driver assigns them to 1g placements (§3.1)
+        # seven 1g.10gb GIs at starts 0..6; ids 7..13 as the driver assigns them to 1g placements ([MIG])
         g["gpuInstances"] = [gi(g, 7 + s, 19, s, 1, 1, 0) for s in range(7)]
         gpus.append(g)
     return {

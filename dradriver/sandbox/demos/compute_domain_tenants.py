@@ -2,7 +2,7 @@
 rack, each ComputeDomain with its own IMEX channel (``IMEX_ISOLATION=channel``), side by side; a node killed
 mid-run and the jobs healing on a spare node.
 
-Channel isolation needs host-managed IMEX (README "Isolation"): the multi-node sandbox
+Channel isolation needs host-managed IMEX (``docs/user-guide/compute-domains.md``, "Isolation"): the multi-node sandbox
 (:mod:`dradriver.sandbox.multinode`, ``host_imex=True, channel_isolation=True``) runs one rack of ``N + 2`` nodes,
 each with the host's own ``nvidia-imex`` stand-in (a static ``nodes.cfg`` listing the rack, as an operator's
 ``nvidia-imex.service`` has), a ``compute-domain-kubelet-plugin`` process per node with ``IMEX_MODE=hostManaged``

@@ -135,7 +135,7 @@ def device_table(slices: list[dict[str, Any]]) -> str:
 
 
 def nvidia_smi_line(device: GpuDevice | MigDevice) -> str:
-    """What ``nvidia-smi -L`` prints in a container that sees exactly ``device`` (gpu-facts.md 3.1)."""
+    """What ``nvidia-smi -L`` prints in a container that sees exactly ``device`` (NVIDIA's MIG User Guide)."""
     if isinstance(device, MigDevice):
         parent = device.parent
         return (f"GPU 0: {parent.product_name} (UUID: {parent.uuid})\n"

@@ -9,7 +9,7 @@ dradriver's specs use:
 * flags are checked per subcommand as the toolkit's CLI does: an undefined flag is "flag provided but not
   defined: -<name>" on stderr and exit status 1; ``--help``/``-h`` prints the subcommand's flags, exit 0;
 * an unknown subcommand is a warning ("Unsupported CDI hook: <name>") and exit status 0, so an older spec or a
-  newer hook never breaks a container (recent toolkits, ``cdi.md`` 4.7);
+  newer hook never breaks a container (recent toolkits, nvidia-container-toolkit's ``cmd/nvidia-cdi-hook``);
 * ``create-symlinks --link <target>::<link>`` creates each link in the container's root filesystem (an existing
   link is replaced), as the real hook does; the other subcommands (``update-ldcache``, ``enable-cuda-compat``,
   ``disable-device-node-modification``, ``chmod``) only validate their flags (there is no ``ldconfig`` or driver

@@ -3,7 +3,7 @@
 Standard library only (asyncio): the sandbox copies this file with a ``#!<python>`` line and runs it as the
 binary. It behaves as the real daemon does for what the compute-domain daemon wrapper relies on (NVIDIA IMEX
 guide: "IMEX Service Config Options", "Signal handling", "Connections, Quorum, and Clean up", "IMEX Service
-Command Service"; ``nvidia-dra-driver.md`` 7.4, ``nvidia-dra-driver-updates.md`` 2c):
+Command Service"; NVIDIA's ``cmd/compute-domain-daemon/``):
 
 * ``nvidia-imex -c <config>`` runs in the foreground (the template pins ``DAEMONIZE=0``) and reads ``KEY=value``
   lines: ``SERVER_PORT`` (peer port, default 50000), ``BIND_INTERFACE_IP`` (peer address; empty: the pod's

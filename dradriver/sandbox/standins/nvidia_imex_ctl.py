@@ -2,7 +2,8 @@
 
 Standard library only. It talks to the command service of the ``nvidia-imex`` stand-in
 (:mod:`dradriver.sandbox.standins.nvidia_imex`) as the real tool talks to the real daemon (NVIDIA IMEX guide,
-"IMEX Service Command Service"; ``nvidia-dra-driver.md`` 4.8, 7.4):
+"IMEX Service Command Service"; NVIDIA's ``cmd/compute-domain-kubelet-plugin/device_state.go``,
+``cmd/compute-domain-daemon/``):
 
 * where: ``-c <config>`` (default ``/etc/nvidia-imex/config.cfg``: the command service at
   ``IMEX_CMD_BIND_INTERFACE_IP:IMEX_CMD_PORT``), ``-i <ip> <port>``, or ``-u <socket>`` / ``--u=<socket>`` (the
