@@ -440,11 +440,12 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
             refuse_device=node_policy.refusal,
         )
         life.on_stop("batch runner", runner.close)
-        await assembly.adopt_nvidia(identity, config, connection, runner,
-                                    GpuAdoption(config.node_name, registry.get), metrics)
+        adopted = await assembly.adopt_nvidia(identity, config, connection, runner,
+                                              GpuAdoption(config.node_name, registry.get, identity.driver_name),
+                                              metrics, checkpoint.groups_of if checkpoint is not None else None)
         recovery = await assembly.recover(identity, config, connection, runner, problems)
         if checkpoint is not None:  # after recovery: it names what the claim state holds now
-            await asyncio.to_thread(checkpoint.load, state.claims())
+            await asyncio.to_thread(checkpoint.load, state.claims(), adopted.started)
         publisher = assembly.make_publisher(
             identity, config, connection, on_error=lambda exc: metrics.count_publish_error(type(exc).__name__),
             on_publish=lambda result: metrics.observe_publish() if result.wrote else None)
