@@ -10,8 +10,10 @@ from pathlib import Path
 
 from dradriver.domain import mps
 from dradriver.domain.nvcheckpoint import Checkpoint, CheckpointEntry, CheckpointState, encode
-from dradriver.host.claimstate import ClaimPhase, ClaimRecord, HeldDevice
+from dradriver.host.claimstate import ClaimPhase, ClaimRecord, ClaimState, HeldDevice
 from dradriver.host.nvcheckpointfile import CHECKPOINT_FILE, read_checkpoint, write_checkpoint
+from dradriver.kubeletplugin.adoption import ForeignClaims, converge
+from dradriver.kubeletplugin.payload import encode_payload
 from dradriver.kubeletplugin.rollback import RollbackCheckpoint
 from dradriver.sandbox.node import SandboxNode
 from tests.configs.test_plugin import allocate
@@ -243,3 +245,43 @@ def test_an_mps_claim_names_its_control_daemon_for_nvidias_unprepare(sandbox: Sa
             assert sorted(d.device.device_name for d in group.devices if d.device) == names
 
     asyncio.run(body())
+
+
+def test_an_entry_rebuilt_at_start_names_a_consumable_shares_share_id_and_is_taken_as_dradrivers_own(
+        tmp_path: Path) -> None:
+    """A claim holding a consumable share whose entry is rebuilt from the claim state (the file was lost) names
+    its ``ShareID`` as the entry written at its prepare did; at the next start that entry is recognised as the one
+    dradriver wrote (the switching rule, :func:`~dradriver.kubeletplugin.adoption.converge`, does not take it for
+    a claim NVIDIA prepared again)."""
+    path = tmp_path / CHECKPOINT_FILE
+    uid = "d" * 8 + UID[8:]
+    share = "2f2b1c1e-7d6f-4c55-9a57-5a4e0c1d2b3a"
+    record = ClaimRecord(uid, ClaimPhase.PREPARE_COMPLETED, "ns", "c",
+                         (HeldDevice(("gpu",), "node-a", "gpu-0", (f"k8s.gpu.nvidia.com/claim={uid}-gpu-0",),
+                                     admin_access=True),),  # the store's "not exclusive" flag, as read back
+                         encode_payload("spec", [], shares={"gpu-0": share}).encode())
+    keeper = RollbackCheckpoint(path, boot_id="boot-1", driver="gpu.nvidia.com", describe=lambda _name: None)
+    keeper.load({uid: record})
+    kept = read_checkpoint(path)
+    assert kept is not None
+    (device,) = kept.claims[uid].devices
+    assert device.device is not None and device.device.share_id == share
+    results = kept.claims[uid].status["allocation"]["devices"]["results"]
+    assert results == [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-a", "device": "gpu-0",
+                        "shareID": share}]
+    foreign = ForeignClaims({}, frozenset(kept.claims), True, dict(kept.claims))
+    state = ClaimState.open(tmp_path / "claims.state", lock_path=tmp_path / "lock", boot_id_path=_boot(tmp_path))
+    try:
+        state.prepare_started(uid, namespace="ns", name="c", devices=record.devices, payload=record.payload)
+        state.prepare_completed(uid)
+        with state.locked():
+            converged = converge(state, foreign, spec_of=lambda _u: tmp_path / "spec", own_groups=keeper.groups_of)
+        assert converged.replaced == () and converged.dropped == () and state.get(uid) is not None
+    finally:
+        state.close()
+
+
+def _boot(tmp_path: Path) -> Path:
+    path = tmp_path / "boot_id"
+    path.write_text("boot-1\n")
+    return path
