@@ -139,25 +139,33 @@ class Convergence:
     replaced: tuple[str, ...] = ()
 
 
-def _setup(groups: Sequence[DeviceGroup]) -> tuple[str, ...]:
+def _setup(groups: Sequence[DeviceGroup], *, instances: bool = True) -> tuple[str, ...]:
     """What a prepare set up, as the entry's groups say it, in a form two entries are compared by: each group's
-    ``configState`` and, per device, its kind, kubelet ``Device`` (requests, name, CDI device IDs, share ID), MIG
-    instance (parent, GPU and compute instance IDs, MIG UUID) and channel or daemon ID. Facts of the hardware that
-    no prepare changes (``gpu.info.uuid``, ``parentPCIBusID``, the pool) and the ``Metadata`` are left out, so a
-    device dradriver cannot describe now does not look like a new prepare."""
+    ``configState`` and, per device, its kubelet ``Device`` (requests, name, CDI device IDs, share ID), channel or
+    daemon ID and, with ``instances``, its kind and MIG instance (parent, GPU and compute instance IDs, MIG UUID).
+    Facts of the hardware that no prepare changes (``gpu.info.uuid``, ``parentPCIBusID``, the pool) and the
+    ``Metadata`` are left out, so a device dradriver cannot describe now does not look like a new prepare."""
     out: list[str] = []
     for group in groups:
         devices = []
         for d in group.devices:
             kubelet = d.device
-            mig = d.mig
-            devices.append(repr((d.kind, d.id,
+            mig = d.mig if instances else None
+            devices.append(repr((d.kind if instances else "", d.id,
                                  None if kubelet is None else (tuple(kubelet.requests), kubelet.device_name,
                                                                tuple(kubelet.cdi_device_ids), kubelet.share_id),
                                  None if mig is None else (mig.parent_uuid, mig.parent_minor, mig.gi_id, mig.ci_id,
                                                            mig.mig_uuid))))
         out.append(repr((group.config_state, tuple(sorted(devices)))))
     return tuple(sorted(out))
+
+
+def _same_setup(stored: Sequence[DeviceGroup], own: Sequence[DeviceGroup]) -> bool:
+    """Whether the entry on disk (``stored``) sets up what dradriver's entry of the record (``own``) does; where
+    dradriver cannot describe one of its devices now (a full GPU without its UUID: the device is not known at this
+    start, such as with the driver away), kinds and MIG instances are not compared."""
+    described = all(d.kind != "gpu" or d.uuid for g in own for d in g.devices)
+    return _setup(stored, instances=described) == _setup(own, instances=described)
 
 
 def converge(state: ClaimState, foreign: ForeignClaims, *, spec_of: Callable[[str], Path],
@@ -172,7 +180,7 @@ def converge(state: ClaimState, foreign: ForeignClaims, *, spec_of: Callable[[st
     * the checkpoint names it with an entry dradriver did not write (``own_groups`` given, the rollback checkpoint
       kept): not ``PrepareCompleted`` (dradriver writes ``PrepareStarted`` for no claim, and ``PrepareAborted``
       only for a claim it holds as started), or its groups set up something else than dradriver's entry of the
-      record says (:func:`_setup`; NVIDIA always writes ``preparedDevices`` in a completed entry, dradriver
+      record says (:func:`_same_setup`; NVIDIA always writes ``preparedDevices`` in a completed entry, dradriver
       leaves them out only for a claim it could not describe). NVIDIA unprepared the claim and prepared it again
       under the same UID: its newer entry wins. The record is forgotten, nothing undone, and the entry is adopted
       like NVIDIA's others.
@@ -201,7 +209,7 @@ def converge(state: ClaimState, foreign: ForeignClaims, *, spec_of: Callable[[st
         if own_groups is None:
             continue
         if entry.state is CheckpointState.PREPARE_COMPLETED and (
-                not entry.groups or _setup(entry.groups) == _setup(own_groups(record))):
+                not entry.groups or _same_setup(entry.groups, own_groups(record))):
             continue  # dradriver's own entry (one without groups: a claim it could not describe, named by devices)
         state.remove(uid)
         replaced.append(uid)
