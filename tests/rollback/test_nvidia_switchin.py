@@ -37,7 +37,7 @@ from dradriver.nvml import mock, settings
 from dradriver.sandbox.node import SandboxNode
 from tests import factories
 from tests.configs.test_plugin import allocate
-from tests.plugin.conftest import ref_of, result, running
+from tests.plugin.conftest import claim_object, ref_of, result, running, set_allocation
 from tests.plugin.test_dynamic_mig import _create_out_of_band as create_out_of_band
 from tests.plugin.test_dynamic_mig import _lib as load_mock_nvml
 from tests.plugin.test_dynamic_mig import state_lines
@@ -84,6 +84,38 @@ def on_one_node(node: SandboxNode, path: Path) -> None:
 def _events(node: SandboxNode, reason: str) -> list[str]:
     assert node.api is not None
     return [e["message"] for e in node.api.objects("Event") if e.get("reason") == reason]
+
+
+@needs_nvidia
+@pytest.mark.parametrize("sandbox", ["dgx-a100"], indirect=True)
+def test_an_admin_access_claim_and_its_workload_claim_nvidias_binary_prepared_on_one_gpu_are_held_after_the_switch(
+        sandbox: SandboxNode, tmp_path: Path) -> None:
+    """NVIDIA's own plugin prepares an admin-access claim and a workload claim on gpu-3 (it exempts admin access
+    from its overlap check); dradriver starts on its checkpoint and serves: both adopted, gpu-3 refused to a third
+    claim while the workload claim holds it, given once that is unprepared."""
+    config, cdi_root, plugin_dir = switched_node(sandbox)
+    assert sandbox.api is not None
+    admin = ref_of(set_allocation(sandbox, sandbox.api.create(claim_object("admin")),
+                                  [result("gpu-3", pool=sandbox.node_name, admin=True)]))
+    workload = claim(sandbox, "workload", "gpu-3")
+    asyncio.run(prepared_by_nvidia(sandbox, tmp_path, [admin, workload]))
+    on_one_node(sandbox, plugin_dir / CHECKPOINT_FILE)
+    log = tmp_path / "dradriver.log"
+
+    async def with_dradriver() -> None:
+        with dradriver_process(sandbox, log) as proc:
+            async with kubelet_for(Path(config.kubelet_registrar_directory_path), proc, log) as kubelet:
+                third = claim(sandbox, "third", "gpu-3")
+                refused = (await kubelet.prepare([third]))[third.uid].error
+                assert f"already prepared for claim / (uid {workload.uid})" in refused, refused
+                assert await kubelet.unprepare([workload]) == {workload.uid: ""}
+                assert (await kubelet.prepare([third]))[third.uid].error == ""
+                assert await kubelet.unprepare([third, admin]) == {third.uid: "", admin.uid: ""}
+                assert [p.name for p in cdi_root.iterdir() if "claim_" in p.name] == []
+
+    asyncio.run(with_dradriver())
+    assert "2 claim(s) adopted, 0 half-prepared to roll back, 0 dropped" in log.read_text()
+    assert _events(sandbox, "ClaimNotAdopted") == []
 
 
 @needs_nvidia
