@@ -17,6 +17,7 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from dradriver.config import PluginConfig
@@ -205,28 +206,44 @@ async def open_claim_state(lifecycle: Lifecycle, identity: DriverIdentity, confi
 
 
 async def adopt_nvidia(identity: DriverIdentity, config: PluginConfig, connection: Connection, runner: BatchRunner,
-                       adoption: GpuAdoption, metrics: DriverMetrics | None) -> AdoptionReport:
+                       adoption: GpuAdoption, metrics: DriverMetrics | None,
+                       own_groups: adoption_module.OwnGroups | None = None) -> AdoptionReport:
     """Start step before :func:`recover`: adopt the claims NVIDIA's plugin prepared
-    (:func:`dradriver.kubeletplugin.adoption.adopt_nvidia_claims`), with a Normal ``ClaimAdopted`` Event per
-    adopted claim and the ``dradriver_adopted_claims_total`` metric; a damaged or unknown-version checkpoint is a
-    ``NvidiaCheckpointUnusable`` Warning Event (its claims are then kept from their CDI specs by recovery)."""
+    (:func:`dradriver.kubeletplugin.adoption.adopt_nvidia_claims`; ``own_groups``: the rollback checkpoint's, for
+    the switching-back-and-forth rule), reported by :func:`report_adoption`."""
     path = config.plugin_dir / nvcheckpointfile.CHECKPOINT_FILE
     report = await asyncio.to_thread(
         adoption_module.adopt_nvidia_claims, runner.state, path, boot_id=read_boot_id(config.boot_id_path),
-        adoption=adoption, encode_payload=encode_payload, spec_of=runner.spec_path)
+        adoption=adoption, encode_payload=encode_payload, spec_of=runner.spec_path, own_groups=own_groups)
+    await report_adoption(identity, config, connection, runner, path, report, metrics)
+    return report
+
+
+async def report_adoption(identity: DriverIdentity, config: PluginConfig, connection: Connection,
+                          runner: BatchRunner, path: Path, report: AdoptionReport,
+                          metrics: DriverMetrics | None) -> None:
+    """What either kubelet plugin's adoption of NVIDIA's checkpoint ``path`` did, told the operator: a Normal
+    ``ClaimAdopted`` Event per adopted claim and the ``dradriver_adopted_claims_total`` metric; a Warning
+    ``ClaimNotAdopted`` Event per claim that could not be adopted (a device another claim holds: the plugin starts
+    and serves anyway); a damaged or unknown-version checkpoint is a ``NvidiaCheckpointUnusable`` Warning Event
+    (its claims are then kept from their CDI specs by recovery). Events go to the Node object."""
+    async def event(reason: str, message: str, type_: str = "Warning") -> None:
+        await asyncio.to_thread(report_event, identity, connection.client, config, connection.node_uid, reason,
+                                message, type_=type_)
+
     if report.problem:
-        await asyncio.to_thread(report_event, identity, connection.client, config, connection.node_uid,
-                                "NvidiaCheckpointUnusable", f"NVIDIA's checkpoint {path} is not used: "
-                                f"{report.problem}; its claims are kept from their CDI specs")
+        await event("NvidiaCheckpointUnusable", f"NVIDIA's checkpoint {path} is not used: {report.problem}; its "
+                                                "claims are kept from their CDI specs")
     for uid in report.adopted:
         record = runner.state.get(uid)
         who = adoption_module.describe_claim(uid, None, record.namespace, record.name) if record else uid
-        await asyncio.to_thread(report_event, identity, connection.client, config, connection.node_uid,
-                                "ClaimAdopted", f"claim {who} prepared by NVIDIA's plugin is held and will be "
-                                "unprepared by dradriver (from NVIDIA's checkpoint)", type_="Normal")
-    if metrics is not None and report.adopted:
+        await event("ClaimAdopted", f"claim {who} prepared by NVIDIA's plugin is held and will be unprepared by "
+                                    "dradriver (from NVIDIA's checkpoint)", "Normal")
+    for uid, why in report.refused:
+        await event("ClaimNotAdopted", f"claim {uid} in NVIDIA's checkpoint {path} is not adopted: {why}; its entry "
+                                       "is kept for NVIDIA's plugin and its CDI spec is left to recovery")
+    if metrics is not None:
         metrics.count_adopted_claims(adoption_module.SOURCE, len(report.adopted))
-    return report
 
 
 async def recover(identity: DriverIdentity, config: PluginConfig, connection: Connection, runner: BatchRunner,

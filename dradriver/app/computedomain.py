@@ -68,9 +68,9 @@ from dradriver.host.imexchannels import ImexNodeInfo
 from dradriver.host.nvcheckpointfile import CHECKPOINT_FILE
 from dradriver.kube.resourceslices import SlicePublisher
 from dradriver.kubeletplugin import rollback
-from dradriver.kubeletplugin.adoption import SOURCE as ADOPTION_SOURCE
+from dradriver.kubeletplugin.adoption import AdoptionReport, OwnGroups
 from dradriver.kubeletplugin.basespec import BASE_SPEC_NAME, base_spec
-from dradriver.kubeletplugin.cdadoption import ComputeDomainAdoptionReport, adopt_compute_domain_claims
+from dradriver.kubeletplugin.cdadoption import adopt_compute_domain_claims
 from dradriver.kubeletplugin.devicestatus import DeviceStatusWriter, describe_channels
 from dradriver.kubeletplugin.driverstate import DriverGate, DriverWatch, ReloadDetector
 from dradriver.kubeletplugin.imexdomains import remove_vanished_domain_dirs
@@ -318,28 +318,18 @@ def on_loop(loop: asyncio.AbstractEventLoop, step: Callable[[], Coroutine[Any, A
 
 async def adopt_nvidia_claims(identity: DriverIdentity, config: PluginConfig, connection: assembly.Connection,
                               runner: BatchRunner, clock: Callable[[], float],
-                              metrics: DriverMetrics | None = None) -> ComputeDomainAdoptionReport:
+                              metrics: DriverMetrics | None = None,
+                              own_groups: OwnGroups | None = None) -> AdoptionReport:
     """Start step before recovery: adopt the claims NVIDIA's compute-domain plugin prepared
-    (:func:`dradriver.kubeletplugin.cdadoption.adopt_compute_domain_claims`), with a Normal ``ClaimAdopted`` Event
-    per adopted claim and ``dradriver_adopted_claims_total`` counted; a damaged or unknown-version checkpoint is a
-    ``NvidiaCheckpointUnusable`` Warning Event (its claims are then kept from their CDI specs by recovery)."""
+    (:func:`dradriver.kubeletplugin.cdadoption.adopt_compute_domain_claims`; ``own_groups``: the rollback
+    checkpoint's, for the switching-back-and-forth rule), reported as the GPU plugin's
+    (:func:`dradriver.app.assembly.report_adoption`)."""
     path = config.plugin_dir / CHECKPOINT_FILE
     report = await asyncio.to_thread(
         adopt_compute_domain_claims, runner.state, path, boot_id=read_boot_id(config.boot_id_path),
         pool=config.node_name, driver=identity.driver_name, spec_of=runner.spec_path, aborted_ttl_s=ABORTED_TTL_S,
-        clock=clock)
-    if report.problem:
-        await asyncio.to_thread(assembly.report_event, identity, connection.client, config, connection.node_uid,
-                                "NvidiaCheckpointUnusable", f"NVIDIA's checkpoint {path} is not used: "
-                                f"{report.problem}; its claims are kept from their CDI specs")
-    if metrics is not None:
-        metrics.count_adopted_claims(ADOPTION_SOURCE, len(report.adopted))
-    for uid in report.adopted:
-        record = runner.state.get(uid)
-        who = f"{record.namespace}/{record.name} ({uid})" if record is not None and record.name else uid
-        await asyncio.to_thread(assembly.report_event, identity, connection.client, config, connection.node_uid,
-                                "ClaimAdopted", f"claim {who} prepared by NVIDIA's plugin is held and will be "
-                                "unprepared by dradriver (from NVIDIA's checkpoint)", type_="Normal")
+        clock=clock, own_groups=own_groups)
+    await assembly.report_adoption(identity, config, connection, runner, path, report, metrics)
     return report
 
 
@@ -491,7 +481,8 @@ async def _recover(identity: DriverIdentity, config: PluginConfig, connection: a
                    problems: tuple[ClaimStateProblem, ...], clock: Callable[[], float]) -> RecoveryReport:
     """Start step: adopt NVIDIA's claims (:func:`adopt_nvidia_claims`), converge the claim state
     (:func:`~dradriver.app.assembly.recover`), then load the rollback checkpoint with what the claim state holds."""
-    adopted = await adopt_nvidia_claims(identity, config, connection, parts.runner, clock, parts.metrics)
+    adopted = await adopt_nvidia_claims(identity, config, connection, parts.runner, clock, parts.metrics,
+                                        parts.checkpoint.groups_of if parts.checkpoint is not None else None)
     recovery = await assembly.recover(identity, config, connection, parts.runner, problems)
     if parts.checkpoint is not None:  # after recovery: it names what the claim state holds now
         await asyncio.to_thread(parts.checkpoint.load, parts.runner.state.claims(),

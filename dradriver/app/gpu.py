@@ -459,12 +459,14 @@ class _GpuStart:
     async def converge(self) -> None:
         """Adopt NVIDIA's claims, recover from a crash, then load the rollback checkpoint (it names what the claim
         state holds after recovery)."""
-        await assembly.adopt_nvidia(self.identity, self.config, self.connection, self.runner,
-                                    GpuAdoption(self.config.node_name, self.registry.get), self.metrics)
+        adopted = await assembly.adopt_nvidia(
+            self.identity, self.config, self.connection, self.runner,
+            GpuAdoption(self.config.node_name, self.registry.get, self.identity.driver_name), self.metrics,
+            self.checkpoint.groups_of if self.checkpoint is not None else None)
         self.recovery = await assembly.recover(self.identity, self.config, self.connection, self.runner,
                                                self.problems)
         if self.checkpoint is not None:
-            await asyncio.to_thread(self.checkpoint.load, self.state.claims())
+            await asyncio.to_thread(self.checkpoint.load, self.state.claims(), adopted.started)
 
     async def make_publisher(self) -> None:
         """The ResourceSlice publisher (not running yet), and what the API server's version decides: informational

@@ -26,8 +26,12 @@ checkpoint does not say is read from NVIDIA's CDI spec of the claim: the channel
 ``CLIQUE_ID`` and ComputeDomain name, so that a spec dradriver renders again from the record (``/var/run/cdi``
 cleaned, the kubelet retrying) injects what NVIDIA's did.
 
-Limitation (until the generic adoption of the GPU side is merged): this module and the GPU plugin's adoption read
-the file the same way; one reader, parameterised by schema, is the intended end state.
+Switching back and forth converges as on the GPU plugin, by the same rule
+(:func:`dradriver.kubeletplugin.adoption.converge`): a claim NVIDIA's plugin unprepared while dradriver was away is
+forgotten, not brought back from dradriver's older claim state; one it prepared again under the same UID is adopted
+from its newer entry. The file is read by the GPU plugin's reader
+(:func:`~dradriver.kubeletplugin.adoption.read_nvidia_claims`, with this plugin's schema), and half-prepared
+entries follow the GPU plugin's rule too (the module docstring of :mod:`dradriver.kubeletplugin.adoption`).
 """
 
 from __future__ import annotations
@@ -45,32 +49,22 @@ import yaml
 from dradriver.domain.claims import ClaimError, ClaimRef, claim_from_object
 from dradriver.domain.nvcheckpoint import CD_CLAIM, CheckpointEntry, CheckpointError, CheckpointState
 from dradriver.domain.ports import UndoRecord
-from dradriver.host.claimstate import ClaimConflictError, ClaimState, HeldDevice
-from dradriver.kubeletplugin.adoption import read_nvidia_claims
+from dradriver.host.claimstate import ClaimState, HeldDevice
+from dradriver.kubeletplugin.adoption import (
+    AdoptionReport,
+    OwnGroups,
+    converge,
+    read_nvidia_claims,
+    store_adopted,
+)
 from dradriver.kubeletplugin.payload import aborted_payload, encode_payload
 from dradriver.kubeletplugin.rollback import parse_rfc3339
 from dradriver.kubeletplugin.runner import allocation_digest
 from dradriver.preparers.computedomain import CHANNEL_KIND, CHANNEL_PREFIX, DAEMON_KIND
 
-__all__ = ["ComputeDomainAdoptionReport", "adopt_compute_domain_claims"]
+__all__ = ["adopt_compute_domain_claims"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class ComputeDomainAdoptionReport:
-    """What :func:`adopt_compute_domain_claims` did (claim UIDs).
-
-    :param adopted: ``PrepareCompleted`` claims now held as PREPARE_COMPLETED.
-    :param aborted: ``PrepareAborted`` claims now dradriver's aborted marks.
-    :param started: ``PrepareStarted`` claims stored PREPARE_STARTED for recovery to roll back.
-    :param problem: why the checkpoint was not used (damaged, unknown version), else ``""``.
-    """
-
-    adopted: tuple[str, ...] = ()
-    aborted: tuple[str, ...] = ()
-    started: tuple[str, ...] = ()
-    problem: str = ""
 
 
 def _opaque(entry: CheckpointEntry, driver: str) -> Mapping[str, Any]:
@@ -166,8 +160,12 @@ def _records(entry: CheckpointEntry, *, pool: str, driver: str, plugin_dir: Path
 
 def adopt_compute_domain_claims(state: ClaimState, path: Path, *, boot_id: str, pool: str, driver: str,
                                 spec_of: Callable[[str], Path], aborted_ttl_s: float,
-                                clock: Callable[[], float] = time.time) -> ComputeDomainAdoptionReport:
+                                clock: Callable[[], float] = time.time,
+                                own_groups: OwnGroups | None = None) -> AdoptionReport:
     """At start, before recovery: write NVIDIA's compute-domain claims into ``state`` (see the module docstring).
+    What dradriver's state held that NVIDIA unprepared or prepared again converges on NVIDIA's, by the GPU
+    plugin's rule (:func:`dradriver.kubeletplugin.adoption.converge`; ``own_groups``: the rollback checkpoint's).
+    A claim that cannot be stored (a device another claim holds) is not adopted and is named in ``refused``.
     Nothing on the node or in the API is changed here.
 
     :param path: NVIDIA's ``checkpoint.json`` (``<plugin dir>/checkpoint.json``).
@@ -179,13 +177,15 @@ def adopt_compute_domain_claims(state: ClaimState, path: Path, *, boot_id: str, 
     adopted: list[str] = []
     aborted: list[str] = []
     started: list[str] = []
+    refused: list[tuple[str, str]] = []
     with state.locked(), state.group_commit():
         try:
             foreign = read_nvidia_claims(path, boot_id=boot_id, held=set(state.claims()), schema=CD_CLAIM)
         except CheckpointError as exc:
             log.error("NVIDIA's checkpoint %s is not used (%s): its claims are kept from their CDI specs", path, exc)
-            return ComputeDomainAdoptionReport(problem=str(exc))
-        for uid, entry in sorted(foreign.entries.items()):
+            return AdoptionReport(problem=str(exc))
+        converged = converge(state, foreign, spec_of=spec_of, own_groups=own_groups)
+        for uid, entry in sorted(converged.entries.items()):
             spec = str(spec_of(uid))
             if entry.state is CheckpointState.PREPARE_ABORTED:
                 at = parse_rfc3339(entry.aborted_at)
@@ -204,20 +204,15 @@ def adopt_compute_domain_claims(state: ClaimState, path: Path, *, boot_id: str, 
                 continue
             held, undo = _records(entry, pool=pool, driver=driver, plugin_dir=path.parent,
                                   spec=_read_spec(Path(spec)))
-            try:
-                state.prepare_started(uid, namespace=entry.namespace, name=entry.name, devices=held,
-                                      payload=encode_payload(spec, undo, {}))
-            except ClaimConflictError as exc:
-                log.error("claim %s/%s (%s) in NVIDIA's checkpoint is not adopted: %s", entry.namespace,
-                          entry.name, uid, exc)
-                continue
-            if entry.state is CheckpointState.PREPARE_COMPLETED:
-                state.prepare_completed(uid)
+            why = store_adopted(state, uid, entry, held, encode_payload(spec, undo, {}))
+            if why:
+                refused.append((uid, why))
+            elif entry.state is CheckpointState.PREPARE_COMPLETED:
                 adopted.append(uid)
-                log.info("claim %s/%s (%s): adopted from NVIDIA's checkpoint, devices %s", entry.namespace,
-                         entry.name, uid, ", ".join(h.device for h in held) or "-")
             else:
                 started.append(uid)
     log.info("NVIDIA's checkpoint %s: %d claim(s) adopted, %d aborted prepare(s) kept, %d half-prepared to roll "
-             "back", path, len(adopted), len(aborted), len(started))
-    return ComputeDomainAdoptionReport(tuple(adopted), tuple(aborted), tuple(started))
+             "back, %d dropped (unprepared by NVIDIA), %d replaced (prepared again by NVIDIA), %d not adopted", path,
+             len(adopted), len(aborted), len(started), len(converged.dropped), len(converged.replaced), len(refused))
+    return AdoptionReport(tuple(adopted), tuple(started), converged.dropped, converged.replaced, tuple(refused),
+                          tuple(aborted))

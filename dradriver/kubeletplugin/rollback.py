@@ -47,7 +47,9 @@ removes a stale entry.
 
 Entries for claims dradriver does not hold (NVIDIA prepared them, or began to, before the switch) are kept as they
 are, until an Unprepare of that claim removes them: they are never lost by a switch, and NVIDIA, back on the node,
-still unprepares them or rolls them back. A checkpoint that does not verify is
+still unprepares them or rolls them back. The exception is a half-prepared claim dradriver adopted and rolled back
+itself (``rolled_back`` of :meth:`RollbackCheckpoint.load`; the rule is in :mod:`dradriver.kubeletplugin.adoption`):
+its entry goes, as the node has nothing of it left. A checkpoint that does not verify is
 kept aside as ``checkpoint.json.corrupt-<UTC time>`` and rebuilt from the claim state. Limitation: two plugin
 instances on one node (a rolling update's surge) each write their own view; the last writer's view lasts until
 the next prepare or unprepare of the surviving instance.
@@ -187,7 +189,7 @@ class RollbackCheckpoint:
         rebuilt = 0
         for uid, record in claims.items():
             if record.phase is ClaimPhase.PREPARE_COMPLETED and uid not in entries and record.devices:
-                entries[uid] = self._encode(uid, None, record.devices, self._undo_of(record),
+                entries[uid] = self._encode(uid, None, held_devices(record), self._undo_of(record),
                                             (record.namespace, record.name))
                 rebuilt += 1
             elif self.schema.aborted_at and uid not in entries and (at := _aborted_at(record)) is not None:
@@ -300,13 +302,22 @@ class RollbackCheckpoint:
         return ""
 
     # ---- encoding -----------------------------------------------------------------------------------------------
+    def groups_of(self, record: ClaimRecord) -> tuple[DeviceGroup, ...]:
+        """The device groups dradriver's entry of the claim ``record`` holds has (its devices in NVIDIA's layout
+        and what its undo records say was set up), as :meth:`prepared` writes them: what an entry on disk is
+        compared with to tell whether NVIDIA rewrote it (:func:`dradriver.kubeletplugin.adoption.converge`)."""
+        return self._groups(held_devices(record), self._undo_of(record))
+
+    def _groups(self, held: Sequence[HeldDevice], undo: Sequence[UndoRecord]) -> tuple[DeviceGroup, ...]:
+        created = {r.target: r.data for r in undo if r.kind == DYNAMIC_MIG and isinstance(r.data, Mapping)}
+        devices = {h.device: self._device(h, created.get(h.device)) for h in held if h.request_names}
+        return self.group(devices, undo)
+
     def _encode(self, uid: str, claim: Claim | None, held: Sequence[HeldDevice], undo: Sequence[UndoRecord],
                 owner: tuple[str, str] = ("", "")) -> EncodedEntry:
         # name and namespace as NVIDIA's PrepareCompleted keeps them (its stale-claim cleanup reads them)
         namespace, name = (claim.ref.namespace, claim.ref.name) if claim is not None else owner
-        created = {r.target: r.data for r in undo if r.kind == DYNAMIC_MIG and isinstance(r.data, Mapping)}
-        devices = {h.device: self._device(h, created.get(h.device)) for h in held if h.request_names}
-        groups = self.group(devices, undo)
+        groups = self._groups(held, undo)
         status = claim.status if claim is not None and claim.status is not None else None
         if status is not None:
             try:

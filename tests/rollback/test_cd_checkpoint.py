@@ -328,7 +328,9 @@ def test_claims_nvidias_compute_domain_plugin_prepared_are_adopted_and_unprepare
 
 def test_a_damaged_nvidia_compute_domain_checkpoint_is_not_guessed_at(node: SandboxNode) -> None:
     """One wrong byte (the checksum no longer verifies): nothing is adopted from it, a NvidiaCheckpointUnusable
-    Event says why, the file is kept aside and a valid one written in its place."""
+    Event says why, the file is kept aside; the claim whose CDI spec NVIDIA wrote is kept from that spec as damage
+    (a ClaimStateCorrupt Event, its channel held, named in the checkpoint written in place of the damaged one)
+    until its unprepare, which leaves nothing."""
     api = node.api
     assert api is not None
     cd_uid = seed_domain(api)
@@ -338,14 +340,24 @@ def test_a_damaged_nvidia_compute_domain_checkpoint_is_not_guessed_at(node: Sand
     good = encode(Checkpoint({channel.uid: _nvidia_entry(api, channel, CheckpointState.PREPARE_COMPLETED, "channel",
                                                          cd_uid)}), CD_CLAIM)
     path.write_bytes(good.replace(b'"id":0', b'"id":1'))
+    spec = _nvidia_spec(node, channel.uid, "channel-0", {"deviceNodes": [
+        {"path": "/dev/nvidia-caps-imex-channels/channel0", "type": "c", "major": CHANNEL_MAJOR, "minor": 0}]})
 
     async def body() -> None:
-        async with running(cd_config(node)) as (plugin, _conn):
-            assert plugin.state.get(channel.uid) is None
+        async with running(cd_config(node)) as (plugin, conn):
             (event,) = [e for e in api.objects("Event") if e.get("reason") == "NvidiaCheckpointUnusable"]
             assert "checksum" in event["message"] and str(path) in event["message"]
-            assert _read(node).claims == {}
+            assert [e for e in api.objects("Event") if e.get("reason") == "ClaimAdopted"] == []
+            (corrupt,) = [e for e in api.objects("Event") if e.get("reason") == "ClaimStateCorrupt"]
+            assert "1 claim(s) adopted from their CDI specs" in corrupt["message"]
+            record = plugin.state.get(channel.uid)
+            assert record is not None and record.phase is ClaimPhase.PREPARE_COMPLETED
+            assert [h.device for h in record.devices] == ["channel-0"]
+            assert set(_read(node).claims) == {channel.uid}
             assert [p.name for p in path.parent.iterdir() if p.name.startswith("checkpoint.json.corrupt-")]
+            assert await conn.unprepare([channel]) == {channel.uid: ""}
+            assert not spec.exists() and plugin.state.get(channel.uid) is None
+            assert _read(node).claims == {}
 
     asyncio.run(body())
 
@@ -365,3 +377,84 @@ def test_an_aborted_mark_that_expired_while_the_plugin_was_down_leaves_the_check
 
     asyncio.run(abort())
     asyncio.run(restart_later())
+
+
+def _nvidia_channel_entry(api: Any, ref: ClaimRef, device: str, cd_uid: str,
+                          state: CheckpointState = CheckpointState.PREPARE_COMPLETED) -> CheckpointEntry:
+    """A channel claim's entry as NVIDIA's compute-domain plugin writes it for its allocated ``device``
+    (``channel-<id>``; ``PrepareStarted``: status, name and namespace only, as NVIDIA writes it before preparing)."""
+    claim = api.get("ResourceClaim", ref.name, ref.namespace)
+    groups: tuple[DeviceGroup, ...] = ()
+    if state is CheckpointState.PREPARE_COMPLETED:
+        groups = (DeviceGroup((PreparedDevice("channel", KubeletDevice(
+            ("channel",), "gpu-node-1", device, (f"k8s.compute-domain.nvidia.com/claim={ref.uid}-{device}",)),
+            id=int(device.removeprefix("channel-"))),), ConfigState(type="channel", compute_domain=cd_uid)),)
+    return CheckpointEntry(state, claim["status"], groups, name=ref.name, namespace=ref.namespace)
+
+
+def _nvidia_round(node: SandboxNode, boot_id: str, *, unprepare: tuple[ClaimRef, ...] = (),
+                  prepare: dict[str, CheckpointEntry] | None = None) -> None:
+    """What NVIDIA's compute-domain plugin, started in dradriver's place, leaves after its kubelet unprepared
+    ``unprepare`` (entry and spec gone) and prepared ``prepare`` (claim UID -> entry; a completed one with its
+    spec): NVIDIA reads the file dradriver kept and rewrites it whole."""
+    path = _checkpoint_path(node)
+    claims = dict(_read(node).claims)
+    for ref in unprepare:
+        del claims[ref.uid]
+        spec_path(node, ref.uid).unlink(missing_ok=True)
+    for uid, entry in (prepare or {}).items():
+        claims[uid] = entry
+        if entry.state is CheckpointState.PREPARE_COMPLETED:
+            device = entry.devices[0].device
+            assert device is not None
+            _nvidia_spec(node, uid, device.device_name, {"deviceNodes": []})
+    path.write_bytes(encode(Checkpoint(claims, boot_id), CD_CLAIM))
+
+
+def test_switching_back_and_forth_converges_on_what_the_last_compute_domain_driver_did(node: SandboxNode) -> None:
+    """NVIDIA prepares A, B and C; dradriver adopts them; NVIDIA, back, unprepares A, leaves B as it is, and
+    unprepares C, whose claim is then allocated channel-4 and prepared again under the same UID, and begins to
+    prepare C's neighbour D; dradriver, back: A is forgotten (not brought back from its older claim state: no spec,
+    no entry), B stays held as adopted, C holds what NVIDIA's newer entry says (channel-4, channel-3 free again),
+    and D is rolled back; unpreparing B and C leaves no spec and an empty checkpoint."""
+    api = node.api
+    assert api is not None
+    cd_uid = seed_domain(api)
+    a, b, c, d = (seed_claim(api, f"wl-{n}", cd_uid, device=f"channel-{n}", pool=node.node_name)
+                  for n in (1, 2, 3, 5))
+    boot_id = (node.root / "proc" / "sys" / "kernel" / "random" / "boot_id").read_text().strip()
+    path = _checkpoint_path(node)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(encode(Checkpoint({}, boot_id), CD_CLAIM))
+    _nvidia_round(node, boot_id, prepare={r.uid: _nvidia_channel_entry(api, r, f"channel-{n}", cd_uid)
+                                          for r, n in ((a, 1), (b, 2), (c, 3))})
+
+    async def first() -> None:
+        async with running(cd_config(node)) as (plugin, _conn):
+            assert {u for u, r in plugin.state.claims().items() if r.phase is ClaimPhase.PREPARE_COMPLETED} == {
+                a.uid, b.uid, c.uid}
+
+    asyncio.run(first())
+    claim_c = api.get("ResourceClaim", c.name, c.namespace)
+    claim_c["status"]["allocation"]["devices"]["results"][0]["device"] = "channel-4"  # deallocated, allocated again
+    api.update(claim_c, subresource="status")
+    _nvidia_round(node, boot_id, unprepare=(a, c), prepare={
+        c.uid: _nvidia_channel_entry(api, c, "channel-4", cd_uid),
+        d.uid: _nvidia_channel_entry(api, d, "channel-5", cd_uid, CheckpointState.PREPARE_STARTED)})
+
+    async def second() -> None:
+        async with running(cd_config(node)) as (plugin, conn):
+            assert plugin.state.get(a.uid) is None and not spec_path(node, a.uid).exists()
+            assert plugin.state.get(d.uid) is None  # NVIDIA's half-prepared claim: rolled back
+            record = plugin.state.get(c.uid)
+            assert record is not None and [h.device for h in record.devices] == ["channel-4"]
+            assert plugin.state.get(b.uid) is not None
+            kept = _read(node)
+            assert set(kept.claims) == {b.uid, c.uid}
+            assert [dev.device.device_name for dev in kept.claims[c.uid].devices if dev.device] == ["channel-4"]
+            assert not [u for u, r in plugin.state.claims().items() if "channel-3" in [h.device for h in r.devices]]
+            assert await conn.unprepare([b, c]) == {b.uid: "", c.uid: ""}
+            assert not spec_path(node, b.uid).exists() and not spec_path(node, c.uid).exists()
+            assert _read(node).claims == {}
+
+    asyncio.run(second())

@@ -9,9 +9,20 @@ import asyncio
 from pathlib import Path
 
 from dradriver.domain import mps
-from dradriver.domain.nvcheckpoint import Checkpoint, CheckpointEntry, CheckpointState, encode
-from dradriver.host.claimstate import ClaimPhase, ClaimRecord, HeldDevice
+from dradriver.domain.nvcheckpoint import (
+    Checkpoint,
+    CheckpointEntry,
+    CheckpointState,
+    DeviceGroup,
+    KubeletDevice,
+    MigConcrete,
+    PreparedDevice,
+    encode,
+)
+from dradriver.host.claimstate import ClaimPhase, ClaimRecord, ClaimState, HeldDevice
 from dradriver.host.nvcheckpointfile import CHECKPOINT_FILE, read_checkpoint, write_checkpoint
+from dradriver.kubeletplugin.adoption import ForeignClaims, converge
+from dradriver.kubeletplugin.payload import encode_payload
 from dradriver.kubeletplugin.rollback import RollbackCheckpoint
 from dradriver.sandbox.node import SandboxNode
 from tests.configs.test_plugin import allocate
@@ -243,3 +254,78 @@ def test_an_mps_claim_names_its_control_daemon_for_nvidias_unprepare(sandbox: Sa
             assert sorted(d.device.device_name for d in group.devices if d.device) == names
 
     asyncio.run(body())
+
+
+def test_an_entry_rebuilt_at_start_names_a_consumable_shares_share_id_and_is_taken_as_dradrivers_own(
+        tmp_path: Path) -> None:
+    """A claim holding a consumable share whose entry is rebuilt from the claim state (the file was lost) names
+    its ``ShareID`` as the entry written at its prepare did; at the next start that entry is recognised as the one
+    dradriver wrote (the switching rule, :func:`~dradriver.kubeletplugin.adoption.converge`, does not take it for
+    a claim NVIDIA prepared again)."""
+    path = tmp_path / CHECKPOINT_FILE
+    uid = "d" * 8 + UID[8:]
+    share = "2f2b1c1e-7d6f-4c55-9a57-5a4e0c1d2b3a"
+    record = ClaimRecord(uid, ClaimPhase.PREPARE_COMPLETED, "ns", "c",
+                         (HeldDevice(("gpu",), "node-a", "gpu-0", (f"k8s.gpu.nvidia.com/claim={uid}-gpu-0",),
+                                     admin_access=True),),  # the store's "not exclusive" flag, as read back
+                         encode_payload("spec", [], shares={"gpu-0": share}).encode())
+    keeper = RollbackCheckpoint(path, boot_id="boot-1", driver="gpu.nvidia.com", describe=lambda _name: None)
+    keeper.load({uid: record})
+    kept = read_checkpoint(path)
+    assert kept is not None
+    (device,) = kept.claims[uid].devices
+    assert device.device is not None and device.device.share_id == share
+    results = kept.claims[uid].status["allocation"]["devices"]["results"]
+    assert results == [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-a", "device": "gpu-0",
+                        "shareID": share}]
+    foreign = ForeignClaims({}, frozenset(kept.claims), True, dict(kept.claims))
+    state = ClaimState.open(tmp_path / "claims.state", lock_path=tmp_path / "lock", boot_id_path=_boot(tmp_path))
+    try:
+        state.prepare_started(uid, namespace="ns", name="c", devices=record.devices, payload=record.payload)
+        state.prepare_completed(uid)
+        with state.locked():
+            converged = converge(state, foreign, spec_of=lambda _u: tmp_path / "spec", own_groups=keeper.groups_of)
+        assert converged.replaced == () and converged.dropped == () and state.get(uid) is not None
+    finally:
+        state.close()
+
+
+def _boot(tmp_path: Path) -> Path:
+    path = tmp_path / "boot_id"
+    path.write_text("boot-1\n")
+    return path
+
+
+def test_a_mig_claim_whose_device_is_not_known_at_this_start_is_not_taken_for_one_nvidia_prepared_again(
+        tmp_path: Path) -> None:
+    """dradriver's entry of a static MIG claim names the MIG instance as discovered at its prepare. At a start
+    where that device is not known (the driver away: nothing discovered), dradriver's entry of the record cannot
+    name the instance, and the switching rule does not take the difference for NVIDIA's prepare again: the record
+    stays. An entry naming another device for the claim is NVIDIA's newer one: the record is replaced."""
+    uid = "e" * 8 + UID[8:]
+    name = "gpu-0-mig-1g10gb-19-0"
+    record = ClaimRecord(uid, ClaimPhase.PREPARE_COMPLETED, "ns", "c",
+                         (HeldDevice(("gpu",), "node-a", name, (f"k8s.gpu.nvidia.com/claim={uid}-{name}",)),),
+                         encode_payload("spec", []).encode())
+    mig = PreparedDevice("mig", KubeletDevice(("gpu",), "node-a", name, (f"k8s.gpu.nvidia.com/claim={uid}-{name}",)),
+                         mig=MigConcrete(0, 7, 0, "MIG-1", "GPU-0"))
+    keeper = RollbackCheckpoint(tmp_path / CHECKPOINT_FILE, boot_id="boot-1", driver="gpu.nvidia.com",
+                                describe=lambda _name: None)
+
+    def converged(device: PreparedDevice) -> tuple[str, ...]:
+        entry = CheckpointEntry(CheckpointState.PREPARE_COMPLETED, {}, (DeviceGroup((device,)),))
+        state = ClaimState.open(tmp_path / f"{device.kind}{id(device)}.state", lock_path=tmp_path / "lock",
+                                boot_id_path=_boot(tmp_path))
+        try:
+            state.prepare_started(uid, namespace="ns", name="c", devices=record.devices, payload=record.payload)
+            state.prepare_completed(uid)
+            with state.locked():
+                return converge(state, ForeignClaims({}, frozenset({uid}), True, {uid: entry}),
+                                spec_of=lambda _u: tmp_path / "spec", own_groups=keeper.groups_of).replaced
+        finally:
+            state.close()
+
+    assert converged(mig) == ()
+    other = "gpu-1-mig-1g10gb-19-0"
+    assert converged(PreparedDevice("mig", KubeletDevice(("gpu",), "node-a", other, (
+        f"k8s.gpu.nvidia.com/claim={uid}-{other}",)), mig=MigConcrete(1, 7, 0, "MIG-2", "GPU-1"))) == (uid,)

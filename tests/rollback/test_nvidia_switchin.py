@@ -11,6 +11,7 @@ import dataclasses
 import json
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,13 +29,15 @@ from dradriver.domain.nvcheckpoint import (
     PreparedDevice,
     encode,
 )
+from dradriver.host.claimstate import ClaimState
 from dradriver.host.nvcheckpointfile import CHECKPOINT_FILE, read_checkpoint, write_checkpoint
-from dradriver.kubeletplugin.adoption import GpuAdoption
+from dradriver.kubeletplugin.adoption import GpuAdoption, adopt_nvidia_claims
+from dradriver.kubeletplugin.payload import encode_payload
 from dradriver.nvml import mock, settings
 from dradriver.sandbox.node import SandboxNode
 from tests import factories
 from tests.configs.test_plugin import allocate
-from tests.plugin.conftest import ref_of, result, running
+from tests.plugin.conftest import claim_object, ref_of, result, running, set_allocation
 from tests.plugin.test_dynamic_mig import _create_out_of_band as create_out_of_band
 from tests.plugin.test_dynamic_mig import _lib as load_mock_nvml
 from tests.plugin.test_dynamic_mig import state_lines
@@ -81,6 +84,38 @@ def on_one_node(node: SandboxNode, path: Path) -> None:
 def _events(node: SandboxNode, reason: str) -> list[str]:
     assert node.api is not None
     return [e["message"] for e in node.api.objects("Event") if e.get("reason") == reason]
+
+
+@needs_nvidia
+@pytest.mark.parametrize("sandbox", ["dgx-a100"], indirect=True)
+def test_an_admin_access_claim_and_its_workload_claim_nvidias_binary_prepared_on_one_gpu_are_held_after_the_switch(
+        sandbox: SandboxNode, tmp_path: Path) -> None:
+    """NVIDIA's own plugin prepares an admin-access claim and a workload claim on gpu-3 (it exempts admin access
+    from its overlap check); dradriver starts on its checkpoint and serves: both adopted, gpu-3 refused to a third
+    claim while the workload claim holds it, given once that is unprepared."""
+    config, cdi_root, plugin_dir = switched_node(sandbox)
+    assert sandbox.api is not None
+    admin = ref_of(set_allocation(sandbox, sandbox.api.create(claim_object("admin")),
+                                  [result("gpu-3", pool=sandbox.node_name, admin=True)]))
+    workload = claim(sandbox, "workload", "gpu-3")
+    asyncio.run(prepared_by_nvidia(sandbox, tmp_path, [admin, workload]))
+    on_one_node(sandbox, plugin_dir / CHECKPOINT_FILE)
+    log = tmp_path / "dradriver.log"
+
+    async def with_dradriver() -> None:
+        with dradriver_process(sandbox, log) as proc:
+            async with kubelet_for(Path(config.kubelet_registrar_directory_path), proc, log) as kubelet:
+                third = claim(sandbox, "third", "gpu-3")
+                refused = (await kubelet.prepare([third]))[third.uid].error
+                assert f"already prepared for claim / (uid {workload.uid})" in refused, refused
+                assert await kubelet.unprepare([workload]) == {workload.uid: ""}
+                assert (await kubelet.prepare([third]))[third.uid].error == ""
+                assert await kubelet.unprepare([third, admin]) == {third.uid: "", admin.uid: ""}
+                assert [p.name for p in cdi_root.iterdir() if "claim_" in p.name] == []
+
+    asyncio.run(with_dradriver())
+    assert "2 claim(s) adopted, 0 half-prepared to roll back, 0 dropped" in log.read_text()
+    assert _events(sandbox, "ClaimNotAdopted") == []
 
 
 @needs_nvidia
@@ -391,3 +426,209 @@ def test_a_static_mig_device_nvidia_prepared_is_held_refused_and_unprepared_with
 
         asyncio.run(body())
         assert len(_events(node, "ClaimAdopted")) == 1
+
+
+def _uuid(node: SandboxNode, index: int) -> str:
+    return str(json.loads((PROFILES / f"{node.profile}.json").read_text())["gpus"][index]["uuid"])
+
+
+def _gpu(node: SandboxNode, uid: str, index: int) -> PreparedDevice:
+    name = f"gpu-{index}"
+    return PreparedDevice("gpu", KubeletDevice(("gpu",), node.node_name, name,
+                                               (f"k8s.gpu.nvidia.com/claim={uid}-{name}",)), uuid=_uuid(node, index))
+
+
+def _write_nvidia_checkpoint(config: Any, claims: dict[str, CheckpointEntry], keep: bool = False) -> Path:
+    """NVIDIA's checkpoint in the GPU plugin directory naming ``claims`` (``keep``: added to the file's entries,
+    as NVIDIA, started on a node dradriver left, rewrites the file it reads)."""
+    plugin_dir = Path(config.kubelet_plugins_directory_path) / GPU_DRIVER.driver_name
+    plugin_dir.mkdir(parents=True, exist_ok=True)
+    path = plugin_dir / CHECKPOINT_FILE
+    stored = read_checkpoint(path) if keep else None
+    write_checkpoint(path, encode(Checkpoint({**(stored.claims if stored else {}), **claims},
+                                             stored.node_boot_id if stored else "")))
+    return path
+
+
+def test_an_admin_access_claim_and_a_workload_claim_nvidia_prepared_on_one_gpu_are_adopted_and_served(
+        sandbox: SandboxNode) -> None:
+    """NVIDIA lets an admin-access claim share a GPU with the claim that uses it (its overlap check exempts
+    ``adminAccess`` results). dradriver adopts both, the admin claim's device as admin access: the plugin starts
+    and serves, the GPU is refused to a third claim while the workload claim holds it and given once that is
+    unprepared."""
+    config = sandbox.config()
+    admin, workload = str(uuid.uuid4()), str(uuid.uuid4())
+    admin_entry = _nvidia_entry(sandbox, _gpu(sandbox, admin, 2))
+    admin_entry = dataclasses.replace(admin_entry, status={"allocation": {"devices": {"results": [
+        result("gpu-2", pool=sandbox.node_name, admin=True)]}}})
+    _write_nvidia_checkpoint(config, {admin: admin_entry, workload: _nvidia_entry(sandbox, _gpu(sandbox, workload, 2))})
+    specs = [_nvidia_spec(sandbox, admin, "gpu-2"), _nvidia_spec(sandbox, workload, "gpu-2")]
+
+    async def body() -> None:
+        async with running(config) as (plugin, kubelet):
+            assert plugin.state is not None
+            held = {uid: [(h.device, h.admin_access) for h in r.devices] for uid, r in plugin.state.claims().items()}
+            assert held == {admin: [("gpu-2", True)], workload: [("gpu-2", False)]}
+            third = claim(sandbox, "third", "gpu-2")
+            assert workload in (await kubelet.prepare([third]))[third.uid].error
+            assert await kubelet.unprepare([ClaimRef("default", "w", workload)]) == {workload: ""}
+            assert (await kubelet.prepare([third]))[third.uid].error == ""
+            assert await kubelet.unprepare([third, ClaimRef("default", "a", admin)]) == {third.uid: "", admin: ""}
+            assert not any(p.exists() for p in specs)
+
+    asyncio.run(body())
+    assert len(_events(sandbox, "ClaimAdopted")) == 2
+
+
+def test_a_claim_nvidia_prepared_on_a_device_dradriver_holds_is_not_adopted_and_the_plugin_serves(
+        sandbox: SandboxNode) -> None:
+    """An entry of NVIDIA's whose device a claim of dradriver's holds (two drivers each think they own gpu-2): the
+    start is not stopped by it. The claim is not adopted, a ClaimNotAdopted Warning Event names both claims, its
+    entry stays in the checkpoint for NVIDIA's plugin, dradriver's claim keeps the GPU, and other claims are
+    prepared."""
+    config = sandbox.config()
+    ours = claim(sandbox, "ours", "gpu-2")
+
+    async def prepare_ours() -> None:
+        async with running(config) as (_plugin, kubelet):
+            assert (await kubelet.prepare([ours]))[ours.uid].error == ""
+
+    asyncio.run(prepare_ours())
+    theirs = str(uuid.uuid4())
+    path = _write_nvidia_checkpoint(config, {theirs: _nvidia_entry(sandbox, _gpu(sandbox, theirs, 2))}, keep=True)
+    _nvidia_spec(sandbox, theirs, "gpu-2")
+
+    async def restarted() -> None:
+        async with running(config) as (plugin, kubelet):
+            assert plugin.state is not None
+            record = plugin.state.get(ours.uid)
+            assert record is not None and [h.device for h in record.devices] == ["gpu-2"]
+            other = claim(sandbox, "other", "gpu-3")
+            assert (await kubelet.prepare([other]))[other.uid].error == ""
+            kept = read_checkpoint(path)
+            assert kept is not None and {ours.uid, theirs, other.uid} <= set(kept.claims)
+
+    asyncio.run(restarted())
+    (event,) = _events(sandbox, "ClaimNotAdopted")
+    assert theirs in event and ours.uid in event, event
+
+
+def test_a_claim_nvidia_prepared_again_under_the_same_uid_is_held_as_nvidias_newer_entry_says(
+        sandbox: SandboxNode, tmp_path: Path) -> None:
+    """dradriver prepares X on gpu-2 and stops; NVIDIA unprepares X, whose claim is then allocated gpu-3 and
+    prepared again by NVIDIA under the same UID. dradriver, back, holds gpu-3 for X as NVIDIA's entry says
+    (its older record forgotten, nothing undone): gpu-2 is free, gpu-3 refused, and the unprepare leaves nothing."""
+    config = sandbox.config()
+    x = claim(sandbox, "x", "gpu-2")
+
+    async def prepare_x() -> None:
+        async with running(config) as (_plugin, kubelet):
+            assert (await kubelet.prepare([x]))[x.uid].error == ""
+
+    asyncio.run(prepare_x())
+    for spec in sandbox.cdi_root.iterdir():  # NVIDIA's unprepare of X
+        if x.uid in spec.name:
+            spec.unlink()
+    path = _write_nvidia_checkpoint(config, {x.uid: _nvidia_entry(sandbox, _gpu(sandbox, x.uid, 3))}, keep=True)
+    spec = _nvidia_spec(sandbox, x.uid, "gpu-3")
+
+    async def restarted() -> None:
+        async with running(config) as (plugin, kubelet):
+            assert plugin.state is not None
+            record = plugin.state.get(x.uid)
+            assert record is not None and [h.device for h in record.devices] == ["gpu-3"]
+            free, held = claim(sandbox, "on-2", "gpu-2"), claim(sandbox, "on-3", "gpu-3")
+            answers = await kubelet.prepare([free, held])
+            assert answers[free.uid].error == "" and x.uid in answers[held.uid].error
+            assert await kubelet.unprepare([free, x]) == {free.uid: "", x.uid: ""}
+            assert not spec.exists() and _spec_files(sandbox.cdi_root, x.uid) == []
+            kept = read_checkpoint(path)
+            assert kept is not None and kept.claims == {}
+
+    asyncio.run(restarted())
+    assert len(_events(sandbox, "ClaimAdopted")) == 1
+
+
+def test_a_claim_nvidia_began_to_prepare_in_its_own_shape_is_rolled_back_and_leaves_the_checkpoint(
+        sandbox: SandboxNode) -> None:
+    """NVIDIA writes ``PrepareStarted`` with the claim's ``status``, ``name`` and ``namespace`` only, before it
+    applies anything (``device_state.go`` Prepare). Its allocation says what NVIDIA may have set up: the claim's
+    time-slicing config for gpu-2, which NVIDIA set before it stopped. dradriver's start resets that time-slice,
+    deletes NVIDIA's spec, keeps no record of the claim, and drops the entry from the checkpoint (dradriver rolled it
+    back, so NVIDIA, back on the node, has nothing to roll back)."""
+    config = sandbox.config(feature_gates=GATE_ON)
+    uid = str(uuid.uuid4())
+    status = {"allocation": {"devices": {"results": [result("gpu-2", pool=sandbox.node_name)],
+                                         "config": [time_slicing("Long")]}}}
+    path = _write_nvidia_checkpoint(config, {uid: CheckpointEntry(CheckpointState.PREPARE_STARTED, status,
+                                                                   name="half", namespace="default")})
+    spec = _nvidia_spec(sandbox, uid, "gpu-2")
+    with sandbox.nvml_control.open("a") as control:
+        control.write("set 2 computeTimeslice 3\n")  # what NVIDIA applied before it stopped
+
+    async def body() -> None:
+        async with running(config) as (plugin, _kubelet):
+            assert plugin.recovery is not None and plugin.recovery.rolled_back == (uid,)
+            assert plugin.state is not None and plugin.state.get(uid) is None
+            assert not spec.exists()
+            assert settings.compute_timeslice(session_of(plugin), _uuid(sandbox, 2)) == 0
+            kept = read_checkpoint(path)
+            assert kept is not None and kept.claims == {}
+
+    asyncio.run(body())
+
+
+def test_a_checkpoint_of_another_boot_adopts_nothing(tmp_path: Path) -> None:
+    """NVIDIA's boot-ID rule on the adoption side: a checkpoint whose ``nodeBootID`` is another boot's names claims
+    that did not survive the reboot, so none is adopted; the same file of this boot is."""
+    boot = tmp_path / "boot_id"
+    boot.write_text("this-boot\n")
+    uid = str(uuid.uuid4())
+    device = PreparedDevice("gpu", KubeletDevice(("gpu",), "node-a", "gpu-1",
+                                                 (f"k8s.gpu.nvidia.com/claim={uid}-gpu-1",)), uuid="GPU-1")
+    path = tmp_path / CHECKPOINT_FILE
+
+    def adopt(boot_id: str) -> tuple[str, ...]:
+        write_checkpoint(path, encode(Checkpoint({uid: _nvidia_entry_on("node-a", device)}, boot_id)))
+        state = ClaimState.open(tmp_path / f"{boot_id}.state", lock_path=tmp_path / f"{boot_id}.lock",
+                                boot_id_path=boot)
+        try:
+            report = adopt_nvidia_claims(state, path, boot_id="this-boot",
+                                         adoption=GpuAdoption("node-a", lambda _name: None),
+                                         encode_payload=encode_payload, spec_of=lambda u: tmp_path / f"{u}.yaml")
+            assert set(state.claims()) == set(report.adopted)
+            return report.adopted
+        finally:
+            state.close()
+
+    assert adopt("another-boot") == ()
+    assert adopt("this-boot") == (uid,)
+
+
+def test_a_time_sliced_group_without_time_slice_applied_is_reset_at_unprepare_as_nvidias_legacy_entries_are() -> None:
+    """NVIDIA writes ``timeSliceApplied`` only as ``true`` (a ``*bool``); its unprepare resets the time-slice of a
+    group when the flag is true or absent (a checkpoint of a release before the flag). An entry without it whose
+    claim's config time-slices the GPU gets the ``timeslicing`` undo record; one whose config does not, none."""
+    gpu = factories.gpu_device(1)
+    uid = str(uuid.uuid4())
+    device = PreparedDevice("gpu", KubeletDevice(("gpu",), "node-a", "gpu-1",
+                                                 (f"k8s.gpu.nvidia.com/claim={uid}-gpu-1",)), uuid=gpu.uuid)
+    adoption = GpuAdoption("node-a", lambda name: gpu if name == "gpu-1" else None)
+    plain = _nvidia_entry_on("node-a", device)
+    legacy = dataclasses.replace(plain, status={"allocation": {"devices": {
+        "results": [result("gpu-1", pool="node-a")], "config": [time_slicing("Long")]}}})
+    kinds = [r.kind for r in adoption.claim(legacy).undo]
+    assert kinds == ["gpu", "timeslicing"]
+    (record,) = [r for r in adoption.claim(legacy).undo if r.kind == "timeslicing"]
+    assert record.data == {"gpus": [{"uuid": gpu.uuid, "timesliceSet": True}]}
+    assert [r.kind for r in adoption.claim(plain).undo] == ["gpu"]
+
+
+def test_a_mig_device_without_mig_concrete_is_held_with_a_warning_naming_the_missing_instance(
+        caplog: pytest.LogCaptureFixture) -> None:
+    device = PreparedDevice("mig", KubeletDevice(("gpu",), "node-a", "gpu-0-mig-1g10gb-19-0",
+                                                 ("k8s.gpu.nvidia.com/claim=u-gpu-0-mig-1g10gb-19-0",)))
+    with caplog.at_level("WARNING"):
+        adopted = GpuAdoption("node-a", lambda _name: None).claim(_nvidia_entry_on("node-a", device))
+    assert [h.device for h in adopted.held] == ["gpu-0-mig-1g10gb-19-0"] and adopted.undo == ()
+    assert "mig.concrete" in caplog.text and "vfio" not in caplog.text
