@@ -26,7 +26,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +38,7 @@ from dradriver.config import PluginConfig
 from dradriver.domain import cdi, configs, mps, nodeallocatable, partitions, pools
 from dradriver.domain.devices import DeviceIndex, DriverVersions, NodeInventory
 from dradriver.domain.faults import DEFAULT_IGNORED_XIDS
+from dradriver.domain.featuregates import DYNAMIC_MIG, MPS_SUPPORT
 from dradriver.domain.identity import GPU_DRIVER, DriverIdentity
 from dradriver.domain.migplacements import MigPlacement, dynamic_index
 from dradriver.domain.ports import SharingStep
@@ -45,6 +46,7 @@ from dradriver.domain.registry import DeviceRegistry
 from dradriver.health.metrics import DriverMetrics, MetricsServer
 from dradriver.health.monitor import HealthMonitor
 from dradriver.host import driverfiles
+from dradriver.host.claimstate import ClaimState
 from dradriver.host.devicenodes import DeviceNodeInfo, EditsCache
 from dradriver.host.nvidiasmi import find_nvidia_smi
 from dradriver.kube import errors as kube_errors
@@ -53,6 +55,7 @@ from dradriver.kube.client import KubeClient
 from dradriver.kubeletplugin import guard, rollback
 from dradriver.kubeletplugin.adoption import GpuAdoption
 from dradriver.kubeletplugin.lifecycle import Lifecycle
+from dradriver.kubeletplugin.payload import read_payload
 from dradriver.kubeletplugin.runner import BatchRunner, all_undo_records
 from dradriver.nvml import discovery
 from dradriver.nvml import settings as nvml_settings
@@ -231,6 +234,8 @@ class DeviceRefresher:
         if not self.with_placements:
             self.registry.replace(inventory)
             self.refreshes += 1
+            log.info("devices read again after a MIG change with DynamicMIG off: %d GPU(s), %d MIG device(s)",
+                     len(inventory.gpus), len(inventory.migs))
             return
         cache = self._placements
         if cache is None:
@@ -281,6 +286,28 @@ class DeviceRefresher:
             thread, self._stale = self._thread, False
         if thread is not None:
             thread.join(timeout=10)
+
+
+def report_undo_only(state: ClaimState, gates_off: Sequence[tuple[str, str]]) -> None:
+    """Log, for each feature gate that is off while prepared claims hold undo records of its kind (claims prepared
+    while it was on), how many claims: their part is registered to undo only (``BatchRunner(undo_only=...)``).
+
+    :param gates_off: ``(gate name, record kind)`` of each undo-only part.
+    """
+    if not gates_off:
+        return
+    held: dict[str, int] = {}
+    for record in state.claims().values():
+        try:
+            kinds = {undo.kind for undo in read_payload(record.payload).undo}
+        except ValueError:  # logged by the runner's readers
+            continue
+        for kind in kinds:
+            held[kind] = held.get(kind, 0) + 1
+    for gate, kind in gates_off:
+        if held.get(kind):
+            log.info("%s is off: %d prepared claim(s) hold %s undo records from when it was on; each is undone "
+                     "when the kubelet unprepares it (no new one is prepared)", gate, held[kind], kind)
 
 
 def read_server_version(client: KubeClient) -> tuple[int, int] | None:
@@ -401,6 +428,7 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
         # Every kind that may have written an undo record is registered: with its gate off a part only undoes
         # (claims prepared while the gate was on are unprepared by the kind stored with them).
         undo_only: list[Any] = []
+        gates_off: list[tuple[str, str]] = []  # (gate, record kind) of each undo-only part
         if mig_control is not None:
             refresh = DeviceRefresher(session, config, registry, mig_control)
             life.on_stop("device refresher", refresh.close)
@@ -410,6 +438,7 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
             life.on_stop("device refresher", reread.close)
             undo_only.append(DynamicMigPreparer(MigControl(session), nodes, lambda: registry.snapshot.gpus,
                                                 on_change=reread))
+            gates_off.append((DYNAMIC_MIG, DYNAMIC_MIG_KIND))
         steps: list[SharingStep] = list(default_steps(session,
                                                       lambda: find_nvidia_smi(config.container_driver_root)))
         daemons = None
@@ -418,6 +447,7 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
             steps.append(MpsSharing(daemons))
         else:
             undo_only.append(MpsSharing(control_daemons(config, connection.client, session)))
+            gates_off.append((MPS_SUPPORT, MpsSharing.kind))
         shares = SharedDevicePreparer(config.consumable_shares, nodes,
                                       ShareDaemons(control_daemons(config, connection.client, session, shares=True)),
                                       stored_records=lambda: all_undo_records(state))
@@ -443,6 +473,7 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
         await assembly.adopt_nvidia(identity, config, connection, runner,
                                     GpuAdoption(config.node_name, registry.get), metrics)
         recovery = await assembly.recover(identity, config, connection, runner, problems)
+        await asyncio.to_thread(report_undo_only, state, gates_off)
         if checkpoint is not None:  # after recovery: it names what the claim state holds now
             await asyncio.to_thread(checkpoint.load, state.claims())
         publisher = assembly.make_publisher(
