@@ -153,9 +153,11 @@ def driver_edits(config: PluginConfig, driver_version: str) -> cdi.ContainerEdit
                                     hook_path=config.cdi_hook_path)
 
 
-def read_driver(session: NvmlSession, config: PluginConfig) -> tuple[NodeInventory, cdi.ContainerEdits]:
+def read_driver(session: NvmlSession, config: PluginConfig,
+                driver_root: driverfiles.DriverRootEdits | None = None) -> tuple[NodeInventory, cdi.ContainerEdits]:
     """What the plugin needs from an available driver: this node's devices (:func:`discover`) and the spec-level
-    edits of the driver's user space (:func:`driver_edits`), at start or when a driver that was absent is back.
+    edits of the driver's user space (:func:`driver_edits`; through ``driver_root``, which watches them from then
+    on, when given), at start or when a driver that was absent is back.
 
     :raises driverfiles.DriverFilesError: the driver root does not hold the driver NVML reports.
     :raises dradriver.nvml.errors.NvmlError: discovery failed.
@@ -164,7 +166,22 @@ def read_driver(session: NvmlSession, config: PluginConfig) -> tuple[NodeInvento
     if config.feature_gates.dynamic_mig:  # the gate on: every eligible GPU offers its placements
         log.info("DynamicMIG: %d MIG placement(s) on %d GPU(s)", len(inventory.placements),
                  len({p.parent.uuid for p in inventory.placements}))
-    return inventory, driver_edits(config, inventory.versions.driver)
+    version = inventory.versions.driver
+    return inventory, driver_root.read(version) if driver_root is not None else driver_edits(config, version)
+
+
+def spec_level_edits(cache: EditsCache, nodes: DeviceNodeInfo, registry: DeviceRegistry[NodeInventory],
+                     driver_root: driverfiles.DriverRootEdits) -> cdi.ContainerEdits:
+    """The spec-level edits of every claim spec (control nodes, the driver's user space), reused while the driver
+    version, ``/proc/devices`` and the driver root's stamp are what they were computed from (one ``stat`` and one
+    read of ``/proc/devices`` per spec).
+
+    :raises DeviceNodeError: a control node's major is unknown.
+    :raises driverfiles.DriverFilesError: the driver root changed and does not hold the driver.
+    """
+    stamp, common = driver_root.current()
+    return cache.get(("spec", registry.snapshot.versions.driver, stamp),
+                     lambda: gpu_preparers.spec_edits(nodes, common))
 
 
 def devices_unknown(session: NvmlSession, registry: DeviceRegistry[NodeInventory]) -> str:
@@ -394,16 +411,18 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
         connection, session = await assembly.open_host(life, identity, config, nvml_library(config))
         dynamic_mig = config.feature_gates.dynamic_mig
         mig_control = MigControl(session) if dynamic_mig else None
+        # the driver's files, found again when the driver root changes under the same version
+        driver_root = driverfiles.DriverRootEdits(config.container_driver_root,
+                                                  lambda version: driver_edits(config, version))
         if session.available:
-            inventory, driver_files = await asyncio.to_thread(read_driver, session, config)
+            inventory, _ = await asyncio.to_thread(read_driver, session, config, driver_root)
         else:  # no devices and no driver files until the driver is back (DriverWatch)
             await driverstate.report_unavailable(identity, config, connection, session)
-            inventory, driver_files = NodeInventory(versions=DriverVersions("", 0), gpus=()), cdi.ContainerEdits()
+            inventory = NodeInventory(versions=DriverVersions("", 0), gpus=())
         registry: DeviceRegistry[NodeInventory] = DeviceRegistry(
             inventory, dynamic_index if dynamic_mig else (lambda inv: DeviceIndex.build(inv).by_name))
-        common = [driver_files]  # replaced when a driver that was absent comes back
         hook_refusal = await life.step("CDI hook", lambda: driverstate.check_cdi_hook(
-            identity, config, connection, named=lambda: bool(common[0].hooks)))
+            identity, config, connection, named=lambda: bool(driver_root.edits.hooks)))
         verdict = guard.check_device_plugin(config, connection.node)
         if verdict.refuse:
             log.error("%s", verdict.reason)
@@ -460,8 +479,7 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
             cdi_root=config.cdi_root, pool=config.node_name,
             preparers=(shares, *preparers), sharing=steps, undo_only=undo_only,
             select_configs=lambda claim, devices: configs.select_configs(claim, devices, config.feature_gates),
-            spec_edits=lambda: edits_cache.get(("spec", registry.snapshot.versions.driver),
-                                                lambda: gpu_preparers.spec_edits(nodes, common[0])),
+            spec_edits=lambda: spec_level_edits(edits_cache, nodes, registry, driver_root),
             metrics=metrics, prepare_deadline_s=float(config.prepare_deadline_seconds),
             on_prepared=status_writer.prepared, on_unprepared=status_writer.unprepared,
             driver_unavailable=lambda: watch.departing() or devices_unknown(session, registry),
@@ -519,7 +537,7 @@ async def start_plugin(config: PluginConfig, identity: DriverIdentity = GPU_DRIV
         def driver_back() -> None:
             before = detector.version
             edits_cache.clear()
-            inventory, common[0] = read_driver(session, config)
+            inventory, _ = read_driver(session, config, driver_root)
             registry.replace(inventory)  # the health monitor, the publisher (below) and the refresher follow
             detector.remember()
             health.start()
