@@ -155,12 +155,34 @@ def _fixture(path: Any) -> dict[str, Any]:
     return doc
 
 
+def _record_kinds() -> dict[str, str]:
+    """Kind -> class of every preparer and sharing step of this release (a class of ``dradriver.preparers`` with
+    a ``kind`` and an ``undo``)."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import dradriver.preparers
+
+    out: dict[str, str] = {}
+    for info in pkgutil.iter_modules(dradriver.preparers.__path__):
+        module = importlib.import_module(f"dradriver.preparers.{info.name}")
+        for name, cls in inspect.getmembers(module, inspect.isclass):
+            kind = getattr(cls, "kind", None)
+            if cls.__module__ == module.__name__ and isinstance(kind, str) and kind and callable(
+                    getattr(cls, "undo", None)):
+                out[kind] = f"{module.__name__}.{name}"
+    return out
+
+
 def test_every_kind_this_release_registers_has_a_golden_record() -> None:
-    """A kind added without its fixture fails here: run ``python -m tests.plugin.undo_fixtures``."""
+    """A kind added without its fixture fails here: add its scenario to ``tests/plugin/undo_fixtures.py`` and run
+    ``python -m tests.plugin.undo_fixtures``."""
     kinds = {r["kind"] for path in FIXTURE_FILES for r in _fixture(path)["payload"]["undo"]}
-    registered = {"gpu", "mig", "exclusive", "timeslicing", "mps", "dynamic-mig", "gpu-share", "imex-channel",
-                  "imex-daemon"}
-    assert registered <= kinds, registered - kinds
+    registered = _record_kinds()
+    assert {"gpu", "mig", "exclusive", "timeslicing", "mps", "dynamic-mig", "gpu-share", "imex-channel",
+            "imex-daemon"} <= set(registered)
+    assert set(registered) <= kinds, {k: registered[k] for k in set(registered) - kinds}
     assert {s.kind for s in undo_fixtures.SCENARIOS} == {_fixture(p)["kind"] for p in FIXTURE_FILES}
 
 
