@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +33,7 @@ from dradriver.config import PluginConfig
 from dradriver.domain import cdi, configs, mps, nodeallocatable, partitions, pools
 from dradriver.domain.devices import DeviceIndex, DriverVersions, NodeInventory
 from dradriver.domain.faults import DEFAULT_IGNORED_XIDS
+from dradriver.domain.featuregates import DYNAMIC_MIG, MPS_SUPPORT
 from dradriver.domain.identity import GPU_DRIVER, DriverIdentity
 from dradriver.domain.migplacements import dynamic_index
 from dradriver.domain.ports import SharingStep
@@ -54,6 +55,7 @@ from dradriver.kubeletplugin.devicestatus import DeviceStatusWriter, gpu_describ
 from dradriver.kubeletplugin.driverstate import DriverGate, DriverWatch, ReloadDetector
 from dradriver.kubeletplugin.lifecycle import Lifecycle
 from dradriver.kubeletplugin.nodepolicy import NodePolicyWatch
+from dradriver.kubeletplugin.payload import read_payload
 from dradriver.kubeletplugin.refresher import DeviceRefresher
 from dradriver.kubeletplugin.runner import BatchRunner, RecoveryReport, all_undo_records
 from dradriver.nvml import discovery
@@ -153,9 +155,11 @@ def driver_edits(config: PluginConfig, driver_version: str) -> cdi.ContainerEdit
                                     hook_path=config.cdi_hook_path)
 
 
-def read_driver(session: NvmlSession, config: PluginConfig) -> tuple[NodeInventory, cdi.ContainerEdits]:
+def read_driver(session: NvmlSession, config: PluginConfig,
+                driver_root: driverfiles.DriverRootEdits | None = None) -> tuple[NodeInventory, cdi.ContainerEdits]:
     """What the plugin needs from an available driver: this node's devices (:func:`discover`) and the spec-level
-    edits of the driver's user space (:func:`driver_edits`), at start or when a driver that was absent is back.
+    edits of the driver's user space (:func:`driver_edits`; through ``driver_root``, which watches them from then
+    on, when given), at start or when a driver that was absent is back.
 
     :raises driverfiles.DriverFilesError: the driver root does not hold the driver NVML reports.
     :raises dradriver.nvml.errors.NvmlError: discovery failed.
@@ -164,7 +168,22 @@ def read_driver(session: NvmlSession, config: PluginConfig) -> tuple[NodeInvento
     if config.feature_gates.dynamic_mig:  # the gate on: every eligible GPU offers its placements
         log.info("DynamicMIG: %d MIG placement(s) on %d GPU(s)", len(inventory.placements),
                  len({p.parent.uuid for p in inventory.placements}))
-    return inventory, driver_edits(config, inventory.versions.driver)
+    version = inventory.versions.driver
+    return inventory, driver_root.read(version) if driver_root is not None else driver_edits(config, version)
+
+
+def spec_level_edits(cache: EditsCache, nodes: DeviceNodeInfo, registry: DeviceRegistry[NodeInventory],
+                     driver_root: driverfiles.DriverRootEdits) -> cdi.ContainerEdits:
+    """The spec-level edits of every claim spec (control nodes, the driver's user space), reused while the driver
+    version, ``/proc/devices`` and the driver root's stamp are what they were computed from (one ``stat`` and one
+    read of ``/proc/devices`` per spec).
+
+    :raises DeviceNodeError: a control node's major is unknown.
+    :raises driverfiles.DriverFilesError: the driver root changed and does not hold the driver.
+    """
+    stamp, common = driver_root.current()
+    return cache.get(("spec", registry.snapshot.versions.driver, stamp),
+                     lambda: gpu_preparers.spec_edits(nodes, common))
 
 
 def devices_unknown(session: NvmlSession, registry: DeviceRegistry[NodeInventory]) -> str:
@@ -174,6 +193,28 @@ def devices_unknown(session: NvmlSession, registry: DeviceRegistry[NodeInventory
     if not session.available:
         return session.unavailable_reason or "NVML session closed"
     return "" if registry.snapshot.versions.driver else "the NVIDIA driver's devices are not read yet"
+
+
+def report_undo_only(state: ClaimState, gates_off: Sequence[tuple[str, str]]) -> None:
+    """Log, for each feature gate that is off while prepared claims hold undo records of its kind (claims prepared
+    while it was on), how many claims: their part is registered to undo only (``BatchRunner(undo_only=...)``).
+
+    :param gates_off: ``(gate name, record kind)`` of each undo-only part.
+    """
+    if not gates_off:
+        return
+    held: dict[str, int] = {}
+    for record in state.claims().values():
+        try:
+            kinds = {undo.kind for undo in read_payload(record.payload).undo}
+        except ValueError:  # logged by the runner's readers
+            continue
+        for kind in kinds:
+            held[kind] = held.get(kind, 0) + 1
+    for gate, kind in gates_off:
+        if held.get(kind):
+            log.info("%s is off: %d prepared claim(s) hold %s undo records from when it was on; each is undone "
+                     "when the kubelet unprepares it (no new one is prepared)", gate, held[kind], kind)
 
 
 def read_server_version(client: KubeClient) -> tuple[int, int] | None:
@@ -305,8 +346,9 @@ class _GpuStart:
     session: NvmlSession
     mig_control: MigControl | None
     registry: DeviceRegistry[NodeInventory]
-    driver_files: cdi.ContainerEdits
-    """The spec-level edits of the driver's user space; replaced when a driver that was absent comes back."""
+    driver_root: driverfiles.DriverRootEdits
+    """The spec-level edits of the driver's user space, found again when a driver that was absent comes back or the
+    driver root changes under the same version."""
     hook_refusal: Callable[[], str]
     verdict: guard.GuardVerdict
     node_policy: NodePolicyWatch
@@ -345,19 +387,21 @@ class _GpuStart:
         self.session = session
         dynamic_mig = config.feature_gates.dynamic_mig
         self.mig_control = MigControl(session) if dynamic_mig else None
+        # the driver's files, found again when the driver root changes under the same version
+        self.driver_root = driverfiles.DriverRootEdits(config.container_driver_root,
+                                                       lambda version: driver_edits(config, version))
         if session.available:
-            inventory, self.driver_files = await asyncio.to_thread(read_driver, session, config)
+            inventory, _ = await asyncio.to_thread(read_driver, session, config, self.driver_root)
         else:  # no devices and no driver files until the driver is back (DriverWatch)
             await assembly.report_unavailable(identity, config, self.connection, session)
             inventory = NodeInventory(versions=DriverVersions("", 0), gpus=())
-            self.driver_files = cdi.ContainerEdits()
         self.registry = DeviceRegistry(
             inventory, dynamic_index if dynamic_mig else (lambda inv: DeviceIndex.build(inv).by_name))
 
     async def check_cdi_hook(self) -> None:
         """The CDI hook the claim specs name (:func:`assembly.check_cdi_hook`)."""
         self.hook_refusal = await self.life.step("CDI hook", lambda: assembly.check_cdi_hook(
-            self.identity, self.config, self.connection, named=lambda: bool(self.driver_files.hooks)))
+            self.identity, self.config, self.connection, named=lambda: bool(self.driver_root.edits.hooks)))
 
     async def check_device_plugin(self) -> None:
         """The device-plugin guard: an empty pool (and a ``DevicePluginDetected`` Event) while NVIDIA's device plugin
@@ -399,6 +443,7 @@ class _GpuStart:
         # Every kind that may have written an undo record is registered: with its gate off a part only undoes
         # (claims prepared while the gate was on are unprepared by the kind stored with them).
         undo_only: list[Any] = []
+        self.gates_off: list[tuple[str, str]] = []  # (gate, record kind) of each undo-only part
         preparers = self._device_preparers(undo_only)
         steps = self._sharing_steps(undo_only)
         shares = SharedDevicePreparer(
@@ -414,8 +459,7 @@ class _GpuStart:
             cdi_root=config.cdi_root, pool=config.node_name,
             preparers=(shares, *preparers), sharing=steps, undo_only=undo_only,
             select_configs=lambda claim, devices: configs.select_configs(claim, devices, config.feature_gates),
-            spec_edits=lambda: self.edits_cache.get(("spec", registry.snapshot.versions.driver),
-                                                    lambda: gpu_preparers.spec_edits(self.nodes, self.driver_files)),
+            spec_edits=lambda: spec_level_edits(self.edits_cache, self.nodes, registry, self.driver_root),
             metrics=self.metrics, prepare_deadline_s=float(config.prepare_deadline_seconds),
             on_prepared=self.status_writer.prepared, on_unprepared=self.status_writer.unprepared,
             driver_unavailable=lambda: watch.departing() or devices_unknown(session, registry),
@@ -441,6 +485,7 @@ class _GpuStart:
             self.life.on_stop("device refresher", reread.close)
             undo_only.append(DynamicMigPreparer(MigControl(session), nodes, lambda: registry.snapshot.gpus,
                                                 on_change=reread))
+            self.gates_off.append((DYNAMIC_MIG, DYNAMIC_MIG_KIND))
         return preparers
 
     def _sharing_steps(self, undo_only: list[Any]) -> list[SharingStep]:
@@ -454,6 +499,7 @@ class _GpuStart:
             steps.append(MpsSharing(self.mps_daemons))
         else:
             undo_only.append(MpsSharing(control_daemons(config, client, session)))
+            self.gates_off.append((MPS_SUPPORT, MpsSharing.kind))
         return steps
 
     async def converge(self) -> None:
@@ -465,6 +511,7 @@ class _GpuStart:
             self.checkpoint.groups_of if self.checkpoint is not None else None)
         self.recovery = await assembly.recover(self.identity, self.config, self.connection, self.runner,
                                                self.problems)
+        await asyncio.to_thread(report_undo_only, self.state, self.gates_off)
         if self.checkpoint is not None:
             await asyncio.to_thread(self.checkpoint.load, self.state.claims(), adopted.started)
 
@@ -525,7 +572,7 @@ class _GpuStart:
         health monitor, run the kept undo and rewrite the prepared claims' specs for the driver's files."""
         before = self.detector.version
         self.edits_cache.clear()
-        inventory, self.driver_files = read_driver(self.session, self.config)
+        inventory, _ = read_driver(self.session, self.config, self.driver_root)
         self.registry.replace(inventory)  # the health monitor, the publisher and the refresher follow
         self.detector.remember()
         self.health.start()

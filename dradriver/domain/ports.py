@@ -16,6 +16,23 @@
 * :class:`MpsDaemonControl`: MPS control daemons on this node (started, waited for, stopped), used by the
   consumable-share preparer.
 * :class:`RequestMetrics`: what the batch runner reports (implemented by the Prometheus metrics).
+
+Changing what an undo record holds (:class:`UndoRecord`; every release must unprepare what an older or a newer one
+prepared, across an upgrade and a rollback of the DaemonSet):
+
+* add facts, never rename, remove or retype one an older release's undo reads; an older reader ignores the new
+  facts and still undoes what the record changed, so ``reader`` stays as it was (``version`` may go up; it is
+  informational);
+* when a fact changes meaning, raise ``reader`` to the first layout that understands it and :data:`UNDO_LAYOUT`
+  with it; releases before that refuse the record with :class:`UndoRecordTooNew` instead of guessing (the release
+  of commit 97aaf35 predates ``reader`` and ignores it, so a record that release may still meet keeps it at 1);
+* a new kind is undone only by releases that know it: keep its preparer registered in every later release, undo
+  only when its feature is turned off (``BatchRunner(undo_only=...)``);
+* record the release's payloads as golden fixtures, never editing an older release's
+  (``python -m tests.plugin.undo_fixtures`` writes ``tests/plugin/fixtures/undo-records/<release>/<kind>.json``):
+  ``tests/plugin/test_undo_records.py`` undoes every release's fixtures with this release and checks each
+  against the frozen reading rule of commit 97aaf35 (add a frozen copy of a later release's rule there when it
+  changes).
 """
 
 from __future__ import annotations

@@ -146,7 +146,8 @@ class EditsCache:
     but stats no control node; once a driver module is unloaded or reloaded (``nvidia-uvm`` gone from
     ``/proc/devices``, or a new major) the edits are computed again, and fail as they would on a fresh node,
     instead of handing containers nodes that no longer exist. The caller's key carries the other sources (a
-    GPU's UUID and minor, the driver version of the spec-level edits). What fails to compute is not kept (the
+    GPU's UUID and minor; for the spec-level edits the driver version and the driver root's stamp,
+    :meth:`dradriver.host.driverfiles.DriverRootEdits.current`). What fails to compute is not kept (the
     next claim tries again). Shared by worker threads: two that miss at once both compute, and either answer is
     kept (they are equal).
 

@@ -32,15 +32,19 @@ means the root is not the driver installation NVML reported, and is an error.
 from __future__ import annotations
 
 import fnmatch
+import logging
 import os
 import re
 import stat
-from collections.abc import Iterable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from dradriver.domain.cdi import ContainerEdits, Hook, Mount
 from dradriver.errors import DradriverError
+
+log = logging.getLogger(__name__)
 
 #: Where nvidia-container-toolkit installs its hook binary on the host (nvidia-container-toolkit's
 #: ``cmd/nvidia-cdi-hook``); the plugin's ``--nvidia-cdi-hook-path`` default.
@@ -525,3 +529,96 @@ def driver_edits(
     return ContainerEdits(env=env, hooks=tuple(hooks), mounts=tuple(mounts))
 
 
+# ---------------------------------------------------------------------------------------------------------
+# Found again when the driver root changes under the same version
+
+
+DirectoryStamp = tuple[int, int, int]
+"""``(st_dev, st_ino, st_mtime_ns)`` of a directory (:func:`directory_stamp`)."""
+
+
+def directory_stamp(path: str) -> DirectoryStamp | None:
+    """What tells a directory apart from another one at the same path, and from itself before an entry was added,
+    removed or renamed in it: its device and inode (another mount, or a directory moved into place) and its
+    modification time (POSIX: an entry's creation, removal or rename updates its directory's ``st_mtime``).
+    One ``stat(2)``; ``None`` when it cannot be stat'ed. A file rewritten in place keeps its directory's stamp; a
+    mount names it by path, so a container created afterwards gets the new content anyway."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns
+
+
+def libcuda_directory(root: Path | str, version: str, library_dirs: Sequence[str] = LIBRARY_DIRS) -> str | None:
+    """The first directory holding ``libcuda.so.<version>`` under ``root``, as this process opens it (the one
+    :func:`discover_driver_files` finds first, next to ``libnvidia-ml.so.<version>``); ``None`` when none does."""
+    base = os.fspath(root)
+    for directory in _canonical_dirs(base, library_dirs):
+        if _is_file(base, f"{directory}/libcuda.so.{version}"):
+            return _host(base, directory)
+    return None
+
+
+class DriverRootEdits:
+    """The spec-level edits of the driver's user space (:func:`driver_edits`), found again when the driver
+    root's files change under the same driver version (a driver container replaced by a rebuilt one; NVIDIA's
+    plugin builds its CDI specs from the driver root the same way: kubernetes-sigs/dra-driver-nvidia-gpu
+    ``cmd/gpu-kubelet-plugin/cdi.go``).
+
+    The driver root is watched through the directory holding ``libcuda.so.<version>`` (:func:`libcuda_directory`),
+    by its :func:`directory_stamp`: a driver container replaced by another is another mount (another device and
+    inode), and libraries added, removed or replaced by a rename change the directory's modification time.
+    :meth:`current` costs that one ``stat`` while nothing changed; when the stamp differs the files are found
+    again (the directory's stamp taken before the search, so a change during it is seen by the next call).
+    Without driver files (no libcuda there, the mock NVML's nodes) nothing is stat'ed. Shared by worker threads.
+
+    :param root: the driver root as this process sees it (``--container-driver-root``).
+    :param find: finds the files of a driver version and builds their edits; raises
+        :class:`DriverFilesError` when the root does not hold that driver.
+    """
+
+    def __init__(self, root: Path | str, find: Callable[[str], ContainerEdits]) -> None:
+        self.root = os.fspath(root)
+        self._find = find
+        self._lock = threading.Lock()
+        self._found: tuple[str, str | None, DirectoryStamp | None, ContainerEdits] = ("", None, None, ContainerEdits())
+        """``(driver version, watched directory, its stamp when the edits were found, edits)``, replaced whole."""
+
+    @property
+    def edits(self) -> ContainerEdits:
+        """The edits found last (not checked against the driver root)."""
+        return self._found[3]
+
+    def read(self, version: str) -> ContainerEdits:
+        """Find the files of driver ``version`` now (at start, or when the driver is back) and watch them.
+
+        :raises DriverFilesError: the driver root does not hold driver ``version``.
+        """
+        with self._lock:
+            return self._read(version)
+
+    def _read(self, version: str) -> ContainerEdits:
+        directory = libcuda_directory(self.root, version) if version else None
+        stamp = directory_stamp(directory) if directory is not None else None
+        edits = self._find(version)
+        self._found = (version, directory, stamp, edits)
+        return edits
+
+    def current(self) -> tuple[DirectoryStamp | None, ContainerEdits]:
+        """The edits of the driver root as it is now, with the stamp they were found at (part of a cache key:
+        edits built from these are valid while it is the same).
+
+        :raises DriverFilesError: the driver root changed and no longer holds the driver (the next call tries
+            again; the edits found before are kept meanwhile).
+        """
+        found = self._found
+        version, directory, stamp, edits = found
+        if directory is None or directory_stamp(directory) == stamp:
+            return stamp, edits
+        with self._lock:
+            if self._found is found:  # not found again by another thread meanwhile
+                log.info("the driver root %s changed under NVIDIA driver %s (%s is another directory now, or its "
+                         "files changed): finding the driver's files again", self.root, version, directory)
+                self._read(version)
+            return self._found[2], self._found[3]

@@ -83,6 +83,8 @@ class DeviceRefresher:
         if not self.with_placements:
             self.registry.replace(inventory)
             self.refreshes += 1
+            log.info("devices read again after a MIG change with DynamicMIG off: %d GPU(s), %d MIG device(s)",
+                     len(inventory.gpus), len(inventory.migs))
             return
         cache = self._placements
         if cache is None:

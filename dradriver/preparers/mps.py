@@ -336,8 +336,9 @@ class MpsSharing:
         :raises MpsDaemonError: a stop step failed (retried by the next unprepare or start).
         """
         daemon_id = str(record.data.get("id", ""))
-        if daemon_id:
-            self.daemons.stop(daemon_id, [str(u) for u in record.fact("gpus", list, [])])
+        if daemon_id and self.daemons.stop(daemon_id, [str(u) for u in record.fact("gpus", list, [])]):
+            log.info("claim %s: stopped MPS control daemon %s/%s of %s", claim, self.daemons.placement.namespace,
+                     mps.deployment_name(daemon_id), record.target)
 
     def sweep(self, known: Sequence[UndoRecord]) -> list[str]:
         """At start: stop daemons no stored record names (a crash between start and storing the record)."""

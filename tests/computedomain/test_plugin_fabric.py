@@ -184,6 +184,53 @@ def test_plugin_waits_not_ready_for_fabric_registration_then_starts_by_itself(
             asyncio.run(body())
 
 
+ZERO_CLUSTER = "00000000-0000-0000-0000-000000000000"
+
+
+def test_an_h100_node_registering_with_a_zero_cluster_uuid_waits_then_starts_in_no_clique(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """An HGX H100 node's fabric manager registers the GPUs with the all-zero cluster UUID (NVSwitch, no
+    multi-node NVLink): while it is IN_PROGRESS the plugin waits, not ready, as for a GB200 tray still
+    registering; once COMPLETED the zero UUID means no clique, and the plugin starts by itself without a clique
+    label (NVIDIA's plugin exits 1 and crash-loops meanwhile, NVIDIA's #1264)."""
+    profile = mock.load_profile("dgx-h100")
+    for gpu in profile["gpus"]:
+        gpu["fabric"] = {"clusterUuid": ZERO_CLUSTER, "cliqueId": 0, "state": 2, "status": 0}
+    path = tmp_path / "dgx-h100-registering.json"
+    path.write_text(json.dumps(profile))
+    with SandboxNode(profile=str(path)) as node:
+        write_imex_proc(node)
+        port = _free_port()
+        config = cd_config(node, healthcheck_port=port, gpu_clique_label_enabled=True)
+        assert node.api is not None
+        api = node.api
+
+        async def body() -> None:
+            starting = asyncio.create_task(start_compute_domain_plugin(config, fabric_wait=FAST))
+            await wait_for(lambda: bool(_events(node, "FabricRegistrationPending")))
+            assert not starting.done()
+            assert await _probe(port, "readiness") == NOT_SERVING
+            assert await _probe(port, "liveness") == SERVING
+            [event] = _events(node, "FabricRegistrationPending")
+            assert "GPU 0 (GPU-" in event["message"] and "IN_PROGRESS" in event["message"]
+            assert not api.objects("ResourceSlice") and node_clique_label(api) is None
+            _nvml(node, *(f"set {g} fabric.state 3" for g in range(8)))  # registered, with the zero cluster UUID
+            plugin = await asyncio.wait_for(starting, timeout=30)
+            try:
+                assert plugin.clique_id == "" and plugin.node_fabric.healthy
+                await wait_for(lambda: plugin.publisher.in_sync, timeout=30)
+                assert await _probe(port, "readiness") == SERVING
+                assert node_clique_label(api) is None  # in no clique: no nvidia.com/gpu.clique label
+                assert api.objects("ResourceSlice")
+            finally:
+                await plugin.stop()
+            waits = [m for m in (r.getMessage() for r in caplog.records) if "waiting for NVLink fabric" in m]
+            assert waits and "GPU 7 (GPU-" in waits[0] and all("IN_PROGRESS" in m for m in waits)
+
+        with caplog.at_level(logging.INFO, logger="dradriver.app.computedomain"):
+            asyncio.run(body())
+
+
 def test_stop_while_waiting_for_fabric_registration_leaves_nothing_running(tmp_path: Path) -> None:
     with SandboxNode(profile=_profile(tmp_path, state=2)) as node:
         write_imex_proc(node)

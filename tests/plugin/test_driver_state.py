@@ -66,6 +66,58 @@ def test_a_prepare_after_nvidia_uvm_is_unloaded_fails_instead_of_reusing_its_dev
     asyncio.run(body())
 
 
+def _mounted_libraries(spec_text: str) -> set[str]:
+    """The file names of the libraries a claim spec mounts."""
+    spec = json.loads(spec_text)
+    return {os.path.basename(m["containerPath"]) for m in spec["containerEdits"].get("mounts", [])
+            if ".so" in m["containerPath"]}
+
+
+@pytest.mark.parametrize("change", ["driver container replaced", "library added in place"])
+def test_a_driver_root_changed_at_the_same_version_gives_the_next_claim_its_new_files(
+        sandbox: SandboxNode, change: str) -> None:
+    """The spec-level edits are reused only while the driver root's library directory is the one they were found
+    in: a driver container replaced by a rebuilt one of the same driver version (another directory there), or a
+    library added beside the others, gives the next claim's spec the files there now, not the old list."""
+    api = sandbox.api
+    assert api is not None
+    root = sandbox.driver_root
+    libdir = root / "usr" / "lib" / "x86_64-linux-gnu"
+    old, new = "libnvidia-egl-wayland.so.1.1.19", "libnvidia-egl-xcb.so.1.0.1"
+
+    async def body() -> None:
+        async with running(sandbox.config()) as (plugin, kubelet):
+            refs = []
+            for name in ("before", "unchanged", "after"):
+                api.create(claim_object(name, selector=SEED_SELECTOR))
+                [claim] = scheduler.allocate(api, [("default", name)], node_name=sandbox.node_name)
+                refs.append(ref_of(claim))
+            before, unchanged, after = refs
+            assert (await kubelet.prepare([before]))[before.uid].error == ""
+            first = _mounted_libraries(plugin.runner.spec_path(before.uid).read_text())
+            assert old in first and new not in first
+            assert (await kubelet.prepare([unchanged]))[unchanged.uid].error == ""
+            assert _mounted_libraries(plugin.runner.spec_path(unchanged.uid).read_text()) == first
+            if change == "driver container replaced":  # the rebuilt image: another tree at the same path
+                rebuilt = sandbox.root / "driver-root.rebuilt"
+                shutil.copytree(root, rebuilt, symlinks=True)
+                rebuilt_lib = rebuilt / libdir.relative_to(root)
+                (rebuilt_lib / old).unlink()
+                (rebuilt_lib / "libnvidia-egl-wayland.so.1").unlink()
+                (rebuilt_lib / new).touch()
+                root.rename(sandbox.root / "driver-root.old")
+                rebuilt.rename(root)
+            else:
+                (libdir / new).touch()
+            assert (await kubelet.prepare([after]))[after.uid].error == ""
+            now = _mounted_libraries(plugin.runner.spec_path(after.uid).read_text())
+            assert new in now
+            assert (old not in now) == (change == "driver container replaced")
+            assert now - {new} == first - ({old} if old not in now else set())
+
+    asyncio.run(body())
+
+
 def _driver_loaded(profile: Path, loaded: bool) -> None:
     """Load or unload the NVIDIA driver of the mock node: the mock's profile makes every ``nvmlInit`` return
     ``NVML_ERROR_DRIVER_NOT_LOADED`` (9) while ``faults.initReturn`` says so (``ext/mocknvml/README.md``)."""
