@@ -15,8 +15,9 @@ to undo everything (``MPSSupport``, ``DynamicMIG``, ``HostManagedIMEXDaemon``): 
 Nothing is written: no lock is taken and no file is created, repaired or removed, so it may run beside the plugin.
 
 ``-o table`` (default): one line per claim (DRIVER, CLAIM, UID, STATE, VERDICT, FINDINGS, NEEDS), then one line
-per finding with its reason; ``-o json``: ``{node, bootID, stranded, drivers: [{driver, pluginDir, stranded,
-problems, notes, claims: [{driver, uid, namespace, name, state, verdict, findings: [{feature, reason}], needs}]}]}``.
+per finding with its reason; ``-o json``: ``{node, bootID, stranded, drivers}``, each driver
+``{driver, pluginDir, stranded, problems, notes, claims}``, each claim
+``{driver, uid, namespace, name, state, verdict, findings: [{feature, reason}], needs}``.
 Exit status: 0 when nothing would be stranded, 1 when something would (or a claim state is damaged, so records may
 be missing), 2 on bad input (a plugins directory that does not exist, an unreadable or newer claim state).
 """

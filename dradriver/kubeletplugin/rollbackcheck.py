@@ -25,8 +25,9 @@ and, at the claim's unprepare, undo all that dradriver set up for it; otherwise 
 * ``device-metadata``: KEP-5304 files under ``<plugin dir>/dra-device-metadata/<uid>/`` (gate ``DeviceMetadata``,
   which dradriver implements for every device kind, NVIDIA for VFIO devices only); NVIDIA's unprepare removes the
   spec that mounts them but never the files.
-* ``json-spec``: the claim's CDI spec is a ``.json`` file (written by a release before ``.yaml`` names): NVIDIA
-  deletes only ``.yaml``, so the spec stays and a re-prepare by NVIDIA makes two files define one CDI device.
+* ``json-spec``: the claim's CDI spec is (also) a ``.json`` file (written by a release before ``.yaml`` names;
+  dradriver's start writes the ``.yaml`` spec and removes it): NVIDIA deletes only ``.yaml``, so the file stays and
+  a re-prepare by NVIDIA makes two files define one CDI device.
 * ``unknown-undo``: an undo record of a kind this check does not know (a newer release prepared the claim).
 
 A held claim may still carry :attr:`ClaimVerdict.needs`: NVIDIA's gates without which its unprepare would not undo
@@ -43,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dradriver.domain.cdi import LEGACY_SPEC_SUFFIX
 from dradriver.domain.featuregates import DYNAMIC_MIG as DYNAMIC_MIG_GATE
 from dradriver.domain.featuregates import HOST_MANAGED_IMEX_DAEMON, MPS_SUPPORT
 from dradriver.domain.identity import COMPUTE_DOMAIN_DRIVER, DriverIdentity
@@ -262,8 +264,9 @@ def _claim_verdict(identity: DriverIdentity, record: ClaimRecord, kept: _Kept, p
     if metadata.is_dir():
         findings.append(Finding(Feature.DEVICE_METADATA, f"device metadata files (KEP-5304) in {metadata}: NVIDIA's "
                                 "unprepare removes the spec that mounts them but never the files"))
-    if stored is not None and stored.spec.endswith(".json"):
-        findings.append(Finding(Feature.JSON_SPEC, f"its CDI spec {stored.spec} is a .json file: NVIDIA's unprepare "
+    legacy = Path(stored.spec).with_suffix(LEGACY_SPEC_SUFFIX) if stored is not None and stored.spec else None
+    if legacy is not None and legacy.is_file():
+        findings.append(Finding(Feature.JSON_SPEC, f"its CDI spec {legacy} is a .json file: NVIDIA's unprepare "
                                 "deletes only <vendor>-<class>_<uid>.yaml, so the spec would stay behind"))
     return ClaimVerdict(driver, record.uid, record.namespace, record.name, record.phase.name, tuple(findings),
                         tuple(needs))

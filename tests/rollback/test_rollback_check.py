@@ -16,6 +16,7 @@ import pytest
 from dradriver._native.claimstore_py import FORMAT_VERSION, encode_header
 from dradriver.cli import main
 from dradriver.config import PluginConfig
+from dradriver.domain.identity import GPU_DRIVER
 from dradriver.kubeletplugin.payload import held_devices
 from dradriver.sandbox.node import SandboxNode
 from dradriver.sandbox.profiles import h200_node
@@ -224,3 +225,32 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.Capture
     [line] = captured.err.splitlines()
     assert line.startswith(f"dradriver rollback-check: error: gpu.nvidia.com: cannot read the claim state: claim "
                            f"state {state}: ")
+
+
+def test_a_json_spec_an_older_release_wrote_is_named_until_a_restart_renames_it(
+        sandbox: SandboxNode, capsys: pytest.CaptureFixture[str]) -> None:
+    api = sandbox.api
+    assert api is not None
+    config = sandbox.config()
+
+    async def prepare() -> str:
+        async with running(config) as (_plugin, kubelet):
+            ref = ref_of(set_allocation(sandbox, api.create(claim_object("old")), [result("gpu-6")]))
+            assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+            return ref.uid
+
+    async def restart() -> None:
+        async with running(config):
+            pass
+
+    uid = asyncio.run(prepare())
+    spec = GPU_DRIVER.cdi.spec_path(sandbox.cdi_root, uid)
+    legacy = spec.with_suffix(".json")
+    spec.rename(legacy)  # the name releases before 2026-12 gave it
+    code, report = _check(config, capsys)
+    assert code == 1
+    claim = _claims(report)[uid]
+    assert _features(claim) == ["json-spec"] and str(legacy) in claim["findings"][0]["reason"]
+    asyncio.run(restart())
+    assert spec.exists() and not legacy.exists()
+    assert _check(config, capsys)[0] == 0
