@@ -41,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -166,18 +167,22 @@ def _delete_slices(api: Any, node_name: str) -> None:
                 api.delete("ResourceSlice", s["metadata"]["name"])
 
 
-def _create_claims(api: Any, node_name: str, count: int, tag: str) -> list[Any]:
+def _create_claims(api: Any, node_name: str, count: int, tag: str, *, admin: bool = False) -> list[Any]:
+    """``count`` allocated one-GPU claims (``gpu-<i mod 8>``); ``admin``: with ``adminAccess`` (they may share a
+    GPU with each other and with a workload claim, so any number can be held at once)."""
     from dradriver.domain.claims import ClaimRef
 
     refs = []
     for i in range(count):
+        exactly: dict[str, Any] = {"deviceClassName": DRIVER, **({"adminAccess": True} if admin else {})}
         obj = api.create({
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": f"vs-{tag}-{i}", "namespace": "default"},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
         })
-        obj["status"] = {"allocation": {"devices": {"results": [
-            {"request": "gpu", "driver": DRIVER, "pool": node_name, "device": f"gpu-{i % GPUS}"}]}}}
+        found: dict[str, Any] = {"request": "gpu", "driver": DRIVER, "pool": node_name, "device": f"gpu-{i % GPUS}",
+                                 **({"adminAccess": True} if admin else {})}
+        obj["status"] = {"allocation": {"devices": {"results": [found]}}}
         obj = api.update(obj, subresource="status")
         refs.append(ClaimRef("default", obj["metadata"]["name"], obj["metadata"]["uid"]))
     return refs
@@ -188,8 +193,12 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def measure(side: Side, node: Any, claims: int, tag: str) -> dict[str, float]:
-    """Start ``side``'s plugin, measure every figure once, stop it. Raises RuntimeError when it fails to start."""
+def measure(side: Side, node: Any, claims: int, tag: str, held: int = 0) -> dict[str, float]:
+    """Start ``side``'s plugin, measure every figure once, stop it. Raises RuntimeError when it fails to start.
+
+    ``held``: claims (admin access, :func:`_create_claims`) prepared before the pairs and held while they run, so
+    the pairs are measured on a node that already holds that many claims; unprepared before the plugin stops.
+    """
     from dradriver.sandbox.kubelet import KubeletEmulator
 
     api = node.api
@@ -197,6 +206,7 @@ def measure(side: Side, node: Any, claims: int, tag: str) -> dict[str, float]:
     for sock in side.registrar.glob("*.sock"):
         sock.unlink()
     refs = _create_claims(api, node.node_name, claims, tag)
+    held_refs = _create_claims(api, node.node_name, held, f"{tag}-held", admin=True)
     log = tempfile.TemporaryFile()
     start = time.perf_counter()
     proc = subprocess.Popen(side.argv, env=side.env, stdout=log, stderr=subprocess.STDOUT)
@@ -221,7 +231,12 @@ def measure(side: Side, node: Any, claims: int, tag: str) -> dict[str, float]:
         time.sleep(1.0)
         figures["rss_rest_mib"] = _proc_rss_mib(proc.pid)
         cpu_before = _proc_cpu(proc.pid)
-        prepares, unprepares, empties = asyncio.run(_pairs(KubeletEmulator, side.registrar, refs))
+        checkpoint = Path(node.config().plugin_dir) / "checkpoint.json"
+
+        def sized() -> None:  # the checkpoint each pair rewrites (two rewrites per prepare, one per unprepare)
+            figures["checkpoint_kib"] = checkpoint.stat().st_size / 1024 if checkpoint.exists() else 0.0
+
+        prepares, unprepares, empties = asyncio.run(_pairs(KubeletEmulator, side.registrar, refs, held_refs, sized))
         figures["cpu_per_pair_ms"] = (_proc_cpu(proc.pid) - cpu_before) / len(refs) * 1e3
         figures["rss_after_claims_mib"] = _proc_rss_mib(proc.pid)
         figures["prepare_p50_ms"] = statistics.median(prepares) * 1e3
@@ -237,7 +252,7 @@ def measure(side: Side, node: Any, claims: int, tag: str) -> dict[str, float]:
             proc.kill()
             proc.wait()
         log.close()
-        for ref in refs:
+        for ref in (*refs, *held_refs):
             with contextlib.suppress(Exception):
                 api.delete("ResourceClaim", ref.name, ref.namespace)
     return figures
@@ -265,30 +280,56 @@ def api_get_p50_ms(kubeconfig: Path | str, ref: Any, count: int = 200) -> float:
     return float(out.strip().splitlines()[-1])
 
 
-async def _pairs(emulator_cls: Any, registrar: Path,
-                 refs: list[Any]) -> tuple[list[float], list[float], list[float]]:
+HELD_BATCH = 100
+"""Claims per call when the held claims are prepared and unprepared (not timed)."""
+
+
+async def _batches(conn: Any, refs: list[Any], *, prepare: bool) -> None:
+    for i in range(0, len(refs), HELD_BATCH):
+        batch = refs[i:i + HELD_BATCH]
+        if prepare:
+            errors = [r.error for r in (await conn.prepare(batch)).values() if r.error]
+        else:
+            errors = [e for e in (await conn.unprepare(batch)).values() if e]
+        if errors:
+            raise RuntimeError(f"{'prepare' if prepare else 'unprepare'} of held claims: {errors[0]}")
+
+
+async def _pairs(emulator_cls: Any, registrar: Path, refs: list[Any], held: list[Any] | None = None,
+                 after_held: Callable[[], None] | None = None) -> tuple[list[float], list[float], list[float]]:
+    """Time the one-claim pairs of ``refs`` (with the empty call before each) while the claims ``held`` are
+    prepared (before the pairs, untimed, ``after_held`` called then; unprepared after them)."""
     prepares: list[float] = []
     unprepares: list[float] = []
     empties: list[float] = []
     async with emulator_cls(registrar) as kubelet:
         conn = await kubelet.wait_for_plugin(DRIVER)
-        for ref in refs:
-            t0 = time.perf_counter()
-            await conn.prepare([])
-            empties.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            answer = await conn.prepare([ref])
-            t1 = time.perf_counter()
-            errors = [r.error for r in answer.values() if r.error]
-            if errors:
-                raise RuntimeError(f"prepare {ref}: {errors[0]}")
-            gone = await conn.unprepare([ref])
-            t2 = time.perf_counter()
-            if any(gone.values()):
-                raise RuntimeError(f"unprepare {ref}: {gone}")
-            prepares.append(t1 - t0)
-            unprepares.append(t2 - t1)
+        await _batches(conn, held or [], prepare=True)
+        if after_held is not None:
+            after_held()
+        await _pair_loop(conn, refs, prepares, unprepares, empties)
+        await _batches(conn, held or [], prepare=False)
     return prepares, unprepares, empties
+
+
+async def _pair_loop(conn: Any, refs: list[Any], prepares: list[float], unprepares: list[float],
+                     empties: list[float]) -> None:
+    for ref in refs:
+        t0 = time.perf_counter()
+        await conn.prepare([])
+        empties.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        answer = await conn.prepare([ref])
+        t1 = time.perf_counter()
+        errors = [r.error for r in answer.values() if r.error]
+        if errors:
+            raise RuntimeError(f"prepare {ref}: {errors[0]}")
+        gone = await conn.unprepare([ref])
+        t2 = time.perf_counter()
+        if any(gone.values()):
+            raise RuntimeError(f"unprepare {ref}: {gone}")
+        prepares.append(t1 - t0)
+        unprepares.append(t2 - t1)
 
 
 def run(*, nvidia_plugin: Path | None, nvidia_mock_nvml: Path | None, rounds: int = 3,
@@ -336,6 +377,65 @@ def run(*, nvidia_plugin: Path | None, nvidia_mock_nvml: Path | None, rounds: in
     report["cdi_root"] = placement
     report["samples"] = samples
     return report
+
+
+HELD_COUNTS = (0, 100, 1000)
+"""Claims already held when the held-claims comparison (:func:`run_held`) times its one-claim pairs."""
+HELD_FIGURES = ("prepare_p50_ms", "prepare_p99_ms", "unprepare_p50_ms", "cpu_per_pair_ms")
+
+
+def run_held(*, held_counts: tuple[int, ...] = HELD_COUNTS, rounds: int = 3, claims: int = 200,
+             cdi_fs: str = "tmpfs") -> dict[str, Any]:
+    """What NVIDIA's checkpoint costs as the node's claims grow: dradriver's plugin with and without
+    ``--nvidia-checkpoint`` (alternating, the same node and directories), ``claims`` one-claim prepare+unprepare
+    pairs timed while ``held`` other claims (admin access, so they share the 8 GPUs) are prepared, for each count in
+    ``held_counts``. The file is rewritten whole at each change (temp file, fsync, rename), so its cost grows with
+    the claims it names; dradriver's claim state appends one record whatever its size.
+
+    Returns ``{"rows": [{"held", "checkpoint_kib", "with": {figure: ms}, "without": {...}, "ratio": {...}}],
+    "rounds", "claims", "cdi_root", "load_average", "samples"}``: medians over the runs, ``ratio`` = with / without
+    (1.0: the checkpoint costs nothing) for :data:`HELD_FIGURES`. NVIDIA's plugin is not run here.
+    """
+    from dradriver.sandbox.node import SandboxNode
+
+    samples: dict[int, dict[str, list[dict[str, float]]]] = {n: {"dradriver": [], NO_CHECKPOINT: []}
+                                                             for n in held_counts}
+    base, placement = cdi_base(cdi_fs)
+    load_before = os.getloadavg()[0]
+    with SandboxNode(profile=DRADRIVER_PROFILE) as node, \
+            tempfile.TemporaryDirectory(prefix="vs-nvidia-cdi-", dir=base) as cdi:
+        sides = [dradriver_side(node, Path(cdi) / "dradriver"),
+                 dradriver_side(node, Path(cdi) / NO_CHECKPOINT, nvidia_checkpoint=False)]
+        for r in range(rounds):
+            for held in held_counts:
+                for side in sides if r % 2 == 0 else list(reversed(sides)):
+                    samples[held][side.name].append(measure(side, node, claims, f"{side.name}-{r}-{held}", held))
+    rows = []
+    for held in held_counts:
+        with_ = {f: round(_median(samples[held]["dradriver"], f), 3) for f in HELD_FIGURES}
+        without = {f: round(_median(samples[held][NO_CHECKPOINT], f), 3) for f in HELD_FIGURES}
+        rows.append({"held": held, "checkpoint_kib": round(_median(samples[held]["dradriver"], "checkpoint_kib"), 1),
+                     "with": with_, "without": without,
+                     "ratio": {f: round(with_[f] / without[f], 2) if without[f] else None for f in HELD_FIGURES}})
+    return {"rows": rows, "rounds": rounds, "claims": claims, "cdi_root": placement,
+            "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+            "samples": {str(k): v for k, v in samples.items()}}
+
+
+def format_held_report(report: dict[str, Any]) -> str:
+    """:func:`run_held`'s report as a Markdown table (one row per held-claims count)."""
+    lines = ["| claims held | checkpoint.json (KiB) | prepare p50 with / without (ms) | ratio | prepare p99 with / "
+             "without (ms) | ratio | unprepare p50 with / without (ms) | ratio | CPU per pair with / without (ms) "
+             "| ratio |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for row in report["rows"]:
+        cells = [str(row["held"]), f"{row['checkpoint_kib']:g}"]
+        for figure in HELD_FIGURES:
+            cells += [f"{row['with'][figure]} / {row['without'][figure]}", f"{row['ratio'][figure]}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    load = report["load_average"]
+    lines.append(f"{report['rounds']} alternating runs per count, {report['claims']} one-claim pairs per run; "
+                 f"1-min load average {load[0]} before, {load[1]} after; CDI roots on {report['cdi_root']}")
+    return "\n".join(lines)
 
 
 def build_report(samples: dict[str, list[dict[str, float]]], *, bare_rss_mib: float, peer_reason: str,
@@ -461,8 +561,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="where both plugins' CDI roots go: tmpfs as /var/run/cdi on a node (default), or disk")
     parser.add_argument("--no-checkpoint-cost", action="store_true",
                         help="skip the runs of dradriver without NVIDIA's checkpoint (its cost is then not reported)")
+    parser.add_argument("--held", metavar="N,N,...", default="",
+                        help="instead: dradriver with and without NVIDIA's checkpoint only, the one-claim pairs timed "
+                             "while N other claims are held, for each N (e.g. 0,100,1000; --claims pairs per run)")
     parser.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     args = parser.parse_args(argv)
+    if args.held:
+        held = run_held(held_counts=tuple(int(n) for n in args.held.split(",")), rounds=args.rounds,
+                        claims=args.claims, cdi_fs=args.cdi_fs)
+        print(format_held_report(held))
+        if args.json:
+            Path(args.json).write_text(json.dumps(held, indent=2) + "\n")
+        return 0
     report = run(nvidia_plugin=args.nvidia_plugin, nvidia_mock_nvml=args.nvidia_mock_nvml, rounds=args.rounds,
                  claims=args.claims, cdi_fs=args.cdi_fs, checkpoint_cost=not args.no_checkpoint_cost)
     print(format_report(report))

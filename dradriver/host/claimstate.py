@@ -100,6 +100,7 @@ __all__ = [
     "ClaimPhase",
     "ClaimRecord",
     "ClaimRecordError",
+    "ClaimSnapshot",
     "ClaimState",
     "ClaimStateCorruptError",
     "ClaimStateError",
@@ -109,6 +110,7 @@ __all__ = [
     "ClaimUnknownError",
     "HeldDevice",
     "ProblemKind",
+    "read_claims",
 ]
 
 log = logging.getLogger(__name__)
@@ -712,44 +714,13 @@ class ClaimState:
             os.close(fd)
             self._write_journal()
             return []
-        found: list[ClaimStateProblem] = []
-        version = be.FORMAT_VERSION
-        boot_id: str | None = None
         try:
-            version, boot_id, header_len = be.decode_header(data)
-        except ClaimStateVersionError as exc:
+            scan = _scan(be, self._table, data, self._path)
+        except ClaimStateVersionError:
             os.close(fd)
-            raise ClaimStateVersionError(f"claim state {self._path}: {exc}") from None
-        except ClaimStateCorruptError as exc:
-            header_len = exc.header_len
-            found.append(ClaimStateProblem(ProblemKind.CORRUPT_HEADER, f"damaged header: {exc}", self._path,
-                                           offset=0))
-        torn_at: int | None = None
-        if header_len:
-            pos = header_len
-            while True:
-                status, stop, resume = self._table.apply(data, pos, version)
-                if status == be.APPLY_OK:
-                    break
-                if status == be.APPLY_TORN:
-                    torn_at = stop
-                    found.append(ClaimStateProblem(
-                        ProblemKind.TORN_TAIL,
-                        f"incomplete last record at byte {stop} ({len(data) - stop} bytes, never "
-                        "acknowledged) truncated", self._path, offset=stop))
-                    break
-                if status == be.APPLY_BAD_RECORD:
-                    found.append(ClaimStateProblem(
-                        ProblemKind.CORRUPT_RECORD,
-                        f"record at byte {stop} ({resume - stop} bytes) fails its checksum or does not "
-                        "decode; skipped", self._path, offset=stop, discarded=1))
-                    pos = resume
-                    continue
-                found.append(ClaimStateProblem(
-                    ProblemKind.CORRUPT_TAIL,
-                    f"record frame at byte {stop} is damaged; the {len(data) - stop} bytes from there on "
-                    "cannot be read", self._path, offset=stop))
-                break
+            raise
+        found, version, boot_id, header_len, torn_at = (list(scan.found), scan.version, scan.boot_id,
+                                                        scan.header_len, scan.torn_at)
         if boot_id is not None and boot_id != self._boot_id:
             os.close(fd)
             discarded = len(self._table)
@@ -882,3 +853,105 @@ def _record(uid: str, raw: tuple[Any, ...]) -> ClaimRecord:
         devices=tuple(HeldDevice(d[0], d[1], d[2], d[3], d[4]) for d in devices),
         payload=payload,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _Scan:
+    """What :func:`_scan` read from a journal's bytes."""
+
+    found: tuple[ClaimStateProblem, ...]
+    version: int
+    boot_id: str | None
+    header_len: int
+    torn_at: int | None
+
+
+def _scan(be: _native.ClaimstoreModule, table: claimstore.Table, data: bytes, path: Path) -> _Scan:
+    """Apply every readable record of the journal bytes ``data`` to ``table``: the one parse that opening the claim
+    state (:meth:`ClaimState._load`) and reading it without writing (:func:`read_claims`) share. Nothing is written.
+
+    :raises ClaimStateVersionError: the header names a newer format version.
+    """
+    found: list[ClaimStateProblem] = []
+    version = be.FORMAT_VERSION
+    boot_id: str | None = None
+    try:
+        version, boot_id, header_len = be.decode_header(data)
+    except ClaimStateVersionError as exc:
+        raise ClaimStateVersionError(f"claim state {path}: {exc}") from None
+    except ClaimStateCorruptError as exc:
+        header_len = exc.header_len
+        found.append(ClaimStateProblem(ProblemKind.CORRUPT_HEADER, f"damaged header: {exc}", path,
+                                       offset=0))
+    torn_at: int | None = None
+    if header_len:
+        pos = header_len
+        while True:
+            status, stop, resume = table.apply(data, pos, version)
+            if status == be.APPLY_OK:
+                break
+            if status == be.APPLY_TORN:
+                torn_at = stop
+                found.append(ClaimStateProblem(
+                    ProblemKind.TORN_TAIL,
+                    f"incomplete last record at byte {stop} ({len(data) - stop} bytes, never "
+                    "acknowledged) truncated", path, offset=stop))
+                break
+            if status == be.APPLY_BAD_RECORD:
+                found.append(ClaimStateProblem(
+                    ProblemKind.CORRUPT_RECORD,
+                    f"record at byte {stop} ({resume - stop} bytes) fails its checksum or does not "
+                    "decode; skipped", path, offset=stop, discarded=1))
+                pos = resume
+                continue
+            found.append(ClaimStateProblem(
+                ProblemKind.CORRUPT_TAIL,
+                f"record frame at byte {stop} is damaged; the {len(data) - stop} bytes from there on "
+                "cannot be read", path, offset=stop))
+            break
+    return _Scan(tuple(found), version, boot_id, header_len, torn_at)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimSnapshot:
+    """The claim state as a reader that writes nothing sees it (:func:`read_claims`).
+
+    :param path: the journal file.
+    :param exists: the file was there (``False``: the plugin never ran with this directory, or nothing was kept).
+    :param boot_id: the boot ID in its header (``None``: the header is damaged; ``""`` with no file).
+    :param claims: claim UID -> record, every readable record in table order.
+    :param problems: what the plugin's next open would find (a torn last record, damage); the file is untouched.
+    """
+
+    path: Path
+    exists: bool
+    boot_id: str | None
+    claims: dict[str, ClaimRecord]
+    problems: tuple[ClaimStateProblem, ...]
+
+
+def read_claims(path: Path | str, *, backend: _native.ClaimstoreModule | None = None) -> ClaimSnapshot:
+    """Read the claim state at ``path`` without writing anything: no lock taken, no file created, truncated, kept
+    aside or rewritten (for ``dradriver rollback-check``, which may run beside the plugin). The records are parsed
+    as :meth:`ClaimState.open` parses them; a record the plugin is appending meanwhile reads as a torn tail, which
+    is never acknowledged and left out, as the plugin would leave it out.
+
+    :raises ClaimStateVersionError: the journal is of a newer format version (names the file).
+    :raises OSError: the file exists but cannot be read.
+    """
+    path = Path(path)
+    be = backend if backend is not None else _native.load("claimstore")
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return ClaimSnapshot(path, False, "", {}, ())
+    if not data:  # as the plugin's open takes it: a journal created and not yet written, no claims
+        return ClaimSnapshot(path, True, "", {}, ())
+    table = be.Table()
+    scan = _scan(be, table, data, path)
+    claims: dict[str, ClaimRecord] = {}
+    for uid in table.uids():
+        raw = table.get(uid)
+        if raw is not None:
+            claims[uid] = _record(uid, raw)
+    return ClaimSnapshot(path, True, scan.boot_id, claims, scan.found)

@@ -79,3 +79,27 @@ def test_the_cost_of_nvidias_checkpoint_is_reported_from_the_runs_without_it() -
     report = {"peer_run": True, "rows": {}, "bare_interpreter_rss_mib": 10.0, "rounds": 1, "claims": 1,
               "checkpoint_cost": costs}
     assert "one-claim NodePrepareResources p50 2.0 / 1.5 (+0.5 ms)" in vs_nvidia.format_report(report)
+
+
+@pytest.mark.slow
+def test_the_held_claims_comparison_times_pairs_beside_held_claims_with_and_without_the_checkpoint(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--held 0,20``: dradriver with and without NVIDIA's checkpoint, pairs timed while 0 and 20 claims are held;
+    the checkpoint names the held claims while the pairs run (its size grows), and each run leaves the node empty."""
+    out = tmp_path / "held.json"
+    assert bench_main.main(["vs_nvidia", "--held", "0,20", "--rounds", "1", "--claims", "3", "--json",
+                            str(out)]) == 0
+    report = json.loads(out.read_text())
+    rows = {row["held"]: row for row in report["rows"]}
+    assert set(rows) == {0, 20}
+    for row in rows.values():
+        assert set(row["with"]) == set(row["without"]) == set(row["ratio"]) == set(vs_nvidia.HELD_FIGURES)
+        assert all(row["with"][f] > 0 and row["without"][f] > 0 for f in vs_nvidia.HELD_FIGURES)
+        assert row["ratio"]["prepare_p50_ms"] == round(row["with"]["prepare_p50_ms"]
+                                                       / row["without"]["prepare_p50_ms"], 2)
+    assert rows[20]["checkpoint_kib"] > rows[0]["checkpoint_kib"] > 0
+    samples = report["samples"]["20"]
+    assert len(samples["dradriver"]) == len(samples[vs_nvidia.NO_CHECKPOINT]) == 1
+    # without it, the file the other side left (naming no claim) is never rewritten: it does not grow
+    assert samples[vs_nvidia.NO_CHECKPOINT][0]["checkpoint_kib"] < 1.0 < rows[20]["checkpoint_kib"]
+    assert capsys.readouterr().out == vs_nvidia.format_held_report(report) + "\n"

@@ -130,6 +130,7 @@ def _with_closed_stdout(argv: list[str]) -> subprocess.CompletedProcess[str]:
     ["inspect", "--mock-profile", "dgx-h100", "-o", "json"],
     ["feature-gates"],
     ["mock-profiles"],
+    ["rollback-check", "--kubelet-plugins-directory-path", "."],
 ], ids=lambda argv: " ".join(argv))
 def test_a_closed_stdout_ends_a_command_quietly(argv: list[str]) -> None:
     proc = _with_closed_stdout([sys.executable, "-m", "dradriver", *argv])
