@@ -15,6 +15,7 @@ file is whole, old or new, and an old one is dropped by NVIDIA's boot-ID rule.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import os
 from pathlib import Path
 
@@ -41,6 +42,52 @@ def read_checkpoint(path: Path | str, schema: ClaimSchema = GPU_CLAIM) -> Checkp
     except FileNotFoundError:
         return None
     return decode(data, schema, source=str(path))
+
+
+WRITTEN_MARK_SUFFIX = ".dradriver-written"
+"""Beside ``checkpoint.json``: ``.<name>.dradriver-written``, the SHA-256 (hex) of the bytes dradriver last wrote there
+(:func:`mark_written`). NVIDIA's plugin does not know the file: when ``checkpoint.json`` still hashes to it, no other
+plugin has written the checkpoint since (:func:`written_by_dradriver`)."""
+
+
+def _mark_path(path: Path | str) -> Path:
+    path = Path(path)
+    return path.with_name(f".{path.name}{WRITTEN_MARK_SUFFIX}")
+
+
+def mark_written(path: Path | str, data: bytes) -> None:
+    """Record that dradriver wrote ``data`` to ``path`` (after :func:`write_checkpoint`): the mark file is replaced
+    atomically but not synced; a mark lost to a power cut only makes the next start compare entries instead
+    (:func:`written_by_dradriver` answers ``False``).
+
+    :raises OSError: the mark cannot be written (the checkpoint itself is written already).
+    """
+    write_file_atomically(_mark_path(path), hashlib.sha256(data).hexdigest().encode() + b"\n", mode=CHECKPOINT_MODE,
+                          durable=False, sync_dir=False)
+
+
+def written_by_dradriver(path: Path | str, data: bytes) -> bool:
+    """Whether ``data`` (the bytes read from ``path``) are what dradriver last wrote there (:func:`mark_written`):
+    ``False`` when another plugin rewrote the file since, or when there is no readable mark."""
+    try:
+        mark = _mark_path(path).read_text().strip()
+    except OSError:
+        return False
+    return mark == hashlib.sha256(data).hexdigest()
+
+
+def read_checkpoint_and_mark(path: Path | str, schema: ClaimSchema = GPU_CLAIM) -> tuple[Checkpoint, bool] | None:
+    """:func:`read_checkpoint`, and whether the file is what dradriver last wrote there
+    (:func:`written_by_dradriver`); ``None`` when there is no file.
+
+    :raises CheckpointError: as :func:`read_checkpoint`.
+    :raises OSError: the file exists but cannot be read.
+    """
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        return None
+    return decode(data, schema, source=str(path)), written_by_dradriver(path, data)
 
 
 def write_checkpoint(path: Path | str, data: bytes) -> None:

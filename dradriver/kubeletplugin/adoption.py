@@ -91,12 +91,15 @@ class ForeignClaims:
     :param named: every claim UID the checkpoint names (NVIDIA's and dradriver's).
     :param found: a checkpoint of this boot was read (``False``: no file, or one of another boot).
     :param stored: claim UID -> entry, for every claim the checkpoint names (those the claim state holds too).
+    :param ours: the file is byte for byte what dradriver last wrote there
+        (:func:`~dradriver.host.nvcheckpointfile.written_by_dradriver`): no other plugin wrote it since.
     """
 
     entries: Mapping[str, CheckpointEntry] = field(default_factory=dict)
     named: frozenset[str] = frozenset()
     found: bool = False
     stored: Mapping[str, CheckpointEntry] = field(default_factory=dict)
+    ours: bool = False
 
 
 def read_nvidia_claims(path: Path, *, boot_id: str, held: Set[str], schema: ClaimSchema = GPU_CLAIM) -> ForeignClaims:
@@ -107,15 +110,17 @@ def read_nvidia_claims(path: Path, *, boot_id: str, held: Set[str], schema: Clai
         claims from their CDI specs as damage).
     :raises OSError: the file exists but cannot be read.
     """
-    stored = nvcheckpointfile.read_checkpoint(path, schema)
-    if stored is None:
+    read = nvcheckpointfile.read_checkpoint_and_mark(path, schema)
+    if read is None:
         return ForeignClaims()
+    stored, ours = read
     if stored.node_boot_id not in ("", boot_id):
         log.info("NVIDIA's checkpoint %s is of boot %s, not this boot %s: nothing adopted", path,
                  stored.node_boot_id, boot_id)
         return ForeignClaims()
     return ForeignClaims({uid: e for uid, e in stored.claims.items() if uid not in held},
-                         frozenset(stored.claims), True, dict(stored.claims))
+                         frozenset(stored.claims), True, dict(stored.claims),
+                         ours)
 
 
 OwnGroups = Callable[[ClaimRecord], tuple[DeviceGroup, ...]]
@@ -186,7 +191,10 @@ def converge(state: ClaimState, foreign: ForeignClaims, *, spec_of: Callable[[st
       like NVIDIA's others.
 
     Without ``own_groups`` (``--nvidia-checkpoint=false``: dradriver writes no checkpoint, so an entry naming one of
-    its claims cannot be told from NVIDIA's) only the first rule applies.
+    its claims cannot be told from NVIDIA's) only the first rule applies; nor does the second when the file is
+    byte for byte what dradriver last wrote (``foreign.ours``): no other plugin wrote it since, so every entry is
+    dradriver's own, whatever this release would write for the record now (a restart after an upgrade that changed
+    how entries are grouped must not take dradriver's claims for NVIDIA's and forget their undo).
 
     :raises ClaimStateError: a record could not be removed.
     """
@@ -206,7 +214,7 @@ def converge(state: ClaimState, foreign: ForeignClaims, *, spec_of: Callable[[st
                 log.warning("claim %s: unprepared by NVIDIA's plugin while dradriver was away (its checkpoint no "
                             "longer names it and its CDI spec is gone); forgotten, nothing undone", record.ref)
             continue
-        if own_groups is None:
+        if own_groups is None or foreign.ours:
             continue
         if entry.state is CheckpointState.PREPARE_COMPLETED and (
                 not entry.groups or _same_setup(entry.groups, own_groups(record))):

@@ -287,8 +287,14 @@ class RollbackCheckpoint:
             with self._mutex:
                 entries = dict(self._entries)
                 version = self._version
-            nvcheckpointfile.write_checkpoint(self.path, assemble(entries, self.boot_id))
+            data = assemble(entries, self.boot_id)
+            nvcheckpointfile.write_checkpoint(self.path, data)
             self._written = version
+            try:  # what dradriver wrote, so that the next start can tell it from a file NVIDIA's plugin rewrote
+                nvcheckpointfile.mark_written(self.path, data)
+            except OSError as exc:
+                log.warning("cannot record what was written to %s (%s): the next start compares its entries", self.path,
+                            exc)
             self.writes += 1
 
     def flush_or_error(self) -> str:
