@@ -23,6 +23,9 @@ from dradriver.preparers.shares import daemon_id
 from dradriver.sandbox.kubelet import KubeletEmulator
 from dradriver.sandbox.node import SANDBOX_NAMESPACE, SandboxNode
 from dradriver.sandbox.profiles import h200_node
+from tests.configs.helpers import entry as config_entry
+from tests.configs.helpers import params
+from tests.configs.test_plugin import allocate as allocate_with_config
 from tests.factories import DEVICE_CLASS
 from tests.mps.test_plugin import mps_claim
 from tests.plugin.conftest import claim_object, ref_of, result, running, set_allocation, wait_for
@@ -127,6 +130,29 @@ def test_an_mps_shared_gpu_publishes_its_control_daemon(sandbox: SandboxNode) ->
                 "namespace": SANDBOX_NAMESPACE, "name": deployment["metadata"]["name"]}}
             assert (await kubelet.unprepare([ref]))[ref.uid] == ""
             await wait_for(lambda: not published(sandbox, "mps"))
+
+    asyncio.run(body())
+
+
+def test_a_time_sliced_gpu_publishes_its_identity(sandbox: SandboxNode) -> None:
+    gates = sandbox.config().feature_gates.with_gates(TimeSlicingSettings=True)
+
+    async def body() -> None:
+        async with running(sandbox.config(feature_gates=gates)) as (plugin, kubelet):
+            claim = allocate_with_config(sandbox, "ts", [result("gpu-5")],
+                                         [config_entry(params(sharing={"strategy": "TimeSlicing",
+                                                                "timeSlicingConfig": {"interval": "Short"}}))])
+            ref = ref_of(claim)
+            assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+            await wait_for(lambda: bool(published(sandbox, "ts")))
+            gpu = plugin.registry.get("gpu-5") if plugin.registry else None
+            assert isinstance(gpu, GpuDevice) and sandbox.api is not None
+            [entry] = published(sandbox, "ts")
+            assert (entry["device"], entry["data"]) == ("gpu-5", {"uuid": gpu.uuid, "pciBusID": gpu.pci_bus_id})
+            assert "shareID" not in entry  # time-slicing shares the GPU, not a share of its capacity
+            kubernetes_validate.validate(sandbox.api.get("ResourceClaim", "ts", "default"), "1.34", strict=True)
+            assert (await kubelet.unprepare([ref]))[ref.uid] == ""
+            await wait_for(lambda: not published(sandbox, "ts"))
 
     asyncio.run(body())
 
