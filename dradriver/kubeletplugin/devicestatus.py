@@ -313,7 +313,7 @@ class DeviceStatusWriter:
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Finish the writes queued so far (at most ``timeout_s``), then stop the thread; writes still pending are
-        dropped, logged (the entries of a claim prepared again later are rewritten then)."""
+        dropped, logged (the next start queues the entries of every claim still prepared again: :meth:`requeue`)."""
         self.flush(timeout_s)
         with self._cond:
             self._closed = True
