@@ -38,6 +38,7 @@ from dradriver.kube import events, nodes, ratelimit
 from dradriver.kube.resourceslices import PublishResult, SlicePublisher
 from dradriver.kubeletplugin import adoption as adoption_module
 from dradriver.kubeletplugin.adoption import AdoptionReport, GpuAdoption
+from dradriver.kubeletplugin.devicestatus import DeviceStatusWriter
 from dradriver.kubeletplugin.lifecycle import Lifecycle
 from dradriver.kubeletplugin.payload import encode_payload
 from dradriver.kubeletplugin.reconcile import Cleanup, StaleClaimReconciler
@@ -247,14 +248,17 @@ async def report_adoption(identity: DriverIdentity, config: PluginConfig, connec
 
 
 async def recover(identity: DriverIdentity, config: PluginConfig, connection: Connection, runner: BatchRunner,
-                  problems: Sequence[ClaimStateProblem]) -> RecoveryReport:
+                  problems: Sequence[ClaimStateProblem], status_writer: DeviceStatusWriter) -> RecoveryReport:
     """Start-up convergence (:meth:`BatchRunner.recover`) with what opening the claim state found; when the CDI
-    specs show damage the claim state did not report, a ``ClaimStateCorrupt`` Warning Event says why."""
+    specs show damage the claim state did not report, a ``ClaimStateCorrupt`` Warning Event says why. Then the
+    device status of every claim still prepared is queued for a check (:meth:`DeviceStatusWriter.requeue`: a write
+    the last run had pending died with it)."""
     damaged = any(p.damage for p in problems)
     torn = any(p.kind is ProblemKind.TORN_TAIL for p in problems)
     rebooted = any(p.kind is ProblemKind.BOOT_ID_CHANGED for p in problems)
     report = await asyncio.to_thread(lambda: runner.recover(state_damaged=damaged, torn_tail=torn,
                                                             rebooted=rebooted))
+    await asyncio.to_thread(lambda: status_writer.requeue(runner.prepared_claims()))
     if report.damage:
         await asyncio.to_thread(report_event, identity, connection.client, config, connection.node_uid,
                                 "ClaimStateCorrupt", f"claim state {runner.state.path}: {report.damage}; "

@@ -427,6 +427,7 @@ class _Parts:
     """The clique ID the preparers read (one cell, set by :meth:`ComputeDomainPlugin.apply_fabric`)."""
     plugin_ref: list[ComputeDomainPlugin]
     """The plugin once :func:`_serve` made it (the device-metadata files, refusal and slices ask it)."""
+    status_writer: DeviceStatusWriter
 
 
 def _build_runner(life: Lifecycle, identity: DriverIdentity, config: PluginConfig, connection: assembly.Connection,
@@ -474,7 +475,7 @@ def _build_runner(life: Lifecycle, identity: DriverIdentity, config: PluginConfi
     runner_holder.append(runner)
     life.on_stop("batch runner", runner.close)
     return _Parts(imex=imex, registry=registry, channels=channels, daemons=daemons, runner=runner, metrics=metrics,
-                  checkpoint=checkpoint, clique=holder, plugin_ref=plugin_ref)
+                  checkpoint=checkpoint, clique=holder, plugin_ref=plugin_ref, status_writer=status_writer)
 
 
 async def _recover(identity: DriverIdentity, config: PluginConfig, connection: assembly.Connection, parts: _Parts,
@@ -483,7 +484,7 @@ async def _recover(identity: DriverIdentity, config: PluginConfig, connection: a
     (:func:`~dradriver.app.assembly.recover`), then load the rollback checkpoint with what the claim state holds."""
     adopted = await adopt_nvidia_claims(identity, config, connection, parts.runner, clock, parts.metrics,
                                         parts.checkpoint.groups_of if parts.checkpoint is not None else None)
-    recovery = await assembly.recover(identity, config, connection, parts.runner, problems)
+    recovery = await assembly.recover(identity, config, connection, parts.runner, problems, parts.status_writer)
     if parts.checkpoint is not None:  # after recovery: it names what the claim state holds now
         await asyncio.to_thread(parts.checkpoint.load, parts.runner.state.claims(),
                                 (*adopted.started, *recovery.aborted_expired))

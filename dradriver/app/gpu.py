@@ -510,7 +510,7 @@ class _GpuStart:
             GpuAdoption(self.config.node_name, self.registry.get, self.identity.driver_name), self.metrics,
             self.checkpoint.groups_of if self.checkpoint is not None else None)
         self.recovery = await assembly.recover(self.identity, self.config, self.connection, self.runner,
-                                               self.problems)
+                                               self.problems, self.status_writer)
         await asyncio.to_thread(report_undo_only, self.state, self.gates_off)
         if self.checkpoint is not None:
             await asyncio.to_thread(self.checkpoint.load, self.state.claims(), adopted.started)

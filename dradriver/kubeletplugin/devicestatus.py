@@ -34,7 +34,9 @@ the claim's undo records and the device registry (microseconds) and queues them;
 unprepare). Pending writes of one claim are coalesced (an unprepare before the prepare's write was sent cancels
 both: a claim that lives less than the settle time costs nothing), a failed write is retried with backoff until it
 succeeds, the claim is unprepared or the plugin stops, and nothing of it ever fails a prepare. The writes share the
-plugin's interpreter with its gRPC calls, so the settle time also keeps them out of a burst of prepares.
+plugin's interpreter with its gRPC calls, so the settle time also keeps them out of a burst of prepares. Pending writes
+live in this process only, so each start queues the entries of every claim prepared before it again
+(:meth:`DeviceStatusWriter.requeue`: one GET per claim in the background, a PUT only where they are missing).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -157,16 +159,21 @@ class DeviceStatusWriter:
     :param settle_s: how long a prepared claim's write waits before it is sent, seconds: a claim unprepared
         within it costs no write at all, and a burst of prepares is not slowed by writes competing for the
         process (the plugin's gRPC calls and these writes share one interpreter).
+    :param requeue_spacing_s: seconds between the start-up writes of :meth:`requeue`.
     """
 
     RETRY_DELAYS_S: tuple[float, ...] = (0.2, 1.0, 5.0, 15.0, 60.0)
     SETTLE_S = 0.5
+    REQUEUE_SPACING_S = 0.01
+    """Seconds between the writes :meth:`requeue` queues at start (at most 100 claim reads a second)."""
 
     def __init__(self, client: KubeClient, *, driver: str, pool: str, describe: Describe,
-                 retry_delays_s: Sequence[float] = RETRY_DELAYS_S, settle_s: float = SETTLE_S) -> None:
+                 retry_delays_s: Sequence[float] = RETRY_DELAYS_S, settle_s: float = SETTLE_S,
+                 requeue_spacing_s: float = REQUEUE_SPACING_S) -> None:
         self.client, self.driver, self.pool, self.describe = client, driver, pool, describe
         self.retry_delays_s = tuple(retry_delays_s) or (1.0,)
         self.settle_s = settle_s
+        self.requeue_spacing_s = requeue_spacing_s
         self.writes = 0
         """Writes sent to the API server (each a GET and, when something changed, a PUT), failed ones included."""
         self._cond = threading.Condition()
@@ -193,17 +200,54 @@ class DeviceStatusWriter:
                 return
         self._queue(_Write(ref, None, 0.0))
 
+    # ------------------------------------------------------------------ start-up
+    def requeue(self, claims: Iterable[tuple[ClaimRef, Sequence[UndoRecord]]]) -> int:
+        """Start step, after recovery and before the servers answer a prepare: queue the entries of every claim
+        prepared before this start (:meth:`~dradriver.kubeletplugin.runner.BatchRunner.prepared_claims`), so that
+        none is left without them for good.
+
+        A write lives in this process only (:attr:`SETTLE_S`, retries): a plugin killed within the settle time,
+        or stopped while the API server refused a write, leaves a prepared claim without its ``status.devices``
+        entries, and nothing but this start would write them (the kubelet does not prepare a claim again that
+        its pod already uses). The start cannot know which claims lack them without asking the API server: the
+        claim the kubelet's prepare fetched is not kept, and reading each claim here would make the start wait on
+        one GET per claim. So every prepared claim is queued, and the writer's own read decides: each write GETs
+        the claim and PUTs only when this driver's entries differ (:func:`~dradriver.kube.claims.
+        publish_device_status`), so a claim whose entries are in place costs one GET and no write. The writes are
+        spaced :attr:`REQUEUE_SPACING_S` apart after the settle time (1,000 claims: one GET every 10 ms, 10 s in
+        the background, none on the prepare path), one at a time on the writer's thread, retried like any write.
+        The start itself only builds the entries (microseconds per claim, no I/O). A claim the kubelet prepares
+        or unprepares meanwhile has its newer write queued in place of this one.
+
+        :param claims: (claim, its undo records) of each prepared claim.
+        :returns: how many claims were queued (a claim with nothing to describe is not).
+        """
+        now = time.monotonic() + self.settle_s
+        queued = 0
+        for ref, records in claims:
+            devices = self.describe(records)
+            if not devices:
+                continue
+            if self._queue(_Write(ref, devices, now + queued * self.requeue_spacing_s), newer=False):
+                queued += 1
+        if queued:
+            log.info("device status of %d prepared claim(s) queued for a check", queued)
+        return queued
+
     # ------------------------------------------------------------------ the writer thread
-    def _queue(self, write: _Write) -> None:
+    def _queue(self, write: _Write, *, newer: bool = True) -> bool:
+        """Queue ``write``; it replaces a pending write of its claim when ``newer``, else yields to it. Returns
+        whether it was queued."""
         with self._cond:
-            if self._closed:
-                return
+            if self._closed or (not newer and write.ref.uid in self._pending):
+                return False
             self._pending.pop(write.ref.uid, None)  # the newer state replaces a pending one
             self._pending[write.ref.uid] = write
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="device-status", daemon=True)
                 self._thread.start()
             self._cond.notify_all()
+            return True
 
     def _next(self) -> _Write | None:
         """The oldest due write, waiting for one; ``None`` once closed."""
@@ -269,7 +313,7 @@ class DeviceStatusWriter:
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Finish the writes queued so far (at most ``timeout_s``), then stop the thread; writes still pending are
-        dropped, logged (the entries of a claim prepared again later are rewritten then)."""
+        dropped, logged (the next start queues the entries of every claim still prepared again: :meth:`requeue`)."""
         self.flush(timeout_s)
         with self._cond:
             self._closed = True

@@ -394,11 +394,27 @@ class BatchRunner:
         (claim UID, record) in claim-state order (:data:`~dradriver.domain.ports.StoredRecords`). Parsed
         payloads are cached by payload text, so a call costs one pass over the claims."""
         out: list[tuple[str, UndoRecord]] = []
+        for uid, _record, undo in self._completed_undo():
+            if uid != exclude_uid:
+                out.extend((uid, r) for r in undo if r.kind == kind)
+        return out
+
+    def prepared_claims(self) -> list[tuple[ClaimRef, tuple[UndoRecord, ...]]]:
+        """Every PREPARE_COMPLETED claim that carries its name (not one adopted from a CDI spec after claim-state
+        damage: its name is unknown) with its undo records, in claim-state order; for the device status writer's
+        start-up re-queue (:meth:`~dradriver.kubeletplugin.devicestatus.DeviceStatusWriter.requeue`)."""
+        return [(record.ref, undo) for _uid, record, undo in self._completed_undo()
+                if record.namespace and record.name]
+
+    def _completed_undo(self) -> list[tuple[str, ClaimRecord, tuple[UndoRecord, ...]]]:
+        """(UID, record, undo records) of each PREPARE_COMPLETED claim whose payload reads; parsed payloads are
+        cached by payload text."""
+        out: list[tuple[str, ClaimRecord, tuple[UndoRecord, ...]]] = []
         claims = self.state.claims()
         if len(self._payload_cache) > 2 * len(claims) + 64:
             self._payload_cache = {u: c for u, c in self._payload_cache.items() if u in claims}
         for uid, record in claims.items():
-            if uid == exclude_uid or record.phase is not ClaimPhase.PREPARE_COMPLETED:
+            if record.phase is not ClaimPhase.PREPARE_COMPLETED:
                 continue
             cached = self._payload_cache.get(uid)
             if cached is None or cached[0] != record.payload:
@@ -407,7 +423,7 @@ class BatchRunner:
                 except ValueError:
                     continue
                 self._payload_cache[uid] = cached
-            out.extend((uid, r) for r in cached[1] if r.kind == kind)
+            out.append((uid, record, cached[1]))
         return out
 
     def spec_path(self, uid: str) -> Path:

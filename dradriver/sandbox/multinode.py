@@ -12,7 +12,10 @@ driver relies on:
   (every node shares this host's network namespace; ``<net>`` is chosen per cluster so two clusters on one host
   do not meet). The mock NVML library serves one profile per process, so each node's kubelet plugin is its own
   process (:meth:`MultiNodeCluster.start_plugin`): ``python -m dradriver compute-domain-kubelet-plugin`` with that
-  node's flags as environment twins, logging to ``<node root>/plugin.log``.
+  node's flags as environment twins, logging to ``<node root>/plugin.log``. A workload that also asks for GPUs
+  (``deploy/examples/compute-domain-job.yaml``) needs each node's ``gpu-kubelet-plugin`` beside it
+  (:meth:`MultiNodeCluster.start_gpu_plugins`: it publishes the tray's four GPUs and prepares their claims;
+  ``<node root>/gpu-plugin.log``).
 * **Scheduler** (one thread with the controllers): a Pod without ``spec.nodeName`` gets its claims from their
   templates (the resourceclaim controller's naming, :func:`dradriver.sandbox.cluster.create_claim_from_template`)
   and is bound to the first node, by name, that passes ``nodeSelector``, required node affinity (``In``,
@@ -27,9 +30,10 @@ driver relies on:
   the API emulator's garbage collector.
 * **Kubelet** (a thread per node): registers the node's plugins from its registrar directory (real gRPC,
   :class:`~dradriver.sandbox.kubelet.SyncKubeletEmulator`), prepares the claims of each bound Pod once they are
-  allocated (one NodePrepareResources call per Pod, on worker threads: a channel prepare waits inside the plugin
-  for the node's IMEX daemon, whose Pod this same kubelet must start meanwhile), and unprepares claims no Pod on
-  the node uses any more. The CDI device IDs a Pod got are resolved against the node's CDI specs
+  allocated (one NodePrepareResources call per Pod and driver, each to the plugin of the drivers in the claim's
+  allocation results, on worker threads: a channel prepare waits inside the plugin for the node's IMEX daemon,
+  whose Pod this same kubelet must start meanwhile), and unprepares claims no Pod on the node uses any more.
+  The CDI device IDs a Pod got are resolved against the node's CDI specs
   (:func:`cdi_edits`): environment, mounts and device nodes.
 * **Container runner** (:class:`NodeRuntime`, the node's container runtime on top of
   :class:`~dradriver.sandbox.workloads.Workloads`): DaemonSet Pods run as local processes once their claims are
@@ -83,13 +87,13 @@ from dradriver.allocator.allocation import AllocationError
 from dradriver.config import CHANNEL_NEEDS_HOST_MANAGED, COMPUTE_DOMAIN_PLUGIN_FLAGS, Flag, PluginConfig
 from dradriver.domain.claims import ClaimRef, ClaimResult
 from dradriver.domain.featuregates import HOST_MANAGED_IMEX_DAEMON, FeatureGates
-from dradriver.domain.identity import COMPUTE_DOMAIN_DRIVER
+from dradriver.domain.identity import COMPUTE_DOMAIN_DRIVER, GPU_DRIVER
 from dradriver.errors import DradriverError
 from dradriver.nvml import mock
 from dradriver.sandbox import scheduler, standins
 from dradriver.sandbox.apiserver import ApiServerEmulator
 from dradriver.sandbox.apiserver.errors import ApiStatusError
-from dradriver.sandbox.cluster import create_claim_from_template
+from dradriver.sandbox.cluster import create_claim_from_template, plugin_environment
 from dradriver.sandbox.kubelet import KubeletError, SyncKubeletEmulator, SyncPluginConnection
 from dradriver.sandbox.node import SANDBOX_IMAGE, SANDBOX_NAMESPACE, SandboxNode
 from dradriver.sandbox.workloads import BASE_PATH, Workloads
@@ -298,6 +302,8 @@ class EmulatedNode:
     sandbox: SandboxNode
     profile: Path
     plugin: subprocess.Popen[bytes] | None = None
+    gpu_plugin: subprocess.Popen[bytes] | None = None
+    """The node's ``gpu-kubelet-plugin`` (:meth:`MultiNodeCluster.start_gpu_plugin`), when started."""
     kubelet: SyncKubeletEmulator | None = None
     runtime: NodeRuntime | None = None
     host_imex: subprocess.Popen[bytes] | None = None
@@ -323,6 +329,11 @@ class EmulatedNode:
     def plugin_log(self) -> Path:
         """The compute-domain kubelet plugin's output."""
         return self.root / "plugin.log"
+
+    @property
+    def gpu_plugin_log(self) -> Path:
+        """The GPU kubelet plugin's output."""
+        return self.root / "gpu-plugin.log"
 
     def labels(self) -> dict[str, str]:
         """The Node object's labels now."""
@@ -514,6 +525,7 @@ class MultiNodeCluster:
         self._inflight: dict[str, dict[str, _PodPrepare]] = {}
         self._last_error: dict[str, str] = {}
         self._cdi_ids: dict[str, list[str]] = {}  # claim UID -> the CDI device IDs its prepare returned
+        self._drivers: dict[str, tuple[str, ...]] = {}  # claim UID -> the drivers of its allocation results
         self._backoff: dict[str, float] = {}  # pod key -> the last retry delay after a failed prepare, seconds
         self._retry_at: dict[str, float] = {}  # pod key -> monotonic time of the next prepare
         try:
@@ -685,10 +697,49 @@ class MultiNodeCluster:
                 raise MultiNodeError(f"node {name}: plugin not registered after {timeout_s} s:\n{self._tail(node)}")
             time.sleep(0.05)
 
+    def start_gpu_plugin(self, name: str) -> subprocess.Popen[bytes]:
+        """Start ``dradriver gpu-kubelet-plugin`` for node ``name`` on the node's tray of GPUs (its own process, the
+        mock NVML's profile the node's) and return it; output goes to :attr:`EmulatedNode.gpu_plugin_log`."""
+        from dataclasses import replace
+
+        node = self.node(name)
+        config = replace(node.sandbox.config(mock_profile=str(node.profile)), **self.plugin_overrides)
+        env = {**os.environ, **plugin_environment(config), "PYTHONPATH": str(REPO_ROOT),
+               mock.CONTROL_ENV: str(node.sandbox.nvml_control), "LD_LIBRARY_PATH": str(mock.library_path().parent)}
+        with open(node.gpu_plugin_log, "ab") as out:
+            node.gpu_plugin = subprocess.Popen([sys.executable, "-m", "dradriver", "gpu-kubelet-plugin"], env=env,
+                                               stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                               start_new_session=True)
+        self.say(f"node {name}: GPU kubelet plugin started (pid {node.gpu_plugin.pid})")
+        return node.gpu_plugin
+
+    def start_gpu_plugins(self, *, timeout_s: float = 60.0) -> None:
+        """Start every node's GPU kubelet plugin and wait until each has registered with its node's kubelet.
+
+        :raises MultiNodeError: a plugin exited or did not register in ``timeout_s``; the message holds its log.
+        """
+        for name in self.nodes:
+            self.start_gpu_plugin(name)
+        for node in self.nodes.values():
+            assert node.kubelet is not None
+            deadline = time.monotonic() + timeout_s
+            while True:
+                if node.gpu_plugin is not None and node.gpu_plugin.poll() is not None:
+                    raise MultiNodeError(f"node {node.name}: GPU plugin exited {node.gpu_plugin.returncode}:\n"
+                                         f"{self._tail(node, log_file=node.gpu_plugin_log)}")
+                node.kubelet.scan()
+                with contextlib.suppress(KubeletError):
+                    node.kubelet.plugin(GPU_DRIVER.driver_name)
+                    break
+                if time.monotonic() > deadline:
+                    raise MultiNodeError(f"node {node.name}: GPU plugin not registered after {timeout_s} s:\n"
+                                         f"{self._tail(node, log_file=node.gpu_plugin_log)}")
+                time.sleep(0.05)
+
     @staticmethod
-    def _tail(node: EmulatedNode, lines: int = 40) -> str:
+    def _tail(node: EmulatedNode, lines: int = 40, *, log_file: Path | None = None) -> str:
         with contextlib.suppress(OSError):
-            return "\n".join(node.plugin_log.read_text(errors="replace").splitlines()[-lines:])
+            return "\n".join((log_file or node.plugin_log).read_text(errors="replace").splitlines()[-lines:])
         return ""
 
     def stop_plugin(self, name: str, *, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int | None:
@@ -953,11 +1004,7 @@ class MultiNodeCluster:
         assert node.kubelet is not None and node.runtime is not None
         if node.name in self.killed:
             return  # a dead node's kubelet does nothing
-        try:
-            node.kubelet.scan()
-            plugin: SyncPluginConnection | None = node.kubelet.plugin(COMPUTE_DOMAIN_DRIVER.driver_name)
-        except KubeletError:
-            plugin = None
+        plugins = self._plugins(node)
         inflight = self._inflight[node.name]
         in_use: set[str] = set()
         live: set[str] = set()
@@ -984,10 +1031,10 @@ class MultiNodeCluster:
                 todo = [r for r in refs if r.uid not in node.prepared]
             elif job is not None:
                 continue
-            if todo and plugin is not None:
+            if todo and all(d in plugins for r in todo for d in self._drivers_of(r)):
                 if time.monotonic() < self._retry_at.get(key, 0.0):
                     continue  # the kubelet backs off after a failed prepare
-                inflight[key] = _PodPrepare(todo, self._executor.submit(plugin.prepare, todo))
+                inflight[key] = _PodPrepare(todo, self._executor.submit(self._prepare, plugins, todo))
                 continue
             if not todo and key not in node.pod_devices:
                 self._record_devices(node, pod, refs)
@@ -996,10 +1043,11 @@ class MultiNodeCluster:
         for key in set(inflight) - live:
             del inflight[key]
         node.runtime.reconcile()
-        gone = [ref for uid, ref in node.prepared.items() if uid not in in_use]
-        if gone and plugin is not None:
+        gone = [ref for uid, ref in node.prepared.items() if uid not in in_use
+                and all(d in plugins for d in self._drivers_of(ref))]
+        if gone:
             try:
-                errors = plugin.unprepare(gone)
+                errors = self._unprepare(plugins, gone)
             except KubeletError as exc:
                 self.say(f"! kubelet {node.name}: unprepare: {exc}")
                 return
@@ -1013,6 +1061,46 @@ class MultiNodeCluster:
                 if claim is not None and _owner_uid(claim, "Pod") and not self._owner_alive(claim):
                     with contextlib.suppress(ApiStatusError):
                         self.api.delete("ResourceClaim", ref.name, ref.namespace)
+
+    def _plugins(self, node: EmulatedNode) -> dict[str, SyncPluginConnection]:
+        """Driver name -> the connection of each plugin registered with ``node``'s kubelet now."""
+        assert node.kubelet is not None
+        out: dict[str, SyncPluginConnection] = {}
+        with contextlib.suppress(KubeletError):
+            node.kubelet.scan()
+        for driver in (COMPUTE_DOMAIN_DRIVER.driver_name, GPU_DRIVER.driver_name):
+            with contextlib.suppress(KubeletError):
+                out[driver] = node.kubelet.plugin(driver)
+        return out
+
+    def _drivers_of(self, ref: ClaimRef) -> tuple[str, ...]:
+        return self._drivers.get(ref.uid) or (COMPUTE_DOMAIN_DRIVER.driver_name,)
+
+    def _by_driver(self, refs: Iterable[ClaimRef]) -> dict[str, list[ClaimRef]]:
+        out: dict[str, list[ClaimRef]] = {}
+        for ref in refs:
+            for driver in self._drivers_of(ref):
+                out.setdefault(driver, []).append(ref)
+        return out
+
+    def _prepare(self, plugins: Mapping[str, SyncPluginConnection], refs: list[ClaimRef]) -> dict[str, ClaimResult]:
+        """NodePrepareResources of ``refs``, one call per driver (as the kubelet calls each claim's drivers);
+        a claim of several drivers gets their devices and errors together."""
+        out: dict[str, ClaimResult] = {}
+        for driver, group in self._by_driver(refs).items():
+            for uid, result in plugins[driver].prepare(group).items():
+                had = out.get(uid)
+                out[uid] = result if had is None else ClaimResult(
+                    devices=had.devices + result.devices, error="; ".join(e for e in (had.error, result.error) if e))
+        return out
+
+    def _unprepare(self, plugins: Mapping[str, SyncPluginConnection], refs: list[ClaimRef]) -> dict[str, str]:
+        """NodeUnprepareResources of ``refs``, one call per driver; claim UID -> its errors (``""``: none)."""
+        out: dict[str, str] = {}
+        for driver, group in self._by_driver(refs).items():
+            for uid, error in plugins[driver].unprepare(group).items():
+                out[uid] = "; ".join(e for e in (out.get(uid, ""), error) if e)
+        return out
 
     # ------------------------------------------------------------------------------- heartbeat, failure
     def renew_node_lease(self, name: str, *, force: bool = False) -> None:
@@ -1049,8 +1137,9 @@ class MultiNodeCluster:
 
     def _node_pids(self, node: EmulatedNode) -> list[int]:
         pids: list[int] = []
-        if node.plugin is not None and node.plugin.poll() is None:
-            pids.append(node.plugin.pid)
+        for plugin in (node.plugin, node.gpu_plugin):
+            if plugin is not None and plugin.poll() is None:
+                pids.append(plugin.pid)
         if node.runtime is not None:
             pids += node.runtime.container_pids()
         if node.host_imex is not None and node.host_imex.poll() is None:
@@ -1105,6 +1194,8 @@ class MultiNodeCluster:
             claim = self.api.get("ResourceClaim", name, ns) if name else None
             if claim is None or pod_ref not in (claim.get("status") or {}).get("reservedFor", []):
                 return None
+            results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")
+            self._drivers[claim["metadata"]["uid"]] = tuple(sorted({str(r["driver"]) for r in results or ()}))
             refs.append(ClaimRef(ns, claim["metadata"]["name"], claim["metadata"]["uid"]))
         return refs
 
@@ -1281,14 +1372,22 @@ class MultiNodeCluster:
             with contextlib.suppress(MultiNodeError):
                 self.heal_node(name)
         for node in self.nodes.values():  # every plugin told at once (each takes a while), then each waited for
-            if node.plugin is not None and node.plugin.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    node.plugin.send_signal(signal.SIGTERM)
+            for plugin in (node.plugin, node.gpu_plugin):
+                if plugin is not None and plugin.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        plugin.send_signal(signal.SIGTERM)
         for node in self.nodes.values():
             if node.runtime is not None:
                 node.runtime.stop()
         for name in list(self.nodes):
             self.stop_plugin(name, timeout_s=10)
+        for node in self.nodes.values():
+            if node.gpu_plugin is not None:
+                try:
+                    node.gpu_plugin.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    node.gpu_plugin.kill()
+                    node.gpu_plugin.wait(timeout=10)
         for node in self.nodes.values():
             if node.host_imex is not None and node.host_imex.poll() is None:
                 node.host_imex.terminate()

@@ -25,6 +25,7 @@ from tests.cdi.helpers import read_mounted_metadata, validate
 from tests.configs.helpers import entry, params
 from tests.configs.test_plugin import allocate
 from tests.factories import DEVICE_CLASS
+from tests.mps.test_plugin import mps_claim
 from tests.nvml.mockenv import make_sysfs
 from tests.plugin.conftest import claim_object, ref_of, result, running, set_allocation, wait_for
 from tests.plugin.test_recovery import ROOT, _plugin_env
@@ -159,6 +160,32 @@ def test_time_sliced_gpu_carries_its_metadata_beside_the_sharing_edits(sandbox: 
             [mount] = dm.spec_mounts(_spec(sandbox, ref.uid))[f"{ref.uid}-gpu-5"]
             device = _only_device_of(read_mounted_metadata(mount))
             assert device["attributes"]["uuid"] == {"string": plugin.inventory.gpus[5].uuid}
+
+    asyncio.run(body())
+
+
+def test_mps_shared_gpu_carries_its_metadata_beside_the_mps_edits(sandbox: SandboxNode) -> None:
+    sandbox.run_workloads()  # the MPS control daemon's Deployment runs
+    config = sandbox.mps_config()
+    config = replace(config, feature_gates=config.feature_gates.with_gates(DeviceMetadata=True))
+
+    async def body() -> None:
+        async with running(config) as (plugin, kubelet):
+            ref, claim = mps_claim(sandbox, "mps-md")
+            [name] = [r["device"] for r in claim["status"]["allocation"]["devices"]["results"]]
+            assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+            [device_spec] = [d for d in _spec(sandbox, ref.uid)["devices"] if d["name"] == f"{ref.uid}-{name}"]
+            edits = device_spec["containerEdits"]
+            assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in edits["env"]  # the MPS edits are kept
+            assert {m["containerPath"] for m in edits["mounts"]} >= {"/tmp/nvidia-mps", "/dev/shm"}
+            [mount] = dm.spec_mounts(_spec(sandbox, ref.uid))[f"{ref.uid}-{name}"]
+            assert mount["containerPath"] == ("/var/run/kubernetes.io/dra-device-attributes/resourceclaims/mps-md/gpu/"
+                                              f"{DRIVER}-metadata.json")
+            device = _only_device_of(read_mounted_metadata(mount))
+            gpu = plugin.inventory.find(name)
+            assert device["name"] == name and device["attributes"]["uuid"] == {"string": gpu.uuid}
+            assert (await kubelet.unprepare([ref]))[ref.uid] == ""
+            assert list(_metadata_dir(sandbox).iterdir()) == []
 
     asyncio.run(body())
 

@@ -1,25 +1,35 @@
 """KEP-4817 device status for every prepared device: the real plugin over gRPC, the API emulator over HTTP. A full
-GPU, a static MIG device, an MPS-shared GPU and (in ``tests/computedomain``) an IMEX channel get their concrete
-identity in ``ResourceClaim.status.devices[].data``, written off the prepare's path, retried after an API failure,
-removed at unprepare."""
+GPU, a static MIG device, an MPS-shared GPU, a time-sliced GPU and (in ``tests/computedomain``) an IMEX channel and
+daemon get their concrete identity in ``ResourceClaim.status.devices[].data``, written off the prepare's path,
+retried after an API failure, written by the next start when the plugin died before its write, removed at
+unprepare."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
 
+from dradriver.domain.claims import ClaimRef
 from dradriver.domain.devices import GpuDevice, MigDevice
 from dradriver.preparers.shares import daemon_id
+from dradriver.sandbox.kubelet import KubeletEmulator
 from dradriver.sandbox.node import SANDBOX_NAMESPACE, SandboxNode
 from dradriver.sandbox.profiles import h200_node
+from tests.configs.helpers import entry as config_entry
+from tests.configs.helpers import params
+from tests.configs.test_plugin import allocate as allocate_with_config
 from tests.factories import DEVICE_CLASS
 from tests.mps.test_plugin import mps_claim
 from tests.plugin.conftest import claim_object, ref_of, result, running, set_allocation, wait_for
+from tests.plugin.test_recovery import ROOT, _plugin_env
 from tests.plugin.test_shares import allocate, share_claim
 
 
@@ -124,6 +134,29 @@ def test_an_mps_shared_gpu_publishes_its_control_daemon(sandbox: SandboxNode) ->
     asyncio.run(body())
 
 
+def test_a_time_sliced_gpu_publishes_its_identity(sandbox: SandboxNode) -> None:
+    gates = sandbox.config().feature_gates.with_gates(TimeSlicingSettings=True)
+
+    async def body() -> None:
+        async with running(sandbox.config(feature_gates=gates)) as (plugin, kubelet):
+            claim = allocate_with_config(sandbox, "ts", [result("gpu-5")],
+                                         [config_entry(params(sharing={"strategy": "TimeSlicing",
+                                                                "timeSlicingConfig": {"interval": "Short"}}))])
+            ref = ref_of(claim)
+            assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+            await wait_for(lambda: bool(published(sandbox, "ts")))
+            gpu = plugin.registry.get("gpu-5") if plugin.registry else None
+            assert isinstance(gpu, GpuDevice) and sandbox.api is not None
+            [entry] = published(sandbox, "ts")
+            assert (entry["device"], entry["data"]) == ("gpu-5", {"uuid": gpu.uuid, "pciBusID": gpu.pci_bus_id})
+            assert "shareID" not in entry  # time-slicing shares the GPU, not a share of its capacity
+            kubernetes_validate.validate(sandbox.api.get("ResourceClaim", "ts", "default"), "1.34", strict=True)
+            assert (await kubelet.unprepare([ref]))[ref.uid] == ""
+            await wait_for(lambda: not published(sandbox, "ts"))
+
+    asyncio.run(body())
+
+
 def test_consumable_shares_of_one_gpu_each_publish_an_entry_under_their_share_id(tmp_path: Path) -> None:
     with SandboxNode(profile=h200_node(tmp_path, gpus=1)) as node:
         assert node.api is not None
@@ -151,3 +184,68 @@ def test_consumable_shares_of_one_gpu_each_publish_an_entry_under_their_share_id
                     kubernetes_validate.validate(node.api.get("ResourceClaim", name, "default"), "1.35", strict=True)
 
         asyncio.run(body())
+
+
+# The plugin process, SIGKILLed at the moment its device status writer would send its first write (the prepare was
+# answered, the writer's settle time had not passed): the write it had pending dies with it.
+_KILL_AT_STATUS_WRITE = """
+import os, signal, sys
+from dradriver.kube import claims
+def die(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGKILL)
+claims.publish_device_status = die
+from dradriver.cli import main
+sys.exit(main([sys.argv[1]]))
+"""
+
+
+async def prepare_then_die_before_the_status_write(command: str, env: dict[str, str], registrar: Path, driver: str,
+                                                   ref: ClaimRef) -> None:
+    """Run the plugin ``command`` (``gpu-kubelet-plugin``, ``compute-domain-kubelet-plugin``) as its own process
+    with ``env``, prepare ``ref`` through the kubelet emulator (answered without error), and see the process killed
+    by the SIGKILL its device status writer sends itself instead of the write."""
+    env = dict(env, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])))
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", _KILL_AT_STATUS_WRITE, command, env=env,
+                                                cwd=str(ROOT), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        async with KubeletEmulator(registrar) as kubelet:
+            connection = await kubelet.wait_for_plugin(driver, timeout=30)
+            answer = (await connection.prepare([ref]))[ref.uid]
+            while "not read yet" in answer.error:  # registered before its driver part was read: the kubelet retries
+                await asyncio.sleep(0.05)
+                answer = (await connection.prepare([ref]))[ref.uid]
+            assert answer.error == "" and answer.devices
+            await asyncio.wait_for(proc.wait(), 30)
+            assert proc.returncode == -9
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+def test_a_claim_whose_status_write_died_with_the_plugin_gets_its_entries_at_the_next_start(
+        sandbox: SandboxNode) -> None:
+    assert sandbox.api is not None
+    ref = ref_of(set_allocation(sandbox, sandbox.api.create(claim_object("survivor")), [result("gpu-2")]))
+    config = sandbox.config()
+    asyncio.run(prepare_then_die_before_the_status_write("gpu-kubelet-plugin", _plugin_env(sandbox),
+                                                         config.kubelet_registrar_directory_path,
+                                                         "gpu.nvidia.com", ref))
+    assert published(sandbox, "survivor") == []  # prepared, and its write lost
+
+    async def restart() -> str:
+        async with running(config) as (plugin, _kubelet):
+            assert plugin.status_writer is not None
+            await wait_for(lambda: bool(published(sandbox, "survivor")))
+            gpu = plugin.registry.get("gpu-2") if plugin.registry else None
+            assert isinstance(gpu, GpuDevice)
+            [entry] = published(sandbox, "survivor")
+            assert entry["device"] == "gpu-2"
+            assert entry["data"] == {"uuid": gpu.uuid, "pciBusID": gpu.pci_bus_id}
+            assert plugin.status_writer.flush()
+        stored = sandbox.api.get("ResourceClaim", "survivor", "default") if sandbox.api else None
+        assert stored is not None
+        return str(stored["metadata"]["resourceVersion"])
+
+    written = asyncio.run(restart())
+    assert asyncio.run(restart()) == written  # a claim whose entries are in place is read, not written again

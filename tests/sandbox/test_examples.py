@@ -2,8 +2,9 @@
 (strict validation against the emulator's OpenAPI) to a sandbox node of the profile and plugin settings it needs,
 its claims are allocated, the real plugin prepares them and every Pod reaches ``Running``. The ComputeDomain job
 spans two GB200 nodes and needs the compute-domain controller and plugin, which the one-node sandbox does not run:
-it is checked with ``dradriver allocate`` (one worker per node, each with channel 0, its node's IMEX daemon
-claim and four GPUs)."""
+it runs in the multi-node sandbox (one rack of two nodes, each with its compute-domain and GPU plugin, the
+controller, the IMEX daemons; ``docs/get-started/sandbox.md``), and ``dradriver allocate`` checks its placement too
+(one worker per node, each with channel 0, its node's IMEX daemon claim and four GPUs)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,10 @@ import yaml
 
 from dradriver.app import start_plugin
 from dradriver.config import PluginConfig
+from dradriver.domain import computedomains as cd
 from dradriver.sandbox.cluster import ClusterEmulator
 from dradriver.sandbox.kubelet import KubeletEmulator
+from dradriver.sandbox.multinode import MultiNodeCluster
 from dradriver.sandbox.node import SandboxNode
 
 from .helpers import REPO, kubectl
@@ -132,3 +135,34 @@ def test_compute_domain_job_allocates_one_worker_per_node(tmp_path: Path) -> Non
                for r in o["status"]["allocation"]["devices"]["results"]}
     for node in ("gb-a", "gb-b"):
         assert {(node, "channel-0"), (node, "daemon-0")} | {(node, f"gpu-{i}") for i in range(4)} <= devices
+
+
+@pytest.mark.slow
+def test_compute_domain_job_runs_one_worker_per_node_with_its_channel_and_four_gpus() -> None:
+    example = EXAMPLES / "compute-domain-job.yaml"
+    workers = [d["metadata"]["name"] for d in yaml.safe_load_all(example.read_text()) if d and d["kind"] == "Pod"]
+    with MultiNodeCluster((2,), time_scale=0.1, interval_s=0.05) as cluster:
+        cluster.install_compute_domains()
+        cluster.start_plugins(timeout_s=120)
+        cluster.start_gpu_plugins(timeout_s=120)
+        cluster.start_controller()
+        cluster.wait_for("every node's GPUs published", lambda: {
+            s["spec"]["nodeName"] for s in cluster.api.objects("ResourceSlice")
+            if s["spec"]["driver"] == "gpu.nvidia.com" and s["spec"].get("devices")} == set(cluster.nodes),
+            timeout_s=60)
+        kubectl(cluster.kubeconfig, "apply", "-f", str(example))
+        for worker in workers:
+            cluster.wait_for(f"{worker} running", lambda worker=worker: cluster.pod_running(worker), timeout_s=120)
+        cluster.wait_for("the domain Ready", lambda: ((cluster.api.get(cd.COMPUTE_DOMAIN_KIND, "nvbandwidth-domain",
+                                                                       "default") or {}).get("status") or {})
+                         .get("status") == cd.STATUS_READY, timeout_s=120)
+        placed = {}
+        for worker in workers:
+            node = cluster.pod_node(worker)
+            assert node is not None
+            placed[worker] = node.name
+            paths = node.pod_devices[f"default/{worker}"].device_paths()
+            assert "/dev/nvidia-caps-imex-channels/channel0" in paths, paths
+            assert sorted(p for p in paths if p.removeprefix("/dev/nvidia").isdigit()) == [
+                f"/dev/nvidia{i}" for i in range(4)], paths
+        assert sorted(placed.values()) == sorted(cluster.nodes)  # one worker per node (each takes its four GPUs)
