@@ -32,7 +32,8 @@ one NVLink clique and one ComputeDomainClique per rack):
   :class:`NvidiaProtocol` (kubernetes-sigs/dra-driver-nvidia-gpu, as ``bench/cdprotocol.py``) and
   :class:`DriverManagedProtocol` (dradriver's driver-managed IMEX) are built; a pre-warmed protocol is added by
   registering a :class:`Protocol` in :data:`PROTOCOLS` (its daemons already run when the domain is created: its
-  :meth:`Protocol.needs_daemon_pod` says False and its prepare assigns the channel).
+  :attr:`Protocol.needs_daemon_pod` is False and its prepare waits for the channel the controller assigns).
+  :class:`FloorProtocol` is no driver: a prepare that succeeds at once, the floor the shared pod path sets.
 
 Figures (:class:`RunResult`): seconds from the ComputeDomain's creation to every workload claim prepared; the
 first node's; API requests per node (the node's own clients: plugin, daemon, kubelet) and cluster-wide per node
@@ -54,7 +55,7 @@ from dradriver.kube.ratelimit import TokenBucket
 from dradriver.sandbox.apiserver.flowcontrol import Admission, FairQueues, FlowControlSettings, Latency
 
 __all__ = ["APF_WORKLOAD_LOW", "CLIENTS", "PROTOCOLS", "Api", "ClientLimits", "DriverManagedProtocol",
-           "NvidiaProtocol", "PodStart", "Protocol", "RunResult", "Signal", "Sim", "racks_for", "run"]
+           "FloorProtocol", "NvidiaProtocol", "PodStart", "Protocol", "RunResult", "Signal", "Sim", "racks_for", "run"]
 
 Process = Generator[Any, Any, Any]
 MAX_RACK_NODES = 18  # GB200 NVL72: 18 compute trays, one NVLink clique (MAX_NODES_PER_IMEX_DOMAIN's default)
@@ -786,12 +787,27 @@ class DriverManagedProtocol(Protocol):
         node.record_ready.fire()
 
 
+class FloorProtocol(Protocol):
+    """Not a driver: a prepare that succeeds at once, with no daemon and no API request. Its time is the shared pod
+    path alone (claims, scheduling, the kubelet's read), the floor under every mode, a pre-warmed one included:
+    NVIDIA's seconds / the floor's is the most any mode can gain in the same cluster."""
+
+    label = "floor"
+    client_kind = "dradriver"
+    needs_daemon_pod = False
+
+    def prepare(self, model: Model, node: Node, deadline: float) -> Process:
+        return True
+        yield
+
+
 APF_WORKLOAD_LOW = FlowControlSettings()
 """The API server's limit in every run: the ``workload-low`` priority level the drivers' service accounts fall in
 (kube-apiserver's default FlowSchema ``service-accounts``), :class:`FlowControlSettings`' defaults."""
 
-PROTOCOLS: dict[str, Callable[[], Protocol]] = {"nvidia": NvidiaProtocol, "driver-managed": DriverManagedProtocol}
-"""The protocols built; ``pre-warmed`` joins when that mode exists (module text)."""
+PROTOCOLS: dict[str, Callable[[], Protocol]] = {"nvidia": NvidiaProtocol, "driver-managed": DriverManagedProtocol,
+                                                "floor": FloorProtocol}
+"""The protocols built (and the floor); ``pre-warmed`` joins when that mode exists (module text)."""
 
 
 # -- one run ------------------------------------------------------------------------------------------------------

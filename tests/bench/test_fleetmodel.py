@@ -60,7 +60,7 @@ def test_a_client_token_bucket_spaces_requests_past_its_burst_at_its_qps() -> No
 
 
 def test_a_higher_write_latency_makes_a_one_node_domain_start_later() -> None:
-    for protocol in fleetmodel.PROTOCOLS:
+    for protocol in ("nvidia", "driver-managed", "floor"):
         fast = fleetmodel.run(protocol, 1, latency=Latency())
         slow = fleetmodel.run(protocol, 1, latency=Latency(write_s=0.03))
         assert slow.seconds >= fast.seconds + 4 * 0.03, protocol  # claim, pod status, allocation, binding at least
@@ -68,7 +68,7 @@ def test_a_higher_write_latency_makes_a_one_node_domain_start_later() -> None:
 
 def test_a_prepare_that_outlasts_its_deadline_is_called_again_after_the_kubelets_back_off() -> None:
     slow_daemon = replace(PodStart(), container_start_s=60.0)  # ready well after the first call's deadline
-    for protocol in fleetmodel.PROTOCOLS:
+    for protocol in ("nvidia", "driver-managed"):
         result = fleetmodel.run(protocol, 1, pod=slow_daemon)
         assert result.prepare_calls >= 2, protocol
         assert result.seconds >= 60.0, protocol
@@ -81,6 +81,12 @@ def test_nvidias_daemons_conflict_on_their_shared_clique_and_driver_managed_neve
     assert fleetmodel.run("driver-managed", 72, latency=latency).conflicts == 0
 
 
+def test_the_floor_sends_no_driver_request_and_starts_no_daemon() -> None:
+    floor = fleetmodel.run("floor", 4, latency=Latency(write_s=0.01))
+    assert floor.node_requests == 1.0  # the kubelet's read of the claim, nothing of a driver
+    assert floor.seconds <= fleetmodel.run("driver-managed", 4, latency=Latency(write_s=0.01)).seconds
+
+
 def test_racks_hold_at_most_18_nodes_as_evenly_as_possible() -> None:
     assert fleetmodel.racks_for(256) == [18] + [17] * 14
     assert fleetmodel.racks_for(72) == [18] * 4 and fleetmodel.racks_for(1) == [1]
@@ -89,7 +95,7 @@ def test_racks_hold_at_most_18_nodes_as_evenly_as_possible() -> None:
 
 
 def test_an_unbuilt_protocol_is_refused_by_name() -> None:
-    with pytest.raises(KeyError, match="'pre-warmed' is not built; built: driver-managed, nvidia"):
+    with pytest.raises(KeyError, match="'pre-warmed' is not built; built: driver-managed, floor, nvidia"):
         fleetmodel.run("pre-warmed", 2)
 
 
@@ -104,8 +110,10 @@ def test_the_fleet_report_has_every_size_latency_and_protocol_and_the_first_pod(
     assert keys == {(p, n, lat.write_s) for p in built for n in (2, 3) for lat in fleet.LATENCIES}
     assert {(r["protocol"], r["write_ms"]) for r in data["first_pod"]} == {
         (p, round(lat.write_s * 1e3)) for p in built for lat in fleet.LATENCIES}
-    assert {(r["protocol"], r["nodes"]) for r in data["ratios"]} == {("driver-managed", 2), ("driver-managed", 3)}
-    assert all(r["target"] == 2.0 for r in data["ratios"] if r["nodes"] == 3)
+    assert {(r["protocol"], r["nodes"]) for r in data["ratios"]} == {(p, n) for p in built if p != "nvidia"
+                                                                      for n in (2, 3)}
+    assert {r["protocol"]: r["target"] for r in data["ratios"] if r["nodes"] == 3} == {"driver-managed": 2.0,
+                                                                                        "floor": None}
     assert data["not_built"] == [p for p in fleet.PROTOCOL_COLUMNS if p not in fleetmodel.PROTOCOLS]
     for r in data["runs"]:
         assert r["seconds"] >= r["first_s"] > 0 and r["node_requests"] > 0 and r["all_requests"] >= r["node_requests"]
