@@ -4,7 +4,10 @@ is a lower bound (a latency is the least a request can take), never an upper one
 
 from __future__ import annotations
 
+import argparse
 import json
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -221,3 +224,24 @@ def test_a_setting_that_cannot_be_read_is_an_error_naming_it(parse: object, text
     with pytest.raises(SettingsError, match=words) as caught:
         parse(text)  # type: ignore[operator]
     assert "DRADRIVER_APISERVER_" in str(caught.value)
+
+
+def test_dradriver_sandbox_flags_set_the_emulators_latency_and_flow_control(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dradriver.commands.sandbox import api_cost_error
+
+    monkeypatch.setenv(LATENCY_ENV, "")  # restored after the test, whatever the flags write
+    monkeypatch.setenv(FLOW_CONTROL_ENV, "")
+    args = argparse.Namespace(api_latency="write=30ms", api_flow_control="seats=4")
+    assert api_cost_error(args) == ""
+    emulator = ApiServerEmulator()  # as SandboxNode builds it
+    assert emulator.latency == Latency(write_s=0.03)
+    assert emulator._state.flow_control is not None and emulator._state.flow_control.settings.seats == 4
+
+
+def test_dradriver_sandbox_refuses_an_unreadable_api_latency_up_front() -> None:
+    proc = subprocess.run([sys.executable, "-m", "dradriver", "sandbox", "--api-latency", "write=soon"],
+                          cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip() == ("dradriver sandbox: error: --api-latency: write='soon' is not a duration "
+                                   "(e.g. 30ms, 1.5s)")

@@ -13,9 +13,10 @@ non-watch request occupies one seat while it is served, its latency included); a
 taken waits in its flow's queue (a flow is the client, here its ``User-Agent``, as a FlowSchema's
 ``distinguisherMethod: ByUser`` makes one flow per user), and freed seats go to the queued flows in turn (round
 robin: fair queuing between flows); a request whose flow already has ``queue_length`` requests waiting
-(``queueLengthLimit``, 50 in the default ``workload-low`` level), or that waited ``queue_wait_s`` (a quarter of
-the request timeout, 15 s of kube-apiserver's 60 s), is answered 429 ``TooManyRequests`` with ``Retry-After:
-<retry_after_s>`` (kube-apiserver sends 1: k8s.io/apiserver ``pkg/server/filters/priority-and-fairness.go``).
+(``queueLengthLimit``, 50 in the default ``workload-low`` level), or that waited ``queue_wait_s`` (15 s by
+default, assumed: kube-apiserver bounds the wait by the request's deadline), is answered 429
+``TooManyRequests`` with ``Retry-After: <retry_after_s>`` (kube-apiserver sends 1: k8s.io/apiserver
+``pkg/server/filters/priority-and-fairness.go``).
 Watches hold no seat (kube-apiserver counts only their initialisation). Not modelled: several priority levels
 (one level serves every request), shuffle sharding of flows onto queues, list requests occupying several seats,
 borrowing between levels.
