@@ -46,24 +46,28 @@ class Job:
     nodes: int
     latency: Latency
     image_present: bool = True
+    clients: tuple[tuple[str, fleetmodel.ClientLimits], ...] = ()
 
 
 def _run(job: Job) -> dict[str, Any]:
     pod = replace(fleetmodel.PodStart(), image_present=job.image_present)
-    result = fleetmodel.run(job.protocol, job.nodes, latency=job.latency, pod=pod)
+    result = fleetmodel.run(job.protocol, job.nodes, latency=job.latency, pod=pod, clients=dict(job.clients))
     return {**asdict(result), "latency": asdict(job.latency)}
 
 
 def report(nodes: Sequence[int] = NODES, latencies: Sequence[Latency] = LATENCIES, *,
-           workers: int | None = None) -> dict[str, Any]:
+           workers: int | None = None, clients: dict[str, fleetmodel.ClientLimits] | None = None) -> dict[str, Any]:
     """Every run of the report (the built protocols at every size and latency, and each one's fresh-node first
     pod), as ``{"runs": [...], "not_built": [...], "ratios": [...], "first_pod": [...]}``.
 
     :param workers: processes (default: one per core; 1 runs in this process).
+    :param clients: client limits replacing the shipped ones (:data:`bench.fleetmodel.CLIENTS`), for a
+        sensitivity run.
     """
     built = [p for p in PROTOCOL_COLUMNS if p in fleetmodel.PROTOCOLS]
-    jobs = [Job(p, n, lat) for n in nodes for lat in latencies for p in built]
-    jobs += [Job(p, 1, lat, image_present=False) for lat in latencies for p in built]
+    over = tuple(sorted((clients or {}).items()))
+    jobs = [Job(p, n, lat, clients=over) for n in nodes for lat in latencies for p in built]
+    jobs += [Job(p, 1, lat, image_present=False, clients=over) for lat in latencies for p in built]
     if workers == 1:
         runs = [_run(j) for j in jobs]
     else:
@@ -133,13 +137,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", default=",".join(map(str, NODES)), help="domain sizes, comma-separated")
     parser.add_argument("--workers", type=int, default=None, help="processes (default: one per core)")
     parser.add_argument("--json", metavar="PATH", help="also write every run as JSON")
+    parser.add_argument("--client", action="append", default=[], metavar="KIND=QPS/BURST",
+                        help="replace a client's shipped limit (a sensitivity run), e.g. kube-controller-manager=-1/10 "
+                             f"(no client-side limit); kinds: {', '.join(fleetmodel.CLIENTS)}")
     args = parser.parse_args(argv)
     try:
         sizes = [int(n) for n in args.nodes.split(",") if n.strip()]
     except ValueError:
         print(f"python -m bench fleet: --nodes {args.nodes!r} is not a list of numbers", file=sys.stderr)
         return 2
-    data = report(sizes, workers=args.workers)
+    clients: dict[str, fleetmodel.ClientLimits] = {}
+    for text in args.client:
+        kind, _, limits = text.partition("=")
+        qps, _, burst = limits.partition("/")
+        try:
+            if kind not in fleetmodel.CLIENTS:
+                raise ValueError(f"no client kind {kind!r}")
+            clients[kind] = replace(fleetmodel.CLIENTS[kind], qps=float(qps), burst=int(burst))
+        except ValueError as exc:
+            print(f"python -m bench fleet: --client {text!r}: {exc} (KIND=QPS/BURST, kinds: "
+                  f"{', '.join(fleetmodel.CLIENTS)})", file=sys.stderr)
+            return 2
+    data = report(sizes, workers=args.workers, clients=clients)
     print(format_report(data))
     if args.json:
         Path(args.json).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")

@@ -47,7 +47,7 @@ import heapq
 import math
 import random
 from collections import Counter
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -200,8 +200,10 @@ class Client:
 class Api:
     """The API server (module text): latency, API Priority and Fairness, request counts, watch delivery."""
 
-    def __init__(self, sim: Sim, latency: Latency, flow_control: FlowControlSettings | None) -> None:
+    def __init__(self, sim: Sim, latency: Latency, flow_control: FlowControlSettings | None,
+                 clients: Mapping[str, ClientLimits] | None = None) -> None:
         self.sim = sim
+        self.clients = {**CLIENTS, **(clients or {})}
         self.latency = latency
         self.flow = FairQueues(flow_control) if flow_control is not None else None
         self.requests: Counter[str] = Counter()  # owner -> requests (every try, 429s and 409s included)
@@ -210,7 +212,7 @@ class Api:
         self.throttled = 0
 
     def client(self, name: str, owner: str, kind: str) -> Client:
-        limits = CLIENTS[kind]
+        limits = self.clients[kind]
         bucket = (TokenBucket(limits.qps, limits.burst, clock=lambda: self.sim.now) if limits.qps >= 0 else None)
         return Client(name, owner, limits, bucket)
 
@@ -353,9 +355,9 @@ class Model:
     """One run's cluster: the simulated clock, the API server, the shared controllers and the nodes."""
 
     def __init__(self, protocol: Protocol, nodes: int, latency: Latency, flow_control: FlowControlSettings | None,
-                 pod: PodStart, seed: int) -> None:
+                 pod: PodStart, seed: int, clients: Mapping[str, ClientLimits] | None = None) -> None:
         self.sim = Sim(seed)
-        self.api = Api(self.sim, latency, flow_control)
+        self.api = Api(self.sim, latency, flow_control, clients)
         self.protocol = protocol
         self.pod = pod
         self.cliques: dict[int, Clique] = {}
@@ -422,6 +424,8 @@ class Model:
         while True:
             yield from self.api.request(node.kubelet, "get")  # the kubelet reads the claim before each call
             node.prepare_calls += 1
+            for _ in range(self.protocol.call_reads):  # the plugin's own reads of the claim and its domain
+                yield from self.api.request(node.plugin, "get")
             deadline = self.sim.now + self.pod.kubelet_deadline_s
             ok = yield from self.protocol.prepare(self, node, deadline)
             if ok:
@@ -524,6 +528,8 @@ class Protocol:
     label = ""
     client_kind = ""
     needs_daemon_pod = True  # False for a mode whose daemons run before any domain (pre-warmed)
+    call_reads = 2  # per NodePrepareResources: the plugin GETs the ResourceClaim (k8s.io/dynamic-resource-
+    # allocation's kubeletplugin helper, and dradriver's runner) and the ComputeDomain it names
 
     def start(self, model: Model) -> None:
         """Processes that run from the domain's creation (the controller's loops)."""
@@ -795,6 +801,7 @@ class FloorProtocol(Protocol):
     label = "floor"
     client_kind = "dradriver"
     needs_daemon_pod = False
+    call_reads = 0
 
     def prepare(self, model: Model, node: Node, deadline: float) -> Process:
         return True
@@ -844,11 +851,12 @@ class RunResult:
 
 def run(protocol: str, nodes: int, *, latency: Latency | None = None,
         flow_control: FlowControlSettings | None = APF_WORKLOAD_LOW, pod: PodStart | None = None,
-        seed: int = 35, limit_s: float = 3600.0) -> RunResult:
+        seed: int = 35, limit_s: float = 3600.0, clients: Mapping[str, ClientLimits] | None = None) -> RunResult:
     """Create one ComputeDomain over ``nodes`` nodes (each with one workload pod) and run until every workload
     claim is prepared.
 
     :param protocol: a key of :data:`PROTOCOLS`.
+    :param clients: limits that replace :data:`CLIENTS`' entries of the same kind (a sensitivity run).
     :param flow_control: the API server's APF level (default: ``workload-low``'s share, :class:`FlowControlSettings`);
         ``None``: no limit.
     :raises KeyError: an unknown protocol (the message lists the built ones).
@@ -856,7 +864,7 @@ def run(protocol: str, nodes: int, *, latency: Latency | None = None,
     """
     if protocol not in PROTOCOLS:
         raise KeyError(f"protocol {protocol!r} is not built; built: {', '.join(sorted(PROTOCOLS))}")
-    model = Model(PROTOCOLS[protocol](), nodes, latency or Latency(), flow_control, pod or PodStart(), seed)
+    model = Model(PROTOCOLS[protocol](), nodes, latency or Latency(), flow_control, pod or PodStart(), seed, clients)
     model.start()
     model.sim.run(model.done, limit_s)
     if not model.done():

@@ -125,3 +125,17 @@ def test_the_fleet_report_has_every_size_latency_and_protocol_and_the_first_pod(
 def test_python_m_bench_fleet_refuses_sizes_that_are_not_numbers(capsys: pytest.CaptureFixture[str]) -> None:
     assert fleet.main(["--nodes", "many"]) == 2
     assert "--nodes 'many' is not a list of numbers" in capsys.readouterr().err
+
+
+def test_a_client_limit_can_be_replaced_for_a_sensitivity_run(tmp_path: Path) -> None:
+    out = tmp_path / "fleet.json"
+    assert fleet.main(["--nodes", "3", "--workers", "1", "--client", "kube-controller-manager=1/1",
+                       "--json", str(out)]) == 0
+    slow = {r["protocol"]: r["seconds"] for r in json.loads(out.read_text())["runs"] if r["latency"]["write_s"] == 0}
+    shipped = {p: fleetmodel.run(p, 3).seconds for p in slow}
+    assert all(slow[p] >= shipped[p] + 4.0 for p in slow)  # 1 write/s: 3 pods' claims and statuses, at least
+
+
+def test_python_m_bench_fleet_refuses_an_unknown_client_kind(capsys: pytest.CaptureFixture[str]) -> None:
+    assert fleet.main(["--nodes", "2", "--client", "etcd=1/1"]) == 2
+    assert "--client 'etcd=1/1': no client kind 'etcd'" in capsys.readouterr().err
