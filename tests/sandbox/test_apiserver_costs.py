@@ -139,18 +139,20 @@ def test_the_official_client_retries_a_429_after_its_retry_after(api: ApiServerE
     assert core.read_namespace("default").metadata.name == "default"  # urllib3's default Retry honours it
     assert time.monotonic() - started >= 1.0
     holder.join(10)
-    assert [r.code for r in api.requests if r.resource == "namespaces"] == [200, 429, 200]
+    codes = [r.code for r in api.requests if r.resource == "namespaces"]
+    assert codes[0] == 200 and codes[-1] == 200 and set(codes[1:-1]) == {429}  # 429s (one unless the machine
+    # stalled past the seat's 0.5 s), each retried
 
 
 def test_a_request_that_finds_the_seats_taken_waits_in_its_flow_queue_and_is_served(api: ApiServerEmulator,
                                                                                    tmp_path: Path) -> None:
     api.limit(FlowControlSettings(seats=1, queue_length=5))
     holder = _hold_the_only_seat(api, tmp_path, 0.4)
-    started = time.monotonic()
     assert _official(api, tmp_path).read_namespace("default").metadata.name == "default"
-    assert time.monotonic() - started >= 0.2  # it waited for the seat (held 0.4 s from just before)
     holder.join(10)
     assert api.rejected == 0 and api.count(code=429) == 0
+    served = [r.resource for r in api.requests]
+    assert served.index("configmaps") < served.index("namespaces")  # it was served after the seat was handed on
 
 
 def test_our_kube_client_retries_a_429_after_its_retry_after(api: ApiServerEmulator, tmp_path: Path) -> None:
@@ -168,7 +170,7 @@ def test_our_kube_client_retries_a_429_after_its_retry_after(api: ApiServerEmula
         client.close()
     assert node["metadata"]["name"] == "default"
     codes = [r.code for r in api.requests if r.user_agent == "ours" and r.resource == "namespaces"]
-    assert codes == [429, 200]
+    assert codes[-1] == 200 and set(codes[:-1]) == {429}
     assert waited >= 1.0  # the Retry-After, not the policy's 10 ms first delay
 
 
