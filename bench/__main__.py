@@ -81,6 +81,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import vs_nvidia
 
         return vs_nvidia.main(argv[1:])
+    if argv[:1] == ["fleet"]:  # a ComputeDomain's start on a fleet, simulated time (bench/fleet.py)
+        from bench import fleet
+
+        return fleet.main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="few rounds per benchmark (a smoke run)")
     parser.add_argument("--json", metavar="PATH", help="also write the summary as one JSON object")

@@ -70,6 +70,12 @@ OTHER_VARIABLES: dict[str, str] = {
                               "they are skipped (tests) or run dradriver only (`python -m bench vs_nvidia`).",
     "DRADRIVER_BENCH_REAL_NVML": "`python -m bench`: `1` runs the NVML scenarios against the machine's real "
                                  "driver (read-only calls).",
+    "DRADRIVER_APISERVER_LATENCY": "The sandbox's API emulator: seconds added to each read, write and watch event, "
+                                   "e.g. `read=10ms,write=30ms,watch=5ms` (unset: none; "
+                                   "`dradriver/sandbox/apiserver/flowcontrol.py`).",
+    "DRADRIVER_APISERVER_FLOW_CONTROL": "The sandbox's API emulator: an API Priority and Fairness limit answered "
+                                        "429 with `Retry-After`, e.g. `seats=245,queue=50,wait=15s,retry-after=1` "
+                                        "(unset: no limit).",
 }
 
 #: (profile, what it shows) for the attribute table: full GPUs, static MIG devices, a GB200 with its clique.

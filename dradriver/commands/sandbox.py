@@ -22,7 +22,35 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--node-name", default="gpu-node-1", help="name of the emulated node")
     parser.add_argument("-o", "--output", choices=("text", "json"), default="text",
                         help="json: print the paths as one JSON object on the first line")
+    parser.add_argument("--api-latency", metavar="SETTINGS", default=None,
+                        help="seconds the API emulator adds to each read, write and watch event, e.g. "
+                             "read=10ms,write=30ms,watch=5ms (default: $DRADRIVER_APISERVER_LATENCY, else none)")
+    parser.add_argument("--api-flow-control", metavar="SETTINGS", default=None,
+                        help="an API Priority and Fairness limit answered 429 with Retry-After, e.g. "
+                             "seats=245,queue=50,wait=15s,retry-after=1 (default: $DRADRIVER_APISERVER_FLOW_CONTROL, "
+                             "else none)")
     parser.set_defaults(func=run)
+
+
+def api_cost_error(args: argparse.Namespace) -> str:
+    """Check ``--api-latency`` and ``--api-flow-control`` and hand them to the emulator (through the environment
+    it reads, :mod:`dradriver.sandbox.apiserver.flowcontrol`); returns the error line for a value that cannot be
+    read, else ``""``."""
+    import os
+
+    from dradriver.sandbox.apiserver import flowcontrol
+
+    for value, env, parse in ((args.api_latency, flowcontrol.LATENCY_ENV, flowcontrol.parse_latency),
+                              (args.api_flow_control, flowcontrol.FLOW_CONTROL_ENV, flowcontrol.parse_flow_control)):
+        if value is None:
+            continue
+        flag = "--api-latency" if env == flowcontrol.LATENCY_ENV else "--api-flow-control"
+        try:
+            parse(value, flag)
+        except flowcontrol.SettingsError as exc:
+            return f"dradriver sandbox: error: {exc}"
+        os.environ[env] = value
+    return ""
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,6 +69,10 @@ def run(args: argparse.Namespace) -> int:
 
     logs.configure("warning", "text")
     error = node_name_error("dradriver sandbox", args.node_name)
+    if error:
+        print(error, file=sys.stderr)
+        return 2
+    error = api_cost_error(args)
     if error:
         print(error, file=sys.stderr)
         return 2

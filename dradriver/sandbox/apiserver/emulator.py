@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import sys
 import threading
@@ -17,6 +18,12 @@ from dradriver.sandbox.apiserver import crds as crd_manifests
 from dradriver.sandbox.apiserver import resources
 from dradriver.sandbox.apiserver.errors import JSONDict
 from dradriver.sandbox.apiserver.faults import Fault
+from dradriver.sandbox.apiserver.flowcontrol import (
+    FlowControlSettings,
+    Latency,
+    flow_control_from_env,
+    latency_from_env,
+)
 from dradriver.sandbox.apiserver.handler import RequestHandler, RequestRecord, ServerState, serve_request
 from dradriver.sandbox.apiserver.resources import RESOURCE_TYPES, ResourceType
 from dradriver.sandbox.apiserver.storage import Storage
@@ -40,14 +47,24 @@ class ApiServerEmulator:
         a failure is answered with 422 ``Invalid``. Objects seeded in process (:meth:`create`,
         :meth:`update`) skip this check, so tests can seed deliberately odd objects.
     :param host: interface to bind; the default keeps the emulator off the network.
+    :param latency: seconds added to each HTTP read, write and watch event (:mod:`.flowcontrol`); ``None``
+        reads ``DRADRIVER_APISERVER_LATENCY`` (unset: none), so the sandbox and the demos take it from their
+        environment.
+    :param flow_control: the API Priority and Fairness limit HTTP requests pass (429 with ``Retry-After`` past
+        it); ``None`` reads ``DRADRIVER_APISERVER_FLOW_CONTROL`` (unset: no limit). In-process helpers pass
+        neither.
+    :raises flowcontrol.SettingsError: an environment setting that cannot be read.
     """
 
-    def __init__(self, *, schema_version: str | None = None, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, *, schema_version: str | None = None, host: str = "127.0.0.1", port: int = 0,
+                 latency: Latency | None = None, flow_control: FlowControlSettings | None = None) -> None:
         self._types: list[ResourceType] = list(RESOURCE_TYPES)
         self._storage = Storage(schema_version=schema_version, types=self._types)
         self._lock = self._storage.lock
         # the address a request was served on: kept after stop, for a request a connection thread is still serving
-        self._state = ServerState(self._types, self._storage, lambda: self._address)
+        self._state = ServerState(self._types, self._storage, lambda: self._address,
+                                  latency=latency if latency is not None else latency_from_env(os.environ))
+        self._state.limit(flow_control if flow_control is not None else flow_control_from_env(os.environ))
         self._host = host
         self._port = port
         self._address = f"{host}:{port}"
@@ -168,6 +185,25 @@ class ApiServerEmulator:
         answers other requests meanwhile. Matching as for :meth:`fail_next`."""
         with self._state.records_lock:
             self._state.faults.append(Fault(count, 0, method, path, None, delay_s=seconds))
+
+    @property
+    def latency(self) -> Latency:
+        """The injected per-request latency (:mod:`.flowcontrol`)."""
+        return self._state.latency
+
+    @latency.setter
+    def latency(self, value: Latency) -> None:
+        self._state.latency = value
+
+    def limit(self, settings: FlowControlSettings | None) -> None:
+        """Install (``None``: remove) the API Priority and Fairness limit for the requests that arrive from now."""
+        self._state.limit(settings)
+
+    @property
+    def rejected(self) -> int:
+        """Requests the API Priority and Fairness limit answered 429 (since :meth:`limit`)."""
+        flow = self._state.flow_control
+        return flow.rejected if flow is not None else 0
 
     def faults_left(self) -> int:
         """How many more requests the queued faults will still answer (0: every fault has fired; a hung

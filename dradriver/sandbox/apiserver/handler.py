@@ -16,6 +16,7 @@ from dradriver.sandbox.apiserver import fieldmanager, openapi, paging, resources
 from dradriver.sandbox.apiserver.errors import ApiStatusError, JSONDict, bad_request, method_not_allowed
 from dradriver.sandbox.apiserver.errors import not_found as not_found_error
 from dradriver.sandbox.apiserver.faults import Fault, take_fault
+from dradriver.sandbox.apiserver.flowcontrol import FlowControlSettings, Latency, ThreadedFlowControl
 from dradriver.sandbox.apiserver.media import JSON, decode_body, decode_delete_body, encode_body, negotiate
 from dradriver.sandbox.apiserver.patches import apply_patch
 from dradriver.sandbox.apiserver.resources import ResourceType, without_type
@@ -65,6 +66,14 @@ class ServerState:
     records_lock: threading.Lock = field(default_factory=threading.Lock)
     """Guards :attr:`faults` and :attr:`records` (not the storage's lock: counting a request never waits behind
     a write or a watch's scan)."""
+    latency: Latency = field(default_factory=Latency)
+    """Injected per-request latency (:mod:`.flowcontrol`; all 0: none)."""
+    flow_control: ThreadedFlowControl | None = None
+    """The API Priority and Fairness model every non-watch resource request passes (``None``: no limit)."""
+
+    def limit(self, settings: FlowControlSettings | None) -> None:
+        """Install (or with ``None`` remove) the API Priority and Fairness limit."""
+        self.flow_control = ThreadedFlowControl(settings) if settings is not None else None
 
 
 _VERBS_BY_METHOD = {"POST": "create", "PUT": "update", "PATCH": "patch"}
@@ -106,8 +115,36 @@ def serve_request(state: ServerState, handler: RequestHandler) -> None:
             state.records.append(RequestRecord(method, path, query, verb, rt_name, sub, ns, name, code, writer,
                                                is_apply, user_agent))
 
-    media = JSON
     accept = handler.headers.get("Accept", "")
+    flow = state.flow_control if isinstance(route, Route) and verb != "watch" else None
+    if flow is not None and isinstance(route, Route) and not flow.acquire(user_agent):
+        err = too_many_requests(flow.settings.retry_after_s)
+        record(err.code)
+        handler.send_object(err.code, err.status(), _best_effort_media(accept, route.rt, verb), err.headers)
+        return
+    try:
+        delay = state.latency.of(verb) if isinstance(route, Route) else 0.0
+        if delay > 0:
+            time.sleep(delay)  # this request's thread only, before the storage: the commit comes after it
+        _serve_admitted(state, handler, method, path, params, body, route, verb, accept, user_agent, content_type,
+                        is_apply, record)
+    finally:
+        if flow is not None:
+            flow.release()
+
+
+def too_many_requests(retry_after_s: int) -> ApiStatusError:
+    """The 429 kube-apiserver's API Priority and Fairness filter answers a request it rejects (its message and
+    ``Retry-After``; ``details.retryAfterSeconds`` as the ``Status`` of a 429 carries it)."""
+    return ApiStatusError(429, "TooManyRequests", "Too many requests, please try again later.",
+                          details={"retryAfterSeconds": retry_after_s},
+                          headers={"Retry-After": str(retry_after_s)})
+
+
+def _serve_admitted(state: ServerState, handler: RequestHandler, method: str, path: str, params: dict[str, str],
+                    body: bytes, route: Any, verb: str, accept: str, user_agent: str, content_type: str,
+                    is_apply: bool, record: Callable[[int], None]) -> None:
+    media = JSON
     with state.records_lock:
         fault = take_fault(state.faults, method, path)
     if fault is not None and fault.delay_s > 0:
@@ -150,7 +187,7 @@ def serve_request(state: ServerState, handler: RequestHandler) -> None:
             negotiate(accept, None, None)
             check_watch_options(params)
             record(200)
-            serve_watch(state.storage, handler, rt, route.namespace, params)
+            serve_watch(state.storage, handler, rt, route.namespace, params, delay_s=state.latency.watch_s)
             return
         as_table = verb in ("get", "list") and tables.wants_table(accept)
         media = JSON if as_table else negotiate(accept, rt.api_version, rt.kind)

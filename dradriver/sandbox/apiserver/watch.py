@@ -52,6 +52,7 @@ class Change:
     obj: JSONDict
     old: JSONDict | None = None
     lines: dict[str, bytes] = field(default_factory=dict)
+    at: float = field(default_factory=time.monotonic)  # when it was stored (``time.monotonic()``)
 
     def line(self, type_: str) -> bytes:
         """The JSON line of this change as a watch event of ``type_`` (``ADDED``, ``MODIFIED``, ``DELETED``)."""
@@ -203,9 +204,13 @@ def initial_events_end(rt: ResourceType, rv: int) -> JSONDict:
 
 
 def serve_watch(
-    storage: WatchedStore, stream: EventStream, rt: ResourceType, ns: str | None, params: Mapping[str, str]
+    storage: WatchedStore, stream: EventStream, rt: ResourceType, ns: str | None, params: Mapping[str, str], *,
+    delay_s: float = 0.0,
 ) -> None:
     """Stream watch events for ``rt`` (in ``ns``) until ``timeoutSeconds``, the client leaves or the server stops.
+
+    :param delay_s: each change's event leaves no sooner than this many seconds after the change was stored
+        (injected watch latency, :class:`.flowcontrol.Latency`); the initial events are not delayed.
 
     ``resourceVersion`` unset or ``0`` starts with ADDED events for the current objects; a number resumes after
     it, or answers one ERROR event with 410 ``Expired`` when the log no longer reaches back that far. With
@@ -254,7 +259,7 @@ def serve_watch(
     if since < 0:
         stream.end_stream()
         return
-    _follow(storage, stream, rt, ns, labels, fields, since, deadline)
+    _follow(storage, stream, rt, ns, labels, fields, since, deadline, delay_s)
 
 
 def _rv_of(change: Change) -> int:
@@ -277,6 +282,7 @@ def _follow(
     fields: list[FieldTerm],
     since: int,
     deadline: float,
+    delay_s: float = 0.0,
 ) -> None:
     named = [value for field, equal, value in fields if field == "metadata.name" and equal]
     changed = storage.changed(rt, named[0] if named else None)
@@ -299,6 +305,9 @@ def _follow(
                 changed.wait(timeout=min(remaining, 1.0))
                 continue
         for ev, type_ in pending:  # encoded outside the lock, once per change and type for all watchers
+            late = ev.at + delay_s - time.monotonic() if delay_s > 0 else 0.0
+            if late > 0:
+                time.sleep(late)
             if not stream.send_chunk(ev.line(type_)):
                 return
     stream.end_stream()
