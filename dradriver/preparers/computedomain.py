@@ -22,6 +22,11 @@ holds ``channel-1 .. channel-<n-1>`` in the claim state, and its CDI spec is ren
 the kubelet gets one CDI ID (NVIDIA's form, NVIDIA's ``cmd/compute-domain-kubelet-plugin/cdi.go``). A node in no clique:
 success, no device edits, no spec, no CDI IDs. Unprepare removes the label only when it still names this domain.
 
+Binding conditions (``--binding-conditions``, KEP-5007): :meth:`ChannelPreparer.assess_binding` asks the same
+readiness before the pod is bound (labelling the node driver-managed, so the daemon starts), for
+:mod:`dradriver.kubeletplugin.bindingconditions` to set the channel's ``ComputeDomainReady`` or ``ComputeDomainFailed``
+condition; the prepare of a claim bound that way finds its daemon ready and does not wait.
+
 Host-managed IMEX (``--imex-mode hostManaged``): the allocated channel is given, no label, readiness is the host
 daemon's ``nvidia-imex-ctl -q`` answer (on a node in a clique); daemon claims are refused.
 
