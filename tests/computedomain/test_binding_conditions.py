@@ -16,6 +16,7 @@ from dradriver.domain.computedomains import (
     BINDING_CONDITION,
     BINDING_FAILURE_CONDITION,
     IMEX_DAEMON_CONDITION,
+    LABEL_COMPUTE_DOMAIN,
     REASON_IMEX_FAILED,
 )
 from dradriver.sandbox import scheduler
@@ -177,5 +178,32 @@ def test_a_failed_imex_daemon_sets_the_failure_condition_and_the_scheduler_deall
             assert stored is not None and not (stored.get("status") or {}).get("allocation")
             # the plugin gives the node label of the abandoned claim up again
             await wait_for(lambda: node_label(api) is None)
+
+    asyncio.run(body())
+
+
+def test_a_node_serving_another_domain_sets_the_failure_condition_and_keeps_that_domains_label(
+        node: SandboxNode) -> None:
+    api = node.api
+    assert api is not None
+    channel_class(api)
+    other = seed_domain(api, "cd-other")
+    uid = seed_domain(api, "cd-second")
+    stored = api.get("Node", node.node_name)
+    assert stored is not None
+    stored["metadata"].setdefault("labels", {})[LABEL_COMPUTE_DOMAIN] = other
+    api.update(stored)
+    ref = pending_claim(api, "wl-second", uid)
+    claims = [("default", ref.name)]
+
+    async def body() -> None:
+        async with running(cd_config(node, binding_conditions=True)):
+            scheduler.allocate(api, claims, node_name=node.node_name, binding_conditions=True)
+            await wait_for(lambda: condition(api, ref.name, BINDING_FAILURE_CONDITION) is not None)
+            failed = condition(api, ref.name, BINDING_FAILURE_CONDITION)
+            assert failed is not None and failed["reason"] == "NodeServesAnotherDomain"
+            assert other in failed["message"] and "cd-second" in failed["message"]
+            assert scheduler.prebind(api, claims).state == "failed"
+            assert node_label(api) == other
 
     asyncio.run(body())
