@@ -6,6 +6,7 @@ gRPC, the sandbox scheduler's PreBind)."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 import kubernetes_validate
@@ -19,6 +20,7 @@ from dradriver.domain.computedomains import (
     LABEL_COMPUTE_DOMAIN,
     REASON_IMEX_FAILED,
 )
+from dradriver.domain.featuregates import HOST_MANAGED_IMEX_DAEMON
 from dradriver.sandbox import scheduler
 from dradriver.sandbox.apiserver import ApiServerEmulator
 from dradriver.sandbox.node import SandboxNode
@@ -34,6 +36,7 @@ from tests.computedomain.cdplugin_helpers import (
     wait_for,
     write_imex_proc,
 )
+from tests.computedomain.test_plugin_recovery import IMEX_CTL
 
 
 @pytest.fixture
@@ -205,5 +208,35 @@ def test_a_node_serving_another_domain_sets_the_failure_condition_and_keeps_that
             assert other in failed["message"] and "cd-second" in failed["message"]
             assert scheduler.prebind(api, claims).state == "failed"
             assert node_label(api) == other
+
+    asyncio.run(body())
+
+
+def test_host_managed_the_condition_is_set_once_the_hosts_imex_daemon_answers_ready(node: SandboxNode) -> None:
+    api = node.api
+    assert api is not None
+    bin_dir = node.driver_root / "usr" / "bin"
+    (bin_dir / "nvidia-imex-ctl").write_text(IMEX_CTL)
+    (bin_dir / "nvidia-imex-ctl").chmod(0o755)
+    channel_class(api)
+    uid = seed_domain(api, "cd-host")
+    ref = pending_claim(api, "wl-host", uid)
+    claims = [("default", ref.name)]
+    base = cd_config(node, binding_conditions=True)
+    config = replace(base, imex_mode="hostManaged", imex_host_socket_path="/run/imex/ctl.sock",
+                     feature_gates=base.feature_gates.with_gates(**{HOST_MANAGED_IMEX_DAEMON: True}))
+
+    async def body() -> None:
+        async with running(config) as (_plugin, conn):
+            scheduler.allocate(api, claims, node_name=node.node_name, binding_conditions=True)
+            await wait_for(lambda: (bin_dir / "asked").exists())  # asked, and not ready: nothing written
+            assert scheduler.prebind(api, claims).state == "waiting"
+            assert condition(api, ref.name, BINDING_CONDITION) is None
+            (bin_dir / "ready").touch()
+            await wait_for(lambda: condition(api, ref.name, BINDING_CONDITION) is not None)
+            assert scheduler.prebind(api, claims).state == "ready"
+            assert node_label(api) is None  # no label in host-managed mode
+            got = (await conn.prepare([ref]))[ref.uid]
+            assert got.ok, got.error
 
     asyncio.run(body())
