@@ -300,7 +300,7 @@ CHANNEL_NEEDS_HOST_MANAGED = (
 """Why ``channel`` isolation is refused with driver-managed IMEX (plugin and controller say the same)."""
 
 #: The flags of ``compute-domain-kubelet-plugin`` (NVIDIA's ``cmd/compute-domain-kubelet-plugin/main.go``): the shared
-#: ones and NVIDIA's four of its own, each with its environment twin.
+#: ones and NVIDIA's four of its own plus dradriver's --binding-conditions, each with its environment twin.
 COMPUTE_DOMAIN_PLUGIN_FLAGS: tuple[Flag, ...] = (
     *(f for f in PLUGIN_FLAGS if f.option in _SHARED_WITH_COMPUTE_DOMAIN_PLUGIN),
     Flag("--gpu-clique-label-enabled", "GPU_CLIQUE_LABEL_ENABLED", False, "Set the node label nvidia.com/gpu.clique "
@@ -314,6 +314,11 @@ COMPUTE_DOMAIN_PLUGIN_FLAGS: tuple[Flag, ...] = (
     Flag("--imex-host-socket-path", "IMEX_HOST_SOCKET_PATH", "/etc/nvidia-imex/imex_ctrl.sock", "Host-managed mode: "
          "the host IMEX daemon's control socket, queried with 'nvidia-imex-ctl -q --u=<path>' for readiness.",
          "path"),
+    Flag("--binding-conditions", "BINDING_CONDITIONS", False, "Publish each IMEX channel with the binding "
+         "conditions ComputeDomainReady / ComputeDomainFailed (KEP-5007; needs the cluster's gate "
+         "DRADeviceBindingConditions): the scheduler binds a workload pod only once this plugin has set "
+         "ComputeDomainReady in its claim's status.devices (the domain is ready on the node), so its prepare "
+         "never waits; off: today's path, the prepare waits for the domain.", "bool"),
 )
 
 #: klog/component-base logging flags of NVIDIA's binaries (``gpu-kubelet-plugin --help``, section "Logging"),
@@ -510,6 +515,9 @@ class PluginConfig:
     """compute-domain plugin: ``driverManaged`` or ``hostManaged``."""
     imex_isolation: str = "domain"
     imex_host_socket_path: str = "/etc/nvidia-imex/imex_ctrl.sock"
+    binding_conditions: bool = False
+    """compute-domain plugin: publish channels with KEP-5007 binding conditions and set them
+    (:mod:`dradriver.kubeletplugin.bindingconditions`)."""
     mounts: MountCommands = field(default_factory=MountCommands)
     """How tmpfs is mounted (MPS shm directories): the system's ``mount``/``umount``; the sandbox may give
     stand-ins. Not a flag."""
@@ -739,7 +747,8 @@ def compute_domain_config_from_args(args: argparse.Namespace) -> PluginConfig:
     check_imex_mode(args.imex_mode, base.feature_gates)
     return replace(base, driver_name=COMPUTE_DOMAIN_DRIVER.driver_name,
                    gpu_clique_label_enabled=bool(args.gpu_clique_label_enabled), imex_mode=args.imex_mode,
-                   imex_isolation=args.imex_isolation, imex_host_socket_path=str(args.imex_host_socket_path))
+                   imex_isolation=args.imex_isolation, imex_host_socket_path=str(args.imex_host_socket_path),
+                   binding_conditions=bool(args.binding_conditions))
 
 
 def _gates(text: str) -> FeatureGates:

@@ -208,6 +208,10 @@ class Allocator:
     :param share_ids: makes the ``shareID`` of each new share (default: random UUIDs, as the scheduler does).
     :param per_shape: evaluate each selector once per device shape (:mod:`.shapes`); ``False`` evaluates it on
         every device (the same results, slower: the benchmark's baseline).
+    :param binding_conditions: the scheduler's gate ``DRADeviceBindingConditions`` (KEP-5007): devices with
+        ``bindingConditions`` are selectable, their results carry ``bindingConditions`` and
+        ``bindingFailureConditions``, and a ``bindsToNode`` device pins the allocation to the node; off (the
+        1.34/1.35 default), such devices are never picked.
     """
 
     def __init__(
@@ -218,8 +222,10 @@ class Allocator:
         allocated: Iterable[Claim] = (),
         share_ids: Callable[[], str] | None = None,
         per_shape: bool = True,
+        binding_conditions: bool = False,
     ) -> None:
         self.slices = list(slices)
+        self.binding_conditions = binding_conditions
         self.classes = classes
         self.nodes = dict(nodes or {})
         self.in_use: dict[tuple[str, str, str], str] = {}
@@ -357,7 +363,7 @@ class Allocator:
             for index, outcome in enumerate(outcomes):
                 if not outcome.matched:
                     return Verdict(stage, "", index, outcome)
-        if device.binding_conditions:
+        if device.binding_conditions and not self.binding_conditions:
             return Verdict("binding", "has binding conditions (DRADeviceBindingConditions is not enabled)")
         return Verdict("accepted", "accepted")
 
@@ -737,6 +743,9 @@ class _Search:
                                                                pick.consumed.amounts)
             if pick.request.raw_tolerations:
                 result["tolerations"] = copy.deepcopy(pick.request.raw_tolerations)
+            if self.allocator.binding_conditions and pick.device.binding_conditions:
+                result["bindingConditions"] = list(pick.device.binding_conditions)
+                result["bindingFailureConditions"] = list(pick.device.binding_failure_conditions)
             results.append(result)
             names = class_requests.setdefault(pick.request.class_name, [])
             if pick.request.name not in names:
@@ -754,20 +763,23 @@ class _Search:
         if config:
             devices["config"] = config
         allocation: dict[str, Any] = {"devices": devices}
-        selector = _node_selector([p.device for p in picks], [p.pool for p in picks], node)
+        selector = _node_selector([p.device for p in picks], [p.pool for p in picks], node,
+                                  binds_to_node=self.allocator.binding_conditions)
         if selector is not None:
             allocation["nodeSelector"] = selector
         return allocation
 
 
-def _node_selector(devices: list[Device], pools: list[Pool], node: Node | None) -> dict[str, Any] | None:
-    """``metadata.name In [node]`` if any device is node-local, else the slices' merged selector, else None."""
+def _node_selector(devices: list[Device], pools: list[Pool], node: Node | None, *,
+                   binds_to_node: bool = False) -> dict[str, Any] | None:
+    """``metadata.name In [node]`` if any device is node-local (or, ``binds_to_node``, has ``bindsToNode``), else
+    the slices' merged selector, else None."""
     selectors: list[dict[str, Any]] = []
     for device, pool in zip(devices, pools, strict=True):
         selection = device.node_selection
         if selection is None:
             selection = next(s.selection for s in pool.slices if s.name == device.slice_name)
-        if selection.node_name and node is not None:
+        if (selection.node_name or (binds_to_node and device.binds_to_node)) and node is not None:
             return {
                 "nodeSelectorTerms": [
                     {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node.name]}]}

@@ -128,6 +128,8 @@ class Device:
     node_selection: NodeSelection | None = None
     allow_multiple_allocations: bool = False
     binding_conditions: list[str] = field(default_factory=list)
+    binding_failure_conditions: list[str] = field(default_factory=list)
+    binds_to_node: bool = False
     policies: dict[tuple[str, str], RequestPolicy] = field(default_factory=dict)
     """``capacity.<name>.requestPolicy`` by capacity key (consumable capacity)."""
     overhead: dict[str, tuple[Quantity | None, Quantity | None]] = field(default_factory=dict)
@@ -279,6 +281,10 @@ def parse_slice(obj: dict[str, Any]) -> ResourceSlice:
                 binding_conditions=[
                     str(c) for c in _list(dev.get("bindingConditions"), f"{d_where}.bindingConditions")
                 ],
+                binding_failure_conditions=[
+                    str(c) for c in _list(dev.get("bindingFailureConditions"), f"{d_where}.bindingFailureConditions")
+                ],
+                binds_to_node=_bool(dev.get("bindsToNode"), f"{d_where}.bindsToNode"),
                 policies=policies,
                 overhead=_overhead(dev.get(nodeallocatable.FIELD), f"{d_where}.{nodeallocatable.FIELD}"),
             )

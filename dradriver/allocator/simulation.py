@@ -493,19 +493,20 @@ def pending_reasons(inputs: Inputs, pod_ref: str) -> list[str]:
     return [unserved_reason(r) for r in extended.unserved] if extended else []
 
 
-def simulate(inputs: Inputs, per_shape: bool = True) -> Outcome:
+def simulate(inputs: Inputs, per_shape: bool = True, *, binding_conditions: bool = False) -> Outcome:
     """Allocate every unallocated claim (see module docstring); a Pod also has to fit its node's CPU and memory
     with its devices' KEP-5517 overhead (:mod:`.noderesources`).
 
     :param per_shape: evaluate selectors once per device shape (:class:`Allocator`); ``False``: per device.
+    :param binding_conditions: the scheduler's gate ``DRADeviceBindingConditions`` (:class:`Allocator`).
     """
     with collection_paused():
-        return _simulate(inputs, per_shape)
+        return _simulate(inputs, per_shape, binding_conditions)
 
 
-def _simulate(inputs: Inputs, per_shape: bool) -> Outcome:
+def _simulate(inputs: Inputs, per_shape: bool, binding_conditions: bool = False) -> Outcome:
     allocator = Allocator(inputs.slices, inputs.classes, inputs.nodes, [c for c in inputs.claims if c.allocation],
-                          per_shape=per_shape)
+                          per_shape=per_shape, binding_conditions=binding_conditions)
     allocations: dict[str, dict[str, Any]] = {}
     nodes: dict[str, str | None] = {}
     failures: list[str] = []

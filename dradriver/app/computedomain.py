@@ -19,7 +19,9 @@ version check, IMEX facts again (channel major and count, ``fabric-imex-mgmt`` m
 NVIDIA driver watch -> the fabric check every 30 s (clique re-read; a faulty fabric, registration failed or health
 summary UNHEALTHY, taints every device ``compute-domain.nvidia.com/fabric-unhealthy`` NoSchedule with a
 ``FabricUnhealthy`` Event, so no new ComputeDomain lands on the node, NVIDIA's #626) and the 10-minute loop (label
-refresh, domain directories of vanished ComputeDomains removed) -> stale-claim cleanup.
+refresh, domain directories of vanished ComputeDomains removed) -> with ``--binding-conditions``, the channels' KEP-5007
+binding conditions (:mod:`dradriver.kubeletplugin.bindingconditions`; the slices' channels then carry them) ->
+stale-claim cleanup.
 
 No undo of this plugin needs the driver (a channel claim's undo removes the node label through the API, a daemon
 claim's has nothing to do), so an unprepare while the driver is absent is complete: spec deleted, record removed,
@@ -55,6 +57,7 @@ from dradriver import _native
 from dradriver.app import assembly
 from dradriver.app.gpu import driver_edits, node_info, nvml_library
 from dradriver.config import CHANNEL_NEEDS_HOST_MANAGED, PluginConfig
+from dradriver.domain.claims import Claim
 from dradriver.domain.computedomains import fabric_taints, plugin_resource_slices
 from dradriver.domain.faults import FaultKind
 from dradriver.domain.featuregates import CRASH_ON_NVLINK_FABRIC_ERRORS, HOST_MANAGED_IMEX_DAEMON
@@ -70,6 +73,7 @@ from dradriver.kube.resourceslices import SlicePublisher
 from dradriver.kubeletplugin import rollback
 from dradriver.kubeletplugin.adoption import AdoptionReport, OwnGroups
 from dradriver.kubeletplugin.basespec import BASE_SPEC_NAME, base_spec
+from dradriver.kubeletplugin.bindingconditions import BindingConditionWriter
 from dradriver.kubeletplugin.cdadoption import adopt_compute_domain_claims
 from dradriver.kubeletplugin.devicestatus import DeviceStatusWriter, describe_channels
 from dradriver.kubeletplugin.driverstate import DriverGate, DriverWatch, ReloadDetector
@@ -83,6 +87,7 @@ from dradriver.nvml.errors import NvmlError
 from dradriver.nvml.session import NvmlSession
 from dradriver.preparers.computedomain import (
     CHANNEL_KIND,
+    BindingVerdict,
     ChannelPreparer,
     DaemonPreparer,
     DomainLookup,
@@ -120,6 +125,8 @@ class ComputeDomainPlugin(assembly.KubeletPlugin):
     driver_read: bool = False
     """This node's driver part is read (:func:`read_driver_part`: fabric, IMEX facts, base spec, clique label,
     devices published); False while the driver is absent or the fabric registration is in progress."""
+    binding: BindingConditionWriter | None = None
+    """The KEP-5007 binding conditions of this node's channels (``--binding-conditions``), else ``None``."""
     fabric_pending: str = ""
     """The GPUs' fabric registration states while :func:`wait_for_fabric` waits for them, else ``""``."""
     _clique_holder: list[str] = field(default_factory=lambda: [""])
@@ -372,6 +379,8 @@ async def start_compute_domain_plugin(config: PluginConfig, identity: DriverIden
         assert watch is not None
         await life.step("NVIDIA driver watch", watch.start, lambda _: asyncio.to_thread(watch.stop))
         plugin.refresh_task = await _run_refresh(life, plugin)
+        if config.binding_conditions:
+            plugin.binding = await _write_binding_conditions(life, plugin, parts)
         plugin.reconciler = await assembly.run_stale_claim_cleanup(life, identity, config, connection, plugin.runner)
     except BaseException:
         await life.stop(1.0)
@@ -512,7 +521,8 @@ async def _serve(life: Lifecycle, identity: DriverIdentity, config: PluginConfig
         plugin = plugin_ref[0]
         count = plugin.imex.channel_count if plugin.imex is not None else 0
         return plugin_resource_slices(config.node_name, identity.driver_name, daemon=not host_managed,
-                                      channels=count if channel_isolation else 1, taints=plugin.fabric_taints())
+                                      channels=count if channel_isolation else 1, taints=plugin.fabric_taints(),
+                                      binding_conditions=config.binding_conditions)
 
     plugin = ComputeDomainPlugin(identity=identity, config=config, lifecycle=life, client=connection.client,
                                  node_uid=connection.node_uid, state=state, state_problems=problems,
@@ -537,6 +547,22 @@ def _watch_driver(plugin: ComputeDomainPlugin, connection: assembly.Connection, 
                                 interrupt=cancel_arrival, reloaded=detector.check,
                                 depart=lambda why: driver_away(plugin, connection, why))
     return part
+
+
+async def _write_binding_conditions(life: Lifecycle, plugin: ComputeDomainPlugin, parts: _Parts,
+                                    ) -> BindingConditionWriter:
+    """Start step (``--binding-conditions``): the writer of the channels' KEP-5007 binding conditions
+    (:mod:`dradriver.kubeletplugin.bindingconditions`), asking the channel preparer whether a claim's domain is ready
+    here; while prepares are refused (driver absent, fabric not read) a claim waits."""
+    def assess(claim: Claim, device: str) -> BindingVerdict:
+        why = plugin.refusal()
+        if why:
+            return BindingVerdict("waiting", "PluginNotReady", why)
+        return parts.channels.assess_binding(claim, device)
+
+    writer = BindingConditionWriter(plugin.client, driver=plugin.identity.driver_name, pool=plugin.config.node_name,
+                                    assess=assess, abandon=parts.channels.abandon_binding)
+    return await life.step("binding conditions", writer.start, lambda w: asyncio.to_thread(w.stop))
 
 
 async def _run_refresh(life: Lifecycle, plugin: ComputeDomainPlugin) -> asyncio.Task[Any]:

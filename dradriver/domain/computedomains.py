@@ -31,6 +31,8 @@ __all__ = [
     "API_GROUP",
     "API_GROUP_VERSION",
     "API_VERSION",
+    "BINDING_CONDITION",
+    "BINDING_FAILURE_CONDITION",
     "CHANNEL_DEVICE_CLASS",
     "CLIQUE_KIND",
     "CLIQUE_PLURAL",
@@ -505,6 +507,14 @@ def choose_channel(taken: Iterable[int], count: int = DEFAULT_IMEX_CHANNEL_COUNT
                              "ComputeDomains (IMEX_ISOLATION=channel gives each domain its own)")
 
 
+BINDING_CONDITION = "ComputeDomainReady"
+"""KEP-5007 binding condition of an IMEX channel (``--binding-conditions``): set True in the claim's
+``status.devices[]`` entry of the channel by the node's plugin once the ComputeDomain is ready on that node."""
+BINDING_FAILURE_CONDITION = "ComputeDomainFailed"
+"""KEP-5007 binding failure condition of an IMEX channel: set True (with the reason) when the domain cannot become
+ready on the node; the scheduler then unreserves the claim and schedules the pod again."""
+
+
 def fabric_taints(identity: DriverIdentity, reason: str) -> list[dict[str, str]]:
     """The taints the compute-domain plugin puts on every device of its node: ``<taint domain>/fabric-unhealthy``
     ``NoSchedule`` with ``reason`` (``registration-failed`` or ``unhealthy``) while the node's NVLink fabric is
@@ -516,7 +526,8 @@ def fabric_taints(identity: DriverIdentity, reason: str) -> list[dict[str, str]]
 
 def plugin_resource_slices(node_name: str, driver: str, *, daemon: bool, channels: int = 1,
                            api_version: str = "resource.k8s.io/v1", generation: int = 1,
-                           taints: Sequence[Mapping[str, str]] = ()) -> list[dict[str, Any]]:
+                           taints: Sequence[Mapping[str, str]] = (),
+                           binding_conditions: bool = False) -> list[dict[str, Any]]:
     """The compute-domain kubelet plugin's ResourceSlices, one pool named after the node: devices
     ``channel-0 .. channel-<channels-1>`` (``type=channel``, ``id=<n>``) and, unless ``daemon`` is False
     (host-managed IMEX), ``daemon-0`` (``type=daemon``, ``id=0``); no capacities (NVIDIA's
@@ -527,6 +538,11 @@ def plugin_resource_slices(node_name: str, driver: str, *, daemon: bool, channel
     channel of the node (2048 by default), cut into slices of at most :data:`MAX_DEVICES_PER_SLICE` devices
     (``spec.pool.resourceSliceCount`` counts them).
 
+    ``binding_conditions`` (``--binding-conditions``, KEP-5007): every channel also carries
+    ``bindingConditions: [ComputeDomainReady]``, ``bindingFailureConditions: [ComputeDomainFailed]`` and
+    ``bindsToNode: true`` (:data:`BINDING_CONDITION`, :data:`BINDING_FAILURE_CONDITION`); the daemon device never
+    does (its pod is what makes the domain ready).
+
     :raises ComputeDomainError: ``channels`` is below 1.
     """
     if channels < 1:
@@ -534,6 +550,10 @@ def plugin_resource_slices(node_name: str, driver: str, *, daemon: bool, channel
     devices: list[dict[str, Any]] = [
         {"name": f"channel-{n}", "attributes": {"type": {"string": "channel"}, "id": {"int": n}}}
         for n in range(channels)]
+    if binding_conditions:
+        for device in devices:
+            device.update({"bindingConditions": [BINDING_CONDITION],
+                           "bindingFailureConditions": [BINDING_FAILURE_CONDITION], "bindsToNode": True})
     if daemon:
         devices.append({"name": "daemon-0", "attributes": {"type": {"string": "daemon"}, "id": {"int": 0}}})
     if taints:

@@ -9,7 +9,7 @@ here; the checks and the reduction to a :class:`dradriver.domain.claims.Claim` a
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -81,7 +81,8 @@ def publish_device_status(client: KubeClient, ref: domain_claims.ClaimRef, *, dr
     """Write this driver's entries of ``ResourceClaim.status.devices`` (KEP-4817 ``AllocatedDeviceStatus``).
 
     ``devices`` maps a DRA device name to its ``data`` (raw JSON, at most 10 KiB; the entry gets condition
-    ``Ready=True``); ``None`` removes every entry of ``driver`` and ``pool`` (the claim was unprepared). An entry is
+    ``Ready=True``; the entry's other conditions, such as a binding condition :func:`set_device_condition` wrote,
+    are kept); ``None`` removes every entry of ``driver`` and ``pool`` (the claim was unprepared). An entry is
     written for each allocation result of the device, with the result's ``shareID`` when it has one (the list is
     keyed by driver, pool, device and shareID; a consumable share's entry must name its share). Entries of other
     drivers, pools and devices are kept; only allocated devices are written (the API requires each entry to match
@@ -132,9 +133,10 @@ def publish_device_status(client: KubeClient, ref: domain_claims.ClaimRef, *, dr
             if previous is not None and previous.get("data") == dict(data):
                 stamp = next((c.get("lastTransitionTime") for c in previous.get("conditions") or []
                               if c.get("type") == "Ready"), now)
+            others = [c for c in (previous or {}).get("conditions") or [] if c.get("type") != "Ready"]
             entry.update({"data": dict(data), "conditions": [{
                 "type": "Ready", "status": "True", "reason": "Prepared", "lastTransitionTime": stamp,
-                "message": "prepared by the kubelet plugin"}]})
+                "message": "prepared by the kubelet plugin"}, *others]})
             kept.append(entry)
         if kept == before:
             return True
@@ -142,6 +144,88 @@ def publish_device_status(client: KubeClient, ref: domain_claims.ClaimRef, *, dr
         try:
             client.call(what, client.raw("PUT", _claim_path(ref.namespace, ref.name) + "/status"), body=obj,
                         retry=retry)
+            return True
+        except errors.KubeConflictError:
+            if attempt == attempts - 1:
+                raise
+        except errors.KubeNotFoundError:
+            return False
+    return False
+
+
+CLAIMS_PATH = "/apis/resource.k8s.io/v1/resourceclaims"
+"""ResourceClaims of every namespace (LIST and WATCH)."""
+
+
+def list_resource_claims(client: KubeClient) -> JSONDict:
+    """``GET /apis/resource.k8s.io/v1/resourceclaims``: every namespace's claims, one response (``items`` and
+    ``metadata.resourceVersion``, to watch from).
+
+    :raises errors.KubeAPIError: after retries.
+    """
+    return client.call("LIST resourceclaims", client.raw("GET", CLAIMS_PATH))
+
+
+def watch_resource_claims(client: KubeClient, resource_version: str, timeout_s: float) -> Iterator[JSONDict]:
+    """Watch every namespace's ResourceClaims from ``resource_version``; yields watch events (``type``,
+    ``object``) until the server ends the watch (after ``timeout_s``).
+
+    :raises errors.KubeGoneError: the server ended the watch with an ``ERROR`` event (410 ``Expired``): list again.
+    :raises errors.KubeAPIError: opening or reading failed.
+    """
+    what = "WATCH resourceclaims"
+    options: dict[str, Any] = {"resource_version": resource_version} if resource_version else {}
+    for event in client.stream(what, client.raw("GET", CLAIMS_PATH), timeout_s=timeout_s, **options):
+        if event.get("type") == "ERROR":
+            status = event.get("object") or {}
+            raise errors.KubeGoneError(what, reason=str(status.get("reason") or "Expired"),
+                                       message=str(status.get("message") or ""))
+        yield event
+
+
+def set_device_condition(client: KubeClient, ref: domain_claims.ClaimRef, *, driver: str, pool: str, device: str,
+                         condition: Mapping[str, str], attempts: int = 5) -> bool:
+    """Set one condition (``type``, ``status``, ``reason``, ``message``; ``metav1.Condition``) in the claim's
+    ``status.devices[]`` entry of ``driver``/``pool``/``device`` (the entry is made when missing; its other
+    conditions and ``data`` are kept; ``lastTransitionTime`` changes only with ``status``), as a KEP-5007 binding
+    condition is reported (kubernetes/enhancements keps/sig-scheduling/5007-device-attach-before-pod-scheduled).
+    Read-modify-write through the ``status`` subresource, a ``resourceVersion`` conflict read again.
+
+    :returns: False when the claim is gone, replaced (UID differs) or ``device`` is not allocated to it (nothing
+        written); True when the condition is as asked.
+    :raises errors.KubeAPIError: the write failed after ``attempts`` conflicts or a non-conflict error.
+    """
+    what = f"PUT resourceclaims/status {ref.namespace}/{ref.name}"
+    for attempt in range(attempts):
+        try:
+            obj = get_resource_claim(client, ref.namespace, ref.name)
+        except errors.KubeNotFoundError:
+            return False
+        if obj.get("metadata", {}).get("uid") != ref.uid:
+            return False
+        status = obj.setdefault("status", {})
+        results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
+        if not any(r.get("driver") == driver and r.get("pool") == pool and r.get("device") == device
+                   for r in results):
+            return False
+        entries = status.setdefault("devices", [])
+        entry = next((d for d in entries if (d.get("driver"), d.get("pool"), d.get("device")) == (driver, pool, device)
+                      and not d.get("shareID")), None)
+        if entry is None:
+            entry = {"driver": driver, "pool": pool, "device": device}
+            entries.append(entry)
+        conditions = entry.setdefault("conditions", [])
+        previous = next((c for c in conditions if c.get("type") == condition["type"]), None)
+        wanted = {"type": condition["type"], "status": condition["status"], "reason": condition["reason"],
+                  "message": condition.get("message", "")}
+        if previous is not None and {k: previous.get(k, "") for k in wanted} == wanted:
+            return True
+        stamp = (previous.get("lastTransitionTime") if previous is not None
+                 and previous.get("status") == wanted["status"] else None)
+        wanted["lastTransitionTime"] = stamp or datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        entry["conditions"] = [c for c in conditions if c.get("type") != condition["type"]] + [wanted]
+        try:
+            client.call(what, client.raw("PUT", _claim_path(ref.namespace, ref.name) + "/status"), body=obj)
             return True
         except errors.KubeConflictError:
             if attempt == attempts - 1:

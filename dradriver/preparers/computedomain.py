@@ -22,6 +22,11 @@ holds ``channel-1 .. channel-<n-1>`` in the claim state, and its CDI spec is ren
 the kubelet gets one CDI ID (NVIDIA's form, NVIDIA's ``cmd/compute-domain-kubelet-plugin/cdi.go``). A node in no clique:
 success, no device edits, no spec, no CDI IDs. Unprepare removes the label only when it still names this domain.
 
+Binding conditions (``--binding-conditions``, KEP-5007): :meth:`ChannelPreparer.assess_binding` asks the same
+readiness before the pod is bound (labelling the node driver-managed, so the daemon starts), for
+:mod:`dradriver.kubeletplugin.bindingconditions` to set the channel's ``ComputeDomainReady`` or ``ComputeDomainFailed``
+condition; the prepare of a claim bound that way finds its daemon ready and does not wait.
+
 Host-managed IMEX (``--imex-mode hostManaged``): the allocated channel is given, no label, readiness is the host
 daemon's ``nvidia-imex-ctl -q`` answer (on a node in a clique); daemon claims are refused.
 
@@ -59,6 +64,7 @@ from dradriver.domain.computedomains import (
     ANNOTATION_IMEX_CHANNEL,
     IMEX_DAEMON_CONDITION,
     LABEL_COMPUTE_DOMAIN,
+    REASON_IMEX_FAILED,
     STATUS_READY,
     CliqueDaemon,
     ComputeDomainError,
@@ -84,6 +90,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "CHANNEL_KIND",
     "DAEMON_KIND",
+    "BindingVerdict",
     "ChannelPreparer",
     "DaemonPreparer",
     "DomainLookup",
@@ -281,6 +288,22 @@ class DomainLookup:
         return name, None
 
 
+@dataclass(frozen=True, slots=True)
+class BindingVerdict:
+    """Whether an allocated channel's ComputeDomain is ready on this node (:meth:`ChannelPreparer.assess_binding`),
+    for its KEP-5007 binding conditions.
+
+    :ivar state: ``ready`` (set the binding condition), ``waiting`` (not yet; look again), ``failed`` (set the
+        failure condition: it cannot become ready here).
+    :ivar reason: UpperCamelCase condition reason (``DomainReady``, ``IMEXDaemonFailed``, ...).
+    :ivar message: why, naming the claim, the domain and the node.
+    """
+
+    state: str
+    reason: str
+    message: str
+
+
 def _meta(obj: Mapping[str, Any]) -> tuple[str, str]:
     meta = obj.get("metadata") or {}
     return str(meta.get("namespace") or ""), str(meta.get("name") or "")
@@ -465,6 +488,76 @@ class ChannelPreparer:
         with self._pending_lock:
             self._pending.pop(claim.uid, None)
         return UndoRecord(self.kind, 1, plan.device, data)
+
+    def assess_binding(self, claim: Claim, device: str) -> BindingVerdict:
+        """Whether the ComputeDomain of ``claim``'s channel ``device`` (allocated on this node, not bound yet) is
+        ready here, so its binding condition can be set (``--binding-conditions``, KEP-5007): what the prepare would
+        wait for, asked before the pod is bound. Driver-managed, the node is labelled for the domain first (as the
+        prepare labels it), so the domain's DaemonSet puts its IMEX daemon here; the label is kept for the prepare
+        and removed by :meth:`abandon_binding` if the claim is given up. Ready: this node's daemon is
+        (:meth:`DomainLookup.daemon_readiness`), or the host's (host-managed: ``nvidia-imex-ctl -q``), or the node
+        is in no clique. Failed: the config or the domain is wrong (the prepare would refuse the claim), the node
+        serves another domain, or this node's daemon reports ``IMEXDaemonRunning=False`` with reason
+        ``IMEXDaemonFailed`` (its ``nvidia-imex`` keeps exiting). Channel isolation's checks stay in the prepare.
+
+        :raises dradriver.kube.errors.KubeAPIError: the API failed (ask again later).
+        """
+        result = next((r for r in claim.results if r.device == device), None)
+        if result is None:
+            return BindingVerdict("failed", "NotAllocated", f"claim {claim.ref}: device {device!r} is not allocated "
+                                                            f"to node {self.lookup.node_name}")
+        try:
+            config = _config_for(claim, result, "ComputeDomainChannelConfig")
+            parsed = parse_channel_config(config.params, config.where)
+            obj = self.lookup.domain(claim.ref, parsed.domain_id, config.where)
+        except (ClaimError, ComputeDomainError) as exc:
+            return BindingVerdict("failed", "InvalidChannelClaim", str(exc))
+        namespace, name = _meta(obj)
+        uid = parsed.domain_id
+        if namespace != claim.ref.namespace:
+            return BindingVerdict("failed", "InvalidChannelClaim",
+                                  f"claim {claim.ref}: {config.where}.domainID: ComputeDomain {namespace}/{name} "
+                                  f"(UID {uid}) is not in the claim's namespace")
+        where = f"ComputeDomain {namespace}/{name} on node {self.lookup.node_name}"
+        clique = self.clique_id()
+        if self.host_managed:
+            if clique and self.imex_ctl is not None:
+                ready, output = self.imex_ctl()
+                if not ready:
+                    return BindingVerdict("waiting", "IMEXDaemonNotReady", f"{where}: the host's IMEX daemon is not "
+                                                                           f"ready (nvidia-imex-ctl -q: {output})")
+            return BindingVerdict("ready", "DomainReady", f"{where}: the host's IMEX daemon is ready")
+        current = self.lookup.node_label()
+        if current is not None and current != uid:
+            return BindingVerdict("failed", "NodeServesAnotherDomain",
+                                  f"{where}: the node is labelled {LABEL_COMPUTE_DOMAIN}={current} and serves that "
+                                  "ComputeDomain (one ComputeDomain per node at a time)")
+        if current is None:
+            kube_cd.set_node_label(self.lookup.client, self.lookup.node_name, LABEL_COMPUTE_DOMAIN, uid)
+            log.info("node %s labelled %s=%s for claim %s (binding conditions)", self.lookup.node_name,
+                     LABEL_COMPUTE_DOMAIN, uid, claim.ref)
+        with self._pending_lock:
+            self._pending[claim.ref.uid] = uid
+        if not clique:
+            return BindingVerdict("ready", "DomainReady", f"{where}: the node is in no NVLink clique (no IMEX daemon "
+                                                          "to wait for)")
+        found = self.lookup.daemon_readiness(uid, clique)
+        if found.ready:
+            return BindingVerdict("ready", "DomainReady", f"{where}: its IMEX daemon is Ready")
+        _, entry = self.lookup.daemon_entry(uid, clique)
+        failed = [c for c in (entry.conditions if entry is not None else ())
+                  if c.type == IMEX_DAEMON_CONDITION and c.status == "False" and c.reason == REASON_IMEX_FAILED]
+        if failed:
+            return BindingVerdict("failed", REASON_IMEX_FAILED, f"{where}: its IMEX daemon failed: {failed[0].message}")
+        return BindingVerdict("waiting", "IMEXDaemonNotReady",
+                              f"{where}: its IMEX daemon is not Ready yet (ComputeDomainClique "
+                              f"{self.lookup.namespace}/{found.clique}: {found.seen})")
+
+    def abandon_binding(self, ref: ClaimRef) -> None:
+        """A claim :meth:`assess_binding` labelled the node for was deallocated or deleted before it was prepared
+        here (its binding failed or timed out): remove the label as for a claim unprepared before it ever was
+        (:meth:`unprepared_unknown`)."""
+        self.unprepared_unknown(ref)
 
     def _check_isolated(self, claim: ClaimRef, plan: DevicePlan, obj: Mapping[str, Any]) -> int:
         """Channel isolation: the allocated channel must be the domain's and no other domain's prepared claim on

@@ -22,7 +22,11 @@ driver relies on:
   ``NotIn``, ``Exists``, ``DoesNotExist``), taints (``NoSchedule``/``NoExecute`` need a toleration), required pod
   affinity and anti-affinity (label selectors over Pods in the same ``topologyKey`` domain) and on which the
   allocator (:func:`dradriver.sandbox.scheduler.allocate`) fits its claims. Pods already bound (DaemonSet Pods)
-  get their claims allocated on their node.
+  get their claims allocated on their node. With ``binding_conditions`` (the scheduler's gate
+  ``DRADeviceBindingConditions``, KEP-5007) a Pod whose devices carry binding conditions waits in PreBind
+  (:func:`dradriver.sandbox.scheduler.prebind`, checked every pass) and is bound once they are all True; a failure
+  condition or ``binding_timeout_s`` unreserves its claims (:func:`~dradriver.sandbox.scheduler.unreserve`:
+  deallocated) and the Pod is scheduled again after a back-off.
 * **DaemonSet controller**: for every ``apps/v1`` DaemonSet not being deleted, one Pod (``<ds>-<5 random>``,
   owned by the DaemonSet, ``spec.nodeName`` set, as the controller's node affinity pins it) on each node that
   matches the template's node selection and tolerates the node's taints; a Pod whose node stops matching is
@@ -490,6 +494,9 @@ class MultiNodeCluster:
         would) whose ``nodes.cfg`` lists every node of its rack; no daemon DaemonSets.
     :param channel_isolation: ``IMEX_ISOLATION=channel`` (needs ``host_imex``): each ComputeDomain its own IMEX
         channel, so several domains share a node.
+    :param binding_conditions: KEP-5007 on: the scheduler's gate ``DRADeviceBindingConditions`` and every plugin's
+        ``BINDING_CONDITIONS=true`` (module docstring, "Scheduler").
+    :param binding_timeout_s: the scheduler's ``bindingTimeout``, seconds.
     """
 
     def __init__(self, racks: Sequence[int] = (2, 2), *, api: ApiServerEmulator | None = None,
@@ -497,7 +504,8 @@ class MultiNodeCluster:
                  plugin_overrides: Mapping[str, Any] | None = None,
                  fabric: Mapping[int, tuple[int, int]] | None = None, daemon_poll_s: float = 0.2,
                  namespace: str = SANDBOX_NAMESPACE, lease_renew_s: float = 0.2, host_imex: bool = False,
-                 channel_isolation: bool = False) -> None:
+                 channel_isolation: bool = False, binding_conditions: bool = False,
+                 binding_timeout_s: float = scheduler.BINDING_TIMEOUT_S) -> None:
         if not racks or any(n < 1 or n > mock.RACK_TRAYS for n in racks) or len(racks) > len(RACK_PROFILES):
             raise MultiNodeError(f"racks must list 1..{len(RACK_PROFILES)} racks of 1..{mock.RACK_TRAYS} nodes, "
                                  f"not {list(racks)}")
@@ -514,7 +522,11 @@ class MultiNodeCluster:
         self.killed: set[str] = set()
         """Names of the nodes :meth:`kill_node` stopped (until :meth:`heal_node`)."""
         self._renewed: dict[str, float] = {}  # node -> monotonic time of its last Lease renewal
-        self.plugin_overrides = {"namespace": namespace, **(plugin_overrides or {})}
+        self.binding_conditions, self.binding_timeout_s = binding_conditions, binding_timeout_s
+        self.plugin_overrides = {"namespace": namespace, **({"binding_conditions": True} if binding_conditions else {}),
+                                 **(plugin_overrides or {})}
+        self._binding: dict[str, str] = {}  # pod key -> the node it waits in PreBind for
+        self._schedule_at: dict[str, float] = {}  # pod key -> monotonic time of its next scheduling attempt
         self.controllers: list[subprocess.Popen[bytes]] = []
         self.net = random.randint(100, 250)
         self.nodes: dict[str, EmulatedNode] = {}
@@ -917,6 +929,12 @@ class MultiNodeCluster:
                 if node_name:
                     self._allocate(pod, names, str(node_name))
                     continue
+                if key in self._binding:
+                    if self._prebind(pod, names, self._binding[key]):
+                        bound.append({**pod, "spec": {**pod["spec"], "nodeName": self._binding.pop(key)}})
+                    continue
+                if time.monotonic() < self._schedule_at.get(key, 0.0):
+                    continue
                 reasons = []
                 for candidate in sorted(nodes):
                     if not node_matches(pod.get("spec") or {}, nodes[candidate]):
@@ -930,6 +948,12 @@ class MultiNodeCluster:
                     except AllocationError as exc:
                         reasons.append(f"{candidate}: {exc}")
                         continue
+                    if self.binding_conditions:
+                        self._binding[key] = candidate
+                        if self._prebind(pod, names, candidate):
+                            del self._binding[key]
+                            bound.append({**pod, "spec": {**pod["spec"], "nodeName": candidate}})
+                        break
                     if self._bind(pod, candidate):
                         bound.append({**pod, "spec": {**pod["spec"], "nodeName": candidate}})
                     break
@@ -937,6 +961,26 @@ class MultiNodeCluster:
                     self._report(key, f"pod {key} pending: " + ("; ".join(reasons) or "no nodes"))
             except (AllocationError, ApiStatusError) as exc:
                 self._report(key, f"pod {key}: {exc}")
+
+    def _prebind(self, pod: JSONDict, names: list[str], node_name: str) -> bool:
+        """PreBind of a Pod whose claims are allocated and reserved on ``node_name``: bind it once every binding
+        condition is True (True: bound); on a failure or the timeout, unreserve (its claims deallocated) and try
+        the Pod again after :data:`PREPARE_BACKOFF_S`."""
+        meta = pod["metadata"]
+        ns, key = meta.get("namespace", "default"), _ref_key(pod)
+        refs = [(ns, n) for n in names]
+        outcome = scheduler.prebind(self.api, refs, timeout_s=self.binding_timeout_s)
+        if outcome.state == "ready":
+            return self._bind(pod, node_name)
+        if outcome.state == "waiting":
+            self._report(key, f"pod {key} waits in PreBind on {node_name}: {outcome.message}")
+            return False
+        self._binding.pop(key, None)
+        scheduler.unreserve(self.api, refs, {"resource": "pods", "name": meta["name"], "uid": meta["uid"]})
+        self._schedule_at[key] = time.monotonic() + PREPARE_BACKOFF_S
+        self._report(key, f"pod {key} not bound to {node_name} ({outcome.state}): {outcome.message}; its claims are "
+                          "deallocated and it is scheduled again")
+        return False
 
     def _report(self, key: str, message: str) -> None:
         if self._last_error.get(key) != message:
@@ -979,7 +1023,8 @@ class MultiNodeCluster:
         meta = pod["metadata"]
         ns = meta.get("namespace", "default")
         pod_ref = {"resource": "pods", "name": meta["name"], "uid": meta["uid"]}
-        allocated = scheduler.allocate(self.api, [(ns, n) for n in names], node_name=node_name, reserved_for=[pod_ref])
+        allocated = scheduler.allocate(self.api, [(ns, n) for n in names], node_name=node_name, reserved_for=[pod_ref],
+                                       binding_conditions=self.binding_conditions)
         devices = [f"{r['pool']}/{r['device']}" for c in allocated
                    for r in c["status"]["allocation"]["devices"]["results"]]
         if devices:
