@@ -54,7 +54,7 @@ from typing import Any
 from dradriver import _native
 from dradriver.app import assembly
 from dradriver.app.gpu import driver_edits, node_info, nvml_library
-from dradriver.config import CHANNEL_NEEDS_HOST_MANAGED, PluginConfig
+from dradriver.config import CHANNEL_NEEDS_HOST_MANAGED, PluginConfig, pre_warmed_implied
 from dradriver.domain.computedomains import fabric_taints, plugin_resource_slices
 from dradriver.domain.faults import FaultKind
 from dradriver.domain.featuregates import CRASH_ON_NVLINK_FABRIC_ERRORS, HOST_MANAGED_IMEX_DAEMON
@@ -390,8 +390,9 @@ def _checked_config(config: PluginConfig, identity: DriverIdentity) -> PluginCon
     """
     if config.driver_name != identity.driver_name:
         config = dataclasses.replace(config, driver_name=identity.driver_name)
+    config = pre_warmed_implied(config)
     host_managed = config.imex_mode == "hostManaged"
-    if config.imex_isolation == "channel" and not host_managed:
+    if config.imex_isolation == "channel" and not host_managed and config.imex_mode != "preWarmed":
         raise FlagError(CHANNEL_NEEDS_HOST_MANAGED)
     if host_managed and not config.feature_gates[HOST_MANAGED_IMEX_DAEMON]:
         raise FlagError("--imex-mode hostManaged needs the feature gate HostManagedIMEXDaemon")
@@ -451,9 +452,11 @@ def _build_runner(life: Lifecycle, identity: DriverIdentity, config: PluginConfi
     def held_channels(exclude_uid: str) -> list[tuple[str, Any]]:
         return runner_holder[0].stored_records(CHANNEL_KIND, exclude_uid) if runner_holder else []
 
+    pre_warmed = config.imex_mode == "preWarmed"
     channels = ChannelPreparer(lookup, identity, imex, current_clique, host_managed=host_managed,
-                               imex_ctl=ask_imex_ctl, held_channels=held_channels if channel_isolation else None)
-    daemons = DaemonPreparer(lookup, identity, imex, current_clique, config.plugin_dir)
+                               pre_warmed=pre_warmed, imex_ctl=ask_imex_ctl,
+                               held_channels=held_channels if channel_isolation else None)
+    daemons = DaemonPreparer(lookup, identity, imex, current_clique, config.plugin_dir, clique_domains=pre_warmed)
     preparers: list[Any] = [channels] if host_managed else [channels, daemons]
     metrics = DriverMetrics(node=config.node_name, driver=identity.driver_name)
     plugin_ref: list[ComputeDomainPlugin] = []
