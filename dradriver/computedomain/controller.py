@@ -651,9 +651,7 @@ class ComputeDomainController:
         :raises errors.KubeAPIError: a list or write failed (the next node check tries again).
         """
         with self._clique_lock:
-            found = sorted({str(((n.get("metadata") or {}).get("labels") or {}).get(NODE_CLIQUE_LABEL) or "")
-                            for n in cdobjects.list_nodes(self.client, NODE_CLIQUE_LABEL)} - {""})
-            wanted = {clique_domain_uid(c): c for c in found}
+            wanted = self.node_cliques()
             for uid, clique in wanted.items():
                 if uid not in self._clique_domains:
                     log.info("pre-warmed IMEX: clique %s is IMEX domain %s", clique, uid)
@@ -681,6 +679,16 @@ class ComputeDomainController:
                 self._clique_domains.pop(uid, None)
                 self.mark(uid)
             return dict(wanted)
+
+    def node_cliques(self) -> dict[str, str]:
+        """Pre-warmed mode: clique domain ID -> clique ID for every value of the Node label
+        ``nvidia.com/gpu.clique`` now (one list of the labelled Nodes).
+
+        :raises errors.KubeAPIError: the list failed.
+        """
+        found = {str(((n.get("metadata") or {}).get("labels") or {}).get(NODE_CLIQUE_LABEL) or "")
+                 for n in cdobjects.list_nodes(self.client, NODE_CLIQUE_LABEL)} - {""}
+        return {clique_domain_uid(c): c for c in sorted(found)}
 
     def _sync_clique_domains(self, uids: set[str]) -> None:
         """One membership pass of the clique domains ``uids``: :meth:`reconcile_clique` of each one's
@@ -1208,7 +1216,8 @@ class ComputeDomainController:
         cliques = self._list_everywhere(None, LABEL_COMPUTE_DOMAIN)
         live = {str((o.get("metadata") or {}).get("uid", "")) for o in
                 kcd.list_compute_domains(self.client).get("items") or ()}
-        live |= set(self._clique_domains)  # pre-warmed: the clique domains (ensure_clique_daemons retires them)
+        if self.settings.pre_warmed:  # the clique domains of the nodes now (ensure_clique_daemons retires the rest),
+            live |= set(self.node_cliques())  # read here: an ensure that failed must not make them look stale
         for kind, obj in found:
             uid = owner_of(obj)
             meta = obj["metadata"]

@@ -1,0 +1,137 @@
+"""Pre-warmed IMEX (``--imex-mode preWarmed``, issue 35): the controller's clique DaemonSets and a domain's
+objects, against the API emulator over HTTP (the end-to-end flow with plugins and daemons is
+``test_e2e_prewarmed.py``), and the flags that select the mode."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from typing import Any
+
+from dradriver.commands import compute_domain_controller as controller_command
+from dradriver.computedomain.controller import ComputeDomainController
+from dradriver.config import PluginConfig, pre_warmed_implied
+from dradriver.domain.cdtemplates import IMEX_MODE_PRE_WARMED, clique_daemon_set, clique_domain
+from dradriver.domain.computedomains import (
+    ANNOTATION_IMEX_CHANNEL,
+    ISOLATED_CHANNEL_DEVICE_CLASS,
+    LABEL_COMPUTE_DOMAIN,
+    NODE_CLIQUE_LABEL,
+    clique_domain_uid,
+    daemon_object_name,
+)
+from dradriver.kube.client import KubeClient
+from dradriver.sandbox.apiserver import ApiServerEmulator
+from tests.computedomain.controller_helpers import (
+    DRIVER_NS,
+    GROUP,
+    VERSION,
+    compute_domain,
+    running,
+    settings,
+    wait_for,
+)
+
+RACK1, RACK2 = "abc9829a-0000-4000-8000-000000000001.1", "abc9829a-0000-4000-8000-000000000001.2"
+
+
+def _controller(client: KubeClient) -> ComputeDomainController:
+    return ComputeDomainController(client, settings(imex_mode=IMEX_MODE_PRE_WARMED), status_period_s=0.05,
+                                   node_check_s=0.05)
+
+
+def _label(api: ApiServerEmulator, node: str, clique: str | None) -> None:
+    obj = api.get("Node", node)
+    assert obj is not None
+    labels = obj["metadata"].setdefault("labels", {})
+    if clique is None:
+        labels.pop(NODE_CLIQUE_LABEL, None)
+    else:
+        labels[NODE_CLIQUE_LABEL] = clique
+    api.update(obj)
+
+
+def _clique_daemon_sets(api: ApiServerEmulator) -> dict[str, dict[str, Any]]:
+    """Clique ID -> the live clique DaemonSet."""
+    return {ds["spec"]["template"]["spec"]["nodeSelector"][NODE_CLIQUE_LABEL]: ds
+            for ds in api.objects("DaemonSet", DRIVER_NS) if not ds["metadata"].get("deletionTimestamp")}
+
+
+def test_the_pre_warmed_controller_runs_a_daemonset_per_clique_before_any_domain(api: ApiServerEmulator,
+                                                                                client: KubeClient) -> None:
+    _label(api, "node-a", RACK1)
+    _label(api, "node-b", RACK1)
+    _label(api, "node-c", RACK2)
+    with running(_controller(client)):
+        sets = wait_for(lambda: (found := _clique_daemon_sets(api)) and len(found) == 2 and found, "two DaemonSets")
+    assert not api.objects("ComputeDomain")
+    for clique in (RACK1, RACK2):
+        ds, uid = sets[clique], clique_domain_uid(clique)
+        expected = clique_daemon_set(clique, settings(imex_mode=IMEX_MODE_PRE_WARMED))
+        assert ds["metadata"]["name"] == daemon_object_name(uid) and ds["spec"] == expected["spec"]
+        assert ds["spec"]["template"]["spec"]["nodeSelector"] == {NODE_CLIQUE_LABEL: clique}
+        assert ds["spec"]["template"]["metadata"]["labels"] == {LABEL_COMPUTE_DOMAIN: uid}
+        template = api.get("ResourceClaimTemplate", daemon_object_name(uid), DRIVER_NS)
+        assert template is not None
+        params = template["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]
+        assert params["domainID"] == uid  # the clique domain stands where a ComputeDomain's UID stands
+    assert clique_domain(RACK1, settings()).uid == clique_domain_uid(RACK1) != clique_domain_uid(RACK2)
+
+
+def test_pre_warmed_domains_get_their_own_channels_and_no_daemon_objects(api: ApiServerEmulator,
+                                                                       client: KubeClient) -> None:
+    _label(api, "node-a", RACK1)
+    with running(_controller(client)):
+        wait_for(lambda: _clique_daemon_sets(api), "the clique DaemonSet")
+        for name in ("job-a", "job-b"):
+            client.custom.create_namespaced_custom_object(GROUP, VERSION, "default", "computedomains",
+                                                          compute_domain(name))
+        templates = [wait_for(lambda n=n: api.get("ResourceClaimTemplate", f"{n}-channel", "default"), n)
+                     for n in ("job-a", "job-b")]
+        wait_for(lambda: all((api.get("ComputeDomain", n, "default") or {}).get("status", {}).get("status")
+                             == "Ready" for n in ("job-a", "job-b")), "both Ready (no node yet: nothing to wait for)")
+    channels = [int(api.get("ComputeDomain", n, "default")["metadata"]["annotations"][ANNOTATION_IMEX_CHANNEL])
+                for n in ("job-a", "job-b")]
+    assert sorted(channels) == [1, 2]
+    for template, channel in zip(templates, channels, strict=True):
+        request = template["spec"]["spec"]["devices"]["requests"][0]["exactly"]
+        assert request["deviceClassName"] == ISOLATED_CHANNEL_DEVICE_CLASS
+        assert request["selectors"][0]["cel"]["expression"].endswith(f".id == {channel}")
+        assert template["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]["allocationMode"] == "Single"
+    assert len(api.objects("DaemonSet", DRIVER_NS)) == 1  # the clique's only: no DaemonSet per domain
+    assert not [n for n in api.objects("Node") if LABEL_COMPUTE_DOMAIN in (n["metadata"].get("labels") or {})]
+
+
+def test_a_clique_no_node_carries_any_more_loses_its_daemons(api: ApiServerEmulator, client: KubeClient) -> None:
+    _label(api, "node-a", RACK1)
+    _label(api, "node-c", RACK2)
+    with running(_controller(client)):
+        wait_for(lambda: len(_clique_daemon_sets(api)) == 2, "two DaemonSets")
+        _label(api, "node-c", RACK1)  # the node moved: no node is in RACK2 any more
+        wait_for(lambda: set(_clique_daemon_sets(api)) == {RACK1}, "RACK2's DaemonSet deleted")
+        gone = daemon_object_name(clique_domain_uid(RACK2))
+        wait_for(lambda: api.get("ResourceClaimTemplate", gone, DRIVER_NS) is None, "RACK2's daemon template deleted")
+        ds = _clique_daemon_sets(api)[RACK1]
+        api.delete("DaemonSet", ds["metadata"]["name"], DRIVER_NS)  # deleted by hand: made again
+        wait_for(lambda: (now := _clique_daemon_sets(api).get(RACK1))
+                 and now["metadata"]["uid"] != ds["metadata"]["uid"], "RACK1's DaemonSet made again")
+
+
+def test_the_sweep_of_a_fresh_controller_keeps_the_clique_daemons(api: ApiServerEmulator, client: KubeClient) -> None:
+    _label(api, "node-a", RACK1)
+    _controller(client).ensure_clique_daemons()
+    name = daemon_object_name(clique_domain_uid(RACK1))
+    _controller(client).sweep()  # a new leader whose first clique pass has not run (or failed)
+    assert api.get("DaemonSet", name, DRIVER_NS) is not None
+    ComputeDomainController(client, settings()).sweep()  # switched to driver-managed: the clique daemons are stale
+    assert api.get("DaemonSet", name, DRIVER_NS) is None
+
+
+def test_pre_warmed_mode_implies_channel_isolation_and_the_clique_label() -> None:
+    config = pre_warmed_implied(replace(PluginConfig(node_name="n"), imex_mode="preWarmed"))
+    assert (config.imex_isolation, config.gpu_clique_label_enabled) == ("channel", True)
+    assert pre_warmed_implied(PluginConfig(node_name="n")).imex_isolation == "domain"
+    args = argparse.Namespace(**{f.dest: f.default for f in controller_command.FLAGS})
+    args.image_name, args.log_verbosity_cd_daemon, args.imex_mode = "img", 4, "preWarmed"
+    made = controller_command.config_from_args(args)
+    assert made.settings.pre_warmed and made.settings.channel_isolation and not made.settings.domain_daemons
