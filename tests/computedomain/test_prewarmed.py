@@ -5,6 +5,7 @@ objects, against the API emulator over HTTP (the end-to-end flow with plugins an
 from __future__ import annotations
 
 import argparse
+import asyncio
 from dataclasses import replace
 from typing import Any
 
@@ -22,6 +23,18 @@ from dradriver.domain.computedomains import (
 )
 from dradriver.kube.client import KubeClient
 from dradriver.sandbox.apiserver import ApiServerEmulator
+from dradriver.sandbox.node import SandboxNode
+from tests.computedomain.cdplugin_helpers import (
+    DRIVER_NAMESPACE,
+    GB200_CLIQUE,
+    cd_config,
+    node_label,
+    seed_claim,
+    seed_clique,
+    seed_domain,
+    spec_path,
+)
+from tests.computedomain.cdplugin_helpers import running as plugin_running
 from tests.computedomain.controller_helpers import (
     DRIVER_NS,
     GROUP,
@@ -90,7 +103,7 @@ def test_pre_warmed_domains_get_their_own_channels_and_no_daemon_objects(api: Ap
                      for n in ("job-a", "job-b")]
         wait_for(lambda: all((api.get("ComputeDomain", n, "default") or {}).get("status", {}).get("status")
                              == "Ready" for n in ("job-a", "job-b")), "both Ready (no node yet: nothing to wait for)")
-    channels = [int(api.get("ComputeDomain", n, "default")["metadata"]["annotations"][ANNOTATION_IMEX_CHANNEL])
+    channels = [int((api.get("ComputeDomain", n, "default") or {})["metadata"]["annotations"][ANNOTATION_IMEX_CHANNEL])
                 for n in ("job-a", "job-b")]
     assert sorted(channels) == [1, 2]
     for template, channel in zip(templates, channels, strict=True):
@@ -135,3 +148,45 @@ def test_pre_warmed_mode_implies_channel_isolation_and_the_clique_label() -> Non
     args.image_name, args.log_verbosity_cd_daemon, args.imex_mode = "img", 4, "preWarmed"
     made = controller_command.config_from_args(args)
     assert made.settings.pre_warmed and made.settings.channel_isolation and not made.settings.domain_daemons
+
+
+# -- the plugin ----------------------------------------------------------------------------------------------------
+
+
+def _give_channel(api: ApiServerEmulator, name: str, channel: int) -> None:
+    """What the controller writes (tested above against the controller itself)."""
+    obj = api.get("ComputeDomain", name, "default")
+    assert obj is not None
+    obj["metadata"].setdefault("annotations", {})[ANNOTATION_IMEX_CHANNEL] = str(channel)
+    api.update(obj)
+
+
+def test_a_pre_warmed_channel_claim_waits_only_for_the_clique_daemon_of_its_node(imex_node: SandboxNode) -> None:
+    api = imex_node.api
+    assert api is not None
+    clique_uid = clique_domain_uid(GB200_CLIQUE)
+    uid_a, uid_b = seed_domain(api, "job-a"), seed_domain(api, "job-b")
+    _give_channel(api, "job-a", 1)
+    _give_channel(api, "job-b", 2)
+    claim_a = seed_claim(api, "wl-a", uid_a, device="channel-1")
+    claim_b = seed_claim(api, "wl-b", uid_b, device="channel-2")
+    daemon = seed_claim(api, "clique-daemon", clique_uid, namespace=DRIVER_NAMESPACE, kind="daemon")
+    config = cd_config(imex_node, imex_mode="preWarmed", prepare_deadline_seconds=1)
+
+    async def body() -> None:
+        async with plugin_running(config) as (_plugin, conn):
+            waiting = (await conn.prepare([claim_a]))[claim_a.uid]
+            assert f"the pre-warmed IMEX daemon of clique {GB200_CLIQUE} on node {imex_node.node_name} is not " \
+                   f"Ready (ComputeDomain default/job-a; ComputeDomainClique {DRIVER_NAMESPACE}/{clique_uid}." \
+                   f"{GB200_CLIQUE}: no entry for this node)" in waiting.error
+            got_daemon = (await conn.prepare([daemon]))[daemon.uid]  # the clique daemon's own claim
+            assert got_daemon.ok, got_daemon.error
+            seed_clique(api, clique_uid, imex_node.node_name, "Ready")
+            got = await conn.prepare([claim_a, claim_b])
+            assert got[claim_a.uid].ok and got[claim_b.uid].ok, (got[claim_a.uid].error, got[claim_b.uid].error)
+            assert node_label(api) is None  # two domains on the node, no per-domain label
+            assert (await conn.unprepare([claim_a, claim_b, daemon])).keys() >= {claim_a.uid, claim_b.uid}
+
+    asyncio.run(body())
+    assert not spec_path(imex_node, claim_a.uid).exists()  # unprepared
+    assert (config.plugin_dir / "domains" / clique_uid).is_dir()  # the clique domain's directory, for its daemon
