@@ -404,11 +404,14 @@ async def _open_host(life: Lifecycle, identity: DriverIdentity, config: PluginCo
                      ) -> tuple[assembly.Connection, NvmlSession]:
     """Start step: validate, then touch the host (:func:`~dradriver.app.assembly.open_host`: no directory is
     created before the API server answers); a driver that is not available now is reported, no error; the
-    ``nvidia.com/gpu.clique`` label (set once the fabric is read) is removed at stop."""
+    ``nvidia.com/gpu.clique`` label (set once the fabric is read) is removed at stop, except in pre-warmed mode: the
+    controller's clique DaemonSet selects the node by it, so removing it would stop the node's clique daemon (and
+    the IMEX of every domain there) at each plugin restart or upgrade; the next start sets it again, to the new
+    clique when the tray moved."""
     connection, session = await assembly.open_host(life, identity, config, nvml_library(config))
     if not session.available:
         await assembly.report_unavailable(identity, config, connection, session)
-    if config.gpu_clique_label_enabled:
+    if config.gpu_clique_label_enabled and config.imex_mode != "preWarmed":
         life.on_stop("nvidia.com/gpu.clique label", lambda: set_clique_label(connection.client, config.node_name, ""))
     return connection, session
 

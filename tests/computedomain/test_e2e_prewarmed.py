@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from dradriver.domain import computedomains as cd
+from dradriver.nvml import mock
 from dradriver.sandbox.demos import compute_domain as domain_demo
-from dradriver.sandbox.multinode import MultiNodeCluster
+from dradriver.sandbox.multinode import RACK_PROFILES, MultiNodeCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -183,3 +184,48 @@ def test_a_lost_node_fails_its_domains_loudly_and_recovers(world: MultiNodeClust
         world.heal_node(lost)
     world.wait_for("split Ready again", lambda: domain_demo.domain_ready(world, "split")
                    and _reason(world, "split", lost) == cd.REASON_CLIQUE_DAEMON_READY, timeout_s=WAIT_S)
+
+
+def test_a_plugin_restart_leaves_the_clique_daemon_running(world: MultiNodeCluster) -> None:
+    node = "rack1-node01"
+    daemon = _clique_daemons(world)[node]
+    world.stop_plugin(node)
+    assert _clique_of(world, node)  # the label stays: the clique DaemonSet keeps the node
+    world.start_plugin(node)
+    world.wait_for_plugin(node, timeout_s=WAIT_S)
+    _start(world, "after-restart", {"after-restart-0": node})  # the restarted plugin serves the running daemon
+    assert _clique_daemons(world)[node]["metadata"]["uid"] == daemon["metadata"]["uid"]
+
+
+def test_a_node_moved_to_another_clique_is_reported_and_joins_the_new_one(world: MultiNodeCluster) -> None:
+    mover, stays = "rack1-node01", "rack1-node00"
+    _start(world, "mover", {"mover-0": stays, "mover-1": mover})
+    world.wait_for("mover Ready", lambda: domain_demo.domain_ready(world, "mover")
+                   and set(_status_nodes(world, "mover")) == {stays, mover}, timeout_s=WAIT_S)
+    old_clique, new_clique = _clique_of(world, mover), _clique_of(world, "rack2-node00")
+    node = world.node(mover)
+    before = node.profile
+    world.stop_plugin(mover)
+    node.profile = mock.rack_node_profile(RACK_PROFILES[2], 9, node.root / "nvml")  # its tray rebooted in rack 2
+    world.start_plugin(mover)
+    try:
+        world.wait_for_plugin(mover, timeout_s=WAIT_S)
+        world.wait_for("the moved node in the new clique", lambda: _clique_of(world, mover) == new_clique,
+                       timeout_s=WAIT_S)
+        world.wait_for("a Warning Event naming the moved node",
+                       lambda: [e for e in _events(world, "mover", cd.REASON_CLIQUE_DAEMON_NOT_READY)
+                                if mover in e["message"]], timeout_s=WAIT_S)
+        world.wait_for("the moved node Ready in the new clique's domain",
+                       lambda: _status_nodes(world, "mover").get(mover, {}).get("cliqueID") == new_clique
+                       and _reason(world, "mover", mover) == cd.REASON_CLIQUE_DAEMON_READY, timeout_s=WAIT_S)
+        old = world.api.get(cd.CLIQUE_KIND, cd.clique_object_name(cd.clique_domain_uid(old_clique), old_clique),
+                            world.namespace) or {}
+        assert mover not in {d["nodeName"] for d in old.get("daemons") or ()}  # its old clique's peers dropped it
+        assert _status_nodes(world, "mover")[stays]["cliqueID"] == old_clique
+    finally:
+        world.stop_plugin(mover)
+        node.profile = before
+        world.start_plugin(mover)
+        world.wait_for_plugin(mover, timeout_s=WAIT_S)
+        world.wait_for("the node back in its clique", lambda: _clique_of(world, mover) == old_clique,
+                       timeout_s=WAIT_S)
