@@ -377,6 +377,7 @@ class ComputeDomainController:
     _writers: ThreadPoolExecutor | None = None  # CLIQUE_WRITERS threads (a pass's lists and writes), made at first use
     _clique_domains: dict[str, str] = field(default_factory=dict)  # pre-warmed: clique domain ID -> clique ID
     _clique_lock: threading.Lock = field(default_factory=threading.Lock)  # one ensure_clique_daemons at a time
+    _pass_reads: dict[str, Any] | None = None  # pre-warmed: lists shared by the domains of one membership pass
 
     @property
     def cliques_gate(self) -> bool:
@@ -573,7 +574,11 @@ class ComputeDomainController:
         :raises errors.KubeAPIError: a list failed (a failed write re-marks its domain instead).
         """
         with self._pass_lock:
-            self._reconcile_membership(uids)
+            self._pass_reads = {}
+            try:
+                self._reconcile_membership(uids)
+            finally:
+                self._pass_reads = None
 
     def _reconcile_membership(self, uids: Iterable[str] | None) -> None:
         wanted = None if uids is None else set(uids)
@@ -706,7 +711,9 @@ class ComputeDomainController:
         (``CliqueDaemonNotReady``, with the daemon's own ``IMEXDaemonRunning`` message when it has one), or it
         is Ready. A node in no clique is Ready with index -1 (its claims get no channel, as in every mode)."""
         names: set[str] = set()
-        for claim in cdobjects.list_objects(self.client, RESOURCE_CLAIMS, cd.namespace):
+        claims = self._pass_read(f"claims/{cd.namespace}",
+                                 lambda: cdobjects.list_objects(self.client, RESOURCE_CLAIMS, cd.namespace))
+        for claim in claims:
             devices = ((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}
             params = [((c.get("opaque") or {}).get("parameters") or {}) for c in devices.get("config") or ()]
             if not any(p.get("domainID") == cd.uid for p in params):
@@ -715,13 +722,16 @@ class ComputeDomainController:
                       if r.get("driver") == COMPUTE_DOMAIN_DRIVER.driver_name} - {""}
         if not names:
             return []
-        cliques = {str(n["metadata"]["name"]): str((n["metadata"].get("labels") or {}).get(NODE_CLIQUE_LABEL) or "")
-                   for n in cdobjects.list_nodes(self.client) if n["metadata"]["name"] in names}
+        every = self._pass_read("nodes", lambda: {
+            str(n["metadata"]["name"]): str((n["metadata"].get("labels") or {}).get(NODE_CLIQUE_LABEL) or "")
+            for n in cdobjects.list_nodes(self.client)})
+        cliques = {name: every[name] for name in names if name in every}
         failed = self.failed_nodes()
         entries: dict[str, dict[str, CliqueDaemon]] = {}
         for clique in {c for c in cliques.values() if c}:
-            obj = kcd.get_clique(self.client, self.settings.namespace,
-                                 clique_object_name(clique_domain_uid(clique), clique))
+            name = clique_object_name(clique_domain_uid(clique), clique)
+            obj = self._pass_read(f"clique/{name}", functools.partial(kcd.get_clique, self.client,
+                                                                      self.settings.namespace, name))
             entries[clique] = {d.node_name: d for d in (CliqueDaemon.from_entry(r) for r in
                                                         (obj or {}).get("daemons") or ())}
         before = {n.node_name: n for n in cd.nodes}
@@ -755,6 +765,15 @@ class ComputeDomainController:
                                     clique_id=clique, index=entry.index if entry is not None else -1,
                                     status=STATUS_READY if ready else STATUS_NOT_READY, conditions=(condition,)))
         return out
+
+    def _pass_read(self, key: str, read: Callable[[], Any]) -> Any:
+        """``read()``, done once per membership pass for all its domains (the claims of a namespace, the Nodes, a
+        clique): a full pass over N domains then lists the Nodes once, not N times; outside a pass, read now."""
+        if self._pass_reads is None:
+            return read()
+        if key not in self._pass_reads:
+            self._pass_reads[key] = read()
+        return self._pass_reads[key]
 
     def _report_node_changes(self, cd: ComputeDomain, nodes: list[CliqueDaemon]) -> None:
         """Pre-warmed mode: an Event on ``cd`` for each node whose ``CliqueDaemonReady`` reason changed (a node

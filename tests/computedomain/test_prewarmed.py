@@ -15,9 +15,12 @@ from dradriver.config import PluginConfig, pre_warmed_implied
 from dradriver.domain.cdtemplates import IMEX_MODE_PRE_WARMED, clique_daemon_set, clique_domain
 from dradriver.domain.computedomains import (
     ANNOTATION_IMEX_CHANNEL,
+    FINALIZER,
     ISOLATED_CHANNEL_DEVICE_CLASS,
     LABEL_COMPUTE_DOMAIN,
     NODE_CLIQUE_LABEL,
+    REASON_CLIQUE_DAEMON_NOT_READY,
+    REASON_CLIQUE_DAEMON_READY,
     clique_domain_uid,
     daemon_object_name,
 )
@@ -39,7 +42,9 @@ from tests.computedomain.controller_helpers import (
     DRIVER_NS,
     GROUP,
     VERSION,
+    clique_object,
     compute_domain,
+    entry,
     running,
     settings,
     wait_for,
@@ -190,3 +195,36 @@ def test_a_pre_warmed_channel_claim_waits_only_for_the_clique_daemon_of_its_node
     asyncio.run(body())
     assert not spec_path(imex_node, claim_a.uid).exists()  # unprepared
     assert (config.plugin_dir / "domains" / clique_uid).is_dir()  # the clique domain's directory, for its daemon
+
+
+def test_a_full_pass_reports_each_domain_node_and_reads_the_fleet_once(api: ApiServerEmulator,
+                                                                       client: KubeClient) -> None:
+    _label(api, "node-a", RACK1)
+    clique_uid = clique_domain_uid(RACK1)
+    api.create(clique_object(clique_uid, [entry("node-a", "10.0.0.1", 0, clique=RACK1)], clique=RACK1))
+    for i in range(4):
+        made = client.custom.create_namespaced_custom_object(GROUP, VERSION, "default", "computedomains",
+                                                             {**compute_domain(f"job-{i}"), "metadata": {
+                                                                 "name": f"job-{i}", "finalizers": [FINALIZER]}})
+        seed_claim(api, f"wl-{i}", made["metadata"]["uid"], device=f"channel-{i + 1}", pool="node-a")
+    controller = _controller(client)
+    api.clear_requests()
+    controller.sync_all_status()
+    for i in range(4):
+        (node,) = (api.get("ComputeDomain", f"job-{i}", "default") or {})["status"]["nodes"]
+        assert (node["name"], node["cliqueID"], node["index"], node["status"]) == ("node-a", RACK1, 0, "Ready")
+        assert node["conditions"][0]["reason"] == REASON_CLIQUE_DAEMON_READY
+    assert api.count("list", "resourceclaims") == 1  # one namespace, one list for the four domains
+    assert api.count("list", "nodes") <= 2  # the node check's and the domains' (not one per domain)
+    assert api.count("get", "computedomaincliques") == 1
+    stored = api.get("ComputeDomainClique", f"{clique_uid}.{RACK1}", DRIVER_NS)
+    assert stored is not None
+    stored["daemons"][0]["status"] = "NotReady"  # the clique daemon on node-a restarts
+    api.update(stored)
+    controller.sync_all_status()
+    status = (api.get("ComputeDomain", "job-0", "default") or {})["status"]
+    assert status["status"] == "NotReady"
+    assert status["nodes"][0]["conditions"][0]["reason"] == REASON_CLIQUE_DAEMON_NOT_READY
+    warnings = [e for e in api.objects("Event", "default") if e.get("reason") == REASON_CLIQUE_DAEMON_NOT_READY]
+    assert sorted(e["involvedObject"]["name"] for e in warnings) == [f"job-{i}" for i in range(4)]
+    assert all(e["type"] == "Warning" and "node-a" in e["message"] for e in warnings)
