@@ -91,6 +91,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dradriver.domain.cdtemplates import (
+    ANNOTATION_TEMPLATE_HASH,
     ControllerSettings,
     clique_daemon_set,
     clique_domain,
@@ -666,6 +667,8 @@ class ComputeDomainController:
                                        (DAEMON_SETS, clique_daemon_set(clique, self.settings))):
                     try:
                         self._ensure(kind, manifest, cd)
+                        if kind is DAEMON_SETS:
+                            self._update_clique_daemon_set(manifest, clique)
                     except ReconcileRetry as exc:
                         log.warning("pre-warmed IMEX: clique %s: %s (trying again at the next node check)", clique,
                                     exc)
@@ -684,6 +687,32 @@ class ComputeDomainController:
                 self._clique_domains.pop(uid, None)
                 self.mark(uid)
             return dict(wanted)
+
+    def _update_clique_daemon_set(self, manifest: JSONDict, clique: str) -> None:
+        """Replace the clique DaemonSet when its :data:`~dradriver.domain.cdtemplates.ANNOTATION_TEMPLATE_HASH` is
+        not ``manifest``'s (the controller was upgraded or its daemon flags changed): the DaemonSet's rolling update
+        (``maxUnavailable`` 1, the Kubernetes default) then restarts the clique's daemons node by node, each node's
+        domains reporting ``CliqueDaemonNotReady`` while its daemon is down.
+
+        :raises errors.KubeAPIError: the read or the write failed (a conflict is retried at the next node check).
+        """
+        meta = manifest["metadata"]
+        existing = cdobjects.get(self.client, DAEMON_SETS, meta["namespace"], meta["name"])
+        if existing is None:
+            return
+        have = ((existing.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_TEMPLATE_HASH)
+        want = meta["annotations"][ANNOTATION_TEMPLATE_HASH]
+        if have == want:
+            return
+        updated = {**existing, "spec": {**existing["spec"], "template": manifest["spec"]["template"]},
+                   "metadata": {**existing["metadata"], "annotations": {
+                       **(existing["metadata"].get("annotations") or {}), ANNOTATION_TEMPLATE_HASH: want}}}
+        try:
+            cdobjects.replace(self.client, DAEMON_SETS, updated)
+        except errors.KubeConflictError:
+            return
+        log.warning("pre-warmed IMEX: clique %s: DaemonSet %s/%s updated (pod template %s -> %s): its IMEX daemons "
+                    "restart node by node", clique, meta["namespace"], meta["name"], have or "(none)", want)
 
     def node_cliques(self) -> dict[str, str]:
         """Pre-warmed mode: clique domain ID -> clique ID for every value of the Node label

@@ -23,6 +23,8 @@ times, readiness every 10 s once; each probe times out after 10 s.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +51,7 @@ from dradriver.domain.featuregates import DEFAULT_GATES, FeatureGates
 from dradriver.domain.identity import COMPUTE_DOMAIN_DRIVER
 
 __all__ = [
+    "ANNOTATION_TEMPLATE_HASH",
     "DAEMON_CLAIM_NAME",
     "DAEMON_CONTAINER",
     "IMEX_ISOLATION_CHANNEL",
@@ -75,6 +78,9 @@ DAEMON_CONTAINER = "compute-domain-daemon"
 """The DaemonSet's container, and the name of its pod's resource claim."""
 DAEMON_CLAIM_NAME = "compute-domain-daemon"
 IMEX_MODE_DRIVER_MANAGED, IMEX_MODE_HOST_MANAGED = "driverManaged", "hostManaged"
+ANNOTATION_TEMPLATE_HASH = "resource.nvidia.com/daemonTemplateHash"
+"""Pre-warmed mode: the hash of the pod template a clique DaemonSet was made with (:func:`clique_daemon_set`): the
+controller updates a DaemonSet whose hash is not the one its flags give now (a new image after an upgrade)."""
 IMEX_MODE_PRE_WARMED = "preWarmed"
 """dradriver's third IMEX mode: one long-lived IMEX daemon per node of every clique, a DaemonSet per clique the
 controller keeps before any ComputeDomain exists; each ComputeDomain gets its own channel in its cliques' domains."""
@@ -268,7 +274,8 @@ def clique_daemon_set(clique_id: str, settings: ControllerSettings) -> JSONDict:
     """Pre-warmed mode: the DaemonSet ``computedomain-daemon-<clique domain ID>`` of clique ``clique_id``'s IMEX
     daemons: :func:`daemon_set` of :func:`clique_domain`, on every node labelled ``nvidia.com/gpu.clique=
     <clique_id>`` (the compute-domain plugin sets the label with ``--gpu-clique-label-enabled``) rather than on
-    nodes labelled for one domain; object and pods also carry ``resource.nvidia.com/computeDomain.cliqueID``.
+    nodes labelled for one domain; the object also carries ``resource.nvidia.com/computeDomain.cliqueID`` and
+    :data:`ANNOTATION_TEMPLATE_HASH` (16 hex digits of the SHA-256 of the pod template's canonical JSON).
 
     :raises ValueError: not pre-warmed mode, or no image.
     """
@@ -277,6 +284,8 @@ def clique_daemon_set(clique_id: str, settings: ControllerSettings) -> JSONDict:
     ds = daemon_set(clique_domain(clique_id, settings), settings)
     ds["spec"]["template"]["spec"]["nodeSelector"] = {NODE_CLIQUE_LABEL: clique_id}
     ds["metadata"]["labels"][LABEL_CLIQUE_ID] = clique_id
+    canonical = json.dumps(ds["spec"]["template"], sort_keys=True, separators=(",", ":")).encode()
+    ds["metadata"]["annotations"] = {ANNOTATION_TEMPLATE_HASH: hashlib.sha256(canonical).hexdigest()[:16]}
     return ds
 
 

@@ -12,7 +12,12 @@ from typing import Any
 from dradriver.commands import compute_domain_controller as controller_command
 from dradriver.computedomain.controller import ComputeDomainController
 from dradriver.config import PluginConfig, pre_warmed_implied
-from dradriver.domain.cdtemplates import IMEX_MODE_PRE_WARMED, clique_daemon_set, clique_domain
+from dradriver.domain.cdtemplates import (
+    ANNOTATION_TEMPLATE_HASH,
+    IMEX_MODE_PRE_WARMED,
+    clique_daemon_set,
+    clique_domain,
+)
 from dradriver.domain.computedomains import (
     ANNOTATION_IMEX_CHANNEL,
     FINALIZER,
@@ -228,3 +233,21 @@ def test_a_full_pass_reports_each_domain_node_and_reads_the_fleet_once(api: ApiS
     warnings = [e for e in api.objects("Event", "default") if e.get("reason") == REASON_CLIQUE_DAEMON_NOT_READY]
     assert sorted(e["involvedObject"]["name"] for e in warnings) == [f"job-{i}" for i in range(4)]
     assert all(e["type"] == "Warning" and "node-a" in e["message"] for e in warnings)
+
+
+def test_an_upgraded_controller_updates_the_clique_daemonset_once(api: ApiServerEmulator, client: KubeClient) -> None:
+    _label(api, "node-a", RACK1)
+    name = daemon_object_name(clique_domain_uid(RACK1))
+    _controller(client).ensure_clique_daemons()
+    old = api.get("DaemonSet", name, DRIVER_NS)
+    assert old is not None
+    upgraded = ComputeDomainController(client, settings(imex_mode=IMEX_MODE_PRE_WARMED, image="registry.example/new:2"))
+    upgraded.ensure_clique_daemons()
+    new = api.get("DaemonSet", name, DRIVER_NS)
+    assert new is not None and new["metadata"]["uid"] == old["metadata"]["uid"]  # updated in place: a rolling update
+    assert new["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example/new:2"
+    assert new["metadata"]["annotations"][ANNOTATION_TEMPLATE_HASH] != old["metadata"]["annotations"][
+        ANNOTATION_TEMPLATE_HASH]
+    upgraded.ensure_clique_daemons()  # nothing changed since: no write
+    again = api.get("DaemonSet", name, DRIVER_NS)
+    assert again is not None and again["metadata"]["resourceVersion"] == new["metadata"]["resourceVersion"]
