@@ -55,7 +55,7 @@ from dradriver import _native
 from dradriver.app import assembly
 from dradriver.app.gpu import driver_edits, node_info, nvml_library
 from dradriver.config import CHANNEL_NEEDS_HOST_MANAGED, PluginConfig, pre_warmed_implied
-from dradriver.domain.computedomains import fabric_taints, plugin_resource_slices
+from dradriver.domain.computedomains import clique_domain_uid, fabric_taints, plugin_resource_slices
 from dradriver.domain.faults import FaultKind
 from dradriver.domain.featuregates import CRASH_ON_NVLINK_FABRIC_ERRORS, HOST_MANAGED_IMEX_DAEMON
 from dradriver.domain.identity import COMPUTE_DOMAIN_DRIVER, DriverIdentity
@@ -189,11 +189,13 @@ class ComputeDomainPlugin(assembly.KubeletPlugin):
 
     def refresh(self) -> None:
         """Re-read the fabric (:meth:`check_fabric`), refresh the clique label, and remove the domain directories of
-        ComputeDomains that are gone. Blocking."""
+        ComputeDomains that are gone (in pre-warmed mode never this node's clique domain's: its daemon runs
+        between two claims, a pod restart). Blocking."""
         self.check_fabric()
         if self.config.gpu_clique_label_enabled and self.driver_read:  # unknown clique: the label stays as it is
             set_clique_label(self.client, self.config.node_name, self.clique_id)
-        remove_vanished_domain_dirs(self.client, self.config, self.runner)
+        keep = {clique_domain_uid(self.clique_id)} if self.config.imex_mode == "preWarmed" and self.clique_id else set()
+        remove_vanished_domain_dirs(self.client, self.config, self.runner, keep=keep)
 
 
 @dataclass

@@ -184,7 +184,7 @@ def test_a_pre_warmed_channel_claim_waits_only_for_the_clique_daemon_of_its_node
     config = cd_config(imex_node, imex_mode="preWarmed", prepare_deadline_seconds=1)
 
     async def body() -> None:
-        async with plugin_running(config) as (_plugin, conn):
+        async with plugin_running(config) as (plugin, conn):
             waiting = (await conn.prepare([claim_a]))[claim_a.uid]
             assert f"the pre-warmed IMEX daemon of clique {GB200_CLIQUE} on node {imex_node.node_name} is not " \
                    f"Ready (ComputeDomain default/job-a; ComputeDomainClique {DRIVER_NAMESPACE}/{clique_uid}." \
@@ -196,10 +196,11 @@ def test_a_pre_warmed_channel_claim_waits_only_for_the_clique_daemon_of_its_node
             assert got[claim_a.uid].ok and got[claim_b.uid].ok, (got[claim_a.uid].error, got[claim_b.uid].error)
             assert node_label(api) is None  # two domains on the node, no per-domain label
             assert (await conn.unprepare([claim_a, claim_b, daemon])).keys() >= {claim_a.uid, claim_b.uid}
+            await asyncio.to_thread(plugin.refresh)  # the 10-minute cleanup between two clique daemon pods
+            assert (config.plugin_dir / "domains" / clique_uid).is_dir()  # no ComputeDomain has the ID: kept
 
     asyncio.run(body())
     assert not spec_path(imex_node, claim_a.uid).exists()  # unprepared
-    assert (config.plugin_dir / "domains" / clique_uid).is_dir()  # the clique domain's directory, for its daemon
 
 
 def test_a_full_pass_reports_each_domain_node_and_reads_the_fleet_once(api: ApiServerEmulator,
