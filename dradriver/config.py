@@ -290,10 +290,11 @@ _SHARED_WITH_COMPUTE_DOMAIN_PLUGIN = (
     "--log-format", "--nvidia-checkpoint",
 )
 
-IMEX_MODES = ("driverManaged", "hostManaged")
+IMEX_MODES = ("driverManaged", "hostManaged", "preWarmed")
 IMEX_ISOLATIONS = ("domain", "channel")
 CHANNEL_NEEDS_HOST_MANAGED = (
-    "--imex-isolation (env IMEX_ISOLATION) 'channel' needs --imex-mode (env IMEX_MODE) hostManaged: in driverManaged "
+    "--imex-isolation (env IMEX_ISOLATION) 'channel' needs --imex-mode (env IMEX_MODE) hostManaged (or preWarmed, "
+    "which implies it): in driverManaged "
     "mode each ComputeDomain runs its own IMEX daemon on each of its nodes, and that daemon owns the node's IMEX, so "
     "a node serves one domain at a time (a second domain would need a second IMEX daemon on the same node) and "
     "domains are already kept apart by their daemons; use 'domain' there")
@@ -306,10 +307,12 @@ COMPUTE_DOMAIN_PLUGIN_FLAGS: tuple[Flag, ...] = (
     Flag("--gpu-clique-label-enabled", "GPU_CLIQUE_LABEL_ENABLED", False, "Set the node label nvidia.com/gpu.clique "
          "to this node's NVLink clique ID at start (refreshed every 10 minutes, removed on shutdown).", "bool"),
     Flag("--imex-mode", "IMEX_MODE", "driverManaged", "Who runs the IMEX daemon: 'driverManaged' (a daemon pod per "
-         "ComputeDomain and node) or 'hostManaged' (the host's own nvidia-imex; needs the gate "
-         "HostManagedIMEXDaemon).", "str", IMEX_MODES),
+         "ComputeDomain and node), 'hostManaged' (the host's own nvidia-imex; needs the gate "
+         "HostManagedIMEXDaemon) or 'preWarmed' (dradriver's: the controller's long-lived daemon pod per clique and "
+         "node, each domain its own channel; implies --imex-isolation channel and --gpu-clique-label-enabled).",
+         "str", IMEX_MODES),
     Flag("--imex-isolation", "IMEX_ISOLATION", "domain", "IMEX isolation: 'domain' (channel 0 for every domain, "
-         "NVIDIA's) or 'channel' (each domain its own channel; needs --imex-mode hostManaged).", "str",
+         "NVIDIA's) or 'channel' (each domain its own channel; needs --imex-mode hostManaged or preWarmed).", "str",
          IMEX_ISOLATIONS),
     Flag("--imex-host-socket-path", "IMEX_HOST_SOCKET_PATH", "/etc/nvidia-imex/imex_ctrl.sock", "Host-managed mode: "
          "the host IMEX daemon's control socket, queried with 'nvidia-imex-ctl -q --u=<path>' for readiness.",
@@ -742,13 +745,23 @@ def compute_domain_config_from_args(args: argparse.Namespace) -> PluginConfig:
     for name, value in vars(args).items():
         setattr(full, name, value)
     base = config_from_args(full)
-    if args.imex_isolation == "channel" and args.imex_mode != "hostManaged":
+    if args.imex_isolation == "channel" and args.imex_mode not in ("hostManaged", "preWarmed"):
         raise FlagError(CHANNEL_NEEDS_HOST_MANAGED)
     check_imex_mode(args.imex_mode, base.feature_gates)
-    return replace(base, driver_name=COMPUTE_DOMAIN_DRIVER.driver_name,
-                   gpu_clique_label_enabled=bool(args.gpu_clique_label_enabled), imex_mode=args.imex_mode,
-                   imex_isolation=args.imex_isolation, imex_host_socket_path=str(args.imex_host_socket_path),
-                   binding_conditions=bool(args.binding_conditions))
+    return pre_warmed_implied(replace(base, driver_name=COMPUTE_DOMAIN_DRIVER.driver_name,
+                                      gpu_clique_label_enabled=bool(args.gpu_clique_label_enabled),
+                                      imex_mode=args.imex_mode, imex_isolation=args.imex_isolation,
+                                      imex_host_socket_path=str(args.imex_host_socket_path),
+                                      binding_conditions=bool(args.binding_conditions)))
+
+
+def pre_warmed_implied(config: PluginConfig) -> PluginConfig:
+    """``--imex-mode preWarmed`` implies ``--imex-isolation channel`` (all domains of a clique share its IMEX
+    domain, so only channels keep them apart) and ``--gpu-clique-label-enabled`` (the controller's clique
+    DaemonSets select nodes by the ``nvidia.com/gpu.clique`` label); other modes are returned as they are."""
+    if config.imex_mode != "preWarmed":
+        return config
+    return replace(config, imex_isolation="channel", gpu_clique_label_enabled=True)
 
 
 def _gates(text: str) -> FeatureGates:

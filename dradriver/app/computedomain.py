@@ -56,9 +56,9 @@ from typing import Any
 from dradriver import _native
 from dradriver.app import assembly
 from dradriver.app.gpu import driver_edits, node_info, nvml_library
-from dradriver.config import CHANNEL_NEEDS_HOST_MANAGED, PluginConfig
+from dradriver.config import CHANNEL_NEEDS_HOST_MANAGED, PluginConfig, pre_warmed_implied
 from dradriver.domain.claims import Claim
-from dradriver.domain.computedomains import fabric_taints, plugin_resource_slices
+from dradriver.domain.computedomains import clique_domain_uid, fabric_taints, plugin_resource_slices
 from dradriver.domain.faults import FaultKind
 from dradriver.domain.featuregates import CRASH_ON_NVLINK_FABRIC_ERRORS, HOST_MANAGED_IMEX_DAEMON
 from dradriver.domain.identity import COMPUTE_DOMAIN_DRIVER, DriverIdentity
@@ -196,11 +196,13 @@ class ComputeDomainPlugin(assembly.KubeletPlugin):
 
     def refresh(self) -> None:
         """Re-read the fabric (:meth:`check_fabric`), refresh the clique label, and remove the domain directories of
-        ComputeDomains that are gone. Blocking."""
+        ComputeDomains that are gone (in pre-warmed mode never this node's clique domain's: its daemon runs
+        between two claims, a pod restart). Blocking."""
         self.check_fabric()
         if self.config.gpu_clique_label_enabled and self.driver_read:  # unknown clique: the label stays as it is
             set_clique_label(self.client, self.config.node_name, self.clique_id)
-        remove_vanished_domain_dirs(self.client, self.config, self.runner)
+        keep = {clique_domain_uid(self.clique_id)} if self.config.imex_mode == "preWarmed" and self.clique_id else set()
+        remove_vanished_domain_dirs(self.client, self.config, self.runner, keep=keep)
 
 
 @dataclass
@@ -399,8 +401,9 @@ def _checked_config(config: PluginConfig, identity: DriverIdentity) -> PluginCon
     """
     if config.driver_name != identity.driver_name:
         config = dataclasses.replace(config, driver_name=identity.driver_name)
+    config = pre_warmed_implied(config)
     host_managed = config.imex_mode == "hostManaged"
-    if config.imex_isolation == "channel" and not host_managed:
+    if config.imex_isolation == "channel" and not host_managed and config.imex_mode != "preWarmed":
         raise FlagError(CHANNEL_NEEDS_HOST_MANAGED)
     if host_managed and not config.feature_gates[HOST_MANAGED_IMEX_DAEMON]:
         raise FlagError("--imex-mode hostManaged needs the feature gate HostManagedIMEXDaemon")
@@ -412,11 +415,14 @@ async def _open_host(life: Lifecycle, identity: DriverIdentity, config: PluginCo
                      ) -> tuple[assembly.Connection, NvmlSession]:
     """Start step: validate, then touch the host (:func:`~dradriver.app.assembly.open_host`: no directory is
     created before the API server answers); a driver that is not available now is reported, no error; the
-    ``nvidia.com/gpu.clique`` label (set once the fabric is read) is removed at stop."""
+    ``nvidia.com/gpu.clique`` label (set once the fabric is read) is removed at stop, except in pre-warmed mode: the
+    controller's clique DaemonSet selects the node by it, so removing it would stop the node's clique daemon (and
+    the IMEX of every domain there) at each plugin restart or upgrade; the next start sets it again, to the new
+    clique when the tray moved."""
     connection, session = await assembly.open_host(life, identity, config, nvml_library(config))
     if not session.available:
         await assembly.report_unavailable(identity, config, connection, session)
-    if config.gpu_clique_label_enabled:
+    if config.gpu_clique_label_enabled and config.imex_mode != "preWarmed":
         life.on_stop("nvidia.com/gpu.clique label", lambda: set_clique_label(connection.client, config.node_name, ""))
     return connection, session
 
@@ -461,9 +467,11 @@ def _build_runner(life: Lifecycle, identity: DriverIdentity, config: PluginConfi
     def held_channels(exclude_uid: str) -> list[tuple[str, Any]]:
         return runner_holder[0].stored_records(CHANNEL_KIND, exclude_uid) if runner_holder else []
 
+    pre_warmed = config.imex_mode == "preWarmed"
     channels = ChannelPreparer(lookup, identity, imex, current_clique, host_managed=host_managed,
-                               imex_ctl=ask_imex_ctl, held_channels=held_channels if channel_isolation else None)
-    daemons = DaemonPreparer(lookup, identity, imex, current_clique, config.plugin_dir)
+                               pre_warmed=pre_warmed, imex_ctl=ask_imex_ctl,
+                               held_channels=held_channels if channel_isolation else None)
+    daemons = DaemonPreparer(lookup, identity, imex, current_clique, config.plugin_dir, clique_domains=pre_warmed)
     preparers: list[Any] = [channels] if host_managed else [channels, daemons]
     metrics = DriverMetrics(node=config.node_name, driver=identity.driver_name)
     plugin_ref: list[ComputeDomainPlugin] = []

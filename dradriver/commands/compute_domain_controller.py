@@ -39,10 +39,12 @@ FLAGS: tuple[config.Flag, ...] = (
     config.Flag("--max-nodes-per-imex-domain", "MAX_NODES_PER_IMEX_DOMAIN", 18, "Most nodes in one IMEX domain "
                 "(18: GB200/GB300 NVL72).", "int"),
     config.Flag("--imex-mode", "IMEX_MODE", "driverManaged", "driverManaged: IMEX daemons in a DaemonSet per "
-                "domain; hostManaged: IMEX runs on the hosts (needs the gate HostManagedIMEXDaemon).", "str",
-                ("driverManaged", "hostManaged")),
+                "domain; hostManaged: IMEX runs on the hosts (needs the gate HostManagedIMEXDaemon); preWarmed "
+                "(dradriver's): a DaemonSet of IMEX daemons per NVLink clique before any domain exists, each domain "
+                "its own channel.", "str", ("driverManaged", "hostManaged", "preWarmed")),
     config.Flag("--imex-isolation", "IMEX_ISOLATION", "domain", "domain: channel 0 for every domain (NVIDIA's); "
-                "channel: each domain its own IMEX channel (needs --imex-mode hostManaged).", "str",
+                "channel: each domain its own IMEX channel (needs --imex-mode hostManaged; preWarmed always "
+                "isolates by channel).", "str",
                 ("domain", "channel")),
     config.Flag("--pprof-path", "PPROF_PATH", "", "Go's profiling path in NVIDIA's; accepted and unused here."),
     config.Flag("--additional-namespaces", "ADDITIONAL_NAMESPACES", "", "Comma-separated further namespaces "
@@ -117,7 +119,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         check_gates(gates, where="--feature-gates (env FEATURE_GATES)")
     except FeatureGateError as exc:
         raise FlagError(str(exc)) from exc
-    if args.imex_isolation == "channel" and args.imex_mode != "hostManaged":
+    if args.imex_isolation == "channel" and args.imex_mode not in ("hostManaged", "preWarmed"):
         raise FlagError(config.CHANNEL_NEEDS_HOST_MANAGED)
     if args.imex_mode == "hostManaged" and not gates[HOST_MANAGED_IMEX_DAEMON]:
         raise FlagError("--imex-mode (env IMEX_MODE) hostManaged needs the feature gate HostManagedIMEXDaemon")

@@ -28,6 +28,19 @@ cannot write one back); then the domain's finalizer. NVIDIA releases the finaliz
 gone, while its IMEX daemons may still run. Host-managed IMEX mode: finalizer, workload template and status
 ``Ready`` only.
 
+Pre-warmed IMEX mode (``--imex-mode preWarmed``, dradriver's; :meth:`ComputeDomainController.ensure_clique_daemons`,
+at start, every node check and when one of them is deleted): for every value of the Node label ``nvidia.com/gpu.clique``
+one IMEX domain, served by a daemon ResourceClaimTemplate and a DaemonSet ``computedomain-daemon-<clique domain ID>``
+(:func:`~dradriver.domain.cdtemplates.clique_daemon_set`) on that clique's nodes, made before any ComputeDomain
+exists; a clique no node carries any more has its objects and ComputeDomainClique deleted. Membership of the
+clique daemons is the driver-managed code path, keyed by the clique domain's ID. A ComputeDomain gets only its
+finalizer, its channel (channel isolation's allocator) and its workload template; its ``status.nodes`` lists the
+nodes its allocated channel claims are on, each with the clique daemon's entry there and the condition
+``CliqueDaemonReady`` (reasons ``CliqueDaemonReady``, ``CliqueDaemonNotReady``, ``NodeNotAnswering``), and
+``status.status`` is ``NotReady`` while any of them is not; each change of a node's condition is an Event on the
+domain (Warning with the reason, Normal ``CliqueDaemonReady`` on recovery). The domains' status is recomputed at
+every membership pass of a clique domain and at the status resync.
+
 One install per cluster: DaemonSets, daemon templates and cliques of a live domain in a namespace that is neither
 the driver namespace nor an ``--additional-namespaces`` one were left by an install in another namespace (a
 reinstall into a new namespace); the stale sweep (which runs before the first reconcile) deletes them, so exactly one
@@ -78,7 +91,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dradriver.domain.cdtemplates import (
+    ANNOTATION_TEMPLATE_HASH,
     ControllerSettings,
+    clique_daemon_set,
+    clique_domain,
     daemon_claim_template,
     daemon_set,
     owner_of,
@@ -86,16 +102,25 @@ from dradriver.domain.cdtemplates import (
 )
 from dradriver.domain.computedomains import (
     ANNOTATION_IMEX_CHANNEL,
+    CLIQUE_DAEMON_CONDITION,
+    COMPUTE_DOMAIN_KIND,
     FINALIZER,
     LABEL_CLIQUE_ID,
     LABEL_COMPUTE_DOMAIN,
+    NODE_CLIQUE_LABEL,
+    REASON_CLIQUE_DAEMON_NOT_READY,
+    REASON_CLIQUE_DAEMON_READY,
+    REASON_NODE_LOST,
     STATUS_NOT_READY,
     STATUS_READY,
     CliqueDaemon,
     ComputeDomain,
     ComputeDomainError,
+    DaemonCondition,
     choose_channel,
+    clique_domain_uid,
     clique_member_nodes,
+    clique_object_name,
     clique_of,
     daemon_object_name,
     domain_channel,
@@ -105,10 +130,11 @@ from dradriver.domain.computedomains import (
     unresponsive_nodes,
 )
 from dradriver.domain.featuregates import COMPUTE_DOMAIN_CLIQUES
+from dradriver.domain.identity import COMPUTE_DOMAIN_DRIVER
 from dradriver.domain.imex import assign_indexes
-from dradriver.kube import cdobjects, errors
+from dradriver.kube import cdobjects, errors, events
 from dradriver.kube import computedomains as kcd
-from dradriver.kube.cdobjects import DAEMON_SETS, PODS, RESOURCE_CLAIM_TEMPLATES
+from dradriver.kube.cdobjects import DAEMON_SETS, PODS, RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS
 from dradriver.kube.client import JSONDict, KubeClient
 from dradriver.kube.deployments import list_pods
 
@@ -350,6 +376,9 @@ class ComputeDomainController:
     _pass_lock: threading.RLock = field(default_factory=threading.RLock)
     _count_lock: threading.Lock = field(default_factory=threading.Lock)  # the write counters, from the writers
     _writers: ThreadPoolExecutor | None = None  # CLIQUE_WRITERS threads (a pass's lists and writes), made at first use
+    _clique_domains: dict[str, str] = field(default_factory=dict)  # pre-warmed: clique domain ID -> clique ID
+    _clique_lock: threading.Lock = field(default_factory=threading.Lock)  # one ensure_clique_daemons at a time
+    _pass_reads: dict[str, Any] | None = None  # pre-warmed: lists shared by the domains of one membership pass
 
     @property
     def cliques_gate(self) -> bool:
@@ -361,6 +390,8 @@ class ComputeDomainController:
         """Sweep, then watch, reconcile, sync status and sweep until ``stop`` is set."""
         log.info("compute-domain controller starts (driver namespace %s, IMEX mode %s)", self.settings.namespace,
                  self.settings.imex_mode)
+        if self.settings.pre_warmed:
+            self._guarded("clique daemons", self.ensure_clique_daemons)  # before the sweep: their IDs are live
         self._guarded("stale sweep", self.sweep)
         owned: list[tuple[cdobjects.ObjectKind, str]] = [(RESOURCE_CLAIM_TEMPLATES, "")]
         if not self.settings.host_managed:
@@ -525,7 +556,10 @@ class ComputeDomainController:
         return failed
 
     def check_nodes(self) -> None:
-        """The node check: mark every domain with a clique member on a node that stopped answering."""
+        """The node check: mark every domain with a clique member on a node that stopped answering (pre-warmed
+        mode: first keep a clique DaemonSet for every clique, :meth:`ensure_clique_daemons`)."""
+        if self.settings.pre_warmed:
+            self._guarded("clique daemons", self.ensure_clique_daemons)
         failed = self.failed_nodes(fresh=True)
         if not failed or not self.cliques_gate:
             return
@@ -541,10 +575,19 @@ class ComputeDomainController:
         :raises errors.KubeAPIError: a list failed (a failed write re-marks its domain instead).
         """
         with self._pass_lock:
-            self._reconcile_membership(uids)
+            self._pass_reads = {}
+            try:
+                self._reconcile_membership(uids)
+            finally:
+                self._pass_reads = None
 
     def _reconcile_membership(self, uids: Iterable[str] | None) -> None:
         wanted = None if uids is None else set(uids)
+        if self.settings.pre_warmed:
+            cliques = set(self._clique_domains) if wanted is None else wanted & set(self._clique_domains)
+            if cliques:
+                self._sync_clique_domains(cliques)
+                wanted = None  # every domain's nodes may be on these cliques: recompute them all
         if wanted is not None and not wanted:
             return
         objs: Iterable[JSONDict]
@@ -595,15 +638,192 @@ class ComputeDomainController:
         pods: dict[str, list[JSONDict]] = {}
         cliques: dict[str, list[JSONDict]] = {}
         listing = None
-        if not self.settings.host_managed:  # the two lists at once: one round trip of the pass, not two
+        if self.settings.domain_daemons:  # the two lists at once: one round trip of the pass, not two
             listing = self._writer_pool().submit(list_pods, self.client, ns, selector)
-        if self.cliques_gate:
+        if self.cliques_gate and self.settings.domain_daemons:
             for clique in kcd.list_cliques(self.client, ns, selector):
                 cliques.setdefault(owner_of(clique), []).append(clique)
         if listing is not None:
             for pod in listing.result():
                 pods.setdefault(owner_of(pod), []).append(pod)
         return pods, cliques
+
+    # -- pre-warmed IMEX: a clique domain per clique -------------------------------------------------------------
+    def ensure_clique_daemons(self) -> dict[str, str]:
+        """Pre-warmed mode: a daemon ResourceClaimTemplate and a DaemonSet (:func:`~dradriver.domain.cdtemplates.
+        clique_daemon_set`) for every value of the Node label ``nvidia.com/gpu.clique``; those of a clique no Node
+        carries any more are deleted with their ComputeDomainCliques. Returns clique domain ID -> clique ID.
+
+        :raises errors.KubeAPIError: a list or write failed (the next node check tries again).
+        """
+        with self._clique_lock:
+            wanted = self.node_cliques()
+            for uid, clique in wanted.items():
+                if uid not in self._clique_domains:
+                    log.info("pre-warmed IMEX: clique %s is IMEX domain %s", clique, uid)
+                self._clique_domains[uid] = clique
+                cd = clique_domain(clique, self.settings)
+                for kind, manifest in ((RESOURCE_CLAIM_TEMPLATES, daemon_claim_template(cd, self.settings)),
+                                       (DAEMON_SETS, clique_daemon_set(clique, self.settings))):
+                    try:
+                        self._ensure(kind, manifest, cd)
+                        if kind is DAEMON_SETS:
+                            self._update_clique_daemon_set(manifest, clique)
+                    except ReconcileRetry as exc:
+                        log.warning("pre-warmed IMEX: clique %s: %s (trying again at the next node check)", clique,
+                                    exc)
+            ns = self.settings.namespace
+            for ds in cdobjects.list_objects(self.client, DAEMON_SETS, ns, LABEL_CLIQUE_ID):
+                uid = owner_of(ds)
+                if uid in wanted:
+                    continue
+                clique = str((ds["metadata"].get("labels") or {}).get(LABEL_CLIQUE_ID) or "")
+                log.warning("pre-warmed IMEX: no node is in clique %s any more: deleting its IMEX daemons", clique)
+                for kind in (DAEMON_SETS, RESOURCE_CLAIM_TEMPLATES):
+                    cdobjects.delete(self.client, kind, ns, daemon_object_name(uid))
+                    cdobjects.remove_finalizer(self.client, kind, ns, daemon_object_name(uid), FINALIZER)
+                for obj in kcd.list_cliques(self.client, ns, _uid_selector(uid)):
+                    kcd.delete_clique(self.client, ns, obj["metadata"]["name"])
+                self._clique_domains.pop(uid, None)
+                self.mark(uid)
+            return dict(wanted)
+
+    def _update_clique_daemon_set(self, manifest: JSONDict, clique: str) -> None:
+        """Replace the clique DaemonSet when its :data:`~dradriver.domain.cdtemplates.ANNOTATION_TEMPLATE_HASH` is
+        not ``manifest``'s (the controller was upgraded or its daemon flags changed): the DaemonSet's rolling update
+        (``maxUnavailable`` 1, the Kubernetes default) then restarts the clique's daemons node by node, each node's
+        domains reporting ``CliqueDaemonNotReady`` while its daemon is down.
+
+        :raises errors.KubeAPIError: the read or the write failed (a conflict is retried at the next node check).
+        """
+        meta = manifest["metadata"]
+        existing = cdobjects.get(self.client, DAEMON_SETS, meta["namespace"], meta["name"])
+        if existing is None:
+            return
+        have = ((existing.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_TEMPLATE_HASH)
+        want = meta["annotations"][ANNOTATION_TEMPLATE_HASH]
+        if have == want:
+            return
+        updated = {**existing, "spec": {**existing["spec"], "template": manifest["spec"]["template"]},
+                   "metadata": {**existing["metadata"], "annotations": {
+                       **(existing["metadata"].get("annotations") or {}), ANNOTATION_TEMPLATE_HASH: want}}}
+        try:
+            cdobjects.replace(self.client, DAEMON_SETS, updated)
+        except errors.KubeConflictError:
+            return
+        log.warning("pre-warmed IMEX: clique %s: DaemonSet %s/%s updated (pod template %s -> %s): its IMEX daemons "
+                    "restart node by node", clique, meta["namespace"], meta["name"], have or "(none)", want)
+
+    def node_cliques(self) -> dict[str, str]:
+        """Pre-warmed mode: clique domain ID -> clique ID for every value of the Node label
+        ``nvidia.com/gpu.clique`` now (one list of the labelled Nodes).
+
+        :raises errors.KubeAPIError: the list failed.
+        """
+        found = {str(((n.get("metadata") or {}).get("labels") or {}).get(NODE_CLIQUE_LABEL) or "")
+                 for n in cdobjects.list_nodes(self.client, NODE_CLIQUE_LABEL)} - {""}
+        return {clique_domain_uid(c): c for c in sorted(found)}
+
+    def _sync_clique_domains(self, uids: set[str]) -> None:
+        """One membership pass of the clique domains ``uids``: :meth:`reconcile_clique` of each one's
+        ComputeDomainCliques with its daemon pods (indexes, statuses, failed nodes), as for a domain's own."""
+        ns = self.settings.namespace
+        for uid in sorted(uids):
+            pods = [p for p in list_pods(self.client, ns, _uid_selector(uid)) if owner_of(p) == uid]
+            cliques = [c for c in kcd.list_cliques(self.client, ns, _uid_selector(uid)) if owner_of(c) == uid]
+            self._reconcile_cliques(cliques, pods)
+
+    def _pre_warmed_nodes(self, cd: ComputeDomain) -> list[CliqueDaemon]:
+        """Pre-warmed mode: ``status.nodes`` of ``cd``: a node per allocated channel claim of the domain (pool =
+        node name), each with its clique daemon's entry (index, IP) and the condition ``CliqueDaemonReady``: the
+        node stopped answering (``NodeNotAnswering``), its clique daemon has no entry or is not Ready
+        (``CliqueDaemonNotReady``, with the daemon's own ``IMEXDaemonRunning`` message when it has one), or it
+        is Ready. A node in no clique is Ready with index -1 (its claims get no channel, as in every mode)."""
+        names: set[str] = set()
+        claims = self._pass_read(f"claims/{cd.namespace}",
+                                 lambda: cdobjects.list_objects(self.client, RESOURCE_CLAIMS, cd.namespace))
+        for claim in claims:
+            devices = ((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}
+            params = [((c.get("opaque") or {}).get("parameters") or {}) for c in devices.get("config") or ()]
+            if not any(p.get("domainID") == cd.uid for p in params):
+                continue
+            names |= {str(r.get("pool") or "") for r in devices.get("results") or ()
+                      if r.get("driver") == COMPUTE_DOMAIN_DRIVER.driver_name} - {""}
+        if not names:
+            return []
+        every = self._pass_read("nodes", lambda: {
+            str(n["metadata"]["name"]): str((n["metadata"].get("labels") or {}).get(NODE_CLIQUE_LABEL) or "")
+            for n in cdobjects.list_nodes(self.client)})
+        cliques = {name: every[name] for name in names if name in every}
+        failed = self.failed_nodes()
+        entries: dict[str, dict[str, CliqueDaemon]] = {}
+        for clique in {c for c in cliques.values() if c}:
+            name = clique_object_name(clique_domain_uid(clique), clique)
+            obj = self._pass_read(f"clique/{name}", functools.partial(kcd.get_clique, self.client,
+                                                                      self.settings.namespace, name))
+            entries[clique] = {d.node_name: d for d in (CliqueDaemon.from_entry(r) for r in
+                                                        (obj or {}).get("daemons") or ())}
+        before = {n.node_name: n for n in cd.nodes}
+        out = []
+        for name in sorted(names):
+            clique = cliques.get(name, "")
+            entry = entries.get(clique, {}).get(name)
+            if name in failed:
+                reason, message = REASON_NODE_LOST, (f"node {name} stopped answering (Lease or Ready condition): "
+                                                     f"the IMEX daemon of clique {clique or '(none)'} there is gone")
+            elif not clique:
+                reason, message = REASON_CLIQUE_DAEMON_READY, f"node {name} is in no NVLink clique (no channel)"
+            elif entry is None or not entry.member:
+                reason, message = REASON_CLIQUE_DAEMON_NOT_READY, (f"no IMEX daemon of clique {clique} has joined "
+                                                                   f"on node {name}")
+            elif entry.status != STATUS_READY:
+                own = [c for c in entry.conditions if c.status == "False"]
+                reason, message = REASON_CLIQUE_DAEMON_NOT_READY, (
+                    f"the IMEX daemon of clique {clique} on node {name} is not Ready"
+                    + (f" ({own[0].reason}: {own[0].message})" if own else ""))
+            else:
+                reason = REASON_CLIQUE_DAEMON_READY
+                message = f"the IMEX daemon of clique {clique} on node {name} is Ready"
+            ready = reason == REASON_CLIQUE_DAEMON_READY
+            old = (next((c for c in before[name].conditions if c.type == CLIQUE_DAEMON_CONDITION), None)
+                   if name in before else None)
+            since = (old.last_transition_time if old is not None and old.reason == reason
+                     else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock())))
+            condition = DaemonCondition(CLIQUE_DAEMON_CONDITION, "True" if ready else "False", reason, message, since)
+            out.append(CliqueDaemon(node_name=name, ip_address=entry.ip_address if entry and entry.member else "",
+                                    clique_id=clique, index=entry.index if entry is not None else -1,
+                                    status=STATUS_READY if ready else STATUS_NOT_READY, conditions=(condition,)))
+        return out
+
+    def _pass_read(self, key: str, read: Callable[[], Any]) -> Any:
+        """``read()``, done once per membership pass for all its domains (the claims of a namespace, the Nodes, a
+        clique): a full pass over N domains then lists the Nodes once, not N times; outside a pass, read now."""
+        if self._pass_reads is None:
+            return read()
+        if key not in self._pass_reads:
+            self._pass_reads[key] = read()
+        return self._pass_reads[key]
+
+    def _report_node_changes(self, cd: ComputeDomain, nodes: list[CliqueDaemon]) -> None:
+        """Pre-warmed mode: an Event on ``cd`` for each node whose ``CliqueDaemonReady`` reason changed (a node
+        listed for the first time only when it is not Ready): Warning with the reason, Normal on recovery."""
+        before = {n.node_name: next((c.reason for c in n.conditions if c.type == CLIQUE_DAEMON_CONDITION), "")
+                  for n in cd.nodes}
+        about = events.ObjectRef(kind=COMPUTE_DOMAIN_KIND, name=cd.name, namespace=cd.namespace, uid=cd.uid,
+                                 api_version="resource.nvidia.com/v1beta1")
+        for node in nodes:
+            condition = node.conditions[0]
+            if before.get(node.node_name, REASON_CLIQUE_DAEMON_READY) == condition.reason:
+                continue
+            ready = condition.status == "True"
+            (log.info if ready else log.warning)("ComputeDomain %s/%s (uid %s): %s", cd.namespace, cd.name, cd.uid,
+                                                 condition.message)
+            try:
+                events.create_event(self.client, about, reason=condition.reason, message=condition.message,
+                                    type_="Normal" if ready else "Warning", component=CONTROLLER_FIELD_MANAGER)
+            except errors.KubeAPIError as exc:
+                log.warning("ComputeDomain %s/%s: Event %s not written: %s", cd.namespace, cd.name,
+                            condition.reason, exc)
 
     def _writer_pool(self) -> ThreadPoolExecutor:
         with self._count_lock:
@@ -641,6 +861,12 @@ class ComputeDomainController:
         if not uid:
             return
         gone = kind_of_event == "DELETED" or bool(meta.get("deletionTimestamp"))
+        if gone and uid in self._clique_domains:
+            log.warning("%s %s/%s of the pre-warmed IMEX daemons of clique %s %s: making it again", kind.plural,
+                        meta.get("namespace", ""), meta.get("name", ""), self._clique_domains[uid],
+                        "deleted" if kind_of_event == "DELETED" else "being deleted")
+            self._guarded("clique daemons", self.ensure_clique_daemons)
+            return
         if gone:
             key = self._keys.get(uid)
             if key is None:
@@ -700,7 +926,7 @@ class ComputeDomainController:
         if FINALIZER not in cd.finalizers:
             obj["metadata"]["finalizers"] = [*cd.finalizers, FINALIZER]
             obj = kcd.update_compute_domain(self.client, obj)
-        if not self.settings.host_managed:
+        if self.settings.domain_daemons:
             for kind, manifest in ((RESOURCE_CLAIM_TEMPLATES, daemon_claim_template(cd, self.settings)),
                                    (DAEMON_SETS, daemon_set(cd, self.settings))):
                 manifest["metadata"]["namespace"] = self._daemon_namespace(kind, cd.uid)
@@ -806,13 +1032,13 @@ class ComputeDomainController:
             return
         targets: list[tuple[cdobjects.ObjectKind, str, str]] = [(RESOURCE_CLAIM_TEMPLATES, cd.namespace,
                                                                  cd.template_name)]
-        if not self.settings.host_managed:
+        if self.settings.domain_daemons:
             targets += [(kind, o["metadata"]["namespace"], o["metadata"]["name"])
                         for kind, o in self._daemon_objects(cd.uid)]
         for kind, namespace, name in targets:
             if self._owned(kind, namespace, name, cd.uid) is not None:
                 cdobjects.delete(self.client, kind, namespace, name)
-        if not self.settings.host_managed:
+        if self.settings.domain_daemons:
             self._unlabel_nodes(cd.uid)
         for kind, namespace, name in targets:
             if self._owned(kind, namespace, name, cd.uid) is not None:
@@ -820,7 +1046,7 @@ class ComputeDomainController:
         for kind, namespace, name in targets:
             if self._owned(kind, namespace, name, cd.uid) is not None:
                 raise ReconcileRetry(f"{kind.plural} {namespace}/{name} still exists")
-        if not self.settings.host_managed:
+        if self.settings.domain_daemons:
             self._wait_for_daemon_pods(cd)
             for clique in self._list_everywhere(None, _uid_selector(cd.uid)):
                 kcd.delete_clique(self.client, clique["metadata"]["namespace"], clique["metadata"]["name"])
@@ -910,10 +1136,10 @@ class ComputeDomainController:
 
     def _sync_status(self, obj: JSONDict) -> None:
         uid = str(obj["metadata"].get("uid", ""))
-        pods = [] if self.settings.host_managed else list_pods(self.client, self.settings.namespace,
-                                                               _uid_selector(uid))
-        cliques = [] if not self.cliques_gate else kcd.list_cliques(self.client, self.settings.namespace,
-                                                                    _uid_selector(uid))
+        pods = [] if not self.settings.domain_daemons else list_pods(self.client, self.settings.namespace,
+                                                                     _uid_selector(uid))
+        cliques = [] if not (self.cliques_gate and self.settings.domain_daemons) else kcd.list_cliques(
+            self.client, self.settings.namespace, _uid_selector(uid))
         try:
             self._sync(obj, pods, cliques)
         except errors.KubeConflictError:
@@ -924,6 +1150,12 @@ class ComputeDomainController:
         status = dict(obj.get("status") or {})
         if self.settings.host_managed:
             wanted = {**status, "status": STATUS_READY}
+        elif self.settings.pre_warmed:
+            nodes = self._pre_warmed_nodes(cd)
+            wanted = {**status, "nodes": [n.to_status_node() for n in nodes], "status": global_status(0, nodes)}
+            if not nodes and "nodes" not in status:
+                wanted.pop("nodes")
+            self._report_node_changes(cd, nodes)
         else:
             mine = [p for p in pods if owner_of(p) == cd.uid]
             my_cliques = self._reconcile_cliques([c for c in cliques if owner_of(c) == cd.uid], mine)
@@ -1032,6 +1264,8 @@ class ComputeDomainController:
         cliques = self._list_everywhere(None, LABEL_COMPUTE_DOMAIN)
         live = {str((o.get("metadata") or {}).get("uid", "")) for o in
                 kcd.list_compute_domains(self.client).get("items") or ()}
+        if self.settings.pre_warmed:  # the clique domains of the nodes now (ensure_clique_daemons retires the rest),
+            live |= set(self.node_cliques())  # read here: an ensure that failed must not make them look stale
         for kind, obj in found:
             uid = owner_of(obj)
             meta = obj["metadata"]

@@ -23,6 +23,8 @@ times, readiness every 10 s once; each probe times out after 10 s.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -36,24 +38,32 @@ from dradriver.domain.computedomains import (
     DEFAULT_MAX_NODES_PER_IMEX_DOMAIN,
     FINALIZER,
     ISOLATED_CHANNEL_DEVICE_CLASS,
+    LABEL_CLIQUE_ID,
     LABEL_COMPUTE_DOMAIN,
     LABEL_TARGET,
+    NODE_CLIQUE_LABEL,
     ComputeDomain,
+    clique_domain_name,
+    clique_domain_uid,
     daemon_object_name,
 )
 from dradriver.domain.featuregates import DEFAULT_GATES, FeatureGates
 from dradriver.domain.identity import COMPUTE_DOMAIN_DRIVER
 
 __all__ = [
+    "ANNOTATION_TEMPLATE_HASH",
     "DAEMON_CLAIM_NAME",
     "DAEMON_CONTAINER",
     "IMEX_ISOLATION_CHANNEL",
     "IMEX_ISOLATION_DOMAIN",
     "IMEX_MODE_DRIVER_MANAGED",
     "IMEX_MODE_HOST_MANAGED",
+    "IMEX_MODE_PRE_WARMED",
     "TARGET_DAEMON",
     "TARGET_WORKLOAD",
     "ControllerSettings",
+    "clique_daemon_set",
+    "clique_domain",
     "daemon_claim_template",
     "daemon_set",
     "owner_of",
@@ -68,6 +78,12 @@ DAEMON_CONTAINER = "compute-domain-daemon"
 """The DaemonSet's container, and the name of its pod's resource claim."""
 DAEMON_CLAIM_NAME = "compute-domain-daemon"
 IMEX_MODE_DRIVER_MANAGED, IMEX_MODE_HOST_MANAGED = "driverManaged", "hostManaged"
+ANNOTATION_TEMPLATE_HASH = "resource.nvidia.com/daemonTemplateHash"
+"""Pre-warmed mode: the hash of the pod template a clique DaemonSet was made with (:func:`clique_daemon_set`): the
+controller updates a DaemonSet whose hash is not the one its flags give now (a new image after an upgrade)."""
+IMEX_MODE_PRE_WARMED = "preWarmed"
+"""dradriver's third IMEX mode: one long-lived IMEX daemon per node of every clique, a DaemonSet per clique the
+controller keeps before any ComputeDomain exists; each ComputeDomain gets its own channel in its cliques' domains."""
 IMEX_ISOLATION_DOMAIN, IMEX_ISOLATION_CHANNEL = "domain", "channel"
 RESOURCE_API_VERSION = "resource.k8s.io/v1"
 _PROBE_TIMEOUT_S = 10
@@ -83,9 +99,11 @@ class ControllerSettings:
     :param max_nodes_per_imex_domain: ``MAX_NODES_PER_IMEX_DOMAIN`` (18: GB200/GB300 NVL72).
     :param pull_secrets: ``imagePullSecrets`` of daemon pods (``--cd-daemon-image-pull-secret-names``).
     :param feature_gates: the gates in force; the daemons get all of them in ``FEATURE_GATES``.
-    :param imex_mode: ``driverManaged`` (IMEX daemons in the per-domain DaemonSet) or ``hostManaged``.
+    :param imex_mode: ``driverManaged`` (IMEX daemons in the per-domain DaemonSet), ``hostManaged`` or
+        ``preWarmed`` (dradriver's: a DaemonSet of IMEX daemons per clique, :func:`clique_daemon_set`).
     :param imex_isolation: ``domain`` (channel 0 for every domain, NVIDIA's) or ``channel`` (host-managed only:
-        each domain its own channel, annotation ``resource.nvidia.com/imexChannel``).
+        each domain its own channel, annotation ``resource.nvidia.com/imexChannel``); pre-warmed mode always
+        isolates by channel.
     """
 
     namespace: str = "default"
@@ -103,9 +121,20 @@ class ControllerSettings:
         return self.imex_mode == IMEX_MODE_HOST_MANAGED
 
     @property
+    def pre_warmed(self) -> bool:
+        """Pre-warmed IMEX: the clique DaemonSets run the daemons; a domain has no DaemonSet, daemon template or
+        node label of its own."""
+        return self.imex_mode == IMEX_MODE_PRE_WARMED
+
+    @property
+    def domain_daemons(self) -> bool:
+        """Driver-managed IMEX: each domain its own DaemonSet, daemon template, cliques and node labels."""
+        return not self.host_managed and not self.pre_warmed
+
+    @property
     def channel_isolation(self) -> bool:
-        """``IMEX_ISOLATION=channel``: each domain gets its own IMEX channel."""
-        return self.imex_isolation == IMEX_ISOLATION_CHANNEL
+        """``IMEX_ISOLATION=channel``, or pre-warmed mode: each domain gets its own IMEX channel."""
+        return self.imex_isolation == IMEX_ISOLATION_CHANNEL or self.pre_warmed
 
 
 def render_all_gates(gates: Mapping[str, bool]) -> str:
@@ -154,7 +183,7 @@ def workload_claim_template(cd: ComputeDomain, settings: ControllerSettings, cha
         <channel>``.
     :raises ValueError: channel isolation without a channel, or a channel in domain isolation.
     """
-    mode = ALLOCATION_SINGLE if settings.host_managed else cd.allocation_mode
+    mode = ALLOCATION_SINGLE if not settings.domain_daemons else cd.allocation_mode
     params = {"apiVersion": API_GROUP_VERSION, "kind": "ComputeDomainChannelConfig", "domainID": cd.uid,
               "allocationMode": mode}
     if settings.channel_isolation != (channel is not None):
@@ -230,6 +259,34 @@ def daemon_set(cd: ComputeDomain, settings: ControllerSettings) -> JSONDict:
             "template": {"metadata": {"labels": dict(selector)}, "spec": pod_spec},
         },
     }
+
+
+def clique_domain(clique_id: str, settings: ControllerSettings) -> ComputeDomain:
+    """Pre-warmed mode: clique ``clique_id``'s IMEX domain in the shape of a ComputeDomain (UID
+    :func:`~dradriver.domain.computedomains.clique_domain_uid`, in the driver namespace), so the per-domain
+    daemon objects, the daemon claim, the membership records and the daemon itself serve it unchanged."""
+    uid = clique_domain_uid(clique_id)
+    return ComputeDomain(name=clique_domain_name(clique_id), namespace=settings.namespace, uid=uid,
+                         template_name=daemon_object_name(uid))
+
+
+def clique_daemon_set(clique_id: str, settings: ControllerSettings) -> JSONDict:
+    """Pre-warmed mode: the DaemonSet ``computedomain-daemon-<clique domain ID>`` of clique ``clique_id``'s IMEX
+    daemons: :func:`daemon_set` of :func:`clique_domain`, on every node labelled ``nvidia.com/gpu.clique=
+    <clique_id>`` (the compute-domain plugin sets the label with ``--gpu-clique-label-enabled``) rather than on
+    nodes labelled for one domain; the object also carries ``resource.nvidia.com/computeDomain.cliqueID`` and
+    :data:`ANNOTATION_TEMPLATE_HASH` (16 hex digits of the SHA-256 of the pod template's canonical JSON).
+
+    :raises ValueError: not pre-warmed mode, or no image.
+    """
+    if not settings.pre_warmed:
+        raise ValueError("clique DaemonSets exist only in the pre-warmed IMEX mode (--imex-mode preWarmed)")
+    ds = daemon_set(clique_domain(clique_id, settings), settings)
+    ds["spec"]["template"]["spec"]["nodeSelector"] = {NODE_CLIQUE_LABEL: clique_id}
+    ds["metadata"]["labels"][LABEL_CLIQUE_ID] = clique_id
+    canonical = json.dumps(ds["spec"]["template"], sort_keys=True, separators=(",", ":")).encode()
+    ds["metadata"]["annotations"] = {ANNOTATION_TEMPLATE_HASH: hashlib.sha256(canonical).hexdigest()[:16]}
+    return ds
 
 
 def owner_of(obj: Mapping[str, Any]) -> str:

@@ -15,6 +15,7 @@ slots after #1465, index swaps #1418/#1440); ``nvmlGpuFabricInfo_t`` in ``nvml.h
 from __future__ import annotations
 
 import hashlib
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -34,6 +35,8 @@ __all__ = [
     "BINDING_CONDITION",
     "BINDING_FAILURE_CONDITION",
     "CHANNEL_DEVICE_CLASS",
+    "CLIQUE_DAEMON_CONDITION",
+    "CLIQUE_DOMAIN_NAMESPACE",
     "CLIQUE_KIND",
     "CLIQUE_PLURAL",
     "COMPUTE_DOMAIN_KIND",
@@ -49,8 +52,11 @@ __all__ = [
     "LABEL_COMPUTE_DOMAIN",
     "LABEL_TARGET",
     "NODE_CLIQUE_LABEL",
+    "REASON_CLIQUE_DAEMON_NOT_READY",
+    "REASON_CLIQUE_DAEMON_READY",
     "REASON_IMEX_FAILED",
     "REASON_IMEX_RUNNING",
+    "REASON_NODE_LOST",
     "STATUS_NOT_READY",
     "STATUS_READY",
     "UNUSED_SLOT_IP",
@@ -62,6 +68,8 @@ __all__ = [
     "DaemonConfig",
     "choose_channel",
     "choose_index",
+    "clique_domain_name",
+    "clique_domain_uid",
     "clique_member_nodes",
     "clique_object_name",
     "clique_of",
@@ -230,6 +238,36 @@ def parse_daemon_config(raw: Mapping[str, Any], where: str = "config") -> Daemon
 
 
 # -- objects -------------------------------------------------------------------------------------------------------
+
+
+CLIQUE_DOMAIN_NAMESPACE = uuid.UUID("6f1c4e8a-2b0d-5a7e-9c1f-3d5e7a9b0c2d")
+"""The UUID namespace the pre-warmed clique IMEX domains' IDs are derived in (dradriver's own constant)."""
+
+
+def clique_domain_uid(clique_id: str) -> str:
+    """The IMEX domain ID of clique ``clique_id`` in the pre-warmed IMEX mode (``--imex-mode preWarmed``): a UUID
+    (version 5, name ``clique_id``), the same on every node and controller, used where a driver-managed domain
+    uses its ComputeDomain's UID: the clique daemons' DaemonSet and daemon template ``computedomain-daemon-<id>``,
+    their pods' label, the ComputeDomainClique ``<id>.<cliqueID>`` and the domain directory."""
+    return str(uuid.uuid5(CLIQUE_DOMAIN_NAMESPACE, clique_id))
+
+
+def clique_domain_name(clique_id: str) -> str:
+    """``imex-clique-<first 8 hex digits of its ID>``: the name the clique daemons report as
+    ``COMPUTE_DOMAIN_NAME`` (in their logs and Events)."""
+    return f"imex-clique-{clique_domain_uid(clique_id)[:8]}"
+
+
+CLIQUE_DAEMON_CONDITION = "CliqueDaemonReady"
+"""Pre-warmed mode: the condition type of a ``status.nodes[]`` entry saying whether the clique's IMEX daemon on
+that node serves the domain (dradriver's own)."""
+REASON_CLIQUE_DAEMON_READY = "CliqueDaemonReady"
+"""Condition reason (and Normal Event reason) of a node whose clique daemon is Ready (again)."""
+REASON_CLIQUE_DAEMON_NOT_READY = "CliqueDaemonNotReady"
+"""Condition reason (and Warning Event reason) of a node whose clique daemon is not Ready (restarting, failed,
+not scheduled)."""
+REASON_NODE_LOST = "NodeNotAnswering"
+"""Condition reason (and Warning Event reason) of a domain node whose Lease or Ready condition says it is gone."""
 
 
 IMEX_DAEMON_CONDITION = "IMEXDaemonRunning"

@@ -22,6 +22,7 @@ from dradriver.kube.client import JSONDict, KubeClient
 __all__ = [
     "DAEMON_SETS",
     "PODS",
+    "RESOURCE_CLAIMS",
     "RESOURCE_CLAIM_TEMPLATES",
     "ObjectKind",
     "create",
@@ -56,6 +57,7 @@ class ObjectKind:
 RESOURCE_CLAIM_TEMPLATES = ObjectKind("resourceclaimtemplates", "resource", "resource_claim_template")
 DAEMON_SETS = ObjectKind("daemonsets", "apps", "daemon_set")
 PODS = ObjectKind("pods", "core", "pod")
+RESOURCE_CLAIMS = ObjectKind("resourceclaims", "resource", "resource_claim")
 
 
 def get(client: KubeClient, kind: ObjectKind, namespace: str, name: str) -> JSONDict | None:

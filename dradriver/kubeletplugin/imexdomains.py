@@ -17,9 +17,11 @@ from dradriver.kubeletplugin.runner import BatchRunner
 log = logging.getLogger(__name__)
 
 
-def remove_vanished_domain_dirs(client: Any, config: PluginConfig, runner: BatchRunner) -> list[str]:
+def remove_vanished_domain_dirs(client: Any, config: PluginConfig, runner: BatchRunner, *,
+                                keep: set[str] | frozenset[str] = frozenset()) -> list[str]:
     """Remove ``<plugin dir>/domains/<cdUID>`` of every ComputeDomain that no longer exists and that no stored
-    daemon claim names (NVIDIA's 10-minute loop); returns the removed UIDs."""
+    daemon claim names (NVIDIA's 10-minute loop), except the IDs in ``keep`` (pre-warmed mode: the node's clique
+    domain, which is no ComputeDomain); returns the removed UIDs."""
     held = {str(r.data.get("domain")) for _uid, r in runner.stored_records("imex-daemon", "")}
     removed: list[str] = []
     try:
@@ -29,7 +31,7 @@ def remove_vanished_domain_dirs(client: Any, config: PluginConfig, runner: Batch
         log.warning("cannot list ComputeDomains for the domain-directory cleanup: %s", exc)
         return removed
     for uid in imexchannels.domain_dirs(config.plugin_dir):
-        if uid in existing or uid in held:
+        if uid in existing or uid in held or uid in keep:
             continue
         try:
             if imexchannels.remove_domain_dir(config.plugin_dir, uid):

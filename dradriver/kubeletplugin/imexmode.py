@@ -27,7 +27,7 @@ def check_driver_version(version: str, config: PluginConfig) -> None:
 
     :raises FlagError: the driver is older (names both versions).
     """
-    if config.imex_mode != "driverManaged":
+    if config.imex_mode == "hostManaged":  # driver-managed and pre-warmed run nvidia-imex in daemon pods
         return
     try:
         too_old = _version_tuple(version) < _version_tuple(DNS_NAMES_MIN_DRIVER)
@@ -57,8 +57,8 @@ def refuse_beside_host_imex(config: PluginConfig) -> None:
         raise FlagError(
             f"the host runs {unit} (systemd: {found.evidence} under the driver root {config.container_driver_root}): "
             "it holds this node's only IMEX session, so the IMEX daemons of ComputeDomains cannot start with "
-            "--imex-mode (env IMEX_MODE) driverManaged. Either stop and disable it on the host (systemctl disable "
-            f"--now {unit}), or let it serve IMEX: IMEX_MODE=hostManaged with the feature gate "
+            f"--imex-mode (env IMEX_MODE) {config.imex_mode}. Either stop and disable it on the host "
+            f"(systemctl disable --now {unit}), or let it serve IMEX: IMEX_MODE=hostManaged with the feature gate "
             "HostManagedIMEXDaemon=true (chart: resources.computeDomains.imex.mode: hostManaged)")
     log.warning("%s is enabled on the host (%s) but not running: it will take this node's IMEX session at the next "
                 "boot, and driver-managed ComputeDomains will then fail here; disable it (systemctl disable %s) or "

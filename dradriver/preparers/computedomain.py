@@ -30,6 +30,12 @@ condition; the prepare of a claim bound that way finds its daemon ready and does
 Host-managed IMEX (``--imex-mode hostManaged``): the allocated channel is given, no label, readiness is the host
 daemon's ``nvidia-imex-ctl -q`` answer (on a node in a clique); daemon claims are refused.
 
+Pre-warmed IMEX (``--imex-mode preWarmed``, dradriver's): channel isolation as below, no label, and readiness is
+that of this node's clique daemon -- the long-lived daemon pod of the controller's DaemonSet for this node's clique,
+whose IMEX domain ID is :func:`~dradriver.domain.computedomains.clique_domain_uid` of the clique -- read exactly as
+a driver-managed domain's daemon is (:meth:`DomainLookup.daemon_readiness`: its readiness record, else its
+ComputeDomainClique entry and pod). A daemon claim may name that clique domain instead of a ComputeDomain.
+
 Channel isolation (``--imex-isolation channel``, host-managed only): the node publishes all its channels and the
 controller gives each ComputeDomain its own channel ID (annotation ``resource.nvidia.com/imexChannel``, written into
 the workload template's CEL selector). The prepare refuses, per claim, an allocated channel that is not the
@@ -68,6 +74,8 @@ from dradriver.domain.computedomains import (
     STATUS_READY,
     CliqueDaemon,
     ComputeDomainError,
+    clique_domain_name,
+    clique_domain_uid,
     clique_object_name,
     domain_channel,
     parse_channel_config,
@@ -325,6 +333,8 @@ class ChannelPreparer:
     :param imex: the node's IMEX facts (channel major and count).
     :param clique_id: this node's clique ID now (``""``: in no clique).
     :param host_managed: ``--imex-mode hostManaged``.
+    :param pre_warmed: ``--imex-mode preWarmed``: the node's clique daemon serves every domain (needs
+        ``held_channels``).
     :param imex_ctl: host-managed readiness: returns ``(ready, output)`` (``nvidia-imex-ctl -q``).
     :param held_channels: channel isolation (host-managed): the channel records of the node's other prepared claims
         as ``(claim UID, record)`` for a claim UID to leave out (the runner's ``stored_records``, read while
@@ -336,11 +346,14 @@ class ChannelPreparer:
     apply_takes_deadline = True
 
     def __init__(self, lookup: DomainLookup, identity: DriverIdentity, imex: ImexNodeInfo,
-                 clique_id: Callable[[], str], *, host_managed: bool = False,
+                 clique_id: Callable[[], str], *, host_managed: bool = False, pre_warmed: bool = False,
                  imex_ctl: Callable[[], tuple[bool, str]] | None = None,
                  held_channels: Callable[[str], Sequence[tuple[str, UndoRecord]]] | None = None) -> None:
-        if held_channels is not None and not host_managed:
-            raise ValueError("channel isolation needs host-managed IMEX")
+        if held_channels is not None and not (host_managed or pre_warmed):
+            raise ValueError("channel isolation needs host-managed or pre-warmed IMEX")
+        if pre_warmed and held_channels is None:
+            raise ValueError("pre-warmed IMEX isolates domains by channel: held_channels is required")
+        self.pre_warmed = pre_warmed
         self.lookup = lookup
         self.identity = identity
         self.imex = imex
@@ -368,7 +381,7 @@ class ChannelPreparer:
         if self.held_channels is not None and parsed.allocation_mode == ALLOCATION_ALL:
             raise ClaimError(claim.ref, f"{config.where}.allocationMode: 'All' would give every IMEX channel of the "
                                         "node, which --imex-isolation channel forbids (use 'Single')")
-        if self.host_managed:
+        if self.host_managed or self.pre_warmed:
             first = device.id  # the allocated channel
         else:
             first = 0  # NVIDIA: a driver-managed channel claim is always channel 0
@@ -466,6 +479,11 @@ class ChannelPreparer:
                 if not ready:
                     raise NotReadyYet(claim, f"the host's IMEX daemon is not ready (nvidia-imex-ctl -q: {output})")
             return UndoRecord(self.kind, 1, plan.device, data)
+        if self.pre_warmed:
+            data["channel"] = self._check_isolated(claim, plan, obj)
+            if clique:
+                self._clique_daemon_ready(claim, clique, namespace, name)
+            return UndoRecord(self.kind, 1, plan.device, data)
         current = self.lookup.node_label()
         if current is not None and current != uid:
             raise ClaimError(claim, f"node {self.lookup.node_name} is labelled {LABEL_COMPUTE_DOMAIN}={current}: it "
@@ -527,6 +545,17 @@ class ChannelPreparer:
                     return BindingVerdict("waiting", "IMEXDaemonNotReady", f"{where}: the host's IMEX daemon is not "
                                                                            f"ready (nvidia-imex-ctl -q: {output})")
             return BindingVerdict("ready", "DomainReady", f"{where}: the host's IMEX daemon is ready")
+        if self.pre_warmed:  # the clique's daemon serves every domain: no node label, nothing to start
+            if not clique:
+                return BindingVerdict("ready", "DomainReady", f"{where}: the node is in no NVLink clique (no IMEX "
+                                                              "daemon to wait for)")
+            found = self.lookup.daemon_readiness(clique_domain_uid(clique), clique)
+            if found.ready:
+                return BindingVerdict("ready", "DomainReady", f"{where}: the pre-warmed IMEX daemon of clique {clique} "
+                                                              "is Ready")
+            return BindingVerdict("waiting", "IMEXDaemonNotReady",
+                                  f"{where}: the pre-warmed IMEX daemon of clique {clique} is not Ready yet "
+                                  f"(ComputeDomainClique {self.lookup.namespace}/{found.clique}: {found.seen})")
         current = self.lookup.node_label()
         if current is not None and current != uid:
             return BindingVerdict("failed", "NodeServesAnotherDomain",
@@ -558,6 +587,21 @@ class ChannelPreparer:
         here (its binding failed or timed out): remove the label as for a claim unprepared before it ever was
         (:meth:`unprepared_unknown`)."""
         self.unprepared_unknown(ref)
+
+    def _clique_daemon_ready(self, claim: ClaimRef, clique: str, namespace: str, name: str) -> None:
+        """Pre-warmed mode: return when this node's clique daemon is ready (the same rule as a driver-managed
+        domain's daemon, for the clique's IMEX domain).
+
+        :raises NotReadyYet: it is not (names the clique, its ComputeDomainClique and what was seen; the
+            daemon's readiness record is the ready hint).
+        """
+        clique_uid = clique_domain_uid(clique)
+        found = self.lookup.daemon_readiness(clique_uid, clique)
+        if not found.ready:
+            raise NotReadyYet(claim, f"the pre-warmed IMEX daemon of clique {clique} on node {self.lookup.node_name} "
+                                     f"is not Ready (ComputeDomain {namespace}/{name}; ComputeDomainClique "
+                                     f"{self.lookup.namespace}/{found.clique}: {found.seen})",
+                              ready_hint=functools.partial(self._record_ready, clique_uid))
 
     def _check_isolated(self, claim: ClaimRef, plan: DevicePlan, obj: Mapping[str, Any]) -> int:
         """Channel isolation: the allocated channel must be the domain's and no other domain's prepared claim on
@@ -641,13 +685,16 @@ class DaemonPreparer:
     :param imex: the node's IMEX facts (``fabric-imex-mgmt`` minor, ``nvidia-caps`` major).
     :param clique_id: this node's clique ID now.
     :param plugin_dir: ``<kubelet plugins dir>/compute-domain.nvidia.com`` (host path, also the daemon's mount).
+    :param clique_domains: pre-warmed mode: a claim may name this node's clique's IMEX domain
+        (:func:`~dradriver.domain.computedomains.clique_domain_uid`) instead of a ComputeDomain.
     """
 
     kind = DAEMON_KIND
     side_effects = True
 
     def __init__(self, lookup: DomainLookup, identity: DriverIdentity, imex: ImexNodeInfo,
-                 clique_id: Callable[[], str], plugin_dir: Path) -> None:
+                 clique_id: Callable[[], str], plugin_dir: Path, *, clique_domains: bool = False) -> None:
+        self.clique_domains = clique_domains
         self.lookup = lookup
         self.identity = identity
         self.imex = imex
@@ -685,9 +732,11 @@ class DaemonPreparer:
 
     def apply(self, claim: ClaimRef, plan: DevicePlan) -> UndoRecord:
         uid = str(plan.details["domain"])
-        obj = self.lookup.domain(claim, uid, str(plan.details["where"]))
-        namespace, name = _meta(obj)
         clique = self.clique_id()
+        if self.clique_domains and clique and uid == clique_domain_uid(clique):
+            namespace, name = self.lookup.namespace, clique_domain_name(clique)
+        else:
+            namespace, name = _meta(self.lookup.domain(claim, uid, str(plan.details["where"])))
         if clique:
             self._cap_node()  # a missing capability fails before anything is written
         try:

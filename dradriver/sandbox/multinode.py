@@ -497,6 +497,9 @@ class MultiNodeCluster:
     :param binding_conditions: KEP-5007 on: the scheduler's gate ``DRADeviceBindingConditions`` and every plugin's
         ``BINDING_CONDITIONS=true`` (module docstring, "Scheduler").
     :param binding_timeout_s: the scheduler's ``bindingTimeout``, seconds.
+    :param pre_warmed: pre-warmed IMEX (``IMEX_MODE=preWarmed`` for plugins and controller): the controller's
+        DaemonSet per rack clique runs an IMEX daemon pod on every node before any ComputeDomain exists, each
+        domain its own channel.
     """
 
     def __init__(self, racks: Sequence[int] = (2, 2), *, api: ApiServerEmulator | None = None,
@@ -505,14 +508,16 @@ class MultiNodeCluster:
                  fabric: Mapping[int, tuple[int, int]] | None = None, daemon_poll_s: float = 0.2,
                  namespace: str = SANDBOX_NAMESPACE, lease_renew_s: float = 0.2, host_imex: bool = False,
                  channel_isolation: bool = False, binding_conditions: bool = False,
-                 binding_timeout_s: float = scheduler.BINDING_TIMEOUT_S) -> None:
+                 binding_timeout_s: float = scheduler.BINDING_TIMEOUT_S, pre_warmed: bool = False) -> None:
         if not racks or any(n < 1 or n > mock.RACK_TRAYS for n in racks) or len(racks) > len(RACK_PROFILES):
             raise MultiNodeError(f"racks must list 1..{len(RACK_PROFILES)} racks of 1..{mock.RACK_TRAYS} nodes, "
                                  f"not {list(racks)}")
         if channel_isolation and not host_imex:
             raise MultiNodeError("channel isolation needs host-managed IMEX (host_imex=True): "
                                  + CHANNEL_NEEDS_HOST_MANAGED)
-        self.host_imex, self.channel_isolation = host_imex, channel_isolation
+        if pre_warmed and host_imex:
+            raise MultiNodeError("pre-warmed and host-managed IMEX are two different modes: choose one")
+        self.host_imex, self.channel_isolation, self.pre_warmed = host_imex, channel_isolation, pre_warmed
         self._owns_api = api is None
         self.api = api if api is not None else ApiServerEmulator().start()
         self.time_scale, self.interval_s, self.daemon_poll_s = time_scale, interval_s, daemon_poll_s
@@ -606,6 +611,8 @@ class MultiNodeCluster:
                              imex_isolation="channel" if self.channel_isolation else "domain",
                              imex_host_socket_path=str(self.host_imex_socket(node)),
                              feature_gates=config.feature_gates.with_gates(**{HOST_MANAGED_IMEX_DAEMON: True}))
+        if self.pre_warmed:
+            config = replace(config, imex_mode="preWarmed", imex_isolation="channel", gpu_clique_label_enabled=True)
         return replace(config, **self.plugin_overrides)
 
     # ------------------------------------------------------------------------------------------ host IMEX
@@ -789,6 +796,8 @@ class MultiNodeCluster:
             gates = ",".join(g for g in (env.get("FEATURE_GATES", ""), f"{HOST_MANAGED_IMEX_DAEMON}=true") if g)
             env.update({"IMEX_MODE": "hostManaged", "IMEX_ISOLATION": "channel" if self.channel_isolation else "domain",
                         "FEATURE_GATES": gates})
+        if self.pre_warmed:
+            env.update({"IMEX_MODE": "preWarmed", "IMEX_ISOLATION": "channel"})
         with open(first.root / log_name, "ab") as out:
             proc = subprocess.Popen([sys.executable, "-m", "dradriver", "compute-domain-controller"], env=env,
                                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,

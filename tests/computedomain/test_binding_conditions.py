@@ -240,3 +240,34 @@ def test_host_managed_the_condition_is_set_once_the_hosts_imex_daemon_answers_re
             assert got.ok, got.error
 
     asyncio.run(body())
+
+
+def test_pre_warmed_the_condition_is_set_once_the_cliques_daemon_is_ready_and_no_node_is_labelled(
+        node: SandboxNode) -> None:
+    """Pre-warmed IMEX: the clique's long-lived daemon serves every domain, so the binding condition waits for that
+    daemon on this node (not for a domain's daemon), and the node is never labelled for the domain."""
+    from dradriver.domain.computedomains import clique_domain_uid
+
+    api = node.api
+    assert api is not None
+    channel_class(api)
+    uid = seed_domain(api, "cd-warm")
+    clique_uid = clique_domain_uid(GB200_CLIQUE)
+    seed_clique(api, clique_uid, node.node_name, "NotReady")
+    ref = pending_claim(api, "wl-warm", uid)
+    claims = [("default", ref.name)]
+
+    async def body() -> None:
+        async with running(cd_config(node, binding_conditions=True, imex_mode="preWarmed")):
+            scheduler.allocate(api, claims, node_name=node.node_name, binding_conditions=True)
+            await asyncio.sleep(0.5)
+            assert scheduler.prebind(api, claims).state == "waiting"
+            assert condition(api, ref.name, BINDING_CONDITION) is None and node_label(api) is None
+            seed_clique(api, clique_uid, node.node_name, "Ready")
+            await wait_for(lambda: condition(api, ref.name, BINDING_CONDITION) is not None)
+            written = condition(api, ref.name, BINDING_CONDITION)
+            assert written is not None and (written["status"], written["reason"]) == ("True", "DomainReady")
+            assert GB200_CLIQUE in written["message"] and node_label(api) is None
+            assert scheduler.prebind(api, claims).state == "ready"
+
+    asyncio.run(body())

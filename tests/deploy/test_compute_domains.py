@@ -105,6 +105,9 @@ def test_controller_rbac_is_least_privilege() -> None:
         ("resource.k8s.io", "resourceclaimtemplates", ("create", "delete", "get", "list", "update", "watch")),
         ("", "nodes", ("get", "list", "patch")),
         ("coordination.k8s.io", "leases", ("list",)),  # the kubelets' heartbeats in kube-node-lease
+        # pre-warmed IMEX: each domain's nodes from its allocated claims, an Event per change of a node's daemon
+        ("resource.k8s.io", "resourceclaims", ("list",)),
+        ("", "events", ("create",)),
     }
     assert _rules("Role", CONTROLLER) == {
         ("apps", "daemonsets", ("create", "delete", "get", "list", "update", "watch")),
