@@ -233,7 +233,7 @@ def measure(side: Side, node: Any, claims: int, tag: str, held: int = 0) -> dict
         cpu_before = _proc_cpu(proc.pid)
         checkpoint = Path(node.config().plugin_dir) / "checkpoint.json"
 
-        def sized() -> None:  # the checkpoint each pair rewrites (two rewrites per prepare, one per unprepare)
+        def sized() -> None:  # the checkpoint each pair rewrites (once per prepare, once per unprepare)
             figures["checkpoint_kib"] = checkpoint.stat().st_size / 1024 if checkpoint.exists() else 0.0
 
         prepares, unprepares, empties = asyncio.run(_pairs(KubeletEmulator, side.registrar, refs, held_refs, sized))

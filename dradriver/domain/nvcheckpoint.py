@@ -517,9 +517,11 @@ class Checkpoint:
 
 @dataclass(frozen=True, slots=True)
 class EncodedEntry:
-    """One claim's entry already in Go's bytes: ``v2`` (the ``PreparedClaimV2`` object) and ``v1`` (its
-    downgrade view, ``None`` unless the claim is ``PrepareCompleted``). Kept per claim by a writer that rewrites
-    the whole file often (:func:`assemble`), so a rewrite re-encodes nothing but the frame and the checksums."""
+    """One claim's entry already in Go's bytes, as members of the ``preparedClaims`` objects (the claim UID as a
+    JSON string, ``:``, the value): ``v2`` (the ``PreparedClaimV2`` object) and ``v1`` (its downgrade view,
+    ``None`` unless the claim is ``PrepareCompleted``). Kept per claim by a writer that rewrites the whole file
+    often (:func:`assemble`), so a rewrite encodes nothing again: it joins these bytes and computes the checksums.
+    """
 
     v2: bytes
     v1: bytes | None
@@ -538,25 +540,23 @@ def encode_entry(uid: str, entry: CheckpointEntry, schema: ClaimSchema = GPU_CLA
     if v2_json["preparedDevices"]:
         v2_json["preparedDevices"] = _Encoded(go_json(_groups_schema(schema), v2_json["preparedDevices"],
                                                       where).decode())
-    v2 = go_json(_entry_schema(schema, v1=False), v2_json, where)
-    v1 = (go_json(_entry_schema(schema, v1=True), {"status": v2_json["status"],
-                                                   "preparedDevices": v2_json["preparedDevices"]}, where)
+    key = _go_string(uid).encode() + b":"
+    v2 = key + go_json(_entry_schema(schema, v1=False), v2_json, where)
+    v1 = (key + go_json(_entry_schema(schema, v1=True), {"status": v2_json["status"],
+                                                         "preparedDevices": v2_json["preparedDevices"]}, where)
           if entry.state is CheckpointState.PREPARE_COMPLETED else None)
     return EncodedEntry(v2=v2, v1=v1)
 
 
-def _claims_object(parts: list[tuple[bytes, bytes]]) -> bytes:
-    return b"{" + b",".join(key + b":" + value for key, value in parts) + b"}"
-
-
 def assemble(entries: Mapping[str, EncodedEntry], node_boot_id: str) -> bytes:
     """The whole file from per-claim entries: V2 and its checksum, the V1 view and the top-level checksum, with
-    the claims in sorted UID order (as Go writes a map). O(total bytes): two checksums over the content."""
-    keyed = [(_go_string(uid).encode(), entries[uid]) for uid in sorted(entries)]
-    v2_claims = _claims_object([(k, e.v2) for k, e in keyed]) if keyed else b""
-    v1_parts = [(k, e.v1) for k, e in keyed if e.v1 is not None]
-    v1 = b'{"preparedClaims":' + _claims_object(v1_parts) + b"}" if v1_parts else b"{}"
-    v2_tail = ((b',"preparedClaims":' + v2_claims if keyed else b"")
+    the claims in sorted UID order (as Go writes a map). O(total bytes): the entries' bytes joined once per
+    object, and two checksums over the content."""
+    ordered = [entries[uid] for uid in sorted(entries)]
+    v2_claims = b"{" + b",".join([e.v2 for e in ordered]) + b"}" if ordered else b""
+    v1_parts = [e.v1 for e in ordered if e.v1 is not None]
+    v1 = b'{"preparedClaims":{' + b",".join(v1_parts) + b"}}" if v1_parts else b"{}"
+    v2_tail = ((b',"preparedClaims":' + v2_claims if ordered else b"")
                + (b',"nodeBootID":' + _go_string(node_boot_id).encode() if node_boot_id else b"") + b"}")
     v2_sum = checksum(b'{"checksum":0' + v2_tail)
     v1_sum = checksum(b'{"checksum":0,"v1":' + v1 + b"}")

@@ -37,10 +37,14 @@ NVIDIA hand a held device to another claim (unsafe); a stale one would make it r
 The runner calls :meth:`RollbackCheckpoint.prepared` / :meth:`RollbackCheckpoint.unprepared` under its lock,
 right after the claim state's group commit (in-memory, O(1) per claim), and :meth:`RollbackCheckpoint.flush`
 after releasing it and before answering. The file is rewritten whole and fsync'd (NVIDIA's format has no other
-way, and NVIDIA pays the same: two fsync'd rewrites per prepare, one per unprepare; the fsync is what keeps the file
-whole across a power loss, see :mod:`dradriver.host.nvcheckpointfile`), but concurrent calls share one rewrite
-(group commit):
-each flush covers every change made before it began, so N kubelet calls in flight cost one write, not N. A
+way; the fsync is what keeps the file whole across a power loss, see :mod:`dradriver.host.nvcheckpointfile`), once
+per Prepare or Unprepare call whatever its claims. NVIDIA's plugin rewrites it twice per prepare
+(``PrepareStarted``, then ``PrepareCompleted``) and once per unprepare; one rewrite suffices here because a claim
+is named only once its completion is in the claim state (a claim a crash left PREPARE_STARTED is rolled back from
+the claim state, never from this file), so nothing of it needs to be on disk before that. The entries are encoded
+once per claim and a rewrite joins their bytes (:func:`~dradriver.domain.nvcheckpoint.assemble`). Concurrent calls
+share one rewrite (group commit): each flush covers every change made before it began, so N kubelet calls in
+flight cost one write, not N. A
 process crash after the claim state's commit and before the flush leaves a claim the kubelet was never told was
 prepared: its retry is answered from the claim state and flushes the entry then; the unprepare's retry likewise
 removes a stale entry.

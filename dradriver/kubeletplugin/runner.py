@@ -97,6 +97,7 @@ from dradriver.errors import DradriverError
 from dradriver.host import cdifiles
 from dradriver.host.claimstate import ClaimConflictError, ClaimPhase, ClaimRecord, ClaimState, HeldDevice
 from dradriver.host.devicemetadata import DeviceMetadataFiles
+from dradriver.kubeletplugin.claimviews import ClaimViews, PreparedDevices
 from dradriver.kubeletplugin.fairlock import FairLock
 from dradriver.kubeletplugin.payload import (
     aborted_mark,
@@ -378,8 +379,11 @@ class BatchRunner:
         """Claim UID -> prepare calls in progress for it (to tell an unprepare that aborts one)."""
         self._flight_lock = threading.Lock()  # prepare calls of several DRA server threads count in _in_flight
         self.preparations = 0  # claims actually prepared (not answered from state); for tests and metrics
+        self.views = ClaimViews(self._device_kind)
+        """What the stored claims hold (metrics): updated by the claims each batch changed, rebuilt from every
+        claim only when the claim state says any may have changed (:meth:`_refresh_views`)."""
         self._counts: tuple[int, dict[str, int]] = (0, {})
-        self._prepared: dict[str, tuple[tuple[str, str], ...]] = {}
+        self._refresh_views()
 
     # ---------------------------------------------------------------------------------- helpers
     def preparer_for(self, device: object) -> DevicePreparer | None:
@@ -579,28 +583,23 @@ class BatchRunner:
         self._fetch_pool.shutdown(wait=False, cancel_futures=True)
 
     def _changed(self) -> None:
-        """After a batch: publish the views :meth:`_refresh_views` computed (no locking)."""
+        """After a batch: publish the counts :meth:`_refresh_views` computed (no locking)."""
         if self.metrics is not None:
             claims, by_type = self._counts
             self.metrics.set_prepared(claims, by_type)
 
     def _refresh_views(self) -> None:
-        """In the worker thread, with the state at hand: device -> claim map and counts for metrics."""
-        claims = self.state.claims()
-        by_type: dict[str, int] = {}
-        devices: dict[str, tuple[tuple[str, str], ...]] = {}
-        marks = 0
-        for record in claims.values():
-            if not record.devices and record.phase is ClaimPhase.PREPARE_STARTED:
-                marks += 1  # an aborted-prepare mark (or a claim holding nothing yet): not a prepared claim
-            for dev in record.devices:
-                kind = self._device_kind(dev.device)
-                by_type[kind] = by_type.get(kind, 0) + 1
-                owner = (record.namespace, record.name)
-                if record.phase is ClaimPhase.PREPARE_COMPLETED and owner not in devices.get(dev.device, ()):
-                    devices[dev.device] = (*devices.get(dev.device, ()), owner)  # admin access, shares: several
-        self._counts = (len(claims) - marks, by_type)
-        self._prepared = devices  # replaced whole: readers on other threads see the old or the new map
+        """With the runner's lock held, after a batch: bring :attr:`views` up to date by the claims whose records
+        changed since the last refresh (:meth:`ClaimState.take_changes`; O(1) per claim changed, whatever the
+        claims held), or from every claim when any may have changed (at start, after another instance's
+        records), and take the metric counts."""
+        changed = self.state.take_changes()
+        if changed is None:
+            self.views.rebuild(self.state.claims().values())
+        else:
+            for uid in changed:
+                self.views.update(uid, self.state.get(uid))
+        self._counts = self.views.counts()
 
     def _fetch(self, ref: ClaimRef, timeout_s: float) -> Claim | str:
         try:
@@ -620,12 +619,8 @@ class BatchRunner:
             such as an MPS control daemon's readiness, wait at most until then).
         """
         out: dict[str, ClaimResult] = {}
-        try:
-            for i in range(0, len(items), self.chunk_size):
-                out.update(self._prepare_chunk(items[i:i + self.chunk_size], started, deadline, retry))
-        finally:
-            with self._lock:  # once per batch: the views walk every stored claim
-                self._refresh_views()
+        for i in range(0, len(items), self.chunk_size):
+            out.update(self._prepare_chunk(items[i:i + self.chunk_size], started, deadline, retry))
         return out
 
     def _prepare_chunk(self, items: list[tuple[ClaimRef, Claim | str]], started: int,
@@ -644,61 +639,11 @@ class BatchRunner:
         Any error, expected or not, stays with its claim: every UID of the batch gets an answer.
         """
         out: dict[str, ClaimResult] = {}
-        todo: list[_Work] = []
-        done: list[_Work] = []
         with self._lock:
             try:
-                with self.state.locked():
-                    with self.state.group_commit():
-                        for ref, fetched in items:
-                            if isinstance(fetched, str):
-                                out[ref.uid] = ClaimResult(error=fetched)
-                                continue
-                            try:
-                                answer = self._start_one(fetched, started)
-                            except Exception as exc:  # one claim's problem is that claim's answer
-                                out[ref.uid] = ClaimResult(error=_claim_error(ref, exc))
-                                continue
-                            if isinstance(answer, ClaimResult):
-                                out[ref.uid] = answer
-                                if answer.devices and self.checkpoint is not None:
-                                    self.checkpoint.prepared_again(fetched, self.state.get(ref.uid))
-                            else:
-                                answer.deadline = deadline
-                                todo.append(answer)
-                    self._apply_all(todo)
-                    ready = [w for w in todo if not w.error]
-                    for work in ready:
-                        try:
-                            self._write_spec(work)
-                        except Exception as exc:
-                            work.error = _claim_error(work.claim.ref, exc)
-                    failed = [w for w in todo if w.error]
-                    for work in failed:
-                        self._undo_applied(work)
-                    with self.state.group_commit():
-                        for work in todo:
-                            if not work.error:
-                                pins = {p.device: pin for p in work.plans if (pin := _pin_of(p.entry))}
-                                self.state.prepare_completed(work.uid, payload=encode_payload(
-                                    self._spec_file(work.uid), work.applied, pins, shares_of(work.held)))
-                                done.append(work)
-                        for work in failed:
-                            out[work.uid] = ClaimResult(error=work.error)
-                            if work.retry and retry is not None:
-                                retry[work.uid] = work.ready_hint
-                            self._roll_back_failed(work)
-                if self.checkpoint is not None:
-                    for work in done:
-                        self.checkpoint.prepared(work.uid, work.claim, work.held, work.applied)
-            except (OSError, DradriverError) as exc:
-                # The claim state or the CDI directory could not be made durable: no claim of the batch that
-                # was still in progress is acknowledged. STARTED records are undone and rolled back at the next
-                # start, or redone when the kubelet retries.
-                for work in todo:
-                    out.setdefault(work.uid, ClaimResult(error=f"claim {work.claim.ref}: cannot record claim "
-                                                                f"state: {exc}"))
-                done = []
+                done = self._prepare_locked(items, started, deadline, retry, out)
+            finally:
+                self._refresh_views()  # O(claims of the chunk)
         if self.checkpoint is not None and (unsaved := self.checkpoint.flush_or_error()):
             answered = [w.uid for w in done] + [u for u, r in out.items() if r.devices]
             out.update((uid, ClaimResult(error=f"claim {uid}: {unsaved}")) for uid in answered)
@@ -709,6 +654,66 @@ class BatchRunner:
             out[work.uid] = ClaimResult(devices=tuple(h.to_prepared() for h in work.held if h.request_names))
             self._tell(self.on_prepared, work.claim.ref, work.applied)
         return out
+
+    def _prepare_locked(self, items: list[tuple[ClaimRef, Claim | str]], started: int, deadline: float | None,
+                        retry: RetryHints | None, out: dict[str, ClaimResult]) -> list[_Work]:
+        """:meth:`_prepare_chunk`'s phases 1 to 4, the runner's lock held: fills ``out`` with the answers known so
+        far (errors, answers from the claim state) and returns the claims newly prepared."""
+        todo: list[_Work] = []
+        done: list[_Work] = []
+        try:
+            with self.state.locked():
+                with self.state.group_commit():
+                    for ref, fetched in items:
+                        if isinstance(fetched, str):
+                            out[ref.uid] = ClaimResult(error=fetched)
+                            continue
+                        try:
+                            answer = self._start_one(fetched, started)
+                        except Exception as exc:  # one claim's problem is that claim's answer
+                            out[ref.uid] = ClaimResult(error=_claim_error(ref, exc))
+                            continue
+                        if isinstance(answer, ClaimResult):
+                            out[ref.uid] = answer
+                            if answer.devices and self.checkpoint is not None:
+                                self.checkpoint.prepared_again(fetched, self.state.get(ref.uid))
+                        else:
+                            answer.deadline = deadline
+                            todo.append(answer)
+                self._apply_all(todo)
+                ready = [w for w in todo if not w.error]
+                for work in ready:
+                    try:
+                        self._write_spec(work)
+                    except Exception as exc:
+                        work.error = _claim_error(work.claim.ref, exc)
+                failed = [w for w in todo if w.error]
+                for work in failed:
+                    self._undo_applied(work)
+                with self.state.group_commit():
+                    for work in todo:
+                        if not work.error:
+                            pins = {p.device: pin for p in work.plans if (pin := _pin_of(p.entry))}
+                            self.state.prepare_completed(work.uid, payload=encode_payload(
+                                self._spec_file(work.uid), work.applied, pins, shares_of(work.held)))
+                            done.append(work)
+                    for work in failed:
+                        out[work.uid] = ClaimResult(error=work.error)
+                        if work.retry and retry is not None:
+                            retry[work.uid] = work.ready_hint
+                        self._roll_back_failed(work)
+            if self.checkpoint is not None:
+                for work in done:
+                    self.checkpoint.prepared(work.uid, work.claim, work.held, work.applied)
+        except (OSError, DradriverError) as exc:
+            # The claim state or the CDI directory could not be made durable: no claim of the batch that
+            # was still in progress is acknowledged. STARTED records are undone and rolled back at the next
+            # start, or redone when the kubelet retries.
+            for work in todo:
+                out.setdefault(work.uid, ClaimResult(error=f"claim {work.claim.ref}: cannot record claim "
+                                                            f"state: {exc}"))
+            done = []
+        return done
 
     @staticmethod
     def _tell(hook: Callable[[ClaimRef, Sequence[UndoRecord]], None] | None, ref: ClaimRef,
@@ -1254,21 +1259,10 @@ class BatchRunner:
         return results
 
     def _unprepare_all(self, claims: list[ClaimRef]) -> dict[str, str]:
-        """Unprepare a batch chunk by chunk (:meth:`_unprepare_chunk`), taking the lock per chunk; a batch of one
-        chunk takes it once for the chunk and the views."""
-        if len(claims) <= self.chunk_size:
-            with self._lock:
-                try:
-                    return self._unprepare_locked(claims)
-                finally:
-                    self._refresh_views()
+        """Unprepare a batch chunk by chunk (:meth:`_unprepare_chunk`), taking the lock per chunk."""
         out: dict[str, str] = {}
-        try:
-            for i in range(0, len(claims), self.chunk_size):
-                out.update(self._unprepare_chunk(claims[i:i + self.chunk_size]))
-        finally:
-            with self._lock:  # once per batch: the views walk every stored claim
-                self._refresh_views()
+        for i in range(0, len(claims), self.chunk_size):
+            out.update(self._unprepare_chunk(claims[i:i + self.chunk_size]))
         return out
 
     def _unprepare_chunk(self, claims: list[ClaimRef]) -> dict[str, str]:
@@ -1278,7 +1272,10 @@ class BatchRunner:
         removal was not yet durable is simply unprepared again when the kubelet retries (undo is idempotent).
         """
         with self._lock:
-            return self._unprepare_locked(claims)
+            try:
+                return self._unprepare_locked(claims)
+            finally:
+                self._refresh_views()  # O(claims of the chunk)
 
     def _unprepare_locked(self, claims: list[ClaimRef]) -> dict[str, str]:
         """:meth:`_unprepare_chunk`'s work; the caller holds the runner's lock."""
@@ -1489,8 +1486,7 @@ class BatchRunner:
             return []
         with self._lock, self.state.locked(), self.state.group_commit():
             gone = self._forget_expired_aborts()
-            if gone:
-                self._refresh_views()
+            self._refresh_views()
         if gone and self.checkpoint is not None:
             self.checkpoint.flush_or_error()  # logged; the next prepare or unprepare writes it again
         return gone
@@ -1677,13 +1673,13 @@ class BatchRunner:
                   uid, ", ".join(devices))
         return True
 
-    def prepared_devices(self) -> dict[str, tuple[tuple[str, str], ...]]:
-        """DRA device name -> ``(claim namespace, claim name)`` of every completed claim holding it (metrics
-        labels: one series per claim).
+    def prepared_devices(self) -> PreparedDevices:
+        """DRA device name -> ``(claim namespace, claim name)`` of every completed claim holding it, sorted (metrics
+        labels: one series per claim; :meth:`ClaimViews.prepared_devices`).
 
-        A snapshot taken after the last batch; safe to call from any thread, never waits on the claim state.
+        As of the last batch; safe to call from any thread, never waits on the claim state.
         """
-        return self._prepared
+        return self.views.prepared_devices()
 
 
 def _fetch_timeout(ref: ClaimRef, fetch_budget: float) -> str:

@@ -93,6 +93,36 @@ def test_concurrent_prepares_share_checkpoint_rewrites(sandbox: SandboxNode) -> 
     asyncio.run(body())
 
 
+def test_a_prepare_and_an_unprepare_rewrite_the_checkpoint_once_per_call(sandbox: SandboxNode) -> None:
+    """One rewrite per Prepare call and one per Unprepare call, whatever the claims of the call: a claim is named
+    once its completion is in the claim state (a PREPARE_STARTED claim is in no checkpoint, so there is nothing to
+    write before it), and the rewrite before the answer covers every claim of the call."""
+    api = sandbox.api
+    assert api is not None
+
+    async def body() -> None:
+        async with running(sandbox.config()) as (plugin, kubelet):
+            checkpoint = plugin.runner.checkpoint
+            assert checkpoint is not None
+            one = ref_of(set_allocation(sandbox, api.create(claim_object("one")), [result("gpu-0")]))
+            batch = [ref_of(set_allocation(sandbox, api.create(claim_object(f"b{i}")), [result(f"gpu-{i + 1}")]))
+                     for i in range(3)]
+            for refs in ([one], batch):
+                before = checkpoint.writes
+                assert all(a.error == "" for a in (await kubelet.prepare(refs)).values())
+                assert checkpoint.writes - before == 1
+                kept = read_checkpoint(_checkpoint(sandbox))
+                assert kept is not None and {r.uid for r in refs} <= set(kept.claims)
+            for refs in ([one], batch):
+                before = checkpoint.writes
+                assert await kubelet.unprepare(refs) == {r.uid: "" for r in refs}
+                assert checkpoint.writes - before == 1
+            kept = read_checkpoint(_checkpoint(sandbox))
+            assert kept is not None and kept.claims == {}
+
+    asyncio.run(body())
+
+
 def test_a_restart_keeps_the_checkpoint_and_a_damaged_one_is_rebuilt(sandbox: SandboxNode) -> None:
     api = sandbox.api
     assert api is not None
