@@ -217,7 +217,26 @@ async def adopt_nvidia(identity: DriverIdentity, config: PluginConfig, connectio
         adoption_module.adopt_nvidia_claims, runner.state, path, boot_id=read_boot_id(config.boot_id_path),
         adoption=adoption, encode_payload=encode_payload, spec_of=runner.spec_path, own_groups=own_groups)
     await report_adoption(identity, config, connection, runner, path, report, metrics)
+    await asyncio.to_thread(retire_adopted_checkpoint, config, path, report)
     return report
+
+
+def retire_adopted_checkpoint(config: PluginConfig, path: Path, report: AdoptionReport) -> None:
+    """With ``--nvidia-checkpoint=false`` dradriver writes no checkpoint, so NVIDIA's file, left as it is, would
+    name the claims adopted from it at every later start, also once dradriver has unprepared them (they would be
+    adopted again, their specs rewritten, their devices held by nobody's claim). Once claims were adopted from it
+    (``report.adopted`` or ``report.started``), the file is kept aside as ``checkpoint.json.adopted-<UTC>`` for a
+    person to read. With the checkpoint kept (the default) dradriver's own rewrite already names what is true.
+    A failure to rename is logged (the next start adopts nothing it holds: those claims are in the claim state)."""
+    if config.nvidia_checkpoint or not (report.adopted or report.started):
+        return
+    try:
+        aside = nvcheckpointfile.keep_aside(path, "adopted")
+    except OSError as exc:
+        log.warning("cannot keep NVIDIA's checkpoint %s aside after adopting its claims: %s", path, exc)
+        return
+    log.info("NVIDIA's checkpoint %s: its claims are adopted and --nvidia-checkpoint=false keeps none, so it is kept "
+             "aside as %s", path, aside)
 
 
 async def report_adoption(identity: DriverIdentity, config: PluginConfig, connection: Connection,

@@ -339,6 +339,7 @@ async def adopt_nvidia_claims(identity: DriverIdentity, config: PluginConfig, co
         pool=config.node_name, driver=identity.driver_name, spec_of=runner.spec_path, aborted_ttl_s=ABORTED_TTL_S,
         clock=clock, own_groups=own_groups)
     await assembly.report_adoption(identity, config, connection, runner, path, report, metrics)
+    await asyncio.to_thread(assembly.retire_adopted_checkpoint, config, path, report)
     return report
 
 

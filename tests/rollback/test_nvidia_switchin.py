@@ -632,3 +632,28 @@ def test_a_mig_device_without_mig_concrete_is_held_with_a_warning_naming_the_mis
         adopted = GpuAdoption("node-a", lambda _name: None).claim(_nvidia_entry_on("node-a", device))
     assert [h.device for h in adopted.held] == ["gpu-0-mig-1g10gb-19-0"] and adopted.undo == ()
     assert "mig.concrete" in caplog.text and "vfio" not in caplog.text
+
+
+def test_without_the_kept_checkpoint_a_claim_adopted_and_unprepared_is_not_adopted_again_at_the_next_start(
+        sandbox: SandboxNode) -> None:
+    """``--nvidia-checkpoint=false``: dradriver writes no checkpoint, so NVIDIA's file would name an adopted claim at
+    every later start, also after dradriver unprepared it (adopted again, its spec rewritten, its GPU held by a claim
+    nobody has). Once its claims are adopted the file is kept aside, and the next start holds nothing."""
+    config = sandbox.config(nvidia_checkpoint=False)
+    uid = str(uuid.uuid4())
+    path = _write_nvidia_checkpoint(config, {uid: _nvidia_entry(sandbox, _gpu(sandbox, uid, 1))})
+    spec = _nvidia_spec(sandbox, uid, "gpu-1")
+
+    async def body() -> None:
+        async with running(config) as (plugin, kubelet):
+            assert plugin.state is not None and set(plugin.state.claims()) == {uid}
+            assert not path.exists() and list(path.parent.glob(f"{CHECKPOINT_FILE}.adopted-*"))
+            assert await kubelet.unprepare([ClaimRef("default", "by-nvidia", uid)]) == {uid: ""}
+        async with running(config) as (plugin, kubelet):
+            assert plugin.state is not None and plugin.state.claims() == {}
+            other = claim(sandbox, "other", "gpu-1")
+            assert (await kubelet.prepare([other]))[other.uid].error == ""
+            assert await kubelet.unprepare([other]) == {other.uid: ""}
+
+    asyncio.run(body())
+    assert not spec.exists()
