@@ -818,7 +818,10 @@ class PreWarmedProtocol(DriverManagedProtocol):
       ComputeDomain, the channel annotation (an update); ``_ensure`` of the workload ResourceClaimTemplate (a GET,
       then its create: the pods' claims can be made from then, :attr:`Protocol.workload_template`);
       ``sync_status``: the domain's claims (a LIST; none allocated yet, so no Node list and no clique read) and
-      its status (a patch: ``Ready``, no node to wait for). No clique is written: no membership changes;
+      its status (a patch: ``Ready``, no node to wait for). Its own two updates, heard on its watch before the pass
+      marked the domain's generation done, queue a second pass: the domain and the template read again, the
+      claims listed, and where some are allocated by then (the model counts the bound ones) the Nodes listed,
+      their cliques read and ``status.nodes`` patched. No clique is written: no membership changes;
     * plugin (``dradriver/preparers/computedomain.py`` ``ChannelPreparer``, pre-warmed branch): the claim and the
       domain (:attr:`Protocol.call_reads`), the channel check against the domain's annotation (no request), then
       ``_clique_daemon_ready``: the clique daemon's readiness record, ready, is the answer (no request). A node
@@ -855,6 +858,17 @@ class PreWarmedProtocol(DriverManagedProtocol):
         self.workload_template.fire()
         yield from api.request(controller, "list")  # sync_status: the domain's ResourceClaims
         yield from api.request(controller, "patch")  # status: Ready
+        # Its own finalizer and annotation updates came back on the watch before this pass marked the generation
+        # done (``_settled``), so the key is queued again: a second pass that writes nothing but the status.
+        yield from api.request(controller, "get")  # the domain
+        yield from api.request(controller, "get")  # _ensure: the template is there, this domain's
+        yield from api.request(controller, "list")  # sync_status: the domain's ResourceClaims
+        racks = {n.rack for n in model.nodes if n.bound_at is not None}  # allocated by now (bound: a little later)
+        if racks:  # status.nodes from the allocated claims' nodes, their clique labels and clique entries
+            yield from api.request(controller, "list")  # the Nodes
+            for _ in sorted(racks):
+                yield from api.request(controller, "get")  # each clique's ComputeDomainClique
+            yield from api.request(controller, "patch")  # status.nodes (every clique daemon Ready: no Event)
 
     def prepare(self, model: Model, node: Node, deadline: float) -> Process:
         return (yield from self._daemon_ready(model, node, deadline))

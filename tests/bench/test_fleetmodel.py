@@ -116,8 +116,9 @@ def test_a_pre_warmed_domain_is_the_floor_plus_the_controllers_three_writes_befo
     # finalizer, channel annotation, template create; then the floor's claim, pod status, allocation, binding
     assert pre.seconds == pytest.approx(floor.seconds + 3 * 0.03)
     assert pre.prepare_calls == 1.0 and pre.driver_s == pytest.approx(0.0)  # prepared at its first call, at once
-    # the kubelet's read and the plugin's two (claim, domain); cluster-wide the controller's 8 requests and watch
-    assert pre.node_requests == 3.0 and pre.all_requests == floor.all_requests + 2 + 9
+    # the kubelet's read and the plugin's two (claim, domain); cluster-wide the controller's watch, its pass's 8
+    # requests and the 3 reads of the pass its own updates queue (no claim allocated yet: no Node list, no patch)
+    assert pre.node_requests == 3.0 and pre.all_requests == floor.all_requests + 2 + 1 + 8 + 3
 
 
 def test_a_pre_warmed_domain_starts_no_daemon_pod_labels_no_node_and_needs_fewer_requests_than_driver_managed(
