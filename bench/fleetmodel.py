@@ -30,9 +30,10 @@ one NVLink clique and one ComputeDomainClique per rack):
   pause, deadline), the daemon's membership writes and when it knows its own mapping (then ``nvidia-imex``
   starts and answers ready :attr:`PodStart.imex_start_s` later), and the controller's side.
   :class:`NvidiaProtocol` (kubernetes-sigs/dra-driver-nvidia-gpu, as ``bench/cdprotocol.py``) and
-  :class:`DriverManagedProtocol` (dradriver's driver-managed IMEX) are built; a pre-warmed protocol is added by
-  registering a :class:`Protocol` in :data:`PROTOCOLS` (its daemons already run when the domain is created: its
-  :attr:`Protocol.needs_daemon_pod` is False and its prepare waits for the channel the controller assigns).
+  :class:`DriverManagedProtocol` (dradriver's driver-managed IMEX) and :class:`PreWarmedProtocol` (``--imex-mode
+  preWarmed``: the clique daemons already run when the domain is created, so :attr:`Protocol.needs_daemon_pod` is
+  False; the controller writes the domain's finalizer, channel and workload template, and the pods' claims wait
+  for that template) are built.
   :class:`FloorProtocol` is no driver: a prepare that succeeds at once, the floor the shared pod path sets.
 
 Figures (:class:`RunResult`): seconds from the ComputeDomain's creation to every workload claim prepared; the
@@ -55,7 +56,8 @@ from dradriver.kube.ratelimit import TokenBucket
 from dradriver.sandbox.apiserver.flowcontrol import Admission, FairQueues, FlowControlSettings, Latency
 
 __all__ = ["APF_WORKLOAD_LOW", "CLIENTS", "PROTOCOLS", "Api", "ClientLimits", "DriverManagedProtocol",
-           "FloorProtocol", "NvidiaProtocol", "PodStart", "Protocol", "RunResult", "Signal", "Sim", "racks_for", "run"]
+           "FloorProtocol", "NvidiaProtocol", "PodStart", "PreWarmedProtocol", "Protocol", "RunResult", "Signal",
+           "Sim", "racks_for", "run"]
 
 Process = Generator[Any, Any, Any]
 MAX_RACK_NODES = 18  # GB200 NVL72: 18 compute trays, one NVLink clique (MAX_NODES_PER_IMEX_DOMAIN's default)
@@ -418,6 +420,10 @@ class Model:
 
     def _workload(self, node: Node) -> Process:
         yield self.api.latency.watch_s  # the resourceclaim controller hears the workload pod
+        template = self.protocol.workload_template
+        if template is not None:  # the pod's claim is made from the template the domain's controller writes
+            yield template
+            yield self.api.latency.watch_s  # the resourceclaim controller's template informer hears it
         yield from self._claim_for(node)
         yield from self._schedule(node)
         node.bound_at = self.sim.now
@@ -528,6 +534,9 @@ class Protocol:
     label = ""
     client_kind = ""
     needs_daemon_pod = True  # False for a mode whose daemons run before any domain (pre-warmed)
+    workload_template: Signal | None = None  # fired when the controller has created the workload claim template;
+    # None: the model takes it as there when the domain is created (NVIDIA's and driver-managed's controllers
+    # write it too, not modelled: it would add the same few requests to each)
     call_reads = 2  # per NodePrepareResources: the plugin GETs the ResourceClaim (k8s.io/dynamic-resource-
     # allocation's kubeletplugin helper, and dradriver's runner) and the ComputeDomain it names
 
@@ -730,6 +739,11 @@ class DriverManagedProtocol(Protocol):
     def prepare(self, model: Model, node: Node, deadline: float) -> Process:
         if not node.labelled:
             yield from model.label(node)
+        return (yield from self._daemon_ready(model, node, deadline))
+
+    def _daemon_ready(self, model: Model, node: Node, deadline: float) -> Process:
+        """The readiness rule (``DomainLookup.daemon_readiness``) and the runner's retry pauses until it holds or
+        the deadline passes; True when it holds."""
         clique = model.cliques[node.rack]
         pause, longest = self.PAUSE_S
         deadline = min(deadline, model.sim.now + self.DEADLINE_S)
@@ -793,6 +807,77 @@ class DriverManagedProtocol(Protocol):
         node.record_ready.fire()
 
 
+class PreWarmedProtocol(DriverManagedProtocol):
+    """dradriver's pre-warmed IMEX (``--imex-mode preWarmed``, docs/user-guide/compute-domains.md "Pre-warmed IMEX
+    daemons per clique"): the clique DaemonSets' IMEX daemons run, joined and ``Ready``, before the ComputeDomain
+    is created (t = 0: every node's readiness record says ready, its clique entry is ``Ready``); the domain gets
+    no daemon pod, no daemon claim and no node label.
+
+    * controller (``dradriver/computedomain/controller.py`` ``reconcile``, one pass after its ComputeDomain watch
+      hears the new domain): GET the domain; its finalizer (an update); ``assign_channel``: LIST every
+      ComputeDomain, the channel annotation (an update); ``_ensure`` of the workload ResourceClaimTemplate (a GET,
+      then its create: the pods' claims can be made from then, :attr:`Protocol.workload_template`);
+      ``sync_status``: the domain's claims (a LIST; none allocated yet, so no Node list and no clique read) and
+      its status (a patch: ``Ready``, no node to wait for). Its own two updates, heard on its watch before the pass
+      marked the domain's generation done, queue a second pass: the domain and the template read again, the
+      claims listed, and where some are allocated by then (the model counts the bound ones) the Nodes listed,
+      their cliques read and ``status.nodes`` patched. No clique is written: no membership changes;
+    * plugin (``dradriver/preparers/computedomain.py`` ``ChannelPreparer``, pre-warmed branch): the claim and the
+      domain (:attr:`Protocol.call_reads`), the channel check against the domain's annotation (no request), then
+      ``_clique_daemon_ready``: the clique daemon's readiness record, ready, is the answer (no request). A node
+      whose clique daemon were not ready would wait as driver-managed does (the same rule and pauses), but
+      with no label to write.
+    """
+
+    label = "pre-warmed"
+    needs_daemon_pod = False
+
+    def start(self, model: Model) -> None:
+        self.workload_template = Signal(model.sim)
+        for node in model.nodes:  # the clique daemons: running, joined, Ready
+            assert node.record_ready is not None and node.pod_ready is not None
+            node.record_written = True
+            node.record_ready.fire()
+            node.pod_ready.fire()
+            model.cliques[node.rack].exists = True
+            model.cliques[node.rack].entries[node.name] = Entry(node.ip, len(model.cliques[node.rack].entries),
+                                                                "Ready")
+        model.sim.spawn(model.api.watch(model.controller))  # ComputeDomains
+        model.sim.spawn(self._reconcile(model))
+
+    def _reconcile(self, model: Model) -> Process:
+        assert self.workload_template is not None
+        yield model.api.latency.watch_s  # the ComputeDomain watch hears the new domain
+        api, controller = model.api, model.controller
+        yield from api.request(controller, "get")  # the domain
+        yield from api.request(controller, "update")  # its finalizer
+        yield from api.request(controller, "list")  # assign_channel: every ComputeDomain's channel
+        yield from api.request(controller, "update")  # the channel annotation
+        yield from api.request(controller, "get")  # _ensure: the workload template is not there
+        yield from api.request(controller, "create")  # ... and is created
+        self.workload_template.fire()
+        yield from api.request(controller, "list")  # sync_status: the domain's ResourceClaims
+        yield from api.request(controller, "patch")  # status: Ready
+        # Its own finalizer and annotation updates came back on the watch before this pass marked the generation
+        # done (``_settled``), so the key is queued again: a second pass that writes nothing but the status.
+        yield from api.request(controller, "get")  # the domain
+        yield from api.request(controller, "get")  # _ensure: the template is there, this domain's
+        yield from api.request(controller, "list")  # sync_status: the domain's ResourceClaims
+        racks = {n.rack for n in model.nodes if n.bound_at is not None}  # allocated by now (bound: a little later)
+        if racks:  # status.nodes from the allocated claims' nodes, their clique labels and clique entries
+            yield from api.request(controller, "list")  # the Nodes
+            for _ in sorted(racks):
+                yield from api.request(controller, "get")  # each clique's ComputeDomainClique
+            yield from api.request(controller, "patch")  # status.nodes (every clique daemon Ready: no Event)
+
+    def prepare(self, model: Model, node: Node, deadline: float) -> Process:
+        return (yield from self._daemon_ready(model, node, deadline))
+
+    def daemon(self, model: Model, node: Node) -> Process:
+        raise AssertionError("pre-warmed: a ComputeDomain starts no daemon pod")
+        yield
+
+
 class FloorProtocol(Protocol):
     """Not a driver: a prepare that succeeds at once, with no daemon and no API request. Its time is the shared pod
     path alone (claims, scheduling, the kubelet's read), the floor under every mode, a pre-warmed one included:
@@ -813,8 +898,8 @@ APF_WORKLOAD_LOW = FlowControlSettings()
 (kube-apiserver's default FlowSchema ``service-accounts``), :class:`FlowControlSettings`' defaults."""
 
 PROTOCOLS: dict[str, Callable[[], Protocol]] = {"nvidia": NvidiaProtocol, "driver-managed": DriverManagedProtocol,
-                                                "floor": FloorProtocol}
-"""The protocols built (and the floor); ``pre-warmed`` joins when that mode exists (module text)."""
+                                                "pre-warmed": PreWarmedProtocol, "floor": FloorProtocol}
+"""The protocols built (the report's names; ``pre-warmed`` is ``--imex-mode preWarmed``) and the floor."""
 
 
 # -- one run ------------------------------------------------------------------------------------------------------

@@ -60,7 +60,7 @@ def test_a_client_token_bucket_spaces_requests_past_its_burst_at_its_qps() -> No
 
 
 def test_a_higher_write_latency_makes_a_one_node_domain_start_later() -> None:
-    for protocol in ("nvidia", "driver-managed", "floor"):
+    for protocol in ("nvidia", "driver-managed", "pre-warmed", "floor"):
         fast = fleetmodel.run(protocol, 1, latency=Latency())
         slow = fleetmodel.run(protocol, 1, latency=Latency(write_s=0.03))
         assert slow.seconds >= fast.seconds + 4 * 0.03, protocol  # claim, pod status, allocation, binding at least
@@ -95,8 +95,44 @@ def test_racks_hold_at_most_18_nodes_as_evenly_as_possible() -> None:
 
 
 def test_an_unbuilt_protocol_is_refused_by_name() -> None:
-    with pytest.raises(KeyError, match="'pre-warmed' is not built; built: driver-managed, floor, nvidia"):
-        fleetmodel.run("pre-warmed", 2)
+    with pytest.raises(KeyError, match="'host-managed' is not built; built: driver-managed, floor, nvidia, pre-warmed"):
+        fleetmodel.run("host-managed", 2)
+
+
+def _model(protocol: str, nodes: int, latency: Latency) -> fleetmodel.Model:
+    """A run's cluster, kept to look at what happened on its nodes (what :func:`fleetmodel.run` does)."""
+    model = fleetmodel.Model(fleetmodel.PROTOCOLS[protocol](), nodes, latency, fleetmodel.APF_WORKLOAD_LOW,
+                             PodStart(), 35)
+    model.start()
+    model.sim.run(model.done, 3600.0)
+    assert model.done()
+    return model
+
+
+def test_a_pre_warmed_domain_is_the_floor_plus_the_controllers_three_writes_before_its_workload_template() -> None:
+    latency = Latency(write_s=0.03)  # reads and watch events free: only the writes on the path count
+    floor = fleetmodel.run("floor", 1, latency=latency)
+    pre = fleetmodel.run("pre-warmed", 1, latency=latency)
+    # finalizer, channel annotation, template create; then the floor's claim, pod status, allocation, binding
+    assert pre.seconds == pytest.approx(floor.seconds + 3 * 0.03)
+    assert pre.prepare_calls == 1.0 and pre.driver_s == pytest.approx(0.0)  # prepared at its first call, at once
+    # the kubelet's read and the plugin's two (claim, domain); cluster-wide the controller's watch, its pass's 8
+    # requests and the 3 reads of the pass its own updates queue (no claim allocated yet: no Node list, no patch)
+    assert pre.node_requests == 3.0 and pre.all_requests == floor.all_requests + 2 + 1 + 8 + 3
+
+
+def test_a_pre_warmed_domain_starts_no_daemon_pod_labels_no_node_and_needs_fewer_requests_than_driver_managed(
+) -> None:
+    latency = Latency(read_s=0.002, write_s=0.010, watch_s=0.002)
+    pre = _model("pre-warmed", 36, latency)
+    assert not any(n.daemon_pod or n.labelled or n.container_started is not None for n in pre.nodes)
+    assert pre.api.by_verb["patch"] == 1  # the domain's status, no label, no clique write
+    managed = _model("driver-managed", 36, latency)
+    assert all(n.daemon_pod and n.labelled for n in managed.nodes)
+    for node in pre.nodes:
+        assert pre.api.requests[node.name] < managed.api.requests[node.name]
+    assert sum(pre.api.requests.values()) < sum(managed.api.requests.values())
+    assert max(n.prepared_at or 0.0 for n in pre.nodes) < max(n.prepared_at or 0.0 for n in managed.nodes)
 
 
 def test_the_fleet_report_has_every_size_latency_and_protocol_and_the_first_pod(tmp_path: Path,
@@ -112,13 +148,14 @@ def test_the_fleet_report_has_every_size_latency_and_protocol_and_the_first_pod(
         (p, round(lat.write_s * 1e3)) for p in built for lat in fleet.LATENCIES}
     assert {(r["protocol"], r["nodes"]) for r in data["ratios"]} == {(p, n) for p in built if p != "nvidia"
                                                                       for n in (2, 3)}
-    assert {r["protocol"]: r["target"] for r in data["ratios"] if r["nodes"] == 3} == {"driver-managed": 2.0,
-                                                                                        "floor": None}
-    assert data["not_built"] == [p for p in fleet.PROTOCOL_COLUMNS if p not in fleetmodel.PROTOCOLS]
+    assert {r["protocol"]: r["target"] for r in data["ratios"] if r["nodes"] == 3} == {
+        "driver-managed": 2.0, "pre-warmed": 10.0, "floor": None}
+    assert data["not_built"] == [] and built == sorted(fleet.PROTOCOL_COLUMNS)
+    assert {r["protocol"] for r in data["first_pod"] if r["target"] == fleet.FIRST_POD_TARGET_S} == {"pre-warmed"}
     for r in data["runs"]:
         assert r["seconds"] >= r["first_s"] > 0 and r["node_requests"] > 0 and r["all_requests"] >= r["node_requests"]
     table = capsys.readouterr().out
-    assert "not built yet" in table and "first pod on a fresh node" in table
+    assert "not built yet" not in table and "first pod on a fresh node" in table and "NVIDIA / pre-warmed" in table
     assert len([line for line in table.splitlines() if line.startswith("| 3 |")]) == len(fleet.LATENCIES)
 
 
