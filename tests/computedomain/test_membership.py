@@ -215,9 +215,12 @@ def test_a_node_moved_to_another_clique_leaves_the_old_clique_and_its_peers(api:
         def moved_over() -> bool:
             _converge([*peers, moved])
             old = _clique(api, uid) or {}
+            # the moved daemon maps its new index once it has read the entry the controller indexed: a pass that
+            # ran before the controller's may not have it yet (seen under load), so that is waited for too
             return ("node-b" not in {d["nodeName"] for d in old.get("daemons") or ()}
                     and _indexes(api, uid, OTHER_CLIQUE).get("node-b") == 0
-                    and all(m.mapping is not None and m.mapping[b_name] == UNUSED_SLOT_IP for m in peers))
+                    and all(m.mapping is not None and m.mapping[b_name] == UNUSED_SLOT_IP for m in peers)
+                    and moved.mapping is not None and moved.mapping.get(dns_name(uid, 0)) == moved.settings.pod_ip)
 
         wait_for(moved_over, "node-b out of the old clique and in the new one")
         assert sorted(_indexes(api, uid).items()) == [("node-a", 0), ("node-c", 2)]  # the others keep theirs
