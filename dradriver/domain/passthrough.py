@@ -1,0 +1,166 @@
+"""VFIO passthrough: the PCI functions of a node's GPUs, their ``gpu-vfio-<index>`` devices, and Fabric Manager
+partitions. Pure records and rules, no I/O (sysfs is read by :mod:`dradriver.host.pci`, Fabric Manager asked by
+:mod:`dradriver.host.fabricmanager`).
+
+Facts (kubernetes-sigs/dra-driver-nvidia-gpu ``cmd/gpu-kubelet-plugin/deviceinfo.go``, ``nvlib.go``,
+``vfio-device.go``; the Linux kernel's ``Documentation/driver-api/vfio.rst`` and ``Documentation/ABI/testing/
+sysfs-bus-pci``; NVIDIA Fabric Manager User Guide, "Shared NVSwitch virtualization model" and the FM SDK API):
+
+* NVIDIA publishes one VFIO device per NVIDIA GPU PCI function (vendor ``0x10de``, class ``0x03xx``) with the gate
+  ``PassthroughSupport``, named ``gpu-vfio-<index>``, ``<index>`` its position in the node's NVIDIA GPU functions
+  in PCI address order; a GPU with MIG devices has none;
+* its ``uuid`` attribute is the name-based (SHA-1, version 5) UUID of the PCI address in the DNS namespace;
+* a GPU is offered as ``gpu-<minor>`` and as ``gpu-vfio-<index>`` (its sibling); once one is prepared the other is
+  withdrawn from the pool until it is unprepared;
+* the IOMMU group is the unit of isolation: every function of the group must be bound to a VFIO driver (or to no
+  driver) before the group's ``/dev/vfio/<group>`` can be opened by a VM;
+* a Fabric Manager partition is a set of GPUs (by physical/module ID) that may talk over NVLink; with
+  ``FabricManagerPartitioning`` a claim's GPUs must be exactly one supported partition, activated at prepare.
+"""
+
+from __future__ import annotations
+
+import uuid as uuidlib
+from dataclasses import dataclass, field
+
+NVIDIA_VENDOR_ID = 0x10DE
+"""PCI vendor ID of NVIDIA Corporation (the PCI-SIG vendor list; pci.ids)."""
+
+DISPLAY_CLASS = 0x03
+"""PCI base class "display controller" (``0x0300`` VGA, ``0x0302`` 3D controller): a GPU function."""
+
+NVIDIA_DRIVER = "nvidia"
+"""The kernel driver of a GPU NVML sees."""
+
+VFIO_DRIVERS = ("nvgrace_gpu_vfio_pci", "vfio-pci", "vfio_pci")
+"""Kernel drivers that make a function a VFIO device: the Grace-Hopper/Blackwell variant module
+``nvgrace-gpu-vfio-pci`` (its driver name in sysfs ``nvgrace_gpu_vfio_pci``) and the generic ``vfio-pci``."""
+
+
+@dataclass(frozen=True, slots=True)
+class PciFunction:
+    """One PCI function as sysfs shows it (``/sys/bus/pci/devices/<address>``).
+
+    :param address: ``dddd:bb:dd.f`` lowercase (the sysfs directory name).
+    :param vendor_id: ``vendor`` (e.g. ``0x10de``); ``device_id``: ``device``; ``class_code``: ``class`` (24 bits,
+        ``0x030200`` for a 3D controller).
+    :param driver: name of the bound driver (the ``driver`` link's target's last part), ``None`` when unbound.
+    :param driver_override: ``driver_override`` content, ``None`` when empty (``(null)``).
+    :param iommu_group: number of the ``iommu_group`` link's target, ``None`` without an IOMMU.
+    :param numa_node: ``numa_node`` when ``>= 0``, else ``None``.
+    :param sriov_numvfs: ``sriov_numvfs`` (0 when absent).
+    :param bar_bytes: sum of the sizes of the memory BARs in ``resource`` (bytes): the addressable memory.
+    :param vfio_cdev: the ``vfio-dev/vfio<N>`` entry (``"vfio3"``) when bound to a VFIO driver with the
+        kernel's VFIO device cdev (iommufd), else ``None``.
+    :param pcie_root: ``pci<domain>:<bus>`` of the root complex, from the device link's target, or ``None``.
+    """
+
+    address: str
+    vendor_id: int
+    device_id: int
+    class_code: int
+    driver: str | None = None
+    driver_override: str | None = None
+    iommu_group: int | None = None
+    numa_node: int | None = None
+    sriov_numvfs: int = 0
+    bar_bytes: int = 0
+    vfio_cdev: str | None = None
+    pcie_root: str | None = None
+
+    @property
+    def is_nvidia_gpu(self) -> bool:
+        """An NVIDIA display-class function (what NVIDIA's go-nvlib ``nvpci`` lists as a GPU)."""
+        return self.vendor_id == NVIDIA_VENDOR_ID and (self.class_code >> 16) == DISPLAY_CLASS
+
+    @property
+    def on_vfio(self) -> bool:
+        """Bound to one of :data:`VFIO_DRIVERS`."""
+        return self.driver in VFIO_DRIVERS
+
+
+@dataclass(frozen=True, slots=True)
+class IommuGroup:
+    """An IOMMU group (``/sys/kernel/iommu_groups/<number>/devices``).
+
+    :param number: the group number (``/dev/vfio/<number>``).
+    :param functions: every function of the group, by address, sorted.
+    """
+
+    number: int
+    functions: tuple[PciFunction, ...]
+
+
+def vfio_device_name(index: int) -> str:
+    """``gpu-vfio-<index>`` (NVIDIA's ``deviceinfo.go``)."""
+    return f"gpu-vfio-{index}"
+
+
+def vfio_uuid(address: str) -> str:
+    """The ``uuid`` attribute of a VFIO device: ``uuid5(NAMESPACE_DNS, <PCI address>)`` (NVIDIA's ``nvlib.go``).
+
+    :param address: ``dddd:bb:dd.f`` as sysfs names it.
+    """
+    return str(uuidlib.uuid5(uuidlib.NAMESPACE_DNS, address))
+
+
+@dataclass(frozen=True, slots=True)
+class VfioDevice:
+    """One ``gpu-vfio-<index>`` device: a GPU's PCI function offered for passthrough.
+
+    :param index: position among the node's NVIDIA GPU functions in PCI address order.
+    :param function: its PCI function as sysfs showed it at discovery.
+    :param product_name: the GPU's NVML name when it was on ``nvidia`` at discovery, else the PCI device name.
+    :param parent_minor: NVML minor (``gpu-<minor>``, its sibling) when the GPU is on ``nvidia`` or known from a
+        claim's undo record; ``None`` when not known.
+    :param parent_uuid: the GPU's NVML UUID (``GPU-...``) when known, else ``None``.
+    :param iommufd: the host has ``/dev/iommu`` (``iommuFDEnabled``).
+    :param module_id: NVML ``nvmlDeviceGetModuleId`` of the GPU (``gpuModuleID``; Fabric Manager's physical ID),
+        ``None`` when unknown.
+    :param partitions: Fabric Manager partition ID per partition size containing this GPU (``partition<size>``).
+    """
+
+    index: int
+    function: PciFunction
+    product_name: str
+    parent_minor: int | None = None
+    parent_uuid: str | None = None
+    iommufd: bool = False
+    module_id: int | None = None
+    partitions: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        """``gpu-vfio-<index>``."""
+        return vfio_device_name(self.index)
+
+    @property
+    def uuid(self) -> str:
+        """:func:`vfio_uuid` of the function's address."""
+        return vfio_uuid(self.function.address)
+
+    @property
+    def sibling(self) -> str | None:
+        """``gpu-<minor>`` of the same GPU, ``None`` when the minor is not known."""
+        return None if self.parent_minor is None else f"gpu-{self.parent_minor}"
+
+
+@dataclass(frozen=True, slots=True)
+class FabricPartition:
+    """One Fabric Manager partition (``fmFabricPartitionInfo_t``).
+
+    :param partition_id: ``partitionId``.
+    :param module_ids: the ``physicalId`` of each GPU in it (NVML's module ID of the GPU), sorted.
+    :param active: ``isActive``.
+    :param pci_bus_ids: ``pciBusId`` of each GPU as Fabric Manager reports it, in ``module_ids`` order.
+    """
+
+    partition_id: int
+    module_ids: tuple[int, ...]
+    active: bool = False
+    pci_bus_ids: tuple[str, ...] = ()
+
+    @property
+    def size(self) -> int:
+        """Number of GPUs."""
+        return len(self.module_ids)
