@@ -505,7 +505,7 @@ async def _recover(identity: DriverIdentity, config: PluginConfig, connection: a
     recovery = await assembly.recover(identity, config, connection, parts.runner, problems, parts.status_writer)
     if parts.checkpoint is not None:  # after recovery: it names what the claim state holds now
         await asyncio.to_thread(parts.checkpoint.load, parts.runner.state.claims(),
-                                (*adopted.started, *recovery.aborted_expired))
+                                (*adopted.started, *adopted.unflushed, *recovery.aborted_expired))
     return recovery
 
 

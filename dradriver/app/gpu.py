@@ -513,7 +513,7 @@ class _GpuStart:
                                                self.problems, self.status_writer)
         await asyncio.to_thread(report_undo_only, self.state, self.gates_off)
         if self.checkpoint is not None:
-            await asyncio.to_thread(self.checkpoint.load, self.state.claims(), adopted.started)
+            await asyncio.to_thread(self.checkpoint.load, self.state.claims(), (*adopted.started, *adopted.unflushed))
 
     async def make_publisher(self) -> None:
         """The ResourceSlice publisher (not running yet), and what the API server's version decides: informational

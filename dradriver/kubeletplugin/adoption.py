@@ -137,11 +137,15 @@ class Convergence:
     :param dropped: claims the claim state held as prepared that NVIDIA unprepared (forgotten, nothing undone).
     :param replaced: claims the claim state held whose entry NVIDIA rewrote (its record is forgotten, nothing
         undone; NVIDIA's newer entry is adopted instead).
+    :param unflushed: entries of claims dradriver unprepared before it was stopped, left in a checkpoint it wrote
+        last (not adopted; their entries leave the rollback checkpoint, ``RollbackCheckpoint.load``'s
+        ``rolled_back``).
     """
 
     entries: Mapping[str, CheckpointEntry]
     dropped: tuple[str, ...] = ()
     replaced: tuple[str, ...] = ()
+    unflushed: tuple[str, ...] = ()
 
 
 def _setup(groups: Sequence[DeviceGroup], *, instances: bool = True) -> tuple[str, ...]:
@@ -190,6 +194,11 @@ def converge(state: ClaimState, foreign: ForeignClaims, *, spec_of: Callable[[st
       under the same UID: its newer entry wins. The record is forgotten, nothing undone, and the entry is adopted
       like NVIDIA's others.
 
+    An entry the claim state does not hold, in a file byte for byte what dradriver last wrote (``foreign.ours``),
+    whose claim has an unprepare tombstone (:meth:`~dradriver.host.claimstate.ClaimState.unprepared_at`) is not
+    adopted: dradriver's unprepare removed the claim from its state and was stopped (SIGKILL) before it rewrote the
+    checkpoint.
+
     Without ``own_groups`` (``--nvidia-checkpoint=false``: dradriver writes no checkpoint, so an entry naming one of
     its claims cannot be told from NVIDIA's) only the first rule applies; nor does the second when the file is
     byte for byte what dradriver last wrote (``foreign.ours``): no other plugin wrote it since, so every entry is
@@ -201,8 +210,18 @@ def converge(state: ClaimState, foreign: ForeignClaims, *, spec_of: Callable[[st
     entries = dict(foreign.entries)
     dropped: list[str] = []
     replaced: list[str] = []
+    unflushed: list[str] = []
     if not foreign.found:
         return Convergence(entries)
+    if foreign.ours:
+        for uid in sorted(entries):
+            if state.unprepared_at(uid) is not None:
+                unflushed.append(uid)
+                # dradriver unprepared it (its tombstone) and was stopped before the checkpoint's rewrite: no other
+                # plugin wrote the file since, so the entry is dradriver's own leftover, not NVIDIA's claim
+                del entries[uid]
+                log.info("claim %s: unprepared by dradriver before it stopped, while NVIDIA's checkpoint still named "
+                         "it (the rewrite did not happen); not adopted", uid)
     for uid, record in state.claims().items():
         if record.phase is not ClaimPhase.PREPARE_COMPLETED:
             continue
@@ -225,7 +244,7 @@ def converge(state: ClaimState, foreign: ForeignClaims, *, spec_of: Callable[[st
         log.warning("claim %s: prepared again by NVIDIA's plugin while dradriver was away (its checkpoint entry, %s, "
                     "is not the one dradriver wrote); dradriver's older record is forgotten, nothing undone, and "
                     "NVIDIA's entry is adopted", record.ref, entry.state.value)
-    return Convergence(entries, tuple(dropped), tuple(replaced))
+    return Convergence(entries, tuple(dropped), tuple(replaced), tuple(unflushed))
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +274,8 @@ class AdoptionReport:
         NVIDIA, and their CDI specs are left to recovery (as orphan specs, kept as damage).
     :param aborted: compute-domain plugin: ``PrepareAborted`` claims now dradriver's aborted marks.
     :param problem: why the checkpoint was not used (damaged, unknown version), else ``""``.
+    :param unflushed: claims dradriver unprepared before it was stopped whose entries its last rewrite of the
+        checkpoint still had (:attr:`Convergence.unflushed`): not adopted, their entries to leave the checkpoint.
     """
 
     adopted: tuple[str, ...] = ()
@@ -264,6 +285,7 @@ class AdoptionReport:
     refused: tuple[tuple[str, str], ...] = ()
     aborted: tuple[str, ...] = ()
     problem: str = ""
+    unflushed: tuple[str, ...] = ()
 
 
 def store_adopted(state: ClaimState, uid: str, entry: CheckpointEntry, held: Sequence[HeldDevice],
@@ -502,4 +524,5 @@ def adopt_nvidia_claims(state: ClaimState, path: Path, *, boot_id: str, adoption
     log.info("NVIDIA's checkpoint %s: %d claim(s) adopted, %d half-prepared to roll back, %d dropped (unprepared by "
              "NVIDIA), %d replaced (prepared again by NVIDIA), %d not adopted", path, len(adopted), len(started),
              len(converged.dropped), len(converged.replaced), len(refused))
-    return AdoptionReport(tuple(adopted), tuple(started), converged.dropped, converged.replaced, tuple(refused))
+    return AdoptionReport(tuple(adopted), tuple(started), converged.dropped, converged.replaced, tuple(refused),
+                          unflushed=converged.unflushed)

@@ -215,4 +215,4 @@ def adopt_compute_domain_claims(state: ClaimState, path: Path, *, boot_id: str, 
              "back, %d dropped (unprepared by NVIDIA), %d replaced (prepared again by NVIDIA), %d not adopted", path,
              len(adopted), len(aborted), len(started), len(converged.dropped), len(converged.replaced), len(refused))
     return AdoptionReport(tuple(adopted), tuple(started), converged.dropped, converged.replaced, tuple(refused),
-                          tuple(aborted))
+                          tuple(aborted), unflushed=converged.unflushed)

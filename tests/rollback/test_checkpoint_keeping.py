@@ -359,3 +359,32 @@ def test_a_mig_claim_whose_device_is_not_known_at_this_start_is_not_taken_for_on
     other = "gpu-1-mig-1g10gb-19-0"
     assert converged(PreparedDevice("mig", KubeletDevice(("gpu",), "node-a", other, (
         f"k8s.gpu.nvidia.com/claim={uid}-{other}",)), mig=MigConcrete(1, 7, 0, "MIG-2", "GPU-1"))) == (uid,)
+
+
+def test_a_claim_unprepared_just_before_a_sigkill_that_left_the_checkpoint_unwritten_is_not_adopted_at_start(
+        sandbox: SandboxNode) -> None:
+    """A SIGKILL between the unprepare's claim-state commit and the checkpoint's rewrite leaves an entry for a claim
+    dradriver no longer holds, in a file dradriver wrote last: the next start must not take it for NVIDIA's claim
+    (which would hold the GPU until the kubelet's retry). The file and its mark are put back as they were before the
+    unprepare's rewrite, which is what the killed plugin left."""
+    api = sandbox.api
+    assert api is not None
+    path = _checkpoint(sandbox)
+    mark = path.with_name(f".{path.name}.dradriver-written")
+
+    async def body() -> None:
+        async with running(sandbox.config()) as (_plugin, kubelet):
+            ref = ref_of(set_allocation(sandbox, api.create(claim_object("a")), [result("gpu-1")]))
+            assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+            before, before_mark = path.read_bytes(), mark.read_bytes()
+            assert await kubelet.unprepare([ref]) == {ref.uid: ""}
+        path.write_bytes(before)
+        mark.write_bytes(before_mark)
+        async with running(sandbox.config()) as (plugin, kubelet):
+            assert ref.uid not in plugin.state.claims()
+            kept = read_checkpoint(path)
+            assert kept is not None and ref.uid not in kept.claims
+            other = ref_of(set_allocation(sandbox, api.create(claim_object("b")), [result("gpu-1")]))
+            assert (await kubelet.prepare([other]))[other.uid].error == ""  # gpu-1 is free
+
+    asyncio.run(body())
