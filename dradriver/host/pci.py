@@ -122,7 +122,9 @@ class PciHost:
 
     :param sysfs_root: root of sysfs (``--sysfs-root``).
     :param dev_root: root under which ``dev/vfio`` and ``dev/nvidia<minor>`` are (``--dev-root``).
-    :param proc_root: procfs (``--proc-root``), scanned for holders of a GPU's device node.
+    :param proc_root: procfs (``--proc-root``): the running kernel's ``sys/kernel/osrelease``.
+    :param process_root: the procfs whose ``<pid>/fd`` links are scanned for holders of a GPU's device node
+        (``None``: :attr:`proc_root`; the host's PID namespace must be visible there).
     :param modprobe: the command a module name is appended to (NVIDIA: ``chroot <host root> modprobe``).
     :param modules_root: the host's ``lib/modules`` tree holder (the host root): whether a module is installed
         is read from ``<modules_root>/lib/modules/<osrelease>/modules.dep`` (``<proc>/sys/kernel/osrelease``).
@@ -134,6 +136,7 @@ class PciHost:
     sysfs_root: Path = Path("/sys")
     dev_root: Path = Path("/")
     proc_root: Path = Path("/proc")
+    process_root: Path | None = None
     modprobe: tuple[str, ...] = ("chroot", "/host-root", "modprobe")
     modules_root: Path = Path("/host-root")
     settle_s: float = DEFAULT_SETTLE_S
@@ -480,15 +483,16 @@ class PciHost:
         ``<dev root>/dev/nvidia<minor>``), by PID; this process is left out."""
         targets = {f"/dev/nvidia{minor}", os.path.normpath(f"{self.dev_root}/dev/nvidia{minor}")}
         found: list[Holder] = []
+        procfs = self.proc_root if self.process_root is None else self.process_root
         try:
-            pids = sorted(int(e.name) for e in os.scandir(self.proc_root) if e.name.isdigit())
+            pids = sorted(int(e.name) for e in os.scandir(procfs) if e.name.isdigit())
         except OSError:
             return []
         me = os.getpid()
         for pid in pids:
             if pid == me:
                 continue
-            fd_dir = self.proc_root / str(pid) / "fd"
+            fd_dir = procfs / str(pid) / "fd"
             try:
                 fds = os.listdir(fd_dir)
             except OSError:
@@ -500,7 +504,7 @@ class PciHost:
                     continue
                 if target in targets:
                     try:
-                        comm = (self.proc_root / str(pid) / "comm").read_text().strip()
+                        comm = (procfs / str(pid) / "comm").read_text().strip()
                     except OSError:
                         comm = "?"
                     found.append(Holder(pid, comm))
