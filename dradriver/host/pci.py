@@ -69,6 +69,8 @@ DEFAULT_SETTLE_S = 10.0
 """How long a written state may take to show (seconds); a real sysfs write takes effect before it returns."""
 
 _ADDRESS = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+_PCIE_ROOT = re.compile(r"^pci[0-9a-fA-F]{4,}:[0-9a-fA-F]{2}$")
+"""A root complex element of a device link's target (as :func:`dradriver.nvml.discovery.pcie_root` reads it)."""
 _T = TypeVar("_T")
 
 
@@ -234,7 +236,7 @@ class PciHost:
             return None
         parts = [p for p in target.split("/") if p and p not in (".", "..")]
         for i, part in enumerate(parts[:-1]):
-            if part == "devices" and parts[i + 1].startswith("pci"):
+            if part == "devices" and _PCIE_ROOT.match(parts[i + 1]):
                 return parts[i + 1].lower()
         return None
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -216,3 +218,38 @@ def test_a_process_holding_the_gpu_node_is_named_by_pid_and_command(tree: Tree) 
         proc.kill()
         proc.wait()
     tree.host.check_not_in_use(GPU, 0)
+
+
+def test_binding_a_driver_whose_module_is_not_loaded_is_an_error_naming_its_bind_file(tree: Tree) -> None:
+    tree.host.unbind(GPU)
+    with pytest.raises(PciError, match=r"0000:3b:00.0: cannot bind driver vfio-pci: .*drivers/vfio-pci/bind does "
+                                       r"not exist \(its module is not loaded\)"):
+        tree.host.bind(GPU, "vfio-pci")
+
+
+def test_a_fault_for_every_call_stays_until_cleared(tree: Tree) -> None:
+    tree.bus.inject("probe", GPU, count=-1)
+    tree.host.unbind(GPU)
+    for _ in range(2):
+        with pytest.raises(PciSettleError, match="drivers_probe"):
+            tree.host.probe(GPU, "nvidia")
+    tree.bus.clear_faults()
+    assert tree.host.probe(GPU, "nvidia") == "nvidia"
+
+
+def test_the_bus_runs_as_a_process_until_sigterm(tmp_path: Path) -> None:
+    t = _tree(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "dradriver.sandbox.standins.pcibus", "--sysfs",
+                             str(t.host.sysfs_root), "--dev", str(tmp_path)])
+    try:
+        for _ in range(500):  # until it serves the FIFOs (a writer then finds a reader)
+            try:
+                assert t.host.unbind(GPU) == "nvidia"
+                break
+            except PciError as exc:
+                assert "nothing answers" in str(exc)
+                time.sleep(0.02)
+        assert t.host.function(GPU).driver is None
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0

@@ -320,9 +320,9 @@ class PciBus:
     def _bind(self, real: Path, address: str, driver: str) -> None:
         if self._driver(real) is not None or not self._loaded(driver) or not self._takes(real, driver):
             return  # EBUSY / ENODEV
-        _attach(self.sysfs, real, address, driver)
-        if driver in VFIO_DRIVERS:
+        if driver in VFIO_DRIVERS:  # the driver's probe registers the VFIO device before the link appears
             self._vfio_attached(real, address)
+        _attach(self.sysfs, real, address, driver)
 
     def _probe(self, real: Path, address: str) -> None:
         if self._driver(real) is not None:
@@ -336,13 +336,13 @@ class PciBus:
 
     def _detach(self, real: Path, address: str) -> None:
         driver = self._driver(real)
+        if driver in VFIO_DRIVERS:  # the driver's remove unregisters the VFIO device before the link goes
+            self._vfio_detached(real)
         (real / "driver").unlink()
         if driver is None:
             return
         with contextlib.suppress(OSError):
             (self.sysfs / "bus" / "pci" / "drivers" / driver / address).unlink()
-        if driver in VFIO_DRIVERS:
-            self._vfio_detached(real)
 
     def _group(self, real: Path) -> str | None:
         try:
@@ -350,10 +350,12 @@ class PciBus:
         except OSError:
             return None
 
-    def _group_on_vfio(self, group: str) -> bool:
+    def _group_on_vfio(self, group: str, leaving: Path) -> bool:
+        """Another function of ``group`` than ``leaving`` is on a VFIO driver."""
         members = self.sysfs / "kernel" / "iommu_groups" / group / "devices"
         with contextlib.suppress(OSError):
-            return any(self._driver((members / e.name).resolve()) in VFIO_DRIVERS for e in os.scandir(members))
+            return any(self._driver(m) in VFIO_DRIVERS for e in os.scandir(members)
+                       if (m := (members / e.name).resolve()) != leaving)
         return False
 
     def _vfio_attached(self, real: Path, address: str) -> None:
@@ -383,7 +385,7 @@ class PciBus:
                 os.rmdir(entry.path)
             os.rmdir(real / "vfio-dev")
         group = self._group(real)
-        if group is not None and not self._group_on_vfio(group):
+        if group is not None and not self._group_on_vfio(group, real):
             (dev / "vfio" / group).unlink(missing_ok=True)
 
 
