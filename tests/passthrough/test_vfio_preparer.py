@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import subprocess
+import sys
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -21,6 +22,7 @@ from dradriver.host.pci import ModuleLoadError, PciHost
 from dradriver.nvml import mock
 from dradriver.preparers.vfio import VfioPreparer, vfio_options
 from dradriver.sandbox.node import FIRST_IOMMU_GROUP, SandboxNode
+from tests import factories
 
 PROFILE = "dgx-h100"
 GPU0 = "0000:18:00.0"
@@ -244,3 +246,43 @@ def test_the_config_accessor_reads_either_spelling_and_defaults_to_legacy_only()
     assert vfio_options(SimpleNamespace(config=SimpleNamespace())) == ("LegacyOnly", False)  # type: ignore[arg-type]
     camel = SimpleNamespace(config={"iommu": {"backendPolicy": "PreferIommuFD", "enableAPIDevice": True}})
     assert vfio_options(camel) == ("PreferIommuFD", True)  # type: ignore[arg-type]
+
+
+_APPLY_IN_CHILD = """
+import sys
+from pathlib import Path
+from dradriver.domain.claims import AllocationResult, Claim, ClaimRef
+from dradriver.domain.passthrough import VfioDevice
+from dradriver.host.pci import PciHost
+from dradriver.preparers.vfio import VfioPreparer
+root, address, minor, uuid = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+host = PciHost(sysfs_root=root / "sys", dev_root=root, proc_root=root / "proc", process_root=Path("/proc"),
+               modprobe=(str(root / "bin" / "modprobe"),), modules_root=root, settle_s=600)
+device = VfioDevice(index=0, function=host.function(address), product_name="GPU", parent_minor=minor,
+                    parent_uuid=uuid)
+ref = ClaimRef("vms", "vm-a", "7a1c0de0-0000-4000-8000-000000000001")
+claim = Claim(ref, (AllocationResult("vm", "gpu.nvidia.com", "gpu-node-1", device.name),))
+preparer = VfioPreparer(host)
+preparer.apply(ref, preparer.plan(claim, device, claim.results, None))
+"""
+
+
+@pytest.mark.parametrize(("fault", "state"), [("unbind", "nvidia"), ("bind", None), ("vfio-node", "vfio-pci")])
+def test_a_plugin_sigkilled_in_the_middle_of_a_step_is_converged_by_the_next_starts_sweep(
+        node: SandboxNode, fault: str, state: str | None) -> None:
+    host = node.pci_host(settle_s=5.0)
+    assert node.pci_bus is not None
+    node.pci_bus.inject(fault, GPU0)  # the step's write is never answered: the child waits in it
+    device = _device(host)
+    child = subprocess.Popen([sys.executable, "-c", _APPLY_IN_CHILD, str(node.root), GPU0, str(device.parent_minor),
+                              str(device.parent_uuid)])
+    try:
+        factories.wait_until(lambda: not (node.pci_bus.faults.exists() and "count\": 1" in
+                                          node.pci_bus.faults.read_text()), f"the child reaching its {fault} step")
+        factories.wait_until(lambda: host.function(GPU0).driver == state, f"the function on {state}")
+    finally:
+        child.kill()
+        child.wait()
+    assert host.function(GPU0).driver_override == "vfio-pci"
+    assert VfioPreparer(host).sweep([]) == [GPU0]
+    assert _on_nvidia(host) and GPU0 in _nvml_gpus()
