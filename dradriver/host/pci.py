@@ -327,10 +327,11 @@ class PciHost:
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout_s, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
-            raise ModuleLoadError(f"{subject}loading module {module} ({shown}): {exc}") from exc
+            raise ModuleLoadError(f"{subject}loading module {module} ({shown}): {exc}; {where} missing") from exc
         if done.returncode != 0:
             output = " ".join((done.stderr or done.stdout or "").split()) or "(no output)"
-            raise ModuleLoadError(f"{subject}loading module {module}: {shown} exited {done.returncode}: {output}")
+            raise ModuleLoadError(f"{subject}loading module {module}: {shown} exited {done.returncode}: {output} "
+                                  f"({where} missing)")
         self._settle(lambda: self.module_loaded(module) or None, address or module, f"{shown}",
                      lambda: f"{where} missing")
 
