@@ -121,7 +121,7 @@ def lay_out_function(sysfs: Path, address: str, *, vendor: int, device: int, cla
     (real / "class").write_text(f"0x{class_code:06x}\n")
     (real / "numa_node").write_text(f"{numa_node}\n")
     (real / "driver_override").write_text("(null)\n")
-    lines, start = [], 0x2000_0000_0000 + (int(bus, 16) << 36)
+    lines, start = [], 0x2000_0000_0000 + (int(bus, 16) << 40)  # apart even for 256 GiB BARs
     for size in (*bars, *([0] * 13))[:13]:
         if size:
             lines.append(f"0x{start:016x} 0x{start + size - 1:016x} 0x{MEM_BAR:016x}")
