@@ -45,6 +45,11 @@ PROC_ROOT_ENV = "DRADRIVER_MOCK_NVML_PROC_ROOT"
 """Optional environment variable naming a procfs root: the mock writes ``driver/nvidia-caps/mig-minors`` there
 at init and keeps ``driver/nvidia/capabilities/gpu<minor>/mig/gi<g>[/ci<c>]/access`` in step with the instances."""
 
+SYSFS_ENV = "DRADRIVER_MOCK_NVML_SYSFS"
+"""Optional environment variable naming a sysfs root: ``nvmlInit`` then lists only the profile GPUs whose
+``<root>/bus/pci/devices/<address>/driver`` link ends in ``/nvidia`` (a GPU without a function directory there
+stays listed), as real NVML sees only the GPUs the ``nvidia`` driver holds. See ``ext/mocknvml/README.md``."""
+
 LIBRARY_NAME = "libnvidia-ml.so.1"
 SETUP_COMMAND = "python -m pip install -e '.[test]'"
 

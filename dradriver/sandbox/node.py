@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
@@ -40,9 +41,11 @@ from dradriver.domain.featuregates import CONSUMABLE_SHARES, MPS_SUPPORT
 from dradriver.domain.shares import parse_share_mode
 from dradriver.host.driverfiles import DEFAULT_CDI_HOOK_PATH
 from dradriver.host.mounts import MountCommands, mount_points
+from dradriver.host.pci import NVGRACE_DEVICE_IDS, PciHost
 from dradriver.nvml import mock
 from dradriver.sandbox import standins
 from dradriver.sandbox.apiserver import ApiServerEmulator
+from dradriver.sandbox.standins.pcibus import PciBus, lay_out_driver, lay_out_function
 from dradriver.sandbox.workloads import Workloads
 
 PROC_DEVICES = """Character devices:
@@ -184,6 +187,83 @@ def install_driver_tools(root: Path, version: str, *, arch: str = "x86_64") -> P
     return tool
 
 
+SANDBOX_KERNEL = "6.8.0-dradriver-sandbox"
+"""``proc/sys/kernel/osrelease`` of a sandbox with a PCI tree (its ``lib/modules/<release>`` lists the vfio
+modules)."""
+
+AUDIO_FUNCTION = (0x10DE, 0x22BA, 0x040300, "snd_hda_intel")
+"""An NVIDIA HD audio function (vendor, device, class, driver), the usual other member of a GPU's IOMMU group."""
+
+FIRST_IOMMU_GROUP = 16
+"""IOMMU group number of the first GPU (by PCI address) of a sandbox PCI tree; the next ones count up."""
+
+
+def pci_address(bus_id: str) -> str:
+    """A profile's ``pciBusId`` (``00000000:18:00.0``) as sysfs names the function: ``dddd:bb:dd.f`` lowercase."""
+    domain, rest = bus_id.lower().split(":", 1)
+    return f"{int(domain, 16):04x}:{rest}"
+
+
+def lay_out_pci_tree(root: Path, profile: str, *, shared_iommu_groups: Sequence[Sequence[str]] = (),
+                     iommufd: bool = False) -> list[str]:
+    """The PCI side of the node under ``root`` (``sys``, ``dev``, ``proc``, ``lib/modules``); returns the GPU
+    addresses in PCI order.
+
+    Each profile GPU is a function at its ``pciBusId`` (vendor ``0x10de``, the device ID of NVML's ``pciDeviceId``,
+    class ``0x030200``, bound to ``nvidia``, its NUMA node, BARs 16 MiB / ``bar1Total`` (64-bit) / 32 MiB) in an
+    IOMMU group of its own (:data:`FIRST_IOMMU_GROUP` onwards), with ``dev/nvidia<minor>`` (a regular file);
+    ``shared_iommu_groups`` lists address sets that share one group (the group of their first GPU); an address
+    there that is no GPU becomes an NVIDIA HD audio function (:data:`AUDIO_FUNCTION`). The ``nvidia`` and
+    ``snd_hda_intel`` modules are loaded, no vfio module yet; ``lib/modules/<release>/modules.dep`` lists
+    ``vfio-pci`` (and ``nvgrace-gpu-vfio-pci`` when a GPU is of its ID table); ``dev/vfio/vfio`` exists, and
+    ``dev/iommu`` with ``iommufd``.
+    """
+    sysfs = root / "sys"
+    (root / "dev").mkdir(parents=True, exist_ok=True)
+    gpus = sorted(mock.resolved_gpus(mock.load_profile(profile)), key=lambda g: pci_address(g["pciBusId"]))
+    lay_out_driver(sysfs, "nvidia", "nvidia")
+    lay_out_driver(sysfs, AUDIO_FUNCTION[3], AUDIO_FUNCTION[3])
+    groups = {pci_address(g["pciBusId"]): FIRST_IOMMU_GROUP + i for i, g in enumerate(gpus)}
+    for members in shared_iommu_groups:
+        number = next((groups[a] for a in members if a in groups), None)
+        if number is None:
+            raise ValueError(f"shared IOMMU group {list(members)} names no GPU of profile {profile}")
+        for address in members:
+            groups[address] = number
+    device_ids: set[int] = set()
+    for gpu in gpus:
+        address = pci_address(gpu["pciBusId"])
+        device_id = (int(gpu.get("pciDeviceId", 0x233010DE)) >> 16) & 0xFFFF
+        device_ids.add(device_id)
+        lay_out_function(sysfs, address, vendor=0x10DE, device=device_id, class_code=0x030200, driver="nvidia",
+                         iommu_group=groups[address], numa_node=int(gpu.get("numaNode", -1)),
+                         bars=(16 << 20, int(gpu.get("bar1Total", 256 << 20)), 0, 32 << 20))
+        if "minorNumber" in gpu:
+            (root / "dev" / f"nvidia{gpu['minorNumber']}").write_text("")
+    for address, number in groups.items():
+        if not (sysfs / "bus" / "pci" / "devices" / address).exists():
+            vendor, device, class_code, driver = AUDIO_FUNCTION
+            lay_out_function(sysfs, address, vendor=vendor, device=device, class_code=class_code, driver=driver,
+                             iommu_group=number, bars=(16 << 10,))
+    (root / "dev" / "vfio").mkdir(parents=True, exist_ok=True)
+    (root / "dev" / "vfio" / "vfio").write_text("")
+    if iommufd:
+        (root / "dev" / "iommu").write_text("")
+    (root / "proc" / "sys" / "kernel").mkdir(parents=True, exist_ok=True)
+    (root / "proc" / "sys" / "kernel" / "osrelease").write_text(SANDBOX_KERNEL + "\n")
+    modules = root / "lib" / "modules" / SANDBOX_KERNEL
+    modules.mkdir(parents=True, exist_ok=True)
+    core = "kernel/drivers/vfio/pci/vfio-pci-core.ko.zst"
+    lines = [f"kernel/drivers/vfio/pci/vfio-pci.ko.zst: {core} kernel/drivers/vfio/vfio.ko.zst"]
+    if device_ids & NVGRACE_DEVICE_IDS:
+        lines.append(f"kernel/drivers/vfio/pci/nvgrace-gpu/nvgrace-gpu-vfio-pci.ko.zst: {core} "
+                     "kernel/drivers/vfio/vfio.ko.zst")
+    lines += [f"{core}: kernel/drivers/vfio/vfio.ko.zst", "kernel/drivers/vfio/vfio.ko.zst:",
+              "kernel/drivers/gpu/nvidia.ko:", "kernel/sound/pci/hda/snd-hda-intel.ko.zst:"]
+    (modules / "modules.dep").write_text("\n".join(lines) + "\n")
+    return [pci_address(g["pciBusId"]) for g in gpus]
+
+
 def _profile_driver_version(profile: str) -> str:
     """The ``system.driverVersion`` of a mock NVML profile; ``""`` when the profile cannot be read (the
     plugin then reports the bad profile itself)."""
@@ -224,7 +304,11 @@ class SandboxNode:
     driver_files: bool = True
     mig_state: bool = False
     mount_standins: bool = False
+    pci_tree: bool = False
+    shared_iommu_groups: tuple[tuple[str, ...], ...] = ()
+    iommufd: bool = False
     root: Path = field(init=False)
+    pci_bus: PciBus | None = field(init=False, default=None)
     _owns_api: bool = field(init=False, default=False)
     workloads: Workloads | None = field(init=False, default=None)
     mounts: MountCommands = field(init=False, default_factory=MountCommands)
@@ -259,6 +343,17 @@ class SandboxNode:
             for key, value in env.items():
                 self._saved_env[key] = os.environ.get(key)
                 os.environ[key] = value
+        if self.pci_tree:
+            try:
+                lay_out_pci_tree(self.root, self.profile, shared_iommu_groups=self.shared_iommu_groups,
+                                 iommufd=self.iommufd)
+            except BaseException:
+                self.close()
+                raise
+            standins.install("pcibus", self.root / "bin" / "modprobe")
+            self.pci_bus = PciBus(self.root / "sys", self.root).start()
+            self._saved_env[mock.SYSFS_ENV] = os.environ.get(mock.SYSFS_ENV)
+            os.environ[mock.SYSFS_ENV] = str(self.root / "sys")
         if self.api is None:
             self.api = ApiServerEmulator().start()
             self._owns_api = True
@@ -340,6 +435,15 @@ class SandboxNode:
                 fresh.write_text("")
             fresh.rename(path)  # made while the old one still existed: another inode
 
+    def pci_host(self, **overrides: Any) -> PciHost:
+        """The host PCI layer on this node (with ``pci_tree``): its ``sys``, ``dev``, ``proc`` (holders of a GPU's
+        node are looked for among this machine's processes, ``/proc``), the ``modprobe`` stand-in and the
+        sandbox's ``lib/modules``; keyword arguments override fields (``settle_s``)."""
+        base = PciHost(sysfs_root=self.root / "sys", dev_root=self.root, proc_root=self.root / "proc",
+                       process_root=Path("/proc"), modprobe=(str(self.root / "bin" / "modprobe"),),
+                       modules_root=self.root)
+        return replace(base, **overrides)
+
     def set_boot_id(self, boot_id: str) -> None:
         """Write ``proc/sys/kernel/random/boot_id`` (a new value simulates a reboot)."""
         (self.root / "proc" / "sys" / "kernel" / "random" / "boot_id").write_text(boot_id + "\n")
@@ -405,6 +509,9 @@ class SandboxNode:
         if self.workloads is not None:
             self.workloads.stop()
             self.workloads = None
+        if self.pci_bus is not None:
+            self.pci_bus.stop()
+            self.pci_bus = None
         with contextlib.suppress(OSError):
             for point in reversed(mount_points(self.mounts.mountinfo.read_text())):
                 if point.startswith(f"{self.root}/"):

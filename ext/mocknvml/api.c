@@ -7,8 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "mocknvml.h"
 #include "state.h"
@@ -128,6 +130,39 @@ static void own_version(char *out, size_t outlen) {
     snprintf(out, outlen, "%s", base + sizeof prefix - 1);
 }
 
+/* DRADRIVER_MOCK_NVML_SYSFS (README "GPUs the nvidia driver holds"): keep only the profile GPUs whose
+ * <root>/bus/pci/devices/<dddd:bb:dd.f>/driver link ends in /nvidia, as NVML lists only what the nvidia driver
+ * has bound; a GPU without a function directory there stays listed. The kept GPUs keep their order, UUID and
+ * minor number; their NVML indices close up. */
+static void keep_nvidia_bound(mock_state *st) {
+    const char *root = getenv(MOCK_SYSFS_ENV);
+    if (!root || !*root) return;
+    unsigned kept = 0;
+    for (unsigned k = 0; k < st->ngpus; k++) {
+        const mock_gpu *g = &st->gpus[k];
+        char dir[PATH_MAX], link[PATH_MAX + 16], target[PATH_MAX];
+        snprintf(dir, sizeof dir, "%s/bus/pci/devices/%04x:%02x:%02x.0", root, g->domain, g->bus, g->device);
+        struct stat sb;
+        int keep = 1;
+        if (stat(dir, &sb) == 0) {
+            snprintf(link, sizeof link, "%s/driver", dir);
+            ssize_t n = readlink(link, target, sizeof target - 1);
+            if (n < 0) {
+                keep = 0; /* unbound */
+            } else {
+                target[n] = '\0';
+                const char *base = strrchr(target, '/');
+                keep = strcmp(base ? base + 1 : target, "nvidia") == 0;
+            }
+        }
+        if (keep) {
+            if (kept != k) memcpy(&st->gpus[kept], &st->gpus[k], sizeof st->gpus[k]);
+            kept++;
+        }
+    }
+    st->ngpus = kept;
+}
+
 nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     (void)flags;
     pthread_mutex_lock(&g_mock_lock);
@@ -152,6 +187,7 @@ nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
         g_mock.ngpus = 0;
         RET(NVML_ERROR_LIB_RM_VERSION_MISMATCH);
     }
+    keep_nvidia_bound(&g_mock);
     const char *ctl = getenv(MOCK_CONTROL_ENV);
     snprintf(g_mock.controlPath, sizeof g_mock.controlPath, "%s", ctl ? ctl : "");
     g_mock.controlOffset = 0;

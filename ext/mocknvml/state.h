@@ -8,6 +8,7 @@
 #define MOCK_CONTROL_ENV "DRADRIVER_MOCK_NVML_CONTROL"
 #define MOCK_STATE_ENV "DRADRIVER_MOCK_NVML_STATE"       /* MIG state file shared by processes (mig.c) */
 #define MOCK_PROC_ROOT_ENV "DRADRIVER_MOCK_NVML_PROC_ROOT" /* procfs root for MIG capability files (mig.c) */
+#define MOCK_SYSFS_ENV "DRADRIVER_MOCK_NVML_SYSFS"     /* sysfs root: list only GPUs bound to nvidia (api.c) */
 #define MOCK_MAX_FAULTS 64
 
 /* A return-code override from the "fail" command (mig.c): calls of `fn` on GPU `gpu` (-1: any) return `rc`;

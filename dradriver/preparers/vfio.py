@@ -1,0 +1,270 @@
+"""The VFIO passthrough device preparer (``PassthroughSupport`` gate): a ``gpu-vfio-<index>`` device's GPU taken
+from ``nvidia`` and bound to its vfio driver at prepare, given back to ``nvidia`` at unprepare.
+
+Facts (NVIDIA's ``cmd/gpu-kubelet-plugin/vfio-device.go`` and ``vfio-cdi.go``; the Linux kernel's
+``Documentation/driver-api/vfio.rst`` and ``Documentation/ABI/testing/sysfs-bus-pci``; the host side is
+:mod:`dradriver.host.pci`):
+
+* prepare loads the best vfio module variant (``nvgrace-gpu-vfio-pci`` on Grace GPUs where the kernel has it, else
+  ``vfio-pci``), refuses a GPU bound to anything but ``nvidia`` or its vfio driver, one with SR-IOV virtual
+  functions, and one a process holds open; then unbinds it and binds the vfio driver through
+  ``driver_override``; a GPU already on its vfio driver is left as it is;
+* the IOMMU group is the unit a VM gets (``/dev/vfio/<group>``): every other function of the group must be
+  unbound or on a VFIO driver already, else the claim is refused naming each function and its driver;
+* unprepare gives the GPU back to ``nvidia`` (override cleared, vfio driver unbound, ``nvidia`` bound), where NVML
+  finds it again with its UUID and minor;
+* CDI edits: ``/dev/vfio/<group>`` (legacy), or ``/dev/vfio/devices/vfio<N>`` when the claim's VfioDeviceConfig
+  says ``iommu.backendPolicy: PreferIommuFD`` and the host has iommufd (``/dev/iommu``) and the device cdev; with
+  ``iommu.enableAPIDevice`` the API device, ``/dev/iommu`` (iommufd) or ``/dev/vfio/vfio`` (legacy); and
+  ``NVIDIA_VISIBLE_DEVICES=void``.
+
+Steps and crash safety. The batch runner records the claim PREPARE_STARTED with its device names before
+:meth:`VfioPreparer.apply` runs. The apply's first write is ``driver_override`` (while the GPU is still on
+``nvidia``, where it changes nothing): from then on the override naming a vfio driver marks the function as ours,
+so a SIGKILL between any two writes (override set; unbound; bound but the group node not seen; bound but the
+record not stored) leaves a function :meth:`VfioPreparer.sweep` finds and gives back to ``nvidia`` at the next
+start, unless a stored record holds it. A step that fails after the first write raises
+:class:`~dradriver.domain.ports.PartiallyApplied` with the record of the steps done; its undo (the same as a
+complete one's) is idempotent. The undo record (kind ``vfio``) holds the facts: ``address``, ``iommuGroup``,
+``originalDriver``, ``vfioDriver``, ``vfioModule``, ``minor`` and ``uuid`` of the GPU (``None`` when not known),
+``cdev`` (``vfio<N>`` or ``None``) and ``steps`` (the writes done, in order).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from dradriver.domain.cdi import VISIBLE_DEVICES_VOID, ContainerEdits, DeviceNode
+from dradriver.domain.claims import AllocationResult, Claim, ClaimError, ClaimRef, base_request_name
+from dradriver.domain.configs import ConfigGroup
+from dradriver.domain.passthrough import NVIDIA_DRIVER, VFIO_DRIVERS, PciFunction, VfioDevice
+from dradriver.domain.ports import DevicePlan, PartiallyApplied, UndoRecord
+from dradriver.errors import DradriverError
+from dradriver.host.pci import GpuInUseError, PciError, PciHost
+
+log = logging.getLogger(__name__)
+
+KIND = "vfio"
+UNDO_VERSION = 1
+
+LEGACY_ONLY = "LegacyOnly"
+PREFER_IOMMUFD = "PreferIommuFD"
+"""``iommu.backendPolicy`` values of NVIDIA's VfioDeviceConfig (``api/.../vfiodeviceconfig.go``, ``iommu.go``);
+``LegacyOnly`` is the default."""
+
+
+def _field(obj: object, *names: str) -> Any:
+    for name in names:
+        if isinstance(obj, Mapping) and name in obj:
+            return obj[name]
+        if hasattr(obj, name):
+            return getattr(obj, name)
+    return None
+
+
+def vfio_options(group: ConfigGroup | None) -> tuple[str, bool]:
+    """(``iommu.backendPolicy``, ``iommu.enableAPIDevice``) of a claim's VFIO config group; defaults
+    (``LegacyOnly``, ``False``) when the group or a field is absent.
+
+    The decoded ``VfioDeviceConfig`` is read by attribute or key, snake or camel case (``iommu.backend_policy`` /
+    ``backendPolicy``, ``iommu.enable_api_device`` / ``enableAPIDevice``), with an enum's ``value`` taken as its
+    text: the decoder lives in :mod:`dradriver.domain.configs`."""
+    config = None if group is None else group.config
+    iommu = _field(config, "iommu") if config is not None else None
+    if iommu is None:
+        return LEGACY_ONLY, False
+    policy = _field(iommu, "backend_policy", "backendPolicy")
+    policy = getattr(policy, "value", policy)
+    api = _field(iommu, "enable_api_device", "enableAPIDevice")
+    return (str(policy) if policy else LEGACY_ONLY), bool(api)
+
+
+class VfioPreparer:
+    """Prepares :class:`~dradriver.domain.passthrough.VfioDevice` entries; kind ``vfio``.
+
+    :param host: the node's PCI side.
+    :param mig_enabled: GPU UUID -> its MIG mode is on (NVML); ``None``: not checked.
+    :param on_change: called after a GPU moved between ``nvidia`` and vfio (the plugin re-discovers and republishes).
+    """
+
+    kind = KIND
+    side_effects = True
+
+    def __init__(self, host: PciHost, *, mig_enabled: Callable[[str], bool] | None = None,
+                 on_change: Callable[[], None] | None = None) -> None:
+        self.host = host
+        self.mig_enabled = mig_enabled
+        self.on_change = on_change
+
+    # -- plan -------------------------------------------------------------------------------------------------
+
+    def handles(self, device: object) -> bool:
+        """True for VFIO devices."""
+        return isinstance(device, VfioDevice)
+
+    def plan(self, claim: Claim, device: object, results: Sequence[AllocationResult],
+             group: ConfigGroup | None) -> DevicePlan:
+        """The device, its config's IOMMU options and the requests it serves. Reads the function's IOMMU group
+        from sysfs (a few small files) so a claim that cannot be prepared is refused before anything is recorded.
+
+        :raises ClaimError: adminAccess; the GPU is in MIG mode, has SR-IOV virtual functions, or shares its IOMMU
+            group with a function neither unbound nor on a VFIO driver (each named with its driver).
+        """
+        assert isinstance(device, VfioDevice)
+        names = tuple(dict.fromkeys(base_request_name(r.request) for r in results))
+        if any(r.admin_access for r in results):
+            raise ClaimError(claim.ref, f"device {device.name!r}: adminAccess is not supported for VFIO devices "
+                                        "(a passed-through GPU belongs to one VM)")
+        self.check(claim.ref, device)
+        policy, api = vfio_options(group)
+        return DevicePlan(kind=self.kind, device=device.name, entry=device, request_names=names,
+                          admin_access=False, results=tuple(results), group=group,
+                          details={"backendPolicy": policy, "enableAPIDevice": api})
+
+    def check(self, ref: ClaimRef, device: VfioDevice) -> PciFunction:
+        """The refusals of :meth:`plan`, on the function as sysfs shows it now; returns it.
+
+        :raises ClaimError: as :meth:`plan` (also when the function cannot be read).
+        """
+        address = device.function.address
+        where = f"device {device.name!r} (PCI function {address})"
+        try:
+            function = self.host.function(address)
+            group = self.host.group_of(function)
+        except PciError as exc:
+            raise ClaimError(ref, f"{where}: {exc}") from exc
+        if device.parent_uuid is not None and self.mig_enabled is not None and self.mig_enabled(device.parent_uuid):
+            raise ClaimError(ref, f"{where}: GPU {device.parent_uuid} is in MIG mode; a GPU is passed through "
+                                  "whole, with MIG mode off")
+        if function.sriov_numvfs:
+            raise ClaimError(ref, f"{where}: {function.sriov_numvfs} SR-IOV virtual function(s) are enabled "
+                                  f"({self.host.device_path(address) / 'sriov_numvfs'}); passthrough needs 0")
+        if function.driver not in (None, NVIDIA_DRIVER, *VFIO_DRIVERS):
+            raise ClaimError(ref, f"{where}: bound to driver {function.driver!r}, neither {NVIDIA_DRIVER} nor a "
+                                  "VFIO driver; it is not taken from it")
+        others = [f for f in group.functions if f.address != address and f.driver is not None and not f.on_vfio]
+        if others:
+            listed = ", ".join(f"{f.address} (driver {f.driver})" for f in others)
+            raise ClaimError(ref, f"{where}: IOMMU group {group.number} also holds {listed}; every function of "
+                                  "the group must be unbound or on a VFIO driver before the group can be passed "
+                                  "through")
+        return function
+
+    # -- apply ------------------------------------------------------------------------------------------------
+
+    def _record(self, device: VfioDevice, facts: dict[str, Any]) -> UndoRecord:
+        return UndoRecord(self.kind, UNDO_VERSION, device.name, dict(facts))
+
+    def apply(self, claim: ClaimRef, plan: DevicePlan) -> UndoRecord:
+        """Bind the GPU to its vfio driver: check, load the module, refuse a GPU in use, set ``driver_override``,
+        unbind from ``nvidia``, bind, wait for ``/dev/vfio/<group>``.
+
+        :raises ClaimError: a refusal of :meth:`check`, or the GPU is in use (the processes named).
+        :raises DradriverError: the module could not be loaded (nothing was changed).
+        :raises PartiallyApplied: a step after the first write failed; its record undoes what was done.
+        """
+        device = plan.entry
+        assert isinstance(device, VfioDevice)
+        function = self.check(claim, device)
+        address = function.address
+        module, driver = self.host.vfio_variant(function)
+        assert function.iommu_group is not None  # check() read its group
+        facts: dict[str, Any] = {
+            "address": address, "iommuGroup": function.iommu_group, "originalDriver": function.driver,
+            "vfioDriver": driver, "vfioModule": module, "minor": device.parent_minor, "uuid": device.parent_uuid,
+            "cdev": function.vfio_cdev, "steps": [],
+        }
+        if function.driver == driver and function.driver_override == driver:
+            self.host.wait_group_node(function.iommu_group, address)
+            return self._record(device, facts)  # already passed through (a retried prepare): nothing to do
+        try:
+            self.host.load_module(module, address=address)
+            if device.parent_minor is not None and function.driver == NVIDIA_DRIVER:
+                self.host.check_not_in_use(address, device.parent_minor)
+        except GpuInUseError as exc:
+            raise ClaimError(claim, f"device {device.name!r}: {exc}") from exc
+        steps: list[str] = facts["steps"]
+        try:
+            self.host.set_driver_override(address, driver)
+            steps.append("override")
+            if function.driver not in (None, driver):
+                self.host.unbind(address)
+                steps.append("unbind")
+            self.host.bind(address, driver)
+            steps.append("bind")
+            self.host.wait_group_node(function.iommu_group, address)
+            steps.append("groupNode")
+            facts["cdev"] = self.host.vfio_cdev(address)
+        except DradriverError as exc:
+            raise PartiallyApplied(claim, f"device {device.name!r}: {exc}", self._record(device, facts)) from exc
+        finally:
+            if steps and self.on_change is not None:
+                self.on_change()
+        log.info("claim %s: GPU %s (%s) bound to %s", claim, address, device.parent_uuid or "uuid unknown", driver)
+        return self._record(device, facts)
+
+    # -- edits ------------------------------------------------------------------------------------------------
+
+    def _node(self, path: str) -> DeviceNode:
+        root = str(self.host.dev_root).rstrip("/")
+        return DeviceNode(path, root + path if root else "")
+
+    def edits(self, claim: ClaimRef, plan: DevicePlan, record: UndoRecord) -> ContainerEdits:
+        """``/dev/vfio/<group>`` or ``/dev/vfio/devices/vfio<N>`` (iommufd), the API device with
+        ``enableAPIDevice``, and ``NVIDIA_VISIBLE_DEVICES=void``.
+
+        :raises UndoRecordFactError: the record lacks the group.
+        """
+        group = record.fact("iommuGroup", int)
+        cdev = record.fact("cdev", str, default=None)
+        iommufd = (plan.details.get("backendPolicy") == PREFER_IOMMUFD and cdev is not None
+                   and self.host.iommufd_available())
+        nodes = [self._node(f"/dev/vfio/devices/{cdev}" if iommufd else f"/dev/vfio/{group}")]
+        if plan.details.get("enableAPIDevice"):
+            nodes.append(self._node("/dev/iommu" if iommufd else "/dev/vfio/vfio"))
+        return ContainerEdits(env=(VISIBLE_DEVICES_VOID,), device_nodes=tuple(nodes))
+
+    # -- undo -------------------------------------------------------------------------------------------------
+
+    def undo(self, claim: ClaimRef, record: UndoRecord) -> None:
+        """Give the function back to ``nvidia`` (override cleared, vfio driver unbound, ``nvidia`` bound).
+        Idempotent: a function on ``nvidia`` without override, or one no longer on the bus, is done.
+
+        :raises PciError: a step failed (the claim stays recorded; the undo is retried).
+        """
+        address = record.fact("address", str)
+        if not self.host.device_path(address).exists():
+            log.warning("claim %s: PCI function %s of %s is gone from the bus; nothing to give back", claim,
+                        address, record.target)
+            return
+        function = self.host.function(address)
+        if function.driver == NVIDIA_DRIVER and function.driver_override is None:
+            return
+        try:
+            self.host.rebind_nvidia(address)
+        finally:
+            if self.on_change is not None:
+                self.on_change()
+        log.info("claim %s: GPU %s (%s) given back to %s", claim, address,
+                 record.fact("uuid", str, default="uuid unknown"), NVIDIA_DRIVER)
+
+    def sweep(self, known: Sequence[UndoRecord]) -> list[str]:
+        """Give back to ``nvidia`` every NVIDIA GPU function whose ``driver_override`` names a VFIO driver (the
+        mark :meth:`apply` sets first) and that no stored record holds; returns their addresses.
+
+        :raises PciError: a function could not be given back.
+        """
+        held = {r.data.get("address") for r in known}
+        removed: list[str] = []
+        for function in self.host.gpus():
+            if function.address in held or function.driver_override not in VFIO_DRIVERS:
+                continue
+            if function.driver not in (None, *VFIO_DRIVERS, NVIDIA_DRIVER):
+                continue
+            self.host.rebind_nvidia(function.address)
+            removed.append(function.address)
+        if removed and self.on_change is not None:
+            self.on_change()
+        return removed
