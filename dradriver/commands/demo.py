@@ -6,6 +6,10 @@ import argparse
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+IMEX_CHOICES = ("driver-managed", "host-managed", "pre-warmed")
+"""``--imex``: the IMEX modes the compute-domain scenario shows (``--imex-mode`` driverManaged, hostManaged,
+preWarmed)."""
+
 
 def register(subparsers: Any) -> None:
     """Add the ``demo`` subcommand."""
@@ -36,6 +40,13 @@ def register(subparsers: Any) -> None:
                         help="compute-domain only: 1 (default) runs one domain with driver-managed IMEX; 2-4 run that "
                              "many jobs from as many namespaces on one rack with host-managed IMEX and "
                              "IMEX_ISOLATION=channel (each its own channel), a node killed mid-run and healed")
+    parser.add_argument("--imex", choices=IMEX_CHOICES, default=None,
+                        help="compute-domain only: how the IMEX daemons run. driver-managed (the default with one "
+                             "tenant): a daemon pod per node of each domain; host-managed: the host's own daemon, "
+                             "what --tenants 2-4 runs (only with them); pre-warmed: one long-lived daemon per node of "
+                             "each NVLink clique before any domain exists (--imex-mode preWarmed) with binding "
+                             "conditions on: two jobs' domains timed from creation to claims prepared, and a job "
+                             "held at binding until its domain is ready")
     parser.add_argument("--feature-gates", default="",
                         help="basic and time-slicing scenarios: the plugin's feature gates in NVIDIA's syntax "
                              "(Name=true,...), e.g. DeviceMetadata=true to print the claim's KEP-5304 device "
@@ -49,10 +60,10 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """0 when every step did what the driver promises (with ``--serve``: until Ctrl-C or SIGTERM); 1 with a clear
-    message otherwise; 2 for flags that do not fit (a ``--node-name`` that is not a Node name, ``--tenants``
-    without the compute-domain scenario); 130 (Ctrl-C) or 143 (SIGTERM) when a scenario is interrupted, after its
-    cleanup (plugins, controllers, daemons and emulators stopped, node directories removed), with one line
-    saying so."""
+    message otherwise; 2 for flags that do not fit (a ``--node-name`` that is not a Node name, ``--tenants`` or
+    ``--imex`` without the compute-domain scenario, an ``--imex`` mode the scenario does not run); 130 (Ctrl-C)
+    or 143 (SIGTERM) when a scenario is interrupted, after its cleanup (plugins, controllers, daemons and emulators
+    stopped, node directories removed), with one line saying so."""
     import asyncio
     import json
     import logging
@@ -120,6 +131,10 @@ def run(args: argparse.Namespace) -> int:
     if args.tenants != 1 and args.scenario != "compute-domain":
         print(f"dradriver demo: --tenants applies to --scenario compute-domain, not {args.scenario}", file=sys.stderr)
         return 2
+    error = imex_error(args)
+    if error:
+        print(f"dradriver demo: {error}", file=sys.stderr)
+        return 2
     try:
         with interrupted_by_signals():  # Ctrl-C or kill: the scenario's cleanup runs as the exception unwinds
             _run_scenario(args, narrator, serve)
@@ -137,13 +152,29 @@ def run(args: argparse.Namespace) -> int:
         return 1
     if args.output == "json" and not args.serve:
         print(json.dumps({"ok": True, "scenario": args.scenario, "profile": args.profile, "tenants": args.tenants,
-                          "seconds": narrator.total_seconds,
+                          **({"imex": args.imex} if args.imex else {}), "seconds": narrator.total_seconds,
                           "steps": narrator.steps}))
     elif args.output == "text":
         skipped = [s["title"] for s in narrator.steps if any(d.get("skipped") for d in s["details"])]
         note = f" ({len(skipped)} part(s) skipped, not in this build: {'; '.join(skipped)})" if skipped else ""
         print(f"\ndemo finished in {narrator.total_seconds:.2f} s: every step succeeded{note}")
     return 0
+
+
+def imex_error(args: argparse.Namespace) -> str:
+    """Why ``--imex`` does not fit the other options (``""``: it does); sets ``args.imex`` to the mode the
+    compute-domain scenario runs when it was left out (driver-managed, host-managed with ``--tenants`` 2-4)."""
+    if args.scenario != "compute-domain":
+        return f"--imex applies to --scenario compute-domain, not {args.scenario}" if args.imex else ""
+    scenario_mode = "driver-managed" if args.tenants == 1 else "host-managed"
+    if args.imex is None:
+        args.imex = scenario_mode
+    elif args.imex == "pre-warmed" and args.tenants != 1:
+        return "--imex pre-warmed runs its own three jobs: --tenants applies to the host-managed scenario"
+    elif args.imex != "pre-warmed" and args.imex != scenario_mode:
+        return (f"--imex {args.imex} is not what --tenants {args.tenants} runs ({scenario_mode}): the single-domain "
+                "scenario is driver-managed, --tenants 2-4 host-managed")
+    return ""
 
 
 def _run_scenario(args: argparse.Namespace, narrator: Any, serve: Callable[[Any], Awaitable[None]]) -> None:
@@ -157,6 +188,10 @@ def _run_scenario(args: argparse.Namespace, narrator: Any, serve: Callable[[Any]
         from dradriver.sandbox.demos import dynamic_mig
 
         asyncio.run(dynamic_mig.demo(profile=args.profile, node_name=args.node_name, narrator=narrator))
+    elif args.scenario == "compute-domain" and args.imex == "pre-warmed":
+        from dradriver.sandbox.demos import compute_domain_prewarmed
+
+        compute_domain_prewarmed.run(narrator)
     elif args.scenario == "compute-domain" and args.tenants != 1:
         from dradriver.sandbox.demos import compute_domain_tenants
 

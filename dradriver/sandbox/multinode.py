@@ -49,8 +49,10 @@ driver relies on:
   ``nvidia-imex`` per node holds the IMEX session, :func:`fabric_imex_mgmt`), and ``PATH`` starting with
   the node's ``bin/``: ``compute-domain-daemon`` (this checkout's ``dradriver compute-domain-daemon``),
   ``nvidia-imex`` and ``nvidia-imex-ctl`` (the stand-ins). Exec probes (``compute-domain-daemon check``) drive the
-  Pod's ``Ready`` condition. Other Pods (a user's workload) run no process: once their claims are prepared they
-  are reported Running and :attr:`EmulatedNode.pod_devices` records what the runtime would have given them.
+  Pod's ``Ready`` condition. While :attr:`EmulatedNode.pulling` is set the runner starts no new container, as
+  while a kubelet pulls an image (the images are never pulled here). Other Pods (a user's workload) run no
+  process: once their claims are prepared they are reported Running and :attr:`EmulatedNode.pod_devices` records
+  what the runtime would have given them.
 
 * **Node heartbeat and failure**: each kubelet renews its Node's Lease ``kube-node-lease/<node>``
   (``spec.renewTime``, ``leaseDurationSeconds`` 40) every ``lease_renew_s`` from a heartbeat thread apart from
@@ -318,6 +320,10 @@ class EmulatedNode:
     """``<namespace>/<pod>`` -> the CDI edits of the Pod's prepared claims (what the runtime gives it)."""
     prepare_errors: dict[str, str] = field(default_factory=dict)
     """``<namespace>/<pod>`` -> the last NodePrepareResources error of the Pod's claims."""
+    pulling: bool = False
+    """While True the node's container runtime starts no new container, as while a kubelet pulls a Pod's image
+    (a node that just joined, a daemon image being upgraded): new DaemonSet Pods stay ``Pending`` after their
+    claims are prepared; containers already running are not touched."""
 
     @property
     def root(self) -> Path:
@@ -429,7 +435,7 @@ class NodeRuntime(Workloads):
         return bool(_owner_uid(pod, "DaemonSet"))
 
     def can_start(self, pod: JSONDict) -> bool:
-        return _ref_key(pod) in self.node.pod_devices
+        return _ref_key(pod) in self.node.pod_devices and not self.node.pulling
 
     def extra_mounts(self, pod: JSONDict, container: JSONDict) -> list[tuple[str, str]]:
         edits = self.node.pod_devices.get(_ref_key(pod), CdiEdits())

@@ -80,3 +80,61 @@ def test_tenants_out_of_range_or_on_another_scenario_is_refused(argv: list[str],
     proc = subprocess.run([sys.executable, "-m", "dradriver", "demo", *argv], cwd=ROOT, capture_output=True,
                           text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == code and message in proc.stderr, proc.stderr
+
+
+def test_pre_warmed_scenario_shows_daemons_before_any_domain_two_timed_jobs_and_a_job_held_at_binding() -> None:
+    proc = subprocess.run([sys.executable, "-m", "dradriver", "demo", "--scenario", "compute-domain", "--imex",
+                           "pre-warmed", "--output", "json"], cwd=ROOT, capture_output=True, text=True, timeout=400,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    report = json.loads(proc.stdout)
+    assert report["ok"] is True and report["scenario"] == "compute-domain" and report["imex"] == "pre-warmed"
+    steps = {s["step"]: s["details"] for s in report["steps"]}
+    assert sorted(steps) == list(range(1, 8))
+    nodes = {d["node"] for d in steps[1]}
+    assert len(nodes) == 2
+    # the clique daemons run and are Ready before the first ComputeDomain exists
+    daemons = [d for d in steps[2] if "pod" in d]
+    assert {d["node"] for d in daemons} == nodes
+    assert all(d["ready"] and d["state"] == "READY" and d["compute_domains"] == 0 for d in daemons)
+    assert steps[2][-1]["binding_conditions"] == ["ComputeDomainReady"]
+    # two jobs, each timed from its ComputeDomain's creation to all its claims prepared, each its own channel
+    jobs = {d["job"]: d for step in (3, 4) for d in steps[step] if "seconds_to_prepared" in d}
+    assert sorted(jobs) == ["job-1", "job-2"]
+    assert all(j["seconds_to_prepared"] > 0 and j["new_pods"] == 0 for j in jobs.values())
+    channels = {name: j["channel"] for name, j in jobs.items()}
+    assert len(set(channels.values())) == 2 and 0 not in channels.values()
+    for step in (3, 4):
+        pods = [d for d in steps[step] if "pod" in d]
+        assert {d["node"] for d in pods} == nodes
+        assert all(d["device_paths"] == [f"/dev/nvidia-caps-imex-channels/channel{channels[d['job']]}"] for d in pods)
+    # job-3's pod on the node whose daemon is not Ready is held in PreBind, bound only after the daemon turned Ready
+    held = next(d for d in steps[5] if d.get("held"))
+    assert held["binding_conditions"] == ["ComputeDomainReady"] and held["node"] == steps[5][0]["node"]
+    released = steps[6][0]
+    bound = steps[6][1]
+    assert bound["pod"] == held["pod"] and bound["held_until_release"] is True
+    assert bound["condition"]["type"] == "ComputeDomainReady" and bound["condition"]["status"] == "True"
+    assert bound["bound_s"] > released["released_s"] and bound["prepared_s"] >= bound["bound_s"]
+    job3 = {d["pod"]: d for d in steps[6] if d.get("job") == "job-3"}
+    assert len(job3) == 2 and job3[held["pod"]]["node"] == held["node"]
+    assert {d["channel"] for d in job3.values()} == {job3[held["pod"]]["channel"]}
+    assert job3[held["pod"]]["channel"] not in channels.values()
+    # cleanup: nothing of the jobs left, the clique daemons still there
+    assert not any(steps[7][0]["leftovers"].values()) and steps[7][0]["workload_claims"] == 6
+    assert set(steps[7][1]["daemons"]) == nodes
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--scenario", "basic", "--imex", "pre-warmed"], "--imex applies to --scenario compute-domain, not basic"),
+    (["--scenario", "compute-domain", "--imex", "host-managed"],
+     "--imex host-managed is not what --tenants 1 runs (driver-managed)"),
+    (["--scenario", "compute-domain", "--tenants", "2", "--imex", "driver-managed"],
+     "--imex driver-managed is not what --tenants 2 runs (host-managed)"),
+    (["--scenario", "compute-domain", "--tenants", "2", "--imex", "pre-warmed"],
+     "--imex pre-warmed runs its own three jobs: --tenants applies to the host-managed scenario"),
+])
+def test_an_imex_mode_the_scenario_does_not_run_is_refused(argv: list[str], message: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "dradriver", "demo", *argv], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 2 and message in proc.stderr and not proc.stdout, proc.stderr

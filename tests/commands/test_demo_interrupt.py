@@ -107,6 +107,19 @@ def test_ctrl_c_or_sigterm_ends_the_multi_tenant_compute_domain_demo_with_cleanu
     _assert_left_nothing(mark, roots)
 
 
+def test_sigterm_ends_the_pre_warmed_compute_domain_demo_with_cleanup_and_status_143() -> None:
+    """``--imex pre-warmed``, stopped while job-3 is held at binding: the clique daemons, the Pending daemon Pod
+    of the node whose image pulls, the plugins and the controller are all stopped and the node directories
+    removed."""
+    status, output, roots, mark = _interrupt(["--scenario", "compute-domain", "--imex", "pre-warmed"],
+                                             "== 5.", signal.SIGTERM)
+    assert status == 143, output
+    assert "dradriver demo: interrupted by SIGTERM in step 5 " in output, output
+    assert "Traceback" not in output and "every step succeeded" not in output, output
+    _assert_left_nothing(mark, roots)
+    assert len(roots) == 2, roots
+
+
 @pytest.mark.parametrize("scenario", ["basic", "dynamic-mig"])
 def test_ctrl_c_ends_an_in_process_demo_with_cleanup_and_status_130(scenario: str) -> None:
     """The scenarios that run the plugin in this process (asyncio): its tasks are cancelled and the plugin and

@@ -3,6 +3,7 @@ DaemonSet controller with its Pods run as local processes on their nodes, and sc
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import threading
@@ -147,6 +148,30 @@ def test_daemonset_pods_follow_the_node_label_and_run_as_processes(cluster: Mult
     wait_until(lambda: "rack1-node01" not in _ds_pods(cluster)
                and cluster.api.get("Pod", gone["metadata"]["name"], NS) is None, "Pod removed from the unlabelled node")
     assert pids_with_marker(f"{gone['metadata']['uid']}/main") == []
+
+
+def test_a_node_pulling_its_image_starts_no_new_container_until_the_pull_is_done() -> None:
+    """:attr:`EmulatedNode.pulling`: the DaemonSet Pod is made and its (no) claims prepared, but its container
+    starts only once the pull is done; the loops are driven pass by pass here."""
+    with contextlib.closing(MultiNodeCluster((1,), time_scale=0.05, interval_s=0.02)) as c:
+        node = next(iter(c.nodes.values()))
+        node.pulling = True
+        c.api.create({
+            "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "pull", "namespace": NS},
+            "spec": {"selector": {"matchLabels": {"app": "pull"}}, "template": {
+                "metadata": {"labels": {"app": "pull"}},
+                "spec": {"containers": [{"name": "main", "image": "x",
+                                         "command": [sys.executable, "-c", "import time; time.sleep(3600)"]}]}}}})
+        for _ in range(3):
+            c.reconcile_control_plane()
+            c.reconcile_node(node)
+        pod = _ds_pods(c)[node.name]
+        assert f"{NS}/{pod['metadata']['name']}" in node.pod_devices  # the kubelet's part is done
+        assert (pod.get("status") or {}).get("phase") == "Pending" and not node.runtime.container_pids()
+        node.pulling = False
+        c.reconcile_node(node)
+        assert pids_with_marker(f"{pod['metadata']['uid']}/main")
+        assert (c.api.get("Pod", pod["metadata"]["name"], NS) or {})["status"]["phase"] == "Running"
 
 
 @pytest.mark.slow

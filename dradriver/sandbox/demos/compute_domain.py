@@ -105,16 +105,19 @@ def wait_step(cluster: MultiNodeCluster, what: str, predicate: Any) -> Any:
 
 
 @contextlib.contextmanager
-def started_cluster(racks: Sequence[int], *, host_imex: bool = False,
-                    channel_isolation: bool = False) -> Iterator[MultiNodeCluster]:
+def started_cluster(racks: Sequence[int], *, host_imex: bool = False, channel_isolation: bool = False,
+                    pre_warmed: bool = False, binding_conditions: bool = False) -> Iterator[MultiNodeCluster]:
     """A multi-node sandbox with the demo's timing, its CRDs and DeviceClasses installed, (with ``host_imex``)
     the host IMEX daemons ready, every node's plugin registered and the controller started; closed on exit.
+    ``pre_warmed`` and ``binding_conditions`` are :class:`MultiNodeCluster`'s (IMEX mode ``preWarmed``; KEP-5007
+    binding conditions in the scheduler and the plugins).
 
     :raises DemoError: a node, daemon or plugin did not start (the message says which).
     """
     try:
         cluster = MultiNodeCluster(racks, time_scale=0.1, interval_s=0.05, host_imex=host_imex,
-                                   channel_isolation=channel_isolation)
+                                   channel_isolation=channel_isolation, pre_warmed=pre_warmed,
+                                   binding_conditions=binding_conditions)
     except MultiNodeError as exc:
         raise DemoError(str(exc)) from exc
     with cluster:
