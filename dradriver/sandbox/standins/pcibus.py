@@ -54,6 +54,7 @@ import signal
 import stat
 import sys
 import threading
+import time
 from pathlib import Path
 
 VFIO_DRIVERS = ("vfio-pci", "nvgrace_gpu_vfio_pci")
@@ -425,13 +426,34 @@ def modprobe(root: Path, args: list[str]) -> int:
                                                                                module):
         print(f"modprobe: ERROR: could not insert '{module}': Operation not permitted", file=sys.stderr)
         return 1
+    registered: list[Path] = []
     for name in [*reversed(deps[module]), module]:
         if name in MODULE_DRIVERS:
             lay_out_driver(sysfs, MODULE_DRIVERS[name], name)
+            registered.append(sysfs / "bus" / "pci" / "drivers" / MODULE_DRIVERS[name])
         else:
             (sysfs / "module" / name).mkdir(parents=True, exist_ok=True)
             (sysfs / "module" / name / "initstate").write_text("live\n")
+    for driver in registered:
+        _wait_served(driver / "bind", driver / "unbind")
     return 0
+
+
+def _wait_served(*fifos: Path, timeout_s: float = 5.0) -> bool:
+    """Wait until the bus stand-in reads each of ``fifos`` (a non-blocking open for writing succeeds), so that, as
+    with the kernel, a driver's ``bind`` file answers once ``modprobe`` has returned; ``False`` when no bus serves
+    them within ``timeout_s`` (the bind then fails with "nothing answers", as it should without a bus)."""
+    deadline = time.monotonic() + timeout_s
+    for fifo in fifos:
+        while True:
+            try:
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+                break
+            except OSError as exc:
+                if exc.errno != errno.ENXIO or time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.005)
+    return True
 
 
 def _ko_name(path: str) -> str:
