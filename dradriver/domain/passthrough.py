@@ -21,7 +21,9 @@ sysfs-bus-pci``; NVIDIA Fabric Manager User Guide, "Shared NVSwitch virtualizati
 from __future__ import annotations
 
 import uuid as uuidlib
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 NVIDIA_VENDOR_ID = 0x10DE
 """PCI vendor ID of NVIDIA Corporation (the PCI-SIG vendor list; pci.ids)."""
@@ -164,3 +166,98 @@ class FabricPartition:
     def size(self) -> int:
         """Number of GPUs."""
         return len(self.module_ids)
+
+
+class NvmlGpu(Protocol):
+    """What :func:`vfio_devices` reads of an NVML GPU (a :class:`dradriver.domain.devices.GpuDevice`)."""
+
+    @property
+    def minor(self) -> int: ...
+    @property
+    def uuid(self) -> str: ...
+    @property
+    def product_name(self) -> str: ...
+    @property
+    def pci_bus_id(self) -> str: ...
+    @property
+    def mig_enabled(self) -> bool: ...
+
+
+def pci_product_name(function: PciFunction) -> str:
+    """The ``productName`` of a VFIO device whose GPU NVML does not see (bound to a VFIO driver, or to no driver):
+    ``NVIDIA PCI device 0x<device ID>`` (NVIDIA takes the PCI database's name, which this driver does not ship)."""
+    return f"NVIDIA PCI device {function.device_id:#06x}"
+
+
+def vfio_devices(
+    functions: Iterable[PciFunction],
+    gpus: Iterable[NvmlGpu],
+    *,
+    iommufd: bool,
+    module_ids: Mapping[str, int] | None = None,
+    partitions: Mapping[str, Mapping[int, int]] | None = None,
+    known_parents: Mapping[str, tuple[int, str]] | None = None,
+) -> tuple[VfioDevice, ...]:
+    """The node's ``gpu-vfio-<index>`` devices (the gate ``PassthroughSupport``), in PCI address order.
+
+    Every NVIDIA GPU function (:attr:`PciFunction.is_nvidia_gpu`) takes an index, its position among them in
+    address order, so names do not shift when a GPU enters MIG mode; then
+
+    * a function whose address is an NVML GPU's ``pci_bus_id`` is that GPU's sibling (``parent_minor``,
+      ``parent_uuid``, ``product_name`` from NVML); a GPU in MIG mode has no VFIO device (NVIDIA's
+      ``cmd/gpu-kubelet-plugin/nvlib.go`` skips a parent with MIG devices: its hardware is published as MIG
+      devices);
+    * any other function (already on a VFIO driver, so NVML does not list it) keeps what ``known_parents`` says
+      of it (address -> ``(minor, GPU UUID)``, e.g. from the undo record of the claim that bound it) and is named
+      by :func:`pci_product_name`.
+
+    :param functions: PCI functions as sysfs lists them (any order; non-GPU functions are ignored).
+    :param gpus: the NVML GPUs (``dradriver.domain.devices.GpuDevice``).
+    :param iommufd: the host has ``/dev/iommu`` (the ``iommuFDEnabled`` attribute).
+    :param module_ids: PCI address -> NVML module ID (``gpuModuleID``), with ``FabricManagerPartitioning``.
+    :param partitions: PCI address -> {partition size: Fabric Manager partition ID} (``partition<size>``).
+    :returns: the devices, ``index`` ascending.
+    """
+    by_address = {gpu.pci_bus_id.lower(): gpu for gpu in gpus}
+    nvidia = sorted((f for f in functions if f.is_nvidia_gpu), key=lambda f: f.address)
+    out: list[VfioDevice] = []
+    for index, function in enumerate(nvidia):
+        gpu = by_address.get(function.address)
+        if gpu is not None and gpu.mig_enabled:
+            continue
+        if gpu is not None:
+            minor: int | None = gpu.minor
+            parent_uuid: str | None = gpu.uuid
+            product = gpu.product_name
+        else:
+            minor, parent_uuid = (known_parents or {}).get(function.address, (None, None))
+            product = pci_product_name(function)
+        out.append(VfioDevice(
+            index=index, function=function, product_name=product, parent_minor=minor, parent_uuid=parent_uuid,
+            iommufd=iommufd, module_id=(module_ids or {}).get(function.address),
+            partitions=dict((partitions or {}).get(function.address, {}))))
+    return tuple(out)
+
+
+def withdrawn(vfio: Iterable[VfioDevice], held: Collection[str]) -> frozenset[str]:
+    """The device names left out of the pool because their sibling is held: ``gpu-<minor>`` of every held
+    ``gpu-vfio-<index>`` and ``gpu-vfio-<index>`` of every held ``gpu-<minor>`` (NVIDIA's
+    ``cmd/gpu-kubelet-plugin/device_state.go`` withdraws the sibling while one is prepared).
+
+    :param held: DRA device names that completed claims hold (the runner's prepared devices).
+    """
+    out: set[str] = set()
+    for device in vfio:
+        if device.sibling is None:
+            continue
+        if device.name in held:
+            out.add(device.sibling)
+        if device.sibling in held:
+            out.add(device.name)
+    return frozenset(out)
+
+
+def passed_through(vfio: Iterable[VfioDevice], held: Collection[str]) -> tuple[VfioDevice, ...]:
+    """The VFIO devices whose GPU is given to a VM now: held by a claim, or found on a VFIO driver at discovery.
+    Their GPUs are not the host's: NVML must not poll them, health reports them ``Unknown``."""
+    return tuple(d for d in vfio if d.name in held or d.function.on_vfio)
