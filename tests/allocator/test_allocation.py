@@ -382,9 +382,9 @@ def test_cli_allocate_and_explain(tmp_path: Path, capsys: pytest.CaptureFixture[
 
 
 def test_unknown_device_class_is_named() -> None:
-    outcome = simulate(load([*fixture("l4"), claim("c", request("gpu", "vfio.gpu.nvidia.com"))]))
+    outcome = simulate(load([*fixture("l4"), claim("c", request("gpu", "tpu.example.com"))]))
     assert outcome.failures == [
-        "cannot allocate claim default/c: request 'gpu' uses device class 'vfio.gpu.nvidia.com', which does not exist"
+        "cannot allocate claim default/c: request 'gpu' uses device class 'tpu.example.com', which does not exist"
     ]
 
 
