@@ -210,6 +210,16 @@ class FeatureGates(Mapping[str, bool]):
         return self[CONSUMABLE_SHARES]
 
     @property
+    def passthrough_support(self) -> bool:
+        """``PassthroughSupport``: VFIO passthrough devices (:mod:`dradriver.domain.passthrough`)."""
+        return self[PASSTHROUGH_SUPPORT]
+
+    @property
+    def fabric_manager_partitioning(self) -> bool:
+        """``FabricManagerPartitioning``: Fabric Manager partition attributes and activation."""
+        return self[FABRIC_MANAGER_PARTITIONING]
+
+    @property
     def device_metadata(self) -> bool:
         """``DeviceMetadata``: KEP-5304 device metadata files for containers."""
         return self[DEVICE_METADATA]
