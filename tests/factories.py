@@ -78,7 +78,7 @@ def gpu_function(bus: int, *, driver: str | None = "nvidia", **fields: Any) -> P
 
 def vfio_for(*gpus: GpuDevice, iommufd: bool = False) -> tuple[VfioDevice, ...]:
     """The VFIO siblings of ``gpus`` (each on ``nvidia`` at its ``pci_bus_id``), as discovery builds them."""
-    functions = [gpu_function(int(g.pci_bus_id.split(":")[1], 16), driver="nvidia") for g in gpus]
+    functions = [gpu_function(int(g.pci_bus_id.split(":")[1], 16), address=g.pci_bus_id) for g in gpus]
     return vfio_devices(functions, gpus, iommufd=iommufd)
 
 
