@@ -11,7 +11,8 @@ sysfs-bus-pci``; NVIDIA Fabric Manager User Guide, "Shared NVSwitch virtualizati
   in PCI address order; a GPU with MIG devices has none;
 * its ``uuid`` attribute is the name-based (SHA-1, version 5) UUID of the PCI address in the DNS namespace;
 * a GPU is offered as ``gpu-<minor>`` and as ``gpu-vfio-<index>`` (its sibling); once one is prepared the other is
-  withdrawn from the pool until it is unprepared;
+  withdrawn from the pool until it is unprepared (:func:`withdrawn`); both may be allocated, to two claims, before
+  either is prepared, so the later prepare is refused (:func:`sibling_conflicts`);
 * the IOMMU group is the unit of isolation: every function of the group must be bound to a VFIO driver (or to no
   driver) before the group's ``/dev/vfio/<group>`` can be opened by a VM;
 * a Fabric Manager partition is a set of GPUs (by physical/module ID) that may talk over NVLink; with
@@ -21,7 +22,7 @@ sysfs-bus-pci``; NVIDIA Fabric Manager User Guide, "Shared NVSwitch virtualizati
 from __future__ import annotations
 
 import uuid as uuidlib
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -255,6 +256,39 @@ def withdrawn(vfio: Iterable[VfioDevice], held: Collection[str]) -> frozenset[st
         if device.sibling in held:
             out.add(device.name)
     return frozenset(out)
+
+
+def sibling_conflicts(vfio: Iterable[VfioDevice], held: Collection[str],
+                      devices: Sequence[str]) -> list[tuple[str, str]]:
+    """The guard at prepare: ``(device, sibling)`` for each of a claim's ``devices`` whose sibling is held by another
+    prepared claim or is among ``devices`` too (each such pair once, in ``devices`` order); empty when the claim may
+    be prepared.
+
+    The scheduler can allocate a GPU and its VFIO sibling to two claims before either is prepared: both are
+    published until one is held, and nothing in the pool ties them (the counter layout that could,
+    :mod:`dradriver.domain.partitions`, is used only with ``DynamicMIG``, which ``PassthroughSupport`` excludes).
+    NVIDIA's driver has the same window. The second prepare must then fail (the kubelet retries; the claim is
+    rescheduled once the first one is gone), which this finds.
+
+    :param held: DRA device names completed claims hold, without the claim being prepared.
+    :param devices: the claim's devices (DRA names).
+    """
+    sibling_of: dict[str, str] = {}
+    for device in vfio:
+        if device.sibling is not None:
+            sibling_of[device.name] = device.sibling
+            sibling_of[device.sibling] = device.name
+    asked = set(devices)
+    out: list[tuple[str, str]] = []
+    seen: set[frozenset[str]] = set()
+    for name in dict.fromkeys(devices):
+        sibling = sibling_of.get(name)
+        if sibling is None or frozenset((name, sibling)) in seen:
+            continue
+        if sibling in held or sibling in asked:
+            seen.add(frozenset((name, sibling)))
+            out.append((name, sibling))
+    return out
 
 
 def passed_through(vfio: Iterable[VfioDevice], held: Collection[str]) -> tuple[VfioDevice, ...]:

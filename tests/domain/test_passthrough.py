@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dradriver.domain.devices import DeviceIndex, DeviceType, DriverVersions, NodeInventory
-from dradriver.domain.passthrough import passed_through, vfio_devices, vfio_uuid, withdrawn
+from dradriver.domain.passthrough import passed_through, sibling_conflicts, vfio_devices, vfio_uuid, withdrawn
 from tests.factories import gpu_device, gpu_function, vfio_for
 
 VERSIONS = DriverVersions(driver="570.148.08", cuda_driver=12080)
@@ -64,3 +64,11 @@ def test_the_inventory_index_finds_vfio_devices_and_their_type_is_vfio() -> None
     assert DeviceType.of(index["gpu-0"]) is DeviceType.GPU
     assert inventory.find("gpu-vfio-0") is inventory.vfio[0]
     assert [d.name for d in inventory.allocatable()] == ["gpu-0"]
+
+
+def test_a_device_whose_sibling_is_held_or_asked_for_too_conflicts_at_prepare() -> None:
+    vfio = vfio_for(gpu_device(0), gpu_device(1))
+    assert sibling_conflicts(vfio, {"gpu-0"}, ["gpu-vfio-0", "gpu-vfio-1"]) == [("gpu-vfio-0", "gpu-0")]
+    assert sibling_conflicts(vfio, {"gpu-vfio-1"}, ["gpu-1"]) == [("gpu-1", "gpu-vfio-1")]
+    assert sibling_conflicts(vfio, set(), ["gpu-0", "gpu-vfio-0", "gpu-vfio-1"]) == [("gpu-0", "gpu-vfio-0")]
+    assert sibling_conflicts(vfio, {"gpu-vfio-0"}, ["gpu-1"]) == []  # another GPU's sibling
