@@ -1,7 +1,8 @@
 """``dradriver.domain.fmpartitions``: partition<N> per GPU, the exact-match rule and its error, deactivation rules.
 
-The table is the HGX 8-GPU default layout (the Fabric Manager User Guide's shared NVSwitch tables): 0 = all
-eight, 1 = 1-4, 2 = 5-8, 3-6 = pairs, 7-14 = singles."""
+The table is the HGX H100 8-GPU default layout (the Fabric Manager User Guide's shared NVSwitch table; also
+koordinator-sh/koordinator ``H100PartitionTables``): 0 = all eight, 1 = 1-4, 2 = 5-8, 3-6 = the pairs 1+3, 2+4,
+5+7, 6+8, 7-14 = singles."""
 
 from __future__ import annotations
 

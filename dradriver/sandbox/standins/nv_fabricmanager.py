@@ -64,11 +64,13 @@ HGX8_PARTITIONS: tuple[tuple[int, tuple[int, ...]], ...] = (
     (6, (6, 8)),
     *((6 + m, (m,)) for m in range(1, 9)),
 )
-"""Default shared NVSwitch partitions of an HGX 8-GPU baseboard, (partition ID, GPU module IDs): one of 8 GPUs,
-two of 4, four of 2, eight of 1, IDs 0-14 (NVIDIA Fabric Manager User Guide, "Shared NVSwitch Virtualization
-Model", the default partition tables of DGX/HGX H100; the H200 and B200 8-GPU boards use the same layout in the
-stand-in). The 2-GPU pairs follow the guide's H100 table as recalled (1+3, 2+4, 5+7, 6+8; A100's pairs are
-adjacent); a table read with :func:`load_table` replaces it."""
+"""Default shared NVSwitch partitions of an HGX 8-GPU baseboard, (partition ID, GPU module IDs): 0 all eight, 1 and
+2 the two halves, 3-6 the pairs 1+3, 2+4, 5+7, 6+8, 7-14 one GPU each (module 1..8). The DGX/HGX H100 table of the
+NVIDIA Fabric Manager User Guide ("Shared NVSwitch Virtualization Model", default partitions; the guide's change
+log: "Updated Shared NVSwitch 2 GPU partitions for DGX H100 and HGX H100"), as koordinator-sh/koordinator also
+encodes it (Go package ``unified``, ``H100PartitionTables``/``H800PartitionTables``). The stand-in uses it for
+every 8-GPU profile (H200 and B200 boards: same layout assumed, not confirmed by a public table; A100's pairs may
+differ); a table read with :func:`load_table` replaces it."""
 
 
 @dataclass(frozen=True, slots=True)
