@@ -230,6 +230,8 @@ static fmReturn_t read_list(conn *c, fmFabricPartitionList_t *out) {
             if (sscanf(line, "G %u %79s %31s %u %u %u", &g->physicalId, g->uuid, g->pciBusId, &g->numNvLinksAvailable,
                        &g->maxNumNvLinks, &g->nvlinkLineRateMBps) != 6)
                 return FM_ST_GENERIC_ERROR;
+            if (strcmp(g->uuid, "-") == 0) g->uuid[0] = 0; /* "-": the daemon has no value */
+            if (strcmp(g->pciBusId, "-") == 0) g->pciBusId[0] = 0;
         }
     }
     return FM_ST_SUCCESS;

@@ -356,10 +356,10 @@ def main(argv: list[str]) -> int:
         if not path.exists():
             path = Path(__file__).resolve().parents[2] / "nvml" / "profiles" / f"{args.profile}.json"
         table = table_from_profile(json.loads(path.read_text()))
-    manager = FabricManager(args.socket, table, args.state).start()
-    done = threading.Event()
+    done = threading.Event()  # handlers first: a SIGTERM right after the socket appears still stops it cleanly
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
+    manager = FabricManager(args.socket, table, args.state).start()
     done.wait()
     manager.stop()
     return 0
