@@ -15,7 +15,7 @@ from dradriver.host.fabricmanager import (
     has_nvswitch_fabric,
     open_client,
 )
-from dradriver.sandbox.standins.nv_fabricmanager import DROP, FabricManager
+from dradriver.sandbox.standins.nv_fabricmanager import DROP, HANG, FabricManager, mock_library_path
 
 
 def test_partitions_come_back_as_records_with_module_ids_and_active(client: FabricManagerClient,
@@ -98,3 +98,11 @@ def test_enabled_only_with_an_nvswitch_fabric_and_the_library(driver_root: Path,
     assert has_nvswitch_fabric(empty_proc, sysfs)
     assert isinstance(open_client(driver_root, proc_root=empty_proc, sysfs_root=sysfs, environ={}),
                       FabricManagerClient)
+
+
+def test_an_fm_that_does_not_answer_within_the_timeout_is_fm_st_timeout(fm: FabricManager) -> None:
+    client = FabricManagerClient(mock_library_path(), FmAddress(str(fm.socket_path)), timeout_ms=200)
+    fm.inject("activate", HANG)
+    with pytest.raises(FabricManagerError, match="activate of partition 1 failed: FM_ST_TIMEOUT"):
+        client.activate(1)
+    assert fm.active == set()

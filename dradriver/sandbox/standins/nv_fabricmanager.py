@@ -22,7 +22,9 @@ call documents) and the guide's "Shared NVSwitch Virtualization Model":
   ``FM_ST_CONNECTION_NOT_VALID``;
 * faults per call (:meth:`FabricManager.inject`, or the ``FAULT`` line): the next ``count`` calls of an operation
   (``connect``, ``list``, ``activate``, ``deactivate``, ``setactive``) answer a given ``fmReturn_t`` or, with
-  ``drop``, close the connection without an answer (the library then reports ``FM_ST_CONNECTION_NOT_VALID``).
+  ``drop``, close the connection without an answer (the library then reports ``FM_ST_CONNECTION_NOT_VALID``), or
+  with ``hang``, answer nothing for :attr:`FabricManager.hang_s` seconds (past the client's ``timeoutMs``: the
+  library reports ``FM_ST_TIMEOUT``).
 
 Run: ``python -m dradriver.sandbox.standins.nv_fabricmanager --socket PATH (--profile NAME|FILE | --table FILE)
 [--state FILE]``; or in-process with :class:`FabricManager` (tests).
@@ -53,6 +55,7 @@ FM_MAX_FABRIC_PARTITIONS = 64
 
 OPERATIONS = ("connect", "list", "activate", "deactivate", "setactive")
 DROP = "drop"
+HANG = "hang"
 
 HGX8_PARTITIONS: tuple[tuple[int, tuple[int, ...]], ...] = (
     (0, (1, 2, 3, 4, 5, 6, 7, 8)),
@@ -156,6 +159,9 @@ class FabricManager:
         """Every request line answered, in order (tests read it)."""
         if state_path is not None and state_path.exists():
             self.active = {int(i) for i in json.loads(state_path.read_text()).get("active", [])}
+        self.hang_s = 10.0
+        """How long a :data:`HANG` fault keeps a call unanswered (or until :meth:`stop`)."""
+        self._stopping = threading.Event()
         self._server: socketserver.ThreadingUnixStreamServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -163,7 +169,7 @@ class FabricManager:
 
     def inject(self, operation: str, rc: int | str, count: int = 1) -> None:
         """The next ``count`` calls (-1: every call) of ``operation`` answer ``rc`` (an ``fmReturn_t``, or
-        :data:`DROP`: close the connection without answering).
+        :data:`DROP`: close the connection without answering; :data:`HANG`: answer nothing for :attr:`hang_s`).
 
         :raises ValueError: unknown operation.
         """
@@ -187,6 +193,7 @@ class FabricManager:
 
     def start(self) -> FabricManager:
         """Listen and serve in a background thread; returns ``self``."""
+        self._stopping.clear()
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
         if self.socket_path.exists() or self.socket_path.is_symlink():
             self.socket_path.unlink()
@@ -196,6 +203,9 @@ class FabricManager:
             def handle(self) -> None:
                 for raw in self.rfile:
                     answer = manager.answer(raw.decode(errors="replace").strip())
+                    if answer == HANG:
+                        manager._stopping.wait(manager.hang_s)
+                        return
                     if answer is None:
                         return
                     self.wfile.write(answer.encode())
@@ -211,6 +221,7 @@ class FabricManager:
 
     def stop(self) -> None:
         """Stop serving and remove the socket (FM down)."""
+        self._stopping.set()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -239,12 +250,14 @@ class FabricManager:
                 fault = self._take_fault(op)
                 if fault == DROP:
                     return None
+                if fault == HANG:
+                    return HANG
                 if fault is not None:
                     return f"{fault}\n" if op != "list" else f"{fault} 0 0\n"
             if verb == "HELLO":
                 return "0\n"
             if verb == "FAULT":  # FAULT <operation> <rc|drop> [count]
-                rc: int | str = args[1] if args[1] == DROP else int(args[1])
+                rc: int | str = args[1] if args[1] in (DROP, HANG) else int(args[1])
                 self.faults.setdefault(args[0], []).append((rc, int(args[2]) if len(args) > 2 else 1))
                 return "0\n"
             if verb == "GPUREADY":  # GPUREADY <module> 0|1
