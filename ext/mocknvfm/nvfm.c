@@ -36,7 +36,7 @@ static conn *g_conns;
 
 static int open_unix(const char *path) {
     struct sockaddr_un sa;
-    if (strlen(path) >= sizeof sa.sun_path) return -1;
+    if (strlen(path) >= sizeof sa.sun_path) return -2; /* no such socket address: BADPARAM */
     memset(&sa, 0, sizeof sa);
     sa.sun_family = AF_UNIX;
     strcpy(sa.sun_path, path);
@@ -46,7 +46,8 @@ static int open_unix(const char *path) {
     return fd;
 }
 
-/* "a.b.c.d" or "a.b.c.d:port" (nv_fm_agent.h fmConnect); -2 when the text is not such an address. */
+/* "a.b.c.d" or "a.b.c.d:port" (nv_fm_agent.h fmConnect); -2 when the text is not such an address, -1 when
+ * nothing answers there. */
 static int open_tcp(const char *address) {
     char host[FM_MAX_STR_LENGTH];
     snprintf(host, sizeof host, "%s", address);

@@ -17,7 +17,7 @@ from dradriver.sandbox.standins.nv_fabricmanager import FabricManager, mock_libr
 
 @pytest.fixture
 def driver_root(tmp_path: Path) -> Path:
-    root = tmp_path / "driver-root"
+    root = tmp_path / "dr"  # short: a Unix socket path has at most 107 bytes
     (root / "usr" / "lib64").mkdir(parents=True)
     shutil.copy(mock_library_path(), root / "usr" / "lib64" / "libnvfm.so.1")  # a link out of the root is not followed
     return root

@@ -154,6 +154,7 @@ def test_set_activated_partitions_after_a_restart(lib: ctypes.CDLL, fm: FabricMa
 def test_fm_down_is_connection_not_valid(lib: ctypes.CDLL, fm: FabricManager, tmp_path: Path) -> None:
     lib.fmLibInit()
     assert connect(lib, tmp_path / "nothing" / "socket")[0] == NOT_VALID
+    assert connect(lib, Path("/" + "x" * 120))[0] == BADPARAM  # longer than a Unix socket address holds
     fm.stop()
     assert connect(lib, fm.socket_path)[0] == NOT_VALID
 
