@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,18 @@ import pytest
 
 from dradriver.domain import featuregates as fg
 from dradriver.domain.claims import ClaimRef
+from dradriver.domain.nvcheckpoint import (
+    Checkpoint,
+    CheckpointEntry,
+    CheckpointState,
+    DeviceGroup,
+    KubeletDevice,
+    PreparedDevice,
+    encode,
+)
+from dradriver.domain.passthrough import vfio_uuid
 from dradriver.errors import DradriverError
+from dradriver.host.nvcheckpointfile import CHECKPOINT_FILE, read_checkpoint, write_checkpoint
 from dradriver.sandbox.node import FIRST_IOMMU_GROUP, SandboxNode
 from tests import factories
 from tests.plugin.conftest import claim_object, ref_of, result, running, set_allocation, wait_for
@@ -136,5 +148,57 @@ def test_a_start_without_the_host_root_is_a_loud_error_naming_it(node: SandboxNo
         with pytest.raises(DradriverError, match="--host-root /nonexistent"):
             async with running(node.config(feature_gates=GATES, host_root=Path("/nonexistent"))):
                 pass
+
+    asyncio.run(body())
+
+
+def test_dradrivers_rollback_checkpoint_names_a_vfio_device_by_its_vfio_info(node: SandboxNode) -> None:
+    """NVIDIA's plugin, after a rollback, unprepares dradriver's VFIO claim from ``vfio.info`` (``uuid``,
+    ``pciBusID``): dradriver's ``checkpoint.json`` carries both."""
+    async def body() -> None:
+        config = node.config(feature_gates=GATES)
+        async with running(config) as (_plugin, kubelet):
+            ref = claim_for(node, "vm", "gpu-vfio-0")
+            assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+            written = read_checkpoint(config.plugin_dir / CHECKPOINT_FILE)
+            assert written is not None
+            [group] = written.claims[ref.uid].groups
+            [device] = group.devices
+            assert (device.kind, device.uuid, device.pci_bus_id) == ("vfio", vfio_uuid(GPU0), GPU0)
+            assert await kubelet.unprepare([ref]) == {ref.uid: ""}
+
+    asyncio.run(body())
+
+
+def test_a_vfio_claim_nvidia_prepared_is_adopted_and_its_unprepare_gives_the_gpu_back_to_nvidia(
+        node: SandboxNode) -> None:
+    """The switch from NVIDIA's plugin: its checkpoint names a claim whose GPU it bound to ``vfio-pci``; dradriver
+    adopts it with a VFIO undo record from ``vfio.info``, and the kubelet's unprepare rebinds the GPU to ``nvidia``,
+    where NVML lists it again and ``gpu-0`` is published."""
+    host = node.pci_host(settle_s=5.0)
+    host.load_module("vfio-pci")
+    host.set_driver_override(GPU0, "vfio-pci")  # what NVIDIA's plugin did at its prepare
+    host.unbind(GPU0)
+    host.bind(GPU0, "vfio-pci")
+    config = node.config(feature_gates=GATES)
+    uid = str(uuid.uuid4())
+    kubelet_device = KubeletDevice(("gpu",), node.node_name, "gpu-vfio-0",
+                                   (f"k8s.gpu.nvidia.com/claim={uid}-gpu-vfio-0",))
+    prepared = PreparedDevice("vfio", kubelet_device, uuid=vfio_uuid(GPU0), pci_bus_id=GPU0)
+    status = {"allocation": {"devices": {"results": [result("gpu-vfio-0")]}}}
+    entry = CheckpointEntry(CheckpointState.PREPARE_COMPLETED, status, (DeviceGroup((prepared,)),),
+                            name="vm", namespace="default")
+    config.plugin_dir.mkdir(parents=True, exist_ok=True)
+    write_checkpoint(config.plugin_dir / CHECKPOINT_FILE, encode(Checkpoint({uid: entry}, "")))
+
+    async def body() -> None:
+        async with running(config) as (plugin, kubelet):
+            assert "gpu-0" not in published(node) and "gpu-vfio-0" in published(node)
+            [record] = [r for r in json.loads(plugin.state.get(uid).payload)["undo"] if r["kind"] == "vfio"]
+            assert record["data"]["address"] == GPU0
+            ref = ClaimRef("default", "vm", uid)
+            assert await kubelet.unprepare([ref]) == {uid: ""}
+            assert driver_of(node) == "nvidia" and host.function(GPU0).driver_override is None
+            await wait_for(lambda: "gpu-0" in published(node), 20)
 
     asyncio.run(body())
