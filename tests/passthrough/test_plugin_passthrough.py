@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from dradriver.config import IMAGE_CDI_HOOK_ENV, MODPROBE_ENV
 from dradriver.domain import featuregates as fg
 from dradriver.domain.claims import ClaimRef
 from dradriver.domain.nvcheckpoint import (
@@ -200,5 +205,112 @@ def test_a_vfio_claim_nvidia_prepared_is_adopted_and_its_unprepare_gives_the_gpu
             assert await kubelet.unprepare([ref]) == {uid: ""}
             assert driver_of(node) == "nvidia" and host.function(GPU0).driver_override is None
             await wait_for(lambda: "gpu-0" in published(node), 20)
+
+    asyncio.run(body())
+
+
+AUDIO = "0000:18:00.1"
+
+
+def test_a_gpu_sharing_its_iommu_group_with_a_bound_function_is_refused_and_the_plugin_serves_on() -> None:
+    with SandboxNode(profile="dgx-h100", pci_tree=True, shared_iommu_groups=((GPU0, AUDIO),)) as node:
+        async def body() -> None:
+            async with running(node.config(feature_gates=GATES)) as (_plugin, kubelet):
+                vm = claim_for(node, "vm", "gpu-vfio-0")
+                error = (await kubelet.prepare([vm]))[vm.uid].error
+                assert "default/vm" in error and f"{AUDIO} (driver snd_hda_intel)" in error and "IOMMU group" in error
+                assert driver_of(node) == "nvidia" and node.pci_host().function(GPU0).driver_override is None
+                other = claim_for(node, "other", "gpu-vfio-1")
+                assert (await kubelet.prepare([other]))[other.uid].error == ""
+                assert await kubelet.unprepare([other]) == {other.uid: ""}
+
+        asyncio.run(body())
+
+
+def test_a_gpu_in_use_is_refused_naming_the_process_and_the_plugin_serves_on(node: SandboxNode) -> None:
+    with open(node.root / "dev" / "nvidia0") as held:
+        proc = subprocess.Popen(["sleep", "60"], stdin=held)
+    (node.root / "proc" / str(proc.pid)).symlink_to(f"/proc/{proc.pid}")  # the plugin's --proc-root shows it
+    try:
+        async def body() -> None:
+            async with running(node.config(feature_gates=GATES)) as (_plugin, kubelet):
+                vm = claim_for(node, "vm", "gpu-vfio-0")
+                error = (await kubelet.prepare([vm]))[vm.uid].error
+                assert "default/vm" in error and f"sleep (pid {proc.pid})" in error
+                assert driver_of(node) == "nvidia"
+                other = claim_for(node, "other", "gpu-1")
+                assert (await kubelet.prepare([other]))[other.uid].error == ""
+
+        asyncio.run(body())
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def plugin_env(node: SandboxNode, **extra: str) -> dict[str, str]:
+    """``dradriver gpu-kubelet-plugin``'s environment on ``node`` with PassthroughSupport (the sandbox's mock NVML
+    sysfs root is in this process's environment)."""
+    config = node.config()
+    env = dict(os.environ)
+    env.update(
+        NODE_NAME=config.node_name, KUBECONFIG=config.kubeconfig, CDI_ROOT=str(config.cdi_root),
+        KUBELET_REGISTRAR_DIRECTORY_PATH=str(config.kubelet_registrar_directory_path),
+        KUBELET_PLUGINS_DIRECTORY_PATH=str(config.kubelet_plugins_directory_path),
+        KUBELET_DEVICE_PLUGINS_DIRECTORY_PATH=str(config.kubelet_device_plugins_directory_path),
+        DEV_ROOT=str(config.dev_root), SYSFS_ROOT=str(config.sysfs_root), PROC_ROOT=str(config.proc_root),
+        HOST_ROOT=str(node.root), DRADRIVER_MOCK_PROFILE=config.mock_profile,
+        FEATURE_GATES="PassthroughSupport=true", LOG_LEVEL="warning",
+        **{IMAGE_CDI_HOOK_ENV: str(node.image_cdi_hook), MODPROBE_ENV: str(node.root / "bin" / "modprobe")},
+    )
+    env.update(extra)
+    return env
+
+
+@pytest.mark.parametrize(("fault", "state"), [("unbind", "nvidia"), ("bind", None), ("vfio-node", "vfio-pci")])
+def test_a_plugin_sigkilled_in_a_vfio_step_converges_at_its_next_start(node: SandboxNode, fault: str,
+                                                                        state: str | None) -> None:
+    """The plugin process is SIGKILLed while the PCI bus leaves one of its writes unanswered (after the override:
+    on nvidia; after the unbind: on no driver; after the bind: on vfio-pci without its group node); the next start
+    rolls the claim back and gives the GPU back to nvidia (nothing half bound), and the kubelet's retry prepares
+    it."""
+    from dradriver.sandbox.kubelet import KubeletEmulator, KubeletError
+
+    assert node.pci_bus is not None
+    pci = node.pci_host()
+    ref = claim_for(node, "vm", "gpu-vfio-0")
+
+    async def body() -> None:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "dradriver", "gpu-kubelet-plugin", env=plugin_env(node), cwd=str(ROOT),
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+        try:
+            async with KubeletEmulator(node.config().kubelet_registrar_directory_path) as kubelet:
+                child = await kubelet.wait_for_plugin("gpu.nvidia.com", timeout=30)
+                node.pci_bus.inject(fault, GPU0)  # type: ignore[union-attr]
+                call = asyncio.create_task(child.prepare([ref]))
+                await wait_for(lambda: pci.function(GPU0).driver_override == "vfio-pci"
+                               and pci.function(GPU0).driver == state
+                               and "count\": 1" not in node.pci_bus.faults.read_text(), 30)  # type: ignore[union-attr]
+                proc.kill()
+                with pytest.raises(KubeletError):
+                    await call
+            assert await proc.wait() == -signal.SIGKILL
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        node.pci_bus.clear_faults()  # type: ignore[union-attr]
+        async with running(node.config(feature_gates=GATES)) as (plugin, kubelet):
+            function = pci.function(GPU0)
+            assert (function.driver, function.driver_override) == ("nvidia", None)
+            assert plugin.state.get(ref.uid) is None
+            await wait_for(lambda: "gpu-0" in published(node), 20)
+            assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+            assert driver_of(node) == "vfio-pci"
+            assert await kubelet.unprepare([ref]) == {ref.uid: ""}
+            assert driver_of(node) == "nvidia"
 
     asyncio.run(body())
