@@ -314,3 +314,39 @@ def test_a_plugin_sigkilled_in_a_vfio_step_converges_at_its_next_start(node: San
             assert driver_of(node) == "nvidia"
 
     asyncio.run(body())
+
+
+def test_two_plugin_instances_of_a_rolling_update_never_both_take_one_gpu(node: SandboxNode) -> None:
+    """Old and new pod side by side share the claim state: a GPU the old one passed through is refused to the new
+    one, as its full GPU and as its VFIO device, naming the claim; the new one unprepares what the old prepared."""
+    from dradriver.app import start_plugin
+    from dradriver.sandbox.kubelet import KubeletEmulator
+
+    async def body() -> None:
+        old = await start_plugin(node.config(feature_gates=GATES, pod_uid="0f1e2d3c-old"))
+        new = None
+        try:
+            await wait_for(lambda: old.publisher.last_result is not None)
+            new = await start_plugin(node.config(feature_gates=GATES, pod_uid="9a8b7c6d-new"))
+            async with KubeletEmulator(node.config().kubelet_registrar_directory_path) as kubelet:
+                await kubelet.wait_for_plugin("gpu.nvidia.com")
+                await wait_for(lambda: len(kubelet.instances("gpu.nvidia.com")) == 2)
+                by_endpoint = {c.endpoint: c for c in kubelet.instances("gpu.nvidia.com")}
+                via_old, via_new = by_endpoint[str(old.servers.dra_socket)], by_endpoint[str(new.servers.dra_socket)]
+                vm = claim_for(node, "vm", "gpu-vfio-0")
+                assert (await via_old.prepare([vm]))[vm.uid].error == ""
+                pod = claim_for(node, "pod", "gpu-0")
+                error = (await via_new.prepare([pod]))[pod.uid].error
+                assert "'gpu-0'" in error and "'gpu-vfio-0'" in error and "default/vm" in error
+                again = claim_for(node, "vm2", "gpu-vfio-0")
+                assert "already prepared" in (await via_new.prepare([again]))[again.uid].error
+                assert driver_of(node) == "vfio-pci"
+                await old.stop()
+                assert await via_new.unprepare([vm]) == {vm.uid: ""}
+                assert driver_of(node) == "nvidia"
+        finally:
+            await old.stop()
+            if new is not None:
+                await new.stop()
+
+    asyncio.run(body())
