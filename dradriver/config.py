@@ -273,9 +273,7 @@ PLUGIN_FLAGS: tuple[Flag, ...] = (
            f"KEP-5517 host {r} overhead of each {_OVERHEAD_CLASS_WORDS[c]} per "
            f"{'pod referencing a claim for it' if p == 'pod' else 'container referencing the claim'} (a quantity; "
            "empty or 0: none), published in the device's nodeAllocatableResources; any value, 0 included, needs "
-           "the gate NodeAllocatableResources."
-           + (" Accepted for NVIDIA's command lines: dradriver does not publish VFIO devices yet, so no device "
-              "carries it." if c in nodeallocatable.UNPUBLISHED_CLASSES else ""))
+           "the gate NodeAllocatableResources.")
       for c, r, p in nodeallocatable.FLAG_KEYS),
 )
 

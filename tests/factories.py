@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from dradriver.domain.devices import GpuDevice, MigDevice
+from dradriver.domain.passthrough import PciFunction, VfioDevice, vfio_devices
 from dradriver.nvml import mock
 
 GIB = 1 << 30
@@ -61,6 +62,24 @@ def gpu_device(minor: int = 0, *, mig: bool = False, **fields: Any) -> GpuDevice
         values.update(mig_capable=True, mig_enabled=True)
     values.update(fields)
     return GpuDevice(**values)
+
+
+def gpu_function(bus: int, *, driver: str | None = "nvidia", **fields: Any) -> PciFunction:
+    """An H100-like NVIDIA 3D-controller function at ``0000:<bus>:00.0`` bound to ``driver``, alone in IOMMU
+    group ``bus``, 128 GiB of BARs; any other ``PciFunction`` field may be given."""
+    values: dict[str, Any] = {
+        "address": f"0000:{bus:02x}:00.0", "vendor_id": 0x10DE, "device_id": 0x2330, "class_code": 0x030200,
+        "driver": driver, "iommu_group": bus, "numa_node": 0, "bar_bytes": 128 * GIB,
+        "pcie_root": f"pci0000:{bus - 1:02x}",
+    }
+    values.update(fields)
+    return PciFunction(**values)
+
+
+def vfio_for(*gpus: GpuDevice, iommufd: bool = False) -> tuple[VfioDevice, ...]:
+    """The VFIO siblings of ``gpus`` (each on ``nvidia`` at its ``pci_bus_id``), as discovery builds them."""
+    functions = [gpu_function(int(g.pci_bus_id.split(":")[1], 16), address=g.pci_bus_id) for g in gpus]
+    return vfio_devices(functions, gpus, iommufd=iommufd)
 
 
 def mig_device(parent: GpuDevice, start: int = 0, *, gi_id: int | None = None, **fields: Any) -> MigDevice:

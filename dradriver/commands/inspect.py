@@ -5,8 +5,10 @@ discovers GPUs and MIG devices, and prints the ``resource.k8s.io/v1`` ResourceSl
 stream (``-o yaml``, default) or a JSON list (``-o json``), each with the ``metadata.generateName`` the running
 plugin gives it (``<index>-gpu.nvidia.com-<node>-``; the API server appends five random characters).
 ``-o table`` prints one line per published device instead: NODE, DEVICE, GPU (minor number of the physical
-GPU), MIG (profile, ``-`` for a full GPU), MEMORY, UUID, HEALTH (``Healthy``, ``Unhealthy`` or ``Unknown`` from one
-health poll, as the plugin's health monitor judges it); ``-o wide`` adds PRODUCT, PCI-BUS-ID, SLICE and TAINTS
+GPU), MIG (profile, ``-`` for a full GPU, ``vfio`` for a VFIO passthrough device ``gpu-vfio-<index>``), MEMORY
+(a VFIO device's ``addressableMemory``), UUID, HEALTH (``Healthy``, ``Unhealthy`` or ``Unknown`` from one health
+poll, as the plugin's health monitor judges it; a VFIO device is always ``Unknown``); ``-o wide`` adds PRODUCT,
+PCI-BUS-ID, SLICE and TAINTS
 (``key`` or ``key=value``, e.g. ``gpu.nvidia.com/fabric-unhealthy=registration-failed``).
 GPUs left out by discovery and other warnings go to stderr and, in YAML, also into comments at the top.
 ``--default-config PROFILE`` applies a per-node device policy as the plugin would on a node whose label
@@ -99,9 +101,10 @@ def register(subparsers: Any) -> None:
 
 def _header(inventory: Any, node: str, slices: list[dict[str, Any]], notes: list[str]) -> list[str]:
     devices = sum(len(s["spec"]["devices"]) for s in slices)
+    vfio = f", {len(inventory.vfio)} VFIO device(s)" if inventory.vfio else ""
     lines = [
         f"# node {node}: driver {inventory.versions.driver or '?'}, CUDA {inventory.versions.cuda_driver_text}, "
-        f"{len(inventory.gpus)} GPU(s), {len(inventory.migs)} MIG device(s); {devices} device(s) in "
+        f"{len(inventory.gpus)} GPU(s), {len(inventory.migs)} MIG device(s){vfio}; {devices} device(s) in "
         f"{len(slices)} ResourceSlice(s)",
     ]
     if inventory.clique is not None:
@@ -111,7 +114,8 @@ def _header(inventory: Any, node: str, slices: list[dict[str, Any]], notes: list
 
 
 def _memory(device: dict[str, Any]) -> str:
-    value = device.get("capacity", {}).get("memory", {}).get("value")
+    capacity = device.get("capacity", {})
+    value = (capacity.get("memory") or capacity.get("addressableMemory") or {}).get("value")
     return str(value) if value is not None else "-"
 
 
@@ -134,6 +138,8 @@ def device_rows(inventory: Any, node: str, slices: list[dict[str, Any]], health:
         :func:`poll_health`; a device it does not name is ``Unknown`` with the taints it is published with.
     """
     from dradriver.domain.devices import MigDevice
+    from dradriver.domain.passthrough import VfioDevice
+    from dradriver.domain.resourceslices import PCI_BUS_ID
 
     header = ["NODE", "DEVICE", "GPU", "MIG", "MEMORY", "UUID", "HEALTH"]
     if wide:
@@ -142,13 +148,18 @@ def device_rows(inventory: Any, node: str, slices: list[dict[str, Any]], health:
     for s in slices:
         for device in s["spec"]["devices"]:
             found = inventory.find(device["name"])
-            gpu = found.parent if isinstance(found, MigDevice) else found
+            if isinstance(found, VfioDevice):
+                minor = "-" if found.parent_minor is None else str(found.parent_minor)
+                kind = "vfio"
+            else:
+                gpu = found.parent if isinstance(found, MigDevice) else found
+                minor = str(gpu.minor) if gpu is not None else "-"
+                kind = found.profile if isinstance(found, MigDevice) else "-"
             state, taints = health.get(device["name"], ("Unknown", _taints(device)))
-            row = [node, device["name"], str(gpu.minor) if gpu is not None else "-",
-                   found.profile if isinstance(found, MigDevice) else "-", _memory(device),
-                   _attribute(device, "uuid"), state]
+            row = [node, device["name"], minor, kind, _memory(device), _attribute(device, "uuid"), state]
             if wide:
-                row += [_attribute(device, "productName"), _attribute(device, "pcieBusID"),
+                bus = _attribute(device, "pcieBusID")
+                row += [_attribute(device, "productName"), _attribute(device, PCI_BUS_ID) if bus == "-" else bus,
                         s["metadata"].get("name") or s["metadata"].get("generateName", "-"), taints or "-"]
             rows.append(tuple(row))
     return rows

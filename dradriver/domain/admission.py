@@ -12,10 +12,11 @@ What is checked, for each ``spec.devices.config[i]`` (``spec.spec.devices.config
 * driver ``gpu.nvidia.com``: the parameters are decoded, normalised and validated by the functions the kubelet
   plugin's Prepare uses (:func:`dradriver.domain.configs.decode`, :func:`~dradriver.domain.configs.normalize`,
   :func:`~dradriver.domain.configs.validate`, with the same feature gates), so a refusal here reads exactly as
-  Prepare's error would, with the field path under ``spec`` instead of ``status.allocation``. Kinds dradriver does
-  not take as GPU configs (``VfioDeviceConfig``, the compute-domain kinds) are refused here too: Prepare would
-  refuse them. NVIDIA's webhook accepts the compute-domain kinds under ``gpu.nvidia.com`` and refuses
-  ``VfioDeviceConfig``;
+  Prepare's error would, with the field path under ``spec`` instead of ``status.allocation``. ``VfioDeviceConfig``
+  is accepted with the ``PassthroughSupport`` gate and refused without it, as Prepare does (NVIDIA's webhook
+  refuses it whatever the gates, though NVIDIA's plugin takes it: its webhook's list of kinds lacks it). Kinds
+  dradriver does not take as GPU configs (the compute-domain kinds) are refused here too: Prepare would refuse
+  them. NVIDIA's webhook accepts the compute-domain kinds under ``gpu.nvidia.com``;
 * driver ``compute-domain.nvidia.com`` (NVIDIA's webhook skips it): ``ComputeDomainChannelConfig`` and
   ``ComputeDomainDaemonConfig`` decoded strictly by the compute-domain plugin's own decoders
   (:func:`dradriver.domain.computedomains.parse_channel_config`, :func:`~dradriver.domain.computedomains.

@@ -4,20 +4,24 @@ and selection of the config that applies to each allocated device.
 A ResourceClaim may carry opaque configs for ``gpu.nvidia.com`` in ``status.allocation.devices.config[]``
 (copied there from the DeviceClass, ``source: FromClass``, and from the claim, ``source: FromClaim``). Their
 ``opaque.parameters`` is one object of NVIDIA's API group; this driver accepts the kinds that apply to the
-devices it publishes, ``GpuConfig`` and ``MigDeviceConfig`` (NVIDIA's
-``api/nvidia.com/resource/v1beta1/gpuconfig.go``, ``migconfig.go``, ``sharing.go``):
+devices it publishes, ``GpuConfig``, ``MigDeviceConfig`` and ``VfioDeviceConfig`` (NVIDIA's
+``api/nvidia.com/resource/v1beta1/gpuconfig.go``, ``migconfig.go``, ``sharing.go``, ``vfiodeviceconfig.go``,
+``iommu.go``):
 
 * **decoding** is strict, as NVIDIA's ``StrictDecoder``: ``apiVersion`` must be
-  ``resource.nvidia.com/v1beta1``, ``kind`` one of the two, every field known and of the right JSON type;
+  ``resource.nvidia.com/v1beta1``, ``kind`` one of the three, every field known and of the right JSON type;
   errors name the field path (``status.allocation.devices.config[1].opaque.parameters.sharing.strategy``);
 * **normalising** fills implied defaults (``Normalize``): TimeSlicing without an interval gets ``Default``
   (also for ``timeSlicingConfig: {}``, which NVIDIA leaves unset and then dereferences), MPS without
-  ``mpsConfig`` gets an empty one;
+  ``mpsConfig`` gets an empty one; a ``VfioDeviceConfig`` gets ``iommu.backendPolicy: LegacyOnly`` and
+  ``iommu.enableAPIDevice: false`` where omitted;
 * **validation** (``Validate``): the sharing strategy must be known and its feature gate enabled
   (``TimeSlicingSettings``, ``MPSSupport``; both off by default, section 8), the time-slice interval one of
-  ``Default|Short|Medium|Long``, MPS ``defaultActiveThreadPercentage`` in 0..100;
-* **selection** (section 3.6, ``prepareDevices``): built-in defaults (an empty ``GpuConfig`` and an empty
-  ``MigDeviceConfig``) at lowest precedence, then class configs, then claim configs. For each allocation
+  ``Default|Short|Medium|Long``, MPS ``defaultActiveThreadPercentage`` in 0..100; a ``VfioDeviceConfig`` needs
+  the ``PassthroughSupport`` gate and a backend policy ``LegacyOnly|PreferIommuFD``;
+* **selection** (section 3.6, ``prepareDevices``): built-in defaults (an empty ``GpuConfig``, an empty
+  ``MigDeviceConfig`` and, with ``PassthroughSupport``, an empty ``VfioDeviceConfig``) at lowest precedence,
+  then class configs, then claim configs. For each allocation
   result, configs are walked from the highest precedence; the first one that either names the result's
   request in ``requests`` (a kind/device-type mismatch there is an error) or has empty ``requests`` and a
   kind matching the device type wins. Unlike NVIDIA, a config naming the parent request ``r`` also matches
@@ -26,6 +30,8 @@ devices it publishes, ``GpuConfig`` and ``MigDeviceConfig`` (NVIDIA's
   applies a config: TimeSlicing with ``mpsConfig``, MPS with ``timeSlicingConfig``, pinned-memory limits and
   device keys, ``multiUser`` compute capability); a sharing strategy selected by an admin-access result is
   refused at ``...sharing.strategy`` (an admin claim never changes the device, :func:`refuse_admin_sharing`).
+  At most one ``VfioDeviceConfig`` group per claim (NVIDIA's ``device_state.go``): the VFIO devices of a claim
+  share one IOMMU backend choice.
 
 The gates come from ``--feature-gates`` (:mod:`dradriver.domain.featuregates`); both sharing gates are off by
 default, as in NVIDIA's driver, and a config selecting a strategy whose gate is off is rejected with NVIDIA's
@@ -43,7 +49,14 @@ from math import ceil
 
 from dradriver.domain.claims import Claim, ClaimError, base_request_name
 from dradriver.domain.devices import DeviceType, GpuDevice, MigDevice
-from dradriver.domain.featuregates import DEFAULT_GATES, MPS_SUPPORT, TIME_SLICING_SETTINGS, FeatureGates
+from dradriver.domain.featuregates import (
+    DEFAULT_GATES,
+    MPS_SUPPORT,
+    PASSTHROUGH_SUPPORT,
+    TIME_SLICING_SETTINGS,
+    FeatureGates,
+)
+from dradriver.domain.passthrough import VfioDevice
 from dradriver.domain.quantity import Quantity, QuantityError, parse_quantity
 from dradriver.errors import DradriverError
 
@@ -52,11 +65,16 @@ API_VERSION = "resource.nvidia.com/v1beta1"
 
 GPU_CONFIG = "GpuConfig"
 MIG_DEVICE_CONFIG = "MigDeviceConfig"
-SUPPORTED_KINDS = (GPU_CONFIG, MIG_DEVICE_CONFIG)
+VFIO_DEVICE_CONFIG = "VfioDeviceConfig"
+SUPPORTED_KINDS = (GPU_CONFIG, MIG_DEVICE_CONFIG, VFIO_DEVICE_CONFIG)
+
+LEGACY_ONLY, PREFER_IOMMUFD = "LegacyOnly", "PreferIommuFD"
+IOMMU_BACKEND_POLICIES = (LEGACY_ONLY, PREFER_IOMMUFD)
+"""``iommu.backendPolicy`` values (NVIDIA's ``iommu.go``): ``LegacyOnly`` (the default) hands the VM the VFIO group
+``/dev/vfio/<group>``; ``PreferIommuFD`` the VFIO device cdev ``/dev/vfio/devices/vfio<N>`` when the host has
+``/dev/iommu``, else the group."""
 
 UNSUPPORTED_KINDS = {
-    "VfioDeviceConfig": "VFIO passthrough devices (NVIDIA's PassthroughSupport gate) are not published by "
-                        "this driver",
     "ComputeDomainChannelConfig": "it configures compute-domain.nvidia.com IMEX channels, not GPUs",
     "ComputeDomainDaemonConfig": "it configures compute-domain.nvidia.com IMEX daemons, not GPUs",
     "ComputeDomain": "it is a custom resource, not a device config",
@@ -148,7 +166,35 @@ class MigDeviceConfig:
     device_type = "mig"
 
 
-DeviceConfig = GpuConfig | MigDeviceConfig
+@dataclass(frozen=True, slots=True)
+class IommuConfig:
+    """``iommu`` of a ``VfioDeviceConfig``.
+
+    :param backend_policy: ``backendPolicy``, one of :data:`IOMMU_BACKEND_POLICIES` (``""`` when omitted).
+    :param enable_api_device: ``enableAPIDevice``: also give the container the API device (``/dev/iommu`` with the
+        iommufd backend, ``/dev/vfio/vfio`` with the legacy one); ``None`` when omitted.
+    """
+
+    backend_policy: str = ""
+    enable_api_device: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class VfioDeviceConfig:
+    """``kind: VfioDeviceConfig``: applies to VFIO passthrough devices (``type=vfio``, gate PassthroughSupport)."""
+
+    iommu: IommuConfig | None = None
+
+    kind = VFIO_DEVICE_CONFIG
+    device_type = "vfio"
+
+    @property
+    def sharing(self) -> Sharing | None:
+        """Always ``None``: a GPU given to a VM is not shared."""
+        return None
+
+
+DeviceConfig = GpuConfig | MigDeviceConfig | VfioDeviceConfig
 
 
 # ------------------------------------------------------------------------------------------------ decoding
@@ -244,6 +290,16 @@ def _decode_sharing(value: object, where: str, *, gpu: bool) -> Sharing | None:
     return Sharing(strategy=_string(obj.get("strategy"), f"{where}.strategy"), time_slicing=time_slicing, mps=mps)
 
 
+def _decode_iommu(value: object, where: str) -> IommuConfig | None:
+    if value is None:
+        return None
+    obj = _object(value, where, ("backendPolicy", "enableAPIDevice"))
+    enable = obj.get("enableAPIDevice")
+    if enable is not None and not isinstance(enable, bool):
+        raise DeviceConfigError(f"{where}.enableAPIDevice", f"must be a boolean, got {_type_name(enable)}")
+    return IommuConfig(_string(obj.get("backendPolicy"), f"{where}.backendPolicy"), enable)
+
+
 def decode(parameters: object, where: str = "parameters") -> DeviceConfig:
     """Decode one ``opaque.parameters`` object strictly (NVIDIA ``configapi.StrictDecoder``).
 
@@ -252,7 +308,9 @@ def decode(parameters: object, where: str = "parameters") -> DeviceConfig:
     :raises DeviceConfigError: not an object, missing or wrong ``apiVersion``/``kind``, a kind of NVIDIA's group
         that this driver does not support, an unknown field, or a value of the wrong JSON type.
     """
-    obj = _object(parameters, where, ("apiVersion", "kind", "sharing"))
+    kind_given = parameters.get("kind") if isinstance(parameters, Mapping) else None
+    body = "iommu" if kind_given == VFIO_DEVICE_CONFIG else "sharing"
+    obj = _object(parameters, where, ("apiVersion", "kind", body))
     api_version = obj.get("apiVersion")
     kind = obj.get("kind")
     if not isinstance(kind, str) or not kind:
@@ -270,6 +328,8 @@ def decode(parameters: object, where: str = "parameters") -> DeviceConfig:
                                            f"(supported kinds: {', '.join(SUPPORTED_KINDS)})")
     if kind == GPU_CONFIG:
         return GpuConfig(_decode_sharing(obj.get("sharing"), f"{where}.sharing", gpu=True))
+    if kind == VFIO_DEVICE_CONFIG:
+        return VfioDeviceConfig(_decode_iommu(obj.get("iommu"), f"{where}.iommu"))
     return MigDeviceConfig(_decode_sharing(obj.get("sharing"), f"{where}.sharing", gpu=False))
 
 
@@ -278,8 +338,12 @@ def normalize(config: DeviceConfig, gates: FeatureGates = DEFAULT_GATES) -> Devi
     """Fill implied defaults (NVIDIA ``Normalize``); returns a new config.
 
     TimeSlicing without ``timeSlicingConfig`` or without its ``interval`` gets ``Default`` (only with the
-    TimeSlicingSettings gate, as NVIDIA); MPS without ``mpsConfig`` gets an empty one (only with MPSSupport).
+    TimeSlicingSettings gate, as NVIDIA); MPS without ``mpsConfig`` gets an empty one (only with MPSSupport); a
+    ``VfioDeviceConfig`` gets ``backendPolicy: LegacyOnly`` and ``enableAPIDevice: false`` where omitted.
     """
+    if isinstance(config, VfioDeviceConfig):
+        iommu = config.iommu or IommuConfig()
+        return VfioDeviceConfig(IommuConfig(iommu.backend_policy or LEGACY_ONLY, bool(iommu.enable_api_device)))
     sharing = config.sharing
     if sharing is None:
         return config
@@ -306,8 +370,13 @@ def validate(config: DeviceConfig, gates: FeatureGates = DEFAULT_GATES, where: s
         is enabled") or with DynamicMIG on ("MPS is not yet supported when using featureGates.DynamicMIG=true";
         the gate table forbids that pair at start-up, so only a hand-built gate set reaches it); at
         ``...timeSlicingConfig.interval``: not ``Default|Short|Medium|Long``; at
-        ``...mpsConfig.defaultActiveThreadPercentage``: outside 0..100.
+        ``...mpsConfig.defaultActiveThreadPercentage``: outside 0..100; a ``VfioDeviceConfig`` at ``<where>.kind``
+        without the PassthroughSupport gate, at ``<where>.iommu.backendPolicy`` with a policy other than
+        ``LegacyOnly|PreferIommuFD``.
     """
+    if isinstance(config, VfioDeviceConfig):
+        _validate_vfio(config, gates, where)
+        return
     sharing = config.sharing
     if sharing is None:
         return
@@ -339,6 +408,16 @@ def validate(config: DeviceConfig, gates: FeatureGates = DEFAULT_GATES, where: s
         if percentage is not None and percentage > 100:
             raise DeviceConfigError(f"{at}.mpsConfig.defaultActiveThreadPercentage",
                               "active thread percentage must not be greater than 100")
+
+
+def _validate_vfio(config: VfioDeviceConfig, gates: FeatureGates, where: str) -> None:
+    if not gates.passthrough_support:
+        raise DeviceConfigError(f"{where}.kind", f"{VFIO_DEVICE_CONFIG} needs the {_q(PASSTHROUGH_SUPPORT)} feature "
+                                                 "gate (VFIO passthrough devices exist only with it)")
+    policy = config.iommu.backend_policy if config.iommu is not None else LEGACY_ONLY
+    if policy not in IOMMU_BACKEND_POLICIES:
+        raise DeviceConfigError(f"{where}.iommu.backendPolicy", f"unknown IOMMU backend policy: {policy}, supported "
+                                f"IOMMU backend policies: {', '.join(IOMMU_BACKEND_POLICIES)}")
 
 
 # ------------------------------------------------------------------------------------------- sharing plans
@@ -395,7 +474,7 @@ def _device_key(key: str, uuids: Sequence[str]) -> str:
     raise ValueError(f"invalid device: invalid device index: {index}")
 
 
-def plan_sharing(config: DeviceConfig, devices: Sequence[GpuDevice | MigDevice],
+def plan_sharing(config: DeviceConfig, devices: Sequence[GpuDevice | MigDevice | VfioDevice],
                  where: str = "parameters") -> SharingPlan:
     """Turn a normalised, validated config for ``devices`` into a :class:`SharingPlan`.
 
@@ -518,12 +597,14 @@ class ConfigSelection:
 
 
 def _device_type(device: object) -> str:
-    """``gpu`` for a full GPU; ``mig`` for an existing MIG device and a dynamic-MIG placement."""
+    """``gpu`` for a full GPU; ``vfio`` for a VFIO device; ``mig`` for an existing MIG device and a dynamic-MIG
+    placement."""
     return DeviceType.of(device).value
 
 
-def decode_entries(claim: Claim) -> list[ConfigEntry]:
-    """Decode ``claim.configs`` (already ours and in precedence order, lowest first), defaults prepended.
+def decode_entries(claim: Claim, gates: FeatureGates = DEFAULT_GATES) -> list[ConfigEntry]:
+    """Decode ``claim.configs`` (already ours and in precedence order, lowest first), defaults prepended (the
+    ``VfioDeviceConfig`` default only with the PassthroughSupport gate, as NVIDIA's).
 
     :raises DeviceConfigError: an entry's ``requests`` is not a list of strings, or its parameters do not decode.
     """
@@ -531,6 +612,8 @@ def decode_entries(claim: Claim) -> list[ConfigEntry]:
         ConfigEntry("built-in default GpuConfig", "Default", (), GpuConfig()),
         ConfigEntry("built-in default MigDeviceConfig", "Default", (), MigDeviceConfig()),
     ]
+    if gates.passthrough_support:
+        entries.append(ConfigEntry("built-in default VfioDeviceConfig", "Default", (), VfioDeviceConfig()))
     indices = claim.config_indices if len(claim.config_indices) == len(claim.configs) else range(len(claim.configs))
     for index, raw in zip(indices, claim.configs, strict=True):
         where = f"status.allocation.devices.config[{index}]"
@@ -590,7 +673,7 @@ def admin_sharing_refusal(parameters_at: str, strategy: str, target: str) -> Dev
         "without sharing for admin-access requests")
 
 
-def select_configs(claim: Claim, devices: Mapping[str, GpuDevice | MigDevice],
+def select_configs(claim: Claim, devices: Mapping[str, GpuDevice | MigDevice | VfioDevice],
                    gates: FeatureGates = DEFAULT_GATES) -> ConfigSelection:
     """Decode, select, normalise and validate the configs of ``claim`` (module docstring; reference 3.6).
 
@@ -599,11 +682,12 @@ def select_configs(claim: Claim, devices: Mapping[str, GpuDevice | MigDevice],
     :raises ClaimError: naming the claim and the config's field path: a decoding error (for any of our
         configs, used or not, as NVIDIA decodes them all), a config naming a request whose device is of the
         other type ("cannot apply GpuConfig to device \"gpu-0-mig-1g10gb-19-0\" of type \"mig\""), a
-        validation/plan error of a config that some result selected, or a sharing config selected by an
-        admin-access result (:func:`refuse_admin_sharing`).
+        validation/plan error of a config that some result selected, a sharing config selected by an
+        admin-access result (:func:`refuse_admin_sharing`), two ``VfioDeviceConfig`` groups (naming both
+        configs), or a VFIO device with no config for it (PassthroughSupport off).
     """
     try:
-        entries = decode_entries(claim)
+        entries = decode_entries(claim, gates)
     except DeviceConfigError as exc:
         raise ClaimError(claim.ref, str(exc)) from None
     winners: dict[int, list[int]] = {}
@@ -623,9 +707,17 @@ def select_configs(claim: Claim, devices: Mapping[str, GpuDevice | MigDevice],
             if not entry.requests and entry.config.device_type == kind:
                 chosen = e
                 break
-        assert chosen is not None  # the built-in defaults match every device type
+        if chosen is None:  # the built-in defaults match every device type of the gates in force
+            raise ClaimError(claim.ref, f"no config applies to device {_q(result.device)} of type {_q(kind)} "
+                                        f"(request: {result.request}): the {_q(PASSTHROUGH_SUPPORT)} feature gate is "
+                                        "not enabled")
         winners.setdefault(chosen, []).append(r)
         by_result.append(chosen)
+    vfio_groups = [e for e in winners if isinstance(entries[e].config, VfioDeviceConfig)]
+    if len(vfio_groups) > 1:
+        first, second = sorted(vfio_groups)[:2]
+        raise ClaimError(claim.ref, f"{entries[first].where} and {entries[second].where}: at most one "
+                                    f"{VFIO_DEVICE_CONFIG} may apply to the devices of a claim (both apply to some)")
     groups: list[ConfigGroup] = []
     position: dict[int, int] = {}
     for e, results in winners.items():

@@ -7,7 +7,9 @@ Facts (NVIDIA's ``cmd/gpu-kubelet-plugin/deviceinfo.go``, ``mig.go``; NVIDIA's M
 * a MIG device is named ``gpu-<parent minor>-mig-<canonical profile>-<GI profile ID>-<placement start>``,
   where the canonical profile drops dots, lowercases, maps other characters to ``-`` (``1g.10gb+me`` ->
   ``1g10gb-me``);
-* a GPU in MIG mode publishes its MIG devices and not itself.
+* a GPU in MIG mode publishes its MIG devices and not itself;
+* with ``PassthroughSupport`` every NVIDIA GPU function is also a ``gpu-vfio-<index>`` device
+  (:mod:`dradriver.domain.passthrough`), the sibling of its ``gpu-<minor>``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from enum import Enum
+
+from dradriver.domain.passthrough import VfioDevice
 
 MIB = 1024 * 1024
 
@@ -24,12 +28,16 @@ class DeviceType(str, Enum):
 
     GPU = "gpu"
     MIG = "mig"
+    VFIO = "vfio"
 
     @classmethod
     def of(cls, device: object) -> DeviceType:
-        """The published ``type`` of a registry entry: ``gpu`` for a full GPU; ``mig`` for an existing MIG device
-        and a dynamic-MIG placement."""
-        return cls.GPU if isinstance(device, GpuDevice) else cls.MIG
+        """The published ``type`` of a registry entry: ``gpu`` for a full GPU; ``vfio`` for a
+        :class:`~dradriver.domain.passthrough.VfioDevice`; ``mig`` for an existing MIG device and a dynamic-MIG
+        placement."""
+        if isinstance(device, GpuDevice):
+            return cls.GPU
+        return cls.VFIO if isinstance(device, VfioDevice) else cls.MIG
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +183,10 @@ class GpuDevice:
     :param addressing_mode: ``nvmlDeviceGetAddressingMode`` as NVIDIA's driver publishes it (``"HMM"``,
         ``"ATS"``, ``"None"``), or ``None`` when NVML does not support the query.
     :param cuda_compute_capability: ``(major, minor)``.
+    :param module_id: ``nvmlDeviceGetModuleId`` (the ``gpuModuleID`` attribute, Fabric Manager's physical ID),
+        ``None`` when not read (gate ``FabricManagerPartitioning`` off) or not supported.
+    :param partitions: Fabric Manager partition size -> ID of the partition of that size holding this GPU
+        (the ``partition<size>`` attributes); empty without ``FabricManagerPartitioning``.
     """
 
     index: int
@@ -195,6 +207,8 @@ class GpuDevice:
     addressing_mode: str | None = None
     vgpu_guest: bool = False
     """``nvmlDeviceGetVirtualizationMode`` is ``NVML_GPU_VIRTUALIZATION_MODE_VGPU`` (a vGPU inside a VM)."""
+    module_id: int | None = None
+    partitions: dict[int, int] = field(default_factory=dict, hash=False)
 
     @property
     def name(self) -> str:
@@ -366,9 +380,13 @@ class NodeInventory:
     """Dynamic MIG (``DynamicMIG`` gate on): the abstract devices of every dynamic-MIG-capable GPU, one per
     (GPU-instance profile, placement), whether or not an instance exists (:mod:`dradriver.domain.migplacements`;
     published by :mod:`dradriver.domain.partitions`); empty with the gate off."""
+    vfio: tuple[VfioDevice, ...] = ()
+    """``PassthroughSupport``: the ``gpu-vfio-<index>`` devices (:func:`dradriver.domain.passthrough.vfio_devices`),
+    index ascending; empty with the gate off. Published next to :meth:`allocatable` (a GPU and its VFIO sibling
+    both, until one is prepared: :func:`dradriver.domain.passthrough.withdrawn`)."""
 
     def allocatable(self) -> list[GpuDevice | MigDevice]:
-        """Devices to publish, sorted by PCI bus ID then name.
+        """GPUs and MIG devices to publish, sorted by PCI bus ID then name (VFIO devices: :attr:`vfio`).
 
         A GPU in MIG mode contributes its MIG devices and not itself (publishing both would let the same
         hardware be allocated twice).
@@ -382,9 +400,9 @@ class NodeInventory:
                 out.append(gpu)
         return out
 
-    def find(self, name: str) -> GpuDevice | MigDevice | None:
-        """The allocatable device named ``name``, or ``None``."""
-        for dev in self.allocatable():
+    def find(self, name: str) -> GpuDevice | MigDevice | VfioDevice | None:
+        """The allocatable or VFIO device named ``name``, or ``None``."""
+        for dev in (*self.allocatable(), *self.vfio):
             if dev.name == name:
                 return dev
         return None
@@ -407,9 +425,9 @@ def canonical_profile(profile: str) -> str:
 class DeviceIndex:
     """Name -> device lookup built once from an inventory."""
 
-    by_name: dict[str, GpuDevice | MigDevice] = field(default_factory=dict)
+    by_name: dict[str, GpuDevice | MigDevice | VfioDevice] = field(default_factory=dict)
 
     @classmethod
     def build(cls, inventory: NodeInventory) -> DeviceIndex:
-        """Index the allocatable devices of ``inventory`` by DRA device name."""
-        return cls({d.name: d for d in inventory.allocatable()})
+        """Index the allocatable devices and the VFIO devices of ``inventory`` by DRA device name."""
+        return cls({d.name: d for d in (*inventory.allocatable(), *inventory.vfio)})

@@ -15,7 +15,8 @@ profiles"), kept name for name so NVIDIA's profiles and labels carry over:
       gpu:
         advertisedDeviceTypes: [gpu, mig]      # non-empty, no duplicates, each one of gpu | mig | vfio
 
-  ``mig`` covers static MIG devices and dynamic-MIG placements alike (both publish ``type=mig``).
+  ``mig`` covers static MIG devices and dynamic-MIG placements alike (both publish ``type=mig``); ``vfio`` the
+  VFIO passthrough devices of the ``PassthroughSupport`` gate (``type=vfio``).
 
 This module is pure: it decodes text and selects a profile from labels; reading the file is
 :mod:`dradriver.host.driverconfigs`.
@@ -40,8 +41,8 @@ DEFAULT_DIRECTORY = "/available-configs"
 """Where NVIDIA's chart mounts the profiles' ConfigMap (``driverConfigDirectory``)."""
 GPU, MIG, VFIO = "gpu", "mig", "vfio"
 DEVICE_TYPES: tuple[str, ...] = (GPU, MIG, VFIO)
-"""The values ``gpu.advertisedDeviceTypes`` accepts. dradriver publishes no ``vfio`` devices (NVIDIA's
-PassthroughSupport gate is not implemented): a profile advertising only ``vfio`` publishes an empty pool."""
+"""The values ``gpu.advertisedDeviceTypes`` accepts. ``vfio`` devices (``gpu-vfio-<index>``) exist only with the
+``PassthroughSupport`` gate: without it a profile advertising only ``vfio`` publishes an empty pool."""
 
 _CONFIG_MAP_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 _MAX_KEY_LENGTH = 253

@@ -88,7 +88,10 @@ GATES: tuple[Gate, ...] = (
          Support.ALWAYS_ON,
          note="dradriver's IMEX daemons always use DNS names per domain (the legacy IP-list nodes.cfg with an IMEX "
               "restart per change is not implemented); =false is refused"),
-    Gate(PASSTHROUGH_SUPPORT, False, "Alpha (0.3)", "VFIO passthrough devices", _NO),
+    Gate(PASSTHROUGH_SUPPORT, False, "Alpha (0.3)", "VFIO passthrough devices", Support.IMPLEMENTED,
+         note="gpu-vfio-<index> devices published next to their GPUs (the sibling withdrawn while one is prepared) "
+              "and bound to vfio-pci at prepare; allowed with NVMLDeviceHealthCheck (always on in dradriver): a "
+              "passed-through GPU is not polled through NVML and reports Unknown health"),
     Gate(DYNAMIC_MIG, False, "Alpha (0.3)", "MIG instances created at prepare; partitionable devices",
          Support.IMPLEMENTED),
     Gate(NVML_DEVICE_HEALTH_CHECK, False, "Alpha (0.3)", "NVML Xid monitoring and device taints",
@@ -105,10 +108,12 @@ GATES: tuple[Gate, ...] = (
          Support.IMPLEMENTED,
          note="dradriver writes KEP-5304 metadata for every device kind it prepares (full GPU, MIG, dynamic MIG, "
               "shares, IMEX channels and daemons), bind-mounted read-only by the claim's CDI spec; NVIDIA offers it "
-              "for VFIO devices only and requires PassthroughSupport, which dradriver does not implement, so that "
-              "requirement is not kept"),
+              "for VFIO devices only and requires PassthroughSupport; dradriver does not, as its metadata is not "
+              "about VFIO devices only"),
     Gate(DRA_LIST_TYPE_ATTRIBUTES, False, "Alpha (0.4)", "numaNode published as a list attribute", _NO),
-    Gate(FABRIC_MANAGER_PARTITIONING, False, "Alpha (0.5)", "Fabric Manager partition attributes", _NO),
+    Gate(FABRIC_MANAGER_PARTITIONING, False, "Alpha (0.5)", "Fabric Manager partition attributes", Support.IMPLEMENTED,
+         note="gpuModuleID and partition<size> on full GPUs and VFIO devices; a claim's GPUs must be one supported "
+              "partition, activated at prepare and deactivated at unprepare"),
     Gate(HOST_MANAGED_IMEX_DAEMON, False, "Alpha (0.5)", "imex.mode=hostManaged", Support.IMPLEMENTED,
          note="the compute-domain kubelet plugin's side (allocated channel, readiness from nvidia-imex-ctl -q)"),
     Gate(CONSUMABLE_SHARES, False, "Alpha (0.5)", "--consumable-shares multi-allocation", Support.IMPLEMENTED,
@@ -133,12 +138,14 @@ GATES_BY_NAME: Mapping[str, Gate] = {gate.name: gate for gate in GATES}
 MUTUALLY_EXCLUSIVE: tuple[tuple[str, str], ...] = (
     (DYNAMIC_MIG, PASSTHROUGH_SUPPORT),
     (DYNAMIC_MIG, MPS_SUPPORT),
-    (PASSTHROUGH_SUPPORT, NVML_DEVICE_HEALTH_CHECK),
+    # NVIDIA's (PASSTHROUGH_SUPPORT, NVML_DEVICE_HEALTH_CHECK) is not kept: dradriver's device health is always on
+    # (NVMLDeviceHealthCheck=false is refused), so keeping it would make PassthroughSupport unusable; a GPU passed
+    # through is kept out of NVML polling and reported Unknown in the kubelet health stream instead.
 )
 REQUIRES: tuple[tuple[str, str], ...] = (
     (COMPUTE_DOMAIN_CLIQUES, IMEX_DAEMONS_WITH_DNS_NAMES),
     # NVIDIA's (DEVICE_METADATA, PASSTHROUGH_SUPPORT) is not kept: dradriver's metadata covers every device kind,
-    # and PassthroughSupport=true is refused (not implemented), so keeping it would make the gate unusable.
+    # not VFIO devices only, so it needs no passthrough.
 )
 
 _TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
@@ -208,6 +215,16 @@ class FeatureGates(Mapping[str, bool]):
     def consumable_shares(self) -> bool:
         """``ConsumableShares``."""
         return self[CONSUMABLE_SHARES]
+
+    @property
+    def passthrough_support(self) -> bool:
+        """``PassthroughSupport``: VFIO passthrough devices (:mod:`dradriver.domain.passthrough`)."""
+        return self[PASSTHROUGH_SUPPORT]
+
+    @property
+    def fabric_manager_partitioning(self) -> bool:
+        """``FabricManagerPartitioning``: Fabric Manager partition attributes and activation."""
+        return self[FABRIC_MANAGER_PARTITIONING]
 
     @property
     def device_metadata(self) -> bool:

@@ -1,6 +1,6 @@
 """Node-allocatable overhead of devices (KEP-5517 "DRA: node allocatable resources", alpha in Kubernetes 1.37):
-the host CPU and memory a pod uses because it holds a GPU or MIG device, published per device so that the scheduler
-debits it from the node's ``status.allocatable`` and the kubelet adds it to the pod's cgroups.
+the host CPU and memory a pod uses because it holds a GPU, MIG or VFIO device, published per device so that the
+scheduler debits it from the node's ``status.allocatable`` and the kubelet adds it to the pod's cgroups.
 
 API (``resource.k8s.io/v1`` ``Device.nodeAllocatableResources`` in 1.37, behind the cluster's
 ``DRANodeAllocatableResources`` gate; the Kubernetes documentation "DRANodeAllocatableResources" and the generated
@@ -18,9 +18,8 @@ NVIDIA's names (kubernetes-sigs/dra-driver-nvidia-gpu PR #1329, a draft as last 
 twins and the chart values ``nodeAllocatableOverhead.<class>.<resource>.<perPod|perContainer>``; zero or empty
 values are left out, a class without values publishes nothing, and any value set with the gate off (``0``
 included: NVIDIA's ``parseNodeAllocatableOverheadFlags`` counts every non-empty value) is a start-up error, after
-every value was parsed. NVIDIA's third class, ``vfio``, belongs to VFIO passthrough devices (gate
-``PassthroughSupport``), which dradriver does not publish yet: its flags are accepted and checked as NVIDIA's are,
-so an NVIDIA command line starts, and no device carries their overhead.
+every value was parsed. NVIDIA's third class, ``vfio``, belongs to VFIO passthrough devices (``gpu-vfio-<index>``,
+published with the gate ``PassthroughSupport``).
 
 Schema validation: the field exists in the 1.37 ResourceSlice schema (the API emulator's schemas are 1.37's,
 ``tools/gen_openapi.py``; ``kubernetes-validate``'s 1.34/1.35 schemas do not know it, so a slice carrying it is
@@ -42,10 +41,7 @@ from dradriver.domain.quantity import Quantity, QuantityError, parse_quantity
 FIELD = "nodeAllocatableResources"
 """The ``Device`` field (Kubernetes 1.37)."""
 DEVICE_CLASSES = ("gpu", "mig", "vfio")
-"""NVIDIA's device classes: the value of the device's ``type`` attribute (``vfio``: VFIO passthrough devices, which
-dradriver does not publish yet)."""
-UNPUBLISHED_CLASSES = frozenset({"vfio"})
-"""Classes whose flags are accepted (NVIDIA's command lines) though no device dradriver publishes is of them."""
+"""NVIDIA's device classes: the value of the device's ``type`` attribute (``vfio``: VFIO passthrough devices)."""
 RESOURCES = ("cpu", "memory")
 PER = (("pod", "perPod"), ("container", "perContainer"))
 """``(flag word, API field)``."""
@@ -141,7 +137,7 @@ def parse_overhead(values: Mapping[tuple[str, str, str], str], *, gate_enabled: 
 
 def apply_overhead(slices: Iterable[dict[str, Any]], overhead: NodeAllocatableOverhead) -> None:
     """Set ``nodeAllocatableResources`` on every device of ``slices`` (in place) from its ``type`` attribute
-    (``gpu`` or ``mig``); nothing when ``overhead`` is empty."""
+    (``gpu``, ``mig`` or ``vfio``); nothing when ``overhead`` is empty."""
     if not overhead:
         return
     fields = {c: overhead.field_for(c) for c in DEVICE_CLASSES}

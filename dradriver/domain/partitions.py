@@ -58,7 +58,6 @@ from dradriver.domain import resourceslices as rs
 from dradriver.domain.devices import DeviceType, GpuDevice, NodeInventory
 from dradriver.domain.identity import GPU_DRIVER
 from dradriver.domain.migplacements import MigPlacement, offers_full_gpu
-from dradriver.domain.versions import normalize_version
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +177,7 @@ def _abstract_entry(p: MigPlacement, common: rs._CommonValues, set_name: str) ->
 def _full_gpu_entry(part: GpuPartitions, common: rs._CommonValues, shared: Mapping[str, Any]) -> Device:
     gpu = part.gpu
     attrs = {"type": {"string": DeviceType.GPU.value}, "uuid": {"string": gpu.uuid},
-             **rs._gpu_attributes(gpu, common)}
+             **rs._gpu_attributes(gpu, common), **rs._fabric_attributes(gpu.module_id, gpu.partitions, common)}
     maxima = part.maxima
     capacity = {cap: _quantity(cap, maxima[cap]) for cap, _ in COUNTERS}
     return {"name": gpu.name, "attributes": attrs, "capacity": capacity,
@@ -213,7 +212,8 @@ def _gpu_key(part: GpuPartitions, common: rs._CommonValues) -> tuple[Any, ...]:
     g = part.gpu
     return (
         g.uuid, g.minor, g.product_name, g.brand, g.architecture, g.cuda_compute_capability, g.pci_bus_id,
-        g.pcie_root, g.numa_node, g.addressing_mode, part.full_gpu, common,
+        g.pcie_root, g.numa_node, g.addressing_mode, g.module_id, tuple(sorted(g.partitions.items())), part.full_gpu,
+        common,
         tuple((p.profile, p.gi_profile_id, p.placement_start, p.placement_size, p.memory_bytes, p.slice_count,
                p.multiprocessors, p.copy_engines, p.decoders, p.encoders, p.jpeg_engines, p.ofa_engines)
               for p in part.placements),
@@ -298,6 +298,7 @@ def build(
     driver: str = GPU_DRIVER.driver_name,
     cache: PartitionCache | None = None,
     advertised: Collection[str] | None = None,
+    fabric_partitions: bool = False,
 ) -> rs.SliceBuild:
     """Every ResourceSlice of ``node_name``'s pool with dynamic MIG (layout and order: module docstring).
 
@@ -306,6 +307,8 @@ def build(
     :param cache: reuse the GPUs that did not change since the previous build with the same cache.
     :param advertised: the device types published (``gpu``, ``mig``; ``None``: every one); the counter sets are
         published whatever is left out.
+    :param fabric_partitions: ``FabricManagerPartitioning``: full GPUs carry ``gpuModuleID`` and
+        ``partition<size>``.
     :returns: slices (at least one) and warnings.
     :raises dradriver.domain.resourceslices.ResourceSliceError: duplicate device names or more than 16 taints on
         one device.
@@ -313,11 +316,7 @@ def build(
     warnings: list[str] = []
     taints = taints or {}
     cache = cache if cache is not None else PartitionCache()
-    common = rs._CommonValues(
-        driver=normalize_version(inventory.versions.driver, what="driverVersion"),
-        cuda_driver=(normalize_version(inventory.versions.cuda_driver_text, what="cudaDriverVersion")
-                     if inventory.versions.cuda_driver > 0 else None),
-    )
+    common = rs.common_values(inventory, fabric_partitions=fabric_partitions)
     split = server_version >= SPLIT_LAYOUT_SINCE
     built: list[BuiltGpu] = []
     partitioned: set[str] = set()

@@ -11,7 +11,8 @@ sysfs-bus-pci``; NVIDIA Fabric Manager User Guide, "Shared NVSwitch virtualizati
   in PCI address order; a GPU with MIG devices has none;
 * its ``uuid`` attribute is the name-based (SHA-1, version 5) UUID of the PCI address in the DNS namespace;
 * a GPU is offered as ``gpu-<minor>`` and as ``gpu-vfio-<index>`` (its sibling); once one is prepared the other is
-  withdrawn from the pool until it is unprepared;
+  withdrawn from the pool until it is unprepared (:func:`withdrawn`); both may be allocated, to two claims, before
+  either is prepared, so the later prepare is refused (:func:`sibling_conflicts`);
 * the IOMMU group is the unit of isolation: every function of the group must be bound to a VFIO driver (or to no
   driver) before the group's ``/dev/vfio/<group>`` can be opened by a VM;
 * a Fabric Manager partition is a set of GPUs (by physical/module ID) that may talk over NVLink; with
@@ -21,7 +22,9 @@ sysfs-bus-pci``; NVIDIA Fabric Manager User Guide, "Shared NVSwitch virtualizati
 from __future__ import annotations
 
 import uuid as uuidlib
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 NVIDIA_VENDOR_ID = 0x10DE
 """PCI vendor ID of NVIDIA Corporation (the PCI-SIG vendor list; pci.ids)."""
@@ -164,3 +167,131 @@ class FabricPartition:
     def size(self) -> int:
         """Number of GPUs."""
         return len(self.module_ids)
+
+
+class NvmlGpu(Protocol):
+    """What :func:`vfio_devices` reads of an NVML GPU (a :class:`dradriver.domain.devices.GpuDevice`)."""
+
+    @property
+    def minor(self) -> int: ...
+    @property
+    def uuid(self) -> str: ...
+    @property
+    def product_name(self) -> str: ...
+    @property
+    def pci_bus_id(self) -> str: ...
+    @property
+    def mig_enabled(self) -> bool: ...
+
+
+def pci_product_name(function: PciFunction) -> str:
+    """The ``productName`` of a VFIO device whose GPU NVML does not see (bound to a VFIO driver, or to no driver):
+    ``NVIDIA PCI device 0x<device ID>`` (NVIDIA takes the PCI database's name, which this driver does not ship)."""
+    return f"NVIDIA PCI device {function.device_id:#06x}"
+
+
+def vfio_devices(
+    functions: Iterable[PciFunction],
+    gpus: Iterable[NvmlGpu],
+    *,
+    iommufd: bool,
+    module_ids: Mapping[str, int] | None = None,
+    partitions: Mapping[str, Mapping[int, int]] | None = None,
+    known_parents: Mapping[str, tuple[int, str]] | None = None,
+) -> tuple[VfioDevice, ...]:
+    """The node's ``gpu-vfio-<index>`` devices (the gate ``PassthroughSupport``), in PCI address order.
+
+    Every NVIDIA GPU function (:attr:`PciFunction.is_nvidia_gpu`) takes an index, its position among them in
+    address order, so names do not shift when a GPU enters MIG mode; then
+
+    * a function whose address is an NVML GPU's ``pci_bus_id`` is that GPU's sibling (``parent_minor``,
+      ``parent_uuid``, ``product_name`` from NVML); a GPU in MIG mode has no VFIO device (NVIDIA's
+      ``cmd/gpu-kubelet-plugin/nvlib.go`` skips a parent with MIG devices: its hardware is published as MIG
+      devices);
+    * any other function (already on a VFIO driver, so NVML does not list it) keeps what ``known_parents`` says
+      of it (address -> ``(minor, GPU UUID)``, e.g. from the undo record of the claim that bound it) and is named
+      by :func:`pci_product_name`.
+
+    :param functions: PCI functions as sysfs lists them (any order; non-GPU functions are ignored).
+    :param gpus: the NVML GPUs (``dradriver.domain.devices.GpuDevice``).
+    :param iommufd: the host has ``/dev/iommu`` (the ``iommuFDEnabled`` attribute).
+    :param module_ids: PCI address -> NVML module ID (``gpuModuleID``), with ``FabricManagerPartitioning``.
+    :param partitions: PCI address -> {partition size: Fabric Manager partition ID} (``partition<size>``).
+    :returns: the devices, ``index`` ascending.
+    """
+    by_address = {gpu.pci_bus_id.lower(): gpu for gpu in gpus}
+    nvidia = sorted((f for f in functions if f.is_nvidia_gpu), key=lambda f: f.address)
+    out: list[VfioDevice] = []
+    for index, function in enumerate(nvidia):
+        gpu = by_address.get(function.address)
+        if gpu is not None and gpu.mig_enabled:
+            continue
+        if gpu is not None:
+            minor: int | None = gpu.minor
+            parent_uuid: str | None = gpu.uuid
+            product = gpu.product_name
+        else:
+            minor, parent_uuid = (known_parents or {}).get(function.address, (None, None))
+            product = pci_product_name(function)
+        out.append(VfioDevice(
+            index=index, function=function, product_name=product, parent_minor=minor, parent_uuid=parent_uuid,
+            iommufd=iommufd, module_id=(module_ids or {}).get(function.address),
+            partitions=dict((partitions or {}).get(function.address, {}))))
+    return tuple(out)
+
+
+def withdrawn(vfio: Iterable[VfioDevice], held: Collection[str]) -> frozenset[str]:
+    """The device names left out of the pool because their sibling is held: ``gpu-<minor>`` of every held
+    ``gpu-vfio-<index>`` and ``gpu-vfio-<index>`` of every held ``gpu-<minor>`` (NVIDIA's
+    ``cmd/gpu-kubelet-plugin/device_state.go`` withdraws the sibling while one is prepared).
+
+    :param held: DRA device names that completed claims hold (the runner's prepared devices).
+    """
+    out: set[str] = set()
+    for device in vfio:
+        if device.sibling is None:
+            continue
+        if device.name in held:
+            out.add(device.sibling)
+        if device.sibling in held:
+            out.add(device.name)
+    return frozenset(out)
+
+
+def sibling_conflicts(vfio: Iterable[VfioDevice], held: Collection[str],
+                      devices: Sequence[str]) -> list[tuple[str, str]]:
+    """The guard at prepare: ``(device, sibling)`` for each of a claim's ``devices`` whose sibling is held by another
+    prepared claim or is among ``devices`` too (each such pair once, in ``devices`` order); empty when the claim may
+    be prepared.
+
+    The scheduler can allocate a GPU and its VFIO sibling to two claims before either is prepared: both are
+    published until one is held, and nothing in the pool ties them (the counter layout that could,
+    :mod:`dradriver.domain.partitions`, is used only with ``DynamicMIG``, which ``PassthroughSupport`` excludes).
+    NVIDIA's driver has the same window. The second prepare must then fail (the kubelet retries; the claim is
+    rescheduled once the first one is gone), which this finds.
+
+    :param held: DRA device names completed claims hold, without the claim being prepared.
+    :param devices: the claim's devices (DRA names).
+    """
+    sibling_of: dict[str, str] = {}
+    for device in vfio:
+        if device.sibling is not None:
+            sibling_of[device.name] = device.sibling
+            sibling_of[device.sibling] = device.name
+    asked = set(devices)
+    out: list[tuple[str, str]] = []
+    seen: set[frozenset[str]] = set()
+    for name in dict.fromkeys(devices):
+        sibling = sibling_of.get(name)
+        if sibling is None or frozenset((name, sibling)) in seen:
+            continue
+        if sibling in held or sibling in asked:
+            seen.add(frozenset((name, sibling)))
+            out.append((name, sibling))
+    return out
+
+
+def passed_through(vfio: Iterable[VfioDevice], held: Collection[str]) -> tuple[VfioDevice, ...]:
+    """The VFIO devices whose GPU is given to a VM now: held by a claim, or found on a VFIO driver at discovery.
+    Their GPUs are not the host's: NVML must not poll them, health reports them ``Unknown``."""
+    return tuple(d for d in vfio if d.name in held or d.function.on_vfio)

@@ -30,6 +30,8 @@ def build(
     cache: PartitionCache | None = None,
     shares: ShareMode | None = None,
     advertised: Collection[str] | None = None,
+    held: Collection[str] = (),
+    fabric_partitions: bool = False,
 ) -> rs.SliceBuild:
     """Build every ResourceSlice of ``node_name``'s pool.
 
@@ -44,6 +46,9 @@ def build(
     :param shares: the ``--consumable-shares`` mode (see :func:`device_entries`).
     :param advertised: the device types published (see :func:`device_entries`); with dynamic MIG the counter
         sets stay published whatever is left out.
+    :param held: devices completed claims hold; each one's VFIO/GPU sibling is left out (see
+        :func:`device_entries`; dynamic MIG and ``PassthroughSupport`` are exclusive, so that layout has none).
+    :param fabric_partitions: ``FabricManagerPartitioning``: ``gpuModuleID`` and ``partition<size>`` attributes.
     :returns: the slices in order (at least one, possibly with no devices, so the pool always exists)
         and the warnings issued.
     :raises dradriver.domain.resourceslices.ResourceSliceError: duplicate device names or too many taints on one device.
@@ -51,9 +56,10 @@ def build(
     if inventory.placements:
         return partitions.build(inventory, node_name, server_version=server_version, generation=generation,
                                 taints=taints, generate_name=generate_name, driver=driver, cache=cache,
-                                advertised=advertised)
+                                advertised=advertised, fabric_partitions=fabric_partitions)
     warnings: list[str] = []
-    devices = rs.device_entries(inventory, taints=taints, warnings=warnings, shares=shares, advertised=advertised)
+    devices = rs.device_entries(inventory, taints=taints, warnings=warnings, shares=shares, advertised=advertised,
+                                held=held, fabric_partitions=fabric_partitions)
     small = rs.needs_small_slices(devices)
     size = rs.MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS if small else rs.MAX_DEVICES_PER_SLICE
     chunks = [devices[i : i + size] for i in range(0, len(devices), size)] or [[]]
@@ -90,8 +96,11 @@ def build_resource_slices(
     cache: PartitionCache | None = None,
     shares: ShareMode | None = None,
     advertised: Collection[str] | None = None,
+    held: Collection[str] = (),
+    fabric_partitions: bool = False,
 ) -> list[dict[str, Any]]:
     """:func:`build` without the warnings (they are logged): the list of ResourceSlice dicts."""
     result = build(inventory, node_name, generation=generation, taints=taints, generate_name=generate_name,
-                   driver=driver, server_version=server_version, cache=cache, shares=shares, advertised=advertised)
+                   driver=driver, server_version=server_version, cache=cache, shares=shares, advertised=advertised,
+                   held=held, fabric_partitions=fabric_partitions)
     return result.slices

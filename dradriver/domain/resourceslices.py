@@ -17,6 +17,16 @@ kubernetes/api):
   ``ofaEngines``, ``memory`` (``memorySizeMB * 2**20`` bytes) and ``memorySlice<i> = 1`` for every
   memory slice of its placement.
 * a GPU in MIG mode publishes only its MIG devices (:meth:`NodeInventory.allocatable`).
+* VFIO passthrough device (``type=vfio``, gate ``PassthroughSupport``, :attr:`NodeInventory.vfio`; NVIDIA's
+  ``deviceinfo.go`` ``GetVfioDevice``): ``uuid`` (:func:`dradriver.domain.passthrough.vfio_uuid`), ``deviceID`` and
+  ``vendorID`` (``0x%04x``), ``productName``, ``iommuFDEnabled`` (bool: the host has ``/dev/iommu``),
+  ``resource.kubernetes.io/pciBusID``, ``pcieRoot`` and ``numaNode`` when known; capacity ``addressableMemory``
+  (bytes of the function's memory BARs); never shareable. A GPU and its VFIO sibling are both published until
+  one of them is held by a prepared claim; the other is then left out (``held``,
+  :func:`dradriver.domain.passthrough.withdrawn`).
+* with ``FabricManagerPartitioning`` (``fabric_partitions``): full GPUs and VFIO devices add ``gpuModuleID``
+  (int, NVML ``nvmlDeviceGetModuleId``) and ``partition<size>`` (int, the Fabric Manager partition of that size
+  holding the GPU) when known.
 * with consumable shares (``--consumable-shares`` other than ``disabled``, NVIDIA's
   ``cmd/gpu-kubelet-plugin/consumable_shares.go``): full GPUs and MIG devices get ``allowMultipleAllocations: true``,
   ``memory`` rounded down to a multiple of 1Mi with a ``requestPolicy`` (``default`` and ``validRange``), and in the
@@ -41,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dradriver.domain.devices import DeviceType, GpuDevice, MigDevice, NodeInventory
+from dradriver.domain.passthrough import VfioDevice, withdrawn
 from dradriver.domain.quantity import parse_quantity
 from dradriver.domain.shares import ShareMode, request_policies
 from dradriver.domain.versions import normalize_version
@@ -86,6 +97,12 @@ _PRIORITY: tuple[str, ...] = (
     PCIE_ROOT,
     NUMA_NODE,
     "addressingMode",
+    "deviceID",
+    "vendorID",
+    "iommuFDEnabled",
+    "addressableMemory",
+    "gpuModuleID",
+    *(f"partition{n}" for n in (1, 2, 4, 8, 16)),
     "copyEngines",
     "decoders",
     "encoders",
@@ -136,6 +153,10 @@ def _int(value: int) -> dict[str, Any]:
     return {"int": value}
 
 
+def _bool(value: bool) -> dict[str, Any]:
+    return {"bool": value}
+
+
 def _version(value: str) -> dict[str, Any]:
     return {"version": value}
 
@@ -150,6 +171,21 @@ class _CommonValues:
 
     driver: str | None
     cuda_driver: str | None
+    fabric_partitions: bool = False
+    """``FabricManagerPartitioning``: publish ``gpuModuleID`` and ``partition<size>``."""
+
+
+def _fabric_attributes(module_id: int | None, partitions: Mapping[int, int],
+                       common: _CommonValues) -> dict[str, dict[str, Any]]:
+    """``gpuModuleID`` and ``partition<size>`` of a full GPU or VFIO device, with ``FabricManagerPartitioning``."""
+    if not common.fabric_partitions:
+        return {}
+    attrs: dict[str, dict[str, Any]] = {}
+    if module_id is not None:
+        attrs["gpuModuleID"] = _int(module_id)
+    for size in sorted(partitions):
+        attrs[f"partition{size}"] = _int(partitions[size])
+    return attrs
 
 
 def _gpu_attributes(gpu: GpuDevice, common: _CommonValues) -> dict[str, dict[str, Any]]:
@@ -180,11 +216,32 @@ def _gpu_attributes(gpu: GpuDevice, common: _CommonValues) -> dict[str, dict[str
 
 
 def _gpu_entry(gpu: GpuDevice, common: _CommonValues) -> Device:
-    attrs = {"type": _string(DeviceType.GPU.value), "uuid": _string(gpu.uuid), **_gpu_attributes(gpu, common)}
+    attrs = {"type": _string(DeviceType.GPU.value), "uuid": _string(gpu.uuid), **_gpu_attributes(gpu, common),
+             **_fabric_attributes(gpu.module_id, gpu.partitions, common)}
     capacity: dict[str, dict[str, Any]] = {}
     if gpu.memory_bytes is not None:
         capacity["memory"] = {"value": quantity_bytes(gpu.memory_bytes)}
     return {"name": gpu.name, "attributes": attrs, "capacity": capacity}
+
+
+def _vfio_entry(device: VfioDevice, common: _CommonValues) -> Device:
+    function = device.function
+    attrs: dict[str, dict[str, Any]] = {
+        "type": _string(DeviceType.VFIO.value),
+        "uuid": _string(device.uuid),
+        "deviceID": _string(f"0x{function.device_id:04x}"),
+        "vendorID": _string(f"0x{function.vendor_id:04x}"),
+        "productName": _string(device.product_name),
+        "iommuFDEnabled": _bool(device.iommufd),
+        PCI_BUS_ID: _string(function.address),
+    }
+    if function.pcie_root:
+        attrs[PCIE_ROOT] = _string(function.pcie_root)
+    if function.numa_node is not None and function.numa_node >= 0:
+        attrs[NUMA_NODE] = _int(function.numa_node)
+    attrs.update(_fabric_attributes(device.module_id, device.partitions, common))
+    capacity = {"addressableMemory": {"value": quantity_bytes(function.bar_bytes)}}
+    return {"name": device.name, "attributes": attrs, "capacity": capacity}
 
 
 def _mig_entry(mig: MigDevice, common: _CommonValues) -> Device:
@@ -263,9 +320,24 @@ def _enforce_device_limits(device: Device, warnings: list[str]) -> None:
         del device["capacity"]
 
 
-def _sort_key(dev: GpuDevice | MigDevice) -> tuple[str, str]:
+def _sort_key(dev: GpuDevice | MigDevice | VfioDevice) -> tuple[str, str]:
+    if isinstance(dev, VfioDevice):
+        return (dev.function.address, dev.name)
     bus = dev.pci_bus_id if isinstance(dev, GpuDevice) else dev.parent.pci_bus_id
     return (bus, dev.name)
+
+
+def common_values(inventory: NodeInventory, *, fabric_partitions: bool = False) -> _CommonValues:
+    """The node-wide values every entry of ``inventory``'s pool shares (versions normalised once)."""
+    return _CommonValues(
+        driver=normalize_version(inventory.versions.driver, what="driverVersion"),
+        cuda_driver=(
+            normalize_version(inventory.versions.cuda_driver_text, what="cudaDriverVersion")
+            if inventory.versions.cuda_driver > 0
+            else None
+        ),
+        fabric_partitions=fabric_partitions,
+    )
 
 
 def device_entries(
@@ -275,14 +347,21 @@ def device_entries(
     warnings: list[str] | None = None,
     shares: ShareMode | None = None,
     advertised: Collection[str] | None = None,
+    held: Collection[str] = (),
+    fabric_partitions: bool = False,
 ) -> list[Device]:
-    """The ``spec.devices`` entries of the whole pool, ordered by PCI bus ID then device name.
+    """The ``spec.devices`` entries of the whole pool (GPUs, MIG devices, VFIO devices), ordered by PCI bus ID then
+    device name.
 
     :param shares: the ``--consumable-shares`` mode; when enabled every device is multi-allocatable with
         request policies (module docstring).
-    :param advertised: the device types to publish (``gpu``, ``mig``; the per-node device policy,
+    :param advertised: the device types to publish (``gpu``, ``mig``, ``vfio``; the per-node device policy,
         :mod:`dradriver.domain.driverconfig`); ``None``: every device. Taints of a device left out are dropped
         silently.
+    :param held: names of the devices completed claims hold (the batch runner's prepared devices): the sibling of
+        each held GPU or VFIO device is left out (:func:`dradriver.domain.passthrough.withdrawn`), its taints
+        dropped silently.
+    :param fabric_partitions: ``FabricManagerPartitioning``: publish ``gpuModuleID`` and ``partition<size>``.
 
     :param taints: device name -> taints (each ``{"key", "effect", "value"?, "timeAdded"?}``), copied
         onto the device; taints for names not in the pool are reported as warnings.
@@ -291,25 +370,23 @@ def device_entries(
     """
     sink = warnings if warnings is not None else []
     start = len(sink)
-    common = _CommonValues(
-        driver=normalize_version(inventory.versions.driver, what="driverVersion"),
-        cuda_driver=(
-            normalize_version(inventory.versions.cuda_driver_text, what="cudaDriverVersion")
-            if inventory.versions.cuda_driver > 0
-            else None
-        ),
-    )
+    common = common_values(inventory, fabric_partitions=fabric_partitions)
+    left_out = withdrawn(inventory.vfio, held)
     devices: list[Device] = []
     seen: set[str] = set()
-    for dev in sorted(inventory.allocatable(), key=_sort_key):
+    for dev in sorted((*inventory.allocatable(), *inventory.vfio), key=_sort_key):
         if dev.name in seen:
             raise ResourceSliceError(f"device name {dev.name!r} appears twice in the pool")
         seen.add(dev.name)
-        if not advertises(advertised, DeviceType.of(dev).value):
+        if dev.name in left_out or not advertises(advertised, DeviceType.of(dev).value):
             continue
-        entry = _gpu_entry(dev, common) if isinstance(dev, GpuDevice) else _mig_entry(dev, common)
-        if shares is not None and shares.enabled:
-            _make_shareable(entry, dev.memory_bytes, shares)
+        entry: Device
+        if isinstance(dev, VfioDevice):
+            entry = _vfio_entry(dev, common)  # never shareable (NVIDIA's consumable_shares.go)
+        else:
+            entry = _gpu_entry(dev, common) if isinstance(dev, GpuDevice) else _mig_entry(dev, common)
+            if shares is not None and shares.enabled:
+                _make_shareable(entry, dev.memory_bytes, shares)
         _enforce_device_limits(entry, sink)
         device_taints = list((taints or {}).get(dev.name, ()))
         if len(device_taints) > MAX_TAINTS_PER_DEVICE:

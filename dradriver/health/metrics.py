@@ -5,7 +5,8 @@
   buckets ``0.05 * 2**k`` s), so existing dashboards keep working; ``dradriver_*`` metrics add outcomes,
   prepared claims, claim-store operations, ResourceSlice publish errors and NVML errors by return code.
 * :class:`DeviceCollector`: per-GPU and per-MIG-device readings from the newest poll sample of a
-  :class:`~dradriver.health.monitor.HealthMonitor` (a scrape never calls NVML), plus Xids and health.
+  :class:`~dradriver.health.monitor.HealthMonitor` (a scrape never calls NVML), plus Xids and health, and with
+  ``PassthroughSupport`` ``dradriver_gpu_passthrough`` per VFIO device (1 while its GPU is passed through).
 * :func:`serve_metrics`: an HTTP server (prometheus-client's WSGI app on a threading ``wsgiref`` server)
   on ``host:port`` (``:8080``) at a configurable path.
 
@@ -495,6 +496,15 @@ class DeviceCollector(Collector):
                 _add(taints, label_sets, 1.0, key, value, effect)
         yield health
         yield taints
+        passthrough = GaugeMetricFamily(
+            "dradriver_gpu_passthrough", "1 while the VFIO device's GPU is passed through to a VM (bound to a VFIO "
+            "driver), 0 while the host has it; one series per VFIO device (gate PassthroughSupport).",
+            labels=(*self.labels, "gpu", "pci_bus_id"),
+        )  # fmt: skip
+        for vfio, passed in self.source.passthrough():
+            _add(passthrough, self._label_sets(vfio.uuid, vfio.name, held), 1.0 if passed else 0.0,
+                 vfio.sibling or "", vfio.function.address)
+        yield passthrough
 
 
 def _device_names(inventory: NodeInventory) -> dict[str, str]:

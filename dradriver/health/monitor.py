@@ -20,7 +20,11 @@ Outputs:
   ``v1alpha1.DRAResourceHealth`` stream (KEP-4680, ``pkg/apis/dra-health/v1alpha1/api.proto`` in kubernetes/kubelet): a
   complete snapshot when a stream opens, again every ``snapshot_interval_s`` (default 10 s, well inside the kubelet's 30
   s staleness window), and one per change. A device with a taint other than effect ``None`` is ``Unhealthy`` with the
-  fault as message; a device of a GPU that cannot be monitored is ``Unknown``;
+  fault as message; a device of a GPU that cannot be monitored is ``Unknown``; a VFIO passthrough device
+  (``gpu-vfio-<index>``, gate ``PassthroughSupport``) is always ``Unknown``, and so is a GPU while passed through
+  (its VFIO sibling held by a prepared claim, or on a VFIO driver at discovery, :meth:`HealthMonitor.set_held`):
+  the host's NVML cannot see a GPU bound to ``vfio-pci``, so neither is polled through NVML (the NVML event set,
+  opened at start, leaves out the GPUs passed through then; one passed through later stays in it until a restart);
 * the readings the Prometheus device collector (:mod:`dradriver.health.metrics`) serves: latest sample,
   health states, Xid statistics, NVML errors by return code.
 
@@ -35,7 +39,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from dradriver.domain.devices import FABRIC_STATE_NOT_SUPPORTED, GpuDevice, NodeInventory
@@ -49,6 +53,7 @@ from dradriver.domain.faults import (
     HealthTracker,
 )
 from dradriver.domain.migplacements import MigPlacement, instance_ids, published_devices
+from dradriver.domain.passthrough import VfioDevice, passed_through, withdrawn
 from dradriver.nvml import errors as nvml_errors
 from dradriver.nvml.events import EventMonitor, read_fabric
 from dradriver.nvml.poller import PollLoop, Sample
@@ -60,6 +65,8 @@ TaintMap = dict[str, list[dict[str, str]]]
 """Device name -> ``resource.k8s.io/v1`` DeviceTaint dicts (``key``, ``value``?, ``effect``)."""
 
 HEALTHY, UNHEALTHY, UNKNOWN = "Healthy", "Unhealthy", "Unknown"
+VFIO_UNMONITORED = "passed through to a VM (VFIO): the host's NVML cannot see the GPU, its health is not monitored"
+"""The health-stream message of a VFIO device and of a GPU passed through."""
 
 
 
@@ -146,6 +153,7 @@ class HealthMonitor:
             informational_taints=informational_taints,
             taint_domain=taint_domain,
         )
+        self._held: frozenset[str] = frozenset()
         self._index(inventory)
         self.taint_updates = 0
         """Number of ``on_taints_changed`` calls so far."""
@@ -170,8 +178,17 @@ class HealthMonitor:
         self._monitor_errors_seen: dict[int, int] = {}
 
     def _index(self, inventory: NodeInventory) -> None:
-        self.gpu_uuids: tuple[str, ...] = tuple(g.uuid for g in inventory.gpus)
-        self.device_uuids: tuple[str, ...] = self.gpu_uuids + tuple(m.uuid for m in inventory.migs)
+        passed = passed_through(inventory.vfio, self._held)
+        away = {d.parent_uuid for d in passed if d.parent_uuid is not None}
+        self._passed_gpus: frozenset[str] = frozenset(d.sibling for d in passed if d.sibling is not None)
+        """Names of the GPUs passed through (``Unknown``, not polled)."""
+        left_out = withdrawn(inventory.vfio, self._held)
+        self._vfio: tuple[VfioDevice, ...] = tuple(d for d in inventory.vfio if d.name not in left_out)
+        """The published VFIO devices (``Unknown``)."""
+        self._passed_vfio: frozenset[str] = frozenset(d.name for d in passed)
+        self.gpu_uuids: tuple[str, ...] = tuple(g.uuid for g in inventory.gpus if g.uuid not in away)
+        self.device_uuids: tuple[str, ...] = self.gpu_uuids + tuple(
+            m.uuid for m in inventory.migs if m.parent.uuid not in away)
         # the device's own UUID; a dynamic-MIG placement's is its instance's MIG UUID ("" while none exists)
         instances = instance_ids(inventory)
         self._uuid_of: dict[str, str] = {
@@ -200,11 +217,31 @@ class HealthMonitor:
         if self.device_uuids != polled:
             self._repoll()
 
+    def set_held(self, held: Collection[str]) -> None:
+        """The devices prepared claims hold now (the batch runner's prepared devices), after each prepare and
+        unprepare: a GPU whose VFIO sibling is held is passed through, so it leaves NVML polling (the poller is
+        reopened without it) and reports ``Unknown``; it comes back when the sibling is released. Any thread.
+
+        :param held: DRA device names; only VFIO devices and their siblings matter.
+        """
+        with self._lock:
+            inventory = self.inventory
+            relevant = {d.name for d in inventory.vfio} | {d.sibling for d in inventory.vfio if d.sibling}
+            new = frozenset(held) & relevant
+            if new == self._held:
+                return
+            polled = self.device_uuids
+            self._held = new
+            self._index(inventory)
+            self._changed_locked(time.monotonic())
+        if self.device_uuids != polled:
+            self._repoll()
+
     def _repoll(self) -> None:
         """The poller samples the UUIDs it was opened for: open one for the new set and poll it (this thread)
         before it replaces the old one, so a MIG device created at run time has readings (and metrics) at once
         and a scrape meanwhile still reads the old sample."""
-        if self._worker is None:  # not started: start() opens the poller for the current set
+        if self._worker is None or not self.device_uuids:  # not started (start() opens it), or nothing to poll
             with self._poll_lock:
                 loop, self.poll_loop = self.poll_loop, None
             if loop is not None:
@@ -503,24 +540,36 @@ class HealthMonitor:
         return HEALTHY, state.message if informational else ""
 
     def snapshot(self) -> list[DeviceStatus]:
-        """Every published device's health now (the complete list the kubelet expects)."""
+        """Every published device's health now (the complete list the kubelet expects): GPUs and MIG devices, a GPU
+        passed through and every published VFIO device ``Unknown`` (:data:`VFIO_UNMONITORED`)."""
         stamp = int(time.time())
         with self._lock:
             out = []
             for name in self.tracker.states():
-                health, message = self._health_locked(name)
+                health, message = (UNKNOWN, VFIO_UNMONITORED) if name in self._passed_gpus \
+                    else self._health_locked(name)
                 out.append(DeviceStatus(self.pool_name, name, health, stamp, self.health_timeout_s, message))
+            out.extend(DeviceStatus(self.pool_name, d.name, UNKNOWN, stamp, self.health_timeout_s, VFIO_UNMONITORED)
+                       for d in self._vfio)
         return out
 
     def devices(self) -> list[DeviceView]:
-        """Published devices with UUID, health word and taints (for the metrics collector)."""
+        """Published devices with UUID, health word and taints (for the metrics collector); VFIO devices last,
+        ``Unknown`` and untainted."""
         with self._lock:
             out = []
             for name, state in self.tracker.states().items():
-                health, _ = self._health_locked(name)
+                health = UNKNOWN if name in self._passed_gpus else self._health_locked(name)[0]
                 taints = tuple((t.key, t.value, t.effect.value) for t in state.taints.values())
                 out.append(DeviceView(name, self._uuid_of.get(name, ""), health, taints))
+            out.extend(DeviceView(d.name, d.uuid, UNKNOWN, ()) for d in self._vfio)
         return out
+
+    def passthrough(self) -> list[tuple[VfioDevice, bool]]:
+        """Every VFIO device of the inventory with whether its GPU is passed through now (held by a claim, or on a
+        VFIO driver at discovery), index order (the ``dradriver_gpu_passthrough`` metric)."""
+        with self._lock:
+            return [(d, d.name in self._passed_vfio) for d in self.inventory.vfio]
 
     def xid_stats(self) -> dict[str, XidStats]:
         """Device UUID -> Xids seen (copies)."""

@@ -16,6 +16,8 @@ full GPU          ``uuid`` (``GPU-...``), ``pciBusID`` (``dddd:bb:dd.f``, lowerc
 MIG device        ``uuid`` (``MIG-...``), ``parentUUID``, ``gpuInstanceId``, ``computeInstanceId``,
 (static and       ``profile`` (``1g.10gb``), ``placement`` ``{start, size}`` (memory slices)
 dynamic)
+VFIO device       ``uuid`` (the published ``uuid``), ``pciBusID``, ``parentUUID`` (the GPU's ``GPU-...``) and
+                  ``iommuGroup`` (``/dev/vfio/<group>``) when known
 MPS               the device's keys plus ``mpsControlDaemon`` ``{namespace, name}``: the Deployment of the MPS
                   control daemon serving it (a claim with ``sharing.strategy: MPS``, or an MPS consumable share)
 IMEX channel      ``computeDomain`` ``{namespace, name, uid}``, ``clique`` (``<clusterUUID>.<cliqueID>``, ``""`` off
@@ -51,6 +53,7 @@ from typing import Any
 from dradriver.domain import mps
 from dradriver.domain.claims import ClaimRef
 from dradriver.domain.devices import GpuDevice, MigDevice
+from dradriver.domain.passthrough import VfioDevice
 from dradriver.domain.ports import UndoRecord
 from dradriver.kube import claims as kube_claims
 from dradriver.kube import errors as kube_errors
@@ -72,10 +75,17 @@ Describe = Callable[[Sequence[UndoRecord]], dict[str, DeviceData]]
 
 
 def device_data(device: object) -> DeviceData:
-    """The identity of a full GPU or MIG device as published (module docstring's schema); ``{}`` for anything else
+    """The identity of a full GPU, MIG or VFIO device as published (module docstring's schema); ``{}`` for anything else
     (a dynamic-MIG placement has no identity until its instance exists: its record gives it)."""
     if isinstance(device, GpuDevice):
         return {"uuid": device.uuid, "pciBusID": device.pci_bus_id}
+    if isinstance(device, VfioDevice):
+        data: DeviceData = {"uuid": device.uuid, "pciBusID": device.function.address}
+        if device.parent_uuid is not None:
+            data["parentUUID"] = device.parent_uuid
+        if device.function.iommu_group is not None:
+            data["iommuGroup"] = device.function.iommu_group
+        return data
     if isinstance(device, MigDevice):
         return {"uuid": device.uuid, "parentUUID": device.parent.uuid, "gpuInstanceId": device.gi_id,
                 "computeInstanceId": device.ci_id, "profile": device.profile,
@@ -84,7 +94,7 @@ def device_data(device: object) -> DeviceData:
 
 
 def gpu_describer(lookup: Callable[[str], object | None], *, mps_namespace: str) -> Describe:
-    """The ``gpu.nvidia.com`` plugin's :data:`Describe`: full GPUs and static MIG devices from the device registry
+    """The ``gpu.nvidia.com`` plugin's :data:`Describe`: full GPUs, static MIG and VFIO devices from the device registry
     (``lookup``: name -> device, read at prepare time, when the device exists), dynamic MIG devices and consumable
     shares from their records, the MPS control daemon (in ``mps_namespace``) of the MPS sharing step or share."""
     def daemon(daemon_id: str) -> dict[str, str]:
@@ -108,6 +118,8 @@ def gpu_describer(lookup: Callable[[str], object | None], *, mps_namespace: str)
             elif record.kind == MpsSharing.kind and record.data.get("id"):
                 for name in record.target.split(","):
                     daemons[name] = daemon(str(record.data["id"]))
+            elif isinstance(vfio := lookup(record.target), VfioDevice):  # any step of the VFIO device preparer
+                out.setdefault(record.target, device_data(vfio))
         for name, where in daemons.items():
             if name in out:
                 out[name]["mpsControlDaemon"] = where

@@ -149,7 +149,8 @@ class ClusterEmulator:
         return self._plugin
 
     def apply_device_classes(self) -> None:
-        """Create the DeviceClasses ``deploy/`` ships (``gpu.nvidia.com``, ``mig.nvidia.com``)."""
+        """Create the DeviceClasses ``deploy/`` ships (``gpu.nvidia.com``, ``mig.nvidia.com``,
+        ``vfio.gpu.nvidia.com``, the compute-domain classes)."""
         assert self.sandbox.api is not None
         text = resources.files("dradriver.sandbox").joinpath("manifests", "deviceclasses.yaml").read_text()
         for obj in yaml.safe_load_all(text):

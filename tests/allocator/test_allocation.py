@@ -382,9 +382,9 @@ def test_cli_allocate_and_explain(tmp_path: Path, capsys: pytest.CaptureFixture[
 
 
 def test_unknown_device_class_is_named() -> None:
-    outcome = simulate(load([*fixture("l4"), claim("c", request("gpu", "vfio.gpu.nvidia.com"))]))
+    outcome = simulate(load([*fixture("l4"), claim("c", request("gpu", "tpu.example.com"))]))
     assert outcome.failures == [
-        "cannot allocate claim default/c: request 'gpu' uses device class 'vfio.gpu.nvidia.com', which does not exist"
+        "cannot allocate claim default/c: request 'gpu' uses device class 'tpu.example.com', which does not exist"
     ]
 
 
@@ -457,3 +457,31 @@ def test_a_cel_typo_is_refused_with_the_claim_field_and_position(tmp_path: Path,
             f"dradriver {command}: {typo}: ResourceClaim default/typo: spec.devices.requests[0].exactly.selectors[0]."
             "cel.expression: invalid CEL: undefined field 'atributes' (device has driver, attributes, capacity, "
             "allowMultipleAllocations) at line 1, column 8")
+
+
+def _passthrough_slices(held: set[str] | None = None) -> list[str]:
+    from dradriver.domain.devices import DriverVersions, NodeInventory
+    from dradriver.domain.pools import build_resource_slices
+    from tests.factories import gpu_device, vfio_for
+
+    gpus = (gpu_device(0), gpu_device(1))
+    inventory = NodeInventory(versions=DriverVersions(driver="570.148.08", cuda_driver=12080), gpus=gpus,
+                              vfio=vfio_for(*gpus, iommufd=True))
+    return [yaml.safe_dump(s) for s in build_resource_slices(inventory, "vm-node", held=held or set())]
+
+
+def test_vfio_requests_allocate_over_the_published_vfio_devices() -> None:
+    texts = [(FIXTURES / "deviceclasses.yaml").read_text(), *_passthrough_slices()]
+    vm = claim("vm", request("vm", "vfio.gpu.nvidia.com", "device.attributes['gpu.nvidia.com'].iommuFDEnabled",
+                             count=2))
+    assert results([*texts, vm]) == {"vm": [("vm", "vm-node", "gpu-vfio-0"), ("vm", "vm-node", "gpu-vfio-1")]}
+    text, _ = explain(load([*texts, claim("three", request("vm", "vfio.gpu.nvidia.com", count=3))]))
+    assert "request 'vm' needs 3 devices, 2 of 4 devices on node vm-node qualify" in text
+    assert 'gpu-0       rejected by class selector #1: type "gpu" != "vfio"' in text
+    assert "gpu-vfio-1  accepted" in text
+
+
+def test_a_held_vfio_device_withdraws_its_gpu_from_allocation() -> None:
+    texts = [(FIXTURES / "deviceclasses.yaml").read_text(), *_passthrough_slices({"gpu-vfio-0"})]
+    every = claim("all", request("gpu", "gpu.nvidia.com", allocationMode="All"))
+    assert results([*texts, every]) == {"all": [("gpu", "vm-node", "gpu-1")]}

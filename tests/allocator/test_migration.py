@@ -314,7 +314,7 @@ def test_nothing_to_allocate_is_an_error_naming_the_files_and_what_was_read(tmp_
             assert out == ""
             assert err.splitlines()[-1] == (
                 f"dradriver {command}: nothing to allocate in {', '.join(files)}: no ResourceClaim, "
-                "ResourceClaimTemplate, Pod or workload (read: 2 DeviceClass, 1 ResourceSlice, 1 ConfigMap)")
+                "ResourceClaimTemplate, Pod or workload (read: 3 DeviceClass, 1 ResourceSlice, 1 ConfigMap)")
     with pytest.raises(InputError, match=r"no ResourceClaim.*\(read: 1 Deployment\); Deployment default/idle: 0 "):
         load([docs({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "idle"},
                     "spec": {"replicas": 0, "template": {"spec": {"containers": [{"name": "c", "image": "x"}]}}}})])

@@ -228,8 +228,8 @@ def test_malformed_environment_is_one_line_and_status_2(monkeypatch: pytest.Monk
 def test_refused_gate_stops_start_with_the_reason(monkeypatch: pytest.MonkeyPatch,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("NODE_NAME", "node-a")
-    assert gpu_kubelet_plugin.main(["-v", "4", "--feature-gates", "PassthroughSupport=true,"]) == 2
-    assert "PassthroughSupport=true is not implemented by dradriver" in capsys.readouterr().err
+    assert gpu_kubelet_plugin.main(["-v", "4", "--feature-gates", "DRAListTypeAttributes=true,"]) == 2
+    assert "DRAListTypeAttributes=true is not implemented by dradriver" in capsys.readouterr().err
 
 
 def test_start_logging_uses_klog_and_warns_inert_variables(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -293,3 +293,33 @@ def test_inspect_applies_a_driver_config_profile(capsys: pytest.CaptureFixture[s
     rc, out, err = inspect(capsys, *common, "--default-config", "typo")
     assert rc == 2 and not out
     assert f"{tmp_path / 'typo'}): gpu.advertisedDeviceType: unknown field" in err
+
+
+def test_table_lists_vfio_devices_with_their_gpu_and_unknown_health() -> None:
+    """The rows the plugin's inventory gives once it carries VFIO devices (gate PassthroughSupport): each
+    ``gpu-vfio-<index>`` next to its GPU, MIG column ``vfio``, its addressable memory, ``Unknown`` health."""
+    from dataclasses import replace
+
+    from dradriver.commands.inspect import _header, device_rows, format_table, poll_health
+    from dradriver.domain.pools import build
+    from dradriver.nvml.discovery import discover
+    from dradriver.nvml.session import open_session
+    from tests.factories import vfio_for
+
+    with open_session("", "l4-inference") as session:
+        found = discover(session, sysfs_root=Path("/nonexistent"))
+        inventory = replace(found, vfio=vfio_for(*found.gpus))
+        health = poll_health(inventory, session, "n1")
+    slices = build(inventory, "n1").slices
+    rows = device_rows(inventory, "n1", slices, health, wide=True)
+    header, *body = rows
+    table = {row[1]: dict(zip(header, row, strict=True)) for row in body}
+    for vfio in inventory.vfio:
+        row = table[vfio.name]
+        assert (row["GPU"], row["MIG"], row["MEMORY"], row["UUID"], row["HEALTH"]) == (
+            str(vfio.parent_minor), "vfio", "128Gi", vfio.uuid, "Unknown")
+        assert row["PCI-BUS-ID"] == vfio.function.address and row["PRODUCT"] == vfio.product_name
+        assert table[str(vfio.sibling)]["HEALTH"] == "Healthy"
+    assert len(body) == 2 * len(inventory.gpus)
+    assert "gpu-vfio-0" in format_table(rows)
+    assert f"{len(inventory.vfio)} VFIO device(s)" in _header(inventory, "n1", slices, [])[0]

@@ -66,7 +66,16 @@ MALFORMED: list[tuple[str, Any, str, str]] = [
     ("apiVersion missing", {"kind": "GpuConfig"}, ".apiVersion", "Object 'apiVersion' is missing"),
     ("other version", params(apiVersion="resource.nvidia.com/v1alpha1"), ".apiVersion",
      "'resource.nvidia.com/v1alpha1' is not supported: must be 'resource.nvidia.com/v1beta1'"),
-    ("vfio", params("VfioDeviceConfig"), ".kind", "VfioDeviceConfig is not supported by this driver"),
+    ("vfio has no sharing", params("VfioDeviceConfig", sharing={}), ".sharing",
+     "unknown field (known fields: apiVersion, kind, iommu)"),
+    ("unknown iommu field", params("VfioDeviceConfig", iommu={"backendPolicy": "LegacyOnly", "apiDevice": True}),
+     ".iommu.apiDevice", "unknown field (known fields: backendPolicy, enableAPIDevice)"),
+    ("iommu not an object", params("VfioDeviceConfig", iommu="PreferIommuFD"), ".iommu",
+     "must be an object, got a string"),
+    ("backendPolicy not a string", params("VfioDeviceConfig", iommu={"backendPolicy": 1}), ".iommu.backendPolicy",
+     "must be a string, got a number"),
+    ("enableAPIDevice not a boolean", params("VfioDeviceConfig", iommu={"enableAPIDevice": "yes"}),
+     ".iommu.enableAPIDevice", "must be a boolean, got a string"),
     ("channel", params("ComputeDomainChannelConfig"), ".kind",
      "ComputeDomainChannelConfig is not supported by this driver"),
     ("daemon", params("ComputeDomainDaemonConfig"), ".kind", "ComputeDomainDaemonConfig is not supported"),
@@ -261,3 +270,28 @@ def test_plan_errors(sharing: dict[str, Any], devices: list[Any], field: str, pr
 def test_default_limit_without_devices_is_not_checked() -> None:
     config = _check(params(sharing={"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "1"}}), ALL_ON)
     assert configs.plan_sharing(config, [], AT) == SharingPlan("MPS", mps=MpsPlan(None, (), False))
+
+
+PASSTHROUGH = FeatureGates({"PassthroughSupport": True})
+
+
+def test_vfio_config_decodes_strictly_and_defaults_to_legacy_only_without_the_api_device() -> None:
+    decoded = configs.decode(params("VfioDeviceConfig"), AT)
+    assert decoded == configs.VfioDeviceConfig()
+    assert _check(params("VfioDeviceConfig"), PASSTHROUGH) == configs.VfioDeviceConfig(
+        configs.IommuConfig("LegacyOnly", False))
+    given = params("VfioDeviceConfig", iommu={"backendPolicy": "PreferIommuFD", "enableAPIDevice": True})
+    assert _check(given, PASSTHROUGH) == configs.VfioDeviceConfig(configs.IommuConfig("PreferIommuFD", True))
+    assert configs.plan_sharing(_check(given, PASSTHROUGH), []) == configs.EXCLUSIVE
+
+
+def test_vfio_config_needs_the_passthrough_gate_and_a_known_backend_policy() -> None:
+    with pytest.raises(DeviceConfigError) as info:
+        _check(params("VfioDeviceConfig"), FeatureGates())
+    assert info.value.field == AT + ".kind"
+    assert '"PassthroughSupport" feature gate' in info.value.problem
+    with pytest.raises(DeviceConfigError) as info:
+        _check(params("VfioDeviceConfig", iommu={"backendPolicy": "IommuFDOnly"}), PASSTHROUGH)
+    assert info.value.field == AT + ".iommu.backendPolicy"
+    assert info.value.problem == ("unknown IOMMU backend policy: IommuFDOnly, supported IOMMU backend policies: "
+                                  "LegacyOnly, PreferIommuFD")

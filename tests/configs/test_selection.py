@@ -23,6 +23,7 @@ from tests.configs.helpers import (
     entry,
     params,
 )
+from tests.factories import vfio_for
 
 ALL_ON = FeatureGates({"TimeSlicingSettings": True, "MPSSupport": True})
 
@@ -151,9 +152,9 @@ def test_selected_config_is_validated_with_its_index() -> None:
 
 def test_class_configs_keep_their_api_index() -> None:
     c = claim([("a", GPU0.name)], [entry(params(), source="FromClaim"),
-                                   entry(params("VfioDeviceConfig"), source="FromClass")])
-    with pytest.raises(ClaimError, match=r"config\[1\]\.opaque\.parameters\.kind: VfioDeviceConfig is not "
-                                         r"supported by this driver"):
+                                   entry(params("ComputeDomainDaemonConfig"), source="FromClass")])
+    with pytest.raises(ClaimError, match=r"config\[1\]\.opaque\.parameters\.kind: ComputeDomainDaemonConfig is "
+                                         r"not supported by this driver"):
         configs.select_configs(c, DEVICES)
 
 
@@ -219,3 +220,44 @@ def test_admin_access_results_take_configs_without_sharing() -> None:
                             [entry(params(), requests=["watch"]), entry(ts("Long"), requests=["work"])]), 0)
     selection = configs.select_configs(c, DEVICES, ALL_ON)
     assert selection.device_configs() == {GPU0.name: GpuConfig(), GPU1.name: gpu_ts("Long")}
+
+
+PASSTHROUGH = FeatureGates({"PassthroughSupport": True})
+VFIO0, VFIO1 = vfio_for(GPU0, GPU1)
+WITH_VFIO = {**DEVICES, VFIO0.name: VFIO0, VFIO1.name: VFIO1}
+
+
+def test_vfio_devices_get_the_built_in_vfio_config_with_the_gate() -> None:
+    c = claim([("vm", VFIO0.name), ("vm", VFIO1.name), ("gpu", GPU0.name)], [])
+    selection = configs.select_configs(c, WITH_VFIO, PASSTHROUGH)
+    assert where_of(selection, VFIO0.name) == "built-in default VfioDeviceConfig"
+    assert selection.device_configs()[VFIO1.name] == configs.VfioDeviceConfig(configs.IommuConfig("LegacyOnly", False))
+    assert where_of(selection, GPU0.name) == "built-in default GpuConfig"
+    with pytest.raises(ClaimError, match=r'no config applies to device "gpu-vfio-0" of type "vfio" .*'
+                                         r'"PassthroughSupport" feature gate is not enabled'):
+        configs.select_configs(c, WITH_VFIO)
+
+
+def test_a_gpu_config_on_a_vfio_device_and_a_vfio_config_on_a_gpu_are_refused() -> None:
+    gpu_on_vfio = claim([("vm", VFIO0.name)], [entry(params(), requests=["vm"])])
+    with pytest.raises(ClaimError, match=r'config\[0\]: cannot apply GpuConfig to device "gpu-vfio-0" of type '
+                                         r'"vfio" \(request: vm\)'):
+        configs.select_configs(gpu_on_vfio, WITH_VFIO, PASSTHROUGH)
+    vfio_on_gpu = claim([("gpu", GPU0.name)], [entry(params("VfioDeviceConfig"), requests=["gpu"])])
+    with pytest.raises(ClaimError, match=r'config\[0\]: cannot apply VfioDeviceConfig to device "gpu-0" of type '
+                                         r'"gpu"'):
+        configs.select_configs(vfio_on_gpu, WITH_VFIO, PASSTHROUGH)
+
+
+def test_two_vfio_config_groups_in_one_claim_are_refused_naming_both() -> None:
+    c = claim([("a", VFIO0.name), ("b", VFIO1.name)],
+              [entry(params("VfioDeviceConfig"), requests=["a"]),
+               entry(params("VfioDeviceConfig", iommu={"backendPolicy": "PreferIommuFD"}), requests=["b"])])
+    with pytest.raises(ClaimError) as info:
+        configs.select_configs(c, WITH_VFIO, PASSTHROUGH)
+    assert str(info.value) == (
+        f"claim {REF}: status.allocation.devices.config[0] and status.allocation.devices.config[1]: at most one "
+        "VfioDeviceConfig may apply to the devices of a claim (both apply to some)")
+    one = claim([("a", VFIO0.name), ("b", VFIO1.name)], [entry(params("VfioDeviceConfig"))])
+    [group] = configs.select_configs(one, WITH_VFIO, PASSTHROUGH).groups
+    assert group.devices == (VFIO0.name, VFIO1.name)

@@ -321,6 +321,7 @@ def _selected(selectors: list[Any], devices: list[Any]) -> set[str]:
 REFERENCE_SELECTORS = {
     "gpu.nvidia.com": "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'",
     "mig.nvidia.com": "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'",
+    "vfio.gpu.nvidia.com": "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'vfio'",
     "compute-domain-default-channel.nvidia.com": "device.driver == 'compute-domain.nvidia.com' && "
     "device.attributes['compute-domain.nvidia.com'].type == 'channel' && "
     "device.attributes['compute-domain.nvidia.com'].id == 0",
@@ -341,6 +342,7 @@ def test_device_classes_have_the_reference_selectors() -> None:
     assert {c["metadata"]["name"]: c["spec"].get("extendedResourceName") for c in classes} == {
         "gpu.nvidia.com": "nvidia.com/gpu",
         "mig.nvidia.com": None,
+        "vfio.gpu.nvidia.com": None,
         "compute-domain-default-channel.nvidia.com": None,
         "compute-domain-daemon.nvidia.com": None,
         "compute-domain-channel.nvidia.com": None,
@@ -359,6 +361,7 @@ def test_device_classes_select_the_right_devices() -> None:
         f"{GPU_DRIVER.driver_name}/gpu-3-mig-1g10gb-19-0",
         f"{GPU_DRIVER.driver_name}/gpu-3-mig-7g80gb-0-0",
     }
+    assert _selected(classes["vfio.gpu.nvidia.com"].selectors, devices) == {f"{GPU_DRIVER.driver_name}/gpu-vfio-4"}
 
 
 def test_no_extended_resource_overlay_removes_only_the_mapping() -> None:

@@ -15,7 +15,7 @@ import yaml
 from dradriver.cli import build_parser
 from dradriver.domain import configs
 from dradriver.domain.computedomains import parse_channel_config, parse_daemon_config
-from dradriver.domain.featuregates import GATES, parse_feature_gates
+from dradriver.domain.featuregates import GATES, FeatureGates
 from tools import docsite
 
 REPO = Path(__file__).resolve().parents[2]
@@ -127,7 +127,7 @@ def test_claim_examples_on_the_site_allocate(tmp_path: Path) -> None:
 
 
 def test_opaque_config_examples_decode_and_validate() -> None:
-    gates = parse_feature_gates("TimeSlicingSettings=true,MPSSupport=true")
+    gates = FeatureGates({"TimeSlicingSettings": True, "MPSSupport": True, "PassthroughSupport": True})
     device_examples = _checked_examples("config")
     assert {yaml.safe_load(text)["kind"] for _, _, text in device_examples} == set(configs.SUPPORTED_KINDS)
     for page, _, text in device_examples:

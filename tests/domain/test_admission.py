@@ -9,7 +9,7 @@ import pytest
 
 from dradriver.domain import admission
 from dradriver.domain.configs import DeviceConfigError, GpuConfig, MigDeviceConfig, Sharing
-from dradriver.domain.featuregates import parse_feature_gates
+from dradriver.domain.featuregates import FeatureGates, parse_feature_gates
 
 GATES = parse_feature_gates("TimeSlicingSettings=true,MPSSupport=true,")
 
@@ -66,3 +66,16 @@ def test_admin_access_is_read_in_the_v1beta1_shape_too() -> None:
 def test_an_invalid_config_is_reported_once_even_when_it_also_shares_with_admin_access() -> None:
     errors = admission.config_errors(spec(gpu("Sharing")), "spec", GATES)
     assert len(errors) == 1 and "unknown GPU sharing strategy: Sharing" in errors[0]
+
+
+def test_a_vfio_config_is_admitted_with_passthrough_support_and_refused_without_it() -> None:
+    vfio = gpu(kind="VfioDeviceConfig")
+    vfio["opaque"]["parameters"]["iommu"] = {"backendPolicy": "PreferIommuFD", "enableAPIDevice": True}
+    on = FeatureGates({"PassthroughSupport": True})
+    assert admission.config_errors(spec(vfio), "spec", on) == []
+    [error] = admission.config_errors(spec(vfio), "spec", GATES)
+    assert error.startswith("spec.devices.config[0].opaque.parameters.kind: VfioDeviceConfig needs the "
+                            '"PassthroughSupport" feature gate')
+    vfio["opaque"]["parameters"]["iommu"]["backendPolicy"] = "Whatever"
+    [error] = admission.config_errors(spec(vfio), "spec", on)
+    assert error.startswith("spec.devices.config[0].opaque.parameters.iommu.backendPolicy: unknown IOMMU backend")

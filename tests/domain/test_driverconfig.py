@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from dradriver.domain import pools
+from dradriver.domain.devices import DriverVersions, NodeInventory
 from dradriver.domain.driverconfig import (
     NODE_LABEL,
     DriverConfig,
@@ -18,6 +19,7 @@ from dradriver.domain.driverconfig import (
 from dradriver.host.driverconfigs import load_profile, resolve
 from dradriver.nvml.discovery import discover
 from dradriver.nvml.session import open_session
+from tests.factories import gpu_device, vfio_for
 
 WHERE = "driver config profile 'p' (/available-configs/p)"
 
@@ -90,3 +92,11 @@ def test_dynamic_mig_keeps_the_counter_sets_when_only_full_gpus_are_advertised()
     devices = [d for s in kept for d in s["spec"].get("devices", ())]
     assert devices and all(d["attributes"]["type"]["string"] == "gpu" for d in devices)
     assert sum(len(s["spec"].get("sharedCounters", ())) for s in kept) == len(inventory.gpus)
+
+
+def test_a_vfio_only_profile_publishes_the_vfio_devices() -> None:
+    gpus = (gpu_device(0), gpu_device(1))
+    inventory = NodeInventory(versions=DriverVersions(driver="570.148.08", cuda_driver=12080), gpus=gpus,
+                              vfio=vfio_for(*gpus))
+    (kept,) = pools.build(inventory, "n", advertised={"vfio"}).slices
+    assert [d["name"] for d in kept["spec"]["devices"]] == ["gpu-vfio-0", "gpu-vfio-1"]

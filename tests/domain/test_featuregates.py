@@ -37,7 +37,7 @@ def test_chart_syntax_with_trailing_comma_and_blanks() -> None:
     ("Bogus=true", "unrecognized feature gate: Bogus"),
     ("DynamicMIG", "missing bool value for 'DynamicMIG'"),
     ("ContextualLogging=yes", "invalid value of ContextualLogging=yes"),
-    ("PassthroughSupport=true", "PassthroughSupport=true is not implemented by dradriver"),
+    ("DRAListTypeAttributes=true", "DRAListTypeAttributes=true is not implemented by dradriver"),
     ("IMEXDaemonsWithDNSNames=false", "IMEXDaemonsWithDNSNames=false is not supported: dradriver.s IMEX daemons"),
     ("NVMLDeviceHealthCheck=false", "NVMLDeviceHealthCheck=false is not supported"),
 ])
@@ -129,3 +129,15 @@ def test_device_metadata_is_implemented_without_passthrough_support() -> None:
     assert "PassthroughSupport" in gate.note  # the documented difference
     assert fg.parse_feature_gates("DeviceMetadata=true").device_metadata
     assert not fg.FeatureGates().device_metadata
+
+
+def test_passthrough_and_fabric_manager_partitioning_are_implemented_and_passthrough_goes_with_health_checks() -> None:
+    for name in (fg.PASSTHROUGH_SUPPORT, fg.FABRIC_MANAGER_PARTITIONING):
+        assert fg.GATES_BY_NAME[name].support is fg.Support.IMPLEMENTED
+        assert not fg.GATES_BY_NAME[name].effective_default  # NVIDIA's default, off
+    gates = fg.parse_feature_gates("PassthroughSupport=true,FabricManagerPartitioning=true,NVMLDeviceHealthCheck=true")
+    assert gates.passthrough_support and gates.fabric_manager_partitioning and gates.nvml_device_health_check
+    assert (fg.PASSTHROUGH_SUPPORT, fg.NVML_DEVICE_HEALTH_CHECK) not in fg.MUTUALLY_EXCLUSIVE
+    with pytest.raises(fg.FeatureGateError, match="feature gates DynamicMIG and PassthroughSupport are mutually "
+                                                  "exclusive"):
+        fg.parse_feature_gates("DynamicMIG=true,PassthroughSupport=true")

@@ -7,6 +7,10 @@ from typing import Any
 import pytest
 
 from dradriver.domain import nodeallocatable as na
+from dradriver.domain.devices import DriverVersions, NodeInventory
+from dradriver.domain.nodeallocatable import apply_overhead, parse_overhead
+from dradriver.domain.pools import build_resource_slices
+from tests.factories import gpu_device, vfio_for
 
 
 def test_a_published_overhead_field_has_no_problems() -> None:
@@ -29,3 +33,15 @@ def test_a_published_overhead_field_has_no_problems() -> None:
 def test_a_malformed_field_is_named(value: Any, problem: str) -> None:
     problems = na.field_problems(value)
     assert any(problem in p for p in problems), problems
+
+
+def test_vfio_overhead_lands_on_the_published_vfio_devices() -> None:
+    gpus = (gpu_device(0),)
+    inventory = NodeInventory(versions=DriverVersions(driver="570.148.08", cuda_driver=12080), gpus=gpus,
+                              vfio=vfio_for(*gpus))
+    slices = build_resource_slices(inventory, "n")
+    overhead = parse_overhead({("vfio", "memory", "pod"): "1Gi"}, gate_enabled=True)
+    apply_overhead(slices, overhead)
+    by_name = {d["name"]: d for d in slices[0]["spec"]["devices"]}
+    assert by_name["gpu-vfio-0"]["nodeAllocatableResources"] == {"memory": {"overhead": {"perPod": "1Gi"}}}
+    assert "nodeAllocatableResources" not in by_name["gpu-0"]

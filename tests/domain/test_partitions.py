@@ -322,3 +322,22 @@ def test_a_gpu_newer_than_hopper_offers_itself_and_its_placements(mock_session: 
     assert_valid_pool(result.slices, (1, 35), "1.35.0")
     published = {d["name"] for d in devices(result.slices)}
     assert gpu.name in published and {p.name for p in own} <= published
+
+
+def test_dynamic_mig_full_gpus_carry_fabric_partitions_and_a_new_module_id_misses_the_cache(
+        mock_session: Session, tmp_path: Path) -> None:
+    inv = inventory(mock_session, "dgx-h100", tmp_path)
+    first = inv.gpus[0]
+    numbered = dataclasses.replace(inv, gpus=(dataclasses.replace(first, module_id=1, partitions={8: 0}),
+                                              *inv.gpus[1:]))
+    cache = partitions.PartitionCache()
+    slices = build(numbered, "n", server_version=(1, 35), cache=cache, fabric_partitions=True).slices
+    assert_valid_pool(slices, (1, 35), "1.35.0")
+    entry = next(d for d in devices(slices) if d["name"] == first.name)
+    assert (entry["attributes"]["gpuModuleID"], entry["attributes"]["partition8"]) == ({"int": 1}, {"int": 0})
+    assert not any("gpuModuleID" in d["attributes"] for d in devices(slices) if d["name"] != first.name)
+    renumbered = dataclasses.replace(numbered, gpus=(dataclasses.replace(numbered.gpus[0], module_id=2),
+                                                     *numbered.gpus[1:]))
+    again = build(renumbered, "n", server_version=(1, 35), cache=cache, fabric_partitions=True).slices
+    entry = next(d for d in devices(again) if d["name"] == first.name)
+    assert entry["attributes"]["gpuModuleID"] == {"int": 2}

@@ -10,6 +10,7 @@ import pytest
 
 from dradriver.domain.devices import DriverVersions, GpuDevice, MigDevice, NodeInventory
 from dradriver.domain.identity import GPU_DRIVER
+from dradriver.domain.passthrough import vfio_devices, vfio_uuid
 from dradriver.domain.pools import build, build_resource_slices
 from dradriver.domain.resourceslices import (
     MAX_ATTRIBUTES_AND_CAPACITIES,
@@ -19,8 +20,9 @@ from dradriver.domain.resourceslices import (
     limit_violations,
     quantity_bytes,
 )
+from dradriver.domain.shares import ShareMode
 from tests.domain.slice_validation import assert_valid_slice, quantity_value
-from tests.factories import gpu_device, mig_device
+from tests.factories import gpu_device, gpu_function, mig_device, vfio_for
 
 VERSIONS = DriverVersions(driver="570.148.08", cuda_driver=12080, nvml="12.570.148.08")
 GIB = 1 << 30
@@ -309,3 +311,72 @@ def test_addressing_mode_on_gpu_and_its_mig_devices(mode: str) -> None:
 def test_addressing_mode_omitted_when_unknown() -> None:
     (slice_,) = build_resource_slices(NodeInventory(versions=VERSIONS, gpus=(gpu(0, 7),)), "n")
     assert "addressingMode" not in attrs(slice_["spec"]["devices"][0])
+
+
+def _passthrough_inventory(n: int = 2, **gpu_fields: object) -> NodeInventory:
+    gpus = tuple(gpu(i, 7 + i, **gpu_fields) for i in range(n))
+    return NodeInventory(versions=VERSIONS, gpus=gpus, vfio=vfio_for(*gpus, iommufd=True))
+
+
+def test_vfio_device_has_nvidia_attributes_and_addressable_memory() -> None:
+    (slice_,) = build_resource_slices(_passthrough_inventory(1), "node-a")
+    assert_valid_slice(slice_)
+    names = [d["name"] for d in slice_["spec"]["devices"]]
+    assert names == ["gpu-0", "gpu-vfio-0"]
+    vfio = slice_["spec"]["devices"][1]
+    assert attrs(vfio) == {
+        "type": {"string": "vfio"},
+        "uuid": {"string": vfio_uuid("0000:07:00.0")},
+        "deviceID": {"string": "0x2330"},
+        "vendorID": {"string": "0x10de"},
+        "productName": {"string": "NVIDIA A100-SXM4-40GB"},
+        "iommuFDEnabled": {"bool": True},
+        "resource.kubernetes.io/pciBusID": {"string": "0000:07:00.0"},
+        "resource.kubernetes.io/pcieRoot": {"string": "pci0000:06"},
+        "resource.kubernetes.io/numaNode": {"int": 0},
+    }
+    assert vfio["capacity"] == {"addressableMemory": {"value": "128Gi"}}
+
+
+def test_a_held_gpu_or_vfio_device_withdraws_its_sibling_from_the_pool() -> None:
+    inv = _passthrough_inventory(2)
+    taints = {"gpu-0": [NOSCHEDULE]}
+    (slice_,) = build_resource_slices(inv, "n", held={"gpu-vfio-0", "gpu-1"}, taints=taints)
+    assert_valid_slice(slice_)
+    assert [d["name"] for d in slice_["spec"]["devices"]] == ["gpu-vfio-0", "gpu-1"]
+    result = build(inv, "n", held={"gpu-vfio-0"}, taints=taints)
+    assert result.warnings == []  # the withdrawn sibling's taints are not "unknown device"
+
+
+def test_vfio_devices_are_never_shareable() -> None:
+    (slice_,) = build_resource_slices(_passthrough_inventory(1), "n", shares=ShareMode("memory"))
+    assert_valid_slice(slice_)
+    gpu_entry, vfio_entry = slice_["spec"]["devices"]
+    assert gpu_entry["allowMultipleAllocations"] is True
+    assert "allowMultipleAllocations" not in vfio_entry
+    assert vfio_entry["capacity"] == {"addressableMemory": {"value": "128Gi"}}
+
+
+def test_fabric_partition_attributes_are_published_only_with_fabric_manager_partitioning() -> None:
+    gpus = (gpu(0, 7, module_id=3, partitions={8: 0, 2: 5, 1: 11}),)
+    (function,) = (gpu_function(7),)
+    vfio = vfio_devices([function], gpus, iommufd=False, module_ids={"0000:07:00.0": 3},
+                        partitions={"0000:07:00.0": {8: 0, 2: 5, 1: 11}})
+    inv = NodeInventory(versions=VERSIONS, gpus=gpus, vfio=vfio)
+    (plain,) = build_resource_slices(inv, "n")
+    assert not any(k.startswith(("gpuModuleID", "partition")) for d in plain["spec"]["devices"] for k in attrs(d))
+    (slice_,) = build_resource_slices(inv, "n", fabric_partitions=True)
+    assert_valid_slice(slice_)
+    for device in slice_["spec"]["devices"]:
+        fabric = {k: v for k, v in attrs(device).items() if k.startswith(("gpuModuleID", "partition"))}
+        assert fabric == {"gpuModuleID": {"int": 3}, "partition1": {"int": 11}, "partition2": {"int": 5},
+                          "partition8": {"int": 0}}, device["name"]
+
+
+def test_many_gpus_with_their_vfio_siblings_respect_the_per_slice_limits() -> None:
+    gpus = tuple(gpu(i, 2 + i) for i in range(100))
+    inv = NodeInventory(versions=VERSIONS, gpus=gpus, vfio=vfio_for(*gpus))
+    slices = build_resource_slices(inv, "n")
+    assert [len(s["spec"]["devices"]) for s in slices] == [128, 72]
+    for slice_ in slices:
+        assert_valid_slice(slice_)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import urllib.error
 import urllib.request
 from typing import Any
@@ -17,6 +18,7 @@ from dradriver.health.metrics import (
     parse_endpoint,
     serve_metrics,
 )
+from tests.factories import vfio_for
 
 from .conftest import MockNode, Services, TaintLog
 
@@ -165,3 +167,30 @@ def test_parse_endpoint() -> None:
     for bad in ("8080", "host:", "host:http", ":70000"):
         with pytest.raises(MetricsEndpointError, match="expected"):
             parse_endpoint(bad)
+
+
+def test_passthrough_gauge_says_which_gpus_are_passed_through_and_vfio_devices_are_unknown(
+        mock_node: Any, services: Services) -> None:
+    node: MockNode = mock_node("l4-inference")
+    node.inventory = dataclasses.replace(node.inventory, vfio=vfio_for(*node.inventory.gpus))
+    service = services(node)
+    service.start()
+    first, second = node.inventory.vfio[:2]
+    service.set_held({first.name})
+    metrics = DriverMetrics(node="node-a")
+    metrics.attach_devices(service, claim_of={first.name: [("vms", "guest-0")]}.get)
+    families = _families(generate_latest(metrics.registry).decode())
+    [passed] = _samples(families, "dradriver_gpu_passthrough", device=first.name)
+    assert passed.value == 1.0
+    assert passed.labels == {"uuid": first.uuid, "device": first.name, "node": "node-a", "namespace": "vms",
+                             "claim": "guest-0", "gpu": first.sibling, "pci_bus_id": first.function.address}
+    [host] = _samples(families, "dradriver_gpu_passthrough", device=second.name)
+    assert host.value == 0.0 and host.labels["gpu"] == second.sibling
+    assert len(_samples(families, "dradriver_gpu_passthrough")) == len(node.inventory.vfio)
+    for name in (first.name, first.sibling, second.name):
+        assert _value(families, "dradriver_device_health", "dradriver_device_health", state="unknown",
+                      device=name) == 1
+    assert _value(families, "dradriver_device_health", "dradriver_device_health", state="healthy",
+                  device=second.sibling) == 1
+    assert _samples(families, "dradriver_gpu_temperature_celsius", device=first.sibling) == []  # not polled
+    assert _samples(families, "dradriver_gpu_temperature_celsius", device=second.sibling)

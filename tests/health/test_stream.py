@@ -4,6 +4,7 @@ emulator (a client built from our protos) over a real Unix socket."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from dradriver.domain.identity import GPU_DRIVER
 from dradriver.health.monitor import HealthMonitor
 from dradriver.sandbox.kubelet import DeviceHealthReport, KubeletEmulator
 from dradriver.server import start_servers
+from tests.factories import vfio_for
 
 from .conftest import MockNode, NullPreparer, Services, TaintLog
 
@@ -113,3 +115,50 @@ def test_stream_ends_when_the_service_stops(mock_node: Any, services: Services, 
         return len([s async for s in stream])
 
     assert asyncio.run(asyncio.wait_for(_with_stream(short_dir, service, body), 20)) <= 1
+
+
+def test_vfio_devices_and_a_gpu_passed_through_are_unknown_and_the_gpu_leaves_nvml_polling(
+    mock_node: Any, services: Services, short_dir: Path
+) -> None:
+    node: MockNode = mock_node("l4-inference")
+    gpu = node.inventory.gpus[0]
+    node.inventory = dataclasses.replace(node.inventory, vfio=vfio_for(gpu))
+    service = services(node)
+    service.start()
+    (vfio,) = node.inventory.vfio
+    others = {g.name for g in node.inventory.gpus[1:]}
+    sample = service.latest_sample()
+    assert sample is not None and gpu.uuid in sample.devices
+
+    async def body(stream: Any) -> None:
+        first = _by_name(await anext(stream))
+        assert set(first) == {gpu.name, vfio.name} | others
+        assert (first[gpu.name].health, first[vfio.name].health) == ("Healthy", "Unknown")
+        assert "passed through to a VM (VFIO)" in first[vfio.name].message
+        await asyncio.to_thread(service.set_held, {vfio.name})  # its claim prepared: the GPU is on vfio-pci
+        passed = _by_name(await _next_matching(stream, lambda s: _by_name(s)[gpu.name].health == "Unknown"))
+        assert "passed through to a VM (VFIO)" in passed[gpu.name].message
+        assert passed[vfio.name].health == "Unknown"
+        await asyncio.to_thread(service.set_held, set())  # unprepared: back on nvidia
+        await _next_matching(stream, lambda s: _by_name(s)[gpu.name].health == "Healthy")
+
+    asyncio.run(asyncio.wait_for(_with_stream(short_dir, service, body), 20))
+
+
+def test_a_gpu_passed_through_is_not_polled_and_gives_no_nvml_errors(mock_node: Any, services: Services) -> None:
+    node: MockNode = mock_node("dgx-a100")
+    node.inventory = dataclasses.replace(node.inventory, vfio=vfio_for(*node.inventory.gpus))
+    service = services(node)
+    service.start()
+    vfio = node.inventory.vfio[0]
+    assert vfio.parent_uuid is not None
+    service.set_held({vfio.name, "gpu-1"})
+    sample = service.poll_now()
+    assert sample is not None and vfio.parent_uuid not in sample.devices
+    assert vfio.parent_uuid not in service.device_uuids and vfio.parent_uuid not in service.gpu_uuids
+    assert service.nvml_errors() == {}
+    assert [(d.name, passed) for d, passed in service.passthrough()][:2] == [(vfio.name, True),
+                                                                            (node.inventory.vfio[1].name, False)]
+    service.set_held(set())
+    sample = service.poll_now()
+    assert sample is not None and vfio.parent_uuid in sample.devices

@@ -37,9 +37,9 @@ def test_overhead_flags_and_variables_build_the_published_field_per_device_class
     assert parse({}).node_allocatable_overhead.field_for("gpu") is None  # the default publishes nothing
 
 
-def test_nvidia_s_vfio_overhead_flags_are_accepted_and_no_published_device_carries_them() -> None:
-    """NVIDIA's PR #1329 has a third class, ``vfio``: its command line with those flags starts dradriver, whose
-    help says they apply to VFIO devices, which it does not publish yet."""
+def test_nvidia_s_vfio_overhead_flags_apply_to_vfio_devices_only() -> None:
+    """NVIDIA's PR #1329 has a third class, ``vfio``: its flags put the overhead on the VFIO passthrough devices
+    (``type=vfio``), not on GPUs or MIG devices, and their help says so."""
     cfg = parse({"FEATURE_GATES": "NodeAllocatableResources=true",
                  "NODE_ALLOCATABLE_VFIO_CPU_OVERHEAD_PER_CONTAINER": "10m"},
                 "--node-allocatable-vfio-memory-overhead-per-pod", "1Gi")
@@ -48,14 +48,16 @@ def test_nvidia_s_vfio_overhead_flags_are_accepted_and_no_published_device_carri
                                           "cpu": {"overhead": {"perContainer": "10m"}}}
     assert overhead.field_for("gpu") is None and overhead.field_for("mig") is None
     slices = [{"spec": {"devices": [{"name": "gpu-0", "attributes": {"type": {"string": "gpu"}}},
-                                    {"name": "gpu-1-mig-1g.10gb-19-0", "attributes": {"type": {"string": "mig"}}}]}}]
+                                    {"name": "gpu-1-mig-1g.10gb-19-0", "attributes": {"type": {"string": "mig"}}},
+                                    {"name": "gpu-vfio-2", "attributes": {"type": {"string": "vfio"}}}]}}]
     na.apply_overhead(slices, overhead)
-    assert not any(na.FIELD in d for d in slices[0]["spec"]["devices"])
+    assert [d["name"] for d in slices[0]["spec"]["devices"] if na.FIELD in d] == ["gpu-vfio-2"]
     help_text = {f.option: f.help for f in config.PLUGIN_FLAGS}
     for resource in na.RESOURCES:
         for per in ("pod", "container"):
             flag = na.flag_name("vfio", resource, per)
-            assert "does not publish VFIO devices yet" in help_text[flag], flag
+            assert "VFIO passthrough device" in help_text[flag], flag
+            assert "does not publish" not in help_text[flag], flag
 
 
 def test_a_zero_overhead_with_the_gate_off_is_refused_as_nvidia_refuses_it() -> None:

@@ -142,7 +142,7 @@ def test_bad_profile_at_start_advertises_nothing(sandbox: SandboxNode) -> None:
 
 
 def test_passthrough_profile_publishes_an_empty_pool(sandbox: SandboxNode) -> None:
-    """A node for VM workloads: vfio only, which dradriver does not publish, so no device at all."""
+    """A node for VM workloads: vfio only, and without the PassthroughSupport gate no VFIO device, so none at all."""
     async def body() -> None:
         async with running(_config(sandbox, default_config="passthrough")) as (plugin, _):
             assert plugin.node_policy is not None and plugin.node_policy.policy.source == "default"

@@ -361,3 +361,29 @@ def test_the_webhook_does_not_start_without_a_certificate_it_can_load(args: list
     proc = subprocess.run([sys.executable, "-m", "dradriver", "webhook", *args], env=webhook_env(),
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == code and problem in proc.stderr, proc.stderr
+
+
+def test_a_vfio_config_is_admitted_with_passthrough_support_and_refused_without(setup: Setup, tmp_path: Path) -> None:
+    """NVIDIA's webhook refuses ``VfioDeviceConfig`` ("expected a recognized configuration type") though its plugin
+    takes it; dradriver's admits it when ``PassthroughSupport`` is on and refuses it, naming the gate, when off."""
+    vfio = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "VfioDeviceConfig",
+            "iommu": {"backendPolicy": "PreferIommuFD", "enableAPIDevice": True}}
+    obj = claim("vm", claim_spec(opaque(vfio)))
+    rt = setup.api.resource_type("ResourceClaim", "resource.k8s.io/v1")
+    review = review_for(rt, "CREATE", obj, None)
+    status = setup.refused(obj)  # the module's webhook runs without the gate
+    assert status["message"] == (f"{DENIED}1 configs failed to validate: spec.devices.config[0].opaque.parameters."
+                                 'kind: VfioDeviceConfig needs the "PassthroughSupport" feature gate (VFIO '
+                                 "passthrough devices exist only with it)")
+    port = free_port()
+    env = webhook_env(FEATURE_GATES="PassthroughSupport=true,")
+    with running_webhook(webhook_argv(setup.cert, port), env, port, setup.cert.context(), tmp_path / "log"):
+        on = Setup(setup.api, setup.client, setup.cert, port, tmp_path)
+        code, body = on.post(json.dumps(review).encode())
+        assert code == 200 and json.loads(body)["response"] == {"uid": review["request"]["uid"], "allowed": True}
+        bad = claim("vm", claim_spec(opaque({**vfio, "iommu": {"backendPolicy": "IommuFDOnly"}})))
+        code, body = on.post(json.dumps(review_for(rt, "CREATE", bad, None)).encode())
+        response = json.loads(body)["response"]
+        assert response["allowed"] is False
+        assert response["status"]["message"].startswith(
+            "1 configs failed to validate: spec.devices.config[0].opaque.parameters.iommu.backendPolicy: unknown")
