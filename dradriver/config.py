@@ -868,10 +868,13 @@ NVIDIA_ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
     EnvironmentVariable("NVIDIA_DRA_TEST_FORCE_GPU_ARCH", "NVIDIA's test hook forcing its DynamicMIG Ampere "
                         "path (no MIG toggle without a reset); dradriver's DynamicMIG takes each GPU's architecture "
                         "from NVML (the mock NVML profiles provide Ampere nodes), so it has no effect (warned).", True),
-    EnvironmentVariable("NVIDIA_FABRICMANAGER_ADDRESS", "Used by NVIDIA only with the gate "
-                        "FabricManagerPartitioning, which dradriver does not implement: no effect (warned).", True),
-    EnvironmentVariable("NVIDIA_FABRICMANAGER_UNIX_SOCKET", "As NVIDIA_FABRICMANAGER_ADDRESS: no effect "
-                        "(warned).", True),
+    EnvironmentVariable("NVIDIA_FABRICMANAGER_ADDRESS", "With the gate FabricManagerPartitioning, the Fabric "
+                        "Manager's TCP address `a.b.c.d[:port]` (port 6666 by default), used when "
+                        "NVIDIA_FABRICMANAGER_UNIX_SOCKET is unset; unset: the Unix socket "
+                        "`<driver root>/run/nvidia-fabricmanager/socket`, as NVIDIA."),
+    EnvironmentVariable("NVIDIA_FABRICMANAGER_UNIX_SOCKET", "With the gate FabricManagerPartitioning, the Fabric "
+                        "Manager's Unix socket path, taken as given (default `<driver root>/run/nvidia-"
+                        "fabricmanager/socket`); it wins over NVIDIA_FABRICMANAGER_ADDRESS."),
 )
 
 

@@ -84,6 +84,7 @@ from dradriver.domain.devicemetadata import runtime_attributes
 from dradriver.domain.identity import DriverIdentity
 from dradriver.domain.ports import (
     UNDO_LAYOUT,
+    ClaimStep,
     DevicePlan,
     DevicePreparer,
     NotReadyYet,
@@ -244,6 +245,9 @@ class BatchRunner:
         preparer with ``check_claim(claim, plans)`` is shown all its plans of a claim before anything is applied
         (rules over several devices of one claim; raises :class:`ClaimError`).
     :param sharing: sharing steps by strategy (``None`` = exclusive use).
+    :param claim_steps: steps applied once per claim over its (non-admin-access) devices after the sharing steps,
+        when their ``applies(devices)`` is true (:class:`~dradriver.domain.ports.ClaimStep`: the Fabric Manager
+        partition); undone by kind, swept at start, given ``bind_records`` like sharing steps.
     :param undo_only: preparers and sharing steps of features turned off now (their feature gate or flag): they
         undo the records of their kind that claims prepared while the feature was on still hold, and nothing
         else (no prepare, no start-up sweep). Teardown follows the kind stored with each record, never the
@@ -301,7 +305,7 @@ class BatchRunner:
         pool: str,
         preparers: Sequence[DevicePreparer],
         sharing: Sequence[SharingStep] = (),
-        undo_only: Sequence[DevicePreparer | SharingStep] = (),
+        undo_only: Sequence[DevicePreparer | SharingStep | ClaimStep] = (),
         select_configs: SelectConfigs | None = None,
         spec_edits: Callable[[], cdi.ContainerEdits] = cdi.ContainerEdits,
         metrics: RequestMetrics | None = None,
@@ -319,8 +323,10 @@ class BatchRunner:
         driver_kinds: Collection[str] = (),
         device_metadata: DeviceMetadataFiles | None = None,
         refuse_device: Callable[[str, object], str] | None = None,
+        claim_steps: Sequence[ClaimStep] = (),
     ) -> None:
-        kinds = [p.kind for p in preparers] + [s.kind for s in sharing] + [u.kind for u in undo_only]
+        kinds = [p.kind for p in preparers] + [s.kind for s in sharing] + [c.kind for c in claim_steps] \
+            + [u.kind for u in undo_only]
         if len(set(kinds)) != len(kinds):
             raise ValueError(f"preparer and sharing-step kinds must be unique: {kinds}")
         self.identity = identity
@@ -333,10 +339,12 @@ class BatchRunner:
         self.preparers = tuple(preparers)
         self.sharing = {s.strategy: s for s in sharing}
         self._device_kinds: dict[str, DevicePreparer] = {p.kind: p for p in preparers}
-        self._by_kind: dict[str, DevicePreparer | SharingStep] = dict(self._device_kinds)
+        self.claim_steps = tuple(claim_steps)
+        self._by_kind: dict[str, DevicePreparer | SharingStep | ClaimStep] = dict(self._device_kinds)
         self._by_kind.update({s.kind: s for s in sharing})
+        self._by_kind.update({c.kind: c for c in claim_steps})
         self._by_kind.update({u.kind: u for u in undo_only})
-        for step in (*sharing, *undo_only):
+        for step in (*sharing, *claim_steps, *undo_only):
             # kinds an older release wrote for what this step now undoes (records must stay undoable)
             for alias in getattr(step, "undo_kinds", ()):
                 self._by_kind.setdefault(alias, step)
@@ -905,7 +913,15 @@ class BatchRunner:
             return True
         if any(self._preparer(p.kind).side_effects for p in work.plans):
             return True
-        return any(self.sharing[g.plan.strategy].side_effects for g in work.groups)
+        if any(self.sharing[g.plan.strategy].side_effects for g in work.groups):
+            return True
+        entries = self._claim_step_devices(work)
+        return any(c.side_effects and c.applies(entries) for c in self.claim_steps)
+
+    @staticmethod
+    def _claim_step_devices(work: _Work) -> list[object]:
+        """The registry entries a claim step sees: the claim's planned devices, admin-access ones left out."""
+        return [p.entry for p in work.plans if not p.admin_access]
 
     def _preparer(self, kind: str) -> DevicePreparer:
         return self._device_kinds[kind]
@@ -955,6 +971,10 @@ class BatchRunner:
                 step = self.sharing[group.plan.strategy]
                 devices = [self.registry.get(name) for name in group.devices]
                 work.applied.append(step.apply(ref, group, devices, deadline=work.deadline))
+            entries = self._claim_step_devices(work)
+            for claim_step in self.claim_steps:
+                if claim_step.applies(entries):
+                    work.applied.append(claim_step.apply(ref, entries))
         except PartiallyApplied as exc:  # its record joins the others: stored, then undone newest first
             work.applied.append(exc.record)
             work.error = _claim_error(ref, exc)
@@ -1428,11 +1448,11 @@ class BatchRunner:
                 self.state.remove(uid)
                 done.append(uid)
                 log.info("claim %s: undo kept while the driver was unavailable done", record.ref)
-            swept = self._sweep([*self.preparers, *self.sharing.values()])
+            swept = self._sweep([*self.preparers, *self.sharing.values(), *self.claim_steps])
             self._refresh_views()
         return done, swept
 
-    def _sweep(self, parts: Sequence[DevicePreparer | SharingStep]) -> list[str]:
+    def _sweep(self, parts: Sequence[DevicePreparer | SharingStep | ClaimStep]) -> list[str]:
         """Let each of ``parts`` sweep what no stored record knows (state lock held); ``kind:what`` of each thing
         removed. A sweep that fails while the device driver is unavailable is logged (:meth:`resume_undo` sweeps
         again)."""
@@ -1605,7 +1625,7 @@ class BatchRunner:
     def _sweep_leftovers(self, found: _Recovery, orphans: Collection[str]) -> None:
         """Recovery step: every preparer and sharing step sweeps side effects no record knows; device metadata
         files of claims rolled back or forgotten and temporary CDI files of a crashed write are removed."""
-        found.swept = self._sweep([*self.preparers, *self.sharing.values()])
+        found.swept = self._sweep([*self.preparers, *self.sharing.values(), *self.claim_steps])
         if self.device_metadata is not None:  # files of claims rolled back or forgotten (written before a spec)
             found.swept += [f"device metadata of claim {u}" for u in
                             self.device_metadata.sweep({*self.state.claims(), *orphans})]
