@@ -23,7 +23,8 @@ Outputs:
   fault as message; a device of a GPU that cannot be monitored is ``Unknown``; a VFIO passthrough device
   (``gpu-vfio-<index>``, gate ``PassthroughSupport``) is always ``Unknown``, and so is a GPU while passed through
   (its VFIO sibling held by a prepared claim, or on a VFIO driver at discovery, :meth:`HealthMonitor.set_held`):
-  the host's NVML cannot see a GPU bound to ``vfio-pci``, so neither is polled nor watched through NVML;
+  the host's NVML cannot see a GPU bound to ``vfio-pci``, so neither is polled through NVML (the NVML event set,
+  opened at start, leaves out the GPUs passed through then; one passed through later stays in it until a restart);
 * the readings the Prometheus device collector (:mod:`dradriver.health.metrics`) serves: latest sample,
   health states, Xid statistics, NVML errors by return code.
 
