@@ -350,3 +350,45 @@ def test_two_plugin_instances_of_a_rolling_update_never_both_take_one_gpu(node: 
                 await new.stop()
 
     asyncio.run(body())
+
+
+def test_a_plugin_sigkilled_while_giving_a_gpu_back_converges_at_the_retried_unprepare(node: SandboxNode) -> None:
+    """SIGKILL in the middle of the unprepare (the override cleared and vfio-pci unbound; the bind to nvidia left
+    unanswered): the claim is still recorded with its VFIO record, so the next start's sweep leaves the GPU to it,
+    and the kubelet's retried unprepare binds it to nvidia."""
+    from dradriver.sandbox.kubelet import KubeletEmulator, KubeletError
+
+    assert node.pci_bus is not None
+    pci = node.pci_host()
+    ref = claim_for(node, "vm", "gpu-vfio-0")
+
+    async def body() -> None:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "dradriver", "gpu-kubelet-plugin", env=plugin_env(node), cwd=str(ROOT),
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+        try:
+            async with KubeletEmulator(node.config().kubelet_registrar_directory_path) as kubelet:
+                child = await kubelet.wait_for_plugin("gpu.nvidia.com", timeout=30)
+                assert (await child.prepare([ref]))[ref.uid].error == ""
+                node.pci_bus.inject("bind", GPU0)  # type: ignore[union-attr]
+                call = asyncio.create_task(child.unprepare([ref]))
+                await wait_for(lambda: pci.function(GPU0).driver is None
+                               and pci.function(GPU0).driver_override is None
+                               and "count\": 1" not in node.pci_bus.faults.read_text(), 30)  # type: ignore[union-attr]
+                proc.kill()
+                with pytest.raises(KubeletError):
+                    await call
+            assert await proc.wait() == -signal.SIGKILL
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        node.pci_bus.clear_faults()  # type: ignore[union-attr]
+        async with running(node.config(feature_gates=GATES)) as (plugin, kubelet):
+            assert plugin.state.get(ref.uid) is not None and pci.function(GPU0).driver is None  # the claim's own
+            assert await kubelet.unprepare([ref]) == {ref.uid: ""}
+            function = pci.function(GPU0)
+            assert (function.driver, function.driver_override) == ("nvidia", None)
+            await wait_for(lambda: "gpu-0" in published(node), 20)
+
+    asyncio.run(body())
