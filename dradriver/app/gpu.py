@@ -778,6 +778,7 @@ class _GpuStart:
         self.registry.subscribe(health.replace_inventory)
         self.metrics.attach_devices(health, claim_of=lambda device: self.runner.prepared_devices().get(device),
                                     dcgm_compatible=config.dcgm_compatible)
+        await asyncio.to_thread(self.swaps.wait_idle)  # a re-read after the start-up sweep re-initialises NVML
         if self.session.available:
             await self.life.step("health monitor", lambda: asyncio.to_thread(health.start),
                                  lambda _: asyncio.to_thread(health.stop))
