@@ -67,3 +67,34 @@ def test_a_claim_whose_gpus_form_no_partition_is_refused_naming_the_nearest(node
             assert await kubelet.unprepare([single]) == {single.uid: ""}
 
     asyncio.run(body())
+
+
+def test_the_gate_turned_off_deactivates_the_partition_of_a_claim_prepared_while_it_was_on(node: SandboxNode) -> None:
+    async def body() -> None:
+        async with running(node.config(feature_gates=GATES)) as (_plugin, kubelet):
+            ref = claim_for(node, "pair", "gpu-0", "gpu-2")
+            assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+        assert active_partitions(node) == {3}
+        async with running(node.config()) as (_plugin, kubelet):
+            assert "partition2" not in attributes(node, "gpu-0")
+            assert await kubelet.unprepare([ref]) == {ref.uid: ""}
+            assert active_partitions(node) == set()
+
+    asyncio.run(body())
+
+
+def test_vfio_devices_of_one_partition_activate_it_and_are_passed_through() -> None:
+    gates = fg.parse_feature_gates("FabricManagerPartitioning=true,PassthroughSupport=true")
+    with fm_node(pci_tree=True) as node:
+        async def body() -> None:
+            async with running(node.config(feature_gates=gates)) as (_plugin, kubelet):
+                assert attributes(node, "gpu-vfio-2")["partition2"] == 3
+                ref = claim_for(node, "vm", "gpu-vfio-0", "gpu-vfio-2")
+                assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+                assert active_partitions(node) == {3}
+                assert node.pci_host().function("0000:3a:00.0").driver == "vfio-pci"
+                assert await kubelet.unprepare([ref]) == {ref.uid: ""}
+                assert active_partitions(node) == set()
+                assert node.pci_host().function("0000:3a:00.0").driver == "nvidia"
+
+        asyncio.run(body())
