@@ -392,3 +392,29 @@ def test_a_plugin_sigkilled_while_giving_a_gpu_back_converges_at_the_retried_unp
             await wait_for(lambda: "gpu-0" in published(node), 20)
 
     asyncio.run(body())
+
+
+def test_after_a_restart_a_gpu_on_vfio_keeps_its_sibling_from_the_claims_record(node: SandboxNode) -> None:
+    """NVML does not list a GPU on vfio-pci at start: its ``gpu-vfio-<index>`` gets its parent from the stored VFIO
+    record, so ``gpu-0`` stays refused to another claim by name, and is published again after the unprepare."""
+    async def body() -> None:
+        async with running(node.config(feature_gates=GATES)) as (_plugin, kubelet):
+            vm = claim_for(node, "vm", "gpu-vfio-0")
+            assert (await kubelet.prepare([vm]))[vm.uid].error == ""
+        async with running(node.config(feature_gates=GATES)) as (plugin, kubelet):
+            [device] = [d for d in plugin.inventory.vfio if d.name == "gpu-vfio-0"]
+            assert (device.sibling, device.parent_uuid) == ("gpu-0", node_gpu_uuid(0))
+            assert "gpu-0" not in published(node)
+            pod = claim_for(node, "pod", "gpu-0")
+            assert "default/vm" in (await kubelet.prepare([pod]))[pod.uid].error
+            assert await kubelet.unprepare([vm]) == {vm.uid: ""}
+            await wait_for(lambda: "gpu-0" in published(node), 20)
+
+    asyncio.run(body())
+
+
+def node_gpu_uuid(minor: int) -> str:
+    from dradriver.nvml import mock
+
+    [uuid_] = [g["uuid"] for g in mock.resolved_gpus(mock.load_profile("dgx-h100")) if g["minorNumber"] == minor]
+    return str(uuid_)
