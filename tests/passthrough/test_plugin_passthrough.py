@@ -418,3 +418,25 @@ def node_gpu_uuid(minor: int) -> str:
 
     [uuid_] = [g["uuid"] for g in mock.resolved_gpus(mock.load_profile("dgx-h100")) if g["minorNumber"] == minor]
     return str(uuid_)
+
+
+def test_a_claim_of_two_vfio_devices_gets_the_env_and_the_api_device_once_and_each_its_group_node(
+        node: SandboxNode) -> None:
+    from tests.configs.helpers import entry, params
+    from tests.configs.test_plugin import allocate
+
+    async def body() -> None:
+        async with running(node.config(feature_gates=GATES)) as (plugin, kubelet):
+            config = entry(params("VfioDeviceConfig", iommu={"enableAPIDevice": True}))
+            ref = ref_of(allocate(node, "vms", [result("gpu-vfio-0"), result("gpu-vfio-1")], [config]))
+            assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+            spec = spec_of(node, ref)
+            groups = {d.name: d.function.iommu_group for d in plugin.inventory.vfio}
+            assert [[n["path"] for n in d["containerEdits"]["deviceNodes"]] for d in spec["devices"]] == [
+                [f"/dev/vfio/{groups['gpu-vfio-0']}"], [f"/dev/vfio/{groups['gpu-vfio-1']}"]]
+            assert spec["containerEdits"]["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
+            assert [n["path"] for n in spec["containerEdits"]["deviceNodes"]] == ["/dev/vfio/vfio"]
+            assert "mounts" not in spec["containerEdits"] and "hooks" not in spec["containerEdits"]
+            assert await kubelet.unprepare([ref]) == {ref.uid: ""}
+
+    asyncio.run(body())
