@@ -12,11 +12,12 @@ them: "Perform a Rolling Update on a DaemonSet" and the DaemonSet concept page's
   (rounded up); both 0 counts as ``maxUnavailable`` 1. ``OnDelete``: a template change replaces nothing, a Pod
   deleted by hand is recreated from the new template.
 * A pass without surge (:func:`rolling_update`) deletes every old Pod that is not available (nothing is lost by
-  replacing it; each counts as unavailable) and, while fewer than ``maxUnavailable`` nodes are unavailable (no Pod, a Pod being replaced, or an
-  updated Pod not yet available), old available Pods up to that budget; the controller's usual pass then creates
-  the updated Pod on each node left without one, and the next old Pod goes only once it is available. With surge,
-  the updated Pod is created beside the old one on up to ``maxSurge`` nodes at once (at once where the old one is
-  unavailable), and the old one is deleted as soon as its replacement is available.
+  replacing it; each counts as unavailable) and, while fewer than ``maxUnavailable`` nodes are unavailable (no
+  Pod, a Pod being replaced, or an updated Pod not yet available), old available Pods up to that budget; the
+  controller's usual pass then creates the updated Pod on each node left without one, and the next old Pod goes
+  only once it is available. With surge, the updated Pod is created beside the old one on up to ``maxSurge``
+  nodes at once (at once where the old one is unavailable), and the old one is deleted as soon as its replacement
+  is available.
 * A Pod is *available* once Ready for ``spec.minReadySeconds`` (default 0).
 
 What the sandbox does not keep: ControllerRevision objects and ``status.collisionCount`` (the hash is of the
