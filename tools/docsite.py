@@ -45,6 +45,9 @@ OTHER_VARIABLES: dict[str, str] = {
     "DRADRIVER_IMAGE_CDI_HOOK": "Where the plugin's image carries `nvidia-cdi-hook` (default "
                                 "`/usr/bin/nvidia-cdi-hook`), copied into the plugin directory when "
                                 "`NVIDIA_CDI_HOOK_PATH` is empty; the sandbox points it at a stand-in.",
+    "DRADRIVER_MODPROBE": "The command (words separated by spaces) a kernel module name is appended to when VFIO "
+                          "passthrough loads `vfio-pci` (gate PassthroughSupport); unset: `chroot <--host-root> "
+                          "modprobe`, as NVIDIA. The sandbox points it at its `modprobe` stand-in.",
     "DRADRIVER_NO_EXTENSIONS": "`1` runs the pure-Python twins of the compiled modules (`nvmlpoll`, `cdispec`, "
                                "`claimstore`) instead of the extensions; without it a missing extension is a "
                                "start-up error.",

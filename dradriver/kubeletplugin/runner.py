@@ -292,6 +292,16 @@ class BatchRunner:
     :param refuse_device: why a claim not prepared yet may not be prepared on a device now (DRA device name,
         registry entry -> reason, ``""`` when it may; the GPU plugin: its per-node device policy). A prepared
         claim is answered from the claim state without asking.
+    :param sibling_of: DRA device name -> the name of the other device that is the same hardware (a GPU's
+        ``gpu-<minor>`` and its VFIO ``gpu-vfio-<index>``), ``None`` when it has none. Both may be allocated, to
+        two claims, before either is prepared (the pool withdraws a sibling only once one is held), so a claim
+        whose device's sibling another claim holds (completed or in progress, by this or another plugin
+        instance: the claim state's holder index under its lock), or that asks for both, is refused before
+        anything is recorded, naming both devices and the other claim.
+
+    A preparer may give the spec-level edits of its claims itself (``claim_edits(ref, plans, records)``: the VFIO
+    preparer's env and API device, once per claim): when every device of a claim is of such kinds they replace
+    :attr:`spec_edits` (the driver's user space), else they are added to them.
     """
 
     def __init__(
@@ -324,6 +334,7 @@ class BatchRunner:
         device_metadata: DeviceMetadataFiles | None = None,
         refuse_device: Callable[[str, object], str] | None = None,
         claim_steps: Sequence[ClaimStep] = (),
+        sibling_of: Callable[[str], str | None] | None = None,
     ) -> None:
         kinds = [p.kind for p in preparers] + [s.kind for s in sharing] + [c.kind for c in claim_steps] \
             + [u.kind for u in undo_only]
@@ -377,6 +388,7 @@ class BatchRunner:
         self.driver_unavailable = driver_unavailable
         self.driver_kinds = frozenset(driver_kinds)
         self.refuse_device = refuse_device
+        self.sibling_of = sibling_of
         self._allocations: dict[str, str] = {}
         """Claim UID -> :func:`allocation_digest` of claims with a prepare in flight (with ``aborted_ttl_s``): the
         allocation an aborted mark records when the claim has no STARTED record (it is between two attempts)."""
@@ -829,6 +841,8 @@ class BatchRunner:
         results: dict[str, list[AllocationResult]] = {}
         entries: dict[str, object] = {}
         preparers: dict[str, DevicePreparer] = {}
+        if self.sibling_of is not None:
+            self._refuse_if_sibling_held(ref, [r.device for r in claim.results if not r.admin_access])
         for i, result in enumerate(claim.results):
             device = self.registry.get(result.device)
             if device is None:
@@ -895,6 +909,30 @@ class BatchRunner:
             if callable(holds):  # held beside the allocated device, never answered to the kubelet
                 held.extend(HeldDevice(request_names=(), pool=self.pool, device=name) for name in holds(plan))
         return _Work(claim, held, plans, groups, stale=[])
+
+    def _refuse_if_sibling_held(self, ref: ClaimRef, devices: Sequence[str]) -> None:
+        """Refuse a claim asking for a device whose sibling (:attr:`sibling_of`) it asks for too, or another claim
+        holds (state lock held by the caller). Checked before the devices are looked up: a GPU passed through has
+        left NVML, so its ``gpu-<minor>`` is not in the registry while its sibling is held.
+
+        :raises ClaimError: naming both devices and the other claim.
+        """
+        assert self.sibling_of is not None
+        asked = set(devices)
+        for name in dict.fromkeys(devices):
+            sibling = self.sibling_of(name)
+            if sibling is None:
+                continue
+            if sibling in asked:
+                raise ClaimError(ref, f"devices {name!r} and {sibling!r} are the same GPU (its full GPU and its VFIO "
+                                      "passthrough device); a claim cannot hold both")
+            holder = self.state.holder(self.pool, sibling)
+            if holder is not None and holder != ref.uid:
+                other = self.state.get(holder)
+                who = f"{other.namespace}/{other.name} (uid {holder})" if other and other.name else f"uid {holder}"
+                raise ClaimError(ref, f"device {name!r} is the same GPU as device {sibling!r}, which is prepared for "
+                                      f"claim {who}; not preparing it while that claim holds the GPU (the claim "
+                                      "can be prepared once the other is unprepared)")
 
     def _refuse_if_shared(self, ref: ClaimRef, plan: DevicePlan) -> None:
         """Refuse to hand a device exclusively to ``ref`` while other claims hold consumable shares of it (shares
@@ -1067,12 +1105,28 @@ class BatchRunner:
                     return bytes(rendered)
         try:
             devices = self._device_edits(ref, plans, records)
-            spec_edits = self.spec_edits()
+            spec_edits = self._claim_spec_edits(ref, plans, records)
         except cdi.DeviceNodeError as exc:
             raise cdi.DeviceNodeError(f"claim {ref.uid}: CDI spec: {exc}") from exc
         if metadata:
             devices = [(name, edits + metadata[name] if name in metadata else edits) for name, edits in devices]
         return cdi.render_claim_spec(self.identity.cdi, ref.uid, devices, spec_edits)
+
+    def _claim_spec_edits(self, ref: ClaimRef, plans: Sequence[DevicePlan],
+                          records: Sequence[UndoRecord]) -> cdi.ContainerEdits:
+        """The claim's spec-level edits: the plugin's (:attr:`spec_edits`), replaced by (every kind of the claim
+        gives them) or joined with its preparers' ``claim_edits``."""
+        own = cdi.ContainerEdits()
+        every = True
+        for kind in dict.fromkeys(p.kind for p in plans):
+            claim_edits = getattr(self._preparer(kind), "claim_edits", None)
+            if callable(claim_edits):
+                own = own + claim_edits(ref, [p for p in plans if p.kind == kind], records)
+            else:
+                every = False
+        if every and plans:
+            return own
+        return self.spec_edits() + own
 
     def _delete_spec(self, uid: str, *, clean_temp: bool = True) -> None:
         """Delete the claim's CDI spec, then the device metadata files it mounted."""
@@ -1692,6 +1746,12 @@ class BatchRunner:
         log.error("claim state lost claim %s; adopted it from its CDI spec (devices %s) until it is unprepared",
                   uid, ", ".join(devices))
         return True
+
+    def between_batches(self) -> FairLock:
+        """The runner's lock, as a context manager: held, no prepare or unprepare chunk of this instance runs (the
+        GPU plugin re-initialises NVML under it after VFIO passthrough moved a GPU between drivers, so no apply
+        uses a handle meanwhile). Never take it in a preparer's call (it is held there)."""
+        return self._lock
 
     def prepared_devices(self) -> PreparedDevices:
         """DRA device name -> ``(claim namespace, claim name)`` of every completed claim holding it, sorted (metrics
