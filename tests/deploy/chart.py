@@ -177,12 +177,12 @@ def passthrough_volumes(v: Mapping[str, Any]) -> tuple[list[dict[str, Any]], lis
     ``/host-root``, read-only, HostToContainer; ``/sys/`` and ``/proc/`` Bidirectional); none without it."""
     if not v["featureGates"].get("PassthroughSupport"):
         return [], []
-    mounts = [
+    mounts: list[dict[str, Any]] = [
         {"name": "host-root", "mountPath": "/host-root", "mountPropagation": "HostToContainer", "readOnly": True},
         {"name": "sysfs", "mountPath": "/sys/", "mountPropagation": "Bidirectional"},
         {"name": "procfs", "mountPath": "/proc/", "mountPropagation": "Bidirectional"},
     ]
-    volumes = [{"name": name, "hostPath": {"path": path, "type": "Directory"}}
+    volumes: list[dict[str, Any]] = [{"name": name, "hostPath": {"path": path, "type": "Directory"}}
                for name, path in (("host-root", "/"), ("sysfs", "/sys/"), ("procfs", "/proc/"))]
     return mounts, volumes
 
