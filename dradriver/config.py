@@ -31,6 +31,9 @@ from dradriver.host.mounts import MountCommands
 from dradriver.logs import LoggingConfig
 
 IMAGE_CDI_HOOK_ENV = "DRADRIVER_IMAGE_CDI_HOOK"
+MODPROBE_ENV = "DRADRIVER_MODPROBE"
+"""Not a flag: the command (space-separated words) a kernel module name is appended to for VFIO passthrough; the
+sandbox gives its ``modprobe`` stand-in. Unset: ``chroot <host root> modprobe``, as NVIDIA."""
 """Where the image carries ``nvidia-cdi-hook`` when not at ``/usr/bin/nvidia-cdi-hook`` (another image layout,
 the sandbox and tests running the command outside the image)."""
 
@@ -495,6 +498,10 @@ class PluginConfig:
     image_pull_policy: str = ""
     service_account_name: str = ""
     host_root: Path = Path("/host-root")
+    modprobe: tuple[str, ...] = ()
+    """The command a kernel module name is appended to (gate ``PassthroughSupport``); empty: ``chroot <host root>
+    modprobe``, as NVIDIA. Not a flag: ``DRADRIVER_MODPROBE`` (:data:`MODPROBE_ENV`) sets it, the sandbox gives a
+    stand-in."""
     alt_proc_devices_path: str = ""
     kube_api_qps: float = -1.0
     kube_api_burst: int = 10
@@ -680,6 +687,7 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         image_pull_policy=_pull_policy(args.image_pull_policy),
         service_account_name=args.service_account_name,
         host_root=Path(args.host_root),
+        modprobe=tuple(os.environ.get(MODPROBE_ENV, "").split()),
         alt_proc_devices_path=args.alt_proc_devices_path,
         kube_api_qps=float(args.kube_api_qps),
         kube_api_burst=_burst(args.kube_api_burst),
@@ -868,10 +876,13 @@ NVIDIA_ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
     EnvironmentVariable("NVIDIA_DRA_TEST_FORCE_GPU_ARCH", "NVIDIA's test hook forcing its DynamicMIG Ampere "
                         "path (no MIG toggle without a reset); dradriver's DynamicMIG takes each GPU's architecture "
                         "from NVML (the mock NVML profiles provide Ampere nodes), so it has no effect (warned).", True),
-    EnvironmentVariable("NVIDIA_FABRICMANAGER_ADDRESS", "Used by NVIDIA only with the gate "
-                        "FabricManagerPartitioning, which dradriver does not implement: no effect (warned).", True),
-    EnvironmentVariable("NVIDIA_FABRICMANAGER_UNIX_SOCKET", "As NVIDIA_FABRICMANAGER_ADDRESS: no effect "
-                        "(warned).", True),
+    EnvironmentVariable("NVIDIA_FABRICMANAGER_ADDRESS", "With the gate FabricManagerPartitioning, the Fabric "
+                        "Manager's TCP address `a.b.c.d[:port]` (port 6666 by default), used when "
+                        "NVIDIA_FABRICMANAGER_UNIX_SOCKET is unset; unset: the Unix socket "
+                        "`<driver root>/run/nvidia-fabricmanager/socket`, as NVIDIA."),
+    EnvironmentVariable("NVIDIA_FABRICMANAGER_UNIX_SOCKET", "With the gate FabricManagerPartitioning, the Fabric "
+                        "Manager's Unix socket path, taken as given (default `<driver root>/run/nvidia-"
+                        "fabricmanager/socket`); it wins over NVIDIA_FABRICMANAGER_ADDRESS."),
 )
 
 

@@ -19,6 +19,10 @@ from setuptools.command.build_ext import build_ext
 MOCK_NVML_EXTENSION = "dradriver.nvml._mock.libnvidia_ml"
 """The mock NVML C library (``ext/mocknvml/``); built as ``dradriver/nvml/_mock/libnvidia-ml.so.1``."""
 MOCK_NVML_FILENAME = "libnvidia-ml.so.1"
+MOCK_NVFM_EXTENSION = "dradriver.host._mock.libnvfm"
+"""The mock Fabric Manager SDK library (``ext/mocknvfm/``); built as ``dradriver/host/_mock/libnvfm.so.1``."""
+MOCK_NVFM_FILENAME = "libnvfm.so.1"
+_MOCK_LIBRARIES = {MOCK_NVML_EXTENSION: MOCK_NVML_FILENAME, MOCK_NVFM_EXTENSION: MOCK_NVFM_FILENAME}
 
 CYTHON_MODULES: list[str] = [
     "nvmlpoll",
@@ -73,37 +77,53 @@ def _mock_nvml_extension(*, debug: bool) -> Extension:
     )
 
 
+def _mock_nvfm_extension(*, debug: bool) -> Extension:
+    """The mock ``libnvfm.so.1`` (NVIDIA's Fabric Manager SDK ABI): plain C, no Python API, SONAME ``libnvfm.so.1``."""
+    return Extension(
+        MOCK_NVFM_EXTENSION,
+        sorted(str(p) for p in Path("ext/mocknvfm").glob("*.c")),
+        include_dirs=["ext/mocknvfm"],
+        extra_compile_args=["-std=gnu11", "-fvisibility=hidden", "-Wall", "-Wextra"]
+        + (["-O0", "-g"] if debug else ["-O2"]),
+        extra_link_args=[f"-Wl,-soname,{MOCK_NVFM_FILENAME}", "-Wl,-Bsymbolic", "-pthread"],
+    )
+
+
 def extensions(*, no_extensions: bool, debug: bool) -> list[Extension]:
     """Return every extension to build.
 
-    :param no_extensions: skip the Cython hot paths (the mock NVML library is always built: tests need it).
+    :param no_extensions: skip the Cython hot paths (the mock NVML and Fabric Manager libraries are always built:
+        tests need them).
     :param debug: compile with ``-O0 -g``.
     """
-    exts: list[Extension] = [_mock_nvml_extension(debug=debug)]
+    exts: list[Extension] = [_mock_nvml_extension(debug=debug), _mock_nvfm_extension(debug=debug)]
     if not no_extensions:
         exts.extend(_cython_extensions(debug=debug))
     return exts
 
 
 class BuildExt(build_ext):
-    """``build_ext`` that names the mock NVML library ``libnvidia-ml.so.1`` (no Python extension suffix).
+    """``build_ext`` that names the mock libraries ``libnvidia-ml.so.1`` and ``libnvfm.so.1`` (no Python extension
+    suffix).
 
     Both the in-place (editable install) and the wheel paths go through :meth:`get_ext_filename`, so the file
     lands in ``dradriver/nvml/_mock/`` in either case.
     """
 
     def get_ext_filename(self, fullname: str) -> str:
-        if fullname == MOCK_NVML_EXTENSION:
-            return os.path.join(*fullname.split(".")[:-1], MOCK_NVML_FILENAME)
-        if fullname == MOCK_NVML_EXTENSION.rsplit(".", 1)[1]:
-            return MOCK_NVML_FILENAME
+        for extension, filename in _MOCK_LIBRARIES.items():
+            if fullname == extension:
+                return os.path.join(*fullname.split(".")[:-1], filename)
+            if fullname == extension.rsplit(".", 1)[1]:
+                return filename
         result: str = super().get_ext_filename(fullname)
         return result
 
     def copy_extensions_to_source(self) -> None:
-        # the mock's directory holds no Python module, so nothing else creates it before the in-place copy
-        package = MOCK_NVML_EXTENSION.rsplit(".", 1)[0]
-        Path(self.get_finalized_command("build_py").get_package_dir(package)).mkdir(parents=True, exist_ok=True)
+        # the mocks' directories hold no Python module, so nothing else creates them before the in-place copy
+        for extension in _MOCK_LIBRARIES:
+            package = extension.rsplit(".", 1)[0]
+            Path(self.get_finalized_command("build_py").get_package_dir(package)).mkdir(parents=True, exist_ok=True)
         super().copy_extensions_to_source()
 
 

@@ -21,9 +21,11 @@ The ``gpu-kubelet-plugin`` command serves the gRPC sockets first instead
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,19 +33,25 @@ from dradriver import _native
 from dradriver.app import assembly
 from dradriver.config import PluginConfig
 from dradriver.domain import cdi, configs, mps, nodeallocatable, partitions, pools
+from dradriver.domain.claims import ClaimRef
 from dradriver.domain.devices import DeviceIndex, DriverVersions, NodeInventory
 from dradriver.domain.faults import DEFAULT_IGNORED_XIDS
-from dradriver.domain.featuregates import DYNAMIC_MIG, MPS_SUPPORT
+from dradriver.domain.featuregates import DYNAMIC_MIG, FABRIC_MANAGER_PARTITIONING, MPS_SUPPORT, PASSTHROUGH_SUPPORT
+from dradriver.domain.fmpartitions import with_partitions
 from dradriver.domain.identity import GPU_DRIVER, DriverIdentity
 from dradriver.domain.migplacements import dynamic_index
-from dradriver.domain.ports import SharingStep
+from dradriver.domain.passthrough import vfio_devices
+from dradriver.domain.ports import ClaimStep, SharingStep, UndoRecord
 from dradriver.domain.registry import DeviceRegistry
+from dradriver.errors import DradriverError
 from dradriver.health.metrics import DriverMetrics, MetricsServer
 from dradriver.health.monitor import HealthMonitor
 from dradriver.host import driverfiles
+from dradriver.host import fabricmanager as fabric
 from dradriver.host.claimstate import ClaimState, ClaimStateProblem
 from dradriver.host.devicenodes import DeviceNodeInfo, EditsCache, read_identities
 from dradriver.host.nvidiasmi import find_nvidia_smi
+from dradriver.host.pci import PciError, PciHost
 from dradriver.kube import errors as kube_errors
 from dradriver.kube import nodes as kube_nodes
 from dradriver.kube import version
@@ -60,15 +68,20 @@ from dradriver.kubeletplugin.refresher import DeviceRefresher
 from dradriver.kubeletplugin.runner import BatchRunner, RecoveryReport, all_undo_records
 from dradriver.nvml import discovery
 from dradriver.nvml import settings as nvml_settings
+from dradriver.nvml.errors import NvmlError
 from dradriver.nvml.mig import MigControl
 from dradriver.nvml.session import NvmlSession
 from dradriver.preparers import gpu as gpu_preparers
 from dradriver.preparers.dynamicmig import KIND as DYNAMIC_MIG_KIND
 from dradriver.preparers.dynamicmig import DynamicMigPreparer
+from dradriver.preparers.fabricpartition import KIND as FM_PARTITION_KIND
+from dradriver.preparers.fabricpartition import FabricPartitionStep
 from dradriver.preparers.gpu import FullGpuPreparer, StaticMigPreparer
 from dradriver.preparers.mps import ControlDaemons, MpsSharing
 from dradriver.preparers.shares import ShareDaemons, SharedDevicePreparer
 from dradriver.preparers.sharing import TimeSlicing, default_steps
+from dradriver.preparers.vfio import KIND as VFIO_KIND
+from dradriver.preparers.vfio import VfioPreparer
 from dradriver.server import Servers
 from dradriver.server.deferred import EarlyServers
 
@@ -156,15 +169,20 @@ def driver_edits(config: PluginConfig, driver_version: str) -> cdi.ContainerEdit
 
 
 def read_driver(session: NvmlSession, config: PluginConfig,
-                driver_root: driverfiles.DriverRootEdits | None = None) -> tuple[NodeInventory, cdi.ContainerEdits]:
-    """What the plugin needs from an available driver: this node's devices (:func:`discover`) and the spec-level
-    edits of the driver's user space (:func:`driver_edits`; through ``driver_root``, which watches them from then
-    on, when given), at start or when a driver that was absent is back.
+                driver_root: driverfiles.DriverRootEdits | None = None,
+                extend: Callable[[NodeInventory], NodeInventory] | None = None,
+                ) -> tuple[NodeInventory, cdi.ContainerEdits]:
+    """What the plugin needs from an available driver: this node's devices (:func:`discover`, then ``extend``:
+    :meth:`HostDevices.extend`) and the spec-level edits of the driver's user space (:func:`driver_edits`; through
+    ``driver_root``, which watches them from then on, when given), at start or when a driver that was absent is
+    back.
 
     :raises driverfiles.DriverFilesError: the driver root does not hold the driver NVML reports.
     :raises dradriver.nvml.errors.NvmlError: discovery failed.
     """
     inventory = discover(session, config)
+    if extend is not None:
+        inventory = extend(inventory)
     if config.feature_gates.dynamic_mig:  # the gate on: every eligible GPU offers its placements
         log.info("DynamicMIG: %d MIG placement(s) on %d GPU(s)", len(inventory.placements),
                  len({p.parent.uuid for p in inventory.placements}))
@@ -279,6 +297,100 @@ def discover(session: NvmlSession, config: PluginConfig) -> NodeInventory:
     return inventory
 
 
+def pci_host(config: PluginConfig) -> PciHost:
+    """The node's PCI side for VFIO passthrough: ``--sysfs-root``, ``--dev-root``, ``--proc-root``, and modules
+    loaded by ``chroot <--host-root> modprobe`` (NVIDIA's ``cmd/gpu-kubelet-plugin/vfio-device.go``; the
+    ``DRADRIVER_MODPROBE`` command instead when set), whose installed modules are read under ``--host-root``."""
+    return PciHost(sysfs_root=config.sysfs_root, dev_root=config.dev_root, proc_root=config.proc_root,
+                   modprobe=config.modprobe or ("chroot", str(config.host_root), "modprobe"),
+                   modules_root=config.host_root)
+
+
+def check_passthrough_host(config: PluginConfig, host: PciHost) -> None:
+    """The start requirements of the ``PassthroughSupport`` gate, as NVIDIA's plugin checks them
+    (``cmd/gpu-kubelet-plugin/vfio-device.go``): the host's ``/`` mounted at ``--host-root`` (``modprobe`` runs
+    chrooted there), and the IOMMU on (``<sysfs>/kernel/iommu_groups`` not empty; the kernel's
+    ``Documentation/ABI/testing/sysfs-kernel-iommu_groups``).
+
+    :raises DradriverError: naming the path that is missing or empty.
+    """
+    if not config.host_root.is_dir():
+        raise DradriverError(f"PassthroughSupport: --host-root {config.host_root} does not exist (the host's / must "
+                             "be mounted there: kernel modules are loaded by chroot into it)")
+    if not host.iommu_enabled():
+        raise DradriverError(f"PassthroughSupport: {host.sysfs_root / 'kernel' / 'iommu_groups'} is missing or empty: "
+                             "the IOMMU is off on this node (enable it in the firmware and on the kernel command line, "
+                             "e.g. intel_iommu=on or amd_iommu=on), or turn the gate off")
+
+
+def known_vfio_parents(records: Iterable[UndoRecord]) -> dict[str, tuple[int, str]]:
+    """PCI address -> (minor, GPU UUID) of each GPU a stored VFIO undo record says it passed through (the GPU has
+    left NVML; its ``gpu-vfio-<index>`` keeps its sibling ``gpu-<minor>``)."""
+    out: dict[str, tuple[int, str]] = {}
+    for record in records:
+        if record.kind != VFIO_KIND:
+            continue
+        address, minor, uuid = (record.data.get(k) for k in ("address", "minor", "uuid"))
+        if isinstance(address, str) and isinstance(minor, int) and isinstance(uuid, str):
+            out[address] = (minor, uuid)
+    return out
+
+
+@dataclass
+class HostDevices:
+    """What the host adds to NVML's devices at each discovery: each GPU's Fabric Manager partition IDs
+    (``FabricManagerPartitioning``, only where Fabric Manager is detected: :func:`dradriver.host.fabricmanager.
+    open_client`) and the ``gpu-vfio-<index>`` devices from the PCI functions (``PassthroughSupport``).
+
+    :param pci: the PCI side (``None``: no VFIO devices).
+    :param fm: the Fabric Manager client (``None``: no partitions).
+    :param known: the parents the stored VFIO undo records know (:func:`known_vfio_parents`).
+    :param last: the registry's snapshot before this discovery: a GPU on vfio keeps the parent, module ID and
+        partitions it had while NVML listed it.
+    """
+
+    pci: PciHost | None = None
+    fm: fabric.FabricManagerClient | None = None
+    known: Callable[[], Mapping[str, tuple[int, str]]] = dict
+    last: Callable[[], NodeInventory | None] = lambda: None
+
+    def extend(self, inventory: NodeInventory) -> NodeInventory:
+        """``inventory`` with partitions and VFIO devices. Fabric Manager or sysfs failing is logged, and the
+        devices are published without what it would give."""
+        if self.fm is not None:
+            try:
+                inventory = with_partitions(inventory, self.fm.partitions())
+            except fabric.FabricManagerError as exc:
+                log.error("Fabric Manager partitions not read (GPUs published without partition<N>): %s", exc)
+        if self.pci is None:
+            return inventory
+        try:
+            functions = self.pci.functions()
+        except PciError as exc:
+            log.error("PCI functions not read (no VFIO devices published): %s", exc)
+            return dataclasses.replace(inventory, vfio=())
+        last = self.last()
+        parents: dict[str, tuple[int, str]] = {}
+        module_ids: dict[str, int] = {}
+        partitions: dict[str, dict[int, int]] = {}
+        for before in (last.vfio if last is not None else ()):
+            address = before.function.address
+            if before.parent_minor is not None and before.parent_uuid is not None:
+                parents[address] = (before.parent_minor, before.parent_uuid)
+            if before.module_id is not None:
+                module_ids[address] = before.module_id
+            if before.partitions:
+                partitions[address] = dict(before.partitions)
+        parents.update(self.known())
+        for gpu in inventory.gpus:
+            if gpu.module_id is not None:
+                module_ids[gpu.pci_bus_id] = gpu.module_id
+            partitions[gpu.pci_bus_id] = dict(gpu.partitions)
+        vfio = vfio_devices(functions, inventory.gpus, iommufd=self.pci.iommufd_available(), module_ids=module_ids,
+                            partitions=partitions, known_parents=parents)
+        return dataclasses.replace(inventory, vfio=vfio)
+
+
 async def open_node_policy(identity: DriverIdentity, config: PluginConfig,
                            connection: assembly.Connection) -> NodePolicyWatch:
     """Start step: the policy the Node read at start asks for (:class:`NodePolicyWatch`, not watching yet)."""
@@ -372,6 +484,11 @@ class _GpuStart:
     refusal: Callable[[], str]
     metrics_server: MetricsServer | None
     servers: Servers
+    host_devices: HostDevices
+    pci: PciHost
+    fm: fabric.FabricManagerClient | None
+    swaps: DeviceRefresher
+    """Re-reads the devices with NVML initialised anew after VFIO passthrough moved a GPU between drivers."""
 
     def __init__(self, identity: DriverIdentity, config: PluginConfig, life: Lifecycle) -> None:
         self.identity, self.config, self.life = identity, config, life
@@ -387,16 +504,41 @@ class _GpuStart:
         self.session = session
         dynamic_mig = config.feature_gates.dynamic_mig
         self.mig_control = MigControl(session) if dynamic_mig else None
+        self.host_devices = await asyncio.to_thread(self._host_devices)
         # the driver's files, found again when the driver root changes under the same version
         self.driver_root = driverfiles.DriverRootEdits(config.container_driver_root,
                                                        lambda version: driver_edits(config, version))
         if session.available:
-            inventory, _ = await asyncio.to_thread(read_driver, session, config, self.driver_root)
+            inventory, _ = await asyncio.to_thread(read_driver, session, config, self.driver_root,
+                                                   self.host_devices.extend)
         else:  # no devices and no driver files until the driver is back (DriverWatch)
             await assembly.report_unavailable(identity, config, self.connection, session)
             inventory = NodeInventory(versions=DriverVersions("", 0), gpus=())
         self.registry = DeviceRegistry(
             inventory, dynamic_index if dynamic_mig else (lambda inv: DeviceIndex.build(inv).by_name))
+        registry = self.registry
+        self.host_devices.last = lambda: registry.snapshot
+
+    def _host_devices(self) -> HostDevices:
+        """The PCI side (``PassthroughSupport``: its start requirements checked first) and the Fabric Manager
+        client (``FabricManagerPartitioning``, when Fabric Manager is detected) discovery extends NVML's devices
+        with.
+
+        :raises DradriverError: :func:`check_passthrough_host`.
+        """
+        config = self.config
+        gates = config.feature_gates
+        self.pci = pci_host(config)
+        if gates.passthrough_support:
+            check_passthrough_host(config, self.pci)
+        self.fm = fabric.open_client(config.container_driver_root, proc_root=config.proc_root,
+                                     sysfs_root=config.sysfs_root, environ=os.environ)
+        if gates.fabric_manager_partitioning and self.fm is None:
+            log.info("FabricManagerPartitioning: no NVSwitch fabric under %s or no libnvfm.so.1 under %s: GPUs are "
+                     "published without partitions and claims activate none", config.proc_root,
+                     config.container_driver_root)
+        return HostDevices(pci=self.pci if gates.passthrough_support else None,
+                           fm=self.fm if gates.fabric_manager_partitioning else None)
 
     async def check_cdi_hook(self) -> None:
         """The CDI hook the claim specs name (:func:`assembly.check_cdi_hook`)."""
@@ -422,6 +564,10 @@ class _GpuStart:
         """The claim state (:func:`assembly.open_claim_state`)."""
         self.state, self.problems = await assembly.open_claim_state(self.life, self.identity, self.config,
                                                                     self.connection)
+        state = self.state
+        self.host_devices.known = lambda: known_vfio_parents(all_undo_records(state))
+        if self.host_devices.pci is not None and self.session.available:  # GPUs on vfio get their stored parents
+            self.registry.replace(await asyncio.to_thread(self.host_devices.extend, self.registry.snapshot))
 
     def build_runner(self) -> None:
         """The batch runner over the device preparers and sharing steps, with the driver watch it asks, the device
@@ -446,6 +592,7 @@ class _GpuStart:
         self.gates_off: list[tuple[str, str]] = []  # (gate, record kind) of each undo-only part
         preparers = self._device_preparers(undo_only)
         steps = self._sharing_steps(undo_only)
+        claim_steps = self._claim_steps(undo_only)
         shares = SharedDevicePreparer(
             config.consumable_shares, self.nodes,
             ShareDaemons(control_daemons(config, self.connection.client, session, shares=True)),
@@ -461,31 +608,110 @@ class _GpuStart:
             select_configs=lambda claim, devices: configs.select_configs(claim, devices, config.feature_gates),
             spec_edits=lambda: spec_level_edits(self.edits_cache, self.nodes, registry, self.driver_root),
             metrics=self.metrics, prepare_deadline_s=float(config.prepare_deadline_seconds),
-            on_prepared=self.status_writer.prepared, on_unprepared=self.status_writer.unprepared,
+            on_prepared=self._prepared, on_unprepared=self._unprepared,
             driver_unavailable=lambda: watch.departing() or devices_unknown(session, registry),
             driver_kinds=(DYNAMIC_MIG_KIND, TimeSlicing.kind),
             device_metadata=assembly.device_metadata_files(identity, config, self.plugin_ref),
             refuse_device=self.node_policy.refusal,
+            claim_steps=claim_steps,
+            sibling_of=self._sibling_of if config.feature_gates.passthrough_support else None,
         )
         self.life.on_stop("batch runner", self.runner.close)
 
+    def _claim_steps(self, undo_only: list[Any]) -> tuple[ClaimStep, ...]:
+        """The Fabric Manager partition step (``FabricManagerPartitioning`` with Fabric Manager detected; undo only
+        without the gate, where Fabric Manager is detected)."""
+        if self.fm is None:
+            return ()
+        step = FabricPartitionStep(self.fm)
+        if self.config.feature_gates.fabric_manager_partitioning:
+            return (step,)
+        undo_only.append(step)
+        self.gates_off.append((FABRIC_MANAGER_PARTITIONING, FM_PARTITION_KIND))
+        return ()
+
+    def _sibling_of(self, name: str) -> str | None:
+        """The other device of the same GPU (``gpu-<minor>`` <-> ``gpu-vfio-<index>``), from the registry now."""
+        for device in self.registry.snapshot.vfio:
+            if device.name == name:
+                return device.sibling
+            if device.sibling == name:
+                return device.name
+        return None
+
+    def _mig_enabled(self, uuid: str) -> bool:
+        """The GPU's current MIG mode from NVML (a GPU NVML does not list now is not in MIG mode)."""
+        try:
+            return MigControl(self.session).mig_mode(uuid)[0] == 1
+        except NvmlError:
+            return False
+
+    def _prepared(self, ref: ClaimRef, records: Sequence[UndoRecord]) -> None:
+        self.status_writer.prepared(ref, records)
+        if any(r.kind == VFIO_KIND for r in records):
+            self._held_changed()
+
+    def _unprepared(self, ref: ClaimRef, records: Sequence[UndoRecord]) -> None:
+        self.status_writer.unprepared(ref, records)
+        if any(r.kind == VFIO_KIND for r in records):
+            self._held_changed()
+
+    def _held_changed(self) -> None:
+        """After a VFIO claim was prepared or unprepared: the health monitor's passed-through GPUs and the pool's
+        withdrawn siblings follow the devices the runner's claims hold now."""
+        held = self.runner.prepared_devices()
+        health: HealthMonitor | None = getattr(self, "health", None)
+        if health is not None:
+            health.set_held(held)
+        if self.plugin_ref and getattr(self, "publisher", None) is not None:
+            self._republish_if_changed(self.plugin_ref[0])
+
+    @contextlib.contextmanager
+    def _nvml_reopened(self) -> Iterator[None]:
+        """Around the discovery after VFIO passthrough moved a GPU between drivers: between two batches of the
+        runner, the health monitor stopped (its NVML handles die with the initialisation), NVML initialised anew
+        (it lists the GPUs the ``nvidia`` driver holds at ``nvmlInit``, :meth:`NvmlSession.reinit`); then the
+        monitor restarted over the new devices and the withdrawn siblings republished."""
+        health: HealthMonitor | None = getattr(self, "health", None)
+        with self.runner.between_batches():
+            running = health is not None and health.running
+            if health is not None and running:
+                health.stop()
+            try:
+                self.session.reinit(nvml_library(self.config))
+                yield
+            finally:
+                if health is not None and running and self.session.available:
+                    health.start()
+        self._held_changed()
+
     def _device_preparers(self, undo_only: list[Any]) -> tuple[Any, ...]:
-        """Full GPUs and static MIG devices, and dynamic MIG with its device refresher (undo only without the gate)."""
-        session, registry, nodes = self.session, self.registry, self.nodes
+        """Full GPUs and static MIG devices, dynamic MIG with its device refresher and VFIO passthrough with its
+        own (each undo only without its gate)."""
+        session, registry, nodes, extend = self.session, self.registry, self.nodes, self.host_devices.extend
         preparers: tuple[Any, ...] = (FullGpuPreparer(nodes, self.edits_cache),
                                       StaticMigPreparer(nodes, self.edits_cache))
         self.refresher = None
         if self.mig_control is not None:
-            self.refresher = refresh = DeviceRefresher(session, self.config, registry, self.mig_control)
+            self.refresher = refresh = DeviceRefresher(session, self.config, registry, self.mig_control,
+                                                       extend=extend)
             self.life.on_stop("device refresher", refresh.close)
             preparers += (DynamicMigPreparer(self.mig_control, nodes, lambda: registry.snapshot.gpus,
                                              on_change=refresh),)
         else:
-            reread = DeviceRefresher(session, self.config, registry, placements=False)
+            reread = DeviceRefresher(session, self.config, registry, placements=False, extend=extend)
             self.life.on_stop("device refresher", reread.close)
             undo_only.append(DynamicMigPreparer(MigControl(session), nodes, lambda: registry.snapshot.gpus,
                                                 on_change=reread))
             self.gates_off.append((DYNAMIC_MIG, DYNAMIC_MIG_KIND))
+        # A GPU moved between nvidia and vfio: NVML enumerates anew, the devices are read again and republished.
+        self.swaps = swaps = DeviceRefresher(session, self.config, registry, placements=False, extend=extend,
+                                             reopen=self._nvml_reopened)  # stopped before the health monitor
+        if self.config.feature_gates.passthrough_support:
+            preparers += (VfioPreparer(self.pci, mig_enabled=self._mig_enabled, on_change=swaps),)
+        else:
+            undo_only.append(VfioPreparer(self.pci, on_change=swaps))
+            self.gates_off.append((PASSTHROUGH_SUPPORT, VFIO_KIND))
         return preparers
 
     def _sharing_steps(self, undo_only: list[Any]) -> list[SharingStep]:
@@ -554,6 +780,7 @@ class _GpuStart:
                                  lambda _: asyncio.to_thread(health.stop))
         else:  # started by the driver's return
             self.life.on_stop("health monitor", lambda: asyncio.to_thread(health.stop))
+        self.life.on_stop("VFIO device refresher", self.swaps.close)  # stopped before the monitor it restarts
 
     def _nvml_failed(self, code: int) -> None:
         self.metrics.count_nvml_error(code)
@@ -572,7 +799,7 @@ class _GpuStart:
         health monitor, run the kept undo and rewrite the prepared claims' specs for the driver's files."""
         before = self.detector.version
         self.edits_cache.clear()
-        inventory, _ = read_driver(self.session, self.config, self.driver_root)
+        inventory, _ = read_driver(self.session, self.config, self.driver_root, self.host_devices.extend)
         self.registry.replace(inventory)  # the health monitor, the publisher and the refresher follow
         self.detector.remember()
         self.health.start()
@@ -612,7 +839,9 @@ class _GpuStart:
         slices = pools.build_resource_slices(inventory, config.node_name, driver=self.identity.driver_name,
                                              taints=self.health.taints(), server_version=self.layout,
                                              cache=self.partition_cache, shares=config.consumable_shares,
-                                             advertised=self.node_policy.policy.advertised)
+                                             advertised=self.node_policy.policy.advertised,
+                                             held=self.runner.prepared_devices(),
+                                             fabric_partitions=config.feature_gates.fabric_manager_partitioning)
         nodeallocatable.apply_overhead(slices, config.node_allocatable_overhead)  # KEP-5517, gate-checked
         return slices
 

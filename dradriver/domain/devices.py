@@ -208,7 +208,12 @@ class GpuDevice:
     vgpu_guest: bool = False
     """``nvmlDeviceGetVirtualizationMode`` is ``NVML_GPU_VIRTUALIZATION_MODE_VGPU`` (a vGPU inside a VM)."""
     module_id: int | None = None
+    """``nvmlDeviceGetModuleId`` (``gpuModuleID``; Fabric Manager's ``physicalId`` of the GPU), ``None`` when NVML
+    reports NOT_SUPPORTED."""
     partitions: dict[int, int] = field(default_factory=dict, hash=False)
+    """Fabric Manager partition ID per partition size containing this GPU (``partition<size>``); empty unless
+    filled from Fabric Manager (:func:`dradriver.domain.fmpartitions.with_partitions`). Left out of the hash (a
+    dict), so a GpuDevice stays hashable."""
 
     @property
     def name(self) -> str:

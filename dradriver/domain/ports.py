@@ -378,6 +378,39 @@ class SharingStep(Protocol):
         ...
 
 
+@runtime_checkable
+class ClaimStep(Protocol):
+    """A step applied once per claim over all of its devices, after the device preparers and sharing steps (the
+    Fabric Manager partition a claim's GPUs form: :mod:`dradriver.preparers.fabricpartition`). The batch runner
+    calls :meth:`apply` when :meth:`applies` says so, stores its record with the claim's others, undoes it by
+    kind, and hands it ``bind_records`` and the start-up sweep as it does sharing steps."""
+
+    kind: str
+    side_effects: bool
+
+    def applies(self, devices: Sequence[object]) -> bool:
+        """True when the claim's devices (registry entries, admin-access ones left out) need the step."""
+        ...
+
+    def apply(self, claim: ClaimRef, devices: Sequence[object]) -> UndoRecord:
+        """Perform the step for the claim; must leave nothing behind when it raises.
+
+        :raises DradriverError: the step failed (the claim's error; its other records are undone).
+        """
+        ...
+
+    def undo(self, claim: ClaimRef, record: UndoRecord) -> None:
+        """Undo a stored record; idempotent.
+
+        :raises DradriverError: the undo failed (retried).
+        """
+        ...
+
+    def sweep(self, known: Sequence[UndoRecord]) -> list[str]:
+        """At start: remove side effects of this step no stored record of its kind knows; what was removed."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class MpsDaemonSpec:
     """One MPS control daemon to run (NVIDIA's MPS contract, ``cmd/gpu-kubelet-plugin/sharing.go``).

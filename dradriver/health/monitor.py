@@ -291,6 +291,11 @@ class HealthMonitor:
         self._worker = threading.Thread(target=self._run, name="device-health", daemon=True)
         self._worker.start()
 
+    @property
+    def running(self) -> bool:
+        """Between :meth:`start` and :meth:`stop`."""
+        return self._worker is not None
+
     def stop(self) -> None:
         """Stop the monitor and the worker, close the poller; open health streams end."""
         self._stop.set()

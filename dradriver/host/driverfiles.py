@@ -197,9 +197,16 @@ def find_nvml_library(driver_root: Path | str) -> Path | None:
 
     :returns: the file's path as this process opens it (``<driver_root>/usr/lib/x86_64-linux-gnu/...``).
     """
+    return find_driver_library(driver_root, NVML_LIBRARY)
+
+
+def find_driver_library(driver_root: Path | str, name: str) -> Path | None:
+    """The library file ``name`` (``libnvidia-ml.so.1``, ``libnvfm.so.1``) in the first of
+    :data:`NVML_LIBRARY_DIRS` under ``driver_root`` that has it, links followed inside the root; ``None`` when
+    absent."""
     base = os.fspath(driver_root)
     for directory in NVML_LIBRARY_DIRS:
-        resolved = resolve_in_root(base, f"{directory}/{NVML_LIBRARY}")
+        resolved = resolve_in_root(base, f"{directory}/{name}")
         if resolved is not None and _is_file(base, resolved):
             return Path(_host(base, resolved))
     return None

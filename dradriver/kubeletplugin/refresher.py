@@ -13,6 +13,8 @@ import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 from dradriver.config import PluginConfig
 from dradriver.domain.devices import NodeInventory
@@ -39,13 +41,23 @@ class DeviceRefresher:
     RETRY_DELAY_S = 0.05
 
     def __init__(self, session: NvmlSession, config: PluginConfig, registry: DeviceRegistry[NodeInventory],
-                 mig_control: MigControl | None = None, *, placements: bool = True) -> None:
+                 mig_control: MigControl | None = None, *, placements: bool = True,
+                 extend: Callable[[NodeInventory], NodeInventory] | None = None,
+                 reopen: Callable[[], AbstractContextManager[object]] | None = None) -> None:
         self.session, self.config, self.registry = session, config, registry
         self.mig_control = mig_control
+        self.extend = extend
+        """What the host adds to NVML's devices (VFIO devices, Fabric Manager partitions), applied to each
+        discovery."""
+        self.reopen = reopen
+        """Held around each discovery when NVML must enumerate anew (VFIO passthrough moved a GPU between drivers):
+        it stops what holds NVML handles and initialises NVML again on entry, and restarts them on exit, after the
+        registry is replaced."""
         self.with_placements = placements
         """False with the ``DynamicMIG`` gate off (a claim of before the gate was turned off destroyed its
         instance): the devices are re-read as discovered, without placements."""
         self._lock = threading.Lock()
+        self._closed = False
         self._stale = False
         self._thread: threading.Thread | None = None
         self._placements: dict[str, list[MigPlacement]] | None = None
@@ -53,8 +65,10 @@ class DeviceRefresher:
         """Discoveries run so far."""
 
     def __call__(self) -> None:
-        """Mark the devices stale; a background thread re-reads them."""
+        """Mark the devices stale; a background thread re-reads them (nothing once :meth:`close` ran)."""
         with self._lock:
+            if self._closed:
+                return
             self._stale = True
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="device-refresh", daemon=True)
@@ -70,7 +84,7 @@ class DeviceRefresher:
             try:
                 self.refresh()
             except Exception:  # retried at the next change; the registry keeps the last good snapshot
-                log.exception("re-reading devices after a MIG change failed")
+                log.exception("re-reading devices after a change failed")
 
     def refresh(self) -> None:
         """Discover again now (on this thread) and replace the registry's snapshot.
@@ -79,6 +93,14 @@ class DeviceRefresher:
         first snapshot's, or at the first refresh that sees a new GPU) and re-parented to the GPU's new entry:
         a refresh costs a plain discovery, not ~20 NVML profile queries per GPU.
         """
+        if self.reopen is not None:
+            with self.reopen():
+                inventory = self._discover()
+                self.registry.replace(inventory)
+            self.refreshes += 1
+            log.info("devices read again after a GPU moved between drivers: %d GPU(s), %d VFIO device(s)",
+                     len(inventory.gpus), len(inventory.vfio))
+            return
         inventory = self._discover()
         if not self.with_placements:
             self.registry.replace(inventory)
@@ -110,8 +132,10 @@ class DeviceRefresher:
             with self.mig_control.hold(before) if self.mig_control is not None else contextlib.nullcontext():
                 self.session.forget_mig_handles()
                 inventory = discovery.discover(self.session, sysfs_root=self.config.sysfs_root)
+            if self.extend is not None:
+                inventory = self.extend(inventory)
             missing = before - {gpu.uuid for gpu in inventory.gpus}
-            if not missing or attempt == self.RETRIES:
+            if not missing or attempt == self.RETRIES or self.reopen is not None:
                 return inventory
             log.info("re-reading devices: %d GPU(s) of the last snapshot left out (%s); retrying",
                      len(missing), ", ".join(sorted(missing)))
@@ -132,6 +156,6 @@ class DeviceRefresher:
     def close(self) -> None:
         """Wait for a refresh in progress (the NVML session closes after this)."""
         with self._lock:
-            thread, self._stale = self._thread, False
+            thread, self._stale, self._closed = self._thread, False, True
         if thread is not None:
             thread.join(timeout=10)

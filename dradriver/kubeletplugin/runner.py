@@ -84,6 +84,7 @@ from dradriver.domain.devicemetadata import runtime_attributes
 from dradriver.domain.identity import DriverIdentity
 from dradriver.domain.ports import (
     UNDO_LAYOUT,
+    ClaimStep,
     DevicePlan,
     DevicePreparer,
     NotReadyYet,
@@ -244,6 +245,9 @@ class BatchRunner:
         preparer with ``check_claim(claim, plans)`` is shown all its plans of a claim before anything is applied
         (rules over several devices of one claim; raises :class:`ClaimError`).
     :param sharing: sharing steps by strategy (``None`` = exclusive use).
+    :param claim_steps: steps applied once per claim over its (non-admin-access) devices after the sharing steps,
+        when their ``applies(devices)`` is true (:class:`~dradriver.domain.ports.ClaimStep`: the Fabric Manager
+        partition); undone by kind, swept at start, given ``bind_records`` like sharing steps.
     :param undo_only: preparers and sharing steps of features turned off now (their feature gate or flag): they
         undo the records of their kind that claims prepared while the feature was on still hold, and nothing
         else (no prepare, no start-up sweep). Teardown follows the kind stored with each record, never the
@@ -288,6 +292,16 @@ class BatchRunner:
     :param refuse_device: why a claim not prepared yet may not be prepared on a device now (DRA device name,
         registry entry -> reason, ``""`` when it may; the GPU plugin: its per-node device policy). A prepared
         claim is answered from the claim state without asking.
+    :param sibling_of: DRA device name -> the name of the other device that is the same hardware (a GPU's
+        ``gpu-<minor>`` and its VFIO ``gpu-vfio-<index>``), ``None`` when it has none. Both may be allocated, to
+        two claims, before either is prepared (the pool withdraws a sibling only once one is held), so a claim
+        whose device's sibling another claim holds (completed or in progress, by this or another plugin
+        instance: the claim state's holder index under its lock), or that asks for both, is refused before
+        anything is recorded, naming both devices and the other claim.
+
+    A preparer may give the spec-level edits of its claims itself (``claim_edits(ref, plans, records)``: the VFIO
+    preparer's env and API device, once per claim): when every device of a claim is of such kinds they replace
+    :attr:`spec_edits` (the driver's user space), else they are added to them.
     """
 
     def __init__(
@@ -301,7 +315,7 @@ class BatchRunner:
         pool: str,
         preparers: Sequence[DevicePreparer],
         sharing: Sequence[SharingStep] = (),
-        undo_only: Sequence[DevicePreparer | SharingStep] = (),
+        undo_only: Sequence[DevicePreparer | SharingStep | ClaimStep] = (),
         select_configs: SelectConfigs | None = None,
         spec_edits: Callable[[], cdi.ContainerEdits] = cdi.ContainerEdits,
         metrics: RequestMetrics | None = None,
@@ -319,8 +333,11 @@ class BatchRunner:
         driver_kinds: Collection[str] = (),
         device_metadata: DeviceMetadataFiles | None = None,
         refuse_device: Callable[[str, object], str] | None = None,
+        claim_steps: Sequence[ClaimStep] = (),
+        sibling_of: Callable[[str], str | None] | None = None,
     ) -> None:
-        kinds = [p.kind for p in preparers] + [s.kind for s in sharing] + [u.kind for u in undo_only]
+        kinds = [p.kind for p in preparers] + [s.kind for s in sharing] + [c.kind for c in claim_steps] \
+            + [u.kind for u in undo_only]
         if len(set(kinds)) != len(kinds):
             raise ValueError(f"preparer and sharing-step kinds must be unique: {kinds}")
         self.identity = identity
@@ -333,10 +350,12 @@ class BatchRunner:
         self.preparers = tuple(preparers)
         self.sharing = {s.strategy: s for s in sharing}
         self._device_kinds: dict[str, DevicePreparer] = {p.kind: p for p in preparers}
-        self._by_kind: dict[str, DevicePreparer | SharingStep] = dict(self._device_kinds)
+        self.claim_steps = tuple(claim_steps)
+        self._by_kind: dict[str, DevicePreparer | SharingStep | ClaimStep] = dict(self._device_kinds)
         self._by_kind.update({s.kind: s for s in sharing})
+        self._by_kind.update({c.kind: c for c in claim_steps})
         self._by_kind.update({u.kind: u for u in undo_only})
-        for step in (*sharing, *undo_only):
+        for step in (*sharing, *claim_steps, *undo_only):
             # kinds an older release wrote for what this step now undoes (records must stay undoable)
             for alias in getattr(step, "undo_kinds", ()):
                 self._by_kind.setdefault(alias, step)
@@ -369,6 +388,7 @@ class BatchRunner:
         self.driver_unavailable = driver_unavailable
         self.driver_kinds = frozenset(driver_kinds)
         self.refuse_device = refuse_device
+        self.sibling_of = sibling_of
         self._allocations: dict[str, str] = {}
         """Claim UID -> :func:`allocation_digest` of claims with a prepare in flight (with ``aborted_ttl_s``): the
         allocation an aborted mark records when the claim has no STARTED record (it is between two attempts)."""
@@ -821,6 +841,8 @@ class BatchRunner:
         results: dict[str, list[AllocationResult]] = {}
         entries: dict[str, object] = {}
         preparers: dict[str, DevicePreparer] = {}
+        if self.sibling_of is not None:
+            self._refuse_if_sibling_held(ref, [r.device for r in claim.results if not r.admin_access])
         for i, result in enumerate(claim.results):
             device = self.registry.get(result.device)
             if device is None:
@@ -888,6 +910,30 @@ class BatchRunner:
                 held.extend(HeldDevice(request_names=(), pool=self.pool, device=name) for name in holds(plan))
         return _Work(claim, held, plans, groups, stale=[])
 
+    def _refuse_if_sibling_held(self, ref: ClaimRef, devices: Sequence[str]) -> None:
+        """Refuse a claim asking for a device whose sibling (:attr:`sibling_of`) it asks for too, or another claim
+        holds (state lock held by the caller). Checked before the devices are looked up: a GPU passed through has
+        left NVML, so its ``gpu-<minor>`` is not in the registry while its sibling is held.
+
+        :raises ClaimError: naming both devices and the other claim.
+        """
+        assert self.sibling_of is not None
+        asked = set(devices)
+        for name in dict.fromkeys(devices):
+            sibling = self.sibling_of(name)
+            if sibling is None:
+                continue
+            if sibling in asked:
+                raise ClaimError(ref, f"devices {name!r} and {sibling!r} are the same GPU (its full GPU and its VFIO "
+                                      "passthrough device); a claim cannot hold both")
+            holder = self.state.holder(self.pool, sibling)
+            if holder is not None and holder != ref.uid:
+                other = self.state.get(holder)
+                who = f"{other.namespace}/{other.name} (uid {holder})" if other and other.name else f"uid {holder}"
+                raise ClaimError(ref, f"device {name!r} is the same GPU as device {sibling!r}, which is prepared for "
+                                      f"claim {who}; not preparing it while that claim holds the GPU (the claim "
+                                      "can be prepared once the other is unprepared)")
+
     def _refuse_if_shared(self, ref: ClaimRef, plan: DevicePlan) -> None:
         """Refuse to hand a device exclusively to ``ref`` while other claims hold consumable shares of it (shares
         never enter the claim state's holder index; a preparer that keeps shares answers ``share_holders``)."""
@@ -905,7 +951,15 @@ class BatchRunner:
             return True
         if any(self._preparer(p.kind).side_effects for p in work.plans):
             return True
-        return any(self.sharing[g.plan.strategy].side_effects for g in work.groups)
+        if any(self.sharing[g.plan.strategy].side_effects for g in work.groups):
+            return True
+        entries = self._claim_step_devices(work)
+        return any(c.side_effects and c.applies(entries) for c in self.claim_steps)
+
+    @staticmethod
+    def _claim_step_devices(work: _Work) -> list[object]:
+        """The registry entries a claim step sees: the claim's planned devices, admin-access ones left out."""
+        return [p.entry for p in work.plans if not p.admin_access]
 
     def _preparer(self, kind: str) -> DevicePreparer:
         return self._device_kinds[kind]
@@ -955,6 +1009,10 @@ class BatchRunner:
                 step = self.sharing[group.plan.strategy]
                 devices = [self.registry.get(name) for name in group.devices]
                 work.applied.append(step.apply(ref, group, devices, deadline=work.deadline))
+            entries = self._claim_step_devices(work)
+            for claim_step in self.claim_steps:
+                if claim_step.applies(entries):
+                    work.applied.append(claim_step.apply(ref, entries))
         except PartiallyApplied as exc:  # its record joins the others: stored, then undone newest first
             work.applied.append(exc.record)
             work.error = _claim_error(ref, exc)
@@ -1047,12 +1105,28 @@ class BatchRunner:
                     return bytes(rendered)
         try:
             devices = self._device_edits(ref, plans, records)
-            spec_edits = self.spec_edits()
+            spec_edits = self._claim_spec_edits(ref, plans, records)
         except cdi.DeviceNodeError as exc:
             raise cdi.DeviceNodeError(f"claim {ref.uid}: CDI spec: {exc}") from exc
         if metadata:
             devices = [(name, edits + metadata[name] if name in metadata else edits) for name, edits in devices]
         return cdi.render_claim_spec(self.identity.cdi, ref.uid, devices, spec_edits)
+
+    def _claim_spec_edits(self, ref: ClaimRef, plans: Sequence[DevicePlan],
+                          records: Sequence[UndoRecord]) -> cdi.ContainerEdits:
+        """The claim's spec-level edits: the plugin's (:attr:`spec_edits`), replaced by (every kind of the claim
+        gives them) or joined with its preparers' ``claim_edits``."""
+        own = cdi.ContainerEdits()
+        every = True
+        for kind in dict.fromkeys(p.kind for p in plans):
+            claim_edits = getattr(self._preparer(kind), "claim_edits", None)
+            if callable(claim_edits):
+                own = own + claim_edits(ref, [p for p in plans if p.kind == kind], records)
+            else:
+                every = False
+        if every and plans:
+            return own
+        return self.spec_edits() + own
 
     def _delete_spec(self, uid: str, *, clean_temp: bool = True) -> None:
         """Delete the claim's CDI spec, then the device metadata files it mounted."""
@@ -1428,11 +1502,11 @@ class BatchRunner:
                 self.state.remove(uid)
                 done.append(uid)
                 log.info("claim %s: undo kept while the driver was unavailable done", record.ref)
-            swept = self._sweep([*self.preparers, *self.sharing.values()])
+            swept = self._sweep([*self.preparers, *self.sharing.values(), *self.claim_steps])
             self._refresh_views()
         return done, swept
 
-    def _sweep(self, parts: Sequence[DevicePreparer | SharingStep]) -> list[str]:
+    def _sweep(self, parts: Sequence[DevicePreparer | SharingStep | ClaimStep]) -> list[str]:
         """Let each of ``parts`` sweep what no stored record knows (state lock held); ``kind:what`` of each thing
         removed. A sweep that fails while the device driver is unavailable is logged (:meth:`resume_undo` sweeps
         again)."""
@@ -1605,7 +1679,7 @@ class BatchRunner:
     def _sweep_leftovers(self, found: _Recovery, orphans: Collection[str]) -> None:
         """Recovery step: every preparer and sharing step sweeps side effects no record knows; device metadata
         files of claims rolled back or forgotten and temporary CDI files of a crashed write are removed."""
-        found.swept = self._sweep([*self.preparers, *self.sharing.values()])
+        found.swept = self._sweep([*self.preparers, *self.sharing.values(), *self.claim_steps])
         if self.device_metadata is not None:  # files of claims rolled back or forgotten (written before a spec)
             found.swept += [f"device metadata of claim {u}" for u in
                             self.device_metadata.sweep({*self.state.claims(), *orphans})]
@@ -1672,6 +1746,12 @@ class BatchRunner:
         log.error("claim state lost claim %s; adopted it from its CDI spec (devices %s) until it is unprepared",
                   uid, ", ".join(devices))
         return True
+
+    def between_batches(self) -> FairLock:
+        """The runner's lock, as a context manager: held, no prepare or unprepare chunk of this instance runs (the
+        GPU plugin re-initialises NVML under it after VFIO passthrough moved a GPU between drivers, so no apply
+        uses a handle meanwhile). Never take it in a preparer's call (it is held there)."""
+        return self._lock
 
     def prepared_devices(self) -> PreparedDevices:
         """DRA device name -> ``(claim namespace, claim name)`` of every completed claim holding it, sorted (metrics

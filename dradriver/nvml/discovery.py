@@ -19,6 +19,8 @@ Facts and their sources (the ``nvidia-smi -q -x`` captures in NVIDIA/k8s-test-in
 * ``addressingMode`` is ``nvmlDeviceGetAddressingMode`` (``nvmlDeviceAddressingMode_v1_t``) as a string:
   ``None``, ``HMM``, ``ATS`` (``nvmlDeviceAddressingModeType_t`` 0-2); NOT_SUPPORTED, an older library
   without the symbol, or a value outside the enum (warned) leave it out;
+* ``module_id`` is ``nvmlDeviceGetModuleId`` (NVIDIA's ``gpuModuleID`` attribute; the ``physicalId`` Fabric Manager
+  names the GPU by, ``nv_fm_types.h``); NOT_SUPPORTED leaves it ``None``;
 * MIG profile names follow go-nvlib: ``<G>g.<GB>gb`` (``<C>c.<G>g.<GB>gb`` when the compute instance is
   smaller than its GPU instance) with ``+me`` for the REV1 profiles, ``+me.all``, ``+gfx``, ``-me`` for the
   RTX PRO ones, and ``GB = round(ceil(memMiB*2^20/total*8)/8 * ceil(total/GiB))``;
@@ -26,9 +28,9 @@ Facts and their sources (the ``nvidia-smi -q -x`` captures in NVIDIA/k8s-test-in
 
 Failure policy: a GPU whose core query fails (UUID, minor, name, brand, architecture, compute capability,
 PCI info; including GPU_IS_LOST or NOT_SUPPORTED) is left out and recorded in ``failures`` with the reason,
-and the rest of the node is still discovered. Optional queries (memory, serial, NUMA, addressing mode, MIG mode, fabric)
-that answer NOT_SUPPORTED give ``None``/``False``. A MIG-enabled GPU whose MIG devices cannot be read is
-left out as a whole (publishing half of it would be wrong). Each failure is logged.
+and the rest of the node is still discovered. Optional queries (memory, serial, NUMA, addressing mode, module ID,
+MIG mode, fabric) that answer NOT_SUPPORTED give ``None``/``False``. A MIG-enabled GPU whose MIG devices cannot be
+read is left out as a whole (publishing half of it would be wrong). Each failure is logged.
 """
 
 from __future__ import annotations
@@ -261,6 +263,7 @@ class _Discoverer:
             addressing = ADDRESSING_MODES.get(int(addressing_code))
             if addressing is None:
                 self.warn(f"{where} ({uuid}): unknown addressing mode {addressing_code}, not published")
+        module_id = opt(pynvml.nvmlDeviceGetModuleId)
         mig_mode = opt(pynvml.nvmlDeviceGetMigMode)
         try:
             virtualization = opt(pynvml.nvmlDeviceGetVirtualizationMode)
@@ -286,6 +289,7 @@ class _Discoverer:
             fabric=self.fabric(h, where),
             addressing_mode=addressing,
             vgpu_guest=virtualization is not None and int(virtualization) == pynvml.NVML_GPU_VIRTUALIZATION_MODE_VGPU,
+            module_id=int(module_id) if module_id is not None else None,
         )
 
     def fabric(self, handle: Any, where: str) -> FabricInfo | None:

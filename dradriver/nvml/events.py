@@ -153,9 +153,10 @@ class EventMonitor:
     def stop(self) -> None:
         """Stop the thread (within about one wait timeout) and free the event set."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=self.wait_timeout_ms / 1000 + 5)
-            if self._thread.is_alive():
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout=self.wait_timeout_ms / 1000 + 5)
+            if thread.is_alive():
                 # Still inside an NVML call (a hung driver): freeing the set under it would be a use after
                 # free. Leak it instead; the process is going away or the GPU is beyond help.
                 log.error("NVML event thread did not stop within %.1f s; leaving its event set allocated",

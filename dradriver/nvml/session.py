@@ -204,6 +204,36 @@ class NvmlSession:
         self._shut_down()
         return True
 
+    def reinit(self, library_path: str = "") -> bool:
+        """``nvmlShutdown`` then ``nvmlInit`` again, so NVML enumerates the GPUs anew: NVML lists the GPUs the
+        ``nvidia`` driver holds at its first ``nvmlInit`` of a process (the library's reference count going from 0
+        to 1), so a GPU bound back to ``nvidia`` is seen, and one given to a VFIO driver is gone, only after it
+        (VFIO passthrough, :mod:`dradriver.preparers.vfio`). Every cached handle is dropped; handles others hold
+        (the health monitor's) are invalid afterwards, so they are stopped first. Other sessions of the process
+        keep the library initialised, and then nothing is enumerated again.
+
+        :param library_path: as :meth:`init`.
+        :returns: :attr:`available` (False: the ``nvmlInit`` failed with the driver's absence, which
+            :attr:`unavailable_reason` says; :meth:`init` tries again).
+        :raises NvmlError: ``nvmlInit`` failed otherwise (the session is unavailable with the reason).
+        """
+        with self._init_lock:
+            if self._closed:
+                return False
+            if not self._unavailable:
+                self._shut_down()
+            try:
+                self.library, self.mock_profile = _initialise(library_path, self.mock_profile or "")
+            except DRIVER_ABSENT as exc:
+                self._unavailable = str(exc)
+                return False
+            except NvmlError as exc:
+                self._unavailable = str(exc)
+                raise
+            self._unavailable = ""
+        log.info("NVML initialised again from %s (GPUs enumerated anew)", self.library)
+        return True
+
     def _shut_down(self) -> None:
         """Forget the handles of this initialisation, uncount the session and call ``nvmlShutdown``."""
         global _open_sessions, _active_profile

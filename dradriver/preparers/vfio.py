@@ -175,6 +175,8 @@ class VfioPreparer:
             "address": address, "iommuGroup": function.iommu_group, "originalDriver": function.driver,
             "vfioDriver": driver, "vfioModule": module, "minor": device.parent_minor, "uuid": device.parent_uuid,
             "cdev": function.vfio_cdev, "steps": [],
+            "backendPolicy": plan.details.get("backendPolicy", LEGACY_ONLY),
+            "enableAPIDevice": bool(plan.details.get("enableAPIDevice")),
         }
         if function.driver == driver and function.driver_override == driver:
             self.host.wait_group_node(function.iommu_group, address)
@@ -211,20 +213,42 @@ class VfioPreparer:
         root = str(self.host.dev_root).rstrip("/")
         return DeviceNode(path, root + path if root else "")
 
+    def _options(self, plan: DevicePlan, record: UndoRecord) -> tuple[bool, bool]:
+        """(iommufd, API device) of a prepared device: the plan's config, else (a spec rendered again from the claim
+        state has no plan details) what the record stored at apply."""
+        policy = plan.details.get("backendPolicy", record.data.get("backendPolicy"))
+        api = plan.details.get("enableAPIDevice", record.data.get("enableAPIDevice"))
+        cdev = record.data.get("cdev")
+        iommufd = policy == PREFER_IOMMUFD and isinstance(cdev, str) and self.host.iommufd_available()
+        return iommufd, bool(api)
+
     def edits(self, claim: ClaimRef, plan: DevicePlan, record: UndoRecord) -> ContainerEdits:
-        """``/dev/vfio/<group>`` or ``/dev/vfio/devices/vfio<N>`` (iommufd), the API device with
-        ``enableAPIDevice``, and ``NVIDIA_VISIBLE_DEVICES=void``.
+        """The device's node: ``/dev/vfio/<group>``, or ``/dev/vfio/devices/vfio<N>`` (iommufd). The env and the
+        API device are the claim's, once: :meth:`claim_edits`.
 
         :raises UndoRecordFactError: the record lacks the group.
         """
         group = record.fact("iommuGroup", int)
+        iommufd, _ = self._options(plan, record)
         cdev = record.fact("cdev", str, default=None)
-        iommufd = (plan.details.get("backendPolicy") == PREFER_IOMMUFD and cdev is not None
-                   and self.host.iommufd_available())
-        nodes = [self._node(f"/dev/vfio/devices/{cdev}" if iommufd else f"/dev/vfio/{group}")]
-        if plan.details.get("enableAPIDevice"):
-            nodes.append(self._node("/dev/iommu" if iommufd else "/dev/vfio/vfio"))
-        return ContainerEdits(env=(VISIBLE_DEVICES_VOID,), device_nodes=tuple(nodes))
+        return ContainerEdits(device_nodes=(
+            self._node(f"/dev/vfio/devices/{cdev}" if iommufd else f"/dev/vfio/{group}"),))
+
+    def claim_edits(self, claim: ClaimRef, plans: Sequence[DevicePlan],
+                    records: Sequence[UndoRecord]) -> ContainerEdits:
+        """The spec-level edits of a claim's VFIO devices, in place of the driver's user space (NVIDIA's
+        ``cmd/gpu-kubelet-plugin/vfio-cdi.go``: the VFIO common edits replace the spec-level ones):
+        ``NVIDIA_VISIBLE_DEVICES=void`` and, when a device's config has ``iommu.enableAPIDevice``, the API device
+        (``/dev/iommu`` with iommufd, else ``/dev/vfio/vfio``), each once however many devices the claim has."""
+        by_target = {r.target: r for r in records if r.kind == self.kind}
+        nodes: dict[str, DeviceNode] = {}
+        for plan in plans:
+            record = by_target.get(plan.device) or UndoRecord(self.kind, 0, plan.device)
+            iommufd, api = self._options(plan, record)
+            if api:
+                path = "/dev/iommu" if iommufd else "/dev/vfio/vfio"
+                nodes.setdefault(path, self._node(path))
+        return ContainerEdits(env=(VISIBLE_DEVICES_VOID,), device_nodes=tuple(nodes.values()))
 
     # -- undo -------------------------------------------------------------------------------------------------
 

@@ -466,6 +466,8 @@ class SandboxNode:
             nvidia_cdi_hook_path=DEFAULT_CDI_HOOK_PATH,  # a host with the toolkit: the stand-in under the driver root
             image_cdi_hook=self.image_cdi_hook,
         )
+        if self.pci_tree:  # the host root holds lib/modules; modules are loaded by the modprobe stand-in
+            base = replace(base, host_root=self.root, modprobe=(str(self.root / "bin" / "modprobe"),))
         return replace(base, **overrides)
 
     @property

@@ -434,6 +434,17 @@ nvmlReturn_t nvmlDeviceGetVirtualizationMode(nvmlDevice_t device, nvmlGpuVirtual
     RET(NVML_SUCCESS);
 }
 
+/* nvml.h nvmlDeviceGetModuleId: the GPU's module (baseboard slot) ID, the "physicalId" Fabric Manager names the GPU
+ * by (nv_fm_types.h fmFabricPartitionGpuInfo_t: "same value as GPU Module ID"). A board value: MIG handles and
+ * GPUs whose profile has no "moduleId" get NOT_SUPPORTED. */
+nvmlReturn_t nvmlDeviceGetModuleId(nvmlDevice_t device, unsigned int *moduleId) {
+    DEV_ENTER(device, r, 0);
+    if (!moduleId) RET(NVML_ERROR_INVALID_ARGUMENT);
+    NEED(r.g->v.moduleId);
+    *moduleId = (unsigned)r.g->v.moduleId;
+    RET(NVML_SUCCESS);
+}
+
 /* nvml.h: versioned struct nvmlDeviceAddressingMode_v1_t; value is an nvmlDeviceAddressingModeType_t (0 None,
  * 1 HMM, 2 ATS). A board value, so MIG handles get NOT_SUPPORTED (real NVML's answer there is unconfirmed). */
 nvmlReturn_t nvmlDeviceGetAddressingMode(nvmlDevice_t device, nvmlDeviceAddressingMode_t *mode) {

@@ -328,14 +328,25 @@ def bus_id(domain: int, bus: int) -> str:
     return f"{domain:08X}:{bus:02X}:00.0"
 
 
-def gpu(profile: str, model: str, i: int, bus: str, numa: int | None, serial: str) -> dict[str, Any]:
+def gpu(profile: str, model: str, i: int, bus: str, numa: int | None, serial: str,
+        module_id: int | None = None) -> dict[str, Any]:
     g: dict[str, Any] = {
         "model": model, "uuid": gpu_uuid(f"{profile}/{i}"), "serial": serial, "pciBusId": bus,
         "minorNumber": i, "migMode": {"current": 0, "pending": 0},
     }
     if numa is not None:
         g["numaNode"] = numa
+    if module_id is not None:
+        g["moduleId"] = module_id
     return g
+
+
+# nvmlDeviceGetModuleId per GPU in minor (= PCI bus) order. [CAP]: B200 8-GPU 6, 8, 7, 5, 2, 4, 3, 1 (not in bus
+# order); GB200 tray 2, 1, 4, 3. HGX A100/H100/H200 8-GPU: 1..8 in bus order, synthetic (no capture shows them);
+# Fabric Manager names GPUs by this ID (nv_fm_types.h fmFabricPartitionGpuInfo_t.physicalId).
+MODULE_IDS_HGX8 = [1, 2, 3, 4, 5, 6, 7, 8]
+MODULE_IDS_B200 = [6, 8, 7, 5, 2, 4, 3, 1]
+MODULE_IDS_GB200_TRAY = [2, 1, 4, 3]
 
 
 def gi(g: dict[str, Any], gi_id: int, profile_id: int, start: int, size: int, slices: int,
@@ -356,7 +367,8 @@ def system(driver: str, cuda: int) -> dict[str, Any]:
 def dgx_a100() -> dict[str, Any]:
     name = "dgx-a100"
     buses = [0x07, 0x0F, 0x47, 0x4E, 0x87, 0x90, 0xB7, 0xBD]
-    gpus = [gpu(name, "a100-sxm4-40gb", i, bus_id(0, b), 0 if i < 4 else 1, f"15642200{18311 + i:05d}")
+    gpus = [gpu(name, "a100-sxm4-40gb", i, bus_id(0, b), 0 if i < 4 else 1, f"15642200{18311 + i:05d}",
+                MODULE_IDS_HGX8[i])
             for i, b in enumerate(buses)]
     g0, g1 = gpus[0], gpus[1]
     for g in (g0, g1):
@@ -380,7 +392,8 @@ def dgx_a100() -> dict[str, Any]:
 def dgx_h100() -> dict[str, Any]:
     name = "dgx-h100"
     buses = [0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB]
-    gpus = [gpu(name, "h100-sxm5-80gb", i, bus_id(0, b), 0 if i < 4 else 1, f"16523230{40121 + i:05d}")
+    gpus = [gpu(name, "h100-sxm5-80gb", i, bus_id(0, b), 0 if i < 4 else 1, f"16523230{40121 + i:05d}",
+                MODULE_IDS_HGX8[i])
             for i, b in enumerate(buses)]
     return {
         "format": 1, "description": "NVIDIA DGX H100: 8x H100 80GB HBM3, MIG capable, MIG disabled",
@@ -393,7 +406,8 @@ def gb200_tray() -> dict[str, Any]:
     name = "gb200-nvl72-node"
     buses = [0x29, 0x3F, 0x9C, 0xB2]
     numa = [2, 10, 18, 26]  # [NVL72]
-    gpus = [gpu(name, "gb200", i, bus_id(0, b), numa[i], f"18242250{71201 + i:05d}") for i, b in enumerate(buses)]
+    gpus = [gpu(name, "gb200", i, bus_id(0, b), numa[i], f"18242250{71201 + i:05d}", MODULE_IDS_GB200_TRAY[i])
+            for i, b in enumerate(buses)]
     fabric = {
         "clusterUuid": "abc9829a-d4c8-491c-8da5-ad28fb34876b", "cliqueId": 2, "state": 3, "status": 0,
         "healthMask": 0xAA, "healthSummary": 1,
@@ -428,7 +442,8 @@ def _nvl72_tray_gpus(rack: str, tray: int) -> list[dict[str, Any]]:
     buses, numa = [0x29, 0x3F, 0x9C, 0xB2], [2, 10, 18, 26]
     rack_number = ord(rack) - ord("a") + 1
     return [gpu(f"gb200-nvl72-rack-{rack}/tray-{tray:02d}", "gb200", i, bus_id(tray, b), numa[i],
-                f"1824{rack_number:02d}{tray:02d}{71201 + i:05d}") for i, b in enumerate(buses)]
+                f"1824{rack_number:02d}{tray:02d}{71201 + i:05d}", MODULE_IDS_GB200_TRAY[i])
+            for i, b in enumerate(buses)]
 
 
 def gb200_rack(rack: str) -> dict[str, Any]:
@@ -471,7 +486,8 @@ def _noted(model: str) -> dict[str, Any]:
 def dgx_h200() -> dict[str, Any]:
     name = "dgx-h200"
     buses = [0x19, 0x3B, 0x4C, 0x5D, 0x9B, 0xBB, 0xCB, 0xDB]  # DGX/HGX 8-GPU layout; not a capture
-    gpus = [gpu(name, "h200", i, bus_id(0, b), 0 if i < 4 else 1, f"16524240{30101 + i:05d}")
+    gpus = [gpu(name, "h200", i, bus_id(0, b), 0 if i < 4 else 1, f"16524240{30101 + i:05d}",
+                MODULE_IDS_HGX8[i])
             for i, b in enumerate(buses)]
     return {
         "format": 1, "description": "NVIDIA DGX H200: 8x H200 141GB, MIG capable, MIG disabled, no instances",
@@ -482,7 +498,8 @@ def dgx_h200() -> dict[str, Any]:
 def dgx_b200() -> dict[str, Any]:
     name = "dgx-b200"
     buses = [0x8F, 0x90, 0x96, 0x97, 0xC4, 0xC5, 0xCB, 0xCC]  # [CAP]: minors 0-7 in this bus order
-    gpus = [gpu(name, "b200", i, bus_id(0, b), 0 if i < 4 else 1, f"18252250{40101 + i:05d}")
+    gpus = [gpu(name, "b200", i, bus_id(0, b), 0 if i < 4 else 1, f"18252250{40101 + i:05d}",
+                MODULE_IDS_B200[i])
             for i, b in enumerate(buses)]
     fabric = {  # [NVML]: B200 HGX: state Completed, clique 0, all-zero cluster UUID, summary Healthy
         "clusterUuid": "00000000-0000-0000-0000-000000000000", "cliqueId": 0, "state": 3, "status": 0,

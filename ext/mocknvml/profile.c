@@ -37,7 +37,7 @@ const mock_scalar_key mock_scalar_keys[] = {
     K("supportedEventTypes", supportedEvents), K("lost", lost), K("energy", energy),
     K("addressingMode", addressingMode), K("recoveryAction", recoveryAction),
     K("computeMode", computeMode), K("computeTimeslice", computeTimeslice), K("noPermission", noPermission),
-    K("virtualizationMode", virtualizationMode),
+    K("virtualizationMode", virtualizationMode), K("moduleId", moduleId),
     K("fabric.cliqueId", fabricCliqueId), K("fabric.state", fabricState), K("fabric.status", fabricStatus),
     K("fabric.healthMask", fabricHealthMask), K("fabric.healthSummary", fabricHealthSummary),
     {NULL, 0},

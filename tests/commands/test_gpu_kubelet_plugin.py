@@ -190,10 +190,11 @@ def test_logging_flags_are_checked_as_component_base_checks_them() -> None:
 
 
 def test_inert_nvidia_environment_is_warned_and_documented() -> None:
-    warnings = config.inert_environment({"NVIDIA_FABRICMANAGER_ADDRESS": "127.0.0.1:6666", "LOG_VERBOSITY": "4",
-                                         "NVIDIA_VISIBLE_DEVICES": "void"})
-    assert len(warnings) == 1 and "NVIDIA_FABRICMANAGER_ADDRESS" in warnings[0]
-    assert "FabricManagerPartitioning" in warnings[0]
+    warnings = config.inert_environment({"NVIDIA_DRA_TEST_FORCE_GPU_ARCH": "ampere", "LOG_VERBOSITY": "4",
+                                         "NVIDIA_VISIBLE_DEVICES": "void",
+                                         "NVIDIA_FABRICMANAGER_ADDRESS": "127.0.0.1:6666"})
+    assert len(warnings) == 1 and "NVIDIA_DRA_TEST_FORCE_GPU_ARCH" in warnings[0]
+    assert "DynamicMIG" in warnings[0]
     names = {var.name for var in config.NVIDIA_ENVIRONMENT}
     assert {"LOG_VERBOSITY", "MASK_NVIDIA_DRIVER_PARAMS", "NVIDIA_VISIBLE_DEVICES",
             "NVIDIA_MIG_CONFIG_DEVICES"} <= names

@@ -673,3 +673,75 @@ def test_an_unprepare_whose_tombstones_cannot_be_written_answers_every_claim_and
     (node.tmp_path / "claims.state.unprepared").rmdir()
     assert node.runner.unprepare_claims(refs) == {r.uid: "" for r in refs}
     assert node.alpha.live == set() and node.state.claims() == {}
+
+
+class FakeClaimStep:
+    """A per-claim step (as the Fabric Manager partition): applies to claims with an ``alpha`` device, creates
+    ``<claim>:<devices>`` in :attr:`live`; ``fail_for`` claim UIDs raise."""
+
+    kind = "whole-claim"
+    side_effects = True
+
+    def __init__(self, fail_for: Sequence[str] = ()) -> None:
+        self.fail_for = set(fail_for)
+        self.live: set[str] = set()
+        self.seen: list[tuple[str, ...]] = []
+        self.stored: object = None
+
+    def bind_records(self, stored: object) -> None:
+        self.stored = stored
+
+    def applies(self, devices: Sequence[object]) -> bool:
+        return any(isinstance(d, FakeDevice) and d.kind == "alpha" for d in devices)
+
+    def apply(self, claim: ClaimRef, devices: Sequence[object]) -> UndoRecord:
+        names = tuple(sorted(d.name for d in devices if isinstance(d, FakeDevice)))
+        self.seen.append(names)
+        if claim.uid in self.fail_for:
+            raise FakeFailure(f"claim {claim}: the whole-claim step failed")
+        thing = f"{claim.uid}:{','.join(names)}"
+        self.live.add(thing)
+        return UndoRecord(self.kind, 1, ",".join(names), {"thing": thing})
+
+    def undo(self, claim: ClaimRef, record: UndoRecord) -> None:
+        self.live.discard(str(record.data["thing"]))
+
+    def sweep(self, known: Sequence[UndoRecord]) -> list[str]:
+        orphans = sorted(self.live - {str(r.data["thing"]) for r in known})
+        self.live -= set(orphans)
+        return orphans
+
+
+def _claim_step_runner(n: Node, step: FakeClaimStep) -> BatchRunner:
+    def fetch(ref: ClaimRef, timeout_s: float) -> Claim:
+        return n.claims[ref.uid]
+
+    return BatchRunner(identity=IDENTITY, registry=n.registry, state=n.state, fetch_claim=fetch,
+                       cdi_root=n.cdi_root, pool=POOL, preparers=(n.alpha, n.beta), claim_steps=(step,))
+
+
+def test_a_claim_step_runs_once_per_claim_over_its_devices_and_is_undone_and_swept(tmp_path: Path) -> None:
+    n = Node(tmp_path, FakePreparer("alpha"), FakePreparer("beta"))
+    step = FakeClaimStep(fail_for=["u-bad"])
+    try:
+        n.runner = _claim_step_runner(n, step)
+        assert callable(step.stored)  # bind_records was handed the runner's stored_records
+        good = n.add(_claim("u-good", "a0", "a1", "b0"))
+        bad = n.add(_claim("u-bad", "a2"))
+        betas = n.add(_claim("u-beta", "b1"))  # no alpha device: the step does not apply
+        answers = _prepare(n, good, bad, betas)
+        assert answers[good.uid].error == "" and answers[betas.uid].error == ""  # type: ignore[attr-defined]
+        assert "whole-claim step failed" in answers[bad.uid].error  # type: ignore[attr-defined]
+        assert sorted(step.seen) == [("a0", "a1", "b0"), ("a2",)]
+        assert step.live == {"u-good:a0,a1,b0"}
+        assert n.alpha.live == {"u-good/a0", "u-good/a1"}  # the failed claim's device apply was undone
+        stored = read_payload(n.state.get(good.uid).payload).undo  # type: ignore[union-attr]
+        assert [r.kind for r in stored][-1] == "whole-claim"
+        step.live.add("u-crashed:a3")  # activated before a crash, its record never stored
+        n.restart()
+        n.runner = _claim_step_runner(n, step)
+        assert n.runner.recover().swept == ("whole-claim:u-crashed:a3",)
+        assert n.runner.unprepare_claims([good]) == {good.uid: ""}
+        assert step.live == set()
+    finally:
+        n.state.close()

@@ -535,3 +535,20 @@ def test_pcie_root_reads_the_link(tmp_path: Path) -> None:
     assert pcie_root(tmp_path, "0000:3b:00.0") == "pci0000:3a"
     assert pcie_root(tmp_path, "0000:99:00.0") is None
     assert pcie_root(tmp_path, "0000:01:00.0") is None
+
+
+def test_module_id_discovered_per_gpu_and_none_when_not_supported(nvml: Session, sysfs: Path, tmp_path: Path) -> None:
+    inv = run(nvml, "dgx-b200", sysfs)
+    assert inv.failures == ()
+    assert [g.module_id for g in sorted(inv.gpus, key=lambda g: g.minor)] == [6, 8, 7, 5, 2, 4, 3, 1]  # [CAP] B200
+
+    def edit(d: dict[str, Any]) -> None:
+        d["gpus"][1]["notSupported"] = ["nvmlDeviceGetModuleId"]
+        del d["gpus"][2]["moduleId"]
+
+    path = write_profile(tmp_path, "dgx-h100", edit)
+    make_sysfs(sysfs, mock.load_profile(path))
+    inv = discover(nvml(path), sysfs_root=sysfs)
+    assert inv.failures == ()
+    assert [g.module_id for g in inv.gpus[:4]] == [1, None, None, 4]
+    assert all(g.partitions == {} for g in inv.gpus)

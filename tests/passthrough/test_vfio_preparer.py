@@ -17,7 +17,7 @@ import pytest
 
 from dradriver.domain.claims import AllocationResult, Claim, ClaimError, ClaimRef
 from dradriver.domain.passthrough import VfioDevice
-from dradriver.domain.ports import DevicePreparer, PartiallyApplied, UndoRecord
+from dradriver.domain.ports import DevicePlan, DevicePreparer, PartiallyApplied, UndoRecord
 from dradriver.host.pci import ModuleLoadError, PciHost
 from dradriver.nvml import mock
 from dradriver.preparers.vfio import VfioPreparer, vfio_options
@@ -96,7 +96,7 @@ def test_a_gpu_is_passed_through_and_given_back_to_nvidia_with_its_uuid_and_mino
         "nvidia", device.parent_minor, device.parent_uuid)
     assert GPU0 not in _nvml_gpus() and len(_nvml_gpus()) == 7
     edits = preparer.edits(REF, plan, record)
-    assert edits.env == ("NVIDIA_VISIBLE_DEVICES=void",)
+    assert edits.env == () and preparer.claim_edits(REF, [plan], [record]).env == ("NVIDIA_VISIBLE_DEVICES=void",)
     assert [(n.path, n.host_path) for n in edits.device_nodes] == [
         (f"/dev/vfio/{FIRST_IOMMU_GROUP}", f"{node.root}/dev/vfio/{FIRST_IOMMU_GROUP}")]
     fresh = VfioPreparer(host)  # undo from the stored record, as after a restart
@@ -233,11 +233,15 @@ def test_iommufd_edits_follow_the_backend_policy_and_the_api_device_option() -> 
         device = _device(host)
         plan, record = _prepare(preparer, device, _config("PreferIommuFD", True))
         assert record.data["cdev"] == "vfio0"
-        assert [n.path for n in preparer.edits(REF, plan, record).device_nodes] == ["/dev/vfio/devices/vfio0",
-                                                                                   "/dev/iommu"]
+        def nodes(plan: Any) -> list[str]:
+            return [n.path for n in (preparer.edits(REF, plan, record).device_nodes
+                                     + preparer.claim_edits(REF, [plan], [record]).device_nodes)]
+
+        assert nodes(plan) == ["/dev/vfio/devices/vfio0", "/dev/iommu"]
         legacy = preparer.plan(_claim(device), device, _claim(device).results, _config("LegacyOnly", True))
-        assert [n.path for n in preparer.edits(REF, legacy, record).device_nodes] == [
-            f"/dev/vfio/{FIRST_IOMMU_GROUP}", "/dev/vfio/vfio"]
+        assert nodes(legacy) == [f"/dev/vfio/{FIRST_IOMMU_GROUP}", "/dev/vfio/vfio"]
+        again = DevicePlan(plan.kind, plan.device, plan.entry, plan.request_names, False, ())
+        assert nodes(again) == ["/dev/vfio/devices/vfio0", "/dev/iommu"]  # re-rendered from the stored record
         preparer.undo(REF, record)
 
 
