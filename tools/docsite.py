@@ -55,6 +55,9 @@ OTHER_VARIABLES: dict[str, str] = {
     "DRADRIVER_MOCK_NVML_PROC_ROOT": "The `proc` root the mock NVML reports processes from.",
     "DRADRIVER_MOCK_NVML_SYSFS": "A sysfs root: the mock NVML then lists only the GPUs whose PCI function there is "
                                  "bound to `nvidia`, as real NVML sees only the GPUs the driver holds.",
+    "DRADRIVER_MODPROBE": "The command a kernel module name is appended to for VFIO passthrough (words separated by "
+                          "spaces); unset: `chroot <host root> modprobe`, as NVIDIA's. The sandbox gives its `modprobe` "
+                          "stand-in.",
     "DRADRIVER_MOCK_NVML_CONTROL": "A file the mock NVML appends every successful setting to, as a control command "
                                    "(tests and the sandbox read it).",
     "DRADRIVER_HOSTS_FILE": "The hosts file `compute-domain-daemon` writes the domain's DNS names into "
