@@ -85,6 +85,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import fleet
 
         return fleet.main(argv[1:])
+    if argv[:1] == ["roll"]:  # a rolling update of a rack's pre-warmed IMEX daemons, the sandbox (bench/cdroll.py)
+        from bench import cdroll
+
+        return cdroll.main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="few rounds per benchmark (a smoke run)")
     parser.add_argument("--json", metavar="PATH", help="also write the summary as one JSON object")

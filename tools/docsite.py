@@ -45,6 +45,9 @@ OTHER_VARIABLES: dict[str, str] = {
     "DRADRIVER_IMAGE_CDI_HOOK": "Where the plugin's image carries `nvidia-cdi-hook` (default "
                                 "`/usr/bin/nvidia-cdi-hook`), copied into the plugin directory when "
                                 "`NVIDIA_CDI_HOOK_PATH` is empty; the sandbox points it at a stand-in.",
+    "DRADRIVER_MODPROBE": "The command (words separated by spaces) a kernel module name is appended to when VFIO "
+                          "passthrough loads `vfio-pci` (gate PassthroughSupport); unset: `chroot <--host-root> "
+                          "modprobe`, as NVIDIA. The sandbox points it at its `modprobe` stand-in.",
     "DRADRIVER_NO_EXTENSIONS": "`1` runs the pure-Python twins of the compiled modules (`nvmlpoll`, `cdispec`, "
                                "`claimstore`) instead of the extensions; without it a missing extension is a "
                                "start-up error.",
@@ -53,11 +56,8 @@ OTHER_VARIABLES: dict[str, str] = {
     "DRADRIVER_MOCK_NVML_STATE": "The mock NVML's state file (MIG instances, compute modes, settings), shared by "
                                  "the processes of one emulated node.",
     "DRADRIVER_MOCK_NVML_PROC_ROOT": "The `proc` root the mock NVML reports processes from.",
-    "DRADRIVER_MOCK_NVML_SYSFS": "A sysfs root: the mock NVML then lists only the GPUs whose PCI function there is "
-                                 "bound to `nvidia`, as real NVML sees only the GPUs the driver holds.",
-    "DRADRIVER_MODPROBE": "The command a kernel module name is appended to for VFIO passthrough (words separated by "
-                          "spaces); unset: `chroot <host root> modprobe`, as NVIDIA's. The sandbox gives its `modprobe` "
-                          "stand-in.",
+    "DRADRIVER_MOCK_NVML_SYSFS": "A sysfs root: the mock NVML then lists only the GPUs whose PCI function there "
+                                 "is bound to `nvidia` at `nvmlInit`, as NVML does (VFIO passthrough in the sandbox).",
     "DRADRIVER_MOCK_NVML_CONTROL": "A file the mock NVML appends every successful setting to, as a control command "
                                    "(tests and the sandbox read it).",
     "DRADRIVER_HOSTS_FILE": "The hosts file `compute-domain-daemon` writes the domain's DNS names into "

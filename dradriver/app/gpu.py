@@ -7,8 +7,11 @@ the image, checked: :func:`dradriver.app.assembly.check_cdi_hook`) -> device-plu
 device policy (:mod:`dradriver.kubeletplugin.nodepolicy`, its Node watch after the publisher) -> claim state -> batch
 runner with the consumable-share (when
 ``--consumable-shares`` is on), full-GPU and static-MIG preparers (and, with the ``DynamicMIG`` gate, the
-dynamic-MIG preparer over every eligible GPU's placements) and the sharing steps (MPS control daemons with the
-``MPSSupport`` gate), and crash convergence -> health monitor -> metrics endpoint -> gRPC servers ->
+dynamic-MIG preparer over every eligible GPU's placements; with ``PassthroughSupport`` the VFIO preparer, its
+``gpu-vfio-<index>`` devices read from the PCI functions at each discovery, NVML initialised anew and the pool
+republished, the sibling withdrawn, after each GPU moved between drivers) and the sharing steps (MPS control daemons
+with the ``MPSSupport`` gate), the Fabric Manager partition step (``FabricManagerPartitioning``, where Fabric
+Manager is detected), and crash convergence -> health monitor -> metrics endpoint -> gRPC servers ->
 ResourceSlice publisher -> NVIDIA driver watch. Without a usable driver (not loaded, no ``libnvidia-ml.so.1``)
 the plugin starts all the same with no devices: it unprepares, refuses prepares with the reason, and reads the
 devices once the driver is back (:mod:`dradriver.kubeletplugin.driverstate`); a driver reloaded under the running plugin
@@ -775,6 +778,7 @@ class _GpuStart:
         self.registry.subscribe(health.replace_inventory)
         self.metrics.attach_devices(health, claim_of=lambda device: self.runner.prepared_devices().get(device),
                                     dcgm_compatible=config.dcgm_compatible)
+        await asyncio.to_thread(self.swaps.wait_idle)  # a re-read after the start-up sweep re-initialises NVML
         if self.session.available:
             await self.life.step("health monitor", lambda: asyncio.to_thread(health.start),
                                  lambda _: asyncio.to_thread(health.stop))

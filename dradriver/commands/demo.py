@@ -30,7 +30,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--node-name", default="gpu-node-1", help="name of the emulated node")
     parser.add_argument("-o", "--output", choices=("text", "json"), default="text", help="progress format")
     parser.add_argument("--scenario", choices=("basic", "sharing", "time-slicing", "dynamic-mig", "compute-domain",
-                                                   "passthrough"),
+                                               "passthrough"),
                         default="basic",
                         help="basic: the seed examples (default); sharing: time-slicing, consumable GPU shares "
                              "enforced through MPS, and an MPS claim, on an H200 node; time-slicing: one GPU "

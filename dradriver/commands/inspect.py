@@ -28,8 +28,12 @@ give ``1.34`` for the combined layout of older API servers).
 ``--driver compute-domain.nvidia.com`` prints the compute-domain kubelet plugin's slices instead (the same
 function builds them): ``channel-0`` and, unless ``--imex-mode hostManaged`` (``IMEX_MODE``), ``daemon-0``, each
 tainted ``compute-domain.nvidia.com/fabric-unhealthy`` while the node's NVLink fabric is faulty (read as the
-plugin reads it, strictly with the gate ``CrashOnNVLinkFabricErrors``); with the GPU plugin's slices they are the
-input ``dradriver allocate``/``explain`` need for ComputeDomain workloads.
+plugin reads it, strictly with the gate ``CrashOnNVLinkFabricErrors``); with ``--imex-isolation channel``
+(``IMEX_ISOLATION``, implied by ``--imex-mode preWarmed``) every channel of the node, ``channel-0`` ..
+``channel-<ImexChannelCount-1>`` (``<--proc-root>/driver/nvidia/params``, as the plugin reads it; 2048 when it
+cannot be read, with a note); with ``--binding-conditions`` (``BINDING_CONDITIONS``) each channel carries the
+KEP-5007 binding conditions ``ComputeDomainReady`` / ``ComputeDomainFailed`` and ``bindsToNode``. With the GPU
+plugin's slices they are the input ``dradriver allocate``/``explain`` need for ComputeDomain workloads.
 Exit status: 0 on success, 1 when NVML cannot be loaded or initialised, 2 for a ``--node-name`` that is not a
 Node name (an RFC 1123 subdomain), a malformed ``--kubernetes-version``, a gate or share mode the plugin would
 refuse, or a profile that cannot be used (unknown, or invalid: the field is named).
@@ -49,8 +53,9 @@ from dradriver.config import COMPUTE_DOMAIN_PLUGIN_FLAGS, PLUGIN_FLAGS, PUBLICAT
 from dradriver.domain.identity import COMPUTE_DOMAIN_DRIVER, GPU_DRIVER
 from dradriver.domain.partitions import SPLIT_LAYOUT_SINCE
 
-_FLAGS = ("--node-name", "--nvml-library", "--mock-profile", "--sysfs-root", "--default-config",
+_FLAGS = ("--node-name", "--nvml-library", "--mock-profile", "--sysfs-root", "--proc-root", "--default-config",
           "--driver-config-directory")
+_CD_FLAGS = ("--imex-mode", "--imex-isolation", "--binding-conditions")
 _KUBERNETES_VERSION = re.compile(r"^v?(\d+)\.(\d+)(\.\d+)?$")
 
 
@@ -69,7 +74,8 @@ def register(subparsers: Any) -> None:
     """Add the ``inspect`` subcommand (flags: ``--output``, ``--node-name``, ``--nvml-library``,
     ``--mock-profile``, ``--sysfs-root``, ``--default-config``, ``--driver-config-directory``, the plugin's
     :data:`~dradriver.config.PUBLICATION_FLAGS`, each with its environment twin, ``--kubernetes-version``,
-    ``--driver`` and the compute-domain plugin's ``--imex-mode``)."""
+    ``--driver``, ``--proc-root`` and the compute-domain plugin's ``--imex-mode``, ``--imex-isolation`` and
+    ``--binding-conditions``)."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "inspect",
         help="print the ResourceSlices this node would publish",
@@ -88,7 +94,7 @@ def register(subparsers: Any) -> None:
         default=GPU_DRIVER.driver_name,
         help="whose slices to print: the GPU kubelet plugin's (default) or the compute-domain kubelet plugin's"
     )
-    add_flags(parser, [f for f in COMPUTE_DOMAIN_PLUGIN_FLAGS if f.option == "--imex-mode"])
+    add_flags(parser, [f for f in COMPUTE_DOMAIN_PLUGIN_FLAGS if f.option in _CD_FLAGS])
     newest = ".".join(map(str, SPLIT_LAYOUT_SINCE))
     parser.add_argument(
         "--kubernetes-version", type=kubernetes_version, default=SPLIT_LAYOUT_SINCE, metavar="MAJOR.MINOR",
@@ -190,9 +196,11 @@ def poll_health(inventory: Any, session: Any, node: str) -> dict[str, tuple[str,
         monitor.stop()
 
 
-def compute_domain_slices(session: Any, node: str, gates: Any, *, host_managed: bool) -> Any:
+def compute_domain_slices(session: Any, node: str, gates: Any, *, host_managed: bool, channels: int = 1,
+                          binding_conditions: bool = False) -> Any:
     """The compute-domain kubelet plugin's slices of ``node`` (:func:`dradriver.domain.computedomains.
-    plugin_resource_slices`, NVIDIA's ``channel-0`` only), tainted as the plugin taints them while the fabric it
+    plugin_resource_slices`: ``channels`` channels, NVIDIA's ``channel-0`` only by default; with
+    ``binding_conditions`` each channel carries KEP-5007's), tainted as the plugin taints them while the fabric it
     reads through ``session`` is faulty, as a :class:`~dradriver.domain.resourceslices.SliceBuild`.
 
     :raises dradriver.nvml.fabric.FabricError: the fabric cannot be assessed (a registration in progress in strict
@@ -205,6 +213,7 @@ def compute_domain_slices(session: Any, node: str, gates: Any, *, host_managed: 
 
     node_fabric = fabric.assess_node(fabric.read_node_fabric(session), strict=gates[CRASH_ON_NVLINK_FABRIC_ERRORS])
     slices = plugin_resource_slices(node, COMPUTE_DOMAIN_DRIVER.driver_name, daemon=not host_managed,
+                                    channels=channels, binding_conditions=binding_conditions,
                                     taints=fabric_taints(COMPUTE_DOMAIN_DRIVER, node_fabric.reason))
     return SliceBuild(slices, [f"fabric: {node_fabric.message}"] if not node_fabric.healthy else [])
 
@@ -215,13 +224,14 @@ def run(args: argparse.Namespace) -> int:
 
     from dradriver import _native
     from dradriver.commands._options import node_name_error
-    from dradriver.config import check_imex_mode, publication_from_args
+    from dradriver.config import CHANNEL_NEEDS_HOST_MANAGED, check_imex_mode, publication_from_args
     from dradriver.domain.driverconfig import EVERYTHING, DriverConfigError
     from dradriver.domain.nodeallocatable import apply_overhead
     from dradriver.domain.pools import build
     from dradriver.domain.resourceslices import ResourceSliceError
     from dradriver.errors import DradriverError
     from dradriver.host.driverconfigs import load_profile
+    from dradriver.host.imexchannels import read_channel_count
     from dradriver.kube.resourceslices import slice_generate_name
     from dradriver.nvml.discovery import discover
     from dradriver.nvml.session import open_session
@@ -236,6 +246,10 @@ def run(args: argparse.Namespace) -> int:
     except DradriverError as exc:
         print(f"dradriver inspect: {exc}", file=sys.stderr)
         return 2
+    if args.imex_isolation == "channel" and args.imex_mode not in ("hostManaged", "preWarmed"):
+        print(f"dradriver inspect: {CHANNEL_NEEDS_HOST_MANAGED}", file=sys.stderr)  # as the plugin refuses it
+        return 2
+    channel_isolation = args.imex_isolation == "channel" or args.imex_mode == "preWarmed"  # pre_warmed_implied
     node = args.node_name or socket.gethostname().strip().lower()  # the kubelet's default Node name
     try:
         policy = load_profile(Path(args.driver_config_directory), args.default_config) if args.default_config \
@@ -244,6 +258,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"dradriver inspect: error: {exc}", file=sys.stderr)
         return 2
     health: dict[str, tuple[str, str]] = {}
+    channel_note = ""
     try:
         _native.load_all()  # the hot paths must be there (or twins asked for): a loud error, not a slow path
         with open_session(args.nvml_library or "", args.mock_profile or "") as session:
@@ -251,7 +266,10 @@ def run(args: argparse.Namespace) -> int:
             if args.output in ("table", "wide"):
                 health = poll_health(inventory, session, node)
             if args.driver == COMPUTE_DOMAIN_DRIVER.driver_name:
-                result = compute_domain_slices(session, node, gates, host_managed=args.imex_mode == "hostManaged")
+                channels, source = read_channel_count(Path(args.proc_root)) if channel_isolation else (1, "")
+                result = compute_domain_slices(session, node, gates, host_managed=args.imex_mode == "hostManaged",
+                                               channels=channels, binding_conditions=bool(args.binding_conditions))
+                channel_note = f"IMEX channels: {source}" if source else ""
             else:
                 result = build(inventory, node, server_version=args.kubernetes_version, shares=shares,
                                advertised=policy.advertised)
@@ -268,6 +286,8 @@ def run(args: argparse.Namespace) -> int:
         for f in inventory.failures
     ]
     notes += [f"warning: {w}" for w in (*inventory.warnings, *result.warnings)]
+    if channel_note:
+        notes.append(channel_note)
     if overhead and args.driver == GPU_DRIVER.driver_name:
         notes.append(f"node-allocatable overhead (KEP-5517): {overhead.render()}")
     if policy is not EVERYTHING:

@@ -94,6 +94,16 @@ class IommuGroup:
     functions: tuple[PciFunction, ...]
 
 
+def normalize_pci_address(address: str) -> str:
+    """A PCI address as sysfs names the function (``dddd:bb:dd.f`` lowercase): NVML's and NVIDIA's checkpoint's
+    8-digit domain (``00000000:18:00.0``) shortened to 4 digits where it fits."""
+    text = address.strip().lower()
+    domain, sep, rest = text.partition(":")
+    if sep and len(domain) == 8 and domain.startswith("0000"):
+        return f"{domain[4:]}:{rest}"
+    return text
+
+
 def vfio_device_name(index: int) -> str:
     """``gpu-vfio-<index>`` (NVIDIA's ``deviceinfo.go``)."""
     return f"gpu-vfio-{index}"

@@ -55,7 +55,7 @@ FM_RETURN_NAMES: dict[int, str] = {
     -10: "FM_ST_NVLINK_ERROR",
 }
 """``fmReturn_t`` (``nv_fm_types.h``)."""
-FM_ST_SUCCESS, FM_ST_IN_USE, FM_ST_UNINITIALIZED, FM_ST_CONNECTION_NOT_VALID = 0, -7, -4, -9
+FM_ST_SUCCESS, FM_ST_BADPARAM, FM_ST_IN_USE, FM_ST_UNINITIALIZED, FM_ST_CONNECTION_NOT_VALID = 0, -1, -7, -4, -9
 
 FM_MAX_STR_LENGTH = 256
 FM_UUID_BUFFER_SIZE = 80
@@ -197,6 +197,8 @@ class FabricManagerClient:
 
     def _session(self, operation: str, partition_id: int | None, body: Callable[[ctypes.c_void_p], T]) -> T:
         lib, where = self._lib, self.address.address
+        if len(where.encode()) >= FM_MAX_STR_LENGTH:  # fmConnectParams_t.addressInfo holds 255 bytes and a NUL
+            raise FabricManagerError(f"{operation}: connect", FM_ST_BADPARAM, partition_id, where)
         with self._lock:
             rc = lib.fmLibInit()
             if rc not in (FM_ST_SUCCESS, FM_ST_IN_USE):

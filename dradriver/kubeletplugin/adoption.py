@@ -58,6 +58,7 @@ from dradriver.domain.nvcheckpoint import (
     DeviceGroup,
     PreparedDevice,
 )
+from dradriver.domain.passthrough import NVIDIA_DRIVER, VfioDevice, normalize_pci_address, vfio_uuid
 from dradriver.domain.ports import UndoRecord
 from dradriver.host import nvcheckpointfile
 from dradriver.host.claimstate import (
@@ -73,6 +74,8 @@ from dradriver.preparers.dynamicmig import UNDO_VERSION as DYNAMIC_MIG_VERSION
 from dradriver.preparers.mps import MpsSharing
 from dradriver.preparers.sharing import UNDO_VERSION as SHARING_VERSION
 from dradriver.preparers.sharing import TimeSlicing
+from dradriver.preparers.vfio import KIND as VFIO_KIND
+from dradriver.preparers.vfio import UNDO_VERSION as VFIO_VERSION
 
 __all__ = ["AdoptionReport", "Convergence", "ForeignClaims", "GpuAdoption", "OwnGroups", "adopt_nvidia_claims",
            "converge", "describe_claim", "read_nvidia_claims", "store_adopted"]
@@ -440,12 +443,14 @@ class GpuAdoption:
 
     def _device_record(self, name: str, prepared: PreparedDevice) -> tuple[UndoRecord | None, str]:
         """The device preparer's record for ``name`` and its pin (UUID), as dradriver's preparer would write it;
-        no record for a VFIO passthrough device (dradriver has no VFIO preparer: the device stays held until
-        unprepared, and its binding to ``vfio-pci`` is left as NVIDIA made it, with a warning) nor for a MIG
-        device without ``mig.concrete`` (NVIDIA always writes it; without it dradriver does not know which
-        instance is the claim's: held, its instance left as it is, with a warning)."""
+        a VFIO passthrough device's from its ``vfio.info`` (:meth:`_vfio_record`: its unprepare gives the GPU back
+        to ``nvidia``); no record for a MIG device without ``mig.concrete`` (NVIDIA always writes it; without it
+        dradriver does not know which instance is the claim's: held, its instance left as it is, with a
+        warning)."""
         if prepared.kind == "gpu":
             return UndoRecord("gpu", 1, name, {}), prepared.uuid
+        if prepared.kind == "vfio":
+            return self._vfio_record(name, prepared)
         mig = prepared.mig
         if prepared.kind == "mig" and mig is None:
             log.warning("MIG device %s adopted from NVIDIA's checkpoint without its mig.concrete: held, and its GPU "
@@ -469,6 +474,29 @@ class GpuAdoption:
             data.update(giProfileId=known.gi_profile_id, placementStart=known.placement_start,
                         placementSize=known.placement_size)
         return UndoRecord("mig", 1, name, data), mig.mig_uuid
+
+
+    def _vfio_record(self, name: str, prepared: PreparedDevice) -> tuple[UndoRecord | None, str]:
+        """The VFIO preparer's record of a device NVIDIA bound to its vfio driver (NVIDIA's ``vfio.info``:
+        ``uuid``, the VFIO device's, and ``pciBusID``; kubernetes-sigs/dra-driver-nvidia-gpu
+        ``cmd/gpu-kubelet-plugin/checkpoint.go``), with what this node's devices add (IOMMU group, the GPU's minor
+        and UUID where known); pinned to the VFIO UUID. Without a PCI bus ID the device is held and left as it is
+        at unprepare, with a warning."""
+        address = normalize_pci_address(prepared.pci_bus_id) if prepared.pci_bus_id else ""
+        known = self.lookup(name)
+        if not address and isinstance(known, VfioDevice):
+            address = known.function.address
+        if not address:
+            log.warning("VFIO device %s adopted from NVIDIA's checkpoint without its vfio.info.pciBusID: held, and its "
+                        "GPU is left on its vfio driver at unprepare", name)
+            return None, prepared.uuid
+        data: dict[str, Any] = {"address": address, "originalDriver": NVIDIA_DRIVER, "vfioDriver": None,
+                                "vfioModule": None, "minor": None, "uuid": None, "cdev": None, "steps": [],
+                                "adopted": True}
+        if isinstance(known, VfioDevice) and known.function.address == address:
+            data.update(iommuGroup=known.function.iommu_group, vfioDriver=known.function.driver,
+                        minor=known.parent_minor, uuid=known.parent_uuid, cdev=known.function.vfio_cdev)
+        return UndoRecord(VFIO_KIND, VFIO_VERSION, name, data), prepared.uuid or vfio_uuid(address)
 
 
 def describe_claim(uid: str, entry: CheckpointEntry | None = None, namespace: str = "", name: str = "") -> str:

@@ -89,6 +89,7 @@ from dradriver.domain.nvcheckpoint import (
     assemble,
     encode_entry,
 )
+from dradriver.domain.passthrough import VfioDevice
 from dradriver.domain.ports import UndoRecord
 from dradriver.domain.registry import DeviceRegistry
 from dradriver.host import nvcheckpointfile
@@ -415,7 +416,8 @@ def gpu_groups(devices: Mapping[str, PreparedDevice], undo: Sequence[UndoRecord]
 
 def describe_registered(registry: DeviceRegistry[Any]) -> DescribeDevice:
     """:data:`DescribeDevice` over this node's devices as discovered: a full GPU by its UUID, a MIG device by its
-    parent (minor, UUID, PCI bus ID), GPU and compute instance IDs and UUID."""
+    parent (minor, UUID, PCI bus ID), GPU and compute instance IDs and UUID, a VFIO device by its UUID and PCI
+    bus ID (``vfio.info``, which NVIDIA's unprepare reads to give the GPU back to ``nvidia``)."""
 
     def describe(name: str) -> PreparedDevice | None:
         device = registry.get(name)
@@ -426,6 +428,8 @@ def describe_registered(registry: DeviceRegistry[Any]) -> DescribeDevice:
             return PreparedDevice("mig", None, mig=MigConcrete(
                 parent_minor=parent.minor, gi_id=device.gi_id, ci_id=device.ci_id, mig_uuid=device.uuid,
                 parent_uuid=parent.uuid, parent_pci_bus_id=parent.pci_bus_id))
+        if isinstance(device, VfioDevice):  # NVIDIA's vfio.info: the VFIO device's UUID and its PCI address
+            return PreparedDevice("vfio", None, uuid=device.uuid, pci_bus_id=device.function.address)
         return None
 
     return describe

@@ -28,10 +28,16 @@ driver relies on:
   condition or ``binding_timeout_s`` unreserves its claims (:func:`~dradriver.sandbox.scheduler.unreserve`:
   deallocated) and the Pod is scheduled again after a back-off.
 * **DaemonSet controller**: for every ``apps/v1`` DaemonSet not being deleted, one Pod (``<ds>-<5 random>``,
-  owned by the DaemonSet, ``spec.nodeName`` set, as the controller's node affinity pins it) on each node that
-  matches the template's node selection and tolerates the node's taints; a Pod whose node stops matching is
-  deleted, a deleted one recreated; ``status`` counts kept current. Deleting the DaemonSet deletes its Pods through
-  the API emulator's garbage collector.
+  owned by the DaemonSet, ``spec.nodeName`` set, as the controller's node affinity pins it, labelled
+  ``controller-revision-hash`` and ``pod-template-generation``) on each node that matches the template's node
+  selection and tolerates the node's taints; a Pod whose node stops matching is deleted, a deleted one recreated
+  once it is gone (kube-controller-manager creates it as soon as the old one is terminating; here the old one's
+  containers, an ``nvidia-imex`` holding the node's one IMEX session, have stopped first). A change of the pod
+  template is rolled out as ``spec.updateStrategy`` says (:mod:`dradriver.sandbox.daemonsets`: ``RollingUpdate``
+  with ``maxUnavailable`` 1 and ``maxSurge`` 0 by default, one node at a time, the next old Pod deleted once the
+  new one is available; ``OnDelete``). ``status`` counts (``currentNumberScheduled``, ``numberReady``,
+  ``updatedNumberScheduled``, ``numberAvailable``, ``numberUnavailable``, ``observedGeneration``) kept current.
+  Deleting the DaemonSet deletes its Pods through the API emulator's garbage collector.
 * **Kubelet** (a thread per node): registers the node's plugins from its registrar directory (real gRPC,
   :class:`~dradriver.sandbox.kubelet.SyncKubeletEmulator`), prepares the claims of each bound Pod once they are
   allocated (one NodePrepareResources call per Pod and driver, each to the plugin of the drivers in the claim's
@@ -96,7 +102,7 @@ from dradriver.domain.featuregates import HOST_MANAGED_IMEX_DAEMON, FeatureGates
 from dradriver.domain.identity import COMPUTE_DOMAIN_DRIVER, GPU_DRIVER
 from dradriver.errors import DradriverError
 from dradriver.nvml import mock
-from dradriver.sandbox import scheduler, standins
+from dradriver.sandbox import daemonsets, scheduler, standins
 from dradriver.sandbox.apiserver import ApiServerEmulator
 from dradriver.sandbox.apiserver.errors import ApiStatusError
 from dradriver.sandbox.cluster import create_claim_from_template, plugin_environment
@@ -551,6 +557,7 @@ class MultiNodeCluster:
         self._drivers: dict[str, tuple[str, ...]] = {}  # claim UID -> the drivers of its allocation results
         self._backoff: dict[str, float] = {}  # pod key -> the last retry delay after a failed prepare, seconds
         self._retry_at: dict[str, float] = {}  # pod key -> monotonic time of the next prepare
+        self._ready_since: dict[str, float] = {}  # DaemonSet Pod UID -> monotonic time it was first seen Ready
         try:
             for rack, count in enumerate(racks, start=1):
                 for tray in range(count):
@@ -870,46 +877,84 @@ class MultiNodeCluster:
     def _reconcile_daemonsets(self) -> None:
         pods = self.api.objects("Pod")
         nodes = self._node_objects()
+        now = time.monotonic()
+        seen: set[str] = set()
         for ds in self.api.objects("DaemonSet"):
             meta = ds["metadata"]
             if meta.get("deletionTimestamp"):
                 continue
             template = (ds.get("spec") or {}).get("template") or {}
             spec = template.get("spec") or {}
-            owned = [p for p in pods if _owner_uid(p, "DaemonSet") == meta["uid"]]
+            owned = sorted((p for p in pods if _owner_uid(p, "DaemonSet") == meta["uid"]),
+                           key=lambda p: (str(p["metadata"].get("creationTimestamp", "")),
+                                          int(p["metadata"].get("resourceVersion") or 0)))
             wanted = sorted(n for n, obj in nodes.items() if node_matches(spec, obj))
             by_node: dict[str, list[JSONDict]] = {}
             for p in owned:
                 by_node.setdefault(str((p.get("spec") or {}).get("nodeName", "")), []).append(p)
+            try:
+                strategy = daemonsets.update_strategy(ds, len(wanted))
+            except ValueError as exc:
+                self._report(f"daemonset/{meta['namespace']}/{meta['name']}", str(exc))
+                continue
+            live = {n: [p for p in by_node.get(n, []) if not p["metadata"].get("deletionTimestamp")] for n in wanted}
+            ready = {str(p["metadata"]["name"]): _pod_ready(p) for p in owned}
+            for p in owned:  # Ready since (this controller's clock): available after minReadySeconds
+                uid = str(p["metadata"]["uid"])
+                seen.add(uid)
+                if ready[str(p["metadata"]["name"])]:
+                    self._ready_since.setdefault(uid, now)
+                else:
+                    self._ready_since.pop(uid, None)
+            available = {str(p["metadata"]["name"]): ready[str(p["metadata"]["name"])]
+                         and now - self._ready_since.get(str(p["metadata"]["uid"]), now) >= strategy.min_ready_s
+                         for p in owned}
+            plan = daemonsets.rolling_update(ds, live, strategy=strategy, ready=ready, available=available)
             for node_name in wanted:
-                live = [p for p in by_node.get(node_name, []) if not p["metadata"].get("deletionTimestamp")]
-                if not live and not by_node.get(node_name):
+                if not by_node.get(node_name):  # none at all: a Pod still terminating is waited for (docstring)
                     self._create_daemon_pod(ds, node_name)
+                elif strategy.max_surge == 0 and len(live[node_name]) > 1:  # more than one: all but the oldest go
+                    for extra in live[node_name][1:]:
+                        self._delete_daemon_pod(ds, extra, "more than one Pod on its node")
+            for node_name in plan.surge:
+                self._create_daemon_pod(ds, node_name)
+            for p in owned:
+                if p["metadata"]["name"] in plan.delete:
+                    self._delete_daemon_pod(ds, p, "rolling update: its template is not the DaemonSet's")
             for node_name, node_pods in by_node.items():
                 if node_name not in wanted:
                     for p in node_pods:
                         if not p["metadata"].get("deletionTimestamp"):
-                            self.say(f"DaemonSet {meta['namespace']}/{meta['name']}: node {node_name} no longer "
-                                     f"matches, deleting Pod {p['metadata']['name']}")
-                            with contextlib.suppress(ApiStatusError):
-                                self.api.delete("Pod", p["metadata"]["name"], p["metadata"]["namespace"])
-            live_pods = [p for p in owned if not p["metadata"].get("deletionTimestamp")
-                         and p["spec"].get("nodeName") in wanted]
-            status = {"desiredNumberScheduled": len(wanted), "currentNumberScheduled": len(live_pods),
-                      "numberReady": sum(1 for p in live_pods if _pod_ready(p)), "numberMisscheduled": 0,
+                            self._delete_daemon_pod(ds, p, f"node {node_name} no longer matches")
+            status = {"desiredNumberScheduled": len(wanted), "currentNumberScheduled": len(plan.scheduled),
+                      "numberReady": len(plan.ready), "numberMisscheduled": 0,
+                      "updatedNumberScheduled": len(plan.updated), "numberAvailable": len(plan.available),
+                      "numberUnavailable": len(wanted) - len(plan.available),
                       "observedGeneration": meta.get("generation", 1)}
             if {k: (ds.get("status") or {}).get(k) for k in status} != status:
                 ds["status"] = {**(ds.get("status") or {}), **status}
                 with contextlib.suppress(ApiStatusError):
                     self.api.update(ds, subresource="status")
+        for uid in set(self._ready_since) - seen:
+            del self._ready_since[uid]
+
+    def _delete_daemon_pod(self, ds: JSONDict, pod: JSONDict, why: str) -> None:
+        meta = ds["metadata"]
+        self.say(f"DaemonSet {meta['namespace']}/{meta['name']}: deleting Pod {pod['metadata']['name']} on "
+                 f"{(pod.get('spec') or {}).get('nodeName', '')}: {why}")
+        with contextlib.suppress(ApiStatusError):
+            self.api.delete("Pod", pod["metadata"]["name"], pod["metadata"]["namespace"])
 
     def _create_daemon_pod(self, ds: JSONDict, node_name: str) -> None:
         meta, template = ds["metadata"], ds["spec"]["template"]
+        labels = {**((template.get("metadata") or {}).get("labels") or {}),
+                  daemonsets.LABEL_REVISION_HASH: daemonsets.revision_hash(template),
+                  daemonsets.LABEL_TEMPLATE_GENERATION: str(meta.get("generation", 1))}
         pod = {
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {
                 "name": f"{meta['name'][:57]}-{secrets.token_hex(3)[:5]}", "namespace": meta["namespace"],
-                "labels": dict((template.get("metadata") or {}).get("labels") or {}),
+                "labels": labels,
                 "annotations": dict((template.get("metadata") or {}).get("annotations") or {}),
                 "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": meta["name"],
                                      "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}],
@@ -919,7 +964,7 @@ class MultiNodeCluster:
         }
         created = self.api.create(pod)
         self.say(f"DaemonSet {meta['namespace']}/{meta['name']}: created Pod {created['metadata']['name']} on "
-                 f"{node_name}")
+                 f"{node_name} (revision {labels[daemonsets.LABEL_REVISION_HASH]})")
 
     # ------------------------------------------------------------------------------------ scheduling
     def _schedule(self) -> None:

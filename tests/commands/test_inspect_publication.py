@@ -178,3 +178,40 @@ def test_inspect_for_the_compute_domain_driver_prints_what_its_plugin_publishes(
     devices = printed[0]["spec"]["devices"]
     assert [d["name"] for d in devices] == ["channel-0", "daemon-0"]
     assert bool(devices[0].get("taints")) == (profile == "gb200-nvl72-fabric-failed")
+
+
+def test_inspect_for_a_pre_warmed_plugin_with_binding_conditions_prints_every_channel_it_publishes(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``--imex-mode preWarmed`` (channel isolation implied) and ``--binding-conditions``: every channel of the
+    node's ``ImexChannelCount``, each with KEP-5007's conditions, and the daemon device: what the plugin publishes."""
+    from dradriver.app.computedomain import start_compute_domain_plugin
+    from dradriver.domain import computedomains as cd
+    from tests.computedomain.cdplugin_helpers import cd_config, write_imex_proc
+
+    with SandboxNode(profile="gb200-nvl72-node") as sandbox:
+        write_imex_proc(sandbox, channels=16)
+        api = sandbox.api
+        assert api is not None
+        config = cd_config(sandbox, imex_mode="preWarmed", imex_isolation="channel", gpu_clique_label_enabled=True,
+                           binding_conditions=True)
+
+        async def body() -> list[dict[str, Any]]:
+            plugin = await start_compute_domain_plugin(config)
+            try:
+                await wait_for(lambda: plugin.publisher.in_sync, timeout=30)
+                return list(api.objects("ResourceSlice"))
+            finally:
+                await plugin.stop()
+
+        published_slices = asyncio.run(body())
+        printed = inspected(capsys, sandbox, "--driver", "compute-domain.nvidia.com", "--imex-mode", "preWarmed",
+                            "--binding-conditions", "--proc-root", str(config.proc_root))
+        assert specs(printed) == specs(published_slices)
+        devices = printed[0]["spec"]["devices"]
+        assert [d["name"] for d in devices] == [*(f"channel-{n}" for n in range(16)), "daemon-0"]
+        assert devices[3]["bindingConditions"] == [cd.BINDING_CONDITION] and devices[3]["bindsToNode"] is True
+        assert "bindingConditions" not in devices[-1]
+        rc = main(["inspect", "--mock-profile", sandbox.profile, "--driver", "compute-domain.nvidia.com",
+                   "--imex-isolation", "channel"])
+        _, err = capsys.readouterr()
+        assert rc == 2 and "IMEX_ISOLATION" in err and "hostManaged" in err  # refused as the plugin refuses it

@@ -229,3 +229,61 @@ def test_a_node_moved_to_another_clique_is_reported_and_joins_the_new_one(world:
         world.wait_for_plugin(mover, timeout_s=WAIT_S)
         world.wait_for("the node back in its clique", lambda: _clique_of(world, mover) == old_clique,
                        timeout_s=WAIT_S)
+
+
+def test_an_upgrade_rolls_the_rack_s_clique_daemons_and_its_domain_fails_loudly_then_works_again(
+        world: MultiNodeCluster) -> None:
+    """The controller restarted with a new image (an upgrade) updates the clique DaemonSet's template; the
+    DaemonSet's rolling update replaces the rack's daemons one node at a time. The domain running across the rack
+    reports each node NotReady (condition and Warning Event naming it) while that node's daemon is replaced,
+    Ready again after (Normal Event), its workload pods keep running, and the next pods on every node of the rack
+    get the domain's channel from the new daemons."""
+    rack = ["rack1-node00", "rack1-node01"]
+    channel = _start(world, "upgrade", {f"upgrade-{i}": node for i, node in enumerate(rack)})
+    world.wait_for("upgrade Ready on the whole rack", lambda: domain_demo.domain_ready(world, "upgrade")
+                   and set(_status_nodes(world, "upgrade")) == set(rack), timeout_s=WAIT_S)
+    clique = _clique_of(world, rack[0])
+    uid = cd.clique_domain_uid(clique)
+    before = {node: _clique_daemons(world)[node]["metadata"]["uid"] for node in rack}
+    image = "registry.example/dradriver:upgrade"
+    seen_not_ready: set[str] = set()
+    world.stop_controllers()
+    world.start_controller(extra_env={"NODE_FAILURE_GRACE_PERIOD": "3s", "STATUS_RESYNC_PERIOD": "2s",
+                                      "IMAGE_NAME": image})
+
+    def rolled() -> bool:
+        if not domain_demo.domain_ready(world, "upgrade"):
+            seen_not_ready.add("domain")
+        seen_not_ready.update(n for n in rack if _reason(world, "upgrade", n) != cd.REASON_CLIQUE_DAEMON_READY)
+        ds = world.api.get("DaemonSet", cd.daemon_object_name(uid), world.namespace) or {}
+        status, daemons = ds.get("status") or {}, _clique_daemons(world)
+        return (status.get("updatedNumberScheduled") == status.get("numberReady") == len(rack)
+                and all(n in daemons and daemons[n]["metadata"]["uid"] != before[n]
+                        and daemons[n]["spec"]["containers"][0]["image"] == image for n in rack))
+
+    world.wait_for("the rack's clique daemons replaced by the new image", rolled, timeout_s=2 * WAIT_S)
+    world.wait_for("upgrade Ready again on the whole rack", lambda: domain_demo.domain_ready(world, "upgrade")
+                   and all(_reason(world, "upgrade", n) == cd.REASON_CLIQUE_DAEMON_READY for n in rack),
+                   timeout_s=WAIT_S)
+    assert seen_not_ready  # not silent: the status said so while a daemon was down
+    for node in rack:  # and an Event named each node whose daemon was replaced
+        warnings = [e for e in _events(world, "upgrade", cd.REASON_CLIQUE_DAEMON_NOT_READY) if node in e["message"]]
+        assert warnings and warnings[0]["type"] == "Warning"
+    assert all(e["type"] == "Normal" for e in _events(world, "upgrade", cd.REASON_CLIQUE_DAEMON_READY))
+    assert len(_events(world, "upgrade", cd.REASON_CLIQUE_DAEMON_READY)) >= len(rack)
+    assert all(world.pod_running(f"upgrade-{i}") for i in range(len(rack)))  # the workload kept running
+    for i in range(len(rack)):  # the channel is usable again: the jobs' next pods on each node prepare it
+        world.api.delete("Pod", f"upgrade-{i}", NS)
+    world.wait_for("the first pods' claims released", lambda: not [
+        c for c in world.api.objects("ResourceClaim", NS) if c["metadata"]["name"].startswith("upgrade-")],
+                   timeout_s=WAIT_S)
+    for i, node in enumerate(rack):
+        world.api.create(domain_demo.workload_pod(f"upgrade-after-{i}", "upgrade-channel", group="upgrade-after",
+                                                          node=node))
+    for i in range(len(rack)):
+        world.wait_for(f"Pod upgrade-after-{i} running", lambda i=i: world.pod_running(f"upgrade-after-{i}"),
+                       timeout_s=WAIT_S)
+        assert _devices(world, f"upgrade-after-{i}") == [f"/dev/nvidia-caps-imex-channels/channel{channel}"]
+    rack2 = world.api.get("DaemonSet", cd.daemon_object_name(cd.clique_domain_uid(_clique_of(world, "rack2-node00"))),
+                          world.namespace) or {}
+    assert rack2["spec"]["template"]["spec"]["containers"][0]["image"] == image  # every clique's DaemonSet updated

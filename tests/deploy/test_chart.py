@@ -160,6 +160,44 @@ def test_values_file_changes_the_image_and_the_gates_and_nothing_of_the_plugin_c
     assert {e["name"]: e for e in controller["env"]}["IMAGE_NAME"]["value"] == container["image"]
 
 
+def _parsed_env(container: dict[str, Any], flags: tuple[config.Flag, ...]) -> Any:
+    """The ``argparse`` namespace a binary with ``flags`` builds from ``container``'s environment (downward values
+    filled in as the kubelet fills them)."""
+    import argparse
+
+    downward = {"spec.nodeName": "node-a", "metadata.namespace": NAMESPACE, "metadata.name": "pod-a",
+                "metadata.uid": "0b5f4c1e-8d2a-4c55-9a4e-5d1f2e3c4b5a"}
+    environ = {e["name"]: e["value"] if "value" in e else downward[e["valueFrom"]["fieldRef"]["fieldPath"]]
+               for e in container["env"]}
+    parser = argparse.ArgumentParser()
+    config.add_flags(parser, flags, environ=environ)
+    return parser.parse_args([])
+
+
+def test_the_chart_s_imex_mode_value_and_a_plugin_env_entry_give_pre_warmed_imex_with_binding_conditions() -> None:
+    """NVIDIA's value ``resources.computeDomains.imex.mode: preWarmed`` reaches the plugin and the controller as
+    ``IMEX_MODE`` (the plugin then isolates by channel and labels its clique); ``BINDING_CONDITIONS``, which NVIDIA's
+    chart has no value for, goes in the chart's ``kubeletPlugin.containers.computeDomains.env``, as
+    ``values-dradriver.yaml`` shows."""
+    operator = {"resources": {"computeDomains": {"imex": {"mode": "preWarmed"}}},
+                "kubeletPlugin": {"containers": {"computeDomains": {"env": [{"name": "BINDING_CONDITIONS",
+                                                                             "value": "true"}]}}}}
+    v = chart.values(yaml.safe_load(VALUES_FILE.read_text()), operator)
+    plugin = config.compute_domain_config_from_args(
+        _parsed_env(chart.compute_domains_container(v), (*config.COMPUTE_DOMAIN_PLUGIN_FLAGS, *[
+            f for f in config.PLUGIN_FLAGS if f not in config.COMPUTE_DOMAIN_PLUGIN_FLAGS])))
+    assert (plugin.imex_mode, plugin.imex_isolation, plugin.gpu_clique_label_enabled, plugin.binding_conditions) == (
+        "preWarmed", "channel", True, True)
+    controller = compute_domain_controller.config_from_args(
+        _parsed_env(chart.controller_container(v, NAMESPACE), compute_domain_controller.FLAGS))
+    assert controller.settings.imex_mode == "preWarmed" and controller.settings.pre_warmed
+    assert controller.settings.image == chart.full_image(v)  # the clique daemons run the controller's image
+    default = config.compute_domain_config_from_args(_parsed_env(chart.compute_domains_container(chart.values(
+        yaml.safe_load(VALUES_FILE.read_text()))), (*config.COMPUTE_DOMAIN_PLUGIN_FLAGS, *[
+            f for f in config.PLUGIN_FLAGS if f not in config.COMPUTE_DOMAIN_PLUGIN_FLAGS])))
+    assert (default.imex_mode, default.binding_conditions) == ("driverManaged", False)  # the values file's defaults
+
+
 #: Environment the chart sets that no flag of the binary reads, as with NVIDIA's binaries (the container runtime's
 #: variables, the kubelet's ``$(LOG_VERBOSITY)`` expansion, the chart's own script's switch).
 NOT_FLAGS = {"LOG_VERBOSITY", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_MIG_CONFIG_DEVICES", "MASK_NVIDIA_DRIVER_PARAMS"}

@@ -474,3 +474,16 @@ def test_per_node_config_overlay_mounts_valid_profiles_where_the_plugin_reads_th
     binding = one(objs, "ClusterRoleBinding", "dradriver-kubelet-plugin-node-watch")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": ds["spec"]["template"]["spec"]
                                     ["serviceAccountName"], "namespace": ds["metadata"]["namespace"]}]
+
+
+def test_passthrough_overlay_turns_the_gate_on_and_mounts_the_host_root_and_dev() -> None:
+    daemonset = one(render("overlays/passthrough"), "DaemonSet", "dradriver-kubelet-plugin")
+    plugin = container(daemonset, "gpus")
+    config = _plugin_config("overlays/passthrough")
+    assert config.feature_gates.passthrough_support and not config.feature_gates.dynamic_mig
+    root = mount_for(plugin, str(config.host_root))
+    assert volume(daemonset, root["name"])["hostPath"]["path"] == "/" and root["readOnly"]
+    dev = mount_for(plugin, "/dev")
+    assert volume(daemonset, dev["name"])["hostPath"]["path"] == "/dev"
+    assert dev["mountPropagation"] == "HostToContainer"
+    assert not _plugin_config("base").feature_gates.passthrough_support

@@ -27,7 +27,7 @@ def _host_mounts(target: str) -> dict[str, tuple[str, str, bool]]:
     ds = one(render(target), "DaemonSet", "dradriver-kubelet-plugin")
     plugin = container(ds, "gpus")
     out = {}
-    for path in ("/host-root", "/sys", "/proc"):
+    for path in ("/host-root", "/sys", "/proc", "/dev"):
         mount = next((m for m in plugin["volumeMounts"] if m["mountPath"] == path), None)
         if mount is not None:
             out[path] = (volume(ds, mount["name"])["hostPath"]["path"], mount.get("mountPropagation", ""),
@@ -47,7 +47,8 @@ def test_passthrough_overlay_turns_the_gate_on_and_mounts_the_host_root_sys_and_
     assert mount_for(plugin, str(config.host_root))["readOnly"] is True
     assert _host_mounts(OVERLAY) == {"/host-root": ("/", "HostToContainer", True),
                                      "/sys": ("/sys", "Bidirectional", False),
-                                     "/proc": ("/proc", "Bidirectional", False)}
+                                     "/proc": ("/proc", "Bidirectional", False),
+                                     "/dev": ("/dev", "HostToContainer", False)}
     assert str(config.sysfs_root) == "/sys" and str(config.proc_root) == "/proc"
     (vfio,) = [c for c in find(objs, "DeviceClass") if c["metadata"]["name"] == "vfio.gpu.nvidia.com"]
     assert [s["cel"]["expression"] for s in vfio["spec"]["selectors"]] == [
@@ -70,5 +71,6 @@ def test_helm_passthrough_values_keep_dradrivers_gates_and_mount_what_the_overla
     mounts, volumes = chart.passthrough_volumes(values)
     host = {v["name"]: v["hostPath"]["path"] for v in volumes}
     assert {m["mountPath"].rstrip("/") or "/": (host[m["name"]].rstrip("/") or "/", m["mountPropagation"],
-                                                bool(m.get("readOnly"))) for m in mounts} == _host_mounts(OVERLAY)
+                                                bool(m.get("readOnly"))) for m in mounts} == {
+        path: mount for path, mount in _host_mounts(OVERLAY).items() if path != "/dev"}  # /dev: beyond NVIDIA's
     assert chart.passthrough_volumes(chart.values(VALUES[0])) == ([], [])

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from dradriver.nvml import mock
+from dradriver.sandbox.standins.nv_fabricmanager import mock_library_path as mock_fm_library_path
 from tools import build_support
 
 REPO = Path(__file__).resolve().parents[2]
@@ -117,6 +118,9 @@ def test_wheel_carries_the_compiled_modules_and_the_mock_library(wheel: Path) ->
         in_tree = None
     if in_tree is not None:
         assert in_tree.relative_to(REPO).as_posix() in names
+    fm_mock = mock_fm_library_path()  # the mock libnvfm.so.1 (ext/mocknvfm), built by the same setup command
+    if fm_mock.is_file():
+        assert fm_mock.relative_to(REPO).as_posix() in names
     profiles = {Path(n).stem for n in names if n.startswith("dradriver/nvml/profiles/") and n.endswith(".json")}
     assert profiles == {p.stem for p in (REPO / "dradriver" / "nvml" / "profiles").glob("*.json")}
     assert "dradriver = dradriver.cli:main" in entry_points

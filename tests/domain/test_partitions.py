@@ -329,7 +329,7 @@ def test_dynamic_mig_full_gpus_carry_fabric_partitions_and_a_new_module_id_misse
     inv = inventory(mock_session, "dgx-h100", tmp_path)
     first = inv.gpus[0]
     numbered = dataclasses.replace(inv, gpus=(dataclasses.replace(first, module_id=1, partitions={8: 0}),
-                                              *inv.gpus[1:]))
+                                              *(dataclasses.replace(g, module_id=None) for g in inv.gpus[1:])))
     cache = partitions.PartitionCache()
     slices = build(numbered, "n", server_version=(1, 35), cache=cache, fabric_partitions=True).slices
     assert_valid_pool(slices, (1, 35), "1.35.0")

@@ -106,3 +106,9 @@ def test_an_fm_that_does_not_answer_within_the_timeout_is_fm_st_timeout(fm: Fabr
     with pytest.raises(FabricManagerError, match="activate of partition 1 failed: FM_ST_TIMEOUT"):
         client.activate(1)
     assert fm.active == set()
+
+
+def test_an_address_longer_than_fm_connect_params_holds_is_badparam() -> None:
+    client = FabricManagerClient(mock_library_path(), FmAddress("/" + "x" * 300))
+    with pytest.raises(FabricManagerError, match="list partitions: connect failed: FM_ST_BADPARAM"):
+        client.partitions()

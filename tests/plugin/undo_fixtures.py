@@ -96,6 +96,10 @@ def _gates(node: SandboxNode, **gates: bool) -> PluginConfig:
     return replace(base, feature_gates=base.feature_gates.with_gates(**gates))
 
 
+def _plain_gates(node: SandboxNode, gate: str) -> PluginConfig:
+    return node.config(feature_gates=node.config().feature_gates.with_gates(**{gate: True}))
+
+
 def _config_entry(sharing: dict[str, Any]) -> dict[str, Any]:
     from tests.configs.helpers import entry, params
 
@@ -330,6 +334,62 @@ def _daemon_undone(node: SandboxNode, plugin: Any, ctx: Context) -> None:
     assert not spec_path(node, ctx["uid"]).exists()
 
 
+# -- vfio ---------------------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def pci_node(_directory: Path) -> Iterator[SandboxNode]:
+    """A DGX H100 sandbox with its PCI tree served by the PCI bus stand-in (VFIO passthrough)."""
+    with SandboxNode(profile="dgx-h100", pci_tree=True) as node:
+        assert node.api is not None
+        node.api.create(DEVICE_CLASS)
+        yield node
+
+
+VFIO_GPU = "0000:18:00.0"
+
+
+async def _prepare_vfio(node: SandboxNode, plugin: GpuPlugin, kubelet: PluginConnection) -> tuple[ClaimRef, Context]:
+    ref = ref_of(allocate(node, "vm", [result("gpu-vfio-0")], []))
+    assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+    return ref, {}
+
+
+def _vfio_held(node: SandboxNode, plugin: GpuPlugin, ctx: Context) -> None:
+    assert node.pci_host().function(VFIO_GPU).driver == "vfio-pci"
+
+
+def _vfio_undone(node: SandboxNode, plugin: GpuPlugin, ctx: Context) -> None:
+    function = node.pci_host().function(VFIO_GPU)
+    assert (function.driver, function.driver_override) == ("nvidia", None)
+
+
+# -- fm-partition -------------------------------------------------------------------------------------------
+
+async def _prepare_partition(node: SandboxNode, plugin: GpuPlugin,
+                             kubelet: PluginConnection) -> tuple[ClaimRef, Context]:
+    ref = ref_of(allocate(node, "pair", [result("gpu-0"), result("gpu-2")], []))
+    assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+    return ref, {}
+
+
+def _partition_held(node: SandboxNode, plugin: GpuPlugin, ctx: Context) -> None:
+    from tests.fabricmanager.nodes import active_partitions
+
+    assert active_partitions(node) == {3}
+
+
+def _partition_undone(node: SandboxNode, plugin: GpuPlugin, ctx: Context) -> None:
+    from tests.fabricmanager.nodes import active_partitions
+
+    assert active_partitions(node) == set()
+
+
+def _fm_node(directory: Path) -> contextlib.AbstractContextManager[SandboxNode]:
+    from tests.fabricmanager.nodes import fm_node
+
+    return fm_node(directory)
+
+
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario("gpu", h100_node, lambda n: n.config(), _prepare_gpu, _gpu_held, _gpu_undone),
     Scenario("timeslicing", h100_node, lambda n: _gates(n, **{fg.TIME_SLICING_SETTINGS: True}),
@@ -343,6 +403,10 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("gpu-share", shares_node, lambda n: n.shares_config(), _prepare_share, _share_held, _share_undone),
     Scenario("imex-channel", gb200_node, _cd_config, _prepare_channel, _channel_held, _channel_undone, _cd_running),
     Scenario("imex-daemon", gb200_node, _cd_config, _prepare_daemon, _daemon_held, _daemon_undone, _cd_running),
+    Scenario("vfio", pci_node, lambda n: _plain_gates(n, fg.PASSTHROUGH_SUPPORT), _prepare_vfio, _vfio_held,
+             _vfio_undone),
+    Scenario("fm-partition", _fm_node, lambda n: _plain_gates(n, fg.FABRIC_MANAGER_PARTITIONING),
+             _prepare_partition, _partition_held, _partition_undone),
 )
 """Every kind that writes an undo record: the GPU plugin's (``exclusive`` comes with each claim's config group)
 and the compute-domain plugin's."""

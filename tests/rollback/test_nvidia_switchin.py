@@ -29,6 +29,7 @@ from dradriver.domain.nvcheckpoint import (
     PreparedDevice,
     encode,
 )
+from dradriver.domain.passthrough import vfio_uuid
 from dradriver.host.claimstate import ClaimState
 from dradriver.host.nvcheckpointfile import CHECKPOINT_FILE, read_checkpoint, write_checkpoint
 from dradriver.kubeletplugin.adoption import GpuAdoption, adopt_nvidia_claims
@@ -372,13 +373,21 @@ def test_a_claim_nvidia_left_half_prepared_is_rolled_back_as_nvidia_would(sandbo
     asyncio.run(body())
 
 
-def test_an_adopted_vfio_device_is_held_without_an_undo_dradriver_cannot_do() -> None:
-    """dradriver has no VFIO preparer: the device is held (refused to others) and its unprepare is not blocked by a
-    record no part of dradriver can undo."""
-    device = PreparedDevice("vfio", KubeletDevice(("gpu",), "node-a", "gpu-1", ("k8s.gpu.nvidia.com/claim=u-gpu-1",)),
-                            uuid="GPU-1")
+def test_an_adopted_vfio_device_gets_a_vfio_undo_record_from_its_vfio_info(caplog: pytest.LogCaptureFixture) -> None:
+    """NVIDIA's ``vfio.info`` (``uuid``, ``pciBusID``) becomes the VFIO preparer's record (its unprepare gives the
+    GPU back to ``nvidia``), pinned to the VFIO UUID; an entry without ``pciBusID`` is held without undo, warned."""
+    address = "0000:2a:00.0"
+    kubelet = KubeletDevice(("gpu",), "node-a", "gpu-vfio-1", ("k8s.gpu.nvidia.com/claim=u-gpu-vfio-1",))
+    device = PreparedDevice("vfio", kubelet, uuid=vfio_uuid(address), pci_bus_id="00000000:2A:00.0")
     adopted = GpuAdoption("node-a", lambda _name: None).claim(_nvidia_entry_on("node-a", device))
-    assert [h.device for h in adopted.held] == ["gpu-1"] and adopted.undo == ()
+    [record] = adopted.undo
+    assert (record.kind, record.target, record.data["address"], record.data["originalDriver"]) == (
+        "vfio", "gpu-vfio-1", address, "nvidia")
+    assert adopted.pins == {"gpu-vfio-1": vfio_uuid(address)}
+    bare = PreparedDevice("vfio", kubelet, uuid="GPU-1")
+    with caplog.at_level("WARNING"):
+        held = GpuAdoption("node-a", lambda _name: None).claim(_nvidia_entry_on("node-a", bare))
+    assert [h.device for h in held.held] == ["gpu-vfio-1"] and held.undo == () and "pciBusID" in caplog.text
 
 
 def test_a_static_mig_device_nvidia_prepared_is_held_refused_and_unprepared_without_destroying_its_instance() -> None:

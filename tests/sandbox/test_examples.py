@@ -39,7 +39,7 @@ class Case:
     file: str
     profile: str = "dgx-h100"
     gates: str = ""
-    setup: str = "plain"  # plain | mps | shares
+    setup: str = "plain"  # plain | mps | shares | pci (the node's PCI bus emulated: VFIO passthrough)
 
 
 CASES = [
@@ -52,6 +52,7 @@ CASES = [
     Case("mig-claim.yaml", profile="dgx-a100"),
     Case("dynamic-mig.yaml", profile="dgx-h200", gates="DynamicMIG=true"),
     Case("admin-access.yaml"),
+    Case("vfio-passthrough.yaml", gates="PassthroughSupport=true", setup="pci"),
 ]
 
 
@@ -86,9 +87,9 @@ def test_example_runs_in_the_sandbox(case: Case) -> None:
     pods = [(d["metadata"].get("namespace", "default"), d["metadata"]["name"]) for d in docs if d["kind"] == "Pod"]
     assert pods
     lines: list[str] = []
-    with SandboxNode(profile=case.profile) as sandbox:
+    with SandboxNode(profile=case.profile, pci_tree=case.setup == "pci") as sandbox:
         assert sandbox.api is not None
-        if case.setup != "plain":
+        if case.setup in ("mps", "shares"):
             sandbox.run_workloads()
         cluster = ClusterEmulator(sandbox, say=lines.append)
         cluster.apply_device_classes()

@@ -175,6 +175,63 @@ def test_a_node_pulling_its_image_starts_no_new_container_until_the_pull_is_done
 
 
 @pytest.mark.slow
+def test_a_template_change_rolls_the_daemonset_one_node_at_a_time(cluster: MultiNodeCluster, tmp_path: Path) -> None:
+    def container(version: str) -> dict[str, Any]:
+        return {"name": "main", "image": f"x:{version}", "command": [sys.executable, "-c", SCRIPT],
+                "env": [{"name": "OUT", "value": str(tmp_path / f"{version}-$(NODE_NAME).txt")},
+                        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+                "readinessProbe": {"exec": {"command": ["test", "-s", str(tmp_path / f"{version}-$(NODE_NAME).txt")]},
+                                   "periodSeconds": 1}}
+
+    cluster.api.create({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "roll", "namespace": NS},
+                        "spec": {"selector": {"matchLabels": {"app": "roll"}}, "template": {
+                            "metadata": {"labels": {"app": "roll"}}, "spec": {"containers": [container("v1")]}}}})
+
+    def ready_pods() -> dict[str, dict[str, Any]]:
+        return {n: p for n, p in _ds_pods(cluster).items() if cluster.pod_running(p["metadata"]["name"])}
+
+    wait_until(lambda: len(ready_pods()) == 3, "a ready Pod on each of the three nodes")
+    first = {n: p["metadata"]["uid"] for n, p in ready_pods().items()}
+    assert {p["metadata"]["labels"]["pod-template-generation"] for p in ready_pods().values()} == {"1"}
+    ds = cluster.api.get("DaemonSet", "roll", NS)
+    assert ds is not None
+    ds["spec"]["template"]["spec"]["containers"] = [container("v2")]
+    cluster.api.update(ds)
+    fewest = [3]
+    stop = threading.Event()
+
+    def watch() -> None:  # the fewest nodes with a Ready Pod at any moment of the roll
+        while not stop.is_set():
+            fewest[0] = min(fewest[0], len(ready_pods()))
+            stop.wait(0.01)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        wait_until(lambda: all((tmp_path / f"v2-{n}.txt").exists() for n in cluster.nodes) and len(ready_pods()) == 3
+                   and not set(first.values()) & {p["metadata"]["uid"] for p in ready_pods().values()},
+                   "every node running a Ready Pod of the new template", timeout=120)
+    finally:
+        stop.set()
+        watcher.join()
+    assert fewest[0] == 2  # maxUnavailable 1 (the default): one node at a time, never two
+    hashes = {p["metadata"]["labels"]["controller-revision-hash"] for p in ready_pods().values()}
+    assert len(hashes) == 1 and {p["metadata"]["labels"]["pod-template-generation"]
+                                 for p in ready_pods().values()} == {"2"}
+    for uid in first.values():
+        assert pids_with_marker(f"{uid}/main") == []  # the old containers stopped
+
+    def counts() -> tuple[Any, ...]:
+        status = (cluster.api.get("DaemonSet", "roll", NS) or {}).get("status") or {}
+        return tuple(status.get(k) for k in ("desiredNumberScheduled", "updatedNumberScheduled", "numberReady",
+                                             "numberAvailable", "numberUnavailable", "observedGeneration"))
+
+    wait_until(lambda: counts() == (3, 3, 3, 3, 0, 2), "the status of a finished roll at generation 2")
+
+
+@pytest.mark.slow
 def test_scheduler_spreads_pods_with_anti_affinity_within_a_rack(cluster: MultiNodeCluster) -> None:
     def pod(name: str) -> dict[str, Any]:
         return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS, "labels": {"app": "w"}},
