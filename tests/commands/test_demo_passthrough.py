@@ -68,3 +68,13 @@ def test_passthrough_scenario_does_not_serve(capsys: pytest.CaptureFixture[str])
 
     assert main(["demo", "--scenario", "passthrough", "--serve"]) == 2
     assert "--serve does not run the passthrough scenario" in capsys.readouterr().err
+
+
+def test_the_user_guides_partition_claim_is_the_one_the_demo_runs() -> None:
+    import yaml
+
+    page = (ROOT / "docs" / "user-guide" / "passthrough.md").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", page, re.DOTALL)
+    (shown,) = [yaml.safe_load(b) for b in blocks if "matchAttribute: gpu.nvidia.com/partition2" in b]
+    (template,) = [m for m in passthrough.vm_manifests() if m["kind"] == "ResourceClaimTemplate"]
+    assert shown["kind"] == "ResourceClaimTemplate" and shown["spec"] == template["spec"]
