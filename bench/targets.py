@@ -34,6 +34,8 @@ class Ratio:
 
 
 RATIOS: tuple[Ratio, ...] = (
+    Ratio("vfio_prepare_unprepare", "VfioPreparer apply+undo / the same sysfs writes in a direct sequence",
+          "preparer", "direct", "<=", 10.0),
     Ratio("explain_fleet_18000", "explain, claim that fits nowhere: per device / per shape (speed-up)",
           "nowhere_per_device", "nowhere_per_shape", ">=", 20.0),
     Ratio("prepare_1g_dynamic_mig", "dynamic MIG 1g prepare / full-GPU prepare (mock NVML time included)",

@@ -24,7 +24,9 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--profile", default=None,
                         help="mock NVML node profile (see `dradriver mock-profiles`); default gb200-nvl72-node, "
-                             "dgx-h200 for --scenario dynamic-mig (the sharing and passthrough scenarios ignore it)")
+                             "dgx-h200 for --scenario dynamic-mig, dgx-h100 for --scenario passthrough (an HGX 8-GPU "
+                             "board: Fabric Manager's partition table needs module IDs 1-8; the sharing scenario "
+                             "ignores it)")
     parser.add_argument("--node-name", default="gpu-node-1", help="name of the emulated node")
     parser.add_argument("-o", "--output", choices=("text", "json"), default="text", help="progress format")
     parser.add_argument("--scenario", choices=("basic", "sharing", "time-slicing", "dynamic-mig", "compute-domain",
@@ -36,9 +38,9 @@ def register(subparsers: Any) -> None:
                              "via NVML; dynamic-mig: MIG devices "
                              "created at prepare and destroyed at unprepare on an H200 node (DynamicMIG gate); "
                              "compute-domain: a ComputeDomain across two nodes of one of two emulated NVL72 racks, "
-                             "IMEX daemons and channels, deletion leaving nothing behind; passthrough: a GPU bound "
-                             "to vfio-pci for a VM claim and given back to nvidia, on an H100 node (PassthroughSupport "
-                             "gate)")
+                             "IMEX daemons and channels, deletion leaving nothing behind; passthrough: a VM's pod "
+                             "gets two GPUs of one Fabric Manager partition through VFIO on an HGX H100 node "
+                             "(PassthroughSupport, FabricManagerPartitioning) and gives them back")
     parser.add_argument("--tenants", type=int, default=1,
                         help="compute-domain only: 1 (default) runs one domain with driver-managed IMEX; 2-4 run that "
                              "many jobs from as many namespaces on one rack with host-managed IMEX and "
@@ -112,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     if args.serve and args.output == "json":
         narrator.output = "quiet"
     if args.profile is None:
-        args.profile = "dgx-h200" if args.scenario == "dynamic-mig" else "gb200-nvl72-node"
+        args.profile = {"dynamic-mig": "dgx-h200", "passthrough": "dgx-h100"}.get(args.scenario, "gb200-nvl72-node")
     if args.serve and args.scenario in ("sharing", "dynamic-mig", "compute-domain", "passthrough"):
         print(f"dradriver demo: --serve does not run the {args.scenario} scenario", file=sys.stderr)
         return 2
@@ -194,7 +196,7 @@ def _run_scenario(args: argparse.Namespace, narrator: Any, serve: Callable[[Any]
     elif args.scenario == "passthrough":
         from dradriver.sandbox.demos import passthrough
 
-        asyncio.run(passthrough.demo(node_name=args.node_name, narrator=narrator))
+        asyncio.run(passthrough.demo(profile=args.profile, node_name=args.node_name, narrator=narrator))
     elif args.scenario == "compute-domain" and args.imex == "pre-warmed":
         from dradriver.sandbox.demos import compute_domain_prewarmed
 

@@ -171,6 +171,22 @@ def gpus_container(v: Mapping[str, Any]) -> dict[str, Any]:
     return container
 
 
+def passthrough_volumes(v: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The ``gpus`` container's volume mounts and the pod's volumes the chart adds when
+    ``featureGates.PassthroughSupport`` is true (``templates/kubeletplugin.yaml``: the host's ``/`` at
+    ``/host-root``, read-only, HostToContainer; ``/sys/`` and ``/proc/`` Bidirectional); none without it."""
+    if not v["featureGates"].get("PassthroughSupport"):
+        return [], []
+    mounts: list[dict[str, Any]] = [
+        {"name": "host-root", "mountPath": "/host-root", "mountPropagation": "HostToContainer", "readOnly": True},
+        {"name": "sysfs", "mountPath": "/sys/", "mountPropagation": "Bidirectional"},
+        {"name": "procfs", "mountPath": "/proc/", "mountPropagation": "Bidirectional"},
+    ]
+    volumes: list[dict[str, Any]] = [{"name": name, "hostPath": {"path": path, "type": "Directory"}}
+               for name, path in (("host-root", "/"), ("sysfs", "/sys/"), ("procfs", "/proc/"))]
+    return mounts, volumes
+
+
 def compute_domains_container(v: Mapping[str, Any]) -> dict[str, Any]:
     """The ``compute-domains`` container of the kubelet-plugin DaemonSet for values ``v`` (the environment of
     ``nvidia-image-contract.md`` "Environment of the compute-domains container"; liveness every 10 s)."""
