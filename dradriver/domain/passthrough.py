@@ -21,6 +21,7 @@ sysfs-bus-pci``; NVIDIA Fabric Manager User Guide, "Shared NVSwitch virtualizati
 
 from __future__ import annotations
 
+import re
 import uuid as uuidlib
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -102,6 +103,21 @@ def normalize_pci_address(address: str) -> str:
     if sep and len(domain) == 8 and domain.startswith("0000"):
         return f"{domain[4:]}:{rest}"
     return text
+
+
+_PCIE_ROOT = re.compile(r"^pci[0-9a-fA-F]{4,}:[0-9a-fA-F]{2}$")
+
+
+def pcie_root_of(link_target: str) -> str | None:
+    """``pci<domain>:<bus>`` (lowercase) of a PCI function from its sysfs ``bus/pci/devices/<address>`` link target
+    (``../../../devices/pci0000:3a/0000:3a:00.0/0000:3b:00.0``: the element after ``devices`` is the root complex;
+    Kubernetes ``k8s.io/dynamic-resource-allocation/deviceattribute`` ``GetPCIeRootAttributeByPCIBusID``), or ``None``
+    when the target names none."""
+    parts = [p for p in link_target.split("/") if p and p not in (".", "..")]
+    for i, part in enumerate(parts[:-1]):
+        if part == "devices" and _PCIE_ROOT.match(parts[i + 1]):
+            return parts[i + 1].lower()
+    return None
 
 
 def vfio_device_name(index: int) -> str:

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from dradriver.domain.passthrough import NVIDIA_DRIVER, IommuGroup, PciFunction
+from dradriver.domain.passthrough import NVIDIA_DRIVER, IommuGroup, PciFunction, pcie_root_of
 from dradriver.errors import DradriverError
 
 IORESOURCE_MEM = 0x200
@@ -69,7 +69,6 @@ DEFAULT_SETTLE_S = 10.0
 """How long a written state may take to show (seconds); a real sysfs write takes effect before it returns."""
 
 _ADDRESS = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
-_PCIE_ROOT = re.compile(r"^pci[0-9a-fA-F]{4,}:[0-9a-fA-F]{2}$")
 """A root complex element of a device link's target (as :func:`dradriver.nvml.discovery.pcie_root` reads it)."""
 _T = TypeVar("_T")
 
@@ -231,14 +230,9 @@ class PciHost:
     @staticmethod
     def _pcie_root(path: Path) -> str | None:
         try:
-            target = os.readlink(path)
+            return pcie_root_of(os.readlink(path))
         except OSError:
             return None
-        parts = [p for p in target.split("/") if p and p not in (".", "..")]
-        for i, part in enumerate(parts[:-1]):
-            if part == "devices" and _PCIE_ROOT.match(parts[i + 1]):
-                return parts[i + 1].lower()
-        return None
 
     def vfio_cdev(self, address: str) -> str | None:
         """The function's ``vfio-dev/vfio<N>`` entry name, ``None`` when it has none (not on VFIO, or a kernel

@@ -39,7 +39,6 @@ import ctypes
 import logging
 import math
 import os
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +56,7 @@ from dradriver.domain.devices import (
     NodeInventory,
 )
 from dradriver.domain.migplacements import MigPlacement, toggles_mig_without_reset
+from dradriver.domain.passthrough import pcie_root_of
 from dradriver.nvml.errors import NvmlError
 from dradriver.nvml.session import NvmlSession
 
@@ -125,7 +125,6 @@ _GI_ATTRIBUTES: dict[int, tuple[tuple[str, ...], tuple[str, ...]]] = {
     pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_NO_ME: ((), ("me",)),
     pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE_NO_ME: ((), ("me",)),
 }
-_PCIE_ROOT = re.compile(r"^pci[0-9a-fA-F]{4,}:[0-9a-fA-F]{2}$")
 
 
 def normalize_pci_bus_id(bus_id: str | bytes) -> str:
@@ -172,14 +171,9 @@ def pcie_root(sysfs_root: Path, bdf: str) -> str | None:
     """
     link = sysfs_root / "bus" / "pci" / "devices" / bdf
     try:
-        target = os.readlink(link)
+        return pcie_root_of(os.readlink(link))
     except OSError:
         return None
-    parts = [p for p in target.split("/") if p and p not in (".", "..")]
-    for i, part in enumerate(parts[:-1]):
-        if part == "devices" and _PCIE_ROOT.match(parts[i + 1]):
-            return parts[i + 1].lower()
-    return None
 
 
 def sysfs_numa_node(sysfs_root: Path, bdf: str) -> int | None:
