@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from dradriver.app.gpu import PASSTHROUGH_EVENT_WAIT_MS
 from dradriver.config import IMAGE_CDI_HOOK_ENV, MODPROBE_ENV
 from dradriver.domain import featuregates as fg
 from dradriver.domain.claims import ClaimRef
@@ -113,6 +114,20 @@ def test_a_claim_whose_device_is_the_sibling_of_a_held_one_is_refused_naming_bot
             assert await kubelet.unprepare([gpu]) == {gpu.uid: ""}
             assert (await kubelet.prepare([vm]))[vm.uid].error == ""
             assert await kubelet.unprepare([vm]) == {vm.uid: ""}
+
+    asyncio.run(body())
+
+
+def test_with_the_gate_the_health_monitors_event_wait_is_short_so_a_swap_does_not_stall_the_next_claim(
+        node: SandboxNode) -> None:
+    """Each swap re-initialises NVML with the health monitor stopped, and a stop waits for the NVML event wait in
+    progress: with the gate the wait is PASSTHROUGH_EVENT_WAIT_MS (an unprepare right after a VFIO prepare waited
+    about 1 s at the default 1000 ms); without it the default stays."""
+    async def body() -> None:
+        async with running(node.config(feature_gates=GATES)) as (plugin, _kubelet):
+            assert plugin.health is not None and plugin.health.wait_timeout_ms == PASSTHROUGH_EVENT_WAIT_MS < 1000
+        async with running(node.config()) as (plugin, _kubelet):
+            assert plugin.health is not None and plugin.health.wait_timeout_ms == 1000
 
     asyncio.run(body())
 
