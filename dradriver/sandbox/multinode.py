@@ -83,6 +83,7 @@ import os
 import random
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -484,6 +485,32 @@ class _PodPrepare:
     future: concurrent.futures.Future[dict[str, ClaimResult]]
 
 
+NET_LOCK_PORT = 49999
+"""The port of the socket that reserves a cluster's ``127.<net>.0.0/16`` on this host (see :func:`_reserve_net`)."""
+
+
+def _reserve_net() -> tuple[socket.socket, int]:
+    """Pick the second octet of the loopback network a cluster's nodes get addresses in (``127.<net>.<rack>.<tray
+    + 1>``) and hold it: a TCP socket bound, without ``SO_REUSEADDR``, to ``127.<net>.0.1:49999`` (no node has a
+    rack 0) stays bound until :meth:`MultiNodeCluster.close`, so a cluster in another process (two test runs at
+    once) cannot take the same network and find its ``nvidia-imex`` port (50000) in use.
+
+    :returns: the bound socket and ``net`` (100-250).
+    :raises MultiNodeError: every network of the range is held.
+    """
+    nets = list(range(100, 251))
+    random.shuffle(nets)
+    for net in nets:
+        lock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            lock.bind((f"127.{net}.0.1", NET_LOCK_PORT))
+        except OSError:
+            lock.close()
+            continue
+        return lock, net
+    raise MultiNodeError("every loopback network 127.100-250.0.0/16 is held by another emulated cluster")
+
+
 class MultiNodeCluster:
     """N emulated nodes in racks on one API emulator, with the controllers of the module docstring.
 
@@ -545,7 +572,7 @@ class MultiNodeCluster:
         self._binding: dict[str, str] = {}  # pod key -> the node it waits in PreBind for
         self._schedule_at: dict[str, float] = {}  # pod key -> monotonic time of its next scheduling attempt
         self.controllers: list[subprocess.Popen[bytes]] = []
-        self.net = random.randint(100, 250)
+        self._net_lock, self.net = _reserve_net()
         self.nodes: dict[str, EmulatedNode] = {}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -1511,6 +1538,7 @@ class MultiNodeCluster:
         self.nodes.clear()
         if self._owns_api:
             self.api.stop()
+        self._net_lock.close()
 
     def __enter__(self) -> MultiNodeCluster:
         return self.start()

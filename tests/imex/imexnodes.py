@@ -17,8 +17,9 @@ from dradriver.sandbox import standins
 
 
 def loopback_prefix() -> str:
-    """``127.a.b``: a /24 of loopback addresses unlikely to be used by a test running beside this one."""
-    return f"127.{random.randint(100, 250)}.{random.randint(1, 250)}"
+    """``127.a.b``: a /24 of loopback addresses unlikely to be used by a test running beside this one; ``b`` from
+    100 up, above any rack number of an emulated cluster's ``127.<net>.<rack>.<tray>`` (dradriver.sandbox.multinode)."""
+    return f"127.{random.randint(100, 250)}.{random.randint(100, 250)}"
 
 
 def install_tools(bin_dir: Path) -> Path:
