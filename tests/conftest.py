@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -25,6 +26,21 @@ os.environ.setdefault("DRADRIVER_NVIDIA_PEERS", str(Path(__file__).resolve().par
 if TYPE_CHECKING:
     from dradriver.nvml.session import NvmlSession
     from dradriver.sandbox.node import SandboxNode
+
+
+@pytest.fixture(autouse=True)
+def _logging_restored() -> Iterator[None]:
+    """Each test starts with the logging the one before it found: a command run in process (``dradriver demo``
+    sets the ``dradriver`` logger to ERROR, ``logs.configure`` replaces the root handlers) would otherwise hide the
+    log lines a later test asserts on."""
+    root, ours = logging.getLogger(), logging.getLogger("dradriver")
+    saved = (root.level, list(root.handlers), ours.level, list(ours.handlers), ours.propagate)
+    yield
+    root.setLevel(saved[0])
+    root.handlers[:] = saved[1]
+    ours.setLevel(saved[2])
+    ours.handlers[:] = saved[3]
+    ours.propagate = saved[4]
 
 
 @pytest.fixture
