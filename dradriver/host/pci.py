@@ -85,6 +85,11 @@ class GpuInUseError(PciError):
     """A GPU's ``/dev/nvidia<minor>`` is held open by processes (named with PID and command)."""
 
 
+class NvidiaNotLoadedError(PciError):
+    """A function cannot be given back to ``nvidia``: its driver is not registered (``<sysfs>/bus/pci/drivers/nvidia``
+    is missing, the module is unloaded); nothing was written."""
+
+
 class ModuleLoadError(PciError):
     """A kernel module could not be loaded (the ``modprobe`` command's status and output in the message)."""
 
@@ -455,23 +460,37 @@ class PciHost:
         return self._settle(lambda: node if os.path.lexists(node) else None, address,
                             f"binding to VFIO (IOMMU group {group})", lambda: f"{node} does not exist")
 
+    def nvidia_loaded(self) -> bool:
+        """The ``nvidia`` PCI driver is registered: ``<sysfs>/bus/pci/drivers/nvidia/bind`` exists. ``rmmod nvidia``
+        (a driver upgrade) unbinds every function on it and removes the directory; a function on a VFIO driver is
+        untouched (the kernel's ``pci_unregister_driver``)."""
+        return os.path.lexists(self.driver_path(NVIDIA_DRIVER) / "bind")
+
     def rebind_nvidia(self, address: str) -> None:
         """Give ``address`` back to ``nvidia``: clear ``driver_override``, unbind a driver other than ``nvidia``,
-        then ``drivers_probe`` and wait for ``nvidia``. Idempotent: a function on ``nvidia`` is left as it is
-        (its override cleared).
+        then bind ``nvidia`` and wait for it. Idempotent: a function on ``nvidia`` is left as it is (its override
+        cleared).
 
+        While ``nvidia`` is not loaded (:meth:`nvidia_loaded`) nothing is written: binding it is a write to its
+        ``bind`` file, which does not exist then, and unbinding the VFIO driver alone would leave the function on
+        no driver, its ``/dev/vfio/<group>`` gone, in a state no undo record describes. It stays where it is.
+
+        :raises NvidiaNotLoadedError: ``nvidia`` is not loaded (the function is on another driver or none).
         :raises PciError: as the steps.
         """
         function = self.function(address)
+        if function.driver != NVIDIA_DRIVER and not self.nvidia_loaded():
+            where = f"on {function.driver}" if function.driver is not None else "unbound"
+            raise NvidiaNotLoadedError(
+                f"PCI function {address}: cannot give it back to {NVIDIA_DRIVER}: the {NVIDIA_DRIVER} driver is not "
+                f"loaded ({self.driver_path(NVIDIA_DRIVER)} does not exist: its kernel module is unloaded); it stays "
+                f"{where} until the module is loaded again")
         if function.driver_override is not None:
             self.set_driver_override(address, None)
         if function.driver == NVIDIA_DRIVER:
             return
         self.unbind(address)
-        if os.path.lexists(self.driver_path(NVIDIA_DRIVER) / "bind"):
-            self.bind(address, NVIDIA_DRIVER)
-        else:
-            self.probe(address, NVIDIA_DRIVER)
+        self.bind(address, NVIDIA_DRIVER)
 
     # -- in use -----------------------------------------------------------------------------------------------
 

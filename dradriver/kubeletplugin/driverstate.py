@@ -218,10 +218,17 @@ class DriverWatch:
 
     def check_once(self) -> bool:
         """Ask :attr:`reloaded`; on a reload refuse prepares with its reason, run :attr:`depart` and shut the stale
-        NVML handle, so the next period tries ``nvmlInit`` again. True when a reload was detected."""
+        NVML handle, so the next period tries ``nvmlInit`` again. True when a reload was detected.
+
+        A session that another part made unavailable meanwhile is a driver gone too: the GPU plugin's
+        re-initialisation after a VFIO swap (:meth:`~dradriver.nvml.session.NvmlSession.reinit`) that ran after the
+        module was unloaded and before this check saw it leaves the session without NVML, which :attr:`reloaded`
+        cannot tell (it has no NVML to ask); without this the watch would never try ``nvmlInit`` again."""
         if self.reloaded is None or self._reason:
             return False
         why = self.reloaded()
+        if not why and not self.session.available and not self.session.closed:
+            why = f"NVML was initialised again and is not available ({self.session.unavailable_reason})"
         if not why:
             return False
         self.reloads += 1

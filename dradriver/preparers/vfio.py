@@ -12,7 +12,8 @@ Facts (NVIDIA's ``cmd/gpu-kubelet-plugin/vfio-device.go`` and ``vfio-cdi.go``; t
 * the IOMMU group is the unit a VM gets (``/dev/vfio/<group>``): every other function of the group must be
   unbound or on a VFIO driver already, else the claim is refused naming each function and its driver;
 * unprepare gives the GPU back to ``nvidia`` (override cleared, vfio driver unbound, ``nvidia`` bound), where NVML
-  finds it again with its UUID and minor;
+  finds it again with its UUID and minor; while the ``nvidia`` module is unloaded (a driver upgrade) the GPU stays
+  on its vfio driver and the give-back is kept until the module is back (:meth:`VfioPreparer.undo`);
 * CDI edits: ``/dev/vfio/<group>`` (legacy), or ``/dev/vfio/devices/vfio<N>`` when the claim's VfioDeviceConfig
   says ``iommu.backendPolicy: PreferIommuFD`` and the host has iommufd (``/dev/iommu``) and the device cdev; with
   ``iommu.enableAPIDevice`` the API device, ``/dev/iommu`` (iommufd) or ``/dev/vfio/vfio`` (legacy); and
@@ -42,7 +43,7 @@ from dradriver.domain.configs import ConfigGroup
 from dradriver.domain.passthrough import NVIDIA_DRIVER, VFIO_DRIVERS, PciFunction, VfioDevice
 from dradriver.domain.ports import DevicePlan, PartiallyApplied, UndoRecord
 from dradriver.errors import DradriverError
-from dradriver.host.pci import GpuInUseError, PciError, PciHost
+from dradriver.host.pci import GpuInUseError, NvidiaNotLoadedError, PciError, PciHost
 
 log = logging.getLogger(__name__)
 
@@ -256,6 +257,14 @@ class VfioPreparer:
         """Give the function back to ``nvidia`` (override cleared, vfio driver unbound, ``nvidia`` bound).
         Idempotent: a function on ``nvidia`` without override, or one no longer on the bus, is done.
 
+        While the ``nvidia`` kernel module is unloaded (a driver upgrade: ``sys/bus/pci/drivers/nvidia`` is gone, a
+        bind to it cannot happen) the give-back is refused before any write, so the GPU stays on its vfio driver,
+        the state the record describes, rather than on no driver: the runner keeps the record with the released
+        claim while the plugin knows the driver is away and runs it once the driver is back
+        (:meth:`~dradriver.kubeletplugin.runner.BatchRunner.resume_undo`); before the plugin has noticed, the
+        unprepare fails naming the claim and the reason, and the kubelet's retry is kept so.
+
+        :raises NvidiaNotLoadedError: ``nvidia`` is not loaded (nothing written, nothing re-read).
         :raises PciError: a step failed (the claim stays recorded; the undo is retried).
         """
         address = record.fact("address", str)
@@ -266,10 +275,14 @@ class VfioPreparer:
         function = self.host.function(address)
         if function.driver == NVIDIA_DRIVER and function.driver_override is None:
             return
+        written = True
         try:
             self.host.rebind_nvidia(address)
+        except NvidiaNotLoadedError:
+            written = False
+            raise
         finally:
-            if self.on_change is not None:
+            if written and self.on_change is not None:
                 self.on_change()
         log.info("claim %s: GPU %s (%s) given back to %s", claim, address,
                  record.fact("uuid", str, default="uuid unknown"), NVIDIA_DRIVER)

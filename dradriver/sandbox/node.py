@@ -45,7 +45,7 @@ from dradriver.host.pci import NVGRACE_DEVICE_IDS, PciHost
 from dradriver.nvml import mock
 from dradriver.sandbox import standins
 from dradriver.sandbox.apiserver import ApiServerEmulator
-from dradriver.sandbox.standins.pcibus import PciBus, lay_out_driver, lay_out_function
+from dradriver.sandbox.standins.pcibus import PciBus, lay_out_driver, lay_out_function, modprobe, unload_module
 from dradriver.sandbox.workloads import Workloads
 
 PROC_DEVICES = """Character devices:
@@ -434,6 +434,28 @@ class SandboxNode:
             else:
                 fresh.write_text("")
             fresh.rename(path)  # made while the old one still existed: another inode
+
+    def unload_nvidia_module(self) -> None:
+        """``rmmod nvidia`` under whatever runs on the node (a driver upgrade): the mock NVML's ``driver unloaded``
+        (every NVML call of a running process fails DRIVER_NOT_LOADED, an ``nvmlInit`` too), then, with
+        ``pci_tree``, the ``modprobe -r nvidia`` of the PCI bus stand-in (every GPU on ``nvidia`` unbound, a GPU on
+        a VFIO driver untouched, ``sys/bus/pci/drivers/nvidia`` gone); ``sys/module/nvidia`` goes either way."""
+        with self.nvml_control.open("a") as control:
+            control.write("driver unloaded\n")
+        if self.pci_tree:
+            unload_module(self.root, "nvidia")
+        shutil.rmtree(self.root / "sys" / "module" / "nvidia", ignore_errors=True)
+
+    def load_nvidia_module(self) -> None:
+        """``modprobe nvidia`` after :meth:`unload_nvidia_module`: with ``pci_tree`` the stand-in's load first
+        (``sys/bus/pci/drivers/nvidia`` made, every unbound GPU without a driver override bound to it), the module's
+        files made again (:meth:`reload_kernel_module`), then the mock NVML's ``driver loaded`` (the next
+        ``nvmlInit`` lists the GPUs on ``nvidia`` then)."""
+        if self.pci_tree and modprobe(self.root, ["nvidia"]) != 0:
+            raise RuntimeError(f"the modprobe stand-in could not load nvidia on {self.root}")
+        self.reload_kernel_module()
+        with self.nvml_control.open("a") as control:
+            control.write("driver loaded\n")
 
     def pci_host(self, **overrides: Any) -> PciHost:
         """The host PCI layer on this node (with ``pci_tree``): its ``sys``, ``dev``, ``proc`` (holders of a GPU's

@@ -58,3 +58,31 @@ def test_a_grace_node_offers_the_nvgrace_variant() -> None:
         assert host.vfio_variant(host.gpus()[0]) == ("nvgrace-gpu-vfio-pci", "nvgrace_gpu_vfio_pci")
         host.load_module("nvgrace-gpu-vfio-pci")
         assert Path(node.root / "sys" / "bus" / "pci" / "drivers" / "nvgrace_gpu_vfio_pci" / "bind").exists()
+
+
+def test_rmmod_nvidia_unbinds_the_gpus_on_nvidia_only_and_modprobe_binds_the_unbound_ones_again() -> None:
+    """``SandboxNode.unload_nvidia_module`` behaves as the kernel and the driver library: every GPU on ``nvidia``
+    unbound and ``sys/bus/pci/drivers/nvidia`` gone (a bind to it impossible), a GPU on ``vfio-pci`` untouched with
+    its group node, ``nvmlInit`` DRIVER_NOT_LOADED; ``load_nvidia_module`` binds the unbound GPUs without a driver
+    override to ``nvidia`` again and NVML lists them, not the GPU still on ``vfio-pci``."""
+    from dradriver.nvml import session as nvml_session
+
+    gpu0, gpu1 = "0000:18:00.0", "0000:2a:00.0"
+    with SandboxNode(profile="dgx-h100", pci_tree=True) as node:
+        host = node.pci_host(settle_s=5.0)
+        host.load_module("vfio-pci")
+        host.set_driver_override(gpu0, "vfio-pci")
+        host.unbind(gpu0)
+        host.bind(gpu0, "vfio-pci")
+        node.unload_nvidia_module()
+        assert not host.driver_path("nvidia").exists()
+        assert not host.module_loaded("nvidia")
+        assert host.function(gpu1).driver is None and host.function(gpu0).driver == "vfio-pci"
+        assert (node.root / "dev" / "vfio" / str(FIRST_IOMMU_GROUP)).exists()
+        session = nvml_session.open_session_or_absent(mock_profile="dgx-h100")
+        assert not session.available and "Driver Not Loaded" in session.unavailable_reason
+        node.load_nvidia_module()
+        assert (host.driver_path("nvidia") / "bind").exists() and host.module_loaded("nvidia")
+        assert [f.driver for f in host.gpus()] == ["vfio-pci"] + ["nvidia"] * 7
+        assert session.init() and session.device_count() == 7
+        session.close()

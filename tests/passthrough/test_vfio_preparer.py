@@ -18,7 +18,7 @@ import pytest
 from dradriver.domain.claims import AllocationResult, Claim, ClaimError, ClaimRef
 from dradriver.domain.passthrough import VfioDevice
 from dradriver.domain.ports import DevicePlan, DevicePreparer, PartiallyApplied, UndoRecord
-from dradriver.host.pci import ModuleLoadError, PciHost
+from dradriver.host.pci import ModuleLoadError, NvidiaNotLoadedError, PciHost
 from dradriver.nvml import mock
 from dradriver.preparers.vfio import VfioPreparer, vfio_options
 from dradriver.sandbox.node import FIRST_IOMMU_GROUP, SandboxNode
@@ -106,6 +106,27 @@ def test_a_gpu_is_passed_through_and_given_back_to_nvidia_with_its_uuid_and_mino
     assert not (node.root / "dev" / "vfio" / str(FIRST_IOMMU_GROUP)).exists()
     assert _nvml_gpus() == before
     assert changes
+
+
+def test_the_give_back_while_the_nvidia_module_is_unloaded_writes_nothing_and_names_why(node: SandboxNode) -> None:
+    """``rmmod nvidia`` (a driver upgrade) while the GPU is on vfio-pci: its undo raises before any write, naming
+    the function and why (a bind to ``nvidia`` cannot happen), the GPU stays on vfio-pci with its override and group
+    node, and nothing is re-read; once the module is loaded the same record gives it back."""
+    host = node.pci_host(settle_s=5.0)
+    changes: list[int] = []
+    preparer = VfioPreparer(host, on_change=lambda: changes.append(1))
+    _, record = _prepare(preparer, _device(host))
+    changes.clear()
+    node.unload_nvidia_module()
+    with pytest.raises(NvidiaNotLoadedError, match=rf"{GPU0}: cannot give it back to nvidia: the nvidia driver is "
+                                                   r"not loaded \(.*/bus/pci/drivers/nvidia does not exist"):
+        preparer.undo(REF, record)
+    f = host.function(GPU0)
+    assert (f.driver, f.driver_override) == ("vfio-pci", "vfio-pci") and changes == []
+    assert (node.root / "dev" / "vfio" / str(FIRST_IOMMU_GROUP)).exists()
+    node.load_nvidia_module()
+    preparer.undo(REF, record)
+    assert _on_nvidia(host) and changes == [1]
 
 
 def test_a_retried_prepare_of_a_gpu_already_on_vfio_changes_nothing(node: SandboxNode) -> None:

@@ -257,6 +257,35 @@ def test_dynamic_mig_undo_and_sweep_wait_for_the_driver_and_run_once_it_is_back(
         asyncio.run(body())
 
 
+def test_a_session_made_unavailable_by_a_reinit_after_the_driver_went_is_taken_for_the_driver_gone(
+        sandbox: SandboxNode) -> None:
+    """The VFIO swap re-initialises NVML (``NvmlSession.reinit``); one that runs after the module was unloaded and
+    before the watch's check leaves the session without NVML, which the reload check cannot tell (it has no NVML to
+    ask). The watch takes it for the driver gone: prepares refused with the reason, ``depart`` run; once the driver
+    is loaded again its next try initialises NVML and runs ``arrive``. Without it the watch never tried again."""
+    from dradriver.nvml.session import open_session
+
+    session = open_session(mock_profile=sandbox.profile)
+    arrived: list[bool] = []
+    departed: list[str] = []
+    detector = driverstate.ReloadDetector(session, lambda: {"nvidia": 195})
+    watch = driverstate.DriverWatch(session, library=lambda: "", arrive=lambda: arrived.append(True),
+                                    reloaded=detector.check, depart=departed.append)
+    try:
+        detector.remember()
+        with sandbox.nvml_control.open("a") as control:
+            control.write("driver unloaded\n")
+        assert not session.reinit() and not watch.reason()  # the swap's re-initialisation, the watch not told
+        assert watch.check_once()
+        assert "Driver Not Loaded" in watch.refusal() and len(departed) == 1, (watch.refusal(), departed)
+        with sandbox.nvml_control.open("a") as control:
+            control.write("driver loaded\n")
+        assert watch.try_once() and arrived == [True] and not watch.reason()
+        assert session.available
+    finally:
+        session.close()
+
+
 NEW_DRIVER = "590.48.01"
 
 

@@ -37,9 +37,14 @@ Installed as ``<root>/bin/modprobe`` (:func:`dradriver.sandbox.standins.install`
 ``modprobe`` stand-in, acting on the sandbox ``<root>`` above its directory: ``modprobe <module>`` loads a module
 the running kernel has (listed in ``<root>/lib/modules/<release>/modules.dep``, ``<release>`` from
 ``<root>/proc/sys/kernel/osrelease``) with the modules it depends on there: ``sys/module/<name>`` (``-`` read as
-``_``) and, for a PCI driver module, ``sys/bus/pci/drivers/<driver>`` with its FIFOs; a module already loaded is
-done (exit 0); one not listed fails as kmod does: "modprobe: FATAL: Module <m> not found in directory
-/lib/modules/<release>", exit 1.
+``_``) and, for a PCI driver module, ``sys/bus/pci/drivers/<driver>`` with its FIFOs, then attaches the driver to
+every unbound function it takes (the kernel's ``driver_attach`` at ``pci_register_driver``: its ``driver_override``
+names the driver or, without one, its ID table matches), so ``modprobe nvidia`` gives the unbound GPUs back to
+``nvidia``; a module already loaded is done (exit 0); one not listed fails as kmod does: "modprobe: FATAL: Module
+<m> not found in directory /lib/modules/<release>", exit 1. ``modprobe -r <module>`` unloads it as ``rmmod`` does
+(``pci_unregister_driver``): every function bound to its driver is unbound (a function on another driver, a GPU on
+``vfio-pci`` while ``nvidia`` goes, is untouched), ``sys/bus/pci/drivers/<driver>`` and ``sys/module/<name>`` go
+(the modules it depends on stay); a module not loaded is done (exit 0).
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ import errno
 import json
 import os
 import selectors
+import shutil
 import signal
 import stat
 import sys
@@ -325,6 +331,20 @@ class PciBus:
             self._vfio_attached(real, address)
         _attach(self.sysfs, real, address, driver)
 
+    def attach_unbound(self, driver: str) -> list[str]:
+        """The kernel's ``driver_attach`` when ``driver`` registers: every unbound function it takes is bound to
+        it (in address order). Returns their addresses."""
+        attached: list[str] = []
+        listing = self.sysfs / "bus" / "pci" / "devices"
+        with contextlib.suppress(OSError):
+            for address in sorted(e.name for e in os.scandir(listing)):
+                real = self._real(address)
+                if real is not None and self._driver(real) is None and self._takes(real, driver):
+                    self._bind(real, address, driver)
+                    if self._driver(real) == driver:
+                        attached.append(address)
+        return attached
+
     def _probe(self, real: Path, address: str) -> None:
         if self._driver(real) is not None:
             return
@@ -411,6 +431,9 @@ def modprobe(root: Path, args: list[str]) -> int:
         return 1
     module = names[0].replace("-", "_")
     sysfs = root / "sys"
+    if any(a in ("-r", "--remove") for a in args):
+        unload_module(root, module)
+        return 0
     if (sysfs / "module" / module).is_dir():
         return 0
     release = (root / "proc" / "sys" / "kernel" / "osrelease").read_text().strip()
@@ -434,9 +457,34 @@ def modprobe(root: Path, args: list[str]) -> int:
         else:
             (sysfs / "module" / name).mkdir(parents=True, exist_ok=True)
             (sysfs / "module" / name / "initstate").write_text("live\n")
+    bus = PciBus(sysfs, root)
     for driver in registered:
         _wait_served(driver / "bind", driver / "unbind")
+        bus.attach_unbound(driver.name)
     return 0
+
+
+def unload_module(root: Path, module: str) -> list[str]:
+    """``rmmod <module>`` on the sandbox ``root``: the functions bound to its PCI driver unbound, the driver's
+    directory and ``sys/module/<module>`` removed (nothing when it is not loaded). Returns the addresses unbound."""
+    sysfs = root / "sys"
+    module = module.replace("-", "_")
+    unbound: list[str] = []
+    driver = MODULE_DRIVERS.get(module)
+    directory = sysfs / "bus" / "pci" / "drivers" / driver if driver is not None else None
+    if directory is not None and directory.is_dir():
+        bus = PciBus(sysfs, root)
+        for entry in sorted(os.scandir(directory), key=lambda e: e.name):
+            real = bus._real(entry.name)
+            if real is not None and bus._driver(real) == driver:
+                bus._detach(real, entry.name)
+                unbound.append(entry.name)
+        for entry in os.scandir(directory):
+            os.unlink(entry.path)  # the bind/unbind FIFOs, the module link, links of functions gone meanwhile
+        directory.rmdir()
+    with contextlib.suppress(FileNotFoundError):
+        shutil.rmtree(sysfs / "module" / module)
+    return unbound
 
 
 def _wait_served(*fifos: Path, timeout_s: float = 5.0) -> bool:
