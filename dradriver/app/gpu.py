@@ -49,11 +49,11 @@ from dradriver.domain.registry import DeviceRegistry
 from dradriver.errors import DradriverError
 from dradriver.health.metrics import DriverMetrics, MetricsServer
 from dradriver.health.monitor import HealthMonitor
-from dradriver.host import driverfiles
+from dradriver.host import driverfiles, persistenced
 from dradriver.host import fabricmanager as fabric
 from dradriver.host.claimstate import ClaimState, ClaimStateProblem
 from dradriver.host.devicenodes import DeviceNodeInfo, EditsCache, read_identities
-from dradriver.host.nvidiasmi import find_nvidia_smi
+from dradriver.host.nvidiasmi import NvidiaSmi, find_nvidia_smi
 from dradriver.host.pci import PciError, PciHost
 from dradriver.kube import errors as kube_errors
 from dradriver.kube import nodes as kube_nodes
@@ -716,10 +716,20 @@ class _GpuStart:
         # A GPU moved between nvidia and vfio: NVML enumerates anew, the devices are read again and republished.
         self.swaps = swaps = DeviceRefresher(session, self.config, registry, placements=False, extend=extend,
                                              reopen=self._nvml_reopened)  # stopped before the health monitor
+        # nvidia-persistenced of the driver root holds GPUs open: persistence off before a swap, on after
+        root = self.config.container_driver_root
+
+        def daemon() -> bool:
+            return persistenced.daemon_running(root)
+
+        def tool() -> NvidiaSmi:
+            return find_nvidia_smi(root)
+
         if self.config.feature_gates.passthrough_support:
-            preparers += (VfioPreparer(self.pci, mig_enabled=self._mig_enabled, on_change=swaps),)
+            preparers += (VfioPreparer(self.pci, mig_enabled=self._mig_enabled, on_change=swaps,
+                                       persistenced=daemon, nvidia_smi=tool),)
         else:
-            undo_only.append(VfioPreparer(self.pci, on_change=swaps))
+            undo_only.append(VfioPreparer(self.pci, on_change=swaps, persistenced=daemon, nvidia_smi=tool))
             self.gates_off.append((PASSTHROUGH_SUPPORT, VFIO_KIND))
         return preparers
 

@@ -8,8 +8,11 @@ chart, ``templates/kubeletplugin.yaml``): the binary is the first ``nvidia-smi``
 ``lib/aarch64-linux-gnu``), so the tool talks to the driver installation of that root whatever the plugin
 container's own library path says. Any non-zero exit is an error carrying the exit status and output.
 
-dradriver uses it only where NVML has no public call: the compute time-slice
-(``nvidia-smi compute-policy -i <uuid> --set-timeslice <0..3>``); compute mode goes through NVML
+dradriver uses it where NVML has no public call: the compute time-slice
+(``nvidia-smi compute-policy -i <uuid> --set-timeslice <0..3>``), and persistence mode around VFIO passthrough
+(``nvidia-smi -i <PCI bus id> -pm 0|1``, NVIDIA's ``cmd/gpu-kubelet-plugin/vfio-device.go``: with
+nvidia-persistenced running the tool asks the daemon, which NVML's legacy ``nvmlDeviceSetPersistenceMode`` does
+not; a separate process also holds no NVML handle across the driver swap); compute mode goes through NVML
 (:mod:`dradriver.nvml.settings`).
 """
 
@@ -97,6 +100,16 @@ class NvidiaSmi:
         if value not in (0, 1, 2, 3):
             raise ValueError(f"time-slice value {value} is not 0-3")
         return self.run(["compute-policy", "-i", uuid, "--set-timeslice", str(value)])
+
+    def set_persistence_mode(self, pci_bus_id: str, enabled: bool) -> str:
+        """``nvidia-smi -i <pci_bus_id> -pm 1|0``: persistence mode of one GPU on or off (the tool prints
+        ``Disabled persistence mode for GPU <bus id>.`` / ``Persistence mode is already Disabled ...`` and ``All
+        done.``; setting it needs root).
+
+        :param pci_bus_id: the GPU's PCI address (``0000:18:00.0``; any form ``nvidia-smi -i`` takes).
+        :raises NvidiaSmiError: as :meth:`run`.
+        """
+        return self.run(["-i", pci_bus_id, "-pm", "1" if enabled else "0"])
 
 
 def find_nvidia_smi(driver_root: Path, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> NvidiaSmi:

@@ -5,6 +5,11 @@ Facts (NVIDIA's ``cmd/gpu-kubelet-plugin/vfio-device.go`` and ``vfio-cdi.go``; t
 ``Documentation/driver-api/vfio.rst`` and ``Documentation/ABI/testing/sysfs-bus-pci``; the host side is
 :mod:`dradriver.host.pci`):
 
+* persistence: where ``nvidia-persistenced`` runs (its socket under the driver root,
+  :mod:`dradriver.host.persistenced`) it holds every GPU in persistence mode open; a GPU on ``nvidia`` then has
+  persistence mode turned off (``nvidia-smi -i <address> -pm 0``) before the in-use check, and on again after the
+  rebind to ``nvidia`` at unprepare (NVIDIA enables it there unconditionally; here only when this prepare turned it
+  off, as the record says, and the daemon still runs: a daemon that starts later enables every GPU itself);
 * prepare loads the best vfio module variant (``nvgrace-gpu-vfio-pci`` on Grace GPUs where the kernel has it, else
   ``vfio-pci``), refuses a GPU bound to anything but ``nvidia`` or its vfio driver, one with SR-IOV virtual
   functions, and one a process holds open; then unbinds it and binds the vfio driver through
@@ -20,7 +25,12 @@ Facts (NVIDIA's ``cmd/gpu-kubelet-plugin/vfio-device.go`` and ``vfio-cdi.go``; t
   ``NVIDIA_VISIBLE_DEVICES=void``.
 
 Steps and crash safety. The batch runner records the claim PREPARE_STARTED with its device names before
-:meth:`VfioPreparer.apply` runs. The apply's first write is ``driver_override`` (while the GPU is still on
+:meth:`VfioPreparer.apply` runs. Turning persistence off comes before every sysfs write; a refusal or failure
+before the first write turns it on again before the claim's error is raised, so a refused claim leaves the GPU as
+it was. A SIGKILL after persistence went off and before the first write leaves the GPU on ``nvidia`` with
+persistence off: nothing marks it, so it stays off until a later VFIO claim of that GPU is unprepared (its prepare
+finds it off, ``nvidia-smi`` says "already Disabled", and its record says disabled) or the daemon restarts. The
+apply's first write is ``driver_override`` (while the GPU is still on
 ``nvidia``, where it changes nothing): from then on the override naming a vfio driver marks the function as ours,
 so a SIGKILL between any two writes (override set; unbound; bound but the group node not seen; bound but the
 record not stored) leaves a function :meth:`VfioPreparer.sweep` finds and gives back to ``nvidia`` at the next
@@ -28,7 +38,10 @@ start, unless a stored record holds it. A step that fails after the first write 
 :class:`~dradriver.domain.ports.PartiallyApplied` with the record of the steps done; its undo (the same as a
 complete one's) is idempotent. The undo record (kind ``vfio``) holds the facts: ``address``, ``iommuGroup``,
 ``originalDriver``, ``vfioDriver``, ``vfioModule``, ``minor`` and ``uuid`` of the GPU (``None`` when not known),
-``cdev`` (``vfio<N>`` or ``None``) and ``steps`` (the writes done, in order).
+``cdev`` (``vfio<N>`` or ``None``), ``steps`` (the writes done, in order) and, since layout 2, ``persistence``
+(``"disabled"`` when this prepare turned persistence mode off; absent otherwise, and in every layout-1 record: then
+there is nothing to turn on again). An older reader ignores ``persistence`` and leaves persistence off after its
+undo (the GPU works; the daemon's next start enables it), so ``reader`` stays 1.
 """
 
 from __future__ import annotations
@@ -43,12 +56,17 @@ from dradriver.domain.configs import ConfigGroup
 from dradriver.domain.passthrough import NVIDIA_DRIVER, VFIO_DRIVERS, PciFunction, VfioDevice
 from dradriver.domain.ports import DevicePlan, PartiallyApplied, UndoRecord
 from dradriver.errors import DradriverError
+from dradriver.host.nvidiasmi import NvidiaSmi, NvidiaSmiError
 from dradriver.host.pci import GpuInUseError, NvidiaNotLoadedError, PciError, PciHost
 
 log = logging.getLogger(__name__)
 
 KIND = "vfio"
-UNDO_VERSION = 1
+UNDO_VERSION = 2
+"""Layout 2 added the optional ``persistence`` fact (layout-1 records are undone the same, without it)."""
+
+PERSISTENCE_DISABLED = "disabled"
+"""The ``persistence`` fact of a record whose prepare turned persistence mode off."""
 
 LEGACY_ONLY = "LegacyOnly"
 PREFER_IOMMUFD = "PreferIommuFD"
@@ -88,16 +106,24 @@ class VfioPreparer:
     :param host: the node's PCI side.
     :param mig_enabled: GPU UUID -> its MIG mode is on (NVML); ``None``: not checked.
     :param on_change: called after a GPU moved between ``nvidia`` and vfio (the plugin re-discovers and republishes).
+    :param persistenced: ``nvidia-persistenced`` runs now (:func:`dradriver.host.persistenced.daemon_running` on the
+        driver root); ``None``: never.
+    :param nvidia_smi: returns the driver root's ``nvidia-smi`` (called at first use; a node without it fails a VFIO
+        claim only where the daemon runs).
     """
 
     kind = KIND
     side_effects = True
 
     def __init__(self, host: PciHost, *, mig_enabled: Callable[[str], bool] | None = None,
-                 on_change: Callable[[], None] | None = None) -> None:
+                 on_change: Callable[[], None] | None = None, persistenced: Callable[[], bool] | None = None,
+                 nvidia_smi: Callable[[], NvidiaSmi] | None = None) -> None:
         self.host = host
         self.mig_enabled = mig_enabled
         self.on_change = on_change
+        self.persistenced = persistenced
+        self._find_nvidia_smi = nvidia_smi
+        self._nvidia_smi: NvidiaSmi | None = None
 
     # -- plan -------------------------------------------------------------------------------------------------
 
@@ -158,11 +184,39 @@ class VfioPreparer:
     def _record(self, device: VfioDevice, facts: dict[str, Any]) -> UndoRecord:
         return UndoRecord(self.kind, UNDO_VERSION, device.name, dict(facts))
 
-    def apply(self, claim: ClaimRef, plan: DevicePlan) -> UndoRecord:
-        """Bind the GPU to its vfio driver: check, load the module, refuse a GPU in use, set ``driver_override``,
-        unbind from ``nvidia``, bind, wait for ``/dev/vfio/<group>``.
+    # -- persistence ------------------------------------------------------------------------------------------
 
-        :raises ClaimError: a refusal of :meth:`check`, or the GPU is in use (the processes named).
+    def _daemon_running(self) -> bool:
+        return self.persistenced is not None and self.persistenced()
+
+    def _set_persistence(self, address: str, enabled: bool) -> str:
+        """``nvidia-smi -i <address> -pm 1|0``.
+
+        :raises NvidiaSmiError: the tool is missing under the driver root, or failed.
+        """
+        if self._nvidia_smi is None:
+            if self._find_nvidia_smi is None:
+                raise NvidiaSmiError("no nvidia-smi is configured")
+            self._nvidia_smi = self._find_nvidia_smi()
+        return self._nvidia_smi.set_persistence_mode(address, enabled)
+
+    def _persistence_back(self, claim: ClaimRef, address: str) -> str:
+        """Persistence on again after a refusal before the first write; ``""`` or a note for the claim's error."""
+        try:
+            self._set_persistence(address, True)
+        except NvidiaSmiError as exc:
+            log.warning("claim %s: persistence mode of GPU %s stays off: %s", claim, address, exc)
+            return f" (persistence mode could not be turned on again: {exc})"
+        return ""
+
+    def apply(self, claim: ClaimRef, plan: DevicePlan) -> UndoRecord:
+        """Bind the GPU to its vfio driver: check, load the module, turn persistence mode off where
+        ``nvidia-persistenced`` runs, refuse a GPU in use, set ``driver_override``, unbind from ``nvidia``, bind,
+        wait for ``/dev/vfio/<group>``.
+
+        :raises ClaimError: a refusal of :meth:`check`; persistence mode could not be turned off (``nvidia-smi``'s
+            command line, status and output; nothing was changed); the GPU is in use (the processes named;
+            persistence turned on again first).
         :raises DradriverError: the module could not be loaded (nothing was changed).
         :raises PartiallyApplied: a step after the first write failed; its record undoes what was done.
         """
@@ -182,12 +236,24 @@ class VfioPreparer:
         if function.driver == driver and function.driver_override == driver:
             self.host.wait_group_node(function.iommu_group, address)
             return self._record(device, facts)  # already passed through (a retried prepare): nothing to do
+        self.host.load_module(module, address=address)
+        if function.driver == NVIDIA_DRIVER and self._daemon_running():
+            try:
+                self._set_persistence(address, False)
+            except NvidiaSmiError as exc:
+                raise ClaimError(claim, f"device {device.name!r} (PCI function {address}): turning persistence mode "
+                                        f"off for nvidia-persistenced failed, nothing was changed: {exc}") from exc
+            facts["persistence"] = PERSISTENCE_DISABLED
         try:
-            self.host.load_module(module, address=address)
             if device.parent_minor is not None and function.driver == NVIDIA_DRIVER:
                 self.host.check_not_in_use(address, device.parent_minor)
         except GpuInUseError as exc:
-            raise ClaimError(claim, f"device {device.name!r}: {exc}") from exc
+            note = self._persistence_back(claim, address) if "persistence" in facts else ""
+            raise ClaimError(claim, f"device {device.name!r}: {exc}{note}") from exc
+        except BaseException:
+            if "persistence" in facts:
+                self._persistence_back(claim, address)
+            raise
         steps: list[str] = facts["steps"]
         try:
             self.host.set_driver_override(address, driver)
@@ -254,8 +320,18 @@ class VfioPreparer:
     # -- undo -------------------------------------------------------------------------------------------------
 
     def undo(self, claim: ClaimRef, record: UndoRecord) -> None:
-        """Give the function back to ``nvidia`` (override cleared, vfio driver unbound, ``nvidia`` bound).
-        Idempotent: a function on ``nvidia`` without override, or one no longer on the bus, is done.
+        """Give the function back to ``nvidia`` (override cleared, vfio driver unbound, ``nvidia`` bound), then,
+        when the record says its prepare turned persistence mode off (``"persistence": "disabled"``) and
+        ``nvidia-persistenced`` runs, turn it on again (``nvidia-smi -i <address> -pm 1``; "already Enabled" is
+        success). Idempotent: a function on ``nvidia`` without override, or one no longer on the bus, is given back
+        already (persistence is still turned on again for the former).
+
+        A failing ``nvidia-smi`` here is logged as a warning, not raised: the GPU is back on ``nvidia`` and usable,
+        which is what the claim's undo owes; raising would keep the claim recorded and its ``gpu-<minor>`` sibling
+        withdrawn on every retry of the kubelet for a setting that only costs start-up latency, and
+        nvidia-persistenced turns persistence on for every GPU at its own next start. Without the daemon
+        persistence is left off (turning it on then would set the driver's legacy mode, which the node did not
+        have).
 
         While the ``nvidia`` kernel module is unloaded (a driver upgrade: ``sys/bus/pci/drivers/nvidia`` is gone, a
         bind to it cannot happen) the give-back is refused before any write, so the GPU stays on its vfio driver,
@@ -273,19 +349,29 @@ class VfioPreparer:
                         address, record.target)
             return
         function = self.host.function(address)
-        if function.driver == NVIDIA_DRIVER and function.driver_override is None:
+        if function.driver != NVIDIA_DRIVER or function.driver_override is not None:
+            written = True
+            try:
+                self.host.rebind_nvidia(address)
+            except NvidiaNotLoadedError:
+                written = False
+                raise
+            finally:
+                if written and self.on_change is not None:
+                    self.on_change()
+            log.info("claim %s: GPU %s (%s) given back to %s", claim, address,
+                     record.fact("uuid", str, default="uuid unknown"), NVIDIA_DRIVER)
+        if record.data.get("persistence") != PERSISTENCE_DISABLED:
             return
-        written = True
+        if not self._daemon_running():
+            log.info("claim %s: nvidia-persistenced is not running; persistence mode of GPU %s is left off (the "
+                     "daemon enables it at its start)", claim, address)
+            return
         try:
-            self.host.rebind_nvidia(address)
-        except NvidiaNotLoadedError:
-            written = False
-            raise
-        finally:
-            if written and self.on_change is not None:
-                self.on_change()
-        log.info("claim %s: GPU %s (%s) given back to %s", claim, address,
-                 record.fact("uuid", str, default="uuid unknown"), NVIDIA_DRIVER)
+            self._set_persistence(address, True)
+        except NvidiaSmiError as exc:
+            log.warning("claim %s: GPU %s is back on %s but persistence mode could not be turned on again (run "
+                        "nvidia-smi -i %s -pm 1 on the node): %s", claim, address, NVIDIA_DRIVER, address, exc)
 
     def sweep(self, known: Sequence[UndoRecord]) -> list[str]:
         """Give back to ``nvidia`` every NVIDIA GPU function whose ``driver_override`` names a VFIO driver (the

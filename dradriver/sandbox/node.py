@@ -29,6 +29,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -39,6 +40,7 @@ from typing import Any
 from dradriver.config import PluginConfig
 from dradriver.domain.featuregates import CONSUMABLE_SHARES, MPS_SUPPORT
 from dradriver.domain.shares import parse_share_mode
+from dradriver.host import persistenced
 from dradriver.host.driverfiles import DEFAULT_CDI_HOOK_PATH
 from dradriver.host.mounts import MountCommands, mount_points
 from dradriver.host.pci import NVGRACE_DEVICE_IDS, PciHost
@@ -285,6 +287,10 @@ class SandboxNode:
         (:func:`lay_out_driver_tree`) with a working ``nvidia-smi`` and ``libnvidia-ml.so.1``
         (:func:`install_driver_tools`); when False the driver root stays empty.
     :param mount_standins: give the plugin the ``mount``/``umount`` stand-ins even where real mounts work.
+    :param persistenced: run the ``nvidia-persistenced`` stand-in of the driver root (with ``pci_tree``; as the GPU
+        Operator's driver container does): it holds ``dev/nvidia<minor>`` of every GPU on ``nvidia`` open and
+        listens on ``<driver root>/run/nvidia-persistenced/socket``; its ``proc`` entry is linked into the node's
+        ``proc`` so the plugin sees it among the holders of a GPU. Stopped at :meth:`close`.
 
     NVML settings are node state shared by every process on the node (the plugin, ``nvidia-smi``, tests): while
     the sandbox is open, :data:`dradriver.nvml.mock.CONTROL_ENV` names :attr:`nvml_control`, the mock's control
@@ -307,7 +313,9 @@ class SandboxNode:
     pci_tree: bool = False
     shared_iommu_groups: tuple[tuple[str, ...], ...] = ()
     iommufd: bool = False
+    persistenced: bool = False
     root: Path = field(init=False)
+    persistence_daemon: subprocess.Popen[bytes] | None = field(init=False, default=None)
     pci_bus: PciBus | None = field(init=False, default=None)
     _owns_api: bool = field(init=False, default=False)
     workloads: Workloads | None = field(init=False, default=None)
@@ -354,6 +362,12 @@ class SandboxNode:
             self.pci_bus = PciBus(self.root / "sys", self.root).start()
             self._saved_env[mock.SYSFS_ENV] = os.environ.get(mock.SYSFS_ENV)
             os.environ[mock.SYSFS_ENV] = str(self.root / "sys")
+        if self.persistenced:
+            try:
+                self.start_persistenced()
+            except BaseException:
+                self.close()
+                raise
         if self.api is None:
             self.api = ApiServerEmulator().start()
             self._owns_api = True
@@ -457,6 +471,52 @@ class SandboxNode:
         with self.nvml_control.open("a") as control:
             control.write("driver loaded\n")
 
+    @property
+    def persistenced_faults(self) -> Path:
+        """The faults file of the ``nvidia-persistenced`` stand-in
+        (:mod:`dradriver.sandbox.standins.nvidia_persistenced`)."""
+        return self.root / "persistenced-faults.json"
+
+    def start_persistenced(self, *, timeout_s: float = 30.0) -> subprocess.Popen[bytes]:
+        """Start the ``nvidia-persistenced`` stand-in (see ``persistenced``); returns once it listens.
+
+        :raises RuntimeError: the node has no PCI tree or driver files, or the daemon exited or did not listen
+            within ``timeout_s``.
+        """
+        if not self.pci_tree or not self.driver_files:
+            raise RuntimeError("nvidia-persistenced needs a sandbox with pci_tree and driver_files")
+        binary = standins.install("nvidia_persistenced", self.driver_root / "usr" / "bin" / "nvidia-persistenced")
+        env = dict(os.environ)
+        env[mock.PROFILE_ENV] = str(mock.profile_path(self.profile))
+        library = self.driver_root / "usr" / "lib" / "x86_64-linux-gnu" / "libnvidia-ml.so.1"
+        proc = subprocess.Popen([str(binary), "--dev-root", str(self.root), "--sysfs", str(self.root / "sys"),
+                                 "--nvml", str(library), "--faults", str(self.persistenced_faults)], env=env,
+                                stdin=subprocess.DEVNULL)
+        self.persistence_daemon = proc
+        (self.root / "proc" / str(proc.pid)).symlink_to(f"/proc/{proc.pid}")  # the plugin's --proc-root shows it
+        socket_path = persistenced.socket_path(self.driver_root)
+        deadline = time.monotonic() + timeout_s
+        while not persistenced.daemon_running(self.driver_root):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                self.stop_persistenced()
+                raise RuntimeError(f"nvidia-persistenced stand-in did not listen on {socket_path}")
+            time.sleep(0.02)
+        return proc
+
+    def stop_persistenced(self) -> None:
+        """Stop the ``nvidia-persistenced`` stand-in (SIGTERM; it closes the GPUs and removes its socket)."""
+        proc, self.persistence_daemon = self.persistence_daemon, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        (self.root / "proc" / str(proc.pid)).unlink(missing_ok=True)
+
     def pci_host(self, **overrides: Any) -> PciHost:
         """The host PCI layer on this node (with ``pci_tree``): its ``sys``, ``dev``, ``proc`` (holders of a GPU's
         node are looked for among this machine's processes, ``/proc``), the ``modprobe`` stand-in and the
@@ -533,6 +593,7 @@ class SandboxNode:
         if self.workloads is not None:
             self.workloads.stop()
             self.workloads = None
+        self.stop_persistenced()
         if self.pci_bus is not None:
             self.pci_bus.stop()
             self.pci_bus = None

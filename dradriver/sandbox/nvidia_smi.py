@@ -13,6 +13,15 @@ Commands (the real tool's syntax; ``-i`` takes a GPU index, UUID or PCI bus id, 
 * ``nvidia-smi --version``; ``nvidia-smi -L``;
 * ``nvidia-smi [-i ID] -c MODE`` with MODE ``0|DEFAULT``, ``1|EXCLUSIVE_THREAD``, ``2|PROHIBITED``,
   ``3|EXCLUSIVE_PROCESS`` (``nvmlDeviceSetComputeMode``);
+* ``nvidia-smi [-i ID] -pm MODE`` with MODE ``0|DISABLED``, ``1|ENABLED``: persistence mode. Where the
+  ``nvidia-persistenced`` stand-in (:mod:`dradriver.sandbox.standins.nvidia_persistenced`) listens on
+  ``run/nvidia-persistenced/socket`` of the root this tool is installed in (``<root>/usr/bin/nvidia-smi``; the
+  real tool's ``/var/run/nvidia-persistenced/socket``), the daemon is asked to release or re-open the GPU; else
+  the driver's legacy mode is set (``nvmlDeviceSetPersistenceMode``). The real tool's lines: ``Enabled
+  persistence mode for GPU <bus id>.`` (``Enabled Legacy persistence mode ...`` without the daemon), ``Disabled
+  persistence mode for GPU <bus id>.``, ``Persistence mode is already Enabled|Disabled for GPU <bus id>.``, then
+  ``All done.``; a failure prints ``Unable to set persistence mode for GPU <bus id>: <reason>`` (exit status of
+  the NVML code, e.g. 4 for "Insufficient Permissions");
 * ``nvidia-smi compute-policy [-i ID] --set-timeslice N`` with N ``0..3`` (0=DEFAULT, 1=SHORT, 2=MEDIUM,
   3=LONG; through the mock's ``mocknvml_device_set_timeslice``, NVML having no public call) and
   ``nvidia-smi compute-policy [-i ID] -l``.
@@ -28,6 +37,9 @@ against the real tool).
 from __future__ import annotations
 
 import ctypes
+import os
+import socket
+import stat
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -36,6 +48,16 @@ import pynvml
 
 COMPUTE_MODES = ("DEFAULT", "EXCLUSIVE_THREAD", "PROHIBITED", "EXCLUSIVE_PROCESS")
 """``nvmlComputeMode_t`` values 0-3 by the names ``nvidia-smi -c`` takes."""
+
+PERSISTENCE_MODES = ("DISABLED", "ENABLED")
+"""``nvmlEnableState_t`` values 0-1 by the names ``nvidia-smi -pm`` takes."""
+
+PERSISTENCED_SOCKET = "run/nvidia-persistenced/socket"
+"""The daemon's socket under the root the tool is installed in (``dradriver.host.persistenced.SOCKET``; this file
+imports nothing of dradriver)."""
+
+PERSISTENCED_TIMEOUT_S = 60.0
+"""How long an answer of the daemon is waited for (seconds)."""
 
 TIMESLICES = ("DEFAULT", "SHORT", "MEDIUM", "LONG")
 """``compute-policy --set-timeslice`` values 0-3."""
@@ -146,6 +168,73 @@ def set_compute_mode(ids: str | None, mode_arg: str) -> list[str]:
             lines.append("Terminating early due to previous errors.")
             raise Failure(exit_code(exc.value), "\n".join(lines)) from None
         lines.append(f"Set compute mode to {COMPUTE_MODES[mode]} for GPU {bus_id}.")
+    lines.append("All done.")
+    return lines
+
+
+def installed_root() -> str:
+    """The root this tool is installed in: ``<root>/usr/bin/nvidia-smi``."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _daemon_socket() -> str | None:
+    """The daemon's socket path when a socket is there, else ``None``."""
+    path = os.path.join(installed_root(), PERSISTENCED_SOCKET)
+    try:
+        return path if stat.S_ISSOCK(os.stat(path).st_mode) else None
+    except OSError:
+        return None
+
+
+def _ask_daemon(path: str, bus_id: str, mode: int) -> str | None:
+    """Send ``pm <bus id> <mode>`` to the daemon; its answer line (``ok changed``, ``ok already``, ``error <text>``),
+    or ``None`` when nothing listens on the socket (the legacy mode is set then, as the real tool does)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(PERSISTENCED_TIMEOUT_S)
+        try:
+            conn.connect(path)
+        except (ConnectionRefusedError, FileNotFoundError):
+            return None
+        conn.sendall(f"pm {bus_id} {mode}\n".encode())
+        answer = b""
+        while not answer.endswith(b"\n"):
+            try:
+                chunk = conn.recv(4096)
+            except TimeoutError:
+                return "error no answer from nvidia-persistenced"
+            if not chunk:
+                return "error nvidia-persistenced closed the connection"
+            answer += chunk
+    return answer.decode().strip()
+
+
+def set_persistence_mode(ids: str | None, mode_arg: str) -> list[str]:
+    """``-pm MODE`` on each selected GPU, through the daemon where it listens; the lines to print."""
+    mode = _choice(mode_arg, PERSISTENCE_MODES)
+    name = PERSISTENCE_MODES[mode].capitalize()
+    daemon = _daemon_socket()
+    lines = []
+    for bus_id, handle in _handles(ids):
+        answer = _ask_daemon(daemon, bus_id, mode) if daemon is not None else None
+        if answer is not None:
+            if answer.startswith("error"):
+                lines.append(f"Unable to set persistence mode for GPU {bus_id}: {answer[len('error'):].strip()}")
+                raise Failure(255, "\n".join(lines))
+            if answer == "ok already":
+                lines.append(f"Persistence mode is already {name} for GPU {bus_id}.")
+            else:
+                lines.append(f"{name} persistence mode for GPU {bus_id}.")
+            continue
+        try:
+            if int(pynvml.nvmlDeviceGetPersistenceMode(handle)) == mode:
+                lines.append(f"Persistence mode is already {name} for GPU {bus_id}.")
+                continue
+            pynvml.nvmlDeviceSetPersistenceMode(handle, mode)
+        except pynvml.NVMLError as exc:
+            lines.append(f"Unable to set persistence mode for GPU {bus_id}: {_error_string(exc)}")
+            raise Failure(exit_code(exc.value), "\n".join(lines)) from None
+        lines.append(f"{name} Legacy persistence mode for GPU {bus_id}." if mode else
+                     f"Disabled persistence mode for GPU {bus_id}.")
     lines.append("All done.")
     return lines
 
@@ -274,11 +363,14 @@ def run(argv: Sequence[str]) -> list[str]:
             pynvml.nvmlShutdown()
     ids, _ = _option(args, "-i", "--id")
     mode, has_mode = _option(args, "-c", "--compute-mode")
+    persistence, has_persistence = _option(args, "-pm", "--persistence-mode")
     listing = _flag(args, "-L", "--list-gpus")
-    if args or has_mode == listing:
+    if args or [has_mode, has_persistence, listing].count(True) != 1:
         raise Failure(2, USAGE_ERROR)
     _init()
     try:
+        if has_persistence:
+            return set_persistence_mode(ids, persistence or "")
         return set_compute_mode(ids, mode or "") if has_mode else list_gpus()
     finally:
         pynvml.nvmlShutdown()

@@ -482,12 +482,7 @@ nvmlReturn_t nvmlDeviceGetMaxPcieLinkGeneration(nvmlDevice_t device, unsigned in
     RET(NVML_SUCCESS);
 }
 
-nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, nvmlEnableState_t *mode) {
-    DEV_ENTER(device, r, 0);
-    if (!mode) RET(NVML_ERROR_INVALID_ARGUMENT);
-    *mode = NVML_FEATURE_ENABLED;
-    RET(NVML_SUCCESS);
-}
+/* nvmlDeviceGetPersistenceMode / nvmlDeviceSetPersistenceMode: settings.c */
 
 /* nvmlDeviceGetComputeMode / nvmlDeviceSetComputeMode: settings.c */
 

@@ -79,7 +79,7 @@ typedef struct {
     long long eccVolCorr, eccVolUnc, eccAggCorr, eccAggUnc;
     long long retiredPending, remapCorr, remapUnc, remapPending, remapFailure;
     long long supportedEvents, lost, energy, addressingMode, recoveryAction, virtualizationMode;
-    long long computeMode, computeTimeslice, noPermission; /* settings.c */
+    long long computeMode, computeTimeslice, noPermission, persistenceMode; /* settings.c */
     long long moduleId; /* nvmlDeviceGetModuleId; Fabric Manager's GPU physical ID */
     long long fabricCliqueId, fabricState, fabricStatus, fabricHealthMask, fabricHealthSummary;
 } mock_scalars;

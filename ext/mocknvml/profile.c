@@ -37,6 +37,7 @@ const mock_scalar_key mock_scalar_keys[] = {
     K("supportedEventTypes", supportedEvents), K("lost", lost), K("energy", energy),
     K("addressingMode", addressingMode), K("recoveryAction", recoveryAction),
     K("computeMode", computeMode), K("computeTimeslice", computeTimeslice), K("noPermission", noPermission),
+    K("persistenceMode", persistenceMode),
     K("virtualizationMode", virtualizationMode), K("moduleId", moduleId),
     K("fabric.cliqueId", fabricCliqueId), K("fabric.state", fabricState), K("fabric.status", fabricStatus),
     K("fabric.healthMask", fabricHealthMask), K("fabric.healthSummary", fabricHealthSummary),
@@ -398,6 +399,7 @@ static int load_gpu(loadctx *c, mock_gpu *g, const json_value *gj, const json_va
     if (s->computeMode == MOCK_ABSENT) s->computeMode = NVML_COMPUTEMODE_DEFAULT;
     if (s->computeTimeslice == MOCK_ABSENT) s->computeTimeslice = 0;
     if (s->noPermission == MOCK_ABSENT) s->noPermission = 0;
+    if (s->persistenceMode == MOCK_ABSENT) s->persistenceMode = NVML_FEATURE_ENABLED;
     if (!s->migCapable && s->migCurrent) { lerr(c, gj, "gpus[%u]: migMode.current is 1 but migCapable is false", index); return 0; }
     if (s->memReserved + s->memUsed > s->memTotal) { lerr(c, gj, "gpus[%u]: memory.reserved + memory.used > memory.total", index); return 0; }
     const json_value *fab = lookup(gj, model, "fabric");

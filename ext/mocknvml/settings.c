@@ -1,5 +1,5 @@
-/* Device settings the driver keeps for the life of the node (until reboot): compute mode and the compute
- * time-slice.
+/* Device settings the driver keeps for the life of the node (until reboot): compute mode, the compute
+ * time-slice and the legacy persistence mode.
  *
  * Compute mode: nvmlDeviceGetComputeMode / nvmlDeviceSetComputeMode, with the return codes nvml.h documents
  * (INVALID_ARGUMENT for a bad handle or mode, NO_PERMISSION for a caller that is not root, GPU_IS_LOST, and
@@ -13,11 +13,18 @@
  * mocknvml_device_set_timeslice / mocknvml_device_get_timeslice, which the sandbox's nvidia-smi stand-in and
  * tests call through the same handles as NVML. Full GPUs only (MIG handles: NOT_SUPPORTED).
  *
+ * Persistence mode: nvmlDeviceGetPersistenceMode / nvmlDeviceSetPersistenceMode (nvml.h: Linux only, "This API
+ * is deprecated. Use nvidia-persistenced instead"; the setter needs root; INVALID_ARGUMENT for a bad handle or a
+ * mode other than NVML_FEATURE_DISABLED/ENABLED, NO_PERMISSION, GPU_IS_LOST, NOT_SUPPORTED). Full GPUs only (a MIG
+ * handle: NOT_SUPPORTED, as for every full-GPU call of the mock). Default ENABLED, as a node whose driver container runs
+ * nvidia-persistenced shows it; a profile may give `persistenceMode` 0.
+ *
  * The mock is "root": setters succeed unless `set <gpu> noPermission 1` emulates an unprivileged caller.
  *
  * Settings are state of the (emulated) kernel driver, shared by every process on the node: with a control file
  * (DRADRIVER_MOCK_NVML_CONTROL), every successful set is also appended to that file as a control command
- * (`set <gpu> computeMode <m>`, `set <gpu> computeTimeslice <n>`, `computemode <gpu> <gi> <ci> <m>`), so every
+ * (`set <gpu> computeMode <m>`, `set <gpu> computeTimeslice <n>`, `set <gpu> persistenceMode <m>`,
+ * `computemode <gpu> <gi> <ci> <m>`), so every
  * other process using the mock with the same control file sees it at its next NVML call, and a later nvmlInit
  * replays it. Without a control file a setting is local to the process. */
 #include <fcntl.h>
@@ -35,6 +42,7 @@
     LOCK();                                                                                                   \
     do { nvmlReturn_t e_ = mock_enter_dev(__func__, (h), &ref, (allow_mig)); if (e_ != NVML_SUCCESS) RET(e_); } while (0)
 
+#define NEED_SETTING(v) do { if ((long long)(v) < 0) RET(NVML_ERROR_NOT_SUPPORTED); } while (0) /* -1: not supported */
 #define MOCK_TIMESLICE_MAX 3 /* nvidia-smi compute-policy: 0=DEFAULT, 1=SHORT, 2=MEDIUM, 3=LONG */
 
 /* Append one control command to the shared control file (if any). Lock held. The read offset stays where it
@@ -110,5 +118,25 @@ MOCK_EXPORT nvmlReturn_t mocknvml_device_get_timeslice(nvmlDevice_t device, unsi
     DEV_ENTER(device, r, 0);
     if (!timeslice) RET(NVML_ERROR_INVALID_ARGUMENT);
     *timeslice = (unsigned)r.g->v.computeTimeslice;
+    RET(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, nvmlEnableState_t *mode) {
+    DEV_ENTER(device, r, 0);
+    if (!mode) RET(NVML_ERROR_INVALID_ARGUMENT);
+    NEED_SETTING(r.g->v.persistenceMode);
+    *mode = r.g->v.persistenceMode ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
+    RET(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceSetPersistenceMode(nvmlDevice_t device, nvmlEnableState_t mode) {
+    DEV_ENTER(device, r, 0);
+    if (mode != NVML_FEATURE_DISABLED && mode != NVML_FEATURE_ENABLED) RET(NVML_ERROR_INVALID_ARGUMENT);
+    NEED_SETTING(r.g->v.persistenceMode);
+    if (r.g->v.noPermission) RET(NVML_ERROR_NO_PERMISSION);
+    r.g->v.persistenceMode = mode;
+    char line[96];
+    snprintf(line, sizeof line, "set %u persistenceMode %d\n", r.index, (int)mode);
+    write_through_locked(line);
     RET(NVML_SUCCESS);
 }

@@ -1,5 +1,5 @@
-"""Compute mode and compute time-slice of the mock: NVML's return codes, and settings shared across processes
-through the control file (``ext/mocknvml/settings.c``)."""
+"""Compute mode, compute time-slice and persistence mode of the mock: NVML's return codes, and settings shared
+across processes through the control file (``ext/mocknvml/settings.c``)."""
 
 from __future__ import annotations
 
@@ -82,6 +82,32 @@ def test_timeslice_is_0_to_3_on_full_gpus_only(nvml: Any, lib: ctypes.CDLL) -> N
     mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(nv.nvmlDeviceGetHandleByIndex(0), 0)
     assert lib.mocknvml_device_set_timeslice(mig, 1) == pynvml.NVML_ERROR_NOT_SUPPORTED
     assert lib.mocknvml_device_get_timeslice(full, None) == pynvml.NVML_ERROR_INVALID_ARGUMENT
+
+
+def test_persistence_mode_is_enabled_by_default_and_set_through_the_legacy_call(
+        nvml: Any, lib: ctypes.CDLL, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """nvmlDeviceSetPersistenceMode (nvml.h's legacy call, what ``nvidia-smi -pm`` uses without
+    nvidia-persistenced): DISABLED/ENABLED only, full GPUs only, NO_PERMISSION for an unprivileged caller, and
+    written through to the control file like compute mode."""
+    control = tmp_path / "control"
+    control.touch()
+    monkeypatch.setenv(mock.CONTROL_ENV, str(control))
+    nv = nvml("dgx-a100")
+    full = nv.nvmlDeviceGetHandleByIndex(3)
+    assert nv.nvmlDeviceGetPersistenceMode(full) == pynvml.NVML_FEATURE_ENABLED
+    nv.nvmlDeviceSetPersistenceMode(full, pynvml.NVML_FEATURE_DISABLED)
+    assert nv.nvmlDeviceGetPersistenceMode(full) == pynvml.NVML_FEATURE_DISABLED
+    assert nv.nvmlDeviceGetPersistenceMode(nv.nvmlDeviceGetHandleByIndex(4)) == pynvml.NVML_FEATURE_ENABLED
+    assert control.read_text() == "set 3 persistenceMode 0\n"
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        nv.nvmlDeviceSetPersistenceMode(full, 2)
+    mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(nv.nvmlDeviceGetHandleByIndex(0), 0)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        nv.nvmlDeviceSetPersistenceMode(mig, pynvml.NVML_FEATURE_DISABLED)
+    assert lib.mocknvml_control(b"set 3 noPermission 1") == 0
+    with pytest.raises(pynvml.NVMLError_NoPermission):
+        nv.nvmlDeviceSetPersistenceMode(full, pynvml.NVML_FEATURE_ENABLED)
+    assert nv.nvmlDeviceGetPersistenceMode(full) == pynvml.NVML_FEATURE_DISABLED
 
 
 _OTHER_PROCESS = """

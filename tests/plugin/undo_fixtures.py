@@ -337,9 +337,10 @@ def _daemon_undone(node: SandboxNode, plugin: Any, ctx: Context) -> None:
 # -- vfio ---------------------------------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def pci_node(_directory: Path) -> Iterator[SandboxNode]:
-    """A DGX H100 sandbox with its PCI tree served by the PCI bus stand-in (VFIO passthrough)."""
-    with SandboxNode(profile="dgx-h100", pci_tree=True) as node:
+def pci_node(_directory: Path, *, persistenced: bool = False) -> Iterator[SandboxNode]:
+    """A DGX H100 sandbox with its PCI tree served by the PCI bus stand-in (VFIO passthrough); with
+    ``persistenced`` the ``nvidia-persistenced`` stand-in holds its GPUs."""
+    with SandboxNode(profile="dgx-h100", pci_tree=True, persistenced=persistenced) as node:
         assert node.api is not None
         node.api.create(DEVICE_CLASS)
         yield node
@@ -361,6 +362,21 @@ def _vfio_held(node: SandboxNode, plugin: GpuPlugin, ctx: Context) -> None:
 def _vfio_undone(node: SandboxNode, plugin: GpuPlugin, ctx: Context) -> None:
     function = node.pci_host().function(VFIO_GPU)
     assert (function.driver, function.driver_override) == ("nvidia", None)
+
+
+def _persistenced_holds(node: SandboxNode, minor: int) -> bool:
+    assert node.persistence_daemon is not None
+    return node.persistence_daemon.pid in {h.pid for h in node.pci_host().holders(minor)}
+
+
+def _vfio_persistenced_held(node: SandboxNode, plugin: GpuPlugin, ctx: Context) -> None:
+    _vfio_held(node, plugin, ctx)
+    assert not _persistenced_holds(node, 0)
+
+
+def _vfio_persistenced_undone(node: SandboxNode, plugin: GpuPlugin, ctx: Context) -> None:
+    _vfio_undone(node, plugin, ctx)
+    assert _persistenced_holds(node, 0)  # persistence on again, as the record's "persistence" fact says
 
 
 # -- fm-partition -------------------------------------------------------------------------------------------
@@ -405,6 +421,9 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("imex-daemon", gb200_node, _cd_config, _prepare_daemon, _daemon_held, _daemon_undone, _cd_running),
     Scenario("vfio", pci_node, lambda n: _plain_gates(n, fg.PASSTHROUGH_SUPPORT), _prepare_vfio, _vfio_held,
              _vfio_undone),
+    Scenario("vfio-persistenced", lambda d: pci_node(d, persistenced=True),
+             lambda n: _plain_gates(n, fg.PASSTHROUGH_SUPPORT), _prepare_vfio, _vfio_persistenced_held,
+             _vfio_persistenced_undone),
     Scenario("fm-partition", _fm_node, lambda n: _plain_gates(n, fg.FABRIC_MANAGER_PARTITIONING),
              _prepare_partition, _partition_held, _partition_undone),
 )

@@ -110,3 +110,70 @@ def test_without_ld_preload_the_tool_finds_no_library(node: tuple[SandboxNode, N
         return
     assert done.returncode == 12
     assert done.stdout.strip() == NO_LIBRARY
+
+
+def _persistence(session: NvmlSession, index: int) -> int:
+    return int(pynvml.nvmlDeviceGetPersistenceMode(session.device(index)))
+
+
+def test_persistence_mode_without_the_daemon_sets_the_legacy_mode_in_nvml(
+        node: tuple[SandboxNode, NvmlSession, NvidiaSmi]) -> None:
+    """No nvidia-persistenced listening (the sandbox driver tree's socket path is a plain file): ``-pm`` goes
+    through nvmlDeviceSetPersistenceMode, with the real tool's lines."""
+    _, session, smi = node
+    bus = pynvml.nvmlDeviceGetPciInfo(session.device(2)).busId
+    bus = bus.decode() if isinstance(bus, bytes) else bus
+    assert smi.run(["-i", "2", "-pm", "0"]).splitlines() == [f"Disabled persistence mode for GPU {bus}.", "All done."]
+    assert _persistence(session, 2) == pynvml.NVML_FEATURE_DISABLED
+    assert _persistence(session, 3) == pynvml.NVML_FEATURE_ENABLED
+    assert smi.run(["-i", "2", "-pm", "DISABLED"]).splitlines()[0] == (
+        f"Persistence mode is already Disabled for GPU {bus}.")
+    assert smi.set_persistence_mode(bus, True).splitlines() == [f"Enabled Legacy persistence mode for GPU {bus}.",
+                                                                "All done."]
+    assert _persistence(session, 2) == pynvml.NVML_FEATURE_ENABLED
+
+
+def test_persistence_mode_errors_are_the_real_tools(node: tuple[SandboxNode, NvmlSession, NvidiaSmi]) -> None:
+    sandbox, session, smi = node
+    for args in (["-pm", "2"], ["-pm", "ON"], ["-i", "0", "-pm", "0", "-c", "0"], ["-pm"]):
+        with pytest.raises(NvidiaSmiError) as info:
+            smi.run(args)
+        assert info.value.returncode == 2, args
+    with pytest.raises(NvidiaSmiError) as info:
+        smi.run(["-i", "12", "-pm", "0"])
+    assert (info.value.returncode, info.value.output) == (6, NO_DEVICES)
+    with sandbox.nvml_control.open("a") as control:
+        control.write("set 5 noPermission 1\n")
+    with pytest.raises(NvidiaSmiError) as info:
+        smi.run(["-i", "5", "-pm", "0"])
+    assert info.value.returncode == 4
+    assert info.value.output.startswith("Unable to set persistence mode for GPU ")
+    assert info.value.output.endswith(": Insufficient Permissions")
+    assert _persistence(session, 5) == pynvml.NVML_FEATURE_ENABLED
+
+
+def test_persistence_mode_with_the_daemon_asks_it_to_release_and_reopen_the_gpu() -> None:
+    """nvidia-persistenced listening on the driver root's socket: ``-pm 0`` makes it close that GPU's device file,
+    ``-pm 1`` open it again (its legacy NVML mode untouched), and a GPU it holds already is "already Enabled"."""
+    with SandboxNode(profile="dgx-h100", pci_tree=True, persistenced=True) as sandbox:
+        session = open_session(mock_profile=sandbox.profile)
+        try:
+            smi = find_nvidia_smi(sandbox.driver_root)
+            daemon = sandbox.persistence_daemon
+            assert daemon is not None
+
+            def held(minor: int) -> bool:
+                return daemon.pid in {h.pid for h in sandbox.pci_host().holders(minor)}
+
+            assert held(0) and held(1)
+            assert smi.set_persistence_mode("0000:18:00.0", False).splitlines() == [
+                "Disabled persistence mode for GPU 00000000:18:00.0.", "All done."]
+            assert not held(0) and held(1)
+            assert smi.set_persistence_mode("0000:18:00.0", True).splitlines()[0] == (
+                "Enabled persistence mode for GPU 00000000:18:00.0.")
+            assert held(0)
+            assert smi.set_persistence_mode("0000:18:00.0", True).splitlines()[0] == (
+                "Persistence mode is already Enabled for GPU 00000000:18:00.0.")
+            assert "persistenceMode" not in sandbox.nvml_control.read_text()
+        finally:
+            session.close()

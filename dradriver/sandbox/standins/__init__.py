@@ -2,7 +2,8 @@
 
 Each module here is a standard-library-only script that behaves as the real program does for what the driver
 uses: ``nvidia_cuda_mps_control`` (NVIDIA's MPS control tool), ``nvidia_cdi_hook`` (the container toolkit's hook
-that claim CDI specs run), ``nvidia_imex`` and ``nvidia_imex_ctl`` (the IMEX
+that claim CDI specs run), ``nvidia_persistenced`` (the persistence daemon holding the GPUs open),
+``nvidia_imex`` and ``nvidia_imex_ctl`` (the IMEX
 daemon and its query tool: real TCP handshakes between emulated nodes on loopback addresses), ``mount``
 (``mount``/``umount`` for tmpfs) and ``pcibus`` (the kernel's PCI bus serving a sandbox sysfs tree's ``bind``/
 ``unbind``/``drivers_probe`` FIFOs; installed as ``modprobe`` it is the ``modprobe`` stand-in).
