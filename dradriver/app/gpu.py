@@ -685,7 +685,7 @@ class _GpuStart:
         with self.runner.between_batches():
             running = health is not None and health.running
             if health is not None and running:
-                health.stop()
+                health.stop(end_streams=False)  # the kubelet's health streams stay open across the swap
             try:
                 self.session.reinit(nvml_library(self.config))
                 yield

@@ -165,6 +165,7 @@ class HealthMonitor:
         self._wake = threading.Condition(self._lock)
         self._poll_lock = threading.Lock()
         self._stop = threading.Event()
+        self._ended = threading.Event()  # set by a stop that ends the health streams (not by a pause)
         self._worker: threading.Thread | None = None
         self._first_change: float | None = None
         self._last_change: float | None = None
@@ -277,6 +278,7 @@ class HealthMonitor:
         if self._worker is not None:
             return
         self._stop.clear()
+        self._ended.clear()
         self._open_poller()
         self.poll_now()
         if self.session is not None and self.gpu_uuids:
@@ -296,8 +298,14 @@ class HealthMonitor:
         """Between :meth:`start` and :meth:`stop`."""
         return self._worker is not None
 
-    def stop(self) -> None:
-        """Stop the monitor and the worker, close the poller; open health streams end."""
+    def stop(self, *, end_streams: bool = True) -> None:
+        """Stop the monitor and the worker, close the poller; open health streams end.
+
+        :param end_streams: False for a pause (NVML initialised anew under a running plugin, after a VFIO swap): the
+            kubelet's health streams stay open, answering the last snapshot, until :meth:`start` takes over. An
+            ended stream makes the kubelet (``pkg/kubelet/cm/dra/manager.go``) report every device of the driver
+            ``Unknown`` in the pods' ``allocatedResourcesStatus`` until it opens a new one, 5 s later.
+        """
         self._stop.set()
         with self._wake:
             self._wake.notify_all()
@@ -315,7 +323,9 @@ class HealthMonitor:
                 self._poll_lock.release()
         else:  # a poll is stuck inside NVML: closing the poller under it would free what it uses
             log.error("an NVML poll did not finish within 10 s; leaving the poller open")
-        self._notify_watchers()
+        if end_streams:
+            self._ended.set()
+            self._notify_watchers()
 
     def __enter__(self) -> HealthMonitor:
         self.start()
@@ -596,7 +606,7 @@ class HealthMonitor:
     async def watch(self) -> AsyncIterator[list[DeviceStatus]]:
         """A new snapshot stream: one now, then on every published change and every ``snapshot_interval_s``.
 
-        Ends when the service stops.
+        Ends when the service stops (not at a pause: :meth:`stop` with ``end_streams=False``).
         """
         loop = asyncio.get_running_loop()
         changed = asyncio.Event()
@@ -606,13 +616,13 @@ class HealthMonitor:
             while True:
                 changed.clear()
                 yield self.snapshot()
-                if self._stop.is_set():
+                if self._ended.is_set():
                     return
                 try:
                     await asyncio.wait_for(changed.wait(), timeout=self.snapshot_interval_s)
                 except TimeoutError:
                     pass
-                if self._stop.is_set():
+                if self._ended.is_set():
                     return
         finally:
             self._watchers.discard(entry)

@@ -117,6 +117,30 @@ def test_stream_ends_when_the_service_stops(mock_node: Any, services: Services, 
     assert asyncio.run(asyncio.wait_for(_with_stream(short_dir, service, body), 20)) <= 1
 
 
+def test_a_pause_keeps_the_stream_open_and_the_restarted_service_goes_on_on_it(
+    mock_node: Any, services: Services, short_dir: Path
+) -> None:
+    """The GPU plugin pauses the service around each VFIO swap's NVML re-initialisation (``stop(end_streams=False)``):
+    the kubelet's stream stays open and the service started again publishes on it; a full stop still ends it."""
+    node: MockNode = mock_node("dgx-a100")
+    service = services(node, snapshot_interval_s=0.2)
+    service.start()
+
+    async def body(stream: Any) -> int:
+        await anext(stream)
+        await asyncio.to_thread(service.stop, end_streams=False)
+        assert not service.running
+        paused = await anext(stream)  # the snapshot interval's repeat: still open, the last health
+        assert _by_name(paused)["gpu-2"].health == "Healthy"
+        await asyncio.to_thread(service.start)
+        node.xid(2, 79)  # seen by the restarted service's NVML event monitor, sent on the same stream
+        await _next_matching(stream, lambda s: _by_name(s)["gpu-2"].health == "Unhealthy")
+        await asyncio.to_thread(service.stop)
+        return len([s async for s in stream])
+
+    assert asyncio.run(asyncio.wait_for(_with_stream(short_dir, service, body), 25)) <= 1
+
+
 def test_vfio_devices_and_a_gpu_passed_through_are_unknown_and_the_gpu_leaves_nvml_polling(
     mock_node: Any, services: Services, short_dir: Path
 ) -> None:

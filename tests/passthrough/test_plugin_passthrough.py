@@ -132,6 +132,36 @@ def test_with_the_gate_the_health_monitors_event_wait_is_short_so_a_swap_does_no
     asyncio.run(body())
 
 
+def test_the_kubelets_health_stream_stays_open_across_the_swaps_of_a_vfio_prepare_and_unprepare(
+        node: SandboxNode) -> None:
+    """Each swap re-initialises NVML with the health monitor paused: the stream the kubelet opened goes on (an
+    ended one would have the kubelet report every device of the driver Unknown until it opens another, 5 s
+    later), no longer reports gpu-0 Healthy, then Healthy again after the unprepare."""
+    async def body() -> None:
+        async with running(node.config(feature_gates=GATES)) as (_plugin, kubelet):
+            stream = kubelet.watch_health()
+            try:
+                health = {d.device_name: d.health for d in await anext(stream)}
+                assert health["gpu-0"] == "Healthy" and health["gpu-vfio-0"] == "Unknown"
+                ref = claim_for(node, "vm", "gpu-vfio-0")
+                assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+                async for snapshot in stream:  # the same stream: it did not end at the swap
+                    if {d.device_name: d.health for d in snapshot}.get("gpu-0") != "Healthy":
+                        break  # gpu-0 withdrawn with the pool's sibling rule (or Unknown: passed through)
+                else:
+                    raise AssertionError("the health stream ended at the swap")
+                assert await kubelet.unprepare([ref]) == {ref.uid: ""}
+                async for snapshot in stream:
+                    if {d.device_name: d.health for d in snapshot}.get("gpu-0") == "Healthy":
+                        break
+                else:
+                    raise AssertionError("the health stream ended at the swap back")
+            finally:
+                await stream.aclose()
+
+    asyncio.run(asyncio.wait_for(body(), 60))
+
+
 def test_the_gate_turned_off_unprepares_a_vfio_claim_prepared_while_it_was_on(node: SandboxNode) -> None:
     async def body() -> None:
         async with running(node.config(feature_gates=GATES)) as (_plugin, kubelet):
