@@ -4,7 +4,10 @@ existing sysfs readers (``pcieRoot``, NUMA) still answering from the tree."""
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,7 @@ import pytest
 from dradriver.nvml import mock
 from dradriver.nvml.discovery import pcie_root, sysfs_numa_node
 from dradriver.sandbox.node import FIRST_IOMMU_GROUP, SandboxNode
+from dradriver.sandbox.standins.pcibus import PciBus, lay_out_driver
 
 
 def test_each_profile_gpu_is_a_function_on_nvidia_in_its_own_iommu_group() -> None:
@@ -86,3 +90,26 @@ def test_rmmod_nvidia_unbinds_the_gpus_on_nvidia_only_and_modprobe_binds_the_unb
         assert [f.driver for f in host.gpus()] == ["vfio-pci"] + ["nvidia"] * 7
         assert session.init() and session.device_count() == 7
         session.close()
+
+
+def test_a_driver_unloaded_and_loaded_between_two_rescans_of_the_bus_is_served_again(tmp_path: Path) -> None:
+    """``modprobe -r nvidia`` then ``modprobe nvidia`` quicker than the bus stand-in looks at its FIFOs: the driver's
+    ``bind`` is a new FIFO under the same path, and the bus serves it (a loaded clean-clone run found the old
+    FIFO's reader kept and the new one answering nobody: "nothing answers (no reader)")."""
+    sysfs = tmp_path / "sys"
+    directory = lay_out_driver(sysfs, "nvidia", "nvidia")
+    bus = PciBus(sysfs, tmp_path, poll_s=0.5).start()
+    try:
+        os.close(os.open(directory / "bind", os.O_WRONLY | os.O_NONBLOCK))  # served
+        shutil.rmtree(directory)
+        lay_out_driver(sysfs, "nvidia", "nvidia")  # within one poll of the bus: it saw neither change
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                os.close(os.open(directory / "bind", os.O_WRONLY | os.O_NONBLOCK))
+                break
+            except OSError as exc:
+                assert exc.errno == errno.ENXIO and time.monotonic() < deadline, "the new bind FIFO is never served"
+                time.sleep(0.05)
+    finally:
+        bus.stop()

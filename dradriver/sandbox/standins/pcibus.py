@@ -253,9 +253,12 @@ class PciBus:
         return [p for p in found if _is_fifo(p)]
 
     def _rescan(self) -> None:
+        """Serve the FIFOs there now: a FIFO made again under the same path (a driver's module unloaded and loaded
+        between two rescans: ``modprobe -r nvidia`` then ``modprobe nvidia``) is another inode, and the old one's
+        reader serves no writer of the new one, so it is reopened."""
         present = set(self._fifos())
         for path in list(self._fds):
-            if path not in present:
+            if path not in present or not _same_inode(path, self._fds[path][0]):
                 self._close(path)
         for path in present - set(self._fds):
             reader = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
@@ -485,6 +488,16 @@ def unload_module(root: Path, module: str) -> list[str]:
     with contextlib.suppress(FileNotFoundError):
         shutil.rmtree(sysfs / "module" / module)
     return unbound
+
+
+def _same_inode(path: Path, fd: int) -> bool:
+    """``path`` is still the file ``fd`` was opened from."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    opened = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (opened.st_dev, opened.st_ino)
 
 
 def _wait_served(*fifos: Path, timeout_s: float = 5.0) -> bool:
