@@ -36,7 +36,7 @@ from dradriver.sandbox.node import SandboxNode
 from tests.computedomain.cdplugin_helpers import cd_config, seed_claim, seed_domain, write_imex_proc
 from tests.computedomain.cdplugin_helpers import running as running_cd
 from tests.plugin.conftest import running, wait_for
-from tests.rollback.peers import claim
+from tests.rollback.peers import claim, kubelet_for, needs_nvidia, nvidia_process, switched_node
 
 HOLDER = Path(__file__).with_name("lockholder.py")
 
@@ -246,3 +246,30 @@ def test_the_compute_domain_plugin_takes_pu_lock_of_its_own_plugin_dir_around_pr
                 assert (await conn.unprepare([ref]))[ref.uid] == ""
 
         asyncio.run(body())
+
+
+@needs_nvidia
+@pytest.mark.parametrize("sandbox", ["dgx-a100"], indirect=True)
+def test_nvidias_plugin_on_the_same_plugin_dir_waits_for_the_pu_lock_and_cp_lock_dradriver_holds(
+        sandbox: SandboxNode, tmp_path: Path) -> None:
+    """NVIDIA's own ``gpu-kubelet-plugin`` and dradriver's lock helper on one plugin directory: while dradriver holds
+    ``pu.lock`` (as its runner does around a chunk) or ``cp.lock`` (around a checkpoint write), NVIDIA's prepare does
+    not answer; once released it prepares and names the claim in its checkpoint. The same files, the same lock."""
+    _config, _cdi_root, directory = switched_node(sandbox)
+    locks = PluginLocks(directory)
+    first, second = claim(sandbox, "under-pu", "gpu-2"), claim(sandbox, "under-cp", "gpu-3")
+
+    async def body() -> None:
+        with nvidia_process(sandbox, tmp_path) as (proc, registrar):
+            async with kubelet_for(registrar, proc, tmp_path / "nvidia.log") as kubelet:
+                for lock, ref in ((locks.prepare, first), (locks.checkpoint, second)):
+                    with lock():
+                        answer = asyncio.create_task(kubelet.prepare([ref]))
+                        await asyncio.sleep(1.0)  # NVIDIA's prepare would have answered (its bound is 10 s)
+                        assert not answer.done()
+                    assert (await answer)[ref.uid].error == ""
+                    written = read_checkpoint(directory / CHECKPOINT_FILE)
+                    assert written is not None and ref.uid in written.claims
+                assert await kubelet.unprepare([first, second]) == {first.uid: "", second.uid: ""}
+
+    asyncio.run(body())
