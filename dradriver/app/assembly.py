@@ -31,6 +31,7 @@ from dradriver.host import nvcheckpointfile
 from dradriver.host.cdihook import CdiHook, visible_path
 from dradriver.host.claimstate import ClaimState, ClaimStateCorruptError, ClaimStateProblem, ProblemKind, read_boot_id
 from dradriver.host.devicemetadata import DeviceMetadataFiles
+from dradriver.host.pluginlocks import PluginLocks
 from dradriver.kube import claims as kube_claims
 from dradriver.kube import client as kube_client
 from dradriver.kube import errors as kube_errors
@@ -214,11 +215,26 @@ async def adopt_nvidia(identity: DriverIdentity, config: PluginConfig, connectio
     the switching-back-and-forth rule), reported by :func:`report_adoption`."""
     path = config.plugin_dir / nvcheckpointfile.CHECKPOINT_FILE
     report = await asyncio.to_thread(
-        adoption_module.adopt_nvidia_claims, runner.state, path, boot_id=read_boot_id(config.boot_id_path),
-        adoption=adoption, encode_payload=encode_payload, spec_of=runner.spec_path, own_groups=own_groups)
+        while_prepares_wait, config, adoption_module.adopt_nvidia_claims, runner.state, path,
+        boot_id=read_boot_id(config.boot_id_path), adoption=adoption, encode_payload=encode_payload,
+        spec_of=runner.spec_path, own_groups=own_groups)
     await report_adoption(identity, config, connection, runner, path, report, metrics)
     await asyncio.to_thread(retire_adopted_checkpoint, config, path, report)
     return report
+
+
+def while_prepares_wait(config: PluginConfig, adopt: Callable[..., AdoptionReport], *args: Any,
+                        **kwargs: Any) -> AdoptionReport:
+    """Blocking (call it in a thread): ``adopt(*args, **kwargs)`` with ``<plugin dir>/pu.lock`` held
+    (:mod:`dradriver.host.pluginlocks`), so a prepare or unprepare NVIDIA's plugin still has in flight on the node (a
+    switch: its pod terminating while this one starts) finishes, and writes its checkpoint, before the checkpoint is
+    read; and none begins while its claims are adopted.
+
+    :raises PluginLockTimeout: ``pu.lock`` still held after its bound (the start step fails, naming the lock and its
+        holder; the plugin is restarted and tries again).
+    """
+    with PluginLocks(config.plugin_dir).prepare():
+        return adopt(*args, **kwargs)
 
 
 def retire_adopted_checkpoint(config: PluginConfig, path: Path, report: AdoptionReport) -> None:
@@ -231,8 +247,9 @@ def retire_adopted_checkpoint(config: PluginConfig, path: Path, report: Adoption
     if config.nvidia_checkpoint or not (report.adopted or report.started):
         return
     try:
-        aside = nvcheckpointfile.keep_aside(path, "adopted")
-    except OSError as exc:
+        with PluginLocks(config.plugin_dir).checkpoint():
+            aside = nvcheckpointfile.keep_aside(path, "adopted")
+    except OSError as exc:  # PluginLockTimeout included
         log.warning("cannot keep NVIDIA's checkpoint %s aside after adopting its claims: %s", path, exc)
         return
     log.info("NVIDIA's checkpoint %s: its claims are adopted and --nvidia-checkpoint=false keeps none, so it is kept "

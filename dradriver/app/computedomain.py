@@ -69,6 +69,7 @@ from dradriver.host import cdifiles, imexchannels
 from dradriver.host.claimstate import ClaimState, ClaimStateProblem, read_boot_id
 from dradriver.host.imexchannels import ImexNodeInfo
 from dradriver.host.nvcheckpointfile import CHECKPOINT_FILE
+from dradriver.host.pluginlocks import PluginLocks
 from dradriver.kube.resourceslices import SlicePublisher
 from dradriver.kubeletplugin import rollback
 from dradriver.kubeletplugin.adoption import AdoptionReport, OwnGroups
@@ -335,9 +336,9 @@ async def adopt_nvidia_claims(identity: DriverIdentity, config: PluginConfig, co
     (:func:`dradriver.app.assembly.report_adoption`)."""
     path = config.plugin_dir / CHECKPOINT_FILE
     report = await asyncio.to_thread(
-        adopt_compute_domain_claims, runner.state, path, boot_id=read_boot_id(config.boot_id_path),
-        pool=config.node_name, driver=identity.driver_name, spec_of=runner.spec_path, aborted_ttl_s=ABORTED_TTL_S,
-        clock=clock, own_groups=own_groups)
+        assembly.while_prepares_wait, config, adopt_compute_domain_claims, runner.state, path,
+        boot_id=read_boot_id(config.boot_id_path), pool=config.node_name, driver=identity.driver_name,
+        spec_of=runner.spec_path, aborted_ttl_s=ABORTED_TTL_S, clock=clock, own_groups=own_groups)
     await assembly.report_adoption(identity, config, connection, runner, path, report, metrics)
     await asyncio.to_thread(assembly.retire_adopted_checkpoint, config, path, report)
     return report
@@ -489,6 +490,7 @@ def _build_runner(life: Lifecycle, identity: DriverIdentity, config: PluginConfi
         prepare_deadline_s=float(config.prepare_deadline_seconds), aborted_ttl_s=ABORTED_TTL_S, clock=clock,
         metrics=metrics, device_metadata=assembly.device_metadata_files(identity, config, plugin_ref),
         on_prepared=status_writer.prepared, on_unprepared=status_writer.unprepared,
+        locks=PluginLocks(config.plugin_dir),
     )
     runner_holder.append(runner)
     life.on_stop("batch runner", runner.close)

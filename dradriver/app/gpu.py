@@ -55,6 +55,7 @@ from dradriver.host.claimstate import ClaimState, ClaimStateProblem
 from dradriver.host.devicenodes import DeviceNodeInfo, EditsCache, read_identities
 from dradriver.host.nvidiasmi import NvidiaSmi, find_nvidia_smi
 from dradriver.host.pci import PciError, PciHost
+from dradriver.host.pluginlocks import PluginLocks
 from dradriver.kube import errors as kube_errors
 from dradriver.kube import nodes as kube_nodes
 from dradriver.kube import version
@@ -624,6 +625,7 @@ class _GpuStart:
             refuse_device=self.node_policy.refusal,
             claim_steps=claim_steps,
             sibling_of=self._sibling_of if config.feature_gates.passthrough_support else None,
+            locks=PluginLocks(config.plugin_dir),
         )
         self.life.on_stop("batch runner", self.runner.close)
 

@@ -54,7 +54,9 @@ are, until an Unprepare of that claim removes them: they are never lost by a swi
 still unprepares them or rolls them back. The exception is a half-prepared claim dradriver adopted and rolled back
 itself (``rolled_back`` of :meth:`RollbackCheckpoint.load`; the rule is in :mod:`dradriver.kubeletplugin.adoption`):
 its entry goes, as the node has nothing of it left. A checkpoint that does not verify is
-kept aside as ``checkpoint.json.corrupt-<UTC time>`` and rebuilt from the claim state. Limitation: two plugin
+kept aside as ``checkpoint.json.corrupt-<UTC time>`` and rebuilt from the claim state. Each rewrite holds
+``<plugin dir>/cp.lock`` (:mod:`dradriver.host.pluginlocks`), as NVIDIA's GPU plugin holds it around its
+read-modify-write, so neither lands inside the other's. Limitation: two plugin
 instances on one node (a rolling update's surge) each write their own view; the last writer's view lasts until
 the next prepare or unprepare of the surviving instance.
 """
@@ -62,6 +64,7 @@ the next prepare or unprepare of the surviving instance.
 from __future__ import annotations
 
 import calendar
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -94,6 +97,7 @@ from dradriver.domain.ports import UndoRecord
 from dradriver.domain.registry import DeviceRegistry
 from dradriver.host import nvcheckpointfile
 from dradriver.host.claimstate import ClaimPhase, ClaimRecord, HeldDevice, read_boot_id
+from dradriver.host.pluginlocks import PluginLocks
 from dradriver.kubeletplugin.payload import aborted_mark, held_devices, read_payload
 from dradriver.preparers.computedomain import CHANNEL_KIND, CHANNEL_PREFIX, DAEMON_KIND
 from dradriver.preparers.dynamicmig import KIND as DYNAMIC_MIG
@@ -137,11 +141,17 @@ class RollbackCheckpoint:
         :data:`~dradriver.domain.nvcheckpoint.CD_CLAIM`).
     :param group: how a claim's devices and undo records become NVIDIA's device groups (default
         :func:`gpu_groups`; the compute-domain plugin's: :func:`compute_domain_groups`).
+    :param locks: the plugin directory's locks (:mod:`dradriver.host.pluginlocks`): ``cp.lock`` is held around
+        every write of the file and around the start-up read that may keep a damaged file aside, as NVIDIA's GPU
+        plugin holds it around each read-modify-write, so neither plugin's rewrite lands inside the other's. None:
+        no lock.
     """
 
     def __init__(self, path: Path, *, boot_id: str, driver: str, describe: DescribeDevice,
-                 schema: ClaimSchema = GPU_CLAIM, group: GroupDevices | None = None) -> None:
+                 schema: ClaimSchema = GPU_CLAIM, group: GroupDevices | None = None,
+                 locks: PluginLocks | None = None) -> None:
         self.path = path
+        self.locks = locks
         self.boot_id = boot_id
         self.driver = driver
         self.describe = describe
@@ -164,16 +174,18 @@ class RollbackCheckpoint:
 
         A file of another boot is dropped (NVIDIA's rule); a damaged one is kept aside and logged.
 
-        :raises OSError: the file cannot be written.
+        :raises OSError: the file cannot be written, or ``cp.lock`` is held past its bound
+            (:class:`~dradriver.host.pluginlocks.PluginLockTimeout`).
         """
         found: dict[str, CheckpointEntry] = {}
-        try:
-            stored = nvcheckpointfile.read_checkpoint(self.path, self.schema)
-        except (CheckpointError, OSError) as exc:
-            aside = nvcheckpointfile.keep_aside(self.path, "corrupt")
-            log.error("NVIDIA-format checkpoint %s cannot be read (%s); kept as %s and rebuilt from the claim "
-                      "state", self.path, exc, aside)
-            stored = None
+        with self._locked():
+            try:
+                stored = nvcheckpointfile.read_checkpoint(self.path, self.schema)
+            except (CheckpointError, OSError) as exc:
+                aside = nvcheckpointfile.keep_aside(self.path, "corrupt")
+                log.error("NVIDIA-format checkpoint %s cannot be read (%s); kept as %s and rebuilt from the claim "
+                          "state", self.path, exc, aside)
+                stored = None
         if stored is not None and stored.node_boot_id in ("", self.boot_id):
             found = dict(stored.claims)
         foreign = 0
@@ -205,6 +217,10 @@ class RollbackCheckpoint:
         self.flush()
         log.info("NVIDIA-format checkpoint %s: %d claim(s) of dradriver (%d rebuilt from the claim state), %d "
                  "prepared by another plugin kept", self.path, len(entries) - foreign, rebuilt, foreign)
+
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
+        """``cp.lock`` held (:attr:`locks`), else nothing."""
+        return contextlib.nullcontext() if self.locks is None else self.locks.checkpoint()
 
     @staticmethod
     def _undo_of(record: ClaimRecord) -> Sequence[UndoRecord]:
@@ -282,7 +298,8 @@ class RollbackCheckpoint:
         """Make every change made before this call durable: one whole-file rewrite, shared by concurrent callers
         (a caller whose changes another caller's rewrite already covered returns at once).
 
-        :raises OSError: the file could not be written (the changes stay pending; the next flush retries).
+        :raises OSError: the file could not be written, or ``cp.lock`` is held past its bound (the changes stay
+            pending; the next flush retries).
         """
         with self._mutex:
             wanted = self._version
@@ -293,13 +310,14 @@ class RollbackCheckpoint:
                 entries = dict(self._entries)
                 version = self._version
             data = assemble(entries, self.boot_id)
-            nvcheckpointfile.write_checkpoint(self.path, data)
-            self._written = version
-            try:  # what dradriver wrote, so that the next start can tell it from a file NVIDIA's plugin rewrote
-                nvcheckpointfile.mark_written(self.path, data)
-            except OSError as exc:
-                log.warning("cannot record what was written to %s (%s): the next start compares its entries", self.path,
-                            exc)
+            with self._locked():
+                nvcheckpointfile.write_checkpoint(self.path, data)
+                self._written = version
+                try:  # what dradriver wrote, so that the next start can tell it from a file NVIDIA's plugin rewrote
+                    nvcheckpointfile.mark_written(self.path, data)
+                except OSError as exc:
+                    log.warning("cannot record what was written to %s (%s): the next start compares its entries",
+                                self.path, exc)
             self.writes += 1
 
     def flush_or_error(self) -> str:
@@ -470,13 +488,15 @@ def open_rollback_checkpoint(identity: DriverIdentity, plugin_dir: Path, boot_id
     """The rollback checkpoint ``<plugin dir>/checkpoint.json`` of the plugin ``identity`` names (load it with
     :meth:`RollbackCheckpoint.load` once recovery has run): the GPU plugin's (devices described from
     ``registry``) or the compute-domain plugin's (:data:`~dradriver.domain.nvcheckpoint.CD_CLAIM`, channel and
-    daemon devices, :func:`compute_domain_groups`, ``PrepareAborted`` marks)."""
+    daemon devices, :func:`compute_domain_groups`, ``PrepareAborted`` marks); its writes hold the directory's
+    ``cp.lock``."""
     path = plugin_dir / nvcheckpointfile.CHECKPOINT_FILE
     boot_id = read_boot_id(boot_id_path)
+    locks = PluginLocks(plugin_dir)
     if identity.driver_name == COMPUTE_DOMAIN_DRIVER.driver_name:
         return RollbackCheckpoint(path, boot_id=boot_id, driver=identity.driver_name, describe=describe_channel,
-                                  schema=CD_CLAIM, group=compute_domain_groups)
+                                  schema=CD_CLAIM, group=compute_domain_groups, locks=locks)
     if registry is None:
         raise ValueError(f"the rollback checkpoint of {identity.driver_name} needs the device registry")
     return RollbackCheckpoint(path, boot_id=boot_id, driver=identity.driver_name,
-                              describe=describe_registered(registry))
+                              describe=describe_registered(registry), locks=locks)

@@ -98,6 +98,7 @@ from dradriver.errors import DradriverError
 from dradriver.host import cdifiles
 from dradriver.host.claimstate import ClaimConflictError, ClaimPhase, ClaimRecord, ClaimState, HeldDevice
 from dradriver.host.devicemetadata import DeviceMetadataFiles
+from dradriver.host.pluginlocks import PluginLocks, PluginLockTimeout
 from dradriver.kubeletplugin.claimviews import ClaimViews, PreparedDevices
 from dradriver.kubeletplugin.fairlock import FairLock
 from dradriver.kubeletplugin.payload import (
@@ -298,6 +299,10 @@ class BatchRunner:
         whose device's sibling another claim holds (completed or in progress, by this or another plugin
         instance: the claim state's holder index under its lock), or that asks for both, is refused before
         anything is recorded, naming both devices and the other claim.
+    :param locks: NVIDIA's plugin locks of the plugin directory (:mod:`dradriver.host.pluginlocks`): ``pu.lock``
+        is held around each prepare and unprepare chunk and around :meth:`recover`, inside the runner's lock and
+        outside the claim state's, so NVIDIA's plugin running on the node at the same time (a switch) never
+        interleaves with them. A chunk whose wait times out answers each of its claims with the lock's error.
 
     A preparer may give the spec-level edits of its claims itself (``claim_edits(ref, plans, records)``: the VFIO
     preparer's env and API device, once per claim): when every device of a claim is of such kinds they replace
@@ -335,6 +340,7 @@ class BatchRunner:
         refuse_device: Callable[[str, object], str] | None = None,
         claim_steps: Sequence[ClaimStep] = (),
         sibling_of: Callable[[str], str | None] | None = None,
+        locks: PluginLocks | None = None,
     ) -> None:
         kinds = [p.kind for p in preparers] + [s.kind for s in sharing] + [c.kind for c in claim_steps] \
             + [u.kind for u in undo_only]
@@ -389,6 +395,7 @@ class BatchRunner:
         self.driver_kinds = frozenset(driver_kinds)
         self.refuse_device = refuse_device
         self.sibling_of = sibling_of
+        self.locks = locks
         self._allocations: dict[str, str] = {}
         """Claim UID -> :func:`allocation_digest` of claims with a prepare in flight (with ``aborted_ttl_s``): the
         allocation an aborted mark records when the claim has no STARTED record (it is between two attempts)."""
@@ -661,7 +668,12 @@ class BatchRunner:
         out: dict[str, ClaimResult] = {}
         with self._lock:
             try:
-                done = self._prepare_locked(items, started, deadline, retry, out)
+                with self._plugin_lock(deadline):
+                    done = self._prepare_locked(items, started, deadline, retry, out)
+            except PluginLockTimeout as exc:  # nothing of the chunk began: each claim's answer is the lock's error
+                for ref, fetched in items:
+                    out[ref.uid] = ClaimResult(error=fetched if isinstance(fetched, str) else f"claim {ref}: {exc}")
+                done = []
             finally:
                 self._refresh_views()  # O(claims of the chunk)
         if self.checkpoint is not None and (unsaved := self.checkpoint.flush_or_error()):
@@ -1347,9 +1359,19 @@ class BatchRunner:
         """
         with self._lock:
             try:
-                return self._unprepare_locked(claims)
+                with self._plugin_lock(None):
+                    return self._unprepare_locked(claims)
+            except PluginLockTimeout as exc:  # nothing of the chunk was touched; the kubelet retries
+                return {ref.uid: f"claim {ref}: {exc}" for ref in claims}
             finally:
                 self._refresh_views()  # O(claims of the chunk)
+
+    def _plugin_lock(self, deadline: float | None) -> contextlib.AbstractContextManager[None]:
+        """NVIDIA's ``pu.lock`` (:attr:`locks`), its wait bounded by ``deadline`` (``time.monotonic()``) too; a
+        no-op without :attr:`locks`. Taken with the runner's lock held, before the claim state's."""
+        if self.locks is None:
+            return contextlib.nullcontext()
+        return self.locks.prepare(None if deadline is None else deadline - time.monotonic())
 
     def _unprepare_locked(self, claims: list[ClaimRef]) -> dict[str, str]:
         """:meth:`_unprepare_chunk`'s work; the caller holds the runner's lock."""
@@ -1588,9 +1610,14 @@ class BatchRunner:
         or a torn tail with more than one half-prepared claim whose spec exists (a cut-off file read as a torn
         final write). Orphan specs are therefore adopted, never deleted: a device a spec references is never
         freed on the claim state's word alone.
+
+        Holds NVIDIA's ``pu.lock`` (:attr:`locks`) throughout, so the specs it reads are not those of a prepare
+        NVIDIA's plugin has in flight on the node.
+
+        :raises PluginLockTimeout: ``pu.lock`` still held by another plugin after its bound (nothing was done).
         """
         found = _Recovery()
-        with self._lock, self.state.locked():
+        with self._lock, self._plugin_lock(None), self.state.locked():
             orphans, half = self._read_specs()
             orphans = self._check_specs_against_state(found, orphans, half, state_damaged=state_damaged,
                                                       torn_tail=torn_tail, rebooted=rebooted)
