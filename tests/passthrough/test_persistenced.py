@@ -232,3 +232,20 @@ def test_an_older_record_without_the_persistence_fact_turns_nothing_on(node: San
     preparer.undo(REF, older)
     assert _on_nvidia(preparer.host)
     assert not daemon_holds(node, 0)
+
+
+def test_the_gate_turned_off_gives_back_a_gpu_prepared_with_the_daemon_and_turns_persistence_on_again(
+        node: SandboxNode) -> None:
+    """PassthroughSupport turned off with a VFIO claim prepared while nvidia-persistenced ran: the undo-only
+    preparer of the plugin without the gate gives the GPU back to nvidia and the daemon holds it again."""
+    async def body() -> None:
+        async with running(node.config(feature_gates=GATES)) as (_plugin, kubelet):
+            ref = claim_for(node, "vm", "gpu-vfio-0")
+            assert (await kubelet.prepare([ref]))[ref.uid].error == ""
+            assert driver_of(node) == "vfio-pci" and not daemon_holds(node, 0)
+        async with running(node.config()) as (_plugin, kubelet):
+            assert await kubelet.unprepare([ref]) == {ref.uid: ""}
+            assert driver_of(node) == "nvidia"
+            await wait_for(lambda: daemon_holds(node, 0), 20)
+
+    asyncio.run(body())
